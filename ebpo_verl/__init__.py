@@ -1,0 +1,34 @@
+"""EBPO (Empirical-Bayes Policy Optimization) for verl 0.9.1.
+
+Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
+arXiv 2602.05165. The math lives in :mod:`ebpo_verl.estimator` (torch only); the verl glue in
+:mod:`ebpo_verl.verl_adapter`, which verl loads through the ``verl.plugins`` entry point.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ebpo_verl.estimator import EBPOState
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "get_state", "register"]
+
+
+def register() -> None:
+    """Register the ``ebpo`` advantage estimator with verl; raises on any failure.
+
+    verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
+    rollout. Idempotent.
+    """
+    from ebpo_verl.verl_adapter import register as _register
+
+    _register()
+
+
+def get_state() -> EBPOState:
+    """The running EB statistics of this process (one per training run)."""
+    from ebpo_verl.estimator import GLOBAL_STATE
+
+    return GLOBAL_STATE
