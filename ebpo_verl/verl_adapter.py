@@ -1,0 +1,51 @@
+"""verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+
+from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, compute_ebpo_advantages
+
+NAME = "ebpo"
+
+
+def compute_ebpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any = None,
+    labels: np.ndarray | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EBPO outcome advantage (arXiv 2602.05165): A_i = r_i - [(1 - S) mu_q + S mu_glob], batch-standardised.
+
+    The response score is ``token_level_rewards.sum(-1)``; options come from ``config.ebpo`` (``config`` is
+    verl's ``algorithm`` node; None -> defaults); the running statistics are the process-wide
+    ``ebpo_verl.get_state()``. Rows whose uid starts with ``pad`` or whose response mask is all zero are padding:
+    advantage 0, statistics untouched. ``labels`` (one per row) feed per-cluster priors when
+    ``algorithm.ebpo.cluster_key`` is set. Returns (advantages, returns), both (bs, response_length).
+    """
+    options = EBPOOptions.from_mapping(None if config is None else config.get("ebpo", None))
+    scores = token_level_rewards.sum(dim=-1)
+    uids = np.asarray(index).astype(str)
+    is_pad = torch.from_numpy(np.char.startswith(uids, "pad")).to(response_mask.device)
+    valid = (response_mask.sum(dim=-1) > 0) & ~is_pad
+    adv = compute_ebpo_advantages(scores, uids, valid.cpu(), options, GLOBAL_STATE, labels=labels)
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def register() -> None:
+    """Register ``ebpo`` in verl's estimator registry; idempotent (same function object every time)."""
+    registry = core_algos.ADV_ESTIMATOR_REGISTRY
+    if registry.get(NAME) is not compute_ebpo_outcome_advantage:
+        core_algos.register_adv_est(NAME)(compute_ebpo_outcome_advantage)
+    if core_algos.get_adv_estimator_fn(NAME) is not compute_ebpo_outcome_advantage:
+        raise RuntimeError(f"verl's registry holds a different '{NAME}' estimator")
+
+
+register()
