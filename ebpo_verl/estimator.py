@@ -75,18 +75,14 @@ class EBPOOptions:
     def __post_init__(self) -> None:
         for key, choices in _CHOICES.items():
             if getattr(self, key) not in choices:
-                raise ValueError(
-                    f"algorithm.ebpo.{key}={getattr(self, key)!r} is invalid; valid values: {choices}"
-                )
+                raise ValueError(f"algorithm.ebpo.{key}={getattr(self, key)!r} is invalid; valid values: {choices}")
         s = self.shrinkage
         if s != "auto" and not (_is_real(s) and 0.0 <= float(s) <= 1.0):
             raise ValueError(f"algorithm.ebpo.shrinkage={s!r} is invalid; use 'auto' or a float in [0, 1]")
         if not (_is_real(self.decay) and 0.0 < float(self.decay) <= 1.0):
             raise ValueError(f"algorithm.ebpo.decay={self.decay!r} is invalid; use a float in (0, 1]")
         if self.cluster_key is not None and not (isinstance(self.cluster_key, str) and self.cluster_key):
-            raise ValueError(
-                f"algorithm.ebpo.cluster_key={self.cluster_key!r} is invalid; use null or a label name"
-            )
+            raise ValueError(f"algorithm.ebpo.cluster_key={self.cluster_key!r} is invalid; use null or a label name")
         mcp = self.min_cluster_prompts
         if isinstance(mcp, bool) or not isinstance(mcp, int) or mcp < 0:
             raise ValueError(f"algorithm.ebpo.min_cluster_prompts={mcp!r} is invalid; use an integer >= 0")
@@ -170,9 +166,7 @@ class PriorStats:
     @classmethod
     def from_json(cls, data: Mapping[str, Sequence[float]]) -> PriorStats:
         if set(data) != set(cls._PARTS):
-            raise ValueError(
-                f"EBPO state: statistics need exactly the parts {cls._PARTS}, got {sorted(data)}"
-            )
+            raise ValueError(f"EBPO state: statistics need exactly the parts {cls._PARTS}, got {sorted(data)}")
         return cls(*(Moments(*map(float, data[p])) for p in cls._PARTS))
 
 
@@ -322,9 +316,7 @@ def compute_ebpo_advantages(
     bad = ~torch.isfinite(r)
     if bool(bad.any()):
         offenders = sorted(set(uids[rows[bad].numpy()].tolist()))
-        raise ValueError(
-            f"non-finite (NaN/inf) rewards for uid(s) {offenders[:20]}: check the reward function"
-        )
+        raise ValueError(f"non-finite (NaN/inf) rewards for uid(s) {offenders[:20]}: check the reward function")
     if options.prior == "beta_binomial" and bool(((r < 0) | (r > 1)).any()):
         offenders = sorted(set(uids[rows[(r < 0) | (r > 1)].numpy()].tolist()))
         raise ValueError(
@@ -369,11 +361,7 @@ def compute_ebpo_advantages(
     else:
         priors = []
         for stats in prior_stats_clusters:
-            weight = (
-                1.0
-                if options.min_cluster_prompts == 0
-                else min(1.0, stats.prompts / options.min_cluster_prompts)
-            )
+            weight = 1.0 if options.min_cluster_prompts == 0 else min(1.0, stats.prompts / options.min_cluster_prompts)
             local = make_prior(stats, options)
             blended = _blend(local, glob, weight)
             if options.prior == "beta_binomial":
@@ -460,11 +448,11 @@ def _update_state(
     past_global = state.global_stats.scaled(decay)
     past_clusters = [state.clusters.get(n, PriorStats()).scaled(decay) for n in names]
     new_global = past_global.merge(batch_global)
-    new_clusters = [p.merge(b) for p, b in zip(past_clusters, batch_clusters)]
+    new_clusters = [p.merge(b) for p, b in zip(past_clusters, batch_clusters, strict=True)]
     if decay != 1.0:
         state.clusters = {k: v.scaled(decay) for k, v in state.clusters.items()}
     state.global_stats = new_global
-    state.clusters.update(zip(names, new_clusters))
+    state.clusters.update(zip(names, new_clusters, strict=True))
 
     if options.prior == "beta_binomial":
         return past_global, past_clusters
