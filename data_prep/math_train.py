@@ -1,0 +1,65 @@
+"""MATH train split (Hendrycks et al., 7,500 problems) with its subject and level labels.
+
+Answer = the content of the last balanced ``\\boxed{}`` of ``solution`` (braces nest). ``extra_info.topic``
+is the ``type`` column (7 subjects), ``extra_info.difficulty`` the integer level 1-5. Two rows of the
+public copy say ``"Level ?"``: their difficulty is left as None rather than guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, pick, require_text
+from ebpo_verl.reward import last_boxed
+
+NAME = "math_train"
+HUB_ID, HUB_CONFIG, HUB_SPLIT = "DigitalLearningGmbH/MATH-lighteval", "default", "train"
+_LEVEL_RE = re.compile(r"^\s*Level\s+([1-5])\s*$")
+
+
+def parse_level(level: Any) -> int | None:
+    """``"Level 3"`` -> 3; ``"Level ?"`` or a missing level -> None; anything else is an invalid row."""
+    if level is None or str(level).strip() in ("", "Level ?"):
+        return None
+    m = _LEVEL_RE.match(str(level))
+    if m is None:
+        raise InvalidRowError("level", f"unparseable level {level!r} (expected 'Level 1'..'Level 5')")
+    return int(m.group(1))
+
+
+def convert(row: dict[str, Any], i: int) -> Example:
+    problem = require_text(row, ("problem",))
+    solution = require_text(row, ("solution",))
+    answer = last_boxed(solution)
+    if answer is None or not answer.strip():
+        raise InvalidRowError("solution", "no balanced \\boxed{...} answer in the solution")
+    topic = pick(row, ("type",))
+    return Example(
+        problem=problem,
+        answer=answer.strip(),
+        source_id=str(i),
+        topic=None if topic is None else str(topic),
+        difficulty=parse_level(pick(row, ("level",))),
+    )
+
+
+def prepare(
+    out_dir: str | Path,
+    local_path: str | Path | None = None,
+    template: str = "dapo",
+    skip_invalid: bool = False,
+    revision: str | None = None,
+) -> Path:
+    """Write ``out_dir/math_train.parquet`` from MATH train (hub or ``local_path``)."""
+    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
+    return finish(NAME, out_dir, df, convert, "train", template, skip_invalid, str(local_path or HUB_ID))
+
+
+def main(argv: list[str] | None = None) -> Path:
+    return cli(NAME, prepare, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""OlympiadBench, text-only English open-ended competition maths (``OE_TO_maths_en_COMP``, 674 problems).
+
+``final_answer`` is a list (usually one ``$...$``-wrapped string; ``is_multiple_answer`` rows hold several
+parts such as ``$69$,$84$``): the ground truth is its elements with the ``$`` delimiters removed, joined by
+", ". ``extra_info.topic`` is ``subfield``. A row's ``unit`` (9 rows) is stated after the problem, as the
+benchmark's own prompt does. Relay problems whose ``T`` was never substituted (``T=TNYWR`` in the original
+675-row release) are invalid rows: they cannot be answered.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, pick, require_text
+
+NAME = "olympiadbench"
+HUB_ID, HUB_CONFIG, HUB_SPLIT = "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"
+_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+_TNYWR_RE = re.compile(r"T\s*=\s*T\s*N\s*Y\s*W\s*R")
+
+
+def join_final_answer(final_answer: Any) -> str:
+    """``["$69$,$84$"]`` -> ``"69,84"``; several list elements are joined by ", "."""
+    if isinstance(final_answer, str):
+        parts = [final_answer]
+    elif isinstance(final_answer, list | tuple | np.ndarray):
+        parts = [str(p) for p in final_answer if p is not None]
+    else:
+        raise InvalidRowError("final_answer", f"expected a list of strings, got {type(final_answer).__name__}")
+    parts = [_DOLLAR_RE.sub("", p).strip() for p in parts]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise InvalidRowError("final_answer", "empty")
+    return ", ".join(parts)
+
+
+def convert(row: dict[str, Any], i: int) -> Example:
+    question = require_text(row, ("question", "problem"))
+    if _TNYWR_RE.search(question):
+        raise InvalidRowError("question", "relay problem with an unresolved T (TNYWR): not answerable alone")
+    context = pick(row, ("context",))
+    problem = f"{str(context).strip()}\n\n{question}" if context and str(context).strip() else question
+    unit = pick(row, ("unit",))
+    if unit is not None and str(unit).strip():
+        problem += f"\n\nThe unit of the answer is {str(unit).strip()}."
+    answer = pick(row, ("final_answer", "answer"))
+    if answer is None:
+        raise InvalidRowError("final_answer", "missing")
+    subfield = pick(row, ("subfield",))
+    return Example(
+        problem=problem,
+        answer=join_final_answer(answer),
+        source_id=str(pick(row, ("id",)) if pick(row, ("id",)) is not None else i),
+        topic=None if subfield is None else str(subfield),
+    )
+
+
+def prepare(
+    out_dir: str | Path,
+    local_path: str | Path | None = None,
+    template: str = "dapo",
+    skip_invalid: bool = False,
+    revision: str | None = None,
+) -> Path:
+    """Write ``out_dir/olympiadbench.parquet`` from OlympiadBench OE_TO_maths_en_COMP (hub or ``local_path``)."""
+    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
+    return finish(NAME, out_dir, df, convert, "test", template, skip_invalid, str(local_path or HUB_ID))
+
+
+def main(argv: list[str] | None = None) -> Path:
+    return cli(NAME, prepare, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""What every preparer shares: loading (hub or local file), prompt templates, the verl row schema,
+row validation, the printed summary, atomic parquet writes and the common command line.
+
+Output row (verl's ``RLHFDataset`` schema, identical columns and ``extra_info`` keys for every dataset so
+that train/val file lists concatenate)::
+
+    data_source   str   the dataset name, e.g. "aime2024" (validation metrics read val-core/aime2024/...)
+    prompt        list  [{"role": "user", "content": <template applied to the problem>}]
+    ability       str   "math"
+    reward_model  dict  {"style": "rule", "ground_truth": <answer as a string>}
+    extra_info    dict  {"index": int, "split": str, "source_id": str,
+                         "topic": str | None, "difficulty": int | None}
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+BOXED_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+TEMPLATES = ("dapo", "boxed")
+
+EXTRA_INFO_TYPE = pa.struct(
+    [
+        ("index", pa.int64()),
+        ("split", pa.string()),
+        ("source_id", pa.string()),
+        ("topic", pa.string()),
+        ("difficulty", pa.int64()),
+    ]
+)
+SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+        ("extra_info", EXTRA_INFO_TYPE),
+    ]
+)
+
+
+class InvalidRowError(ValueError):
+    """A source row that cannot become a training/evaluation example."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+@dataclass
+class Example:
+    """One problem as a preparer extracts it from a source row, before templating."""
+
+    problem: str
+    answer: str
+    source_id: str
+    topic: str | None = None
+    difficulty: int | None = None
+
+
+def apply_template(problem: str, template: str) -> list[dict[str, str]]:
+    """The single user message for ``problem`` under ``template`` ("dapo" or "boxed")."""
+    if template == "dapo":
+        content = DAPO_PREFIX + problem + DAPO_SUFFIX
+    elif template == "boxed":
+        content = problem + BOXED_SUFFIX
+    else:
+        raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
+    return [{"content": content, "role": "user"}]
+
+
+def strip_dapo_wrapper(content: str) -> str:
+    """The bare problem inside a DAPO-Math-17k prompt (text without the wrapper is returned unchanged)."""
+    text = content.strip()
+    if text.startswith(DAPO_PREFIX.strip()):
+        text = text[len(DAPO_PREFIX.strip()) :]
+    if text.endswith(DAPO_SUFFIX.strip()):
+        text = text[: -len(DAPO_SUFFIX.strip())]
+    return text.strip()
+
+
+def read_local(path: str | Path) -> pd.DataFrame:
+    """A local copy in the hub schema: ``.jsonl``, ``.json`` (records list) or ``.parquet``.
+
+    Values keep their types (``"025"`` stays a string); a stray pandas ``__index_level_0__`` column is
+    dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--local-path {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        df = pd.read_parquet(path)
+    elif suffix in (".jsonl", ".json"):
+        try:
+            df = pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
+        except ValueError as e:
+            raise ValueError(f"{path}: not valid {suffix[1:]} ({e}); expected one JSON object per row") from e
+    else:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
+    return df.drop(columns=[c for c in df.columns if c.startswith("__index_level_")])
+
+
+def load_hub(repo_id: str, split: str, config: str | None = None, revision: str | None = None) -> pd.DataFrame:
+    """The hub copy via ``datasets`` (needs network access to huggingface.co)."""
+    import datasets
+
+    ds = datasets.load_dataset(repo_id, config, split=split, revision=revision)
+    return ds.to_pandas()
+
+
+def load_source(
+    local_path: str | Path | None,
+    repo_id: str,
+    split: str,
+    config: str | None = None,
+    revision: str | None = None,
+) -> pd.DataFrame:
+    """``local_path`` when given, else the pinned hub dataset."""
+    if local_path is not None:
+        return read_local(local_path)
+    return load_hub(repo_id, split, config, revision)
+
+
+def pick(row: dict[str, Any], names: Iterable[str]) -> Any:
+    """The value of the first column of ``names`` present (and not null) in ``row``, else None."""
+    for name in names:
+        value = row.get(name)
+        if value is not None and not (isinstance(value, float) and pd.isna(value)):
+            return value
+    return None
+
+
+def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None) -> str:
+    """A non-empty string from the first present column of ``names``; InvalidRowError otherwise."""
+    value = pick(row, names)
+    field = field or "/".join(names)
+    if value is None:
+        raise InvalidRowError(field, f"missing (looked for columns {list(names)})")
+    text = str(value).strip()
+    if not text:
+        raise InvalidRowError(field, "empty")
+    return text
+
+
+def build_rows(
+    name: str,
+    df: pd.DataFrame,
+    convert: Callable[[dict[str, Any], int], Example],
+    split: str,
+    template: str,
+    skip_invalid: bool,
+    source: str,
+) -> tuple[list[dict[str, Any]], int]:
+    """Convert every source row; returns (verl rows, number skipped).
+
+    An invalid row raises ``ValueError`` naming the file, the 0-based row number, the field and the fix,
+    unless ``skip_invalid``, which drops it.
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
+    rows, skipped = [], 0
+    records = df.to_dict(orient="records")
+    for i, record in enumerate(tqdm(records, desc=f"{name}", unit="row", disable=len(records) < 2000)):
+        try:
+            ex = convert(record, i)
+        except InvalidRowError as e:
+            if skip_invalid:
+                skipped += 1
+                continue
+            raise ValueError(
+                f"{name}: invalid row {i} (0-based) of {source}: field {e.field}: {e.reason}. "
+                "Fix the source row or pass --skip-invalid to drop such rows."
+            ) from None
+        rows.append(
+            {
+                "data_source": name,
+                "prompt": apply_template(ex.problem, template),
+                "ability": "math",
+                "reward_model": {"ground_truth": ex.answer, "style": "rule"},
+                "extra_info": {
+                    "index": len(rows),
+                    "split": split,
+                    "source_id": ex.source_id,
+                    "topic": ex.topic,
+                    "difficulty": ex.difficulty,
+                },
+            }
+        )
+    if skip_invalid and skipped:
+        print(f"{name}: --skip-invalid dropped {skipped} invalid row(s)")
+    return rows, skipped
+
+
+def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
+    """Write ``table`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+
+    A failure at any point leaves no file (and no partial file) at ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(table, pd.DataFrame):
+        table = pa.Table.from_pandas(table, preserve_index=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int, out: Path) -> str:
+    """A printable summary: rows in/out and per-topic / per-level counts."""
+    topics = Counter(r["extra_info"]["topic"] for r in rows)
+    levels = Counter(r["extra_info"]["difficulty"] for r in rows)
+    lines = [f"{name}: {rows_in} rows in, {len(rows)} rows out, {skipped} skipped -> {out}"]
+    if any(t is not None for t in topics):
+        lines.append("  per topic: " + ", ".join(f"{t}={n}" for t, n in sorted(topics.items(), key=str)))
+    if any(lv is not None for lv in levels):
+        lines.append("  per level: " + ", ".join(f"{lv}={n}" for lv, n in sorted(levels.items(), key=str)))
+    return "\n".join(lines)
+
+
+def finish(
+    name: str,
+    out_dir: str | Path,
+    df: pd.DataFrame,
+    convert: Callable[[dict[str, Any], int], Example],
+    split: str,
+    template: str,
+    skip_invalid: bool,
+    source: str,
+) -> Path:
+    """Convert ``df`` and write ``out_dir/<name>.parquet`` atomically; prints the summary."""
+    rows, skipped = build_rows(name, df, convert, split, template, skip_invalid, source)
+    if not rows:
+        raise ValueError(f"{name}: no valid rows in {source}")
+    out = write_parquet_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), Path(out_dir) / f"{name}.parquet")
+    print(summarize(name, len(df), rows, skipped, out))
+    return out
+
+
+def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) -> Path:
+    """``python -m data_prep.<name> --out-dir DIR [--local-path FILE] [--template T] [--skip-invalid]``."""
+    parser = argparse.ArgumentParser(prog=f"python -m data_prep.{name}", description=prepare.__doc__)
+    parser.add_argument("--out-dir", required=True, help=f"folder for {name}.parquet")
+    parser.add_argument("--local-path", default=None, help="local copy (jsonl/json/parquet, hub schema)")
+    parser.add_argument("--template", choices=TEMPLATES, default="dapo", help="prompt template")
+    parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of stopping")
+    parser.add_argument("--revision", default=None, help="hub revision (commit/tag) to pin; default: main")
+    args = parser.parse_args(argv)
+    return prepare(
+        args.out_dir,
+        local_path=args.local_path,
+        template=args.template,
+        skip_invalid=args.skip_invalid,
+        revision=args.revision,
+    )

@@ -1,0 +1,303 @@
+"""Rule-based math reward for verl: answer extraction plus ``math-verify`` equivalence, time-bounded.
+
+``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``,
+``name=compute_score``). verl 0.9.1's reward managers call it through ``loop.run_in_executor``, i.e. in a
+worker thread, where math-verify's ``signal.alarm`` timeouts cannot run (``signal`` only works in the main
+thread) and where sympy can spin for minutes on adversarial LaTeX such as ``10^{10^{10^{10}}}``. So the
+parse/verify step runs in a small pool of child processes (each calls math-verify on its own main thread);
+the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0. Answer extraction is
+plain linear-time string scanning in the caller.
+
+Extraction (DAPO-Math-17k convention first, the boxed convention second):
+  1. the text after the last ``Answer:`` (case-insensitive; the rest of that line, or the next non-empty
+     line when the rest is empty; a ``\\boxed{}`` inside it is unwrapped);
+  2. otherwise the content of the last balanced ``\\boxed{...}``.
+The prediction is correct when math-verify says it equals the ground truth, or when both reduce to the
+same plain string (``\\text{Evelyn}`` vs ``Evelyn``), or when they agree after dropping a trailing
+percent sign (OlympiadBench writes units such as ``%`` in a separate column).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("EBPO_REWARD_TIMEOUT", "5"))
+"""Bound on one parse+verify (seconds); override per call or with ``EBPO_REWARD_TIMEOUT``."""
+MAX_ANSWER_CHARS = 1000
+"""Extracted answers longer than this score 0 without being parsed (no reference answer comes close)."""
+STARTUP_TIMEOUT_S = 120.0
+"""How long a fresh worker may take to import sympy/math-verify before it counts as broken."""
+MAX_WORKERS = int(os.environ.get("EBPO_REWARD_WORKERS", str(min(8, os.cpu_count() or 1))))
+
+_ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
+_BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\\boxed\s+([^\s{}$][^\s{}$]*)|\{|\}")
+_UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+_PERCENT_RE = re.compile(r"\s*\\?%\s*$")
+_TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{([^{}]*)\}")
+_SPACING_RE = re.compile(r"\\left|\\right|\\[,!;: ]|~|\s")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last balanced ``\\boxed{...}`` in ``text`` (braces may nest), else None.
+
+    The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``).
+    One left-to-right pass over the braces only, so it is linear in ``len(text)`` even for 10^4 nested
+    braces or a megabyte of unbalanced ``\\boxed{``. "Last" means the one that closes last; for nested
+    boxes that is the outermost.
+    """
+    stack: list[int | None] = []  # content start for boxed openers, None for plain braces
+    best: tuple[int, int] | None = None
+    for m in _BOXED_OR_BRACE_RE.finditer(text):
+        tok = m.group()
+        if m.group(1) is not None:  # unbraced form "\boxed 2" (two MATH-train solutions use it)
+            best = m.span(1)
+        elif tok == "}":
+            if not stack:
+                continue
+            start = stack.pop()
+            if start is not None:
+                best = (start, m.start())
+        else:
+            stack.append(m.end() if tok != "{" else None)
+    return None if best is None else text[best[0] : best[1]]
+
+
+def clean_answer(ans: str) -> str:
+    """Strip whitespace, math delimiters (``$``, ``\\(``/``\\)``), markdown bold and a trailing full stop."""
+    s = ans.strip().strip("*").strip()
+    if s.startswith("\\(") and s.endswith("\\)"):
+        s = s[2:-2]
+    s = _UNESCAPED_DOLLAR_RE.sub("", s).strip()
+    return s.rstrip(".").strip()
+
+
+def extract_answer(solution_str: str) -> str | None:
+    """The model's final answer: the last ``Answer:`` line, else the last balanced ``\\boxed{}``."""
+    last = None
+    for last in _ANSWER_RE.finditer(solution_str):  # noqa: B007 - keep the final match
+        pass
+    if last is not None:
+        rest = solution_str[last.end() :]
+        lines = rest.split("\n", 1)
+        line = lines[0].strip()
+        if not line and len(lines) > 1:
+            line = next((ln.strip() for ln in lines[1].split("\n") if ln.strip()), "")
+        if line:
+            boxed = last_boxed(line)
+            return clean_answer(boxed if boxed is not None else line)
+    boxed = last_boxed(solution_str)
+    return None if boxed is None else clean_answer(boxed)
+
+
+def _plain(s: str) -> str:
+    """``s`` with ``\\text{...}``-style wrappers unwrapped and spacing commands/whitespace removed."""
+    return _SPACING_RE.sub("", _TEXT_CMD_RE.sub(r"\1", s)).rstrip(".")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker process: reads {"gold", "pred"} JSON lines on stdin, answers {"ok": bool} lines on stdout.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _serve() -> None:  # pragma: no cover - runs in the child process; exercised through compute_score
+    import logging
+    from functools import lru_cache
+
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    logging.disable(logging.WARNING)  # math-verify logs every deprecated-option warning
+    norm = NormalizationConfig(
+        basic_latex=True, units=True, malformed_operators=False, nits=True, boxed="all", equations=True
+    )
+    config = [LatexExtractionConfig(normalization_config=norm, boxed_match_priority=0), ExprExtractionConfig()]
+
+    @lru_cache(maxsize=4096)
+    def parsed(s: str) -> tuple:
+        return tuple(parse("\\boxed{" + s + "}", config))
+
+    def equal(gold: str, pred: str) -> bool:
+        try:
+            return bool(verify(list(parsed(gold)), list(parsed(pred))))
+        except Exception:
+            return False
+
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        out.write(json.dumps({"ok": equal(req["gold"], req["pred"])}) + "\n")
+        out.flush()
+
+
+class _Worker:
+    """One child process running :func:`_serve`; used by one caller at a time."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-c", "from ebpo_verl.reward import _serve; _serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self.buf = b""
+        self.ready = False
+
+    def _readline(self, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:  # child died
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def ask(self, gold: str, pred: str, timeout: float) -> bool | None:
+        """True/False from math-verify, or None when the child overran ``timeout`` or died."""
+        if not self.ready:
+            if self._readline(time.monotonic() + STARTUP_TIMEOUT_S) != b"ready":
+                return None
+            self.ready = True
+        deadline = time.monotonic() + timeout
+        try:
+            self.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        line = self._readline(deadline)
+        return None if line is None else bool(json.loads(line)["ok"])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class _Pool:
+    """Up to ``MAX_WORKERS`` workers shared by all threads; a worker that overruns is killed and replaced."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.idle: list[_Worker] = []
+        self.count = 0
+
+    def _checkout(self) -> _Worker:
+        with self.lock:
+            while not self.idle and self.count >= MAX_WORKERS:
+                self.lock.wait()
+            if self.idle:
+                return self.idle.pop()
+            self.count += 1
+        try:
+            return _Worker()
+        except Exception:
+            with self.lock:
+                self.count -= 1
+                self.lock.notify()
+            raise
+
+    def _release(self, worker: _Worker, healthy: bool) -> None:
+        if not healthy:  # replace it now, so the next caller finds a child already importing
+            worker.kill()
+            try:
+                worker = _Worker()
+            except Exception:
+                with self.lock:
+                    self.count -= 1
+                    self.lock.notify()
+                raise
+        with self.lock:
+            self.idle.append(worker)
+            self.lock.notify()
+
+    def equal(self, gold: str, pred: str, timeout: float) -> bool | None:
+        """math-verify's verdict, or None when it overran ``timeout`` (the worker is then replaced)."""
+        worker = self._checkout()
+        result = None
+        try:
+            result = worker.ask(gold, pred, timeout)
+        finally:
+            self._release(worker, healthy=result is not None)
+        return result
+
+    def warm_up(self, n: int = 1) -> None:
+        """Start ``n`` workers and wait until they have imported math-verify (optional; tests use it)."""
+        workers = [self._checkout() for _ in range(n)]
+        for w in workers:
+            self._release(w, healthy=w.ask("1", "1", STARTUP_TIMEOUT_S) is not None)
+
+    def shutdown(self) -> None:
+        with self.lock:
+            idle, self.idle = self.idle, []
+            self.count -= len(idle)
+        for w in idle:
+            w.kill()
+
+
+_POOL = _Pool()
+atexit.register(_POOL.shutdown)
+
+
+def warm_up(n: int = 1) -> None:
+    """Start ``n`` grading workers ahead of time so that the first calls do not pay the import cost."""
+    _POOL.warm_up(n)
+
+
+def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer_chars: int = MAX_ANSWER_CHARS) -> bool:
+    """Whether answer ``pred`` equals reference ``gold`` (both already extracted), within ``timeout`` s."""
+    gold, pred = clean_answer(str(gold)), clean_answer(pred)
+    if not gold or not pred or len(pred) > max_answer_chars:
+        return False
+    if _plain(gold) == _plain(pred):
+        return True
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    t_end = time.monotonic() + timeout
+    verdict = _POOL.equal(gold, pred, timeout)
+    if verdict is not False:  # True, or None = overran the bound: score 0 without retrying
+        return bool(verdict)
+    g, p = _PERCENT_RE.sub("", gold), _PERCENT_RE.sub("", pred)
+    left = t_end - time.monotonic()
+    if (g, p) != (gold, pred) and g and p and left > 0:
+        return _plain(g) == _plain(p) or bool(_POOL.equal(g, p, left))
+    return False
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    timeout: float | None = None,
+    max_answer_chars: int = MAX_ANSWER_CHARS,
+    **kwargs: Any,
+) -> dict:
+    """verl custom reward: ``{"score": 1.0|0.0, "acc": bool, "pred": str}``.
+
+    Never raises on model output and never takes longer than ``timeout`` (default ``DEFAULT_TIMEOUT_S``)
+    plus the extraction scan. ``data_source``/``extra_info``/extra kwargs are accepted for verl's calling
+    convention; grading is the same for every math data source.
+    """
+    pred = extract_answer(solution_str or "")
+    if pred is None:
+        return {"score": 0.0, "acc": False, "pred": ""}
+    acc = is_equivalent(str(ground_truth), pred, timeout=timeout, max_answer_chars=max_answer_chars)
+    return {"score": 1.0 if acc else 0.0, "acc": acc, "pred": pred[:max_answer_chars]}
