@@ -1,0 +1,104 @@
+"""An append-only metrics log that survives resumes (verl's ``file`` logger truncates its file on restart).
+
+``MetricsLog`` is added as one more backend of verl's ``Tracking`` by the package's trainer, so it receives
+exactly what every other backend receives: one JSON line ``{"step": <int>, "data": {<metric>: <number>}}`` per
+``Tracking.log`` call (the same format as verl's file logger). A step can have several lines (e.g. the
+validation a resumed run performs before its first step); merge their ``data`` in file order
+(:func:`read_metrics_log` does).
+
+On start the log is reconciled with the checkpoint the run resumed from: lines of steps after that checkpoint
+(metrics of steps that are being redone) and, for a run started from scratch, all lines of an earlier run, are
+moved to ``<stem>.superseded-<UTC time>-<pid>.jsonl`` next to the log, so the live file always describes one
+consistent timeline and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ebpo_verl.checkpoint import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+def _to_json(value: Any) -> Any:
+    """numpy / torch scalars and arrays as plain Python (``item``/``tolist``); anything else as ``str``."""
+    for attr in ("item", "tolist"):
+        if hasattr(value, attr):
+            try:
+                return getattr(value, attr)()
+            except (TypeError, ValueError, RuntimeError):
+                continue
+    return str(value)
+
+
+def _encode(step: int, data: dict[str, Any]) -> str:
+    return json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True)
+
+
+def _read_lines(path: Path) -> list[tuple[int, str]]:
+    """(step, raw line) of every complete record; a torn last line (crash mid-write) is dropped with a warning."""
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((int(json.loads(line)["step"]), line))
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines):
+                logger.warning("metrics log %s: dropping a torn last line (%s)", path, err)
+                continue
+            raise ValueError(f"metrics log {path}, line {number}: not a {{'step', 'data'}} JSON record: {err}") from err
+    return records
+
+
+class MetricsLog:
+    """A ``Tracking`` backend appending ``{"step", "data"}`` lines to ``path`` (opened per write, flushed)."""
+
+    def __init__(self, path: str | os.PathLike, resumed_step: int):
+        """Open the log of a run that starts after ``resumed_step`` (0: a run from scratch)."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._reconcile(int(resumed_step))
+
+    def _reconcile(self, resumed_step: int) -> None:
+        if not self.path.is_file():
+            return
+        records = _read_lines(self.path)
+        keep = [line for step, line in records if resumed_step > 0 and step <= resumed_step]
+        drop = [line for step, line in records if not (resumed_step > 0 and step <= resumed_step)]
+        if not drop:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.stem}.superseded-{stamp}-{os.getpid()}{self.path.suffix}")
+        atomic_write_text(aside, "".join(line + "\n" for line in drop))
+        logger.warning(
+            "metrics log %s: moved %d line(s) after step %d to %s", self.path, len(drop), resumed_step, aside
+        )
+        atomic_write_text(self.path, "".join(line + "\n" for line in keep))
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        line = _encode(step, data) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+
+    def finish(self) -> None:
+        """Nothing to close: every line is written and flushed by ``log``."""
+
+
+def read_metrics_log(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """Step -> metrics of a log written by :class:`MetricsLog` (or verl's file logger), lines merged in order.
+
+    NaN is kept as ``float('nan')``; keys of a later line override the same keys of an earlier line.
+    """
+    merged: dict[int, dict[str, Any]] = {}
+    for step, line in _read_lines(Path(path)):
+        merged.setdefault(step, {}).update(json.loads(line)["data"])
+    return dict(sorted(merged.items()))

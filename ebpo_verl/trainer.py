@@ -1,0 +1,249 @@
+"""EBPO inside verl 0.9.1's v1 trainer: cluster labels, EB state in checkpoints, ``ebpo/*`` metrics, metrics log.
+
+verl's ``compute_advantage`` calls an estimator with rewards, masks and uids only, and its checkpoints know nothing
+of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer
+``trainer.v1.trainer_mode`` selects (sync / colocate_async / separate_async):
+
+- ``_compute_advantage``: the ``ebpo`` step with each row's ``extra_info[cluster_key]`` fetched from
+  TransferQueue and passed as ``labels`` (padding rows: None), and the estimator diagnostics added to the step's
+  metrics (so every tracker backend logs ``ebpo/*``). Other estimators run verl's code unchanged.
+- ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_state.json`` (:mod:`ebpo_verl.checkpoint`),
+  restored in ``init()``, i.e. before the first advantage computation.
+- ``_init_dataloader``: checks that every training row carries its cluster label, before any worker starts.
+- ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.metrics_log.MetricsLog`
+  at ``trainer.metrics_log_path``.
+
+:class:`EBPOTaskRunner` is verl's ``TaskRunnerV1`` running these trainers after the pre-flight checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pprint import pprint
+from typing import Any
+
+import numpy as np
+import ray
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.main_ppo import TaskRunnerV1
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
+from verl.utils.logging_utils import configure_verl_logging
+from verl.workers.utils.padding import response_to_nested
+
+import ebpo_verl
+from ebpo_verl.checkpoint import load_ebpo_state, save_ebpo_state
+from ebpo_verl.metrics_log import MetricsLog
+from ebpo_verl.validation import (
+    ESTIMATOR,
+    EBPOConfigError,
+    check_cluster_labels,
+    check_config,
+    check_registered,
+    ebpo_options,
+    is_ebpo,
+)
+
+ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob"]
+"""What verl's v1 advantage step reads from TransferQueue (minus ``values``, which only GAE needs)."""
+
+
+def cluster_labels(
+    extra_infos: Sequence[Mapping[str, Any] | None],
+    uids: Sequence[Any],
+    padding: Sequence[bool],
+    cluster_key: str,
+) -> np.ndarray:
+    """Per-row ``extra_info[cluster_key]``, aligned with ``uids``; None on padding rows.
+
+    Padding rows (flagged, or uid starting with ``pad``) copy a real row's fields in verl, so their label is
+    ignored. A real row without a label raises, naming its uid and the keys its ``extra_info`` has.
+    """
+    labels = np.empty(len(uids), dtype=object)
+    for i, (info, uid, pad) in enumerate(zip(extra_infos, uids, padding, strict=True)):
+        if pad or str(uid).startswith("pad"):
+            continue
+        label = (info or {}).get(cluster_key)
+        if label is None:
+            raise EBPOConfigError(
+                f"rollout row of uid {uid} has no extra_info[{cluster_key!r}] (algorithm.ebpo.cluster_key); its "
+                f"extra_info keys: {sorted(info or {})}"
+            )
+        labels[i] = label
+    return labels
+
+
+def compute_ebpo_advantage(data: DataProto, algorithm_config: Any, labels: np.ndarray | None) -> dict[str, float]:
+    """Run the registered ``ebpo`` estimator on ``data`` (in place: ``advantages``, ``returns``).
+
+    ``data`` needs ``token_level_rewards``, ``response_mask`` and ``non_tensor_batch["uid"]``. Returns the
+    estimator diagnostics of this call (``ebpo/*``).
+    """
+    estimator = core_algos.get_adv_estimator_fn(ESTIMATOR)
+    advantages, returns = estimator(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        index=data.non_tensor_batch["uid"],
+        config=algorithm_config,
+        labels=labels,
+    )
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return dict(ebpo_verl.get_state().diagnostics)
+
+
+def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
+    frame = getattr(dataset, "dataframe", None)
+    if frame is not None and "extra_info" in getattr(frame, "column_names", ()):
+        return frame["extra_info"]
+    return (dataset[i].get("extra_info") for i in range(len(dataset)))
+
+
+def checkpoint_folder(config: Any, global_step: int) -> str:
+    """The ``global_step_N`` folder verl resumed from (``resume_mode`` auto or resume_path), as an absolute path."""
+    trainer = config.trainer
+    if trainer.resume_mode == "resume_path":
+        return os.path.abspath(str(trainer.resume_from_path))
+    return os.path.join(os.path.abspath(str(trainer.default_local_dir)), f"global_step_{global_step}")
+
+
+class EBPOTrainerMixin:
+    """EBPO additions to a verl v1 ``PPOTrainer`` subclass (put first in the bases)."""
+
+    _resumed_step = 0
+    _tracking = None
+
+    def __init__(self, config: DictConfig):
+        super().__init__(config)
+        self.ebpo_options = ebpo_options(config) if is_ebpo(config) else None
+
+    # ---------------------------------------------------------------- data
+    def _init_dataloader(self) -> None:
+        super()._init_dataloader()
+        key = self.ebpo_options.cluster_key if self.ebpo_options else None
+        if key:
+            source = f"data.train_files={self.config.data.train_files}"
+            check_cluster_labels(_dataset_extra_infos(self.train_dataset), key, source=source)
+
+    # ----------------------------------------------------------- advantage
+    def _compute_advantage(self, batch, metrics: dict):
+        if self.ebpo_options is None:
+            return super()._compute_advantage(batch, metrics)
+        import transfer_queue as tq
+
+        algo = self.config.algorithm
+        key = self.ebpo_options.cluster_key
+        fields = ADVANTAGE_FIELDS + (["extra_info"] if key else [])
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        response_mask = fetched["response_mask"]
+        uids = np.array(fetched.pop("uid").tolist(), dtype=object)
+        labels = None
+        if key:
+            padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+            labels = cluster_labels(fetched.pop("extra_info").tolist(), uids, padding, key)
+        data = DataProto(batch=fetched.to_padded_tensor(), non_tensor_batch={"uid": uids})
+        data.batch["token_level_scores"] = data.batch["rm_scores"]
+
+        if algo.use_kl_in_reward:
+            data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+
+        # decoupled rollout correction (IS weights / rejection sampling), as verl does before its estimators
+        corr = algo.get("rollout_correction", None)
+        correct = corr is not None and not corr.get("bypass_mode", False) and "rollout_log_probs" in data.batch
+        if correct:
+            data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
+            metrics.update(corr_metrics)
+
+        metrics.update(compute_ebpo_advantage(data, algo, labels))
+
+        out = ["advantages", "returns"]
+        if algo.use_kl_in_reward:
+            out.append("token_level_rewards")
+        if correct:
+            out += ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
+        nested = {name: response_to_nested(data.batch[name], response_mask) for name in out}
+        return tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(nested, batch_size=len(batch))
+        )
+
+    # ---------------------------------------------------------- checkpoint
+    def _save_checkpoint(self) -> None:
+        # written before verl's latest_checkpointed_iteration.txt: a resumable checkpoint always has it
+        if self.ebpo_options is not None:
+            folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
+            save_ebpo_state(folder, ebpo_verl.get_state(), self.ebpo_options, self.global_steps)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self) -> None:
+        ebpo_verl.get_state().reset()
+        super()._load_checkpoint()
+        self._resumed_step = int(self.global_steps)
+        if self.ebpo_options is not None and self.global_steps > 0:
+            folder = checkpoint_folder(self.config, self.global_steps)
+            load_ebpo_state(folder, ebpo_verl.get_state(), self.ebpo_options, self.global_steps)
+
+    # ------------------------------------------------------------- metrics
+    @property
+    def logger(self):
+        """verl's ``Tracking`` (created in ``fit``), with the resume-safe metrics log as an extra backend."""
+        return self._tracking
+
+    @logger.setter
+    def logger(self, tracking) -> None:
+        path = self.config.trainer.get("metrics_log_path", None)
+        if tracking is not None and path:
+            tracking.logger["metrics_log"] = MetricsLog(path, resumed_step=self._resumed_step)
+        self._tracking = tracking
+
+
+@functools.cache
+def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
+    """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
+    base = get_trainer_cls(trainer_mode)
+    return type(f"EBPO{base.__name__}", (EBPOTrainerMixin, base), {"__module__": __name__})
+
+
+@ray.remote
+class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    """verl's v1 TaskRunner (the Ray actor that drives training and calls the estimator) with EBPO's trainer."""
+
+    def preflight(self, config: DictConfig) -> None:
+        """Checks that must run in this process: config sanity and the ``ebpo`` registration."""
+        check_config(config)
+        if is_ebpo(config):
+            check_registered()
+
+    def run(self, config: DictConfig) -> None:
+        configure_verl_logging()
+        self.preflight(config)
+        import transfer_queue as tq
+
+        trainer_cls = ebpo_trainer_cls(config.trainer.v1.trainer_mode)
+        config.transfer_queue.enable = True
+        pprint(OmegaConf.to_container(config, resolve=True))
+        OmegaConf.resolve(config)
+        self.config = config
+        tq.init(config.transfer_queue)
+        succeeded = False
+        try:
+            self.trainer = trainer_cls(config=config)
+            self.trainer.init()
+            self.init_agent_loop_manager()
+            self.trainer.fit(self.agent_loop_manager)
+            succeeded = True
+        finally:
+            try:
+                tracking = getattr(self.trainer, "logger", None)
+                if tracking is not None:
+                    tracking.finish(exit_code=0 if succeeded else 1)
+            finally:
+                tq.close()
