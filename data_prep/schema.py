@@ -143,7 +143,7 @@ def pick(row: dict[str, Any], names: Iterable[str]) -> Any:
     """The value of the first column of ``names`` present (and not null) in ``row``, else None."""
     for name in names:
         value = row.get(name)
-        if value is not None and not (isinstance(value, float) and pd.isna(value)):
+        if value is not None and not (pd.api.types.is_scalar(value) and pd.isna(value)):
             return value
     return None
 
@@ -168,15 +168,17 @@ def build_rows(
     template: str,
     skip_invalid: bool,
     source: str,
-) -> tuple[list[dict[str, Any]], int]:
-    """Convert every source row; returns (verl rows, number skipped).
+    dedupe: bool = False,
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Convert every source row; returns (verl rows, number skipped as invalid, number of duplicates).
 
     An invalid row raises ``ValueError`` naming the file, the 0-based row number, the field and the fix,
-    unless ``skip_invalid``, which drops it.
+    unless ``skip_invalid``, which drops it. With ``dedupe`` only the first row of each problem text
+    (whitespace-normalised) is kept.
     """
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
-    rows, skipped = [], 0
+    rows, skipped, duplicates, seen = [], 0, 0, set()
     records = df.to_dict(orient="records")
     for i, record in enumerate(tqdm(records, desc=f"{name}", unit="row", disable=len(records) < 2000)):
         try:
@@ -189,6 +191,12 @@ def build_rows(
                 f"{name}: invalid row {i} (0-based) of {source}: field {e.field}: {e.reason}. "
                 "Fix the source row or pass --skip-invalid to drop such rows."
             ) from None
+        if dedupe:
+            key = " ".join(ex.problem.split())
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
         rows.append(
             {
                 "data_source": name,
@@ -206,7 +214,7 @@ def build_rows(
         )
     if skip_invalid and skipped:
         print(f"{name}: --skip-invalid dropped {skipped} invalid row(s)")
-    return rows, skipped
+    return rows, skipped, duplicates
 
 
 def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
@@ -229,11 +237,14 @@ def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Pa
     return path
 
 
-def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int, out: Path) -> str:
+def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int, duplicates: int, out: Path) -> str:
     """A printable summary: rows in/out and per-topic / per-level counts."""
     topics = Counter(r["extra_info"]["topic"] for r in rows)
     levels = Counter(r["extra_info"]["difficulty"] for r in rows)
-    lines = [f"{name}: {rows_in} rows in, {len(rows)} rows out, {skipped} skipped -> {out}"]
+    lines = [
+        f"{name}: {rows_in} rows in, {len(rows)} rows out, {skipped} invalid skipped, "
+        f"{duplicates} duplicate problems removed -> {out}"
+    ]
     if any(t is not None for t in topics):
         lines.append("  per topic: " + ", ".join(f"{t}={n}" for t, n in sorted(topics.items(), key=str)))
     if any(lv is not None for lv in levels):
@@ -250,13 +261,14 @@ def finish(
     template: str,
     skip_invalid: bool,
     source: str,
+    dedupe: bool = False,
 ) -> Path:
     """Convert ``df`` and write ``out_dir/<name>.parquet`` atomically; prints the summary."""
-    rows, skipped = build_rows(name, df, convert, split, template, skip_invalid, source)
+    rows, skipped, duplicates = build_rows(name, df, convert, split, template, skip_invalid, source, dedupe)
     if not rows:
         raise ValueError(f"{name}: no valid rows in {source}")
     out = write_parquet_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), Path(out_dir) / f"{name}.parquet")
-    print(summarize(name, len(df), rows, skipped, out))
+    print(summarize(name, len(df), rows, skipped, duplicates, out))
     return out
 
 

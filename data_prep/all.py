@@ -1,0 +1,64 @@
+"""Prepare every dataset: ``python -m data_prep.all --out-dir DIR [--local-dir DIR] [--template T]``.
+
+With ``--local-dir`` (e.g. ``../shared/data``) each dataset is read from its file there (``LOCAL_FILES``);
+otherwise from the hub. Every dataset is attempted; failures are listed at the end (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+from data_prep import DATASETS
+from data_prep.schema import TEMPLATES
+
+LOCAL_FILES = {
+    "dapo_math": "dapo_math_sample.jsonl",
+    "math_train": "math_train.jsonl",
+    "math500": "math500.jsonl",
+    "aime2024": "aime2024.jsonl",
+    "aime2025": "aime2025.jsonl",
+    "amc23": "amc23.jsonl",
+    "olympiadbench": "olympiadbench_math_en.jsonl",
+}
+
+
+def prepare_all(
+    out_dir: str | Path,
+    local_dir: str | Path | None = None,
+    template: str = "dapo",
+    skip_invalid: bool = False,
+    names: tuple[str, ...] = DATASETS,
+) -> dict[str, Path]:
+    """Run each dataset's ``prepare``; returns name -> parquet path, raises listing every failure."""
+    written, failed = {}, {}
+    for name in names:
+        module = importlib.import_module(f"data_prep.{name}")
+        local = None if local_dir is None else Path(local_dir) / LOCAL_FILES[name]
+        try:
+            written[name] = module.prepare(out_dir, local_path=local, template=template, skip_invalid=skip_invalid)
+        except Exception as e:  # keep going: report all failures together
+            failed[name] = f"{type(e).__name__}: {e}"
+    if failed:
+        lines = "\n".join(f"  {n}: {msg}" for n, msg in failed.items())
+        raise RuntimeError(f"{len(failed)} of {len(names)} datasets failed:\n{lines}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    parser = argparse.ArgumentParser(prog="python -m data_prep.all", description=__doc__)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--local-dir", default=None, help="folder holding the files named in LOCAL_FILES")
+    parser.add_argument("--template", choices=TEMPLATES, default="dapo")
+    parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of failing")
+    parser.add_argument("--only", nargs="+", choices=DATASETS, default=list(DATASETS), help="subset to prepare")
+    args = parser.parse_args(argv)
+    try:
+        return prepare_all(args.out_dir, args.local_dir, args.template, args.skip_invalid, tuple(args.only))
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+
+
+if __name__ == "__main__":
+    main()

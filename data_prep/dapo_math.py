@@ -1,0 +1,63 @@
+"""DAPO-Math-17k, the paper's training set, de-duplicated by problem.
+
+The hub file holds about 1.79M rows: each of about 17.9k problems repeated about 100 times. Rows already
+carry DAPO's instruction around the problem; the bare problem is recovered (wrapper stripped) and the chosen
+template applied once, so nothing is wrapped twice. Only the first row of each problem is kept. Also accepts
+variants whose prompt is the bare problem and whose ``extra_info.index`` is an integer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, strip_dapo_wrapper
+
+NAME = "dapo_math"
+HUB_ID, HUB_CONFIG, HUB_SPLIT = "BytedTsinghua-SIA/DAPO-Math-17k", None, "train"
+
+
+def convert(row: dict[str, Any], i: int) -> Example:
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        content = prompt
+    elif isinstance(prompt, list | tuple | np.ndarray) and len(prompt) > 0:
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if not users:
+            raise InvalidRowError("prompt", "no user message")
+        content = users[-1].get("content") or ""
+    else:
+        raise InvalidRowError("prompt", "missing or empty (expected a list of chat messages)")
+    problem = strip_dapo_wrapper(str(content))
+    if not problem:
+        raise InvalidRowError("prompt", "empty problem")
+    reward_model = row.get("reward_model")
+    answer = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    if answer is None or not str(answer).strip():
+        raise InvalidRowError("reward_model.ground_truth", "missing or empty")
+    extra = row.get("extra_info")
+    index = extra.get("index") if isinstance(extra, dict) else None
+    return Example(problem=problem, answer=str(answer).strip(), source_id=str(i if index is None else index))
+
+
+def prepare(
+    out_dir: str | Path,
+    local_path: str | Path | None = None,
+    template: str = "dapo",
+    skip_invalid: bool = False,
+    revision: str | None = None,
+) -> Path:
+    """Write ``out_dir/dapo_math.parquet``: DAPO-Math-17k (hub or ``local_path``), one row per problem."""
+    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
+    source = str(local_path or HUB_ID)
+    return finish(NAME, out_dir, df, convert, "train", template, skip_invalid, source, dedupe=True)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    return cli(NAME, prepare, argv)
+
+
+if __name__ == "__main__":
+    main()
