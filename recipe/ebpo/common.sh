@@ -31,9 +31,6 @@
 # Ray, GPUs or data preparation; PRINT_OVERRIDES=1 prints the Hydra overrides, one per line, and exits;
 # EVAL_CKPT=PATH turns the run into a validation-only evaluation of PATH (see eval.sh).
 
-: "${MODEL_TAG:?set by the model script}"
-: "${MODEL_PATH:?set by the model script or the environment}"
-
 ALGO=${ALGO:-ebpo}
 GROUP_SIZE=${GROUP_SIZE:-4}
 ORDER=${ORDER:-topic}
@@ -45,8 +42,7 @@ LOG_DIR=${LOG_DIR:-$WORK_DIR/logs}
 NNODES=${NNODES:-4}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 PROJECT=${PROJECT:-ebpo}
-EXPERIMENT_GIVEN=${EXPERIMENT:-}
-EXPERIMENT=${EXPERIMENT:-$MODEL_TAG-$ALGO-g$GROUP_SIZE-$ORDER}
+EXPERIMENT=${EXPERIMENT:-}
 TEST_FREQ=${TEST_FREQ:-10}
 SAVE_FREQ=${SAVE_FREQ:-10}
 VAL_N=${VAL_N:-16}
@@ -65,6 +61,7 @@ EVAL_MAX_RESPONSE=20480
 # DAPO's soft overlong punishment: the last quarter of the response budget (DAPO: 4096 of 20480)
 OVERLONG_BUFFER=2048
 
+EBPO_RECIPE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VAL_SETS=(math500 aime2024 aime2025 amc23 olympiadbench)
 PREP_SETS=(dapo_math "${VAL_SETS[@]}")
 
@@ -219,12 +216,15 @@ ebpo_eval_overrides() {
     ebpo_die "EVAL_CKPT=$EVAL_CKPT is not a verl checkpoint (global_step_N), a checkpoint root" \
       "(latest_checkpointed_iteration.txt) or a Hugging Face model directory (config.json)"
   fi
-  [[ -z $EXPERIMENT_GIVEN ]] && EXPERIMENT=eval-$name
+  if [[ -z $EXPERIMENT_GIVEN ]]; then EXPERIMENT=eval-$name; fi
   EVAL_OVERRIDES+=(trainer.val_only=True trainer.val_before_train=True actor_rollout_ref.actor.use_kl_loss=False)
 }
 
 ebpo_main() {
   local train
+  : "${MODEL_TAG:?set by the model script}" "${MODEL_PATH:?set by the model script or the environment}"
+  EXPERIMENT_GIVEN=$EXPERIMENT
+  EXPERIMENT=${EXPERIMENT:-$MODEL_TAG-$ALGO-g$GROUP_SIZE-$ORDER}
   OVERRIDES=()
   EVAL_OVERRIDES=()
   if [[ -n ${EVAL_CKPT:-} ]]; then
@@ -257,4 +257,83 @@ ebpo_main() {
   fi
   mkdir -p "$LOG_DIR/$EXPERIMENT"
   exec "$PYTHON" -m ebpo_verl.main "${OVERRIDES[@]}"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Table drivers (table_*.sh): register experiments with ebpo_experiment, then call ebpo_drive "$@".
+#   FINAL_EVAL    1 (default): after training, evaluate the final checkpoint with eval.sh (20,480 tokens)
+#                 and tabulate that; 0: tabulate the training run's own validation (8,192 tokens)
+#   SELECT        final (default) | best: which validation of a run the table reports
+#   RESULTS_DIR   where the tables go                                            default WORK_DIR/results
+# `table_X.sh --list` prints the experiments (section, method, experiment, metrics file, command) and
+# exits; other arguments are Hydra overrides for every run. A finished experiment (LOG_DIR/<name>/.done)
+# is not run again, so drivers share runs (e.g. the EBPO rows of the main and ordering tables).
+
+EXP_SECTIONS=()
+EXP_METHODS=()
+EXP_NAMES=()
+EXP_SCRIPTS=()
+EXP_ENVS=()
+
+# ebpo_experiment SECTION METHOD MODEL NAME [VAR=VALUE ...]: one training run of run_MODEL.sh.
+ebpo_experiment() {
+  local section=$1 method=$2 model=$3 name=$4
+  shift 4
+  [[ -f $EBPO_RECIPE_DIR/run_$model.sh ]] || ebpo_die "no recipe run_$model.sh"
+  local existing
+  for existing in "${EXP_NAMES[@]}"; do
+    [[ $existing == "$name" ]] && ebpo_die "experiment name used twice: $name"
+  done
+  EXP_SECTIONS+=("$section")
+  EXP_METHODS+=("$method")
+  EXP_NAMES+=("$name")
+  EXP_SCRIPTS+=("$model")
+  EXP_ENVS+=("MODEL=$model $*")
+}
+
+# The run directory whose metrics the table reads for experiment NAME.
+ebpo_metrics_dir() {
+  if [[ ${FINAL_EVAL:-1} == 1 ]]; then echo "$LOG_DIR/eval-$1"; else echo "$LOG_DIR/$1"; fi
+}
+
+# ebpo_drive TABLE [--list | hydra overrides...]
+ebpo_drive() {
+  local table=$1 i name env_words failed=() specs=()
+  shift
+  local results=${RESULTS_DIR:-$WORK_DIR/results}
+  if [[ ${1:-} == --list ]]; then
+    printf 'section\tmethod\texperiment\tmetrics\tcommand\n'
+    for i in "${!EXP_NAMES[@]}"; do
+      printf '%s\t%s\t%s\t%s\t%s\n' "${EXP_SECTIONS[i]}" "${EXP_METHODS[i]}" "${EXP_NAMES[i]}" \
+        "$(ebpo_metrics_dir "${EXP_NAMES[i]}")/metrics.jsonl" \
+        "${EXP_ENVS[i]} EXPERIMENT=${EXP_NAMES[i]} bash $EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh"
+    done
+    return 0
+  fi
+  export WORK_DIR DATA_DIR CKPT_DIR LOG_DIR PYTHON
+  for i in "${!EXP_NAMES[@]}"; do
+    name=${EXP_NAMES[i]}
+    specs+=("${EXP_SECTIONS[i]}/${EXP_METHODS[i]}=$(ebpo_metrics_dir "$name")")
+    if [[ -f $LOG_DIR/$name/.done ]]; then
+      echo "== $name: done before, skipped" >&2
+      continue
+    fi
+    read -ra env_words <<<"${EXP_ENVS[i]}"
+    echo "== $name: ${EXP_ENVS[i]}" >&2
+    if ! env "${env_words[@]}" EXPERIMENT="$name" bash "$EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh" "$@"; then
+      failed+=("$name (training)")
+      continue
+    fi
+    if [[ ${FINAL_EVAL:-1} == 1 ]] &&
+      ! env "${env_words[@]}" EXPERIMENT="eval-$name" bash "$EBPO_RECIPE_DIR/eval.sh" "$CKPT_DIR/$name"; then
+      failed+=("$name (evaluation)")
+      continue
+    fi
+    touch "$LOG_DIR/$name/.done"
+  done
+  "$PYTHON" "$EBPO_RECIPE_DIR/../../scripts/make_tables.py" --table "$table" --select "${SELECT:-final}" \
+    --out "$results" "${specs[@]}"
+  if ((${#failed[@]})); then
+    ebpo_die "failed runs (their cells are empty): ${failed[*]}"
+  fi
 }

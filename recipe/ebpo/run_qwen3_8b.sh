@@ -17,6 +17,6 @@ MODEL_OVERRIDES=(
   actor_rollout_ref.ref.fsdp_config.param_offload=True
 )
 
-# shellcheck source=recipe/ebpo/common.sh
+# shellcheck source=common.sh source-path=SCRIPTDIR
 source "$HERE/common.sh"
 ebpo_main "$@"
