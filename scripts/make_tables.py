@@ -1,0 +1,318 @@
+"""Tables of Pass@1 from EBPO/verl metrics logs, in the paper's layout, next to the paper's numbers.
+
+    python scripts/make_tables.py RUN... --out results/ [--table main|group_size|ordering|curriculum|grpo_bn]
+                                  [--select final|best]
+
+RUN is a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
+append-only ``trainer.metrics_log_path`` log also uses) or a run directory (its ``metrics.jsonl``, else every
+``*.jsonl`` in it, in natural name order, as successive attempts), optionally labelled ``SECTION/METHOD=RUN``
+(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``.
+
+Reading a run: lines are taken in order; a line whose step is not after the previous line's step starts a new
+attempt (a restart from a checkpoint), which supersedes the earlier attempt's steps after its first step; lines
+of the same step are merged, later keys winning. A torn last line (a crash mid-write) is skipped with a warning;
+any other malformed line is an error naming the file and line.
+
+Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x 100 for the benchmarks math500, aime2024, aime2025,
+amc23, olympiadbench. ``final`` takes the last validation of the run; ``best`` the validation with the highest
+five-benchmark average among those that have all five (checkpoint selection on the test sets, as a ceiling).
+Avg is the mean of the five benchmarks and is left empty unless all five are there.
+
+Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` (written atomically). With ``--table``, every row of the
+paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
+extra labelled runs; "Paper Avg" and "Δ Avg" compare with the paper; rows for which the paper prints
+per-benchmark numbers (or differences) get a "(paper)" row below them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paper_numbers import BENCHMARKS, CONTRASTS, PAPER  # noqa: E402
+
+VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
+SELECT = ("final", "best")
+ADHOC_SECTION = "runs"
+
+
+class MetricsLogError(ValueError):
+    """A metrics log line that is not a ``{"step": int, "data": {...}}`` record."""
+
+
+def _natural_key(path: Path) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def log_files(path: Path) -> list[Path]:
+    """The log files of a run path, in attempt order (empty when there is nothing to read)."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    if (path / "metrics.jsonl").is_file():
+        return [path / "metrics.jsonl"]
+    # `<stem>.superseded-*.jsonl` hold lines the package's log moved aside on a resume: not part of the run
+    return sorted((p for p in path.glob("*.jsonl") if ".superseded-" not in p.name), key=_natural_key)
+
+
+def read_records(path: Path) -> list[tuple[int, dict]]:
+    """(step, data) of every line of one log file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step, data = record["step"], record["data"]
+            if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+                raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines):
+                warnings.warn(f"{path}:{number}: skipping a torn last line ({err})", stacklevel=2)
+                continue
+            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {err}") from err
+        records.append((step, data))
+    return records
+
+
+def read_run(path: str | os.PathLike) -> dict[int, dict]:
+    """Step -> metrics of one run (all attempts resolved as the module docstring says); {} if nothing is there."""
+    merged: dict[int, dict] = {}
+    last = None
+    for file in log_files(Path(path)):
+        for step, data in read_records(file):
+            if last is not None and step <= last:
+                for later in [s for s in merged if s > step]:
+                    del merged[later]
+            merged.setdefault(step, {}).update(data)
+            last = step
+    return dict(sorted(merged.items()))
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def val_scores(metrics: dict) -> tuple[dict[str, float], set[int]]:
+    """Benchmark -> Pass@1 in percent from one step's metrics (largest k per benchmark), and the ks used."""
+    best: dict[str, tuple[int, float]] = {}
+    for key, value in metrics.items():
+        match = VAL_KEY.match(key)
+        number = _number(value)
+        if match is None or number is None or match["bench"] not in BENCHMARKS:
+            continue
+        k = int(match["k"])
+        if match["bench"] not in best or k > best[match["bench"]][0]:
+            best[match["bench"]] = (k, 100.0 * number)
+    return {bench: score for bench, (_, score) in best.items()}, {k for k, _ in best.values()}
+
+
+def average(scores: dict[str, float]) -> float | None:
+    """Mean over the five benchmarks, None unless all five are present."""
+    if any(bench not in scores for bench in BENCHMARKS):
+        return None
+    return sum(scores[bench] for bench in BENCHMARKS) / len(BENCHMARKS)
+
+
+@dataclass
+class Row:
+    section: str
+    method: str
+    source: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+    step: int | None = None
+    ks: set[int] = field(default_factory=set)
+    paper: dict[str, float] = field(default_factory=dict)
+    missing: str = ""
+
+    @property
+    def avg(self) -> float | None:
+        return average(self.scores)
+
+
+def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, float], set[int]] | None:
+    """(step, scores, ks) of the run's final or best validation; None when there is none."""
+    validations = [(step, *val_scores(data)) for step, data in run.items()]
+    validations = [v for v in validations if v[1]]
+    if how == "final":
+        return validations[-1] if validations else None
+    complete = [v for v in validations if average(v[1]) is not None]
+    return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
+
+
+def fill(row: Row, path: str, how: str) -> None:
+    """Read the run at ``path`` into ``row`` (or say why it stays empty)."""
+    row.source = path
+    if not log_files(Path(path)):
+        row.missing = "no metrics log"
+        return
+    chosen = select_validation(read_run(path), how)
+    if chosen is None:
+        row.missing = "no validation with all five benchmarks" if how == "best" else "no validation metrics"
+        return
+    row.step, row.scores, row.ks = chosen
+
+
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """``SECTION/METHOD=PATH``, ``METHOD=PATH`` or ``PATH`` -> (section, method, path)."""
+    if "=" in spec and not Path(spec).exists():
+        label, path = spec.split("=", 1)
+        section, _, method = label.rpartition("/")
+        if not method or not path:
+            raise ValueError(f"bad run label {spec!r}: expected SECTION/METHOD=PATH, METHOD=PATH or PATH")
+        return section or ADHOC_SECTION, method, path
+    name = Path(spec.rstrip("/")).name
+    return ADHOC_SECTION, name.removesuffix(".jsonl"), spec
+
+
+def build_rows(table: str | None, specs: list[str], how: str) -> list[Row]:
+    """The table's rows: the paper's layout (for a named table) filled from the runs, then extra runs."""
+    rows: dict[tuple[str, str], Row] = {}
+    for section, methods in PAPER.get(table, {}).items():
+        for method, numbers in methods.items():
+            rows[section, method] = Row(section, method, paper=dict(numbers), missing="not run")
+    seen = set()
+    for spec in specs:
+        section, method, path = parse_spec(spec)
+        if (section, method) in seen:
+            raise ValueError(f"two runs for the row {section}/{method}: label them differently")
+        seen.add((section, method))
+        row = rows.setdefault((section, method), Row(section, method))
+        row.missing = ""
+        fill(row, path, how)
+    order = list(dict.fromkeys(section for section, _ in rows))
+    return sorted(rows.values(), key=lambda r: order.index(r.section))
+
+
+def contrast_rows(table: str | None, rows: list[Row]) -> list[Row]:
+    """Differences the paper reports (method minus method): ours per benchmark, and the paper's numbers."""
+    by_key = {(r.section, r.method): r for r in rows}
+    out = []
+    for section, pairs in CONTRASTS.get(table, {}).items():
+        for plus, minus, paper in pairs:
+            a, b = by_key.get((section, plus)), by_key.get((section, minus))
+            diff = {
+                bench: a.scores[bench] - b.scores[bench]
+                for bench in BENCHMARKS
+                if a is not None and b is not None and bench in a.scores and bench in b.scores
+            }
+            out.append(Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper)))
+    return out
+
+
+def _fmt(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
+    head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step"]
+    lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def emit(cells: list[str]) -> None:
+        lines.append("| " + " | ".join(cells) + " |")
+
+    for row in rows:
+        paper_avg = row.paper.get("avg")
+        delta = row.avg - paper_avg if row.avg is not None and paper_avg is not None else None
+        scores = [_fmt(row.scores.get(b)) for b in BENCHMARKS]
+        emit([row.section, row.method, *scores, _fmt(row.avg), _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)])
+        if any(b in row.paper for b in BENCHMARKS):
+            emit(["", f"{row.method} (paper)", *[_fmt(row.paper.get(b)) for b in BENCHMARKS], "", "", "", ""])
+    for row in contrasts:
+        emit([row.section, row.method, *[_fmt(row.scores.get(b), True) for b in BENCHMARKS], "", "", "", ""])
+        emit(["", f"{row.method} (paper)", *[_fmt(row.paper.get(b), True) for b in BENCHMARKS], "", "", "", ""])
+    missing = [r for r in rows if r.missing]
+    if missing:
+        lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_step(row: Row) -> str:
+    return "" if row.step is None else str(row.step)
+
+
+def _why(row: Row) -> str:
+    return f"{row.missing}: {row.source}" if row.source else row.missing
+
+
+def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
+    head = ["section", "method", *BENCHMARKS, "avg", *[f"paper_{b}" for b in BENCHMARKS], "paper_avg"]
+    head += ["diff_avg", "step", "k", "source", "missing"]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(head)
+    for row in rows + contrasts:
+        paper_avg = row.paper.get("avg")
+        delta = row.avg - paper_avg if row.avg is not None and paper_avg is not None else None
+        writer.writerow(
+            [row.section, row.method, *[_fmt(row.scores.get(b)) for b in BENCHMARKS], _fmt(row.avg)]
+            + [_fmt(row.paper.get(b)) for b in BENCHMARKS]
+            + [_fmt(paper_avg), _fmt(delta, True), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
+            + [row.source, row.missing]
+        )
+    return buf.getvalue()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def make_tables(specs: list[str], out: Path, table: str | None = None, how: str = "final") -> Path:
+    """Write ``<out>/<table>.md`` and ``.csv``; returns the markdown path."""
+    if how not in SELECT:
+        raise ValueError(f"select={how!r}: expected one of {SELECT}")
+    rows = build_rows(table, specs, how)
+    contrasts = contrast_rows(table, rows)
+    name = table or ADHOC_SECTION
+    title = f"{name}: Pass@1 (%), {how} validation"
+    md = out / f"{name}.md"
+    write_atomic(md, render_markdown(title, rows, contrasts))
+    write_atomic(out / f"{name}.csv", render_csv(rows, contrasts))
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="[SECTION/METHOD=]metrics log or run directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--table", choices=sorted(PAPER), help="lay the rows out as this table of the paper")
+    parser.add_argument("--select", choices=SELECT, default="final", help="final (default) or best validation")
+    args = parser.parse_args(argv)
+    if not args.runs and not args.table:
+        parser.error("give runs, or --table to print the paper's table with empty cells")
+    try:
+        md = make_tables(args.runs, args.out, args.table, args.select)
+    except (MetricsLogError, ValueError, OSError) as err:
+        print(f"make_tables: error: {err}", file=sys.stderr)
+        return 1
+    print(md.read_text(encoding="utf-8"), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
