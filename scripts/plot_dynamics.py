@@ -1,0 +1,143 @@
+"""Training-dynamics plots (the paper's figures): one line per run over training steps.
+
+    python scripts/plot_dynamics.py RUN... --out results/ [--smooth N]
+
+RUN is a metrics log or run directory, optionally labelled ``LABEL=RUN`` (read as in make_tables.py: attempts
+of a resumed run resolved, torn last line skipped). Writes one PNG per metric that at least one run logged:
+gradient norm (``actor/grad_norm``), per-step KL (``actor/ppo_kl``), policy entropy (``actor/entropy``),
+training reward (``critic/score/mean``), response length (``response_length/mean``) and every ``ebpo/*``
+estimator diagnostic (per-cluster ones excepted), named after the metric (``actor_grad_norm.png``, ...), plus
+``dynamics.png``, a grid of the first five. Han et al. (arXiv 2602.05165) report that EBPO keeps a higher
+gradient norm, a bounded per-step KL and a higher entropy than GRPO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_tables import MetricsLogError, log_files, parse_spec, read_run  # noqa: E402
+
+CORE: dict[str, str] = {
+    "actor/grad_norm": "gradient norm",
+    "actor/ppo_kl": "per-step KL (actor/ppo_kl)",
+    "actor/entropy": "policy entropy",
+    "critic/score/mean": "training reward",
+    "response_length/mean": "response length (tokens)",
+}
+
+
+def series(run: dict[int, dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` over the run's training steps; non-numeric and non-finite values dropped."""
+    steps, values = [], []
+    for step, data in run.items():
+        value = data.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            steps.append(step)
+            values.append(float(value))
+    return steps, values
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` points (the first points average what exists so far)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def metric_keys(runs: dict[str, dict[int, dict]]) -> list[str]:
+    """CORE metrics first, then the ``ebpo/*`` diagnostics (sorted) that any run logged."""
+    present = {key for run in runs.values() for data in run.values() for key in data}
+    ebpo = sorted(k for k in present if k.startswith("ebpo/") and not k.startswith("ebpo/cluster/"))
+    return [k for k in CORE if k in present] + ebpo
+
+
+def _save(fig, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
+
+
+def _draw(ax, runs: dict[str, dict[int, dict]], key: str, window: int) -> None:
+    for i, (label, run) in enumerate(runs.items()):
+        steps, values = series(run, key)
+        if steps:  # colour by run index, so a run keeps its colour in every panel
+            ax.plot(steps, smooth(values, window), label=label, color=f"C{i % 10}", linewidth=1.2)
+    ax.set_title(CORE.get(key, key))
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
+    """Write the PNGs for the runs in ``specs``; returns their paths. Missing runs are skipped with a note."""
+    if window < 1:
+        raise ValueError(f"--smooth must be >= 1, got {window}")
+    runs: dict[str, dict[int, dict]] = {}
+    for spec in specs:
+        section, method, path = parse_spec(spec)
+        label = method if section == "runs" else f"{section}/{method}"
+        if label in runs:
+            raise ValueError(f"two runs labelled {label!r}: label them differently (LABEL=RUN)")
+        if not log_files(Path(path)):
+            print(f"plot_dynamics: no metrics log for {label} at {path}: skipped", file=sys.stderr)
+            continue
+        runs[label] = read_run(path)
+    keys = metric_keys(runs)
+    if not keys:
+        raise ValueError(f"none of the runs logged any of {list(CORE)} or ebpo/* metrics: nothing to plot")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key in keys:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        _draw(ax, runs, key, window)
+        path = out / (key.replace("/", "_") + ".png")
+        _save(fig, path)
+        written.append(path)
+    grid = keys[: len(CORE)]
+    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.5), squeeze=False)
+    for ax, key in zip(axes[0], grid, strict=True):
+        _draw(ax, runs, key, window)
+    _save(fig, out / "dynamics.png")
+    return [*written, out / "dynamics.png"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="[LABEL=]metrics log or run directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--smooth", type=int, default=1, help="moving-average window in steps (default 1: raw)")
+    args = parser.parse_args(argv)
+    try:
+        paths = plot_dynamics(args.runs, args.out, args.smooth)
+    except (MetricsLogError, ValueError, OSError) as err:
+        print(f"plot_dynamics: error: {err}", file=sys.stderr)
+        return 1
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
