@@ -42,10 +42,20 @@ def compute_ebpo_outcome_advantage(
 def register() -> None:
     """Register ``ebpo`` in verl's estimator registry; idempotent (same function object every time)."""
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
-    if registry.get(NAME) is not compute_ebpo_outcome_advantage:
-        core_algos.register_adv_est(NAME)(compute_ebpo_outcome_advantage)
+    current = registry.get(NAME)
+    ours = compute_ebpo_outcome_advantage
+    if current is not None and current is not ours and _same_definition(current, ours):
+        del registry[NAME]  # this module was executed again (reload, second import name): replace our old copy
+    if registry.get(NAME) is not ours:
+        core_algos.register_adv_est(NAME)(ours)
     if core_algos.get_adv_estimator_fn(NAME) is not compute_ebpo_outcome_advantage:
         raise RuntimeError(f"verl's registry holds a different '{NAME}' estimator")
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    """True when ``a`` is the same function from another execution of this file (reload, path import)."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return code_a is not None and (a.__qualname__, code_a.co_filename) == (b.__qualname__, code_b.co_filename)
 
 
 register()

@@ -1,0 +1,457 @@
+"""EBPO estimator against independent computations: verl's grpo, closed forms, two-pass recomputations."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+import ebpo_verl
+from ebpo_verl.estimator import EBPOOptions, EBPOState, Moments, compute_ebpo_advantages
+
+EPS = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    ebpo_verl.get_state().reset()
+    yield
+    ebpo_verl.get_state().reset()
+
+
+def make_batch(rng: np.random.Generator, sizes: list[int], p: np.ndarray | None = None, tag: str = "s0"):
+    """Binary rewards for groups of the given sizes; returns (uids, rewards) in a shuffled row order."""
+    p = rng.uniform(0, 1, len(sizes)) if p is None else p
+    uids = np.concatenate([[f"{tag}-q{i}"] * n for i, n in enumerate(sizes)]).astype(object)
+    rewards = np.concatenate([rng.binomial(1, p[i], n) for i, n in enumerate(sizes)]).astype(np.float64)
+    perm = rng.permutation(len(uids))
+    return uids[perm], rewards[perm]
+
+
+def make_dataproto(uids: np.ndarray, rewards: np.ndarray, length: int = 5) -> DataProto:
+    """A real DataProto: reward on the last valid token, response lengths 1..length."""
+    bs = len(uids)
+    lengths = 1 + np.arange(bs) % length
+    mask = torch.from_numpy(np.arange(length)[None, :] < lengths[:, None]).float()
+    tlr = torch.zeros(bs, length)
+    tlr[torch.arange(bs), torch.from_numpy(lengths - 1)] = torch.from_numpy(rewards).float()
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": np.asarray(uids)}
+    )
+
+
+def run_ebpo(uids, rewards, state=None, labels=None, **opts) -> np.ndarray:
+    scores = torch.as_tensor(rewards, dtype=torch.float64)
+    valid = torch.ones(len(uids), dtype=torch.bool)
+    state = ebpo_verl.get_state() if state is None else state
+    out = compute_ebpo_advantages(scores, uids, valid, EBPOOptions(**opts), state, labels=labels)
+    return out.double().numpy()
+
+
+# ---------------------------------------------------------------- independent reference (two-pass, numpy)
+
+
+def group_table(uids, rewards):
+    keys = sorted(set(uids))
+    groups = {k: rewards[uids == k] for k in keys}
+    return groups
+
+
+def two_pass_prior(history: list[tuple[np.ndarray, np.ndarray]], sigma2="total", tau2="raw", weights=None):
+    """mu, sigma^2, tau^2 recomputed from scratch over every batch in ``history`` (optionally weighted)."""
+    weights = np.ones(len(history)) if weights is None else np.asarray(weights)
+    r_all, r_w, means, means_w, within, within_w, inv_g = [], [], [], [], [], [], []
+    for (uids, rewards), w in zip(history, weights, strict=True):
+        r_all.append(rewards)
+        r_w.append(np.full(len(rewards), w))
+        for g in group_table(uids, rewards).values():
+            means.append(g.mean())
+            means_w.append(w)
+            inv_g.append(1.0 / len(g))
+            if len(g) >= 2:
+                within.append(g.var(ddof=1))
+                within_w.append(w)
+    r_all, r_w = np.concatenate(r_all), np.concatenate(r_w)
+    means, means_w = np.array(means), np.array(means_w)
+    mu = np.average(r_all, weights=r_w)
+    total = np.average((r_all - mu) ** 2, weights=r_w)
+    mean_of_means = np.average(means, weights=means_w)
+    raw_tau2 = np.average((means - mean_of_means) ** 2, weights=means_w)
+    s2 = total if sigma2 == "total" else np.average(within, weights=within_w)
+    t2 = raw_tau2 if tau2 == "raw" else max(raw_tau2 - s2 * np.average(inv_g, weights=means_w), 0.0)
+    return mu, s2, t2
+
+
+def reference_advantages(uids, rewards, mu, s2, t2, norm="batch", shrinkage=None):
+    groups = group_table(uids, rewards)
+    raw = np.empty(len(rewards))
+    for i, (u, r) in enumerate(zip(uids, rewards, strict=True)):
+        g = groups[u]
+        s = (s2 / len(g)) / (s2 / len(g) + t2 + EPS) if shrinkage is None else shrinkage
+        v = (1 - s) * g.mean() + s * mu
+        raw[i] = r - v
+        if norm == "group":
+            sq = g.var(ddof=1) if len(g) > 1 else 0.0
+            raw[i] /= np.sqrt((1 - s) * sq + s * s2) + EPS
+    if norm == "batch":
+        return (raw - raw.mean()) / (raw.std(ddof=1) + EPS)
+    return raw
+
+
+# ---------------------------------------------------------------- equivalences with verl and closed forms
+
+
+def test_shrinkage_zero_group_norm_equals_verl_grpo():
+    rng = np.random.default_rng(0)
+    uids, rewards = make_batch(rng, [4, 4, 2, 3, 8, 4, 5], p=np.array([0.5, 0.0, 1.0, 0.3, 0.6, 0.9, 0.2]))
+    algo = OmegaConf.create({"ebpo": {"shrinkage": 0.0, "norm": "group"}})
+    ours = compute_advantage(make_dataproto(uids, rewards), "ebpo", config=algo).batch["advantages"]
+    grpo = compute_advantage(make_dataproto(uids, rewards), "grpo", norm_adv_by_std_in_grpo=True).batch["advantages"]
+    vec_fn = get_adv_estimator_fn("grpo_vectorized")
+    data = make_dataproto(uids, rewards)
+    vec, _ = vec_fn(data.batch["token_level_rewards"], data.batch["response_mask"], uids)
+    assert grpo.abs().sum() > 0
+    torch.testing.assert_close(ours, grpo, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ours, vec, atol=1e-6, rtol=0)
+
+
+def test_shrinkage_zero_no_norm_is_reward_minus_group_mean():
+    rng = np.random.default_rng(1)
+    uids, rewards = make_batch(rng, [3, 5, 1, 4])
+    got = run_ebpo(uids, rewards, shrinkage=0.0, norm="none")
+    means = {u: rewards[uids == u].mean() for u in set(uids)}
+    np.testing.assert_allclose(got, rewards - np.array([means[u] for u in uids]), atol=1e-7)
+
+
+def test_batch_scope_matches_released_code_closed_form():
+    """PAPER.md: [(r - mu_q) + S (mu_q - mu_batch)] / std_batch(raw), with batch-only statistics."""
+    rng = np.random.default_rng(2)
+    for step in range(3):  # no memory across calls
+        uids, rewards = make_batch(rng, [4] * 32, tag=f"s{step}")
+        got = run_ebpo(uids, rewards, stats_scope="batch")
+        means = {u: rewards[uids == u].mean() for u in set(uids)}
+        mu_q = np.array([means[u] for u in uids])
+        group_means = np.array(list(means.values()))
+        sigma2, tau2, mu_batch = rewards.var(), group_means.var(), group_means.mean()
+        s = (sigma2 / 4) / (sigma2 / 4 + tau2 + EPS)
+        raw = (rewards - mu_q) + s * (mu_q - mu_batch)
+        expected = raw / (raw.std(ddof=1) + EPS)
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert ebpo_verl.get_state().global_stats.prompts == 0  # batch scope leaves the history untouched
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"sigma2": "within", "tau2": "debiased"},
+        {"merge": "after"},
+        {"norm": "group"},
+        {"norm": "none", "decay": 0.7},
+    ],
+    ids=["default", "within-debiased", "merge-after", "norm-group", "decay"],
+)
+def test_history_equals_two_pass_over_all_rewards_seen(opts):
+    rng = np.random.default_rng(3)
+    history = []
+    decay = opts.get("decay", 1.0)
+    for step in range(5):
+        sizes = list(rng.integers(1, 7, size=int(rng.integers(5, 30))))  # variable sizes, groups of one
+        uids, rewards = make_batch(rng, sizes, tag=f"s{step}")
+        got = run_ebpo(uids, rewards, **opts)
+        history.append((uids, rewards))
+        past = history[:-1] if opts.get("merge") == "after" and step > 0 else history
+        weights = [decay ** (len(history) - 1 - t) for t in range(len(past))]
+        mu, s2, t2 = two_pass_prior(past, opts.get("sigma2", "total"), opts.get("tau2", "raw"), weights)
+        expected = reference_advantages(uids, rewards, mu, s2, t2, norm=opts.get("norm", "batch"))
+        np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f"step {step}")
+
+
+def test_chan_merges_are_sound_over_a_million_values():
+    """200,000 merges (1M values, offset 1e6) agree with a float64 two-pass mean and variance."""
+    rng = np.random.default_rng(4)
+    values = 1e6 + rng.normal(0, 1, (200_000, 5))
+    acc = Moments()
+    for chunk in values:
+        mean = chunk.mean()
+        acc = acc.merge(Moments(len(chunk), mean, float(((chunk - mean) ** 2).sum())))
+    assert acc.n == values.size
+    assert acc.mean == pytest.approx(values.mean(), rel=1e-15, abs=1e-9)
+    assert acc.variance == pytest.approx(values.var(), rel=1e-9)
+
+
+def test_history_statistics_over_many_steps_match_two_pass():
+    rng = np.random.default_rng(5)
+    state = EBPOState()
+    all_r, all_means = [], []
+    for step in range(500):
+        r = 1e3 + rng.normal(0, 1, 8)
+        uids = np.array([f"{step}-a"] * 4 + [f"{step}-b"] * 4, dtype=object)
+        run_ebpo(uids, r, state=state, norm="none")
+        all_r.append(r)
+        all_means += [r[:4].mean(), r[4:].mean()]
+    all_r = np.concatenate(all_r)
+    stats = state.global_stats
+    assert stats.rewards.mean == pytest.approx(all_r.mean(), rel=1e-13)
+    assert stats.rewards.variance == pytest.approx(all_r.var(), rel=1e-10)
+    assert stats.group_means.variance == pytest.approx(np.var(all_means), rel=1e-10)
+    assert state.prompts_seen == 1_000 and state.responses_seen == 4_000
+
+
+# ---------------------------------------------------------------- the claimed properties
+
+
+def test_all_fail_negative_and_all_pass_positive():
+    uids = np.array(["fail"] * 4 + ["pass"] * 4 + ["mix"] * 4, dtype=object)
+    rewards = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0], dtype=np.float64)
+    ebpo = run_ebpo(uids, rewards)
+    state = ebpo_verl.get_state()
+    assert 0 < state.diagnostics["ebpo/mu_glob"] < 1
+    assert (ebpo[:4] < 0).all() and (ebpo[4:8] > 0).all()
+    grpo = compute_advantage(make_dataproto(uids, rewards), "grpo").batch["advantages"].sum(-1).numpy()
+    assert (grpo[:8] == 0).all()
+    # raw form: A = -S mu_glob for all-fail, +S (1 - mu_glob) for all-pass, on a later step too
+    ebpo_verl.get_state().reset()
+    run_ebpo(uids, rewards, norm="none")
+    raw = run_ebpo(np.char.add(uids.astype(str), "-2"), rewards, norm="none")
+    d = ebpo_verl.get_state().diagnostics
+    s, mu = d["ebpo/shrinkage_mean"], d["ebpo/mu_glob"]
+    np.testing.assert_allclose(raw[:4], -s * mu, atol=1e-7)
+    np.testing.assert_allclose(raw[4:8], s * (1 - mu), atol=1e-7)
+    assert d["ebpo/frac_all_fail"] == pytest.approx(1 / 3) and d["ebpo/frac_all_pass"] == pytest.approx(1 / 3)
+    assert d["ebpo/frac_zero_var_groups"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("g", [2, 4, 8, 16])
+def test_beta_bernoulli_mse_below_sample_mean_and_near_closed_form(g):
+    """theta ~ Beta(0.6, 1.4): with consistent sigma^2/tau^2 estimates the EB baseline's MSE is (1 - S) sigma^2 / G."""
+    rng = np.random.default_rng(10 + g)
+    n_prompts, a, b = 20_000, 0.6, 1.4
+    theta = rng.beta(a, b, n_prompts)
+    uids = np.repeat(np.arange(n_prompts).astype(str), g).astype(object)
+    rewards = rng.binomial(1, np.repeat(theta, g)).astype(np.float64)
+    sigma2_true = a * b / ((a + b) * (a + b + 1))  # E[theta (1 - theta)]
+    tau2_true = a * b / ((a + b) ** 2 * (a + b + 1))  # Var(theta)
+    s_true = (sigma2_true / g) / (sigma2_true / g + tau2_true)
+    sample_mean = rewards.reshape(n_prompts, g).mean(1)
+    mse_sample = np.mean((sample_mean - theta) ** 2)
+    for opts, tol in (({"sigma2": "within", "tau2": "debiased"}, 0.05), ({}, None)):
+        ebpo_verl.get_state().reset()
+        adv = run_ebpo(uids, rewards, norm="none", **opts)
+        baseline = (rewards - adv).reshape(n_prompts, g)[:, 0]
+        mse_eb = np.mean((baseline - theta) ** 2)
+        assert mse_eb < mse_sample
+        if tol is not None:
+            assert mse_eb == pytest.approx((1 - s_true) * sigma2_true / g, rel=tol)
+            assert mse_sample == pytest.approx(sigma2_true / g, rel=tol)
+
+
+def test_beta_binomial_prior_closed_form():
+    """EBPO-BB: Beta(1,1) warm-up, then method of moments on the previous batches' pass rates."""
+    rng = np.random.default_rng(5)
+    uids1, r1 = make_batch(rng, [4] * 50, tag="a")
+    got1 = run_ebpo(uids1, r1, prior="beta_binomial", norm="none")
+    succ1 = {u: r1[uids1 == u].sum() for u in set(uids1)}
+    np.testing.assert_allclose(got1, r1 - np.array([(1 + succ1[u]) / (2 + 4) for u in uids1]), atol=1e-7)
+    uids2, r2 = make_batch(rng, [4] * 50, tag="b")
+    got2 = run_ebpo(uids2, r2, prior="beta_binomial", norm="none")
+    rates = np.array([r1[uids1 == u].mean() for u in set(uids1)])
+    p, v = rates.mean(), rates.var()
+    assert 1e-6 < v < p * (1 - p) - 1e-6
+    nu = p * (1 - p) / v - 1
+    alpha = nu * p
+    succ2 = {u: r2[uids2 == u].sum() for u in set(uids2)}
+    np.testing.assert_allclose(got2, r2 - np.array([(alpha + succ2[u]) / (nu + 4) for u in uids2]), atol=1e-7)
+
+
+def test_beta_binomial_rejects_rewards_outside_unit_interval():
+    with pytest.raises(ValueError, match=r"\[0, 1\].*'q1'"):
+        run_ebpo(np.array(["q0", "q0", "q1", "q1"], dtype=object), np.array([0, 1, 2.0, 0]), prior="beta_binomial")
+
+
+def test_clusters_use_per_label_statistics_blended_toward_global():
+    rng = np.random.default_rng(6)
+    history, labels_hist = [], []
+    for step in range(3):
+        uids, rewards = make_batch(rng, [4] * 40, tag=f"s{step}")
+        labels = np.array(["easy" if int(u.split("q")[1]) % 2 else "hard" for u in uids], dtype=object)
+        rewards = np.where(labels == "easy", np.maximum(rewards, rng.binomial(1, 0.8, len(rewards))), rewards * 0.0)
+        got = run_ebpo(uids, rewards, labels=labels, cluster_key="topic", min_cluster_prompts=50, norm="none")
+        history.append((uids, rewards))
+        labels_hist.append(labels)
+        mu_g, s2_g, t2_g = two_pass_prior(history)
+        expected = np.empty(len(rewards))
+        for lab in ("easy", "hard"):
+            sub = [(u[lb == lab], r[lb == lab]) for (u, r), lb in zip(history, labels_hist, strict=True)]
+            mu_c, s2_c, t2_c = two_pass_prior(sub)
+            w = min(1.0, 20 * (step + 1) / 50)
+            mu, s2, t2 = (w * x + (1 - w) * y for x, y in ((mu_c, mu_g), (s2_c, s2_g), (t2_c, t2_g)))
+            rows = labels == lab
+            expected[rows] = reference_advantages(uids[rows], rewards[rows], mu, s2, t2, norm="none")
+        np.testing.assert_allclose(got, expected, atol=1e-7, err_msg=f"step {step}")
+    diag = ebpo_verl.get_state().diagnostics
+    assert diag["ebpo/cluster/easy/mu_glob"] > diag["ebpo/mu_glob"] > diag["ebpo/cluster/hard/mu_glob"]
+
+
+def test_cluster_errors_name_the_problem():
+    uids = np.array(["a", "a", "b", "b"], dtype=object)
+    r = np.array([1.0, 0, 0, 1])
+    with pytest.raises(ValueError, match="ebpo_verl.main"):
+        run_ebpo(uids, r, cluster_key="topic")
+    with pytest.raises(ValueError, match=r"'b'"):
+        run_ebpo(uids, r, cluster_key="topic", labels=np.array(["x", "x", None, "y"], dtype=object))
+    with pytest.raises(ValueError, match=r"more than one 'topic' label"):
+        run_ebpo(uids, r, cluster_key="topic", labels=np.array(["x", "x", "y", "z"], dtype=object))
+
+
+# ---------------------------------------------------------------- bad input, padding, state
+
+
+def test_padding_rows_get_zero_and_leave_statistics_untouched():
+    rng = np.random.default_rng(7)
+    uids, rewards = make_batch(rng, [4, 4, 4])
+    clean = make_dataproto(uids, rewards)
+    ref = compute_advantage(clean, "ebpo", config=None).batch["advantages"]
+    ref_state = ebpo_verl.get_state().state_dict()
+    ebpo_verl.get_state().reset()
+    pad_uids = np.concatenate([uids, ["pad_0", "pad_1", "q-masked"]]).astype(object)
+    padded = make_dataproto(pad_uids, np.concatenate([rewards, [1.0, 0.0, 1.0]]))
+    padded.batch["response_mask"][-1] = 0  # a row with an all-zero mask is padding too
+    padded.batch["token_level_rewards"][-1] = 0
+    got = compute_advantage(padded, "ebpo", config=None).batch["advantages"]
+    torch.testing.assert_close(got[:12], ref)
+    assert (got[12:] == 0).all()
+    assert ebpo_verl.get_state().state_dict() == ref_state
+
+
+def test_non_finite_rewards_name_the_uids():
+    uids = np.array(["ok", "ok", "bad1", "bad1", "bad2"], dtype=object)
+    with pytest.raises(ValueError, match=r"\['bad1', 'bad2'\]"):
+        run_ebpo(uids, np.array([1.0, 0.0, np.nan, 1.0, np.inf]))
+    assert ebpo_verl.get_state().prompts_seen == 0
+
+
+def test_groups_of_one_contribute_to_mu_and_tau_but_not_within_variance():
+    uids = np.array(["solo", "pair", "pair"], dtype=object)
+    run_ebpo(uids, np.array([1.0, 0.0, 1.0]), norm="none")
+    stats = ebpo_verl.get_state().global_stats
+    assert stats.rewards.n == 3 and stats.group_means.n == 2 and stats.within_var.n == 1
+    assert stats.within_var.mean == pytest.approx(0.5)
+    assert stats.group_means.variance == pytest.approx(np.var([1.0, 0.5]))
+
+
+def test_state_dict_round_trip_gives_bit_equal_advantages():
+    rng = np.random.default_rng(8)
+    batches = [make_batch(rng, list(rng.integers(1, 6, 20)), tag=f"s{t}") for t in range(6)]
+    opts = {"cluster_key": "topic", "decay": 0.9, "min_cluster_prompts": 10}
+    labels = [np.array([str(hash(u) % 3) for u in uids], dtype=object) for uids, _ in batches]
+    straight = EBPOState()
+    expected = [run_ebpo(u, r, state=straight, labels=lab, **opts) for (u, r), lab in zip(batches, labels, strict=True)]
+    first = EBPOState()
+    for (u, r), lab in zip(batches[:3], labels[:3], strict=True):
+        run_ebpo(u, r, state=first, labels=lab, **opts)
+    resumed = EBPOState()
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for t in range(3, 6):
+        got = run_ebpo(*batches[t], state=resumed, labels=labels[t], **opts)
+        assert np.array_equal(got, expected[t])
+    assert resumed.state_dict() == straight.state_dict()
+
+
+def test_state_dict_rejects_other_versions():
+    with pytest.raises(ValueError, match="version"):
+        EBPOState().load_state_dict({"version": 99})
+
+
+@pytest.mark.parametrize(
+    ("mapping", "pattern"),
+    [
+        ({"priorr": "gaussian"}, r"unknown.*'priorr'.*valid keys.*'stats_scope'"),
+        ({"norm": "std"}, r"norm='std'.*\('batch', 'group', 'none'\)"),
+        ({"shrinkage": 1.5}, r"shrinkage=1.5.*\[0, 1\]"),
+        ({"shrinkage": "half"}, r"shrinkage='half'"),
+        ({"decay": 0.0}, r"decay=0.0"),
+        ({"min_cluster_prompts": -1}, r"min_cluster_prompts=-1"),
+    ],
+)
+def test_invalid_options_list_the_valid_ones(mapping, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        EBPOOptions.from_mapping(OmegaConf.create(mapping))
+
+
+def test_options_from_omegaconf_node_and_none():
+    assert EBPOOptions.from_mapping(None) == EBPOOptions()
+    opts = EBPOOptions.from_mapping(OmegaConf.create({"shrinkage": 0, "cluster_key": "topic"}))
+    assert opts.fixed_shrinkage == 0.0 and opts.cluster_key == "topic"
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_registration_is_idempotent():
+    import importlib
+
+    import ebpo_verl.verl_adapter as adapter
+
+    ebpo_verl.register()
+    ebpo_verl.register()
+    importlib.reload(adapter)
+    assert get_adv_estimator_fn("ebpo") is adapter.compute_ebpo_outcome_advantage
+
+
+def test_registered_in_a_ray_actor_through_the_entry_point_alone():
+    ray = pytest.importorskip("ray")
+
+    @ray.remote
+    class Probe:
+        def check(self):
+            import sys
+
+            before = "ebpo_verl" in sys.modules
+            import verl  # noqa: F401  (loads the verl.plugins entry points)
+            from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+            return before, get_adv_estimator_fn("ebpo").__module__
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        before, module = ray.get(Probe.remote().check.remote(), timeout=300)
+    finally:
+        ray.shutdown()
+    assert not before and module == "ebpo_verl.verl_adapter"
+
+
+# ---------------------------------------------------------------- properties
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=12),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([1.0, 5.0, 1e3]),
+    opts=st.sampled_from([{}, {"sigma2": "within", "tau2": "debiased"}, {"norm": "group"}, {"merge": "after"}]),
+)
+def test_properties(sizes, seed, scale, opts):
+    rng = np.random.default_rng(seed)
+    uids, _ = make_batch(rng, sizes)
+    rewards = np.round(rng.normal(0, scale, len(uids)), 3)
+    state = EBPOState()
+    run_ebpo(*make_batch(rng, [3, 3], tag="warm"), state=state, **opts)
+    snapshot = state.state_dict()
+    adv = run_ebpo(uids, rewards, state=state, **opts)
+    d = state.diagnostics
+    assert 0.0 <= d["ebpo/shrinkage_min"] <= d["ebpo/shrinkage_max"] <= 1.0
+    assert np.isfinite(adv).all()
+    perm = rng.permutation(len(uids))
+    again = EBPOState()
+    again.load_state_dict(snapshot)
+    permuted = run_ebpo(uids[perm], rewards[perm], state=again, **opts)
+    np.testing.assert_allclose(permuted, adv[perm], atol=1e-9 * max(1.0, np.abs(adv).max()))
