@@ -1,0 +1,452 @@
+"""Everything verl 0.9.1 needs to train on a CPU-only machine, through its own extension points.
+
+Stock verl cannot train without an accelerator: its platform layer knows CUDA/NPU/ROCm only, its training
+engines are registered for ``cuda``/``npu`` devices, and every rollout backend (vLLM, SGLang, TRT-LLM) needs
+CUDA. This module adds, without touching verl's files:
+
+* ``CpuPlatform`` -- a ``verl.plugin.platform`` platform named ``cpu`` (device ``cpu``, backend ``gloo``);
+  it is auto-detected when no accelerator is present, or forced with ``VERL_PLATFORM=cpu``.
+* the FSDP/FSDP2 training engines registered for device ``cpu`` in verl's ``EngineRegistry``.
+* an ``hf`` rollout: a Ray actor server that generates with Hugging Face ``generate`` (``HFRolloutServer``),
+  its replica (``HFReplica``, in verl's ``RolloutReplicaRegistry``) and the worker-side adapter that pushes
+  the trainer's weights to it (``HFServerAdapter``, in verl's rollout-class registry for async mode).
+
+Load it in every process (driver and Ray workers) before verl picks a platform:
+``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend`` in the environment (also forwarded to Ray workers with
+``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend``), then run with
+``actor_rollout_ref.rollout.name=hf``, ``trainer.device=cpu``, ``actor.strategy=fsdp2``, ``attn_implementation=sdpa``
+and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``scripts/cpu_smoke.py`` for the full set).
+
+Sampling is reproducible: every request's seed is derived from the weight version, the prompt, the sampling
+parameters and how many identical requests this server has answered for that weight version, so a run
+resumed from a checkpoint regenerates exactly the responses the uninterrupted run produced (up to the order
+of the exchangeable samples of one prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+import ray
+import torch
+import torch.distributed as dist
+
+from verl.plugin.platform import PlatformBase, PlatformRegistry
+from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+PLATFORM_NAME = "cpu"
+ROLLOUT_NAME = "hf"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Platform
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _CpuDeviceModule:
+    """Stand-in for ``torch.cuda`` on CPU: ``torch.cpu`` plus no-op memory and RNG helpers verl calls."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def current_device() -> str:
+        return "cpu"
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        return None
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        return None
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def ipc_collect() -> None:
+        return None
+
+    @staticmethod
+    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+        return None
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return 0
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return "cpu"
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(state)
+
+
+@PlatformRegistry.register(platform=PLATFORM_NAME)
+class CpuPlatform(PlatformBase):
+    """verl platform for machines without an accelerator: device ``cpu``, collectives over ``gloo``.
+
+    Ray still schedules verl's workers on a ``GPU`` resource (verl's resource pools require one): start Ray
+    with ``num_gpus`` equal to the number of training processes; nothing ever runs on a GPU.
+    """
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> Any:
+        return _CpuDeviceModule()
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        """Auto-detected only when no accelerator platform claimed the host first (they are probed first)."""
+        return not torch.cuda.is_available()
+
+    def current_device(self) -> str:
+        return "cpu"
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        """``gloo``; also initialises the default process group (see ``_init_gloo_process_group``)."""
+        _init_gloo_process_group()
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "GPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
+def _init_gloo_process_group() -> None:
+    """Initialise torch.distributed with gloo from verl's worker env (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+
+    verl builds its backend string as ``f"cpu:gloo,{device}:{backend}"``, which torch rejects when the device
+    is ``cpu`` ("Duplicate device type cpu"); verl skips its own init when a group already exists, and asks
+    the platform for the backend name right before, so the platform initialises the group here.
+    """
+    if dist.is_initialized() or "MASTER_ADDR" not in os.environ or "RANK" not in os.environ:
+        return
+    dist.init_process_group(
+        backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ.get("WORLD_SIZE", "1"))
+    )
+
+
+def _register_engines() -> None:
+    """Register verl's FSDP engines (they are device-agnostic torch code) for device ``cpu``."""
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+    for model_type, cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+        registered = EngineRegistry._engines.get(model_type, {})
+        backends = [b for b in ("fsdp", "fsdp2") if PLATFORM_NAME not in registered.get(b, {})]
+        if backends:
+            EngineRegistry.register(model_type=model_type, backend=backends, device=PLATFORM_NAME)(cls)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rollout: Hugging Face generate behind verl's token-in/token-out server interface
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _server_actor_name(replica_rank: int) -> str:
+    return f"{ROLLOUT_NAME}_server_{replica_rank}_0"
+
+
+def _request_seed(global_steps: int | None, prompt_ids: list[int], params: dict[str, Any], k: int) -> int:
+    key = json.dumps([global_steps, prompt_ids, sorted(params.items()), k], default=str)
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+class HFRolloutServer:
+    """One CPU rollout server: a Hugging Face causal LM answering verl's ``generate`` calls one at a time.
+
+    Implements the methods verl's load balancer, agent loop, replica and checkpoint manager call on a
+    server actor (``generate``, ``wake_up``, ``sleep``, ``clear_kv_cache``, ``set_global_steps``, ...);
+    weights arrive from the training worker through ``load_weights``.
+    """
+
+    def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.fs import copy_to_local
+
+        torch.set_num_threads(1)
+        self.config = omega_conf_to_dataclass(config)
+        self.replica_rank = replica_rank
+        path = copy_to_local(model_config["path"], use_shm=model_config.get("use_shm", False))
+        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        self.eos_token_id = self.model.generation_config.eos_token_id or self.model.config.eos_token_id
+        self.pad_token_id = self.model.config.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.eos_token_id if isinstance(self.eos_token_id, int) else self.eos_token_id[0]
+        self.global_steps: int | None = None
+        self._served: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def get_server_address(self) -> str:
+        return f"{ROLLOUT_NAME}-cpu://replica-{self.replica_rank}"
+
+    def get_rollout_config(self) -> Any:
+        return self.config
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Copy the trainer's full (HF-named) weights into the model; returns the number of tensors loaded."""
+        own = self.model.state_dict()
+        unknown = sorted(set(state_dict) - set(own))
+        if unknown:
+            raise KeyError(f"HF rollout: weights not in the rollout model: {unknown[:5]} (of {len(unknown)})")
+        with self._lock, torch.no_grad():
+            for name, tensor in state_dict.items():
+                own[name].copy_(tensor)
+            if "lm_head.weight" not in state_dict and self.model.config.tie_word_embeddings:
+                self.model.tie_weights()
+        if global_steps is not None:
+            self.set_global_steps(global_steps)
+        return len(state_dict)
+
+    def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+        self._served.clear()
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data is not None or video_data is not None or audio_data is not None:
+            raise NotImplementedError("HF CPU rollout is text-only: got image/video/audio data")
+        return await asyncio.to_thread(self._generate, [int(t) for t in prompt_ids], dict(sampling_params))
+
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+        from transformers import GenerationConfig
+
+        cfg = self.config
+        budget = cfg.prompt_length + cfg.response_length - len(prompt_ids)
+        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", min(cfg.response_length, budget)))
+        max_tokens = max(1, min(int(max_tokens), cfg.max_model_len - len(prompt_ids) if cfg.max_model_len else budget))
+        want_logprobs = bool(params.pop("logprobs", False))
+        temperature = float(params.get("temperature", 1.0))
+        top_k = int(params.get("top_k", -1))
+        ignore_eos = bool(params.get("ignore_eos", cfg.get("ignore_eos", False)))
+        gen_config = GenerationConfig(
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else 1.0,
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=top_k if top_k > 0 else 0,
+            repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens if ignore_eos else 0,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=want_logprobs,
+        )
+        signature = json.dumps([prompt_ids, sorted(params.items())], default=str)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with self._lock, torch.no_grad():
+            k = self._served[signature]
+            self._served[signature] += 1
+            torch.manual_seed(_request_seed(self.global_steps, prompt_ids, params, k))
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen_config
+            )
+        token_ids = out.sequences[0, len(prompt_ids) :].tolist()
+        log_probs = None
+        if want_logprobs:
+            logits = torch.stack(out.logits, dim=1)[0].float()
+            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, len(prompt_ids) :].T)[:, 0]
+            log_probs = log_probs.tolist()
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    # Control methods called by verl on every server; a CPU model has no KV cache or device memory to manage.
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+class HFReplica(RolloutReplica):
+    """A rollout replica made of one ``HFRolloutServer`` actor (CPU only, one node, tensor parallel 1)."""
+
+    async def launch_servers(self) -> None:
+        if self.world_size != 1:
+            raise ValueError(
+                f"HF CPU rollout supports tensor/data/pipeline parallel size 1, got world size {self.world_size}"
+            )
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(name=_server_actor_name(self.replica_rank), num_cpus=0, max_concurrency=self.max_concurrency)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = await server.get_server_address.remote()
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker-side handle of the HF rollout server: forwards the trainer's weights to it after each step."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        self.replica_rank = rank if replica_rank == -1 else replica_rank
+        self._server = None
+
+    def _server_handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(_server_actor_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kw):
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"HF CPU rollout accepts wire_format='named_tensors' only, got {wire_format!r}")
+        if kw.get("peft_config") is not None:
+            raise NotImplementedError("HF CPU rollout does not support LoRA adapters; set model.lora.merge=True")
+        state_dict = {}
+        for name, tensor in weights:
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            state_dict[name] = full.detach().to("cpu", copy=True)
+        await self._server_handle().load_weights.remote(state_dict, global_steps)
+
+
+def register() -> None:
+    """Register the CPU engines and the ``hf`` rollout with verl (idempotent)."""
+    _register_engines()
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
+
+
+register()
