@@ -71,11 +71,9 @@ def make(base_config, prepared, tiny_tokenizer):
 
 
 def served(ds, epochs: int = 1) -> list[list[int]]:
-    """extra_info.index of the rows the dataset serves, pass by pass, read sequentially as verl does."""
-    out = []
-    for _ in range(epochs):
-        out.append([ds[p]["extra_info"]["index"] for p in range(len(ds))])
-    return out
+    """File rows (= extra_info.index for data_prep output) at positions 0, 1, ... pass by pass: the map that
+    __getitem__ applies before verl's RLHFDataset.__getitem__ (whole rows are read in the dataloader tests)."""
+    return [[ds._row(p) for p in range(len(ds))] for _ in range(epochs)]
 
 
 def labels(frame: pd.DataFrame, key: str, rows) -> list:
@@ -94,8 +92,8 @@ def pure_batches(topics: list, batch: int) -> int:
 def test_native_is_file_order(make, frames):
     ds = make()
     assert isinstance(ds, CurriculumDataset)
-    (epoch0, epoch1) = served(ds, 2)
-    assert epoch0 == epoch1 == [e["index"] for e in frames["math"]["extra_info"]]
+    rows = [[ds[p]["extra_info"]["index"] for p in range(len(ds))] for _ in range(2)]
+    assert rows[0] == rows[1] == [e["index"] for e in frames["math"]["extra_info"]] == list(range(len(ds)))
 
 
 def test_random_is_seeded_per_epoch_permutation(make, frames):
@@ -279,7 +277,7 @@ def test_overlong_filter_then_order(make, frames, tiny_tokenizer):
         filter_overlong_prompts=True,
         max_prompt_length=limit,
     )
-    assert sorted(served(ds)[0]) == kept
+    assert sorted(ds[p]["extra_info"]["index"] for p in range(len(ds))) == kept
 
 
 # -- resumption through data.pt -------------------------------------------------------------------------
