@@ -8,7 +8,7 @@ validation a resumed run performs before its first step); merge their ``data`` i
 
 On start the log is reconciled with the checkpoint the run resumed from: lines of steps after that checkpoint
 (metrics of steps that are being redone) and, for a run started from scratch, all lines of an earlier run, are
-moved to ``<stem>.superseded-<UTC time>-<pid>.jsonl`` next to the log, so the live file always describes one
+moved to ``<stem>.superseded-<UTC time>[-k].jsonl`` next to the log, so the live file always describes one
 consistent timeline and nothing is deleted.
 """
 
@@ -73,15 +73,27 @@ class MetricsLog:
         records = _read_lines(self.path)
         keep = [line for step, line in records if resumed_step > 0 and step <= resumed_step]
         drop = [line for step, line in records if not (resumed_step > 0 and step <= resumed_step)]
-        if not drop:
-            return
+        text = "".join(line + "\n" for line in keep)
+        if drop:
+            aside = self._aside_path()
+            atomic_write_text(aside, "".join(line + "\n" for line in drop))
+            logger.warning(
+                "metrics log %s: moved %d line(s) of steps after %d (not part of this run's history) to %s",
+                self.path,
+                len(drop),
+                resumed_step,
+                aside,
+            )
+        if text != self.path.read_text(encoding="utf-8"):  # lines moved aside, or a torn last line dropped
+            atomic_write_text(self.path, text)
+
+    def _aside_path(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = self.path.with_name(f"{self.path.stem}.superseded-{stamp}-{os.getpid()}{self.path.suffix}")
-        atomic_write_text(aside, "".join(line + "\n" for line in drop))
-        logger.warning(
-            "metrics log %s: moved %d line(s) after step %d to %s", self.path, len(drop), resumed_step, aside
-        )
-        atomic_write_text(self.path, "".join(line + "\n" for line in keep))
+        aside, k = self.path.with_name(f"{self.path.stem}.superseded-{stamp}{self.path.suffix}"), 0
+        while aside.exists():
+            k += 1
+            aside = self.path.with_name(f"{self.path.stem}.superseded-{stamp}-{k}{self.path.suffix}")
+        return aside
 
     def log(self, data: dict[str, Any], step: int) -> None:
         line = _encode(step, data) + "\n"

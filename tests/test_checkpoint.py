@@ -1,0 +1,242 @@
+"""EB state in verl checkpoints: atomic save, load, missing file, and exact resume of the advantages; metrics log."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from torchdata.stateful_dataloader import StatefulDataLoader
+from verl.protocol import DataProto
+
+import ebpo_verl
+from ebpo_verl.checkpoint import STATE_FILE, load_ebpo_state, save_ebpo_state
+from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
+from ebpo_verl.metrics_log import MetricsLog, read_metrics_log
+from ebpo_verl.trainer import checkpoint_folder, cluster_labels, compute_ebpo_advantage, ebpo_trainer_cls
+
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+PROMPTS, GROUP, TOPICS = 4, 4, ("algebra", "geometry", "number_theory")
+
+
+def _config(tmp_path: Path, *overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(
+            "ebpo_trainer",
+            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides],
+        )
+
+
+class _ActorGroupStandIn:
+    """Plays the GPU actor worker group in verl's checkpoint code: writes/reads a marker under ``actor/``."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        os.makedirs(local_path, exist_ok=True)
+        Path(local_path, "weights.txt").write_text(str(global_step))
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        self.loaded.append(local_path)
+
+
+def _trainer(config):
+    trainer = ebpo_trainer_cls("sync")(config)
+    trainer.actor_rollout_wg = _ActorGroupStandIn()
+    trainer.train_dataloader = StatefulDataLoader(list(range(6 * PROMPTS)), batch_size=PROMPTS, shuffle=False)
+    return trainer
+
+
+def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
+    """Binary rewards of GROUP responses per prompt (a pure function of prompt and step) plus one padding row."""
+    rows, uids, infos, lengths = [], [], [], []
+    for pid in prompt_ids:
+        gen = torch.Generator().manual_seed(1000 * step + pid)
+        p = (pid % 5 + 1) / 6
+        rows += (torch.rand(GROUP, generator=gen) < p).float().tolist()
+        lengths += torch.randint(1, 6, (GROUP,), generator=gen).tolist()
+        uids += [f"s{step}-p{pid}"] * GROUP
+        infos += [{"topic": TOPICS[pid % 3], "index": pid}] * GROUP
+    rows.append(0.0)
+    lengths.append(0)
+    uids.append("pad0")
+    infos.append(infos[0])  # verl's padding rows copy a real row's fields
+    width = 6
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()
+    rewards = torch.zeros(len(rows), width)
+    ends = (torch.tensor(lengths) - 1).clamp(min=0)
+    rewards[torch.arange(len(rows)), ends] = torch.tensor(rows) * (torch.tensor(lengths) > 0)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+    padding = [uid.startswith("pad") for uid in uids]
+    return data, cluster_labels(infos, uids, padding, "topic")
+
+
+def _step(trainer, step: int) -> torch.Tensor:
+    prompt_ids = next(trainer._data_iter).tolist()
+    data, labels = _batch(prompt_ids, step)
+    compute_ebpo_advantage(data, trainer.config.algorithm, labels if trainer.ebpo_options.cluster_key else None)
+    return data.batch["advantages"].clone()
+
+
+def _run(trainer, steps: range) -> list[torch.Tensor]:
+    trainer._data_iter = iter(trainer.train_dataloader)
+    out = []
+    for step in steps:
+        trainer.global_steps = step
+        out.append(_step(trainer, step))
+    return out
+
+
+RESUME_CASES = [
+    ["algorithm.ebpo.cluster_key=topic", "algorithm.ebpo.min_cluster_prompts=3", "algorithm.ebpo.decay=0.9"],
+    ["algorithm.ebpo.prior=beta_binomial", "algorithm.ebpo.tau2=debiased", "algorithm.ebpo.sigma2=within"],
+]
+
+
+@pytest.mark.parametrize("options", RESUME_CASES, ids=["clusters-decay", "beta-binomial"])
+def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options):
+    config = _config(tmp_path, *options)
+    ebpo_verl.get_state().reset()
+    uninterrupted = _run(_trainer(config), range(1, 7))
+
+    ebpo_verl.get_state().reset()
+    first = _trainer(config)
+    before = _run(first, range(1, 4))
+    first.global_steps = 3
+    first._save_checkpoint()
+    for a, b in zip(before, uninterrupted[:3], strict=True):
+        assert torch.equal(a, b)
+
+    step_dir = tmp_path / "ckpt" / "global_step_3"
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "3"
+    assert {p.name for p in step_dir.iterdir()} == {"actor", "data.pt", STATE_FILE}
+    saved = json.loads((step_dir / STATE_FILE).read_text())
+    assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * PROMPTS
+
+    ebpo_verl.get_state().reset()
+    _run(_trainer(config), range(90, 92))  # unrelated statistics in the process, as a restarted run could have
+    resumed = _trainer(config)
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 3 and resumed.actor_rollout_wg.loaded == [str(step_dir / "actor")]
+    after = _run(resumed, range(4, 7))  # the dataloader continues at prompts 12.. from data.pt
+    for a, b in zip(after, uninterrupted[3:], strict=True):
+        assert torch.equal(a, b)
+
+    fresh = _trainer(config)
+    ebpo_verl.get_state().reset()
+    fresh.train_dataloader.load_state_dict(torch.load(step_dir / "data.pt", weights_only=False))
+    fresh._data_iter = iter(fresh.train_dataloader)
+    assert not torch.allclose(_step(fresh, 4), uninterrupted[3]), "the EB state must matter for this test"
+
+
+def test_checkpoint_without_state_file_warns_and_starts_fresh(tmp_path):
+    config = _config(tmp_path)
+    ebpo_verl.get_state().reset()
+    trainer = _trainer(config)
+    _run(trainer, range(1, 3))
+    trainer.global_steps = 2
+    trainer._save_checkpoint()
+    (tmp_path / "ckpt" / "global_step_2" / STATE_FILE).unlink()  # as a plain verl checkpoint
+    resumed = _trainer(config)
+    with pytest.warns(RuntimeWarning, match="start FRESH at step 2"):
+        resumed._load_checkpoint()
+    assert resumed.global_steps == 2 and ebpo_verl.get_state().prompts_seen == 0
+
+
+def test_checkpoint_disabled_resume_resets_state(tmp_path):
+    ebpo_verl.get_state().prompts_seen = 7
+    trainer = _trainer(_config(tmp_path, "trainer.resume_mode=disable"))
+    trainer._load_checkpoint()
+    assert trainer.global_steps == 0 and ebpo_verl.get_state().prompts_seen == 0
+
+
+def test_checkpoint_folder_for_both_resume_modes(tmp_path):
+    auto = _config(tmp_path)
+    assert checkpoint_folder(auto, 5) == str(tmp_path / "ckpt" / "global_step_5")
+    explicit = _config(
+        tmp_path, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}/x/global_step_2"
+    )
+    assert checkpoint_folder(explicit, 2) == str(tmp_path / "x" / "global_step_2")
+
+
+def _filled_state() -> EBPOState:
+    state = EBPOState()
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    compute_ebpo_advantages(
+        scores, ["a", "a", "b", "b", "c", "c"], torch.ones(6, dtype=torch.bool), EBPOOptions(), state
+    )
+    return state
+
+
+def test_checkpoint_state_file_round_trip_atomic_and_checked(tmp_path):
+    state, options = _filled_state(), EBPOOptions()
+    path = save_ebpo_state(tmp_path, state, options, global_step=4)
+    save_ebpo_state(tmp_path, state, options, global_step=4)  # replaces in place
+    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temp file left behind
+    restored = EBPOState()
+    assert load_ebpo_state(tmp_path, restored, options, global_step=4)
+    assert restored.state_dict() == state.state_dict()
+    assert restored.prompts_seen == 3 and restored.responses_seen == 6
+
+    with pytest.raises(ValueError, match="written at global step 4, not 5"):
+        load_ebpo_state(tmp_path, EBPOState(), options, global_step=5)
+    with pytest.warns(RuntimeWarning, match="decay: 1.0 -> 0.5"):
+        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.5), global_step=4)
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(ValueError, match="unreadable"):
+        load_ebpo_state(tmp_path, EBPOState(), options, global_step=4)
+
+
+def test_checkpoint_metrics_log_survives_resume(tmp_path):
+    path = tmp_path / "logs" / "metrics.jsonl"
+    first = MetricsLog(path, resumed_step=0)
+    for step in range(6):
+        first.log({"critic/score/mean": step / 10, "ebpo/mu_glob": np.float32(0.5)}, step=step)
+    with open(path, "a") as f:
+        f.write('{"step": 6, "da')  # killed mid-write
+
+    MetricsLog(path, resumed_step=3).log({"val-core/math500/acc/mean@1": 0.25}, step=3)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2, 3, 3]
+    (aside,) = tmp_path.glob("logs/metrics.superseded-*.jsonl")
+    assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [4, 5]
+    merged = read_metrics_log(path)
+    assert merged[3] == {"critic/score/mean": 0.3, "ebpo/mu_glob": 0.5, "val-core/math500/acc/mean@1": 0.25}
+
+    with open(path, "a") as f:
+        f.write('{"step": 4, "da')
+    MetricsLog(path, resumed_step=4).log({"y": 1}, step=5)  # nothing to move aside, the torn line goes
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3, 3, 5]
+
+    MetricsLog(path, resumed_step=0).log({"x": float("nan")}, step=0)  # a new run from scratch, same path
+    merged = read_metrics_log(path)
+    assert list(merged) == [0] and math.isnan(merged[0]["x"])
+    assert len(list(tmp_path.glob("logs/metrics.superseded-*.jsonl"))) == 2
+
+
+def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
+    from verl.utils.tracking import Tracking
+
+    verl_file = tmp_path / "verl.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(verl_file))
+    config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/m.jsonl")
+    trainer = _trainer(config)
+    trainer.logger = Tracking("p", "e", default_backend=["file"])
+    trainer.logger.log(data={"ebpo/shrinkage_mean": 0.4}, step=1)
+    trainer.logger.finish()
+    restarted = _trainer(config)
+    restarted._resumed_step = 1
+    restarted.logger = Tracking("p", "e", default_backend=["file"])  # verl's file logger truncates here
+    restarted.logger.log(data={"ebpo/shrinkage_mean": 0.5}, step=2)
+    restarted.logger.finish()
+    assert [json.loads(line)["step"] for line in verl_file.read_text().splitlines()] == [2]
+    assert read_metrics_log(tmp_path / "m.jsonl") == {1: {"ebpo/shrinkage_mean": 0.4}, 2: {"ebpo/shrinkage_mean": 0.5}}
