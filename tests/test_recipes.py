@@ -1,0 +1,305 @@
+"""recipe/ebpo: the shell recipes compose into the configs the paper and the baselines call for (CPU only).
+
+Composition through the entry point costs seconds per process, so the ALGO x ORDER matrix is checked by letting
+the shell print its Hydra overrides (PRINT_OVERRIDES=1) and composing them in-process with Hydra's compose API
+on the package config; a few real ``DRY_RUN=1`` subprocesses check the same path end to end, and one of them is
+compared with the in-process composition of the same overrides. Expected values are written from the paper
+(arXiv 2602.05165, "Setup") and the baselines' definitions, not read from the scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipe" / "ebpo"
+SCRIPTS = sorted(RECIPE.glob("*.sh"))
+MODELS = {"qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "llama3_8b": "meta-llama/Llama-3.1-8B-Instruct"}
+ALGOS = ["ebpo", "ebpo_bb", "ebpo_batch", "grpo", "grpo_bn", "drgrpo", "dapo", "entropy_mech", "rloo", "reinforce_pp"]
+ORDERS = ["topic", "naive", "difficulty", "random"]
+VAL_SETS = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
+
+# ALGO -> {dotted key: expected value}; keys not listed must keep the shared setting (SHARED below)
+ALGO_EXPECT = {
+    "ebpo": {"algorithm.adv_estimator": "ebpo"},
+    "ebpo_bb": {"algorithm.adv_estimator": "ebpo", "algorithm.ebpo.prior": "beta_binomial"},
+    "ebpo_batch": {"algorithm.adv_estimator": "ebpo", "algorithm.ebpo.stats_scope": "batch"},
+    "grpo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True},
+    "grpo_bn": {"algorithm.adv_estimator": "ebpo", "algorithm.ebpo.shrinkage": 0, "algorithm.ebpo.norm": "batch"},
+    "drgrpo": {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": False,
+        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.loss_scale_factor": 8192,
+        "actor_rollout_ref.actor.use_kl_loss": False,
+    },
+    "dapo": {
+        "algorithm.adv_estimator": "grpo",
+        "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+        "actor_rollout_ref.actor.use_kl_loss": False,
+        "algorithm.filter_groups.enable": True,
+        "algorithm.filter_groups.metric": "acc",
+        "reward.reward_manager.name": "dapo",
+        "reward.reward_kwargs.max_resp_len": 8192,
+        "reward.reward_kwargs.overlong_buffer_cfg.enable": True,
+        "reward.reward_kwargs.overlong_buffer_cfg.len": 2048,
+        "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
+    },
+    "entropy_mech": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "clip_cov"},
+    "rloo": {"algorithm.adv_estimator": "rloo"},
+    "reinforce_pp": {"algorithm.adv_estimator": "reinforce_plus_plus_baseline"},
+}
+# the paper's shared setup, and what every run keeps unless its ALGO changes it
+SHARED = {
+    "data.train_batch_size": 512,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 128,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.actor.optim.weight_decay": 0.01,
+    "actor_rollout_ref.actor.use_kl_loss": True,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+    "actor_rollout_ref.actor.clip_ratio_low": 0.2,
+    "actor_rollout_ref.actor.clip_ratio_high": 0.2,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "data.max_prompt_length": 4096,
+    "data.max_response_length": 8192,
+    "actor_rollout_ref.rollout.response_length": 8192,
+    "actor_rollout_ref.rollout.temperature": 1.0,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.val_kwargs.n": 16,
+    "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0,
+    "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
+    "algorithm.filter_groups.enable": False,
+    "algorithm.use_kl_in_reward": False,
+    "algorithm.ebpo.shrinkage": "auto",
+    "algorithm.ebpo.prior": "gaussian",
+    "algorithm.ebpo.stats_scope": "history",
+    "reward.reward_manager.name": "naive",
+    "reward.custom_reward_function.path": "pkg://ebpo_verl.reward",
+    "reward.custom_reward_function.name": "compute_score",
+    "data.custom_cls.path": "pkg://ebpo_verl.curriculum",
+    "data.custom_cls.name": "CurriculumDataset",
+    "data.shuffle": False,
+    "data.dataloader_num_workers": 0,
+    "trainer.logger": ["console"],
+    "trainer.nnodes": 4,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.use_v1": True,
+}
+ORDER_EXPECT = {
+    "topic": {"data.curriculum.order": "topic", "data.curriculum.topic_key": "topic", "data.curriculum.align": True},
+    "naive": {"data.curriculum.order": "native"},
+    "random": {"data.curriculum.order": "random"},
+    "difficulty": {"data.curriculum.order": "difficulty", "data.curriculum.difficulty_key": "pass_rate"},
+}
+TRAIN_FILE = {
+    "topic": "dapo_math.topics_k10.parquet",
+    "naive": "dapo_math.parquet",
+    "random": "dapo_math.parquet",
+    "difficulty": "dapo_math.pass_rate.Qwen3-8B.parquet",
+}
+
+
+def recipe_env(work: Path, **extra: str) -> dict[str, str]:
+    """A clean environment for the recipes: no ALGO/ORDER/... leaking in from the caller."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(work), "WORK_DIR": str(work), "PYTHON": sys.executable}
+    env.update(extra)
+    return env
+
+
+def overrides(script: str, work: Path, *args: str, **env: str) -> list[str]:
+    out = subprocess.run(
+        ["bash", str(RECIPE / script), *args],
+        env=recipe_env(work, PRINT_OVERRIDES="1", **env),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.splitlines()
+
+
+def select(cfg, key: str):
+    return OmegaConf.select(cfg, key, throw_on_missing=True)
+
+
+@pytest.fixture(scope="module")
+def compose():
+    """Compose the package config (ebpo_verl/config/ebpo_trainer.yaml) in-process with a list of overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import ebpo_verl
+
+    config_dir = Path(ebpo_verl.__file__).resolve().parent / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        yield lambda ovr: hydra_compose("ebpo_trainer", overrides=ovr)
+
+
+def test_scripts_parse_and_pass_shellcheck():
+    names = {p.name for p in SCRIPTS}
+    expected = {"common.sh", "eval.sh", "run_qwen3_8b.sh", "run_qwen3_14b.sh", "run_llama3_8b.sh"}
+    expected |= {f"table_{t}.sh" for t in ("main", "group_size", "ordering", "curriculum", "grpo_bn")}
+    assert expected <= names
+    for script in SCRIPTS:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+    result = subprocess.run([shellcheck, "-x", *map(str, SCRIPTS)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algo_and_order_composes_with_intended_values(compose, tmp_path, algo):
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+
+    from ebpo_verl.validation import check_config
+
+    for order in ORDERS:
+        cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO=algo, ORDER=order))
+        expect = {**SHARED, **ALGO_EXPECT[algo], **ORDER_EXPECT[order]}
+        expect["actor_rollout_ref.rollout.n"] = 4
+        expect["actor_rollout_ref.model.path"] = "Qwen/Qwen3-8B"
+        expect["trainer.total_epochs"] = 1 if order == "difficulty" else 3
+        expect["trainer.experiment_name"] = f"qwen3_8b-{algo}-g4-{order}"
+        expect["trainer.default_local_dir"] = f"{tmp_path}/ckpt/qwen3_8b-{algo}-g4-{order}"
+        expect["trainer.metrics_log_path"] = f"{tmp_path}/logs/qwen3_8b-{algo}-g4-{order}/metrics.jsonl"
+        expect["data.train_files"] = [f"{tmp_path}/data/{TRAIN_FILE[order]}"]
+        expect["data.val_files"] = [f"{tmp_path}/data/{name}.parquet" for name in VAL_SETS]
+        got = {key: select(cfg, key) for key in expect}
+        got = {k: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v for k, v in got.items()}
+        assert got == expect, f"ALGO={algo} ORDER={order}"
+        # the names are verl's (or the plugin's) real ones, and the package's pre-flight checks accept the run
+        get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+        get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+        check_config(cfg)
+
+
+def test_presets_pass_verl_validation_and_use_registered_managers(compose, tmp_path):
+    """verl's own validate_config (batch sizes vs GPUs, loss modes, ...) on every ALGO, Qwen3-14B layout."""
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    for algo in ALGOS:
+        cfg = compose(overrides("run_qwen3_14b.sh", tmp_path, ALGO=algo))
+        assert cfg.reward.reward_manager.name in REWARD_MANAGER
+        assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+        assert need_reference_policy(cfg) == bool(cfg.actor_rollout_ref.actor.use_kl_loss)
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def test_group_size_env_and_extra_arguments_pass_through(compose, tmp_path):
+    ovr = overrides(
+        "run_llama3_8b.sh", tmp_path, "algorithm.adv_estimator=grpo", "trainer.save_freq=3", GROUP_SIZE="16"
+    )
+    cfg = compose(ovr)
+    assert cfg.actor_rollout_ref.rollout.n == 16
+    assert cfg.algorithm.adv_estimator == "grpo"  # extra arguments come last and win
+    assert cfg.trainer.save_freq == 3
+    assert cfg.trainer.experiment_name == "llama3_8b-ebpo-g16-topic"
+    assert cfg.actor_rollout_ref.model.path == MODELS["llama3_8b"]
+    cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, EXPERIMENT="mine", TOTAL_STEPS="7", ORDER="naive"))
+    assert cfg.trainer.experiment_name == "mine" and cfg.trainer.total_training_steps == 7
+    assert cfg.trainer.metrics_log_path == f"{tmp_path}/logs/mine/metrics.jsonl"
+
+
+def test_bad_switches_fail_with_a_message(tmp_path):
+    for env, words in [({"ALGO": "ppo"}, "unknown ALGO=ppo"), ({"ORDER": "size"}, "unknown ORDER=size")]:
+        result = subprocess.run(
+            ["bash", str(RECIPE / "run_qwen3_8b.sh")],
+            env=recipe_env(tmp_path, PRINT_OVERRIDES="1", **env),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 2 and words in result.stderr
+    result = subprocess.run(["bash", str(RECIPE / "eval.sh"), str(tmp_path)], env=recipe_env(tmp_path), text=True,
+                            capture_output=True)
+    assert result.returncode == 2 and "MODEL" in result.stderr
+
+
+def test_eval_overrides(compose, tmp_path):
+    ckpt = tmp_path / "ckpt" / "qwen3_14b-ebpo-g4-topic"
+    (ckpt / "global_step_30" / "actor").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("30")
+    cfg = compose(overrides("eval.sh", tmp_path, str(ckpt)))  # checkpoint root -> latest step; MODEL from name
+    assert cfg.trainer.val_only is True and cfg.trainer.resume_mode == "resume_path"
+    assert cfg.trainer.resume_from_path == str(ckpt / "global_step_30")
+    assert cfg.actor_rollout_ref.model.path == MODELS["qwen3_14b"]
+    assert cfg.trainer.experiment_name == "eval-qwen3_14b-ebpo-g4-topic-step30"
+    assert cfg.trainer.metrics_log_path == f"{tmp_path}/logs/eval-qwen3_14b-ebpo-g4-topic-step30/metrics.jsonl"
+    assert select(cfg, "actor_rollout_ref.rollout.response_length") == 20480
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 16
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 1.0
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.top_p == 1.0
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+    hf = tmp_path / "my-model"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    cfg = compose(overrides("eval.sh", tmp_path, str(hf), MODEL="qwen3_8b"))
+    assert cfg.actor_rollout_ref.model.path == str(hf) and cfg.trainer.resume_mode == "disable"
+    assert cfg.trainer.experiment_name == "eval-my-model"
+
+
+def test_dry_run_subprocesses_compose_without_preparing_data(compose, tmp_path):
+    """Every run script and eval.sh through the real entry point (`--cfg job`), in parallel."""
+    ckpt = tmp_path / "ckpt" / "llama3_8b-dapo-g4-topic" / "global_step_5"
+    runs = {
+        "run_qwen3_8b.sh": [],
+        "run_qwen3_14b.sh": [],
+        "run_llama3_8b.sh": ["trainer.test_freq=2"],
+        "eval.sh": [str(ckpt)],
+    }
+    procs = {
+        name: subprocess.Popen(
+            ["bash", str(RECIPE / name), *args],
+            env=recipe_env(tmp_path, DRY_RUN="1", ALGO="dapo"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in runs.items()
+    }
+    outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
+    for name, (out, err) in outputs.items():
+        assert procs[name].returncode == 0, f"{name}: {err[-3000:]}"
+        assert "would prepare data" in err and "data_prep.all" in err, name
+    assert not (tmp_path / "data").exists()  # DRY_RUN prepares nothing
+    configs = {name: yaml.safe_load(out) for name, (out, _) in outputs.items()}
+    assert configs["run_qwen3_8b.sh"]["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_8b"]
+    assert configs["run_qwen3_14b.sh"]["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_14b"]
+    assert configs["run_llama3_8b.sh"]["trainer"]["test_freq"] == 2
+    assert configs["eval.sh"]["trainer"]["resume_from_path"] == str(ckpt)
+    assert configs["eval.sh"]["trainer"]["val_only"] is True
+    # the in-process composition of the printed overrides is the same config as the real dry run
+    same = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO="dapo"))
+    assert OmegaConf.to_container(same) == configs["run_qwen3_8b.sh"]
+
+
+def test_missing_data_is_prepared_in_order(tmp_path):
+    """Without DRY_RUN the recipe runs data_prep.all, then the topic labelling, then the trainer."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "fake_python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$1 $2" >> {log}\n'
+        'if [[ $2 == data_prep.all ]]; then for n in dapo_math math500 aime2024 aime2025 amc23 olympiadbench; do '
+        'touch "$4/$n.parquet"; done; fi\n'
+        'if [[ $2 == data_prep.label_topics ]]; then touch "$6"; fi\n'
+    )
+    fake.chmod(0o755)
+    (tmp_path / "data").mkdir()
+    env = recipe_env(tmp_path, PYTHON=str(fake))
+    subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
+    assert log.read_text().splitlines() == ["-m data_prep.all", "-m data_prep.label_topics", "-m ebpo_verl.main"]
+    assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic").is_dir()
+    log.unlink()  # everything is there now: straight to training
+    subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
+    assert log.read_text().splitlines() == ["-m ebpo_verl.main"]
