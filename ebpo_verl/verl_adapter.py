@@ -33,10 +33,19 @@ def compute_ebpo_outcome_advantage(
     scores = token_level_rewards.sum(dim=-1)
     uids = np.asarray(index).astype(str)
     is_pad = torch.from_numpy(np.char.startswith(uids, "pad")).to(response_mask.device)
-    valid = (response_mask.sum(dim=-1) > 0) & ~is_pad
+    valid = _has_response(response_mask) & ~is_pad
     adv = compute_ebpo_advantages(scores, uids, valid.cpu(), options, GLOBAL_STATE, labels=labels)
     advantages = adv.unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one response token; reads whole rows only where the first token is masked out."""
+    has = response_mask[:, 0] != 0
+    unsure = torch.nonzero(~has).squeeze(-1)
+    if unsure.numel():
+        has[unsure] = response_mask[unsure].ne(0).any(dim=-1)
+    return has
 
 
 def register() -> None:
