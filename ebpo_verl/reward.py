@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ MAX_WORKERS = int(os.environ.get("EBPO_REWARD_WORKERS", str(min(8, os.cpu_count(
 _ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
 _BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\\boxed\s+([^\s{}$][^\s{}$]*)|\{|\}")
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+_INT_RE = re.compile(r"^[+-]?\d{1,50}$")
 _PERCENT_RE = re.compile(r"\s*\\?%\s*$")
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{([^{}]*)\}")
 _SPACING_RE = re.compile(r"\\left|\\right|\\[,!;: ]|~|\s")
@@ -171,6 +173,12 @@ class _Worker:
         line, self.buf = self.buf.split(b"\n", 1)
         return line
 
+    def poll_ready(self) -> bool:
+        """Whether the child has finished importing (never blocks)."""
+        if not self.ready and select.select([self.proc.stdout.fileno()], [], [], 0)[0]:
+            self.ready = self._readline(time.monotonic() + 1.0) == b"ready"
+        return self.ready
+
     def ask(self, gold: str, pred: str, timeout: float) -> bool | None:
         """True/False from math-verify, or None when the child overran ``timeout`` or died."""
         if not self.ready:
@@ -204,8 +212,9 @@ class _Pool:
         with self.lock:
             while not self.idle and self.count >= MAX_WORKERS:
                 self.lock.wait()
-            if self.idle:
-                return self.idle.pop()
+            if self.idle:  # prefer a child that has finished importing (replacements may still be)
+                ready = [i for i, w in enumerate(self.idle) if w.poll_ready()]
+                return self.idle.pop(ready[-1] if ready else -1)
             self.count += 1
         try:
             return _Worker()
@@ -255,6 +264,9 @@ class _Pool:
 
 _POOL = _Pool()
 atexit.register(_POOL.shutdown)
+_CACHE_SIZE = 1 << 16
+_VERDICTS: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (gold, pred) -> verdict, LRU
+_CACHE_LOCK = threading.Lock()
 
 
 def warm_up(n: int = 1) -> None:
@@ -267,17 +279,33 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
     gold, pred = clean_answer(str(gold)), clean_answer(pred)
     if not gold or not pred or len(pred) > max_answer_chars:
         return False
+    if _INT_RE.match(gold) and _INT_RE.match(pred):  # fast path: two integer literals ("025" == "25")
+        return int(gold) == int(pred)
+    with _CACHE_LOCK:
+        if (gold, pred) in _VERDICTS:
+            _VERDICTS.move_to_end((gold, pred))
+            return _VERDICTS[(gold, pred)]
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    verdict = _grade(gold, pred, time.monotonic() + timeout)
+    if verdict is not None:  # an overrun is not cached: the next call may have a less loaded machine
+        with _CACHE_LOCK:
+            _VERDICTS[(gold, pred)] = verdict
+            if len(_VERDICTS) > _CACHE_SIZE:
+                _VERDICTS.popitem(last=False)
+    return bool(verdict)
+
+
+def _grade(gold: str, pred: str, deadline: float) -> bool | None:
+    """math-verify, then the plain-string and percent fallbacks; None if math-verify overran ``deadline``."""
+    verdict = _POOL.equal(gold, pred, deadline - time.monotonic())
+    if verdict is not False:  # True, or None = overran the bound: score 0 without retrying
+        return verdict
     if _plain(gold) == _plain(pred):
         return True
-    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
-    t_end = time.monotonic() + timeout
-    verdict = _POOL.equal(gold, pred, timeout)
-    if verdict is not False:  # True, or None = overran the bound: score 0 without retrying
-        return bool(verdict)
     g, p = _PERCENT_RE.sub("", gold), _PERCENT_RE.sub("", pred)
-    left = t_end - time.monotonic()
+    left = deadline - time.monotonic()
     if (g, p) != (gold, pred) and g and p and left > 0:
-        return _plain(g) == _plain(p) or bool(_POOL.equal(g, p, left))
+        return _plain(g) == _plain(p) or _POOL.equal(g, p, left)
     return False
 
 
