@@ -13,13 +13,17 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_module
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import open_dict
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from ebpo_verl.curriculum import CurriculumDataset, validate_curriculum_config
+from ebpo_verl.ordering import CurriculumOptions, epoch_layout
 
+UNLABELLED = (3, 50, 51, 400, 673)
 CLS = ["data.custom_cls.path=pkg://ebpo_verl.curriculum", "data.custom_cls.name=CurriculumDataset"]
 
 
@@ -37,6 +41,11 @@ def prepared(tmp_path_factory, shared_data) -> dict[str, Path]:
     df["extra_info"] = [{**e, "pass_rate": (e["index"] * 37 % 17) / 16} for e in df["extra_info"]]
     files["olympiad_pass_rate"] = out / "olympiad_pass_rate.parquet"
     df.to_parquet(files["olympiad_pass_rate"])
+    # five rows without a topic
+    df = pd.read_parquet(files["olympiad"])
+    df["extra_info"] = [{**e, "topic": None} if e["index"] in UNLABELLED else e for e in df["extra_info"]]
+    files["olympiad_gaps"] = out / "olympiad_gaps.parquet"
+    df.to_parquet(files["olympiad_gaps"])
     return files
 
 
@@ -235,6 +244,14 @@ def test_missing_labels_are_named(make, frames, shared_data):
     assert sorted(served(ds)[0]) == list(range(674))
 
 
+def test_rows_without_topic(make, frames):
+    with pytest.raises(ValueError, match=r"row 3 \(extra_info.index=3\).*5 such row\(s\): 3, 50, 51, 400, 673\)"):
+        make("olympiad_gaps", {"order": "topic"}, val="math", train_batch_size=64)
+    ds = make("olympiad_gaps", {"order": "topic", "missing": "last"}, val="math", train_batch_size=64)
+    rows = served(ds)[0]
+    assert sorted(rows[-5:]) == list(UNLABELLED) and sorted(rows) == list(range(674))
+
+
 def test_validate_curriculum_config(base_config):
     cfg = copy.deepcopy(base_config)
     validate_curriculum_config(cfg.data)
@@ -360,3 +377,30 @@ def test_checkpoint_from_other_curriculum_is_refused(make, tmp_path):
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="saved with curriculum .* delete data.pt"):
         next(iter(other))
+
+
+# -- the pure ordering functions ------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    topics=st.lists(st.sampled_from("abcd") | st.none(), min_size=1, max_size=80),
+    batch=st.integers(1, 9),
+    epoch=st.integers(0, 3),
+    block=st.sampled_from([None, 1, 2]),
+)
+def test_topic_layout_properties(topics, batch, epoch, block):
+    opts = CurriculumOptions(order="topic", missing="last", block_size=None if block is None else block * batch)
+    layout = epoch_layout(opts, len(topics), seed=11, epoch=epoch, batch_size=batch, topics=topics)
+    order = layout.order.tolist()
+    assert sorted(order) == list(range(len(topics))) and sum(b.size for b in layout.blocks) == len(topics)
+    shown = [topics[r] for r in order]
+    counts = Counter(t for t in topics if t is not None)
+    head = sum(c // batch * batch for c in counts.values())
+    assert all(len(set(shown[i : i + batch])) == 1 for i in range(0, head, batch))
+    assert Counter(shown[head : len(shown) - topics.count(None)]) == {
+        k: c % batch for k, c in counts.items() if c % batch
+    }
+    assert all(t is None for t in shown[len(shown) - topics.count(None) :])
+    again = epoch_layout(opts, len(topics), seed=11, epoch=epoch, batch_size=batch, topics=topics)
+    assert again.order.tolist() == order
