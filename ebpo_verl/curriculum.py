@@ -160,7 +160,8 @@ class CurriculumDataset(RLHFDataset):
         self._layout_cache: tuple[int, Layout] | None = None
         if not self.is_train:
             return
-        extra = [e if isinstance(e, Mapping) else {} for e in self.dataframe["extra_info"]] if len(self) else []
+        column = self.dataframe["extra_info"] if "extra_info" in self.dataframe.column_names else [None] * len(self)
+        extra = [e if isinstance(e, Mapping) else {} for e in column]
         self._extra = extra
         self.topics = [e.get(opts.topic_key) for e in extra]
         self.difficulty_key = self._difficulty_key(extra)
@@ -308,7 +309,7 @@ class CurriculumDataset(RLHFDataset):
     def _print_summary(self) -> None:
         opts = self.curriculum
         if self.shuffled_by_sampler:
-            head = f"order=random via verl's RandomSampler (data.shuffle=True, data.seed={self.order_seed})"
+            head = f"order=random via verl's RandomSampler (data.shuffle=True, data.seed={self.config.get('seed')})"
         elif opts.order == "topic":
             align = f"aligned to batches of {self.batch_size}" if opts.aligned else "not aligned"
             chunk = f", block_size={opts.block_size}" if opts.block_size else ""
