@@ -264,7 +264,7 @@ def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
         writer.writerow(
             [row.section, row.method, *[_fmt(row.scores.get(b)) for b in BENCHMARKS], _fmt(row.avg)]
             + [_fmt(row.paper.get(b)) for b in BENCHMARKS]
-            + [_fmt(paper_avg), _fmt(delta, True), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
+            + [_fmt(paper_avg), _fmt(delta), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
             + [row.source, row.missing]
         )
     return buf.getvalue()

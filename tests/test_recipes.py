@@ -220,8 +220,9 @@ def test_bad_switches_fail_with_a_message(tmp_path):
             text=True,
         )
         assert result.returncode == 2 and words in result.stderr
-    result = subprocess.run(["bash", str(RECIPE / "eval.sh"), str(tmp_path)], env=recipe_env(tmp_path), text=True,
-                            capture_output=True)
+    result = subprocess.run(
+        ["bash", str(RECIPE / "eval.sh"), str(tmp_path)], env=recipe_env(tmp_path), text=True, capture_output=True
+    )
     assert result.returncode == 2 and "MODEL" in result.stderr
 
 
@@ -268,7 +269,7 @@ def test_dry_run_subprocesses_compose_without_preparing_data(compose, tmp_path):
         for name, args in runs.items()
     }
     outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
-    for name, (out, err) in outputs.items():
+    for name, (_out, err) in outputs.items():
         assert procs[name].returncode == 0, f"{name}: {err[-3000:]}"
         assert "would prepare data" in err and "data_prep.all" in err, name
     assert not (tmp_path / "data").exists()  # DRY_RUN prepares nothing
@@ -290,7 +291,7 @@ def test_missing_data_is_prepared_in_order(tmp_path):
     fake.write_text(
         "#!/usr/bin/env bash\n"
         f'echo "$1 $2" >> {log}\n'
-        'if [[ $2 == data_prep.all ]]; then for n in dapo_math math500 aime2024 aime2025 amc23 olympiadbench; do '
+        "if [[ $2 == data_prep.all ]]; then for n in dapo_math math500 aime2024 aime2025 amc23 olympiadbench; do "
         'touch "$4/$n.parquet"; done; fi\n'
         'if [[ $2 == data_prep.label_topics ]]; then touch "$6"; fi\n'
     )

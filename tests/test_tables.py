@@ -1,0 +1,260 @@
+"""scripts/make_tables.py and scripts/plot_dynamics.py on synthetic metrics logs in verl's file-logger format.
+
+The expected tables are computed by hand from the numbers written into the logs (see each test's comments).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import make_tables  # noqa: E402
+import paper_numbers  # noqa: E402
+import plot_dynamics  # noqa: E402
+
+BENCH = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
+
+
+def val(*accs: float | None, k: int = 16) -> dict:
+    return {f"val-core/{b}/acc/mean@{k}": a for b, a in zip(BENCH, accs, strict=True) if a is not None}
+
+
+def write_log(path: Path, records: list[tuple[int, dict]], tail: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in records)
+    path.write_text(text + tail)
+    return path
+
+
+# plain run: validations at steps 0 (avg 30), 4 (avg 50) and 8 (avg 40, the final one)
+PLAIN = [
+    (0, val(0.5, 0.2, 0.1, 0.4, 0.3)),
+    (1, {"actor/grad_norm": 0.3}),
+    (2, {"actor/grad_norm": 0.2}),
+    (4, {"actor/grad_norm": 0.1, **val(0.7, 0.4, 0.3, 0.6, 0.5)}),
+    (8, {"actor/grad_norm": 0.1, **val(0.6, 0.3, 0.2, 0.5, 0.4)}),
+]
+# attempt 1 ran to step 6 (validation at 5: 90 everywhere) and crashed after its step-4 checkpoint;
+# attempt 2 resumed from step 4 (validation before training: 40), validated at 8 (55). Step 5's 90 is stale.
+ATTEMPT1 = [(0, val(0.1, 0.1, 0.1, 0.1, 0.1))] + [
+    (s, {"actor/grad_norm": float(s), **(val(0.9, 0.9, 0.9, 0.9, 0.9) if s == 5 else {})}) for s in range(1, 7)
+]
+ATTEMPT2 = [(4, val(0.4, 0.4, 0.4, 0.4, 0.4))] + [
+    (s, {"actor/grad_norm": 10.0 + s, **(val(0.55, 0.55, 0.55, 0.55, 0.55) if s == 8 else {})}) for s in range(5, 9)
+]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    plain = write_log(tmp_path / "plain" / "metrics.jsonl", PLAIN).parent
+    resumed = write_log(tmp_path / "resumed.jsonl", ATTEMPT1 + ATTEMPT2)
+    # the same two attempts as separate files: natural order puts run.2 before run.10
+    split = tmp_path / "split"
+    write_log(split / "run.2.jsonl", ATTEMPT1)
+    write_log(split / "run.10.jsonl", ATTEMPT2)
+    return {"plain": plain, "resumed": resumed, "split": split, "missing": tmp_path / "never-ran"}
+
+
+def read_csv(path: Path) -> dict[tuple[str, str], dict[str, str]]:
+    with open(path, newline="") as f:
+        return {(r["section"], r["method"]): r for r in csv.DictReader(f)}
+
+
+def test_resumed_run_supersedes_redone_steps_and_merges_the_resume_step(runs):
+    for path in (runs["resumed"], runs["split"]):
+        run = make_tables.read_run(path)
+        assert sorted(run) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+        assert run[5] == {"actor/grad_norm": 15.0}  # attempt 1's step 5 (with its validation) is gone
+        assert run[6] == {"actor/grad_norm": 16.0}
+        assert run[4] == {"actor/grad_norm": 4.0, **val(0.4, 0.4, 0.4, 0.4, 0.4)}  # merged at the resume step
+        step, scores, ks = make_tables.select_validation(run, "best")
+        assert (step, ks) == (8, {16}) and scores == pytest.approx(dict.fromkeys(BENCH, 55.0))
+
+
+def test_directory_reading_rules(tmp_path):
+    run = tmp_path / "run"
+    write_log(run / "metrics.jsonl", PLAIN)
+    write_log(run / "metrics.superseded-20260101T000000Z-1.jsonl", [(9, val(1, 1, 1, 1, 1))])
+    write_log(run / "other.jsonl", [(9, val(1, 1, 1, 1, 1))])
+    assert max(make_tables.read_run(run)) == 8  # metrics.jsonl wins; superseded lines are never read
+    (run / "metrics.jsonl").unlink()
+    assert [p.name for p in make_tables.log_files(run)] == ["other.jsonl"]
+    assert make_tables.read_run(tmp_path / "nothing") == {}
+
+
+def test_torn_last_line_is_skipped_and_a_broken_line_is_an_error(tmp_path):
+    torn = write_log(tmp_path / "torn.jsonl", PLAIN, tail='{"step": 9, "data": {"val-co')
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert max(make_tables.read_run(torn)) == 8
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0, "data": {}}\n{"step": "x", "data": {}}\n{"step": 2, "data": {}}\n')
+    with pytest.raises(make_tables.MetricsLogError, match=r"bad\.jsonl:2"):
+        make_tables.read_run(bad)
+    assert make_tables.main([str(bad), "--out", str(tmp_path / "o")]) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_finite_and_null_values_count_as_missing(tmp_path):
+    log = tmp_path / "nan.jsonl"
+    log.write_text(
+        '{"step": 3, "data": {"val-core/math500/acc/mean@16": NaN, "val-core/aime2024/acc/mean@16": null, '
+        '"val-core/aime2025/acc/mean@16": 0.25, "val-core/amc23/acc/mean@4": 0.5, "val-core/amc23/acc/mean@16": 0.75,'
+        ' "val-core/olympiadbench/acc/mean@16": 0.125, "val-core/other/acc/mean@16": 0.9}}\n'
+    )
+    step, scores, ks = make_tables.select_validation(make_tables.read_run(log), "final")
+    assert step == 3 and ks == {16}
+    assert scores == {"aime2025": 25.0, "amc23": 75.0, "olympiadbench": 12.5}  # largest k per benchmark
+    assert make_tables.average(scores) is None
+    assert make_tables.select_validation(make_tables.read_run(log), "best") is None
+
+
+def test_grpo_bn_table_by_hand(runs, tmp_path):
+    out = tmp_path / "results"
+    specs = [f"Qwen3-8B/GRPO={runs['plain']}", f"Qwen3-8B/EBPO={runs['resumed']}", f"Qwen3-14B/EBPO={runs['missing']}"]
+    assert make_tables.main([*specs, "--table", "grpo_bn", "--out", str(out)]) == 0
+    rows = read_csv(out / "grpo_bn.csv")
+    assert list(rows) == [
+        ("Qwen3-8B", "GRPO"),
+        ("Qwen3-8B", "GRPO+BN"),
+        ("Qwen3-8B", "EBPO"),
+        ("Qwen3-14B", "GRPO"),
+        ("Qwen3-14B", "GRPO+BN"),
+        ("Qwen3-14B", "EBPO"),
+    ]
+    grpo = rows["Qwen3-8B", "GRPO"]  # final validation (step 8): 60 30 20 50 40 -> 40.00; paper 58.72
+    assert [grpo[b] for b in BENCH] == ["60.00", "30.00", "20.00", "50.00", "40.00"]
+    assert (grpo["avg"], grpo["paper_avg"], grpo["diff_avg"], grpo["step"], grpo["k"]) == (
+        "40.00",
+        "58.72",
+        "-18.72",
+        "8",
+        "16",
+    )
+    ebpo = rows["Qwen3-8B", "EBPO"]  # 55 everywhere at step 8; paper 64.39
+    assert (ebpo["avg"], ebpo["diff_avg"], ebpo["step"]) == ("55.00", "-9.39", "8")
+    for key, why in [(("Qwen3-8B", "GRPO+BN"), "not run"), (("Qwen3-14B", "EBPO"), "no metrics log")]:
+        assert rows[key]["avg"] == "" and rows[key]["math500"] == "" and rows[key]["missing"] == why
+    assert rows["Qwen3-14B", "GRPO+BN"]["paper_avg"] == "59.98"
+    md = (out / "grpo_bn.md").read_text()
+    assert "| Qwen3-8B | GRPO | 60.00 | 30.00 | 20.00 | 50.00 | 40.00 | 40.00 | 58.72 | -18.72 | 8 |" in md
+    assert "| Qwen3-14B | EBPO |  |  |  |  |  |  | 61.75 |  |  |" in md
+    assert f"Qwen3-14B/EBPO (no metrics log: {runs['missing']})" in md
+
+    make_tables.main([*specs, "--table", "grpo_bn", "--out", str(out), "--select", "best"])
+    grpo = read_csv(out / "grpo_bn.csv")["Qwen3-8B", "GRPO"]  # best: step 4, avg 50 -> 50 - 58.72
+    assert (grpo["avg"], grpo["diff_avg"], grpo["step"]) == ("50.00", "-8.72", "4")
+
+
+def test_curriculum_contrast_and_paper_rows(runs, tmp_path):
+    out = tmp_path / "results"
+    make_tables.make_tables(
+        [f"Qwen3-8B-Base/EBPO-diff={runs['plain']}", f"Qwen3-8B-Base/GRPO-diff={runs['split']}"], out, "curriculum"
+    )
+    rows = read_csv(out / "curriculum.csv")
+    diff = rows["Qwen3-8B-Base", "EBPO-diff − GRPO-diff"]  # (60 30 20 50 40) - 55
+    assert [diff[b] for b in BENCH] == ["5.00", "-25.00", "-35.00", "-5.00", "-15.00"]
+    assert (diff["paper_aime2024"], diff["paper_aime2025"], diff["paper_math500"]) == ("3.95", "6.04", "")
+    md = (out / "curriculum.md").read_text()
+    assert "| Qwen3-8B-Base | EBPO-diff − GRPO-diff | +5.00 | -25.00 | -35.00 | -5.00 | -15.00 |" in md
+    assert "|  | EBPO-diff − GRPO-diff (paper) |  | +3.95 | +6.04 |  |  |" in md
+
+    make_tables.make_tables([f"Qwen3-8B/EBPO={runs['plain']}"], out, "main")
+    md = (out / "main.md").read_text()
+    assert "|  | EBPO (paper) | 76.80 | 56.04 | 47.92 | 86.25 | 54.93 |" in md
+    assert md.count("| Qwen3-8B |") == 9 and md.count("| LLaMA3.1-8B |") == 5
+
+
+def test_unlabelled_runs_and_label_errors(runs, tmp_path):
+    out = tmp_path / "adhoc"
+    make_tables.make_tables([str(runs["plain"]), str(runs["resumed"])], out)
+    rows = read_csv(out / "runs.csv")
+    assert list(rows) == [("runs", "plain"), ("runs", "resumed")]
+    assert rows["runs", "resumed"]["paper_avg"] == "" and rows["runs", "plain"]["avg"] == "40.00"
+    with pytest.raises(ValueError, match="two runs for the row"):
+        make_tables.make_tables([f"A/x={runs['plain']}", f"A/x={runs['resumed']}"], out)
+    with pytest.raises(ValueError, match="bad run label"):
+        make_tables.make_tables([f"A/={runs['plain']}"], out)
+
+
+def test_paper_numbers_match_the_shared_summary(shared_data):
+    """Transcription check against ../shared/PAPER.md (parsed here independently)."""
+    text = (shared_data.parent / "PAPER.md").read_text()
+    methods = ["GRPO", "Dr.GRPO", "DAPO", "EntropyMech", "EBPO"]
+    for model in ["Qwen3-8B", "Qwen3-14B", "LLaMA3.1-8B"]:
+        cells = re.search(rf"^\| {re.escape(model)} \|(.*)\|$", text, re.M).group(1).split("|")
+        assert [paper_numbers.PAPER["main"][model][m]["avg"] for m in methods] == [float(c) for c in cells]
+    for g in (8, 16, 32):
+        nums = re.search(rf"G={g}: (\d+\.\d+) / (\d+\.\d+) / (\d+\.\d+)", text).groups()
+        paper = paper_numbers.PAPER["group_size"][f"G={g}"]
+        assert [paper[m]["avg"] for m in ("EBPO", "GRPO", "DAPO")] == [float(x) for x in nums]
+    ebpo = paper_numbers.PAPER["main"]["Qwen3-8B"]["EBPO"]
+    assert math.isclose(sum(ebpo[b] for b in BENCH) / 5, ebpo["avg"], abs_tol=0.005)
+    assert list(paper_numbers.BENCHMARKS) == BENCH
+
+
+def test_plot_dynamics_writes_png_per_metric(runs, tmp_path):
+    ebpo = tmp_path / "ebpo.jsonl"
+    records = [
+        (
+            s,
+            {
+                "actor/grad_norm": 1.0 / s,
+                "actor/ppo_kl": 0.01,
+                "actor/entropy": 0.5,
+                "critic/score/mean": s / 10,
+                "response_length/mean": 900.0 + s,
+                "ebpo/shrinkage_mean": 0.3,
+                "ebpo/mu_glob": 0.4,
+                "ebpo/cluster/3/mu_glob": 0.1,
+            },
+        )
+        for s in range(1, 11)
+    ]
+    write_log(ebpo, records)
+    out = tmp_path / "plots"
+    paths = plot_dynamics.plot_dynamics(
+        [f"EBPO={ebpo}", f"GRPO={runs['resumed']}", f"gone={runs['missing']}"], out, window=2
+    )
+    names = sorted(p.name for p in paths)
+    assert names == sorted(
+        [
+            "actor_grad_norm.png",
+            "actor_ppo_kl.png",
+            "actor_entropy.png",
+            "critic_score_mean.png",
+            "response_length_mean.png",
+            "ebpo_mu_glob.png",
+            "ebpo_shrinkage_mean.png",
+            "dynamics.png",
+        ]
+    )
+    import matplotlib.image as mpimg
+
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+        height, width = mpimg.imread(path).shape[:2]
+        assert height > 100 and width > 100
+    # the resumed run's line uses the second attempt at steps 5..8
+    assert plot_dynamics.series(make_tables.read_run(runs["resumed"]), "actor/grad_norm") == (
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        [1.0, 2.0, 3.0, 4.0, 15.0, 16.0, 17.0, 18.0],
+    )
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot_dynamics.plot_dynamics([str(runs["missing"])], tmp_path / "none")
+
+
+def test_smoothing_by_hand():
+    assert plot_dynamics.smooth([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert plot_dynamics.smooth([3.0, 0.0, 6.0], 5) == [3.0, 1.5, 3.0]
+    assert plot_dynamics.smooth([2.0, 4.0], 1) == [2.0, 4.0]
+    run = {1: {"k": 1.0}, 2: {"k": None}, 3: {"k": float("nan")}, 4: {"k": True}, 5: {"k": 2}}
+    assert plot_dynamics.series(run, "k") == ([1, 5], [1.0, 2.0])
