@@ -304,3 +304,110 @@ def test_missing_data_is_prepared_in_order(tmp_path):
     log.unlink()  # everything is there now: straight to training
     subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
     assert log.read_text().splitlines() == ["-m ebpo_verl.main"]
+
+
+FAKE_TRAINER = r"""#!/usr/bin/env bash
+# Stands in for `python -m ebpo_verl.main`: records the call, writes a checkpoint and a metrics log.
+if [[ $1 != -m || $2 != ebpo_verl.main ]]; then exec "$REAL_PYTHON" "$@"; fi
+for a in "$@"; do
+  case $a in
+    trainer.experiment_name=*) name=${a#*=} ;;
+    trainer.metrics_log_path=*) mlog=${a#*=} ;;
+    trainer.default_local_dir=*) ckpt=${a#*=} ;;
+    trainer.val_only=True) eval=1 ;;
+    trainer.resume_from_path=*) from=${a#*=} ;;
+    actor_rollout_ref.model.path=*) model=${a#*=} ;;
+  esac
+done
+echo "$name ${eval:-0} $model" >> "$CALLS"
+[[ $name == "${FAIL_EXPERIMENT:-}" ]] && exit 1
+mkdir -p "$(dirname "$mlog")"
+if [[ -n ${eval:-} ]]; then
+  acc=0.5; [[ $name == *ebpo* ]] && acc=0.6
+  step=${from##*global_step_}
+  line=""
+  for b in math500 aime2024 aime2025 amc23 olympiadbench; do line+="\"val-core/$b/acc/mean@16\": $acc, "; done
+  echo "{\"step\": $step, \"data\": {${line%, }}}" >> "$mlog"
+else
+  mkdir -p "$ckpt/global_step_3/actor"
+  echo 3 > "$ckpt/latest_checkpointed_iteration.txt"
+  echo '{"step": 3, "data": {"actor/grad_norm": 0.1}}' >> "$mlog"
+fi
+"""
+
+
+def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path):
+    """table_curriculum.sh end to end with a stand-in trainer: runs in order, final-checkpoint evaluation,
+    .done markers (a second call runs nothing), a failed run leaves empty cells and a non-zero exit."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_TRAINER)
+    fake.chmod(0o755)
+
+    def drive(work: Path, **env: str) -> subprocess.CompletedProcess:
+        data = work / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
+            (data / f"{name}.parquet").touch()
+        return subprocess.run(
+            ["bash", str(RECIPE / "table_curriculum.sh")],
+            env=recipe_env(work, PYTHON=str(fake), REAL_PYTHON=sys.executable, CALLS=str(work / "calls"), **env),
+            capture_output=True,
+            text=True,
+        )
+
+    work = tmp_path / "ok"
+    result = drive(work)
+    assert result.returncode == 0, result.stderr
+    assert (work / "calls").read_text().splitlines() == [
+        "qwen3_8b_base-ebpo-g4-difficulty 0 Qwen/Qwen3-8B-Base",
+        "eval-qwen3_8b_base-ebpo-g4-difficulty 1 Qwen/Qwen3-8B-Base",
+        "qwen3_8b_base-grpo-g4-difficulty 0 Qwen/Qwen3-8B-Base",
+        "eval-qwen3_8b_base-grpo-g4-difficulty 1 Qwen/Qwen3-8B-Base",
+    ]
+    table = (work / "results" / "curriculum.md").read_text()
+    assert "| Qwen3-8B-Base | EBPO-diff | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 |  |  | 3 |" in table
+    assert "| Qwen3-8B-Base | EBPO-diff − GRPO-diff | +10.00 | +10.00 | +10.00 | +10.00 | +10.00 |" in table
+    (work / "calls").unlink()
+    assert drive(work).returncode == 0 and not (work / "calls").exists()  # all done: nothing re-runs
+
+    work = tmp_path / "failing"
+    result = drive(work, FAIL_EXPERIMENT="qwen3_8b_base-grpo-g4-difficulty")
+    assert result.returncode == 2 and "qwen3_8b_base-grpo-g4-difficulty (training)" in result.stderr
+    assert (
+        "| Qwen3-8B-Base | GRPO-diff |  |  |  |  |  |  |  |  |  |" in (work / "results" / "curriculum.md").read_text()
+    )
+    assert (work / "logs" / "qwen3_8b_base-ebpo-g4-difficulty" / ".done").exists()
+    assert not (work / "logs" / "qwen3_8b_base-grpo-g4-difficulty" / ".done").exists()
+
+
+def test_table_driver_lists_distinct_experiments_that_match_the_recipes(tmp_path):
+    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 2, "grpo_bn": 6}
+    for table, count in counts.items():
+        out = subprocess.run(
+            ["bash", str(RECIPE / f"table_{table}.sh"), "--list"],
+            env=recipe_env(tmp_path),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        rows = [line.split("\t") for line in out[1:]]
+        assert out[0].split("\t") == ["section", "method", "experiment", "metrics", "command"]
+        assert len(rows) == count, table
+        assert len({r[2] for r in rows}) == count and len({r[3] for r in rows}) == count
+        assert len({(r[0], r[1]) for r in rows}) == count
+        for _section, _method, experiment, metrics, command in rows:
+            assert metrics == f"{tmp_path}/logs/eval-{experiment}/metrics.jsonl"
+            # the listed command really trains that experiment under that name
+            words = command.split()
+            env = dict(w.split("=", 1) for w in words[:-2])
+            printed = overrides(Path(words[-1]).name, tmp_path, **env)
+            assert f"trainer.experiment_name={experiment}" in printed
+            assert f"actor_rollout_ref.rollout.n={env['GROUP_SIZE']}" in printed
+    main = subprocess.run(
+        ["bash", str(RECIPE / "table_main.sh"), "--list"],
+        env=recipe_env(tmp_path, V2_ROWS="1"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert len(main.splitlines()) == 1 + 19 and "Qwen3-8B\tREINFORCE++\tqwen3_8b-reinforce_pp-g4-topic" in main
