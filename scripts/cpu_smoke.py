@@ -1,0 +1,262 @@
+"""End-to-end smoke run of verl's real trainer on CPU: train, checkpoint, resume, and check the EB state.
+
+Builds a tiny Qwen3 and tokenizer locally, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts with
+``data_prep``, then runs ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic
+curriculum) on the CPU backend (``ebpo_verl.cpu_backend``) twice:
+
+* run A trains steps 1-3 with a checkpoint at step 2 (and at the last step);
+* run B resumes from A's ``global_step_2`` and runs step 3 again.
+
+It then asserts: ``ebpo/*`` metrics at every step; ``global_step_2/ebpo_state.json`` exists and B started from
+it; B's step-3 EB statistics and saved EB state equal A's; ``val-core/amc23/acc/mean@2`` is logged; each step
+trained on one topic block of the curriculum, in the curriculum's order, in both runs.
+
+A random 100k-parameter model never solves a MATH problem, so the math-verify reward would give all-zero
+groups and degenerate (trivially equal) EB statistics. The runs therefore score responses with
+:func:`coin_score`, a deterministic pseudo-reward (a hash bit of the response text) that gives mixed groups.
+
+Usage: ``python scripts/cpu_smoke.py [--work-dir DIR]`` (``bash scripts/cpu_smoke.sh`` wraps it in a timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+STEPS, SAVE_FREQ, BATCH, N, VAL_N, TOPICS = 3, 2, 4, 4, 2, 6
+EBPO_KEYS = (
+    "ebpo/shrinkage_mean",
+    "ebpo/shrinkage_min",
+    "ebpo/shrinkage_max",
+    "ebpo/mu_glob",
+    "ebpo/sigma2",
+    "ebpo/tau2",
+    "ebpo/prompts_seen",
+    "ebpo/frac_zero_var_groups",
+    "ebpo/frac_all_fail",
+    "ebpo/frac_all_pass",
+)
+VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
+
+
+def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
+    """Smoke-run reward: the low bit of sha256(response) -- deterministic, about half the responses pass."""
+    passed = hashlib.sha256(solution_str.encode("utf-8")).digest()[0] % 2 == 1
+    return {"score": float(passed), "acc": passed}
+
+
+def prepare(work: Path) -> dict[str, Path]:
+    """Tiny model + tokenizer, and the train/val parquet subsets, under ``work``."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from data_prep import amc23, math500
+    from data_prep.schema import write_parquet_atomic
+    from ebpo_verl.tiny import build_model, build_tokenizer
+
+    raw = work / "raw"
+    full_train = pq.read_table(math500.prepare(raw, local_path=SHARED_DATA / "math500.jsonl"))
+    full_val = pq.read_table(amc23.prepare(raw, local_path=SHARED_DATA / "amc23.jsonl"))
+
+    # 4 of the shortest problems of each of the 6 topics with the most short problems: aligned topic blocks
+    prompts = [p[0]["content"] for p in full_train.column("prompt").to_pylist()]
+    topics = [e["topic"] for e in full_train.column("extra_info").to_pylist()]
+    by_topic: dict[str, list[int]] = {}
+    for i in sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i)):
+        by_topic.setdefault(topics[i], []).append(i)
+    chosen = sorted(by_topic, key=lambda t: (-len(by_topic[t]), t))[:TOPICS]
+    rows = sorted(i for t in chosen for i in by_topic[t][:BATCH])
+    train = write_parquet_atomic(full_train.take(rows), work / "train.parquet")
+    val_len = pc.utf8_length(pc.list_flatten(full_val.column("prompt")).combine_chunks().field("content"))
+    val_rows = sorted(sorted(range(len(full_val)), key=lambda i: (val_len[i].as_py(), i))[:8])
+    val = write_parquet_atomic(full_val.take(val_rows), work / "val.parquet")
+
+    corpus = prompts + [p[0]["content"] for p in full_val.column("prompt").to_pylist()]
+    tokenizer = build_tokenizer(work / "model", corpus=corpus)
+    build_model(work / "model", tokenizer)
+    messages = pq.read_table(train).column("prompt").to_pylist() + pq.read_table(val).column("prompt").to_pylist()
+    longest = max(
+        len(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        for m in messages
+    )
+    return {"train": train, "val": val, "model": work / "model", "prompt_length": longest}
+
+
+def overrides(work: Path, files: dict, run: str, ray_tmp: str) -> list[str]:
+    """Hydra overrides of one run (``run`` names its checkpoint and dump folders)."""
+    backend = "ebpo_verl.cpu_backend"
+    prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
+    return [
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['val']}",
+        f"data.train_batch_size={BATCH}",
+        f"data.max_prompt_length={prompt_length}",
+        "data.max_response_length=16",
+        "data.shuffle=False",
+        "data.dataloader_num_workers=0",
+        "data.custom_cls.path=pkg://ebpo_verl.curriculum",
+        "data.custom_cls.name=CurriculumDataset",
+        "+data.curriculum.order=topic",
+        f"actor_rollout_ref.model.path={files['model']}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "algorithm.use_kl_in_reward=False",
+        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.val_kwargs.n={VAL_N}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        "reward.custom_reward_function.name=coin_score",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.logger=[console]",
+        "trainer.project_name=cpu_smoke",
+        f"trainer.experiment_name={run}",
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.save_freq={SAVE_FREQ}",
+        f"trainer.test_freq={STEPS}",
+        "trainer.val_before_train=False",
+        f"trainer.default_local_dir={work / f'ckpt_{run}'}",
+        f"trainer.rollout_data_dir={work / f'rollouts_{run}'}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "ray_kwargs.ray_init.num_cpus=8",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={backend}",
+    ]
+
+
+def train(work: Path, files: dict, run: str, extra: list[str], timeout: int) -> None:
+    """One ``python -m ebpo_verl.main`` run on its own local Ray instance; its output goes to ``work/<run>.log``."""
+    ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = {
+        **os.environ,
+        "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu_backend",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "RAY_DEDUP_LOGS": "0",
+    }
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "ebpo_verl.main", *overrides(work, files, run, ray_tmp), *extra]
+    log = work / f"{run}.log"
+    start = time.monotonic()
+    print(f"[cpu_smoke] run {run}: {log}", flush=True)
+    try:
+        with open(log, "w") as out:
+            proc = subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    if proc.returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-60:])
+        raise SystemExit(f"[cpu_smoke] run {run} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
+    print(f"[cpu_smoke] run {run} done in {time.monotonic() - start:.0f}s", flush=True)
+
+
+def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
+    """Rows of the training parquet used at ``step`` (from verl's rollout dump), sorted, one per prompt group."""
+    import pyarrow.parquet as pq
+
+    problems = [p[0]["content"] for p in pq.read_table(train_file).column("prompt").to_pylist()]
+    dump = work / f"rollouts_{run}" / f"{step}.jsonl"
+    inputs = [json.loads(line)["input"] for line in dump.read_text().splitlines()]
+    rows = []
+    for text in inputs:
+        hits = [i for i, p in enumerate(problems) if p in text]
+        if len(hits) != 1:
+            raise AssertionError(f"{dump}: a rollout input matches {len(hits)} training rows: {text[:200]!r}")
+        rows.append(hits[0])
+    if len(rows) != BATCH * N or any(rows.count(r) != N for r in rows):
+        raise AssertionError(f"{dump}: expected {BATCH} prompts x {N} samples, got rows {rows}")
+    return sorted(set(rows))
+
+
+def check(work: Path, files: dict) -> None:
+    """All acceptance assertions; raises AssertionError naming the first failure."""
+    import pyarrow.parquet as pq
+
+    from ebpo_verl.metrics_log import read_metrics_log
+
+    a = read_metrics_log(work / "ckpt_a" / "metrics.jsonl")
+    b = read_metrics_log(work / "ckpt_b" / "metrics.jsonl")
+    assert sorted(a) == [1, 2, 3], f"run A logged steps {sorted(a)}, expected [1, 2, 3]"
+    assert sorted(b) == [3], f"resumed run B logged steps {sorted(b)}, expected [3]"
+    for run, metrics in (("A", a), ("B", b)):
+        for step, data in metrics.items():
+            missing = [k for k in EBPO_KEYS if k not in data]
+            assert not missing, f"run {run} step {step}: ebpo metrics missing: {missing}"
+            assert "actor/grad_norm" in data, f"run {run} step {step}: no actor/grad_norm (did the actor train?)"
+        assert VAL_KEY in metrics[3], f"run {run}: {VAL_KEY} not logged at step 3: {sorted(metrics[3])}"
+
+    # the prompt groups are mixed, so the EB statistics are not trivially equal
+    assert 0 < a[3]["critic/score/mean"] < 1, f"degenerate step-3 rewards: {a[3]['critic/score/mean']}"
+
+    state2 = work / "ckpt_a" / "global_step_2" / "ebpo_state.json"
+    assert state2.is_file(), f"{state2} missing"
+    saved = json.loads(state2.read_text())
+    assert saved["global_step"] == 2, f"{state2}: global_step {saved['global_step']}"
+    # B started from exactly A's step-2 state: its step 3 saw A's step-2 prompts plus one batch
+    assert a[2]["ebpo/prompts_seen"] == 2 * BATCH, f"A saw {a[2]['ebpo/prompts_seen']} prompts by step 2"
+    assert b[3]["ebpo/prompts_seen"] == a[2]["ebpo/prompts_seen"] + BATCH, "B did not start from the step-2 state"
+    for key in sorted(k for k in a[3] if k.startswith("ebpo/")):
+        assert key in b[3], f"run B step 3: {key} missing"
+        assert a[3][key] == b[3][key] or math.isclose(a[3][key], b[3][key], rel_tol=1e-12, abs_tol=1e-15), (
+            f"step-3 {key}: uninterrupted {a[3][key]!r} != resumed {b[3][key]!r}"
+        )
+    state_a = json.loads((work / "ckpt_a" / "global_step_3" / "ebpo_state.json").read_text())["state"]
+    state_b = json.loads((work / "ckpt_b" / "global_step_3" / "ebpo_state.json").read_text())["state"]
+    assert state_a == state_b, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
+
+    # curriculum: each step is one topic block, blocks never repeat, and the resumed step 3 is A's step 3
+    topics = [e["topic"] for e in pq.read_table(files["train"]).column("extra_info").to_pylist()]
+    seen = [step_rows(work, "a", s, files["train"]) for s in (1, 2, 3)]
+    block_topics = []
+    for step, rows in enumerate(seen, start=1):
+        step_topics = {topics[r] for r in rows}
+        assert len(step_topics) == 1, f"run A step {step} mixes topics {sorted(step_topics)} (rows {rows})"
+        block_topics.append(step_topics.pop())
+    assert len(set(block_topics)) == STEPS, f"run A repeated a topic block: {block_topics}"
+    resumed = step_rows(work, "b", 3, files["train"])
+    assert resumed == seen[2], f"resumed step 3 trained on rows {resumed}, uninterrupted on {seen[2]}"
+    print(f"[cpu_smoke] OK: topic blocks {block_topics}; step-3 ebpo/* equal across resume; {VAL_KEY} logged")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
+    parser.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per training run")
+    args = parser.parse_args(argv)
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="ebpo-cpu-smoke-"))).resolve()
+    if work.exists() and any(work.iterdir()):
+        raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
+    work.mkdir(parents=True, exist_ok=True)
+    files = prepare(work)
+    train(work, files, "a", [], args.run_timeout)
+    resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
+    train(work, files, "b", resume, args.run_timeout)
+    check(work, files)
+
+
+if __name__ == "__main__":
+    main()
