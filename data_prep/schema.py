@@ -288,3 +288,35 @@ def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) 
         skip_invalid=args.skip_invalid,
         revision=args.revision,
     )
+
+
+def bare_problem(content: str) -> str:
+    """The problem inside a prompt written with either template (or none)."""
+    text = strip_dapo_wrapper(content)
+    return text[: -len(BOXED_SUFFIX.strip())].strip() if text.endswith(BOXED_SUFFIX.strip()) else text
+
+
+def read_prepared(path: str | Path) -> pa.Table:
+    """A parquet written by a preparer (checked for the verl columns)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m data_prep.<name>)")
+    table = pq.read_table(path)
+    missing = [c for c in SCHEMA.names if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}; expected a file written by data_prep")
+    return table
+
+
+def with_extra_info(table: pa.Table, updates: list[dict[str, Any]], new_fields: dict[str, pa.DataType]) -> pa.Table:
+    """``table`` with ``extra_info`` of row i updated by ``updates[i]``; ``new_fields`` are added to the struct."""
+    if len(updates) != table.num_rows:
+        raise ValueError(f"{len(updates)} updates for {table.num_rows} rows")
+    info_type = table.schema.field("extra_info").type
+    fields = [info_type.field(i) for i in range(info_type.num_fields)]
+    fields += [pa.field(n, t) for n, t in new_fields.items() if info_type.get_field_index(n) < 0]
+    schema = table.schema.set(table.schema.get_field_index("extra_info"), pa.field("extra_info", pa.struct(fields)))
+    rows = table.to_pylist()
+    for row, upd in zip(rows, updates, strict=True):
+        row["extra_info"] = {**row["extra_info"], **upd}
+    return pa.Table.from_pylist(rows, schema=schema)
