@@ -377,7 +377,16 @@ def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path):
         "| Qwen3-8B-Base | GRPO-diff |  |  |  |  |  |  |  |  |  |" in (work / "results" / "curriculum.md").read_text()
     )
     assert (work / "logs" / "qwen3_8b_base-ebpo-g4-difficulty" / ".done").exists()
+    assert (work / "logs" / "eval-qwen3_8b_base-ebpo-g4-difficulty" / ".done").exists()
     assert not (work / "logs" / "qwen3_8b_base-grpo-g4-difficulty" / ".done").exists()
+
+    work = tmp_path / "failing-eval"  # a failed evaluation is retried on the next call, the training is not
+    result = drive(work, FAIL_EXPERIMENT="eval-qwen3_8b_base-grpo-g4-difficulty")
+    assert result.returncode == 2 and "qwen3_8b_base-grpo-g4-difficulty (evaluation)" in result.stderr
+    (work / "calls").unlink()
+    assert drive(work).returncode == 0
+    assert (work / "calls").read_text().splitlines() == ["eval-qwen3_8b_base-grpo-g4-difficulty 1 Qwen/Qwen3-8B-Base"]
+    assert "| GRPO-diff | 50.00 |" in (work / "results" / "curriculum.md").read_text()
 
 
 def test_table_driver_lists_distinct_experiments_that_match_the_recipes(tmp_path):

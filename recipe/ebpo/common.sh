@@ -14,6 +14,7 @@
 #   MODEL_PATH    HF id or local path of the policy                       (default: set by the model script)
 #   WORK_DIR      root of everything below                                                default ./ebpo_runs
 #   DATA_DIR      prepared parquet files (data_prep writes them here when missing)      default WORK_DIR/data
+#   DATA_LOCAL_DIR  if set, data_prep.all reads the datasets from files there instead of the hub
 #   TRAIN_FILE    training parquet                         default: derived from DATA_DIR, ORDER and TOPICS
 #   CKPT_DIR      checkpoints go to CKPT_DIR/EXPERIMENT                                 default WORK_DIR/ckpt
 #   LOG_DIR       metrics go to LOG_DIR/EXPERIMENT/metrics.jsonl (append-only across resumes)
@@ -26,6 +27,8 @@
 #   TEST_FREQ, SAVE_FREQ  validation / checkpoint period in steps                        default 10 and 10
 #   VAL_N         samples per validation problem (Pass@1 = mean@VAL_N)                            default 16
 #   PYTHON        interpreter with ebpo-verl installed                                        default python3
+#   LOGGERS       trainer.logger, e.g. [console,wandb]; the tables read the append-only metrics log
+#                 (trainer.metrics_log_path), written whatever the loggers                  default [console]
 #
 # Modes: DRY_RUN=1 prints the composed config (`python -m ebpo_verl.main --cfg job`) and exits without
 # Ray, GPUs or data preparation; PRINT_OVERRIDES=1 prints the Hydra overrides, one per line, and exits;
@@ -47,6 +50,7 @@ TEST_FREQ=${TEST_FREQ:-10}
 SAVE_FREQ=${SAVE_FREQ:-10}
 VAL_N=${VAL_N:-16}
 PYTHON=${PYTHON:-python3}
+LOGGERS=${LOGGERS:-[console]}
 if [[ $ORDER == difficulty ]]; then TOTAL_EPOCHS=${TOTAL_EPOCHS:-1}; else TOTAL_EPOCHS=${TOTAL_EPOCHS:-3}; fi
 TOTAL_STEPS=${TOTAL_STEPS:-}
 
@@ -160,7 +164,9 @@ ebpo_step() {
 ebpo_prepare_data() {
   local train=$1 name missing=0
   for name in "${PREP_SETS[@]}"; do [[ -f $DATA_DIR/$name.parquet ]] || missing=1; done
-  ((missing)) && ebpo_step "$PYTHON" -m data_prep.all --out-dir "$DATA_DIR"
+  if ((missing)); then
+    ebpo_step "$PYTHON" -m data_prep.all --out-dir "$DATA_DIR" ${DATA_LOCAL_DIR:+--local-dir "$DATA_LOCAL_DIR"}
+  fi
   if [[ ! -f $train && -z ${TRAIN_FILE:-} ]]; then
     case $ORDER in
       topic) ebpo_step "$PYTHON" -m data_prep.label_topics --in "$DATA_DIR/dapo_math.parquet" --out "$train" \
@@ -189,7 +195,7 @@ ebpo_common_overrides() {
     "$rollout.name=vllm" "$rollout.n=$GROUP_SIZE" "$rollout.temperature=1.0" "$rollout.top_p=1.0"
     "$rollout.val_kwargs.n=$VAL_N" "$rollout.val_kwargs.temperature=1.0" "$rollout.val_kwargs.top_p=1.0"
     "$rollout.val_kwargs.do_sample=True"
-    "trainer.logger=[console,file]" "trainer.project_name=$PROJECT" "trainer.experiment_name=$EXPERIMENT"
+    "trainer.logger=$LOGGERS" "trainer.project_name=$PROJECT" "trainer.experiment_name=$EXPERIMENT"
     "trainer.nnodes=$NNODES" "trainer.n_gpus_per_node=$GPUS_PER_NODE"
     "trainer.default_local_dir=$CKPT_DIR/$EXPERIMENT"
     "trainer.metrics_log_path=$LOG_DIR/$EXPERIMENT/metrics.jsonl"
@@ -266,8 +272,9 @@ ebpo_main() {
 #   SELECT        final (default) | best: which validation of a run the table reports
 #   RESULTS_DIR   where the tables go                                            default WORK_DIR/results
 # `table_X.sh --list` prints the experiments (section, method, experiment, metrics file, command) and
-# exits; other arguments are Hydra overrides for every run. A finished experiment (LOG_DIR/<name>/.done)
-# is not run again, so drivers share runs (e.g. the EBPO rows of the main and ordering tables).
+# exits; other arguments are Hydra overrides for every run. A finished training run (LOG_DIR/<name>/.done)
+# or evaluation (LOG_DIR/eval-<name>/.done) is not run again, so drivers share runs (e.g. the EBPO rows of
+# the main and ordering tables) and can be restarted after a failure.
 
 EXP_SECTIONS=()
 EXP_METHODS=()
@@ -314,22 +321,24 @@ ebpo_drive() {
   for i in "${!EXP_NAMES[@]}"; do
     name=${EXP_NAMES[i]}
     specs+=("${EXP_SECTIONS[i]}/${EXP_METHODS[i]}=$(ebpo_metrics_dir "$name")")
-    if [[ -f $LOG_DIR/$name/.done ]]; then
-      echo "== $name: done before, skipped" >&2
-      continue
-    fi
     read -ra env_words <<<"${EXP_ENVS[i]}"
-    echo "== $name: ${EXP_ENVS[i]}" >&2
-    if ! env "${env_words[@]}" EXPERIMENT="$name" bash "$EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh" "$@"; then
-      failed+=("$name (training)")
-      continue
+    if [[ -f $LOG_DIR/$name/.done ]]; then
+      echo "== $name: trained before, not run again" >&2
+    else
+      echo "== $name: ${EXP_ENVS[i]}" >&2
+      if ! env "${env_words[@]}" EXPERIMENT="$name" bash "$EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh" "$@"; then
+        failed+=("$name (training)")
+        continue
+      fi
+      touch "$LOG_DIR/$name/.done"
     fi
-    if [[ ${FINAL_EVAL:-1} == 1 ]] &&
-      ! env "${env_words[@]}" EXPERIMENT="eval-$name" bash "$EBPO_RECIPE_DIR/eval.sh" "$CKPT_DIR/$name"; then
-      failed+=("$name (evaluation)")
-      continue
+    if [[ ${FINAL_EVAL:-1} == 1 && ! -f $LOG_DIR/eval-$name/.done ]]; then
+      if ! env "${env_words[@]}" EXPERIMENT="eval-$name" bash "$EBPO_RECIPE_DIR/eval.sh" "$CKPT_DIR/$name"; then
+        failed+=("$name (evaluation)")
+        continue
+      fi
+      touch "$LOG_DIR/eval-$name/.done"
     fi
-    touch "$LOG_DIR/$name/.done"
   done
   "$PYTHON" "$EBPO_RECIPE_DIR/../../scripts/make_tables.py" --table "$table" --select "${SELECT:-final}" \
     --out "$results" "${specs[@]}"
