@@ -1,0 +1,203 @@
+"""The EBPO trainer: cluster labels from real data reaching the estimator, the advantage step through
+TransferQueue, the training-data label check, and the ``ebpo`` registration inside the TaskRunner actor."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from verl.protocol import DataProto
+
+import ebpo_verl
+from data_prep import dapo_math, math500
+from ebpo_verl.trainer import cluster_labels, compute_ebpo_advantage, ebpo_trainer_cls
+from ebpo_verl.validation import EBPOConfigError, check_cluster_labels
+
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+GROUP = 4
+
+
+def _config(*overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose("ebpo_trainer", overrides=[f"actor_rollout_ref.rollout.n={GROUP}", *overrides])
+
+
+def _trainer_on(parquet: Path, tokenizer, *overrides: str):
+    config = _config(
+        f"data.train_files={parquet}",
+        f"data.val_files={parquet}",
+        "data.train_batch_size=16",
+        "data.dataloader_num_workers=0",
+        *overrides,
+    )
+    trainer = ebpo_trainer_cls("sync")(config)
+    trainer.tokenizer, trainer.processor = tokenizer, None
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def math500_parquet(shared_data, tmp_path_factory) -> Path:
+    return math500.prepare(tmp_path_factory.mktemp("data"), local_path=shared_data / "math500.jsonl")
+
+
+def test_trainer_cluster_labels_skip_padding_and_name_unlabelled_rows():
+    infos = [{"topic": "algebra"}, {"topic": "geometry"}, {"topic": "algebra"}, {"index": 3}]
+    labels = cluster_labels(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic")
+    assert labels.tolist() == ["algebra", "geometry", None]
+    assert cluster_labels(infos[:2], ["u1", "u2"], [False, True], "topic").tolist() == ["algebra", None]
+    with pytest.raises(EBPOConfigError, match=r"uid u4 has no extra_info\['topic'\].*keys: \['index'\]"):
+        cluster_labels(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic")
+
+
+def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, shared_data, tiny_tokenizer):
+    """A batch of the real MATH-500 parquet through verl's dataset/dataloader; expected clusters from the source."""
+    trainer = _trainer_on(
+        math500_parquet,
+        tiny_tokenizer,
+        "algorithm.ebpo.cluster_key=topic",
+        "algorithm.ebpo.min_cluster_prompts=0",
+        "algorithm.ebpo.shrinkage=1.0",
+        "algorithm.ebpo.norm=none",
+    )
+    trainer._init_dataloader()  # includes the label check on the whole training set
+    batch = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+    batch.non_tensor_batch["uid"] = np.array([f"q{i}" for i in range(len(batch))], dtype=object)
+    batch = batch.repeat(GROUP, interleave=True)
+    n = len(batch)
+    rewards = torch.tensor([float((i * 7) % 3 == 0) for i in range(n)])
+    lengths = torch.tensor([1 + (i % 5) for i in range(n)])
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).float()
+    token_rewards = torch.zeros(n, 6)
+    token_rewards[torch.arange(n), lengths - 1] = rewards
+    uids = batch.non_tensor_batch["uid"]
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": token_rewards, "response_mask": mask}, non_tensors={"uid": uids}
+    )
+    labels = cluster_labels(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic")
+
+    ebpo_verl.get_state().reset()
+    diagnostics = compute_ebpo_advantage(data, trainer.config.algorithm, labels)
+
+    source = [json.loads(line) for line in (shared_data / "math500.jsonl").read_text().splitlines()]
+    subject = np.array([source[info["index"]]["subject"] for info in batch.non_tensor_batch["extra_info"]])
+    assert len(set(subject)) >= 2
+    for name in set(subject):
+        in_cluster = torch.from_numpy(subject == name)
+        mean = rewards[in_cluster].double().mean().item()
+        assert diagnostics[f"ebpo/cluster/{name}/mu_glob"] == pytest.approx(mean, abs=1e-12)
+        # shrinkage 1, no normalisation: A_i = r_i - (mean reward of the prompt's subject), on every response token
+        expected = (rewards[in_cluster] - mean)[:, None] * mask[in_cluster]
+        torch.testing.assert_close(data.batch["advantages"][in_cluster], expected, atol=1e-6, rtol=0)
+    assert diagnostics["ebpo/prompts_seen"] == n / GROUP
+
+
+def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, shared_data, tiny_tokenizer, tmp_path):
+    wrong_key = _trainer_on(math500_parquet, tiny_tokenizer, "algorithm.ebpo.cluster_key=subject")
+    with pytest.raises(EBPOConfigError) as err:
+        wrong_key._init_dataloader()
+    assert "cluster_key='subject' is not a key of extra_info" in str(err.value)
+    assert "['difficulty', 'index', 'source_id', 'split', 'topic']" in str(err.value)
+    assert str(math500_parquet) in str(err.value)
+
+    dapo = dapo_math.prepare(tmp_path, local_path=shared_data / "dapo_math_sample.jsonl")  # no topics
+    unlabelled = _trainer_on(dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
+    with pytest.raises(EBPOConfigError, match=r"extra_info\['topic'\] is missing or null in 44 of 44 training rows"):
+        unlabelled._init_dataloader()
+
+    with pytest.raises(EBPOConfigError, match=r"in 1 of 3 training rows .* first rows: \[1\]"):
+        check_cluster_labels([{"topic": "a"}, None, {"topic": "b"}], "topic", "x.parquet")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
+    from ebpo_verl.trainer import EBPOTaskRunner
+
+    def probe(_runner):
+        from verl.trainer.ppo import core_algos
+
+        return os.getpid(), core_algos.get_adv_estimator_fn("ebpo").__module__
+
+    runner = EBPOTaskRunner.remote()
+    ray_local.get(runner.preflight.remote(_config()))
+    pid, module = ray_local.get(runner.__ray_call__.remote(probe))
+    assert pid != os.getpid() and module == "ebpo_verl.verl_adapter"
+    with pytest.raises(EBPOConfigError, match="rollout.n=1 but algorithm.ebpo.shrinkage=auto"):
+        ray_local.get(runner.preflight.remote(_config("actor_rollout_ref.rollout.n=1")))
+
+
+def test_trainer_advantage_step_through_transfer_queue(ray_local):
+    """verl's v1 flow: rows in TransferQueue (as the agent loop writes them) -> _compute_advantage -> advantages."""
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from transfer_queue import KVBatchMeta
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    try:
+        config = _config(
+            "algorithm.ebpo.cluster_key=topic",
+            "algorithm.ebpo.min_cluster_prompts=0",
+            "algorithm.ebpo.shrinkage=1.0",
+            "algorithm.ebpo.norm=none",
+        )
+        trainer = ebpo_trainer_cls("sync")(config)
+        topics = {"p0": "algebra", "p1": "geometry", "p2": "algebra"}
+        scores = {"p0": [1, 1, 0, 1], "p1": [0, 0, 1, 0], "p2": [0, 1, 0, 0]}
+        keys, rows, tags = [], [], []
+        for uid, topic in topics.items():
+            for session, score in enumerate(scores[uid]):
+                length = 2 + session
+                keys.append(f"{uid}_{session}_0")
+                rows.append(
+                    {
+                        "uid": uid,
+                        "response_mask": torch.ones(length, dtype=torch.int64),
+                        "rm_scores": torch.tensor([0.0] * (length - 1) + [float(score)]),
+                        "extra_info": {"topic": topic, "index": int(uid[1])},
+                    }
+                )
+                tags.append({"status": "success"})
+        keys.append("padfeed_0_0")  # verl's padding row: copies a real row's fields, zero mask and reward
+        rows.append({**rows[4], "uid": "padfeed", "response_mask": torch.zeros(1, dtype=torch.int64)})
+        rows[-1]["rm_scores"] = torch.zeros(1)
+        tags.append({"status": "success", "is_padding": True})
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=tags)
+
+        metrics: dict = {}
+        ebpo_verl.get_state().reset()
+        trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
+        out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "returns"])
+        advantages, returns = out["advantages"].unbind(), out["returns"].unbind()
+        tq.kv_clear(keys=keys, partition_id="train")
+    finally:
+        tq.close()
+
+    algebra = np.mean(scores["p0"] + scores["p2"])  # 4/8
+    geometry = np.mean(scores["p1"])  # 1/4
+    row = 0
+    for uid, topic in topics.items():
+        for session, score in enumerate(scores[uid]):
+            expected = score - (algebra if topic == "algebra" else geometry)
+            assert advantages[row].tolist() == pytest.approx([expected] * (2 + session), abs=1e-6)
+            row += 1
+    assert advantages[row].tolist() == [0.0]  # padding row
+    assert metrics["ebpo/cluster/algebra/mu_glob"] == pytest.approx(0.5)
+    assert metrics["ebpo/cluster/geometry/mu_glob"] == pytest.approx(0.25)
+    assert metrics["ebpo/prompts_seen"] == 3 and metrics["ebpo/responses_seen"] == 12
+    expected_keys = {"shrinkage_mean", "shrinkage_min", "shrinkage_max", "mu_glob", "sigma2", "tau2", "prompts_seen"}
+    expected_keys |= {"frac_zero_var_groups", "frac_all_fail", "frac_all_pass"}
+    assert {f"ebpo/{k}" for k in expected_keys} <= set(metrics)
+    for adv, ret in zip(advantages, returns, strict=True):
+        torch.testing.assert_close(ret, adv)
