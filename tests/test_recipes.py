@@ -220,6 +220,20 @@ def test_bad_switches_fail_with_a_message(tmp_path):
             text=True,
         )
         assert result.returncode == 2 and words in result.stderr
+    cases = [
+        ({"TOPICS": "file"}, "TOPICS=file needs TRAIN_FILE"),
+        ({"DATA_DIR": "/data/it's"}, "single quote"),
+    ]
+    for env, words in cases:
+        result = subprocess.run(
+            ["bash", str(RECIPE / "run_qwen3_8b.sh")],
+            env=recipe_env(tmp_path, PRINT_OVERRIDES="1", **env),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+    own = overrides("run_qwen3_8b.sh", tmp_path, TOPICS="file", TRAIN_FILE="/d/gpt_topics.parquet")
+    assert "data.train_files=['/d/gpt_topics.parquet']" in own and "++data.curriculum.order=topic" in own
     result = subprocess.run(
         ["bash", str(RECIPE / "eval.sh"), str(tmp_path)], env=recipe_env(tmp_path), text=True, capture_output=True
     )
