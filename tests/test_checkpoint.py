@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +241,44 @@ def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
     restarted.logger.finish()
     assert [json.loads(line)["step"] for line in verl_file.read_text().splitlines()] == [2]
     assert read_metrics_log(tmp_path / "m.jsonl") == {1: {"ebpo/shrinkage_mean": 0.4}, 2: {"ebpo/shrinkage_mean": 0.5}}
+
+
+def test_checkpoint_curriculum_position_round_trips(tmp_path, shared_data, tiny_tokenizer):
+    """The curriculum dataset's position goes through the trainer's data.pt like verl's sampler position."""
+    from data_prep import math500
+
+    train = math500.prepare(tmp_path / "data", local_path=shared_data / "math500.jsonl")
+    val = shutil.copy(train, tmp_path / "val.parquet")
+    config = _config(
+        tmp_path,
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        "data.train_batch_size=8",
+        "data.dataloader_num_workers=0",
+        "data.shuffle=false",
+        "data.custom_cls.path=pkg://ebpo_verl.curriculum",
+        "data.custom_cls.name=CurriculumDataset",
+        "+data.curriculum.order=topic",
+        "+data.curriculum.seed=3",
+    )
+
+    def trainer():
+        made = ebpo_trainer_cls("sync")(config)
+        made.tokenizer, made.processor = tiny_tokenizer, None
+        made.actor_rollout_wg = _ActorGroupStandIn()
+        made._init_dataloader()
+        return made
+
+    def batches(made, count: int) -> list[list[int]]:
+        stream = iter(made.train_dataloader)
+        return [[info["index"] for info in next(stream)["extra_info"]] for _ in range(count)]
+
+    uninterrupted = batches(trainer(), 6)
+    assert uninterrupted[0] != list(range(8))  # topic order, not file order
+    first = trainer()
+    assert batches(first, 3) == uninterrupted[:3]
+    first.global_steps = 3
+    first._save_checkpoint()
+    resumed = trainer()
+    resumed._load_checkpoint()
+    assert batches(resumed, 3) == uninterrupted[3:]

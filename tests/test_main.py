@@ -114,3 +114,15 @@ def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
     assert bad.returncode == 2
     assert "ebpo-train: error: actor_rollout_ref.rollout.n=1" in bad.stderr
     assert "ray" not in (bad.stdout + bad.stderr).lower()
+
+
+def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
+    from verl.trainer.ppo import core_algos
+
+    from ebpo_verl.validation import check_registered
+
+    check_registered()
+    monkeypatch.setattr(ebpo_verl, "register", lambda: None)  # as if verl's plugin loader had failed silently
+    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
+    with pytest.raises(EBPOConfigError, match=r"'ebpo' is not registered in the TaskRunner process \(pid \d+"):
+        check_registered()
