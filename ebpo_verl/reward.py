@@ -43,6 +43,10 @@ MAX_WORKERS = int(os.environ.get("EBPO_REWARD_WORKERS", str(min(8, os.cpu_count(
 _ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
 _BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\\boxed\s+([^\s{}$][^\s{}$]*)|\{|\}")
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+_FRAC_TWO_RE = re.compile(r"\\([dt]?frac)\s*([0-9a-zA-Z])\s*([0-9a-zA-Z])")
+_FRAC_ONE_RE = re.compile(r"\\([dt]?frac)\s*([0-9a-zA-Z])\s*\{")
+_FRAC_SECOND_RE = re.compile(r"\\([dt]?frac)\s*(\{[^{}]*\})\s*([0-9a-zA-Z])")
+_SQRT_RE = re.compile(r"\\sqrt\s*([0-9a-zA-Z])")
 _INT_RE = re.compile(r"^[+-]?\d{1,50}$")
 _PERCENT_RE = re.compile(r"\s*\\?%\s*$")
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{([^{}]*)\}")
@@ -99,6 +103,14 @@ def extract_answer(solution_str: str) -> str | None:
             return clean_answer(boxed if boxed is not None else line)
     boxed = last_boxed(solution_str)
     return None if boxed is None else clean_answer(boxed)
+
+
+def _fix_braceless(s: str) -> str:
+    """``\\frac12``, ``\\dfrac1{2}``, ``\\frac{1}2``, ``\\sqrt2`` -> braced forms (latex2sympy needs braces)."""
+    s = _FRAC_TWO_RE.sub(r"\\\1{\2}{\3}", s)
+    s = _FRAC_ONE_RE.sub(r"\\\1{\2}{", s)
+    s = _FRAC_SECOND_RE.sub(r"\\\1\2{\3}", s)
+    return _SQRT_RE.sub(r"\\sqrt{\1}", s)
 
 
 def _plain(s: str) -> str:
@@ -281,6 +293,7 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
         return False
     if _INT_RE.match(gold) and _INT_RE.match(pred):  # fast path: two integer literals ("025" == "25")
         return int(gold) == int(pred)
+    gold, pred = _fix_braceless(gold), _fix_braceless(pred)
     with _CACHE_LOCK:
         if (gold, pred) in _VERDICTS:
             _VERDICTS.move_to_end((gold, pred))

@@ -77,6 +77,9 @@ def test_last_boxed_handles_deep_nesting_linearly():
         ("\\text{Evelyn}", "Evelyn"),
         ("x^2+2x+1", "(x+1)^2"),
         ("2\\sqrt{2}", "\\sqrt{8}"),
+        ("\\frac{1}{2}", "\\dfrac12"),
+        ("\\frac{3}{4}", "\\frac3{4}"),
+        ("3\\sqrt{2}", "3\\sqrt2"),
     ],
 )
 def test_equivalent_answers_score_one(gold, pred):

@@ -1,0 +1,170 @@
+"""Topic labels (MiniLM embeddings, UMAP, k-means) and pass-rate difficulty (merge, grading, buckets)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from data_prep import estimate_pass_rate as epr
+from data_prep import label_topics as lt
+from data_prep import math500
+
+
+@pytest.fixture(scope="module")
+def small_parquet(shared_data, tmp_path_factory):
+    """The first 40 MATH-500 rows, prepared (boxed template, to check that it is stripped before embedding)."""
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("labels")
+    full = math500.prepare(d, local_path=shared_data / "math500.jsonl", template="boxed")
+    path = d / "small.parquet"
+    pq.write_table(pq.read_table(full).slice(0, 40), path)
+    return path
+
+
+def _blobs(seed: int = 0, per: int = 20, dim: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Three well-separated Gaussian blobs on the unit sphere (known truth)."""
+    rng = np.random.default_rng(seed)
+    centres = np.eye(dim)[:3] * 5
+    x = np.vstack([c + rng.normal(scale=0.3, size=(per, dim)) for c in centres])
+    return x / np.linalg.norm(x, axis=1, keepdims=True), np.repeat(np.arange(3), per)
+
+
+@pytest.mark.parametrize("use_umap", [False, True])
+def test_cluster_recovers_known_groups_deterministically(use_umap):
+    from sklearn.metrics import adjusted_rand_score
+
+    x, truth = _blobs()
+    a = lt.cluster(x, k=3, seed=42, use_umap=use_umap)
+    b = lt.cluster(x, k=3, seed=42, use_umap=use_umap)
+    assert np.array_equal(a, b)
+    assert adjusted_rand_score(truth, a) == 1.0
+
+
+def test_cluster_rejects_bad_k():
+    x, _ = _blobs()
+    with pytest.raises(ValueError, match="--k 0 must be between 1"):
+        lt.cluster(x, k=0, seed=0, use_umap=False)
+    with pytest.raises(ValueError, match="UMAP needs more than"):
+        lt.cluster(x[:4], k=2, seed=0, use_umap=True)
+
+
+def test_embeddings_offline_and_semantic():
+    texts = [
+        "What is the area of a triangle with base 6 and height 4?",
+        "Find the area of a triangle whose base is 6 and whose height is 4.",
+        "How many ways can 5 distinct books be arranged on a shelf?",
+    ]
+    e = lt.embed(texts)
+    assert e.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    assert e[0] @ e[1] > e[0] @ e[2] + 0.2  # paraphrase far closer than an unrelated problem
+
+
+def test_label_topics_end_to_end_deterministic(small_parquet, tmp_path, capsys):
+    out1 = lt.main(["--in", str(small_parquet), "--out", str(tmp_path / "a.parquet"), "--k", "4", "--no-umap"])
+    out2 = lt.main(["--in", str(small_parquet), "--out", str(tmp_path / "b.parquet"), "--k", "4", "--no-umap"])
+    a, b, src = pd.read_parquet(out1), pd.read_parquet(out2), pd.read_parquet(small_parquet)
+    topics = [e["topic"] for e in a.extra_info]
+    assert topics == [e["topic"] for e in b.extra_info]
+    assert set(topics) == {f"cluster_{c:02d}" for c in range(4)}
+    assert "cluster_00:" in capsys.readouterr().out
+    # everything but the topic is unchanged
+    for x, y in zip(a.to_dict("records"), src.to_dict("records"), strict=True):
+        assert {k: v for k, v in x["extra_info"].items() if k != "topic"} == {
+            k: v for k, v in y["extra_info"].items() if k != "topic"
+        }
+        assert x["reward_model"] == y["reward_model"]
+    # a different seed may relabel but the cluster sizes are a partition of the same rows
+    assert sum(pd.Series(topics).value_counts()) == len(src)
+
+
+def test_bare_problem_strips_either_template():
+    from data_prep.schema import apply_template, bare_problem
+
+    for t in ("dapo", "boxed"):
+        assert bare_problem(apply_template("Compute $1+1$.", t)[0]["content"]) == "Compute $1+1$."
+
+
+# ---------------------------------------------------------------- pass rates
+
+
+@pytest.mark.parametrize(
+    ("p", "k", "b"),
+    [(1.0, 4, 1), (0.76, 4, 1), (0.75, 4, 2), (0.5, 4, 3), (0.26, 4, 3), (0.25, 4, 4), (0.0, 4, 4), (0.6, 5, 3)],
+)
+def test_bucket_hand_computed(p, k, b):
+    assert epr.bucket(p, k) == b
+
+
+def test_bucket_matches_definition_for_all_16_rollout_rates():
+    for k in (2, 3, 4, 5, 10):
+        for c in range(17):
+            p = c / 16
+            b = epr.bucket(p, k)
+            assert 1 <= b <= k
+            if p > 0:  # 1 - b/k < p <= 1 - (b-1)/k
+                assert 1 - b / k < p + 1e-12 and p <= 1 - (b - 1) / k + 1e-12
+            else:
+                assert b == k
+
+
+def test_grading_uses_the_reward(small_parquet):
+    gts = ["\\frac{1}{2}", "12"]
+    responses = [
+        ["Answer: 0.5", "Answer: 1/3", "so $\\boxed{\\dfrac12}$", "no answer"],
+        ["Answer: 12", "Answer: 012", "Answer: 13", "\\boxed{12}"],
+    ]
+    assert epr.grade(responses, gts, ["math500", "math500"], workers=2) == [0.5, 0.75]
+
+
+def test_merge_rates_jsonl_csv_and_errors(small_parquet, tmp_path, capsys):
+    src = pd.read_parquet(small_parquet)
+    ids = [e["source_id"] for e in src.extra_info]
+    rates = {sid: (i % 17) / 16 for i, sid in enumerate(ids)}
+    jl = tmp_path / "rates.jsonl"
+    jl.write_text("".join(json.dumps({"source_id": s, "pass_rate": r}) + "\n" for s, r in reversed(rates.items())))
+    out = epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "o.parquet"), "--pass-rates", str(jl)])
+    got = pd.read_parquet(out)
+    assert [e["pass_rate"] for e in got.extra_info] == [rates[s] for s in ids]
+    assert [e["difficulty"] for e in got.extra_info] == [e["difficulty"] for e in src.extra_info]
+    assert f"mean pass rate {np.mean(list(rates.values())):.4f}" in capsys.readouterr().out
+
+    csv = tmp_path / "rates.csv"
+    pd.DataFrame({"index": range(40), "n_correct": [i % 5 for i in range(40)], "n": 4}).to_csv(csv, index=False)
+    out = epr.main(
+        ["--in", str(small_parquet), "--out", str(tmp_path / "c.parquet"), "--pass-rates", str(csv)]
+        + ["--difficulty-buckets", "4"]
+    )
+    info = pd.read_parquet(out).extra_info
+    assert [e["pass_rate"] for e in info] == [(i % 5) / 4 for i in range(40)]
+    assert [e["difficulty"] for e in info] == [epr.bucket((i % 5) / 4, 4) for i in range(40)]
+
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(jl.read_text() + json.dumps({"source_id": "no/such/id", "pass_rate": 0.5}) + "\n")
+    with pytest.raises(ValueError, match=r"1 source_id\(s\) not in the parquet, e.g. \['no/such/id'\]"):
+        epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "x.parquet"), "--pass-rates", str(extra)])
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(jl.read_text().splitlines(keepends=True)[1:]))
+    with pytest.raises(ValueError, match=rf"no pass_rate for 1 row\(s\), source_id e.g. \['{ids[-1]}'\]"):
+        epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "x.parquet"), "--pass-rates", str(short)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"source_id": ids[0], "pass_rate": 1.5}) + "\n")
+    with pytest.raises(ValueError, match="outside"):
+        epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "x.parquet"), "--pass-rates", str(bad)])
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_generate_without_vllm_gives_clear_error(small_parquet, tmp_path):
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(SystemExit, match="vLLM is not importable.*--pass-rates"):
+        epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "g.parquet"), "--model", "/nonexistent"])
