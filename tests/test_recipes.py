@@ -136,10 +136,12 @@ def compose():
     """Compose the package config (ebpo_verl/config/ebpo_trainer.yaml) in-process with a list of overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     import ebpo_verl
 
     config_dir = Path(ebpo_verl.__file__).resolve().parent / "config"
+    GlobalHydra.instance().clear()  # in case another test left Hydra initialised
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         yield lambda ovr: hydra_compose("ebpo_trainer", overrides=ovr)
 
