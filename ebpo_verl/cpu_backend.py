@@ -4,16 +4,17 @@ Stock verl cannot train without an accelerator: its platform layer knows CUDA/NP
 engines are registered for ``cuda``/``npu`` devices, and every rollout backend (vLLM, SGLang, TRT-LLM) needs
 CUDA. This module adds, without touching verl's files:
 
-* ``CpuPlatform`` -- a ``verl.plugin.platform`` platform named ``cpu`` (device ``cpu``, backend ``gloo``);
-  it is auto-detected when no accelerator is present, or forced with ``VERL_PLATFORM=cpu``.
+* ``CpuPlatform`` -- a ``verl.plugin.platform`` platform named ``cpu`` (device ``cpu``, backend ``gloo``),
+  selected with ``VERL_PLATFORM=cpu`` (never auto-detected: importing this module changes nothing by itself).
 * the FSDP/FSDP2 training engines registered for device ``cpu`` in verl's ``EngineRegistry``.
 * an ``hf`` rollout: a Ray actor server that generates with Hugging Face ``generate`` (``HFRolloutServer``),
   its replica (``HFReplica``, in verl's ``RolloutReplicaRegistry``) and the worker-side adapter that pushes
   the trainer's weights to it (``HFServerAdapter``, in verl's rollout-class registry for async mode).
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
-``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend`` in the environment (also forwarded to Ray workers with
-``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend``), then run with
+``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
+to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
+``VERL_USE_EXTERNAL_MODULES``), then run with
 ``actor_rollout_ref.rollout.name=hf``, ``trainer.device=cpu``, ``actor.strategy=fsdp2``, ``attn_implementation=sdpa``
 and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``scripts/cpu_smoke.py`` for the full set).
 
@@ -39,7 +40,6 @@ import psutil
 import ray
 import torch
 import torch.distributed as dist
-
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
@@ -148,8 +148,8 @@ class CpuPlatform(PlatformBase):
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
-        """Auto-detected only when no accelerator platform claimed the host first (they are probed first)."""
-        return not torch.cuda.is_available()
+        """Never auto-detected: a CPU run is asked for explicitly with ``VERL_PLATFORM=cpu``."""
+        return False
 
     def current_device(self) -> str:
         return "cpu"
@@ -259,7 +259,6 @@ class HFRolloutServer:
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
         from transformers import AutoModelForCausalLM
-
         from verl.utils.config import omega_conf_to_dataclass
         from verl.utils.fs import copy_to_local
 
@@ -298,8 +297,10 @@ class HFRolloutServer:
         return len(state_dict)
 
     def set_global_steps(self, global_steps: int) -> None:
-        self.global_steps = global_steps
-        self._served.clear()
+        """A new weight version: sampling seeds restart from the first sample of every prompt."""
+        with self._lock:
+            self.global_steps = global_steps
+            self._served.clear()
 
     async def generate(
         self,
@@ -321,9 +322,12 @@ class HFRolloutServer:
         from transformers import GenerationConfig
 
         cfg = self.config
-        budget = cfg.prompt_length + cfg.response_length - len(prompt_ids)
-        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", min(cfg.response_length, budget)))
-        max_tokens = max(1, min(int(max_tokens), cfg.max_model_len - len(prompt_ids) if cfg.max_model_len else budget))
+        room = (cfg.max_model_len or cfg.prompt_length + cfg.response_length) - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"HF rollout: prompt of {len(prompt_ids)} tokens leaves no room to generate")
+        default = min(cfg.response_length, room)
+        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", default))
+        max_tokens = max(1, min(int(max_tokens), room))
         want_logprobs = bool(params.pop("logprobs", False))
         temperature = float(params.get("temperature", 1.0))
         top_k = int(params.get("top_k", -1))

@@ -127,6 +127,8 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str) -> list[str]:
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         f"reward.custom_reward_function.path={Path(__file__).resolve()}",
         "reward.custom_reward_function.name=coin_score",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
         "trainer.device=cpu",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
@@ -145,6 +147,7 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str) -> list[str]:
         f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
         "+ray_kwargs.ray_init.include_dashboard=False",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={backend}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu",
     ]
 
 
@@ -154,6 +157,7 @@ def train(work: Path, files: dict, run: str, extra: list[str], timeout: int) -> 
     env = {
         **os.environ,
         "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu_backend",
+        "VERL_PLATFORM": "cpu",
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
         "RAY_DEDUP_LOGS": "0",
@@ -206,7 +210,10 @@ def check(work: Path, files: dict) -> None:
         for step, data in metrics.items():
             missing = [k for k in EBPO_KEYS if k not in data]
             assert not missing, f"run {run} step {step}: ebpo metrics missing: {missing}"
-            assert "actor/grad_norm" in data, f"run {run} step {step}: no actor/grad_norm (did the actor train?)"
+            assert data.get("actor/grad_norm", 0) > 0, f"run {run} step {step}: no actor/grad_norm (no training?)"
+            # the rollout server samples with the weights the actor holds (else its log-probs would not match)
+            diff = data["training/rollout_probs_diff_max"]
+            assert diff < 1e-3, f"run {run} step {step}: rollout vs actor probability diff {diff}"
         assert VAL_KEY in metrics[3], f"run {run}: {VAL_KEY} not logged at step 3: {sorted(metrics[3])}"
 
     # the prompt groups are mixed, so the EB statistics are not trivially equal
