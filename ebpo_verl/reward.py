@@ -12,9 +12,13 @@ Extraction (DAPO-Math-17k convention first, the boxed convention second):
   1. the text after the last ``Answer:`` (case-insensitive; the rest of that line, or the next non-empty
      line when the rest is empty; a ``\\boxed{}`` inside it is unwrapped);
   2. otherwise the content of the last balanced ``\\boxed{...}``.
-The prediction is correct when math-verify says it equals the ground truth, or when both reduce to the
-same plain string (``\\text{Evelyn}`` vs ``Evelyn``), or when they agree after dropping a trailing
-percent sign (OlympiadBench writes units such as ``%`` in a separate column).
+Grading: two integer literals are compared directly (``025`` == ``25``); otherwise braceless ``\\frac12`` /
+``\\sqrt2`` are braced and math-verify decides (gold and prediction each parsed as ``\\boxed{...}`` with
+unit-stripping normalisation); if it says no, the prediction still counts when both reduce to the same
+plain string (``\\text{Evelyn}`` vs ``Evelyn``) or agree after dropping a trailing percent sign
+(OlympiadBench keeps units such as ``%`` in a separate column). Verdicts are cached per (gold, prediction):
+the G responses of a group often repeat an answer. Extracted answers over ``MAX_ANSWER_CHARS`` score 0
+without parsing.
 """
 
 from __future__ import annotations

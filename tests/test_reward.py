@@ -236,7 +236,12 @@ def _raw_cases(shared: Path) -> dict[str, tuple[str, list[tuple[str, str]]]]:
 
 
 def _norm(answer: str) -> str:
-    return answer.replace(" ", "").replace("$", "")
+    """Spelling-insensitive key so that mismatched pairs really differ ("7.0" and "7" are the same answer)."""
+    text = answer.replace(" ", "").replace("$", "")
+    try:
+        return repr(float(text))
+    except ValueError:
+        return text
 
 
 def _responses(raw: str) -> list[str]:
