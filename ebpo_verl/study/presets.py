@@ -1,0 +1,81 @@
+"""Study presets: which cells (estimator x G x order) run, with how many seeds, at what scale."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ebpo_verl.study.policy import PolicyConfig
+from ebpo_verl.study.rl import ESTIMATORS, ORDERS
+from ebpo_verl.study.tasks import TOPICS
+
+ALL_ESTIMATORS = tuple(ESTIMATORS)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A study grid. The main table crosses ``estimators`` x ``group_sizes`` (random order); the ordering table
+    crosses ``order_estimators`` x ``orders`` at G = ``order_group_size``. Every cell runs seeds 0..seeds-1."""
+
+    name: str
+    estimators: tuple[str, ...]
+    group_sizes: tuple[int, ...]
+    seeds: int
+    order_estimators: tuple[str, ...]
+    order_group_size: int
+    orders: tuple[str, ...] = ORDERS
+    topics: tuple[str, ...] = TOPICS
+    policy: PolicyConfig = PolicyConfig()
+    split_sizes: dict = field(default_factory=lambda: {"heldout": 24, "train": 300, "sft": 5000})
+    sft_steps: int = 1000
+    misconception: float = 0.5
+    rl: dict = field(default_factory=lambda: {"steps": 60, "responses_per_step": 128, "lr": 3e-4, "eval_every": 5})
+    target_gain: float = 0.03
+    workers: int = 2
+
+    def __post_init__(self):
+        unknown = [e for e in (*self.estimators, *self.order_estimators) if e not in ESTIMATORS]
+        if unknown:
+            raise ValueError(f"preset {self.name}: unknown estimators {unknown}; choose from {ALL_ESTIMATORS}")
+        if self.seeds < 2:
+            raise ValueError(f"preset {self.name}: seeds={self.seeds}; a 95% interval needs at least 2")
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds: the test suite's end-to-end run (two estimators, two group sizes, two seeds, two topics).
+    "tiny": Preset(
+        name="tiny",
+        estimators=("grpo", "ebpo"),
+        group_sizes=(4, 8),
+        seeds=2,
+        order_estimators=("grpo",),
+        order_group_size=4,
+        orders=("random", "topic"),
+        topics=("add", "sub"),
+        policy=PolicyConfig(n_layer=2, n_head=4, d_model=48),
+        split_sizes={"heldout": 16, "train": 64, "sft": 2000},
+        sft_steps=300,
+        rl={"steps": 6, "responses_per_step": 64, "lr": 3e-4, "eval_every": 3},
+        workers=1,
+    ),
+    # The default (< 5 min on 2 cores): the main estimators at G in {2, 4, 8, 16}, 5 seeds; the ordering
+    # table for grpo / grpo_bn / ebpo at G = 4.
+    "quick": Preset(
+        name="quick",
+        estimators=("grpo", "rloo", "grpo_bn", "ebpo", "ebpo_batch"),
+        group_sizes=(2, 4, 8, 16),
+        seeds=5,
+        order_estimators=("grpo", "grpo_bn", "ebpo"),
+        order_group_size=4,
+    ),
+    # Everything in the issue: all eight estimators, G up to 32, 8 seeds, the ordering table for all of them.
+    "full": Preset(
+        name="full",
+        estimators=ALL_ESTIMATORS,
+        group_sizes=(2, 4, 8, 16, 32),
+        seeds=8,
+        order_estimators=ALL_ESTIMATORS,
+        order_group_size=4,
+        rl={"steps": 120, "responses_per_step": 128, "lr": 3e-4, "eval_every": 5},
+        sft_steps=1200,
+    ),
+}

@@ -1,0 +1,215 @@
+"""Per-run summaries, cell statistics (mean and 95% t-interval over seeds), markdown tables and PNG figures."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+CURVES = {  # metric -> (figure file, y label)
+    "accuracy": ("learning_curves.png", "held-out exact pass@1"),
+    "zero_signal": ("zero_signal.png", "fraction of groups with zero advantage"),
+    "grad_norm": ("grad_norm.png", "gradient norm (pre-clip)"),
+    "entropy": ("entropy.png", "policy entropy (token mean)"),
+    "step_kl": ("kl.png", "per-step KL(old || new), k3"),
+}
+
+
+def summarize_run(run: dict, target: float) -> dict[str, float]:
+    """Scalars of one run. ``steps_to_target`` is NaN when the held-out accuracy never reaches ``target``."""
+    m, cfg = run["metrics"], run["config"]
+    acc, steps = np.asarray(m["accuracy"]), np.asarray(m["eval_step"])
+    reached = np.flatnonzero(acc >= target)
+    to_target = float(steps[reached[0]]) if len(reached) else math.nan
+    return {
+        "final_accuracy": float(acc[-1]),
+        "gain": float(acc[-1] - acc[0]),
+        "probe_final_accuracy": float(m["probe_accuracy"][-1]) if m["probe_accuracy"] else math.nan,
+        "steps_to_target": to_target,
+        "responses_to_target": to_target * cfg["responses_per_step"],
+        "zero_signal": float(np.mean(m["zero_signal"])),
+        "uniform_groups": float(np.mean(m["uniform_groups"])),
+        "grad_norm": float(np.mean(m["grad_norm"])),
+        "entropy_final": float(np.mean(m["entropy"][-5:])),
+        "step_kl": float(np.mean(m["step_kl"])),
+        "kl_ref_final": float(m["kl_ref"][-1]),
+        "shrinkage": float(np.mean(m["shrinkage"])) if m["shrinkage"] else math.nan,
+    }
+
+
+def mean_ci(values) -> tuple[float, float, int]:
+    """Mean, half-width of the two-sided 95% t-interval, and n of the finite values (NaN when n < 2)."""
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if len(x) == 0:
+        return math.nan, math.nan, 0
+    if len(x) == 1:
+        return float(x[0]), math.nan, 1
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return float(x.mean()), float(half), len(x)
+
+
+def cells(runs: list[dict], target: float) -> dict[tuple, list[dict[str, float]]]:
+    """Run summaries grouped by (estimator, group_size, order)."""
+    out: dict[tuple, list] = defaultdict(list)
+    for run in runs:
+        c = run["config"]
+        out[(c["estimator"], c["group_size"], c["order"])].append(summarize_run(run, target))
+    return out
+
+
+def _fmt(values, digits: int = 3, total: int | None = None) -> str:
+    mean, half, n = mean_ci(values)
+    if n == 0:
+        return f"never (0/{total})" if total else "n/a"
+    text = f"{mean:.{digits}f}" + (f" ± {half:.{digits}f}" if np.isfinite(half) else "")
+    return text + (f" ({n}/{total})" if total is not None and n < total else "")
+
+
+def table(
+    by_cell: dict, rows: list[str], cols: list, key, metric: str, col_name: str, digits: int = 3, censored=False
+) -> str:
+    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell."""
+    head = "| estimator | " + " | ".join(f"{col_name}={c}" for c in cols) + " |"
+    lines = [head, "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        vals = []
+        for c in cols:
+            runs = by_cell.get(key(r, c), [])
+            total = len(runs) if censored else None
+            vals.append(_fmt([s[metric] for s in runs], digits, total) if runs else "—")
+        lines.append(f"| {r} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random") -> str:
+    cols = [
+        ("zero_signal", "zero-signal groups"),
+        ("grad_norm", "grad norm"),
+        ("entropy_final", "final entropy"),
+        ("step_kl", "per-step KL"),
+        ("kl_ref_final", "KL to warm start"),
+        ("shrinkage", "mean S"),
+    ]
+    lines = ["| estimator | " + " | ".join(n for _, n in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        runs = by_cell.get((r, g, order), [])
+        lines.append(f"| {r} | " + " | ".join(_fmt([s[k] for s in runs], 4) for k, _ in cols) + " |")
+    return "\n".join(lines)
+
+
+def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ys = np.asarray([r["metrics"][metric] for r in runs], dtype=float)
+    xs = np.asarray(runs[0]["metrics"]["eval_step"]) if metric == "accuracy" else np.arange(1, ys.shape[1] + 1)
+    mean = ys.mean(axis=0)
+    half = stats.t.ppf(0.975, len(ys) - 1) * ys.std(axis=0, ddof=1) / math.sqrt(len(ys)) if len(ys) > 1 else 0 * mean
+    return xs, mean, half
+
+
+def _save(fig, path: Path) -> None:
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def curve_figure(runs: list[dict], metric: str, groups: list, estimators: list[str], path: Path, by: str) -> None:
+    """One panel per ``groups`` value (G or order), one line per estimator: mean over seeds and a 95% band."""
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), sharey=True, squeeze=False)
+    for ax, grp in zip(axes[0], groups, strict=True):
+        for est in estimators:
+            sel = [r for r in runs if r["config"]["estimator"] == est and r["config"][by] == grp]
+            if by == "group_size":
+                sel = [r for r in sel if r["config"]["order"] == "random"]
+            if not sel:
+                continue
+            xs, mean, half = _curve_stats(sel, metric)
+            (line,) = ax.plot(xs, mean, label=est, lw=1.4)
+            ax.fill_between(xs, mean - half, mean + half, color=line.get_color(), alpha=0.15, lw=0)
+        ax.set_title(f"{'G' if by == 'group_size' else 'order'} = {grp}")
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(CURVES[metric][1])
+    axes[0][-1].legend(fontsize=7)
+    _save(fig, path)
+
+
+def write_report(out: Path, preset, base_info: dict, runs: list[dict], seconds: float, command: str) -> str:
+    """Write ``study.md`` and the figures into ``out``; returns the headline table (final held-out accuracy)."""
+    target = base_info["heldout_accuracy"] + preset.target_gain
+    by_cell = cells(runs, target)
+    ests, gs = list(preset.estimators), list(preset.group_sizes)
+    orders, o_ests, og = list(preset.orders), list(preset.order_estimators), preset.order_group_size
+    main = lambda r, c: (r, c, "random")  # noqa: E731
+    headline = table(by_cell, ests, gs, main, "final_accuracy", "G")
+    figures = []
+    for metric, (fname, _) in CURVES.items():
+        curve_figure(runs, metric, gs, ests, out / fname, by="group_size")
+        figures.append(fname)
+    curve_figure(runs, "accuracy", orders, o_ests, out / "ordering_curves.png", by="order")
+    figures.append("ordering_curves.png")
+    rl = preset.rl
+    hist = base_info["pass_rate_histogram"]
+    text = f"""# EBPO small-scale RLVR study (preset `{preset.name}`)
+
+Command: `{command}` — {len(runs)} RL runs, {seconds:.0f} s wall time on this machine.
+
+## Setup
+- Policy: a {base_info["params"]:,}-parameter causal transformer ({preset.policy.n_layer} layers,
+  d={preset.policy.d_model}) that writes its answer token by token (least-significant digit first, then EOS).
+- Tasks: topics {", ".join(preset.topics)} x levels 1-3 (operand digits); reward 1 iff the answer is exactly right.
+  {base_info["n_train"]} RL training prompts, {base_info["n_heldout"]} held-out prompts (disjoint from the
+  warm-start data and from the RL prompts).
+- Warm start: {preset.sft_steps} supervised steps on a separate split in which a fraction {preset.misconception} of the
+  answers follow a carry-free misconception, so the base model holds a right and a wrong strategy.
+  Held-out exact pass@1 of the warm start: {base_info["heldout_accuracy"]:.3f}; pass rates on the RL prompts
+  (histogram over ten bins 0..1): {hist}; {100 * base_info["frac_train_below_0.05"]:.0f}% of them below 0.05.
+- RL: {rl["steps"]} steps of {rl["responses_per_step"]} sampled responses (temperature 1), so a step holds
+  {rl["responses_per_step"]}/G prompts (equal samples per step at every G); PPO-clip 0.2 with token-mean aggregation
+  (`compute_policy_loss_vanilla`), k3 KL loss to the warm start (coefficient 0.001), two mini-batches per step,
+  AdamW lr {rl["lr"]}, gradient clip 1.0. Advantages from verl's registry (`get_adv_estimator_fn`).
+- Accuracy = exact pass@1 at temperature 1 (the product of the answer tokens' probabilities), averaged over
+  the held-out prompts: no sampling noise in the evaluation. Every cell: seeds 0..{preset.seeds - 1} (the same seeds
+  for every estimator); mean ± half-width of the 95% t-interval over seeds.
+
+## Final held-out accuracy (rows = estimator, columns = G; random order)
+Warm start: {base_info["heldout_accuracy"]:.3f}.
+
+{headline}
+
+## Steps to reach held-out accuracy {target:.3f} (warm start + {preset.target_gain})
+Mean over the seeds that reached it (count in brackets when not all did);
+sampled responses = steps x {rl["responses_per_step"]}.
+
+{table(by_cell, ests, gs, main, "steps_to_target", "G", 1, censored=True)}
+
+## Fraction of groups with zero advantage signal (mean over training)
+
+{table(by_cell, ests, gs, main, "zero_signal", "G")}
+
+## Final accuracy on a fixed sample of the RL training prompts
+
+{table(by_cell, ests, gs, main, "probe_final_accuracy", "G")}
+
+## Stream order (G = {og}): final held-out accuracy
+
+{table(by_cell, o_ests, orders, lambda r, c: (r, og, c), "final_accuracy", "order")}
+
+## Training dynamics at G = {og} (random order)
+
+{dynamics_table(by_cell, ests, og)}
+
+## Figures
+{chr(10).join(f"- [{f}]({f})" for f in figures)}
+"""
+    tmp = out / "study.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, out / "study.md")
+    return headline

@@ -1,0 +1,243 @@
+"""Warm-start SFT and the RL loop: verl's advantage estimators and PPO-clip loss on a tiny policy.
+
+One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
+  1. take the next P = responses_per_step / G prompts of the ordered stream and sample G responses each
+     (temperature 1);
+  2. reward 1/0 by exact match, placed on the last response token (``token_level_rewards``);
+  3. advantages from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the registry training uses),
+     with a fresh uid per prompt per step as ``index``;
+  4. ``ppo_mini_batches`` gradient steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
+     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
+     model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, kl_penalty
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
+from verl.workers.config.actor import ActorConfig
+
+from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
+from ebpo_verl.study.tasks import TOPICS, ProblemSet, verify
+
+ORDERS = ("random", "topic", "difficulty")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator of verl's registry, with the ``algorithm.ebpo`` options it is called with."""
+
+    verl_name: str
+    ebpo: dict = field(default_factory=dict)
+
+    @property
+    def uses_labels(self) -> bool:
+        return self.ebpo.get("cluster_key") is not None
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator("grpo"),
+    "rloo": Estimator("rloo"),
+    "rf++_baseline": Estimator("reinforce_plus_plus_baseline"),
+    "grpo_bn": Estimator("ebpo", {"shrinkage": 0.0}),
+    "ebpo": Estimator("ebpo"),
+    "ebpo_batch": Estimator("ebpo", {"stats_scope": "batch"}),
+    "ebpo_bb": Estimator("ebpo", {"prior": "beta_binomial"}),
+    "ebpo_topic": Estimator("ebpo", {"cluster_key": "topic"}),
+}
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """One RL run. The sample budget per step is fixed (``responses_per_step``), so G trades prompts for
+    responses per prompt at equal compute."""
+
+    estimator: str
+    group_size: int
+    order: str = "random"
+    seed: int = 0
+    steps: int = 40
+    responses_per_step: int = 128
+    ppo_mini_batches: int = 2
+    lr: float = 1e-3
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.001
+    grad_clip: float = 1.0
+    eval_every: int = 5
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {self.estimator!r}; choose from {sorted(ESTIMATORS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown order {self.order!r}; choose from {ORDERS}")
+        if self.group_size < 2 or self.responses_per_step % self.group_size:
+            raise ValueError(
+                f"group_size {self.group_size} must be >= 2 and divide responses_per_step {self.responses_per_step}"
+            )
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.responses_per_step // self.group_size
+
+
+def warm_start(
+    model: TinyPolicy,
+    data: ProblemSet,
+    steps: int,
+    seed: int,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    misconception: float = 0.0,
+) -> list[float]:
+    """Supervised warm start (cross-entropy on answer tokens + EOS); returns the loss per step.
+
+    Kept short on purpose: easy cells are learnt, hard ones stay near zero, so per-prompt pass rates spread
+    over 0..1 like a base model's on a hard math set."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    tmask = data.target_mask.float()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(len(data), (batch_size,), generator=g)
+        targets = data.targets[idx]
+        if misconception > 0:
+            wrong = torch.rand(batch_size, generator=g) < misconception
+            targets = torch.where(wrong[:, None], data.misconception[idx], targets)
+        logits = model.response_logits(data.prompts[idx], targets)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        loss = agg_loss(nll, tmask[idx], "token-mean")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+def order_stream(train: ProblemSet, cfg: RLConfig, base_pass: np.ndarray) -> np.ndarray:
+    """Indices of the prompts the run trains on, in order: ``steps * prompts_per_step`` of them.
+
+    random: a seeded shuffle; topic: the same draw sorted by topic (topics in a seeded order), so consecutive
+    batches share a topic; difficulty: sorted easy -> hard by the warm-started model's pass rate (the paper's
+    curriculum). Prompts repeat only when the stream is longer than the training split.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    n = cfg.steps * cfg.prompts_per_step
+    draw = np.concatenate([rng.permutation(len(train)) for _ in range(-(-n // len(train)))])[:n]
+    if cfg.order == "topic":
+        rank = {t: i for i, t in enumerate(rng.permutation(TOPICS))}
+        draw = draw[np.argsort([rank[t] for t in train.topic[draw]], kind="stable")]
+    elif cfg.order == "difficulty":
+        draw = draw[np.argsort(-base_pass[draw], kind="stable")]
+    return draw
+
+
+def _advantages(
+    est: Estimator, rewards: torch.Tensor, mask: torch.Tensor, index: np.ndarray, topics: np.ndarray
+) -> torch.Tensor:
+    """(bs, L) advantages from verl's registry; the outcome reward sits on the last response token."""
+    fn = get_adv_estimator_fn(est.verl_name)
+    maskf = mask.float()
+    tlr = torch.zeros_like(maskf)
+    tlr[torch.arange(len(rewards)), mask.sum(dim=1) - 1] = rewards
+    if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config
+        adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, norm_adv_by_std_in_grpo=True)
+        return adv
+    config = OmegaConf.create({"adv_estimator": est.verl_name, "ebpo": dict(est.ebpo)})
+    extra = {"labels": list(topics)} if est.uses_labels else {}
+    adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, config=config, **extra)
+    return adv
+
+
+def run_rl(
+    base: TinyPolicy,
+    train: ProblemSet,
+    heldout: ProblemSet,
+    base_pass: np.ndarray,
+    cfg: RLConfig,
+    probe: ProblemSet | None = None,
+) -> dict[str, np.ndarray]:
+    """Train a copy of ``base`` with RL; returns per-step metrics and the accuracy curves (exact pass@1 on
+    ``heldout``, and on ``probe``, a fixed sample of the training split, when given)."""
+    est = ESTIMATORS[cfg.estimator]
+    if est.verl_name == "ebpo":
+        import ebpo_verl
+
+        ebpo_verl.register()
+        ebpo_verl.get_state().reset()
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model, ref = copy.deepcopy(base), base
+    ref.eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    loss_fn = get_policy_loss_fn("vanilla")
+    actor_cfg = ActorConfig(
+        strategy="fsdp",
+        rollout_n=cfg.group_size,
+        ppo_micro_batch_size_per_gpu=cfg.responses_per_step,
+        clip_ratio=cfg.clip_ratio,
+        use_torch_compile=False,
+    )
+    stream = order_stream(train, cfg, base_pass)
+    hmask = heldout.target_mask
+    keys = ("reward", "zero_signal", "uniform_groups", "grad_norm", "entropy", "kl_ref", "step_kl", "clipfrac")
+    log: dict[str, list[float]] = {k: [] for k in (*keys, "eval_step", "accuracy", "probe_accuracy", "shrinkage")}
+
+    def evaluate(step: int) -> None:
+        log["eval_step"].append(step)
+        log["accuracy"].append(exact_pass_at_1(model, heldout.prompts, heldout.targets, hmask).mean().item())
+        if probe is not None:
+            acc = exact_pass_at_1(model, probe.prompts, probe.targets, probe.target_mask).mean().item()
+            log["probe_accuracy"].append(acc)
+
+    evaluate(0)
+    p, g = cfg.prompts_per_step, cfg.group_size
+    for step in range(1, cfg.steps + 1):
+        batch = train.subset(stream[(step - 1) * p : step * p])
+        prompts = batch.prompts.repeat_interleave(g, dim=0)
+        responses, mask = sample(model, prompts, gen)
+        rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
+        index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
+        adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g))
+        per_resp = adv[:, 0].view(p, g)
+        log["zero_signal"].append((per_resp.abs() < 1e-6).all(dim=1).float().mean().item())
+        log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
+        log["reward"].append(rewards.mean().item())
+        if est.verl_name == "ebpo":
+            import ebpo_verl
+
+            log["shrinkage"].append(ebpo_verl.get_state().diagnostics.get("ebpo/shrinkage_mean", float("nan")))
+        maskf = mask.float()
+        with torch.no_grad():
+            old_logp = logprobs_from_logits(model.response_logits(prompts, responses), responses)
+            ref_logp = logprobs_from_logits(ref.response_logits(prompts, responses), responses)
+        stats = {k: [] for k in ("grad_norm", "entropy", "kl_ref", "clipfrac")}
+        for mb in torch.randperm(len(rewards), generator=gen).chunk(cfg.ppo_mini_batches):
+            logits = model.response_logits(prompts[mb], responses[mb])
+            logp = logprobs_from_logits(logits, responses[mb])
+            pg_loss, pg_metrics = loss_fn(
+                old_logp[mb], logp, adv[mb], maskf[mb], loss_agg_mode="token-mean", config=actor_cfg
+            )
+            kl_loss = agg_loss(kl_penalty(logp, ref_logp[mb], "low_var_kl"), maskf[mb], "token-mean")
+            opt.zero_grad()
+            (pg_loss + cfg.kl_coef * kl_loss).backward()
+            stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item())
+            stats["entropy"].append(agg_loss(entropy_from_logits(logits.detach()), maskf[mb], "token-mean").item())
+            stats["kl_ref"].append(kl_loss.item())
+            stats["clipfrac"].append(pg_metrics["actor/pg_clipfrac"])
+            opt.step()
+        with torch.no_grad():
+            new_logp = logprobs_from_logits(model.response_logits(prompts, responses), responses)
+        log["step_kl"].append(masked_mean(kl_penalty(new_logp, old_logp, "low_var_kl"), maskf).item())
+        for k, v in stats.items():
+            log[k].append(float(np.mean(v)))
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            evaluate(step)
+    return {k: np.asarray(v, dtype=float) for k, v in log.items()}
