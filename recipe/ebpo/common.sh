@@ -165,7 +165,8 @@ ebpo_prepare_data() {
   local train=$1 name missing=0
   for name in "${PREP_SETS[@]}"; do [[ -f $DATA_DIR/$name.parquet ]] || missing=1; done
   if ((missing)); then
-    ebpo_step "$PYTHON" -m data_prep.all --out-dir "$DATA_DIR" ${DATA_LOCAL_DIR:+--local-dir "$DATA_LOCAL_DIR"}
+    ebpo_step "$PYTHON" -m data_prep.all --out-dir "$DATA_DIR" --only "${PREP_SETS[@]}" \
+      ${DATA_LOCAL_DIR:+--local-dir "$DATA_LOCAL_DIR"}
   fi
   if [[ ! -f $train && -z ${TRAIN_FILE:-} ]]; then
     case $ORDER in
