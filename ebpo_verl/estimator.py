@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+# Gathers and scatters use index_select / index_add_ / index_copy_ rather than tensor[idx]: torch's advanced
+# indexing takes a parallel path that costs milliseconds per call on a busy CPU (benchmarks/bench_advantage.py).
+
 STATE_VERSION = 1
 _CHOICES: dict[str, tuple[str, ...]] = {
     "prior": ("gaussian", "beta_binomial"),
@@ -263,7 +266,7 @@ def _segment_stats(
         n = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, weight)
         s = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, values * weight)
         mean = torch.where(n > 0, s / n.clamp_min(1e-300), torch.zeros_like(n))
-        dev = values - mean[seg]
+        dev = values - mean.index_select(0, seg)
         m2 = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, dev * dev * weight)
         return torch.stack([n, mean, m2], dim=1)
 
@@ -271,7 +274,7 @@ def _segment_stats(
     ones_groups = torch.ones_like(group_mean)
     parts = torch.stack(
         [
-            moments(rewards, group_seg[row_group], ones_rows),
+            moments(rewards, group_seg.index_select(0, row_group), ones_rows),
             moments(group_mean, group_seg, ones_groups),
             moments(group_var, group_seg, (group_size >= 2).to(torch.float64)),
             moments(1.0 / group_size, group_seg, ones_groups),
@@ -279,6 +282,11 @@ def _segment_stats(
         dim=1,
     ).tolist()
     return [PriorStats(*(Moments(*part) for part in seg)) for seg in parts]
+
+
+def _per_group(values: list[float], group_index: torch.Tensor) -> torch.Tensor:
+    """Spread one value per prior (cluster) to its groups."""
+    return torch.tensor(values, dtype=torch.float64).index_select(0, group_index)
 
 
 def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -311,7 +319,7 @@ def compute_ebpo_advantages(
     valid_np = valid.detach().cpu().numpy().astype(bool)
     r_all = scores.detach().to(torch.float64).cpu()
     rows = torch.from_numpy(np.flatnonzero(valid_np))
-    r = r_all[rows]
+    r = r_all.index_select(0, rows)
 
     bad = ~torch.isfinite(r)
     if bool(bad.any()):
@@ -334,7 +342,7 @@ def compute_ebpo_advantages(
     n_groups = len(group_uids)
     g = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, row_group, torch.ones_like(r))
     mu_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, row_group, r) / g
-    dev = r - mu_q[row_group]
+    dev = r - mu_q.index_select(0, row_group)
     m2_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, row_group, dev * dev)
     var_q = torch.where(g >= 2, m2_q / (g - 1).clamp_min(1.0), torch.zeros_like(m2_q))
     r_max = torch.full((n_groups,), -math.inf, dtype=torch.float64).scatter_reduce_(0, row_group, r, "amax")
@@ -369,28 +377,28 @@ def compute_ebpo_advantages(
             priors.append(blended)
         group_prior = torch.from_numpy(group_cluster)
 
-    prior_mu = torch.tensor([p.mu for p in priors], dtype=torch.float64)[group_prior]
-    prior_sigma2 = torch.tensor([p.sigma2 for p in priors], dtype=torch.float64)[group_prior]
+    prior_mu = _per_group([p.mu for p in priors], group_prior)
+    prior_sigma2 = _per_group([p.sigma2 for p in priors], group_prior)
     if options.fixed_shrinkage is not None:
         shrink = torch.full((n_groups,), options.fixed_shrinkage, dtype=torch.float64)
     elif options.prior == "beta_binomial":
-        nu = torch.tensor([p.nu for p in priors], dtype=torch.float64)[group_prior]
+        nu = _per_group([p.nu for p in priors], group_prior)
         shrink = nu / (nu + g)
     else:
-        prior_tau2 = torch.tensor([p.tau2 for p in priors], dtype=torch.float64)[group_prior]
+        prior_tau2 = _per_group([p.tau2 for p in priors], group_prior)
         noise = prior_sigma2 / g
         shrink = noise / (noise + prior_tau2 + options.epsilon)
 
     baseline = (1.0 - shrink) * mu_q + shrink * prior_mu
-    adv = r - baseline[row_group]
+    adv = r - baseline.index_select(0, row_group)
     eps = options.epsilon
     if options.norm == "batch":
         std = adv.std(correction=1) if adv.numel() >= 2 else torch.zeros((), dtype=torch.float64)
         adv = (adv - adv.mean()) / (std + eps)
     elif options.norm == "group":
         scale = torch.sqrt((1.0 - shrink) * var_q + shrink * prior_sigma2)
-        adv = adv / (scale[row_group] + eps)
-    out[rows.to(out.device)] = adv.to(dtype=scores.dtype, device=scores.device)
+        adv = adv / (scale.index_select(0, row_group) + eps)
+    out.index_copy_(0, rows.to(out.device), adv.to(dtype=scores.dtype, device=scores.device))
 
     state.diagnostics = _diagnostics(state, glob, shrink, r_min, r_max, cluster_names, priors, group_cluster)
     return out
@@ -491,9 +499,9 @@ def _diagnostics(
         "ebpo/frac_all_pass": (r_min >= 1).double().mean().item(),
     }
     for cid, name in enumerate(cluster_names or []):
-        in_cluster = torch.from_numpy(group_cluster == cid)
+        in_cluster = torch.from_numpy(group_cluster == cid).to(torch.float64)
         diag[f"ebpo/cluster/{name}/mu_glob"] = priors[cid].mu
-        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = shrink[in_cluster].mean().item()
+        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = ((shrink * in_cluster).sum() / in_cluster.sum()).item()
     return diag
 
 

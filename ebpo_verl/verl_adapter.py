@@ -44,7 +44,7 @@ def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
     has = response_mask[:, 0] != 0
     unsure = torch.nonzero(~has).squeeze(-1)
     if unsure.numel():
-        has[unsure] = response_mask[unsure].ne(0).any(dim=-1)
+        has.index_copy_(0, unsure, response_mask.index_select(0, unsure).ne(0).any(dim=-1))
     return has
 
 
