@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
 import os
 import threading
 from collections import Counter
@@ -44,8 +43,6 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
-
-logger = logging.getLogger(__name__)
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
