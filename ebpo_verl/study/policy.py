@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ebpo_verl.study.tasks import ANSWER_LEN, EOS, PAD, PROMPT_LEN, VOCAB_SIZE
+
+KV: TypeAlias = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,16 @@ class _Block(nn.Module):
             nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """Causal self-attention + MLP; ``past`` holds the keys/values of earlier positions (generation)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        # a single new token may attend to every earlier position; a fresh sequence needs the causal mask
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=past is None)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        return x + self.mlp(self.ln2(x)), (k, v)
 
 
 class TinyPolicy(nn.Module):
@@ -52,10 +59,17 @@ class TinyPolicy(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits (b, t, vocab) for next-token prediction at every position."""
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+        return self.step(ids, None)[0]
+
+    def step(self, ids: torch.Tensor, cache: list[KV] | None) -> tuple[torch.Tensor, list[KV]]:
+        """Logits for ``ids`` placed after the positions held in ``cache`` (None: a fresh sequence)."""
+        start = 0 if cache is None else cache[0][0].shape[2]
+        x = self.tok(ids) + self.pos(torch.arange(start, start + ids.shape[1]))
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, None if cache is None else cache[i])
+            new_cache.append(kv)
+        return self.head(self.ln_f(x)), new_cache
 
     def response_logits(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """Logits (bs, L, vocab) that predict each response token from the prompt and the tokens before it."""
@@ -69,22 +83,31 @@ def n_params(model: nn.Module) -> int:
 
 @torch.no_grad()
 def sample(
-    model: TinyPolicy, prompts: torch.Tensor, generator: torch.Generator, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one response per prompt row; returns (responses, response_mask), both (bs, ANSWER_LEN).
+    model: TinyPolicy, prompts: torch.Tensor, group_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample ``group_size`` responses per prompt at temperature 1, with a key/value cache.
 
-    Tokens after the first EOS are PAD and masked out; a response without EOS keeps all its tokens (and is
-    wrong by construction of the verifier).
+    Returns (responses, response_mask, log_probs), each (len(prompts) * group_size, ANSWER_LEN), rows grouped by
+    prompt. Tokens after the first EOS are PAD and masked out; a response without EOS keeps all its tokens (and
+    is wrong by construction of the verifier). ``log_probs`` are the sampled tokens' log-probabilities under the
+    sampling policy (verl's ``old_log_prob``).
     """
-    ids = prompts
-    for _ in range(ANSWER_LEN):
-        logits = model(ids)[:, -1] / temperature
-        nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
-        ids = torch.cat([ids, nxt], dim=1)
-    responses = ids[:, prompts.shape[1] :]
-    ended_before = torch.cumsum((responses == EOS).int(), dim=1) - (responses == EOS).int()
-    mask = ended_before == 0
-    return responses.masked_fill(~mask, PAD), mask
+    logits, cache = model.step(prompts, None)  # the prompt once per group, then copied G times
+    logits = logits[:, -1].repeat_interleave(group_size, dim=0)
+    cache = [(k.repeat_interleave(group_size, dim=0), v.repeat_interleave(group_size, dim=0)) for k, v in cache]
+    tokens, logps = [], []
+    for i in range(ANSWER_LEN):
+        logp = torch.log_softmax(logits, dim=-1)
+        nxt = torch.multinomial(logp.exp(), 1, generator=generator)
+        tokens.append(nxt)
+        logps.append(logp.gather(-1, nxt))
+        if i < ANSWER_LEN - 1:
+            logits, cache = model.step(nxt, cache)
+            logits = logits[:, -1]
+    responses, log_probs = torch.cat(tokens, dim=1), torch.cat(logps, dim=1)
+    is_eos = (responses == EOS).int()
+    mask = (torch.cumsum(is_eos, dim=1) - is_eos) == 0
+    return responses.masked_fill(~mask, PAD), mask, log_probs * mask
 
 
 @torch.no_grad()

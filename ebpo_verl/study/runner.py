@@ -37,6 +37,7 @@ class Base:
     train_pass: np.ndarray  # (len(train),) exact pass@1 of the base model, for the difficulty order
     heldout_pass: np.ndarray
     sft_seconds: float
+    sft_cpu_seconds: float
 
 
 def prepare_base(preset: Preset) -> Base:
@@ -44,7 +45,7 @@ def prepare_base(preset: Preset) -> Base:
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
@@ -56,6 +57,7 @@ def prepare_base(preset: Preset) -> Base:
         train_pass=exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy(),
         heldout_pass=exact_pass_at_1(model, heldout.prompts, heldout.targets, heldout.target_mask).numpy(),
         sft_seconds=time.perf_counter() - t0,
+        sft_cpu_seconds=time.process_time() - c0,
     )
 
 
@@ -77,15 +79,16 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float]:
+def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, float]:
     assert _BASE is not None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = run_rl(_BASE.model, _BASE.train, _BASE.heldout, _BASE.train_pass, cfg, probe=_BASE.probe)
-    return cfg, {k: v.tolist() for k, v in out.items()}, time.perf_counter() - t0
+    return cfg, {k: v.tolist() for k, v in out.items()}, time.perf_counter() - t0, time.process_time() - c0
 
 
 def run_grid(preset: Preset, base: Base, workers: int | None = None) -> list[dict]:
-    """All runs of the preset, each as {"config": asdict(RLConfig), "metrics": {...}, "seconds": float}."""
+    """All runs of the preset, each as {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
+    "cpu_seconds": CPU time of its process (what a dedicated core would need)}."""
     global _BASE
     _BASE = base
     jobs = grid(preset)
@@ -100,8 +103,8 @@ def run_grid(preset: Preset, base: Base, workers: int | None = None) -> list[dic
         pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
         it = pool.imap_unordered(_run_one, jobs)
     try:
-        for cfg, metrics, seconds in it:
-            results.append({"config": asdict(cfg), "metrics": metrics, "seconds": seconds})
+        for cfg, metrics, seconds, cpu in it:
+            results.append({"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu})
             bar.update()
     finally:
         bar.close()
@@ -122,6 +125,7 @@ def describe_base(base: Base) -> dict:
     return {
         "params": n_params(base.model),
         "sft_seconds": base.sft_seconds,
+        "sft_cpu_seconds": base.sft_cpu_seconds,
         "heldout_accuracy": float(base.heldout_pass.mean()),
         "train_accuracy": float(p.mean()),
         "frac_train_below_0.05": float((p < 0.05).mean()),
