@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="processes for the RL runs (preset default)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m ebpo_verl.study " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = " ".join(["python -m ebpo_verl.study", *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
     if args.what == "mse":
         from ebpo_verl.study.mse import run_mse_study

@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from ebpo_verl.study.rl import ESTIMATORS  # noqa: E402
+
 CURVES = {  # metric -> (figure file, y label)
     "accuracy": ("learning_curves.png", "held-out exact pass@1"),
     "zero_signal": ("zero_signal.png", "fraction of groups with zero advantage"),
@@ -120,14 +122,16 @@ def _save(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def curve_figure(runs: list[dict], metric: str, groups: list, estimators: list[str], path: Path, by: str) -> None:
-    """One panel per ``groups`` value (G or order), one line per estimator: mean over seeds and a 95% band."""
+def curve_figure(
+    runs: list[dict], metric: str, groups: list, estimators: list[str], path: Path, by: str, fixed: dict
+) -> None:
+    """One panel per ``groups`` value of config key ``by`` (G or order), one line per estimator (mean over seeds
+    and a 95% band), among the runs whose config matches ``fixed`` (e.g. the order, or G)."""
     fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), sharey=True, squeeze=False)
     for ax, grp in zip(axes[0], groups, strict=True):
         for est in estimators:
-            sel = [r for r in runs if r["config"]["estimator"] == est and r["config"][by] == grp]
-            if by == "group_size":
-                sel = [r for r in sel if r["config"]["order"] == "random"]
+            want = {"estimator": est, by: grp, **fixed}
+            sel = [r for r in runs if all(r["config"][k] == v for k, v in want.items())]
             if not sel:
                 continue
             xs, mean, half = _curve_stats(sel, metric)
@@ -151,15 +155,23 @@ def write_report(out: Path, preset, base_info: dict, runs: list[dict], seconds: 
     headline = table(by_cell, ests, gs, main, "final_accuracy", "G")
     figures = []
     for metric, (fname, _) in CURVES.items():
-        curve_figure(runs, metric, gs, ests, out / fname, by="group_size")
+        curve_figure(runs, metric, gs, ests, out / fname, by="group_size", fixed={"order": "random"})
         figures.append(fname)
-    curve_figure(runs, "accuracy", orders, o_ests, out / "ordering_curves.png", by="order")
+    curve_figure(runs, "accuracy", orders, o_ests, out / "ordering_curves.png", by="order", fixed={"group_size": og})
     figures.append("ordering_curves.png")
     rl = preset.rl
     hist = base_info["pass_rate_histogram"]
+    left_out = [e for e in ESTIMATORS if e not in ests]
+    scope = (
+        f"Estimators: {', '.join(ests)}; G in {gs}; orders {orders} (ordering table at G={og} for {', '.join(o_ests)})."
+    )
+    if left_out:
+        scope += f" Not in this preset (run `--preset full`): {', '.join(left_out)}."
+    cpu = base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs)
     text = f"""# EBPO small-scale RLVR study (preset `{preset.name}`)
 
-Command: `{command}` — {len(runs)} RL runs, {seconds:.0f} s wall time on this machine.
+Command: `{command}` — {len(runs)} RL runs, {seconds:.0f} s wall time on this machine
+({cpu:.0f} CPU-seconds for the warm start and the runs). {scope}
 
 ## Setup
 - Policy: a {base_info["params"]:,}-parameter causal transformer ({preset.policy.n_layer} layers,
@@ -195,6 +207,7 @@ sampled responses = steps x {rl["responses_per_step"]}.
 {table(by_cell, ests, gs, main, "zero_signal", "G")}
 
 ## Final accuracy on a fixed sample of the RL training prompts
+Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL stream, so a run may have trained on them.
 
 {table(by_cell, ests, gs, main, "probe_final_accuracy", "G")}
 
@@ -208,6 +221,17 @@ sampled responses = steps x {rl["responses_per_step"]}.
 
 ## Figures
 {chr(10).join(f"- [{f}]({f})" for f in figures)}
+
+## What this toy does and does not show
+- It runs the real code paths: verl's advantage registry (GRPO, RLOO, REINFORCE++-baseline and the package's
+  `ebpo`), verl's PPO-clip loss, `agg_loss` and `kl_penalty`, on sampled token-by-token answers with verifiable
+  rewards, so group statistics, zero-signal groups, shrinkage and the stream order behave as in training.
+- It is not LLM-scale evidence: a ~10^5-parameter model, {rl["steps"]} steps, one warm start, arithmetic only. A
+  tiny model transfers little of what it learns on one prompt to another, so held-out gains are small; effects
+  of a few thousandths are within the intervals above. Read the tables as "what the estimators do to the
+  training signal at small scale", not as a replication of the paper's benchmark numbers.
+- The difficulty order ends on the hardest prompts, so its final accuracy measures the end of a curriculum,
+  not its average.
 """
     tmp = out / "study.md.tmp"
     tmp.write_text(text)

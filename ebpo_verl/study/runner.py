@@ -121,12 +121,13 @@ def _key(config: dict) -> tuple:
 
 def describe_base(base: Base) -> dict:
     """Facts about the warm-started model for the report (pass-rate spread, parameter count)."""
-    p = base.train_pass
+    p, probe = base.train_pass, base.probe
     return {
         "params": n_params(base.model),
         "sft_seconds": base.sft_seconds,
         "sft_cpu_seconds": base.sft_cpu_seconds,
         "heldout_accuracy": float(base.heldout_pass.mean()),
+        "probe_accuracy": float(exact_pass_at_1(base.model, probe.prompts, probe.targets, probe.target_mask).mean()),
         "train_accuracy": float(p.mean()),
         "frac_train_below_0.05": float((p < 0.05).mean()),
         "frac_train_above_0.95": float((p > 0.95).mean()),
