@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -43,8 +43,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 class EBPOOptions:
     """Options of the ``ebpo`` estimator (``algorithm.ebpo.<key>`` in verl); defaults = the arXiv algorithm box.
 
-    prior: ``gaussian`` | ``beta_binomial`` (v2 draft; always fitted on earlier batches only, Beta(1,1) warm-up,
-        so ``merge`` applies to the Gaussian prior).
+    prior: ``gaussian`` | ``beta_binomial`` (v2 draft; with ``stats_scope=history`` always fitted on earlier
+        batches only, Beta(1,1) warm-up, so ``merge`` applies to the Gaussian prior; with ``stats_scope=batch``
+        fitted on the current batch).
     stats_scope: ``history`` (Welford statistics persist across steps) | ``batch`` (current batch only: the
         authors' released code).
     sigma2: ``total`` (population variance of all rewards seen) | ``within`` (running mean of per-prompt
@@ -54,7 +55,8 @@ class EBPOOptions:
     merge: ``before`` (merge the batch into the statistics, then compute its advantages) | ``after`` (use only
         earlier batches; on the first step, with no history, the current batch).
     norm: ``batch`` ((A - mean_batch A) / (std_batch A + eps), unbiased std) | ``group`` (A / (sqrt((1-S) s_q^2 +
-        S sigma^2) + eps); at S=0 this is verl's ``grpo``) | ``none``.
+        S sigma^2) + eps); at S=0 this is verl's ``grpo`` for groups of two or more: a group of one gets 0, where
+        ``grpo`` returns its raw reward) | ``none``.
     shrinkage: ``auto`` (S from the formula) or a fixed float in [0, 1] (0: group-mean baseline, 1: global mean).
     decay: 1.0 keeps all history; a value in (0, 1) down-weights the history by that factor every step.
     cluster_key: name of a per-prompt label (e.g. ``topic``); one set of statistics per label, blended toward the
@@ -246,6 +248,13 @@ def _beta_prior(stats: PriorStats, opts: EBPOOptions) -> _Prior:
     return _Prior(p, p * (1.0 - p), v, nu)
 
 
+def _cluster_weight(prompts: float, min_prompts: int) -> float:
+    """Weight of a label's own prior: 0 without history, prompts / min_prompts, 1 from min_prompts on."""
+    if prompts == 0.0:
+        return 0.0
+    return 1.0 if min_prompts == 0 else min(1.0, prompts / min_prompts)
+
+
 def _blend(local: _Prior, glob: _Prior, weight: float) -> _Prior:
     mix = lambda a, b: weight * a + (1.0 - weight) * b  # noqa: E731
     return _Prior(mix(local.mu, glob.mu), mix(local.sigma2, glob.sigma2), mix(local.tau2, glob.tau2))
@@ -369,7 +378,7 @@ def compute_ebpo_advantages(
     else:
         priors = []
         for stats in prior_stats_clusters:
-            weight = 1.0 if options.min_cluster_prompts == 0 else min(1.0, stats.prompts / options.min_cluster_prompts)
+            weight = _cluster_weight(stats.prompts, options.min_cluster_prompts)
             local = make_prior(stats, options)
             blended = _blend(local, glob, weight)
             if options.prior == "beta_binomial":
@@ -503,8 +512,3 @@ def _diagnostics(
         diag[f"ebpo/cluster/{name}/mu_glob"] = priors[cid].mu
         diag[f"ebpo/cluster/{name}/shrinkage_mean"] = ((shrink * in_cluster).sum() / in_cluster.sum()).item()
     return diag
-
-
-def default_options() -> dict[str, Any]:
-    """The defaults as a plain dict (what ``algorithm.ebpo`` lists in the package config)."""
-    return asdict(EBPOOptions())

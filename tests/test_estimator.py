@@ -123,6 +123,17 @@ def test_shrinkage_zero_group_norm_equals_verl_grpo():
     torch.testing.assert_close(ours, vec, atol=1e-6, rtol=0)
 
 
+def test_group_of_one_differs_from_verl_grpo_by_design():
+    """verl's grpo scores a lone response by its raw reward (mean 0, std 1); the EB group form gives it 0."""
+    uids = np.array(["a", "a", "a", "solo"], dtype=object)
+    rewards = np.array([1.0, 0.0, 1.0, 1.0])
+    algo = OmegaConf.create({"ebpo": {"shrinkage": 0.0, "norm": "group"}})
+    ours = compute_advantage(make_dataproto(uids, rewards), "ebpo", config=algo).batch["advantages"][:, 0]
+    grpo = compute_advantage(make_dataproto(uids, rewards), "grpo").batch["advantages"][:, 0]
+    torch.testing.assert_close(ours[:3], grpo[:3], atol=1e-6, rtol=0)
+    assert ours[3] == 0 and grpo[3] == pytest.approx(1.0, abs=1e-5)
+
+
 def test_shrinkage_zero_no_norm_is_reward_minus_group_mean():
     rng = np.random.default_rng(1)
     uids, rewards = make_batch(rng, [3, 5, 1, 4])
@@ -220,10 +231,13 @@ def test_all_fail_negative_and_all_pass_positive():
     assert (grpo[:8] == 0).all()
     # raw form: A = -S mu_glob for all-fail, +S (1 - mu_glob) for all-pass, on a later step too
     ebpo_verl.get_state().reset()
+    uids2 = np.char.add(uids.astype(str), "-2").astype(object)
     run_ebpo(uids, rewards, norm="none")
-    raw = run_ebpo(np.char.add(uids.astype(str), "-2"), rewards, norm="none")
+    raw = run_ebpo(uids2, rewards, norm="none")
+    mu, s2, t2 = two_pass_prior([(uids, rewards), (uids2, rewards)])
+    s = (s2 / 4) / (s2 / 4 + t2 + EPS)
     d = ebpo_verl.get_state().diagnostics
-    s, mu = d["ebpo/shrinkage_mean"], d["ebpo/mu_glob"]
+    assert d["ebpo/shrinkage_mean"] == pytest.approx(s) and d["ebpo/mu_glob"] == pytest.approx(mu)
     np.testing.assert_allclose(raw[:4], -s * mu, atol=1e-7)
     np.testing.assert_allclose(raw[4:8], s * (1 - mu), atol=1e-7)
     assert d["ebpo/frac_all_fail"] == pytest.approx(1 / 3) and d["ebpo/frac_all_pass"] == pytest.approx(1 / 3)
@@ -299,6 +313,23 @@ def test_clusters_use_per_label_statistics_blended_toward_global():
         np.testing.assert_allclose(got, expected, atol=1e-7, err_msg=f"step {step}")
     diag = ebpo_verl.get_state().diagnostics
     assert diag["ebpo/cluster/easy/mu_glob"] > diag["ebpo/mu_glob"] > diag["ebpo/cluster/hard/mu_glob"]
+
+
+@pytest.mark.parametrize("prior", ["gaussian", "beta_binomial"])
+def test_a_label_without_history_falls_back_to_the_global_prior(prior):
+    """merge=after (and BB, which always uses earlier batches): a new label's first batch uses the global prior."""
+    rng = np.random.default_rng(9)
+    opts = {"merge": "after", "prior": prior, "norm": "none"}
+    uids1, r1 = make_batch(rng, [4] * 30, tag="s1")
+    uids2, r2 = make_batch(rng, [4] * 10, tag="s2")
+    for uids, r, label in ((uids1, r1, "old"), (uids2, r2, "new")):
+        labels = np.full(len(uids), label, dtype=object)
+        got = run_ebpo(uids, r, labels=labels, cluster_key="topic", min_cluster_prompts=0, **opts)
+    no_clusters = EBPOState()
+    run_ebpo(uids1, r1, state=no_clusters, **opts)
+    expected = run_ebpo(uids2, r2, state=no_clusters, **opts)
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+    assert np.abs(got).sum() > 0
 
 
 def test_cluster_errors_name_the_problem():
