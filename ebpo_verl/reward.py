@@ -337,9 +337,12 @@ def compute_score(
 ) -> dict:
     """verl custom reward: ``{"score": 1.0|0.0, "acc": bool, "pred": str}``.
 
-    Never raises on model output and never takes longer than ``timeout`` (default ``DEFAULT_TIMEOUT_S``)
-    plus the extraction scan. ``data_source``/``extra_info``/extra kwargs are accepted for verl's calling
-    convention; grading is the same for every math data source.
+    Never raises on model output. math-verify's work on this answer is bounded by ``timeout`` (default
+    ``DEFAULT_TIMEOUT_S``; an overrun scores 0 and its process is killed and replaced). The call can also wait
+    for a free grading process (each is held at most ``timeout`` per answer; ``EBPO_REWARD_WORKERS`` sets how
+    many) and, once per process start, for its import of math-verify (``warm_up`` does that ahead of time):
+    load-dependent but bounded, never a hang. ``data_source``/``extra_info``/extra kwargs are accepted for
+    verl's calling convention; grading is the same for every math data source.
     """
     pred = extract_answer(solution_str or "")
     if pred is None:
