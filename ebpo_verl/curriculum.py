@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -289,6 +290,13 @@ class CurriculumDataset(RLHFDataset):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not self.reorders:
+            if state.get("reorders", False):  # e.g. eval.sh resumes a topic-ordered run with the native order
+                warnings.warn(
+                    f"the dataloader checkpoint (data.pt) was saved by a curriculum run ({state.get('fingerprint')}) "
+                    "but this run keeps the file order: its training position now points at other prompts. Fine "
+                    "for validation-only runs; to continue training, resume with the same data.curriculum.",
+                    stacklevel=2,
+                )
             return
         if not state.get("reorders", False):
             raise ValueError(

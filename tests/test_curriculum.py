@@ -379,6 +379,16 @@ def test_checkpoint_from_other_curriculum_is_refused(make, tmp_path):
         next(iter(other))
 
 
+def test_native_run_resuming_a_curriculum_checkpoint_warns(make):
+    """eval.sh evaluates a topic-ordered checkpoint with the native order: allowed, but said out loud."""
+    dl = loader(make("olympiad", {"order": "topic", "seed": 7}, val="math", train_batch_size=64))
+    next(iter(dl))
+    native = loader(make("olympiad", {"order": "native"}, val="math", train_batch_size=64))
+    native.load_state_dict(dl.state_dict())
+    with pytest.warns(UserWarning, match="saved by a curriculum run"):
+        next(iter(native))
+
+
 # -- the pure ordering functions ------------------------------------------------------------------------
 
 
