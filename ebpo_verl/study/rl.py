@@ -233,10 +233,10 @@ def run_rl(
             stats["kl_ref"].append(kl_loss.item())
             stats["clipfrac"].append(pg_metrics["actor/pg_clipfrac"])
             opt.step()
-        with torch.no_grad():  # KL(old || new) on the first KL_PROBE responses of the step: cheap and unbiased
+        with torch.no_grad():  # k3 estimate of KL(old || new) on the step's first KL_PROBE responses (sampled from old)
             k = slice(0, KL_PROBE)
             new_logp = logprobs_from_logits(model.response_logits(prompts[k], responses[k]), responses[k])
-        log["step_kl"].append(masked_mean(kl_penalty(new_logp, old_logp[k], "low_var_kl"), maskf[k]).item())
+        log["step_kl"].append(masked_mean(kl_penalty(old_logp[k], new_logp, "low_var_kl"), maskf[k]).item())
         for k, v in stats.items():
             log[k].append(float(np.mean(v)))
         if step % cfg.eval_every == 0 or step == cfg.steps:
