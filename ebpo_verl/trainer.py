@@ -99,10 +99,17 @@ def compute_ebpo_advantage(data: DataProto, algorithm_config: Any, labels: np.nd
 
 
 def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
+    """The ``extra_info`` column of verl's ``RLHFDataset`` (read from its table: indexing the dataset would
+    tokenize every row and advance a curriculum dataset's position)."""
     frame = getattr(dataset, "dataframe", None)
-    if frame is not None and "extra_info" in getattr(frame, "column_names", ()):
-        return frame["extra_info"]
-    return (dataset[i].get("extra_info") for i in range(len(dataset)))
+    if frame is None:
+        raise EBPOConfigError(
+            f"algorithm.ebpo.cluster_key needs the training dataset's table; {type(dataset).__name__} has no "
+            "`dataframe` (use verl's RLHFDataset or a subclass such as ebpo_verl.curriculum.CurriculumDataset)"
+        )
+    if "extra_info" not in frame.column_names:
+        return [None] * len(frame)
+    return frame["extra_info"]
 
 
 def checkpoint_folder(config: Any, global_step: int) -> str:
