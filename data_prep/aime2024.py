@@ -7,13 +7,11 @@ one (``id, problem, answer``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, pick, require_text
+from data_prep.schema import Dataset, Example, InvalidRowError, pick, require_text
 
 NAME = "aime2024"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "Maxwell-Jia/AIME_2024", None, "train"
 
 
 def aime_answer(row: dict[str, Any]) -> str:
@@ -38,20 +36,9 @@ def aime_example(row: dict[str, Any], i: int) -> Example:
     )
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/aime2024.parquet`` from AIME 2024 (hub or ``local_path``)."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    return finish(NAME, out_dir, df, aime_example, "test", template, skip_invalid, str(local_path or HUB_ID))
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "Maxwell-Jia/AIME_2024", "train", aime_example, split="test")
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

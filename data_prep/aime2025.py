@@ -6,29 +6,15 @@ and ``MathArena/aime_2025`` (``problem_idx, problem, answer``) shaped files.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from data_prep.aime2024 import aime_example
-from data_prep.schema import cli, finish, load_source
+from data_prep.schema import Dataset
 
 NAME = "aime2025"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "yentinglin/aime_2025", None, "train"
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/aime2025.parquet`` from AIME 2025 (hub or ``local_path``)."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    return finish(NAME, out_dir, df, aime_example, "test", template, skip_invalid, str(local_path or HUB_ID))
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "yentinglin/aime_2025", "train", aime_example, split="test")
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

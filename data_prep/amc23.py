@@ -6,13 +6,11 @@ answer verbatim. The hub copy names the text column ``question``, local copies `
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from data_prep.schema import Example, cli, finish, load_source, pick, require_text
+from data_prep.schema import Dataset, Example, pick, require_text
 
 NAME = "amc23"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "math-ai/amc23", None, "test"
 
 
 def canonical_number(text: str) -> str:
@@ -33,20 +31,9 @@ def convert(row: dict[str, Any], i: int) -> Example:
     )
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/amc23.parquet`` from AMC 2023 (hub or ``local_path``)."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    return finish(NAME, out_dir, df, convert, "test", template, skip_invalid, str(local_path or HUB_ID))
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "math-ai/amc23", "test", convert, split="test")
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

@@ -8,15 +8,13 @@ variants whose prompt is the bare problem and whose ``extra_info.index`` is an i
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, strip_dapo_wrapper
+from data_prep.schema import Dataset, Example, InvalidRowError, strip_dapo_wrapper
 
 NAME = "dapo_math"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "BytedTsinghua-SIA/DAPO-Math-17k", None, "train"
 
 
 def convert(row: dict[str, Any], i: int) -> Example:
@@ -42,21 +40,9 @@ def convert(row: dict[str, Any], i: int) -> Example:
     return Example(problem=problem, answer=str(answer).strip(), source_id=str(i if index is None else index))
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/dapo_math.parquet``: DAPO-Math-17k (hub or ``local_path``), one row per problem."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    source = str(local_path or HUB_ID)
-    return finish(NAME, out_dir, df, convert, "train", template, skip_invalid, source, dedupe=True)
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "BytedTsinghua-SIA/DAPO-Math-17k", "train", convert, split="train", dedupe=True)
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

@@ -5,14 +5,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from data_prep.math_train import parse_level
-from data_prep.schema import Example, cli, finish, load_source, pick, require_text
+from data_prep.schema import Dataset, Example, pick, require_text
 
 NAME = "math500"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "HuggingFaceH4/MATH-500", None, "test"
 
 
 def convert(row: dict[str, Any], i: int) -> Example:
@@ -27,20 +25,9 @@ def convert(row: dict[str, Any], i: int) -> Example:
     )
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/math500.parquet`` from MATH-500 (hub or ``local_path``)."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    return finish(NAME, out_dir, df, convert, "test", template, skip_invalid, str(local_path or HUB_ID))
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "HuggingFaceH4/MATH-500", "test", convert, split="test")
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

@@ -8,14 +8,12 @@ public copy say ``"Level ?"``: their difficulty is left as None rather than gues
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
-from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, pick, require_text
+from data_prep.schema import Dataset, Example, InvalidRowError, pick, require_text
 from ebpo_verl.reward import last_boxed
 
 NAME = "math_train"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "DigitalLearningGmbH/MATH-lighteval", "default", "train"
 _LEVEL_RE = re.compile(r"^\s*Level\s+([1-5])\s*$")
 
 
@@ -45,20 +43,9 @@ def convert(row: dict[str, Any], i: int) -> Example:
     )
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/math_train.parquet`` from MATH train (hub or ``local_path``)."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    return finish(NAME, out_dir, df, convert, "train", template, skip_invalid, str(local_path or HUB_ID))
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "DigitalLearningGmbH/MATH-lighteval", "train", convert, split="train", hub_config="default")
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

@@ -10,15 +10,13 @@ benchmark's own prompt does. Relay problems whose ``T`` was never substituted (`
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data_prep.schema import Example, InvalidRowError, cli, finish, load_source, pick, require_text
+from data_prep.schema import Dataset, Example, InvalidRowError, pick, require_text
 
 NAME = "olympiadbench"
-HUB_ID, HUB_CONFIG, HUB_SPLIT = "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"
 _DOLLAR_RE = re.compile(r"(?<!\\)\$")
 _TNYWR_RE = re.compile(r"T\s*=\s*T\s*N\s*Y\s*W\s*R")
 
@@ -59,20 +57,9 @@ def convert(row: dict[str, Any], i: int) -> Example:
     )
 
 
-def prepare(
-    out_dir: str | Path,
-    local_path: str | Path | None = None,
-    template: str = "dapo",
-    skip_invalid: bool = False,
-    revision: str | None = None,
-) -> Path:
-    """Write ``out_dir/olympiadbench.parquet`` from OlympiadBench OE_TO_maths_en_COMP (hub or ``local_path``)."""
-    df = load_source(local_path, HUB_ID, HUB_SPLIT, HUB_CONFIG, revision)
-    return finish(NAME, out_dir, df, convert, "test", template, skip_invalid, str(local_path or HUB_ID))
-
-
-def main(argv: list[str] | None = None) -> Path:
-    return cli(NAME, prepare, argv)
+DATASET = Dataset(NAME, "Hothan/OlympiadBench", "train", convert, split="test", hub_config="OE_TO_maths_en_COMP")
+prepare = DATASET.prepare
+main = DATASET.main
 
 
 if __name__ == "__main__":

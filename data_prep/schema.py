@@ -272,6 +272,41 @@ def finish(
     return out
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
+
+    Each ``data_prep.<name>`` module declares one and exposes its ``prepare`` and ``main``.
+    """
+
+    name: str
+    hub_id: str
+    hub_split: str
+    convert: Callable[[dict[str, Any], int], Example]
+    split: str = "test"  # the extra_info.split written for every row
+    hub_config: str | None = None
+    dedupe: bool = False  # drop rows whose prompt repeats an earlier one (DAPO-Math-17k)
+
+    def prepare(
+        self,
+        out_dir: str | Path,
+        local_path: str | Path | None = None,
+        template: str = "dapo",
+        skip_invalid: bool = False,
+        revision: str | None = None,
+    ) -> Path:
+        """Write ``out_dir/<name>.parquet`` from the hub (pinned id, optional ``revision``) or ``local_path``."""
+        df = load_source(local_path, self.hub_id, self.hub_split, self.hub_config, revision)
+        source = str(local_path or self.hub_id)
+        return finish(
+            self.name, out_dir, df, self.convert, self.split, template, skip_invalid, source, dedupe=self.dedupe
+        )
+
+    def main(self, argv: list[str] | None = None) -> Path:
+        """``python -m data_prep.<name>``."""
+        return cli(self.name, self.prepare, argv)
+
+
 def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) -> Path:
     """``python -m data_prep.<name> --out-dir DIR [--local-path FILE] [--template T] [--skip-invalid]``."""
     parser = argparse.ArgumentParser(prog=f"python -m data_prep.{name}", description=prepare.__doc__)
