@@ -272,6 +272,8 @@ def _segment_stats(
     """Batch statistics per segment (cluster), each computed two-pass in float64 with scatter ops."""
 
     def moments(values: torch.Tensor, seg: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        values, order = torch.sort(values, stable=True)  # sums in value order: independent of row/uid order
+        seg, weight = seg.index_select(0, order), weight.index_select(0, order)
         n = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, weight)
         s = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, values * weight)
         mean = torch.where(n > 0, s / n.clamp_min(1e-300), torch.zeros_like(n))
@@ -291,6 +293,11 @@ def _segment_stats(
         dim=1,
     ).tolist()
     return [PriorStats(*(Moments(*part) for part in seg)) for seg in parts]
+
+
+def _sorted_mean(values: torch.Tensor) -> float:
+    """Mean summed in value order (independent of the order of the rows)."""
+    return (torch.sort(values).values.sum() / values.numel()).item()
 
 
 def _per_group(values: list[float], group_index: torch.Tensor) -> torch.Tensor:
@@ -349,10 +356,14 @@ def compute_ebpo_advantages(
     group_uids, row_group_np = _factorize(uids[valid_np])
     row_group = torch.from_numpy(row_group_np)
     n_groups = len(group_uids)
-    g = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, row_group, torch.ones_like(r))
-    mu_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, row_group, r) / g
-    dev = r - mu_q.index_select(0, row_group)
-    m2_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, row_group, dev * dev)
+    # Every sum runs over values in sorted order, so the result does not depend on the order of the rows or on
+    # the uid strings (fresh per run): a resumed run reproduces the uninterrupted one bit for bit.
+    r_sorted, by_value = torch.sort(r, stable=True)
+    group_of_sorted = row_group.index_select(0, by_value)
+    g = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_of_sorted, torch.ones_like(r))
+    mu_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_of_sorted, r_sorted) / g
+    dev = r_sorted - mu_q.index_select(0, group_of_sorted)
+    m2_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_of_sorted, dev * dev)
     var_q = torch.where(g >= 2, m2_q / (g - 1).clamp_min(1.0), torch.zeros_like(m2_q))
     r_max = torch.full((n_groups,), -math.inf, dtype=torch.float64).scatter_reduce_(0, row_group, r, "amax")
     r_min = torch.full((n_groups,), math.inf, dtype=torch.float64).scatter_reduce_(0, row_group, r, "amin")
@@ -402,8 +413,10 @@ def compute_ebpo_advantages(
     adv = r - baseline.index_select(0, row_group)
     eps = options.epsilon
     if options.norm == "batch":
-        std = adv.std(correction=1) if adv.numel() >= 2 else torch.zeros((), dtype=torch.float64)
-        adv = (adv - adv.mean()) / (std + eps)
+        ordered = torch.sort(adv).values
+        mean = ordered.sum() / ordered.numel()
+        var = ((ordered - mean) ** 2).sum() / (ordered.numel() - 1) if ordered.numel() >= 2 else torch.zeros(())
+        adv = (adv - mean) / (var.sqrt() + eps)
     elif options.norm == "group":
         scale = torch.sqrt((1.0 - shrink) * var_q + shrink * prior_sigma2)
         adv = adv / (scale.index_select(0, row_group) + eps)
@@ -495,7 +508,7 @@ def _diagnostics(
     group_cluster: np.ndarray,
 ) -> dict[str, float]:
     diag = {
-        "ebpo/shrinkage_mean": shrink.mean().item(),
+        "ebpo/shrinkage_mean": _sorted_mean(shrink),
         "ebpo/shrinkage_min": shrink.min().item(),
         "ebpo/shrinkage_max": shrink.max().item(),
         "ebpo/mu_glob": glob.mu,
@@ -503,12 +516,12 @@ def _diagnostics(
         "ebpo/tau2": glob.tau2,
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
-        "ebpo/frac_zero_var_groups": (r_max == r_min).double().mean().item(),
-        "ebpo/frac_all_fail": (r_max <= 0).double().mean().item(),
-        "ebpo/frac_all_pass": (r_min >= 1).double().mean().item(),
+        "ebpo/frac_zero_var_groups": _sorted_mean((r_max == r_min).double()),
+        "ebpo/frac_all_fail": _sorted_mean((r_max <= 0).double()),
+        "ebpo/frac_all_pass": _sorted_mean((r_min >= 1).double()),
     }
     for cid, name in enumerate(cluster_names or []):
-        in_cluster = torch.from_numpy(group_cluster == cid).to(torch.float64)
+        members = torch.from_numpy(np.flatnonzero(group_cluster == cid))
         diag[f"ebpo/cluster/{name}/mu_glob"] = priors[cid].mu
-        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = ((shrink * in_cluster).sum() / in_cluster.sum()).item()
+        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = _sorted_mean(shrink.index_select(0, members))
     return diag
