@@ -252,26 +252,6 @@ def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int,
     return "\n".join(lines)
 
 
-def finish(
-    name: str,
-    out_dir: str | Path,
-    df: pd.DataFrame,
-    convert: Callable[[dict[str, Any], int], Example],
-    split: str,
-    template: str,
-    skip_invalid: bool,
-    source: str,
-    dedupe: bool = False,
-) -> Path:
-    """Convert ``df`` and write ``out_dir/<name>.parquet`` atomically; prints the summary."""
-    rows, skipped, duplicates = build_rows(name, df, convert, split, template, skip_invalid, source, dedupe)
-    if not rows:
-        raise ValueError(f"{name}: no valid rows in {source}")
-    out = write_parquet_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), Path(out_dir) / f"{name}.parquet")
-    print(summarize(name, len(df), rows, skipped, duplicates, out))
-    return out
-
-
 @dataclass(frozen=True)
 class Dataset:
     """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
@@ -298,9 +278,14 @@ class Dataset:
         """Write ``out_dir/<name>.parquet`` from the hub (pinned id, optional ``revision``) or ``local_path``."""
         df = load_source(local_path, self.hub_id, self.hub_split, self.hub_config, revision)
         source = str(local_path or self.hub_id)
-        return finish(
-            self.name, out_dir, df, self.convert, self.split, template, skip_invalid, source, dedupe=self.dedupe
+        rows, skipped, duplicates = build_rows(
+            self.name, df, self.convert, self.split, template, skip_invalid, source, self.dedupe
         )
+        if not rows:
+            raise ValueError(f"{self.name}: no valid rows in {source}")
+        out = write_parquet_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), Path(out_dir) / f"{self.name}.parquet")
+        print(summarize(self.name, len(df), rows, skipped, duplicates, out))
+        return out
 
     def main(self, argv: list[str] | None = None) -> Path:
         """``python -m data_prep.<name>``."""
