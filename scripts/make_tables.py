@@ -34,13 +34,14 @@ import math
 import os
 import re
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_numbers import BENCHMARKS, CONTRASTS, PAPER  # noqa: E402
+
+from ebpo_verl.checkpoint import atomic_write_text  # noqa: E402
 
 VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
 SELECT = ("final", "best")
@@ -270,19 +271,6 @@ def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
     return buf.getvalue()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def make_tables(specs: list[str], out: Path, table: str | None = None, how: str = "final") -> Path:
     """Write ``<out>/<table>.md`` and ``.csv``; returns the markdown path."""
     if how not in SELECT:
@@ -292,8 +280,8 @@ def make_tables(specs: list[str], out: Path, table: str | None = None, how: str 
     name = table or ADHOC_SECTION
     title = f"{name}: Pass@1 (%), {how} validation"
     md = out / f"{name}.md"
-    write_atomic(md, render_markdown(title, rows, contrasts))
-    write_atomic(out / f"{name}.csv", render_csv(rows, contrasts))
+    atomic_write_text(md, render_markdown(title, rows, contrasts))
+    atomic_write_text(out / f"{name}.csv", render_csv(rows, contrasts))
     return md
 
 
