@@ -1,0 +1,66 @@
+"""The authors' DAPO/Minerva grading rule, for training (``compute_score``) and evaluation (``grade_eval``).
+
+PAPER.md, "The authors' own runs and evaluation": the fork trained with verl's built-in DAPO math rule and
+evaluated with a variant of it. Both look only at the last 300 characters of a response, find
+``(?i)Answer\\s*:\\s*([^\\n]+)``, apply the Minerva answer normalisation (verl's
+``math_dapo.normalize_final_answer``, reused here) to prediction and ground truth, and compare strings.
+Neither falls back to ``\\boxed{}`` (verl 0.9.1's ``math_dapo.compute_score`` does, so it is not called).
+
+* Training (``compute_score``): the LAST match is graded; +1 / -1; no match scores -1.
+* Evaluation (``grade_eval``): with two or more matches the SECOND-TO-LAST is graded, and the normaliser
+  drops a trailing ``.0`` right after keeping the text after the last ``=`` (so AMC23's ``27.0`` equals
+  ``27``).
+
+Recipes use the training rule with ``reward.custom_reward_function.path=pkg://ebpo_verl.paper_reward``
+and ``reward.custom_reward_function.name=compute_score``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from verl.utils.reward_score.math_dapo import is_correct_minerva, normalize_final_answer
+
+TAIL_CHARS = 300
+"""Only this many trailing characters of a response are searched (as verl's and the fork's rule)."""
+ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+INVALID = "[INVALID]"
+"""Prediction reported when the window has no ``Answer:`` line (the string verl's rule uses)."""
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """The paper's training reward: +1.0 when the last ``Answer:`` line matches ``ground_truth``, else -1.0.
+
+    Signature of verl's ``custom_reward_function``; ``data_source`` and ``extra_info`` are not used.
+    Returns ``{"score": +-1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"}``.
+    """
+    correct, pred = is_correct_minerva(solution_str[-TAIL_CHARS:], str(ground_truth))
+    return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
+
+
+def normalize_eval_answer(answer: str) -> str:
+    """The evaluation normaliser: text after the last ``=``, a trailing ``.0`` dropped, then Minerva's rules."""
+    answer = answer.split("=")[-1]
+    if answer.endswith(".0"):
+        answer = answer[:-2]
+    return normalize_final_answer(answer)
+
+
+def extract_eval_answer(response: str) -> str | None:
+    """The raw answer the evaluation rule grades: the second-to-last ``Answer:`` match of the last 300
+    characters when there are two or more, the only one when there is one, None when there is none."""
+    matches = ANSWER_RE.findall(response[-TAIL_CHARS:])
+    if not matches:
+        return None
+    return matches[-2] if len(matches) >= 2 else matches[0]
+
+
+def grade_eval(response: str, ground_truth: Any) -> bool:
+    """The paper's evaluation rule (PAPER.md, "Evaluation"): True when the graded answer matches."""
+    answer = extract_eval_answer(response)
+    if answer is None:
+        return False
+    return normalize_eval_answer(answer) == normalize_eval_answer(str(ground_truth))
