@@ -1,4 +1,8 @@
-"""verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point)."""
+"""verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point).
+
+The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
+:mod:`ebpo_verl.baselines`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,13 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
+from ebpo_verl.baselines import (
+    SPO_STATE,
+    SPOOptions,
+    compute_bnpo_advantages,
+    compute_js_advantages,
+    compute_spo_advantages,
+)
 from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, compute_ebpo_advantages
 
 NAME = "ebpo"
@@ -39,6 +50,83 @@ def compute_ebpo_outcome_advantage(
     return advantages, advantages
 
 
+def compute_shrinkage_js_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """James-Stein shrinkage baseline (Zeng et al., "Shrinking the Variance", arXiv 2511.03710), as the fork runs it.
+
+    A_ij = r_ij - [(1 - lambda_i) mu_i^{-j} + lambda_i mbar_{-i}], lambda_i = ((n-1)/n) v_{-i} / (v_{-i} + s_{-i}):
+    leave-one-out group mean shrunk toward the leave-one-prompt-out batch mean; no normalisation (details in
+    :mod:`ebpo_verl.baselines`). Padding rows (uid ``pad*`` or an all-zero mask) get 0 and enter no statistic.
+    Returns (advantages, returns), both (bs, response_length).
+    """
+    scores, uids, valid = _outcome(token_level_rewards, response_mask, index)
+    advantages = compute_js_advantages(scores, uids, valid).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def compute_bnpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BNPO (Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv 2506.02864).
+
+    A = (r - p_q) / max(eps, f(p_q; alpha, beta)), p_q the group mean reward and f the Beta pdf with
+    alpha = 1 + a/3, beta = 1 + b/3, (a, b) fitted by moments to the batch's p_q; eps = 1e-6. Padding rows get 0.
+    Returns (advantages, returns), both (bs, response_length).
+    """
+    scores, uids, valid = _outcome(token_level_rewards, response_mask, index)
+    advantages = compute_bnpo_advantages(scores, uids, valid).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def compute_spo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any = None,
+    prompt_keys: np.ndarray | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPO (Xu & Ding, "Single-stream Policy Optimization", arXiv 2509.13232), the fork's simplified form.
+
+    A = r - alpha_q / (alpha_q + beta_q) (0.5 for an unseen prompt), then (A - mean) / (std + eps) over the batch;
+    afterwards each prompt's tracker does alpha <- rho alpha + rbar, beta <- rho beta + (1 - rbar), starting
+    from (n0/2, n0/2). The tracker is ``ebpo_verl.baselines.SPO_STATE``, keyed by ``prompt_keys`` (one stable
+    key per row, e.g. ``extra_info["index"]``, which ``python -m ebpo_verl.main`` passes); verl's uids are fresh
+    every step, so without ``prompt_keys`` this raises rather than track nothing. Options: ``config.spo``.
+    Returns (advantages, returns), both (bs, response_length).
+    """
+    options = SPOOptions.from_mapping(None if config is None else config.get("spo", None))
+    if prompt_keys is None:
+        raise ValueError(
+            "adv_estimator=spo needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "
+            f"uid-keyed tracker never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
+            f"extra_info[{options.prompt_key!r}] (algorithm.spo.prompt_key), or pass prompt_keys=..."
+        )
+    scores, _, valid = _outcome(token_level_rewards, response_mask, index)
+    adv = compute_spo_advantages(scores, prompt_keys, valid, options, SPO_STATE)
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def _outcome(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray
+) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
+    """Response scores, uids as strings and the valid (non-padding) rows, as the ``ebpo`` wrapper computes them."""
+    uids = np.asarray(index).astype(str)
+    is_pad = torch.from_numpy(np.char.startswith(uids, "pad")).to(response_mask.device)
+    valid = _has_response(response_mask) & ~is_pad
+    return token_level_rewards.sum(dim=-1), uids, valid.cpu()
+
+
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
     """Rows with at least one response token; reads whole rows only where the first token is masked out."""
     has = response_mask[:, 0] != 0
@@ -48,17 +136,26 @@ def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
     return has
 
 
+ESTIMATORS = {
+    NAME: compute_ebpo_outcome_advantage,
+    "shrinkage_js": compute_shrinkage_js_outcome_advantage,
+    "bnpo": compute_bnpo_outcome_advantage,
+    "spo": compute_spo_outcome_advantage,
+}
+"""Every estimator this package registers, by its verl name."""
+
+
 def register() -> None:
-    """Register ``ebpo`` in verl's estimator registry; idempotent (same function object every time)."""
+    """Register ``ebpo``, ``shrinkage_js``, ``bnpo`` and ``spo`` in verl's estimator registry; idempotent."""
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
-    current = registry.get(NAME)
-    ours = compute_ebpo_outcome_advantage
-    if current is not None and current is not ours and _same_definition(current, ours):
-        del registry[NAME]  # this module was executed again (reload, second import name): replace our old copy
-    if registry.get(NAME) is not ours:
-        core_algos.register_adv_est(NAME)(ours)
-    if core_algos.get_adv_estimator_fn(NAME) is not compute_ebpo_outcome_advantage:
-        raise RuntimeError(f"verl's registry holds a different '{NAME}' estimator")
+    for name, ours in ESTIMATORS.items():
+        current = registry.get(name)
+        if current is not None and current is not ours and _same_definition(current, ours):
+            del registry[name]  # this module was executed again (reload, second import name): replace our old copy
+        if registry.get(name) is not ours:
+            core_algos.register_adv_est(name)(ours)
+        if core_algos.get_adv_estimator_fn(name) is not ours:
+            raise RuntimeError(f"verl's registry holds a different '{name}' estimator")
 
 
 def _same_definition(a: Any, b: Any) -> bool:
