@@ -4,6 +4,8 @@ The file is written atomically (temp file in the same folder, fsync, ``os.replac
 ``latest_checkpointed_iteration.txt``, so a checkpoint that verl would resume from always has it. Layout::
 
     {"format": 1, "global_step": N, "options": {<algorithm.ebpo at save time>}, "state": EBPOState.state_dict()}
+
+With ``adv_estimator=spo`` the SPO tracker goes the same way to ``global_step_N/spo_state.json``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ebpo_verl.baselines import SPOOptions, SPOState
 from ebpo_verl.estimator import EBPOOptions, EBPOState
 
 STATE_FILE = "ebpo_state.json"
+SPO_STATE_FILE = "spo_state.json"
 FORMAT = 1
 
 
@@ -89,4 +93,58 @@ def load_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPO
     if changed:
         diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
         warnings.warn(f"EBPO: algorithm.ebpo changed since the checkpoint ({diff})", RuntimeWarning, stacklevel=2)
+    return True
+
+
+def save_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOptions, global_step: int) -> Path:
+    """Write the SPO tracker (after ``global_step`` steps) to ``step_dir/spo_state.json``, atomically.
+
+    Layout: ``{"format": 1, "global_step": N, "options": {<algorithm.spo>}, "state": SPOState.state_dict()}``.
+    """
+    payload = {
+        "format": FORMAT,
+        "global_step": int(global_step),
+        "options": dataclasses.asdict(options),
+        "state": state.state_dict(),
+    }
+    path = Path(step_dir) / SPO_STATE_FILE
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOptions, global_step: int) -> bool:
+    """Restore the SPO tracker from ``step_dir/spo_state.json``; False (after a loud warning) when absent.
+
+    As :func:`load_ebpo_state`: no file -> fresh tracker; a malformed file or one of another step raises
+    ValueError; changed ``algorithm.spo`` options warn (a new ``prompt_key`` makes the saved keys meaningless).
+    """
+    path = Path(step_dir) / SPO_STATE_FILE
+    state.reset()
+    if not path.is_file():
+        warnings.warn(
+            f"SPO: no {SPO_STATE_FILE} in checkpoint {step_dir}: every prompt's tracker starts FRESH (baseline 0.5) "
+            f"at step {global_step}, so advantages will differ from an uninterrupted run",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    try:
+        payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        if payload.get("format") != FORMAT:
+            raise ValueError(f"format {payload.get('format')!r} is not supported (expected {FORMAT})")
+        saved_step = int(payload["global_step"])
+        state.load_state_dict(payload["state"])
+    except (ValueError, KeyError, TypeError) as err:
+        state.reset()
+        raise ValueError(
+            f"SPO state file {path} is unreadable: {err}. Delete it to resume with a fresh tracker."
+        ) from err
+    if saved_step != int(global_step):
+        state.reset()
+        raise ValueError(f"SPO state file {path} was written at global step {saved_step}, not {global_step}")
+    current = dataclasses.asdict(options)
+    changed = {k: (v, current.get(k)) for k, v in payload.get("options", {}).items() if current.get(k) != v}
+    if changed:
+        diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+        warnings.warn(f"SPO: algorithm.spo changed since the checkpoint ({diff})", RuntimeWarning, stacklevel=2)
     return True
