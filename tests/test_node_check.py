@@ -1,0 +1,211 @@
+"""ebpo_verl.node_check on a real two-node Ray cluster started on this machine (`ray start --head` + `ray start
+--address`), one of whose nodes sees a node-local disk (a tmpfs mounted in its own mount namespace) at a path
+where the head sees the shared folder, as a node without the shared mount would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from ebpo_verl.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def config(train: Path, val: Path, ckpt: Path, logs: Path):
+    return OmegaConf.create(
+        {
+            "data": {"train_files": [str(train)], "val_files": [str(val)]},
+            "trainer": {
+                "default_local_dir": str(ckpt),
+                "metrics_log_path": str(logs / "metrics.jsonl"),
+                "validation_data_dir": None,
+                "rollout_data_dir": None,
+            },
+        }
+    )
+
+
+def test_run_paths_lists_data_files_and_output_folders(tmp_path):
+    cfg = config(tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "ckpt", tmp_path / "logs")
+    cfg.data.val_files = [str(tmp_path / "v.parquet"), "hdfs://remote/v.parquet", str(tmp_path / "t.parquet")]
+    cfg.trainer.rollout_data_dir = str(tmp_path / "dump")
+    paths = run_paths(cfg)
+    assert paths.files == (str(tmp_path / "t.parquet"), str(tmp_path / "v.parquet"))  # remote and repeats dropped
+    assert paths.dirs == (str(tmp_path / "ckpt"), str(tmp_path / "logs"), str(tmp_path / "dump"))
+
+
+def test_check_here_reports_each_problem(tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"12345")
+    shared = tmp_path / "out"
+    shared.mkdir()
+    (shared / f"{MARKER_PREFIX}abc").write_text("abc")
+    other = tmp_path / "other"
+    other.mkdir()
+    assert check_here({str(data): 5}, {str(shared): "abc"}) == []
+    problems = check_here({str(data): 7, str(tmp_path / "gone.parquet"): 1}, {str(shared): "abc", str(other): "abc"})
+    assert problems == [
+        f"{data}: 5 bytes here but 7 on the driver, so not the same file",
+        f"{tmp_path / 'gone.parquet'}: cannot read the data file (No such file or directory)",
+        f"{other}: the driver's marker file is not there, so this is not the driver's folder",
+    ]
+
+
+def _can_shadow(folder: Path) -> bool:
+    """Whether this process may start a process that sees its own tmpfs at ``folder`` (root + unshare)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "mount", "-t", "tmpfs", "tmpfs", str(folder)],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory):
+    """Head + one worker node on 127.0.0.1, each with its own ports; the worker sees a tmpfs at ``local``."""
+    root = tmp_path_factory.mktemp("cluster")
+    shared, local = root / "shared", root / "local"
+    shared.mkdir()
+    local.mkdir()
+    if not _can_shadow(local):
+        pytest.skip("needs root and unshare to give the second Ray node its own mount namespace")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    gcs, *ports = free_ports(16)
+
+    def node_args(offset: int, temp: str) -> list[str]:
+        p = ports[offset : offset + 7]
+        return [
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            "--object-store-memory=80000000",
+            f"--node-manager-port={p[0]}",
+            f"--object-manager-port={p[1]}",
+            f"--dashboard-agent-listen-port={p[2]}",
+            f"--dashboard-agent-grpc-port={p[3]}",
+            f"--metrics-export-port={p[4]}",
+            f"--runtime-env-agent-port={p[5]}",
+            f"--min-worker-port={20000 + p[6] % 20000}",
+            f"--max-worker-port={20000 + p[6] % 20000 + 40}",
+            f"--temp-dir={temp}",
+            "--block",
+        ]
+
+    temp = f"/tmp/ray_nc_{gcs}"  # short: Ray's socket paths must fit in 107 characters
+    head_cmd = [
+        RAY,
+        "start",
+        "--head",
+        f"--port={gcs}",
+        "--include-dashboard=false",
+        f"--ray-client-server-port={ports[14]}",
+    ]
+    procs = [
+        subprocess.Popen(
+            head_cmd + node_args(0, temp),
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
+    try:
+        import ray
+
+        address = f"127.0.0.1:{gcs}"
+        worker = [RAY, "start", f"--address={address}", *node_args(7, temp)]
+        shadow = f'mount -t tmpfs tmpfs {local} && exec "$@"'
+        for _ in range(60):
+            if subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode == 0:
+                break
+            time.sleep(1)
+        procs.append(
+            subprocess.Popen(
+                ["unshare", "-m", "--propagation", "private", "sh", "-c", shadow, "sh", *worker],
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        for _ in range(90):
+            if sum(node["Alive"] for node in ray.nodes()) == 2:
+                break
+            time.sleep(1)
+        assert sum(node["Alive"] for node in ray.nodes()) == 2, "the second Ray node did not join"
+        yield shared, local
+    finally:
+        try:
+            import ray
+
+            ray.shutdown()
+        finally:
+            for proc in reversed(procs):  # the process groups we started, nothing else
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_cluster):
+    import ray
+
+    shared, local = two_node_cluster
+    worker_ids = {
+        n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and not n.get("Resources", {}).get("node:__internal_head__")
+    }
+    assert len(worker_ids) == 1
+    train, val = shared / "train.parquet", shared / "val.parquet"
+    train.write_bytes(b"x" * 100)
+    val.write_bytes(b"y" * 10)
+    check_nodes(config(train, val, shared / "ckpt" / "run", shared / "logs" / "run"))  # all shared: passes
+    assert not [p for p in (shared / "ckpt" / "run").iterdir() if p.name.startswith(MARKER_PREFIX)]
+
+    # data file on a node-local disk: the worker node cannot read it, the head can
+    (local / "train.parquet").write_bytes(b"x" * 100)
+    with pytest.raises(NodeCheckError) as err:
+        check_nodes(config(local / "train.parquet", val, shared / "ckpt" / "run", shared / "logs" / "run"))
+    message = str(err.value)
+    (worker,) = worker_ids
+    assert f"(id {worker}): {local / 'train.parquet'}: cannot read the data file (No such file or directory)" in message
+    assert message.count("(id ") == 1 and "shared by all nodes" in message
+
+    # checkpoints on a node-local disk: the worker can write there, but it is not the head's folder
+    with pytest.raises(NodeCheckError) as err:
+        check_nodes(config(train, val, local / "ckpt" / "run", shared / "logs" / "run"))
+    assert f"(id {worker}): {local / 'ckpt' / 'run'}: the driver's marker file is not there" in str(err.value)
+    assert not [p for p in (local / "ckpt" / "run").iterdir() if p.name.startswith(MARKER_PREFIX)]
+
+    # missing everywhere: refused on the driver before any task runs
+    with pytest.raises(NodeCheckError, match=r"the driver \(.*\): .*missing.parquet: cannot read the data file"):
+        check_nodes(config(shared / "missing.parquet", val, shared / "ckpt" / "run", shared / "logs" / "run"))
