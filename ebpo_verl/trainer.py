@@ -13,7 +13,8 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
 - ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.metrics_log.MetricsLog`
   at ``trainer.metrics_log_path``.
 
-:class:`EBPOTaskRunner` is verl's ``TaskRunnerV1`` running these trainers after the pre-flight checks.
+:class:`EBPOTaskRunner` is verl's ``TaskRunnerV1`` running these trainers after the pre-flight checks and
+:func:`~ebpo_verl.node_check.check_nodes` (every Ray node sees the same data and output paths).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from verl.workers.utils.padding import response_to_nested
 import ebpo_verl
 from ebpo_verl.checkpoint import load_ebpo_state, save_ebpo_state
 from ebpo_verl.metrics_log import MetricsLog
+from ebpo_verl.node_check import check_nodes
 from ebpo_verl.validation import (
     ESTIMATOR,
     EBPOConfigError,
@@ -232,6 +234,7 @@ class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     def run(self, config: DictConfig) -> None:
         configure_verl_logging()
         self.preflight(config)
+        check_nodes(config)  # every Ray node sees the data files and output folders at the same paths
         import transfer_queue as tq
 
         trainer_cls = ebpo_trainer_cls(config.trainer.v1.trainer_mode)
