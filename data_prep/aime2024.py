@@ -33,6 +33,8 @@ def aime_example(row: dict[str, Any], i: int) -> Example:
         problem=require_text(row, ("problem", "Problem", "question"), field="problem"),
         answer=aime_answer(row),
         source_id=str(i if source_id is None else source_id),
+        raw_problem=str(pick(row, ("problem", "Problem", "question"))),
+        raw_answer=str(pick(row, ("answer", "Answer"))),
     )
 
 

@@ -28,6 +28,8 @@ def convert(row: dict[str, Any], i: int) -> Example:
         problem=require_text(row, ("problem", "question"), field="problem"),
         answer=canonical_number(require_text(row, ("answer",))),
         source_id=str(i if source_id is None else source_id),
+        raw_problem=str(pick(row, ("problem", "question"))),
+        raw_answer=str(pick(row, ("answer",))),
     )
 
 

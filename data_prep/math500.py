@@ -22,6 +22,8 @@ def convert(row: dict[str, Any], i: int) -> Example:
         source_id=str(i if source_id is None else source_id),
         topic=None if subject is None else str(subject),
         difficulty=parse_level(pick(row, ("level",))),
+        raw_problem=str(pick(row, ("problem", "question"))),
+        raw_answer=str(pick(row, ("answer",))),
     )
 
 

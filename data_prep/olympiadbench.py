@@ -36,6 +36,13 @@ def join_final_answer(final_answer: Any) -> str:
     return ", ".join(parts)
 
 
+def first_answer(final_answer: Any) -> str:
+    """The first element of ``final_answer`` as stored (``$``-wrapped): the paper's evaluation ground truth."""
+    if isinstance(final_answer, list | tuple | np.ndarray) and len(final_answer):
+        return str(final_answer[0])
+    return str(final_answer)
+
+
 def convert(row: dict[str, Any], i: int) -> Example:
     question = require_text(row, ("question", "problem"))
     if _TNYWR_RE.search(question):
@@ -54,6 +61,8 @@ def convert(row: dict[str, Any], i: int) -> Example:
         answer=join_final_answer(answer),
         source_id=str(pick(row, ("id",)) if pick(row, ("id",)) is not None else i),
         topic=None if subfield is None else str(subfield),
+        raw_problem=str(pick(row, ("question", "problem"))),
+        raw_answer=first_answer(answer),
     )
 
 

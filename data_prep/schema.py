@@ -9,7 +9,12 @@ that train/val file lists concatenate)::
     ability       str   "math"
     reward_model  dict  {"style": "rule", "ground_truth": <answer as a string>}
     extra_info    dict  {"index": int, "split": str, "source_id": str,
-                         "topic": str | None, "difficulty": int | None}
+                         "topic": str | None, "difficulty": int | None,
+                         "raw_problem": str | None, "raw_answer": str | None}
+
+``raw_problem`` / ``raw_answer`` (evaluation sets only, else None) are the problem text and reference answer
+as the source gives them, untemplated: the paper's evaluation protocol (``ebpo_verl.evaluate``) builds its
+prompt and ground truth from them (OlympiadBench: ``question`` only and the first element of ``final_answer``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ EXTRA_INFO_TYPE = pa.struct(
         ("source_id", pa.string()),
         ("topic", pa.string()),
         ("difficulty", pa.int64()),
+        ("raw_problem", pa.string()),
+        ("raw_answer", pa.string()),
     ]
 )
 SCHEMA = pa.schema(
@@ -73,6 +80,8 @@ class Example:
     source_id: str
     topic: str | None = None
     difficulty: int | None = None
+    raw_problem: str | None = None  # evaluation sets: the source's problem text, unmodified
+    raw_answer: str | None = None  # evaluation sets: the source's reference answer as a string
 
 
 def apply_template(problem: str, template: str) -> list[dict[str, str]]:
@@ -209,6 +218,8 @@ def build_rows(
                     "source_id": ex.source_id,
                     "topic": ex.topic,
                     "difficulty": ex.difficulty,
+                    "raw_problem": ex.raw_problem,
+                    "raw_answer": ex.raw_answer,
                 },
             }
         )

@@ -47,7 +47,7 @@ def test_row_counts_and_schema(prepared, shared_data):
         assert all(len(p) == 1 and p[0]["role"] == "user" for p in df.prompt)
         assert all(rm["style"] == "rule" and rm["ground_truth"].strip() for rm in df.reward_model)
         info = pd.DataFrame(df.extra_info.tolist())
-        assert list(info.columns) == ["index", "split", "source_id", "topic", "difficulty"]
+        assert list(info.columns) == ["index", "split", "source_id", "topic", "difficulty", "raw_problem", "raw_answer"]
         assert info["index"].tolist() == list(range(n))
         assert set(info.split) == {"train" if name in ("dapo_math", "math_train") else "test"}
 

@@ -236,43 +236,14 @@ def test_bad_switches_fail_with_a_message(tmp_path):
         assert result.returncode == 2 and words in result.stderr, result.stderr
     own = overrides("run_qwen3_8b.sh", tmp_path, TOPICS="file", TRAIN_FILE="/d/gpt_topics.parquet")
     assert "data.train_files=['/d/gpt_topics.parquet']" in own and "++data.curriculum.order=topic" in own
-    result = subprocess.run(
-        ["bash", str(RECIPE / "eval.sh"), str(tmp_path)], env=recipe_env(tmp_path), text=True, capture_output=True
-    )
-    assert result.returncode == 2 and "MODEL" in result.stderr
-
-
-def test_eval_overrides(compose, tmp_path):
-    ckpt = tmp_path / "ckpt" / "qwen3_14b-ebpo-g4-topic"
-    (ckpt / "global_step_30" / "actor").mkdir(parents=True)
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("30")
-    cfg = compose(overrides("eval.sh", tmp_path, str(ckpt)))  # checkpoint root -> latest step; MODEL from name
-    assert cfg.trainer.val_only is True and cfg.trainer.resume_mode == "resume_path"
-    assert cfg.trainer.resume_from_path == str(ckpt / "global_step_30")
-    assert cfg.actor_rollout_ref.model.path == MODELS["qwen3_14b"]
-    assert cfg.trainer.experiment_name == "eval-qwen3_14b-ebpo-g4-topic-step30"
-    assert cfg.trainer.metrics_log_path == f"{tmp_path}/logs/eval-qwen3_14b-ebpo-g4-topic-step30/metrics.jsonl"
-    assert select(cfg, "actor_rollout_ref.rollout.response_length") == 20480
-    assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 16
-    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 1.0
-    assert cfg.actor_rollout_ref.rollout.val_kwargs.top_p == 1.0
-    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
-    hf = tmp_path / "my-model"
-    hf.mkdir()
-    (hf / "config.json").write_text("{}")
-    cfg = compose(overrides("eval.sh", tmp_path, str(hf), MODEL="qwen3_8b"))
-    assert cfg.actor_rollout_ref.model.path == str(hf) and cfg.trainer.resume_mode == "disable"
-    assert cfg.trainer.experiment_name == "eval-my-model"
 
 
 def test_dry_run_subprocesses_compose_without_preparing_data(compose, tmp_path):
-    """Every run script and eval.sh through the real entry point (`--cfg job`), in parallel."""
-    ckpt = tmp_path / "ckpt" / "llama3_8b-dapo-g4-topic" / "global_step_5"
+    """Every run script through the real entry point (`--cfg job`), in parallel."""
     runs = {
         "run_qwen3_8b.sh": [],
         "run_qwen3_14b.sh": [],
         "run_llama3_8b.sh": ["trainer.test_freq=2"],
-        "eval.sh": [str(ckpt)],
     }
     procs = {
         name: subprocess.Popen(
@@ -293,8 +264,6 @@ def test_dry_run_subprocesses_compose_without_preparing_data(compose, tmp_path):
     assert configs["run_qwen3_8b.sh"]["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_8b"]
     assert configs["run_qwen3_14b.sh"]["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_14b"]
     assert configs["run_llama3_8b.sh"]["trainer"]["test_freq"] == 2
-    assert configs["eval.sh"]["trainer"]["resume_from_path"] == str(ckpt)
-    assert configs["eval.sh"]["trainer"]["val_only"] is True
     # the in-process composition of the printed overrides is the same config as the real dry run
     same = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO="dapo"))
     assert OmegaConf.to_container(same) == configs["run_qwen3_8b.sh"]

@@ -31,8 +31,8 @@
 #                 (trainer.metrics_log_path), written whatever the loggers                  default [console]
 #
 # Modes: DRY_RUN=1 prints the composed config (`python -m ebpo_verl.main --cfg job`) and exits without
-# Ray, GPUs or data preparation; PRINT_OVERRIDES=1 prints the Hydra overrides, one per line, and exits;
-# EVAL_CKPT=PATH turns the run into a validation-only evaluation of PATH (see eval.sh).
+# Ray, GPUs or data preparation; PRINT_OVERRIDES=1 prints the Hydra overrides, one per line, and exits.
+# Evaluation is a separate stage: recipe/ebpo/eval.sh (python -m ebpo_verl.evaluate).
 
 ALGO=${ALGO:-ebpo}
 GROUP_SIZE=${GROUP_SIZE:-4}
@@ -60,8 +60,6 @@ TRAIN_BATCH=512
 MINI_BATCH=128
 MAX_PROMPT=4096
 MAX_RESPONSE=8192
-# evaluation (eval.sh): temperature 1.0, top-p 1.0, 20,480 new tokens, 16 samples per problem
-EVAL_MAX_RESPONSE=20480
 # DAPO's soft overlong punishment: the last quarter of the response budget (DAPO: 4096 of 20480)
 OVERLONG_BUFFER=2048
 
@@ -203,55 +201,20 @@ ebpo_common_overrides() {
   )
 }
 
-# Validation-only run of EVAL_CKPT: a verl checkpoint (global_step_N), a checkpoint root (its latest
-# step) or a Hugging Face model directory; the default experiment name is eval-<run>-step<N> (or
-# eval-<model dir>). The training file is only needed to build verl's dataloader: the plain DAPO file.
-ebpo_eval_overrides() {
-  local ckpt=${EVAL_CKPT%/} name
-  if [[ -f $ckpt/latest_checkpointed_iteration.txt ]]; then
-    ckpt=$ckpt/global_step_$(<"$ckpt/latest_checkpointed_iteration.txt")
-  fi
-  if [[ ${ckpt##*/} == global_step_* ]]; then
-    [[ ${DRY_RUN:-0} == 1 || -d $ckpt/actor ]] || ebpo_die "no actor/ directory in checkpoint $ckpt"
-    EVAL_OVERRIDES=(trainer.resume_mode=resume_path "trainer.resume_from_path=$ckpt")
-    name=${ckpt%/*}
-    name=${name##*/}-step${ckpt##*global_step_}
-  elif [[ -f $ckpt/config.json ]]; then
-    EVAL_OVERRIDES=(trainer.resume_mode=disable "actor_rollout_ref.model.path=$ckpt")
-    name=${ckpt##*/}
-  else
-    ebpo_die "EVAL_CKPT=$EVAL_CKPT is not a verl checkpoint (global_step_N), a checkpoint root" \
-      "(latest_checkpointed_iteration.txt) or a Hugging Face model directory (config.json)"
-  fi
-  if [[ -z $EXPERIMENT_GIVEN ]]; then EXPERIMENT=eval-$name; fi
-  EVAL_OVERRIDES+=(trainer.val_only=True trainer.val_before_train=True actor_rollout_ref.actor.use_kl_loss=False)
-}
-
 ebpo_main() {
   local train
   : "${MODEL_TAG:?set by the model script}" "${MODEL_PATH:?set by the model script or the environment}"
-  EXPERIMENT_GIVEN=$EXPERIMENT
   EXPERIMENT=${EXPERIMENT:-$MODEL_TAG-$ALGO-g$GROUP_SIZE-$ORDER}
   OVERRIDES=()
-  EVAL_OVERRIDES=()
-  if [[ -n ${EVAL_CKPT:-} ]]; then
-    ORDER=naive
-    TRAIN_FILE=$DATA_DIR/dapo_math.parquet
-    ebpo_eval_overrides
-  fi
   ebpo_train_file
   train=$TRAIN_PATH
   ebpo_common_overrides
   ebpo_order_overrides
   OVERRIDES+=("data.train_files=$(ebpo_hydra_list "$train")")
-  if [[ -n ${EVAL_CKPT:-} ]]; then
-    OVERRIDES+=("data.max_response_length=$EVAL_MAX_RESPONSE" "${EVAL_OVERRIDES[@]}")
-  else
-    OVERRIDES+=("data.max_response_length=$MAX_RESPONSE" "trainer.total_epochs=$TOTAL_EPOCHS"
-      "trainer.test_freq=$TEST_FREQ" "trainer.save_freq=$SAVE_FREQ" trainer.val_before_train=True)
-    [[ -n $TOTAL_STEPS ]] && OVERRIDES+=("trainer.total_training_steps=$TOTAL_STEPS")
-    ebpo_algo_overrides
-  fi
+  OVERRIDES+=("data.max_response_length=$MAX_RESPONSE" "trainer.total_epochs=$TOTAL_EPOCHS"
+    "trainer.test_freq=$TEST_FREQ" "trainer.save_freq=$SAVE_FREQ" trainer.val_before_train=True)
+  [[ -n $TOTAL_STEPS ]] && OVERRIDES+=("trainer.total_training_steps=$TOTAL_STEPS")
+  ebpo_algo_overrides
   OVERRIDES+=("${MODEL_OVERRIDES[@]}" "$@")
 
   if [[ ${PRINT_OVERRIDES:-0} == 1 ]]; then
