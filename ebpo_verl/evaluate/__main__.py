@@ -1,0 +1,154 @@
+"""``python -m ebpo_verl.evaluate generate|grade``: the evaluation stage (see recipe/ebpo/eval.sh).
+
+generate --model M --data-dir DIR --protocol paper|verl --out GEN.jsonl [--benchmarks ...] [--limit N]
+         [--runs N] [--engine vllm|hf] [engine options]
+    Appends one line per sample to GEN.jsonl; re-running resumes (finished samples are skipped).
+grade --protocol paper|verl --generations GEN.jsonl --data-dir DIR --out RESULTS.json [--allow-partial]
+    Writes {"protocol", "model", "benchmarks": {name: {"pass@1", "runs", "problems", ...}}, "average"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.evaluate import engines
+from ebpo_verl.evaluate.generations import GenerationsFile
+from ebpo_verl.evaluate.grading import grade_file
+from ebpo_verl.evaluate.merge import merge_checkpoint, resolve_model
+from ebpo_verl.evaluate.prompts import (
+    BENCHMARKS,
+    MAX_NEW_TOKENS,
+    PROTOCOLS,
+    TEMPERATURE,
+    TOP_P,
+    EvalInputError,
+    check_names,
+    load_problems,
+    runs_for,
+)
+
+PROG = "python -m ebpo_verl.evaluate"
+DESCRIPTIONS = {
+    "paper": "raw prompt (DAPO instruction + problem, no chat template), Answer: grader with the second-to-last "
+    "match (PAPER.md), 16 runs (OlympiadBench 4)",
+    "verl": "chat template + ebpo_verl.reward (math-verify), 16 runs",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="stage", required=True)
+    g = sub.add_parser("generate", help="sample responses (GPU: vLLM, one engine per GPU; CPU: --engine hf)")
+    g.add_argument("--model", required=True, help="global_step_N folder, checkpoint root, HF folder or hub id")
+    g.add_argument("--data-dir", required=True, help="folder with <benchmark>.parquet (data_prep)")
+    g.add_argument("--protocol", choices=PROTOCOLS, default="paper")
+    g.add_argument("--out", required=True, help="generations .jsonl (appended to; resumes)")
+    g.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), metavar="NAME")
+    g.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (tests)")
+    g.add_argument("--runs", type=int, default=None, help="runs per benchmark (default: the protocol's)")
+    engines.add_engine_args(g, MAX_NEW_TOKENS)
+    r = sub.add_parser("grade", help="grade a generations file (CPU)")
+    r.add_argument("--protocol", choices=PROTOCOLS, required=True)
+    r.add_argument("--generations", required=True)
+    r.add_argument("--data-dir", required=True)
+    r.add_argument("--out", required=True, help="RESULTS.json")
+    r.add_argument("--allow-partial", action="store_true", help="report incomplete benchmarks (complete: false)")
+    return p
+
+
+def generate(a: argparse.Namespace) -> None:
+    check_names(a.protocol, a.benchmarks)
+    for name in ("limit", "runs"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            raise EvalInputError(f"--{name} must be at least 1")
+    model, step_dir = resolve_model(a.model)
+    problems = {b: load_problems(a.data_dir, b, a.protocol, a.limit) for b in dict.fromkeys(a.benchmarks)}
+    runs = {b: a.runs or runs_for(a.protocol, b) for b in problems}
+    meta = {
+        "protocol": a.protocol,
+        "model": model,
+        "temperature": TEMPERATURE,
+        "top_p": TOP_P,
+        "max_new_tokens": a.max_new_tokens,
+        "benchmarks": {b: {"runs": runs[b], "limit": a.limit, "problems": len(problems[b])} for b in problems},
+    }
+    print(f"evaluate: protocol {a.protocol} ({DESCRIPTIONS[a.protocol]}); model {model}", file=sys.stderr)
+    with GenerationsFile(a.out, meta) as gen:
+        todo = [
+            engines.Request((b, p.index, s), p.prompt)
+            for b, ps in problems.items()
+            for p in ps
+            for s in range(runs[b])
+            if (b, p.index, s) not in gen.done
+        ]
+        total = {b: len(ps) * runs[b] for b, ps in problems.items()}
+        if not todo:
+            print(f"evaluate: all {sum(total.values())} samples already in {a.out}", file=sys.stderr)
+            return
+        if step_dir is not None:
+            merge_checkpoint(step_dir)
+        try:
+            spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)
+        except ValueError as e:
+            raise EvalInputError(str(e)) from None
+        bars = {
+            b: tqdm(total=n, initial=n - sum(r.key[0] == b for r in todo), desc=b, unit="sample", position=i)
+            for i, (b, n) in enumerate(total.items())
+        }
+
+        def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
+            gen.append(
+                [
+                    {
+                        "benchmark": r.key[0],
+                        "index": r.key[1],
+                        "sample": r.key[2],
+                        "response": c.text,
+                        "response_tokens": c.tokens,
+                        "finish_reason": c.finish_reason,
+                    }
+                    for r, c in pairs
+                ]
+            )
+            for r, _ in pairs:
+                bars[r.key[0]].update(1)
+
+        try:
+            engines.generate_all(spec, todo, workers, on_chunk)
+        finally:
+            for bar in bars.values():
+                bar.close()
+    print(f"evaluate: {len(todo)} new samples -> {a.out} (protocol {a.protocol})", file=sys.stderr)
+
+
+def grade(a: argparse.Namespace) -> None:
+    results = grade_file(a.protocol, a.generations, a.data_dir, a.allow_partial)
+    atomic_write_text(a.out, json.dumps(results, indent=1) + "\n")
+    print(f"protocol {results['protocol']}  model {results['model']}")
+    for name, b in results["benchmarks"].items():
+        flag = "" if b["complete"] else f"  INCOMPLETE ({b['samples']} of {b['problems'] * b['runs']} samples)"
+        score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"
+        print(f"  {name:14s} pass@1 {score:>6s}  ({b['problems']} problems x {b['runs']} runs){flag}")
+    if results["average"] is not None:
+        print(f"  {'average':14s} pass@1 {results['average']:6.2f}")
+    print(f"-> {Path(a.out)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        generate(a) if a.stage == "generate" else grade(a)
+    except EvalInputError as e:
+        print(f"{PROG} {a.stage}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The generations file: one JSON line per sample, appended as samples finish, resumable after a crash.
+
+Line: ``{"benchmark", "index", "sample", "response", "response_tokens", "finish_reason"}``. A sidecar
+``<file>.meta.json`` (written atomically before the first line) records what produced the lines (protocol,
+model, sampling, rows and runs per benchmark); a re-run with other settings is refused instead of mixing.
+A torn last line (a crash mid-write) is dropped and its sample generated again; an unreadable line anywhere
+else is an error naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.evaluate.prompts import EvalInputError
+
+Key = tuple[str, int, int]
+"""(benchmark, index, sample)."""
+FIELDS = {"benchmark": str, "index": int, "sample": int, "response": str, "response_tokens": int, "finish_reason": str}
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def meta_path(path: str | Path) -> Path:
+    return Path(f"{path}.meta.json")
+
+
+def _parse(line: str, path: Path, lineno: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise EvalInputError(
+            f"{path}: line {lineno} is not valid JSON ({e.msg}); delete that line and re-run"
+        ) from None
+    bad = [k for k, t in FIELDS.items() if not isinstance(record, dict) or not isinstance(record.get(k), t)]
+    if bad:
+        raise EvalInputError(f"{path}: line {lineno} lacks or mistypes {bad}; delete that line and re-run")
+    return record
+
+
+def read_generations(path: str | Path) -> tuple[dict[Key, dict[str, Any]], int]:
+    """(records by key, byte length of the intact part). A torn final line is left out of both."""
+    path = Path(path)
+    if not path.is_file():
+        return {}, 0
+    data = path.read_bytes()
+    records: dict[Key, dict[str, Any]] = {}
+    intact = 0
+    lines = data.split(b"\n")
+    for lineno, raw in enumerate(lines, 1):
+        last = lineno == len(lines)
+        if last and not raw:
+            break
+        try:
+            text = raw.decode("utf-8")
+            record = _parse(text, path, lineno)
+        except (UnicodeDecodeError, EvalInputError) as e:
+            if last:  # no newline after it: a write cut short by a crash
+                break
+            if isinstance(e, UnicodeDecodeError):
+                raise EvalInputError(f"{path}: line {lineno} is not UTF-8; delete that line and re-run") from None
+            raise
+        key = (record["benchmark"], record["index"], record["sample"])
+        if key in records:
+            raise EvalInputError(f"{path}: line {lineno} repeats sample {key}; delete one of the two lines")
+        records[key] = record
+        intact += len(raw) + (0 if last else 1)
+    return records, intact
+
+
+def read_meta(path: str | Path) -> dict[str, Any] | None:
+    """The settings stored beside ``path``, or None when there are none yet."""
+    mp = meta_path(path)
+    if not mp.is_file():
+        return None
+    try:
+        return json.loads(mp.read_text())
+    except json.JSONDecodeError as e:
+        raise EvalInputError(f"{mp} is not valid JSON ({e.msg}); delete it with its generations file") from None
+
+
+class GenerationsFile:
+    """Append-only writer that resumes ``path``: ``done`` holds the samples already there."""
+
+    def __init__(self, path: str | Path, meta: dict[str, Any]):
+        self.path = Path(path)
+        old = read_meta(self.path)
+        if old is not None and old != meta:
+            diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
+            raise EvalInputError(
+                f"{self.path} was generated with other settings ({', '.join(diff)} differ); "
+                "use another --out or delete the file and its .meta.json to start over"
+            )
+        self.done, intact = read_generations(self.path)
+        if old is None and self.done:
+            raise EvalInputError(
+                f"{self.path} has samples but no {meta_path(self.path).name} saying how they were made; "
+                "use another --out or delete the file to start over"
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if old is None:
+            atomic_write_text(meta_path(self.path), json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        self._fh: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if self._fh.tell() != intact:  # drop a torn last line
+            self._fh.truncate(intact)
+        if intact and _last_byte(self.path) != b"\n":  # a complete last line without its newline
+            self._fh.write("\n")
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        """Write ``records`` (one line each) and flush them to disk."""
+        self._fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        for r in records:
+            self.done[(r["benchmark"], r["index"], r["sample"])] = r
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> GenerationsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,110 @@
+"""Grading a generations file into RESULTS.json, for either protocol.
+
+``paper`` grades with :func:`ebpo_verl.paper_reward.grade_eval` (PAPER.md's evaluation rule), ``verl`` with
+:func:`ebpo_verl.reward.compute_score` (math-verify, as the training validation). Pass@1 of a benchmark is
+the mean over its runs of the run's accuracy over all problems (PAPER.md: "each run samples every problem
+once and the reported number is the mean accuracy over the runs"); with every sample present this equals
+the mean over all samples. A benchmark with missing samples is an error, or with ``allow_partial`` is
+reported over the samples present and flagged ``"complete": false``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ebpo_verl.evaluate.generations import read_generations, read_meta
+from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
+
+
+def grader(protocol: str) -> Callable[[str, str, str], bool]:
+    """``(benchmark, response, ground_truth) -> correct`` for ``protocol``."""
+    if protocol == "paper":
+        from ebpo_verl.paper_reward import grade_eval
+
+        return lambda benchmark, response, truth: grade_eval(response, truth)
+    from ebpo_verl.reward import compute_score
+
+    return lambda benchmark, response, truth: compute_score(benchmark, response, truth)["score"] > 0
+
+
+def grade_records(protocol: str, items: list[tuple[str, str, str]], workers: int = 8) -> list[bool]:
+    """Verdicts for (benchmark, response, ground truth) triples; threads overlap math-verify's child processes."""
+    grade = grader(protocol)
+    if protocol == "paper" or len(items) < 2:
+        return [grade(*it) for it in items]
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(lambda it: grade(*it), items))
+
+
+def summarize(
+    records: dict[tuple[int, int], dict[str, Any]], verdicts: dict[tuple[int, int], bool], problems: int, runs: int
+) -> dict[str, Any]:
+    """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, and response statistics."""
+    per_run = []
+    for s in range(runs):
+        got = [verdicts[k] for k in verdicts if k[1] == s]
+        if got:
+            per_run.append(sum(got) / len(got))
+    n = len(records)
+    return {
+        "pass@1": 100.0 * sum(per_run) / len(per_run) if per_run else None,
+        "runs": runs,
+        "problems": problems,
+        "samples": n,
+        "mean_response_tokens": sum(r["response_tokens"] for r in records.values()) / n if n else None,
+        "truncated_fraction": sum(r["finish_reason"] == "length" for r in records.values()) / n if n else None,
+        "complete": n == problems * runs,
+    }
+
+
+def grade_file(
+    protocol: str, generations: str | Path, data_dir: str | Path, allow_partial: bool = False
+) -> dict[str, Any]:
+    """RESULTS.json content for ``generations`` (settings read from its ``.meta.json``)."""
+    check_names(protocol, [])
+    meta = read_meta(generations)
+    if meta is None or not Path(generations).is_file():
+        raise EvalInputError(f"{generations} (or its .meta.json) does not exist; run the generate stage first")
+    if meta["protocol"] != protocol:
+        raise EvalInputError(f"{generations} was generated with protocol {meta['protocol']}, not {protocol}")
+    records, _ = read_generations(generations)
+    results: dict[str, Any] = {}
+    problems_missing = []
+    for bench in sorted(meta["benchmarks"], key=lambda n: (BENCHMARKS + (n,)).index(n)):
+        spec = meta["benchmarks"][bench]
+        problems = load_problems(data_dir, bench, protocol, spec["limit"])
+        truth = {p.index: p.ground_truth for p in problems}
+        runs = spec["runs"]
+        mine = {(k[1], k[2]): r for k, r in records.items() if k[0] == bench}
+        unknown = [k for k in mine if k[0] not in truth or not 0 <= k[1] < runs]
+        if unknown:
+            raise EvalInputError(
+                f"{generations}: {len(unknown)} {bench} sample(s) (index, sample) such as {sorted(unknown)[:5]} "
+                f"are not rows x runs of {data_dir}/{bench}.parquet; grade with the --data-dir used to generate"
+            )
+        missing = sorted((i, s) for i in truth for s in range(runs) if (i, s) not in mine)
+        if missing:
+            problems_missing.append(
+                f"{bench}: {len(missing)} of {len(truth) * runs} samples missing, (index, sample) e.g. {missing[:5]}"
+            )
+        keys = sorted(mine)
+        verdicts = grade_records(protocol, [(bench, mine[k]["response"], truth[k[0]]) for k in keys])
+        results[bench] = summarize(mine, dict(zip(keys, verdicts, strict=True)), len(truth), runs)
+    if problems_missing and not allow_partial:
+        raise EvalInputError(
+            "incomplete generations: "
+            + "; ".join(problems_missing)
+            + ". Re-run generate (it resumes) or pass --allow-partial"
+        )
+    scores = [b["pass@1"] for b in results.values() if b["pass@1"] is not None]
+    return {
+        "protocol": protocol,
+        "model": meta["model"],
+        "benchmarks": results,
+        "average": sum(scores) / len(scores) if scores else None,
+        "complete": all(b["complete"] for b in results.values()),
+        "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p") if k in meta},
+    }

@@ -1,0 +1,76 @@
+"""What ``--model`` may name, and the one-time merge of a verl FSDP checkpoint into a Hugging Face folder.
+
+A ``global_step_N`` folder is merged with verl's model merger (``python -m verl.model_merger merge --backend
+fsdp --local_dir global_step_N/actor --target_dir ...``) into ``global_step_N/huggingface_merged``, through a
+temporary folder renamed into place (so a crash leaves no half-merged model), and reused afterwards; the
+merged folder loads on any number of GPUs (PAPER.md: the authors also evaluated merged folders).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ebpo_verl.evaluate.prompts import EvalInputError
+
+MERGED = "huggingface_merged"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def merge_checkpoint(step_dir: Path) -> Path:
+    """``step_dir/huggingface_merged``, merged from ``step_dir/actor`` unless it is already there."""
+    out = step_dir / MERGED
+    if (out / "config.json").is_file():
+        print(f"evaluate: using the merged model {out}", file=sys.stderr)
+        return out
+    actor = step_dir / "actor"
+    if not (actor / "fsdp_config.json").is_file():
+        raise EvalInputError(f"{step_dir} has no actor/fsdp_config.json: not a verl FSDP checkpoint folder")
+    tmp = step_dir / f".{MERGED}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+    cmd += ["--local_dir", str(actor), "--target_dir", str(tmp)]
+    print(f"evaluate: merging {actor} -> {out}", file=sys.stderr)
+    try:
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if result.returncode != 0:
+            raise EvalInputError(f"verl's model merger failed on {actor}:\n{result.stdout[-3000:]}")
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if not (out / "config.json").is_file():  # not a concurrent merge that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model(target: str) -> tuple[str, Path | None]:
+    """(what to load, checkpoint step folder to merge or None) for a ``--model`` argument.
+
+    Accepts a ``global_step_N`` folder, a checkpoint root (``latest_checkpointed_iteration.txt``: its latest
+    step), a local Hugging Face folder (``config.json``) or a hub id (``org/name``). The merge itself is left
+    to :func:`merge_checkpoint`, so that a finished evaluation never loads anything.
+    """
+    path = Path(target)
+    latest = path / "latest_checkpointed_iteration.txt"
+    if latest.is_file():
+        path = path / f"global_step_{latest.read_text().strip()}"
+    if path.name.startswith("global_step_"):
+        if not path.is_dir():
+            raise EvalInputError(f"checkpoint folder {path} does not exist")
+        return str(path.resolve() / MERGED), path.resolve()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise EvalInputError(
+                f"{path} is neither a Hugging Face model folder (config.json), a verl checkpoint "
+                "(global_step_N) nor a checkpoint root (latest_checkpointed_iteration.txt)"
+            )
+        return str(path.resolve()), None
+    if path.exists() or not _HUB_ID.fullmatch(target):
+        raise EvalInputError(f"--model {target}: no such folder, and not a hub id of the form org/name")
+    return target, None

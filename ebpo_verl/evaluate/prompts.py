@@ -1,0 +1,85 @@
+"""The two evaluation protocols: which rows, which prompt, which ground truth, how many runs, which grader.
+
+``paper`` is PAPER.md's "Evaluation (the fork's math eval script)": a RAW prompt string (no chat template),
+the DAPO instruction prefix + blank line + the problem as the source gives it (OlympiadBench: ``question``
+only, ground truth = the first element of ``final_answer``), temperature 1.0, top-p 1.0, 20,480 new tokens,
+16 runs (OlympiadBench 4), graded by :func:`ebpo_verl.paper_reward.grade_eval`.
+``verl`` is what verl's validation does with our parquets: the row's chat prompt through the tokenizer's chat
+template, graded by :func:`ebpo_verl.reward.compute_score`, 16 runs everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_prep.schema import DAPO_PREFIX, read_prepared
+
+BENCHMARKS = ("math500", "aime2024", "aime2025", "amc23", "olympiadbench")
+PROTOCOLS = ("paper", "verl")
+PAPER_RUNS = {"math500": 16, "aime2024": 16, "aime2025": 16, "amc23": 16, "olympiadbench": 4}
+VERL_RUNS = 16
+MAX_NEW_TOKENS = 20480
+TEMPERATURE = 1.0
+TOP_P = 1.0
+
+
+class EvalInputError(ValueError):
+    """Bad input to the evaluation (unknown benchmark, missing file, corrupt generations): one clear line."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark row as a protocol sees it: ``prompt`` is a string (paper) or chat messages (verl)."""
+
+    benchmark: str
+    index: int
+    prompt: str | list[dict[str, str]]
+    ground_truth: str
+
+
+def paper_prompt(problem: str) -> str:
+    """The authors' raw evaluation prompt: DAPO instruction, blank line, problem (no chat template)."""
+    return DAPO_PREFIX + problem
+
+
+def runs_for(protocol: str, benchmark: str) -> int:
+    """Runs (samples per problem) of ``benchmark`` under ``protocol``."""
+    return PAPER_RUNS[benchmark] if protocol == "paper" else VERL_RUNS
+
+
+def check_names(protocol: str, benchmarks: list[str]) -> None:
+    """Raise EvalInputError for an unknown protocol or benchmark name."""
+    if protocol not in PROTOCOLS:
+        raise EvalInputError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    unknown = [b for b in benchmarks if b not in BENCHMARKS]
+    if unknown:
+        raise EvalInputError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+
+
+def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: int | None = None) -> list[Problem]:
+    """The first ``limit`` (all when None) rows of ``data_dir/<benchmark>.parquet`` as ``protocol`` prompts them."""
+    check_names(protocol, [benchmark])
+    path = Path(data_dir) / f"{benchmark}.parquet"
+    if not path.is_file():
+        raise EvalInputError(
+            f"{path} does not exist; prepare it with python -m data_prep.all --out-dir {data_dir} --only {benchmark}"
+        )
+    rows: list[dict[str, Any]] = read_prepared(path).to_pylist()
+    problems = []
+    for row in rows[:limit]:
+        info = row["extra_info"]
+        if protocol == "paper":
+            if info.get("raw_problem") is None or info.get("raw_answer") is None:
+                raise EvalInputError(
+                    f"{path} has no extra_info.raw_problem/raw_answer (written by an older data_prep); "
+                    f"re-create it with python -m data_prep.all --out-dir {data_dir} --only {benchmark}"
+                )
+            prompt: str | list[dict[str, str]] = paper_prompt(info["raw_problem"])
+            truth = info["raw_answer"]
+        else:
+            prompt = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
+            truth = row["reward_model"]["ground_truth"]
+        problems.append(Problem(benchmark, int(info["index"]), prompt, truth))
+    return problems
