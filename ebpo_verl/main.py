@@ -1,39 +1,122 @@
 """Training entry point: ``python -m ebpo_verl.main [overrides]`` / ``ebpo-train [overrides]``.
 
 verl's ``main_ppo`` flow with the package config (``config/ebpo_trainer.yaml``: verl's ``ppo_trainer`` plus the
-EBPO deltas) and :class:`~ebpo_verl.trainer.EBPOTaskRunner`. ``--cfg job`` prints the composed config without
-starting Ray. Configuration errors are reported before Ray starts, with exit status 2.
+EBPO deltas) and :class:`~ebpo_verl.trainer.EBPOTaskRunner`. Before Ray starts, the pre-flight
+(:func:`ebpo_verl.validation.preflight`: our checks, verl's ``validate_config`` at the configured world size, at
+least one step per epoch) runs; ``--cfg job`` runs the same pre-flight, reports ``pre-flight: ok`` on stderr
+and prints the composed config on stdout without starting Ray. Every refusal is one line
+``ebpo-train: error: ...`` on stderr with exit status 2.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ebpo_verl.validation import EBPOConfigError, check_config
+from ebpo_verl.estimator import OPTION_KEYS
+from ebpo_verl.validation import EBPOConfigError, preflight, unknown_option_message
+
+CONFIG_MODULE = "ebpo_verl.config"
+CONFIG_NAME = "ebpo_trainer"
+EBPO_PREFIX = "algorithm.ebpo."
 
 
-@hydra.main(config_path="config", config_name="ebpo_trainer", version_base=None)
-def main(config: DictConfig) -> None:
-    """Validate the composed config, then train on the Ray cluster (local, or ``RAY_ADDRESS`` / ``ray_kwargs``)."""
+def _fail(message: str) -> NoReturn:
+    print(f"ebpo-train: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _report(lines: list[str]) -> None:
+    print(f"pre-flight: ok ({'; '.join(lines)})", file=sys.stderr)
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse ``algorithm.ebpo.<typo>=...`` before Hydra composes (Hydra would only advise appending ``+``).
+
+    Overrides Hydra cannot parse are left to Hydra's own message; ``+``/``++`` additions reach
+    :func:`~ebpo_verl.validation.check_config`, which refuses unknown keys with the same message.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     try:
-        check_config(config)
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_add() or override.is_force_add() or not key.startswith(EBPO_PREFIX):
+            continue
+        option = key[len(EBPO_PREFIX) :].split(".")[0]
+        if option not in OPTION_KEYS:
+            raise EBPOConfigError(unknown_option_message(option))
+
+
+def show_job(args) -> None:
+    """``--cfg job``: compose as Hydra would, run the pre-flight, print the config (honours --resolve/--package)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if args.config_path or args.config_dir:
+        _fail("--config-path/--config-dir are not supported with --cfg job; pass overrides to the package config")
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+            config = compose(config_name=args.config_name or CONFIG_NAME, overrides=list(args.overrides))
+        lines = preflight(config, dry_run=True)
+        shown = config if args.package in (None, "_global_") else OmegaConf.select(config, args.package)
+        if shown is None:
+            raise EBPOConfigError(f"package '{args.package}' not found in config")
+        if args.resolve and OmegaConf.is_config(shown):
+            OmegaConf.resolve(shown)
     except EBPOConfigError as err:
-        print(f"ebpo-train: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(err))
+    except (HydraException, OmegaConfBaseException) as err:
+        _fail(" ".join(line.strip() for line in str(err).splitlines() if line.strip()))
+    _report(lines)
+    if not OmegaConf.is_config(shown):
+        print(shown)
+        return
+    if args.package not in (None, "_global_"):
+        print(f"# @package {args.package}")
+    sys.stdout.write(OmegaConf.to_yaml(shown))
+
+
+@hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)
+def train(config: DictConfig) -> None:
+    """Pre-flight, then train on the Ray cluster (local, or ``RAY_ADDRESS`` / ``ray_kwargs``)."""
+    try:
+        lines = preflight(config, dry_run=False)
+    except EBPOConfigError as err:
+        _fail(str(err))
+    _report(lines)
 
     from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
     from ebpo_verl.trainer import EBPOTaskRunner
 
     auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_ppo(config, task_runner_class=EBPOTaskRunner)
+
+
+def main() -> None:
+    """Console script ``ebpo-train``: our override checks, then ``--cfg job`` (pre-flight + config) or a run."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(sys.argv[1:])
+    try:
+        check_overrides(args.overrides)
+    except EBPOConfigError as err:
+        _fail(str(err))
+    other_commands = args.run or args.multirun or args.info or args.shell_completion or args.help or args.hydra_help
+    if args.cfg == "job" and not other_commands:
+        show_job(args)
+        return
+    train()
 
 
 if __name__ == "__main__":

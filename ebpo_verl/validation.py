@@ -1,18 +1,26 @@
 """Pre-flight checks of an EBPO run: everything that would otherwise fail after a full rollout, or silently.
 
-``check_config`` runs in the driver before Ray starts; ``check_registered`` and ``check_cluster_labels`` run in
-the TaskRunner (where the estimator is called and the training dataset is loaded), before the first rollout.
-All of them raise :class:`EBPOConfigError` with a message naming the offending key/value and the fix.
+``preflight`` runs in the driver before Ray starts, for a real run and for ``--cfg job`` alike: ``check_config``
+(ours), ``check_verl_config`` (verl's ``validate_config`` at the configured world size) and
+``check_steps_per_epoch``. ``check_registered`` and ``check_cluster_labels`` run in the TaskRunner (where the
+estimator is called and the training dataset is loaded), before the first rollout. All of them raise
+:class:`EBPOConfigError` with a message naming the offending key/value and the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import json
 import os
 import socket
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ebpo_verl.estimator import EBPOOptions
+from omegaconf import OmegaConf
+
+from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions
 
 ESTIMATOR = "ebpo"
 
@@ -28,8 +36,12 @@ def is_ebpo(config: Any) -> bool:
 
 def ebpo_options(config: Any) -> EBPOOptions:
     """``algorithm.ebpo`` as validated :class:`EBPOOptions` (unknown keys / bad values -> EBPOConfigError)."""
+    mapping = config.algorithm.get("ebpo", None)
+    unknown = sorted(set(mapping or ()) - set(OPTION_KEYS))
+    if unknown:
+        raise EBPOConfigError(unknown_option_message(unknown[0]))
     try:
-        return EBPOOptions.from_mapping(config.algorithm.get("ebpo", None))
+        return EBPOOptions.from_mapping(mapping)
     except (TypeError, ValueError) as err:
         raise EBPOConfigError(str(err)) from err
 
@@ -40,8 +52,13 @@ def check_config(config: Any) -> EBPOOptions | None:
     - ``trainer.use_v1`` must be true (the legacy ``RayPPOTrainer`` has no hook for labels or metrics);
     - ``algorithm.ebpo`` must hold only known keys with valid values;
     - ``shrinkage=auto`` needs ``actor_rollout_ref.rollout.n >= 2`` (the within-group variance needs two samples);
-    - the curriculum options (``ebpo_verl.curriculum``) must be consistent with ``data.shuffle``.
+    - the curriculum options (``ebpo_verl.curriculum``) must be consistent with ``data.shuffle``;
+    - the group size, batch size and cluster size must be positive integers (``POSITIVE_INT_KEYS``).
     """
+    for key in POSITIVE_INT_KEYS:
+        _check_positive_int(config, key)
+    if OmegaConf.select(config, "data.gen_batch_size") is not None:
+        _check_positive_int(config, "data.gen_batch_size")
     if not bool(config.trainer.get("use_v1", True)):
         raise EBPOConfigError(
             "trainer.use_v1=false (verl's legacy RayPPOTrainer) is not supported by ebpo-train: its fit() loop "
@@ -60,6 +77,130 @@ def check_config(config: Any) -> EBPOOptions | None:
             "shrinkage (e.g. algorithm.ebpo.shrinkage=1.0 for a global-mean baseline)."
         )
     return options
+
+
+def unknown_option_message(key: str) -> str:
+    """The error for an ``algorithm.ebpo`` key that does not exist, with the closest valid key."""
+    close = difflib.get_close_matches(key, OPTION_KEYS, n=1)
+    hint = f"did you mean algorithm.ebpo.{close[0]}? " if close else ""
+    return f"unknown option algorithm.ebpo.{key}; {hint}valid keys: {', '.join(OPTION_KEYS)}"
+
+
+POSITIVE_INT_KEYS = (
+    "actor_rollout_ref.rollout.n",
+    "data.train_batch_size",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+)
+
+
+def _check_positive_int(config: Any, key: str) -> None:
+    value = OmegaConf.select(config, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EBPOConfigError(f"{key}={value!r} is invalid; use a positive integer")
+
+
+def world_size(config: Any) -> int:
+    """GPUs of the run: ``trainer.nnodes x trainer.n_gpus_per_node``."""
+    return int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+
+
+def check_verl_config(config: Any) -> None:
+    """verl's own ``validate_config`` (what ``main_ppo`` runs before Ray) at the configured world size.
+
+    It reads only the config (batch sizes vs world size, micro-batch settings, ...), so it runs on a machine
+    without GPUs. Its progress lines go to stderr, keeping stdout for ``--cfg job``'s config.
+    """
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except Exception as err:  # verl reports with assert, ValueError and hydra's InstantiationException
+        reason = err.__cause__ if err.__cause__ is not None else err
+        raise EBPOConfigError(
+            f"verl's validate_config refused the config at world size {world_size(config)} (trainer.nnodes="
+            f"{config.trainer.nnodes} x trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}): {_one_line(reason)}"
+        ) from err
+
+
+def _one_line(err: BaseException) -> str:
+    text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return text or type(err).__name__
+
+
+def count_rows(path: str) -> int:
+    """Rows of a training file as verl's ``RLHFDataset`` reads it (.parquet from its metadata; .json/.jsonl)."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(path).num_rows
+        except Exception as err:  # pyarrow raises ArrowInvalid / OSError for a truncated or foreign file
+            raise EBPOConfigError(
+                f"data.train_files: {path} is not a readable parquet file ({_one_line(err)})"
+            ) from err
+    if path.endswith((".json", ".jsonl")):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith(".json") and text.lstrip().startswith("["):
+            try:
+                return len(json.loads(text))
+            except json.JSONDecodeError as err:
+                raise EBPOConfigError(f"data.train_files: {path} is not valid JSON ({err})") from err
+        return sum(1 for line in text.splitlines() if line.strip())
+    raise EBPOConfigError(f"data.train_files: {path} has an unsupported format; verl reads .parquet, .json, .jsonl")
+
+
+def check_steps_per_epoch(config: Any, *, missing_ok: bool) -> str:
+    """At least one training step per epoch: the rows of ``data.train_files`` (all files, capped at
+    ``data.train_max_samples``, counted before verl's overlong-prompt filter) must fill one batch (verl's
+    dataloader drops the last partial batch, so fewer rows train zero steps and exit 0).
+
+    Returns a line for the log. A missing local file raises, or with ``missing_ok`` (``--cfg job`` on a machine
+    without the data) returns a line saying the count was not checked; remote files (``hdfs://``) are not counted.
+    """
+    files = config.data.train_files
+    files = [files] if isinstance(files, str) else list(files)
+    batch_key = "data.gen_batch_size" if config.data.get("gen_batch_size", None) else "data.train_batch_size"
+    batch = int(OmegaConf.select(config, batch_key))
+    counts = []
+    for name in files:
+        path = os.path.expanduser(str(name))
+        if "://" in path:
+            return f"steps per epoch not checked: data.train_files {path} is not a local file"
+        if not os.path.isfile(path):
+            if missing_ok:
+                return f"steps per epoch not checked: data.train_files {path} does not exist on this machine"
+            raise EBPOConfigError(
+                f"data.train_files: {path} does not exist (or is not a file); prepare the data "
+                "(python -m data_prep.all) or fix the path"
+            )
+        counts.append((path, count_rows(path)))
+    rows = sum(n for _, n in counts)
+    cap = int(config.data.get("train_max_samples", -1) or -1)
+    capped = f", capped by data.train_max_samples={cap}" if 0 < cap < rows else ""
+    rows = min(rows, cap) if cap > 0 else rows
+    detail = ", ".join(f"{p}: {n} rows" for p, n in counts) + capped
+    if rows < batch:
+        raise EBPOConfigError(
+            f"one epoch would train 0 steps: data.train_files has {rows} rows ({detail}) but {batch_key}={batch} "
+            f"(verl drops the last partial batch). Use a larger training file or {batch_key}<={rows}."
+        )
+    return f"{rows} training rows ({detail}; before verl's overlong-prompt filter) -> {rows // batch} steps per epoch"
+
+
+def preflight(config: Any, *, dry_run: bool) -> list[str]:
+    """Every driver-side check of a run, in order: ours, verl's ``validate_config``, steps per epoch.
+
+    The same for a real run and for ``--cfg job`` (``dry_run``), where a training file absent from this machine
+    is reported as not checked instead of refused. Returns lines for the log; raises EBPOConfigError.
+    """
+    check_config(config)
+    check_verl_config(config)
+    steps = check_steps_per_epoch(config, missing_ok=dry_run)
+    return [f"world size {world_size(config)}", steps]
 
 
 def _check_curriculum(data_config: Any) -> None:

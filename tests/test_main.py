@@ -43,13 +43,19 @@ def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas():
 
     assert set(verl_cfg) - set(ours) == set()
     changed = {key for key in ours if key not in verl_cfg or ours[key] != verl_cfg[key]}
+    changed = {key for key in changed if not key.startswith("algorithm.spo.")}  # the spo estimator's own block
     defaults = dataclasses.asdict(EBPOOptions())
     assert changed == {
         "algorithm.adv_estimator",
         *(f"algorithm.ebpo.{key}" for key in defaults),
         "reward.custom_reward_function.path",
         "trainer.metrics_log_path",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     }
+    assert ours_cfg.actor_rollout_ref.rollout.n == 4  # the paper's G; verl's default n=1 is refused by shrinkage=auto
     assert ours_cfg.algorithm.adv_estimator == "ebpo"
     assert OmegaConf.to_container(ours_cfg.algorithm.ebpo) == defaults
     assert ours_cfg.reward.custom_reward_function.path == "pkg://ebpo_verl.reward"
@@ -74,7 +80,7 @@ ERRORS = {
     "group-size": (["actor_rollout_ref.rollout.n=1"], "rollout.n=1 but algorithm.ebpo.shrinkage=auto needs at least 2"),
     "unknown-key": (
         ["actor_rollout_ref.rollout.n=4", "+algorithm.ebpo.shrinkage_floor=0.1"],
-        "unknown algorithm.ebpo option(s) ['shrinkage_floor']; valid keys: ['prior', 'stats_scope', 'sigma2'",
+        "unknown option algorithm.ebpo.shrinkage_floor; did you mean algorithm.ebpo.shrinkage? valid keys: prior, ",
     ),
     "bad-value": (["actor_rollout_ref.rollout.n=4", "algorithm.ebpo.prior=laplace"], "algorithm.ebpo.prior='laplace'"),
     "bad-decay": (["actor_rollout_ref.rollout.n=4", "algorithm.ebpo.decay=0"], "algorithm.ebpo.decay=0"),
@@ -126,3 +132,203 @@ def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
     monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
     with pytest.raises(EBPOConfigError, match=r"'ebpo' is not registered in the TaskRunner process \(pid \d+"):
         check_registered()
+
+
+# --- the pre-flight: the same checks for `--cfg job` as for a real run --------------------------------------------
+
+
+def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
+    from ebpo_verl import main as entry
+
+    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
+    monkeypatch.setenv("HOME", "/nonexistent-home")  # verl's default train file ~/data/... is absent
+    try:
+        entry.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ebpo-train: error:")]
+
+
+def _parquet(path: Path, rows: int) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": list(range(rows))}), path)
+    return path
+
+
+def test_main_bare_dry_run_passes_preflight(monkeypatch, capsys):
+    code, out, err = _main(monkeypatch, capsys, "--cfg", "job")
+    assert code == 0, err
+    config = yaml.safe_load(out)  # stdout is the config alone
+    assert config["actor_rollout_ref"]["rollout"]["n"] == 4
+    assert (
+        "pre-flight: ok (world size 8; steps per epoch not checked: data.train_files "
+        "/nonexistent-home/data/rlhf/gsm8k/train.parquet does not exist on this machine)"
+    ) in err.splitlines()
+    assert "[validate_config] All configuration checks passed successfully!" in err  # verl's ran, off stdout
+
+
+DRY_RUN_ERRORS = {
+    "prior": (["algorithm.ebpo.prior=foo"], "algorithm.ebpo.prior='foo' is invalid; valid values: "),
+    "shrinkage": (["algorithm.ebpo.shrinkage=1.5"], "algorithm.ebpo.shrinkage=1.5 is invalid; use 'auto' or a float"),
+    "use_v1": (["trainer.use_v1=false"], "trainer.use_v1=false (verl's legacy RayPPOTrainer) is not supported"),
+    "n=0": (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 is invalid; use a positive integer"),
+    "n=-4": (["actor_rollout_ref.rollout.n=-4"], "actor_rollout_ref.rollout.n=-4 is invalid; use a positive integer"),
+    "n=abc": (
+        ["actor_rollout_ref.rollout.n=abc"],
+        "actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer",
+    ),
+    "n=1": (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n=1 but algorithm.ebpo.shrinkage=auto"),
+    "batch=0": (["data.train_batch_size=0"], "data.train_batch_size=0 is invalid; use a positive integer"),
+    "typo": (
+        ["algorithm.ebpo.shrinkge=0.5"],
+        "unknown option algorithm.ebpo.shrinkge; did you mean algorithm.ebpo.shrinkage? valid keys: prior, ",
+    ),
+    "typo-with-plus": (
+        ["+algorithm.ebpo.stat_scope=batch"],
+        "unknown option algorithm.ebpo.stat_scope; did you mean algorithm.ebpo.stats_scope? valid keys: prior, ",
+    ),
+    "world-size": (
+        ["trainer.nnodes=4", "data.train_batch_size=6"],
+        "verl's validate_config refused the config at world size 32 (trainer.nnodes=4 x trainer.n_gpus_per_node=8): "
+        "real_train_batch_size (24) must be divisible by minimal possible batch size (32)",
+    ),
+    "verl-micro-batch": (
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"],
+        "verl's validate_config refused the config at world size 8 (trainer.nnodes=1 x trainer.n_gpus_per_node=8): "
+        "[actor] Please set at least one of 'actor.ppo_micro_batch_size' or 'actor.ppo_micro_batch_size_per_gpu'",
+    ),
+    "hydra-typo": (["trainer.nnode=4"], "Could not override 'trainer.nnode'. To append to your config use +"),
+}
+
+
+@pytest.mark.parametrize("case", list(DRY_RUN_ERRORS))
+def test_main_dry_run_refuses_what_a_run_refuses(monkeypatch, capsys, case):
+    overrides, message = DRY_RUN_ERRORS[case]
+    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", *overrides)
+    assert code == 2
+    assert out == ""
+    [line] = _error_lines(err)
+    assert line.startswith(f"ebpo-train: error: {message}")
+    assert "Traceback" not in err and "pre-flight: ok" not in err
+
+
+def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
+    # 512 prompts x 4 responses on 4 x 8 GPUs: divisible; validated on this CPU-only machine
+    code, out, err = _main(
+        monkeypatch,
+        capsys,
+        "--cfg",
+        "job",
+        "trainer.nnodes=4",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
+    )
+    assert code == 2 and "Could not override 'actor.ppo_mini_batch_size'" in err  # a wrong key is one line too
+    code, out, err = _main(
+        monkeypatch,
+        capsys,
+        "--cfg",
+        "job",
+        "trainer.nnodes=4",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    )
+    assert code == 0, err
+    assert "pre-flight: ok (world size 32; " in err
+
+
+def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
+    small, big = _parquet(tmp_path / "small.parquet", 5), _parquet(tmp_path / "big.parquet", 11)
+    mini = "actor_rollout_ref.actor.ppo_mini_batch_size=8"
+    code, _, err = _main(
+        monkeypatch, capsys, "--cfg", "job", f"data.train_files={small}", "data.train_batch_size=8", mini
+    )
+    assert code == 2
+    assert _error_lines(err) == [
+        f"ebpo-train: error: one epoch would train 0 steps: data.train_files has 5 rows ({small}: 5 rows) but "
+        "data.train_batch_size=8 (verl drops the last partial batch). Use a larger training file or "
+        "data.train_batch_size<=5."
+    ]
+    both = f"data.train_files=[{small},{big}]"
+    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", both, "data.train_batch_size=8", mini)
+    assert code == 0, err
+    assert (
+        f"pre-flight: ok (world size 8; 16 training rows ({small}: 5 rows, {big}: 11 rows; before verl's "
+        "overlong-prompt filter) -> 2 steps per epoch)"
+    ) in err.splitlines()
+    capped = ["data.train_max_samples=7", "data.train_batch_size=8", mini]
+    code, _, err = _main(monkeypatch, capsys, "--cfg", "job", both, *capped)
+    assert code == 2
+    assert "has 7 rows (" in err and f"{big}: 11 rows, capped by data.train_max_samples=7)" in err
+
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3}\n')
+    code, _, err = _main(
+        monkeypatch, capsys, "--cfg", "job", f"data.train_files={jsonl}", "data.train_batch_size=8", mini
+    )
+    assert code == 2 and "data.train_files has 3 rows (" in err
+
+    truncated = tmp_path / "cut.parquet"
+    truncated.write_bytes(big.read_bytes()[:-20])
+    code, _, err = _main(monkeypatch, capsys, "--cfg", "job", f"data.train_files={truncated}")
+    assert code == 2
+    [line] = _error_lines(err)
+    assert line.startswith(f"ebpo-train: error: data.train_files: {truncated} is not a readable parquet file (")
+
+
+def test_main_dry_run_package_and_resolve(monkeypatch, capsys):
+    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", "--package", "algorithm.ebpo", "--resolve")
+    assert code == 0, err
+    assert out.splitlines()[0] == "# @package algorithm.ebpo"
+    assert yaml.safe_load(out) == dataclasses.asdict(EBPOOptions())
+
+
+def _entry_point(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``ebpo-train ARGS`` through the INSTALLED console-script entry point (as pip's wrapper script runs it)."""
+    code = (
+        "import sys; from importlib.metadata import entry_points; "
+        "[ep] = entry_points(group='console_scripts', name='ebpo-train'); "
+        f"sys.argv = ['ebpo-train', *{list(args)!r}]; sys.exit(ep.load()())"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_main_console_script(tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONWARNINGS": "ignore", "HOME": str(tmp_path)}
+    script = Path(sys.executable).parent / "ebpo-train"
+    assert script.is_file(), "pip install -e . installs the ebpo-train script"
+    shown = subprocess.run(
+        [str(script), "--cfg", "job", "algorithm.ebpo.cluster_key=topic"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,  # not the repository: the config must come from the installed package
+        env=env,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert yaml.safe_load(shown.stdout)["algorithm"]["ebpo"]["cluster_key"] == "topic"
+    assert "pre-flight: ok (world size 8; " in shown.stderr
+
+    typo = _entry_point("algorithm.ebpo.shrinkge=0.5", f"hydra.run.dir={tmp_path}", env=env)
+    assert typo.returncode == 2
+    assert (
+        typo.stderr.strip()
+        .splitlines()[-1]
+        .startswith("ebpo-train: error: unknown option algorithm.ebpo.shrinkge; did you mean algorithm.ebpo.shrinkage?")
+    )
+    # a real run (no --cfg) goes through hydra.main and refuses before Ray: its config module must resolve too
+    bad = _entry_point("actor_rollout_ref.rollout.n=abc", f"hydra.run.dir={tmp_path}", env=env)
+    assert bad.returncode == 2, bad.stderr
+    assert _error_lines(bad.stderr) == [
+        "ebpo-train: error: actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer"
+    ]
+    assert "Traceback" not in bad.stderr
