@@ -1,7 +1,9 @@
 """Time ``ebpo`` (history statistics + 10 clusters) against verl's ``grpo`` and ``grpo_vectorized``.
 
 512 prompts x 16 responses x 4096 tokens, all three in this process on the same inputs; prints the median
-time of each and the ratios. Targets: ebpo <= 0.5x grpo and <= 1.5x grpo_vectorized.
+time of each and the ratios. Targets: ebpo <= 0.5x grpo and <= 1.5x grpo_vectorized. The v2 draft's baselines
+``shrinkage_js``, ``bnpo`` and ``spo`` (stable prompt keys, tracker warm after the first call) are timed too, with
+their ratio to grpo_vectorized.
 
     python benchmarks/bench_advantage.py [--prompts 512] [--group 16] [--tokens 4096] [--repeats 7]
 """
@@ -18,6 +20,9 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 import ebpo_verl
+from ebpo_verl.baselines import SPO_STATE
+
+BASELINES = ("shrinkage_js", "bnpo", "spo")
 
 
 def make_inputs(prompts: int, group: int, tokens: int, seed: int = 0):
@@ -56,6 +61,9 @@ def main() -> None:
     grpo_vec = get_adv_estimator_fn("grpo_vectorized")
     config = OmegaConf.create({"ebpo": {"cluster_key": "topic"}})
     ebpo_verl.get_state().reset()
+    SPO_STATE.reset()
+    prompt_keys = np.repeat(np.arange(args.prompts), args.group)  # SPO's stable keys (extra_info["index"])
+    baselines = {name: get_adv_estimator_fn(name) for name in BASELINES}
 
     timings = {
         "ebpo": median_seconds(
@@ -65,6 +73,10 @@ def main() -> None:
         "grpo": median_seconds(lambda: grpo(rewards, mask, uids), args.repeats),
         "grpo_vectorized": median_seconds(lambda: grpo_vec(rewards, mask, uids), args.repeats),
     }
+    extra = {"spo": {"prompt_keys": prompt_keys}}
+    for name, fn in baselines.items():
+        kwargs = extra.get(name, {})
+        timings[name] = median_seconds(lambda fn=fn, kw=kwargs: fn(rewards, mask, uids, config, **kw), args.repeats)
     shape = f"{args.prompts} prompts x {args.group} responses x {args.tokens} tokens"
     print(f"median of {args.repeats} runs, {shape}, torch threads={torch.get_num_threads()}")
     for name, seconds in timings.items():
@@ -73,6 +85,7 @@ def main() -> None:
         f"ebpo/grpo = {timings['ebpo'] / timings['grpo']:.3f} (target <= 0.5)   "
         f"ebpo/grpo_vectorized = {timings['ebpo'] / timings['grpo_vectorized']:.3f} (target <= 1.5)"
     )
+    print("   ".join(f"{n}/grpo_vectorized = {timings[n] / timings['grpo_vectorized']:.3f}" for n in BASELINES))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
 
 - ``_compute_advantage``: the ``ebpo`` step with each row's ``extra_info[cluster_key]`` fetched from
   TransferQueue and passed as ``labels`` (padding rows: None), and the estimator diagnostics added to the step's
-  metrics (so every tracker backend logs ``ebpo/*``). Other estimators run verl's code unchanged.
+  metrics (so every tracker backend logs ``ebpo/*``). ``spo`` likewise, with each row's stable
+  ``extra_info[algorithm.spo.prompt_key]`` as its tracker key (``spo/*`` metrics). Other estimators run verl's
+  code unchanged.
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_state.json`` (:mod:`ebpo_verl.checkpoint`),
-  restored in ``init()``, i.e. before the first advantage computation.
-- ``_init_dataloader``: checks that every training row carries its cluster label, before any worker starts.
+  restored in ``init()``, i.e. before the first advantage computation; ``spo_state.json`` likewise for ``spo``.
+- ``_init_dataloader``: checks that every training row carries its cluster label (``spo``: a unique prompt key),
+  before any worker starts.
 - ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.metrics_log.MetricsLog`
   at ``trainer.metrics_log_path``.
 
@@ -39,18 +42,24 @@ from verl.utils.logging_utils import configure_verl_logging
 from verl.workers.utils.padding import response_to_nested
 
 import ebpo_verl
-from ebpo_verl.checkpoint import load_ebpo_state, save_ebpo_state
+from ebpo_verl.baselines import SPO_STATE
+from ebpo_verl.checkpoint import load_ebpo_state, load_spo_state, save_ebpo_state, save_spo_state
 from ebpo_verl.metrics_log import MetricsLog
 from ebpo_verl.node_check import check_nodes
 from ebpo_verl.validation import (
     ESTIMATOR,
+    SPO,
     EBPOConfigError,
     check_cluster_labels,
     check_config,
+    check_prompt_keys,
     check_registered,
     ebpo_options,
     is_ebpo,
+    is_spo,
+    spo_options,
 )
+from ebpo_verl.verl_adapter import ESTIMATORS
 
 ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob"]
 """What verl's v1 advantage step reads from TransferQueue (minus ``values``, which only GAE needs)."""
@@ -61,8 +70,10 @@ def cluster_labels(
     uids: Sequence[Any],
     padding: Sequence[bool],
     cluster_key: str,
+    option: str = "algorithm.ebpo.cluster_key",
 ) -> np.ndarray:
-    """Per-row ``extra_info[cluster_key]``, aligned with ``uids``; None on padding rows.
+    """Per-row ``extra_info[cluster_key]``, aligned with ``uids``; None on padding rows (also SPO's prompt keys,
+    ``option`` naming the setting in the error).
 
     Padding rows (flagged, or uid starting with ``pad``) copy a real row's fields in verl, so their label is
     ignored. A real row without a label raises, naming its uid and the keys its ``extra_info`` has.
@@ -74,7 +85,7 @@ def cluster_labels(
         label = (info or {}).get(cluster_key)
         if label is None:
             raise EBPOConfigError(
-                f"rollout row of uid {uid} has no extra_info[{cluster_key!r}] (algorithm.ebpo.cluster_key); its "
+                f"rollout row of uid {uid} has no extra_info[{cluster_key!r}] ({option}); its "
                 f"extra_info keys: {sorted(info or {})}"
             )
         labels[i] = label
@@ -100,14 +111,32 @@ def compute_ebpo_advantage(data: DataProto, algorithm_config: Any, labels: np.nd
     return dict(ebpo_verl.get_state().diagnostics)
 
 
+def compute_spo_advantage(data: DataProto, algorithm_config: Any, prompt_keys: np.ndarray) -> dict[str, float]:
+    """Run the registered ``spo`` estimator on ``data`` (in place), its tracker keyed by ``prompt_keys``.
+
+    As :func:`compute_ebpo_advantage`; returns the ``spo/*`` diagnostics of this call.
+    """
+    advantages, returns = core_algos.get_adv_estimator_fn(SPO)(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        index=data.non_tensor_batch["uid"],
+        config=algorithm_config,
+        prompt_keys=prompt_keys,
+    )
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return dict(SPO_STATE.diagnostics)
+
+
 def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
     """The ``extra_info`` column of verl's ``RLHFDataset`` (read from its table: indexing the dataset would
     tokenize every row and advance a curriculum dataset's position)."""
     frame = getattr(dataset, "dataframe", None)
     if frame is None:
         raise EBPOConfigError(
-            f"algorithm.ebpo.cluster_key needs the training dataset's table; {type(dataset).__name__} has no "
-            "`dataframe` (use verl's RLHFDataset or a subclass such as ebpo_verl.curriculum.CurriculumDataset)"
+            "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
+            f"{type(dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such as "
+            "ebpo_verl.curriculum.CurriculumDataset)"
         )
     if "extra_info" not in frame.column_names:
         return [None] * len(frame)
@@ -131,6 +160,7 @@ class EBPOTrainerMixin:
     def __init__(self, config: DictConfig):
         super().__init__(config)
         self.ebpo_options = ebpo_options(config) if is_ebpo(config) else None
+        self.spo_options = spo_options(config) if is_spo(config) else None
 
     # ---------------------------------------------------------------- data
     def _init_dataloader(self) -> None:
@@ -139,15 +169,18 @@ class EBPOTrainerMixin:
         if key:
             source = f"data.train_files={self.config.data.train_files}"
             check_cluster_labels(_dataset_extra_infos(self.train_dataset), key, source=source)
+        if self.spo_options is not None:
+            source = f"data.train_files={self.config.data.train_files}"
+            check_prompt_keys(_dataset_extra_infos(self.train_dataset), self.spo_options.prompt_key, source=source)
 
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
-        if self.ebpo_options is None:
+        if self.ebpo_options is None and self.spo_options is None:
             return super()._compute_advantage(batch, metrics)
         import transfer_queue as tq
 
         algo = self.config.algorithm
-        key = self.ebpo_options.cluster_key
+        key = self.spo_options.prompt_key if self.spo_options else self.ebpo_options.cluster_key
         fields = ADVANTAGE_FIELDS + (["extra_info"] if key else [])
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = fetched["response_mask"]
@@ -155,7 +188,8 @@ class EBPOTrainerMixin:
         labels = None
         if key:
             padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-            labels = cluster_labels(fetched.pop("extra_info").tolist(), uids, padding, key)
+            option = "algorithm.spo.prompt_key" if self.spo_options else "algorithm.ebpo.cluster_key"
+            labels = cluster_labels(fetched.pop("extra_info").tolist(), uids, padding, key, option)
         data = DataProto(batch=fetched.to_padded_tensor(), non_tensor_batch={"uid": uids})
         data.batch["token_level_scores"] = data.batch["rm_scores"]
 
@@ -172,7 +206,10 @@ class EBPOTrainerMixin:
             data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
             metrics.update(corr_metrics)
 
-        metrics.update(compute_ebpo_advantage(data, algo, labels))
+        if self.spo_options is not None:
+            metrics.update(compute_spo_advantage(data, algo, labels))
+        else:
+            metrics.update(compute_ebpo_advantage(data, algo, labels))
 
         out = ["advantages", "returns"]
         if algo.use_kl_in_reward:
@@ -190,15 +227,23 @@ class EBPOTrainerMixin:
         if self.ebpo_options is not None:
             folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             save_ebpo_state(folder, ebpo_verl.get_state(), self.ebpo_options, self.global_steps)
+        if self.spo_options is not None:
+            folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
+            save_spo_state(folder, SPO_STATE, self.spo_options, self.global_steps)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
         ebpo_verl.get_state().reset()
+        SPO_STATE.reset()
         super()._load_checkpoint()
         self._resumed_step = int(self.global_steps)
         if self.ebpo_options is not None and self.global_steps > 0:
             folder = checkpoint_folder(self.config, self.global_steps)
             load_ebpo_state(folder, ebpo_verl.get_state(), self.ebpo_options, self.global_steps)
+        if self.spo_options is not None and self.global_steps > 0:
+            load_spo_state(
+                checkpoint_folder(self.config, self.global_steps), SPO_STATE, self.spo_options, self.global_steps
+            )
 
     # ------------------------------------------------------------- metrics
     @property
@@ -226,10 +271,10 @@ class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's v1 TaskRunner (the Ray actor that drives training and calls the estimator) with EBPO's trainer."""
 
     def preflight(self, config: DictConfig) -> None:
-        """Checks that must run in this process: config sanity and the ``ebpo`` registration."""
+        """Checks that must run in this process: config sanity and the registration of our estimator."""
         check_config(config)
-        if is_ebpo(config):
-            check_registered()
+        if str(config.algorithm.adv_estimator) in ESTIMATORS:
+            check_registered(str(config.algorithm.adv_estimator))
 
     def run(self, config: DictConfig) -> None:
         configure_verl_logging()

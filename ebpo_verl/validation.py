@@ -20,9 +20,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ebpo_verl.baselines import SPOOptions
 from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions
 
 ESTIMATOR = "ebpo"
+SPO = "spo"
 
 
 class EBPOConfigError(ValueError):
@@ -32,6 +34,19 @@ class EBPOConfigError(ValueError):
 def is_ebpo(config: Any) -> bool:
     """True when the run uses the EBPO estimator (``algorithm.adv_estimator=ebpo``)."""
     return str(config.algorithm.adv_estimator) == ESTIMATOR
+
+
+def is_spo(config: Any) -> bool:
+    """True when the run uses the SPO baseline (``algorithm.adv_estimator=spo``), whose tracker needs prompt keys."""
+    return str(config.algorithm.adv_estimator) == SPO
+
+
+def spo_options(config: Any) -> SPOOptions:
+    """``algorithm.spo`` as validated :class:`~ebpo_verl.baselines.SPOOptions` (bad keys/values -> EBPOConfigError)."""
+    try:
+        return SPOOptions.from_mapping(config.algorithm.get("spo", None))
+    except (TypeError, ValueError) as err:
+        raise EBPOConfigError(str(err)) from err
 
 
 def ebpo_options(config: Any) -> EBPOOptions:
@@ -66,6 +81,8 @@ def check_config(config: Any) -> EBPOOptions | None:
             "Use the default trainer.use_v1=true."
         )
     _check_curriculum(config.data)
+    if is_spo(config):
+        spo_options(config)
     if not is_ebpo(config):
         return None
     options = ebpo_options(config)
@@ -212,8 +229,9 @@ def _check_curriculum(data_config: Any) -> None:
         raise EBPOConfigError(str(err)) from err
 
 
-def check_registered() -> None:
-    """Make sure ``ebpo`` is in verl's estimator registry of *this* process (the TaskRunner actor).
+def check_registered(name: str = ESTIMATOR) -> None:
+    """Make sure ``name`` (``ebpo`` or another estimator of ours) is in verl's registry of *this* process (the
+    TaskRunner actor).
 
     verl's plugin loader swallows import errors, which would otherwise surface as "Unknown advantage estimator"
     after the first rollout.
@@ -224,10 +242,10 @@ def check_registered() -> None:
         import ebpo_verl
 
         ebpo_verl.register()
-        core_algos.get_adv_estimator_fn(ESTIMATOR)
+        core_algos.get_adv_estimator_fn(name)
     except Exception as err:
         raise EBPOConfigError(
-            f"advantage estimator '{ESTIMATOR}' is not registered in the TaskRunner process "
+            f"advantage estimator '{name}' is not registered in the TaskRunner process "
             f"(pid {os.getpid()} on {socket.gethostname()}): {type(err).__name__}: {err}. "
             "Install ebpo-verl (pip install -e .) in the Python environment of every Ray node."
         ) from err
@@ -262,3 +280,48 @@ def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluste
         f"extra_info[{cluster_key!r}] is missing or null in {len(missing)} of {rows} training rows ({source}); "
         f"first rows: {missing[:10]}. Every prompt needs a cluster label: fix the data (data_prep)."
     )
+
+
+def check_prompt_keys(extra_infos: Iterable[Mapping[str, Any] | None], prompt_key: str, source: str) -> None:
+    """SPO's tracker key: every training row needs ``extra_info[prompt_key]`` (not null), unique over the rows.
+
+    verl's uid is drawn afresh every step, so SPO refuses to fall back to it; a key shared by two rows would merge
+    two prompts' trackers (several training files each number ``index`` from 0).
+    """
+    existing: set[str] = set()
+    missing: list[int] = []
+    first_row: dict[str, int] = {}
+    duplicates: list[tuple[str, int, int]] = []
+    rows = 0
+    for row, info in enumerate(extra_infos):
+        rows += 1
+        info = info or {}
+        existing.update(str(k) for k in info)
+        value = info.get(prompt_key)
+        if value is None:
+            missing.append(row)
+            continue
+        key = str(value)
+        if key in first_row:
+            duplicates.append((key, first_row[key], row))
+        else:
+            first_row[key] = row
+    if missing and prompt_key not in existing:
+        raise EBPOConfigError(
+            f"algorithm.spo.prompt_key={prompt_key!r} is not a key of extra_info in the training data ({source}); "
+            f"extra_info keys present: {sorted(existing) or 'none'}. SPO tracks each prompt across steps by this "
+            "key (verl's uid changes every step): pick a field unique per prompt, or add one in data_prep."
+        )
+    if missing:
+        raise EBPOConfigError(
+            f"extra_info[{prompt_key!r}] (algorithm.spo.prompt_key) is missing or null in {len(missing)} of {rows} "
+            f"training rows ({source}); first rows: {missing[:10]}. Every prompt needs a key: fix the data."
+        )
+    if duplicates:
+        key, a, b = duplicates[0]
+        raise EBPOConfigError(
+            f"extra_info[{prompt_key!r}] (algorithm.spo.prompt_key) is not unique in the training data ({source}): "
+            f"{len(duplicates)} row(s) repeat an earlier row's key (first: {key!r} at rows {a} and {b}), which would "
+            "merge their SPO trackers. Several training files each number `index` from 0: set "
+            "algorithm.spo.prompt_key to a field unique across them."
+        )

@@ -1,0 +1,588 @@
+"""shrinkage_js, bnpo and spo against plain-loop implementations of PAPER.md's text; SPO resume; registration."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+from torchdata.stateful_dataloader import StatefulDataLoader
+from verl import DataProto
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+import ebpo_verl
+from ebpo_verl.baselines import (
+    SPO_STATE,
+    SPOOptions,
+    SPOState,
+    compute_bnpo_advantages,
+    compute_js_advantages,
+    compute_spo_advantages,
+)
+from ebpo_verl.checkpoint import SPO_STATE_FILE, load_spo_state
+from ebpo_verl.trainer import cluster_labels, compute_spo_advantage, ebpo_trainer_cls
+from ebpo_verl.validation import EBPOConfigError, check_config, check_prompt_keys
+
+EPS = 1e-6
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_spo_state():
+    SPO_STATE.reset()
+    yield
+    SPO_STATE.reset()
+
+
+# ------------------------------------------------------------- plain-loop references, following PAPER.md's text
+
+
+def groups_of(keys, rewards) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for k, r in zip(keys, rewards, strict=True):
+        out.setdefault(str(k), []).append(float(r))
+    return out
+
+
+def reference_js(uids, rewards) -> list[float]:
+    groups = groups_of(uids, rewards)
+    n = len(groups)
+    mu = {k: sum(g) / len(g) for k, g in groups.items()}
+    w = {}
+    for k, g in groups.items():
+        m = len(g)
+        w[k] = sum((x - mu[k]) ** 2 for x in g) / (m - 1) / m if m > 1 else 0.0
+    lam, mbar = {}, {}
+    for i in groups:
+        others = [k for k in groups if k != i]
+        if not others:
+            lam[i], mbar[i] = 0.0, 0.0
+            continue
+        mbar[i] = sum(mu[k] for k in others) / (n - 1)
+        s = max((sum(mu[k] ** 2 for k in others) - (n - 1) * mbar[i] ** 2) / (n - 1), 0.0)
+        v = sum(w[k] for k in others) / (n - 1)
+        lam[i] = ((n - 1) / n) * v / (v + s) if v + s > EPS else 0.0
+    out = []
+    for k, r in zip(uids, rewards, strict=True):
+        g = groups[str(k)]
+        m = len(g)
+        own = (sum(g) - r) / (m - 1) if n > 1 and m > 1 else mu[str(k)]
+        out.append(r - ((1 - lam[str(k)]) * own + lam[str(k)] * mbar[str(k)]))
+    return out
+
+
+def reference_bnpo(uids, rewards) -> list[float]:
+    groups = groups_of(uids, rewards)
+    p = {k: sum(g) / len(g) for k, g in groups.items()}
+    vals = list(p.values())
+    n = len(vals)
+    mean = sum(vals) / n
+    var = sum((x - mean) ** 2 for x in vals) / (n - 1) if n > 1 else 0.0
+    m = min(max(mean, EPS), 1 - EPS)
+    a = b = 0.0
+    if EPS < var < m * (1 - m):
+        nu = m * (1 - m) / var - 1
+        a, b = nu * m, nu * (1 - m)
+    alpha, beta = 1 + a / 3, 1 + b / 3
+    norm = math.gamma(alpha) * math.gamma(beta) / math.gamma(alpha + beta)
+    out = []
+    for k, r in zip(uids, rewards, strict=True):
+        q = min(max(p[str(k)], EPS), 1 - EPS)
+        pdf = q ** (alpha - 1) * (1 - q) ** (beta - 1) / norm
+        out.append((r - p[str(k)]) / max(EPS, pdf))
+    return out
+
+
+class ReferenceSPO:
+    """A dict of (alpha, beta) per prompt key; baseline 0.5 while unseen; first update from (4, 4)."""
+
+    def __init__(self, rho: float = 0.9, n0: float = 8.0):
+        self.rho, self.n0, self.tracker = rho, n0, {}
+
+    def step(self, keys, rewards) -> list[float]:
+        base = {}
+        for k in map(str, keys):
+            a, b = self.tracker.get(k, (None, None))
+            base[k] = 0.5 if a is None else a / (a + b)
+        adv = [r - base[str(k)] for k, r in zip(keys, rewards, strict=True)]
+        mean = sum(adv) / len(adv)
+        std = math.sqrt(sum((x - mean) ** 2 for x in adv) / (len(adv) - 1)) if len(adv) > 1 else 0.0
+        for k, g in groups_of(keys, rewards).items():
+            rbar = min(max(sum(g) / len(g), 0.0), 1.0)
+            a, b = self.tracker.get(k, (self.n0 / 2, self.n0 / 2))
+            self.tracker[k] = (self.rho * a + rbar, self.rho * b + (1 - rbar))
+        return [(x - mean) / (std + EPS) for x in adv]
+
+
+# ------------------------------------------------------------------------------------------------ batches
+
+
+def make_batch(rng: np.random.Generator, sizes: list[int], kind: str = "binary", tag: str = "s"):
+    """Groups of the given sizes in a shuffled row order; rewards binary, +-1 or continuous."""
+    uids = np.concatenate([[f"{tag}-q{i}"] * n for i, n in enumerate(sizes)]).astype(object)
+    p = rng.uniform(0, 1, len(sizes))
+    r = np.concatenate([rng.binomial(1, p[i], n) for i, n in enumerate(sizes)]).astype(np.float64)
+    if kind == "pm1":
+        r = 2 * r - 1
+    elif kind == "continuous":
+        r = np.round(rng.normal(0.3, 1.0, len(r)), 4)
+    perm = rng.permutation(len(uids))
+    return uids[perm], r[perm]
+
+
+def run(fn, uids, rewards, valid=None) -> np.ndarray:
+    valid = torch.ones(len(uids), dtype=torch.bool) if valid is None else valid
+    return fn(torch.as_tensor(rewards, dtype=torch.float64), uids, valid).numpy()
+
+
+EDGE_CASES = {
+    "one-prompt": ([5], None),
+    "groups-of-one": ([1, 1, 1, 1], None),
+    "mixed-with-ones": ([1, 4, 1, 3], None),
+    "all-equal": ([4, 4, 4], np.ones(12)),
+    "all-zero": ([3, 2], np.zeros(5)),
+    "single-response": ([1], None),
+}
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=list(EDGE_CASES))
+@pytest.mark.parametrize("which", ["js", "bnpo"])
+def test_edge_cases_match_the_reference(case, which):
+    sizes, rewards = EDGE_CASES[case]
+    uids, r = make_batch(np.random.default_rng(3), sizes)
+    r = r if rewards is None else rewards
+    fn, ref = (compute_js_advantages, reference_js) if which == "js" else (compute_bnpo_advantages, reference_bnpo)
+    got = run(fn, uids, r)
+    np.testing.assert_allclose(got, ref(uids, list(r)), atol=1e-9, rtol=1e-9)
+    assert np.isfinite(got).all()
+
+
+def test_js_closed_forms():
+    # one prompt: lambda = 0, the plain group mean (not leave-one-out): A = r - mean
+    np.testing.assert_allclose(
+        run(compute_js_advantages, np.array(["a"] * 3), [1.0, 0.0, 0.0]), [2 / 3, -1 / 3, -1 / 3]
+    )
+    # identical groups of zero variance: v = s = 0 -> lambda = 0, leave-one-out mean = r: A = 0
+    assert not run(compute_js_advantages, np.array(["a", "a", "b", "b"]), [1.0, 1.0, 1.0, 1.0]).any()
+    # two prompts: lambda_a = (1/2) w_b / w_b = 1/2 (s = 0 with one other prompt), mbar_a = mu_b
+    uids = np.array(["a", "a", "b", "b"])
+    got = run(compute_js_advantages, uids, [1.0, 0.0, 1.0, 0.0])
+    # response a1: loo mean 0, mbar 0.5 -> baseline 0.25; a0: loo 1 -> 0.75
+    np.testing.assert_allclose(got, [0.75, -0.75, 0.75, -0.75])
+
+
+def test_bnpo_closed_forms():
+    # one prompt (var_p = 0): alpha = beta = 1, pdf 1: A = r - p
+    np.testing.assert_allclose(
+        run(compute_bnpo_advantages, np.array(["a"] * 4), [1.0, 0, 0, 0]), [0.75, -0.25, -0.25, -0.25]
+    )
+    # p in {1/4, 3/4}: mean 1/2, var 1/8 -> nu = 1, a = b = 1/2 -> alpha = beta = 7/6
+    uids = np.array(["a"] * 4 + ["b"] * 4)
+    r = [1.0, 0, 0, 0, 1, 1, 1, 0]
+    alpha = 7 / 6
+    pdf = (0.25 * 0.75) ** (alpha - 1) * math.gamma(2 * alpha) / math.gamma(alpha) ** 2
+    np.testing.assert_allclose(
+        run(compute_bnpo_advantages, uids, r), [(x - p) / pdf for x, p in zip(r, [0.25] * 4 + [0.75] * 4, strict=True)]
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 7), min_size=1, max_size=10),
+    seed=st.integers(0, 2**31 - 1),
+    kind=st.sampled_from(["binary", "pm1", "continuous"]),
+)
+def test_js_and_bnpo_match_the_reference_on_random_batches(sizes, seed, kind):
+    uids, r = make_batch(np.random.default_rng(seed), sizes, kind)
+    for fn, ref in ((compute_js_advantages, reference_js), (compute_bnpo_advantages, reference_bnpo)):
+        got = run(fn, uids, r)
+        np.testing.assert_allclose(got, ref(uids, list(r)), atol=1e-8, rtol=1e-8)
+        # rows in another order: the same advantage per row, bit for bit
+        perm = np.random.default_rng(seed + 1).permutation(len(uids))
+        assert np.array_equal(run(fn, uids[perm], r[perm]), got[perm])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), kind=st.sampled_from(["binary", "pm1", "continuous"]))
+def test_spo_matches_the_reference_over_steps_with_recurring_prompts(seed, kind):
+    rng = np.random.default_rng(seed)
+    state, ref = SPOState(), ReferenceSPO()
+    for _ in range(6):
+        sizes = rng.integers(1, 6, size=rng.integers(1, 6)).tolist()
+        uids, r = make_batch(rng, sizes, kind)
+        # the stable key: prompts drawn from a pool of 8, so they recur across steps (fresh uid strings every step)
+        pool = {u: f"prompt-{rng.integers(8)}" for u in sorted(set(uids))}
+        keys = np.array([pool[u] for u in uids], dtype=object)
+        got = compute_spo_advantages(
+            torch.as_tensor(r), keys, torch.ones(len(r), dtype=torch.bool), SPOOptions(), state
+        )
+        np.testing.assert_allclose(got.numpy(), ref.step(keys, list(r)), atol=1e-9, rtol=1e-9)
+    assert state.keys.tolist() == sorted(ref.tracker)
+    np.testing.assert_allclose(np.stack([state.alpha, state.beta], 1), [ref.tracker[k] for k in sorted(ref.tracker)])
+
+
+def test_spo_first_update_and_baselines_by_hand():
+    state = SPOState()
+    valid = torch.ones(6, dtype=torch.bool)
+    keys = np.array(["7", "7", "7", "9", "9", "9"], dtype=object)
+    r1 = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    a1 = compute_spo_advantages(r1, keys, valid, SPOOptions(), state)
+    x = r1.double() - 0.5  # unseen: baseline 0.5, then batch standardisation
+    torch.testing.assert_close(a1.double(), (x - x.mean()) / (x.std() + EPS))
+    # first update from (4, 4): alpha = 0.9 * 4 + rbar, beta = 0.9 * 4 + 1 - rbar
+    assert state.keys.tolist() == ["7", "9"]
+    np.testing.assert_allclose(state.alpha, [3.6 + 2 / 3, 3.6])
+    np.testing.assert_allclose(state.beta, [3.6 + 1 / 3, 4.6])
+    assert state.diagnostics == {"spo/baseline_mean": 0.5, "spo/frac_seen": 0.0, "spo/prompts_tracked": 2.0}
+    # step 2: the baseline is the tracker BEFORE this step's update; prompt "8" is new
+    keys2 = np.array(["9", "9", "8", "8", "7", "7"], dtype=object)
+    r2 = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    a2 = compute_spo_advantages(r2, keys2, valid, SPOOptions(), state)
+    b7, b9 = (3.6 + 2 / 3) / 8.2, 3.6 / 8.2
+    x = r2.double() - torch.tensor([b9, b9, 0.5, 0.5, b7, b7], dtype=torch.float64)
+    torch.testing.assert_close(a2.double(), (x - x.mean()) / (x.std() + EPS))
+    np.testing.assert_allclose(state.alpha, [0.9 * (3.6 + 2 / 3) + 0.5, 0.9 * 4 + 1.0, 0.9 * 3.6 + 0.5])
+    assert state.keys.tolist() == ["7", "8", "9"] and state.steps == 2
+
+
+def test_spo_padding_and_rewards_outside_unit_interval():
+    state = SPOState()
+    keys = np.array(["a", "a", None], dtype=object)
+    got = compute_spo_advantages(
+        torch.tensor([2.0, -1.0, 5.0]), keys, torch.tensor([True, True, False]), SPOOptions(), state
+    )
+    assert got[2] == 0 and state.keys.tolist() == ["a"]
+    np.testing.assert_allclose(state.alpha, [3.6 + 0.5])  # mean 0.5 inside [0, 1]
+    compute_spo_advantages(
+        torch.tensor([2.0, 3.0]), np.array(["a", "a"]), torch.ones(2, dtype=torch.bool), SPOOptions(), state
+    )
+    np.testing.assert_allclose([state.alpha[0], state.beta[0]], [0.9 * 4.1 + 1.0, 0.9 * 4.1])  # clamped to 1
+    with pytest.raises(ValueError, match=r"no prompt key\(s\) \(extra_info\['index'\]\) \(None\); first rows: \[1\]"):
+        compute_spo_advantages(
+            torch.ones(2), np.array(["a", None], dtype=object), torch.ones(2, dtype=torch.bool), SPOOptions(), state
+        )
+    with pytest.raises(ValueError, match=r"non-finite .* \['b'\]"):
+        compute_spo_advantages(
+            torch.tensor([1.0, math.nan]), np.array(["a", "b"]), torch.ones(2, dtype=torch.bool), SPOOptions(), state
+        )
+
+
+def test_spo_state_dict_round_trip_and_checks():
+    state = SPOState()
+    rng = np.random.default_rng(5)
+    for step in range(3):
+        uids, r = make_batch(rng, [3, 2, 4], tag=str(step))
+        compute_spo_advantages(
+            torch.as_tensor(r),
+            np.array([u[-1] for u in uids]),
+            torch.ones(len(r), dtype=torch.bool),
+            SPOOptions(),
+            state,
+        )
+    snapshot = json.loads(json.dumps(state.state_dict()))
+    again = SPOState()
+    again.load_state_dict(snapshot)
+    assert again.state_dict() == state.state_dict() and again.steps == 3
+    for bad, pattern in [
+        ({**snapshot, "version": 9}, "version 9"),
+        ({k: v for k, v in snapshot.items() if k != "beta"}, "missing key"),
+        ({**snapshot, "alpha": snapshot["alpha"][:1]}, "3 keys but 1 alpha"),
+        ({**snapshot, "keys": snapshot["keys"][::-1]}, "not sorted"),
+        ({**snapshot, "beta": [0.0] * 3}, "non-positive"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            SPOState().load_state_dict(bad)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "pattern"),
+    [
+        ({"rho": 1.0}, r"rho=1.0 is invalid; use a float in \(0, 1\)"),
+        ({"n0": 0}, "n0=0 is invalid"),
+        ({"prompt_key": ""}, "prompt_key='' is invalid"),
+        ({"promptkey": "index"}, r"unknown algorithm.spo option\(s\) \['promptkey'\]"),
+    ],
+)
+def test_spo_options_are_validated(mapping, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        SPOOptions.from_mapping(mapping)
+
+
+# -------------------------------------------------------------------------------- through verl's registry
+
+
+def make_dataproto(uids, rewards, length: int = 5, pad: int = 0) -> DataProto:
+    """Reward on the last valid token of responses of length 1..length, plus ``pad`` padding rows."""
+    bs = len(uids)
+    lengths = np.concatenate([1 + np.arange(bs) % length, np.zeros(pad, dtype=int)])
+    mask = torch.from_numpy(np.arange(length)[None, :] < lengths[:, None]).float()
+    tlr = torch.zeros(bs + pad, length)
+    tlr[torch.arange(bs), torch.from_numpy(lengths[:bs] - 1)] = torch.as_tensor(rewards, dtype=torch.float32)
+    all_uids = np.concatenate([np.asarray(uids, dtype=object), np.array([f"pad{i}" for i in range(pad)], dtype=object)])
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": all_uids}
+    )
+
+
+@pytest.mark.parametrize(("name", "ref"), [("shrinkage_js", reference_js), ("bnpo", reference_bnpo)])
+def test_registered_estimators_through_verl_compute_advantage_skip_padding(name, ref):
+    uids, r = make_batch(np.random.default_rng(11), [4, 3, 4, 1])
+    data = compute_advantage(make_dataproto(uids, r, pad=3), name, config=OmegaConf.create({}))
+    adv = data.batch["advantages"]
+    mask = data.batch["response_mask"]
+    torch.testing.assert_close(adv, adv[:, :1] * mask)  # one value per response, broadcast over its tokens
+    np.testing.assert_allclose(adv[: len(uids), 0].numpy(), ref(uids, list(r)), atol=1e-5)
+    assert not adv[len(uids) :].any()
+    torch.testing.assert_close(data.batch["returns"], adv)
+
+
+def test_registered_spo_refuses_to_run_without_stable_keys():
+    uids, r = make_batch(np.random.default_rng(0), [2, 2])
+    with pytest.raises(ValueError, match=r"spo needs a stable prompt key per row .* extra_info\['index'\]"):
+        compute_advantage(make_dataproto(uids, r), "spo", config=OmegaConf.create({}))
+    fn = get_adv_estimator_fn("spo")
+    data = make_dataproto(uids, r, pad=1)
+    keys = np.array([u.split("-")[1] for u in uids] + [None], dtype=object)
+    config = OmegaConf.create({"spo": {"rho": 0.5}})
+    adv, _ = fn(
+        data.batch["token_level_rewards"],
+        data.batch["response_mask"],
+        data.non_tensor_batch["uid"],
+        config,
+        prompt_keys=keys,
+    )
+    reference = ReferenceSPO(rho=0.5)
+    np.testing.assert_allclose(adv[:-1, 0].numpy(), reference.step(keys[:-1], list(r)), atol=1e-6)
+    assert not adv[-1].any() and SPO_STATE.steps == 1
+    assert SPO_STATE.keys.tolist() == ["q0", "q1"]
+    np.testing.assert_allclose(SPO_STATE.alpha, [reference.tracker["q0"][0], reference.tracker["q1"][0]])
+
+
+def test_prompt_key_checks_name_the_problem():
+    check_prompt_keys([{"index": 0}, {"index": 1}], "index", "x.parquet")
+    with pytest.raises(EBPOConfigError, match=r"prompt_key='uid' is not a key of extra_info .* \['index', 'split'\]"):
+        check_prompt_keys([{"index": 0, "split": "train"}], "uid", "x.parquet")
+    with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 2 training rows .* first rows: \[1\]"):
+        check_prompt_keys([{"index": 0}, {"index": None}], "index", "x.parquet")
+    with pytest.raises(EBPOConfigError, match=r"not unique .* 1 row\(s\) repeat .* '0' at rows 0 and 2"):
+        check_prompt_keys([{"index": 0}, {"index": 1}, {"index": 0}], "index", "a.parquet,b.parquet")
+
+
+# ------------------------------------------------------------------------ SPO resume through the trainer
+
+
+PROMPTS, GROUP = 4, 3
+
+
+def _config(tmp_path: Path | None = None, *overrides: str):
+    ckpt = [f"trainer.default_local_dir={tmp_path / 'ckpt'}"] if tmp_path else []
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(
+            "ebpo_trainer",
+            overrides=["algorithm.adv_estimator=spo", "actor_rollout_ref.rollout.n=3", *ckpt, *overrides],
+        )
+
+
+class _ActorGroupStandIn:
+    """Plays the actor worker group in verl's checkpoint code."""
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        os.makedirs(local_path, exist_ok=True)
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        pass
+
+
+def _trainer(config):
+    trainer = ebpo_trainer_cls("sync")(config)
+    trainer.actor_rollout_wg = _ActorGroupStandIn()
+    # 2 passes over 6 prompts: every prompt recurs, so the tracker matters
+    trainer.train_dataloader = StatefulDataLoader(
+        [i % 6 for i in range(8 * PROMPTS)], batch_size=PROMPTS, shuffle=False
+    )
+    trainer._data_iter = iter(trainer.train_dataloader)
+    return trainer
+
+
+def _step(trainer, step: int) -> torch.Tensor:
+    prompt_ids = next(trainer._data_iter).tolist()
+    rewards, uids, infos = [], [], []
+    for pid in prompt_ids:
+        gen = torch.Generator().manual_seed(1000 * step + pid)
+        rewards += (torch.rand(GROUP, generator=gen) < (pid + 1) / 7).float().tolist()
+        uids += [f"fresh-{step}-{pid}"] * GROUP  # verl's uid: new every step
+        infos += [{"index": pid, "topic": "t"}] * GROUP
+    uids.append("pad0")
+    infos.append(infos[0])
+    data = make_dataproto(np.array(uids[:-1], dtype=object), rewards, pad=1)
+    keys = cluster_labels(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.spo.prompt_key")
+    compute_spo_advantage(data, trainer.config.algorithm, keys)
+    return data.batch["advantages"].clone()
+
+
+def _run(trainer, steps) -> list[torch.Tensor]:
+    out = []
+    for step in steps:
+        trainer.global_steps = step
+        out.append(_step(trainer, step))
+    return out
+
+
+def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+    config = _config(tmp_path)
+    uninterrupted = _run(_trainer(config), range(1, 8))
+    reference = ReferenceSPO()
+
+    SPO_STATE.reset()
+    first = _trainer(config)
+    before = _run(first, range(1, 4))
+    first.global_steps = 3
+    first._save_checkpoint()
+    step_dir = tmp_path / "ckpt" / "global_step_3"
+    saved = json.loads((step_dir / SPO_STATE_FILE).read_text())
+    assert saved["global_step"] == 3 and saved["state"]["steps"] == 3 and saved["options"]["prompt_key"] == "index"
+    assert saved["state"]["keys"] == ["0", "1", "2", "3", "4", "5"]
+
+    SPO_STATE.reset()
+    _run(_trainer(config), range(90, 92))  # unrelated tracker contents, as a restarted process could have
+    resumed = _trainer(config)
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 3 and SPO_STATE.state_dict() == saved["state"]
+    resumed._data_iter = iter(resumed.train_dataloader)  # continues at prompt 12 from data.pt
+    after = _run(resumed, range(4, 8))
+    for a, b in zip(before + after, uninterrupted, strict=True):
+        assert torch.equal(a, b)
+
+    # the run follows the plain-loop reference, and the tracker matters (an empty one would give other values)
+    for step, adv in enumerate(uninterrupted, start=1):
+        ids = [i % 6 for i in range(8 * PROMPTS)][(step - 1) * PROMPTS : step * PROMPTS]
+        keys = [str(pid) for pid in ids for _ in range(GROUP)]
+        rewards = []
+        for pid in ids:
+            gen = torch.Generator().manual_seed(1000 * step + pid)
+            rewards += (torch.rand(GROUP, generator=gen) < (pid + 1) / 7).float().tolist()
+        np.testing.assert_allclose(adv[:-1, 0].numpy(), reference.step(keys, rewards), atol=1e-5)
+        if step > 1:
+            assert not np.allclose(adv[:-1, 0].numpy(), ReferenceSPO().step(keys, rewards), atol=1e-3)
+    fresh = SPOState()
+    with pytest.warns(RuntimeWarning, match="no spo_state.json"):
+        load_spo_state(tmp_path, fresh, SPOOptions(), 3)
+    assert fresh.steps == 0
+
+
+def test_spo_state_file_errors(tmp_path):
+    config = _config(tmp_path)
+    trainer = _trainer(config)
+    _run(trainer, range(1, 3))
+    trainer.global_steps = 2
+    trainer._save_checkpoint()
+    path = tmp_path / "ckpt" / "global_step_2" / SPO_STATE_FILE
+    with pytest.raises(ValueError, match="written at global step 2, not 5"):
+        load_spo_state(path.parent, SPOState(), SPOOptions(), 5)
+    with pytest.warns(RuntimeWarning, match=r"algorithm.spo changed since the checkpoint \(rho: 0.9 -> 0.5\)"):
+        load_spo_state(path.parent, SPOState(), SPOOptions(rho=0.5), 2)
+    path.write_text('{"format": 1, "global_step": 2, "state": {"version": 1}}')
+    with pytest.raises(ValueError, match="is unreadable: SPO state is missing key"):
+        load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_check_config_refuses_bad_spo_options():
+    check_config(_config())
+    with pytest.raises(EBPOConfigError, match="algorithm.spo.rho=2.0 is invalid"):
+        check_config(_config(None, "algorithm.spo.rho=2.0"))
+
+
+# ---------------------------------------------------------------------------------- Ray, TransferQueue
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
+    @ray_local.remote
+    class Probe:
+        def check(self):
+            before = "ebpo_verl" in sys.modules
+            import verl  # noqa: F401  (loads the verl.plugins entry points)
+            from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+            return before, {n: get_adv_estimator_fn(n).__module__ for n in ("shrinkage_js", "bnpo", "spo", "ebpo")}
+
+    before, modules = ray_local.get(Probe.remote().check.remote(), timeout=300)
+    assert not before and set(modules.values()) == {"ebpo_verl.verl_adapter"}
+
+
+def test_spo_advantage_step_through_transfer_queue(ray_local):
+    """verl's v1 flow: rows in TransferQueue -> _compute_advantage -> keys from extra_info reach the tracker."""
+    import transfer_queue as tq
+    from transfer_queue import KVBatchMeta
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    try:
+        trainer = ebpo_trainer_cls("sync")(_config())
+        scores = {"u-a": [1, 1, 0], "u-b": [0, 0, 1]}
+        index = {"u-a": 17, "u-b": 4}
+        keys, rows, tags = [], [], []
+        for uid, group in scores.items():
+            for session, score in enumerate(group):
+                keys.append(f"{uid}_{session}_0")
+                rows.append(
+                    {
+                        "uid": uid,
+                        "response_mask": torch.ones(2, dtype=torch.int64),
+                        "rm_scores": torch.tensor([0.0, float(score)]),
+                        "extra_info": {"index": index[uid]},
+                    }
+                )
+                tags.append({"status": "success"})
+        keys.append("padfeed_0_0")
+        rows.append({**rows[0], "uid": "padfeed", "response_mask": torch.zeros(1, dtype=torch.int64)})
+        rows[-1]["rm_scores"] = torch.zeros(1)
+        tags.append({"status": "success", "is_padding": True})
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=tags)
+        metrics: dict = {}
+        SPO_STATE.reset()
+        SPO_STATE.load_state_dict({"version": 1, "steps": 5, "keys": ["17"], "alpha": [3.0], "beta": [1.0]})
+        trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
+        out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])
+        advantages = out["advantages"].unbind()
+        tq.kv_clear(keys=keys, partition_id="train")
+    finally:
+        tq.close()
+    x = np.array([1, 1, 0, 0, 0, 1]) - np.array([0.75] * 3 + [0.5] * 3)  # prompt 17 seen: 3 / (3 + 1)
+    expected = (x - x.mean()) / (x.std(ddof=1) + EPS)
+    for row, value in enumerate(expected):
+        assert advantages[row].tolist() == pytest.approx([value] * 2, abs=1e-6)
+    assert advantages[-1].tolist() == [0.0]
+    assert metrics["spo/frac_seen"] == 0.5 and metrics["spo/prompts_tracked"] == 2
+    assert SPO_STATE.keys.tolist() == ["17", "4"] and SPO_STATE.steps == 6
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+
+
+def test_benchmark_times_the_baselines_against_grpo_vectorized():
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_advantage.py"), "--prompts", "8", "--group", "4"]
+    out = subprocess.run([*cmd, "--tokens", "16", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for name in ("shrinkage_js", "bnpo", "spo"):
+        assert f"{name}/grpo_vectorized = " in out.stdout
