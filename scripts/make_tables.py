@@ -1,9 +1,10 @@
-"""Tables of Pass@1 from EBPO/verl metrics logs, in the paper's layout, next to the paper's numbers.
+"""Tables of Pass@1 from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
     python scripts/make_tables.py RUN... --out results/ [--table main|group_size|ordering|curriculum|grpo_bn]
                                   [--select final|best]
 
-RUN is a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
+RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
+``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
 append-only ``trainer.metrics_log_path`` log also uses) or a run directory (its ``metrics.jsonl``, else every
 ``*.jsonl`` in it, in natural name order, as successive attempts), optionally labelled ``SECTION/METHOD=RUN``
 (e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``.
@@ -17,6 +18,11 @@ Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x 100 for the benchmarks
 amc23, olympiadbench. ``final`` takes the last validation of the run; ``best`` the validation with the highest
 five-benchmark average among those that have all five (checkpoint selection on the test sets, as a ceiling).
 Avg is the mean of the five benchmarks and is left empty unless all five are there.
+
+Every row names its protocol (``paper``, ``verl``, or ``validation`` for a metrics log: verl's validation during
+training) and the title lists the protocols present. The paper's numbers (and "Paper Avg", "Δ Avg") are shown
+only beside ``paper``-protocol results, the only ones measured as the authors measured (PAPER.md), and beside
+rows not run yet; other rows leave those cells empty.
 
 Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` (written atomically). With ``--table``, every row of the
 paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
@@ -46,6 +52,11 @@ from ebpo_verl.checkpoint import atomic_write_text  # noqa: E402
 VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
 SELECT = ("final", "best")
 ADHOC_SECTION = "runs"
+PROTOCOLS = {
+    "paper": "the authors' evaluation (raw prompt, Answer: grader, 16 runs / OlympiadBench 4; PAPER.md)",
+    "verl": "chat template + math-verify reward, 16 runs (ebpo_verl.evaluate)",
+    "validation": "verl's validation during training (metrics log; the run's own response length and samples)",
+}
 
 
 class MetricsLogError(ValueError):
@@ -140,6 +151,12 @@ class Row:
     ks: set[int] = field(default_factory=set)
     paper: dict[str, float] = field(default_factory=dict)
     missing: str = ""
+    protocol: str = ""  # paper | verl | validation; "" while the row has no result
+
+    @property
+    def shows_paper(self) -> bool:
+        """The paper's numbers go beside paper-protocol results (and rows without a result) only."""
+        return self.protocol in ("paper", "")
 
     @property
     def avg(self) -> float | None:
@@ -156,9 +173,31 @@ def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, fl
     return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
 
 
+def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool]:
+    """(protocol, benchmark -> pass@1, runs used, complete) of a RESULTS.json."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        protocol, benches = data["protocol"], data["benchmarks"]
+        if protocol not in ("paper", "verl") or not isinstance(benches, dict):
+            raise TypeError(f"protocol {protocol!r} / benchmarks {type(benches).__name__}")
+    except (ValueError, KeyError, TypeError) as err:
+        raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from err
+    scores = {b: float(v["pass@1"]) for b, v in benches.items() if b in BENCHMARKS and v.get("pass@1") is not None}
+    runs = {int(v["runs"]) for b, v in benches.items() if b in scores}
+    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values())
+
+
 def fill(row: Row, path: str, how: str) -> None:
-    """Read the run at ``path`` into ``row`` (or say why it stays empty)."""
+    """Read the run or RESULTS.json at ``path`` into ``row`` (or say why it stays empty)."""
     row.source = path
+    if path.endswith(".json") and Path(path).is_file():
+        row.protocol, row.scores, row.ks, complete = read_results(Path(path))
+        if not complete:
+            row.missing = "incomplete: graded with --allow-partial"
+        return
+    if path.endswith(".json"):
+        row.missing = "no results file"
+        return
     if not log_files(Path(path)):
         row.missing = "no metrics log"
         return
@@ -167,6 +206,7 @@ def fill(row: Row, path: str, how: str) -> None:
         row.missing = "no validation with all five benchmarks" if how == "best" else "no validation metrics"
         return
     row.step, row.scores, row.ks = chosen
+    row.protocol = "validation"
 
 
 def parse_spec(spec: str) -> tuple[str, str, str]:
@@ -212,7 +252,11 @@ def contrast_rows(table: str | None, rows: list[Row]) -> list[Row]:
                 for bench in BENCHMARKS
                 if a is not None and b is not None and bench in a.scores and bench in b.scores
             }
-            out.append(Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper)))
+            protocols = {r.protocol for r in (a, b) if r is not None} - {""}
+            protocol = "mixed" if len(protocols) > 1 else protocols.pop() if protocols else ""
+            if protocol == "mixed":  # a difference across protocols means nothing: left empty
+                diff = {}
+            out.append(Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper), protocol=protocol))
     return out
 
 
@@ -223,26 +267,43 @@ def _fmt(value: float | None, signed: bool = False) -> str:
 
 
 def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
-    head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step"]
-    lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step", "Protocol"]
+    used = sorted({r.protocol for r in rows if r.protocol})
+    legend = [f"- {p}: {PROTOCOLS[p]}" for p in used]
+    if any(r.protocol and not r.shows_paper for r in rows):
+        legend.append("- the paper's numbers are shown only beside paper-protocol results")
+    lines = [f"# {title}", "", *legend, *([""] if legend else []), "| " + " | ".join(head) + " |"]
+    lines.append("|" + "---|" * len(head))
 
     def emit(cells: list[str]) -> None:
         lines.append("| " + " | ".join(cells) + " |")
 
     for row in rows:
-        paper_avg = row.paper.get("avg")
-        delta = row.avg - paper_avg if row.avg is not None and paper_avg is not None else None
+        paper_avg, delta = _paper_avg(row)
         scores = [_fmt(row.scores.get(b)) for b in BENCHMARKS]
-        emit([row.section, row.method, *scores, _fmt(row.avg), _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)])
-        if any(b in row.paper for b in BENCHMARKS):
-            emit(["", f"{row.method} (paper)", *[_fmt(row.paper.get(b)) for b in BENCHMARKS], "", "", "", ""])
+        emit(
+            [row.section, row.method, *scores, _fmt(row.avg), _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)]
+            + [row.protocol]
+        )
+        if row.shows_paper and any(b in row.paper for b in BENCHMARKS):
+            emit(["", f"{row.method} (paper)", *[_fmt(row.paper.get(b)) for b in BENCHMARKS], "", "", "", "", ""])
     for row in contrasts:
-        emit([row.section, row.method, *[_fmt(row.scores.get(b), True) for b in BENCHMARKS], "", "", "", ""])
-        emit(["", f"{row.method} (paper)", *[_fmt(row.paper.get(b), True) for b in BENCHMARKS], "", "", "", ""])
+        cells = [_fmt(row.scores.get(b), True) for b in BENCHMARKS]
+        emit([row.section, row.method, *cells, "", "", "", "", row.protocol])
+        if row.shows_paper:
+            paper = [_fmt(row.paper.get(b), True) for b in BENCHMARKS]
+            emit(["", f"{row.method} (paper)", *paper, "", "", "", "", ""])
     missing = [r for r in rows if r.missing]
     if missing:
         lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _paper_avg(row: Row) -> tuple[float | None, float | None]:
+    """(paper's average, ours minus it) where the paper's numbers may be shown beside the row."""
+    paper_avg = row.paper.get("avg") if row.shows_paper else None
+    delta = row.avg - paper_avg if row.avg is not None and paper_avg is not None else None
+    return paper_avg, delta
 
 
 def _fmt_step(row: Row) -> str:
@@ -255,18 +316,18 @@ def _why(row: Row) -> str:
 
 def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
     head = ["section", "method", *BENCHMARKS, "avg", *[f"paper_{b}" for b in BENCHMARKS], "paper_avg"]
-    head += ["diff_avg", "step", "k", "source", "missing"]
+    head += ["diff_avg", "step", "k", "source", "missing", "protocol"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(head)
     for row in rows + contrasts:
-        paper_avg = row.paper.get("avg")
-        delta = row.avg - paper_avg if row.avg is not None and paper_avg is not None else None
+        paper_avg, delta = _paper_avg(row)
+        paper = [_fmt(row.paper.get(b)) if row.shows_paper else "" for b in BENCHMARKS]
         writer.writerow(
             [row.section, row.method, *[_fmt(row.scores.get(b)) for b in BENCHMARKS], _fmt(row.avg)]
-            + [_fmt(row.paper.get(b)) for b in BENCHMARKS]
+            + paper
             + [_fmt(paper_avg), _fmt(delta), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
-            + [row.source, row.missing]
+            + [row.source, row.missing, row.protocol]
         )
     return buf.getvalue()
 
@@ -278,7 +339,9 @@ def make_tables(specs: list[str], out: Path, table: str | None = None, how: str 
     rows = build_rows(table, specs, how)
     contrasts = contrast_rows(table, rows)
     name = table or ADHOC_SECTION
-    title = f"{name}: Pass@1 (%), {how} validation"
+    protocols = sorted({r.protocol for r in rows if r.protocol})
+    what = ", ".join(f"{p} ({how})" if p == "validation" else p for p in protocols) or "no results yet"
+    title = f"{name}: Pass@1 (%), protocol: {what}"
     md = out / f"{name}.md"
     atomic_write_text(md, render_markdown(title, rows, contrasts))
     atomic_write_text(out / f"{name}.csv", render_csv(rows, contrasts))

@@ -117,9 +117,25 @@ def test_non_finite_and_null_values_count_as_missing(tmp_path):
     assert make_tables.select_validation(make_tables.read_run(log), "best") is None
 
 
+def write_results(path: Path, protocol: str, *scores: float, complete: bool = True) -> str:
+    """A RESULTS.json of ``python -m ebpo_verl.evaluate grade`` with the given pass@1 (%) per benchmark."""
+    benches = {
+        b: {"pass@1": x, "runs": 16, "problems": 30, "samples": 480, "complete": complete}
+        for b, x in zip(BENCH, scores, strict=True)
+    }
+    path.write_text(json.dumps({"protocol": protocol, "model": "m", "benchmarks": benches, "average": None}))
+    return str(path)
+
+
 def test_grpo_bn_table_by_hand(runs, tmp_path):
     out = tmp_path / "results"
-    specs = [f"Qwen3-8B/GRPO={runs['plain']}", f"Qwen3-8B/EBPO={runs['resumed']}", f"Qwen3-14B/EBPO={runs['missing']}"]
+    paper = write_results(tmp_path / "grpo.json", "paper", 60, 30, 20, 50, 40)
+    specs = [
+        f"Qwen3-8B/GRPO={paper}",
+        f"Qwen3-8B/GRPO+BN={runs['plain']}",
+        f"Qwen3-8B/EBPO={runs['resumed']}",
+        f"Qwen3-14B/EBPO={runs['missing']}",
+    ]
     assert make_tables.main([*specs, "--table", "grpo_bn", "--out", str(out)]) == 0
     rows = read_csv(out / "grpo_bn.csv")
     assert list(rows) == [
@@ -130,35 +146,49 @@ def test_grpo_bn_table_by_hand(runs, tmp_path):
         ("Qwen3-14B", "GRPO+BN"),
         ("Qwen3-14B", "EBPO"),
     ]
-    grpo = rows["Qwen3-8B", "GRPO"]  # final validation (step 8): 60 30 20 50 40 -> 40.00; paper 58.72
+    grpo = rows["Qwen3-8B", "GRPO"]  # paper protocol: 60 30 20 50 40 -> 40.00; paper 58.72
     assert [grpo[b] for b in BENCH] == ["60.00", "30.00", "20.00", "50.00", "40.00"]
-    assert (grpo["avg"], grpo["paper_avg"], grpo["diff_avg"], grpo["step"], grpo["k"]) == (
+    assert (grpo["avg"], grpo["paper_avg"], grpo["diff_avg"], grpo["step"], grpo["k"], grpo["protocol"]) == (
         "40.00",
         "58.72",
         "-18.72",
-        "8",
+        "",
         "16",
+        "paper",
     )
-    ebpo = rows["Qwen3-8B", "EBPO"]  # 55 everywhere at step 8; paper 64.39
-    assert (ebpo["avg"], ebpo["diff_avg"], ebpo["step"]) == ("55.00", "-9.39", "8")
-    for key, why in [(("Qwen3-8B", "GRPO+BN"), "not run"), (("Qwen3-14B", "EBPO"), "no metrics log")]:
-        assert rows[key]["avg"] == "" and rows[key]["math500"] == "" and rows[key]["missing"] == why
-    assert rows["Qwen3-14B", "GRPO+BN"]["paper_avg"] == "59.98"
+    bn = rows["Qwen3-8B", "GRPO+BN"]  # training validation (final, step 8): no paper numbers beside it
+    assert (bn["avg"], bn["paper_avg"], bn["diff_avg"], bn["step"], bn["protocol"]) == (
+        "40.00",
+        "",
+        "",
+        "8",
+        "validation",
+    )
+    ebpo = rows["Qwen3-8B", "EBPO"]  # 55 everywhere at step 8
+    assert (ebpo["avg"], ebpo["paper_avg"], ebpo["paper_math500"], ebpo["step"]) == ("55.00", "", "", "8")
+    for key, why in [(("Qwen3-8B", "GRPO+BN"), ""), (("Qwen3-14B", "GRPO"), "not run")]:
+        assert rows[key]["missing"] == why
+    assert rows["Qwen3-14B", "EBPO"]["missing"] == "no metrics log" and rows["Qwen3-14B", "EBPO"]["avg"] == ""
+    assert rows["Qwen3-14B", "GRPO+BN"]["paper_avg"] == "59.98"  # not run: the paper's number for reference
     md = (out / "grpo_bn.md").read_text()
-    assert "| Qwen3-8B | GRPO | 60.00 | 30.00 | 20.00 | 50.00 | 40.00 | 40.00 | 58.72 | -18.72 | 8 |" in md
-    assert "| Qwen3-14B | EBPO |  |  |  |  |  |  | 61.75 |  |  |" in md
+    assert md.startswith("# grpo_bn: Pass@1 (%), protocol: paper, validation (final)\n")
+    assert "- paper: the authors' evaluation" in md and "only beside paper-protocol results" in md
+    assert "| Qwen3-8B | GRPO | 60.00 | 30.00 | 20.00 | 50.00 | 40.00 | 40.00 | 58.72 | -18.72 |  | paper |" in md
+    assert "| Qwen3-8B | GRPO+BN | 60.00 | 30.00 | 20.00 | 50.00 | 40.00 | 40.00 |  |  | 8 | validation |" in md
+    assert "| Qwen3-14B | EBPO |  |  |  |  |  |  | 61.75 |  |  |  |" in md
     assert f"Qwen3-14B/EBPO (no metrics log: {runs['missing']})" in md
 
     make_tables.main([*specs, "--table", "grpo_bn", "--out", str(out), "--select", "best"])
-    grpo = read_csv(out / "grpo_bn.csv")["Qwen3-8B", "GRPO"]  # best: step 4, avg 50 -> 50 - 58.72
-    assert (grpo["avg"], grpo["diff_avg"], grpo["step"]) == ("50.00", "-8.72", "4")
+    bn = read_csv(out / "grpo_bn.csv")["Qwen3-8B", "GRPO+BN"]  # best: step 4, avg 50
+    assert (bn["avg"], bn["diff_avg"], bn["step"]) == ("50.00", "", "4")
+    assert read_csv(out / "grpo_bn.csv")["Qwen3-8B", "GRPO"]["avg"] == "40.00"  # RESULTS.json: no selection
 
 
 def test_curriculum_contrast_and_paper_rows(runs, tmp_path):
     out = tmp_path / "results"
-    make_tables.make_tables(
-        [f"Qwen3-8B-Base/EBPO-diff={runs['plain']}", f"Qwen3-8B-Base/GRPO-diff={runs['split']}"], out, "curriculum"
-    )
+    ebpo = write_results(tmp_path / "ebpo.json", "paper", 60, 30, 20, 50, 40)
+    grpo = write_results(tmp_path / "grpo.json", "paper", 55, 55, 55, 55, 55)
+    make_tables.make_tables([f"Qwen3-8B-Base/EBPO-diff={ebpo}", f"Qwen3-8B-Base/GRPO-diff={grpo}"], out, "curriculum")
     rows = read_csv(out / "curriculum.csv")
     diff = rows["Qwen3-8B-Base", "EBPO-diff − GRPO-diff"]  # (60 30 20 50 40) - 55
     assert [diff[b] for b in BENCH] == ["5.00", "-25.00", "-35.00", "-5.00", "-15.00"]
@@ -167,10 +197,34 @@ def test_curriculum_contrast_and_paper_rows(runs, tmp_path):
     assert "| Qwen3-8B-Base | EBPO-diff − GRPO-diff | +5.00 | -25.00 | -35.00 | -5.00 | -15.00 |" in md
     assert "|  | EBPO-diff − GRPO-diff (paper) |  | +3.95 | +6.04 |  |  |" in md
 
+    # one side from a training validation: the difference mixes protocols and stays empty
+    make_tables.make_tables(
+        [f"Qwen3-8B-Base/EBPO-diff={ebpo}", f"Qwen3-8B-Base/GRPO-diff={runs['split']}"], out, "curriculum"
+    )
+    diff = read_csv(out / "curriculum.csv")["Qwen3-8B-Base", "EBPO-diff − GRPO-diff"]
+    assert diff["math500"] == "" and diff["protocol"] == "mixed" and diff["paper_aime2024"] == ""
+
     make_tables.make_tables([f"Qwen3-8B/EBPO={runs['plain']}"], out, "main")
     md = (out / "main.md").read_text()
-    assert "|  | EBPO (paper) | 76.80 | 56.04 | 47.92 | 86.25 | 54.93 |" in md
+    assert "EBPO (paper)" not in md  # beside a training validation: no paper numbers
     assert md.count("| Qwen3-8B |") == 9 and md.count("| LLaMA3.1-8B |") == 5
+    make_tables.make_tables([], out, "main")  # not run: the paper's numbers for reference
+    assert "|  | EBPO (paper) | 76.80 | 56.04 | 47.92 | 86.25 | 54.93 |" in (out / "main.md").read_text()
+
+    verl = write_results(tmp_path / "verl.json", "verl", 70, 50, 40, 80, 50, complete=False)
+    make_tables.make_tables([f"Qwen3-8B/EBPO={verl}"], out, "main")
+    row = read_csv(out / "main.csv")["Qwen3-8B", "EBPO"]
+    assert (row["avg"], row["paper_avg"], row["protocol"]) == ("58.00", "", "verl")
+    assert row["missing"] == "incomplete: graded with --allow-partial"
+    assert "protocol: verl" in (out / "main.md").read_text()
+
+
+def test_results_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"protocol": "mine", "benchmarks": {}}')
+    assert make_tables.main([f"A/x={bad}", "--out", str(tmp_path / "o")]) == 1
+    row = make_tables.build_rows(None, [f"A/x={tmp_path / 'absent.json'}"], "final")[0]
+    assert row.missing == "no results file" and row.scores == {}
 
 
 def test_unlabelled_runs_and_label_errors(runs, tmp_path):
