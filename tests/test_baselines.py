@@ -499,6 +499,27 @@ def test_spo_state_file_errors(tmp_path):
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
 
 
+def test_spo_dataset_check_on_prepared_data(shared_data, tiny_tokenizer, tmp_path):
+    """data_prep's extra_info.index is a unique key within a file; two files repeat it, which is refused."""
+    from data_prep import dapo_math, math500
+
+    math = math500.prepare(tmp_path / "m", local_path=shared_data / "math500.jsonl")
+    dapo = dapo_math.prepare(tmp_path / "d", local_path=shared_data / "dapo_math_sample.jsonl")
+
+    def trainer_on(files: str, *overrides: str):
+        config = _config(None, f"data.train_files={files}", f"data.val_files={math}", "data.train_batch_size=16")
+        trainer = ebpo_trainer_cls("sync")(OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides))))
+        trainer.tokenizer, trainer.processor = tiny_tokenizer, None
+        return trainer
+
+    trainer_on(str(math))._init_dataloader()
+    trainer_on(f"[{math},{dapo}]", "algorithm.spo.prompt_key=source_id")._init_dataloader()
+    with pytest.raises(EBPOConfigError, match=r"extra_info\['index'\] .* is not unique .* '0' at rows 0 and 500"):
+        trainer_on(f"[{math},{dapo}]")._init_dataloader()
+    with pytest.raises(EBPOConfigError, match=r"prompt_key='uid' is not a key of extra_info"):
+        trainer_on(str(math), "algorithm.spo.prompt_key=uid")._init_dataloader()
+
+
 def test_check_config_refuses_bad_spo_options():
     check_config(_config())
     with pytest.raises(EBPOConfigError, match="algorithm.spo.rho=2.0 is invalid"):
