@@ -1,0 +1,334 @@
+"""ebpo_verl.evaluate without a model: the paper's exact prompts, the generations file (resume, torn and corrupt
+lines), grading and aggregation by hand, missing samples, model resolution and the real verl merge."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from data_prep.all import prepare_all
+from ebpo_verl.evaluate import engines
+from ebpo_verl.evaluate.__main__ import main
+from ebpo_verl.evaluate.generations import GenerationsFile, read_generations
+from ebpo_verl.evaluate.grading import grade_file
+from ebpo_verl.evaluate.merge import MERGED, merge_checkpoint, resolve_model
+from ebpo_verl.evaluate.prompts import EvalInputError, load_problems
+
+INSTRUCTION = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+SETS = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, shared_data):
+    out = tmp_path_factory.mktemp("data")
+    prepare_all(out, shared_data, "dapo", False, tuple(SETS))
+    return out
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_paper_prompt_is_raw_instruction_plus_problem(data_dir, shared_data):
+    for bench, key, answer in [
+        ("math500", "problem", "answer"),
+        ("aime2024", "Problem", "Answer"),
+        ("aime2025", "problem", "answer"),
+        ("amc23", "problem", "answer"),
+    ]:
+        src = _jsonl(shared_data / f"{bench}.jsonl")
+        problems = load_problems(data_dir, bench, "paper")
+        assert len(problems) == len(src)
+        for p, row in zip(problems, src, strict=True):
+            assert p.prompt == INSTRUCTION + row[key]  # a string: no chat template, no suffix
+            assert p.ground_truth == str(row[answer])
+    assert load_problems(data_dir, "amc23", "paper")[0].ground_truth == "27.0"  # as stored; the grader drops .0
+
+
+def test_paper_olympiad_prompt_is_question_only_and_first_final_answer(data_dir, shared_data):
+    src = _jsonl(shared_data / "olympiadbench_math_en.jsonl")
+    problems = load_problems(data_dir, "olympiadbench", "paper")
+    verl = {p.index: p for p in load_problems(data_dir, "olympiadbench", "verl")}
+    with_unit = with_context = multi = 0
+    for p in problems:
+        row = src[p.index]  # every row is valid: index = source row
+        assert p.prompt == INSTRUCTION + row["question"]
+        assert p.ground_truth == row["final_answer"][0]
+        if row["unit"]:
+            with_unit += 1
+            unit = f"The unit of the answer is {row['unit'].strip()}."
+            assert unit in verl[p.index].prompt[0]["content"] and unit not in p.prompt
+        with_context += bool(row["context"])
+        multi += len(row["final_answer"]) > 1 or "$,$" in row["final_answer"][0]
+    assert with_unit > 0 and multi > 0 and len(problems) == len(src) == 674
+
+
+def test_verl_prompt_is_the_parquet_chat_prompt(data_dir):
+    import pandas as pd
+
+    df = pd.read_parquet(data_dir / "aime2025.parquet")
+    problems = load_problems(data_dir, "aime2025", "verl", limit=3)
+    assert [p.prompt for p in problems] == [[dict(m) for m in df.prompt[i]] for i in range(3)]
+    assert [p.ground_truth for p in problems] == [df.reward_model[i]["ground_truth"] for i in range(3)]
+
+
+def test_bad_inputs(data_dir, tmp_path, capsys):
+    with pytest.raises(EvalInputError, match="unknown benchmark"):
+        load_problems(data_dir, "gsm8k", "paper")
+    with pytest.raises(EvalInputError, match="does not exist; prepare it"):
+        load_problems(tmp_path, "math500", "paper")
+    args = ["generate", "--model", str(tmp_path), "--data-dir", str(data_dir), "--out", str(tmp_path / "g.jsonl")]
+    assert main(args + ["--benchmarks", "gsm8k"]) == 2
+    assert "unknown benchmark(s) ['gsm8k']" in capsys.readouterr().err
+    assert main(args) == 2  # an empty folder is no model
+    assert "neither a Hugging Face model folder" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "grade",
+                "--protocol",
+                "paper",
+                "--generations",
+                str(tmp_path / "none.jsonl"),
+                "--data-dir",
+                str(data_dir),
+                "--out",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 2
+    )
+    assert "run the generate stage first" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def meta(protocol: str = "paper", **benches: tuple[int, int]) -> dict:
+    return {
+        "protocol": protocol,
+        "model": "m",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_new_tokens": 100,
+        "benchmarks": {b: {"runs": r, "limit": n, "problems": n} for b, (n, r) in benches.items()},
+    }
+
+
+def rec(bench: str, index: int, sample: int, response: str, tokens: int = 10, finish: str = "stop") -> dict:
+    return {
+        "benchmark": bench,
+        "index": index,
+        "sample": sample,
+        "response": response,
+        "response_tokens": tokens,
+        "finish_reason": finish,
+    }
+
+
+def test_generations_file_resumes_drops_torn_line_and_rejects_corruption(tmp_path):
+    path = tmp_path / "g.jsonl"
+    m = meta(aime2024=(2, 2))
+    with GenerationsFile(path, m) as g:
+        g.append([rec("aime2024", 0, 0, "a"), rec("aime2024", 0, 1, "b")])
+    torn = '{"benchmark": "aime2024", "index": 1, "sam'
+    with open(path, "a") as f:
+        f.write(torn)  # a crash mid-write
+    records, intact = read_generations(path)
+    assert sorted(records) == [("aime2024", 0, 0), ("aime2024", 0, 1)]
+    assert intact == len(path.read_bytes()) - len(torn)
+    with GenerationsFile(path, m) as g:
+        assert set(g.done) == {("aime2024", 0, 0), ("aime2024", 0, 1)}
+        g.append([rec("aime2024", 1, 0, "c")])
+    lines = path.read_text().splitlines()
+    assert [json.loads(x)["response"] for x in lines] == ["a", "b", "c"]  # the torn line is gone
+    with pytest.raises(EvalInputError, match="max_new_tokens differ"):
+        GenerationsFile(path, {**m, "max_new_tokens": 5})
+    path.write_text(lines[0] + "\n{not json\n" + lines[2] + "\n")
+    with pytest.raises(EvalInputError, match="line 2 is not valid JSON"):
+        read_generations(path)
+    path.write_text(lines[0] + "\n" + lines[0] + "\n")
+    with pytest.raises(EvalInputError, match="line 2 repeats sample"):
+        read_generations(path)
+    path.write_text(lines[0])  # a complete last line without its newline is kept, and ended on append
+    with GenerationsFile(path, m) as g:
+        assert set(g.done) == {("aime2024", 0, 0)}
+        g.append([rec("aime2024", 1, 1, "d")])
+    assert len(read_generations(path)[0]) == 2
+
+
+def write_gen(path: Path, m: dict, records: list[dict]) -> None:
+    with GenerationsFile(path, m) as g:
+        g.append(records)
+
+
+def test_grading_and_aggregation_by_hand(data_dir, tmp_path):
+    truth = [p.ground_truth for p in load_problems(data_dir, "aime2024", "paper", limit=2)]
+    assert load_problems(data_dir, "amc23", "paper", limit=1)[0].ground_truth == "27.0"
+    path = tmp_path / "paper.jsonl"
+    records = [
+        rec("aime2024", 0, 0, f"work\nAnswer: {truth[0]}", 100),  # right
+        rec("aime2024", 1, 0, "Answer: 1000", 200),  # wrong
+        rec("aime2024", 0, 1, f"Answer: {truth[0]}\nAnswer: 3", 300),  # second-to-last graded: right
+        rec("aime2024", 1, 1, f"\\boxed{{{truth[1]}}}", 400, "length"),  # boxed only: wrong under paper
+        rec("amc23", 0, 0, "Answer: 27"),  # 27 == 27.0 after the .0 drop
+    ]
+    write_gen(path, meta(aime2024=(2, 2), amc23=(1, 1)), records)
+    res = grade_file("paper", path, data_dir)
+    a = res["benchmarks"]["aime2024"]
+    # run 0: 1/2, run 1: 1/2 -> 50 %; tokens (100+200+300+400)/4; one of four truncated
+    assert (a["pass@1"], a["runs"], a["problems"], a["mean_response_tokens"], a["truncated_fraction"]) == (
+        50.0,
+        2,
+        2,
+        250.0,
+        0.25,
+    )
+    assert res["benchmarks"]["amc23"]["pass@1"] == 100.0
+    assert res["average"] == 75.0 and res["protocol"] == "paper" and res["model"] == "m" and res["complete"]
+
+    vpath = tmp_path / "verl.jsonl"
+    write_gen(vpath, meta("verl", aime2024=(2, 2)), [{**r, "benchmark": "aime2024"} for r in records[:4]])
+    v = grade_file("verl", vpath, data_dir)["benchmarks"]["aime2024"]
+    # math-verify: last Answer: line in run 1 is "3" (wrong), the boxed answer is right -> run 0: 1/2, run 1: 1/2
+    assert v["pass@1"] == 50.0
+    with pytest.raises(EvalInputError, match="protocol verl, not paper"):
+        grade_file("paper", vpath, data_dir)
+
+
+def test_unequal_runs_mean_of_run_means(data_dir, tmp_path):
+    truth = [p.ground_truth for p in load_problems(data_dir, "aime2025", "paper", limit=3)]
+    right = [rec("aime2025", i, 0, f"Answer: {truth[i]}") for i in range(3)]  # run 0: 3/3
+    run1 = [rec("aime2025", 0, 1, f"Answer: {truth[0]}")]  # run 1 partial: 1/1 present
+    path = tmp_path / "g.jsonl"
+    write_gen(path, meta(aime2025=(3, 2)), right + run1)
+    with pytest.raises(EvalInputError, match=r"aime2025: 2 of 6 samples missing, \(index, sample\) e.g. \[\(1, 1\), "):
+        grade_file("paper", path, data_dir)
+    res = grade_file("paper", path, data_dir, allow_partial=True)
+    b = res["benchmarks"]["aime2025"]
+    assert (b["complete"], b["samples"], b["pass@1"], res["complete"]) == (False, 4, 100.0, False)
+    out = tmp_path / "r.json"
+    argv = ["grade", "--protocol", "paper", "--generations", str(path), "--data-dir", str(data_dir), "--out", str(out)]
+    assert main(argv) == 2 and not out.exists()
+    assert main([*argv, "--allow-partial"]) == 0 and json.loads(out.read_text())["complete"] is False
+
+
+def test_samples_outside_the_data_are_an_error(data_dir, tmp_path):
+    path = tmp_path / "g.jsonl"
+    write_gen(path, meta(aime2024=(1, 1)), [rec("aime2024", 0, 0, "x"), rec("aime2024", 5, 0, "y")])
+    with pytest.raises(EvalInputError, match=r"\(5, 0\)"):
+        grade_file("paper", path, data_dir)
+
+
+def test_engine_helpers_without_vllm():
+    reqs = [engines.Request((b, i, s), "p") for b in ("a", "b") for i in range(3) for s in range(2)]
+    shards = engines.shard(reqs, 4)
+    assert sum(map(len, shards)) == 12 and len(shards) == 4
+    for sh in shards:  # all samples of a problem in one shard
+        assert all(len([r for r in sh if r.key[:2] == k]) == 2 for k in {r.key[:2] for r in sh})
+    assert engines.device_groups(2, 2, "3,4,5,6") == ["3,4", "5,6"]
+    assert engines.device_groups(8, 1, None) == [str(i) for i in range(8)]
+    with pytest.raises(ValueError, match="need more GPUs"):
+        engines.device_groups(3, 2, "0,1,2,3")
+    spec = engines.EngineSpec("vllm", "m", 1.0, 1.0, 20480)
+    assert engines.sampling_kwargs(spec) == {"n": 1, "temperature": 1.0, "top_p": 1.0, "max_tokens": 20480}
+    out = [
+        SimpleNamespace(outputs=[SimpleNamespace(text="hi", token_ids=[1, 2, 3], finish_reason=f)])
+        for f in ("stop", "length", "abort")
+    ]
+    assert engines.collect_vllm(out) == [
+        engines.Completion("hi", 3, "stop"),
+        engines.Completion("hi", 3, "length"),
+        engines.Completion("hi", 3, "stop"),
+    ]
+
+    class Tok:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert tokenize is False and add_generation_prompt is True
+            return "<chat>" + messages[0]["content"]
+
+    assert engines.render(Tok(), "raw text") == "raw text"
+    assert engines.render(Tok(), [{"role": "user", "content": "q"}]) == "<chat>q"
+
+
+def test_vllm_engine_needs_a_gpu(tmp_path, capsys):
+    """On this CPU machine --engine vllm stops with one line pointing at --engine hf."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    engines.add_engine_args(p, 20480)
+    with pytest.raises(ValueError, match="use --engine hf"):
+        engines.engine_setup(p.parse_args(["--gpus", "0"]), "m", 1.0, 1.0)
+    assert engines.engine_setup(p.parse_args(["--gpus", "8", "--tensor-parallel-size", "2"]), "m", 1.0, 1.0)[1] == 4
+
+
+def test_model_resolution(tmp_path):
+    assert resolve_model("Qwen/Qwen3-8B") == ("Qwen/Qwen3-8B", None)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    assert resolve_model(str(hf)) == (str(hf.resolve()), None)
+    root = tmp_path / "run"
+    (root / "global_step_20").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text("20\n")
+    step = (root / "global_step_20").resolve()
+    assert resolve_model(str(root)) == (str(step / MERGED), step)
+    assert resolve_model(str(root / "global_step_20")) == (str(step / MERGED), step)
+    for bad in [str(tmp_path / "nothing-here"), str(root / "global_step_7")]:
+        with pytest.raises(EvalInputError):
+            resolve_model(bad)
+    with pytest.raises(EvalInputError, match="not a verl FSDP checkpoint"):
+        merge_checkpoint(step)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from ebpo_verl.tiny import build_model, build_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny")
+    build_model(out, build_tokenizer(out))
+    return out
+
+
+def fsdp_checkpoint(tiny: Path, step_dir: Path) -> dict:
+    """verl's FSDP checkpoint layout at world size 1 (model_world_size_1_rank_0.pt, fsdp_config.json,
+    huggingface/), written by hand from the tiny model; returns its state dict."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    actor = step_dir / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    model.config.save_pretrained(actor / "huggingface")
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(actor / "huggingface")
+    return model.state_dict()
+
+
+def test_real_verl_merge_once_atomically(tiny, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    step = tmp_path / "run" / "global_step_3"
+    weights = fsdp_checkpoint(tiny, step)
+    out = merge_checkpoint(step)
+    assert out == step / MERGED and not [p for p in step.iterdir() if p.name.startswith(".")]
+    merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for k, w in weights.items():  # verl's merger saves bfloat16
+        assert torch.equal(merged[k], w.to(torch.bfloat16)), k
+    stamp = os.stat(out / "config.json").st_mtime_ns
+    (step / "actor" / "model_world_size_1_rank_0.pt").unlink()  # a second call must not merge again
+    assert merge_checkpoint(step) == out and os.stat(out / "config.json").st_mtime_ns == stamp
+
+    broken = tmp_path / "run" / "global_step_4"
+    fsdp_checkpoint(tiny, broken)
+    (broken / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(EvalInputError, match="model merger failed"):
+        merge_checkpoint(broken)
+    assert sorted(p.name for p in broken.iterdir()) == ["actor"]  # nothing half-merged left behind
