@@ -1,4 +1,4 @@
-"""EBPO advantage math: Empirical-Bayes shrinkage of the GRPO baseline (torch only, no verl import).
+"""EBPO advantage math: Empirical-Bayes shrinkage of the GRPO baseline (numpy/torch only, no verl import).
 
 Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
 arXiv 2602.05165. For a prompt q with G_q responses and rewards r_i:
@@ -9,10 +9,15 @@ arXiv 2602.05165. For a prompt q with G_q responses and rewards r_i:
     A_i  = r_i - V_q, then standardised over the batch    (norm="batch")
 
 mu_glob, sigma^2 and tau^2 are running statistics over the training history (Welford / Chan merges,
-optionally with exponential forgetting), or over the current batch only (``stats_scope="batch"``, what
-the authors' released code does). ``prior="beta_binomial"`` is EBPO-BB from the v2 draft: a Beta(alpha,
-beta) prior fitted by the method of moments on earlier batches' pass rates, baseline = posterior mean
-(alpha + s_q) / (alpha + beta + G_q), i.e. the same form with S_q = nu / (nu + G_q), mu_glob = alpha / nu.
+optionally with exponential forgetting), or over the current batch only (``stats_scope="batch"``: the
+authors' released code exactly, see :func:`compute_ebpo_advantages`). ``prior="beta_binomial"`` is EBPO-BB
+from the v2 draft: a Beta(alpha, beta) prior fitted by the method of moments on earlier batches' pass rates,
+baseline = posterior mean (alpha + s_q) / (alpha + beta + G_q), i.e. the same form with S_q = nu / (nu + G_q),
+mu_glob = alpha / nu.
+
+The per-call work runs on the host in float64 numpy over one vector of scores (one device-to-host copy); the
+uids and labels are factorised once with pandas' hash tables. Every sum runs over values in sorted order, so
+results and state are bit-identical under any row order and any uid strings (a resumed run sees fresh uids).
 """
 
 from __future__ import annotations
@@ -23,10 +28,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
-
-# Gathers and scatters use index_select / index_add_ / index_copy_ rather than tensor[idx]: torch's advanced
-# indexing takes a parallel path that costs milliseconds per call on a busy CPU (benchmarks/bench_advantage.py).
 
 STATE_VERSION = 1
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -36,6 +39,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "tau2": ("raw", "debiased"),
     "merge": ("before", "after"),
     "norm": ("batch", "group", "none"),
+    "on_resume_mismatch": ("error", "reset", "keep"),
 }
 
 
@@ -43,11 +47,12 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 class EBPOOptions:
     """Options of the ``ebpo`` estimator (``algorithm.ebpo.<key>`` in verl); defaults = the arXiv algorithm box.
 
-    prior: ``gaussian`` | ``beta_binomial`` (v2 draft; with ``stats_scope=history`` always fitted on earlier
-        batches only, Beta(1,1) warm-up, so ``merge`` applies to the Gaussian prior; with ``stats_scope=batch``
-        fitted on the current batch).
-    stats_scope: ``history`` (Welford statistics persist across steps) | ``batch`` (current batch only: the
-        authors' released code).
+    prior: ``gaussian`` | ``beta_binomial`` (v2 draft; needs a two-level reward, 0/1 or -1/+1; with
+        ``stats_scope=history`` always fitted on earlier batches only, Beta(1,1) warm-up; with
+        ``stats_scope=batch`` fitted on the current batch).
+    stats_scope: ``history`` (Welford statistics persist across steps) | ``batch`` (the authors' released code
+        exactly: current batch only, mu_glob = mean of the group means, no eps in the shrinkage denominator and
+        S = 1 where it is <= epsilon, ``norm=none`` still subtracts the batch mean).
     sigma2: ``total`` (population variance of all rewards seen) | ``within`` (running mean of per-prompt
         unbiased within-group variances; groups of one contribute nothing).
     tau2: ``raw`` (population variance of the group means seen) | ``debiased`` (raw minus the expected sampling
@@ -62,7 +67,11 @@ class EBPOOptions:
     cluster_key: name of a per-prompt label (e.g. ``topic``); one set of statistics per label, blended toward the
         global prior with weight min(1, prompts_in_label / min_cluster_prompts).
     min_cluster_prompts: prompts a label needs before its own prior is used unblended.
-    epsilon: the eps of the shrinkage and normalisation formulas.
+    epsilon: the eps of the shrinkage and normalisation formulas (with ``stats_scope=batch``: the threshold
+        below which S = 1, and the normalisation eps, both 1e-6 in the released code).
+    on_resume_mismatch: what a resume does when these options differ from the checkpoint's: ``error`` (stop
+        before the first rollout), ``reset`` (fresh statistics, with a warning), ``keep`` (continue with the
+        saved statistics). Not itself compared.
     """
 
     prior: str = "gaussian"
@@ -76,6 +85,7 @@ class EBPOOptions:
     cluster_key: str | None = None
     min_cluster_prompts: int = 64
     epsilon: float = 1e-6
+    on_resume_mismatch: str = "error"
 
     def __post_init__(self) -> None:
         for key, choices in _CHOICES.items():
@@ -111,10 +121,44 @@ class EBPOOptions:
 
 
 OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EBPOOptions))
+RESUME_KEYS: tuple[str, ...] = tuple(k for k in OPTION_KEYS if k != "on_resume_mismatch")
+"""The options a resume compares with the checkpoint's (all but ``on_resume_mismatch`` itself)."""
+
+
+def ignored_options(options: EBPOOptions) -> list[str]:
+    """``key=value`` of each option set away from its default that the chosen mode never reads."""
+    ignored: set[str] = set()
+    if options.stats_scope == "batch":
+        ignored |= {"merge", "decay"}
+    if options.prior == "beta_binomial":
+        ignored |= {"sigma2", "tau2", "merge"}
+    elif options.fixed_shrinkage is not None:
+        ignored |= {"tau2"} | ({"sigma2"} if options.norm != "group" else set())
+    if options.cluster_key is None:
+        ignored.add("min_cluster_prompts")
+    defaults = EBPOOptions()
+    return [
+        f"{k}={getattr(options, k)!r}"
+        for k in OPTION_KEYS
+        if k in ignored and getattr(options, k) != getattr(defaults, k)
+    ]
 
 
 def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _finite_float(x: Any, what: str, minimum: float | None = None) -> float:
+    if not _is_real(x) or (minimum is not None and x < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{what} must be a finite number{bound}, got {x!r}")
+    return float(x)
+
+
+def _count(x: Any, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {x!r}")
+    return x
 
 
 @dataclass
@@ -143,6 +187,17 @@ class Moments:
         """Population variance M2 / n (0 when empty)."""
         return self.m2 / self.n if self.n > 0 else 0.0
 
+    def is_finite(self) -> bool:
+        return math.isfinite(self.n) and math.isfinite(self.mean) and math.isfinite(self.m2)
+
+    @classmethod
+    def from_json(cls, data: Any, what: str) -> Moments:
+        """``[n, mean, m2]`` with n, m2 >= 0 and all three finite."""
+        if not isinstance(data, (list, tuple)) or len(data) != 3:
+            raise ValueError(f"{what} must be a list [n, mean, m2], got {data!r}")
+        n = _finite_float(data[0], f"{what} count", 0.0)
+        return cls(n, _finite_float(data[1], f"{what} mean"), _finite_float(data[2], f"{what} m2", 0.0))
+
 
 @dataclass
 class PriorStats:
@@ -165,14 +220,18 @@ class PriorStats:
     def prompts(self) -> float:
         return self.group_means.n
 
+    def is_finite(self) -> bool:
+        return all(getattr(self, p).is_finite() for p in self._PARTS)
+
     def to_json(self) -> dict[str, list[float]]:
         return {p: [getattr(self, p).n, getattr(self, p).mean, getattr(self, p).m2] for p in self._PARTS}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Sequence[float]]) -> PriorStats:
-        if set(data) != set(cls._PARTS):
-            raise ValueError(f"EBPO state: statistics need exactly the parts {cls._PARTS}, got {sorted(data)}")
-        return cls(*(Moments(*map(float, data[p])) for p in cls._PARTS))
+    def from_json(cls, data: Any, what: str = "statistics") -> PriorStats:
+        if not isinstance(data, Mapping) or set(data) != set(cls._PARTS):
+            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"EBPO state: {what} need exactly the parts {cls._PARTS}, got {got}")
+        return cls(*(Moments.from_json(data[p], f"EBPO state: {what}.{p}") for p in cls._PARTS))
 
 
 @dataclass
@@ -200,18 +259,30 @@ class EBPOState:
             "clusters": {label: stats.to_json() for label, stats in self.clusters.items()},
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
+        and nothing changes when one is wrong (ValueError naming the field)."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"EBPO state must be a JSON object, got {type(state).__name__}")
         version = state.get("version")
         if version != STATE_VERSION:
             raise ValueError(f"EBPO state version {version!r} is not supported (expected {STATE_VERSION})")
         missing = {"steps", "prompts_seen", "responses_seen", "global", "clusters"} - set(state)
         if missing:
             raise ValueError(f"EBPO state is missing key(s) {sorted(missing)}")
-        self.steps = int(state["steps"])
-        self.prompts_seen = int(state["prompts_seen"])
-        self.responses_seen = int(state["responses_seen"])
-        self.global_stats = PriorStats.from_json(state["global"])
-        self.clusters = {str(k): PriorStats.from_json(v) for k, v in state["clusters"].items()}
+        counts = [_count(state[k], f"EBPO state: {k}") for k in ("steps", "prompts_seen", "responses_seen")]
+        global_stats = PriorStats.from_json(state["global"], "global")
+        clusters = state["clusters"]
+        if not isinstance(clusters, Mapping):
+            raise ValueError(f"EBPO state: clusters must be an object (label -> statistics), got {clusters!r}")
+        loaded = {}
+        for label, stats in clusters.items():
+            if not isinstance(label, str):
+                raise ValueError(f"EBPO state: cluster label {label!r} is not a string")
+            loaded[label] = PriorStats.from_json(stats, f"clusters[{label!r}]")
+        self.steps, self.prompts_seen, self.responses_seen = counts
+        self.global_stats = global_stats
+        self.clusters = loaded
         self.diagnostics = {}
 
 
@@ -229,7 +300,8 @@ class _Prior:
 
 
 def _gaussian_prior(stats: PriorStats, opts: EBPOOptions) -> _Prior:
-    mu = stats.rewards.mean
+    # the released code (batch scope) takes mu_glob as the mean of the group means (prompt-weighted)
+    mu = stats.group_means.mean if opts.stats_scope == "batch" else stats.rewards.mean
     sigma2 = stats.rewards.variance if opts.sigma2 == "total" else stats.within_var.mean
     tau2 = stats.group_means.variance
     if opts.tau2 == "debiased":
@@ -260,54 +332,96 @@ def _blend(local: _Prior, glob: _Prior, weight: float) -> _Prior:
     return _Prior(mix(local.mu, glob.mu), mix(local.sigma2, glob.sigma2), mix(local.tau2, glob.tau2))
 
 
+def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray, n_seg: int) -> np.ndarray:
+    """(n, mean, M2) per segment, two-pass, summed in value order (independent of row and uid order)."""
+    order = np.argsort(values, kind="stable")
+    values, seg, weight = values[order], seg[order], weight[order]
+    n = np.bincount(seg, weights=weight, minlength=n_seg)
+    s = np.bincount(seg, weights=values * weight, minlength=n_seg)
+    mean = np.divide(s, n, out=np.zeros(n_seg), where=n > 0)
+    dev = values - mean[seg]
+    m2 = np.bincount(seg, weights=dev * dev * weight, minlength=n_seg)
+    return np.stack([n, mean, m2], axis=1)
+
+
 def _segment_stats(
-    rewards: torch.Tensor,
-    row_group: torch.Tensor,
-    group_size: torch.Tensor,
-    group_mean: torch.Tensor,
-    group_var: torch.Tensor,
-    group_seg: torch.Tensor,
+    x: np.ndarray,
+    row_group: np.ndarray,
+    group_size: np.ndarray,
+    group_mean: np.ndarray,
+    group_var: np.ndarray,
+    group_seg: np.ndarray,
     n_seg: int,
 ) -> list[PriorStats]:
-    """Batch statistics per segment (cluster), each computed two-pass in float64 with scatter ops."""
-
-    def moments(values: torch.Tensor, seg: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        values, order = torch.sort(values, stable=True)  # sums in value order: independent of row/uid order
-        seg, weight = seg.index_select(0, order), weight.index_select(0, order)
-        n = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, weight)
-        s = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, values * weight)
-        mean = torch.where(n > 0, s / n.clamp_min(1e-300), torch.zeros_like(n))
-        dev = values - mean.index_select(0, seg)
-        m2 = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, seg, dev * dev * weight)
-        return torch.stack([n, mean, m2], dim=1)
-
-    ones_rows = torch.ones_like(rewards)
-    ones_groups = torch.ones_like(group_mean)
-    parts = torch.stack(
+    """Batch statistics per segment (cluster): rewards, group means, within-group variances, 1 / G."""
+    ones_groups = np.ones_like(group_mean)
+    parts = np.stack(
         [
-            moments(rewards, group_seg.index_select(0, row_group), ones_rows),
-            moments(group_mean, group_seg, ones_groups),
-            moments(group_var, group_seg, (group_size >= 2).to(torch.float64)),
-            moments(1.0 / group_size, group_seg, ones_groups),
+            _moments(x, group_seg[row_group], np.ones_like(x), n_seg),
+            _moments(group_mean, group_seg, ones_groups, n_seg),
+            _moments(group_var, group_seg, (group_size >= 2).astype(np.float64), n_seg),
+            _moments(1.0 / group_size, group_seg, ones_groups, n_seg),
         ],
-        dim=1,
+        axis=1,
     ).tolist()
     return [PriorStats(*(Moments(*part) for part in seg)) for seg in parts]
 
 
-def _sorted_mean(values: torch.Tensor) -> float:
+def _sorted_mean(values: np.ndarray) -> float:
     """Mean summed in value order (independent of the order of the rows)."""
-    return (torch.sort(values).values.sum() / values.numel()).item()
+    return float(np.sort(values).sum() / values.size)
 
 
-def _per_group(values: list[float], group_index: torch.Tensor) -> torch.Tensor:
-    """Spread one value per prior (cluster) to its groups."""
-    return torch.tensor(values, dtype=torch.float64).index_select(0, group_index)
+def _factorize(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and unique names of ``values`` compared as strings (pandas' hash table on the objects, then on the
+    few distinct names); with ``missing``, None/NaN get code -1."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=missing)
+    names = np.asarray(uniques, dtype=object).astype(str)
+    if len(set(names.tolist())) != len(names):  # distinct objects with the same text (1 and "1") are one
+        merged, distinct = pd.factorize(names)
+        codes = np.where(codes >= 0, merged[codes], -1)
+        names = np.asarray(distinct, dtype=object).astype(str)
+    return codes.astype(np.int64, copy=False), names
 
 
-def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    uniques, inverse = np.unique(values, return_inverse=True)
-    return uniques, inverse.reshape(-1)
+def _score_vector(scores: torch.Tensor) -> torch.Tensor:
+    scores = torch.as_tensor(scores)
+    if scores.dim() != 1:
+        raise ValueError(
+            f"scores must have shape (bs,), one per response; got shape {tuple(scores.shape)} (sum token-level "
+            "rewards over the response first)"
+        )
+    if scores.is_complex():
+        raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
+    return scores
+
+
+def _to_host(scores: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (float64) and the valid flags on the host, in one device-to-host copy."""
+    if valid.device == scores.device:
+        both = torch.stack([scores.detach().to(torch.float64), valid.detach().to(torch.float64)]).cpu().numpy()
+        return both[0], both[1] != 0
+    return scores.detach().to(torch.float64).cpu().numpy(), valid.detach().cpu().numpy().astype(bool)
+
+
+def _two_levels(r: np.ndarray, row_uids: np.ndarray) -> tuple[float, float]:
+    """(lowest level, span) of a two-level reward: 0/1 -> (0, 1), the paper's -1/+1 -> (-1, 2); else ValueError."""
+    zero_one = (r == 0.0) | (r == 1.0)
+    if zero_one.all():
+        return 0.0, 1.0
+    plus_minus = (r == -1.0) | (r == 1.0)
+    if plus_minus.all():
+        return -1.0, 2.0
+    bad = ~zero_one & ~plus_minus
+    bad = bad if bad.any() else r == 0.0  # only -1, 0 and 1: three levels
+    values = np.unique(r)
+    offenders = sorted(set(row_uids[bad].tolist()))
+    raise ValueError(
+        f"prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward "
+        f"values {values[:8].tolist()}{' ...' if len(values) > 8 else ''} (uid(s) {offenders[:20]}). Other values "
+        "come from a shaped reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
+        "penalty or partial credit adds levels. Use prior=gaussian, or a plain two-level reward."
+    )
 
 
 def compute_ebpo_advantages(
@@ -317,67 +431,82 @@ def compute_ebpo_advantages(
     options: EBPOOptions,
     state: EBPOState,
     labels: Sequence[Any] | np.ndarray | None = None,
+    pad_prefix: str | None = None,
 ) -> torch.Tensor:
-    """Per-response EBPO advantages (shape ``(bs,)``, dtype of ``scores``); padding rows get 0.
+    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``scores``); padding rows get 0.
 
     Args:
-        scores: response rewards, shape (bs,).
+        scores: response rewards, shape (bs,), any real dtype (the result is floating: the dtype of ``scores``
+            when it is floating, else torch's default dtype).
         index: per-response prompt uids (compared as strings).
         valid: False for padding rows; they get advantage 0 and never touch the statistics.
         options: estimator options.
-        state: running statistics, updated in place (unless ``stats_scope="batch"``).
-        labels: per-response cluster labels (compared as strings), required iff ``options.cluster_key``.
+        state: running statistics, updated in place (unless ``stats_scope="batch"``); left unchanged on error.
+        labels: per-response cluster labels (compared as strings; None/NaN = missing), required iff
+            ``options.cluster_key``.
+        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
+
+    With ``stats_scope="batch"`` this is the authors' released code (PAPER.md): sigma^2 = population variance
+    of the batch's rewards, tau^2 = population variance of its group means, mu_glob = mean of the group means,
+    S = (sigma^2/G_q) / (sigma^2/G_q + tau^2) where that denominator exceeds eps else 1, then
+    (A - mean A) / (std A + eps) (unbiased std), or only A - mean A with ``norm="none"``.
+    With ``prior="beta_binomial"`` and -1/+1 rewards the posterior mean p_q of the pass rate is an expected
+    reward of 2 p_q - 1: the statistics are kept in pass units and advantages mapped back to reward units.
     """
+    scores = _score_vector(scores)
     bs = scores.shape[0]
-    uids = np.asarray(index).astype(str)
-    if uids.shape != (bs,) or valid.shape != (bs,):
-        raise ValueError(f"index {uids.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
-    valid_np = valid.detach().cpu().numpy().astype(bool)
-    r_all = scores.detach().to(torch.float64).cpu()
-    rows = torch.from_numpy(np.flatnonzero(valid_np))
-    r = r_all.index_select(0, rows)
+    out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
+    uid_arr = np.asarray(index, dtype=object)
+    valid = torch.as_tensor(valid)
+    if uid_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
+        raise ValueError(f"index {uid_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
+    r_all, valid_np = _to_host(scores, valid)
+    uid_codes, uid_names = _factorize(uid_arr)
+    if pad_prefix is not None:
+        is_pad = np.char.startswith(uid_names, pad_prefix)
+        if is_pad.any():
+            valid_np = valid_np & ~is_pad[uid_codes]
+    rows = np.flatnonzero(valid_np)
+    r = r_all[rows]
+    codes = uid_codes[rows]
+    row_uids = uid_names[codes]
 
-    bad = ~torch.isfinite(r)
-    if bool(bad.any()):
-        offenders = sorted(set(uids[rows[bad].numpy()].tolist()))
+    bad = ~np.isfinite(r)
+    if bad.any():
+        offenders = sorted(set(row_uids[bad].tolist()))
         raise ValueError(f"non-finite (NaN/inf) rewards for uid(s) {offenders[:20]}: check the reward function")
-    if options.prior == "beta_binomial" and bool(((r < 0) | (r > 1)).any()):
-        offenders = sorted(set(uids[rows[(r < 0) | (r > 1)].numpy()].tolist()))
-        raise ValueError(
-            f"prior=beta_binomial needs rewards in [0, 1]; uid(s) {offenders[:20]} have rewards outside it "
-            "(use prior=gaussian for other reward scales)"
-        )
+    lo, span = _two_levels(r, row_uids) if options.prior == "beta_binomial" else (0.0, 1.0)
 
-    out = torch.zeros(bs, dtype=scores.dtype, device=scores.device)
-    if rows.numel() == 0:
+    if rows.size == 0:
         state.diagnostics = {}
-        return out
+        return torch.zeros(bs, dtype=out_dtype, device=scores.device)
 
-    group_uids, row_group_np = _factorize(uids[valid_np])
-    row_group = torch.from_numpy(row_group_np)
-    n_groups = len(group_uids)
-    # Every sum runs over values in sorted order, so the result does not depend on the order of the rows or on
-    # the uid strings (fresh per run): a resumed run reproduces the uninterrupted one bit for bit.
-    r_sorted, by_value = torch.sort(r, stable=True)
-    group_of_sorted = row_group.index_select(0, by_value)
-    g = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_of_sorted, torch.ones_like(r))
-    mu_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_of_sorted, r_sorted) / g
-    dev = r_sorted - mu_q.index_select(0, group_of_sorted)
-    m2_q = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_of_sorted, dev * dev)
-    var_q = torch.where(g >= 2, m2_q / (g - 1).clamp_min(1.0), torch.zeros_like(m2_q))
-    r_max = torch.full((n_groups,), -math.inf, dtype=torch.float64).scatter_reduce_(0, row_group, r, "amax")
-    r_min = torch.full((n_groups,), math.inf, dtype=torch.float64).scatter_reduce_(0, row_group, r, "amin")
+    used = np.bincount(codes, minlength=len(uid_names)) > 0
+    row_group = (np.cumsum(used) - 1)[codes]
+    n_groups = int(used.sum())
+    x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
+    # Group moments, summed in value order: independent of the row order and of the (fresh per run) uid strings.
+    order = np.argsort(x, kind="stable")
+    x_sorted, group_of_sorted = x[order], row_group[order]
+    g = np.bincount(group_of_sorted, minlength=n_groups).astype(np.float64)
+    mu_q = np.bincount(group_of_sorted, weights=x_sorted, minlength=n_groups) / g
+    dev = x_sorted - mu_q[group_of_sorted]
+    m2_q = np.bincount(group_of_sorted, weights=dev * dev, minlength=n_groups)
+    var_q = np.where(g >= 2, m2_q / np.maximum(g - 1.0, 1.0), 0.0)
+    r_max = np.full(n_groups, -np.inf)
+    np.maximum.at(r_max, row_group, r)
+    r_min = np.full(n_groups, np.inf)
+    np.minimum.at(r_min, row_group, r)
 
-    cluster_names, group_cluster = _group_clusters(uids, valid_np, row_group_np, n_groups, labels, options)
-    zeros_seg = torch.zeros(n_groups, dtype=torch.long)
-    batch_global = _segment_stats(r, row_group, g, mu_q, var_q, zeros_seg, 1)[0]
+    cluster_names, group_cluster = _group_clusters(row_uids, rows, bs, row_group, n_groups, labels, options)
+    zeros_seg = np.zeros(n_groups, dtype=np.int64)
+    batch_global = _segment_stats(x, row_group, g, mu_q, var_q, zeros_seg, 1)[0]
     batch_clusters = (
-        _segment_stats(r, row_group, g, mu_q, var_q, torch.from_numpy(group_cluster), len(cluster_names))
+        _segment_stats(x, row_group, g, mu_q, var_q, group_cluster, len(cluster_names))
         if cluster_names is not None
         else []
     )
-
-    prior_stats_global, prior_stats_clusters = _update_state(
+    stored, (prior_stats_global, prior_stats_clusters) = _next_statistics(
         state, batch_global, cluster_names, batch_clusters, options
     )
 
@@ -390,45 +519,74 @@ def compute_ebpo_advantages(
         priors = []
         for stats in prior_stats_clusters:
             weight = _cluster_weight(stats.prompts, options.min_cluster_prompts)
-            local = make_prior(stats, options)
-            blended = _blend(local, glob, weight)
+            blended = _blend(make_prior(stats, options), glob, weight)
             if options.prior == "beta_binomial":
                 blended = _beta_prior(_moments_as_stats(blended.mu, blended.tau2), options)
             priors.append(blended)
-        group_prior = torch.from_numpy(group_cluster)
+        group_prior = group_cluster
 
-    prior_mu = _per_group([p.mu for p in priors], group_prior)
-    prior_sigma2 = _per_group([p.sigma2 for p in priors], group_prior)
+    prior_mu = np.array([p.mu for p in priors])[group_prior]
+    prior_sigma2 = np.array([p.sigma2 for p in priors])[group_prior]
+    eps = options.epsilon
     if options.fixed_shrinkage is not None:
-        shrink = torch.full((n_groups,), options.fixed_shrinkage, dtype=torch.float64)
+        shrink = np.full(n_groups, options.fixed_shrinkage)
     elif options.prior == "beta_binomial":
-        nu = _per_group([p.nu for p in priors], group_prior)
+        nu = np.array([p.nu for p in priors])[group_prior]
         shrink = nu / (nu + g)
     else:
-        prior_tau2 = _per_group([p.tau2 for p in priors], group_prior)
         noise = prior_sigma2 / g
-        shrink = noise / (noise + prior_tau2 + options.epsilon)
+        denom = noise + np.array([p.tau2 for p in priors])[group_prior]
+        if options.stats_scope == "batch":  # released code: no eps, S = 1 where the denominator is <= 1e-6
+            big = denom > eps
+            shrink = np.where(big, noise / np.where(big, denom, 1.0), 1.0)
+        else:
+            shrink = noise / (denom + eps)
 
     baseline = (1.0 - shrink) * mu_q + shrink * prior_mu
-    adv = r - baseline.index_select(0, row_group)
-    eps = options.epsilon
+    adv = span * (x - baseline[row_group])  # BB with -1/+1: reward minus the expected reward 2 p_q - 1
     if options.norm == "batch":
-        ordered = torch.sort(adv).values
-        mean = ordered.sum() / ordered.numel()
-        var = ((ordered - mean) ** 2).sum() / (ordered.numel() - 1) if ordered.numel() >= 2 else torch.zeros(())
-        adv = (adv - mean) / (var.sqrt() + eps)
+        ordered = np.sort(adv)
+        mean = ordered.sum() / ordered.size
+        var = ((ordered - mean) ** 2).sum() / (ordered.size - 1) if ordered.size >= 2 else 0.0
+        adv = (adv - mean) / (math.sqrt(var) + eps)
     elif options.norm == "group":
-        scale = torch.sqrt((1.0 - shrink) * var_q + shrink * prior_sigma2)
-        adv = adv / (scale.index_select(0, row_group) + eps)
-    out.index_copy_(0, rows.to(out.device), adv.to(dtype=scores.dtype, device=scores.device))
+        scale = span * np.sqrt((1.0 - shrink) * var_q + shrink * prior_sigma2)
+        adv = adv / (scale[row_group] + eps)
+    elif options.stats_scope == "batch":  # released code with norm_adv_by_std_in_grpo=False: A - mean(A)
+        adv = adv - _sorted_mean(adv)
 
-    state.diagnostics = _diagnostics(state, glob, shrink, r_min, r_max, cluster_names, priors, group_cluster)
-    return out
+    if not (np.isfinite(adv).all() and batch_global.is_finite() and (stored is None or _all_finite(*stored))):
+        raise _overflow_error(state.steps + 1, r, row_uids)
+    _commit(state, batch_global, stored)
+    state.diagnostics = _diagnostics(state, glob, shrink, r_min, r_max, cluster_names, priors, group_cluster, lo, span)
+
+    if rows.size == bs:
+        full = adv
+    else:
+        full = np.zeros(bs)
+        full[rows] = adv
+    return torch.from_numpy(full).to(device=scores.device, dtype=out_dtype)
+
+
+def _all_finite(global_stats: PriorStats, clusters: Mapping[str, PriorStats]) -> bool:
+    return global_stats.is_finite() and all(s.is_finite() for s in clusters.values())
+
+
+def _overflow_error(step: int, r: np.ndarray, row_uids: np.ndarray) -> ValueError:
+    """The statistics or advantages left the float range: name the step and the uids with the largest rewards."""
+    mag = np.abs(r)
+    top = mag >= 0.01 * mag.max()
+    offenders = sorted(set(row_uids[top].tolist()))
+    return ValueError(
+        f"EBPO step {step}: the statistics overflow (non-finite) with rewards as large as {mag.max():.3g}; "
+        f"largest rewards in uid(s) {offenders[:20]}. Scale the reward down; the running state was left unchanged."
+    )
 
 
 def _group_clusters(
-    uids: np.ndarray,
-    valid: np.ndarray,
+    row_uids: np.ndarray,
+    rows: np.ndarray,
+    bs: int,
     row_group: np.ndarray,
     n_groups: int,
     labels: Sequence[Any] | np.ndarray | None,
@@ -443,53 +601,58 @@ def _group_clusters(
             "`python -m ebpo_verl.main` (it passes extra_info[cluster_key]) or unset cluster_key"
         )
     label_arr = np.asarray(labels, dtype=object)
-    if label_arr.shape != uids.shape:
-        raise ValueError(f"labels have shape {label_arr.shape}, expected {uids.shape} (one per response)")
-    valid_labels = label_arr[valid]
-    missing = np.equal(valid_labels, None)
+    if label_arr.shape != (bs,):
+        raise ValueError(f"labels have shape {label_arr.shape}, expected ({bs},) (one per response)")
+    row_cluster, names = _factorize(label_arr[rows], missing=True)
+    missing = row_cluster < 0
     if missing.any():
-        offenders = sorted(set(uids[valid][missing].tolist()))
-        raise ValueError(f"no {options.cluster_key!r} label for uid(s) {offenders[:20]}")
-    names, row_cluster = _factorize(valid_labels.astype(str))
+        offenders = sorted(set(row_uids[missing].tolist()))
+        raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {offenders[:20]}")
     group_cluster = np.full(n_groups, -1, dtype=np.int64)
     group_cluster[row_group] = row_cluster
     inconsistent = group_cluster[row_group] != row_cluster
     if inconsistent.any():
-        offenders = sorted(set(uids[valid][inconsistent].tolist()))
+        offenders = sorted(set(row_uids[inconsistent].tolist()))
         raise ValueError(f"uid(s) {offenders[:20]} carry more than one {options.cluster_key!r} label")
     return names.tolist(), group_cluster
 
 
-def _update_state(
+def _next_statistics(
     state: EBPOState,
     batch_global: PriorStats,
     cluster_names: list[str] | None,
     batch_clusters: list[PriorStats],
     options: EBPOOptions,
-) -> tuple[PriorStats, list[PriorStats]]:
-    """Merge the batch into the running statistics; return the statistics the prior is built from."""
+) -> tuple[tuple[PriorStats, dict[str, PriorStats]] | None, tuple[PriorStats, list[PriorStats]]]:
+    """(the statistics to store after this batch, or None in batch scope; those the prior is built from).
+
+    ``state`` is not changed: the caller commits once everything is known to be finite.
+    """
     names = cluster_names or []
-    state.steps += 1
-    state.prompts_seen += int(batch_global.prompts)
-    state.responses_seen += int(batch_global.rewards.n)
     if options.stats_scope == "batch":
-        return batch_global, batch_clusters
+        return None, (batch_global, batch_clusters)
     decay = float(options.decay)
     past_global = state.global_stats.scaled(decay)
     past_clusters = [state.clusters.get(n, PriorStats()).scaled(decay) for n in names]
     new_global = past_global.merge(batch_global)
     new_clusters = [p.merge(b) for p, b in zip(past_clusters, batch_clusters, strict=True)]
-    if decay != 1.0:
-        state.clusters = {k: v.scaled(decay) for k, v in state.clusters.items()}
-    state.global_stats = new_global
-    state.clusters.update(zip(names, new_clusters, strict=True))
+    stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
+    stored.update(zip(names, new_clusters, strict=True))
 
-    if options.prior == "beta_binomial":
-        return past_global, past_clusters
-    if options.merge == "after" and past_global.prompts > 0:
+    if options.prior == "beta_binomial" or (options.merge == "after" and past_global.prompts > 0):
         # A cluster without history falls back to the global prior through its blending weight of 0.
-        return past_global, past_clusters
-    return new_global, new_clusters
+        return (new_global, stored), (past_global, past_clusters)
+    return (new_global, stored), (new_global, new_clusters)
+
+
+def _commit(
+    state: EBPOState, batch_global: PriorStats, stored: tuple[PriorStats, dict[str, PriorStats]] | None
+) -> None:
+    state.steps += 1
+    state.prompts_seen += int(batch_global.prompts)
+    state.responses_seen += int(batch_global.rewards.n)
+    if stored is not None:
+        state.global_stats, state.clusters = stored
 
 
 def _moments_as_stats(mean: float, variance: float) -> PriorStats:
@@ -500,28 +663,30 @@ def _moments_as_stats(mean: float, variance: float) -> PriorStats:
 def _diagnostics(
     state: EBPOState,
     glob: _Prior,
-    shrink: torch.Tensor,
-    r_min: torch.Tensor,
-    r_max: torch.Tensor,
+    shrink: np.ndarray,
+    r_min: np.ndarray,
+    r_max: np.ndarray,
     cluster_names: list[str] | None,
     priors: list[_Prior],
     group_cluster: np.ndarray,
+    lo: float,
+    span: float,
 ) -> dict[str, float]:
+    """``ebpo/*`` metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)."""
     diag = {
         "ebpo/shrinkage_mean": _sorted_mean(shrink),
-        "ebpo/shrinkage_min": shrink.min().item(),
-        "ebpo/shrinkage_max": shrink.max().item(),
-        "ebpo/mu_glob": glob.mu,
-        "ebpo/sigma2": glob.sigma2,
-        "ebpo/tau2": glob.tau2,
+        "ebpo/shrinkage_min": float(shrink.min()),
+        "ebpo/shrinkage_max": float(shrink.max()),
+        "ebpo/mu_glob": lo + span * glob.mu,
+        "ebpo/sigma2": span * span * glob.sigma2,
+        "ebpo/tau2": span * span * glob.tau2,
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
-        "ebpo/frac_zero_var_groups": _sorted_mean((r_max == r_min).double()),
-        "ebpo/frac_all_fail": _sorted_mean((r_max <= 0).double()),
-        "ebpo/frac_all_pass": _sorted_mean((r_min >= 1).double()),
+        "ebpo/frac_zero_var_groups": _sorted_mean((r_max == r_min).astype(np.float64)),
+        "ebpo/frac_all_fail": _sorted_mean((r_max <= 0).astype(np.float64)),
+        "ebpo/frac_all_pass": _sorted_mean((r_min >= 1).astype(np.float64)),
     }
     for cid, name in enumerate(cluster_names or []):
-        members = torch.from_numpy(np.flatnonzero(group_cluster == cid))
-        diag[f"ebpo/cluster/{name}/mu_glob"] = priors[cid].mu
-        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = _sorted_mean(shrink.index_select(0, members))
+        diag[f"ebpo/cluster/{name}/mu_glob"] = lo + span * priors[cid].mu
+        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = _sorted_mean(shrink[group_cluster == cid])
     return diag

@@ -41,13 +41,22 @@ def compute_ebpo_outcome_advantage(
     ``algorithm.ebpo.cluster_key`` is set. Returns (advantages, returns), both (bs, response_length).
     """
     options = EBPOOptions.from_mapping(None if config is None else config.get("ebpo", None))
+    _check_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
-    uids = np.asarray(index).astype(str)
-    is_pad = torch.from_numpy(np.char.startswith(uids, "pad")).to(response_mask.device)
-    valid = _has_response(response_mask) & ~is_pad
-    adv = compute_ebpo_advantages(scores, uids, valid.cpu(), options, GLOBAL_STATE, labels=labels)
+    valid = _has_response(response_mask)
+    adv = compute_ebpo_advantages(scores, index, valid, options, GLOBAL_STATE, labels=labels, pad_prefix="pad")
     advantages = adv.unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """(bs, L) rewards and an equal-shaped mask with L >= 1, else one ValueError naming both shapes."""
+    shape, mask_shape = tuple(token_level_rewards.shape), tuple(response_mask.shape)
+    if len(shape) != 2 or mask_shape != shape or shape[1] == 0:
+        raise ValueError(
+            f"ebpo needs token_level_rewards and response_mask of one shape (bs, response_length) with "
+            f"response_length >= 1; got {shape} and {mask_shape}"
+        )
 
 
 def compute_shrinkage_js_outcome_advantage(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.estimator import EBPOOptions, EBPOState, Moments, compute_ebpo_advantages
+from ebpo_verl.estimator import EBPOOptions, EBPOState, Moments, compute_ebpo_advantages, ignored_options
 
 EPS = 1e-6
 
@@ -142,21 +143,63 @@ def test_shrinkage_zero_no_norm_is_reward_minus_group_mean():
     np.testing.assert_allclose(got, rewards - np.array([means[u] for u in uids]), atol=1e-7)
 
 
-def test_batch_scope_matches_released_code_closed_form():
-    """PAPER.md: [(r - mu_q) + S (mu_q - mu_batch)] / std_batch(raw), with batch-only statistics."""
+def released_code(uids, rewards, norm_by_std=True) -> np.ndarray:
+    """PAPER.md "What the released code actually does", as a plain Python loop over the responses."""
+
+    def pvar(xs):  # Welford's population variance; 0 with fewer than two values
+        if len(xs) < 2:
+            return 0.0
+        m = sum(xs) / len(xs)
+        return sum((x - m) ** 2 for x in xs) / len(xs)
+
+    groups: dict = {}
+    for u, r in zip(uids, rewards, strict=True):
+        groups.setdefault(u, []).append(float(r))
+    means = {u: sum(v) / len(v) for u, v in groups.items()}
+    sigma2, tau2 = pvar([float(r) for r in rewards]), pvar(list(means.values()))
+    mu_glob = sum(means.values()) / len(means)
+    raw = []
+    for u, r in zip(uids, rewards, strict=True):
+        k = len(groups[u])
+        denom = sigma2 / k + tau2
+        s = (sigma2 / k) / denom if denom > 1e-6 else 1.0
+        raw.append(float(r) - ((1 - s) * means[u] + s * mu_glob))
+    mean = sum(raw) / len(raw)
+    if not norm_by_std:
+        return np.array([a - mean for a in raw])
+    std = (sum((a - mean) ** 2 for a in raw) / (len(raw) - 1)) ** 0.5
+    return np.array([(a - mean) / (std + 1e-6) for a in raw])
+
+
+@pytest.mark.parametrize("norm", ["batch", "none"])
+def test_batch_scope_is_the_released_code_on_unequal_groups(norm):
     rng = np.random.default_rng(2)
     for step in range(3):  # no memory across calls
-        uids, rewards = make_batch(rng, [4] * 32, tag=f"s{step}")
-        got = run_ebpo(uids, rewards, stats_scope="batch")
-        means = {u: rewards[uids == u].mean() for u in set(uids)}
-        mu_q = np.array([means[u] for u in uids])
-        group_means = np.array(list(means.values()))
-        sigma2, tau2, mu_batch = rewards.var(), group_means.var(), group_means.mean()
-        s = (sigma2 / 4) / (sigma2 / 4 + tau2 + EPS)
-        raw = (rewards - mu_q) + s * (mu_q - mu_batch)
-        expected = raw / (raw.std(ddof=1) + EPS)
-        np.testing.assert_allclose(got, expected, atol=1e-6)
+        sizes = list(rng.integers(1, 9, 40))
+        uids, rewards = make_batch(rng, sizes, tag=f"s{step}")
+        if step == 2:
+            rewards = np.round(rng.normal(0.3, 2.0, len(uids)), 2)  # any reward scale
+        got = run_ebpo(uids, rewards, stats_scope="batch", norm=norm)
+        expected = released_code(uids, rewards, norm_by_std=norm == "batch")
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        means = [rewards[uids == u].mean() for u in set(uids)]
+        assert ebpo_verl.get_state().diagnostics["ebpo/mu_glob"] == pytest.approx(np.mean(means), abs=1e-15)
+        assert np.mean(means) != pytest.approx(rewards.mean(), abs=1e-3)  # unequal groups: the two means differ
     assert ebpo_verl.get_state().global_stats.prompts == 0  # batch scope leaves the history untouched
+
+
+def test_batch_scope_near_constant_batch_uses_the_global_mean():
+    """sigma^2/k + tau^2 <= 1e-6: the released code sets S = 1 (baseline = mean of group means)."""
+    rng = np.random.default_rng(3)
+    uids, _ = make_batch(rng, [4, 2, 3, 4, 1, 4])
+    rewards = 0.5 + rng.normal(0, 3e-4, len(uids))
+    got = run_ebpo(uids, rewards, stats_scope="batch")
+    expected = released_code(uids, rewards)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+    assert ebpo_verl.get_state().diagnostics["ebpo/shrinkage_min"] == 1.0
+    # with the eps of the history formula the same batch gets S = noise / (noise + tau2 + eps) ~ 0.1: different
+    other = run_ebpo(uids, rewards, state=EBPOState(), stats_scope="history")
+    assert np.abs(other - expected).max() > 0.1
 
 
 @pytest.mark.parametrize(
@@ -284,11 +327,6 @@ def test_beta_binomial_prior_closed_form():
     alpha = nu * p
     succ2 = {u: r2[uids2 == u].sum() for u in set(uids2)}
     np.testing.assert_allclose(got2, r2 - np.array([(alpha + succ2[u]) / (nu + 4) for u in uids2]), atol=1e-7)
-
-
-def test_beta_binomial_rejects_rewards_outside_unit_interval():
-    with pytest.raises(ValueError, match=r"\[0, 1\].*'q1'"):
-        run_ebpo(np.array(["q0", "q0", "q1", "q1"], dtype=object), np.array([0, 1, 2.0, 0]), prior="beta_binomial")
 
 
 def test_clusters_use_per_label_statistics_blended_toward_global():
@@ -422,6 +460,178 @@ def test_options_from_omegaconf_node_and_none():
     assert EBPOOptions.from_mapping(None) == EBPOOptions()
     opts = EBPOOptions.from_mapping(OmegaConf.create({"shrinkage": 0, "cluster_key": "topic"}))
     assert opts.fixed_shrinkage == 0.0 and opts.cluster_key == "topic"
+
+
+# ---------------------------------------------------------------- EBPO-BB reward levels
+
+
+def test_beta_binomial_plus_minus_one_is_the_posterior_mean_in_reward_units():
+    """-1/+1 rewards: pass rate p_q from the +1 count, baseline 2 p_q - 1 (the expected reward)."""
+    rng = np.random.default_rng(11)
+    uids1, r01 = make_batch(rng, [4] * 30, tag="a")
+    pm1 = 2 * r01 - 1
+    got1 = run_ebpo(uids1, pm1, prior="beta_binomial", norm="none")
+    succ = {u: (pm1[uids1 == u] == 1).sum() for u in set(uids1)}
+    np.testing.assert_allclose(got1, pm1 - np.array([2 * (1 + succ[u]) / (2 + 4) - 1 for u in uids1]), atol=1e-12)
+    uids2, r2 = make_batch(rng, [4] * 30, tag="b")
+    pm2 = 2 * r2 - 1
+    got2 = run_ebpo(uids2, pm2, prior="beta_binomial", norm="none")
+    rates = np.array([r01[uids1 == u].mean() for u in set(uids1)])
+    p, v = rates.mean(), rates.var()
+    nu = p * (1 - p) / v - 1
+    succ2 = {u: r2[uids2 == u].sum() for u in set(uids2)}
+    expected = pm2 - np.array([2 * (nu * p + succ2[u]) / (nu + 4) - 1 for u in uids2])
+    np.testing.assert_allclose(got2, expected, atol=1e-12)
+    assert ebpo_verl.get_state().diagnostics["ebpo/mu_glob"] == pytest.approx(2 * p - 1)
+    # the same stream as 0/1 rewards gives half the raw advantage and the same statistics
+    zero_one = EBPOState()
+    run_ebpo(uids1, r01, state=zero_one, prior="beta_binomial", norm="none")
+    np.testing.assert_array_equal(run_ebpo(uids2, r2, state=zero_one, prior="beta_binomial", norm="none") * 2, got2)
+    assert zero_one.state_dict() == ebpo_verl.get_state().state_dict()
+
+
+@pytest.mark.parametrize(
+    "rewards", [[0, 1, 2.0, 0], [0, 1, 0.93, 1], [1, 1, -1, 0]], ids=["outside", "kl-shaped", "three-levels"]
+)
+def test_beta_binomial_refuses_other_rewards_naming_the_cause(rewards):
+    with pytest.raises(ValueError, match=r"two-level reward.*'q1'.*use_kl_in_reward"):
+        run_ebpo(np.array(["q0", "q0", "q1", "q1"], dtype=object), np.array(rewards), prior="beta_binomial")
+    assert ebpo_verl.get_state().steps == 0
+
+
+# ---------------------------------------------------------------- input types and shapes, labels
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float16])
+def test_any_real_score_dtype_gives_float_advantages(dtype):
+    uids = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
+    rewards = [1, 0, 1, 0, 0, 1]
+    got = compute_ebpo_advantages(
+        torch.tensor(rewards).to(dtype), uids, torch.ones(6, dtype=torch.bool), EBPOOptions(), EBPOState()
+    )
+    assert got.dtype == (torch.float16 if dtype == torch.float16 else torch.get_default_dtype())
+    expected = run_ebpo(uids, np.array(rewards, dtype=np.float64), state=EBPOState())
+    np.testing.assert_allclose(got.double().numpy(), expected, atol=1e-3 if dtype == torch.float16 else 1e-6)
+    assert np.abs(expected).max() > 0.5
+
+
+def test_wrong_shapes_raise_a_clear_value_error():
+    fn = get_adv_estimator_fn("ebpo")
+    uids = np.array(["a", "a"], dtype=object)
+    with pytest.raises(ValueError, match=r"scores must have shape \(bs,\).*\(2, 3\)"):
+        compute_ebpo_advantages(torch.zeros(2, 3), uids, torch.ones(2, dtype=torch.bool), EBPOOptions(), EBPOState())
+    with pytest.raises(ValueError, match=r"response_length >= 1.*\(2, 0\)"):
+        fn(token_level_rewards=torch.zeros(2, 0), response_mask=torch.zeros(2, 0), index=uids)
+    with pytest.raises(ValueError, match=r"one shape.*\(2, 3\) and \(2, 4\)"):
+        fn(token_level_rewards=torch.zeros(2, 3), response_mask=torch.ones(2, 4), index=uids)
+    with pytest.raises(ValueError, match=r"must have shape \(2,\)"):
+        fn(token_level_rewards=torch.zeros(2, 3), response_mask=torch.ones(2, 3), index=uids[:1])
+
+
+@pytest.mark.parametrize("missing", [float("nan"), np.nan, None, pd.NA])
+def test_nan_labels_count_as_missing(missing):
+    uids = np.array(["a", "a", "b", "b"], dtype=object)
+    labels = np.array(["x", "x", missing, missing], dtype=object)
+    with pytest.raises(ValueError, match=r"no 'topic' label.*\['b'\]"):
+        run_ebpo(uids, np.array([1.0, 0, 0, 1]), cluster_key="topic", labels=labels)
+    assert ebpo_verl.get_state().steps == 0
+
+
+def test_labels_and_uids_compare_as_strings():
+    """1 and "1" are one label (and one prompt), as before the hash-based factorisation."""
+    uids = np.array([7, "7", "b", "b"], dtype=object)
+    labels = np.array([1, "1", "1", 1.5], dtype=object)
+    with pytest.raises(ValueError, match=r"\['b'\] carry more than one"):
+        run_ebpo(uids, np.array([1.0, 0, 0, 1]), cluster_key="topic", labels=labels)
+    got = run_ebpo(uids, np.array([1.0, 0, 0, 1]), state=EBPOState(), shrinkage=0.0, norm="none")
+    np.testing.assert_allclose(got, [0.5, -0.5, -0.5, 0.5])
+
+
+# ---------------------------------------------------------------- overflow and the saved state
+
+
+def test_overflow_is_an_error_naming_step_and_uids_and_leaves_the_state():
+    rng = np.random.default_rng(12)
+    uids, rewards = make_batch(rng, [4] * 8)
+    run_ebpo(uids, rewards, cluster_key="topic", labels=np.full(len(uids), "t", dtype=object))
+    before = ebpo_verl.get_state().state_dict()
+    big_uids = np.array(["ok", "ok", "huge", "huge"], dtype=object)
+    with pytest.raises(ValueError, match=r"step 2.*overflow.*\['huge'\]"):
+        run_ebpo(
+            big_uids,
+            np.array([0.0, 1.0, 1e155, 0.0]),
+            cluster_key="topic",
+            labels=np.full(4, "t", dtype=object),
+        )
+    assert ebpo_verl.get_state().state_dict() == before
+    assert all(np.isfinite(v) for v in json.loads(json.dumps(before))["global"]["rewards"])
+
+
+def _valid_state_dict() -> dict:
+    rng = np.random.default_rng(13)
+    uids, rewards = make_batch(rng, [3] * 6)
+    state = EBPOState()
+    run_ebpo(uids, rewards, state=state, cluster_key="topic", labels=np.full(len(uids), "t", dtype=object))
+    return json.loads(json.dumps(state.state_dict()))
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "pattern"),
+    [
+        (lambda d: d["global"]["rewards"].pop(), r"global.rewards must be a list \[n, mean, m2\]"),
+        (lambda d: d["global"]["rewards"].__setitem__(0, -1.0), r"global.rewards count must be.*>= 0"),
+        (lambda d: d["global"]["within_var"].__setitem__(2, -0.5), r"global.within_var m2 must be.*>= 0"),
+        (lambda d: d["clusters"]["t"]["group_means"].__setitem__(1, float("inf")), r"clusters\['t'\].group_means"),
+        (lambda d: d["global"]["rewards"].__setitem__(1, float("nan")), r"global.rewards mean must be a finite"),
+        (lambda d: d["global"]["rewards"].__setitem__(1, "0.5"), r"global.rewards mean"),
+        (lambda d: d.__setitem__("steps", -3), r"steps must be a non-negative integer"),
+        (lambda d: d.__setitem__("prompts_seen", 2.5), r"prompts_seen must be a non-negative integer"),
+        (lambda d: d["clusters"].__setitem__("t", [1, 2]), r"clusters\['t'\] need exactly the parts"),
+        (lambda d: d.__setitem__("clusters", []), r"clusters must be an object"),
+        (lambda d: d["global"].pop("inv_group_size"), r"global need exactly the parts"),
+    ],
+)
+def test_state_dict_validates_every_field_and_changes_nothing_on_error(corrupt, pattern):
+    good = _valid_state_dict()
+    state = EBPOState()
+    state.load_state_dict(good)
+    before = state.state_dict()
+    bad = json.loads(json.dumps(good))
+    corrupt(bad)
+    with pytest.raises(ValueError, match=pattern):
+        state.load_state_dict(bad)
+    assert state.state_dict() == before
+
+
+# ---------------------------------------------------------------- options a mode ignores
+
+
+@pytest.mark.parametrize(
+    ("opts", "expected"),
+    [
+        ({}, []),
+        ({"stats_scope": "batch", "decay": 0.9, "merge": "after"}, ["merge='after'", "decay=0.9"]),
+        ({"stats_scope": "batch"}, []),
+        ({"prior": "beta_binomial", "sigma2": "within", "tau2": "debiased"}, ["sigma2='within'", "tau2='debiased'"]),
+        ({"shrinkage": 0.5, "tau2": "debiased", "sigma2": "within"}, ["sigma2='within'", "tau2='debiased'"]),
+        ({"shrinkage": 0.5, "norm": "group", "sigma2": "within"}, []),
+        ({"min_cluster_prompts": 8}, ["min_cluster_prompts=8"]),
+        ({"min_cluster_prompts": 8, "cluster_key": "topic"}, []),
+    ],
+)
+def test_ignored_options_lists_what_the_mode_does_not_read(opts, expected):
+    assert ignored_options(EBPOOptions(**opts)) == expected
+    if expected:  # the estimator really does not read them: same advantages with the defaults of those keys
+        rng = np.random.default_rng(14)
+        batches = [make_batch(rng, [2, 3, 4, 4, 1], tag=f"s{t}") for t in range(3)]
+        labels = [np.full(len(u), "t", dtype=object) for u, _ in batches]
+        base = {k: v for k, v in opts.items() if f"{k}=" not in " ".join(expected)}
+        a, b = EBPOState(), EBPOState()
+        for (u, r), lab in zip(batches, labels, strict=True):
+            r = 2 * r - 1 if opts.get("prior") == "beta_binomial" else r
+            got = run_ebpo(u, r, state=a, labels=lab, **opts)
+            ref = run_ebpo(u, r, state=b, labels=lab, **base)
+            np.testing.assert_array_equal(got, ref)
 
 
 # ---------------------------------------------------------------- registration
