@@ -607,3 +607,26 @@ def test_benchmark_times_the_baselines_against_grpo_vectorized():
     assert out.returncode == 0, out.stderr
     for name in ("shrinkage_js", "bnpo", "spo"):
         assert f"{name}/grpo_vectorized = " in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------- CPU study
+
+
+@pytest.mark.parametrize("name", ["shrinkage_js", "bnpo", "spo"])
+def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name):
+    from ebpo_verl.study.policy import PolicyConfig, TinyPolicy
+    from ebpo_verl.study.presets import PRESETS
+    from ebpo_verl.study.rl import RLConfig, order_stream, run_rl
+    from ebpo_verl.study.tasks import make_splits
+
+    assert name in PRESETS["full"].estimators
+    torch.manual_seed(0)
+    splits = make_splits({"heldout": 2, "train": 2}, seed=0, topics=("add",))
+    train, held = splits["train"], splits["heldout"]
+    cfg = RLConfig(estimator=name, group_size=4, steps=4, responses_per_step=16, eval_every=2)
+    base_pass = np.zeros(len(train))
+    out = run_rl(TinyPolicy(PolicyConfig()), train, held, base_pass, cfg)
+    assert len(out["reward"]) == 4 and np.isfinite(out["grad_norm"]).all()
+    if name == "spo":  # one tracker entry per training problem the run drew, by its index in the split
+        assert SPO_STATE.steps == 4
+        assert SPO_STATE.keys.tolist() == sorted({str(i) for i in order_stream(train, cfg, base_pass)})

@@ -51,6 +51,10 @@ ESTIMATORS: dict[str, Estimator] = {
     "ebpo_batch": Estimator("ebpo", {"stats_scope": "batch"}),
     "ebpo_bb": Estimator("ebpo", {"prior": "beta_binomial"}),
     "ebpo_topic": Estimator("ebpo", {"cluster_key": "topic"}),
+    # the v2 draft's baselines (ebpo_verl.baselines); spo's tracker is keyed by the training problem's index
+    "shrinkage_js": Estimator("shrinkage_js"),
+    "bnpo": Estimator("bnpo"),
+    "spo": Estimator("spo"),
 }
 
 
@@ -141,9 +145,15 @@ def order_stream(train: ProblemSet, cfg: RLConfig, base_pass: np.ndarray) -> np.
 
 
 def _advantages(
-    est: Estimator, rewards: torch.Tensor, mask: torch.Tensor, index: np.ndarray, topics: np.ndarray
+    est: Estimator,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: np.ndarray,
+    topics: np.ndarray,
+    problem_ids: np.ndarray,
 ) -> torch.Tensor:
-    """(bs, L) advantages from verl's registry; the outcome reward sits on the last response token."""
+    """(bs, L) advantages from verl's registry; the outcome reward sits on the last response token. ``spo`` gets
+    each row's training-problem index as its stable prompt key (as the trainer passes ``extra_info.index``)."""
     fn = get_adv_estimator_fn(est.verl_name)
     maskf = mask.float()
     tlr = torch.zeros_like(maskf)
@@ -153,6 +163,8 @@ def _advantages(
         return adv
     config = OmegaConf.create({"adv_estimator": est.verl_name, "ebpo": dict(est.ebpo)})
     extra = {"labels": list(topics)} if est.uses_labels else {}
+    if est.verl_name == "spo":
+        extra["prompt_keys"] = problem_ids
     adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, config=config, **extra)
     return adv
 
@@ -168,11 +180,13 @@ def run_rl(
     """Train a copy of ``base`` with RL; returns per-step metrics and the accuracy curves (exact pass@1 on
     ``heldout``, and on ``probe``, a fixed sample of the training split, when given)."""
     est = ESTIMATORS[cfg.estimator]
-    if est.verl_name == "ebpo":
+    if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", "spo"):  # this package's estimators
         import ebpo_verl
+        from ebpo_verl.baselines import SPO_STATE
 
         ebpo_verl.register()
         ebpo_verl.get_state().reset()
+        SPO_STATE.reset()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model, ref = copy.deepcopy(base), base
@@ -201,12 +215,13 @@ def run_rl(
     evaluate(0)
     p, g = cfg.prompts_per_step, cfg.group_size
     for step in range(1, cfg.steps + 1):
-        batch = train.subset(stream[(step - 1) * p : step * p])
+        batch_ids = stream[(step - 1) * p : step * p]
+        batch = train.subset(batch_ids)
         prompts = batch.prompts.repeat_interleave(g, dim=0)
         responses, mask, old_logp = sample(model, batch.prompts, g, gen)
         rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
         index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
-        adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g))
+        adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g), np.repeat(batch_ids, g))
         per_resp = adv[:, 0].view(p, g)
         log["zero_signal"].append((per_resp.abs() < 1e-6).all(dim=1).float().mean().item())
         log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
