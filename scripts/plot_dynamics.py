@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tables import MetricsLogError, log_files, parse_spec, read_run  # noqa: E402
@@ -81,12 +82,16 @@ def _save(fig, path: Path) -> None:
 
 
 def _draw(ax, runs: dict[str, dict[int, dict]], key: str, window: int) -> None:
+    """One line per run that logged ``key``; a run with a single logged step is drawn as a marker (a line needs
+    two points), so every run in the legend is visible. Steps are integers, and so are the ticks."""
     for i, (label, run) in enumerate(runs.items()):
         steps, values = series(run, key)
         if steps:  # colour by run index, so a run keeps its colour in every panel
-            ax.plot(steps, smooth(values, window), label=label, color=f"C{i % 10}", linewidth=1.2)
+            marker = "o" if len(steps) == 1 else None
+            ax.plot(steps, smooth(values, window), label=label, color=f"C{i % 10}", linewidth=1.2, marker=marker)
     ax.set_title(CORE.get(key, key))
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
 

@@ -121,6 +121,29 @@ def test_mse_ratio_matches_closed_form(name):
         assert row["empirical"] < 1  # shrinkage beats the sample mean whenever tau^2 > 0
 
 
+def test_estimator_ratio_standard_error_matches_seed_spread():
+    """The delta-method standard error of the estimator's MSE ratio agrees with the spread over 24 seeds."""
+    from ebpo_verl.study.mse import estimator_ratio
+
+    out = np.array([estimator_ratio(1.0, 1.0, 4, 6, 128, seed, {}) for seed in range(24)])
+    spread, se = out[:, 0].std(ddof=1), out[:, 1].mean()
+    assert 0.6 < spread / se < 1.5, (spread, se)
+
+
+def test_mse_findings_counts_cells():
+    from ebpo_verl.study.mse import ESTIMATOR_VARIANTS, findings
+
+    d, t, w = ESTIMATOR_VARIANTS  # default, debiased tau^2, within sigma^2
+    rows = [
+        {"distribution": "A", "G": 2, "closed_form": 0.5, d: 0.6, t: 1.2, w: 0.49, t + " se": 0.1, w + " se": 0.005},
+        {"distribution": "B", "G": 4, "closed_form": 0.8, d: 0.9, t: 0.85, w: 0.95},
+    ]
+    text = findings(rows)
+    assert text.startswith("In 4 of the 6 estimator cells the ratio lies between the optimum 1 - S and 1")
+    assert f"above 1, worse than the group mean, in 1 ({t}: A G=2)" in text
+    assert f"below 1 - S in 1 ({w}: A G=2), by at most 2.0 standard errors" in text
+
+
 # ---------------------------------------------------------------- the tiny preset end to end
 
 
@@ -169,15 +192,25 @@ def test_tiny_writes_everything(tiny_study):
         "entropy.png",
         "kl.png",
         "ordering_curves.png",
+        "summary.json",
+        "study_config.json",
+        "base.json",
+        "base_model.pt",
     ):
         path = tiny_study / name
         assert path.is_file() and path.stat().st_size > 0, name
         if name.endswith(".png"):
             assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not list(tiny_study.glob("*.tmp*"))
+    assert not list(tiny_study.glob("*.tmp*")) and not list(tiny_study.glob("runs/*.tmp"))
     runs = json.loads((tiny_study / "runs.json").read_text())["runs"]
     n_cells = len(TINY.estimators) * len(TINY.group_sizes) + len(TINY.order_estimators) * (len(TINY.orders) - 1)
-    assert len(runs) == n_cells * TINY.seeds
+    assert len(runs) == n_cells * TINY.seeds == TINY.n_runs()
+    # every run is also saved on its own, as the resume reads it
+    for run in runs:
+        c = run["config"]
+        saved = tiny_study / "runs" / f"{c['estimator']}-g{c['group_size']}-{c['order']}-s{c['seed']}.json"
+        assert json.loads(saved.read_text()) == run
+    assert len(list((tiny_study / "runs").iterdir())) == len(runs)
     for run in runs:
         m = run["metrics"]
         assert len(m["reward"]) == len(m["grad_norm"]) == len(m["step_kl"]) == TINY.rl["steps"]
@@ -253,3 +286,111 @@ def test_grpo_learns_addition(tiny_study, one_thread):
         acc = run_rl(base, train, held, train_pass, cfg)["accuracy"]
         gains.append(acc[-1] - acc[0])
     assert np.mean(gains) > 0.04 and min(gains) > 0.02, gains
+
+
+# ---------------------------------------------------------------- resume, refusal, summary
+
+
+def _without(text: str, prefix: str) -> str:
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith(prefix))
+
+
+def test_interrupted_study_resumes(tiny_study, tmp_path, monkeypatch):
+    """An interrupted study (some runs saved, a torn temp file, no report yet) rerun with the same command runs
+    only the missing runs, reuses the saved warm start, and ends with the uninterrupted run's report."""
+    import shutil
+
+    from ebpo_verl.study import runner
+    from ebpo_verl.study.__main__ import main
+
+    out = tmp_path / "study"
+    shutil.copytree(tiny_study, out)
+    for name in ("study.md", "runs.json", "summary.json", *(p.name for p in out.glob("*.png"))):
+        (out / name).unlink()
+    lost = sorted(p.name for p in (out / "runs").glob("*-s1.json"))  # the runs of seed 1 had not finished
+    assert len(lost) == TINY.n_runs() // 2
+    for name in lost:
+        (out / "runs" / name).unlink()
+    (out / "runs" / "grpo-g4-random-s1.json.tmp").write_text('{"config": {"estim')  # killed mid-write
+    computed = []
+    real_run_one = runner._run_one
+
+    def counting(cfg):
+        computed.append(runner.run_path(out, cfg).name)
+        return real_run_one(cfg)
+
+    def no_warm_start(*args, **kwargs):
+        raise AssertionError("the saved warm start should have been reused")
+
+    monkeypatch.setattr(runner, "_run_one", counting)
+    monkeypatch.setattr(runner, "warm_start", no_warm_start)
+    before = torch.get_num_threads()
+    try:
+        assert main(["--preset", "tiny", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert sorted(computed) == lost
+    want, got = (json.loads((d / "runs.json").read_text()) for d in (tiny_study, out))
+    assert got["base"] == want["base"]
+    assert [(r["config"], r["metrics"]) for r in got["runs"]] == [(r["config"], r["metrics"]) for r in want["runs"]]
+    # the report is the uninterrupted one's, except for the line with the command and its timing
+    assert _without((out / "study.md").read_text(), "Command:") == _without(
+        (tiny_study / "study.md").read_text(), "Command:"
+    )
+    timing = ("command", "wall_seconds", "cpu_seconds", "resumed_runs")
+    want, got = (json.loads((d / "summary.json").read_text()) for d in (tiny_study, out))
+    assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in want.items() if k not in timing}
+    assert got["resumed_runs"] == TINY.n_runs() - len(lost) and want["resumed_runs"] == 0
+
+
+def test_other_preset_in_same_dir_is_refused(tiny_study, capsys):
+    from ebpo_verl.study.__main__ import main
+
+    config = (tiny_study / "study_config.json").read_text()
+    assert main(["--preset", "quick", "--out", str(tiny_study)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("python -m ebpo_verl.study: error: ") and len(err.splitlines()) == 1
+    assert "holds a study of preset 'tiny'" in err and "--out" in err
+    assert (tiny_study / "study_config.json").read_text() == config
+
+
+def test_help_lists_presets_with_sizes(capsys):
+    from ebpo_verl.study.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    # quick: 4 estimators x 4 G + 2 order estimators x 2 extra orders = 20 cells x 5 seeds
+    assert "quick: 4 estimators x G in [2, 4, 8, 16], 5 seeds, 50 steps -> 100 runs, about 3 min" in text
+    assert "tiny: 2 estimators x G in [4, 8], 2 seeds, 8 steps -> 10 runs" in text and "full:" in text
+
+
+def test_summary_matches_runs_and_report(tiny_study):
+    """summary.json (what the README is generated from) holds the report's numbers, recomputed here from the
+    per-run accuracies: mean and half-width of the 95% t-interval over seeds."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from readme_study_tables import render
+
+    summary = json.loads((tiny_study / "summary.json").read_text())
+    runs = json.loads((tiny_study / "runs.json").read_text())["runs"]
+    for cell in summary["cells"]:
+        key = (cell["estimator"], cell["group_size"], cell["order"])
+        finals = [
+            r["metrics"]["accuracy"][-1]
+            for r in runs
+            if (r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]) == key
+        ]
+        n = len(finals)
+        half = sps.t.ppf(0.975, n - 1) * np.std(finals, ddof=1) / np.sqrt(n)
+        assert cell["final_accuracy"] == pytest.approx([np.mean(finals), half, n], abs=1e-6)
+    assert summary["warm_start_heldout_accuracy"] == pytest.approx(
+        json.loads((tiny_study / "runs.json").read_text())["base"]["heldout_accuracy"], abs=1e-6
+    )
+    block = render(summary)
+    report = _md_table((tiny_study / "study.md").read_text(), "## Final held-out accuracy")
+    readme = _md_table(block, "Final held-out exact pass@1")
+    assert readme == report

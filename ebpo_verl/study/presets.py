@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
 from ebpo_verl.study.policy import PolicyConfig
 from ebpo_verl.study.rl import ESTIMATORS, ORDERS
@@ -39,6 +40,21 @@ class Preset:
             raise ValueError(f"preset {self.name}: unknown estimators {unknown}; choose from {ALL_ESTIMATORS}")
         if self.seeds < 2:
             raise ValueError(f"preset {self.name}: seeds={self.seeds}; a 95% interval needs at least 2")
+
+    def cells(self) -> list[tuple[str, int, str]]:
+        """(estimator, G, order) of every cell, sorted: the main table (random order) and the ordering table,
+        without duplicates. Each cell runs seeds 0..seeds-1."""
+        cells = {(e, g, "random") for e in self.estimators for g in self.group_sizes}
+        cells |= {(e, self.order_group_size, o) for e in self.order_estimators for o in self.orders}
+        return sorted(cells)
+
+    def n_runs(self) -> int:
+        return len(self.cells()) * self.seeds
+
+    def fingerprint(self) -> dict:
+        """Everything that decides the results (``workers`` does not: each run is deterministic for its seed),
+        as JSON values; a resumed study must have the same."""
+        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "workers"}))
 
 
 PRESETS: dict[str, Preset] = {
@@ -80,3 +96,15 @@ PRESETS: dict[str, Preset] = {
         sft_steps=1200,
     ),
 }
+
+# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README.
+DURATION = {"tiny": "about 40 s", "quick": "about 3 min", "full": "about 31 min"}
+
+
+def describe_presets() -> str:
+    """One line per preset: its size and how long it takes."""
+    return "\n".join(
+        f"{name}: {len(p.estimators)} estimators x G in {list(p.group_sizes)}, {p.seeds} seeds, {p.rl['steps']} steps"
+        f" -> {p.n_runs()} runs, {DURATION.get(name, 'time not measured')}"
+        for name, p in PRESETS.items()
+    )

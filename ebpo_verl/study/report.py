@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import defaultdict
@@ -12,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from ebpo_verl.study.rl import ESTIMATORS  # noqa: E402
@@ -40,10 +42,14 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "zero_signal": float(np.mean(m["zero_signal"])),
         "uniform_groups": float(np.mean(m["uniform_groups"])),
         "grad_norm": float(np.mean(m["grad_norm"])),
+        "clipped": float(np.mean(m["clipped"])),
         "entropy_final": float(np.mean(m["entropy"][-5:])),
         "step_kl": float(np.mean(m["step_kl"])),
         "kl_ref_final": float(m["kl_ref"][-1]),
         "shrinkage": float(np.mean(m["shrinkage"])) if m["shrinkage"] else math.nan,
+        "train_seen_gain": float(m["train_seen_gain"][0]),
+        "train_unseen_gain": float(m["train_unseen_gain"][0]),
+        "train_seen_fraction": float(m["train_seen_fraction"][0]),
     }
 
 
@@ -94,7 +100,8 @@ def table(
 def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random") -> str:
     cols = [
         ("zero_signal", "zero-signal groups"),
-        ("grad_norm", "grad norm"),
+        ("grad_norm", "grad norm (pre-clip)"),
+        ("clipped", "updates clipped"),
         ("entropy_final", "final entropy"),
         ("step_kl", "per-step KL"),
         ("kl_ref_final", "KL to warm start"),
@@ -122,43 +129,138 @@ def _save(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
+
+
+def _style(est: str, k: int) -> dict:
+    """A fixed colour per estimator (its place in the registry), and a line style, marker and width per drawing
+    position ``k``, so lines that coincide (EBPO's zero-signal fraction is 0 in both variants) stay visible:
+    earlier lines are wider and drawn below the later, dashed ones."""
+    i = list(ESTIMATORS).index(est)
+    return {
+        "color": f"C{i % 10}",
+        "ls": LINESTYLES[k % len(LINESTYLES)],
+        "marker": MARKERS[k % len(MARKERS)],
+        "lw": max(2.6 - 0.5 * k, 1.0),
+        "ms": 4,
+        "zorder": 2 + k,
+    }
+
+
 def curve_figure(
-    runs: list[dict], metric: str, groups: list, estimators: list[str], path: Path, by: str, fixed: dict
+    runs: list[dict],
+    metric: str,
+    groups: list,
+    estimators: list[str],
+    path: Path,
+    by: str,
+    fixed: dict,
+    hline: tuple[float, str] | None = None,
 ) -> None:
     """One panel per ``groups`` value of config key ``by`` (G or order), one line per estimator (mean over seeds
-    and a 95% band), among the runs whose config matches ``fixed`` (e.g. the order, or G)."""
+    and a 95% t-interval band, clipped at 0 since every plotted quantity is non-negative), among the runs whose
+    config matches ``fixed`` (e.g. the order, or G). ``hline`` = (y, label) draws a reference line."""
     fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), sharey=True, squeeze=False)
+    seeds = set()
     for ax, grp in zip(axes[0], groups, strict=True):
-        for est in estimators:
+        if hline is not None:
+            ax.axhline(hline[0], color="0.3", lw=1, ls=(0, (1, 1)), label=hline[1], zorder=1)
+        for k, est in enumerate(estimators):
             want = {"estimator": est, by: grp, **fixed}
-            sel = [r for r in runs if all(r["config"][k] == v for k, v in want.items())]
+            sel = [r for r in runs if all(r["config"][key] == v for key, v in want.items())]
             if not sel:
                 continue
+            seeds.add(len(sel))
             xs, mean, half = _curve_stats(sel, metric)
-            (line,) = ax.plot(xs, mean, label=est, lw=1.4)
-            ax.fill_between(xs, mean - half, mean + half, color=line.get_color(), alpha=0.15, lw=0)
+            style = _style(est, k)
+            every = max(1, len(xs) // 6)
+            ax.plot(xs, mean, label=est, markevery=(k % every, every), **style)
+            low = np.clip(mean - half, 0, None)
+            ax.fill_between(xs, low, mean + half, color=style["color"], alpha=0.12, lw=0, zorder=1)
         ax.set_title(f"{'G' if by == 'group_size' else 'order'} = {grp}")
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
+    low, top = axes[0][0].get_ylim()  # shared y; every quantity is >= 0: no room below 0 but a small margin
+    if low < 0:  # that keeps a line at 0 off the axis line
+        axes[0][0].set_ylim(-0.03 * top, top)
     axes[0][0].set_ylabel(CURVES[metric][1])
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    n = "/".join(str(x) for x in sorted(seeds))
+    fig.text(0.5, -0.1, f"Lines: mean over {n} seeds; bands: 95% t-intervals over seeds.", ha="center", fontsize=8)
     _save(fig, path)
 
 
-def write_report(out: Path, preset, base_info: dict, runs: list[dict], seconds: float, command: str) -> str:
-    """Write ``study.md`` and the figures into ``out``; returns the headline table (final held-out accuracy)."""
+def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
+    return mean_ci([s[metric] for s in by_cell.get(cell, [])])[0]
+
+
+def summary(preset, base_info: dict, runs: list[dict], seconds: float, command: str, resumed: int) -> dict:
+    """The study's machine-readable summary (``summary.json``): what ran, and mean / 95% half-width / n over
+    seeds of every per-run scalar in every cell (NaN as null). ``scripts/readme_study_tables.py`` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
+    by_cell = cells(runs, target)
+
+    def stat(values):
+        return [None if not np.isfinite(x) else round(x, 6) for x in mean_ci(values)[:2]] + [mean_ci(values)[2]]
+
+    return {
+        "preset": preset.name,
+        "command": command,
+        "n_runs": len(runs),
+        "resumed_runs": resumed,
+        "wall_seconds": round(seconds, 1),
+        "cpu_seconds": round(base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs), 1),
+        "torch": torch.__version__,
+        "torch_threads_per_run": 1,
+        "seeds": preset.seeds,
+        "steps": preset.rl["steps"],
+        "estimators": list(preset.estimators),
+        "group_sizes": list(preset.group_sizes),
+        "warm_start_heldout_accuracy": round(base_info["heldout_accuracy"], 6),
+        "cells": [
+            {
+                "estimator": e,
+                "group_size": g,
+                "order": o,
+                **{k: stat([s[k] for s in sums]) for k in sums[0]},
+            }
+            for (e, g, o), sums in sorted(by_cell.items())
+        ],
+    }
+
+
+def write_report(
+    out: Path, preset, base_info: dict, runs: list[dict], seconds: float, command: str, resumed: int = 0
+) -> str:
+    """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
+    held-out accuracy)."""
+    ws = base_info["heldout_accuracy"]
+    target = ws + preset.target_gain
     by_cell = cells(runs, target)
     ests, gs = list(preset.estimators), list(preset.group_sizes)
     orders, o_ests, og = list(preset.orders), list(preset.order_estimators), preset.order_group_size
     main = lambda r, c: (r, c, "random")  # noqa: E731
     headline = table(by_cell, ests, gs, main, "final_accuracy", "G")
-    figures = []
+    clip = runs[0]["config"]["grad_clip"]
+    warm = (ws, f"warm start {ws:.3f}")
+    lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
     for metric, (fname, _) in CURVES.items():
-        curve_figure(runs, metric, gs, ests, out / fname, by="group_size", fixed={"order": "random"})
-        figures.append(fname)
-    curve_figure(runs, "accuracy", orders, o_ests, out / "ordering_curves.png", by="order", fixed={"group_size": og})
-    figures.append("ordering_curves.png")
+        curve_figure(
+            runs, metric, gs, ests, out / fname, by="group_size", fixed={"order": "random"}, hline=lines.get(metric)
+        )
+    curve_figure(
+        runs, "accuracy", orders, o_ests, out / "ordering_curves.png", by="order", fixed={"group_size": og}, hline=warm
+    )
+    captions = {
+        "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
+        "zero_signal.png": "fraction of groups whose advantages are all zero, per step",
+        "grad_norm.png": f"gradient norm before clipping, per step; dotted: the clip value {clip:g} (a norm above "
+        "it is scaled down to it)",
+        "entropy.png": "token-mean policy entropy of the sampled responses, per step",
+        "kl.png": "k3 estimate of KL(old || new) over one step's update",
+        "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
+    }
     rl = preset.rl
     hist = base_info["pass_rate_histogram"]
     left_out = [e for e in ESTIMATORS if e not in ests]
@@ -168,9 +270,10 @@ def write_report(out: Path, preset, base_info: dict, runs: list[dict], seconds: 
     if left_out:
         scope += f" Not in this preset (run `--preset full`): {', '.join(left_out)}."
     cpu = base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs)
+    resumed_note = f" ({resumed} of them reused from an earlier invocation of the same command)" if resumed else ""
     text = f"""# EBPO small-scale RLVR study (preset `{preset.name}`)
 
-Command: `{command}` — {len(runs)} RL runs, {seconds:.0f} s wall time on this machine
+Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall time on this machine
 ({cpu:.0f} CPU-seconds for the warm start and the runs). {scope}
 
 ## Setup
@@ -178,21 +281,27 @@ Command: `{command}` — {len(runs)} RL runs, {seconds:.0f} s wall time on this 
   d={preset.policy.d_model}) that writes its answer token by token (least-significant digit first, then EOS).
 - Tasks: topics {", ".join(preset.topics)} x levels 1-3 (operand digits); reward 1 iff the answer is exactly right.
   {base_info["n_train"]} RL training prompts, {base_info["n_heldout"]} held-out prompts (disjoint from the
-  warm-start data and from the RL prompts).
+  warm-start data and from the RL prompts). Both splits hold every (topic, level) cell, but not in the same
+  proportions: the 1-digit cells have few distinct problems, so they are
+  {100 * base_info["frac_level1_heldout"]:.0f}% of the held-out prompts and {100 * base_info["frac_level1_train"]:.0f}%
+  of the RL prompts.
 - Warm start: {preset.sft_steps} supervised steps on a separate split in which a fraction {preset.misconception} of the
   answers follow a carry-free misconception, so the base model holds a right and a wrong strategy.
-  Held-out exact pass@1 of the warm start: {base_info["heldout_accuracy"]:.3f}; pass rates on the RL prompts
+  Held-out exact pass@1 of the warm start: {ws:.3f}; pass rates on the RL prompts
   (histogram over ten bins 0..1): {hist}; {100 * base_info["frac_train_below_0.05"]:.0f}% of them below 0.05.
 - RL: {rl["steps"]} steps of {rl["responses_per_step"]} sampled responses (temperature 1), so a step holds
   {rl["responses_per_step"]}/G prompts (equal samples per step at every G); PPO-clip 0.2 with token-mean aggregation
   (`compute_policy_loss_vanilla`), k3 KL loss to the warm start (coefficient 0.001), two mini-batches per step,
-  AdamW lr {rl["lr"]}, gradient clip 1.0. Advantages from verl's registry (`get_adv_estimator_fn`).
+  AdamW lr {rl["lr"]}, gradient clip {clip:g}. Advantages from verl's registry (`get_adv_estimator_fn`).
 - Accuracy = exact pass@1 at temperature 1 (the product of the answer tokens' probabilities), averaged over
   the held-out prompts: no sampling noise in the evaluation. Every cell: seeds 0..{preset.seeds - 1} (the same seeds
   for every estimator); mean ± half-width of the 95% t-interval over seeds.
+- Reproducibility: every run uses one torch thread and seeded generators, so rerunning the command on the same
+  machine and torch build gives the same numbers; another CPU (other vector kernels) or torch build can change
+  them in the third decimal.
 
 ## Final held-out accuracy (rows = estimator, columns = G; random order)
-Warm start: {base_info["heldout_accuracy"]:.3f}.
+Warm start: {ws:.3f}.
 
 {headline}
 
@@ -211,6 +320,8 @@ Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL st
 
 {table(by_cell, ests, gs, main, "probe_final_accuracy", "G")}
 
+{_below_warm_start(by_cell, ests, gs, ws, rl)}
+
 ## Stream order (G = {og}): final held-out accuracy
 
 {table(by_cell, o_ests, orders, lambda r, c: (r, og, c), "final_accuracy", "order")}
@@ -219,8 +330,12 @@ Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL st
 
 {dynamics_table(by_cell, ests, og)}
 
+{_gradient_note(by_cell, ests, gs, og, clip)}
+
 ## Figures
-{chr(10).join(f"- [{f}]({f})" for f in figures)}
+Lines are means over the {preset.seeds} seeds; bands are 95% t-intervals over seeds (clipped at 0).
+
+{chr(10).join(f"- [{f}]({f}): {c}" for f, c in captions.items())}
 
 ## What this toy does and does not show
 - It runs the real code paths: verl's advantage registry (GRPO, RLOO, REINFORCE++-baseline and the package's
@@ -236,4 +351,60 @@ Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL st
     tmp = out / "study.md.tmp"
     tmp.write_text(text)
     os.replace(tmp, out / "study.md")
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary(preset, base_info, runs, seconds, command, resumed), indent=1) + "\n")
+    os.replace(tmp, out / "summary.json")
     return headline
+
+
+def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, rl: dict) -> str:
+    """Where the final model gained, for the G at which every estimator ends below the warm start."""
+    below = [g for g in gs if all(_mean(by_cell, (e, g, "random"), "final_accuracy") < ws for e in ests)]
+    if not below:
+        return ""
+
+    def cell(e: str, g: int) -> str:
+        parts = [_mean(by_cell, (e, g, "random"), k) for k in ("train_seen_gain", "train_unseen_gain")]
+        held = _mean(by_cell, (e, g, "random"), "final_accuracy") - ws
+        return " / ".join("n/a" if not np.isfinite(x) else f"{x:+.3f}" for x in (*parts, held))
+
+    seen = {g: _mean(by_cell, (ests[0], g, "random"), "train_seen_fraction") for g in gs}
+    head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |"
+    rows = [f"| {e} | " + " | ".join(cell(e, g) for g in gs) + " |" for e in ests]
+    return f"""## Why every estimator ends below the warm start at G = {", ".join(map(str, below))}
+Change of exact pass@1 from the warm start to the final model, mean over seeds: on the RL prompts the run
+trained on / on the RL prompts it never saw / on the held-out prompts.
+
+{head}
+{"|---" * (len(gs) + 1)}|
+{chr(10).join(rows)}
+
+A step holds {rl["responses_per_step"]}/G prompts, so in {rl["steps"]} steps a run sees
+{", ".join(f"{100 * seen[g]:.0f}% (G={g})" for g in gs)} of the RL prompts. What the runs show: they raise the
+accuracy of the prompts they trained on at every G, and change little or lose on the RL prompts they never saw;
+at large G they see few prompts, so their held-out change follows the unseen prompts, not the trained ones. The
+held-out set also weighs the 1-digit cells, which the RL stream rarely visits, more than the stream does (see
+Setup). The pattern appears for every estimator, so it is a property of a tiny model that transfers little
+between prompts, not a difference between the estimators.
+"""
+
+
+def _gradient_note(by_cell: dict, ests: list[str], gs: list[int], og: int, clip: float) -> str:
+    """How often updates were clipped, and where GRPO+BN's gradient norm is above EBPO's."""
+    clipped = ", ".join(f"{e} {100 * _mean(by_cell, (e, og, 'random'), 'clipped'):.0f}%" for e in ests)
+    text = (
+        f"Share of mini-batch updates whose pre-clip gradient norm exceeded the clip value {clip:g} at G={og}: "
+        f"{clipped}. A clipped update is scaled down to norm {clip:g}, so a higher pre-clip gradient norm "
+        "overstates the size of the applied update."
+    )
+    if {"grpo", "grpo_bn", "ebpo"} <= set(ests):
+        norm = {(e, g): _mean(by_cell, (e, g, "random"), "grad_norm") for e in ("grpo", "grpo_bn", "ebpo") for g in gs}
+        higher = [g for g in gs if norm["grpo_bn", g] > norm["ebpo", g] > norm["grpo", g]]
+        if higher:
+            text += (
+                f" At G = {', '.join(map(str, higher))} the mean pre-clip norm of GRPO+BN is higher than EBPO's, and "
+                "EBPO's higher than GRPO's. GRPO+BN differs from GRPO only in standardising the advantages over the "
+                "batch instead of per group, and from EBPO only in having no shrinkage, so in this toy the higher "
+                "norm comes with the batch standardisation, not with the shrinkage."
+            )
+    return text

@@ -8,7 +8,8 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
      with a fresh uid per prompt per step as ``index``;
   4. ``ppo_mini_batches`` gradient steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
      ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
-     model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``).
+     model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``,
+     and ``clipped``, the fraction of the step's mini-batch updates whose norm exceeded ``grad_clip``).
 """
 
 from __future__ import annotations
@@ -177,8 +178,9 @@ def run_rl(
     cfg: RLConfig,
     probe: ProblemSet | None = None,
 ) -> dict[str, np.ndarray]:
-    """Train a copy of ``base`` with RL; returns per-step metrics and the accuracy curves (exact pass@1 on
-    ``heldout``, and on ``probe``, a fixed sample of the training split, when given)."""
+    """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curves (exact pass@1 on
+    ``heldout``, and on ``probe``, a fixed sample of the training split, when given) and the final model's mean
+    gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it did not."""
     est = ESTIMATORS[cfg.estimator]
     if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", "spo"):  # this package's estimators
         import ebpo_verl
@@ -202,7 +204,17 @@ def run_rl(
     )
     stream = order_stream(train, cfg, base_pass)
     hmask = heldout.target_mask
-    keys = ("reward", "zero_signal", "uniform_groups", "grad_norm", "entropy", "kl_ref", "step_kl", "clipfrac")
+    keys = (
+        "reward",
+        "zero_signal",
+        "uniform_groups",
+        "grad_norm",
+        "clipped",
+        "entropy",
+        "kl_ref",
+        "step_kl",
+        "clipfrac",
+    )
     log: dict[str, list[float]] = {k: [] for k in (*keys, "eval_step", "accuracy", "probe_accuracy", "shrinkage")}
 
     def evaluate(step: int) -> None:
@@ -233,7 +245,7 @@ def run_rl(
         maskf = mask.float()
         with torch.no_grad():
             ref_logp = logprobs_from_logits(ref.response_logits(prompts, responses), responses)
-        stats = {k: [] for k in ("grad_norm", "entropy", "kl_ref", "clipfrac")}
+        stats = {k: [] for k in ("grad_norm", "clipped", "entropy", "kl_ref", "clipfrac")}
         for mb in torch.randperm(len(rewards), generator=gen).chunk(cfg.ppo_mini_batches):
             logits = model.response_logits(prompts[mb], responses[mb])
             logp = logprobs_from_logits(logits, responses[mb])
@@ -244,6 +256,7 @@ def run_rl(
             opt.zero_grad()
             (pg_loss + cfg.kl_coef * kl_loss).backward()
             stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item())
+            stats["clipped"].append(float(stats["grad_norm"][-1] > cfg.grad_clip))  # the update was scaled down
             stats["entropy"].append(agg_loss(entropy_from_logits(logits.detach()), maskf[mb], "token-mean").item())
             stats["kl_ref"].append(kl_loss.item())
             stats["clipfrac"].append(pg_metrics["actor/pg_clipfrac"])
@@ -256,4 +269,11 @@ def run_rl(
             log[k].append(float(np.mean(v)))
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
+    # where the final model gained: on the RL prompts it trained on and on those it never saw (vs the warm start)
+    gain = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy() - base_pass
+    seen = np.zeros(len(train), dtype=bool)
+    seen[stream] = True
+    log["train_seen_gain"] = [float(gain[seen].mean())]
+    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
+    log["train_seen_fraction"] = [float(seen.mean())]
     return {k: np.asarray(v, dtype=float) for k, v in log.items()}

@@ -1,7 +1,8 @@
 """Run a preset's grid: one warm-started base model, then every (estimator, G, order, seed) RL run.
 
 Runs are independent and deterministic for their seed (one torch thread each, a seeded generator, fresh EBPO
-statistics), so they are spread over ``preset.workers`` forked processes and come back in any order.
+statistics), so they are spread over ``preset.workers`` forked processes and come back in any order. Every run
+is saved as soon as it ends, so a rerun of the same command resumes (see ``run_grid``).
 """
 
 from __future__ import annotations
@@ -40,36 +41,102 @@ class Base:
     sft_cpu_seconds: float
 
 
-def prepare_base(preset: Preset) -> Base:
-    """Data splits and the supervised warm start (``preset.sft_steps`` steps)."""
+def prepare_base(preset: Preset, out: Path | None = None) -> Base:
+    """Data splits and the supervised warm start (``preset.sft_steps`` steps). With ``out``, a warm start saved
+    there by an earlier invocation (``base_model.pt`` + ``base.json``) is loaded instead of retrained, and a new
+    one is saved there."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
-    t0, c0 = time.perf_counter(), time.process_time()
-    warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
+    saved = _load_base_info(out) if out is not None else None
+    if saved is not None:
+        model.load_state_dict(torch.load(out / "base_model.pt"))
+        sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
+    else:
+        t0, c0 = time.perf_counter(), time.process_time()
+        warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
+        sft_seconds, sft_cpu = time.perf_counter() - t0, time.process_time() - c0
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
-    return Base(
+    base = Base(
         model=model,
         train=train,
         heldout=heldout,
         probe=probe,
         train_pass=exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy(),
         heldout_pass=exact_pass_at_1(model, heldout.prompts, heldout.targets, heldout.target_mask).numpy(),
-        sft_seconds=time.perf_counter() - t0,
-        sft_cpu_seconds=time.process_time() - c0,
+        sft_seconds=sft_seconds,
+        sft_cpu_seconds=sft_cpu,
     )
+    if out is not None and saved is None:
+        tmp = out / "base_model.pt.tmp"
+        torch.save(model.state_dict(), tmp)
+        os.replace(tmp, out / "base_model.pt")
+        write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
+    return base
+
+
+def _load_base_info(out: Path) -> dict | None:
+    if not (out / "base_model.pt").is_file():
+        return None
+    try:
+        return json.loads((out / "base.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def grid(preset: Preset) -> list[RLConfig]:
-    """Every run of the preset: the main table (random order) and the ordering table, without duplicates."""
-    cells = {(e, g, "random") for e in preset.estimators for g in preset.group_sizes}
-    cells |= {(e, preset.order_group_size, o) for e in preset.order_estimators for o in preset.orders}
+    """Every run of the preset, in table order."""
     return [
         RLConfig(estimator=e, group_size=g, order=o, seed=s, **preset.rl)
-        for e, g, o in sorted(cells)
+        for e, g, o in preset.cells()
         for s in range(preset.seeds)
     ]
+
+
+class StudyDirError(ValueError):
+    """The output directory holds a study with a different configuration."""
+
+
+def claim_out_dir(out: Path, preset: Preset) -> None:
+    """Record the preset's configuration in ``out/study_config.json``, or check that the one there is the same
+    (so that a rerun resumes the same study and never mixes runs of two configurations)."""
+    path, want = out / "study_config.json", preset.fingerprint()
+    if not path.exists():
+        write_json(path, want)
+        return
+    try:
+        have = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise StudyDirError(f"{path} is unreadable ({err}); delete it (and {out / 'runs'}) to start over") from err
+    if have != want:
+        keys = sorted(k for k in {*have, *want} if have.get(k) != want.get(k)) if isinstance(have, dict) else []
+        raise StudyDirError(
+            f"{out} holds a study of preset {have.get('name') if isinstance(have, dict) else '?'!r} with a different "
+            f"configuration (differs in: {', '.join(keys) or 'everything'}); rerun that preset to resume it, or "
+            f"pass a new --out for preset {preset.name!r}"
+        )
+
+
+def run_path(out: Path, cfg: RLConfig) -> Path:
+    return out / "runs" / f"{cfg.estimator}-g{cfg.group_size}-{cfg.order}-s{cfg.seed}.json"
+
+
+def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
+    """The runs of ``jobs`` already saved under ``out/runs`` (a file with another config is not one of them)."""
+    done = {}
+    for cfg in jobs:
+        path = run_path(out, cfg)
+        try:
+            run = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as err:
+            print(f"study: {path} is unreadable ({err}): running it again")
+            continue
+        if run.get("config") == asdict(cfg):
+            done[_key(asdict(cfg))] = run
+    return done
 
 
 _BASE: Base | None = None  # set in the parent before forking; read by the workers
@@ -86,33 +153,42 @@ def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, fl
     return cfg, {k: v.tolist() for k, v in out.items()}, time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_grid(preset: Preset, base: Base, workers: int | None = None) -> list[dict]:
+def run_grid(preset: Preset, base: Base, out: Path, workers: int | None = None) -> tuple[list[dict], int]:
     """All runs of the preset, each as {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
-    "cpu_seconds": CPU time of its process (what a dedicated core would need)}."""
+    "cpu_seconds": CPU time of its process (what a dedicated core would need)}, and how many of them were
+    already saved. Each finished run is saved at once (atomically) as ``out/runs/<cell>-s<seed>.json``, and
+    saved runs are not run again, so an interrupted study resumes where it stopped."""
     global _BASE
     _BASE = base
     jobs = grid(preset)
-    workers = max(1, min(workers or preset.workers, len(jobs)))
-    results = []
-    bar = tqdm(total=len(jobs), desc=f"RL runs ({preset.name}, {workers} proc)", unit="run")
+    done = load_done(out, jobs)
+    todo = [cfg for cfg in jobs if _key(asdict(cfg)) not in done]
+    if done:
+        print(f"resuming: {len(done)} of {len(jobs)} runs already saved in {out / 'runs'}", flush=True)
+    (out / "runs").mkdir(exist_ok=True)
+    results = list(done.values())
+    workers = max(1, min(workers or preset.workers, len(todo) or 1))
+    bar = tqdm(total=len(jobs), initial=len(done), desc=f"RL runs ({preset.name}, {workers} proc)", unit="run")
     if workers == 1:
         _init_worker()
-        it = map(_run_one, jobs)
+        it = map(_run_one, todo)
         pool = None
     else:
         pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
-        it = pool.imap_unordered(_run_one, jobs)
+        it = pool.imap_unordered(_run_one, todo)
     try:
         for cfg, metrics, seconds, cpu in it:
-            results.append({"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu})
+            run = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu}
+            write_json(run_path(out, cfg), run)
+            results.append(run)
             bar.update()
     finally:
         bar.close()
         if pool is not None:
-            pool.close()
+            pool.terminate()
             pool.join()
     position = {_key(asdict(c)): i for i, c in enumerate(jobs)}
-    return sorted(results, key=lambda r: position[_key(r["config"])])
+    return sorted(results, key=lambda r: position[_key(r["config"])]), len(done)
 
 
 def _key(config: dict) -> tuple:
@@ -139,6 +215,8 @@ def describe_base(base: Base) -> dict:
         },
         "n_train": len(base.train),
         "n_heldout": len(base.heldout),
+        "frac_level1_train": float((base.train.level == 1).mean()),
+        "frac_level1_heldout": float((base.heldout.level == 1).mean()),
     }
 
 

@@ -1,0 +1,158 @@
+"""Write the README's CPU-study tables from the study's machine-readable summary.
+
+    python scripts/readme_study_tables.py [--readme README.md] [--check] [NAME=SUMMARY ...]
+
+SUMMARY is the ``summary.json`` that ``python -m ebpo_verl.study`` writes into its output folder (the committed
+copies are docs/study_<preset>.json; default: ``quick=docs/study_quick.json``). The text between
+``<!-- study:NAME:begin -->`` and ``<!-- study:NAME:end -->`` in the README is replaced by NAME's tables.
+``--check`` changes nothing and exits 1 when the README differs from what would be written (0 when it matches).
+Bad input (a missing file or marker, a summary without the expected fields) is one error line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from ebpo_verl.checkpoint import atomic_write_text
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SPECS = ("quick=docs/study_quick.json",)
+
+
+class ReadmeTableError(ValueError):
+    """Bad input: the message names the problem and the fix."""
+
+
+def _cell(summary: dict, estimator: str, g: int) -> dict:
+    for c in summary["cells"]:
+        if c["estimator"] == estimator and c["group_size"] == g and c["order"] == "random":
+            return c
+    raise ReadmeTableError(f"summary of preset {summary['preset']!r} has no cell ({estimator}, G={g}, random)")
+
+
+def _ci(stat: list) -> str:
+    """[mean, half-width, n] -> "0.354 ± 0.006" (the half-width omitted when there is none)."""
+    mean, half, _ = stat
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
+def _duration(seconds: float) -> str:
+    minutes, sec = divmod(round(seconds), 60)
+    return f"{minutes} min {sec} s" if minutes else f"{sec} s"
+
+
+def render(summary: dict) -> str:
+    """The README block for one study summary: final held-out accuracy and the training signal by G."""
+    try:
+        ests, gs = summary["estimators"], summary["group_sizes"]
+        head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
+        accuracy = [
+            f"| {e} | " + " | ".join(_ci(_cell(summary, e, g)["final_accuracy"]) for g in gs) + " |" for e in ests
+        ]
+
+        def signal(e: str, g: int) -> str:
+            c = _cell(summary, e, g)
+            return f"{100 * c['zero_signal'][0]:.0f}% / {c['grad_norm'][0]:.2f} / {100 * c['clipped'][0]:.0f}%"
+
+        dynamics = [f"| {e} | " + " | ".join(signal(e, g) for g in gs) + " |" for e in ests]
+        resumed = summary["resumed_runs"]
+        timing = (
+            f"{_duration(summary['wall_seconds'])} wall time"
+            + (f" (the last invocation; {resumed} runs reused from an earlier one)" if resumed else "")
+            + f", {_duration(summary['cpu_seconds'])} of CPU time"
+        )
+        return f"""Preset `{summary["preset"]}`: {summary["n_runs"]} runs of {summary["steps"]} steps, {timing}
+(torch {summary["torch"]}, one thread per run). Final held-out exact pass@1, mean ± 95% t-interval over
+{summary["seeds"]} seeds (warm start {summary["warm_start_heldout_accuracy"]:.3f}):
+
+{head}
+{chr(10).join(accuracy)}
+
+Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
+updates clipped at norm 1.0:
+
+{head}
+{chr(10).join(dynamics)}
+"""
+    except (KeyError, TypeError, IndexError) as err:
+        raise ReadmeTableError(
+            f"summary of preset {summary.get('preset', '?')!r} lacks field {err}: regenerate it with "
+            "`python -m ebpo_verl.study` and copy its summary.json"
+        ) from err
+
+
+def load_summary(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ReadmeTableError(f"no study summary at {path}: run `python -m ebpo_verl.study` first") from err
+    except (OSError, ValueError) as err:
+        raise ReadmeTableError(f"cannot read study summary {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ReadmeTableError(f"{path} is not a study summary (a JSON object from summary.json)")
+    return data
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    """``text`` with the part between NAME's begin and end markers replaced by ``block``."""
+    begin, end = f"<!-- study:{name}:begin -->", f"<!-- study:{name}:end -->"
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
+    if len(pattern.findall(text)) != 1:
+        raise ReadmeTableError(f"the README needs exactly one {begin} ... {end} pair (on their own lines)")
+    return pattern.sub(lambda _: f"{begin}\n{block}{end}", text)
+
+
+def parse_spec(spec: str) -> tuple[str, Path]:
+    name, sep, path = spec.partition("=")
+    if not sep or not re.fullmatch(r"[a-z0-9_]+", name) or not path:
+        raise ReadmeTableError(f"bad spec {spec!r}: use NAME=SUMMARY, e.g. quick=docs/study_quick.json")
+    return name, Path(path) if Path(path).is_absolute() else ROOT / path
+
+
+def updated_readme(readme: Path, specs: list[str]) -> tuple[str, str]:
+    """(current text, text with every NAME block regenerated)."""
+    try:
+        text = readme.read_text()
+    except OSError as err:
+        raise ReadmeTableError(f"cannot read {readme}: {err.strerror}") from err
+    new = text
+    for spec in specs:
+        name, path = parse_spec(spec)
+        new = replace_block(new, name, render(load_summary(path)))
+    return text, new
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("specs", nargs="*", metavar="NAME=SUMMARY", help=f"default: {' '.join(DEFAULT_SPECS)}")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README is out of date; write nothing")
+    args = parser.parse_args(argv)
+    try:
+        text, new = updated_readme(args.readme, args.specs or list(DEFAULT_SPECS))
+    except ReadmeTableError as err:
+        print(f"readme_study_tables: error: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(
+                f"{args.readme}: study tables out of date; run python scripts/readme_study_tables.py", file=sys.stderr
+            )
+            return 1
+        return 0
+    if new != text:
+        atomic_write_text(args.readme, new)
+    print(f"{args.readme}: study tables {'updated' if new != text else 'already up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
