@@ -1,17 +1,19 @@
 """Prepare every dataset: ``python -m data_prep.all --out-dir DIR [--local-dir DIR] [--template T]``.
 
 With ``--local-dir`` (e.g. ``../shared/data``) each dataset is read from its file there (``LOCAL_FILES``);
-otherwise from the hub. Every dataset is attempted; failures are listed at the end (exit status 1).
+otherwise from the hub. Every dataset is attempted; failures are listed at the end, one
+``python -m data_prep.all: error: <name>: ...`` line each (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from pathlib import Path
 
 from data_prep import DATASETS
-from data_prep.schema import TEMPLATES
+from data_prep.schema import TEMPLATES, DataPrepError
 
 LOCAL_FILES = {
     "dapo_math": "dapo_math_sample.jsonl",
@@ -31,19 +33,37 @@ def prepare_all(
     skip_invalid: bool = False,
     names: tuple[str, ...] = DATASETS,
 ) -> dict[str, Path]:
-    """Run each dataset's ``prepare``; returns name -> parquet path, raises listing every failure."""
+    """Run each dataset's ``prepare``; returns name -> parquet path.
+
+    Raises :class:`PrepareAllError` (``failed``: name -> one-line message) after attempting every dataset.
+    """
+    if local_dir is not None and not Path(local_dir).is_dir():
+        raise DataPrepError(f"--local-dir {local_dir} does not exist or is not a folder")
     written, failed = {}, {}
     for name in names:
         module = importlib.import_module(f"data_prep.{name}")
         local = None if local_dir is None else Path(local_dir) / LOCAL_FILES[name]
+        if local is not None and not local.exists():
+            failed[name] = f"--local-dir {local_dir} has no {LOCAL_FILES[name]}"
+            continue
         try:
             written[name] = module.prepare(out_dir, local_path=local, template=template, skip_invalid=skip_invalid)
         except Exception as e:  # keep going: report all failures together
-            failed[name] = f"{type(e).__name__}: {e}"
+            message = " ".join(str(e).split())
+            failed[name] = message if isinstance(e, ValueError | OSError) else f"{type(e).__name__}: {message}"
     if failed:
-        lines = "\n".join(f"  {n}: {msg}" for n, msg in failed.items())
-        raise RuntimeError(f"{len(failed)} of {len(names)} datasets failed:\n{lines}")
+        raise PrepareAllError(failed, len(names))
     return written
+
+
+class PrepareAllError(RuntimeError):
+    """Some datasets failed; ``failed`` maps each to its one-line message."""
+
+    def __init__(self, failed: dict[str, str], attempted: int):
+        super().__init__(
+            f"{len(failed)} of {attempted} datasets failed: " + "; ".join(f"{n}: {m}" for n, m in failed.items())
+        )
+        self.failed = failed
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
@@ -56,8 +76,12 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     args = parser.parse_args(argv)
     try:
         return prepare_all(args.out_dir, args.local_dir, args.template, args.skip_invalid, tuple(args.only))
-    except RuntimeError as e:
-        raise SystemExit(str(e)) from None
+    except PrepareAllError as e:
+        for name, message in e.failed.items():
+            print(f"{parser.prog}: error: {name}: {message}", file=sys.stderr)
+    except DataPrepError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -27,14 +27,14 @@ def convert(row: dict[str, Any], i: int) -> Example:
             raise InvalidRowError("prompt", "no user message")
         content = users[-1].get("content") or ""
     else:
-        raise InvalidRowError("prompt", "missing or empty (expected a list of chat messages)")
+        raise InvalidRowError("prompt", "missing or empty (expected a list of chat messages)", columns=("prompt",))
     problem = strip_dapo_wrapper(str(content))
     if not problem:
         raise InvalidRowError("prompt", "empty problem")
     reward_model = row.get("reward_model")
     answer = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
     if answer is None or not str(answer).strip():
-        raise InvalidRowError("reward_model.ground_truth", "missing or empty")
+        raise InvalidRowError("reward_model.ground_truth", "missing or empty", columns=("reward_model",))
     extra = row.get("extra_info")
     index = extra.get("index") if isinstance(extra, dict) else None
     return Example(problem=problem, answer=str(answer).strip(), source_id=str(i if index is None else index))

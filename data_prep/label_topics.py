@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.schema import bare_problem, read_prepared, with_extra_info, write_parquet_atomic
+from data_prep.schema import bare_problem, one_line_errors, read_prepared, with_extra_info, write_parquet_atomic
 
 UMAP_NEIGHBORS, UMAP_COMPONENTS, UMAP_METRIC = 15, 5, "cosine"
 
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     a = parser.parse_args(argv)
-    return label_topics(a.in_path, a.out_path, a.k, a.seed, a.umap, a.batch_size, a.device)
+    with one_line_errors(parser.prog):
+        return label_topics(a.in_path, a.out_path, a.k, a.seed, a.umap, a.batch_size, a.device)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def convert(row: dict[str, Any], i: int) -> Example:
         problem += f"\n\nThe unit of the answer is {str(unit).strip()}."
     answer = pick(row, ("final_answer", "answer"))
     if answer is None:
-        raise InvalidRowError("final_answer", "missing")
+        raise InvalidRowError("final_answer", "missing", columns=("final_answer", "answer"))
     subfield = pick(row, ("subfield",))
     return Example(
         problem=problem,

@@ -20,10 +20,11 @@ prompt and ground truth from them (OlympiadBench: ``question`` only and the firs
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
+import contextlib
+import json
+import sys
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
+
+from ebpo_verl.atomic import atomic_write
 
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -63,12 +66,20 @@ SCHEMA = pa.schema(
 )
 
 
-class InvalidRowError(ValueError):
-    """A source row that cannot become a training/evaluation example."""
+class DataPrepError(ValueError):
+    """Bad input to a preparer (file, folder, schema, row); the command line prints it as one error line."""
 
-    def __init__(self, field: str, reason: str):
+
+class InvalidRowError(ValueError):
+    """A source row that cannot become a training/evaluation example.
+
+    ``columns``: the source columns the field is read from, when it is missing; if the file has none of them
+    the whole file, not the row, is wrong (see :func:`build_rows`).
+    """
+
+    def __init__(self, field: str, reason: str, columns: tuple[str, ...] = ()):
         super().__init__(f"{field}: {reason}")
-        self.field, self.reason = field, reason
+        self.field, self.reason, self.columns = field, reason, columns
 
 
 @dataclass
@@ -105,26 +116,84 @@ def strip_dapo_wrapper(content: str) -> str:
     return text.strip()
 
 
-def read_local(path: str | Path) -> pd.DataFrame:
-    """A local copy in the hub schema: ``.jsonl``, ``.json`` (records list) or ``.parquet``.
+LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def read_local(path: str | Path, split: str) -> pd.DataFrame:
+    """A local copy in the hub schema: a ``.jsonl``, ``.json`` (records list) or ``.parquet`` file, or a dataset
+    folder as the hub serves it (e.g. ``huggingface-cli download --repo-type dataset ID --local-dir DIR``): the
+    files of its ``split`` split (told by file names, as ``datasets`` infers splits), or of its only split.
 
     Values keep their types (``"025"`` stays a string); a stray pandas ``__index_level_0__`` column is
-    dropped.
+    dropped. Unreadable input raises :class:`DataPrepError` naming the file (and line, for JSON).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--local-path {path} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        df = pd.read_parquet(path)
-    elif suffix in (".jsonl", ".json"):
+    if path.is_dir():
+        df = _read_folder(path, split)
+    elif not path.is_file():
+        raise DataPrepError(f"local copy {path} does not exist")
+    elif path.suffix.lower() == ".parquet":
         try:
-            df = pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
-        except ValueError as e:
-            raise ValueError(f"{path}: not valid {suffix[1:]} ({e}); expected one JSON object per row") from e
+            df = pd.read_parquet(path)
+        except (pa.ArrowException, OSError) as e:
+            raise DataPrepError(f"{path} is not a readable parquet file (truncated or corrupt?): {e}") from None
+    elif path.suffix.lower() == ".jsonl":
+        df = pd.DataFrame(_read_jsonl(path))
+    elif path.suffix.lower() == ".json":
+        df = pd.DataFrame(_read_json(path))
     else:
-        raise ValueError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
+        raise DataPrepError(
+            f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet (or a dataset folder)"
+        )
     return df.drop(columns=[c for c in df.columns if c.startswith("__index_level_")])
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataPrepError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(record, dict):
+                raise DataPrepError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+            records.append(record)
+    return records
+
+
+def _read_json(path: Path) -> list[dict[str, Any]] | dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataPrepError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+    if isinstance(data, list) and all(isinstance(r, dict) for r in data) or isinstance(data, dict):
+        return data
+    raise DataPrepError(f"{path}: expected a list of JSON objects (one per row)")
+
+
+def _read_folder(path: Path, split: str) -> pd.DataFrame:
+    """The ``split`` files of a dataset folder (split from file names, as ``datasets`` infers it), concatenated."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    reason = f"no {', '.join(LOCAL_SUFFIXES)} files"
+    try:
+        found = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
+    except FileNotFoundError as e:  # datasets' EmptyDatasetError
+        found, reason = {}, str(e)
+    splits = {str(k): sorted(f for f in v if Path(f).suffix.lower() in LOCAL_SUFFIXES) for k, v in found.items()}
+    splits = {k: v for k, v in splits.items() if v}
+    if not splits:
+        raise DataPrepError(
+            f"{path} is a folder without a dataset ({reason}); pass a .jsonl, .json or .parquet file, or a folder of "
+            "such files"
+        )
+    if split not in splits and len(splits) != 1:
+        raise DataPrepError(f"dataset folder {path} has splits {sorted(splits)} but no {split!r}; pass the file itself")
+    files = splits.get(split) or next(iter(splits.values()))
+    return pd.concat([read_local(f, split) for f in files], ignore_index=True)
 
 
 def load_hub(repo_id: str, split: str, config: str | None = None, revision: str | None = None) -> pd.DataFrame:
@@ -144,7 +213,7 @@ def load_source(
 ) -> pd.DataFrame:
     """``local_path`` when given, else the pinned hub dataset."""
     if local_path is not None:
-        return read_local(local_path)
+        return read_local(local_path, split)
     return load_hub(repo_id, split, config, revision)
 
 
@@ -162,7 +231,7 @@ def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None 
     value = pick(row, names)
     field = field or "/".join(names)
     if value is None:
-        raise InvalidRowError(field, f"missing (looked for columns {list(names)})")
+        raise InvalidRowError(field, f"missing (looked for columns {list(names)})", columns=names)
     text = str(value).strip()
     if not text:
         raise InvalidRowError(field, "empty")
@@ -181,8 +250,10 @@ def build_rows(
 ) -> tuple[list[dict[str, Any]], int, int]:
     """Convert every source row; returns (verl rows, number skipped as invalid, number of duplicates).
 
-    An invalid row raises ``ValueError`` naming the file, the 0-based row number, the field and the fix,
-    unless ``skip_invalid``, which drops it. With ``dedupe`` only the first row of each problem text
+    An invalid row raises ``DataPrepError`` naming the file, the 0-based row number, the field and the fix,
+    unless ``skip_invalid``, which drops it. A field whose source columns the file lacks altogether is a schema
+    mismatch of the whole file (expected vs found columns), raised even with ``skip_invalid``.
+    With ``dedupe`` only the first row of each problem text
     (whitespace-normalised) is kept.
     """
     if template not in TEMPLATES:
@@ -193,10 +264,15 @@ def build_rows(
         try:
             ex = convert(record, i)
         except InvalidRowError as e:
+            if e.columns and not set(e.columns) & set(df.columns):
+                raise DataPrepError(
+                    f"{name}: the columns of {source} do not match the expected schema: {e.field} is read from "
+                    f"column {' or '.join(map(repr, e.columns))}, found columns {list(map(str, df.columns))}"
+                ) from None
             if skip_invalid:
                 skipped += 1
                 continue
-            raise ValueError(
+            raise DataPrepError(
                 f"{name}: invalid row {i} (0-based) of {source}: field {e.field}: {e.reason}. "
                 "Fix the source row or pass --skip-invalid to drop such rows."
             ) from None
@@ -229,23 +305,13 @@ def build_rows(
 
 
 def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
-    """Write ``table`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.atomic.atomic_write`: mode 0666 less the umask).
 
     A failure at any point leaves no file (and no partial file) at ``path``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(table, pd.DataFrame):
         table = pa.Table.from_pandas(table, preserve_index=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int, duplicates: int, out: Path) -> str:
@@ -293,7 +359,7 @@ class Dataset:
             self.name, df, self.convert, self.split, template, skip_invalid, source, self.dedupe
         )
         if not rows:
-            raise ValueError(f"{self.name}: no valid rows in {source}")
+            raise DataPrepError(f"{self.name}: no valid rows in {source}")
         out = write_parquet_atomic(pa.Table.from_pylist(rows, schema=SCHEMA), Path(out_dir) / f"{self.name}.parquet")
         print(summarize(self.name, len(df), rows, skipped, duplicates, out))
         return out
@@ -307,18 +373,33 @@ def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) 
     """``python -m data_prep.<name> --out-dir DIR [--local-path FILE] [--template T] [--skip-invalid]``."""
     parser = argparse.ArgumentParser(prog=f"python -m data_prep.{name}", description=prepare.__doc__)
     parser.add_argument("--out-dir", required=True, help=f"folder for {name}.parquet")
-    parser.add_argument("--local-path", default=None, help="local copy (jsonl/json/parquet, hub schema)")
+    parser.add_argument(
+        "--local-path", default=None, help="local copy in the hub schema: a jsonl/json/parquet file or a dataset folder"
+    )
     parser.add_argument("--template", choices=TEMPLATES, default="dapo", help="prompt template")
     parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of stopping")
     parser.add_argument("--revision", default=None, help="hub revision (commit/tag) to pin; default: main")
     args = parser.parse_args(argv)
-    return prepare(
-        args.out_dir,
-        local_path=args.local_path,
-        template=args.template,
-        skip_invalid=args.skip_invalid,
-        revision=args.revision,
-    )
+    with one_line_errors(parser.prog):
+        return prepare(
+            args.out_dir,
+            local_path=args.local_path,
+            template=args.template,
+            skip_invalid=args.skip_invalid,
+            revision=args.revision,
+        )
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """Report bad input (``ValueError``: ours, pyarrow's, ...; ``OSError``: files, network) as one line
+    ``PROG: error: ...`` on stderr with exit status 2, as argparse does for bad arguments."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def bare_problem(content: str) -> str:
@@ -332,10 +413,13 @@ def read_prepared(path: str | Path) -> pa.Table:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m data_prep.<name>)")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataPrepError(f"{path} is not a readable parquet file (truncated or corrupt?): {e}") from None
     missing = [c for c in SCHEMA.names if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing}; expected a file written by data_prep")
+        raise DataPrepError(f"{path}: missing columns {missing}; expected a file written by data_prep")
     return table
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -232,13 +234,172 @@ def test_hub_loading_uses_pinned_ids(monkeypatch, tmp_path):
     assert _read(out).reward_model[0]["ground_truth"] == "27"
 
 
-def test_cli_and_bad_local_path(shared_data, tmp_path):
+def test_cli_reads_a_file_or_a_dataset_folder(shared_data, tmp_path):
     out = aime2025.main(
         ["--out-dir", str(tmp_path), "--local-path", str(shared_data / "aime2025.jsonl"), "--template", "boxed"]
     )
     assert out == tmp_path / "aime2025.parquet" and len(_read(out)) == 30
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        aime2025.prepare(tmp_path, local_path=tmp_path / "missing.jsonl")
-    (tmp_path / "x.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match="unsupported file type"):
-        aime2025.prepare(tmp_path, local_path=tmp_path / "x.csv")
+    from_file = _read(out)
+
+    # a folder with one data file (any name): its rows
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "aime.jsonl").write_text((shared_data / "aime2025.jsonl").read_text())
+    out = aime2025.main(
+        ["--out-dir", str(tmp_path / "b"), "--local-path", str(tmp_path / "one"), "--template", "boxed"]
+    )
+    pd.testing.assert_frame_equal(_read(out), from_file)
+
+    # a folder as `huggingface-cli download --local-dir` leaves it: the split is told by file names, as `datasets`
+    # does; amc23's hub split is "test"
+    folder = tmp_path / "snapshot" / "data"
+    folder.mkdir(parents=True)
+    (folder / "test-00000.jsonl").write_text((shared_data / "amc23.jsonl").read_text())
+    (folder / "train.jsonl").write_text((shared_data / "math500.jsonl").read_text())  # another split: not read
+    out = amc23.main(["--out-dir", str(tmp_path / "c"), "--local-path", str(folder.parent)])
+    pd.testing.assert_frame_equal(_read(out), _read(amc23.prepare(tmp_path / "d", shared_data / "amc23.jsonl")))
+    assert len(_read(out)) == 40
+
+
+def _cli(module, capsys, *args: str) -> tuple[int, list[str]]:
+    """``python -m data_prep.<module> ARGS`` in this process: (exit status, stderr lines)."""
+    with pytest.raises(SystemExit) as exit_:
+        module.main(list(args))
+    return exit_.value.code, capsys.readouterr().err.splitlines()
+
+
+def _bad_inputs(tmp_path: Path, shared_data: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (--local-path for math500, the exact error after ``python -m data_prep.math500: error: ``)."""
+    bad_line = tmp_path / "bad.jsonl"
+    bad_line.write_text('{"problem": "1+1", "answer": "2"}\n\n{"problem": "x", answer}\n')
+    not_object = tmp_path / "list.jsonl"
+    not_object.write_text('{"problem": "1+1", "answer": "2"}\n[1, 2]\n')
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('[{"problem": "1+1",\n "answer": 2,}]')
+    wrong = _write_jsonl(tmp_path / "wrong.jsonl", [{"question": "1+1", "solution": "2"}] * 3)
+    parquet = tmp_path / "m.parquet"
+    pd.read_json(shared_data / "math500.jsonl", lines=True, dtype=False).to_parquet(parquet)
+    truncated = tmp_path / "cut.parquet"
+    truncated.write_bytes(parquet.read_bytes()[:20000])
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b\n")
+    empty = tmp_path / "empty_folder"
+    empty.mkdir()
+    return {
+        "missing": (tmp_path / "missing.jsonl", f"local copy {tmp_path / 'missing.jsonl'} does not exist"),
+        "csv": (csv, f"{csv}: unsupported file type '.csv'; use .jsonl, .json or .parquet (or a dataset folder)"),
+        "jsonl-line": (
+            bad_line,
+            f"{bad_line}, line 3: not valid JSON (Expecting property name enclosed in double quotes, column 18)",
+        ),
+        "jsonl-not-object": (not_object, f"{not_object}, line 2: expected a JSON object, got list"),
+        "json": (
+            bad_json,
+            f"{bad_json}, line 2: not valid JSON (Expecting property name enclosed in double quotes, column 14)",
+        ),
+        "schema": (
+            wrong,
+            f"math500: the columns of {wrong} do not match the expected schema: answer is read from column "
+            "'answer', found columns ['question', 'solution']",
+        ),
+        "truncated": (
+            truncated,
+            f"{truncated} is not a readable parquet file (truncated or corrupt?): Could not open Parquet input source "
+            f"'{truncated}': Parquet magic bytes not found in footer. Either the file is corrupted or this is not a "
+            "parquet file.",
+        ),
+        "empty-folder": (
+            empty,
+            f"{empty} is a folder without a dataset (The directory at {empty} doesn't contain any data files); pass "
+            "a .jsonl, .json or .parquet file, or a folder of such files",
+        ),
+    }
+
+
+BAD_INPUTS = ["missing", "csv", "jsonl-line", "jsonl-not-object", "json", "schema", "truncated", "empty-folder"]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_cli_bad_input_is_one_line_exit_2(shared_data, tmp_path, capsys, case):
+    path, message = _bad_inputs(tmp_path, shared_data)[case]
+    for extra in ([], ["--skip-invalid"]):  # a whole-file problem is not a row problem: no --skip-invalid advice
+        code, err = _cli(math500, capsys, "--out-dir", str(tmp_path / "out"), "--local-path", str(path), *extra)
+        assert (code, err) == (2, [f"python -m data_prep.math500: error: {message}"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_invalid_row_suggests_skip_invalid(tmp_path, capsys):
+    src = _write_jsonl(tmp_path / "amc.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": " ", "answer": "3"}])
+    code, err = _cli(amc23, capsys, "--out-dir", str(tmp_path), "--local-path", str(src))
+    assert (code, err) == (
+        2,
+        [
+            f"python -m data_prep.amc23: error: amc23: invalid row 1 (0-based) of {src}: field problem: empty. "
+            "Fix the source row or pass --skip-invalid to drop such rows."
+        ],
+    )
+
+
+def test_cli_error_through_python_m_has_no_traceback(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "data_prep.math500", "--out-dir", str(tmp_path), "--local-path", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        f"python -m data_prep.math500: error: {bad}, line 1: not valid JSON (Expecting property name enclosed in "
+        "double quotes, column 2)"
+    ]
+
+
+def test_all_local_dir_errors_name_local_dir(shared_data, tmp_path, capsys):
+    from data_prep import all as prep_all
+
+    missing = tmp_path / "nowhere"
+    code, err = _cli(prep_all, capsys, "--out-dir", str(tmp_path / "out"), "--local-dir", str(missing))
+    assert (code, err) == (
+        2,
+        [f"python -m data_prep.all: error: --local-dir {missing} does not exist or is not a folder"],
+    )
+
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "amc23.jsonl").write_text((shared_data / "amc23.jsonl").read_text())
+    (partial / "aime2025.jsonl").write_text("{bad\n")
+    args = ["--out-dir", str(tmp_path / "out"), "--local-dir", str(partial), "--only", "amc23", "aime2024", "aime2025"]
+    code, err = _cli(prep_all, capsys, *args)
+    assert (code, err) == (
+        2,
+        [
+            f"python -m data_prep.all: error: aime2024: --local-dir {partial} has no aime2024.jsonl",
+            f"python -m data_prep.all: error: aime2025: {partial / 'aime2025.jsonl'}, line 1: not valid JSON "
+            "(Expecting property name enclosed in double quotes, column 2)",
+        ],
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["amc23.parquet"]  # the others still ran
+
+
+UMASK_WRITE = """
+import os, sys
+os.umask(int(sys.argv[1], 8))
+from ebpo_verl.atomic import atomic_write_text
+from data_prep import math500
+math500.prepare(sys.argv[2], local_path=sys.argv[3])
+atomic_write_text(os.path.join(sys.argv[2], "note.txt"), "x")
+"""
+
+
+@pytest.mark.parametrize(("umask", "mode"), [("022", 0o644), ("077", 0o600), ("002", 0o664)])
+def test_outputs_follow_the_umask(shared_data, tmp_path, umask, mode):
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-c", UMASK_WRITE, umask, str(out), str(shared_data / "math500.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {"math500.parquet": mode, "note.txt": mode}
