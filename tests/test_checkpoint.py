@@ -190,11 +190,99 @@ def test_checkpoint_state_file_round_trip_atomic_and_checked(tmp_path):
 
     with pytest.raises(ValueError, match="written at global step 4, not 5"):
         load_ebpo_state(tmp_path, EBPOState(), options, global_step=5)
-    with pytest.warns(RuntimeWarning, match="decay: 1.0 -> 0.5"):
-        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.5), global_step=4)
     path.write_text(path.read_text()[:40])
     with pytest.raises(ValueError, match="unreadable"):
         load_ebpo_state(tmp_path, EBPOState(), options, global_step=4)
+
+
+def _corrupt_state(payload: dict, how: str) -> str:
+    if how == "truncated":
+        return json.dumps(payload)[:-30]
+    if how == "list":
+        return "[1, 2]"
+    if how == "negative-count":
+        payload["state"]["global"]["rewards"][0] = -6.0
+    if how == "short-entry":
+        payload["state"]["global"]["group_means"] = [3.0, 0.5]
+    if how == "non-finite":
+        payload["state"]["global"]["rewards"][2] = float("inf")  # json writes Infinity
+    if how == "bad-options":
+        payload["options"] = ["decay"]
+    return json.dumps(payload)
+
+
+@pytest.mark.parametrize("how", ["truncated", "list", "negative-count", "short-entry", "non-finite", "bad-options"])
+def test_checkpoint_corrupt_state_file_stops_the_resume_with_its_path(tmp_path, how):
+    path = save_ebpo_state(tmp_path, _filled_state(), EBPOOptions(), global_step=4)
+    path.write_text(_corrupt_state(json.loads(path.read_text()), how))
+    state = _filled_state()
+    with pytest.raises(ValueError, match=rf"EBPO state file {path} is unreadable"):
+        load_ebpo_state(tmp_path, state, EBPOOptions(), global_step=4)
+    assert state.prompts_seen == 0  # nothing half-loaded
+
+
+def test_checkpoint_option_mismatch_error_lists_each_change_and_the_ways_out(tmp_path):
+    saved = EBPOOptions(decay=0.9, cluster_key="topic", stats_scope="history")
+    path = save_ebpo_state(tmp_path, _filled_state(), saved, global_step=4)
+    now = EBPOOptions(decay=0.5, cluster_key="source", stats_scope="batch", prior="beta_binomial")
+    with pytest.raises(ValueError) as err:
+        load_ebpo_state(tmp_path, EBPOState(), now, global_step=4)
+    msg = str(err.value)
+    for change in (
+        "decay: 0.9 -> 0.5",
+        "cluster_key: 'topic' -> 'source'",
+        "stats_scope: 'history' -> 'batch'",
+        "prior: 'gaussian' -> 'beta_binomial'",
+    ):
+        assert change in msg
+    assert str(path) in msg and "sigma2" not in msg
+    for way in (
+        "algorithm.ebpo.decay=0.9 algorithm.ebpo.cluster_key=topic",
+        "on_resume_mismatch=reset",
+        "on_resume_mismatch=keep",
+    ):
+        assert way in msg
+
+
+def test_checkpoint_option_mismatch_reset_and_keep(tmp_path):
+    filled = _filled_state()
+    save_ebpo_state(tmp_path, filled, EBPOOptions(sigma2="total"), global_step=4)
+    state = EBPOState()
+    with pytest.warns(RuntimeWarning, match=r"sigma2: 'total' -> 'within'.*start FRESH"):
+        assert not load_ebpo_state(tmp_path, state, EBPOOptions(sigma2="within", on_resume_mismatch="reset"), 4)
+    assert state.state_dict() == EBPOState().state_dict()
+    with pytest.warns(RuntimeWarning, match=r"sigma2: 'total' -> 'within'.*on_resume_mismatch=keep"):
+        assert load_ebpo_state(tmp_path, state, EBPOOptions(sigma2="within", on_resume_mismatch="keep"), 4)
+    assert state.state_dict() == filled.state_dict()
+
+
+def test_checkpoint_on_resume_mismatch_itself_and_missing_keys_are_no_mismatch(tmp_path, recwarn):
+    path = save_ebpo_state(tmp_path, _filled_state(), EBPOOptions(on_resume_mismatch="keep"), global_step=4)
+    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(on_resume_mismatch="error"), global_step=4)
+    payload = json.loads(path.read_text())
+    for key in ("on_resume_mismatch", "epsilon", "min_cluster_prompts"):  # an older checkpoint: defaults
+        del payload["options"][key]
+    path.write_text(json.dumps(payload))
+    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(), global_step=4)
+    assert not [w for w in recwarn if "EBPO" in str(w.message)]
+    with pytest.raises(ValueError, match=r"min_cluster_prompts: 64 -> 8"):
+        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(min_cluster_prompts=8), global_step=4)
+
+
+def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path):
+    ebpo_verl.get_state().reset()
+    first = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.9"))
+    _run(first, range(1, 3))
+    first.global_steps = 2
+    first._save_checkpoint()
+    resumed = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.8"))
+    with pytest.raises(ValueError, match=r"decay: 0.9 -> 0.8.*on_resume_mismatch=reset"):
+        resumed._load_checkpoint()
+    assert ebpo_verl.get_state().prompts_seen == 0
+    kept = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.8", "algorithm.ebpo.on_resume_mismatch=keep"))
+    with pytest.warns(RuntimeWarning, match="on_resume_mismatch=keep"):
+        kept._load_checkpoint()
+    assert ebpo_verl.get_state().prompts_seen == 2 * PROMPTS
 
 
 def test_checkpoint_metrics_log_survives_resume(tmp_path):
