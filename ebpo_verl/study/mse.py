@@ -127,7 +127,17 @@ def findings(rows: list[dict]) -> str:
     est = list(ESTIMATOR_VARIANTS)
     above = [(e, r) for r in rows for e in est if r[e] > 1]
     below = [(e, r) for r in rows for e in est if r[e] < r["closed_form"]]
-    where = lambda pairs: "; ".join(f"{e}: {r['distribution']} G={r['G']}" for e, r in pairs)  # noqa: E731
+
+    def where(pairs: list[tuple[str, dict]]) -> str:
+        """ "est: dist G=2, 4; dist G=8; est2: ..." in the order of the rows."""
+        grouped: dict[str, dict[str, list[int]]] = {}
+        for e, r in pairs:
+            grouped.setdefault(e, {}).setdefault(r["distribution"], []).append(r["G"])
+        return "; ".join(
+            f"{e}: " + ", ".join(f"{d} G={', '.join(map(str, gs))}" for d, gs in by_dist.items())
+            for e, by_dist in grouped.items()
+        )
+
     text = (
         f"In {len(rows) * len(est) - len(above) - len(below)} of the {len(rows) * len(est)} estimator cells the ratio "
         "lies between the optimum 1 - S and 1 (the estimated S misses the optimum but still beats the group mean)."
@@ -165,7 +175,8 @@ the sampling noise sigma^2/G): the first makes S too large where prompts differ 
 too small where they differ little (concentrated). "ebpo debiased tau^2" (`tau2=debiased`) subtracts the
 sampling noise, sigma^2 mean(1/G) with the same total sigma^2, from tau^2 (floored at 0): near the optimum
 where tau^2 is small, but with the total sigma^2 it over-corrects where tau^2 is large (U-shaped: far above 1).
-"ebpo within sigma^2" (`sigma2=within`) uses the within-prompt variance with the raw tau^2 (S a little too small).
+"ebpo within sigma^2" (`sigma2=within`) uses the within-prompt variance with the raw tau^2 (S too small, most
+where tau^2 is small).
 
 {findings(rows)}
 

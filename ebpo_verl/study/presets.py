@@ -26,7 +26,8 @@ class Preset:
     orders: tuple[str, ...] = ORDERS
     topics: tuple[str, ...] = TOPICS
     policy: PolicyConfig = PolicyConfig()
-    # per (topic, level) cell; held-out and RL prompts in the same proportions (1-digit cells are small)
+    # prompts per (topic, level) cell; a 1-digit cell has fewer distinct problems and gives each split what it
+    # can, so 1-digit cells weigh more in the held-out split than in the RL split
     split_sizes: dict = field(default_factory=lambda: {"heldout": 50, "train": 300, "sft": 5000})
     sft_steps: int = 1000
     misconception: float = 0.5
@@ -58,7 +59,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # About half a minute: the test suite's end-to-end run (two estimators, two group sizes, two seeds, two
+    # About 40 s: the test suite's end-to-end run (two estimators, two group sizes, two seeds, two
     # topics). The warm start is the quick preset's model size on two topics; its RL runs are only 8 steps.
     "tiny": Preset(
         name="tiny",
@@ -74,7 +75,7 @@ PRESETS: dict[str, Preset] = {
         rl={"steps": 8, "responses_per_step": 64, "lr": 3e-4, "eval_every": 4},
         workers=1,
     ),
-    # The default (< 5 min on 2 cores): GRPO, GRPO+BN, EBPO and EBPO as released (batch statistics) at
+    # The default (about 3 min on 2 idle cores): GRPO, GRPO+BN, EBPO and EBPO as released (batch statistics) at
     # G in {2, 4, 8, 16}, 5 seeds; the ordering table for grpo and ebpo at G = 4. 100 runs.
     "quick": Preset(
         name="quick",

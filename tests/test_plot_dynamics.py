@@ -1,0 +1,39 @@
+"""scripts/plot_dynamics.py: every run in a legend is drawn (one logged step as a marker); integer step ticks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import plot_dynamics  # noqa: E402
+
+
+def test_one_step_run_is_drawn_as_a_marker_and_ticks_are_integers():
+    runs = {
+        "long": {1: {"actor/grad_norm": 0.5}, 2: {"actor/grad_norm": 0.7}, 3: {"actor/grad_norm": 0.6}},
+        "one step": {2: {"actor/grad_norm": 1.4}},
+        "other metric only": {1: {"actor/entropy": 0.3}},
+    }
+    fig, ax = plt.subplots()
+    try:
+        plot_dynamics._draw(ax, runs, "actor/grad_norm", window=1)
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {"long", "one step"}  # a run without the metric is neither drawn nor listed
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["long", "one step"]
+        one = lines["one step"]
+        assert list(one.get_xdata()) == [2] and list(one.get_ydata()) == [1.4]
+        assert one.get_marker() == "o"  # a single point is visible only as a marker
+        assert lines["long"].get_marker() in ("None", None, "")
+        ax.set_xlim(1, 3)
+        fig.canvas.draw()
+        ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks  # no 1.5, 2.5
+    finally:
+        plt.close(fig)
