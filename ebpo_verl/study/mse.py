@@ -129,7 +129,7 @@ def findings(rows: list[dict]) -> str:
     below = [(e, r) for r in rows for e in est if r[e] < r["closed_form"]]
 
     def where(pairs: list[tuple[str, dict]]) -> str:
-        """ "est: dist G=2, 4; dist G=8; est2: ..." in the order of the rows."""
+        """The cells grouped by estimator, then distribution: ``est: dist G=2, 4, other G=8; est2: ...``."""
         grouped: dict[str, dict[str, list[int]]] = {}
         for e, r in pairs:
             grouped.setdefault(e, {}).setdefault(r["distribution"], []).append(r["G"])
