@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -168,3 +170,40 @@ def test_generate_without_vllm_gives_clear_error(small_parquet, tmp_path):
         pass
     with pytest.raises(SystemExit, match="vLLM is not importable.*--pass-rates"):
         epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "g.parquet"), "--model", "/nonexistent"])
+
+
+LABEL_UNDER_UMASK_022 = """
+import os, sys
+os.umask(0o022)
+from data_prep.label_topics import main
+main(sys.argv[1:])
+"""
+
+
+def test_label_topics_output_is_0644_under_umask_022(small_parquet, tmp_path):
+    out = tmp_path / "labelled.parquet"
+    args = ["--in", str(small_parquet), "--out", str(out), "--k", "3", "--no-umap"]
+    run = subprocess.run([sys.executable, "-c", LABEL_UNDER_UMASK_022, *args], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+    assert len(pd.read_parquet(out)) == 40
+
+
+def test_label_topics_bad_input_is_one_line_exit_2(small_parquet, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(small_parquet.read_bytes()[:-100])
+    with pytest.raises(pa.ArrowInvalid) as arrow:  # pyarrow's own words for the file, independently
+        pq.read_table(cut)
+    missing = tmp_path / "missing.parquet"
+    for path, message in [
+        (cut, f"{cut} is not a readable parquet file (truncated or corrupt?): {arrow.value}"),
+        (missing, f"{missing} does not exist; prepare it first (python -m data_prep.<name>)"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            lt.main(["--in", str(path), "--out", str(tmp_path / "out.parquet")])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [f"python -m data_prep.label_topics: error: {message}"]
+    assert not (tmp_path / "out.parquet").exists()
