@@ -1,9 +1,12 @@
 """Per-problem pass rate of a base model, the paper's difficulty signal for the easy-to-hard curriculum
 (arXiv 2602.05165, Sec. 5.4: 16 rollouts per problem at temperature 1.0). Writes ``extra_info.pass_rate``.
 
-Generate and grade (GPU machine with vLLM)::
+Generate and grade (GPU machine with vLLM: one engine per GPU of the node, ``ebpo_verl.evaluate.engines``)::
 
     python -m data_prep.estimate_pass_rate --model PATH --in F.parquet --out F2.parquet --n 16 --temperature 1.0
+
+Samples are appended to ``--generations`` (default ``F2.parquet.generations.jsonl``) as they finish, so a
+re-run after a crash generates only what is missing. ``--engine hf`` generates with Hugging Face on CPU (tests).
 
 Merge rates computed elsewhere (no GPU needed)::
 
@@ -21,14 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+from tqdm import tqdm
 
 from data_prep.schema import read_prepared, with_extra_info, write_parquet_atomic
+from ebpo_verl.evaluate import engines
+from ebpo_verl.evaluate.generations import GenerationsFile
+from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.reward import compute_score
 
 
@@ -53,28 +61,51 @@ def grade(
         return list(ex.map(one, range(len(responses))))
 
 
-def generate(
-    model: str,
-    prompts: list[list[dict]],
-    n: int,
-    temperature: float,
-    top_p: float,
-    max_tokens: int,
-    seed: int,
-    tensor_parallel_size: int,
-) -> list[list[str]]:
-    """``n`` sampled completions per chat prompt with vLLM (imported here: GPU machines only)."""
-    try:
-        from vllm import LLM, SamplingParams
-    except ImportError as e:
-        raise SystemExit(
-            f"vLLM is not importable ({e}). Generation needs a GPU machine with vLLM "
-            "(pip install 'ebpo-verl[gpu]'); on CPU, compute rates elsewhere and pass --pass-rates FILE."
-        ) from None
-    llm = LLM(model=model, seed=seed, tensor_parallel_size=tensor_parallel_size)
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
-    outputs = llm.chat(prompts, params, use_tqdm=True)
-    return [[c.text for c in out.outputs] for out in outputs]
+def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> list[list[str]]:
+    """``a.n`` sampled completions per row (chat prompt through the chat template), resumed from ``gen_path``."""
+    prompts = [[dict(m) for m in p] for p in table.column("prompt").to_pylist()]
+    meta = {
+        "protocol": "pass_rate",
+        "model": a.model,
+        "temperature": a.temperature,
+        "top_p": a.top_p,
+        "max_new_tokens": a.max_new_tokens,
+        "benchmarks": {Path(a.in_path).name: {"runs": a.n, "limit": None, "problems": len(prompts)}},
+    }
+    name = Path(a.in_path).name
+    spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)
+    with GenerationsFile(gen_path, meta) as gen:
+        todo = [
+            engines.Request((name, i, s), prompts[i])
+            for i in range(len(prompts))
+            for s in range(a.n)
+            if (name, i, s) not in gen.done
+        ]
+        if todo:
+            bar = tqdm(total=len(prompts) * a.n, initial=len(prompts) * a.n - len(todo), desc=name, unit="sample")
+
+            def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
+                gen.append(
+                    [
+                        {
+                            "benchmark": r.key[0],
+                            "index": r.key[1],
+                            "sample": r.key[2],
+                            "response": c.text,
+                            "response_tokens": c.tokens,
+                            "finish_reason": c.finish_reason,
+                        }
+                        for r, c in pairs
+                    ]  # fmt: skip
+                )
+                bar.update(len(pairs))
+
+            try:
+                engines.generate_all(spec, todo, workers, on_chunk)
+            finally:
+                bar.close()
+        done = gen.done
+    return [[done[(name, i, s)]["response"] for s in range(a.n)] for i in range(len(prompts))]
 
 
 def read_rates(path: str | Path) -> pd.DataFrame:
@@ -148,9 +179,8 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--n", type=int, default=16, help="rollouts per problem (paper: 16)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=8192)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--generations", help="samples file (.jsonl, resumable); default: OUT.generations.jsonl")
+    engines.add_engine_args(p, max_new_tokens=8192)
     p.add_argument("--save-rates", help="also write the computed rates (source_id, pass_rate) as .jsonl")
     p.add_argument("--difficulty-buckets", type=int, default=None, help="set extra_info.difficulty to 1..K")
     a = p.parse_args(argv)
@@ -158,10 +188,13 @@ def main(argv: list[str] | None = None) -> Path:
     if a.pass_rates:
         rates = merge_rates(table, read_rates(a.pass_rates), a.pass_rates)
     else:
-        prompts = [list(m) for m in table.column("prompt").to_pylist()]
-        responses = generate(
-            a.model, prompts, a.n, a.temperature, a.top_p, a.max_tokens, a.seed, a.tensor_parallel_size
-        )
+        if a.n < 1:
+            p.error("--n must be at least 1")
+        try:
+            responses = generate(a, table, a.generations or f"{a.out_path}.generations.jsonl")
+        except (EvalInputError, ValueError) as e:
+            print(f"{p.prog}: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
         rates = grade(responses, gts, table.column("data_source").to_pylist())
         if a.save_rates:

@@ -160,16 +160,11 @@ def test_merge_rates_jsonl_csv_and_errors(small_parquet, tmp_path, capsys):
     assert not (tmp_path / "x.parquet").exists()
 
 
-def test_generate_without_vllm_gives_clear_error(small_parquet, tmp_path):
-    pytest.importorskip("torch")
-    try:
-        import vllm  # noqa: F401
-
-        pytest.skip("vLLM is installed here")
-    except ImportError:
-        pass
-    with pytest.raises(SystemExit, match="vLLM is not importable.*--pass-rates"):
-        epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "g.parquet"), "--model", "/nonexistent"])
+def test_generate_without_a_gpu_gives_clear_error(small_parquet, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "g.parquet"), "--model", "m", "--gpus", "0"])
+    assert exc.value.code == 2 and "on a CPU machine use --engine hf" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 LABEL_UNDER_UMASK_022 = """

@@ -78,6 +78,10 @@ def generate(a: argparse.Namespace) -> None:
         "max_new_tokens": a.max_new_tokens,
         "benchmarks": {b: {"runs": runs[b], "limit": a.limit, "problems": len(problems[b])} for b in problems},
     }
+    try:
+        spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)
+    except ValueError as e:
+        raise EvalInputError(str(e)) from None
     print(f"evaluate: protocol {a.protocol} ({DESCRIPTIONS[a.protocol]}); model {model}", file=sys.stderr)
     with GenerationsFile(a.out, meta) as gen:
         todo = [
@@ -93,10 +97,6 @@ def generate(a: argparse.Namespace) -> None:
             return
         if step_dir is not None:
             merge_checkpoint(step_dir)
-        try:
-            spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)
-        except ValueError as e:
-            raise EvalInputError(str(e)) from None
         bars = {
             b: tqdm(total=n, initial=n - sum(r.key[0] == b for r in todo), desc=b, unit="sample", position=i)
             for i, (b, n) in enumerate(total.items())
