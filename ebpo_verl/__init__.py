@@ -17,7 +17,8 @@ __all__ = ["__version__", "get_state", "register"]
 
 
 def register() -> None:
-    """Register the ``ebpo`` advantage estimator with verl; raises on any failure.
+    """Register the ``ebpo`` advantage estimator (and the baselines ``shrinkage_js``, ``bnpo``, ``spo``) with verl;
+    raises on any failure.
 
     verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
     rollout. Idempotent.
