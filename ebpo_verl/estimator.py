@@ -144,6 +144,11 @@ def ignored_options(options: EBPOOptions) -> list[str]:
     ]
 
 
+def is_missing_label(value: Any) -> bool:
+    """A cluster label that counts as absent: None, NaN (float or numpy), pandas' NA/NaT."""
+    return value is None or (np.ndim(value) == 0 and bool(pd.isna(value)))
+
+
 def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

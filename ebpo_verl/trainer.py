@@ -44,6 +44,7 @@ from verl.workers.utils.padding import response_to_nested
 import ebpo_verl
 from ebpo_verl.baselines import SPO_STATE
 from ebpo_verl.checkpoint import load_ebpo_state, load_spo_state, save_ebpo_state, save_spo_state
+from ebpo_verl.estimator import is_missing_label
 from ebpo_verl.metrics_log import MetricsLog
 from ebpo_verl.node_check import check_nodes
 from ebpo_verl.validation import (
@@ -83,7 +84,7 @@ def cluster_labels(
         if pad or str(uid).startswith("pad"):
             continue
         label = (info or {}).get(cluster_key)
-        if label is None:
+        if is_missing_label(label):
             raise EBPOConfigError(
                 f"rollout row of uid {uid} has no extra_info[{cluster_key!r}] ({option}); its "
                 f"extra_info keys: {sorted(info or {})}"

@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ebpo_verl.baselines import SPOOptions
-from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions
+from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions, ignored_options, is_missing_label
 
 ESTIMATOR = "ebpo"
 SPO = "spo"
@@ -93,7 +93,39 @@ def check_config(config: Any) -> EBPOOptions | None:
             "prompt to estimate the within-group variance. Set actor_rollout_ref.rollout.n>=2, or fix the "
             "shrinkage (e.g. algorithm.ebpo.shrinkage=1.0 for a global-mean baseline)."
         )
+    if options.prior == "beta_binomial":
+        _check_two_level_reward(config)
     return options
+
+
+SHAPED_REWARD_KEYS = {
+    "algorithm.use_kl_in_reward": "subtracts a per-token KL penalty from the reward",
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": "adds DAPO's overlong-length penalty",
+    "reward.reward_model.enable": "scores with a learned reward model",
+}
+"""Config switches that make the reward take more than two values (EBPO-BB needs 0/1 or -1/+1)."""
+
+
+def _check_two_level_reward(config: Any) -> None:
+    for key, effect in SHAPED_REWARD_KEYS.items():
+        if bool(OmegaConf.select(config, key, default=False)):
+            raise EBPOConfigError(
+                f"algorithm.ebpo.prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but "
+                f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use "
+                "algorithm.ebpo.prior=gaussian."
+            )
+
+
+def ignored_options_warning(options: EBPOOptions) -> str | None:
+    """One line naming the ``algorithm.ebpo`` options set away from their defaults that the chosen mode ignores."""
+    ignored = ignored_options(options)
+    if not ignored:
+        return None
+    mode = (
+        f"stats_scope={options.stats_scope}, prior={options.prior}, shrinkage={options.shrinkage}, "
+        f"norm={options.norm}, cluster_key={options.cluster_key or 'null'}"
+    )
+    return f"algorithm.ebpo option(s) {', '.join(ignored)} have no effect with {mode}"
 
 
 def unknown_option_message(key: str) -> str:
@@ -214,7 +246,10 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
     The same for a real run and for ``--cfg job`` (``dry_run``), where a training file absent from this machine
     is reported as not checked instead of refused. Returns lines for the log; raises EBPOConfigError.
     """
-    check_config(config)
+    options = check_config(config)
+    warning = ignored_options_warning(options) if options is not None else None
+    if warning:
+        print(f"ebpo-train: warning: {warning}", file=sys.stderr)
     check_verl_config(config)
     steps = check_steps_per_epoch(config, missing_ok=dry_run)
     return [f"world size {world_size(config)}", steps]
@@ -266,7 +301,7 @@ def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluste
         rows += 1
         info = info or {}
         existing.update(str(k) for k in info)
-        if info.get(cluster_key) is None:
+        if is_missing_label(info.get(cluster_key)):
             missing.append(row)
     if not missing:
         return

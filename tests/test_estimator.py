@@ -700,3 +700,59 @@ def test_properties(sizes, seed, scale, opts):
     permuted = run_ebpo(relabelled, rewards[perm], state=again, **opts)
     assert np.array_equal(permuted, adv[perm])
     assert again.state_dict() == state.state_dict() and again.diagnostics == state.diagnostics
+
+
+# ---------------------------------------------------------------- pre-flight of the estimator options
+
+
+def _composed(*overrides: str):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(ebpo_verl.__file__).parent / "config"), version_base=None):
+        return compose("ebpo_trainer", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "algorithm.use_kl_in_reward=True",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "reward.reward_model.enable=True",
+    ],
+)
+def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override):
+    from ebpo_verl.validation import EBPOConfigError, check_config
+
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(EBPOConfigError, match=rf"prior=beta_binomial needs a two-level reward.*{key}=True"):
+        check_config(_composed("algorithm.ebpo.prior=beta_binomial", override))
+    assert check_config(_composed(override)) is not None  # the Gaussian prior takes any reward
+
+
+def test_preflight_warns_once_about_ignored_options(capsys):
+    from ebpo_verl.validation import preflight
+
+    config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9")
+    preflight(config, dry_run=True)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "warning" in line]
+    assert lines == [
+        "ebpo-train: warning: algorithm.ebpo option(s) decay=0.9 have no effect with stats_scope=batch, "
+        "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
+    ]
+    preflight(_composed(), dry_run=True)
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("missing", [None, float("nan"), np.float64("nan"), pd.NA])
+def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
+    from ebpo_verl.trainer import cluster_labels
+    from ebpo_verl.validation import EBPOConfigError, check_cluster_labels
+
+    infos = [{"topic": "a"}, {"topic": missing}, {"topic": "b"}]
+    with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 3 training rows.*first rows: \[1\]"):
+        check_cluster_labels(infos, "topic", source="test")
+    with pytest.raises(EBPOConfigError, match=r"uid u1 has no extra_info\['topic'\]"):
+        cluster_labels(infos, ["u0", "u1", "u2"], [False] * 3, "topic")
