@@ -201,6 +201,18 @@ def test_grading_and_aggregation_by_hand(data_dir, tmp_path):
         grade_file("paper", vpath, data_dir)
 
 
+def test_stderr_over_runs_by_hand():
+    from ebpo_verl.evaluate.grading import summarize
+
+    # 2 problems x 3 runs; run accuracies 1.0, 0.5, 0.0 -> mean 50 %, stdev 0.5, stderr 0.5 / sqrt(3)
+    verdicts = {(0, 0): True, (1, 0): True, (0, 1): True, (1, 1): False, (0, 2): False, (1, 2): False}
+    records = {k: {"response_tokens": 10 * (k[0] + 1), "finish_reason": "stop"} for k in verdicts}
+    entry = summarize(records, verdicts, problems=2, runs=3)
+    assert entry["pass@1"] == pytest.approx(50.0)
+    assert entry["pass@1_stderr"] == pytest.approx(100 * 0.5 / 3**0.5)
+    assert (entry["mean_response_tokens"], entry["truncated_fraction"], entry["complete"]) == (15.0, 0.0, True)
+
+
 def test_unequal_runs_mean_of_run_means(data_dir, tmp_path):
     truth = [p.ground_truth for p in load_problems(data_dir, "aime2025", "paper", limit=3)]
     right = [rec("aime2025", i, 0, f"Answer: {truth[i]}") for i in range(3)]  # run 0: 3/3

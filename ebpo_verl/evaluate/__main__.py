@@ -134,7 +134,8 @@ def grade(a: argparse.Namespace) -> None:
     for name, b in results["benchmarks"].items():
         flag = "" if b["complete"] else f"  INCOMPLETE ({b['samples']} of {b['problems'] * b['runs']} samples)"
         score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"
-        print(f"  {name:14s} pass@1 {score:>6s}  ({b['problems']} problems x {b['runs']} runs){flag}")
+        se = "" if b["pass@1_stderr"] is None else f" +- {b['pass@1_stderr']:.2f}"
+        print(f"  {name:14s} pass@1 {score:>6s}{se:9s} ({b['problems']} problems x {b['runs']} runs){flag}")
     if results["average"] is not None:
         print(f"  {'average':14s} pass@1 {results['average']:6.2f}")
     print(f"-> {Path(a.out)}")

@@ -10,6 +10,8 @@ reported over the samples present and flagged ``"complete": false``.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,7 +44,8 @@ def grade_records(protocol: str, items: list[tuple[str, str, str]], workers: int
 def summarize(
     records: dict[tuple[int, int], dict[str, Any]], verdicts: dict[tuple[int, int], bool], problems: int, runs: int
 ) -> dict[str, Any]:
-    """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, and response statistics."""
+    """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, its standard error over the
+    runs, and response statistics."""
     per_run = []
     for s in range(runs):
         got = [verdicts[k] for k in verdicts if k[1] == s]
@@ -51,6 +54,8 @@ def summarize(
     n = len(records)
     return {
         "pass@1": 100.0 * sum(per_run) / len(per_run) if per_run else None,
+        # standard error of that mean over the runs (the problems fixed): sampling noise of a re-evaluation
+        "pass@1_stderr": 100.0 * statistics.stdev(per_run) / math.sqrt(len(per_run)) if len(per_run) > 1 else None,
         "runs": runs,
         "problems": problems,
         "samples": n,
