@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -164,7 +165,8 @@ def check_verl_config(config: Any) -> None:
     from verl.utils.config import validate_config
 
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Disabled critic")  # need_critic's note for every non-GAE run
             validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     except Exception as err:  # verl reports with assert, ValueError and hydra's InstantiationException
         reason = err.__cause__ if err.__cause__ is not None else err
