@@ -8,17 +8,21 @@ parse/verify step runs in a small pool of child processes (each calls math-verif
 the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0. Answer extraction is
 plain linear-time string scanning in the caller.
 
-Extraction (DAPO-Math-17k convention first, the boxed convention second):
-  1. the text after the last ``Answer:`` (case-insensitive; the rest of that line, or the next non-empty
-     line when the rest is empty; a ``\\boxed{}`` inside it is unwrapped);
-  2. otherwise the content of the last balanced ``\\boxed{...}``.
-Grading: two integer literals are compared directly (``025`` == ``25``); otherwise braceless ``\\frac12`` /
-``\\sqrt2`` are braced and math-verify decides (gold and prediction each parsed as ``\\boxed{...}`` with
-unit-stripping normalisation); if it says no, the prediction still counts when both reduce to the same
-plain string (``\\text{Evelyn}`` vs ``Evelyn``) or agree after dropping a trailing percent sign
-(OlympiadBench keeps units such as ``%`` in a separate column). Verdicts are cached per (gold, prediction):
-the G responses of a group often repeat an answer. Extracted answers over ``MAX_ANSWER_CHARS`` score 0
-without parsing.
+Extraction: the answer the response states LAST, in either convention:
+  - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at the start of a line,
+    case-insensitive, optionally after markdown (``**``, ``#``, ``>``, ``-``) and ``The``/``Final``; its answer is
+    the rest of that line, or the next non-empty line when the rest is empty, with a ``\\boxed{}`` inside
+    unwrapped. An "answer:" inside a sentence ("let me check the answer: ...") is reasoning, not an answer line;
+  - the last balanced ``\\boxed{...}``.
+  Whichever of the last answer line and the last box comes later in the text is graded; with neither, the
+  text after the last "answer:" anywhere.
+Grading: the same text (after cleaning) is equal; two integer literals are compared directly (``025`` ==
+``25``); otherwise braceless ``\\frac12`` / ``\\sqrt2`` are braced and math-verify decides (gold and
+prediction each parsed as ``\\boxed{...}`` with unit-stripping normalisation); if it says no, the prediction
+still counts when both reduce to the same plain string (``\\text{Evelyn}`` vs ``Evelyn``) or agree after
+dropping a trailing percent sign (OlympiadBench keeps units such as ``%`` in a separate column). Verdicts are
+cached per (gold, prediction): the G responses of a group often repeat an answer. Extracted answers over
+``MAX_ANSWER_CHARS`` score 0 without parsing.
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ STARTUP_TIMEOUT_S = 120.0
 """How long a fresh worker may take to import sympy/math-verify before it counts as broken."""
 MAX_WORKERS = int(os.environ.get("EBPO_REWARD_WORKERS", str(min(8, os.cpu_count() or 1))))
 
-_ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
+_ANSWER_LINE_RE = re.compile(
+    r"^[ \t>*#_-]*(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*:", re.IGNORECASE | re.MULTILINE
+)
+_ANSWER_ANYWHERE_RE = re.compile(r"answer\s*:", re.IGNORECASE)
 _BOXED_OR_BRACE_RE = re.compile(r"\\boxed\s*\{|\\boxed\s+([^\s{}$][^\s{}$]*)|\{|\}")
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 _FRAC_TWO_RE = re.compile(r"\\([dt]?frac)\s*([0-9a-zA-Z])\s*([0-9a-zA-Z])")
@@ -58,7 +65,14 @@ _SPACING_RE = re.compile(r"\\left|\\right|\\[,!;: ]|~|\s")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last balanced ``\\boxed{...}`` in ``text`` (braces may nest), else None.
+    """Content of the last balanced ``\\boxed{...}`` in ``text`` (braces may nest), else None (see
+    :func:`last_boxed_span`)."""
+    span = last_boxed_span(text)
+    return None if span is None else text[span[0] : span[1]]
+
+
+def last_boxed_span(text: str) -> tuple[int, int] | None:
+    """(start, end) of the content of the last balanced ``\\boxed{...}`` in ``text``, else None.
 
     The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``).
     One left-to-right pass over the braces only, so it is linear in ``len(text)`` even for 10^4 nested
@@ -79,34 +93,50 @@ def last_boxed(text: str) -> str | None:
                 best = (start, m.start())
         else:
             stack.append(m.end() if tok != "{" else None)
-    return None if best is None else text[best[0] : best[1]]
+    return best
 
 
 def clean_answer(ans: str) -> str:
-    """Strip whitespace, math delimiters (``$``, ``\\(``/``\\)``), markdown bold and a trailing full stop."""
+    """Strip whitespace, math delimiters (``$``, ``\\(``/``\\)``, ``\\[``/``\\]``), markdown bold, a trailing full
+    stop."""
     s = ans.strip().strip("*").strip()
-    if s.startswith("\\(") and s.endswith("\\)"):
+    if (s.startswith("\\(") and s.endswith("\\)")) or (s.startswith("\\[") and s.endswith("\\]")):
         s = s[2:-2]
     s = _UNESCAPED_DOLLAR_RE.sub("", s).strip()
     return s.rstrip(".").strip()
 
 
 def extract_answer(solution_str: str) -> str | None:
-    """The model's final answer: the last ``Answer:`` line, else the last balanced ``\\boxed{}``."""
+    """The answer the response states last: its last ``Answer:`` line or its last balanced ``\\boxed{}``,
+    whichever comes later in the text (a box inside the answer line belongs to that line)."""
+    line, line_end = _last_answer_line(solution_str)
+    span = last_boxed_span(solution_str)
+    if span is not None and (line is None or span[0] >= line_end):
+        return clean_answer(solution_str[span[0] : span[1]])
+    if line is None:  # neither convention: the last "answer:" inside a sentence ("so the answer: 12")
+        line, _ = _last_answer_line(solution_str, _ANSWER_ANYWHERE_RE)
+    if line is None:
+        return None
+    boxed = last_boxed(line)
+    return clean_answer(boxed if boxed is not None else line)
+
+
+def _last_answer_line(text: str, pattern: re.Pattern = _ANSWER_LINE_RE) -> tuple[str | None, int]:
+    """The rest of the line after the last ``pattern`` match (or the next non-empty line) and where it ends."""
     last = None
-    for last in _ANSWER_RE.finditer(solution_str):  # noqa: B007 - keep the final match
+    for last in pattern.finditer(text):  # noqa: B007 - keep the final match
         pass
-    if last is not None:
-        rest = solution_str[last.end() :]
-        lines = rest.split("\n", 1)
-        line = lines[0].strip()
-        if not line and len(lines) > 1:
-            line = next((ln.strip() for ln in lines[1].split("\n") if ln.strip()), "")
+    if last is None:
+        return None, -1
+    pos = last.end()
+    while pos <= len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        line = text[pos:end].strip()
         if line:
-            boxed = last_boxed(line)
-            return clean_answer(boxed if boxed is not None else line)
-    boxed = last_boxed(solution_str)
-    return None if boxed is None else clean_answer(boxed)
+            return line, end
+        pos = end + 1
+    return None, -1
 
 
 def _fix_braceless(s: str) -> str:
@@ -298,6 +328,8 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
     if _INT_RE.match(gold) and _INT_RE.match(pred):  # fast path: two integer literals ("025" == "25")
         return int(gold) == int(pred)
     gold, pred = _fix_braceless(gold), _fix_braceless(pred)
+    if gold == pred:  # the same text is the same answer (math-verify may fail to parse, or overrun, on it)
+        return True
     with _CACHE_LOCK:
         if (gold, pred) in _VERDICTS:
             _VERDICTS.move_to_end((gold, pred))

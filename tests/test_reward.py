@@ -42,6 +42,17 @@ def warm_pool():
         ("first \\boxed{9} then truncated \\boxed{3", "9"),
         ("our answer is $\\boxed 2$.", "2"),
         ("no final answer here", None),
+        # the answer stated LAST wins, whichever form it takes; "answer:" inside a sentence is reasoning
+        ("let me check the answer: 5 is wrong.\nSo $\\boxed{7}$", "7"),
+        ("\\boxed{6}\nAnswer: 7", "7"),
+        ("Answer: 5\nwait, that is wrong: $\\boxed{6}$", "6"),
+        ("we get our answer: \\[\n1^{55} = \\boxed{1}.\\]", "1"),
+        ("$\\boxed{44}$.\n\nWe may check our answer: $17 \\cdot 44 = 748$, so it is right.", "44"),
+        ("**Final Answer:** $42$", "42"),
+        ("## Final answer: 3", "3"),
+        ("> The final answer: 9", "9"),
+        ("Answer:\n\\[ 42 \\]", "42"),
+        ("So the answer: 12", "12"),  # neither form: the last "answer:" anywhere
     ],
 )
 def test_extract_answer(text, expected):
@@ -307,6 +318,67 @@ def test_acceptance_every_row_of_every_file(shared_data, tmp_path, capsys):
             print(f"  scored 1 with another row's answer: {rel}: gold {gt!r} vs {other!r}")
     assert not failures, failures[:10]
     assert pair_ok / pair_total >= 0.99
+
+
+def _prepared_gold(shared: Path, tmp_path: Path, rel: str, module: str) -> dict[str, str]:
+    import importlib
+
+    out = importlib.import_module(f"data_prep.{module}").prepare(
+        tmp_path / rel, local_path=shared / rel, skip_invalid=True
+    )
+    return {e["source_id"]: rm["ground_truth"] for e, rm in zip(*_cols(out), strict=True)}
+
+
+def test_every_reference_solution_grades_one(shared_data, tmp_path):
+    """MATH-500 and MATH train reference solutions, used as responses, grade 1 against the prepared answer
+    (MATH-500 rows 283 and 448 say "our answer:" mid-sentence; the two train rows with an empty box are
+    dropped by the preparer)."""
+    m500 = _jsonl(shared_data / "math500.jsonl")
+    train = _jsonl(shared_data / "math_train.jsonl")
+    cases = [
+        (rel, solution_by_id, _prepared_gold(shared_data, tmp_path, rel, module))
+        for rel, module, solution_by_id in (
+            ("math500.jsonl", "math500", {r["unique_id"]: r["solution"] for r in m500}),
+            ("math_train.jsonl", "math_train", {str(i): r["solution"] for i, r in enumerate(train)}),
+        )
+    ]
+    jobs = [(rel, sid, solutions[sid], gt) for rel, solutions, gold in cases for sid, gt in gold.items()]
+    assert len(jobs) == 500 + 7498
+    with ThreadPoolExecutor(R.MAX_WORKERS) as ex:
+        scores = list(ex.map(lambda j: R.compute_score("ref", j[2], j[3], timeout=30)["score"], jobs))
+    failed = [(rel, sid, gt) for (rel, sid, _, gt), s in zip(jobs, scores, strict=True) if s != 1.0]
+    assert not failed, failed[:10]
+    assert [s for (rel, sid, _, _), s in zip(jobs, scores, strict=True) if rel == "math500.jsonl"][283] == 1.0
+
+
+def test_long_responses_ending_in_the_right_box_grade_one(shared_data):
+    """~20k-character responses of MATH solution text (including its mid-sentence "answer:" phrases), each ending
+    in the gold \\boxed{}: every one grades 1, and the same text ending in a wrong box grades 0."""
+    train = _jsonl(shared_data / "math_train.jsonl")
+    with_answer_word = [r["solution"] for r in train if re.search(r"(?i)answer\s*:", r["solution"])]
+    assert len(with_answer_word) >= 10
+    rng = random.Random(3)
+    rows = [r for r in rng.sample(train, 150)]
+    responses = []
+    for r in rows:
+        gold = _last_boxed_simple(r["solution"])
+        parts = [rng.choice(with_answer_word)]
+        while sum(map(len, parts)) < 20_000:
+            parts.append(rng.choice(train)["solution"])
+        rng.shuffle(parts)
+        responses.append(("\n\n".join(parts) + f"\n\nSo the result is $\\boxed{{{gold}}}$.", gold))
+    with ThreadPoolExecutor(R.MAX_WORKERS) as ex:
+        right = list(ex.map(lambda j: R.compute_score("long", j[0], j[1], timeout=30)["score"], responses))
+        wrong = list(
+            ex.map(
+                lambda j: R.compute_score(
+                    "long", j[0].rsplit("\\boxed", 1)[0] + "\\boxed{-987654}$.", j[1], timeout=30
+                )["score"],
+                responses,
+            )
+        )
+    assert right == [1.0] * 150
+    assert wrong == [0.0] * 150
 
 
 def _cols(path: Path):
