@@ -150,7 +150,8 @@ def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOpt
     """Restore the SPO tracker from ``step_dir/spo_state.json``; False (after a loud warning) when absent.
 
     As :func:`load_ebpo_state`: no file -> fresh tracker; a malformed file or one of another step raises
-    ValueError; changed ``algorithm.spo`` options warn (a new ``prompt_key`` makes the saved keys meaningless).
+    ValueError. Another ``prompt_key`` than the saved one raises too (the saved keys would silently name other
+    prompts); other changed ``algorithm.spo`` options continue with the saved tracker, with a warning.
     """
     path = Path(step_dir) / SPO_STATE_FILE
     state.reset()
@@ -164,11 +165,13 @@ def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOpt
         return False
     try:
         payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(payload, dict) or not isinstance(payload.get("options", {}), dict):
+            raise ValueError("expected a JSON object with an `options` object")
         if payload.get("format") != FORMAT:
             raise ValueError(f"format {payload.get('format')!r} is not supported (expected {FORMAT})")
         saved_step = int(payload["global_step"])
         state.load_state_dict(payload["state"])
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, OSError) as err:
         state.reset()
         raise ValueError(
             f"SPO state file {path} is unreadable: {err}. Delete it to resume with a fresh tracker."
@@ -178,6 +181,13 @@ def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOpt
         raise ValueError(f"SPO state file {path} was written at global step {saved_step}, not {global_step}")
     current = dataclasses.asdict(options)
     changed = {k: (v, current.get(k)) for k, v in payload.get("options", {}).items() if current.get(k) != v}
+    if "prompt_key" in changed:
+        state.reset()
+        old = changed["prompt_key"][0]
+        raise ValueError(
+            f"algorithm.spo.prompt_key={options.prompt_key!r} but the SPO tracker in {path} is keyed by {old!r}: "
+            f"resume with algorithm.spo.prompt_key={old}, or delete {path} to start a fresh tracker"
+        )
     if changed:
         diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
         warnings.warn(f"SPO: algorithm.spo changed since the checkpoint ({diff})", RuntimeWarning, stacklevel=2)

@@ -493,8 +493,13 @@ def test_spo_state_file_errors(tmp_path):
         load_spo_state(path.parent, SPOState(), SPOOptions(), 5)
     with pytest.warns(RuntimeWarning, match=r"algorithm.spo changed since the checkpoint \(rho: 0.9 -> 0.5\)"):
         load_spo_state(path.parent, SPOState(), SPOOptions(rho=0.5), 2)
+    with pytest.raises(ValueError, match=r"prompt_key='source_id' but the SPO tracker .* keyed by 'index': resume"):
+        load_spo_state(path.parent, SPOState(), SPOOptions(prompt_key="source_id"), 2)
     path.write_text('{"format": 1, "global_step": 2, "state": {"version": 1}}')
     with pytest.raises(ValueError, match="is unreadable: SPO state is missing key"):
+        load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
+    path.write_text('{"format": 1, "glo')
+    with pytest.raises(ValueError, match="is unreadable: .*Delete it to resume with a fresh tracker"):
         load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
 
