@@ -268,15 +268,18 @@ def test_engine_helpers_without_vllm():
     assert engines.render(Tok(), [{"role": "user", "content": "q"}]) == "<chat>q"
 
 
-def test_vllm_engine_needs_a_gpu(tmp_path, capsys):
-    """On this CPU machine --engine vllm stops with one line pointing at --engine hf."""
+def test_engine_setup_and_the_vllm_error_on_cpu():
+    """On this CPU machine (no vLLM) --engine vllm stops with one line pointing at --engine hf."""
     import argparse
 
     p = argparse.ArgumentParser()
     engines.add_engine_args(p, 20480)
-    with pytest.raises(ValueError, match="use --engine hf"):
-        engines.engine_setup(p.parse_args(["--gpus", "0"]), "m", 1.0, 1.0)
-    assert engines.engine_setup(p.parse_args(["--gpus", "8", "--tensor-parallel-size", "2"]), "m", 1.0, 1.0)[1] == 4
+    with pytest.raises(ValueError, match="on CPU use --engine hf"):  # vLLM is not installed here
+        engines.engine_setup(p.parse_args([]), "m", 1.0, 1.0)
+    spec, workers = engines.engine_setup(p.parse_args(["--engine", "hf", "--workers", "3"]), "m", 0.7, 0.9)
+    assert (spec.engine, spec.temperature, spec.top_p, spec.max_new_tokens, workers) == ("hf", 0.7, 0.9, 20480, 3)
+    with pytest.raises(ValueError, match="--chunk-size must be at least 1"):
+        engines.engine_setup(p.parse_args(["--engine", "hf", "--chunk-size", "0"]), "m", 1.0, 1.0)
 
 
 def test_model_resolution(tmp_path):

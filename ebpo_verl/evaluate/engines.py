@@ -12,6 +12,7 @@ rollout does) and :func:`sampling_kwargs`; the vLLM layer only builds ``Sampling
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -270,6 +271,8 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if a.engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("--engine vllm: vLLM is not installed (pip install -e '.[gpu]'); on CPU use --engine hf")
         gpus = visible_gpus() if a.gpus is None else a.gpus
         if gpus < a.tensor_parallel_size:
             raise ValueError(
