@@ -1,4 +1,4 @@
-"""The v2 draft's other baselines: James-Stein shrinkage, BNPO and SPO (torch / numpy only, no verl import).
+"""The v2 draft's other baselines: James-Stein shrinkage, BNPO and SPO (torch / numpy, no verl import).
 
 Formulas as the authors' fork implements them (``../shared/PAPER.md``, "The fork's extra baselines"); the
 verl-registered wrappers are in :mod:`ebpo_verl.verl_adapter` under the fork's names ``shrinkage_js``, ``bnpo``
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 EPS = 1e-6
@@ -70,10 +71,10 @@ def _group(scores: torch.Tensor, keys: Sequence[Any] | np.ndarray, valid: torch.
     rows = torch.from_numpy(np.flatnonzero(valid_np))
     r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
     row_keys = key_arr[valid_np]
-    missing = np.equal(row_keys, None)
+    missing = pd.isna(row_keys)  # None, NaN, pandas NA
     if missing.any():
         first = rows.numpy()[missing][:10].tolist()
-        raise ValueError(f"{int(missing.sum())} valid row(s) have no {what} (None); first rows: {first}")
+        raise ValueError(f"{int(missing.sum())} valid row(s) have no {what} (None/NaN); first rows: {first}")
     row_keys = row_keys.astype(str)
     bad = ~torch.isfinite(r)
     if bool(bad.any()):
@@ -303,7 +304,7 @@ def compute_spo_advantages(
 
     Args:
         scores: response rewards, shape (bs,).
-        prompt_keys: per-response stable prompt keys (compared as strings; None allowed on padding rows only).
+        prompt_keys: per-response stable prompt keys (compared as strings; None/NaN only on padding rows).
         valid: False for padding rows; they get advantage 0 and never touch the tracker.
         options: estimator options.
         state: the tracker.

@@ -335,7 +335,7 @@ def check_prompt_keys(extra_infos: Iterable[Mapping[str, Any] | None], prompt_ke
         info = info or {}
         existing.update(str(k) for k in info)
         value = info.get(prompt_key)
-        if value is None:
+        if is_missing_label(value):
             missing.append(row)
             continue
         key = str(value)

@@ -269,10 +269,10 @@ def test_spo_padding_and_rewards_outside_unit_interval():
         torch.tensor([2.0, 3.0]), np.array(["a", "a"]), torch.ones(2, dtype=torch.bool), SPOOptions(), state
     )
     np.testing.assert_allclose([state.alpha[0], state.beta[0]], [0.9 * 4.1 + 1.0, 0.9 * 4.1])  # clamped to 1
-    with pytest.raises(ValueError, match=r"no prompt key\(s\) \(extra_info\['index'\]\) \(None\); first rows: \[1\]"):
-        compute_spo_advantages(
-            torch.ones(2), np.array(["a", None], dtype=object), torch.ones(2, dtype=torch.bool), SPOOptions(), state
-        )
+    no_key = r"2 valid row\(s\) have no prompt key\(s\) \(extra_info\['index'\]\) \(None/NaN\); first rows: \[1, 2\]"
+    with pytest.raises(ValueError, match=no_key):
+        keys = np.array(["a", None, math.nan], dtype=object)
+        compute_spo_advantages(torch.ones(3), keys, torch.ones(3, dtype=torch.bool), SPOOptions(), state)
     with pytest.raises(ValueError, match=r"non-finite .* \['b'\]"):
         compute_spo_advantages(
             torch.tensor([1.0, math.nan]), np.array(["a", "b"]), torch.ones(2, dtype=torch.bool), SPOOptions(), state
@@ -374,8 +374,8 @@ def test_prompt_key_checks_name_the_problem():
     check_prompt_keys([{"index": 0}, {"index": 1}], "index", "x.parquet")
     with pytest.raises(EBPOConfigError, match=r"prompt_key='uid' is not a key of extra_info .* \['index', 'split'\]"):
         check_prompt_keys([{"index": 0, "split": "train"}], "uid", "x.parquet")
-    with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 2 training rows .* first rows: \[1\]"):
-        check_prompt_keys([{"index": 0}, {"index": None}], "index", "x.parquet")
+    with pytest.raises(EBPOConfigError, match=r"missing or null in 2 of 3 training rows .* first rows: \[1, 2\]"):
+        check_prompt_keys([{"index": 0}, {"index": None}, {"index": float("nan")}], "index", "x.parquet")
     with pytest.raises(EBPOConfigError, match=r"not unique .* 1 row\(s\) repeat .* '0' at rows 0 and 2"):
         check_prompt_keys([{"index": 0}, {"index": 1}, {"index": 0}], "index", "a.parquet,b.parquet")
 
