@@ -55,17 +55,31 @@ def check_overrides(overrides: list[str]) -> None:
             raise EBPOConfigError(unknown_option_message(option))
 
 
-def show_job(args) -> None:
-    """``--cfg job``: compose as Hydra would, run the pre-flight, print the config (honours --resolve/--package)."""
+def compose_config(args) -> DictConfig:
+    """The job config Hydra composes for these arguments (Hydra's compose API); composition errors -> one line."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if args.config_path or args.config_dir:
-        _fail("--config-path/--config-dir are not supported with --cfg job; pass overrides to the package config")
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-            config = compose(config_name=args.config_name or CONFIG_NAME, overrides=list(args.overrides))
+            return compose(config_name=args.config_name or CONFIG_NAME, overrides=list(args.overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        _fail(_one_line(err))
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
+def show_job(args) -> None:
+    """``--cfg job``: compose as Hydra would, run the pre-flight, print the config (honours --resolve/--package)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    if args.config_path or args.config_dir:
+        _fail("--config-path/--config-dir are not supported with --cfg job; pass overrides to the package config")
+    config = compose_config(args)
+    try:
         lines = preflight(config, dry_run=True)
         shown = config if args.package in (None, "_global_") else OmegaConf.select(config, args.package)
         if shown is None:
@@ -74,8 +88,8 @@ def show_job(args) -> None:
             OmegaConf.resolve(shown)
     except EBPOConfigError as err:
         _fail(str(err))
-    except (HydraException, OmegaConfBaseException) as err:
-        _fail(" ".join(line.strip() for line in str(err).splitlines() if line.strip()))
+    except OmegaConfBaseException as err:
+        _fail(_one_line(err))
     _report(lines)
     if not OmegaConf.is_config(shown):
         print(shown)
@@ -112,10 +126,12 @@ def main() -> None:
         check_overrides(args.overrides)
     except EBPOConfigError as err:
         _fail(str(err))
-    other_commands = args.run or args.multirun or args.info or args.shell_completion or args.help or args.hydra_help
-    if args.cfg == "job" and not other_commands:
+    other_commands = args.multirun or args.info or args.shell_completion or args.help or args.hydra_help
+    if args.cfg == "job" and not (other_commands or args.run):
         show_job(args)
         return
+    if args.cfg is None and not other_commands and not (args.config_path or args.config_dir):
+        compose_config(args)  # Hydra's composition errors as one line, before hydra.main composes for the run
     train()
 
 

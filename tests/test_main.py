@@ -221,6 +221,25 @@ def test_main_dry_run_refuses_what_a_run_refuses(monkeypatch, capsys, case):
     assert "Traceback" not in err and "pre-flight: ok" not in err
 
 
+def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
+    run_dir = f"hydra.run.dir={tmp_path / 'hydra'}"
+    missing = tmp_path / "missing.parquet"
+    cases = {
+        "trainer.nnode=4": "Could not override 'trainer.nnode'. To append to your config use +trainer.nnode=4",
+        "algorithm.ebpo.decy=0.5": "unknown option algorithm.ebpo.decy; did you mean algorithm.ebpo.decay? valid keys:",
+        "actor_rollout_ref.rollout.n=abc": "actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer",
+        # unlike --cfg job, a real run refuses a training file that is not there
+        f"data.train_files={missing}": f"data.train_files: {missing} does not exist (or is not a file); prepare the "
+        "data (python -m data_prep.all) or fix the path",
+    }
+    for override, message in cases.items():
+        code, out, err = _main(monkeypatch, capsys, override, run_dir)
+        assert code == 2, err
+        [line] = _error_lines(err)
+        assert line.startswith(f"ebpo-train: error: {message}")
+        assert "Traceback" not in err and "pre-flight: ok" not in err
+
+
 def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
     # 512 prompts x 4 responses on 4 x 8 GPUs: divisible; validated on this CPU-only machine
     code, out, err = _main(
