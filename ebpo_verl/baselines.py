@@ -106,8 +106,10 @@ def _standardise(adv: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _scatter_out(scores: torch.Tensor, g: _Groups, adv: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(scores.shape[0], dtype=scores.dtype, device=scores.device)
-    return out.index_copy_(0, g.rows.to(out.device), adv.to(dtype=scores.dtype, device=scores.device))
+    """Advantages of the valid rows at their batch positions, 0 elsewhere; dtype of ``scores`` if floating."""
+    dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
+    out = torch.zeros(scores.shape[0], dtype=dtype, device=scores.device)
+    return out.index_copy_(0, g.rows.to(out.device), adv.to(dtype=dtype, device=scores.device))
 
 
 # ------------------------------------------------------------------------------------- shrinkage_js

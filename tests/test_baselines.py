@@ -169,6 +169,14 @@ def test_edge_cases_match_the_reference(case, which):
     assert np.isfinite(got).all()
 
 
+def test_integer_scores_give_float_advantages():
+    uids = np.array(["a", "a", "a"])
+    for fn in (compute_js_advantages, compute_bnpo_advantages):
+        got = fn(torch.tensor([1, 0, 0]), uids, torch.ones(3, dtype=torch.bool))
+        assert got.is_floating_point()
+        np.testing.assert_allclose(got.numpy(), [2 / 3, -1 / 3, -1 / 3], rtol=1e-6)
+
+
 def test_js_closed_forms():
     # one prompt: lambda = 0, the plain group mean (not leave-one-out): A = r - mean
     np.testing.assert_allclose(
