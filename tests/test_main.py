@@ -295,6 +295,19 @@ def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
         monkeypatch, capsys, "--cfg", "job", f"data.train_files={jsonl}", "data.train_batch_size=8", mini
     )
     assert code == 2 and "data.train_files has 3 rows (" in err
+    array = tmp_path / "rows.json"
+    array.write_text('[{"a": 1},\n {"a": 2}]')
+    code, _, err = _main(
+        monkeypatch, capsys, "--cfg", "job", f"data.train_files={array}", "data.train_batch_size=8", mini
+    )
+    assert code == 2 and "data.train_files has 2 rows (" in err
+    csv = tmp_path / "rows.csv"
+    csv.write_text("a\n1\n")
+    code, _, err = _main(monkeypatch, capsys, "--cfg", "job", f"data.train_files={csv}")
+    assert (code, _error_lines(err)) == (
+        2,
+        [f"ebpo-train: error: data.train_files: {csv} has an unsupported format; verl reads .parquet, .json, .jsonl"],
+    )
 
     truncated = tmp_path / "cut.parquet"
     truncated.write_bytes(big.read_bytes()[:-20])
