@@ -1,10 +1,13 @@
 """recipe/ebpo: the shell recipes compose into the configs the paper and the baselines call for (CPU only).
 
-Composition through the entry point costs seconds per process, so the ALGO x ORDER matrix is checked by letting
-the shell print its Hydra overrides (PRINT_OVERRIDES=1) and composing them in-process with Hydra's compose API
-on the package config; a few real ``DRY_RUN=1`` subprocesses check the same path end to end, and one of them is
-compared with the in-process composition of the same overrides. Expected values are written from the paper
-(arXiv 2602.05165, "Setup") and the baselines' definitions, not read from the scripts.
+Composition through the entry point costs seconds per process, so the ALGO x BASELINES x REWARD matrix is checked
+by letting the shell print its Hydra overrides (PRINT_OVERRIDES=1, a bash process) and composing them in-process
+with Hydra's compose API on the package config, then running the package's own pre-flight
+(``ebpo_verl.validation.preflight``: our checks + verl's ``validate_config`` at the configured world size) on
+each; a few real ``DRY_RUN=1`` subprocesses check the same path end to end (and its refusals: zero steps per
+epoch, world size), and one of them is compared with the in-process composition of the same overrides.
+Expected values are written from the paper (arXiv 2602.05165, "Setup"), the authors' runs as PAPER.md reports
+them (BASELINES=paper) and the baselines' own definitions (BASELINES=canonical), not read from the scripts.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -22,29 +26,72 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe" / "ebpo"
 SCRIPTS = sorted(RECIPE.glob("*.sh"))
+RUN_SCRIPTS = ["run_qwen3_8b.sh", "run_qwen3_14b.sh", "run_llama3_8b.sh"]
+TABLES = ["main", "group_size", "ordering", "curriculum", "grpo_bn"]
 MODELS = {"qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "llama3_8b": "meta-llama/Llama-3.1-8B-Instruct"}
-ALGOS = ["ebpo", "ebpo_bb", "ebpo_batch", "grpo", "grpo_bn", "drgrpo", "dapo", "entropy_mech", "rloo", "reinforce_pp"]
+ALGOS = [
+    "ebpo", "ebpo_bb", "ebpo_batch", "grpo", "grpo_bn", "drgrpo", "dapo", "entropy_mech", "rloo", "reinforce_pp",
+    "spo", "bnpo", "js",
+]  # fmt: skip
 ORDERS = ["topic", "naive", "difficulty", "random"]
 VAL_SETS = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
+ACTOR = "actor_rollout_ref.actor"
 
-# ALGO -> {dotted key: expected value}; keys not listed must keep the shared setting (SHARED below)
-ALGO_EXPECT = {
+# ALGO -> {dotted key: expected value}, the same under both BASELINES; keys not listed keep SHARED's value
+SAME_UNDER_BOTH = {
     "ebpo": {"algorithm.adv_estimator": "ebpo"},
     "ebpo_bb": {"algorithm.adv_estimator": "ebpo", "algorithm.ebpo.prior": "beta_binomial"},
     "ebpo_batch": {"algorithm.adv_estimator": "ebpo", "algorithm.ebpo.stats_scope": "batch"},
     "grpo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True},
     "grpo_bn": {"algorithm.adv_estimator": "ebpo", "algorithm.ebpo.shrinkage": 0, "algorithm.ebpo.norm": "batch"},
+    "rloo": {"algorithm.adv_estimator": "rloo"},
+    "spo": {"algorithm.adv_estimator": "spo"},
+    "bnpo": {"algorithm.adv_estimator": "bnpo"},
+    "js": {"algorithm.adv_estimator": "shrinkage_js"},
+}
+# PAPER.md, "The authors' own runs and evaluation"
+PAPER_BASELINES = {
+    **SAME_UNDER_BOTH,
+    # Dr.GRPO: grpo without std normalisation; token-mean and KL loss 0.001 kept (SHARED)
+    "drgrpo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False},
+    # DAPO: clip high 0.28 (low 0.2), no std normalisation, KL kept; dynamic sampling and the overlong buffer
+    # were inactive in the authors' run (no dapo reward manager, no DAPO recipe trainer)
+    "dapo": {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": False,
+        f"{ACTOR}.clip_ratio_high": 0.28,
+    },
+    # EntropyMech: clip_cov 0.0002 / lb 1 / ub 5, clip ratios 1.0 / 1.0, clip_ratio_c 10, entropy 0, no KL at all
+    "entropy_mech": {
+        "algorithm.adv_estimator": "grpo",
+        f"{ACTOR}.policy_loss.loss_mode": "clip_cov",
+        f"{ACTOR}.policy_loss.clip_cov_ratio": 0.0002,
+        f"{ACTOR}.policy_loss.clip_cov_lb": 1.0,
+        f"{ACTOR}.policy_loss.clip_cov_ub": 5.0,
+        f"{ACTOR}.clip_ratio_low": 1.0,
+        f"{ACTOR}.clip_ratio_high": 1.0,
+        f"{ACTOR}.clip_ratio_c": 10.0,
+        f"{ACTOR}.entropy_coeff": 0,
+        f"{ACTOR}.use_kl_loss": False,
+        f"{ACTOR}.kl_loss_coef": 0,
+        "algorithm.kl_ctrl.kl_coef": 0,
+    },
+    "reinforce_pp": {"algorithm.adv_estimator": "reinforce_plus_plus"},
+}
+# each baseline as its own paper / verl's docs define it
+CANONICAL_BASELINES = {
+    **SAME_UNDER_BOTH,
     "drgrpo": {
         "algorithm.adv_estimator": "grpo",
         "algorithm.norm_adv_by_std_in_grpo": False,
-        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
-        "actor_rollout_ref.actor.loss_scale_factor": 8192,
-        "actor_rollout_ref.actor.use_kl_loss": False,
+        f"{ACTOR}.loss_agg_mode": "seq-mean-token-sum-norm",
+        f"{ACTOR}.loss_scale_factor": 8192,
+        f"{ACTOR}.use_kl_loss": False,
     },
     "dapo": {
         "algorithm.adv_estimator": "grpo",
-        "actor_rollout_ref.actor.clip_ratio_high": 0.28,
-        "actor_rollout_ref.actor.use_kl_loss": False,
+        f"{ACTOR}.clip_ratio_high": 0.28,
+        f"{ACTOR}.use_kl_loss": False,
         "algorithm.filter_groups.enable": True,
         "algorithm.filter_groups.metric": "acc",
         "reward.reward_manager.name": "dapo",
@@ -53,24 +100,34 @@ ALGO_EXPECT = {
         "reward.reward_kwargs.overlong_buffer_cfg.len": 2048,
         "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
     },
-    "entropy_mech": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "clip_cov"},
-    "rloo": {"algorithm.adv_estimator": "rloo"},
+    "entropy_mech": {"algorithm.adv_estimator": "grpo", f"{ACTOR}.policy_loss.loss_mode": "clip_cov"},
     "reinforce_pp": {"algorithm.adv_estimator": "reinforce_plus_plus_baseline"},
+}
+BASELINE_EXPECT = {"paper": PAPER_BASELINES, "canonical": CANONICAL_BASELINES}
+REWARD_EXPECT = {
+    "paper": {"reward.custom_reward_function.path": "pkg://ebpo_verl.paper_reward"},
+    "math_verify": {"reward.custom_reward_function.path": "pkg://ebpo_verl.reward"},
 }
 # the paper's shared setup, and what every run keeps unless its ALGO changes it
 SHARED = {
     "data.train_batch_size": 512,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 128,
-    "actor_rollout_ref.actor.optim.lr": 1e-6,
-    "actor_rollout_ref.actor.optim.weight_decay": 0.01,
-    "actor_rollout_ref.actor.use_kl_loss": True,
-    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
-    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-    "actor_rollout_ref.actor.clip_ratio_low": 0.2,
-    "actor_rollout_ref.actor.clip_ratio_high": 0.2,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    f"{ACTOR}.ppo_mini_batch_size": 128,
+    f"{ACTOR}.optim.lr": 1e-6,
+    f"{ACTOR}.optim.weight_decay": 0.01,
+    f"{ACTOR}.use_kl_loss": True,
+    f"{ACTOR}.kl_loss_coef": 0.001,
+    "algorithm.kl_ctrl.kl_coef": 0.001,
+    f"{ACTOR}.loss_agg_mode": "token-mean",
+    f"{ACTOR}.clip_ratio_low": 0.2,
+    f"{ACTOR}.clip_ratio_high": 0.2,
+    f"{ACTOR}.clip_ratio_c": 3.0,
+    f"{ACTOR}.entropy_coeff": 0,
+    f"{ACTOR}.policy_loss.loss_mode": "vanilla",
+    "algorithm.norm_adv_by_std_in_grpo": True,
     "data.max_prompt_length": 4096,
     "data.max_response_length": 8192,
+    "data.filter_overlong_prompts": True,
+    "data.truncation": "error",
     "actor_rollout_ref.rollout.response_length": 8192,
     "actor_rollout_ref.rollout.temperature": 1.0,
     "actor_rollout_ref.rollout.name": "vllm",
@@ -84,7 +141,6 @@ SHARED = {
     "algorithm.ebpo.prior": "gaussian",
     "algorithm.ebpo.stats_scope": "history",
     "reward.reward_manager.name": "naive",
-    "reward.custom_reward_function.path": "pkg://ebpo_verl.reward",
     "reward.custom_reward_function.name": "compute_score",
     "data.custom_cls.path": "pkg://ebpo_verl.curriculum",
     "data.custom_cls.name": "CurriculumDataset",
@@ -94,6 +150,10 @@ SHARED = {
     "trainer.nnodes": 4,
     "trainer.n_gpus_per_node": 8,
     "trainer.use_v1": True,
+    "trainer.max_actor_ckpt_to_keep": 2,
+    "trainer.val_before_train": True,
+    "trainer.test_freq": 10,
+    "trainer.save_freq": 10,
 }
 ORDER_EXPECT = {
     "topic": {"data.curriculum.order": "topic", "data.curriculum.topic_key": "topic", "data.curriculum.align": True},
@@ -116,40 +176,38 @@ def recipe_env(work: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def overrides(script: str, work: Path, *args: str, **env: str) -> list[str]:
-    out = subprocess.run(
-        ["bash", str(RECIPE / script), *args],
-        env=recipe_env(work, PRINT_OVERRIDES="1", **env),
-        capture_output=True,
-        text=True,
-        check=True,
+def run_recipe(script: str, work: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(RECIPE / script), *args], env=recipe_env(work, **env), capture_output=True, text=True
     )
-    return out.stdout.splitlines()
+
+
+def overrides(script: str, work: Path, *args: str, **env: str) -> list[str]:
+    result = run_recipe(script, work, *args, PRINT_OVERRIDES="1", **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
 
 
 def select(cfg, key: str):
-    return OmegaConf.select(cfg, key, throw_on_missing=True)
+    value = OmegaConf.select(cfg, key, throw_on_missing=True)
+    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
 
 
 @pytest.fixture(scope="module")
 def compose():
     """Compose the package config (ebpo_verl/config/ebpo_trainer.yaml) in-process with a list of overrides."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    import ebpo_verl
-
-    config_dir = Path(ebpo_verl.__file__).resolve().parent / "config"
     GlobalHydra.instance().clear()  # in case another test left Hydra initialised
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+    with initialize_config_module(config_module="ebpo_verl.config", version_base=None):
         yield lambda ovr: hydra_compose("ebpo_trainer", overrides=ovr)
 
 
 def test_scripts_parse_and_pass_shellcheck():
     names = {p.name for p in SCRIPTS}
-    expected = {"common.sh", "eval.sh", "run_qwen3_8b.sh", "run_qwen3_14b.sh", "run_llama3_8b.sh"}
-    expected |= {f"table_{t}.sh" for t in ("main", "group_size", "ordering", "curriculum", "grpo_bn")}
+    expected = {"common.sh", "eval.sh", *RUN_SCRIPTS, *(f"table_{t}.sh" for t in TABLES)}
     assert expected <= names
     for script in SCRIPTS:
         subprocess.run(["bash", "-n", str(script)], check=True)
@@ -158,44 +216,67 @@ def test_scripts_parse_and_pass_shellcheck():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("algo", ALGOS)
-def test_every_algo_and_order_composes_with_intended_values(compose, tmp_path, algo):
+@pytest.mark.parametrize("baselines", ["paper", "canonical"])
+def test_every_algo_baselines_and_reward_composes_with_the_methods_values(compose, tmp_path, baselines):
+    """ALGO x REWARD for one BASELINES: the keys that define each method, the shared setup, the experiment name,
+    verl's registries and the package's pre-flight (our checks + verl's validate_config at 4 x 8 GPUs)."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
-    from ebpo_verl.validation import check_config
+    import ebpo_verl
+    from ebpo_verl.validation import preflight
 
+    ebpo_verl.register()  # ebpo, and the fork's spo / bnpo / shrinkage_js (ebpo_verl.baselines)
+    for algo in ALGOS:
+        for reward in ("paper", "math_verify"):
+            cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO=algo, BASELINES=baselines, REWARD=reward))
+            name = f"qwen3_8b-{algo}-g4-topic-rw_{reward}-bl_{baselines}"
+            expect = {**SHARED, **BASELINE_EXPECT[baselines][algo], **REWARD_EXPECT[reward], **ORDER_EXPECT["topic"]}
+            expect |= {
+                "actor_rollout_ref.rollout.n": 4,
+                "actor_rollout_ref.model.path": "Qwen/Qwen3-8B",
+                "trainer.total_epochs": 3,
+                "trainer.total_training_steps": None,
+                "trainer.experiment_name": name,
+                "trainer.default_local_dir": f"{tmp_path}/ckpt/{name}",
+                "trainer.metrics_log_path": f"{tmp_path}/logs/{name}/metrics.jsonl",
+                "data.train_files": [f"{tmp_path}/data/{TRAIN_FILE['topic']}"],
+                "data.val_files": [f"{tmp_path}/data/{v}.parquet" for v in VAL_SETS],
+            }
+            got = {key: select(cfg, key) for key in expect}
+            assert got == expect, f"ALGO={algo} BASELINES={baselines} REWARD={reward}"
+            get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+            get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+            lines = preflight(cfg, dry_run=True)
+            assert lines[0] == "world size 32"
+
+
+def test_orders_pick_their_training_file_and_epochs(compose, tmp_path):
     for order in ORDERS:
-        cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO=algo, ORDER=order))
-        expect = {**SHARED, **ALGO_EXPECT[algo], **ORDER_EXPECT[order]}
-        expect["actor_rollout_ref.rollout.n"] = 4
-        expect["actor_rollout_ref.model.path"] = "Qwen/Qwen3-8B"
-        expect["trainer.total_epochs"] = 1 if order == "difficulty" else 3
-        expect["trainer.experiment_name"] = f"qwen3_8b-{algo}-g4-{order}"
-        expect["trainer.default_local_dir"] = f"{tmp_path}/ckpt/qwen3_8b-{algo}-g4-{order}"
-        expect["trainer.metrics_log_path"] = f"{tmp_path}/logs/qwen3_8b-{algo}-g4-{order}/metrics.jsonl"
-        expect["data.train_files"] = [f"{tmp_path}/data/{TRAIN_FILE[order]}"]
-        expect["data.val_files"] = [f"{tmp_path}/data/{name}.parquet" for name in VAL_SETS]
-        got = {key: select(cfg, key) for key in expect}
-        got = {k: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v for k, v in got.items()}
-        assert got == expect, f"ALGO={algo} ORDER={order}"
-        # the names are verl's (or the plugin's) real ones, and the package's pre-flight checks accept the run
-        get_adv_estimator_fn(cfg.algorithm.adv_estimator)
-        get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
-        check_config(cfg)
+        cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ORDER=order))
+        expect = {
+            **ORDER_EXPECT[order],
+            "data.train_files": [f"{tmp_path}/data/{TRAIN_FILE[order]}"],
+            "trainer.total_epochs": 1 if order == "difficulty" else 3,
+            "trainer.experiment_name": f"qwen3_8b-ebpo-g4-{order}-rw_paper-bl_paper",
+        }
+        assert {key: select(cfg, key) for key in expect} == expect, order
 
 
 def test_presets_pass_verl_validation_and_use_registered_managers(compose, tmp_path):
-    """verl's own validate_config (batch sizes vs GPUs, loss modes, ...) on every ALGO, Qwen3-14B layout."""
+    """verl's own validate_config (batch sizes vs GPUs, loss modes, ...) on the Qwen3-14B layout."""
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
+    from verl.trainer.ppo.utils import need_reference_policy
 
-    for algo in ALGOS:
-        cfg = compose(overrides("run_qwen3_14b.sh", tmp_path, ALGO=algo))
+    from ebpo_verl.validation import check_verl_config
+
+    # the 8B layout of every preset passed the full pre-flight above; here the presets that change the reward
+    # manager, the policy loss or the reference policy, on the 14B layout (rollout TP 2, optimizer offload)
+    for algo, baselines in [("ebpo", "paper"), ("dapo", "canonical"), ("entropy_mech", "paper"), ("spo", "paper")]:
+        cfg = compose(overrides("run_qwen3_14b.sh", tmp_path, ALGO=algo, BASELINES=baselines))
         assert cfg.reward.reward_manager.name in REWARD_MANAGER
         assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
         assert need_reference_policy(cfg) == bool(cfg.actor_rollout_ref.actor.use_kl_loss)
-        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        check_verl_config(cfg)
 
 
 def test_group_size_env_and_extra_arguments_pass_through(compose, tmp_path):
@@ -206,67 +287,135 @@ def test_group_size_env_and_extra_arguments_pass_through(compose, tmp_path):
     assert cfg.actor_rollout_ref.rollout.n == 16
     assert cfg.algorithm.adv_estimator == "grpo"  # extra arguments come last and win
     assert cfg.trainer.save_freq == 3
-    assert cfg.trainer.experiment_name == "llama3_8b-ebpo-g16-topic"
+    assert cfg.trainer.experiment_name == "llama3_8b-ebpo-g16-topic-rw_paper-bl_paper"
     assert cfg.actor_rollout_ref.model.path == MODELS["llama3_8b"]
-    cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, EXPERIMENT="mine", TOTAL_STEPS="7", ORDER="naive"))
+    env = {"EXPERIMENT": "mine", "TOTAL_STEPS": "7", "ORDER": "naive", "KEEP_CKPTS": "5"}
+    cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, **env, VAL_SETS="aime2024,amc23", VAL_N="8"))
     assert cfg.trainer.experiment_name == "mine" and cfg.trainer.total_training_steps == 7
+    assert cfg.trainer.total_epochs == 7  # never the limit: every epoch has at least one step
+    assert cfg.trainer.max_actor_ckpt_to_keep == 5
     assert cfg.trainer.metrics_log_path == f"{tmp_path}/logs/mine/metrics.jsonl"
+    assert list(cfg.data.val_files) == [f"{tmp_path}/data/aime2024.parquet", f"{tmp_path}/data/amc23.parquet"]
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 8
+    cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO="spo", GROUP_SIZE="1"))  # single-stream SPO
+    assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.algorithm.adv_estimator == "spo"
 
 
-def test_bad_switches_fail_with_a_message(tmp_path):
-    for env, words in [({"ALGO": "ppo"}, "unknown ALGO=ppo"), ({"ORDER": "size"}, "unknown ORDER=size")]:
-        result = subprocess.run(
-            ["bash", str(RECIPE / "run_qwen3_8b.sh")],
-            env=recipe_env(tmp_path, PRINT_OVERRIDES="1", **env),
-            capture_output=True,
-            text=True,
-        )
-        assert result.returncode == 2 and words in result.stderr
-    cases = [
-        ({"TOPICS": "file"}, "TOPICS=file needs TRAIN_FILE"),
-        ({"DATA_DIR": "/data/it's"}, "single quote"),
-    ]
-    for env, words in cases:
-        result = subprocess.run(
-            ["bash", str(RECIPE / "run_qwen3_8b.sh")],
-            env=recipe_env(tmp_path, PRINT_OVERRIDES="1", **env),
-            capture_output=True,
-            text=True,
-        )
-        assert result.returncode == 2 and words in result.stderr, result.stderr
+BAD_ENV = [
+    ({"GROUP_SIZE": "0"}, "GROUP_SIZE=0 is not an integer >= 2"),
+    ({"GROUP_SIZE": "-4"}, "GROUP_SIZE=-4 is not an integer >= 2"),
+    ({"GROUP_SIZE": "abc"}, "GROUP_SIZE=abc is not an integer >= 2"),
+    ({"GROUP_SIZE": "1"}, "GROUP_SIZE=1 is not an integer >= 2"),
+    ({"GROUP_SIZE": "0", "ALGO": "spo"}, "GROUP_SIZE=0 is not an integer >= 1"),
+    ({"ALGO": "ppo"}, "unknown ALGO=ppo"),
+    ({"ORDER": "size"}, "unknown ORDER=size"),
+    ({"TOPICS": "gpt"}, "unknown TOPICS=gpt"),
+    ({"REWARD": "exact"}, "unknown REWARD=exact (one of: paper math_verify)"),
+    ({"BASELINES": "fork"}, "unknown BASELINES=fork (one of: paper canonical)"),
+    ({"KEEP_CKPTS": "0"}, "KEEP_CKPTS=0 is not an integer >= 1"),
+    ({"NNODES": "four"}, "NNODES=four is not an integer >= 1"),
+    ({"GPUS_PER_NODE": "8.0"}, "GPUS_PER_NODE=8.0 is not an integer >= 1"),
+    ({"VAL_N": "0"}, "VAL_N=0 is not an integer >= 1"),
+    ({"TOTAL_STEPS": "2e2"}, "TOTAL_STEPS=2e2 is not an integer >= 1"),
+    ({"TOTAL_EPOCHS": "0"}, "TOTAL_EPOCHS=0 is not an integer >= 1"),
+    ({"TEST_FREQ": "0"}, "TEST_FREQ=0 is not an integer >= 1 (steps, or -1 for never)"),
+    ({"VAL_SETS": "aime2024,aime2026"}, "unknown VAL_SETS entry=aime2026"),
+    ({"VAL_SETS": " , "}, "VAL_SETS is empty"),
+    ({"TOPICS": "file"}, "TOPICS=file needs TRAIN_FILE"),
+    ({"DATA_DIR": "/data/it's"}, "single quote"),
+]
+
+
+def test_bad_switches_fail_with_one_line_and_status_2(tmp_path):
+    for env, words in BAD_ENV:
+        result = run_recipe("run_qwen3_8b.sh", tmp_path, PRINT_OVERRIDES="1", **env)
+        assert result.returncode == 2 and result.stdout == "", env
+        assert result.stderr.count("\n") == 1 and words in result.stderr, (env, result.stderr)
+    assert not (tmp_path / "data").exists() and not (tmp_path / "logs").exists()
+    for env, words in [({"REWARD": "x"}, "unknown REWARD=x"), ({"EVAL_PROTOCOL": "vllm"}, "unknown EVAL_PROTOCOL")]:
+        result = run_recipe("table_main.sh", tmp_path, "--list", **env)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr
     own = overrides("run_qwen3_8b.sh", tmp_path, TOPICS="file", TRAIN_FILE="/d/gpt_topics.parquet")
     assert "data.train_files=['/d/gpt_topics.parquet']" in own and "++data.curriculum.order=topic" in own
+    assert overrides("run_qwen3_8b.sh", tmp_path, TEST_FREQ="-1").count("trainer.test_freq=-1") == 1
 
 
-def test_dry_run_subprocesses_compose_without_preparing_data(compose, tmp_path):
-    """Every run script through the real entry point (`--cfg job`), in parallel."""
+def test_help_prints_the_header_and_does_nothing_else(tmp_path):
+    """--help / -h of every run script and table driver: usage from the header comment, exit 0, no Python,
+    no file written, even with bad settings in the environment."""
+    calls = tmp_path / "python_calls"
+    fake = tmp_path / "fake_python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    work = tmp_path / "work"
+    scripts = RUN_SCRIPTS + [f"table_{t}.sh" for t in TABLES]
+    for script in scripts:
+        header = (RECIPE / script).read_text().splitlines()[1].removeprefix("# ")
+        for flag in ("--help", "-h"):
+            result = run_recipe(script, work, flag, PYTHON=str(fake), GROUP_SIZE="abc", DRY_RUN="1")
+            assert result.returncode == 0 and result.stderr == "", (script, result.stderr)
+            assert result.stdout.splitlines()[0] == header
+            section = "Switches (environment variables" if script.startswith("run_") else "Table drivers ("
+            assert section in result.stdout and "REWARD" in result.stdout
+    assert not work.exists() and not calls.exists()
+
+
+def small_parquet(path: Path, rows: int) -> Path:
+    """A training parquet of `rows` DAPO-style rows (only the row count matters to the pre-flight)."""
+    pd.DataFrame(
+        {
+            "data_source": ["math_dapo"] * rows,
+            "prompt": [[{"role": "user", "content": f"What is {i} + 1?"}] for i in range(rows)],
+            "reward_model": [{"style": "rule", "ground_truth": str(i + 1)} for i in range(rows)],
+            "extra_info": [{"index": i} for i in range(rows)],
+        }
+    ).to_parquet(path)
+    return path
+
+
+def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(compose, tmp_path):
+    """DRY_RUN through the real entry point, in parallel: each run script composes, runs the pre-flight and says
+    so, prepares and writes nothing; a training file smaller than one batch (the 44-row DAPO sample) and a
+    world size that does not divide the batch are refused with one line and status 2."""
+    tiny = small_parquet(tmp_path / "sample.parquet", 44)
     runs = {
-        "run_qwen3_8b.sh": [],
-        "run_qwen3_14b.sh": [],
-        "run_llama3_8b.sh": ["trainer.test_freq=2"],
+        "run_qwen3_14b.sh": (["trainer.test_freq=2"], {}),
+        "zero_steps": ([], {"ORDER": "naive", "TRAIN_FILE": str(tiny)}),
+        "world_size": ([f"{ACTOR}.use_dynamic_bsz=False"], {"NNODES": "1", "GPUS_PER_NODE": "3"}),
     }
     procs = {
         name: subprocess.Popen(
-            ["bash", str(RECIPE / name), *args],
-            env=recipe_env(tmp_path, DRY_RUN="1", ALGO="dapo"),
+            ["bash", str(RECIPE / (name if name.endswith(".sh") else "run_qwen3_8b.sh")), *args],
+            env=recipe_env(tmp_path / "work", DRY_RUN="1", ALGO="dapo", **env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for name, args in runs.items()
+        for name, (args, env) in runs.items()
     }
     outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
-    for name, (_out, err) in outputs.items():
-        assert procs[name].returncode == 0, f"{name}: {err[-3000:]}"
-        assert "would prepare data" in err and "data_prep.all" in err, name
-    assert not (tmp_path / "data").exists()  # DRY_RUN prepares nothing
-    configs = {name: yaml.safe_load(out) for name, (out, _) in outputs.items()}
-    assert configs["run_qwen3_8b.sh"]["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_8b"]
-    assert configs["run_qwen3_14b.sh"]["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_14b"]
-    assert configs["run_llama3_8b.sh"]["trainer"]["test_freq"] == 2
+    out, err = outputs["run_qwen3_14b.sh"]
+    assert procs["run_qwen3_14b.sh"].returncode == 0, err[-3000:]
+    assert "would prepare data" in err and "data_prep.all" in err
+    assert "pre-flight: ok (world size 32" in err and "DRY_RUN: pre-flight passed" in err
+    assert not (tmp_path / "work").exists()  # DRY_RUN prepares and writes nothing
+    config = yaml.safe_load(out)
+    assert config["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_14b"]
+    assert config["trainer"]["test_freq"] == 2
     # the in-process composition of the printed overrides is the same config as the real dry run
-    same = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO="dapo"))
-    assert OmegaConf.to_container(same) == configs["run_qwen3_8b.sh"]
+    same = compose(overrides("run_qwen3_14b.sh", tmp_path / "work", "trainer.test_freq=2", ALGO="dapo"))
+    assert OmegaConf.to_container(same) == config
+
+    errors = {name: outputs[name][1].splitlines()[-1] for name in ("zero_steps", "world_size")}
+    assert procs["zero_steps"].returncode == 2 and outputs["zero_steps"][0] == ""
+    assert errors["zero_steps"].startswith("ebpo-train: error: one epoch would train 0 steps")
+    assert f"{tiny}: 44 rows" in errors["zero_steps"] and "data.train_batch_size=512" in errors["zero_steps"]
+    assert procs["world_size"].returncode == 2 and outputs["world_size"][0] == ""
+    assert errors["world_size"].startswith("ebpo-train: error: verl's validate_config refused the config at world")
+    assert "world size 3 (trainer.nnodes=1 x trainer.n_gpus_per_node=3)" in errors["world_size"]
+    assert "real_train_batch_size (2048) must be divisible by minimal possible batch size (3)" in errors["world_size"]
+    for name in ("zero_steps", "world_size"):
+        assert "pre-flight passed" not in outputs[name][1]
 
 
 def test_missing_data_is_prepared_in_order(tmp_path):
@@ -285,123 +434,169 @@ def test_missing_data_is_prepared_in_order(tmp_path):
     env = recipe_env(tmp_path, PYTHON=str(fake))
     subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
     assert log.read_text().splitlines() == ["-m data_prep.all", "-m data_prep.label_topics", "-m ebpo_verl.main"]
-    assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic").is_dir()
+    assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic-rw_paper-bl_paper").is_dir()
     log.unlink()  # everything is there now: straight to training
     subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
     assert log.read_text().splitlines() == ["-m ebpo_verl.main"]
 
 
-FAKE_TRAINER = r"""#!/usr/bin/env bash
-# Stands in for `python -m ebpo_verl.main`: records the call, writes a checkpoint and a metrics log.
-if [[ $1 != -m || $2 != ebpo_verl.main ]]; then exec "$REAL_PYTHON" "$@"; fi
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for the GPU steps: `-m ebpo_verl.main` (training: a checkpoint and a metrics log) and
+# `-m ebpo_verl.evaluate` (generate: a generations file; grade: a RESULTS.json); records every call.
+case "$1 $2" in
+  "-m ebpo_verl.main") ;;
+  "-m ebpo_verl.evaluate") ;;
+  *) exec "$REAL_PYTHON" "$@" ;;
+esac
 for a in "$@"; do
   case $a in
     trainer.experiment_name=*) name=${a#*=} ;;
     trainer.metrics_log_path=*) mlog=${a#*=} ;;
     trainer.default_local_dir=*) ckpt=${a#*=} ;;
-    trainer.val_only=True) eval=1 ;;
-    trainer.resume_from_path=*) from=${a#*=} ;;
-    actor_rollout_ref.model.path=*) model=${a#*=} ;;
+    trainer.total_training_steps=*) steps=${a#*=} ;;
   esac
 done
-echo "$name ${eval:-0} $model" >> "$CALLS"
-[[ $name == "${FAIL_EXPERIMENT:-}" ]] && exit 1
-mkdir -p "$(dirname "$mlog")"
-if [[ -n ${eval:-} ]]; then
-  acc=0.5; [[ $name == *ebpo* ]] && acc=0.6
-  step=${from##*global_step_}
-  line=""
-  for b in math500 aime2024 aime2025 amc23 olympiadbench; do line+="\"val-core/$b/acc/mean@16\": $acc, "; done
-  echo "{\"step\": $step, \"data\": {${line%, }}}" >> "$mlog"
-else
-  mkdir -p "$ckpt/global_step_3/actor"
+if [[ $2 == ebpo_verl.main ]]; then
+  echo "train $name steps=${steps:-none}" >> "$CALLS"
+  [[ $name == "${FAIL_EXPERIMENT:-}" ]] && exit 1
+  mkdir -p "$(dirname "$mlog")" "$ckpt/global_step_3/actor"
   echo 3 > "$ckpt/latest_checkpointed_iteration.txt"
   echo '{"step": 3, "data": {"actor/grad_norm": 0.1}}' >> "$mlog"
+  exit 0
 fi
+shift 2
+cmd=$1
+shift
+while (($#)); do
+  case $1 in
+    --model) model=$2 ;;
+    --protocol) protocol=$2 ;;
+    --out) out=$2 ;;
+  esac
+  shift
+done
+if [[ $cmd == generate ]]; then
+  echo "generate $model $protocol" >> "$CALLS"
+  [[ $model == *"/${FAIL_EVAL:-none}" ]] && exit 1
+  mkdir -p "$(dirname "$out")" && touch "$out"
+  exit 0
+fi
+acc=50.0
+[[ $out == *-ebpo-* ]] && acc=60.0
+line=""
+for b in math500 aime2024 aime2025 amc23 olympiadbench; do
+  line+="\"$b\": {\"pass@1\": $acc, \"runs\": 16, \"problems\": 10, \"complete\": true}, "
+done
+echo "{\"protocol\": \"$protocol\", \"model\": \"x\", \"benchmarks\": {${line%, }}}" > "$out"
 """
 
 
 def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path):
-    """table_curriculum.sh end to end with a stand-in trainer: runs in order, final-checkpoint evaluation,
-    .done markers (a second call runs nothing), a failed run leaves empty cells and a non-zero exit."""
+    """table_curriculum.sh end to end with stand-ins for training and evaluation: one epoch (no step limit),
+    eval.sh on each run's checkpoint root per the interface, .done markers and existing results (a second call
+    runs nothing), a failed run leaves empty cells and a non-zero exit, a failed evaluation is retried."""
     fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_TRAINER)
+    fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
+    ebpo, grpo = (f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo"))
 
     def drive(work: Path, **env: str) -> subprocess.CompletedProcess:
         data = work / "data"
         data.mkdir(parents=True, exist_ok=True)
         for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
             (data / f"{name}.parquet").touch()
-        return subprocess.run(
-            ["bash", str(RECIPE / "table_curriculum.sh")],
-            env=recipe_env(work, PYTHON=str(fake), REAL_PYTHON=sys.executable, CALLS=str(work / "calls"), **env),
-            capture_output=True,
-            text=True,
+        return run_recipe(
+            "table_curriculum.sh",
+            work,
+            PYTHON=str(fake),
+            REAL_PYTHON=sys.executable,
+            CALLS=str(work / "calls"),
+            **env,
         )
 
     work = tmp_path / "ok"
     result = drive(work)
     assert result.returncode == 0, result.stderr
     assert (work / "calls").read_text().splitlines() == [
-        "qwen3_8b_base-ebpo-g4-difficulty 0 Qwen/Qwen3-8B-Base",
-        "eval-qwen3_8b_base-ebpo-g4-difficulty 1 Qwen/Qwen3-8B-Base",
-        "qwen3_8b_base-grpo-g4-difficulty 0 Qwen/Qwen3-8B-Base",
-        "eval-qwen3_8b_base-grpo-g4-difficulty 1 Qwen/Qwen3-8B-Base",
+        f"train {ebpo} steps=none",
+        f"generate {work}/ckpt/{ebpo} paper",
+        f"train {grpo} steps=none",
+        f"generate {work}/ckpt/{grpo} paper",
     ]
-    table = (work / "results" / "curriculum.md").read_text()
-    assert "| Qwen3-8B-Base | EBPO-diff | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 |  |  | 3 |" in table
-    assert "| Qwen3-8B-Base | EBPO-diff − GRPO-diff | +10.00 | +10.00 | +10.00 | +10.00 | +10.00 |" in table
+    assert (work / "eval" / ebpo / "results-paper.json").is_file()
+    table = (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
+    assert "| EBPO-diff |" in table and "60.00 | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 |" in table
+    assert "| +10.00 | +10.00 | +10.00 | +10.00 | +10.00 |" in table
     (work / "calls").unlink()
     assert drive(work).returncode == 0 and not (work / "calls").exists()  # all done: nothing re-runs
 
     work = tmp_path / "failing"
-    result = drive(work, FAIL_EXPERIMENT="qwen3_8b_base-grpo-g4-difficulty")
-    assert result.returncode == 2 and "qwen3_8b_base-grpo-g4-difficulty (training)" in result.stderr
-    assert (
-        "| Qwen3-8B-Base | GRPO-diff |  |  |  |  |  |  |  |  |  |" in (work / "results" / "curriculum.md").read_text()
-    )
-    assert (work / "logs" / "qwen3_8b_base-ebpo-g4-difficulty" / ".done").exists()
-    assert (work / "logs" / "eval-qwen3_8b_base-ebpo-g4-difficulty" / ".done").exists()
-    assert not (work / "logs" / "qwen3_8b_base-grpo-g4-difficulty" / ".done").exists()
+    result = drive(work, FAIL_EXPERIMENT=grpo)
+    assert result.returncode == 2 and f"{grpo} (training)" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("ebpo recipe: failed")
+    table = (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
+    assert "| GRPO-diff |  |  |  |  |  |  |" in table
+    assert (work / "logs" / ebpo / ".done").exists() and not (work / "logs" / grpo / ".done").exists()
 
     work = tmp_path / "failing-eval"  # a failed evaluation is retried on the next call, the training is not
-    result = drive(work, FAIL_EXPERIMENT="eval-qwen3_8b_base-grpo-g4-difficulty")
-    assert result.returncode == 2 and "qwen3_8b_base-grpo-g4-difficulty (evaluation)" in result.stderr
+    result = drive(work, FAIL_EVAL=grpo)
+    assert result.returncode == 2 and f"{grpo} (evaluation)" in result.stderr
     (work / "calls").unlink()
     assert drive(work).returncode == 0
-    assert (work / "calls").read_text().splitlines() == ["eval-qwen3_8b_base-grpo-g4-difficulty 1 Qwen/Qwen3-8B-Base"]
-    assert "| GRPO-diff | 50.00 |" in (work / "results" / "curriculum.md").read_text()
+    assert (work / "calls").read_text().splitlines() == [f"generate {work}/ckpt/{grpo} paper"]
+    assert (
+        "50.00 | 50.00 | 50.00 | 50.00 | 50.00 | 50.00 |"
+        in (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
+    )
 
 
-def test_table_driver_lists_distinct_experiments_that_match_the_recipes(tmp_path):
+def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(compose, tmp_path):
+    """--list of every driver: distinct names and rows, each listed command composes into that experiment with
+    REWARD/BASELINES paper, AIME24 x 8 validation every 5 steps (and before training), a checkpoint every 10, 2
+    kept, step 200 (main tables) or one epoch (curriculum); baselines on a shuffled stream, EBPO in topic order."""
     counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 2, "grpo_bn": 6}
+    composed = 0
     for table, count in counts.items():
-        out = subprocess.run(
-            ["bash", str(RECIPE / f"table_{table}.sh"), "--list"],
-            env=recipe_env(tmp_path),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.splitlines()
+        out = run_recipe(f"table_{table}.sh", tmp_path, "--list").stdout.splitlines()
         rows = [line.split("\t") for line in out[1:]]
-        assert out[0].split("\t") == ["section", "method", "experiment", "metrics", "command"]
+        assert out[0].split("\t") == ["section", "method", "experiment", "results", "command"]
         assert len(rows) == count, table
         assert len({r[2] for r in rows}) == count and len({r[3] for r in rows}) == count
         assert len({(r[0], r[1]) for r in rows}) == count
-        for _section, _method, experiment, metrics, command in rows:
-            assert metrics == f"{tmp_path}/logs/eval-{experiment}/metrics.jsonl"
-            # the listed command really trains that experiment under that name
+        for _section, method, experiment, results, command in rows:
+            assert experiment.endswith("-rw_paper-bl_paper")
+            assert results == f"{tmp_path}/eval/{experiment}/results-paper.json"
             words = command.split()
             env = dict(w.split("=", 1) for w in words[:-2])
             printed = overrides(Path(words[-1]).name, tmp_path, **env)
             assert f"trainer.experiment_name={experiment}" in printed
-            assert f"actor_rollout_ref.rollout.n={env['GROUP_SIZE']}" in printed
-    main = subprocess.run(
-        ["bash", str(RECIPE / "table_main.sh"), "--list"],
-        env=recipe_env(tmp_path, V2_ROWS="1"),
-        capture_output=True,
-        text=True,
-        check=True,
+            if composed < 6 or table == "curriculum":  # a few through Hydra; the rest by their printed overrides
+                cfg = compose(printed)
+                composed += 1
+                assert cfg.trainer.test_freq == 5 and cfg.trainer.save_freq == 10 and cfg.trainer.val_before_train
+                assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 8
+                assert list(cfg.data.val_files) == [f"{tmp_path}/data/aime2024.parquet"]
+                assert cfg.trainer.max_actor_ckpt_to_keep == 2
+                assert cfg.reward.custom_reward_function.path == "pkg://ebpo_verl.paper_reward"
+                if table == "curriculum":
+                    assert cfg.trainer.total_training_steps is None and cfg.trainer.total_epochs == 1
+                else:
+                    assert cfg.trainer.total_training_steps == 200 and cfg.trainer.total_epochs >= 200
+            order = "random" if method in ("GRPO", "Dr.GRPO", "DAPO", "EntropyMech") else None
+            if order and table != "curriculum":
+                assert f"++data.curriculum.order={order}" in printed, experiment
+            if method.startswith("EBPO") and "naive" not in experiment and table != "curriculum":
+                assert "++data.curriculum.order=topic" in printed, experiment
+    main = run_recipe("table_main.sh", tmp_path, "--list", V2_ROWS="1").stdout
+    assert len(main.splitlines()) == 1 + 20
+    for method, algo in [("REINFORCE++", "reinforce_pp"), ("RLOO", "rloo"), ("SPO", "spo")]:
+        assert f"Qwen3-8B\t{method}\tqwen3_8b-{algo}-g4-random-rw_paper-bl_paper" in main
+    assert "Qwen3-14B\tEBPO-BB\tqwen3_14b-ebpo_bb-g4-topic-rw_paper-bl_paper" in main
+    canonical = run_recipe(
+        "table_main.sh", tmp_path, "--list", REWARD="math_verify", BASELINES="canonical", TOTAL_STEPS="50"
     ).stdout
-    assert len(main.splitlines()) == 1 + 19 and "Qwen3-8B\tREINFORCE++\tqwen3_8b-reinforce_pp-g4-topic" in main
+    assert "Qwen3-8B\tDAPO\tqwen3_8b-dapo-g4-topic-rw_math_verify-bl_canonical" in canonical
+    assert "TOTAL_STEPS=50 " in canonical and "TOTAL_STEPS=200" not in canonical
+    both = run_recipe("table_grpo_bn.sh", tmp_path, "--list", EVAL_PROTOCOL="both").stdout.splitlines()[1]
+    name = both.split("\t")[2]
+    assert both.split("\t")[3] == f"{tmp_path}/eval/{name}/results-paper.json,{tmp_path}/eval/{name}/results-verl.json"

@@ -4,11 +4,13 @@
 # seed 42: the paper's BERTopic row). The paper's main EBPO row used GPT-4.1 labels: give a parquet with
 # those labels in extra_info.topic as GPT_TOPIC_FILE to add that row. 4 runs (6 with GPT_TOPIC_FILE);
 # the embedding-topic runs are the main table's EBPO runs (shared, run once).
-#   bash recipe/ebpo/table_ordering.sh [--list | hydra overrides for every run]
+# Runs stop at step 200 (TOTAL_STEPS).
+#   bash recipe/ebpo/table_ordering.sh [--help | --list | hydra overrides for every run]
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=common.sh source-path=SCRIPTDIR
 source "$HERE/common.sh"
+ebpo_paper_schedule 200
 
 declare -A SECTION=([qwen3_8b]=Qwen3-8B [qwen3_14b]=Qwen3-14B)
 for model in qwen3_8b qwen3_14b; do
