@@ -1,18 +1,21 @@
 """Time ``ebpo`` (history statistics + 10 clusters) against verl's ``grpo`` and ``grpo_vectorized``.
 
-512 prompts x 16 responses x 4096 tokens, all three in this process on the same inputs; prints the median
-time of each and the ratios. Targets: ebpo <= 0.5x grpo and <= 1.5x grpo_vectorized. The v2 draft's baselines
-``shrinkage_js``, ``bnpo`` and ``spo`` (stable prompt keys, tracker warm after the first call) are timed too, with
-their ratio to grpo_vectorized.
+All three run in this process on the same inputs, round-robin (one call of each per round, so a busy machine
+slows them alike); prints the median time of each per shape and the ratios. Shapes (prompts x responses x
+tokens): 512x16x4096 and the paper's 512x4x8192 (PAPER.md: batch 512 prompts, G=4, max response 8192).
+Target: ebpo <= 1.0x grpo_vectorized at every shape.
 
-    python benchmarks/bench_advantage.py [--prompts 512] [--group 16] [--tokens 4096] [--repeats 7]
+    python benchmarks/bench_advantage.py [--device cpu|cuda] [--threads N] [--shapes 512x16x4096,512x4x8192]
+        [--repeats 11]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -20,12 +23,24 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 import ebpo_verl
-from ebpo_verl.baselines import SPO_STATE
 
-BASELINES = ("shrinkage_js", "bnpo", "spo")
+DEFAULT_SHAPES = "512x16x4096,512x4x8192"
+TARGET = 1.0
 
 
-def make_inputs(prompts: int, group: int, tokens: int, seed: int = 0):
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"512x16x4096,512x4x8192"`` -> [(512, 16, 4096), (512, 4, 8192)]."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--shapes: {item!r} is not PROMPTSxGROUPxTOKENS with positive integers")
+        shapes.append(tuple(int(p) for p in parts))
+    return shapes
+
+
+def make_inputs(prompts: int, group: int, tokens: int, device: str, seed: int = 0):
+    """Outcome rewards on the last response token (random lengths), uids and 10 topic labels as verl passes them."""
     gen = torch.Generator().manual_seed(seed)
     bs = prompts * group
     lengths = torch.randint(1, tokens + 1, (bs,), generator=gen)
@@ -34,59 +49,80 @@ def make_inputs(prompts: int, group: int, tokens: int, seed: int = 0):
     rewards[torch.arange(bs), lengths - 1] = torch.randint(0, 2, (bs,), generator=gen).float()
     uids = np.repeat(np.array([f"uid-{i}" for i in range(prompts)], dtype=object), group)
     labels = np.repeat(np.array([f"topic-{i % 10}" for i in range(prompts)], dtype=object), group)
-    return rewards, mask, uids, labels
+    return rewards.to(device), mask.to(device), uids, labels
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def round_robin_medians(fns: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None]) -> dict:
+    """Median seconds of each function, called once per round in turn after one warm-up call each."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    sync()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=512)
-    parser.add_argument("--group", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-
-    rewards, mask, uids, labels = make_inputs(args.prompts, args.group, args.tokens)
+def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int) -> dict[str, float]:
+    rewards, mask, uids, labels = make_inputs(prompts, group, tokens, device)
     ebpo = get_adv_estimator_fn("ebpo")
     grpo = get_adv_estimator_fn("grpo")
     grpo_vec = get_adv_estimator_fn("grpo_vectorized")
     config = OmegaConf.create({"ebpo": {"cluster_key": "topic"}})
     ebpo_verl.get_state().reset()
-    SPO_STATE.reset()
-    prompt_keys = np.repeat(np.arange(args.prompts), args.group)  # SPO's stable keys (extra_info["index"])
-    baselines = {name: get_adv_estimator_fn(name) for name in BASELINES}
-
-    timings = {
-        "ebpo": median_seconds(
-            lambda: ebpo(token_level_rewards=rewards, response_mask=mask, index=uids, config=config, labels=labels),
-            args.repeats,
-        ),
-        "grpo": median_seconds(lambda: grpo(rewards, mask, uids), args.repeats),
-        "grpo_vectorized": median_seconds(lambda: grpo_vec(rewards, mask, uids), args.repeats),
-    }
-    extra = {"spo": {"prompt_keys": prompt_keys}}
-    for name, fn in baselines.items():
-        kwargs = extra.get(name, {})
-        timings[name] = median_seconds(lambda fn=fn, kw=kwargs: fn(rewards, mask, uids, config, **kw), args.repeats)
-    shape = f"{args.prompts} prompts x {args.group} responses x {args.tokens} tokens"
-    print(f"median of {args.repeats} runs, {shape}, torch threads={torch.get_num_threads()}")
-    for name, seconds in timings.items():
-        print(f"  {name:16s} {seconds * 1e3:9.1f} ms")
-    print(
-        f"ebpo/grpo = {timings['ebpo'] / timings['grpo']:.3f} (target <= 0.5)   "
-        f"ebpo/grpo_vectorized = {timings['ebpo'] / timings['grpo_vectorized']:.3f} (target <= 1.5)"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    return round_robin_medians(
+        {
+            "ebpo": lambda: ebpo(
+                token_level_rewards=rewards, response_mask=mask, index=uids, config=config, labels=labels
+            ),
+            "grpo": lambda: grpo(rewards, mask, uids),
+            "grpo_vectorized": lambda: grpo_vec(rewards, mask, uids),
+        },
+        repeats,
+        sync,
     )
-    print("   ".join(f"{n}/grpo_vectorized = {timings[n] / timings['grpo_vectorized']:.3f}" for n in BASELINES))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated PxGxL (default {DEFAULT_SHAPES})")
+    parser.add_argument("--repeats", type=int, default=11)
+    args = parser.parse_args(argv)
+    try:
+        shapes = parse_shapes(args.shapes)
+        if args.repeats < 1:
+            raise ValueError(f"--repeats={args.repeats}: use at least 1")
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads={args.threads}: use at least 1")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible to torch")
+    except ValueError as err:
+        print(f"bench_advantage: error: {err}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    print(f"device={args.device} torch threads={torch.get_num_threads()} median of {args.repeats} round-robin runs")
+    worst = 0.0
+    for prompts, group, tokens in shapes:
+        timings = bench_shape(prompts, group, tokens, args.device, args.repeats)
+        ratio = timings["ebpo"] / timings["grpo_vectorized"]
+        worst = max(worst, ratio)
+        cells = "  ".join(f"{name} {seconds * 1e3:8.2f} ms" for name, seconds in timings.items())
+        print(
+            f"{prompts}x{group}x{tokens}: {cells}  ebpo/grpo = {timings['ebpo'] / timings['grpo']:.3f}  "
+            f"ebpo/grpo_vectorized = {ratio:.3f}"
+        )
+    print(f"worst ebpo/grpo_vectorized = {worst:.3f} (target <= {TARGET})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -337,39 +337,37 @@ def _blend(local: _Prior, glob: _Prior, weight: float) -> _Prior:
     return _Prior(mix(local.mu, glob.mu), mix(local.sigma2, glob.sigma2), mix(local.tau2, glob.tau2))
 
 
-def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray, n_seg: int) -> np.ndarray:
-    """(n, mean, M2) per segment, two-pass, summed in value order (independent of row and uid order)."""
-    order = np.argsort(values, kind="stable")
-    values, seg, weight = values[order], seg[order], weight[order]
-    n = np.bincount(seg, weights=weight, minlength=n_seg)
-    s = np.bincount(seg, weights=values * weight, minlength=n_seg)
-    mean = np.divide(s, n, out=np.zeros(n_seg), where=n > 0)
-    dev = values - mean[seg]
-    m2 = np.bincount(seg, weights=dev * dev * weight, minlength=n_seg)
-    return np.stack([n, mean, m2], axis=1)
-
-
 def _segment_stats(
     x: np.ndarray,
+    x_order: np.ndarray,
     row_group: np.ndarray,
     group_size: np.ndarray,
     group_mean: np.ndarray,
     group_var: np.ndarray,
-    group_seg: np.ndarray,
-    n_seg: int,
-) -> list[PriorStats]:
-    """Batch statistics per segment (cluster): rewards, group means, within-group variances, 1 / G."""
+    segmentations: list[tuple[np.ndarray, int]],
+) -> list[list[PriorStats]]:
+    """Batch statistics (rewards, group means, within-group variances, 1 / G) per segment of each segmentation
+    (``(segment of each group, number of segments)``: all prompts, clusters). Two-pass, summed in value order
+    (independent of row and uid order); each series is sorted once for all segmentations."""
     ones_groups = np.ones_like(group_mean)
-    parts = np.stack(
-        [
-            _moments(x, group_seg[row_group], np.ones_like(x), n_seg),
-            _moments(group_mean, group_seg, ones_groups, n_seg),
-            _moments(group_var, group_seg, (group_size >= 2).astype(np.float64), n_seg),
-            _moments(1.0 / group_size, group_seg, ones_groups, n_seg),
-        ],
-        axis=1,
-    ).tolist()
-    return [PriorStats(*(Moments(*part) for part in seg)) for seg in parts]
+    series = [  # values, their order, weights, group of each value (None: the value is a group's)
+        (x, x_order, np.ones_like(x), row_group),
+        (group_mean, np.argsort(group_mean), ones_groups, None),
+        (group_var, np.argsort(group_var), (group_size >= 2).astype(np.float64), None),
+        (1.0 / group_size, np.argsort(group_size), ones_groups, None),
+    ]
+    out = [np.empty((n_seg, 4, 3)) for _, n_seg in segmentations]
+    for part, (values, order, weight, group) in enumerate(series):
+        values, weight = values[order], weight[order]
+        group = order if group is None else group[order]
+        for (group_seg, n_seg), table in zip(segmentations, out, strict=True):
+            seg = group_seg[group]
+            n = np.bincount(seg, weights=weight, minlength=n_seg)
+            total = np.bincount(seg, weights=values * weight, minlength=n_seg)
+            mean = np.divide(total, n, out=np.zeros(n_seg), where=n > 0)
+            dev = values - mean[seg]
+            table[:, part] = np.stack([n, mean, np.bincount(seg, weights=dev * dev * weight, minlength=n_seg)], 1)
+    return [[PriorStats(*(Moments(*m) for m in seg)) for seg in table.tolist()] for table in out]
 
 
 def _sorted_mean(values: np.ndarray) -> float:
@@ -505,12 +503,10 @@ def compute_ebpo_advantages(
 
     cluster_names, group_cluster = _group_clusters(row_uids, rows, bs, row_group, n_groups, labels, options)
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
-    batch_global = _segment_stats(x, row_group, g, mu_q, var_q, zeros_seg, 1)[0]
-    batch_clusters = (
-        _segment_stats(x, row_group, g, mu_q, var_q, group_cluster, len(cluster_names))
-        if cluster_names is not None
-        else []
-    )
+    segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
+    batch_stats = _segment_stats(x, order, row_group, g, mu_q, var_q, segmentations)
+    batch_global = batch_stats[0][0]
+    batch_clusters = batch_stats[1] if cluster_names is not None else []
     stored, (prior_stats_global, prior_stats_clusters) = _next_statistics(
         state, batch_global, cluster_names, batch_clusters, options
     )
@@ -687,11 +683,15 @@ def _diagnostics(
         "ebpo/tau2": span * span * glob.tau2,
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
-        "ebpo/frac_zero_var_groups": _sorted_mean((r_max == r_min).astype(np.float64)),
-        "ebpo/frac_all_fail": _sorted_mean((r_max <= 0).astype(np.float64)),
-        "ebpo/frac_all_pass": _sorted_mean((r_min >= 1).astype(np.float64)),
+        "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
+        "ebpo/frac_all_fail": float(np.count_nonzero(r_max <= 0) / r_max.size),
+        "ebpo/frac_all_pass": float(np.count_nonzero(r_min >= 1) / r_min.size),
     }
-    for cid, name in enumerate(cluster_names or []):
-        diag[f"ebpo/cluster/{name}/mu_glob"] = lo + span * priors[cid].mu
-        diag[f"ebpo/cluster/{name}/shrinkage_mean"] = _sorted_mean(shrink[group_cluster == cid])
+    if cluster_names:
+        order = np.argsort(shrink)
+        seg = group_cluster[order]
+        means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
+        for cid, name in enumerate(cluster_names):
+            diag[f"ebpo/cluster/{name}/mu_glob"] = lo + span * priors[cid].mu
+            diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
     return diag
