@@ -600,3 +600,97 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(compose
     both = run_recipe("table_grpo_bn.sh", tmp_path, "--list", EVAL_PROTOCOL="both").stdout.splitlines()[1]
     name = both.split("\t")[2]
     assert both.split("\t")[3] == f"{tmp_path}/eval/{name}/results-paper.json,{tmp_path}/eval/{name}/results-verl.json"
+
+
+# what the GPU recipes run: data preparation (incl. topic labels and pass rates), training, evaluation, tables
+RECIPE_PATH_SOURCES = ["ebpo_verl", "data_prep", "scripts/make_tables.py", "scripts/paper_numbers.py"]
+FIRST_PARTY = {"ebpo_verl", "data_prep", "paper_numbers"}
+
+
+def recipe_imports() -> set[str]:
+    """Top-level modules imported anywhere (also lazily, in functions) by the recipe path's sources; the CPU
+    study (ebpo_verl/study, its own `study` extra) is not on it."""
+    import ast
+
+    files = []
+    for source in RECIPE_PATH_SOURCES:
+        path = ROOT / source
+        files += [path] if path.is_file() else [p for p in path.rglob("*.py") if "study" not in p.parts]
+    names = set()
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - FIRST_PARTY
+
+
+def requirement_closure(requires: list[str], extras: set[str]) -> set[str]:
+    """Normalised names of every distribution `pip install .[extras]` brings in, following the installed
+    metadata of each dependency (with the extras it is asked for); a dependency not installed here (vllm)
+    counts with its name."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    def wanted(req: Requirement, extra_set: set[str]) -> bool:
+        if req.marker is None:
+            return True
+        return any(req.marker.evaluate({"extra": e}) for e in extra_set | {""})
+
+    seen: set[tuple[str, frozenset[str]]] = set()
+    names: set[str] = set()
+    todo = [Requirement(r) for r in requires if wanted(Requirement(r), extras)]
+    own = canonicalize_name("ebpo-verl")
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        key = (name, frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(name)
+        if name == own:
+            todo += [Requirement(r) for r in requires if wanted(Requirement(r), set(req.extras))]
+            continue
+        try:
+            sub = md.requires(req.name) or []
+        except md.PackageNotFoundError:
+            continue
+        todo += [Requirement(r) for r in sub if wanted(Requirement(r), set(req.extras))]
+    return names
+
+
+def test_gpu_extra_installs_every_import_of_the_recipe_path(tmp_path):
+    """`pip install .[gpu]` covers every third-party import of the recipe path, from this tree's package
+    metadata (setuptools' PEP 517 metadata hook, i.e. what pip would install) and the installed metadata of the
+    dependencies; no GPU install needed. The labels extra (sentence-transformers, umap, scikit-learn) is on the
+    default path (ORDER=topic TOPICS=embed), vllm through verl[vllm]."""
+    import importlib.metadata as md
+    from email.parser import Parser
+
+    from packaging.utils import canonicalize_name
+
+    built = subprocess.run(
+        [sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+         "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()[-1]  # fmt: skip
+    metadata = Parser().parsestr((tmp_path / built / "METADATA").read_text())
+    requires = metadata.get_all("Requires-Dist")
+    closure = requirement_closure(requires, {"gpu"})
+    imports = recipe_imports()
+    assert {"sentence_transformers", "umap", "sklearn", "vllm", "verl", "datasets", "math_verify"} <= imports
+    providers = md.packages_distributions()
+    uncovered = {
+        module: providers.get(module, [module])
+        for module in imports
+        if not {canonicalize_name(d) for d in providers.get(module, [module])} & closure
+    }
+    assert uncovered == {}
+    # and the base install alone would not do: the labels extra is what the default path was missing
+    base = requirement_closure(requires, set())
+    assert not {"sentence-transformers", "umap-learn", "scikit-learn"} <= base
+    assert "vllm" in closure and "vllm" not in base
