@@ -3,7 +3,8 @@
 All three run in this process on the same inputs, round-robin (one call of each per round, so a busy machine
 slows them alike); prints the median time of each per shape and the ratios. Shapes (prompts x responses x
 tokens): 512x16x4096 and the paper's 512x4x8192 (PAPER.md: batch 512 prompts, G=4, max response 8192).
-Target: ebpo <= 1.0x grpo_vectorized at every shape.
+Target: ebpo <= 1.0x grpo_vectorized at every shape. The v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo``
+(stable prompt keys, tracker warm after the warm-up call) run in the same rounds, with their ratio to grpo_vectorized.
 
     python benchmarks/bench_advantage.py [--device cpu|cuda] [--threads N] [--shapes 512x16x4096,512x4x8192]
         [--repeats 11]
@@ -23,9 +24,11 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 import ebpo_verl
+from ebpo_verl.baselines import SPO_STATE
 
 DEFAULT_SHAPES = "512x16x4096,512x4x8192"
 TARGET = 1.0
+BASELINES = ("shrinkage_js", "bnpo", "spo")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -74,6 +77,9 @@ def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int
     grpo_vec = get_adv_estimator_fn("grpo_vectorized")
     config = OmegaConf.create({"ebpo": {"cluster_key": "topic"}})
     ebpo_verl.get_state().reset()
+    SPO_STATE.reset()
+    js, bnpo, spo = (get_adv_estimator_fn(name) for name in BASELINES)
+    keys = np.repeat(np.arange(prompts), group)  # spo's stable prompt keys (extra_info["index"])
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     return round_robin_medians(
         {
@@ -82,6 +88,9 @@ def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int
             ),
             "grpo": lambda: grpo(rewards, mask, uids),
             "grpo_vectorized": lambda: grpo_vec(rewards, mask, uids),
+            "shrinkage_js": lambda: js(rewards, mask, uids),
+            "bnpo": lambda: bnpo(rewards, mask, uids),
+            "spo": lambda: spo(rewards, mask, uids, prompt_keys=keys),
         },
         repeats,
         sync,
@@ -118,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = "  ".join(f"{name} {seconds * 1e3:8.2f} ms" for name, seconds in timings.items())
         print(
             f"{prompts}x{group}x{tokens}: {cells}  ebpo/grpo = {timings['ebpo'] / timings['grpo']:.3f}  "
-            f"ebpo/grpo_vectorized = {ratio:.3f}"
+            f"ebpo/grpo_vectorized = {ratio:.3f}  "
+            + "  ".join(f"{n}/grpo_vectorized = {timings[n] / timings['grpo_vectorized']:.3f}" for n in BASELINES)
         )
     print(f"worst ebpo/grpo_vectorized = {worst:.3f} (target <= {TARGET})")
     return 0
