@@ -4,7 +4,6 @@ lines), grading and aggregation by hand, missing samples, model resolution and t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -299,51 +298,3 @@ def test_model_resolution(tmp_path):
             resolve_model(bad)
     with pytest.raises(EvalInputError, match="not a verl FSDP checkpoint"):
         merge_checkpoint(step)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from ebpo_verl.tiny import build_model, build_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny")
-    build_model(out, build_tokenizer(out))
-    return out
-
-
-def fsdp_checkpoint(tiny: Path, step_dir: Path) -> dict:
-    """verl's FSDP checkpoint layout at world size 1 (model_world_size_1_rank_0.pt, fsdp_config.json,
-    huggingface/), written by hand from the tiny model; returns its state dict."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny)
-    actor = step_dir / "actor"
-    (actor / "huggingface").mkdir(parents=True)
-    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
-    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
-    model.config.save_pretrained(actor / "huggingface")
-    AutoTokenizer.from_pretrained(tiny).save_pretrained(actor / "huggingface")
-    return model.state_dict()
-
-
-def test_real_verl_merge_once_atomically(tiny, tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    step = tmp_path / "run" / "global_step_3"
-    weights = fsdp_checkpoint(tiny, step)
-    out = merge_checkpoint(step)
-    assert out == step / MERGED and not [p for p in step.iterdir() if p.name.startswith(".")]
-    merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
-    for k, w in weights.items():  # verl's merger saves bfloat16
-        assert torch.equal(merged[k], w.to(torch.bfloat16)), k
-    stamp = os.stat(out / "config.json").st_mtime_ns
-    (step / "actor" / "model_world_size_1_rank_0.pt").unlink()  # a second call must not merge again
-    assert merge_checkpoint(step) == out and os.stat(out / "config.json").st_mtime_ns == stamp
-
-    broken = tmp_path / "run" / "global_step_4"
-    fsdp_checkpoint(tiny, broken)
-    (broken / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(EvalInputError, match="model merger failed"):
-        merge_checkpoint(broken)
-    assert sorted(p.name for p in broken.iterdir()) == ["actor"]  # nothing half-merged left behind

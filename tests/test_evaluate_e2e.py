@@ -1,5 +1,6 @@
 """The whole evaluation path on CPU with a tiny local model: generate (--engine hf, two worker processes)
--> interrupted and resumed -> grade -> make_tables, and recipe/ebpo/eval.sh around it."""
+-> interrupted and resumed -> grade -> make_tables, recipe/ebpo/eval.sh around it (on a checkpoint root too),
+verl's real model merger on an FSDP checkpoint, and pass-rate estimation with resume."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 from data_prep.all import prepare_all
 from ebpo_verl.evaluate.__main__ import main
+from ebpo_verl.evaluate.merge import MERGED, merge_checkpoint
+from ebpo_verl.evaluate.prompts import EvalInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
@@ -109,3 +112,57 @@ def test_pass_rate_estimation_with_hf_engine_resumes(setup, tmp_path):
     assert again[:3] == lines[:3] and len(again) == 6
     rates = [e["pass_rate"] for e in pq.read_table(out).column("extra_info").to_pylist()]
     assert rates == [0.0, 0.0, 0.0]  # the random tiny model never answers right
+
+
+def fsdp_checkpoint(tiny: Path, step_dir: Path) -> dict:
+    """verl's FSDP checkpoint layout at world size 1 (model_world_size_1_rank_0.pt, fsdp_config.json,
+    huggingface/), written by hand from the tiny model; returns its state dict."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    actor = step_dir / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    model.config.save_pretrained(actor / "huggingface")
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(actor / "huggingface")
+    return model.state_dict()
+
+
+def test_real_verl_merge_once_atomically(setup, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tiny = setup / "tiny"
+    step = tmp_path / "run" / "global_step_3"
+    weights = fsdp_checkpoint(tiny, step)
+    out = merge_checkpoint(step)
+    assert out == step / MERGED and not [p for p in step.iterdir() if p.name.startswith(".")]
+    merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for k, w in weights.items():  # verl's merger saves bfloat16
+        assert torch.equal(merged[k], w.to(torch.bfloat16)), k
+    stamp = os.stat(out / "config.json").st_mtime_ns
+    (step / "actor" / "model_world_size_1_rank_0.pt").unlink()  # a second call must not merge again
+    assert merge_checkpoint(step) == out and os.stat(out / "config.json").st_mtime_ns == stamp
+
+    broken = tmp_path / "run" / "global_step_4"
+    fsdp_checkpoint(tiny, broken)
+    (broken / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(EvalInputError, match="model merger failed"):
+        merge_checkpoint(broken)
+    assert sorted(p.name for p in broken.iterdir()) == ["actor"]  # nothing half-merged left behind
+
+
+def test_eval_sh_on_a_checkpoint_root_merges_once(setup, tmp_path):
+    root = tmp_path / "ckpt" / "qwen3_8b-ebpo-g4-topic"
+    fsdp_checkpoint(setup / "tiny", root / "global_step_3")
+    (root / "latest_checkpointed_iteration.txt").write_text("3")
+    env = {**os.environ, "PYTHON": sys.executable, "WORK_DIR": str(tmp_path), "DATA_DIR": str(setup / "data")}
+    cmd = ["bash", str(ROOT / "recipe" / "ebpo" / "eval.sh"), str(root), "--engine", "hf", "--benchmarks", "amc23",
+           "--limit", "1", "--runs", "1", "--max-new-tokens", "4"]  # fmt: skip
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (root / "global_step_3" / MERGED / "config.json").is_file()
+    res = json.loads((tmp_path / "eval" / "qwen3_8b-ebpo-g4-topic-step3" / "results-paper.json").read_text())
+    assert res["model"] == str((root / "global_step_3" / MERGED).resolve()) and res["protocol"] == "paper"

@@ -44,7 +44,12 @@ DESCRIPTIONS = {
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="stage", required=True)
-    g = sub.add_parser("generate", help="sample responses (GPU: vLLM, one engine per GPU; CPU: --engine hf)")
+    g = sub.add_parser(
+        "generate",
+        help="sample responses (GPU: vLLM, one engine per GPU; CPU: --engine hf)",
+        description="Append one JSON line per sample to --out; a re-run resumes. "
+        + " | ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()),
+    )
     g.add_argument("--model", required=True, help="global_step_N folder, checkpoint root, HF folder or hub id")
     g.add_argument("--data-dir", required=True, help="folder with <benchmark>.parquet (data_prep)")
     g.add_argument("--protocol", choices=PROTOCOLS, default="paper")
