@@ -231,6 +231,14 @@ class PriorStats:
     def to_json(self) -> dict[str, list[float]]:
         return {p: [getattr(self, p).n, getattr(self, p).mean, getattr(self, p).m2] for p in self._PARTS}
 
+    def table(self) -> list[list[float]]:
+        """[[n, mean, m2] per part] (the layout of the batch tables of :func:`_segment_tables`)."""
+        return [[m.n, m.mean, m.m2] for m in (self.rewards, self.group_means, self.within_var, self.inv_group_size)]
+
+    @classmethod
+    def from_table(cls, table: list[list[float]]) -> PriorStats:
+        return cls(*(Moments(*part) for part in table))
+
     @classmethod
     def from_json(cls, data: Any, what: str = "statistics") -> PriorStats:
         if not isinstance(data, Mapping) or set(data) != set(cls._PARTS):
@@ -337,37 +345,53 @@ def _blend(local: _Prior, glob: _Prior, weight: float) -> _Prior:
     return _Prior(mix(local.mu, glob.mu), mix(local.sigma2, glob.sigma2), mix(local.tau2, glob.tau2))
 
 
-def _segment_stats(
-    x: np.ndarray,
-    x_order: np.ndarray,
-    row_group: np.ndarray,
+def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray | None, n_seg: int) -> np.ndarray:
+    """(n_seg, 3) table of (n, mean, M2) per segment, two-pass; ``values`` come in value order, so each segment's
+    sums run in value order (independent of the row order and of the uid strings)."""
+    n = np.bincount(seg, weights=weight, minlength=n_seg).astype(np.float64, copy=False)
+    total = np.bincount(seg, weights=values if weight is None else values * weight, minlength=n_seg)
+    mean = np.divide(total, n, out=np.zeros(n_seg), where=n > 0)
+    dev = values - mean[seg]
+    sq = dev * dev if weight is None else dev * dev * weight
+    return np.stack([n, mean, np.bincount(seg, weights=sq, minlength=n_seg)], axis=1)
+
+
+def _segment_tables(
+    x_sorted: np.ndarray,
+    group_of_sorted: np.ndarray,
     group_size: np.ndarray,
     group_mean: np.ndarray,
     group_var: np.ndarray,
     segmentations: list[tuple[np.ndarray, int]],
-) -> list[list[PriorStats]]:
-    """Batch statistics (rewards, group means, within-group variances, 1 / G) per segment of each segmentation
-    (``(segment of each group, number of segments)``: all prompts, clusters). Two-pass, summed in value order
-    (independent of row and uid order); each series is sorted once for all segmentations."""
-    ones_groups = np.ones_like(group_mean)
-    series = [  # values, their order, weights, group of each value (None: the value is a group's)
-        (x, x_order, np.ones_like(x), row_group),
-        (group_mean, np.argsort(group_mean), ones_groups, None),
-        (group_var, np.argsort(group_var), (group_size >= 2).astype(np.float64), None),
-        (1.0 / group_size, np.argsort(group_size), ones_groups, None),
-    ]
-    out = [np.empty((n_seg, 4, 3)) for _, n_seg in segmentations]
-    for part, (values, order, weight, group) in enumerate(series):
-        values, weight = values[order], weight[order]
-        group = order if group is None else group[order]
-        for (group_seg, n_seg), table in zip(segmentations, out, strict=True):
-            seg = group_seg[group]
-            n = np.bincount(seg, weights=weight, minlength=n_seg)
-            total = np.bincount(seg, weights=values * weight, minlength=n_seg)
-            mean = np.divide(total, n, out=np.zeros(n_seg), where=n > 0)
-            dev = values - mean[seg]
-            table[:, part] = np.stack([n, mean, np.bincount(seg, weights=dev * dev * weight, minlength=n_seg)], 1)
-    return [[PriorStats(*(Moments(*m) for m in seg)) for seg in table.tolist()] for table in out]
+) -> list[np.ndarray]:
+    """Batch statistics of each segmentation (``(segment of each group, number of segments)``: all prompts, the
+    clusters) as an (n_seg, 4, 3) table: (n, mean, M2) of the rewards, the group means, the within-group
+    variances (groups of two or more) and 1 / G. The rewards come sorted; the three per-group series are sorted
+    once, side by side, and share one bincount per segmentation (each series offset by n_seg)."""
+    series = np.stack([group_mean, group_var, 1.0 / group_size])
+    weights = np.stack([np.ones_like(group_size), (group_size >= 2).astype(np.float64), np.ones_like(group_size)])
+    order = np.argsort(series, axis=1)
+    series, weights = np.take_along_axis(series, order, 1).ravel(), np.take_along_axis(weights, order, 1).ravel()
+    tables = []
+    for group_seg, n_seg in segmentations:
+        rows = _moments(x_sorted, group_seg[group_of_sorted], None, n_seg)
+        seg = (group_seg[order] + np.arange(3)[:, None] * n_seg).ravel()
+        groups = _moments(series, seg, weights, 3 * n_seg).reshape(3, n_seg, 3)
+        tables.append(np.concatenate([rows[None], groups]).transpose(1, 0, 2))
+    return tables
+
+
+def _merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:meth:`Moments.merge` (Chan et al.) on (..., 3) tables of (n, mean, M2), elementwise."""
+    a_n, a_mean, a_m2 = a[..., 0], a[..., 1], a[..., 2]
+    b_n, b_mean, b_m2 = b[..., 0], b[..., 1], b[..., 2]
+    n = a_n + b_n
+    some = n > 0
+    safe = np.where(some, n, 1.0)
+    delta = b_mean - a_mean
+    mean = np.where(some, a_mean + delta * b_n / safe, 0.0)
+    m2 = np.where(some, a_m2 + b_m2 + delta * delta * a_n * b_n / safe, 0.0)
+    return np.stack([np.where(some, n, 0.0), mean, m2], axis=-1)
 
 
 def _sorted_mean(values: np.ndarray) -> float:
@@ -379,11 +403,14 @@ def _factorize(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, n
     """Codes and unique names of ``values`` compared as strings (pandas' hash table on the objects, then on the
     few distinct names); with ``missing``, None/NaN get code -1."""
     codes, uniques = pd.factorize(values, use_na_sentinel=missing)
-    names = np.asarray(uniques, dtype=object).astype(str)
-    if len(set(names.tolist())) != len(names):  # distinct objects with the same text (1 and "1") are one
-        merged, distinct = pd.factorize(names)
-        codes = np.where(codes >= 0, merged[codes], -1)
-        names = np.asarray(distinct, dtype=object).astype(str)
+    names = np.asarray(uniques, dtype=object)
+    if pd.api.types.infer_dtype(names, skipna=False) != "string":  # not all str: compare their text
+        names = names.astype(str)
+        if len(set(names.tolist())) != len(names):  # distinct objects with the same text (1 and "1") are one
+            merged, distinct = pd.factorize(names)
+            codes = np.where(codes >= 0, merged[codes], -1)
+            names = np.asarray(distinct, dtype=object)
+        names = names.astype(object)
     return codes.astype(np.int64, copy=False), names
 
 
@@ -466,7 +493,7 @@ def compute_ebpo_advantages(
     r_all, valid_np = _to_host(scores, valid)
     uid_codes, uid_names = _factorize(uid_arr)
     if pad_prefix is not None:
-        is_pad = np.char.startswith(uid_names, pad_prefix)
+        is_pad = np.strings.startswith(uid_names.astype(str), pad_prefix)
         if is_pad.any():
             valid_np = valid_np & ~is_pad[uid_codes]
     rows = np.flatnonzero(valid_np)
@@ -504,12 +531,8 @@ def compute_ebpo_advantages(
     cluster_names, group_cluster = _group_clusters(row_uids, rows, bs, row_group, n_groups, labels, options)
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
-    batch_stats = _segment_stats(x, order, row_group, g, mu_q, var_q, segmentations)
-    batch_global = batch_stats[0][0]
-    batch_clusters = batch_stats[1] if cluster_names is not None else []
-    stored, (prior_stats_global, prior_stats_clusters) = _next_statistics(
-        state, batch_global, cluster_names, batch_clusters, options
-    )
+    batch = np.concatenate(_segment_tables(x_sorted, group_of_sorted, g, mu_q, var_q, segmentations))
+    stored, (prior_stats_global, prior_stats_clusters) = _next_statistics(state, batch, cluster_names, options)
 
     make_prior = _beta_prior if options.prior == "beta_binomial" else _gaussian_prior
     glob = make_prior(prior_stats_global, options)
@@ -556,9 +579,9 @@ def compute_ebpo_advantages(
     elif options.stats_scope == "batch":  # released code with norm_adv_by_std_in_grpo=False: A - mean(A)
         adv = adv - _sorted_mean(adv)
 
-    if not (np.isfinite(adv).all() and batch_global.is_finite() and (stored is None or _all_finite(*stored))):
+    if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
         raise _overflow_error(state.steps + 1, r, row_uids)
-    _commit(state, batch_global, stored)
+    _commit(state, batch[0], stored)
     state.diagnostics = _diagnostics(state, glob, shrink, r_min, r_max, cluster_names, priors, group_cluster, lo, span)
 
     if rows.size == bs:
@@ -567,10 +590,6 @@ def compute_ebpo_advantages(
         full = np.zeros(bs)
         full[rows] = adv
     return torch.from_numpy(full).to(device=scores.device, dtype=out_dtype)
-
-
-def _all_finite(global_stats: PriorStats, clusters: Mapping[str, PriorStats]) -> bool:
-    return global_stats.is_finite() and all(s.is_finite() for s in clusters.values())
 
 
 def _overflow_error(step: int, r: np.ndarray, row_uids: np.ndarray) -> ValueError:
@@ -619,41 +638,44 @@ def _group_clusters(
 
 
 def _next_statistics(
-    state: EBPOState,
-    batch_global: PriorStats,
-    cluster_names: list[str] | None,
-    batch_clusters: list[PriorStats],
-    options: EBPOOptions,
-) -> tuple[tuple[PriorStats, dict[str, PriorStats]] | None, tuple[PriorStats, list[PriorStats]]]:
-    """(the statistics to store after this batch, or None in batch scope; those the prior is built from).
+    state: EBPOState, batch: np.ndarray, cluster_names: list[str] | None, options: EBPOOptions
+) -> tuple[tuple[PriorStats, dict[str, PriorStats], bool] | None, tuple[PriorStats, list[PriorStats]]]:
+    """(the statistics to store after this batch and whether they are all finite, or None in batch scope;
+    the statistics the prior is built from). ``batch``: (1 + clusters, 4, 3) tables, global first.
 
     ``state`` is not changed: the caller commits once everything is known to be finite.
     """
     names = cluster_names or []
     if options.stats_scope == "batch":
-        return None, (batch_global, batch_clusters)
+        scopes = [PriorStats.from_table(t) for t in batch.tolist()]
+        return None, (scopes[0], scopes[1:])
     decay = float(options.decay)
-    past_global = state.global_stats.scaled(decay)
-    past_clusters = [state.clusters.get(n, PriorStats()).scaled(decay) for n in names]
-    new_global = past_global.merge(batch_global)
-    new_clusters = [p.merge(b) for p, b in zip(past_clusters, batch_clusters, strict=True)]
+    empty = PriorStats()
+    past = np.array([state.global_stats.table()] + [state.clusters.get(n, empty).table() for n in names])
+    if decay != 1.0:
+        past[..., 0] *= decay
+        past[..., 2] *= decay
+    new = _merge_tables(past, batch)
+    finite = bool(np.isfinite(new).all())
+    new_scopes = [PriorStats.from_table(t) for t in new.tolist()]
     stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
-    stored.update(zip(names, new_clusters, strict=True))
+    stored.update(zip(names, new_scopes[1:], strict=True))
 
-    if options.prior == "beta_binomial" or (options.merge == "after" and past_global.prompts > 0):
+    if options.prior == "beta_binomial" or (options.merge == "after" and past[0, 1, 0] > 0):
         # A cluster without history falls back to the global prior through its blending weight of 0.
-        return (new_global, stored), (past_global, past_clusters)
-    return (new_global, stored), (new_global, new_clusters)
+        past_scopes = [PriorStats.from_table(t) for t in past.tolist()]
+        return (new_scopes[0], stored, finite), (past_scopes[0], past_scopes[1:])
+    return (new_scopes[0], stored, finite), (new_scopes[0], new_scopes[1:])
 
 
 def _commit(
-    state: EBPOState, batch_global: PriorStats, stored: tuple[PriorStats, dict[str, PriorStats]] | None
+    state: EBPOState, batch_global: np.ndarray, stored: tuple[PriorStats, dict[str, PriorStats], bool] | None
 ) -> None:
     state.steps += 1
-    state.prompts_seen += int(batch_global.prompts)
-    state.responses_seen += int(batch_global.rewards.n)
+    state.prompts_seen += int(batch_global[1, 0])
+    state.responses_seen += int(batch_global[0, 0])
     if stored is not None:
-        state.global_stats, state.clusters = stored
+        state.global_stats, state.clusters, _ = stored
 
 
 def _moments_as_stats(mean: float, variance: float) -> PriorStats:
