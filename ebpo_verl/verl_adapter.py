@@ -137,7 +137,10 @@ def _outcome(
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
-    """Rows with at least one response token; reads whole rows only where the first token is masked out."""
+    """Rows with at least one response token. On an accelerator one pass over the mask (no host sync); on the
+    CPU whole rows are read only where the first token is masked out."""
+    if response_mask.device.type != "cpu":
+        return response_mask.ne(0).any(dim=-1)
     has = response_mask[:, 0] != 0
     unsure = torch.nonzero(~has).squeeze(-1)
     if unsure.numel():
