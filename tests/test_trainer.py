@@ -101,7 +101,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, s
     with pytest.raises(EBPOConfigError) as err:
         wrong_key._init_dataloader()
     assert "cluster_key='subject' is not a key of extra_info" in str(err.value)
-    assert "['difficulty', 'index', 'source_id', 'split', 'topic']" in str(err.value)
+    assert "['difficulty', 'index', 'raw_answer', 'raw_problem', 'source_id', 'split', 'topic']" in str(err.value)
     assert str(math500_parquet) in str(err.value)
 
     dapo = dapo_math.prepare(tmp_path, local_path=shared_data / "dapo_math_sample.jsonl")  # no topics
