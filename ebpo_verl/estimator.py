@@ -303,46 +303,57 @@ GLOBAL_STATE = EBPOState()
 
 
 @dataclass
-class _Prior:
-    """Prior of one scope: mean, reward variance sigma^2, between-prompt variance tau^2, BB strength nu."""
+class _Priors:
+    """Priors of several scopes: mean, reward variance sigma^2, between-prompt variance tau^2, BB strength nu."""
 
-    mu: float
-    sigma2: float
-    tau2: float
-    nu: float = float("nan")
+    mu: np.ndarray
+    sigma2: np.ndarray
+    tau2: np.ndarray
+    nu: np.ndarray
 
 
-def _gaussian_prior(stats: PriorStats, opts: EBPOOptions) -> _Prior:
+def _variance(moments: np.ndarray) -> np.ndarray:
+    """Population variance M2 / n of (..., 3) tables of (n, mean, M2); 0 where empty."""
+    return np.divide(moments[..., 2], moments[..., 0], out=np.zeros(moments.shape[:-1]), where=moments[..., 0] > 0)
+
+
+def _gaussian_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """Gaussian priors of the scopes of an (S, 4, 3) statistics table."""
     # the released code (batch scope) takes mu_glob as the mean of the group means (prompt-weighted)
-    mu = stats.group_means.mean if opts.stats_scope == "batch" else stats.rewards.mean
-    sigma2 = stats.rewards.variance if opts.sigma2 == "total" else stats.within_var.mean
-    tau2 = stats.group_means.variance
+    mu = table[:, 1, 1] if opts.stats_scope == "batch" else table[:, 0, 1]
+    sigma2 = _variance(table[:, 0]) if opts.sigma2 == "total" else table[:, 2, 1]
+    tau2 = _variance(table[:, 1])
     if opts.tau2 == "debiased":
-        tau2 = max(tau2 - sigma2 * stats.inv_group_size.mean, 0.0)
-    return _Prior(mu, sigma2, tau2)
+        tau2 = np.maximum(tau2 - sigma2 * table[:, 3, 1], 0.0)
+    return _Priors(mu, sigma2, tau2, np.full(len(table), np.nan))
 
 
-def _beta_prior(stats: PriorStats, opts: EBPOOptions) -> _Prior:
-    """Method of moments on the pass rates: nu = p(1-p)/v - 1; weak nu = 2 outside the valid range; Beta(1,1) empty."""
-    if stats.prompts == 0.0:
-        p, v, nu = 0.5, 1.0 / 12.0, 2.0
-    else:
-        p, v = stats.group_means.mean, stats.group_means.variance
-        eps = opts.epsilon
-        nu = p * (1.0 - p) / v - 1.0 if eps < v < p * (1.0 - p) - eps else 2.0
-    return _Prior(p, p * (1.0 - p), v, nu)
+def _beta_fit(p: np.ndarray, v: np.ndarray, empty: np.ndarray, eps: float) -> _Priors:
+    """Method of moments on pass rates (mean p, variance v): nu = p(1-p)/v - 1; weak nu = 2 outside the valid
+    range; Beta(1,1) where empty."""
+    p, v = np.where(empty, 0.5, p), np.where(empty, 1.0 / 12.0, v)
+    q = p * (1.0 - p)
+    valid = ~empty & (eps < v) & (v < q - eps)
+    return _Priors(p, q, v, np.where(valid, q / np.where(valid, v, 1.0) - 1.0, 2.0))
 
 
-def _cluster_weight(prompts: float, min_prompts: int) -> float:
-    """Weight of a label's own prior: 0 without history, prompts / min_prompts, 1 from min_prompts on."""
-    if prompts == 0.0:
-        return 0.0
-    return 1.0 if min_prompts == 0 else min(1.0, prompts / min_prompts)
+def _beta_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """Beta priors of the scopes of an (S, 4, 3) statistics table, fitted on their pass rates."""
+    return _beta_fit(table[:, 1, 1], _variance(table[:, 1]), table[:, 1, 0] == 0.0, opts.epsilon)
 
 
-def _blend(local: _Prior, glob: _Prior, weight: float) -> _Prior:
-    mix = lambda a, b: weight * a + (1.0 - weight) * b  # noqa: E731
-    return _Prior(mix(local.mu, glob.mu), mix(local.sigma2, glob.sigma2), mix(local.tau2, glob.tau2))
+def _cluster_priors(priors: _Priors, prompts: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """Each cluster's prior (``priors`` rows 1..) blended toward the global one (row 0) with weight 0 without
+    history, prompts / min_cluster_prompts, 1 from min_cluster_prompts on; a BB blend is refitted by moments."""
+    mcp = opts.min_cluster_prompts
+    weight = np.where(prompts == 0.0, 0.0, 1.0 if mcp == 0 else np.minimum(1.0, prompts / max(mcp, 1)))
+
+    def mix(values: np.ndarray) -> np.ndarray:
+        return weight * values[1:] + (1.0 - weight) * values[0]
+
+    if opts.prior == "beta_binomial":
+        return _beta_fit(mix(priors.mu), mix(priors.tau2), np.zeros(len(prompts), dtype=bool), opts.epsilon)
+    return _Priors(mix(priors.mu), mix(priors.sigma2), mix(priors.tau2), np.full(len(prompts), np.nan))
 
 
 def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray | None, n_seg: int) -> np.ndarray:
@@ -428,6 +439,8 @@ def _score_vector(scores: torch.Tensor) -> torch.Tensor:
 
 def _to_host(scores: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Scores (float64) and the valid flags on the host, in one device-to-host copy."""
+    if scores.device.type == "cpu" and valid.device.type == "cpu":
+        return scores.detach().to(torch.float64).numpy(), valid.detach().numpy().astype(bool, copy=False)
     if valid.device == scores.device:
         both = torch.stack([scores.detach().to(torch.float64), valid.detach().to(torch.float64)]).cpu().numpy()
         return both[0], both[1] != 0
@@ -493,8 +506,8 @@ def compute_ebpo_advantages(
     r_all, valid_np = _to_host(scores, valid)
     uid_codes, uid_names = _factorize(uid_arr)
     if pad_prefix is not None:
-        is_pad = np.strings.startswith(uid_names.astype(str), pad_prefix)
-        if is_pad.any():
+        if "\0" + pad_prefix in "\0" + "\0".join(uid_names.tolist()):  # cheap test first; rarely true
+            is_pad = np.strings.startswith(uid_names.astype(str), pad_prefix)
             valid_np = valid_np & ~is_pad[uid_codes]
     rows = np.flatnonzero(valid_np)
     r = r_all[rows]
@@ -532,34 +545,25 @@ def compute_ebpo_advantages(
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
     batch = np.concatenate(_segment_tables(x_sorted, group_of_sorted, g, mu_q, var_q, segmentations))
-    stored, (prior_stats_global, prior_stats_clusters) = _next_statistics(state, batch, cluster_names, options)
+    stored, prior_table = _next_statistics(state, batch, cluster_names, options)
 
-    make_prior = _beta_prior if options.prior == "beta_binomial" else _gaussian_prior
-    glob = make_prior(prior_stats_global, options)
+    scopes = (_beta_priors if options.prior == "beta_binomial" else _gaussian_priors)(prior_table, options)
     if cluster_names is None:
-        priors = [glob]
-        group_prior = zeros_seg
+        priors, group_prior = scopes, zeros_seg
     else:
-        priors = []
-        for stats in prior_stats_clusters:
-            weight = _cluster_weight(stats.prompts, options.min_cluster_prompts)
-            blended = _blend(make_prior(stats, options), glob, weight)
-            if options.prior == "beta_binomial":
-                blended = _beta_prior(_moments_as_stats(blended.mu, blended.tau2), options)
-            priors.append(blended)
-        group_prior = group_cluster
+        priors, group_prior = _cluster_priors(scopes, prior_table[1:, 1, 0], options), group_cluster
 
-    prior_mu = np.array([p.mu for p in priors])[group_prior]
-    prior_sigma2 = np.array([p.sigma2 for p in priors])[group_prior]
+    prior_mu = priors.mu[group_prior]
+    prior_sigma2 = priors.sigma2[group_prior]
     eps = options.epsilon
     if options.fixed_shrinkage is not None:
         shrink = np.full(n_groups, options.fixed_shrinkage)
     elif options.prior == "beta_binomial":
-        nu = np.array([p.nu for p in priors])[group_prior]
+        nu = priors.nu[group_prior]
         shrink = nu / (nu + g)
     else:
         noise = prior_sigma2 / g
-        denom = noise + np.array([p.tau2 for p in priors])[group_prior]
+        denom = noise + priors.tau2[group_prior]
         if options.stats_scope == "batch":  # released code: no eps, S = 1 where the denominator is <= 1e-6
             big = denom > eps
             shrink = np.where(big, noise / np.where(big, denom, 1.0), 1.0)
@@ -582,7 +586,9 @@ def compute_ebpo_advantages(
     if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
         raise _overflow_error(state.steps + 1, r, row_uids)
     _commit(state, batch[0], stored)
-    state.diagnostics = _diagnostics(state, glob, shrink, r_min, r_max, cluster_names, priors, group_cluster, lo, span)
+    state.diagnostics = _diagnostics(
+        state, scopes, shrink, r_min, r_max, cluster_names, priors, group_cluster, lo, span
+    )
 
     if rows.size == bs:
         full = adv
@@ -639,16 +645,15 @@ def _group_clusters(
 
 def _next_statistics(
     state: EBPOState, batch: np.ndarray, cluster_names: list[str] | None, options: EBPOOptions
-) -> tuple[tuple[PriorStats, dict[str, PriorStats], bool] | None, tuple[PriorStats, list[PriorStats]]]:
+) -> tuple[tuple[PriorStats, dict[str, PriorStats], bool] | None, np.ndarray]:
     """(the statistics to store after this batch and whether they are all finite, or None in batch scope;
-    the statistics the prior is built from). ``batch``: (1 + clusters, 4, 3) tables, global first.
+    the (1 + clusters, 4, 3) table the priors are built from). ``batch``: the batch's tables, global first.
 
     ``state`` is not changed: the caller commits once everything is known to be finite.
     """
     names = cluster_names or []
     if options.stats_scope == "batch":
-        scopes = [PriorStats.from_table(t) for t in batch.tolist()]
-        return None, (scopes[0], scopes[1:])
+        return None, batch
     decay = float(options.decay)
     empty = PriorStats()
     past = np.array([state.global_stats.table()] + [state.clusters.get(n, empty).table() for n in names])
@@ -656,16 +661,14 @@ def _next_statistics(
         past[..., 0] *= decay
         past[..., 2] *= decay
     new = _merge_tables(past, batch)
-    finite = bool(np.isfinite(new).all())
     new_scopes = [PriorStats.from_table(t) for t in new.tolist()]
     stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
     stored.update(zip(names, new_scopes[1:], strict=True))
-
+    result = (new_scopes[0], stored, bool(np.isfinite(new).all()))
     if options.prior == "beta_binomial" or (options.merge == "after" and past[0, 1, 0] > 0):
         # A cluster without history falls back to the global prior through its blending weight of 0.
-        past_scopes = [PriorStats.from_table(t) for t in past.tolist()]
-        return (new_scopes[0], stored, finite), (past_scopes[0], past_scopes[1:])
-    return (new_scopes[0], stored, finite), (new_scopes[0], new_scopes[1:])
+        return result, past
+    return result, new
 
 
 def _commit(
@@ -678,19 +681,14 @@ def _commit(
         state.global_stats, state.clusters, _ = stored
 
 
-def _moments_as_stats(mean: float, variance: float) -> PriorStats:
-    """Pass-rate moments (mean, variance) as PriorStats, so a blended BB prior is refitted by moments."""
-    return PriorStats(group_means=Moments(1.0, mean, variance))
-
-
 def _diagnostics(
     state: EBPOState,
-    glob: _Prior,
+    scopes: _Priors,
     shrink: np.ndarray,
     r_min: np.ndarray,
     r_max: np.ndarray,
     cluster_names: list[str] | None,
-    priors: list[_Prior],
+    priors: _Priors,
     group_cluster: np.ndarray,
     lo: float,
     span: float,
@@ -700,9 +698,9 @@ def _diagnostics(
         "ebpo/shrinkage_mean": _sorted_mean(shrink),
         "ebpo/shrinkage_min": float(shrink.min()),
         "ebpo/shrinkage_max": float(shrink.max()),
-        "ebpo/mu_glob": lo + span * glob.mu,
-        "ebpo/sigma2": span * span * glob.sigma2,
-        "ebpo/tau2": span * span * glob.tau2,
+        "ebpo/mu_glob": float(lo + span * scopes.mu[0]),
+        "ebpo/sigma2": float(span * span * scopes.sigma2[0]),
+        "ebpo/tau2": float(span * span * scopes.tau2[0]),
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
         "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
@@ -714,6 +712,6 @@ def _diagnostics(
         seg = group_cluster[order]
         means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
         for cid, name in enumerate(cluster_names):
-            diag[f"ebpo/cluster/{name}/mu_glob"] = lo + span * priors[cid].mu
+            diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
             diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
     return diag
