@@ -23,7 +23,7 @@ results and state are bit-identical under any row order and any uid strings (a r
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -447,7 +447,7 @@ def _to_host(scores: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.
     return scores.detach().to(torch.float64).cpu().numpy(), valid.detach().cpu().numpy().astype(bool)
 
 
-def _two_levels(r: np.ndarray, row_uids: np.ndarray) -> tuple[float, float]:
+def _two_levels(r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]]) -> tuple[float, float]:
     """(lowest level, span) of a two-level reward: 0/1 -> (0, 1), the paper's -1/+1 -> (-1, 2); else ValueError."""
     zero_one = (r == 0.0) | (r == 1.0)
     if zero_one.all():
@@ -458,7 +458,7 @@ def _two_levels(r: np.ndarray, row_uids: np.ndarray) -> tuple[float, float]:
     bad = ~zero_one & ~plus_minus
     bad = bad if bad.any() else r == 0.0  # only -1, 0 and 1: three levels
     values = np.unique(r)
-    offenders = sorted(set(row_uids[bad].tolist()))
+    offenders = row_uids(bad)
     raise ValueError(
         f"prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward "
         f"values {values[:8].tolist()}{' ...' if len(values) > 8 else ''} (uid(s) {offenders[:20]}). Other values "
@@ -509,14 +509,18 @@ def compute_ebpo_advantages(
         if "\0" + pad_prefix in "\0" + "\0".join(uid_names.tolist()):  # cheap test first; rarely true
             is_pad = np.strings.startswith(uid_names.astype(str), pad_prefix)
             valid_np = valid_np & ~is_pad[uid_codes]
-    rows = np.flatnonzero(valid_np)
-    r = r_all[rows]
-    codes = uid_codes[rows]
-    row_uids = uid_names[codes]
+    every_row = bool(valid_np.all())
+    rows = np.arange(bs) if every_row else np.flatnonzero(valid_np)
+    r = r_all if every_row else r_all[rows]
+    codes = uid_codes if every_row else uid_codes[rows]
+
+    def row_uids(mask: np.ndarray) -> list[str]:
+        """Sorted distinct uids of the (valid) rows selected by ``mask``, for error messages."""
+        return sorted(set(uid_names[codes[mask]].tolist()))
 
     bad = ~np.isfinite(r)
     if bad.any():
-        offenders = sorted(set(row_uids[bad].tolist()))
+        offenders = row_uids(bad)
         raise ValueError(f"non-finite (NaN/inf) rewards for uid(s) {offenders[:20]}: check the reward function")
     lo, span = _two_levels(r, row_uids) if options.prior == "beta_binomial" else (0.0, 1.0)
 
@@ -524,9 +528,11 @@ def compute_ebpo_advantages(
         state.diagnostics = {}
         return torch.zeros(bs, dtype=out_dtype, device=scores.device)
 
-    used = np.bincount(codes, minlength=len(uid_names)) > 0
-    row_group = (np.cumsum(used) - 1)[codes]
-    n_groups = int(used.sum())
+    if every_row:  # factorize's codes are already 0..n-1
+        row_group, n_groups = codes, len(uid_names)
+    else:
+        used = np.bincount(codes, minlength=len(uid_names)) > 0
+        row_group, n_groups = (np.cumsum(used) - 1)[codes], int(used.sum())
     x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
     # Group moments, summed in value order: independent of the row order and of the (fresh per run) uid strings.
     order = np.argsort(x, kind="stable")
@@ -598,11 +604,10 @@ def compute_ebpo_advantages(
     return torch.from_numpy(full).to(device=scores.device, dtype=out_dtype)
 
 
-def _overflow_error(step: int, r: np.ndarray, row_uids: np.ndarray) -> ValueError:
+def _overflow_error(step: int, r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]]) -> ValueError:
     """The statistics or advantages left the float range: name the step and the uids with the largest rewards."""
     mag = np.abs(r)
-    top = mag >= 0.01 * mag.max()
-    offenders = sorted(set(row_uids[top].tolist()))
+    offenders = row_uids(mag >= 0.01 * mag.max())
     return ValueError(
         f"EBPO step {step}: the statistics overflow (non-finite) with rewards as large as {mag.max():.3g}; "
         f"largest rewards in uid(s) {offenders[:20]}. Scale the reward down; the running state was left unchanged."
@@ -610,7 +615,7 @@ def _overflow_error(step: int, r: np.ndarray, row_uids: np.ndarray) -> ValueErro
 
 
 def _group_clusters(
-    row_uids: np.ndarray,
+    row_uids: Callable[[np.ndarray], list[str]],
     rows: np.ndarray,
     bs: int,
     row_group: np.ndarray,
@@ -632,13 +637,13 @@ def _group_clusters(
     row_cluster, names = _factorize(label_arr[rows], missing=True)
     missing = row_cluster < 0
     if missing.any():
-        offenders = sorted(set(row_uids[missing].tolist()))
+        offenders = row_uids(missing)
         raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {offenders[:20]}")
     group_cluster = np.full(n_groups, -1, dtype=np.int64)
     group_cluster[row_group] = row_cluster
     inconsistent = group_cluster[row_group] != row_cluster
     if inconsistent.any():
-        offenders = sorted(set(row_uids[inconsistent].tolist()))
+        offenders = row_uids(inconsistent)
         raise ValueError(f"uid(s) {offenders[:20]} carry more than one {options.cluster_key!r} label")
     return names.tolist(), group_cluster
 
