@@ -1,6 +1,7 @@
 """ebpo_verl.node_check on a real two-node Ray cluster started on this machine (`ray start --head` + `ray start
 --address`), one of whose nodes sees a node-local disk (a tmpfs mounted in its own mount namespace) at a path
-where the head sees the shared folder, as a node without the shared mount would."""
+where the head sees the shared folder, as a node without the shared mount would (that needs root and unshare;
+otherwise the failing case is a data file the driver can stat but no node may read)."""
 
 from __future__ import annotations
 
@@ -90,10 +91,15 @@ def two_node_cluster(tmp_path_factory):
     shared, local = root / "shared", root / "local"
     shared.mkdir()
     local.mkdir()
-    if not _can_shadow(local):
-        pytest.skip("needs root and unshare to give the second Ray node its own mount namespace")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    shadow_local = _can_shadow(local)  # else (not root): the failing case is a file no node may read
+    # hermetic: no token auth picked up from a ~/.ray/auth_token another cluster left, no RAY_ADDRESS
+    isolation = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **isolation}
     env.pop("RAY_ADDRESS", None)
+    patch = pytest.MonkeyPatch()
+    for key, value in isolation.items():
+        patch.setenv(key, value)
+    patch.delenv("RAY_ADDRESS", raising=False)
     gcs, *ports = free_ports(16)
 
     def node_args(offset: int, temp: str) -> list[str]:
@@ -138,13 +144,14 @@ def two_node_cluster(tmp_path_factory):
         address = f"127.0.0.1:{gcs}"
         worker = [RAY, "start", f"--address={address}", *node_args(7, temp)]
         shadow = f'mount -t tmpfs tmpfs {local} && exec "$@"'
+        command = ["unshare", "-m", "--propagation", "private", "sh", "-c", shadow, "sh", *worker]
         for _ in range(60):
             if subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode == 0:
                 break
             time.sleep(1)
         procs.append(
             subprocess.Popen(
-                ["unshare", "-m", "--propagation", "private", "sh", "-c", shadow, "sh", *worker],
+                command if shadow_local else worker,
                 env=env,
                 start_new_session=True,
                 stdout=subprocess.DEVNULL,
@@ -157,7 +164,7 @@ def two_node_cluster(tmp_path_factory):
                 break
             time.sleep(1)
         assert sum(node["Alive"] for node in ray.nodes()) == 2, "the second Ray node did not join"
-        yield shared, local
+        yield shared, local if shadow_local else None
     finally:
         try:
             import ray
@@ -171,10 +178,11 @@ def two_node_cluster(tmp_path_factory):
                     pass
             for proc in procs:
                 try:
-                    proc.wait(timeout=30)
+                    proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
             shutil.rmtree(temp, ignore_errors=True)
+            patch.undo()
 
 
 def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_cluster):
@@ -190,6 +198,17 @@ def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_clu
     val.write_bytes(b"y" * 10)
     check_nodes(config(train, val, shared / "ckpt" / "run", shared / "logs" / "run"))  # all shared: passes
     assert not [p for p in (shared / "ckpt" / "run").iterdir() if p.name.startswith(MARKER_PREFIX)]
+
+    if local is None:  # not root: a data file the driver can stat but no node may read
+        if os.geteuid() == 0:
+            pytest.skip("root without unshare: no way to make a path differ between two local Ray nodes")
+        secret = shared / "secret.parquet"
+        secret.write_bytes(b"z")
+        secret.chmod(0)
+        with pytest.raises(NodeCheckError) as err:
+            check_nodes(config(secret, val, shared / "ckpt" / "run", shared / "logs" / "run"))
+        assert str(err.value).count(f"{secret}: cannot read the data file (Permission denied)") == 2
+        return
 
     # data file on a node-local disk: the worker node cannot read it, the head can
     (local / "train.parquet").write_bytes(b"x" * 100)
