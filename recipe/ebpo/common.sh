@@ -424,7 +424,8 @@ ebpo_main() {
 # Table drivers (table_*.sh): call ebpo_paper_schedule, register experiments with ebpo_experiment, then call
 # ebpo_drive "$@". Defaults: REWARD=paper, BASELINES=paper and the authors' schedule (validation on AIME24
 # x 8 before training and every 5 steps, a checkpoint every 10, KEEP_CKPTS=2; main tables stop at step
-# 200, the curriculum after one epoch); every switch of the run scripts above can be set and is passed on.
+# 200, the curriculum after one epoch); every switch of the run scripts (run_qwen3_8b.sh --help) can be set
+# and is passed on to each run.
 #   FINAL_EVAL    1 (default): after training, evaluate the run's last checkpoint with eval.sh
 #                 (EVAL_DIR=WORK_DIR/eval/<experiment>) and tabulate that; 0: tabulate the training run's
 #                 own validations (LOG_DIR/<experiment>)
