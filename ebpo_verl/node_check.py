@@ -48,7 +48,7 @@ def _local(path: str) -> bool:
 
 
 def _unique(paths: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(os.path.abspath(p) for p in paths if _local(p)))
+    return tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in paths if _local(p)))
 
 
 def run_paths(config: Any) -> RunPaths:

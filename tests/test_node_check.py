@@ -50,10 +50,10 @@ def config(train: Path, val: Path, ckpt: Path, logs: Path):
 def test_run_paths_lists_data_files_and_output_folders(tmp_path):
     cfg = config(tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "ckpt", tmp_path / "logs")
     cfg.data.val_files = [str(tmp_path / "v.parquet"), "hdfs://remote/v.parquet", str(tmp_path / "t.parquet")]
-    cfg.trainer.rollout_data_dir = str(tmp_path / "dump")
+    cfg.trainer.rollout_data_dir = "~/dump"
     paths = run_paths(cfg)
     assert paths.files == (str(tmp_path / "t.parquet"), str(tmp_path / "v.parquet"))  # remote and repeats dropped
-    assert paths.dirs == (str(tmp_path / "ckpt"), str(tmp_path / "logs"), str(tmp_path / "dump"))
+    assert paths.dirs == (str(tmp_path / "ckpt"), str(tmp_path / "logs"), os.path.expanduser("~/dump"))
 
 
 def test_check_here_reports_each_problem(tmp_path):
