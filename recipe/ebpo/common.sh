@@ -6,7 +6,7 @@
 #
 #   ALGO          ebpo (default) | ebpo_bb | ebpo_batch | grpo | grpo_bn | drgrpo | dapo | entropy_mech |
 #                 rloo | reinforce_pp | spo | bnpo | js                             (presets: ebpo_algo_overrides)
-#   BASELINES     paper (default: each baseline as the authors ran it; recipe/ebpo/README.md, Baselines) |
+#   BASELINES     paper (default: each baseline as the authors ran it; recipe/ebpo/README.md, Switches) |
 #                 canonical (each baseline as its own paper and verl's docs define it)
 #   REWARD        paper (default: the authors' training reward, verl's DAPO/Minerva `Answer:` rule, +1/-1,
 #                 ebpo_verl.paper_reward) | math_verify (ebpo_verl.reward: math-verify, 1/0)
@@ -221,7 +221,7 @@ ebpo_reward_overrides() {
 }
 
 # The estimator / baseline presets. EBPO's rows and GRPO, GRPO+BN, RLOO, SPO, BNPO, JS are the same under
-# both BASELINES; Dr.GRPO, DAPO, EntropyMech and REINFORCE++ differ (README.md, "Baselines").
+# both BASELINES; Dr.GRPO, DAPO, EntropyMech and REINFORCE++ differ (README.md, "Switches").
 ebpo_algo_overrides() {
   local actor=actor_rollout_ref.actor
   case $ALGO in
