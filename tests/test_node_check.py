@@ -228,3 +228,22 @@ def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_clu
     # missing everywhere: refused on the driver before any task runs
     with pytest.raises(NodeCheckError, match=r"the driver \(.*\): .*missing.parquet: cannot read the data file"):
         check_nodes(config(shared / "missing.parquet", val, shared / "ckpt" / "run", shared / "logs" / "run"))
+
+
+def test_task_runner_checks_the_nodes_before_building_the_trainer(monkeypatch):
+    """EBPOTaskRunner.run: pre-flight, then the node check, whose failure stops the run before any trainer."""
+    import ebpo_verl.trainer as trainer
+
+    calls = []
+    runner_cls = trainer.EBPOTaskRunner.__ray_actor_class__
+    monkeypatch.setattr(runner_cls, "preflight", lambda self, config: calls.append("preflight"))
+
+    def refuse(config):
+        calls.append("check_nodes")
+        raise NodeCheckError("node 10.0.0.2 (id 3f2a91c0): /x: cannot read the data file")
+
+    monkeypatch.setattr(trainer, "check_nodes", refuse)
+    monkeypatch.setattr(trainer, "ebpo_trainer_cls", lambda mode: calls.append("trainer") or pytest.fail("built"))
+    with pytest.raises(NodeCheckError, match="node 10.0.0.2"):
+        runner_cls.run(object.__new__(runner_cls), OmegaConf.create({}))
+    assert calls == ["preflight", "check_nodes"]
