@@ -456,6 +456,10 @@ for a in "$@"; do
     trainer.total_training_steps=*) steps=${a#*=} ;;
   esac
 done
+if [[ $2 == ebpo_verl.main && $3 == --cfg ]]; then
+  echo "preflight $name" >> "$CALLS"
+  exit 0
+fi
 if [[ $2 == ebpo_verl.main ]]; then
   echo "train $name steps=${steps:-none}" >> "$CALLS"
   [[ $name == "${FAIL_EXPERIMENT:-}" ]] && exit 1
@@ -491,37 +495,91 @@ echo "{\"protocol\": \"$protocol\", \"model\": \"x\", \"benchmarks\": {${line%, 
 """
 
 
+def fake_driver(tmp_path: Path, prepare: bool = True):
+    """A caller of table_curriculum.sh with FAKE_PYTHON standing in for training and evaluation."""
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+
+    def drive(work: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+        if prepare:
+            data = work / "data"
+            data.mkdir(parents=True, exist_ok=True)
+            for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
+                (data / f"{name}.parquet").touch()
+        env = {"PYTHON": str(fake), "REAL_PYTHON": sys.executable, "CALLS": str(work / "calls"), **env}
+        return run_recipe("table_curriculum.sh", work, *args, **env)
+
+    return drive
+
+
+def test_table_driver_dry_run_trains_marks_evaluates_and_tabulates_nothing(tmp_path):
+    """DRY_RUN=1 / PRINT_OVERRIDES=1 on a driver: each run's pre-flight only, the evaluation and table commands
+    printed, no .done marker, no evaluation, no table, exit 0 -- on a fresh WORK_DIR and with existing log
+    folders; VAL_SETS with ", " stays one value (it once became a command)."""
+    drive = fake_driver(tmp_path, prepare=False)
+    names = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
+    work, calls = tmp_path / "fresh", tmp_path / "calls"  # WORK_DIR does not exist
+    for attempt in ("fresh", "log dirs exist"):
+        result = drive(work, DRY_RUN="1", CALLS=str(calls))
+        assert result.returncode == 0, (attempt, result.stderr)
+        assert calls.read_text().splitlines() == [f"preflight {n}" for n in names]
+        assert result.stderr.count("DRY_RUN: would evaluate: ") == 4
+        assert result.stderr.count("DRY_RUN: would tabulate: ") == 1
+        assert f"EVAL_DIR={work}/eval/{names[0]} bash {RECIPE}/eval.sh {work}/ckpt/{names[0]}" in result.stderr
+        assert not list(work.rglob(".done")) and not (work / "eval").exists() and not (work / "results").exists()
+        calls.unlink()
+        for n in names:
+            (work / "logs" / n).mkdir(parents=True, exist_ok=True)
+    result = drive(work, PRINT_OVERRIDES="1", VAL_SETS="math500, aime2024", CALLS=str(calls))
+    assert result.returncode == 0, result.stderr
+    assert not calls.exists() and not list(work.rglob(".done"))
+    suffix = result.stdout.split("trainer.experiment_name=")[1].split("\n")[0].split("-bl_paper")[1]
+    assert suffix.startswith("-v") and len(suffix) == 10  # VAL_SETS is not the driver's default
+    val = f"data.val_files=['{work}/data/math500.parquet','{work}/data/aime2024.parquet']"
+    assert result.stdout.splitlines().count(val) == 4
+
+
+def test_table_driver_names_hash_non_default_schedules_and_overrides(tmp_path):
+    """Experiment names (the .done / results keys): unchanged on the driver's schedule, a stable -v<hash> for
+    any other schedule or extra Hydra overrides (TOTAL_STEPS=100 must not reuse the step-200 run)."""
+
+    def names(*args: str, **env: str) -> list[str]:
+        result = run_recipe("table_main.sh", tmp_path, "--list", *args, **env)
+        assert result.returncode == 0, result.stderr
+        return [line.split("\t")[2] for line in result.stdout.splitlines()[1:]]
+
+    default = names()
+    assert default[0] == "qwen3_8b-grpo-g4-random-rw_paper-bl_paper"
+    assert names(TOTAL_STEPS="200", VAL_SETS="aime2024", VAL_N="8", KEEP_CKPTS="5") == default
+    short, override = names(TOTAL_STEPS="100"), names("actor_rollout_ref.actor.optim.lr=2e-6")
+    assert short == names(TOTAL_STEPS="100")  # stable
+    for other in (short, override, names(VAL_SETS="math500,aime2024")):
+        assert len({*other, *default}) == 2 * len(default)
+        assert all(o.startswith(d + "-v") and len(o) == len(d) + 10 for o, d in zip(other, default, strict=True))
+    assert short[0] != override[0] and names(VAL_SETS="math500, aime2024") == names(VAL_SETS="math500,aime2024")
+
+
+def test_table_driver_refuses_overrides_of_its_own_paths(tmp_path):
+    for arg in ("trainer.default_local_dir=/x", "++trainer.experiment_name=y", "trainer.metrics_log_path=/z"):
+        result = run_recipe("table_grpo_bn.sh", tmp_path, arg, DRY_RUN="1")
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert "CKPT_DIR / LOG_DIR" in result.stderr and arg in result.stderr
+
+
 def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path):
     """table_curriculum.sh end to end with stand-ins for training and evaluation: one epoch (no step limit),
     eval.sh on each run's checkpoint root per the interface, .done markers and existing results (a second call
     runs nothing), a failed run leaves empty cells and a non-zero exit, a failed evaluation is retried."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
     ebpo, grpo = (f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo"))
-
-    def drive(work: Path, **env: str) -> subprocess.CompletedProcess:
-        data = work / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
-            (data / f"{name}.parquet").touch()
-        return run_recipe(
-            "table_curriculum.sh",
-            work,
-            PYTHON=str(fake),
-            REAL_PYTHON=sys.executable,
-            CALLS=str(work / "calls"),
-            **env,
-        )
+    names = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
+    drive = fake_driver(tmp_path)
 
     work = tmp_path / "ok"
     result = drive(work)
     assert result.returncode == 0, result.stderr
     assert (work / "calls").read_text().splitlines() == [
-        f"train {ebpo} steps=none",
-        f"generate {work}/ckpt/{ebpo} paper",
-        f"train {grpo} steps=none",
-        f"generate {work}/ckpt/{grpo} paper",
+        line for n in names for line in (f"train {n} steps=none", f"generate {work}/ckpt/{n} paper")
     ]
     assert (work / "eval" / ebpo / "results-paper.json").is_file()
     table = (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
@@ -554,7 +612,7 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(compose
     """--list of every driver: distinct names and rows, each listed command composes into that experiment with
     REWARD/BASELINES paper, AIME24 x 8 validation every 5 steps (and before training), a checkpoint every 10, 2
     kept, step 200 (main tables) or one epoch (curriculum); baselines on a shuffled stream, EBPO in topic order."""
-    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 2, "grpo_bn": 6}
+    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 4, "grpo_bn": 6}
     composed = 0
     for table, count in counts.items():
         out = run_recipe(f"table_{table}.sh", tmp_path, "--list").stdout.splitlines()
@@ -588,8 +646,9 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(compose
             if method.startswith("EBPO") and "naive" not in experiment and table != "curriculum":
                 assert "++data.curriculum.order=topic" in printed, experiment
     main = run_recipe("table_main.sh", tmp_path, "--list", V2_ROWS="1").stdout
-    assert len(main.splitlines()) == 1 + 20
-    for method, algo in [("REINFORCE++", "reinforce_pp"), ("RLOO", "rloo"), ("SPO", "spo")]:
+    assert len(main.splitlines()) == 1 + 22
+    for method, algo in [("REINFORCE++", "reinforce_pp"), ("RLOO", "rloo"), ("SPO", "spo"), ("BNPO", "bnpo"),
+                         ("JS", "js")]:  # fmt: skip
         assert f"Qwen3-8B\t{method}\tqwen3_8b-{algo}-g4-random-rw_paper-bl_paper" in main
     assert "Qwen3-14B\tEBPO-BB\tqwen3_14b-ebpo_bb-g4-topic-rw_paper-bl_paper" in main
     canonical = run_recipe(

@@ -142,6 +142,9 @@ ebpo_choice() {
 # to the epoch count. Table drivers call it before registering their experiments; values set in the
 # environment win.
 ebpo_paper_schedule() {
+  EBPO_SCHEDULE_DEFAULTS=([TOTAL_STEPS]="" [TOTAL_EPOCHS]="" [TEST_FREQ]=5 [SAVE_FREQ]=10 [VAL_SETS]=aime2024
+    [VAL_N]=8)
+  if [[ $1 != epoch ]]; then EBPO_SCHEDULE_DEFAULTS[TOTAL_STEPS]=$1; fi
   TEST_FREQ=${TEST_FREQ:-5}
   SAVE_FREQ=${SAVE_FREQ:-10}
   VAL_SETS=${VAL_SETS:-aime2024}
@@ -255,7 +258,9 @@ ebpo_paper_baseline() {
       OVERRIDES+=(algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=False
         "$actor.clip_ratio_high=0.28" algorithm.filter_groups.enable=False)
       ;;
-    # EntropyMech: Clip-Cov with PPO's clip opened to [0, 2] (ratios 1.0/1.0), dual-clip c 10, no KL at all
+    # EntropyMech: Clip-Cov with PPO's clip opened to [0, 2] (ratios 1.0/1.0), no KL at all. clip_ratio_c=10
+    # and kl_ctrl.kl_coef=0 copy the authors' script but are inert in verl 0.9.1 (clip_cov's loss has no
+    # dual clip; kl_ctrl is read only with use_kl_in_reward=True)
     entropy_mech)
       OVERRIDES+=(algorithm.adv_estimator=grpo "$actor.policy_loss.loss_mode=clip_cov"
         "$actor.policy_loss.clip_cov_ratio=0.0002" "$actor.policy_loss.clip_cov_lb=1.0"
@@ -366,7 +371,7 @@ ebpo_common_overrides() {
     "$actor.use_kl_loss=True" "$actor.kl_loss_coef=0.001" "$actor.kl_loss_type=low_var_kl"
     "$actor.loss_agg_mode=token-mean" "$actor.clip_ratio_low=0.2" "$actor.clip_ratio_high=0.2"
     "$actor.entropy_coeff=0" "$actor.use_dynamic_bsz=True"
-    algorithm.use_kl_in_reward=False algorithm.kl_ctrl.kl_coef=0.001
+    algorithm.use_kl_in_reward=False algorithm.kl_ctrl.kl_coef=0.001 # inert without use_kl_in_reward (fidelity)
     "$rollout.name=vllm" "$rollout.n=$GROUP_SIZE" "$rollout.temperature=1.0" "$rollout.top_p=1.0"
     "$rollout.val_kwargs.n=$VAL_N" "$rollout.val_kwargs.temperature=1.0" "$rollout.val_kwargs.top_p=1.0"
     "$rollout.val_kwargs.do_sample=True"
@@ -434,15 +439,23 @@ ebpo_main() {
 #   RESULTS_DIR   tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol, or train_val>/<table>.md
 #                                                                               default WORK_DIR/results
 # `table_X.sh --list` prints the experiments (section, method, experiment, results, command) and exits;
-# other arguments are Hydra overrides for every run. A finished training run (LOG_DIR/<name>/.done) is not
+# other arguments are Hydra overrides for every TRAINING run (the evaluation uses its protocol's settings;
+# trainer.default_local_dir / experiment_name / metrics_log_path are refused: use CKPT_DIR / LOG_DIR).
+# Experiment names: <model>-<algo>-g<G>-<order>-rw_<REWARD>-bl_<BASELINES>, plus -v<hash> when a schedule
+# switch differs from the driver's default or Hydra overrides are given (a hash of those settings), so
+# another schedule never reuses a run or its results. A finished training run (LOG_DIR/<name>/.done) is not
 # run again and an evaluation whose results files exist is not repeated, so drivers share runs (e.g. the
-# EBPO rows of the main and ordering tables) and can be restarted after a failure.
+# EBPO rows of the main and ordering tables) and can be restarted after a failure. DRY_RUN=1 (or
+# PRINT_OVERRIDES=1) shows each untrained run's pre-flight (or overrides) and the evaluation and table
+# commands, and runs, marks and writes nothing else.
 
 EXP_SECTIONS=()
 EXP_METHODS=()
 EXP_NAMES=()
 EXP_SCRIPTS=()
-EXP_ENVS=()
+EXP_ENVS=() # each run's VAR=VALUE words, shell-quoted (printf %q): `eval "words=(${EXP_ENVS[i]})"` restores them
+declare -A EBPO_SCHEDULE_DEFAULTS=()
+EBPO_SCHEDULE_VARS=(TOTAL_STEPS TOTAL_EPOCHS TEST_FREQ SAVE_FREQ VAL_SETS VAL_N)
 
 # ORDER of a table row: under BASELINES=paper the baselines train on a shuffled stream, as the authors'
 # baseline runs did (data.shuffle True); EBPO's rows (and every row under canonical) use topic order.
@@ -454,23 +467,44 @@ ebpo_row_order() {
 }
 
 # ebpo_experiment SECTION METHOD MODEL NAME [VAR=VALUE ...]: one training run of run_MODEL.sh, named
-# NAME-rw_<REWARD>-bl_<BASELINES>; the schedule set in the environment comes before VAR=VALUE (which win).
+# NAME-rw_<REWARD>-bl_<BASELINES> (ebpo_drive appends the variant suffix); the schedule set in the environment
+# comes before VAR=VALUE (which win).
 ebpo_experiment() {
-  local section=$1 method=$2 model=$3 name=$4-rw_$REWARD-bl_$BASELINES var schedule=""
+  local section=$1 method=$2 model=$3 name=$4-rw_$REWARD-bl_$BASELINES var existing words
   shift 4
   [[ -f $EBPO_RECIPE_DIR/run_$model.sh ]] || ebpo_die "no recipe run_$model.sh"
-  local existing
   for existing in "${EXP_NAMES[@]}"; do
     [[ $existing == "$name" ]] && ebpo_die "experiment name used twice: $name"
   done
-  for var in TOTAL_STEPS TOTAL_EPOCHS TEST_FREQ SAVE_FREQ VAL_SETS VAL_N KEEP_CKPTS; do
-    [[ -n ${!var:-} ]] && schedule+=" $var=${!var}"
+  words=("MODEL=$model" "REWARD=$REWARD" "BASELINES=$BASELINES")
+  for var in "${EBPO_SCHEDULE_VARS[@]}" KEEP_CKPTS; do
+    [[ -n ${!var:-} ]] && words+=("$var=${!var}")
   done
+  words+=("$@")
   EXP_SECTIONS+=("$section")
   EXP_METHODS+=("$method")
   EXP_NAMES+=("$name")
   EXP_SCRIPTS+=("$model")
-  EXP_ENVS+=("MODEL=$model REWARD=$REWARD BASELINES=$BASELINES$schedule $*")
+  EXP_ENVS+=("$(printf '%q ' "${words[@]}")")
+}
+
+# ebpo_variant_suffix [hydra overrides...]: "" on the driver's own schedule without extra overrides, else
+# "-v<8 hex digits>", a hash of the schedule settings that differ from the driver's defaults (VAL_SETS
+# normalised) and of the overrides, so that e.g. TOTAL_STEPS=100 never reuses the step-200 run or results.
+ebpo_variant_suffix() {
+  local var value items=() parts=() part
+  for var in "${EBPO_SCHEDULE_VARS[@]}"; do
+    value=${!var:-}
+    if [[ $var == VAL_SETS ]]; then
+      IFS=', ' read -ra parts <<<"$value"
+      value=""
+      for part in "${parts[@]}"; do [[ -z $part ]] || value+=${value:+,}$part; done
+    fi
+    [[ $value == "${EBPO_SCHEDULE_DEFAULTS[$var]-}" ]] || items+=("$var=$value")
+  done
+  items+=("$@")
+  ((${#items[@]})) || return 0
+  printf -- '-v%s' "$(printf '%s\n' "${items[@]}" | sha256sum | cut -c1-8)"
 }
 
 # The protocols of the final evaluation, or train_val for the training runs' own validations.
@@ -489,19 +523,34 @@ ebpo_result_path() {
   if [[ $2 == train_val ]]; then echo "$LOG_DIR/$1"; else echo "$WORK_DIR/eval/$1/results-$2.json"; fi
 }
 
-# ebpo_drive TABLE [--list | hydra overrides...]
+# Refuses the overrides a driver sets itself per run (the evaluation and the tables read those paths).
+ebpo_check_driver_overrides() {
+  local arg
+  for arg in "$@"; do
+    if [[ $arg =~ ^\+{0,2}trainer\.(default_local_dir|experiment_name|metrics_log_path)= ]]; then
+      ebpo_die "a table driver sets trainer.${BASH_REMATCH[1]} per run (evaluation and tables read it): drop $arg and set CKPT_DIR / LOG_DIR instead"
+    fi
+  done
+}
+
+# ebpo_drive TABLE [--list | hydra overrides...]. Under DRY_RUN=1 / PRINT_OVERRIDES=1 it only shows what it
+# would do: each untrained run's pre-flight / overrides, the evaluation and the table commands; it creates no
+# marker and runs no evaluation or table.
 ebpo_drive() {
-  local table=$1 i name env_words failed=() protocol protocols paths done_eval
+  local table=$1 i name failed=() protocol protocols paths done_eval dry=0 suffix words=()
   shift
   if ebpo_wants_help "$@"; then
     ebpo_help "$0" drive
     return 0
   fi
+  ebpo_check_driver_overrides "$@"
+  [[ ${1:-} == --list ]] && suffix=$(ebpo_variant_suffix "${@:2}") || suffix=$(ebpo_variant_suffix "$@")
   ebpo_schedule_defaults
   ebpo_check_shared
   ebpo_choice FINAL_EVAL "${FINAL_EVAL:-1}" 0 1
   ebpo_choice EVAL_PROTOCOL "${EVAL_PROTOCOL:-paper}" paper verl both
   ebpo_choice SELECT "${SELECT:-final}" final best
+  for i in "${!EXP_NAMES[@]}"; do EXP_NAMES[i]+=$suffix; done
   read -ra protocols <<<"$(ebpo_protocols)"
   local results=${RESULTS_DIR:-$WORK_DIR/results}/rw_$REWARD-bl_$BASELINES
   if [[ ${1:-} == --list ]]; then
@@ -511,19 +560,24 @@ ebpo_drive() {
       for protocol in "${protocols[@]}"; do paths+=("$(ebpo_result_path "${EXP_NAMES[i]}" "$protocol")"); done
       printf '%s\t%s\t%s\t%s\t%s\n' "${EXP_SECTIONS[i]}" "${EXP_METHODS[i]}" "${EXP_NAMES[i]}" \
         "$(IFS=,; echo "${paths[*]}")" \
-        "${EXP_ENVS[i]} EXPERIMENT=${EXP_NAMES[i]} bash $EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh"
+        "${EXP_ENVS[i]}EXPERIMENT=$(printf %q "${EXP_NAMES[i]}") bash $EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh"
     done
     return 0
   fi
+  [[ ${DRY_RUN:-0} == 1 || ${PRINT_OVERRIDES:-0} == 1 ]] && dry=1
   export WORK_DIR DATA_DIR CKPT_DIR LOG_DIR PYTHON
   for i in "${!EXP_NAMES[@]}"; do
     name=${EXP_NAMES[i]}
-    read -ra env_words <<<"${EXP_ENVS[i]}"
+    eval "words=(${EXP_ENVS[i]})"
     if [[ -f $LOG_DIR/$name/.done ]]; then
       echo "== $name: trained before, not run again" >&2
+    elif ((dry)); then
+      echo "== $name (dry run): ${EXP_ENVS[i]}" >&2
+      env "${words[@]}" EXPERIMENT="$name" bash "$EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh" "$@" ||
+        failed+=("$name (pre-flight)")
     else
       echo "== $name: ${EXP_ENVS[i]}" >&2
-      if ! env "${env_words[@]}" EXPERIMENT="$name" bash "$EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh" "$@"; then
+      if ! env "${words[@]}" EXPERIMENT="$name" bash "$EBPO_RECIPE_DIR/run_${EXP_SCRIPTS[i]}.sh" "$@"; then
         failed+=("$name (training)")
         continue
       fi
@@ -532,20 +586,27 @@ ebpo_drive() {
     [[ ${FINAL_EVAL:-1} == 1 ]] || continue
     done_eval=1
     for protocol in "${protocols[@]}"; do [[ -f $(ebpo_result_path "$name" "$protocol") ]] || done_eval=0; done
+    words=(env "EVAL_PROTOCOL=${EVAL_PROTOCOL:-paper}" "EVAL_DIR=$WORK_DIR/eval/$name" bash
+      "$EBPO_RECIPE_DIR/eval.sh" "$CKPT_DIR/$name")
     if ((done_eval)); then
       echo "== $name: evaluated before, not run again" >&2
-    elif ! EVAL_PROTOCOL=${EVAL_PROTOCOL:-paper} EVAL_DIR=$WORK_DIR/eval/$name \
-      bash "$EBPO_RECIPE_DIR/eval.sh" "$CKPT_DIR/$name"; then
+    elif ((dry)); then
+      echo "DRY_RUN: would evaluate: $(printf '%q ' "${words[@]}")" >&2
+    elif ! "${words[@]}"; then
       failed+=("$name (evaluation)")
     fi
   done
   for protocol in "${protocols[@]}"; do
-    local specs=()
+    words=("$PYTHON" "$EBPO_RECIPE_DIR/../../scripts/make_tables.py" --table "$table" --select "${SELECT:-final}"
+      --out "$results/$protocol")
     for i in "${!EXP_NAMES[@]}"; do
-      specs+=("${EXP_SECTIONS[i]}/${EXP_METHODS[i]}=$(ebpo_result_path "${EXP_NAMES[i]}" "$protocol")")
+      words+=("${EXP_SECTIONS[i]}/${EXP_METHODS[i]}=$(ebpo_result_path "${EXP_NAMES[i]}" "$protocol")")
     done
-    "$PYTHON" "$EBPO_RECIPE_DIR/../../scripts/make_tables.py" --table "$table" --select "${SELECT:-final}" \
-      --out "$results/$protocol" "${specs[@]}" || failed+=("tables ($protocol)")
+    if ((dry)); then
+      echo "DRY_RUN: would tabulate: $(printf '%q ' "${words[@]}")" >&2
+    else
+      "${words[@]}" || failed+=("tables ($protocol)")
+    fi
   done
   if ((${#failed[@]})); then
     ebpo_die "failed (their cells are empty): ${failed[*]}"
