@@ -17,6 +17,8 @@ sorted order, so results do not depend on the order of the rows.
   over the batch's prompts mean_p and unbiased var_p (0 for one prompt); m = clamp(mean_p, eps, 1-eps); when
   eps < var_p < m(1-m): nu = m(1-m)/var_p - 1, a = nu m, b = nu (1-m), else a = b = 0; alpha = 1 + a/3,
   beta = 1 + b/3; A = (r - p_q) / max(eps, Beta(alpha, beta) pdf at clamp(p_q, eps, 1-eps)); eps = 1e-6.
+  Rewards must lie in [0, 1]; the paper's -1/+1 reward is mapped to pass rates (r + 1)/2 first and the
+  advantage mapped back (times 2), as EBPO-BB does; other rewards raise.
 - ``spo`` (Xu & Ding, "Single-stream Policy Optimization", arXiv 2509.13232, as simplified in the fork): a
   per-prompt Beta(alpha, beta) tracker keyed by a STABLE prompt key (the fork keys it by verl's per-step uid,
   so no prompt is ever seen twice). A prompt's baseline is alpha / (alpha + beta), 0.5 while unseen; the
@@ -37,8 +39,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
+
+from ebpo_verl.estimator import factorize_keys, padding_names
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -61,30 +64,50 @@ class _Groups:
     var: torch.Tensor  # unbiased within-group variance (0 for a group of one)
 
 
-def _group(scores: torch.Tensor, keys: Sequence[Any] | np.ndarray, valid: torch.Tensor, what: str) -> _Groups:
-    """Group the valid rows by ``keys`` (compared as strings); NaN/inf rewards raise, naming the keys."""
+def _group(
+    scores: torch.Tensor,
+    keys: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    what: str,
+    pad_prefix: str | None = None,
+) -> _Groups:
+    """Group the valid rows by ``keys`` (compared as strings, factorized as the ``ebpo`` estimator does: no
+    per-row string conversion); rows whose key starts with ``pad_prefix`` are padding too; NaN/inf rewards raise,
+    naming the keys."""
     bs = scores.shape[0]
     key_arr = np.asarray(keys, dtype=object)
     if key_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
         raise ValueError(f"{what} {key_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
     valid_np = valid.detach().cpu().numpy().astype(bool)
-    rows = torch.from_numpy(np.flatnonzero(valid_np))
+    codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
+    is_pad = padding_names(names, pad_prefix) if pad_prefix is not None else None
+    if is_pad is not None:
+        valid_np &= ~(is_pad[codes] & (codes >= 0))
+    rows_np = np.flatnonzero(valid_np)
+    rows = torch.from_numpy(rows_np)
     r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
-    row_keys = key_arr[valid_np]
-    missing = pd.isna(row_keys)  # None, NaN, pandas NA
+    codes = codes[rows_np]
+    missing = codes < 0
     if missing.any():
-        first = rows.numpy()[missing][:10].tolist()
+        first = rows_np[missing][:10].tolist()
         raise ValueError(f"{int(missing.sum())} valid row(s) have no {what} (None/NaN); first rows: {first}")
-    row_keys = row_keys.astype(str)
+    used = np.bincount(codes, minlength=len(names)) > 0
+    if not used.all():  # names of padding rows only
+        codes = (np.cumsum(used) - 1)[codes]
+        names = names[used]
+    names = names.astype(str)
+    order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group_keys = names[order]
     bad = ~torch.isfinite(r)
     if bool(bad.any()):
-        offenders = sorted(set(row_keys[bad.numpy()].tolist()))
+        offenders = sorted(set(group_keys[rank[codes[bad.numpy()]]].tolist()))
         raise ValueError(f"non-finite (NaN/inf) rewards for {what} {offenders[:20]}: check the reward function")
-    group_keys, inverse = np.unique(row_keys, return_inverse=True)
-    row_group = torch.from_numpy(inverse.reshape(-1))
+    row_group = torch.from_numpy(rank[codes].astype(np.int64, copy=False))
     n = len(group_keys)
-    r_sorted, order = torch.sort(r, stable=True)  # sums in value order: independent of the row order
-    g_sorted = row_group.index_select(0, order)
+    r_sorted, r_order = torch.sort(r, stable=True)  # sums in value order: independent of the row order
+    g_sorted = row_group.index_select(0, r_order)
     size = torch.zeros(n, dtype=torch.float64).index_add_(0, g_sorted, torch.ones_like(r))
     mean = torch.zeros(n, dtype=torch.float64).index_add_(0, g_sorted, r_sorted) / size.clamp_min(1.0)
     dev = r_sorted - mean.index_select(0, g_sorted)
@@ -115,15 +138,18 @@ def _scatter_out(scores: torch.Tensor, g: _Groups, adv: torch.Tensor) -> torch.T
 # ------------------------------------------------------------------------------------- shrinkage_js
 
 
-def compute_js_advantages(scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor) -> torch.Tensor:
+def compute_js_advantages(
+    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None = None
+) -> torch.Tensor:
     """James-Stein (leave-one-out) shrinkage advantages, shape ``(bs,)``; padding rows get 0.
 
     Args:
         scores: response rewards, shape (bs,).
         index: per-response prompt uids (compared as strings).
         valid: False for padding rows.
+        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
     """
-    g = _group(scores, index, valid, "uid(s)")
+    g = _group(scores, index, valid, "uid(s)", pad_prefix)
     n = len(g.keys)
     if n == 0:
         return _scatter_out(scores, g, g.r)
@@ -168,21 +194,55 @@ def bnpo_beta_parameters(pass_rates: torch.Tensor) -> tuple[float, float]:
     return 1.0 + a / 3.0, 1.0 + b / 3.0
 
 
+BNPO_DIAGNOSTICS: dict[str, float] = {}
+"""The ``bnpo/*`` diagnostics of this process's last :func:`compute_bnpo_advantages` call (the trainer logs them)."""
+
+
+def _bnpo_levels(g: _Groups) -> tuple[float, float]:
+    """(lowest level, span) mapping rewards to pass rates: [0, 1] -> (0, 1), the paper's -1/+1 -> (-1, 2)."""
+    r = g.r
+    if r.numel() == 0 or bool(((r >= 0.0) & (r <= 1.0)).all()):
+        return 0.0, 1.0
+    if bool(((r == -1.0) | (r == 1.0)).all()):
+        return -1.0, 2.0
+    bad = (r < 0.0) | (r > 1.0)
+    offenders = sorted(set(g.keys[g.row_group[bad].numpy()].tolist()))
+    values = torch.unique(r).tolist()
+    raise ValueError(
+        f"bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
+        f"two-level -1/+1 reward, but this batch has reward values {values[:8]}{' ...' if len(values) > 8 else ''} "
+        f"(uid(s) {offenders[:20]}). Such values come from a shaped or rescaled reward: "
+        "algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format penalty or a reward model "
+        "adds levels. Use a 0/1 (REWARD=math) or -1/+1 (REWARD=paper) reward without shaping for bnpo."
+    )
+
+
 def compute_bnpo_advantages(
-    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor
+    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None = None
 ) -> torch.Tensor:
     """BNPO advantages (r - p_q) / max(eps, Beta(alpha, beta) pdf at p_q), shape ``(bs,)``; padding rows get 0.
 
+    Rewards in [0, 1] are used as they are. The paper's -1/+1 reward is first mapped to pass rates x = (r + 1)/2
+    (as EBPO-BB does), the formula applied to x, and the advantage mapped back to reward units: 2 (x - p_q) / pdf
+    = (r - (2 p_q - 1)) / pdf. Other rewards raise ValueError naming the cause. Sets :data:`BNPO_DIAGNOSTICS`
+    (``bnpo/max_abs_adv``: the formula's 1/pdf reaches ~1e6 on a concentrated batch, as PAPER.md's formula does).
     Args as :func:`compute_js_advantages`.
     """
-    g = _group(scores, index, valid, "uid(s)")
+    g = _group(scores, index, valid, "uid(s)", pad_prefix)
+    BNPO_DIAGNOSTICS.clear()
     if len(g.keys) == 0:
         return _scatter_out(scores, g, g.r)
+    lo, span = _bnpo_levels(g)
+    if span != 1.0:  # -1/+1 -> pass indicator 0/1; group means and variances follow exactly (affine map)
+        g.r, g.mean, g.var = (g.r - lo) / span, (g.mean - lo) / span, g.var / (span * span)
     alpha, beta = bnpo_beta_parameters(g.mean)
     p = g.mean.clamp(EPS, 1.0 - EPS)
     log_norm = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
     pdf = torch.exp((alpha - 1.0) * torch.log(p) + (beta - 1.0) * torch.log1p(-p) - log_norm).clamp_min(EPS)
-    adv = (g.r - g.mean.index_select(0, g.row_group)) / pdf.index_select(0, g.row_group)
+    adv = span * (g.r - g.mean.index_select(0, g.row_group)) / pdf.index_select(0, g.row_group)
+    BNPO_DIAGNOSTICS.update(
+        {"bnpo/alpha": alpha, "bnpo/beta": beta, "bnpo/max_abs_adv": adv.abs().max().item() if adv.numel() else 0.0}
+    )
     return _scatter_out(scores, g, adv)
 
 

@@ -410,7 +410,7 @@ def _sorted_mean(values: np.ndarray) -> float:
     return float(np.sort(values).sum() / values.size)
 
 
-def _factorize(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def factorize_keys(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Codes and unique names of ``values`` compared as strings (pandas' hash table on the objects, then on the
     few distinct names); with ``missing``, None/NaN get code -1."""
     codes, uniques = pd.factorize(values, use_na_sentinel=missing)
@@ -423,6 +423,14 @@ def _factorize(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, n
             names = np.asarray(distinct, dtype=object)
         names = names.astype(object)
     return codes.astype(np.int64, copy=False), names
+
+
+def padding_names(names: np.ndarray, prefix: str) -> np.ndarray | None:
+    """Per distinct uid: does it start with ``prefix`` (verl's ``pad`` rows)? None when none does (one cheap
+    substring test over the few distinct names; no per-row string work)."""
+    if "\0" + prefix not in "\0" + "\0".join(names.tolist()):
+        return None
+    return np.strings.startswith(names.astype(str), prefix)
 
 
 def _score_vector(scores: torch.Tensor) -> torch.Tensor:
@@ -504,10 +512,10 @@ def compute_ebpo_advantages(
     if uid_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
         raise ValueError(f"index {uid_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
     r_all, valid_np = _to_host(scores, valid)
-    uid_codes, uid_names = _factorize(uid_arr)
+    uid_codes, uid_names = factorize_keys(uid_arr)
     if pad_prefix is not None:
-        if "\0" + pad_prefix in "\0" + "\0".join(uid_names.tolist()):  # cheap test first; rarely true
-            is_pad = np.strings.startswith(uid_names.astype(str), pad_prefix)
+        is_pad = padding_names(uid_names, pad_prefix)
+        if is_pad is not None:
             valid_np = valid_np & ~is_pad[uid_codes]
     every_row = bool(valid_np.all())
     rows = np.arange(bs) if every_row else np.flatnonzero(valid_np)
@@ -634,7 +642,7 @@ def _group_clusters(
     label_arr = np.asarray(labels, dtype=object)
     if label_arr.shape != (bs,):
         raise ValueError(f"labels have shape {label_arr.shape}, expected ({bs},) (one per response)")
-    row_cluster, names = _factorize(label_arr[rows], missing=True)
+    row_cluster, names = factorize_keys(label_arr[rows], missing=True)
     missing = row_cluster < 0
     if missing.any():
         offenders = row_uids(missing)

@@ -8,7 +8,7 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
   TransferQueue and passed as ``labels`` (padding rows: None), and the estimator diagnostics added to the step's
   metrics (so every tracker backend logs ``ebpo/*``). ``spo`` likewise, with each row's stable
   ``extra_info[algorithm.spo.prompt_key]`` as its tracker key (``spo/*`` metrics). Other estimators run verl's
-  code unchanged.
+  code unchanged (``bnpo`` adds its ``bnpo/*`` diagnostics to the metrics).
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_state.json`` (:mod:`ebpo_verl.checkpoint`),
   restored in ``init()``, i.e. before the first advantage computation; ``spo_state.json`` likewise for ``spo``.
 - ``_init_dataloader``: checks that every training row carries its cluster label (``spo``: a unique prompt key),
@@ -42,7 +42,7 @@ from verl.utils.logging_utils import configure_verl_logging
 from verl.workers.utils.padding import response_to_nested
 
 import ebpo_verl
-from ebpo_verl.baselines import SPO_STATE
+from ebpo_verl.baselines import BNPO_DIAGNOSTICS, SPO_STATE
 from ebpo_verl.checkpoint import load_ebpo_state, load_spo_state, save_ebpo_state, save_spo_state
 from ebpo_verl.estimator import is_missing_label
 from ebpo_verl.metrics_log import MetricsLog
@@ -177,7 +177,11 @@ class EBPOTrainerMixin:
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
         if self.ebpo_options is None and self.spo_options is None:
-            return super()._compute_advantage(batch, metrics)
+            BNPO_DIAGNOSTICS.clear()
+            out = super()._compute_advantage(batch, metrics)
+            if str(self.config.algorithm.adv_estimator) == "bnpo":
+                metrics.update(BNPO_DIAGNOSTICS)  # bnpo/max_abs_adv: the formula's 1/pdf can reach ~1e5-1e6
+            return out
         import transfer_queue as tq
 
         algo = self.config.algorithm

@@ -6,6 +6,7 @@ The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from ebpo_verl.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
-from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, compute_ebpo_advantages
+from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, compute_ebpo_advantages, factorize_keys, padding_names
 
 NAME = "ebpo"
 
@@ -54,7 +55,7 @@ def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
     shape, mask_shape = tuple(token_level_rewards.shape), tuple(response_mask.shape)
     if len(shape) != 2 or mask_shape != shape or shape[1] == 0:
         raise ValueError(
-            f"ebpo needs token_level_rewards and response_mask of one shape (bs, response_length) with "
+            "advantage estimators need token_level_rewards and response_mask of one shape (bs, response_length) with "
             f"response_length >= 1; got {shape} and {mask_shape}"
         )
 
@@ -73,9 +74,7 @@ def compute_shrinkage_js_outcome_advantage(
     :mod:`ebpo_verl.baselines`). Padding rows (uid ``pad*`` or an all-zero mask) get 0 and enter no statistic.
     Returns (advantages, returns), both (bs, response_length).
     """
-    scores, uids, valid = _outcome(token_level_rewards, response_mask, index)
-    advantages = compute_js_advantages(scores, uids, valid).unsqueeze(-1) * response_mask
-    return advantages, advantages
+    return _uid_grouped(compute_js_advantages, token_level_rewards, response_mask, index)
 
 
 def compute_bnpo_outcome_advantage(
@@ -91,9 +90,7 @@ def compute_bnpo_outcome_advantage(
     alpha = 1 + a/3, beta = 1 + b/3, (a, b) fitted by moments to the batch's p_q; eps = 1e-6. Padding rows get 0.
     Returns (advantages, returns), both (bs, response_length).
     """
-    scores, uids, valid = _outcome(token_level_rewards, response_mask, index)
-    advantages = compute_bnpo_advantages(scores, uids, valid).unsqueeze(-1) * response_mask
-    return advantages, advantages
+    return _uid_grouped(compute_bnpo_advantages, token_level_rewards, response_mask, index)
 
 
 def compute_spo_outcome_advantage(
@@ -120,20 +117,27 @@ def compute_spo_outcome_advantage(
             f"uid-keyed tracker never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
             f"extra_info[{options.prompt_key!r}] (algorithm.spo.prompt_key), or pass prompt_keys=..."
         )
-    scores, _, valid = _outcome(token_level_rewards, response_mask, index)
-    adv = compute_spo_advantages(scores, prompt_keys, valid, options, SPO_STATE)
+    _check_shapes(token_level_rewards, response_mask)
+    valid = _has_response(response_mask).cpu()
+    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
+    is_pad = padding_names(uid_names, "pad")
+    if is_pad is not None:
+        valid &= ~torch.from_numpy(is_pad[uid_codes])
+    adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO_STATE)
     advantages = adv.unsqueeze(-1) * response_mask
     return advantages, advantages
 
 
-def _outcome(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray
-) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
-    """Response scores, uids as strings and the valid (non-padding) rows, as the ``ebpo`` wrapper computes them."""
-    uids = np.asarray(index).astype(str)
-    is_pad = torch.from_numpy(np.char.startswith(uids, "pad")).to(response_mask.device)
-    valid = _has_response(response_mask) & ~is_pad
-    return token_level_rewards.sum(dim=-1), uids, valid.cpu()
+def _uid_grouped(
+    compute: Callable[..., torch.Tensor], token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A uid-grouped baseline on verl's inputs: scores = summed token rewards, padding = uid ``pad*`` or an
+    all-zero mask (as the ``ebpo`` wrapper), advantages broadcast over the response tokens."""
+    _check_shapes(token_level_rewards, response_mask)
+    scores = token_level_rewards.sum(dim=-1)
+    adv = compute(scores, index, _has_response(response_mask).cpu(), pad_prefix="pad")
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
 from ebpo_verl.baselines import (
+    BNPO_DIAGNOSTICS,
     SPO_STATE,
     SPOOptions,
     SPOState,
@@ -84,6 +85,16 @@ def reference_js(uids, rewards) -> list[float]:
 
 
 def reference_bnpo(uids, rewards) -> list[float]:
+    """PAPER.md's formula on pass rates; the paper's -1/+1 reward: pass = (r + 1)/2 per response and the
+    advantage is the reward minus its expected value 2 p - 1 over the pdf (reward units)."""
+    if not all(0 <= r <= 1 for r in rewards):
+        assert all(r in (-1.0, 1.0) for r in rewards)
+        passes = [(r + 1) / 2 for r in rewards]
+        groups = groups_of(uids, passes)
+        p = {k: sum(g) / len(g) for k, g in groups.items()}
+        pass_adv = reference_bnpo(uids, passes)
+        pdf = [(x - p[str(k)]) / a if a else None for k, x, a in zip(uids, passes, pass_adv, strict=True)]
+        return [0.0 if d is None else (r - (2 * p[str(k)] - 1)) / d for k, r, d in zip(uids, rewards, pdf, strict=True)]
     groups = groups_of(uids, rewards)
     p = {k: sum(g) / len(g) for k, g in groups.items()}
     vals = list(p.values())
@@ -215,6 +226,8 @@ def test_bnpo_closed_forms():
 def test_js_and_bnpo_match_the_reference_on_random_batches(sizes, seed, kind):
     uids, r = make_batch(np.random.default_rng(seed), sizes, kind)
     for fn, ref in ((compute_js_advantages, reference_js), (compute_bnpo_advantages, reference_bnpo)):
+        if fn is compute_bnpo_advantages and kind == "continuous":  # bnpo: rewards in [0, 1] only
+            r = np.round(np.random.default_rng(seed).uniform(0, 1, len(r)), 4)
         got = run(fn, uids, r)
         np.testing.assert_allclose(got, ref(uids, list(r)), atol=1e-8, rtol=1e-8)
         # rows in another order: the same advantage per row, bit for bit
@@ -643,3 +656,33 @@ def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name):
     if name == "spo":  # one tracker entry per training problem the run drew, by its index in the split
         assert SPO_STATE.steps == 4
         assert SPO_STATE.keys.tolist() == sorted({str(i) for i in order_stream(train, cfg, base_pass)})
+
+
+def test_bnpo_paper_reward_maps_to_pass_rates_and_back():
+    # one prompt, 1 pass in 4, -1/+1 reward: var_p = 0 -> Beta(1, 1), pdf 1; pass rate 1/4, expected reward -1/2
+    adv = run(compute_bnpo_advantages, np.array(["a"] * 4, dtype=object), [1.0, -1.0, -1.0, -1.0])
+    np.testing.assert_allclose(adv, [1.5, -0.5, -0.5, -0.5], atol=1e-15)
+    # two levels on many prompts: exactly twice the 0/1 advantage (not ~1e6 from clamped negative means)
+    uids, r01 = make_batch(np.random.default_rng(3), [4, 4, 4, 2, 3])
+    pm1 = run(compute_bnpo_advantages, uids, 2 * r01 - 1)
+    np.testing.assert_allclose(pm1, 2 * run(compute_bnpo_advantages, uids, r01), rtol=1e-12, atol=1e-12)
+    assert np.abs(pm1).max() < 10
+
+
+@pytest.mark.parametrize(("rewards", "cause"), [([-1.0, 0.0, 1.0, 1.0], "-1.0, 0.0, 1.0"), ([0.0, 2.0, 1, 0], "2.0")])
+def test_bnpo_refuses_other_rewards_naming_the_cause(rewards, cause):
+    with pytest.raises(ValueError, match="bnpo needs rewards in \\[0, 1\\]") as err:
+        run(compute_bnpo_advantages, np.array(["a", "a", "b", "b"], dtype=object), rewards)
+    assert cause in str(err.value) and "use_kl_in_reward" in str(err.value)
+
+
+def test_bnpo_concentrated_batch_is_the_papers_formula_and_reports_max_abs_adv():
+    # 99 prompts at 3/4 and one at 1/4 (G = 4, 0/1 reward): the Beta fit is sharp, pdf(1/4) ~ 2e-6
+    uids = np.repeat([f"q{i}" for i in range(100)], 4).astype(object)
+    r = np.tile([1.0, 1.0, 1.0, 0.0], 100)
+    r[-4:] = [1.0, 0.0, 0.0, 0.0]
+    got = run(compute_bnpo_advantages, uids, r)
+    ref = reference_bnpo(uids, list(r))
+    np.testing.assert_allclose(got, ref, rtol=1e-9)
+    assert 1e5 < np.abs(ref).max() < 1e6  # ~1.1e5: PAPER.md's formula, kept as is
+    assert BNPO_DIAGNOSTICS["bnpo/max_abs_adv"] == pytest.approx(np.abs(ref).max(), rel=1e-9)

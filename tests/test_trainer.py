@@ -181,8 +181,18 @@ def test_trainer_advantage_step_through_transfer_queue(ray_local):
         out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "returns"])
         advantages, returns = out["advantages"].unbind(), out["returns"].unbind()
         tq.kv_clear(keys=keys, partition_id="train")
+
+        # bnpo runs verl's own step; its bnpo/* diagnostics reach the metrics too
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=tags)
+        bnpo_metrics: dict = {}
+        bnpo_trainer = ebpo_trainer_cls("sync")(_config("algorithm.adv_estimator=bnpo"))
+        bnpo_trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), bnpo_metrics)
+        bnpo_adv = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])["advantages"]
+        tq.kv_clear(keys=keys, partition_id="train")
     finally:
         tq.close()
+    largest = max(abs(a[0].item()) for a in bnpo_adv.unbind())
+    assert largest > 0 and bnpo_metrics["bnpo/max_abs_adv"] == pytest.approx(largest, rel=1e-6)
 
     algebra = np.mean(scores["p0"] + scores["p2"])  # 4/8
     geometry = np.mean(scores["p1"])  # 1/4
