@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from data_prep.schema import read_prepared, with_extra_info, write_parquet_atomic
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile
+from ebpo_verl.evaluate.generations import GenerationsFile, sample_records
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.reward import compute_score
 
@@ -85,19 +85,7 @@ def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> li
             bar = tqdm(total=len(prompts) * a.n, initial=len(prompts) * a.n - len(todo), desc=name, unit="sample")
 
             def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
-                gen.append(
-                    [
-                        {
-                            "benchmark": r.key[0],
-                            "index": r.key[1],
-                            "sample": r.key[2],
-                            "response": c.text,
-                            "response_tokens": c.tokens,
-                            "finish_reason": c.finish_reason,
-                        }
-                        for r, c in pairs
-                    ]  # fmt: skip
-                )
+                gen.append(sample_records(pairs))
                 bar.update(len(pairs))
 
             try:

@@ -27,7 +27,11 @@ rows not run yet; other rows leave those cells empty.
 Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` (written atomically). With ``--table``, every row of the
 paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
 extra labelled runs; "Paper Avg" and "Δ Avg" compare with the paper; rows for which the paper prints
-per-benchmark numbers (or differences) get a "(paper)" row below them.
+per-benchmark numbers (or differences) get a "(paper)" row below them. The curriculum table's reference rows
+are the authors' own eval logs of their step-34 checkpoints (labelled "(authors' logs, step 34)"; the paper
+prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the paper figure's
+difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json ``step``,
+empty for an untrained model) or the step of the selected validation.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paper_numbers import BENCHMARKS, CONTRASTS, PAPER  # noqa: E402
+from paper_numbers import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL  # noqa: E402
 
 from ebpo_verl.checkpoint import atomic_write_text  # noqa: E402
 
@@ -152,6 +156,8 @@ class Row:
     paper: dict[str, float] = field(default_factory=dict)
     missing: str = ""
     protocol: str = ""  # paper | verl | validation; "" while the row has no result
+    paper_label: str = "paper"  # where ``paper`` comes from (PAPER_LABEL)
+    more_refs: list[tuple[str, dict[str, float]]] = field(default_factory=list)  # further labelled references
 
     @property
     def shows_paper(self) -> bool:
@@ -173,8 +179,8 @@ def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, fl
     return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
 
 
-def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool]:
-    """(protocol, benchmark -> pass@1, runs used, complete) of a RESULTS.json."""
+def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool, int | None]:
+    """(protocol, benchmark -> pass@1, runs used, complete, evaluated checkpoint step) of a RESULTS.json."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         protocol, benches = data["protocol"], data["benchmarks"]
@@ -184,14 +190,16 @@ def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool]:
         raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from err
     scores = {b: float(v["pass@1"]) for b, v in benches.items() if b in BENCHMARKS and v.get("pass@1") is not None}
     runs = {int(v["runs"]) for b, v in benches.items() if b in scores}
-    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values())
+    step = data.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values()), step
 
 
 def fill(row: Row, path: str, how: str) -> None:
     """Read the run or RESULTS.json at ``path`` into ``row`` (or say why it stays empty)."""
     row.source = path
     if path.endswith(".json") and Path(path).is_file():
-        row.protocol, row.scores, row.ks, complete = read_results(Path(path))
+        row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path))
         if not complete:
             row.missing = "incomplete: graded with --allow-partial"
         return
@@ -226,7 +234,8 @@ def build_rows(table: str | None, specs: list[str], how: str) -> list[Row]:
     rows: dict[tuple[str, str], Row] = {}
     for section, methods in PAPER.get(table, {}).items():
         for method, numbers in methods.items():
-            rows[section, method] = Row(section, method, paper=dict(numbers), missing="not run")
+            label = PAPER_LABEL.get(table, "paper")
+            rows[section, method] = Row(section, method, paper=dict(numbers), missing="not run", paper_label=label)
     seen = set()
     for spec in specs:
         section, method, path = parse_spec(spec)
@@ -245,7 +254,7 @@ def contrast_rows(table: str | None, rows: list[Row]) -> list[Row]:
     by_key = {(r.section, r.method): r for r in rows}
     out = []
     for section, pairs in CONTRASTS.get(table, {}).items():
-        for plus, minus, paper in pairs:
+        for plus, minus, refs in pairs:
             a, b = by_key.get((section, plus)), by_key.get((section, minus))
             diff = {
                 bench: a.scores[bench] - b.scores[bench]
@@ -256,7 +265,10 @@ def contrast_rows(table: str | None, rows: list[Row]) -> list[Row]:
             protocol = "mixed" if len(protocols) > 1 else protocols.pop() if protocols else ""
             if protocol == "mixed":  # a difference across protocols means nothing: left empty
                 diff = {}
-            out.append(Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper), protocol=protocol))
+            (label, paper), *more = refs.items()
+            row = Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper), protocol=protocol)
+            row.paper_label, row.more_refs = label, more
+            out.append(row)
     return out
 
 
@@ -286,13 +298,14 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
             + [row.protocol]
         )
         if row.shows_paper and any(b in row.paper for b in BENCHMARKS):
-            emit(["", f"{row.method} (paper)", *[_fmt(row.paper.get(b)) for b in BENCHMARKS], "", "", "", "", ""])
+            paper = [_fmt(row.paper.get(b)) for b in BENCHMARKS]
+            emit(["", f"{row.method} ({row.paper_label})", *paper, "", "", "", "", ""])
     for row in contrasts:
         cells = [_fmt(row.scores.get(b), True) for b in BENCHMARKS]
         emit([row.section, row.method, *cells, "", "", "", "", row.protocol])
         if row.shows_paper:
-            paper = [_fmt(row.paper.get(b), True) for b in BENCHMARKS]
-            emit(["", f"{row.method} (paper)", *paper, "", "", "", "", ""])
+            for label, ref in [(row.paper_label, row.paper), *row.more_refs]:
+                emit(["", f"{row.method} ({label})", *[_fmt(ref.get(b), True) for b in BENCHMARKS], "", "", "", "", ""])
     missing = [r for r in rows if r.missing]
     if missing:
         lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]

@@ -117,13 +117,14 @@ def test_non_finite_and_null_values_count_as_missing(tmp_path):
     assert make_tables.select_validation(make_tables.read_run(log), "best") is None
 
 
-def write_results(path: Path, protocol: str, *scores: float, complete: bool = True) -> str:
+def write_results(path: Path, protocol: str, *scores: float, complete: bool = True, step: int | None = None) -> str:
     """A RESULTS.json of ``python -m ebpo_verl.evaluate grade`` with the given pass@1 (%) per benchmark."""
     benches = {
         b: {"pass@1": x, "runs": 16, "problems": 30, "samples": 480, "complete": complete}
         for b, x in zip(BENCH, scores, strict=True)
     }
-    path.write_text(json.dumps({"protocol": protocol, "model": "m", "benchmarks": benches, "average": None}))
+    record = {"protocol": protocol, "model": "m", "step": step, "benchmarks": benches, "average": None}
+    path.write_text(json.dumps(record))
     return str(path)
 
 
@@ -186,16 +187,27 @@ def test_grpo_bn_table_by_hand(runs, tmp_path):
 
 def test_curriculum_contrast_and_paper_rows(runs, tmp_path):
     out = tmp_path / "results"
-    ebpo = write_results(tmp_path / "ebpo.json", "paper", 60, 30, 20, 50, 40)
-    grpo = write_results(tmp_path / "grpo.json", "paper", 55, 55, 55, 55, 55)
+    ebpo = write_results(tmp_path / "ebpo.json", "paper", 60, 30, 20, 50, 40, step=33)
+    grpo = write_results(tmp_path / "grpo.json", "paper", 55, 55, 55, 55, 55, step=33)
     make_tables.make_tables([f"Qwen3-8B-Base/EBPO-diff={ebpo}", f"Qwen3-8B-Base/GRPO-diff={grpo}"], out, "curriculum")
     rows = read_csv(out / "curriculum.csv")
     diff = rows["Qwen3-8B-Base", "EBPO-diff − GRPO-diff"]  # (60 30 20 50 40) - 55
     assert [diff[b] for b in BENCH] == ["5.00", "-25.00", "-35.00", "-5.00", "-15.00"]
     assert (diff["paper_aime2024"], diff["paper_aime2025"], diff["paper_math500"]) == ("3.95", "6.04", "")
+    assert rows["Qwen3-8B-Base", "EBPO-diff"]["step"] == "33"  # the evaluated checkpoint, from RESULTS.json
+    # the reference rows are the authors' step-34 logs (PAPER.md): EBPO-diff avg 28.12, ours 40 -> +11.88
+    assert (rows["Qwen3-8B-Base", "EBPO-diff"]["paper_avg"], rows["Qwen3-8B-Base", "EBPO-diff"]["diff_avg"]) == (
+        "28.12",
+        "11.88",
+    )
     md = (out / "curriculum.md").read_text()
     assert "| Qwen3-8B-Base | EBPO-diff − GRPO-diff | +5.00 | -25.00 | -35.00 | -5.00 | -15.00 |" in md
-    assert "|  | EBPO-diff − GRPO-diff (paper) |  | +3.95 | +6.04 |  |  |" in md
+    assert "|  | EBPO-diff − GRPO-diff (paper figure) |  | +3.95 | +6.04 |  |  |" in md
+    # the authors' logs: 54.41-54.90, 10.42-9.38, 9.58-9.17, 40.63-36.41, 25.56-25.22
+    assert "|  | EBPO-diff − GRPO-diff (authors' logs, step 34) | -0.49 | +1.04 | +0.41 | +4.22 | +0.34 |" in md
+    assert "|  | EBPO-diff (authors' logs, step 34) | 54.41 | 10.42 | 9.58 | 40.63 | 25.56 |" in md
+    assert "| 40.00 | 28.12 | +11.88 | 33 | paper |" in md
+    assert md.count("| Qwen3-8B-Base |") == 5 and md.count("| Qwen3-14B-Base |") == 3  # 4 + 2 rows, 2 contrasts
 
     # one side from a training validation: the difference mixes protocols and stays empty
     make_tables.make_tables(

@@ -4,7 +4,8 @@ generate --model M --data-dir DIR --protocol paper|verl --out GEN.jsonl [--bench
          [--runs N] [--engine vllm|hf] [engine options]
     Appends one line per sample to GEN.jsonl; re-running resumes (finished samples are skipped).
 grade --protocol paper|verl --generations GEN.jsonl --data-dir DIR --out RESULTS.json [--allow-partial]
-    Writes {"protocol", "model", "benchmarks": {name: {"pass@1", "runs", "problems", ...}}, "average"}.
+    Writes {"protocol", "model", "step", "benchmarks": {name: {"pass@1", "runs", "problems", ...}}, "average"}
+    ("step": the checkpoint's global step, null for a hub id or plain Hugging Face folder).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tqdm import tqdm
 
 from ebpo_verl.checkpoint import atomic_write_text
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile
+from ebpo_verl.evaluate.generations import GenerationsFile, sample_records
 from ebpo_verl.evaluate.grading import grade_file
 from ebpo_verl.evaluate.merge import merge_checkpoint, resolve_model
 from ebpo_verl.evaluate.prompts import (
@@ -108,19 +109,7 @@ def generate(a: argparse.Namespace) -> None:
         }
 
         def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
-            gen.append(
-                [
-                    {
-                        "benchmark": r.key[0],
-                        "index": r.key[1],
-                        "sample": r.key[2],
-                        "response": c.text,
-                        "response_tokens": c.tokens,
-                        "finish_reason": c.finish_reason,
-                    }
-                    for r, c in pairs
-                ]
-            )
+            gen.append(sample_records(pairs))
             for r, _ in pairs:
                 bars[r.key[0]].update(1)
 
@@ -135,7 +124,8 @@ def generate(a: argparse.Namespace) -> None:
 def grade(a: argparse.Namespace) -> None:
     results = grade_file(a.protocol, a.generations, a.data_dir, a.allow_partial)
     atomic_write_text(a.out, json.dumps(results, indent=1) + "\n")
-    print(f"protocol {results['protocol']}  model {results['model']}")
+    step = "" if results["step"] is None else f"  (global step {results['step']})"
+    print(f"protocol {results['protocol']}  model {results['model']}{step}")
     for name, b in results["benchmarks"].items():
         flag = "" if b["complete"] else f"  INCOMPLETE ({b['samples']} of {b['problems'] * b['runs']} samples)"
         score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"

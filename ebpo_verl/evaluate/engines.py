@@ -1,12 +1,15 @@
 """Generation engines and the data-parallel dispatcher (one engine per GPU of the node).
 
-* ``vllm``: vLLM offline ``LLM.generate`` on rendered prompt strings; each worker process sees one GPU group
-  (``CUDA_VISIBLE_DEVICES``), so an 8-GPU node runs 8 engines (the 8B/14B models fit one H200).
+* ``vllm``: vLLM offline ``LLM.generate``; each worker process sees one GPU group (``CUDA_VISIBLE_DEVICES``)
+  and leads its own process group (so stopping it also stops vLLM's engine-core child), so an 8-GPU node runs
+  8 engines (the 8B/14B models fit one H200).
 * ``hf``: Hugging Face ``generate`` on CPU (or one device), for tests with a tiny local model.
 
-Both share :func:`render` (raw string as is; chat messages through the tokenizer's chat template, as verl's
-rollout does) and :func:`sampling_kwargs`; the vLLM layer only builds ``SamplingParams``, calls
-``LLM.generate`` and reads the outputs with :func:`collect_vllm`.
+Prompts (:func:`vllm_input`): a raw string (protocol ``paper``) goes to vLLM as is, tokenized by vLLM with the
+tokenizer's special tokens, as the authors' eval script did; chat messages (protocol ``verl``) go as token ids
+from ``apply_chat_template(tokenize=True)``, as verl's rollout sends them -- a rendered string would be
+tokenized again with a second BOS on LLaMA, whose template already starts with one. The vLLM layer only builds
+``SamplingParams``, calls ``LLM.generate`` and reads the outputs with :func:`collect_vllm`.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import importlib.util
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +41,7 @@ class Request:
 class Completion:
     text: str
     tokens: int
-    finish_reason: str  # "stop" (end of sequence) or "length" (hit max_new_tokens)
+    finish_reason: str  # "stop" (end of sequence), "length" (hit max_new_tokens) or vLLM's "abort"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,22 @@ def render(tokenizer: Any, prompt: Prompt) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the chat-templated prompt with the generation prompt, as verl's rollout builds them."""
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def vllm_input(tokenizer: Any, prompt: Prompt) -> str | dict[str, list[int]]:
+    """What ``LLM.generate`` gets: a raw string unchanged, chat messages as ``{"prompt_token_ids": ...}``
+    (vLLM's ``TokensPrompt``), so that no BOS is added on top of the template's own."""
+    if isinstance(prompt, str):
+        return prompt
+    return {"prompt_token_ids": chat_token_ids(tokenizer, prompt)}
+
+
 def sampling_kwargs(spec: EngineSpec) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one sample per request."""
     return {"n": 1, "temperature": spec.temperature, "top_p": spec.top_p, "max_tokens": spec.max_new_tokens}
@@ -74,7 +94,7 @@ def collect_vllm(outputs: Sequence[Any]) -> list[Completion]:
     result = []
     for out in outputs:
         c = out.outputs[0]
-        result.append(Completion(c.text, len(c.token_ids), "length" if c.finish_reason == "length" else "stop"))
+        result.append(Completion(c.text, len(c.token_ids), str(c.finish_reason or "unknown")))
     return result
 
 
@@ -95,8 +115,8 @@ class VLLMEngine:
         self.params = SamplingParams(**sampling_kwargs(spec))
 
     def generate(self, prompts: list[Prompt]) -> list[Completion]:
-        texts = [render(self.tokenizer, p) for p in prompts]
-        return collect_vllm(self.llm.generate(texts, self.params, use_tqdm=False))
+        inputs = [vllm_input(self.tokenizer, p) for p in prompts]
+        return collect_vllm(self.llm.generate(inputs, self.params, use_tqdm=False))
 
 
 class HFEngine:
@@ -160,7 +180,9 @@ def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[t
 
 
 def _worker_main(spec: EngineSpec, devices: str | None, requests: list[Request], q: Any) -> None:
-    """Entry of a spawned worker: pin its GPUs before anything imports CUDA, then stream chunks to ``q``."""
+    """Entry of a spawned worker: lead a process group (its children die with it, see :func:`kill_group`), pin
+    its GPUs before anything imports CUDA, then stream chunks to ``q``."""
+    os.setpgid(0, 0)
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     try:
@@ -169,6 +191,14 @@ def _worker_main(spec: EngineSpec, devices: str | None, requests: list[Request],
     except BaseException:
         q.put(("error", traceback.format_exc()))
         raise
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (a worker and e.g. vLLM's engine-core child); gone is fine."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def shard(requests: list[Request], workers: int) -> list[list[Request]]:
@@ -226,6 +256,7 @@ def generate_all(
     for p in procs:
         p.start()
     running = len(procs)
+    finished = False
     try:
         while running:
             try:
@@ -244,10 +275,11 @@ def generate_all(
                 running -= 1
             else:
                 raise RuntimeError(f"a generation worker failed:\n{payload}")
+        finished = True
     finally:
         for p in procs:
-            if p.is_alive():
-                p.terminate()
+            if not finished or p.is_alive():  # after a failure, also the engine-core children of exited workers
+                kill_group(p.pid)
             p.join(timeout=30)
 
 

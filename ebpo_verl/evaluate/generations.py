@@ -2,7 +2,10 @@
 
 Line: ``{"benchmark", "index", "sample", "response", "response_tokens", "finish_reason"}``. A sidecar
 ``<file>.meta.json`` (written atomically before the first line) records what produced the lines (protocol,
-model, sampling, rows and runs per benchmark); a re-run with other settings is refused instead of mixing.
+model, sampling, rows and runs per benchmark). A re-run must match the protocol, model and sampling, and the
+rows and runs of every benchmark both runs name; benchmarks new to the file are added to the stored settings
+(aime2024 first, then aime2024 + math500 resumes aime2024 and adds math500). Other mismatches are refused
+instead of mixing.
 A torn last line (a crash mid-write) is dropped and its sample generated again; an unreadable line anywhere
 else is an error naming the line.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -86,18 +90,41 @@ def read_meta(path: str | Path) -> dict[str, Any] | None:
         raise EvalInputError(f"{mp} is not valid JSON ({e.msg}); delete it with its generations file") from None
 
 
+def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs."""
+    diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks"} if old.get(k) != new.get(k))
+    ob, nb = old.get("benchmarks", {}), new.get("benchmarks", {})
+    diff += [f"benchmarks.{b}" for b in nb if b in ob and ob[b] != nb[b]]
+    if diff:
+        raise EvalInputError(
+            f"{path} was generated with other settings ({', '.join(diff)} differ); "
+            "use another --out or delete the file and its .meta.json to start over"
+        )
+    return {**old, "benchmarks": {**ob, **nb}}
+
+
+def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """Generations-file lines for (engines.Request, engines.Completion) pairs."""
+    return [
+        {
+            "benchmark": r.key[0],
+            "index": r.key[1],
+            "sample": r.key[2],
+            "response": c.text,
+            "response_tokens": c.tokens,
+            "finish_reason": c.finish_reason,
+        }
+        for r, c in pairs
+    ]
+
+
 class GenerationsFile:
     """Append-only writer that resumes ``path``: ``done`` holds the samples already there."""
 
     def __init__(self, path: str | Path, meta: dict[str, Any]):
         self.path = Path(path)
         old = read_meta(self.path)
-        if old is not None and old != meta:
-            diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
-            raise EvalInputError(
-                f"{self.path} was generated with other settings ({', '.join(diff)} differ); "
-                "use another --out or delete the file and its .meta.json to start over"
-            )
+        merged = meta if old is None else merge_meta(old, meta, self.path)
         self.done, intact = read_generations(self.path)
         if old is None and self.done:
             raise EvalInputError(
@@ -105,8 +132,8 @@ class GenerationsFile:
                 "use another --out or delete the file to start over"
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if old is None:
-            atomic_write_text(meta_path(self.path), json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        if merged != old:
+            atomic_write_text(meta_path(self.path), json.dumps(merged, indent=1, sort_keys=True) + "\n")
         self._fh: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         if self._fh.tell() != intact:  # drop a torn last line
             self._fh.truncate(intact)

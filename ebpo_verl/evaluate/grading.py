@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ebpo_verl.evaluate.generations import read_generations, read_meta
+from ebpo_verl.evaluate.merge import checkpoint_step
 from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
 
 
@@ -108,6 +109,7 @@ def grade_file(
     return {
         "protocol": protocol,
         "model": meta["model"],
+        "step": checkpoint_step(meta["model"]),
         "benchmarks": results,
         "average": sum(scores) / len(scores) if scores else None,
         "complete": all(b["complete"] for b in results.values()),

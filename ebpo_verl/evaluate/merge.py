@@ -49,6 +49,16 @@ def merge_checkpoint(step_dir: Path) -> Path:
     return out
 
 
+def checkpoint_step(model: str) -> int | None:
+    """The training step of an evaluated model: N for ``.../global_step_N`` or its ``huggingface_merged``
+    folder, None for a hub id or any other folder (e.g. an untrained model)."""
+    path = Path(model)
+    if path.name == MERGED:
+        path = path.parent
+    match = re.fullmatch(r"global_step_(\d+)", path.name)
+    return int(match[1]) if match else None
+
+
 def resolve_model(target: str) -> tuple[str, Path | None]:
     """(what to load, checkpoint step folder to merge or None) for a ``--model`` argument.
 
