@@ -14,7 +14,7 @@ from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.__main__ import main
 from ebpo_verl.evaluate.generations import GenerationsFile, read_generations
 from ebpo_verl.evaluate.grading import grade_file
-from ebpo_verl.evaluate.merge import MERGED, merge_checkpoint, resolve_model
+from ebpo_verl.evaluate.merge import MERGED, checkpoint_step, merge_checkpoint, resolve_model
 from ebpo_verl.evaluate.prompts import EvalInputError, load_problems
 
 INSTRUCTION = (
@@ -161,6 +161,27 @@ def test_generations_file_resumes_drops_torn_line_and_rejects_corruption(tmp_pat
     assert len(read_generations(path)[0]) == 2
 
 
+def test_generations_file_adds_benchmarks_of_a_rerun(tmp_path):
+    """aime2024 first, then aime2024 + math500 into the same file: resumes aime2024, adds math500 to the
+    stored settings; other protocol/model/sampling, or other rows/runs of a shared benchmark, are refused."""
+    from ebpo_verl.evaluate.generations import read_meta
+
+    path = tmp_path / "g.jsonl"
+    write_gen(path, meta(aime2024=(2, 2)), [rec("aime2024", 0, 0, "a")])
+    with GenerationsFile(path, meta(aime2024=(2, 2), math500=(3, 1))) as g:
+        assert set(g.done) == {("aime2024", 0, 0)}
+        g.append([rec("math500", 0, 0, "m")])
+    assert read_meta(path) == meta(aime2024=(2, 2), math500=(3, 1))
+    with GenerationsFile(path, meta(math500=(3, 1))) as g:  # a subset: nothing changes
+        assert len(g.done) == 2
+    assert read_meta(path) == meta(aime2024=(2, 2), math500=(3, 1))
+    with pytest.raises(EvalInputError, match=r"\(benchmarks.aime2024 differ\)"):
+        GenerationsFile(path, meta(aime2024=(2, 4), amc23=(1, 1)))
+    with pytest.raises(EvalInputError, match=r"\(model differ\)"):
+        GenerationsFile(path, {**meta(amc23=(1, 1)), "model": "other"})
+    assert read_meta(path) == meta(aime2024=(2, 2), math500=(3, 1))  # refused runs change nothing
+
+
 def write_gen(path: Path, m: dict, records: list[dict]) -> None:
     with GenerationsFile(path, m) as g:
         g.append(records)
@@ -190,6 +211,7 @@ def test_grading_and_aggregation_by_hand(data_dir, tmp_path):
     )
     assert res["benchmarks"]["amc23"]["pass@1"] == 100.0
     assert res["average"] == 75.0 and res["protocol"] == "paper" and res["model"] == "m" and res["complete"]
+    assert res["step"] is None  # not a checkpoint
 
     vpath = tmp_path / "verl.jsonl"
     write_gen(vpath, meta("verl", aime2024=(2, 2)), [{**r, "benchmark": "aime2024"} for r in records[:4]])
@@ -255,7 +277,7 @@ def test_engine_helpers_without_vllm():
     assert engines.collect_vllm(out) == [
         engines.Completion("hi", 3, "stop"),
         engines.Completion("hi", 3, "length"),
-        engines.Completion("hi", 3, "stop"),
+        engines.Completion("hi", 3, "abort"),  # an aborted request is not a finished one
     ]
 
     class Tok:
@@ -265,6 +287,74 @@ def test_engine_helpers_without_vllm():
 
     assert engines.render(Tok(), "raw text") == "raw text"
     assert engines.render(Tok(), [{"role": "user", "content": "q"}]) == "<chat>q"
+
+
+def llama_like_tokenizer(tmp_path: Path):
+    """The tiny BPE tokenizer made LLaMA-like: its encoder adds <|begin_of_text|> and its chat template starts
+    with that BOS too (as LLaMA-3.1-Instruct's does)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    from ebpo_verl.tiny import build_tokenizer
+
+    base = build_tokenizer(tmp_path / "tok")
+    backend = base.backend_tokenizer
+    backend.add_special_tokens(["<|begin_of_text|>"])
+    bos = backend.token_to_id("<|begin_of_text|>")
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)]
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|im_end|>")
+    tok.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok, bos
+
+
+def test_vllm_inputs_chat_prompts_as_token_ids_with_one_bos(tmp_path):
+    """verl protocol: chat messages go to vLLM as the template's token ids (one BOS); a rendered string would be
+    tokenized again by vLLM with a second BOS. paper protocol: the raw string as is."""
+    tok, bos = llama_like_tokenizer(tmp_path)
+    messages = [{"role": "user", "content": "What is 1+1?"}]
+    assert engines.vllm_input(tok, "raw text") == "raw text"
+    got = engines.vllm_input(tok, messages)
+    ids = got["prompt_token_ids"]
+    assert list(got) == ["prompt_token_ids"] and ids[0] == bos and ids.count(bos) == 1
+    rendered = engines.render(tok, messages)
+    assert ids == tok(rendered, add_special_tokens=False)["input_ids"]  # the same text, BOS once
+    assert tok(rendered)["input_ids"][:2] == [bos, bos]  # what sending the string did: a double BOS
+
+
+def test_kill_group_stops_a_workers_grandchildren(tmp_path):
+    """A worker leads its own process group; kill_group takes its children (vLLM's engine core) with it."""
+    import os
+    import subprocess
+    import time
+
+    pidfile = tmp_path / "grandchild.pid"
+    worker = subprocess.Popen(
+        ["bash", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], start_new_session=True
+    )  # stands in for a worker after os.setpgid(0, 0)
+    for _ in range(100):
+        if pidfile.is_file() and pidfile.read_text().strip():
+            break
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    engines.kill_group(worker.pid)
+    worker.wait(timeout=10)
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{grandchild}/stat").read_text().split()[2] == "Z":  # a zombie awaiting its reaper
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, 9)
+        pytest.fail("the worker's child survived kill_group")
+    engines.kill_group(worker.pid)  # a group that is gone: no error
 
 
 def test_engine_setup_and_the_vllm_error_on_cpu():
@@ -298,3 +388,5 @@ def test_model_resolution(tmp_path):
             resolve_model(bad)
     with pytest.raises(EvalInputError, match="not a verl FSDP checkpoint"):
         merge_checkpoint(step)
+    assert checkpoint_step(str(step / MERGED)) == 20 and checkpoint_step(str(step)) == 20
+    assert checkpoint_step("Qwen/Qwen3-8B") is None and checkpoint_step(str(hf)) is None

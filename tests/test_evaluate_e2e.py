@@ -166,3 +166,47 @@ def test_eval_sh_on_a_checkpoint_root_merges_once(setup, tmp_path):
     assert (root / "global_step_3" / MERGED / "config.json").is_file()
     res = json.loads((tmp_path / "eval" / "qwen3_8b-ebpo-g4-topic-step3" / "results-paper.json").read_text())
     assert res["model"] == str((root / "global_step_3" / MERGED).resolve()) and res["protocol"] == "paper"
+
+
+def test_injected_answers_grade_and_tabulate_by_hand(setup, tmp_path):
+    """generate (tiny model) -> responses replaced by known-right / known-wrong answers -> grade -> make_tables:
+    hand-computed pass@1 per benchmark under both protocols, the evaluated step in the Step column, and the
+    paper's numbers only beside the paper-protocol row."""
+    from ebpo_verl.evaluate.prompts import load_problems
+
+    data, model = setup / "data", setup / "tiny"
+    # right answers per benchmark over 2 runs of its first problem -> pass@1 100, 50, 0, 100, 50 (avg 60)
+    right = {"math500": 2, "aime2024": 1, "aime2025": 0, "amc23": 2, "olympiadbench": 1}
+    specs = []
+    for protocol, method, fmt in (("paper", "EBPO", "work\nAnswer: {}"), ("verl", "GRPO", "so \\boxed{{{}}}")):
+        gen = tmp_path / protocol / "generations.jsonl"
+        argv = ["generate", "--model", str(model), "--data-dir", str(data), "--protocol", protocol, "--out", str(gen),
+                "--limit", "1", "--runs", "2", "--engine", "hf", "--max-new-tokens", "4"]  # fmt: skip
+        assert main(argv) == 0
+        truth = {b: load_problems(data, b, protocol, 1)[0].ground_truth for b in SETS}
+        records = [json.loads(x) for x in gen.read_text().splitlines()]
+        assert len(records) == 10
+        for r in records:
+            good = r["sample"] < right[r["benchmark"]]
+            r["response"] = fmt.format(truth[r["benchmark"]] if good else "-987654")
+        gen.write_text("".join(json.dumps(r) + "\n" for r in records))
+        meta_file = Path(f"{gen}.meta.json")  # as if a checkpoint at global step 7 had been evaluated
+        m = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps({**m, "model": f"/ckpt/run/global_step_7/{MERGED}"}))
+        out = tmp_path / f"results-{protocol}.json"
+        grade = ["grade", "--protocol", protocol, "--generations", str(gen), "--data-dir", str(data), "--out", str(out)]
+        assert main(grade) == 0
+        res = json.loads(out.read_text())
+        assert {b: res["benchmarks"][b]["pass@1"] for b in SETS} == {b: 50.0 * n for b, n in right.items()}
+        assert (res["average"], res["step"]) == (60.0, 7)
+        specs.append(f"Qwen3-8B/{method}={out}")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--table", "main", "--out", str(tmp_path / "t"),
+         *specs], capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    md = run.stdout
+    row = "| 100.00 | 50.00 | 0.00 | 100.00 | 50.00 | 60.00 |"
+    assert f"| Qwen3-8B | EBPO {row} 64.39 | -4.39 | 7 | paper |" in md  # paper Qwen3-8B EBPO avg 64.39
+    assert f"| Qwen3-8B | GRPO {row}  |  | 7 | verl |" in md  # verl protocol: no paper numbers beside it
+    assert "|  | EBPO (paper) | 76.80 | 56.04 | 47.92 | 86.25 | 54.93 |" in md
