@@ -136,7 +136,11 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
         problems = [f"{_describe(refs[ref])}: did not answer within {timeout_s:.0f} s" for ref in pending]
         for ref in ready:
-            problems += [f"{_describe(refs[ref])}: {problem}" for problem in ray.get(ref)]
+            try:
+                problems += [f"{_describe(refs[ref])}: {problem}" for problem in ray.get(ref)]
+            except ray.exceptions.RayError as err:  # the task or its worker died: say where
+                reason = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+                problems.append(f"{_describe(refs[ref])}: the check task failed ({type(err).__name__}: {reason})")
     finally:
         _remove_markers(markers)
     if problems:

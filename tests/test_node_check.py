@@ -230,6 +230,46 @@ def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_clu
         check_nodes(config(shared / "missing.parquet", val, shared / "ckpt" / "run", shared / "logs" / "run"))
 
 
+def test_a_check_task_that_dies_names_its_node(tmp_path, monkeypatch):
+    """ray.get raising (the task's worker crashed, the node died) is reported with that node, not a traceback;
+    the markers are removed. Ray's scheduling is stubbed: one healthy node, one whose task dies."""
+    import ray
+    from ray.exceptions import WorkerCrashedError
+
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    train.write_bytes(b"x")
+    val.write_bytes(b"y")
+    cfg = config(train, val, tmp_path / "ckpt", tmp_path / "logs")
+    nodes = [
+        {"Alive": True, "NodeID": "a" * 56, "NodeManagerAddress": "10.0.0.1"},
+        {"Alive": True, "NodeID": "b" * 56, "NodeManagerAddress": "10.0.0.2"},
+    ]
+
+    class Task:
+        def options(self, scheduling_strategy):
+            self.node = scheduling_strategy.node_id
+            return self
+
+        def remote(self, file_sizes, markers):
+            return (self.node, tuple(check_here(file_sizes, markers)))
+
+    def get(ref):
+        if ref[0] == "b" * 56:
+            raise WorkerCrashedError()
+        return ref[1]
+
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray, "remote", lambda **kw: lambda fn: Task())
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (refs, []))
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(NodeCheckError) as err:
+        check_nodes(cfg)
+    message = str(err.value)
+    assert message.startswith("node 10.0.0.2 (id bbbbbbbb): the check task failed (WorkerCrashedError: ")
+    assert "10.0.0.1" not in message  # the healthy node has nothing to report
+    assert not [p for p in tmp_path.rglob(f"{MARKER_PREFIX}*")]
+
+
 def test_task_runner_checks_the_nodes_before_building_the_trainer(monkeypatch):
     """EBPOTaskRunner.run: pre-flight, then the node check, whose failure stops the run before any trainer."""
     import ebpo_verl.trainer as trainer
