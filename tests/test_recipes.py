@@ -61,7 +61,8 @@ PAPER_BASELINES = {
         "algorithm.norm_adv_by_std_in_grpo": False,
         f"{ACTOR}.clip_ratio_high": 0.28,
     },
-    # EntropyMech: clip_cov 0.0002 / lb 1 / ub 5, clip ratios 1.0 / 1.0, clip_ratio_c 10, entropy 0, no KL at all
+    # EntropyMech: clip_cov 0.0002 / lb 1 / ub 5, clip ratios 1.0 / 1.0, entropy 0, no KL loss; plus the
+    # authors' clip_ratio_c 10 and kl_ctrl 0, copied but inert in verl 0.9.1 (INERT_AUTHORS_KEYS)
     "entropy_mech": {
         "algorithm.adv_estimator": "grpo",
         f"{ACTOR}.policy_loss.loss_mode": "clip_cov",
@@ -70,11 +71,13 @@ PAPER_BASELINES = {
         f"{ACTOR}.policy_loss.clip_cov_ub": 5.0,
         f"{ACTOR}.clip_ratio_low": 1.0,
         f"{ACTOR}.clip_ratio_high": 1.0,
-        f"{ACTOR}.clip_ratio_c": 10.0,
         f"{ACTOR}.entropy_coeff": 0,
         f"{ACTOR}.use_kl_loss": False,
         f"{ACTOR}.kl_loss_coef": 0,
-        "algorithm.kl_ctrl.kl_coef": 0,
+        **{  # inert_authors_keys: the authors' values, which verl 0.9.1 does not read here
+            f"{ACTOR}.clip_ratio_c": 10.0,
+            "algorithm.kl_ctrl.kl_coef": 0,
+        },
     },
     "reinforce_pp": {"algorithm.adv_estimator": "reinforce_plus_plus"},
 }
@@ -116,7 +119,7 @@ SHARED = {
     f"{ACTOR}.optim.weight_decay": 0.01,
     f"{ACTOR}.use_kl_loss": True,
     f"{ACTOR}.kl_loss_coef": 0.001,
-    "algorithm.kl_ctrl.kl_coef": 0.001,
+    "algorithm.kl_ctrl.kl_coef": 0.001,  # the authors' value; inert with use_kl_in_reward=False
     f"{ACTOR}.loss_agg_mode": "token-mean",
     f"{ACTOR}.clip_ratio_low": 0.2,
     f"{ACTOR}.clip_ratio_high": 0.2,
@@ -248,6 +251,28 @@ def test_every_algo_baselines_and_reward_composes_with_the_methods_values(compos
             get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
             lines = preflight(cfg, dry_run=True)
             assert lines[0] == "world size 32"
+
+
+def test_keys_kept_for_fidelity_are_inert_in_verl():
+    """clip_ratio_c (EntropyMech's 10) is not read by verl 0.9.1's clip_cov loss, and algorithm.kl_ctrl only
+    with use_kl_in_reward=True (False in every preset): the recipes set them as the authors' scripts did, and
+    the README says they change nothing. If verl starts reading them, this fails and the README must change."""
+    import inspect
+
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.v1 import trainer_base
+
+    import ebpo_verl.trainer
+
+    assert "clip_ratio_c" not in inspect.getsource(core_algos.compute_policy_loss_clip_cov)
+    assert "clip_ratio_c" in inspect.getsource(core_algos.compute_policy_loss_vanilla)  # the shared c 3 is read
+    for module in (trainer_base, ebpo_verl.trainer):
+        lines = inspect.getsource(module).splitlines()
+        uses = [i for i, line in enumerate(lines) if "kl_ctrl" in line and not line.lstrip().startswith("#")]
+        assert uses, module.__name__
+        for i in uses:  # every use is a statement opened within 3 lines of an `if ...use_kl_in_reward:`
+            guard = [x.strip() for x in lines[max(0, i - 3) : i]]
+            assert any(g.startswith("if ") and g.endswith("use_kl_in_reward:") for g in guard), (module, lines[i])
 
 
 def test_orders_pick_their_training_file_and_epochs(compose, tmp_path):
