@@ -262,12 +262,16 @@ class SPOOptions:
     rho: the tracker's discount per update, in (0, 1).
     n0: the prior's strength: a prompt's first update starts from (n0/2, n0/2); the fork's 1/(1 - 0.875) = 8.
     epsilon: the eps of the batch standardisation.
+    on_resume_mismatch: a resume whose options differ from the checkpoint's: ``error`` (stop, listing the
+        changes), ``reset`` (fresh tracker, with a warning) or ``keep`` (the saved tracker; never for a changed
+        ``prompt_key``), as ``algorithm.ebpo.on_resume_mismatch``.
     """
 
     prompt_key: str = "index"
     rho: float = 0.9
     n0: float = 8.0
     epsilon: float = 1e-6
+    on_resume_mismatch: str = "error"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.prompt_key, str) and self.prompt_key):
@@ -278,6 +282,10 @@ class SPOOptions:
             raise ValueError(f"algorithm.spo.n0={self.n0!r} is invalid; use a float > 0")
         if not (_is_real(self.epsilon) and float(self.epsilon) > 0.0):
             raise ValueError(f"algorithm.spo.epsilon={self.epsilon!r} is invalid; use a float > 0")
+        if self.on_resume_mismatch not in ("error", "reset", "keep"):
+            raise ValueError(
+                f"algorithm.spo.on_resume_mismatch={self.on_resume_mismatch!r} is invalid; use error, reset or keep"
+            )
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any] | None) -> SPOOptions:
@@ -292,6 +300,7 @@ class SPOOptions:
 
 
 SPO_OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SPOOptions))
+SPO_RESUME_KEYS: tuple[str, ...] = tuple(k for k in SPO_OPTION_KEYS if k != "on_resume_mismatch")
 
 
 def _empty_keys() -> np.ndarray:
@@ -332,23 +341,40 @@ class SPOState:
             "beta": self.beta.tolist(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict` snapshot; every field is checked (as ``EBPOState.load_state_dict``), and
+        a bad one raises ValueError, leaving this state unchanged."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"SPO state must be a JSON object, got {type(state).__name__}")
         version = state.get("version")
         if version != SPO_STATE_VERSION:
             raise ValueError(f"SPO state version {version!r} is not supported (expected {SPO_STATE_VERSION})")
         missing = {"steps", "keys", "alpha", "beta"} - set(state)
         if missing:
             raise ValueError(f"SPO state is missing key(s) {sorted(missing)}")
-        keys = np.array([str(k) for k in state["keys"]], dtype=str)
-        alpha = np.asarray(state["alpha"], dtype=np.float64).reshape(-1)
-        beta = np.asarray(state["beta"], dtype=np.float64).reshape(-1)
+        steps = state["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"SPO state steps={steps!r} must be an integer >= 0")
+        columns = {}
+        for name in ("keys", "alpha", "beta"):
+            values = state[name]
+            if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
+                raise ValueError(f"SPO state {name} must be a flat list, got {str(values)[:60]}")
+            columns[name] = values
+        if not all(isinstance(k, str) for k in columns["keys"]):
+            raise ValueError("SPO state keys must be strings")
+        if not all(_is_real(v) for v in columns["alpha"] + columns["beta"]):
+            raise ValueError("SPO state alpha/beta must be finite numbers")
+        keys = np.array(columns["keys"], dtype=str)
+        alpha = np.array(columns["alpha"], dtype=np.float64)
+        beta = np.array(columns["beta"], dtype=np.float64)
         if not (len(keys) == len(alpha) == len(beta)):
             raise ValueError(f"SPO state has {len(keys)} keys but {len(alpha)} alpha and {len(beta)} beta values")
         if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):
             raise ValueError("SPO state keys are not sorted and unique")
-        if not (np.isfinite(alpha).all() and np.isfinite(beta).all() and (alpha > 0).all() and (beta > 0).all()):
-            raise ValueError("SPO state has non-finite or non-positive alpha/beta values")
-        self.__init__(int(state["steps"]), keys, alpha, beta)
+        if not ((alpha > 0).all() and (beta > 0).all()):
+            raise ValueError("SPO state has non-positive alpha/beta values")
+        self.__init__(steps, keys, alpha, beta)
 
 
 SPO_STATE = SPOState()

@@ -5,7 +5,10 @@ The file is written atomically (temp file in the same folder, fsync, ``os.replac
 
     {"format": 1, "global_step": N, "options": {<algorithm.ebpo at save time>}, "state": EBPOState.state_dict()}
 
-With ``adv_estimator=spo`` the SPO tracker goes the same way to ``global_step_N/spo_state.json``.
+With ``adv_estimator=spo`` the SPO tracker goes the same way to ``global_step_N/spo_state.json`` (options
+``algorithm.spo``). Both files share one save/load path: the same validation, and the same
+``on_resume_mismatch`` choice when the options differ. :func:`check_resume` runs that check on the driver (the
+pre-flight), before Ray starts; the TaskRunner's load repeats it as the backstop.
 """
 
 from __future__ import annotations
@@ -14,50 +17,55 @@ import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.baselines import SPOOptions, SPOState
-from ebpo_verl.estimator import RESUME_KEYS, EBPOOptions, EBPOState
+from ebpo_verl.baselines import SPO_RESUME_KEYS, SPOOptions, SPOState
+from ebpo_verl.estimator import RESUME_KEYS, EBPOOptions, EBPOState, ignored_keys
 
 STATE_FILE = "ebpo_state.json"
 SPO_STATE_FILE = "spo_state.json"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
 FORMAT = 1
+MODE_KEYS = ("stats_scope", "prior", "shrinkage", "norm", "cluster_key")
+"""The ``algorithm.ebpo`` options that pick the mode whose ignored options (:func:`ignored_keys`) never block."""
 
 
-def save_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPOOptions, global_step: int) -> Path:
-    """Write ``state`` (after ``global_step`` steps) to ``step_dir/ebpo_state.json``; returns the path."""
+@dataclass(frozen=True)
+class _Kind:
+    """What differs between the EBPO statistics and the SPO tracker on their way through a checkpoint."""
+
+    file: str
+    label: str  # "EBPO" / "SPO"
+    section: str  # "algorithm.ebpo" / "algorithm.spo"
+    what: str  # what starts fresh
+    changed: Callable[[dict[str, Any], Any], dict[str, tuple[Any, Any]]]
+
+
+def _save(kind: _Kind, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int) -> Path:
     payload = {
         "format": FORMAT,
         "global_step": int(global_step),
         "options": dataclasses.asdict(options),
         "state": state.state_dict(),
     }
-    path = Path(step_dir) / STATE_FILE
+    path = Path(step_dir) / kind.file
     atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path
 
 
-def load_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPOOptions, global_step: int) -> bool:
-    """Restore ``state`` from ``step_dir/ebpo_state.json``; returns False (after a loud warning) when absent.
-
-    Without the file (a checkpoint written by plain verl or by an older run) the statistics start fresh.
-    A malformed file (bad JSON, a field of the wrong length or sign, a non-finite number), or one written at
-    another step, raises ValueError naming the file: resuming from it would be silently wrong. Options that
-    differ from the saved ones (:func:`changed_options`) follow ``options.on_resume_mismatch``: ``error`` raises
-    ValueError listing each change and the three ways out, ``reset`` starts fresh statistics with a warning
-    (returns False), ``keep`` continues with the saved statistics (with a warning).
-    """
-    path = Path(step_dir) / STATE_FILE
+def _load(kind: _Kind, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int) -> bool:
+    path = Path(step_dir) / kind.file
     state.reset()
     if not path.is_file():
         warnings.warn(
-            f"EBPO: no {STATE_FILE} in checkpoint {step_dir}: the empirical-Bayes statistics start FRESH at step "
-            f"{global_step}, so advantages will differ from an uninterrupted run (checkpoint written without "
-            "ebpo-verl?)",
+            f"{kind.label}: no {kind.file} in checkpoint {step_dir}: {kind.what} start FRESH at step {global_step}, "
+            "so advantages will differ from an uninterrupted run (checkpoint written without ebpo-verl?)",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return False
     try:
@@ -71,58 +79,86 @@ def load_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPO
         if not isinstance(saved_options, dict):
             raise ValueError(f"options must be a JSON object, got {saved_options!r}")
         state.load_state_dict(payload["state"])
-    except (ValueError, KeyError, TypeError, OSError) as err:  # JSONDecodeError/UnicodeDecodeError are ValueErrors
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:  # JSON errors are ValueErrors
         state.reset()
         raise ValueError(
-            f"EBPO state file {path} is unreadable: {err}. Delete it to resume with fresh statistics."
+            f"{kind.label} state file {path} is unreadable: {err}. Delete it to resume with fresh {kind.what}."
         ) from err
     if saved_step != int(global_step):
         state.reset()
-        raise ValueError(f"EBPO state file {path} was written at global step {saved_step}, not {global_step}")
-    changed = changed_options(saved_options, options)
+        raise ValueError(f"{kind.label} state file {path} was written at global step {saved_step}, not {global_step}")
+    changed = kind.changed(saved_options, options)
     if not changed:
         return True
-    diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-    if options.on_resume_mismatch == "error":
+    known = {k: v for k, v in changed.items() if v[1] is not _UNKNOWN}
+    diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in known.items())
+    unknown = {k: old for k, (old, new) in changed.items() if new is _UNKNOWN}
+    if unknown:
+        extra = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
+        diff = "; ".join(filter(None, [diff, f"option(s) unknown to this version of ebpo-verl: {extra}"]))
+    mode = options.on_resume_mismatch
+    if kind.label == "SPO" and "prompt_key" in known and mode == "keep":
+        mode = "error"  # the saved keys would silently name other prompts
+    if mode == "error":
         state.reset()
-        restore = " ".join(f"algorithm.ebpo.{k}={_override(old)}" for k, (old, _) in changed.items())
+        restore = " ".join(f"{kind.section}.{k}={_override(old)}" for k, (old, _) in known.items())
+        first = f"resume with the checkpoint's values ({restore}), or " if restore else ""
+        keep = f", or {kind.section}.on_resume_mismatch=keep to continue with the saved {kind.what}"
+        if "prompt_key" in known and kind.label == "SPO":
+            keep = ""
         raise ValueError(
-            f"algorithm.ebpo differs from the checkpoint's options in {path} ({diff}). Either resume with the "
-            f"checkpoint's values ({restore}), or set algorithm.ebpo.on_resume_mismatch=reset to start fresh "
-            "statistics under the new options, or algorithm.ebpo.on_resume_mismatch=keep to continue with the saved "
-            "statistics under the new options."
+            f"{kind.section} differs from the checkpoint's options in {path} ({diff}). Either {first}set "
+            f"{kind.section}.on_resume_mismatch=reset to start fresh {kind.what} under the new options{keep}."
         )
-    if options.on_resume_mismatch == "reset":
+    if mode == "reset":
         state.reset()
         warnings.warn(
-            f"EBPO: algorithm.ebpo changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
-            f"empirical-Bayes statistics start FRESH at step {global_step}",
+            f"{kind.label}: {kind.section} changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
+            f"{kind.what} start FRESH at step {global_step}",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return False
     warnings.warn(
-        f"EBPO: algorithm.ebpo changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing with the "
-        "saved statistics",
+        f"{kind.label}: {kind.section} changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing "
+        f"with the saved {kind.what}",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
     return True
 
 
-def changed_options(saved: dict[str, Any], options: EBPOOptions) -> dict[str, tuple[Any, Any]]:
-    """``key -> (saved, current)`` for each option that differs (``on_resume_mismatch`` itself never counts).
+_UNKNOWN = object()
+"""The "current value" of a saved option this version does not know."""
 
-    A key absent from an older checkpoint counts as that option's default (what the older code did).
-    """
-    defaults, current = dataclasses.asdict(EBPOOptions()), dataclasses.asdict(options)
-    unknown = sorted(set(saved) - set(current))
-    changed = {k: (saved[k], None) for k in unknown}
-    for key in RESUME_KEYS:
-        old = saved.get(key, defaults[key])
+
+def _changes(
+    saved: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any], keys: tuple[str, ...]
+) -> dict[str, tuple[Any, Any]]:
+    changed: dict[str, tuple[Any, Any]] = {k: (saved[k], _UNKNOWN) for k in sorted(set(saved) - set(current))}
+    for key in keys:
+        old = saved.get(key, defaults[key])  # absent from an older checkpoint: that option's default
         if old != current[key]:
             changed[key] = (old, current[key])
     return changed
+
+
+def changed_options(saved: dict[str, Any], options: EBPOOptions) -> dict[str, tuple[Any, Any]]:
+    """``key -> (saved, current)`` for each ``algorithm.ebpo`` option that differs; a saved key this version does
+    not know maps to ``(saved, _UNKNOWN)``. Never counted: ``on_resume_mismatch`` itself, and, when the mode
+    (:data:`MODE_KEYS`) is unchanged, the options that mode ignores (e.g. decay/merge with ``stats_scope=batch``,
+    whose saved statistics are empty)."""
+    defaults, current = dataclasses.asdict(EBPOOptions()), dataclasses.asdict(options)
+    changed = _changes(saved, current, defaults, RESUME_KEYS)
+    if not any(k in changed for k in MODE_KEYS):
+        for key in ignored_keys(options):
+            changed.pop(key, None)
+    return changed
+
+
+def spo_changed_options(saved: dict[str, Any], options: SPOOptions) -> dict[str, tuple[Any, Any]]:
+    """As :func:`changed_options` for ``algorithm.spo``."""
+    return _changes(saved, dataclasses.asdict(options), dataclasses.asdict(SPOOptions()), SPO_RESUME_KEYS)
 
 
 def _override(value: Any) -> str:
@@ -130,65 +166,74 @@ def _override(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def save_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOptions, global_step: int) -> Path:
-    """Write the SPO tracker (after ``global_step`` steps) to ``step_dir/spo_state.json``, atomically.
+EBPO = _Kind(STATE_FILE, "EBPO", "algorithm.ebpo", "empirical-Bayes statistics", changed_options)
+SPO = _Kind(SPO_STATE_FILE, "SPO", "algorithm.spo", "SPO trackers (baseline 0.5)", spo_changed_options)
 
-    Layout: ``{"format": 1, "global_step": N, "options": {<algorithm.spo>}, "state": SPOState.state_dict()}``.
+
+def save_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPOOptions, global_step: int) -> Path:
+    """Write ``state`` (after ``global_step`` steps) to ``step_dir/ebpo_state.json``, atomically; returns the path."""
+    return _save(EBPO, step_dir, state, options, global_step)
+
+
+def load_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPOOptions, global_step: int) -> bool:
+    """Restore ``state`` from ``step_dir/ebpo_state.json``; returns False when it starts fresh instead.
+
+    Without the file (a checkpoint written by plain verl or by an older run) the statistics start fresh, with a
+    loud warning. A malformed file (bad JSON, a field of the wrong length or sign, a non-finite number), or one
+    written at another step, raises ValueError naming the file: resuming from it would be silently wrong. Options
+    that differ from the saved ones (:func:`changed_options`) follow ``options.on_resume_mismatch``: ``error``
+    raises ValueError listing each change and the three ways out, ``reset`` starts fresh statistics with a
+    warning (returns False), ``keep`` continues with the saved statistics (with a warning).
     """
-    payload = {
-        "format": FORMAT,
-        "global_step": int(global_step),
-        "options": dataclasses.asdict(options),
-        "state": state.state_dict(),
-    }
-    path = Path(step_dir) / SPO_STATE_FILE
-    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    return path
+    return _load(EBPO, step_dir, state, options, global_step)
+
+
+def save_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOptions, global_step: int) -> Path:
+    """Write the SPO tracker (after ``global_step`` steps) to ``step_dir/spo_state.json``, atomically."""
+    return _save(SPO, step_dir, state, options, global_step)
 
 
 def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOptions, global_step: int) -> bool:
-    """Restore the SPO tracker from ``step_dir/spo_state.json``; False (after a loud warning) when absent.
+    """Restore the SPO tracker from ``step_dir/spo_state.json``: as :func:`load_ebpo_state`, with
+    ``algorithm.spo.on_resume_mismatch``; a changed ``prompt_key`` never continues under ``keep`` (the saved keys
+    would silently name other prompts): it raises unless ``reset``."""
+    return _load(SPO, step_dir, state, options, global_step)
 
-    As :func:`load_ebpo_state`: no file -> fresh tracker; a malformed file or one of another step raises
-    ValueError. Another ``prompt_key`` than the saved one raises too (the saved keys would silently name other
-    prompts); other changed ``algorithm.spo`` options continue with the saved tracker, with a warning.
-    """
-    path = Path(step_dir) / SPO_STATE_FILE
-    state.reset()
-    if not path.is_file():
-        warnings.warn(
-            f"SPO: no {SPO_STATE_FILE} in checkpoint {step_dir}: every prompt's tracker starts FRESH (baseline 0.5) "
-            f"at step {global_step}, so advantages will differ from an uninterrupted run",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
+
+def resume_step_folder(trainer: Any) -> tuple[str, int] | None:
+    """(checkpoint folder, global step) that verl's v1 trainer will resume from, as its ``_load_checkpoint`` finds
+    it (``trainer.resume_mode`` auto: ``default_local_dir/latest_checkpointed_iteration.txt``; ``resume_path``:
+    ``trainer.resume_from_path``); None for a fresh start or a folder this machine cannot see."""
+    mode = str(trainer.get("resume_mode", "auto"))
+    if mode == "resume_path":
+        folder = os.path.abspath(str(trainer.get("resume_from_path")))
+    elif mode == "auto" and trainer.get("default_local_dir"):
+        base = os.path.abspath(str(trainer.default_local_dir))
+        try:
+            step = int(Path(base, TRACKER_FILE).read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            return None
+        folder = os.path.join(base, f"global_step_{step}")
+    else:
+        return None
     try:
-        payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(payload, dict) or not isinstance(payload.get("options", {}), dict):
-            raise ValueError("expected a JSON object with an `options` object")
-        if payload.get("format") != FORMAT:
-            raise ValueError(f"format {payload.get('format')!r} is not supported (expected {FORMAT})")
-        saved_step = int(payload["global_step"])
-        state.load_state_dict(payload["state"])
-    except (ValueError, KeyError, TypeError, OSError) as err:
-        state.reset()
-        raise ValueError(
-            f"SPO state file {path} is unreadable: {err}. Delete it to resume with a fresh tracker."
-        ) from err
-    if saved_step != int(global_step):
-        state.reset()
-        raise ValueError(f"SPO state file {path} was written at global step {saved_step}, not {global_step}")
-    current = dataclasses.asdict(options)
-    changed = {k: (v, current.get(k)) for k, v in payload.get("options", {}).items() if current.get(k) != v}
-    if "prompt_key" in changed:
-        state.reset()
-        old = changed["prompt_key"][0]
-        raise ValueError(
-            f"algorithm.spo.prompt_key={options.prompt_key!r} but the SPO tracker in {path} is keyed by {old!r}: "
-            f"resume with algorithm.spo.prompt_key={old}, or delete {path} to start a fresh tracker"
-        )
-    if changed:
-        diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
-        warnings.warn(f"SPO: algorithm.spo changed since the checkpoint ({diff})", RuntimeWarning, stacklevel=2)
-    return True
+        return folder, int(folder.rstrip("/").split("global_step_")[-1])
+    except ValueError:
+        return None
+
+
+def check_resume(trainer: Any, ebpo: EBPOOptions | None, spo: SPOOptions | None) -> str | None:
+    """The pre-flight's resume check: load the saved state of the step the run will resume from into a scratch
+    state and apply ``on_resume_mismatch`` (``error`` / an unreadable file -> ValueError, before any worker
+    starts). Warnings are left to the TaskRunner's load. Returns a line for the log, or None on a fresh start."""
+    found = resume_step_folder(trainer)
+    if found is None or not os.path.isdir(found[0]):
+        return None
+    folder, step = found
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if ebpo is not None:
+            load_ebpo_state(folder, EBPOState(), ebpo, step)
+        if spo is not None:
+            load_spo_state(folder, SPOState(), spo, step)
+    return f"resumes from {folder}"

@@ -125,8 +125,8 @@ RESUME_KEYS: tuple[str, ...] = tuple(k for k in OPTION_KEYS if k != "on_resume_m
 """The options a resume compares with the checkpoint's (all but ``on_resume_mismatch`` itself)."""
 
 
-def ignored_options(options: EBPOOptions) -> list[str]:
-    """``key=value`` of each option set away from its default that the chosen mode never reads."""
+def ignored_keys(options: EBPOOptions) -> set[str]:
+    """The options the mode of ``options`` never reads (whatever their values)."""
     ignored: set[str] = set()
     if options.stats_scope == "batch":
         ignored |= {"merge", "decay"}
@@ -136,6 +136,12 @@ def ignored_options(options: EBPOOptions) -> list[str]:
         ignored |= {"tau2"} | ({"sigma2"} if options.norm != "group" else set())
     if options.cluster_key is None:
         ignored.add("min_cluster_prompts")
+    return ignored
+
+
+def ignored_options(options: EBPOOptions) -> list[str]:
+    """``key=value`` of each option set away from its default that the chosen mode never reads."""
+    ignored = ignored_keys(options)
     defaults = EBPOOptions()
     return [
         f"{k}={getattr(options, k)!r}"

@@ -16,12 +16,14 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from ebpo_verl.baselines import SPO_OPTION_KEYS
 from ebpo_verl.estimator import OPTION_KEYS
 from ebpo_verl.validation import EBPOConfigError, preflight, unknown_option_message
 
 CONFIG_MODULE = "ebpo_verl.config"
 CONFIG_NAME = "ebpo_trainer"
-EBPO_PREFIX = "algorithm.ebpo."
+PREFIXES = {"algorithm.ebpo.": OPTION_KEYS, "algorithm.spo.": SPO_OPTION_KEYS}
+"""Override prefixes whose keys :func:`check_overrides` checks (did-you-mean instead of Hydra's ``+`` advice)."""
 
 
 def _fail(message: str) -> NoReturn:
@@ -34,7 +36,8 @@ def _report(lines: list[str]) -> None:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Refuse ``algorithm.ebpo.<typo>=...`` before Hydra composes (Hydra would only advise appending ``+``).
+    """Refuse ``algorithm.ebpo.<typo>=...`` / ``algorithm.spo.<typo>=...`` before Hydra composes (Hydra would
+    only advise appending ``+``).
 
     Overrides Hydra cannot parse are left to Hydra's own message; ``+``/``++`` additions reach
     :func:`~ebpo_verl.validation.check_config`, which refuses unknown keys with the same message.
@@ -48,11 +51,12 @@ def check_overrides(overrides: list[str]) -> None:
         return
     for override in parsed:
         key = override.key_or_group
-        if override.is_add() or override.is_force_add() or not key.startswith(EBPO_PREFIX):
+        if override.is_add() or override.is_force_add():
             continue
-        option = key[len(EBPO_PREFIX) :].split(".")[0]
-        if option not in OPTION_KEYS:
-            raise EBPOConfigError(unknown_option_message(option))
+        for prefix, valid in PREFIXES.items():
+            option = key[len(prefix) :].split(".")[0] if key.startswith(prefix) else None
+            if option is not None and option not in valid:
+                raise EBPOConfigError(unknown_option_message(option, prefix[:-1]))
 
 
 def compose_config(args) -> DictConfig:

@@ -60,7 +60,7 @@ from ebpo_verl.validation import (
     is_spo,
     spo_options,
 )
-from ebpo_verl.verl_adapter import ESTIMATORS
+from ebpo_verl.verl_adapter import ESTIMATORS, ignored_options_reported
 
 ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob"]
 """What verl's v1 advantage step reads from TransferQueue (minus ``values``, which only GAE needs)."""
@@ -280,6 +280,7 @@ class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         check_config(config)
         if str(config.algorithm.adv_estimator) in ESTIMATORS:
             check_registered(str(config.algorithm.adv_estimator))
+        ignored_options_reported()  # the driver's pre-flight named the ignored options already
 
     def run(self, config: DictConfig) -> None:
         configure_verl_logging()

@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.baselines import SPOOptions
+from ebpo_verl.baselines import SPO_OPTION_KEYS, SPOOptions
 from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions, ignored_options, is_missing_label
 
 ESTIMATOR = "ebpo"
@@ -44,8 +44,12 @@ def is_spo(config: Any) -> bool:
 
 def spo_options(config: Any) -> SPOOptions:
     """``algorithm.spo`` as validated :class:`~ebpo_verl.baselines.SPOOptions` (bad keys/values -> EBPOConfigError)."""
+    mapping = config.algorithm.get("spo", None)
+    unknown = sorted(set(mapping or ()) - set(SPO_OPTION_KEYS))
+    if unknown:
+        raise EBPOConfigError(unknown_option_message(unknown[0], "algorithm.spo"))
     try:
-        return SPOOptions.from_mapping(config.algorithm.get("spo", None))
+        return SPOOptions.from_mapping(mapping)
     except (TypeError, ValueError) as err:
         raise EBPOConfigError(str(err)) from err
 
@@ -129,11 +133,12 @@ def ignored_options_warning(options: EBPOOptions) -> str | None:
     return f"algorithm.ebpo option(s) {', '.join(ignored)} have no effect with {mode}"
 
 
-def unknown_option_message(key: str) -> str:
-    """The error for an ``algorithm.ebpo`` key that does not exist, with the closest valid key."""
-    close = difflib.get_close_matches(key, OPTION_KEYS, n=1)
-    hint = f"did you mean algorithm.ebpo.{close[0]}? " if close else ""
-    return f"unknown option algorithm.ebpo.{key}; {hint}valid keys: {', '.join(OPTION_KEYS)}"
+def unknown_option_message(key: str, section: str = "algorithm.ebpo") -> str:
+    """The error for an ``algorithm.ebpo`` (or ``algorithm.spo``) key that does not exist, with the closest one."""
+    valid = SPO_OPTION_KEYS if section == "algorithm.spo" else OPTION_KEYS
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {section}.{close[0]}? " if close else ""
+    return f"unknown option {section}.{key}; {hint}valid keys: {', '.join(valid)}"
 
 
 POSITIVE_INT_KEYS = (
@@ -243,7 +248,8 @@ def check_steps_per_epoch(config: Any, *, missing_ok: bool) -> str:
 
 
 def preflight(config: Any, *, dry_run: bool) -> list[str]:
-    """Every driver-side check of a run, in order: ours, verl's ``validate_config``, steps per epoch.
+    """Every driver-side check of a run, in order: ours, the resume's saved estimator state, verl's
+    ``validate_config``, steps per epoch.
 
     The same for a real run and for ``--cfg job`` (``dry_run``), where a training file absent from this machine
     is reported as not checked instead of refused. Returns lines for the log; raises EBPOConfigError.
@@ -252,9 +258,22 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
     warning = ignored_options_warning(options) if options is not None else None
     if warning:
         print(f"ebpo-train: warning: {warning}", file=sys.stderr)
+    resume = _check_resume(config, options)
     check_verl_config(config)
     steps = check_steps_per_epoch(config, missing_ok=dry_run)
-    return [f"world size {world_size(config)}", steps]
+    return [f"world size {world_size(config)}", steps] + ([resume] if resume else [])
+
+
+def _check_resume(config: Any, options: EBPOOptions | None) -> str | None:
+    """The checkpoint a resume will load, checked against ``algorithm.ebpo`` / ``algorithm.spo`` on the driver
+    (:func:`ebpo_verl.checkpoint.check_resume`): a mismatch under ``on_resume_mismatch=error`` or an unreadable
+    state file stops here, before Ray starts and weights load."""
+    from ebpo_verl.checkpoint import check_resume
+
+    try:
+        return check_resume(config.trainer, options, spo_options(config) if is_spo(config) else None)
+    except ValueError as err:
+        raise EBPOConfigError(str(err)) from err
 
 
 def _check_curriculum(data_config: Any) -> None:

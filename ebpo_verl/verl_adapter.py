@@ -6,6 +6,7 @@ The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` an
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from ebpo_verl.baselines import (
     compute_spo_advantages,
 )
 from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, compute_ebpo_advantages, factorize_keys, padding_names
+from ebpo_verl.validation import ignored_options_warning
 
 NAME = "ebpo"
 
@@ -42,12 +44,34 @@ def compute_ebpo_outcome_advantage(
     ``algorithm.ebpo.cluster_key`` is set. Returns (advantages, returns), both (bs, response_length).
     """
     options = EBPOOptions.from_mapping(None if config is None else config.get("ebpo", None))
+    _report_ignored_options(options)
     _check_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
     valid = _has_response(response_mask)
     adv = compute_ebpo_advantages(scores, index, valid, options, GLOBAL_STATE, labels=labels, pad_prefix="pad")
     advantages = adv.unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+_IGNORED_REPORTED: list[bool] = [False]
+"""Whether this process has named the options the chosen mode ignores (once per process)."""
+
+
+def _report_ignored_options(options: EBPOOptions) -> None:
+    """On the first call in a process, warn about options the chosen mode ignores: plain ``verl.trainer.main_ppo``
+    runs have no pre-flight to say so. ``ebpo-train``'s TaskRunner calls :func:`ignored_options_reported` first,
+    as its driver's pre-flight already printed the warning."""
+    if _IGNORED_REPORTED[0]:
+        return
+    _IGNORED_REPORTED[0] = True
+    message = ignored_options_warning(options)
+    if message:
+        warnings.warn(f"EBPO: {message}", RuntimeWarning, stacklevel=3)
+
+
+def ignored_options_reported() -> None:
+    """Mark the ignored-options warning as given in this process (by the pre-flight)."""
+    _IGNORED_REPORTED[0] = True
 
 
 def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:

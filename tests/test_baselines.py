@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -512,17 +513,52 @@ def test_spo_state_file_errors(tmp_path):
     path = tmp_path / "ckpt" / "global_step_2" / SPO_STATE_FILE
     with pytest.raises(ValueError, match="written at global step 2, not 5"):
         load_spo_state(path.parent, SPOState(), SPOOptions(), 5)
-    with pytest.warns(RuntimeWarning, match=r"algorithm.spo changed since the checkpoint \(rho: 0.9 -> 0.5\)"):
+    saved = SPOState()
+    load_spo_state(path.parent, saved, SPOOptions(), 2)
+    # another option: on_resume_mismatch decides, as for algorithm.ebpo (default error, the three ways out)
+    with pytest.raises(ValueError, match=r"rho: 0.9 -> 0.5.*algorithm.spo.rho=0.9.*mismatch=reset.*mismatch=keep"):
         load_spo_state(path.parent, SPOState(), SPOOptions(rho=0.5), 2)
-    with pytest.raises(ValueError, match=r"prompt_key='source_id' but the SPO tracker .* keyed by 'index': resume"):
-        load_spo_state(path.parent, SPOState(), SPOOptions(prompt_key="source_id"), 2)
+    with pytest.warns(RuntimeWarning, match=r"rho: 0.9 -> 0.5\); on_resume_mismatch=reset"):
+        assert not load_spo_state(path.parent, SPOState(), SPOOptions(rho=0.5, on_resume_mismatch="reset"), 2)
+    kept = SPOState()
+    with pytest.warns(RuntimeWarning, match=r"rho: 0.9 -> 0.5\); on_resume_mismatch=keep"):
+        assert load_spo_state(path.parent, kept, SPOOptions(rho=0.5, on_resume_mismatch="keep"), 2)
+    assert kept.state_dict() == saved.state_dict() and saved.steps == 2
+    for mode in ("error", "keep"):  # another prompt_key never continues with the saved tracker
+        with pytest.raises(ValueError, match=r"prompt_key: 'index' -> 'source_id'.*prompt_key=index") as err:
+            load_spo_state(path.parent, SPOState(), SPOOptions(prompt_key="source_id", on_resume_mismatch=mode), 2)
+        assert "=keep" not in str(err.value)
     path.write_text('{"format": 1, "global_step": 2, "state": {"version": 1}}')
     with pytest.raises(ValueError, match="is unreadable: SPO state is missing key"):
         load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
     path.write_text('{"format": 1, "glo')
-    with pytest.raises(ValueError, match="is unreadable: .*Delete it to resume with a fresh tracker"):
+    with pytest.raises(ValueError, match="is unreadable: .*Delete it to resume with fresh SPO trackers"):
         load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        ([], "must be a JSON object"),
+        ({"version": 1, "steps": -5, "keys": [], "alpha": [], "beta": []}, "steps=-5"),
+        ({"version": 1, "steps": 1.5, "keys": [], "alpha": [], "beta": []}, "steps=1.5"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [[4.0]], "beta": [4.0]}, "alpha must be a flat list"),
+        ({"version": 1, "steps": 1, "keys": ["a", "b"], "alpha": [4.0, 4.0], "beta": [4.0]}, "2 keys but 2 alpha"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [float("inf")], "beta": [4.0]}, "finite numbers"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": ["4"], "beta": [4.0]}, "finite numbers"),
+        ({"version": 1, "steps": 1, "keys": [1], "alpha": [4.0], "beta": [4.0]}, "keys must be strings"),
+        ({"version": 1, "steps": 1, "keys": ["b", "a"], "alpha": [4.0, 4.0], "beta": [4.0, 4.0]}, "sorted"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [0.0], "beta": [4.0]}, "non-positive"),
+    ],
+)
+def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
+    payload = {"format": 1, "global_step": 2, "options": {}, "state": state}
+    (tmp_path / SPO_STATE_FILE).write_text(json.dumps(payload))
+    target = SPOState(steps=7)
+    with pytest.raises(ValueError, match=rf"{SPO_STATE_FILE} is unreadable: .*{re.escape(problem)}"):
+        load_spo_state(tmp_path, target, SPOOptions(), 2)
+    assert target.steps == 0 and len(target.keys) == 0
 
 
 def test_spo_dataset_check_on_prepared_data(shared_data, tiny_tokenizer, tmp_path):

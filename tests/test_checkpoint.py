@@ -265,8 +265,37 @@ def test_checkpoint_on_resume_mismatch_itself_and_missing_keys_are_no_mismatch(t
     path.write_text(json.dumps(payload))
     assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(), global_step=4)
     assert not [w for w in recwarn if "EBPO" in str(w.message)]
-    with pytest.raises(ValueError, match=r"min_cluster_prompts: 64 -> 8"):
-        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(min_cluster_prompts=8), global_step=4)
+    with pytest.raises(ValueError, match=r"epsilon: 1e-06 -> 0.001"):
+        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(epsilon=1e-3), global_step=4)
+
+
+def test_checkpoint_options_the_mode_ignores_do_not_block_a_resume(tmp_path, recwarn):
+    batch = EBPOOptions(stats_scope="batch")
+    save_ebpo_state(tmp_path, EBPOState(), batch, global_step=4)
+    # stats_scope=batch never reads decay/merge (its saved statistics are empty): no mismatch, no warning
+    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(stats_scope="batch", decay=0.5, merge="after"), 4)
+    assert not [w for w in recwarn if "EBPO" in str(w.message)]
+    # no cluster_key: min_cluster_prompts is ignored too; a changed mode still counts, with every changed key
+    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(stats_scope="batch", min_cluster_prompts=8), 4)
+    with pytest.raises(ValueError, match=r"stats_scope: 'batch' -> 'history', decay: 1.0 -> 0.5"):
+        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.5), 4)
+
+
+def test_checkpoint_saved_option_unknown_to_this_version_gets_no_refused_advice(tmp_path):
+    path = save_ebpo_state(tmp_path, _filled_state(), EBPOOptions(decay=0.9), global_step=4)
+    payload = json.loads(path.read_text())
+    payload["options"]["future_knob"] = 3
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError) as err:
+        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.8), global_step=4)
+    msg = str(err.value)
+    assert "unknown to this version of ebpo-verl: future_knob=3" in msg and "decay: 0.9 -> 0.8" in msg
+    assert "algorithm.ebpo.decay=0.9" in msg and "algorithm.ebpo.future_knob" not in msg  # advice the CLI accepts
+    with pytest.raises(ValueError) as err:
+        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.9), global_step=4)
+    assert "resume with the checkpoint's values" not in str(err.value) and "on_resume_mismatch=keep" in str(err.value)
+    with pytest.warns(RuntimeWarning, match="future_knob=3.*on_resume_mismatch=keep"):
+        assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.9, on_resume_mismatch="keep"), 4)
 
 
 def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path):

@@ -758,3 +758,31 @@ def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
         check_cluster_labels(infos, "topic", source="test")
     with pytest.raises(EBPOConfigError, match=r"uid u1 has no extra_info\['topic'\]"):
         cluster_labels(infos, ["u0", "u1", "u2"], [False] * 3, "topic")
+
+
+def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatch):
+    import warnings
+
+    import ebpo_verl.verl_adapter as adapter
+
+    monkeypatch.setattr(adapter, "_IGNORED_REPORTED", [False])  # a fresh process (plain verl main_ppo)
+    fn = get_adv_estimator_fn("ebpo")
+    config = OmegaConf.create({"ebpo": {"stats_scope": "batch", "decay": 0.5}})
+    rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
+    uids = np.array(["a", "a", "b", "b"], dtype=object)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=config)
+    named = [str(w.message) for w in caught if "have no effect" in str(w.message)]
+    assert named == [
+        "EBPO: algorithm.ebpo option(s) decay=0.5 have no effect with stats_scope=batch, "
+        "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
+    ]
+    # ebpo-train's TaskRunner marks it as given (its driver's pre-flight printed it): no second warning
+    monkeypatch.setattr(adapter, "_IGNORED_REPORTED", [False])
+    adapter.ignored_options_reported()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=config)
+    assert not [w for w in caught if "have no effect" in str(w.message)]

@@ -14,7 +14,9 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from omegaconf import OmegaConf
 
 import ebpo_verl
-from ebpo_verl.estimator import EBPOOptions
+from ebpo_verl.baselines import SPOOptions, SPOState
+from ebpo_verl.checkpoint import save_ebpo_state, save_spo_state
+from ebpo_verl.estimator import EBPOOptions, EBPOState
 from ebpo_verl.validation import EBPOConfigError, check_config
 
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
@@ -196,6 +198,14 @@ DRY_RUN_ERRORS = {
         ["+algorithm.ebpo.stat_scope=batch"],
         "unknown option algorithm.ebpo.stat_scope; did you mean algorithm.ebpo.stats_scope? valid keys: prior, ",
     ),
+    "spo-typo": (
+        ["algorithm.spo.rhoo=0.5"],
+        "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: prompt_key, rho, n0, ",
+    ),
+    "spo-typo-with-plus": (
+        ["algorithm.adv_estimator=spo", "+algorithm.spo.prompt_kye=index"],
+        "unknown option algorithm.spo.prompt_kye; did you mean algorithm.spo.prompt_key? valid keys: prompt_key, ",
+    ),
     "world-size": (
         ["trainer.nnodes=4", "data.train_batch_size=6"],
         "verl's validate_config refused the config at world size 32 (trainer.nnodes=4 x trainer.n_gpus_per_node=8): "
@@ -364,3 +374,52 @@ def test_main_console_script(tmp_path):
         "ebpo-train: error: actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer"
     ]
     assert "Traceback" not in bad.stderr
+
+
+def _checkpoint(root: Path, step: int, ebpo: EBPOOptions | None = None, spo: SPOOptions | None = None) -> Path:
+    """A checkpoint folder as verl + our trainer leave it: global_step_N with the state files, then the tracker."""
+    folder = root / f"global_step_{step}"
+    folder.mkdir(parents=True)
+    if ebpo is not None:
+        save_ebpo_state(folder, EBPOState(), ebpo, step)
+    if spo is not None:
+        save_spo_state(folder, SPOState(), spo, step)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return folder
+
+
+def test_main_preflight_refuses_a_resume_with_other_options_before_ray(monkeypatch, capsys, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    folder = _checkpoint(ckpt, 3, ebpo=EBPOOptions(decay=0.9))
+    where = f"trainer.default_local_dir={ckpt}"
+    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", where, "algorithm.ebpo.decay=0.9")
+    assert code == 0 and f"resumes from {folder}" in err
+    for args in (("--cfg", "job"), (f"hydra.run.dir={tmp_path / 'hydra'}",)):  # dry run and real run alike
+        code, out, err = _main(monkeypatch, capsys, *args, where, "algorithm.ebpo.decay=0.8")
+        assert code == 2 and out == ""
+        [line] = _error_lines(err)
+        assert line.startswith(f"ebpo-train: error: algorithm.ebpo differs from the checkpoint's options in {folder}")
+        for part in ("decay: 0.9 -> 0.8", "algorithm.ebpo.decay=0.9", "mismatch=reset", "mismatch=keep"):
+            assert part in line
+        assert "Traceback" not in err and "pre-flight: ok" not in err
+    # the ways out pass the pre-flight; resume_mode=disable or a fresh folder has nothing to compare
+    for extra in ("algorithm.ebpo.on_resume_mismatch=reset", "trainer.resume_mode=disable"):
+        code, _, err = _main(monkeypatch, capsys, "--cfg", "job", where, "algorithm.ebpo.decay=0.8", extra)
+        assert code == 0, err
+    # resume_mode=resume_path reads that folder; an unreadable state file stops too, naming it
+    (folder / "ebpo_state.json").write_text("{")
+    code, _, err = _main(
+        monkeypatch, capsys, "--cfg", "job", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder}"
+    )
+    assert code == 2 and f"EBPO state file {folder / 'ebpo_state.json'} is unreadable" in err
+
+
+def test_main_preflight_checks_the_spo_tracker_of_a_resume(monkeypatch, capsys, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _checkpoint(ckpt, 2, spo=SPOOptions(rho=0.9))
+    args = ("--cfg", "job", "algorithm.adv_estimator=spo", f"trainer.default_local_dir={ckpt}")
+    code, _, err = _main(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5")
+    [line] = _error_lines(err)
+    assert code == 2 and "algorithm.spo differs" in line and "rho: 0.9 -> 0.5" in line
+    code, _, err = _main(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5", "algorithm.spo.on_resume_mismatch=keep")
+    assert code == 0, err
