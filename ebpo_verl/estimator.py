@@ -605,6 +605,8 @@ def compute_ebpo_advantages(
 
     if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
         raise _overflow_error(state.steps + 1, r, row_uids)
+    if out_dtype != torch.float64 and adv.size and np.abs(adv).max() > torch.finfo(out_dtype).max:
+        raise _overflow_error(state.steps + 1, r, row_uids, f"advantages above the {out_dtype} maximum")
     _commit(state, batch[0], stored)
     state.diagnostics = _diagnostics(
         state, scopes, shrink, r_min, r_max, cluster_names, priors, group_cluster, lo, span
@@ -618,12 +620,17 @@ def compute_ebpo_advantages(
     return torch.from_numpy(full).to(device=scores.device, dtype=out_dtype)
 
 
-def _overflow_error(step: int, r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]]) -> ValueError:
-    """The statistics or advantages left the float range: name the step and the uids with the largest rewards."""
+def _overflow_error(
+    call: int, r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]], what: str = "non-finite"
+) -> ValueError:
+    """The statistics or advantages left the float range: name the estimator call (``state.steps + 1``: one per
+    training step since the statistics began, so verl's global step in a run that was never reset) and the uids
+    with the largest rewards."""
     mag = np.abs(r)
     offenders = row_uids(mag >= 0.01 * mag.max())
     return ValueError(
-        f"EBPO step {step}: the statistics overflow (non-finite) with rewards as large as {mag.max():.3g}; "
+        f"EBPO estimator call {call} (one per training step since the statistics began): the statistics or "
+        f"advantages overflow ({what}) with rewards as large as {mag.max():.3g}; "
         f"largest rewards in uid(s) {offenders[:20]}. Scale the reward down; the running state was left unchanged."
     )
 

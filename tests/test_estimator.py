@@ -558,7 +558,7 @@ def test_overflow_is_an_error_naming_step_and_uids_and_leaves_the_state():
     run_ebpo(uids, rewards, cluster_key="topic", labels=np.full(len(uids), "t", dtype=object))
     before = ebpo_verl.get_state().state_dict()
     big_uids = np.array(["ok", "ok", "huge", "huge"], dtype=object)
-    with pytest.raises(ValueError, match=r"step 2.*overflow.*\['huge'\]"):
+    with pytest.raises(ValueError, match=r"estimator call 2 .*overflow.*\['huge'\]"):
         run_ebpo(
             big_uids,
             np.array([0.0, 1.0, 1e155, 0.0]),
@@ -786,3 +786,16 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
         warnings.simplefilter("always")
         fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=config)
     assert not [w for w in caught if "have no effect" in str(w.message)]
+
+
+def test_advantage_beyond_the_output_dtype_is_an_overflow_error_not_inf():
+    # float16 scores: group mean 20000, so the -60000 row's advantage is -80000 > float16's max 65504
+    scores = torch.tensor([60000.0, 60000.0, -60000.0], dtype=torch.float16)
+    state = EBPOState()
+    options = EBPOOptions(shrinkage=0.0, norm="none")
+    uids = np.array(["big"] * 3, dtype=object)
+    with pytest.raises(ValueError, match=r"estimator call 1 .*overflow \(advantages above the torch.float16 maximum"):
+        compute_ebpo_advantages(scores, uids, torch.ones(3, dtype=torch.bool), options, state)
+    assert state.steps == 0
+    ok = compute_ebpo_advantages(scores.double(), uids, torch.ones(3, dtype=torch.bool), options, state)
+    np.testing.assert_array_equal(ok.numpy(), [40000.0, 40000.0, -80000.0])
