@@ -394,3 +394,34 @@ def test_summary_matches_runs_and_report(tiny_study):
     report = _md_table((tiny_study / "study.md").read_text(), "## Final held-out accuracy")
     readme = _md_table(block, "Final held-out exact pass@1")
     assert readme == report
+
+
+def test_spo_frac_seen_counts_recurring_prompts(tiny_study, one_thread):
+    """spo runs log the share of each step's prompts that the tracker saw at an earlier step, recomputed here
+    from the stream: 0 at every step while a run covers less than one epoch, > 0 once prompts recur."""
+    from ebpo_verl.study.rl import order_stream
+
+    base = _tiny_base(tiny_study)
+    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics)
+    for n_train in (len(splits["train"]), 12):  # the whole split (< 1 epoch) and 12 prompts (recurring)
+        train = splits["train"].subset(np.arange(n_train))
+        train_pass = exact_pass_at_1(base, train.prompts, train.targets, train.target_mask).numpy()
+        cfg = RLConfig("spo", 8, seed=0, steps=4, responses_per_step=64, eval_every=4)
+        got = run_rl(base, train, splits["heldout"], train_pass, cfg)["spo_frac_seen"]
+        stream, p = order_stream(train, cfg, train_pass), cfg.prompts_per_step
+        want = []
+        for step in range(cfg.steps):
+            batch = set(stream[step * p : (step + 1) * p].tolist())
+            want.append(len(batch & set(stream[: step * p].tolist())) / len(batch))
+        np.testing.assert_allclose(got, want, atol=0)
+        assert (max(want) == 0) == (n_train > cfg.steps * p)
+
+
+def test_spo_note_states_the_caveat_where_no_prompt_recurs():
+    from ebpo_verl.study.report import spo_note
+
+    by_cell = {("spo", 2, "random"): [{"spo_frac_seen": 0.25}, {"spo_frac_seen": 0.35}], ("spo", 8, "random"): [
+        {"spo_frac_seen": 0.0}, {"spo_frac_seen": 0.0}]}  # fmt: skip
+    text = spo_note(by_cell, ["grpo", "spo"], [2, 8])
+    assert "G=2 30%, G=8 0%" in text and "At G = 8 a run covers less than one epoch" in text
+    assert "EVERY SPO baseline stays 0.5" in text and spo_note(by_cell, ["grpo"], [2, 8]) == ""

@@ -50,6 +50,7 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "train_seen_gain": float(m["train_seen_gain"][0]),
         "train_unseen_gain": float(m["train_unseen_gain"][0]),
         "train_seen_fraction": float(m["train_seen_fraction"][0]),
+        **({"spo_frac_seen": float(np.mean(m["spo_frac_seen"]))} if "spo_frac_seen" in m else {}),
     }
 
 
@@ -321,6 +322,7 @@ Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL st
 {table(by_cell, ests, gs, main, "probe_final_accuracy", "G")}
 
 {_below_warm_start(by_cell, ests, gs, ws, rl)}
+{spo_note(by_cell, ests, gs)}
 
 ## Stream order (G = {og}): final held-out accuracy
 
@@ -387,6 +389,30 @@ held-out set also weighs the 1-digit cells, which the RL stream rarely visits, m
 Setup). The pattern appears for every estimator, so it is a property of a tiny model that transfers little
 between prompts, not a difference between the estimators.
 """
+
+
+def spo_note(by_cell: dict, ests: list[str], gs: list[int]) -> str:
+    """How often SPO's tracker had seen a step's prompts before: where never, its baseline stays 0.5."""
+    if "spo" not in ests:
+        return ""
+    seen = {
+        g: mean_ci([s.get("spo_frac_seen", math.nan) for s in by_cell.get(("spo", g, "random"), [])])[0] for g in gs
+    }
+    never = [g for g in gs if seen[g] == 0.0]
+    text = (
+        "## SPO's tracker: how often a prompt recurs\nShare of a step's prompts that the tracker had seen at an "
+        "earlier step (mean over steps and seeds): "
+        + ", ".join(f"G={g} {'n/a' if not np.isfinite(seen[g]) else f'{100 * seen[g]:.0f}%'}" for g in gs)
+        + ". SPO's baseline for a prompt it has not seen is 0.5, so where this share is low the spo row is close to "
+        "A = r - 0.5 with batch standardisation, not SPO's tracker."
+    )
+    if never:
+        text += (
+            f" At G = {', '.join(map(str, never))} a run covers less than one epoch of the RL prompts, so no prompt "
+            "recurs and EVERY SPO baseline stays 0.5 (the authors' fork's uid-keyed tracker in another form): these "
+            "spo cells do not measure SPO."
+        )
+    return text + "\n"
 
 
 def _gradient_note(by_cell: dict, ests: list[str], gs: list[int], og: int, clip: float) -> str:

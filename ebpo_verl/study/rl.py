@@ -242,6 +242,10 @@ def run_rl(
             import ebpo_verl
 
             log["shrinkage"].append(ebpo_verl.get_state().diagnostics.get("ebpo/shrinkage_mean", float("nan")))
+        if est.verl_name == "spo":  # share of this step's prompts that the tracker saw at an earlier step
+            from ebpo_verl.baselines import SPO_STATE
+
+            log.setdefault("spo_frac_seen", []).append(SPO_STATE.diagnostics["spo/frac_seen"])
         maskf = mask.float()
         with torch.no_grad():
             ref_logp = logprobs_from_logits(ref.response_logits(prompts, responses), responses)
