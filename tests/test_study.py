@@ -425,3 +425,31 @@ def test_spo_note_states_the_caveat_where_no_prompt_recurs():
     text = spo_note(by_cell, ["grpo", "spo"], [2, 8])
     assert "G=2 30%, G=8 0%" in text and "At G = 8 a run covers less than one epoch" in text
     assert "EVERY SPO baseline stays 0.5" in text and spo_note(by_cell, ["grpo"], [2, 8]) == ""
+
+
+def test_study_config_records_the_code_and_refuses_other_code(tiny_study, tmp_path, capsys):
+    """study_config.json holds the version and a hash of the sources that decide the numbers (recomputed here);
+    a rerun with other code is refused instead of reusing the old run files."""
+    import hashlib
+    from pathlib import Path
+
+    import ebpo_verl
+    from ebpo_verl.study.__main__ import main
+
+    root = Path(ebpo_verl.__file__).parent
+    files = sorted([root / "estimator.py", root / "baselines.py", root / "verl_adapter.py", *root.glob("study/*.py")])
+    assert root / "study" / "rl.py" in files
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    config = json.loads((tiny_study / "study_config.json").read_text())
+    assert config["code"] == {"version": ebpo_verl.__version__, "source_sha256": digest.hexdigest()}
+
+    out = tmp_path / "old"
+    out.mkdir()
+    config["code"]["source_sha256"] = "0" * 64  # as if the runs were made before a code change
+    (out / "study_config.json").write_text(json.dumps(config))
+    assert main(["--preset", "tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds runs made by other code (ebpo-verl 0.1.0, sources 000000000000" in err
+    assert "pass a new --out" in err and not (out / "runs").exists()

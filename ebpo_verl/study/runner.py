@@ -7,6 +7,7 @@ is saved as soon as it ends, so a rerun of the same command resumes (see ``run_g
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -98,10 +99,26 @@ class StudyDirError(ValueError):
     """The output directory holds a study with a different configuration."""
 
 
+RESULT_SOURCES = ("estimator.py", "baselines.py", "verl_adapter.py", "study/*.py")
+"""The package's source files (relative to ``ebpo_verl/``) that decide a study's numbers."""
+
+
+def code_fingerprint() -> dict[str, str]:
+    """The package version and a SHA-256 over the :data:`RESULT_SOURCES` (path and bytes of each, sorted)."""
+    import ebpo_verl
+
+    root = Path(ebpo_verl.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(p for pattern in RESULT_SOURCES for p in root.glob(pattern)):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return {"version": ebpo_verl.__version__, "source_sha256": digest.hexdigest()}
+
+
 def claim_out_dir(out: Path, preset: Preset) -> None:
-    """Record the preset's configuration in ``out/study_config.json``, or check that the one there is the same
-    (so that a rerun resumes the same study and never mixes runs of two configurations)."""
-    path, want = out / "study_config.json", preset.fingerprint()
+    """Record the preset's configuration and the code (:func:`code_fingerprint`) in ``out/study_config.json``, or
+    check that the ones there are the same (so that a rerun resumes the same study and never mixes runs of two
+    configurations or of two versions of the code)."""
+    path, want = out / "study_config.json", {**preset.fingerprint(), "code": code_fingerprint()}
     if not path.exists():
         write_json(path, want)
         return
@@ -109,12 +126,21 @@ def claim_out_dir(out: Path, preset: Preset) -> None:
         have = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise StudyDirError(f"{path} is unreadable ({err}); delete it (and {out / 'runs'}) to start over") from err
-    if have != want:
-        keys = sorted(k for k in {*have, *want} if have.get(k) != want.get(k)) if isinstance(have, dict) else []
+    if not isinstance(have, dict):
+        have = {}
+    keys = sorted(k for k in {*have, *want} if k != "code" and have.get(k) != want.get(k))
+    if keys:
         raise StudyDirError(
-            f"{out} holds a study of preset {have.get('name') if isinstance(have, dict) else '?'!r} with a different "
-            f"configuration (differs in: {', '.join(keys) or 'everything'}); rerun that preset to resume it, or "
-            f"pass a new --out for preset {preset.name!r}"
+            f"{out} holds a study of preset {have.get('name', '?')!r} with a different configuration (differs "
+            f"in: {', '.join(keys)}); rerun that preset to resume it, or pass a new --out for preset {preset.name!r}"
+        )
+    if have.get("code") != want["code"]:
+        old = have.get("code") or {}
+        raise StudyDirError(
+            f"{out} holds runs made by other code (ebpo-verl {old.get('version', '?')}, sources "
+            f"{str(old.get('source_sha256', 'not recorded'))[:12]}; now {want['code']['version']}, "
+            f"{want['code']['source_sha256'][:12]}): resuming would mix results of two code versions; pass a new "
+            f"--out (or delete {out} to start over)"
         )
 
 
