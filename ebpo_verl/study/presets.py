@@ -85,7 +85,9 @@ PRESETS: dict[str, Preset] = {
         order_estimators=("grpo", "ebpo"),
         order_group_size=4,
     ),
-    # Everything in the issue: all eight estimators, G up to 32, 8 seeds, the ordering table for all of them.
+    # Everything: all eleven estimators (the paper's eight plus shrinkage_js, bnpo and spo), G up to 32, 8 seeds,
+    # 120 steps, the ordering table for all of them. In 120 steps a run at G >= 8 covers less than one epoch of the
+    # RL prompts, so spo's tracker never sees a prompt twice there (study.md reports spo/frac_seen).
     "full": Preset(
         name="full",
         estimators=ALL_ESTIMATORS,
@@ -98,8 +100,9 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README.
-DURATION = {"tiny": "about 40 s", "quick": "about 3 min", "full": "about 31 min"}
+# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README. full: 31 min was
+# measured for its earlier form (448 runs, 8 estimators); 616 runs scale that to about 43 min, not measured.
+DURATION = {"tiny": "about 40 s", "quick": "about 3 min", "full": "about 43 min (estimated; 448 runs took 31 min)"}
 
 
 def describe_presets() -> str:
