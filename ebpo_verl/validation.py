@@ -88,6 +88,8 @@ def check_config(config: Any) -> EBPOOptions | None:
     _check_curriculum(config.data)
     if is_spo(config):
         spo_options(config)
+    if str(config.algorithm.adv_estimator) == "bnpo":
+        _check_bnpo_reward(config)
     if not is_ebpo(config):
         return None
     options = ebpo_options(config)
@@ -118,6 +120,16 @@ def _check_two_level_reward(config: Any) -> None:
                 f"algorithm.ebpo.prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but "
                 f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use "
                 "algorithm.ebpo.prior=gaussian."
+            )
+
+
+def _check_bnpo_reward(config: Any) -> None:
+    for key in ("algorithm.use_kl_in_reward", "reward.reward_kwargs.overlong_buffer_cfg.enable"):
+        if bool(OmegaConf.select(config, key, default=False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator=bnpo needs rewards in [0, 1] or the paper's -1/+1 (it fits a Beta "
+                f"distribution to pass rates), but {key}=True {SHAPED_REWARD_KEYS[key]}, so rewards take other "
+                f"values. Set {key}=False, or use another estimator."
             )
 
 

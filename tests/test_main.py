@@ -198,6 +198,11 @@ DRY_RUN_ERRORS = {
         ["+algorithm.ebpo.stat_scope=batch"],
         "unknown option algorithm.ebpo.stat_scope; did you mean algorithm.ebpo.stats_scope? valid keys: prior, ",
     ),
+    "bnpo-kl-in-reward": (
+        ["algorithm.adv_estimator=bnpo", "algorithm.use_kl_in_reward=true"],
+        "algorithm.adv_estimator=bnpo needs rewards in [0, 1] or the paper's -1/+1 (it fits a Beta distribution to "
+        "pass rates), but algorithm.use_kl_in_reward=True subtracts a per-token KL penalty from the reward",
+    ),
     "spo-typo": (
         ["algorithm.spo.rhoo=0.5"],
         "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: prompt_key, rho, n0, ",
