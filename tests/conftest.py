@@ -23,3 +23,13 @@ def tiny_tokenizer(tmp_path_factory):
     from ebpo_verl.tiny import build_tokenizer
 
     return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A fresh local Ray instance for one test module (``address="local"``: never attach to a cluster that a
+    ``ray start`` elsewhere on this machine left running, which would also refuse ``num_cpus``)."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

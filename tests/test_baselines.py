@@ -591,14 +591,6 @@ def test_check_config_refuses_bad_spo_options():
 # ---------------------------------------------------------------------------------- Ray, TransferQueue
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
     @ray_local.remote
     class Probe:

@@ -664,7 +664,7 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone():
 
             return before, get_adv_estimator_fn("ebpo").__module__
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         before, module = ray.get(Probe.remote().check.remote(), timeout=300)
     finally:

@@ -113,14 +113,6 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, s
         check_cluster_labels([{"topic": "a"}, None, {"topic": "b"}], "topic", "x.parquet")
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
     from ebpo_verl.trainer import EBPOTaskRunner
 
