@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Ray 2.60 writes ~/.ray/auth_token when it starts a local instance and caches the auth mode per process; the
+# tests start several local instances and a `ray start` cluster (test_node_check) from one pytest process, so
+# they all run with token auth off, consistently (otherwise a later ray.init fails with InvalidAuthToken).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
