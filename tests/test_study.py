@@ -455,41 +455,57 @@ def test_study_config_records_the_code_and_refuses_other_code(tiny_study, tmp_pa
     assert "pass a new --out" in err and not (out / "runs").exists()
 
 
-# Golden values of the tiny preset, recorded on the 2-core CI machine (torch 2.13.0+cpu, one thread per run) with
-# the code of this commit: held-out exact pass@1 of each run's final model and its mean training reward. They tie
-# the committed study outputs (docs/study_quick.json) to the code: any change to the estimators, the sampler, the
-# loss or the data moves them (the runs are chaotic in their trajectories) far more than the tolerance. Another
-# CPU or torch build can move them in the third decimal (README); then re-record them with the tiny preset.
-TINY_WARM_START = 0.480184
-TINY_GOLDEN_BUILD = ("2.13.0+cpu", "AVX512")  # torch build and CPU kernel set the values were recorded with
-TINY_GOLDEN = {
-    ("ebpo", 4, "random", 0): (0.488784, 0.373047),
-    ("ebpo", 4, "random", 1): (0.498463, 0.423828),
-    ("ebpo", 8, "random", 0): (0.490451, 0.384766),
-    ("ebpo", 8, "random", 1): (0.504249, 0.417969),
-    ("grpo", 4, "random", 0): (0.459920, 0.361328),
-    ("grpo", 4, "random", 1): (0.507771, 0.416016),
-    ("grpo", 4, "topic", 0): (0.490313, 0.373047),
-    ("grpo", 4, "topic", 1): (0.489332, 0.386719),
-    ("grpo", 8, "random", 0): (0.479791, 0.392578),
-    ("grpo", 8, "random", 1): (0.493433, 0.423828),
-}
+def _without_timings(obj):
+    """A results structure with its wall/CPU time fields dropped (the only fields a rerun may change)."""
+    if isinstance(obj, dict):
+        return {k: _without_timings(v) for k, v in obj.items() if not k.endswith("seconds")}
+    if isinstance(obj, list):
+        return [_without_timings(v) for v in obj]
+    return obj
 
 
-def test_tiny_preset_matches_the_golden_values(tiny_study):
-    build = (torch.__version__, torch.backends.cpu.get_cpu_capability())
-    if build != TINY_GOLDEN_BUILD:
-        pytest.skip(f"golden values recorded with torch/CPU kernels {TINY_GOLDEN_BUILD}, this machine has {build}")
-    data = json.loads((tiny_study / "runs.json").read_text())
-    assert data["base"]["heldout_accuracy"] == pytest.approx(TINY_WARM_START, abs=1e-6)
-    got = {
-        (c["estimator"], c["group_size"], c["order"], c["seed"]): (
-            r["metrics"]["accuracy"][-1],
-            float(np.mean(r["metrics"]["reward"])),
-        )
-        for r in data["runs"]
-        for c in [r["config"]]
-    }
-    assert set(got) == set(TINY_GOLDEN)
-    for key, want in TINY_GOLDEN.items():
-        assert got[key] == pytest.approx(want, abs=1e-5), key
+@pytest.mark.slow
+def test_tiny_preset_rerun_is_identical(tiny_study, tmp_path):
+    """The study's output is a function of the code and the machine: a second run of the whole tiny preset (warm
+    start included) in a new folder gives bit-identical models and numbers. (No golden floats: these runs are
+    chaotic, and another CPU's kernels move them in the third decimal; what ties a results file to the code is
+    the source hash in study_config.json, tested above, and the invariants checked in
+    test_summary_matches_runs_and_report and test_committed_quick_summary_is_consistent.)"""
+    from ebpo_verl.study.__main__ import main
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["--preset", "tiny", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    first, again = (torch.load(d / "base_model.pt", weights_only=True) for d in (tiny_study, tmp_path))
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    for name in ("runs.json", "summary.json"):
+        want, got = (_without_timings(json.loads((d / name).read_text())) for d in (tiny_study, tmp_path))
+        want.pop("command", None), got.pop("command", None)
+        assert got == want, name
+    for saved in sorted((tiny_study / "runs").iterdir()):
+        assert _without_timings(json.loads((tmp_path / "runs" / saved.name).read_text())) == _without_timings(
+            json.loads(saved.read_text())
+        ), saved.name
+
+
+def test_committed_quick_summary_is_consistent():
+    """docs/study_quick.json (what the README reports) satisfies relations computed independently of the code
+    that wrote it: one cell per estimator x G (and order), each over every seed, gain = final accuracy - the
+    warm start (same seeds, so the same interval half-width), zero-signal shares in [0, 1]."""
+    from pathlib import Path
+
+    summary = json.loads((Path(__file__).resolve().parents[1] / "docs" / "study_quick.json").read_text())
+    cells = summary["cells"]
+    assert summary["n_runs"] == len(cells) * summary["seeds"]
+    keys = {(c["estimator"], c["group_size"], c["order"]) for c in cells}
+    assert len(keys) == len(cells)
+    assert {(e, g) for e, g, _ in keys} >= {(e, g) for e in summary["estimators"] for g in summary["group_sizes"]}
+    warm = summary["warm_start_heldout_accuracy"]
+    for c in cells:
+        (final, half, n), (gain, gain_half, gain_n) = c["final_accuracy"], c["gain"]
+        assert n == gain_n == summary["seeds"], c
+        assert gain == pytest.approx(final - warm, abs=2e-6) and gain_half == pytest.approx(half, abs=2e-6), c
+        assert 0.0 <= final <= 1.0 and half >= 0.0
+        assert 0.0 <= c["zero_signal"][0] <= 1.0
