@@ -2,7 +2,7 @@
 
 All estimators run in this process on the same inputs, round-robin (one call of each per round, so a busy machine
 slows them alike); prints the median time of each per shape and the ratios. Shapes (prompts x responses x
-tokens): 512x16x4096 and the paper's 512x4x8192 (PAPER.md: batch 512 prompts, G=4, max response 8192).
+tokens): 512x16x4096 and the paper's 512x4x8192 (docs/paper_notes.md#setup: batch 512 prompts, G=4, max response 8192).
 Target: ebpo <= 1.0x grpo_vectorized at every shape. The v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo``
 (stable prompt keys, tracker warm after the warm-up call) run in the same rounds, with their ratio to grpo_vectorized.
 

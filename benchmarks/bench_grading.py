@@ -2,7 +2,7 @@
 
 A full evaluation is 12,296 samples under the paper protocol (500 x 16 + 30 x 16 + 30 x 16 + 40 x 16 + 674 x 4)
 and 20,384 under the verl protocol (1,274 problems x 16); untrained Qwen3-8B writes 18-20k tokens per sample
-(PAPER.md). This prints how long grading them would take here.
+(docs/paper_notes.md#evaluation, #logged-numbers). This prints how long grading them would take here.
 Responses are long filler text ending in a final answer (right, wrong, ``\\boxed{}`` only, or a second
 ``Answer:`` line), against MATH-500-like ground truths; ``verl`` grades with math-verify in child processes.
 

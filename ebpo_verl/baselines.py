@@ -1,6 +1,6 @@
 """The v2 draft's other baselines: James-Stein shrinkage, BNPO and SPO (torch / numpy, no verl import).
 
-Formulas as the authors' fork implements them (``../shared/PAPER.md``, "The fork's extra baselines"); the
+Formulas as the authors' fork implements them (``docs/paper_notes.md#fork-baselines``); the
 verl-registered wrappers are in :mod:`ebpo_verl.verl_adapter` under the fork's names ``shrinkage_js``, ``bnpo``
 and ``spo``. Responses are grouped by prompt uid (``shrinkage_js``, ``bnpo``) or by a stable prompt key
 (``spo``); padding rows (``valid`` False) get advantage 0 and enter no statistic. Every sum runs over values in
@@ -12,7 +12,7 @@ sorted order, so results do not depend on the order of the rows.
   v_i = mean of the other w; lambda_i = ((n-1)/n) v_i / (v_i + s_i) (0 when v_i + s_i <= 1e-6). Response j's
   baseline is (1 - lambda_i) mu_i^{-j} + lambda_i mbar_i, mu_i^{-j} the leave-one-out mean of its group (plain
   mu_i when n = 1 or m_i = 1); A = r - baseline, not normalised. A lone response (m_i = 1) thus gets
-  A = lambda_i (r - mbar_i), as PAPER.md's formula reads; the fork's code gives it 0.
+  A = lambda_i (r - mbar_i), as the formula reads (docs/paper_notes.md#fork-baselines); the fork's code gives it 0.
 - ``bnpo`` (Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv 2506.02864): p_q = group mean;
   over the batch's prompts mean_p and unbiased var_p (0 for one prompt); m = clamp(mean_p, eps, 1-eps); when
   eps < var_p < m(1-m): nu = m(1-m)/var_p - 1, a = nu m, b = nu (1-m), else a = b = 0; alpha = 1 + a/3,
@@ -225,7 +225,7 @@ def compute_bnpo_advantages(
     Rewards in [0, 1] are used as they are. The paper's -1/+1 reward is first mapped to pass rates x = (r + 1)/2
     (as EBPO-BB does), the formula applied to x, and the advantage mapped back to reward units: 2 (x - p_q) / pdf
     = (r - (2 p_q - 1)) / pdf. Other rewards raise ValueError naming the cause. Sets :data:`BNPO_DIAGNOSTICS`
-    (``bnpo/max_abs_adv``: the formula's 1/pdf reaches ~1e6 on a concentrated batch, as PAPER.md's formula does).
+    (``bnpo/max_abs_adv``: 1/pdf reaches ~1e6 on a concentrated batch, docs/paper_notes.md#fork-baselines).
     Args as :func:`compute_js_advantages`.
     """
     g = _group(scores, index, valid, "uid(s)", pad_prefix)

@@ -503,7 +503,7 @@ def compute_ebpo_advantages(
             ``options.cluster_key``.
         pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
 
-    With ``stats_scope="batch"`` this is the authors' released code (PAPER.md): sigma^2 = population variance
+    ``stats_scope="batch"`` is the released code (docs/paper_notes.md#released-code): sigma^2 = population variance
     of the batch's rewards, tau^2 = population variance of its group means, mu_glob = mean of the group means,
     S = (sigma^2/G_q) / (sigma^2/G_q + tau^2) where that denominator exceeds eps else 1, then
     (A - mean A) / (std A + eps) (unbiased std), or only A - mean A with ``norm="none"``.

@@ -1,6 +1,6 @@
 """The authors' DAPO/Minerva grading rule, for training (``compute_score``) and evaluation (``grade_eval``).
 
-PAPER.md, "The authors' own runs and evaluation": the fork trained with verl's built-in DAPO math rule and
+docs/paper_notes.md#training-reward and #evaluation: the fork trained with verl's built-in DAPO math rule and
 evaluated with a variant of it. Both look only at the last 300 characters of a response, find
 ``(?i)Answer\\s*:\\s*([^\\n]+)``, apply the Minerva answer normalisation (verl's
 ``math_dapo.normalize_final_answer``, reused here) to prediction and ground truth, and compare strings.
@@ -59,7 +59,7 @@ def extract_eval_answer(response: str) -> str | None:
 
 
 def grade_eval(response: str, ground_truth: Any) -> bool:
-    """The paper's evaluation rule (PAPER.md, "Evaluation"): True when the graded answer matches."""
+    """The paper's evaluation rule (docs/paper_notes.md#evaluation): True when the graded answer matches."""
     answer = extract_eval_answer(response)
     if answer is None:
         return False

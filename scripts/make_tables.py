@@ -21,7 +21,7 @@ Avg is the mean of the five benchmarks and is left empty unless all five are the
 
 Every row names its protocol (``paper``, ``verl``, or ``validation`` for a metrics log: verl's validation during
 training) and the title lists the protocols present. The paper's numbers (and "Paper Avg", "Δ Avg") are shown
-only beside ``paper``-protocol results, the only ones measured as the authors measured (PAPER.md), and beside
+only beside ``paper``-protocol results, measured as the authors did (docs/paper_notes.md#evaluation), and beside
 rows not run yet; other rows leave those cells empty.
 
 Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` (written atomically). With ``--table``, every row of the
@@ -57,7 +57,7 @@ VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
 SELECT = ("final", "best")
 ADHOC_SECTION = "runs"
 PROTOCOLS = {
-    "paper": "the authors' evaluation (raw prompt, Answer: grader, 16 runs / OlympiadBench 4; PAPER.md)",
+    "paper": "the authors' evaluation (raw prompt, Answer: grader, 16 runs / OlympiadBench 4; docs/paper_notes.md)",
     "verl": "chat template + math-verify reward, 16 runs (ebpo_verl.evaluate)",
     "validation": "verl's validation during training (metrics log; the run's own response length and samples)",
 }

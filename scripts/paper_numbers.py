@@ -81,8 +81,8 @@ PAPER: dict[str, dict[str, dict[str, dict[str, float]]]] = {
         "Qwen3-14B": {"GRPO": {"avg": 59.88}, "GRPO+BN": {"avg": 59.98}, "EBPO": {"avg": 61.75}},
     },
     # Curriculum (easy -> hard, one epoch, base model): the paper prints absolute numbers only in a figure, so
-    # the rows carry the authors' own eval logs of the step-34 checkpoints under the paper protocol (PAPER.md,
-    # "Numbers in the fork's eval logs"; PAPER_LABEL says so in the tables).
+    # the rows carry the authors' own eval logs of the step-34 checkpoints under the paper protocol
+    # (docs/paper_notes.md#logged-numbers; PAPER_LABEL says so in the tables).
     "curriculum": {
         "Qwen3-8B-Base": {
             "EBPO-diff": {

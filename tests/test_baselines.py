@@ -1,4 +1,4 @@
-"""shrinkage_js, bnpo and spo against plain-loop implementations of PAPER.md's text; SPO resume; registration."""
+"""shrinkage_js, bnpo and spo against plain loops of docs/paper_notes.md#fork-baselines; SPO resume; registration."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _fresh_spo_state():
     SPO_STATE.reset()
 
 
-# ------------------------------------------------------------- plain-loop references, following PAPER.md's text
+# ------------------------------------------------ plain-loop references, following docs/paper_notes.md#fork-baselines
 
 
 def groups_of(keys, rewards) -> dict[str, list[float]]:
@@ -86,7 +86,7 @@ def reference_js(uids, rewards) -> list[float]:
 
 
 def reference_bnpo(uids, rewards) -> list[float]:
-    """PAPER.md's formula on pass rates; the paper's -1/+1 reward: pass = (r + 1)/2 per response and the
+    """The #fork-baselines formula on pass rates; the paper's -1/+1 reward: pass = (r + 1)/2 per response and the
     advantage is the reward minus its expected value 2 p - 1 over the pdf (reward units)."""
     if not all(0 <= r <= 1 for r in rewards):
         assert all(r in (-1.0, 1.0) for r in rewards)
@@ -712,5 +712,5 @@ def test_bnpo_concentrated_batch_is_the_papers_formula_and_reports_max_abs_adv()
     got = run(compute_bnpo_advantages, uids, r)
     ref = reference_bnpo(uids, list(r))
     np.testing.assert_allclose(got, ref, rtol=1e-9)
-    assert 1e5 < np.abs(ref).max() < 1e6  # ~1.1e5: PAPER.md's formula, kept as is
+    assert 1e5 < np.abs(ref).max() < 1e6  # ~1.1e5: the fork's formula, kept as is
     assert BNPO_DIAGNOSTICS["bnpo/max_abs_adv"] == pytest.approx(np.abs(ref).max(), rel=1e-9)

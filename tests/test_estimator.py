@@ -144,7 +144,7 @@ def test_shrinkage_zero_no_norm_is_reward_minus_group_mean():
 
 
 def released_code(uids, rewards, norm_by_std=True) -> np.ndarray:
-    """PAPER.md "What the released code actually does", as a plain Python loop over the responses."""
+    """docs/paper_notes.md#released-code, as a plain Python loop over the responses."""
 
     def pvar(xs):  # Welford's population variance; 0 with fewer than two values
         if len(xs) < 2:

@@ -1,4 +1,4 @@
-"""The authors' DAPO/Minerva rule (PAPER.md): training reward (last match, +1/-1) and evaluation rule
+"""The authors' DAPO/Minerva rule (docs/paper_notes.md): training reward (last match, +1/-1) and evaluation rule
 (second-to-last match, trailing ``.0`` dropped), on hand-made responses with hand-worked expectations."""
 
 from __future__ import annotations

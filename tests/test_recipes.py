@@ -6,7 +6,7 @@ with Hydra's compose API on the package config, then running the package's own p
 (``ebpo_verl.validation.preflight``: our checks + verl's ``validate_config`` at the configured world size) on
 each; a few real ``DRY_RUN=1`` subprocesses check the same path end to end (and its refusals: zero steps per
 epoch, world size), and one of them is compared with the in-process composition of the same overrides.
-Expected values are written from the paper (arXiv 2602.05165, "Setup"), the authors' runs as PAPER.md reports
+Expected values are written from the paper (docs/paper_notes.md#setup), the authors' runs as #authors-runs reports
 them (BASELINES=paper) and the baselines' own definitions (BASELINES=canonical), not read from the scripts.
 """
 
@@ -49,7 +49,7 @@ SAME_UNDER_BOTH = {
     "bnpo": {"algorithm.adv_estimator": "bnpo"},
     "js": {"algorithm.adv_estimator": "shrinkage_js"},
 }
-# PAPER.md, "The authors' own runs and evaluation"
+# docs/paper_notes.md#authors-runs
 PAPER_BASELINES = {
     **SAME_UNDER_BOTH,
     # Dr.GRPO: grpo without std normalisation; token-mean and KL loss 0.001 kept (SHARED)

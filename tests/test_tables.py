@@ -195,7 +195,7 @@ def test_curriculum_contrast_and_paper_rows(runs, tmp_path):
     assert [diff[b] for b in BENCH] == ["5.00", "-25.00", "-35.00", "-5.00", "-15.00"]
     assert (diff["paper_aime2024"], diff["paper_aime2025"], diff["paper_math500"]) == ("3.95", "6.04", "")
     assert rows["Qwen3-8B-Base", "EBPO-diff"]["step"] == "33"  # the evaluated checkpoint, from RESULTS.json
-    # the reference rows are the authors' step-34 logs (PAPER.md): EBPO-diff avg 28.12, ours 40 -> +11.88
+    # the reference rows: authors' step-34 logs (docs/paper_notes.md#logged-numbers), EBPO-diff 28.12, ours 40 -> +11.88
     assert (rows["Qwen3-8B-Base", "EBPO-diff"]["paper_avg"], rows["Qwen3-8B-Base", "EBPO-diff"]["diff_avg"]) == (
         "28.12",
         "11.88",
@@ -251,9 +251,9 @@ def test_unlabelled_runs_and_label_errors(runs, tmp_path):
         make_tables.make_tables([f"A/={runs['plain']}"], out)
 
 
-def test_paper_numbers_match_the_shared_summary(shared_data):
-    """Transcription check against ../shared/PAPER.md (parsed here independently)."""
-    text = (shared_data.parent / "PAPER.md").read_text()
+def test_paper_numbers_match_the_paper_notes():
+    """Transcription check against docs/paper_notes.md (parsed here independently)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "paper_notes.md").read_text()
     methods = ["GRPO", "Dr.GRPO", "DAPO", "EntropyMech", "EBPO"]
     for model in ["Qwen3-8B", "Qwen3-14B", "LLaMA3.1-8B"]:
         cells = re.search(rf"^\| {re.escape(model)} \|(.*)\|$", text, re.M).group(1).split("|")
@@ -265,6 +265,11 @@ def test_paper_numbers_match_the_shared_summary(shared_data):
     ebpo = paper_numbers.PAPER["main"]["Qwen3-8B"]["EBPO"]
     assert math.isclose(sum(ebpo[b] for b in BENCH) / 5, ebpo["avg"], abs_tol=0.005)
     assert list(paper_numbers.BENCHMARKS) == BENCH
+    # the curriculum reference rows: the notes' table of the authors' step-34 logs
+    for model, runs in paper_numbers.PAPER["curriculum"].items():
+        for method, row in runs.items():
+            cells = re.search(rf"^\| {re.escape(model)} {re.escape(method)}, step 34 \|(.*)\|$", text, re.M)
+            assert [row[b] for b in [*BENCH, "avg"]] == [float(c) for c in cells.group(1).split("|")]
 
 
 def test_plot_dynamics_writes_png_per_metric(runs, tmp_path):

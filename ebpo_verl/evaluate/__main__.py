@@ -37,7 +37,7 @@ from ebpo_verl.evaluate.prompts import (
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
     "paper": "raw prompt (DAPO instruction + problem, no chat template), Answer: grader with the second-to-last "
-    "match (PAPER.md), 16 runs (OlympiadBench 4)",
+    "match (docs/paper_notes.md#evaluation), 16 runs (OlympiadBench 4)",
     "verl": "chat template + ebpo_verl.reward (math-verify), 16 runs",
 }
 

@@ -1,8 +1,8 @@
 """Grading a generations file into RESULTS.json, for either protocol.
 
-``paper`` grades with :func:`ebpo_verl.paper_reward.grade_eval` (PAPER.md's evaluation rule), ``verl`` with
+``paper`` grades with :func:`ebpo_verl.paper_reward.grade_eval` (docs/paper_notes.md#evaluation), ``verl`` with
 :func:`ebpo_verl.reward.compute_score` (math-verify, as the training validation). Pass@1 of a benchmark is
-the mean over its runs of the run's accuracy over all problems (PAPER.md: "each run samples every problem
+the mean over its runs of the run's accuracy over all problems (same section: "each run samples every problem
 once and the reported number is the mean accuracy over the runs"); with every sample present this equals
 the mean over all samples. A benchmark with missing samples is an error, or with ``allow_partial`` is
 reported over the samples present and flagged ``"complete": false``.

@@ -3,7 +3,7 @@
 A ``global_step_N`` folder is merged with verl's model merger (``python -m verl.model_merger merge --backend
 fsdp --local_dir global_step_N/actor --target_dir ...``) into ``global_step_N/huggingface_merged``, through a
 temporary folder renamed into place (so a crash leaves no half-merged model), and reused afterwards; the
-merged folder loads on any number of GPUs (PAPER.md: the authors also evaluated merged folders).
+merged folder loads on any number of GPUs (the authors evaluated merged folders too: docs/paper_notes.md#authors-runs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The two evaluation protocols: which rows, which prompt, which ground truth, how many runs, which grader.
 
-``paper`` is PAPER.md's "Evaluation (the fork's math eval script)": a RAW prompt string (no chat template),
+``paper`` is the authors' evaluation (docs/paper_notes.md#evaluation): a RAW prompt string (no chat template),
 the DAPO instruction prefix + blank line + the problem as the source gives it (OlympiadBench: ``question``
 only, ground truth = the first element of ``final_answer``), temperature 1.0, top-p 1.0, 20,480 new tokens,
 16 runs (OlympiadBench 4), graded by :func:`ebpo_verl.paper_reward.grade_eval`.

@@ -136,7 +136,7 @@ ebpo_choice() {
   ebpo_die "unknown $name=$value (one of: $*)"
 }
 
-# The authors' schedule (PAPER.md, "The authors' own runs"): validation on AIME24 with 8 samples before
+# The authors' schedule (docs/paper_notes.md#authors-runs): validation on AIME24 with 8 samples before
 # training and every 5 steps, a checkpoint every 10 steps; `ebpo_paper_schedule 200` also stops the runs at
 # global step 200 (the evaluated checkpoint of the main runs), `ebpo_paper_schedule epoch` leaves the length
 # to the epoch count. Table drivers call it before registering their experiments; values set in the
@@ -244,7 +244,7 @@ ebpo_algo_overrides() {
   esac
 }
 
-# The baselines as the authors ran them (PAPER.md, "The authors' own runs and evaluation"), on top of the
+# The baselines as the authors ran them (docs/paper_notes.md#authors-runs), on top of the
 # shared setup (KL loss 0.001 and token-mean kept unless said otherwise).
 ebpo_paper_baseline() {
   local actor=actor_rollout_ref.actor

@@ -5,7 +5,7 @@
 # epoch's length: rows // 512 steps (verl drops the last partial batch; the authors' de-duplicated set gave
 # global step 34). EBPO-diff, GRPO-diff, Dr.GRPO-diff and DAPO-diff, as in the authors' logs. The paper's figure
 # reports only EBPO-diff minus GRPO-diff (AIME24 +3.95, AIME25 +6.04); the authors' own logs under the paper
-# protocol give +1.04 / +0.41 (PAPER.md; the table shows both). 4 runs of 4 x 8 H200 plus the pass-rate pass.
+# protocol give +1.04 / +0.41 (docs/paper_notes.md#logged-numbers; the table shows both). 4 runs of 4 x 8 H200 plus the pass-rate pass.
 #   bash recipe/ebpo/table_curriculum.sh [--help | --list | hydra overrides for every run]
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
