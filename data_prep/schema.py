@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ebpo_verl.atomic import atomic_write
+from ebpo_verl.reward import missing_ground_truth
 
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -409,7 +410,8 @@ def bare_problem(content: str) -> str:
 
 
 def read_prepared(path: str | Path) -> pa.Table:
-    """A parquet written by a preparer (checked for the verl columns)."""
+    """A parquet written by a preparer (checked for the verl columns and for ground truths that are None, NaN
+    or empty, :func:`check_ground_truths`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m data_prep.<name>)")
@@ -420,7 +422,32 @@ def read_prepared(path: str | Path) -> pa.Table:
     missing = [c for c in SCHEMA.names if c not in table.column_names]
     if missing:
         raise DataPrepError(f"{path}: missing columns {missing}; expected a file written by data_prep")
+    check_ground_truths(table, path)
     return table
+
+
+def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> None:
+    """Refuse rows whose ``reward_model.ground_truth`` is None, NaN or empty (no grader can score them).
+
+    ``table``: a verl parquet's rows (a user's training or validation file as well as ours); only the
+    ``reward_model`` column is read. Raises :class:`DataPrepError` naming ``source``, the first bad rows
+    (0-based) and the key.
+    """
+    frame = isinstance(table, pd.DataFrame)
+    if "reward_model" not in (list(table.columns) if frame else table.column_names):
+        raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see data_prep.schema)")
+    values = table["reward_model"].tolist() if frame else table["reward_model"].to_pylist()
+    bad = []
+    for i, rm in enumerate(values):
+        has = isinstance(rm, dict) and "ground_truth" in rm
+        why = missing_ground_truth(rm["ground_truth"]) if has else "no ground_truth key"
+        if why is not None:
+            bad.append(f"{i} ({why})")
+    if bad:
+        raise DataPrepError(
+            f"{source}: reward_model.ground_truth is None, NaN or empty in {len(bad)} row(s), 0-based: "
+            f"{', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; give those rows an answer or drop them"
+        )
 
 
 def with_extra_info(table: pa.Table, updates: list[dict[str, Any]], new_fields: dict[str, pa.DataType]) -> pa.Table:

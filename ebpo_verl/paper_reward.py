@@ -22,6 +22,8 @@ from typing import Any
 
 from verl.utils.reward_score.math_dapo import is_correct_minerva, normalize_final_answer
 
+from ebpo_verl.reward import missing_ground_truth
+
 TAIL_CHARS = 300
 """Only this many trailing characters of a response are searched (as verl's and the fork's rule)."""
 ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
@@ -35,9 +37,12 @@ def compute_score(
     """The paper's training reward: +1.0 when the last ``Answer:`` line matches ``ground_truth``, else -1.0.
 
     Signature of verl's ``custom_reward_function``; ``data_source`` and ``extra_info`` are not used.
-    Returns ``{"score": +-1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"}``.
+    Returns ``{"score": +-1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"}``. A ground truth
+    that is None, NaN or empty (also after the Minerva normalisation) scores -1 whatever the response.
     """
     correct, pred = is_correct_minerva(solution_str[-TAIL_CHARS:], str(ground_truth))
+    if correct and _blank(ground_truth, normalize_final_answer):
+        correct = False
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
 
 
@@ -58,9 +63,15 @@ def extract_eval_answer(response: str) -> str | None:
     return matches[-2] if len(matches) >= 2 else matches[0]
 
 
+def _blank(ground_truth: Any, normalize: Any) -> bool:
+    """Whether ``ground_truth`` is None, NaN or empty, as such or after ``normalize``: nothing can match it."""
+    return missing_ground_truth(ground_truth) is not None or not normalize(str(ground_truth)).strip()
+
+
 def grade_eval(response: str, ground_truth: Any) -> bool:
-    """The paper's evaluation rule (docs/paper_notes.md#evaluation): True when the graded answer matches."""
+    """The paper's evaluation rule (docs/paper_notes.md#evaluation): True when the graded answer matches; never for a
+    ground truth that is None, NaN or empty."""
     answer = extract_eval_answer(response)
-    if answer is None:
+    if answer is None or _blank(ground_truth, normalize_eval_answer):
         return False
     return normalize_eval_answer(answer) == normalize_eval_answer(str(ground_truth))

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
+import numbers
 import os
 import re
 import select
@@ -62,6 +64,24 @@ _INT_RE = re.compile(r"^[+-]?\d{1,50}$")
 _PERCENT_RE = re.compile(r"\s*\\?%\s*$")
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{([^{}]*)\}")
 _SPACING_RE = re.compile(r"\\left|\\right|\\[,!;: ]|~|\s")
+_EMPTY_BOX_RE = re.compile(r"^(?:\\boxed\s*\{\s*\}|\{\s*\})$")
+
+
+def missing_ground_truth(value: Any) -> str | None:
+    """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"``, ``"empty"``), or None when it can.
+
+    Empty means nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``) or an
+    empty box (``\\boxed{}``). Every grader here scores such a ground truth as wrong (an empty or ``None``
+    answer must never match it); the data checks refuse rows that have one.
+    """
+    if value is None:
+        return "None"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
+        return "NaN"
+    text = clean_answer(str(value))
+    if not text or _EMPTY_BOX_RE.match(text):
+        return "empty"
+    return None
 
 
 def last_boxed(text: str) -> str | None:
@@ -374,10 +394,13 @@ def compute_score(
     for a free grading process (each is held at most ``timeout`` per answer; ``EBPO_REWARD_WORKERS`` sets how
     many) and, once per process start, for its import of math-verify (``warm_up`` does that ahead of time):
     load-dependent but bounded, never a hang. ``data_source``/``extra_info``/extra kwargs are accepted for
-    verl's calling convention; grading is the same for every math data source.
+    verl's calling convention; grading is the same for every math data source. A ground truth that is
+    None, NaN or empty (:func:`missing_ground_truth`) scores 0 whatever the response.
     """
     pred = extract_answer(solution_str or "")
     if pred is None:
         return {"score": 0.0, "acc": False, "pred": ""}
+    if missing_ground_truth(ground_truth) is not None:  # nothing to match: "None" must not equal str(None)
+        return {"score": 0.0, "acc": False, "pred": pred[:max_answer_chars]}
     acc = is_equivalent(str(ground_truth), pred, timeout=timeout, max_answer_chars=max_answer_chars)
     return {"score": 1.0 if acc else 0.0, "acc": acc, "pred": pred[:max_answer_chars]}
