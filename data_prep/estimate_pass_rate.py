@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from data_prep.schema import read_prepared, with_extra_info, write_parquet_atomic
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile, sample_records
+from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.reward import compute_score
 
@@ -64,13 +64,17 @@ def grade(
 def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> list[list[str]]:
     """``a.n`` sampled completions per row (chat prompt through the chat template), resumed from ``gen_path``."""
     prompts = [[dict(m) for m in p] for p in table.column("prompt").to_pylist()]
+    truths = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
+    digests = {str(i): problem_digest(p, t) for i, (p, t) in enumerate(zip(prompts, truths, strict=True))}
     meta = {
         "protocol": "pass_rate",
         "model": a.model,
         "temperature": a.temperature,
         "top_p": a.top_p,
         "max_new_tokens": a.max_new_tokens,
-        "benchmarks": {Path(a.in_path).name: {"runs": a.n, "limit": None, "problems": len(prompts)}},
+        "benchmarks": {
+            Path(a.in_path).name: {"runs": a.n, "limit": None, "problems": len(prompts), "digests": digests}
+        },
     }
     name = Path(a.in_path).name
     spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)

@@ -1,19 +1,97 @@
 """Faults and bad input on the evaluation and data side (issue 22): each test reproduces one finding.
 
+Finding 1: samples are never graded against (or resumed with) other problems than they were generated from.
 Finding 5: a ground truth that is empty, None or NaN never scores 1 and is refused where data enters.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pytest
 
+from data_prep import aime2024
 from data_prep.schema import DataPrepError, check_ground_truths
 from ebpo_verl import paper_reward
 from ebpo_verl import reward as verl_reward
+from ebpo_verl.evaluate.__main__ import main as evaluate_main
+from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest
+from ebpo_verl.evaluate.grading import grade_file
+from ebpo_verl.evaluate.prompts import EvalInputError, load_problems
+
+
+@pytest.fixture(scope="module")
+def aime_twice(tmp_path_factory, shared_data) -> tuple[Path, Path]:
+    """AIME 2024 prepared as shipped, and re-prepared from a copy with rows 3 and 7 swapped (as another hub
+    revision may order them)."""
+    work = tmp_path_factory.mktemp("aime")
+    lines = (shared_data / "aime2024.jsonl").read_text().splitlines()
+    lines[3], lines[7] = lines[7], lines[3]
+    (work / "reordered.jsonl").write_text("\n".join(lines) + "\n")
+    aime2024.prepare(work / "a", local_path=shared_data / "aime2024.jsonl")
+    aime2024.prepare(work / "b", local_path=work / "reordered.jsonl")
+    return work / "a", work / "b"
+
+
+def _meta(data: Path, protocol: str = "paper") -> dict:
+    problems = load_problems(data, "aime2024", protocol)
+    return {
+        "protocol": protocol,
+        "model": "m",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_new_tokens": 100,
+        "benchmarks": {
+            "aime2024": {
+                "runs": 1,
+                "limit": None,
+                "problems": len(problems),
+                "digests": {str(p.index): problem_digest(p.prompt, p.ground_truth) for p in problems},
+            }
+        },
+    }
+
+
+def test_grade_refuses_reordered_data(aime_twice, tmp_path, capsys):
+    a, b = aime_twice
+    truths = [p.ground_truth for p in load_problems(a, "aime2024", "paper")]
+    assert truths[3] != truths[7]  # the swap moves answers
+    gen = tmp_path / "gen.jsonl"
+    with GenerationsFile(gen, _meta(a)) as g:
+        g.append(
+            [
+                {"benchmark": "aime2024", "index": i, "sample": 0, "response": f"Answer: {t}"}
+                | {"response_tokens": 3, "finish_reason": "stop"}
+                for i, t in enumerate(truths)
+            ]
+        )
+    assert grade_file("paper", gen, a)["benchmarks"]["aime2024"]["pass@1"] == 100.0  # every answer right
+    with pytest.raises(EvalInputError, match=r"other aime2024 problems than .*b/aime2024.parquet .*index 3 differs"):
+        grade_file("paper", gen, b)
+    out = tmp_path / "r.json"
+    argv = ["grade", "--protocol", "paper", "--generations", str(gen), "--data-dir", str(b), "--out", str(out)]
+    assert evaluate_main(argv) == 2 and not out.exists()
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "aime2024" in err and "index 3" in err
+    with pytest.raises(EvalInputError, match=r"index 3 differs"):  # a resume from the re-prepared data
+        GenerationsFile(gen, _meta(b))
+    assert json.loads(Path(f"{gen}.meta.json").read_text()) == _meta(a)  # nothing changed by the refusal
+
+
+def test_grade_warns_on_a_meta_without_digests(aime_twice, tmp_path, capsys):
+    a, _ = aime_twice
+    m = _meta(a)
+    del m["benchmarks"]["aime2024"]["digests"]
+    gen = tmp_path / "gen.jsonl"
+    GenerationsFile(gen, m).close()
+    grade_file("paper", gen, a, allow_partial=True)
+    assert "records no problem digests for aime2024" in capsys.readouterr().err
+    with pytest.raises(EvalInputError, match="records no problem digests for aime2024"):  # no resume into it
+        GenerationsFile(gen, _meta(a))
 
 EMPTY_ANSWERS = ["Answer: ", "Answer: $$", "Answer: \\boxed{}", "\\boxed{}", "Answer: {}"]
 NONE_ANSWERS = ["Answer: None", "Answer: nan", "Answer: NaN", "\\boxed{None}", "\\boxed{nan}"]

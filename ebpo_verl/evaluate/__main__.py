@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ebpo_verl.checkpoint import atomic_write_text
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile, sample_records
+from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.evaluate.grading import grade_file
 from ebpo_verl.evaluate.merge import merge_checkpoint, resolve_model
 from ebpo_verl.evaluate.prompts import (
@@ -82,7 +82,15 @@ def generate(a: argparse.Namespace) -> None:
         "temperature": TEMPERATURE,
         "top_p": TOP_P,
         "max_new_tokens": a.max_new_tokens,
-        "benchmarks": {b: {"runs": runs[b], "limit": a.limit, "problems": len(problems[b])} for b in problems},
+        "benchmarks": {
+            b: {
+                "runs": runs[b],
+                "limit": a.limit,
+                "problems": len(ps),
+                "digests": {str(p.index): problem_digest(p.prompt, p.ground_truth) for p in ps},
+            }
+            for b, ps in problems.items()
+        },
     }
     try:
         spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)

@@ -3,7 +3,8 @@
 Line: ``{"benchmark", "index", "sample", "response", "response_tokens", "finish_reason"}``. A sidecar
 ``<file>.meta.json`` (written atomically before the first line) records what produced the lines (protocol,
 model, sampling, rows and runs per benchmark). A re-run must match the protocol, model and sampling, and the
-rows and runs of every benchmark both runs name; benchmarks new to the file are added to the stored settings
+rows and runs of every benchmark both runs name, and their problems (per-problem digests of prompt and ground
+truth, :func:`problem_digest`); benchmarks new to the file are added to the stored settings
 (aime2024 first, then aime2024 + math500 resumes aime2024 and adds math500). Other mismatches are refused
 instead of mixing.
 A torn last line (a crash mid-write) is dropped and its sample generated again; an unreadable line anywhere
@@ -12,6 +13,7 @@ else is an error naming the line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -90,11 +92,50 @@ def read_meta(path: str | Path) -> dict[str, Any] | None:
         raise EvalInputError(f"{mp} is not valid JSON ({e.msg}); delete it with its generations file") from None
 
 
+def problem_digest(prompt: Any, ground_truth: Any) -> str:
+    """16 hex digits of the SHA-256 of a problem's prompt (text or chat messages) and ground truth: the meta
+    stores one per problem (``benchmarks.<name>.digests``, keyed by index) so that samples are never graded
+    against, or resumed with, other problems than they were generated from."""
+    blob = json.dumps([prompt, ground_truth], ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def first_difference(stored: dict[str, str], current: dict[str, str]) -> int | None:
+    """The smallest problem index whose digest differs between two ``digests`` maps (absent counts), or None."""
+    diff = [int(i) for i in set(stored) | set(current) if stored.get(i) != current.get(i)]
+    return min(diff) if diff else None
+
+
+def problems_differ(
+    path: str | Path, bench: str, stored: dict[str, Any], current: dict[str, str], data: str = "the data"
+) -> str | None:
+    """A one-line refusal when benchmark ``bench`` of ``path`` (meta entry ``stored``) was generated from other
+    problems than ``data`` holds now (its digests ``current``), else None. A meta without digests (written by
+    an older version) cannot be checked: a resume refuses it (:func:`merge_meta`), grading warns."""
+    if "digests" not in stored:
+        return (
+            f"{path} records no problem digests for {bench} (written by an older version), so its samples cannot "
+            "be checked against the data; generate again into another --out"
+        )
+    i = first_difference(stored["digests"], current)
+    if i is None:
+        return None
+    return (
+        f"{path} was generated from other {bench} problems than {data} holds now: problem index {i} differs "
+        "(prompt or ground truth; re-prepared data or other rows?); use the data it was generated from, or "
+        "another --out"
+    )
+
+
 def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs."""
+    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs (for other
+    problems: the benchmark and first differing index)."""
     diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks"} if old.get(k) != new.get(k))
     ob, nb = old.get("benchmarks", {}), new.get("benchmarks", {})
     diff += [f"benchmarks.{b}" for b in nb if b in ob and ob[b] != nb[b]]
+    for b in nb:
+        if b in ob and "digests" in nb[b] and (why := problems_differ(path, b, ob[b], nb[b]["digests"])):
+            raise EvalInputError(why)
     if diff:
         raise EvalInputError(
             f"{path} was generated with other settings ({', '.join(diff)} differ); "

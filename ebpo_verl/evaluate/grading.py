@@ -5,19 +5,22 @@
 the mean over its runs of the run's accuracy over all problems (same section: "each run samples every problem
 once and the reported number is the mean accuracy over the runs"); with every sample present this equals
 the mean over all samples. A benchmark with missing samples is an error, or with ``allow_partial`` is
-reported over the samples present and flagged ``"complete": false``.
+reported over the samples present and flagged ``"complete": false``. The ground truths come from
+``--data-dir``, so its problems must be those the samples were generated from: a benchmark whose problem
+digests (prompt and ground truth, stored in the meta) differ is refused, naming the first differing index.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.evaluate.generations import read_generations, read_meta
+from ebpo_verl.evaluate.generations import problem_digest, problems_differ, read_generations, read_meta
 from ebpo_verl.evaluate.merge import checkpoint_step
 from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
 
@@ -83,6 +86,17 @@ def grade_file(
         spec = meta["benchmarks"][bench]
         problems = load_problems(data_dir, bench, protocol, spec["limit"])
         truth = {p.index: p.ground_truth for p in problems}
+        if "digests" not in spec:
+            print(
+                f"evaluate grade: warning: {generations} records no problem digests for {bench} (an older version "
+                f"wrote it): cannot check that {data_dir} holds the problems it was generated from",
+                file=sys.stderr,
+            )
+        else:
+            digests = {str(p.index): problem_digest(p.prompt, p.ground_truth) for p in problems}
+            why = problems_differ(generations, bench, spec, digests, str(Path(data_dir) / f"{bench}.parquet"))
+            if why:
+                raise EvalInputError(why)
         runs = spec["runs"]
         mine = {(k[1], k[2]): r for k, r in records.items() if k[0] == bench}
         unknown = [k for k in mine if k[0] not in truth or not 0 <= k[1] < runs]

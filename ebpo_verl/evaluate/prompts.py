@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.schema import DAPO_PREFIX, read_prepared
+from data_prep.schema import DAPO_PREFIX, DataPrepError, read_prepared
+from ebpo_verl.reward import missing_ground_truth
 
 BENCHMARKS = ("math500", "aime2024", "aime2025", "amc23", "olympiadbench")
 PROTOCOLS = ("paper", "verl")
@@ -66,9 +67,12 @@ def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: in
         raise EvalInputError(
             f"{path} does not exist; prepare it with python -m data_prep.all --out-dir {data_dir} --only {benchmark}"
         )
-    rows: list[dict[str, Any]] = read_prepared(path).to_pylist()
+    try:
+        rows: list[dict[str, Any]] = read_prepared(path).to_pylist()
+    except DataPrepError as e:  # unreadable, not data_prep's columns, or a ground truth that is None/NaN/empty
+        raise EvalInputError(str(e)) from None
     problems = []
-    for row in rows[:limit]:
+    for i, row in enumerate(rows[:limit]):
         info = row["extra_info"]
         if protocol == "paper":
             if info.get("raw_problem") is None or info.get("raw_answer") is None:
@@ -78,6 +82,11 @@ def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: in
                 )
             prompt: str | list[dict[str, str]] = paper_prompt(info["raw_problem"])
             truth = info["raw_answer"]
+            if missing_ground_truth(truth) is not None:
+                raise EvalInputError(
+                    f"{path}: row {i} (0-based) has an empty extra_info.raw_answer, which nothing can match; "
+                    "give it the reference answer or drop the row"
+                )
         else:
             prompt = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
             truth = row["reward_model"]["ground_truth"]
