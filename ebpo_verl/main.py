@@ -111,6 +111,14 @@ def train(config: DictConfig) -> None:
     except EBPOConfigError as err:
         _fail(str(err))
     _report(lines)
+    import shlex
+
+    from omegaconf import open_dict
+
+    from ebpo_verl.provenance import LAUNCH_COMMAND_KEY
+
+    with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
+        config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
 
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device

@@ -10,6 +10,12 @@ On start the log is reconciled with the checkpoint the run resumed from: lines o
 (metrics of steps that are being redone) and, for a run started from scratch, all lines of an earlier run, are
 moved to ``<stem>.superseded-<UTC time>[-k].jsonl`` next to the log, so the live file always describes one
 consistent timeline and nothing is deleted.
+
+Provenance (:mod:`ebpo_verl.provenance`: commit, versions, hardware, command, seed) lives in a sidecar,
+``<log>.provenance.json`` = ``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}``, one entry per
+attempt that wrote the live log (an attempt resumed at or after this one's checkpoint is superseded and
+dropped; a run from scratch starts a new list). The log itself keeps verl's file-logger format, so every reader
+of it is unchanged; :func:`read_provenance` reads the sidecar.
 """
 
 from __future__ import annotations
@@ -61,11 +67,23 @@ def _read_lines(path: Path) -> list[tuple[int, str]]:
 class MetricsLog:
     """A ``Tracking`` backend appending ``{"step", "data"}`` lines to ``path`` (opened per write, flushed)."""
 
-    def __init__(self, path: str | os.PathLike, resumed_step: int):
-        """Open the log of a run that starts after ``resumed_step`` (0: a run from scratch)."""
+    def __init__(self, path: str | os.PathLike, resumed_step: int, provenance: dict[str, Any] | None = None):
+        """Open the log of a run that starts after ``resumed_step`` (0: a run from scratch); ``provenance`` (a
+        :func:`ebpo_verl.provenance.provenance` record; default: this process's, without a seed) is recorded in
+        the sidecar as this attempt's."""
+        from ebpo_verl.provenance import provenance as this_process
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._reconcile(int(resumed_step))
+        self._record_attempt(int(resumed_step), this_process() if provenance is None else provenance)
+
+    def _record_attempt(self, resumed_step: int, provenance: dict[str, Any]) -> None:
+        side = provenance_path(self.path)
+        attempts = read_provenance(side) if resumed_step > 0 and side.is_file() else []
+        attempts = [a for a in attempts if a["resumed_step"] < resumed_step]
+        attempts.append({"resumed_step": resumed_step, "provenance": provenance})
+        atomic_write_text(side, json.dumps({"attempts": attempts}, indent=1, default=_to_json) + "\n")
 
     def _reconcile(self, resumed_step: int) -> None:
         if not self.path.is_file():
@@ -114,3 +132,25 @@ def read_metrics_log(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     for step, line in _read_lines(Path(path)):
         merged.setdefault(step, {}).update(json.loads(line)["data"])
     return dict(sorted(merged.items()))
+
+
+def provenance_path(log: str | os.PathLike) -> Path:
+    """The provenance sidecar of a metrics log: ``<log>.provenance.json``."""
+    return Path(f"{log}.provenance.json")
+
+
+def read_provenance(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The attempts (``{"resumed_step", "provenance"}``, oldest first) recorded for a metrics log; ``path`` is the
+    log or its sidecar. [] when there is no sidecar; ValueError naming the file when it is malformed."""
+    side = Path(path) if str(path).endswith(".provenance.json") else provenance_path(path)
+    if not side.is_file():
+        return []
+    try:
+        attempts = json.loads(side.read_text(encoding="utf-8"))["attempts"]
+        if not isinstance(attempts, list) or not all(isinstance(a.get("provenance"), dict) for a in attempts):
+            raise TypeError("attempts must be a list of {resumed_step, provenance}")
+        for a in attempts:
+            a["resumed_step"] = int(a["resumed_step"])
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{side}: not a provenance sidecar of a metrics log ({err}); delete it") from err
+    return attempts

@@ -47,6 +47,7 @@ from ebpo_verl.checkpoint import load_ebpo_state, load_spo_state, save_ebpo_stat
 from ebpo_verl.estimator import is_missing_label
 from ebpo_verl.metrics_log import MetricsLog
 from ebpo_verl.node_check import check_nodes
+from ebpo_verl.provenance import run_provenance
 from ebpo_verl.validation import (
     ESTIMATOR,
     SPO,
@@ -260,7 +261,8 @@ class EBPOTrainerMixin:
     def logger(self, tracking) -> None:
         path = self.config.trainer.get("metrics_log_path", None)
         if tracking is not None and path:
-            tracking.logger["metrics_log"] = MetricsLog(path, resumed_step=self._resumed_step)
+            record = run_provenance(self.config)  # provenance: the sidecar <log>.provenance.json
+            tracking.logger["metrics_log"] = MetricsLog(path, resumed_step=self._resumed_step, provenance=record)
         self._tracking = tracking
 
 

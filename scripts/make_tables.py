@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_numbers import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL  # noqa: E402
 
 from ebpo_verl.checkpoint import atomic_write_text  # noqa: E402
+from ebpo_verl.metrics_log import read_provenance  # noqa: E402
+from ebpo_verl.provenance import describe_hardware, short_commit  # noqa: E402
 
 VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
 SELECT = ("final", "best")
@@ -158,6 +160,25 @@ class Row:
     protocol: str = ""  # paper | verl | validation; "" while the row has no result
     paper_label: str = "paper"  # where ``paper`` comes from (PAPER_LABEL)
     more_refs: list[tuple[str, dict[str, float]]] = field(default_factory=list)  # further labelled references
+    # provenance records of what produced the row's numbers (generate runs + grading, or the log's attempts)
+    records: list[dict] = field(default_factory=list)
+    hardware_records: list[dict] = field(default_factory=list)  # where the model ran (generation / training)
+
+    @property
+    def commits(self) -> list[str]:
+        """Short commits (``+dirty`` marked) of the code that produced the row, in order; [] if unrecorded."""
+        return list(dict.fromkeys(short_commit(r) for r in self.records))
+
+    @property
+    def hardware(self) -> str:
+        found = list(dict.fromkeys(describe_hardware(r) for r in self.hardware_records or self.records))
+        return " / ".join(found) if found else "not recorded"
+
+    @property
+    def command(self) -> str:
+        """The command that produced the row's numbers: the last training attempt or the generate run."""
+        source = self.hardware_records or self.records
+        return str(source[-1].get("command", "")) if source else ""
 
     @property
     def shows_paper(self) -> bool:
@@ -177,6 +198,15 @@ def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, fl
         return validations[-1] if validations else None
     complete = [v for v in validations if average(v[1]) is not None]
     return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
+
+
+def results_provenance(path: Path) -> tuple[list[dict], list[dict]]:
+    """(records, hardware records) of a RESULTS.json: its generate runs' provenance then its grading's, and the
+    generate runs' (where the model ran); ([], []) for a file written before provenance was recorded."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    generation = [r for r in (data.get("generation") or {}).get("provenance", []) if isinstance(r, dict)]
+    grading = [data["provenance"]] if isinstance(data.get("provenance"), dict) else []
+    return generation + grading, generation
 
 
 def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool, int | None]:
@@ -200,6 +230,7 @@ def fill(row: Row, path: str, how: str) -> None:
     row.source = path
     if path.endswith(".json") and Path(path).is_file():
         row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path))
+        row.records, row.hardware_records = results_provenance(Path(path))
         if not complete:
             row.missing = "incomplete: graded with --allow-partial"
         return
@@ -215,6 +246,7 @@ def fill(row: Row, path: str, how: str) -> None:
         return
     row.step, row.scores, row.ks = chosen
     row.protocol = "validation"
+    row.records = [a["provenance"] for file in log_files(Path(path)) for a in read_provenance(file)]
 
 
 def parse_spec(spec: str) -> tuple[str, str, str]:
@@ -279,7 +311,7 @@ def _fmt(value: float | None, signed: bool = False) -> str:
 
 
 def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
-    head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step", "Protocol"]
+    head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step", "Protocol", "Numbers"]
     used = sorted({r.protocol for r in rows if r.protocol})
     legend = [f"- {p}: {PROTOCOLS[p]}" for p in used]
     if any(r.protocol and not r.shows_paper for r in rows):
@@ -295,21 +327,66 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
         scores = [_fmt(row.scores.get(b)) for b in BENCHMARKS]
         emit(
             [row.section, row.method, *scores, _fmt(row.avg), _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)]
-            + [row.protocol]
+            + [row.protocol, _numbers(row)]
         )
         if row.shows_paper and any(b in row.paper for b in BENCHMARKS):
             paper = [_fmt(row.paper.get(b)) for b in BENCHMARKS]
-            emit(["", f"{row.method} ({row.paper_label})", *paper, "", "", "", "", ""])
+            emit(["", f"{row.method} ({row.paper_label})", *paper, "", "", "", "", "", REFERENCE])
     for row in contrasts:
         cells = [_fmt(row.scores.get(b), True) for b in BENCHMARKS]
-        emit([row.section, row.method, *cells, "", "", "", "", row.protocol])
+        emit([row.section, row.method, *cells, "", "", "", "", row.protocol, "ours" if row.scores else ""])
         if row.shows_paper:
             for label, ref in [(row.paper_label, row.paper), *row.more_refs]:
-                emit(["", f"{row.method} ({label})", *[_fmt(ref.get(b), True) for b in BENCHMARKS], "", "", "", "", ""])
+                cells = [_fmt(ref.get(b), True) for b in BENCHMARKS]
+                emit(["", f"{row.method} ({label})", *cells, "", "", "", "", "", REFERENCE])
     missing = [r for r in rows if r.missing]
     if missing:
         lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + provenance_footer(rows)) + "\n"
+
+
+REFERENCE = "**PAPER, not ours**"
+"""The Numbers cell of a reference row (the paper's, or the authors' logged, numbers)."""
+
+
+def _numbers(row: Row) -> str:
+    """Whose numbers a row holds: ours (measured by this package) or, in the Paper Avg cell only, the paper's."""
+    if row.scores:
+        return "ours"
+    return "not run"
+
+
+def provenance_footer(rows: list[Row]) -> list[str]:
+    """Lines under a table: which numbers are the paper's, and the commit, hardware and command of each of our
+    rows, with a warning when they come from different commits or record none."""
+    ours = [r for r in rows if r.scores]
+    lines = [
+        "",
+        'Numbers: "ours" rows were measured by this package; rows marked **PAPER, not ours** (and the Paper Avg '
+        "column) are the numbers reported by Han et al. (arXiv 2602.05165) or the authors' logs, never ours.",
+    ]
+    if not ours:
+        return lines
+    lines += ["", "Provenance of our rows (ebpo-verl commit; hardware; command):"]
+    for r in ours:
+        commits = ", ".join(r.commits) or "not recorded"
+        command = f"; `{r.command}`" if r.command else ""
+        lines.append(f"- {r.section}/{r.method}: commit {commits}; {r.hardware}{command}")
+    commits = sorted({c for r in ours for c in r.commits})
+    unrecorded = [f"{r.section}/{r.method}" for r in ours if not r.records]
+    if len(commits) > 1:
+        lines += [
+            "",
+            f"**Rows come from different commits ({', '.join(commits)}): differences between them may be"
+            " code changes, not the methods.**",
+        ]
+    if unrecorded:
+        lines += [
+            "",
+            f"**No provenance recorded for {', '.join(unrecorded)}** (written before provenance was "
+            "recorded, or without this package's tools): their commit and hardware are unknown.",
+        ]
+    return lines
 
 
 def _paper_avg(row: Row) -> tuple[float | None, float | None]:
@@ -329,18 +406,19 @@ def _why(row: Row) -> str:
 
 def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
     head = ["section", "method", *BENCHMARKS, "avg", *[f"paper_{b}" for b in BENCHMARKS], "paper_avg"]
-    head += ["diff_avg", "step", "k", "source", "missing", "protocol"]
+    head += ["diff_avg", "step", "k", "source", "missing", "protocol", "numbers", "commit", "hardware", "command"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(head)
-    for row in rows + contrasts:
+    for row, is_contrast in [(r, False) for r in rows] + [(r, True) for r in contrasts]:
         paper_avg, delta = _paper_avg(row)
         paper = [_fmt(row.paper.get(b)) if row.shows_paper else "" for b in BENCHMARKS]
         writer.writerow(
             [row.section, row.method, *[_fmt(row.scores.get(b)) for b in BENCHMARKS], _fmt(row.avg)]
             + paper
             + [_fmt(paper_avg), _fmt(delta), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
-            + [row.source, row.missing, row.protocol]
+            + [row.source, row.missing, row.protocol, ("ours" if row.scores else "") if is_contrast else _numbers(row)]
+            + [" ".join(row.commits), row.hardware if row.records else "", row.command]
         )
     return buf.getvalue()
 

@@ -21,6 +21,8 @@ import make_tables  # noqa: E402
 import paper_numbers  # noqa: E402
 import plot_dynamics  # noqa: E402
 
+from ebpo_verl.provenance import provenance  # noqa: E402
+
 BENCH = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
 
 
@@ -124,6 +126,7 @@ def write_results(path: Path, protocol: str, *scores: float, complete: bool = Tr
         for b, x in zip(BENCH, scores, strict=True)
     }
     record = {"protocol": protocol, "model": "m", "step": step, "benchmarks": benches, "average": None}
+    record["provenance"] = provenance(seed=0)  # as the grade command writes it
     path.write_text(json.dumps(record))
     return str(path)
 

@@ -33,6 +33,7 @@ from ebpo_verl.evaluate.prompts import (
     load_problems,
     runs_for,
 )
+from ebpo_verl.provenance import provenance
 
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
@@ -91,6 +92,7 @@ def generate(a: argparse.Namespace) -> None:
             }
             for b, ps in problems.items()
         },
+        "provenance": [provenance(seed=a.seed)],  # one record per invocation (merge_meta appends)
     }
     try:
         spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)

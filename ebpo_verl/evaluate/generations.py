@@ -130,7 +130,7 @@ def problems_differ(
 def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str, Any]:
     """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs (for other
     problems: the benchmark and first differing index)."""
-    diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks"} if old.get(k) != new.get(k))
+    diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks", "provenance"} if old.get(k) != new.get(k))
     ob, nb = old.get("benchmarks", {}), new.get("benchmarks", {})
     diff += [f"benchmarks.{b}" for b in nb if b in ob and ob[b] != nb[b]]
     for b in nb:
@@ -141,7 +141,9 @@ def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str
             f"{path} was generated with other settings ({', '.join(diff)} differ); "
             "use another --out or delete the file and its .meta.json to start over"
         )
-    return {**old, "benchmarks": {**ob, **nb}}
+    # provenance: one record per generate invocation that wrote into the file, oldest first
+    records = old.get("provenance", []) + new.get("provenance", [])
+    return {**old, "benchmarks": {**ob, **nb}, **({"provenance": records} if records else {})}
 
 
 def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:

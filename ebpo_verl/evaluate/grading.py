@@ -23,6 +23,7 @@ from typing import Any
 from ebpo_verl.evaluate.generations import problem_digest, problems_differ, read_generations, read_meta
 from ebpo_verl.evaluate.merge import checkpoint_step
 from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
+from ebpo_verl.provenance import provenance
 
 
 def grader(protocol: str) -> Callable[[str, str, str], bool]:
@@ -127,5 +128,13 @@ def grade_file(
         "benchmarks": results,
         "average": sum(scores) / len(scores) if scores else None,
         "complete": all(b["complete"] for b in results.values()),
-        "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p") if k in meta},
+        "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p", "provenance") if k in meta},
+        # this grading run's provenance; the sampling seed(s) are the generate runs'
+        "provenance": provenance(seed=_generation_seed(meta.get("provenance", []))),
     }
+
+
+def _generation_seed(records: list[dict[str, Any]]) -> Any:
+    """The seed of the generate runs: one value when they agree, else the list (None when unrecorded)."""
+    seeds = list(dict.fromkeys(r.get("seed") for r in records))
+    return seeds[0] if len(seeds) == 1 else (seeds or None)
