@@ -1,5 +1,7 @@
-"""Every preparer on the real files in ../shared/data (and the variants), checked against counts computed
-here from the raw files, plus schema (verl's RLHFDataset), templates, atomic writes and invalid rows."""
+"""Every preparer on hub-schema source files (``hub_data``: the real ones in ../shared/data when present, else the
+made-up rows of tests/fixtures/hub), checked against counts computed here from the raw files, plus schema (verl's
+RLHFDataset), templates, atomic writes and invalid rows. Facts of the real files (row counts, answers of given rows,
+the variants, the 675-row release) are checked with ``shared_data`` and skip on a clone without ../shared."""
 
 from __future__ import annotations
 
@@ -25,22 +27,32 @@ def _read(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
+EMPTY_BOX = re.compile(r"\\boxed\s*\{\s*\}")  # a MATH solution whose box is empty has no answer
+RELAY = re.compile(r"T\s*=\s*T\s*N\s*Y\s*W\s*R")  # an OlympiadBench relay problem ("T = TNYWR")
+
+
+def _no_answer(rows: list[dict]) -> list[int]:
+    return [i for i, r in enumerate(rows) if EMPTY_BOX.search(r["solution"])]
+
+
+def _number(text: str) -> str:
+    """AMC23's float strings as integers: "27.0" -> "27"."""
+    return str(int(float(text))) if float(text).is_integer() else text
+
+
 @pytest.fixture(scope="module")
-def prepared(shared_data, tmp_path_factory) -> dict[str, Path]:
-    """All seven datasets from the real local files (MATH train needs --skip-invalid: 2 rows have no answer)."""
-    return prepare_all(tmp_path_factory.mktemp("prepared"), local_dir=shared_data, skip_invalid=True)
+def prepared(hub_data, tmp_path_factory) -> dict[str, Path]:
+    """All seven datasets from the local files (MATH train needs --skip-invalid: rows with an empty box)."""
+    return prepare_all(tmp_path_factory.mktemp("prepared"), local_dir=hub_data, skip_invalid=True)
 
 
-def test_row_counts_and_schema(prepared, shared_data):
-    expected = {
-        "math500": 500,
-        "aime2024": 30,
-        "aime2025": 30,
-        "amc23": 40,
-        "olympiadbench": 674,
-        "math_train": 7500 - 2,
-        "dapo_math": len({r["prompt"][0]["content"] for r in _jsonl(shared_data / LOCAL_FILES["dapo_math"])}),
-    }
+def test_row_counts_and_schema(prepared, hub_data):
+    raw = {name: _jsonl(hub_data / file) for name, file in LOCAL_FILES.items()}
+    expected = {name: len(rows) for name, rows in raw.items()}
+    expected["math_train"] -= len(_no_answer(raw["math_train"]))
+    expected["olympiadbench"] -= sum(bool(RELAY.search(r["question"])) for r in raw["olympiadbench"])
+    expected["dapo_math"] = len({r["prompt"][0]["content"] for r in raw["dapo_math"]})
+    assert expected["math_train"] < len(raw["math_train"])  # the invalid rows are there, and dropped
     for name, n in expected.items():
         df = _read(prepared[name])
         assert len(df) == n, name
@@ -54,47 +66,89 @@ def test_row_counts_and_schema(prepared, shared_data):
         assert set(info.split) == {"train" if name in ("dapo_math", "math_train") else "test"}
 
 
-def test_math_train_topics_levels_and_answers(prepared, shared_data):
-    raw = _jsonl(shared_data / "math_train.jsonl")
-    kept = [r for i, r in enumerate(raw) if i not in (5529, 5531)]  # the two rows with an empty \boxed{}
+def test_real_row_counts(shared_data, prepared):
+    """The real files' sizes (with ../shared, ``prepared`` is made from them)."""
+    counts = {name: len(_read(path)) for name, path in prepared.items()}
+    assert counts == {
+        "dapo_math": 44,
+        "math_train": 7500 - 2,
+        "math500": 500,
+        "aime2024": 30,
+        "aime2025": 30,
+        "amc23": 40,
+        "olympiadbench": 674,
+    }
+
+
+def test_math_train_topics_levels_and_answers(prepared, hub_data):
+    raw = _jsonl(hub_data / "math_train.jsonl")
+    dropped = _no_answer(raw)
+    kept = [r for i, r in enumerate(raw) if i not in dropped]
     info = pd.DataFrame(_read(prepared["math_train"]).extra_info.tolist())
+    assert info.source_id.tolist() == [str(i) for i in range(len(raw)) if i not in dropped]
     assert Counter(info.topic) == Counter(r["type"] for r in kept)
     want_levels = Counter(int(r["level"][-1]) if r["level"][-1].isdigit() else None for r in kept)
     got_levels = Counter(None if pd.isna(d) else int(d) for d in info.difficulty)
-    assert got_levels == want_levels and got_levels[None] == 2  # "Level ?" rows: no invented level
+    assert got_levels == want_levels  # "Level ?" rows: no invented level
+    assert got_levels[None] == sum(r["level"] == "Level ?" for r in kept) > 0
+    gts = [rm["ground_truth"] for rm in _read(prepared["math_train"]).reward_model]
+    for gt, row in zip(gts, kept, strict=True):  # the answer is what follows the solution's last \boxed
+        assert gt and gt in row["solution"].rsplit("\\boxed", 1)[1]
+    assert any(re.search(r"\\boxed [^{]", r["solution"]) for r in kept)  # the unbraced form is in the data
+
+
+def test_real_math_train_facts(shared_data, prepared):
+    assert _no_answer(_jsonl(shared_data / "math_train.jsonl")) == [5529, 5531]
+    info = pd.DataFrame(_read(prepared["math_train"]).extra_info.tolist())
+    assert info.difficulty.isna().sum() == 2  # the two "Level ?" rows
     gts = [rm["ground_truth"] for rm in _read(prepared["math_train"]).reward_model]
     assert gts[0] == "0"  # solution ends "$a+b=-3+3=\boxed{0}$"
     assert gts[1655] == "2"  # the unbraced "$\boxed 2$" form
 
 
-def test_math_train_without_skip_invalid_names_row_and_field(shared_data, tmp_path):
-    with pytest.raises(ValueError, match=r"invalid row 5529 \(0-based\).*field solution.*--skip-invalid"):
-        math_train.prepare(tmp_path, local_path=shared_data / "math_train.jsonl")
+def test_math_train_without_skip_invalid_names_row_and_field(hub_data, tmp_path):
+    first = _no_answer(_jsonl(hub_data / "math_train.jsonl"))[0]
+    with pytest.raises(ValueError, match=rf"invalid row {first} \(0-based\).*field solution.*--skip-invalid"):
+        math_train.prepare(tmp_path, local_path=hub_data / "math_train.jsonl")
     assert not list(tmp_path.iterdir())  # nothing written, not even a temp file
 
 
-def test_eval_sets_answers_topics(prepared, shared_data):
+def test_eval_sets_answers_topics(prepared, hub_data):
     m5 = _read(prepared["math500"])
-    raw = _jsonl(shared_data / "math500.jsonl")
+    raw = _jsonl(hub_data / "math500.jsonl")
     assert [rm["ground_truth"] for rm in m5.reward_model] == [r["answer"] for r in raw]
     assert [e["difficulty"] for e in m5.extra_info] == [r["level"] for r in raw]
     assert [e["topic"] for e in m5.extra_info] == [r["subject"] for r in raw]
 
     a24 = _read(prepared["aime2024"])
     assert [rm["ground_truth"] for rm in a24.reward_model] == [
-        str(r["Answer"]) for r in _jsonl(shared_data / "aime2024.jsonl")
+        str(r["Answer"]) for r in _jsonl(hub_data / "aime2024.jsonl")
     ]
     amc = _read(prepared["amc23"])
-    assert [rm["ground_truth"] for rm in amc.reward_model][:4] == ["27", "36", "45", "3159"]
-    assert "-1" in [rm["ground_truth"] for rm in amc.reward_model]
+    raw_amc = _jsonl(hub_data / "amc23.jsonl")
+    assert all(r["answer"].endswith(".0") for r in raw_amc)  # the hub writes integers as floats
+    assert [rm["ground_truth"] for rm in amc.reward_model] == [_number(r["answer"]) for r in raw_amc]
 
     ob = _read(prepared["olympiadbench"])
-    raw_ob = _jsonl(shared_data / "olympiadbench_math_en.jsonl")
+    raw_ob = _jsonl(hub_data / "olympiadbench_math_en.jsonl")
     assert Counter(e["topic"] for e in ob.extra_info) == Counter(r["subfield"] for r in raw_ob)
     gt = {e["source_id"]: rm["ground_truth"] for e, rm in zip(ob.extra_info, ob.reward_model, strict=True)}
+    multi = [r for r in raw_ob if len(r["final_answer"]) == 1 and "$,$" in r["final_answer"][0]]
+    assert multi and all(gt[str(r["id"])] == r["final_answer"][0].replace("$", "") for r in multi)
+    assert "$" not in "".join(gt.values()).replace("\\$", "")
+    prompts = {e["source_id"]: p[0]["content"] for e, p in zip(ob.extra_info, ob.prompt, strict=True)}
+    with_unit = [r for r in raw_ob if r["unit"]]
+    assert with_unit and all(f"The unit of the answer is {r['unit']}." in prompts[str(r["id"])] for r in with_unit)
+
+
+def test_real_eval_set_facts(shared_data, prepared):
+    amc = [rm["ground_truth"] for rm in _read(prepared["amc23"]).reward_model]
+    assert amc[:4] == ["27", "36", "45", "3159"] and "-1" in amc
+    ob = _read(prepared["olympiadbench"])
+    gt = {e["source_id"]: rm["ground_truth"] for e, rm in zip(ob.extra_info, ob.reward_model, strict=True)}
+    raw_ob = _jsonl(shared_data / "olympiadbench_math_en.jsonl")
     multi = next(r for r in raw_ob if r["final_answer"] == ["$69$,$84$"])
     assert gt[str(multi["id"])] == "69,84"
-    assert "$" not in "".join(gt.values()).replace("\\$", "")
     with_unit = next(r for r in raw_ob if r["unit"] == "km/h")
     prompt = next(p for e, p in zip(ob.extra_info, ob.prompt, strict=True) if e["source_id"] == str(with_unit["id"]))
     assert "The unit of the answer is km/h." in prompt[0]["content"]
@@ -136,21 +190,25 @@ def test_olympiadbench_675_release(shared_data, tmp_path):
     assert len(df) == 675 - n_relay
 
 
-def test_dapo_templates_no_double_wrap(shared_data, tmp_path):
-    src = _jsonl(shared_data / "dapo_math_sample.jsonl")
-    dapo = _read(dapo_math.prepare(tmp_path / "d", local_path=shared_data / "dapo_math_sample.jsonl"))
+def test_dapo_templates_no_double_wrap(hub_data, tmp_path):
+    src, seen = [], set()  # the first row of each problem (the preparer drops repeats)
+    for row in _jsonl(hub_data / "dapo_math_sample.jsonl"):
+        if row["prompt"][0]["content"] not in seen:
+            seen.add(row["prompt"][0]["content"])
+            src.append(row)
+    dapo = _read(dapo_math.prepare(tmp_path / "d", local_path=hub_data / "dapo_math_sample.jsonl"))
     # the sample already uses DAPO's instruction: re-templating must reproduce it exactly, once
     assert [p[0]["content"] for p in dapo.prompt] == [r["prompt"][0]["content"] for r in src]
     assert [e["source_id"] for e in dapo.extra_info] == [r["extra_info"]["index"] for r in src]
     boxed = _read(
-        dapo_math.prepare(tmp_path / "b", local_path=shared_data / "dapo_math_sample.jsonl", template="boxed")
+        dapo_math.prepare(tmp_path / "b", local_path=hub_data / "dapo_math_sample.jsonl", template="boxed")
     )
     for p in boxed.prompt:
         text = p[0]["content"]
         assert "Answer:" not in text and "Solve the following" not in text
         assert text.endswith("put your final answer within \\boxed{}.")
     # bare-problem variant: wrapped exactly once
-    var = _read(dapo_math.prepare(tmp_path / "v", local_path=shared_data / "variants/dapo_math_svs_variant_500.jsonl"))
+    var = _read(dapo_math.prepare(tmp_path / "v", local_path=hub_data / "variants/dapo_math_svs_variant_500.jsonl"))
     for p in var.prompt:
         assert p[0]["content"].count("The last line of your response") == 1
 
@@ -204,8 +262,8 @@ def test_invalid_rows_and_skip_invalid(tmp_path, capsys):
         aime2025.prepare(tmp_path / "out", local_path=bad_aime)
 
 
-def test_atomic_write_keeps_old_file_and_leaves_no_temp(tmp_path, monkeypatch, shared_data):
-    out = math500.prepare(tmp_path, local_path=shared_data / "math500.jsonl")
+def test_atomic_write_keeps_old_file_and_leaves_no_temp(tmp_path, monkeypatch, hub_data):
+    out = math500.prepare(tmp_path, local_path=hub_data / "math500.jsonl")
     before = out.read_bytes()
 
     def broken_write(table, where, **kw):
@@ -214,7 +272,7 @@ def test_atomic_write_keeps_old_file_and_leaves_no_temp(tmp_path, monkeypatch, s
 
     monkeypatch.setattr(schema.pq, "write_table", broken_write)
     with pytest.raises(OSError, match="disk full"):
-        math500.prepare(tmp_path, local_path=shared_data / "math500.jsonl", template="boxed")
+        math500.prepare(tmp_path, local_path=hub_data / "math500.jsonl", template="boxed")
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["math500.parquet"]
 
@@ -234,16 +292,16 @@ def test_hub_loading_uses_pinned_ids(monkeypatch, tmp_path):
     assert _read(out).reward_model[0]["ground_truth"] == "27"
 
 
-def test_cli_reads_a_file_or_a_dataset_folder(shared_data, tmp_path):
+def test_cli_reads_a_file_or_a_dataset_folder(hub_data, tmp_path):
     out = aime2025.main(
-        ["--out-dir", str(tmp_path), "--local-path", str(shared_data / "aime2025.jsonl"), "--template", "boxed"]
+        ["--out-dir", str(tmp_path), "--local-path", str(hub_data / "aime2025.jsonl"), "--template", "boxed"]
     )
-    assert out == tmp_path / "aime2025.parquet" and len(_read(out)) == 30
+    assert out == tmp_path / "aime2025.parquet" and len(_read(out)) == len(_jsonl(hub_data / "aime2025.jsonl"))
     from_file = _read(out)
 
     # a folder with one data file (any name): its rows
     (tmp_path / "one").mkdir()
-    (tmp_path / "one" / "aime.jsonl").write_text((shared_data / "aime2025.jsonl").read_text())
+    (tmp_path / "one" / "aime.jsonl").write_text((hub_data / "aime2025.jsonl").read_text())
     out = aime2025.main(
         ["--out-dir", str(tmp_path / "b"), "--local-path", str(tmp_path / "one"), "--template", "boxed"]
     )
@@ -253,11 +311,11 @@ def test_cli_reads_a_file_or_a_dataset_folder(shared_data, tmp_path):
     # does; amc23's hub split is "test"
     folder = tmp_path / "snapshot" / "data"
     folder.mkdir(parents=True)
-    (folder / "test-00000.jsonl").write_text((shared_data / "amc23.jsonl").read_text())
-    (folder / "train.jsonl").write_text((shared_data / "math500.jsonl").read_text())  # another split: not read
+    (folder / "test-00000.jsonl").write_text((hub_data / "amc23.jsonl").read_text())
+    (folder / "train.jsonl").write_text((hub_data / "math500.jsonl").read_text())  # another split: not read
     out = amc23.main(["--out-dir", str(tmp_path / "c"), "--local-path", str(folder.parent)])
-    pd.testing.assert_frame_equal(_read(out), _read(amc23.prepare(tmp_path / "d", shared_data / "amc23.jsonl")))
-    assert len(_read(out)) == 40
+    pd.testing.assert_frame_equal(_read(out), _read(amc23.prepare(tmp_path / "d", hub_data / "amc23.jsonl")))
+    assert len(_read(out)) == len(_jsonl(hub_data / "amc23.jsonl"))
 
 
 def _cli(module, capsys, *args: str) -> tuple[int, list[str]]:
@@ -267,7 +325,7 @@ def _cli(module, capsys, *args: str) -> tuple[int, list[str]]:
     return exit_.value.code, capsys.readouterr().err.splitlines()
 
 
-def _bad_inputs(tmp_path: Path, shared_data: Path) -> dict[str, tuple[Path, str]]:
+def _bad_inputs(tmp_path: Path, hub_data: Path) -> dict[str, tuple[Path, str]]:
     """name -> (--local-path for math500, the exact error after ``python -m data_prep.math500: error: ``)."""
     bad_line = tmp_path / "bad.jsonl"
     bad_line.write_text('{"problem": "1+1", "answer": "2"}\n\n{"problem": "x", answer}\n')
@@ -277,9 +335,9 @@ def _bad_inputs(tmp_path: Path, shared_data: Path) -> dict[str, tuple[Path, str]
     bad_json.write_text('[{"problem": "1+1",\n "answer": 2,}]')
     wrong = _write_jsonl(tmp_path / "wrong.jsonl", [{"question": "1+1", "solution": "2"}] * 3)
     parquet = tmp_path / "m.parquet"
-    pd.read_json(shared_data / "math500.jsonl", lines=True, dtype=False).to_parquet(parquet)
+    pd.read_json(hub_data / "math500.jsonl", lines=True, dtype=False).to_parquet(parquet)
     truncated = tmp_path / "cut.parquet"
-    truncated.write_bytes(parquet.read_bytes()[:20000])
+    truncated.write_bytes(parquet.read_bytes()[: parquet.stat().st_size // 2])
     csv = tmp_path / "x.csv"
     csv.write_text("a,b\n")
     empty = tmp_path / "empty_folder"
@@ -319,8 +377,8 @@ BAD_INPUTS = ["missing", "csv", "jsonl-line", "jsonl-not-object", "json", "schem
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
-def test_cli_bad_input_is_one_line_exit_2(shared_data, tmp_path, capsys, case):
-    path, message = _bad_inputs(tmp_path, shared_data)[case]
+def test_cli_bad_input_is_one_line_exit_2(hub_data, tmp_path, capsys, case):
+    path, message = _bad_inputs(tmp_path, hub_data)[case]
     for extra in ([], ["--skip-invalid"]):  # a whole-file problem is not a row problem: no --skip-invalid advice
         code, err = _cli(math500, capsys, "--out-dir", str(tmp_path / "out"), "--local-path", str(path), *extra)
         assert (code, err) == (2, [f"python -m data_prep.math500: error: {message}"])
@@ -355,7 +413,7 @@ def test_cli_error_through_python_m_has_no_traceback(tmp_path):
     ]
 
 
-def test_all_local_dir_errors_name_local_dir(shared_data, tmp_path, capsys):
+def test_all_local_dir_errors_name_local_dir(hub_data, tmp_path, capsys):
     from data_prep import all as prep_all
 
     missing = tmp_path / "nowhere"
@@ -367,7 +425,7 @@ def test_all_local_dir_errors_name_local_dir(shared_data, tmp_path, capsys):
 
     partial = tmp_path / "partial"
     partial.mkdir()
-    (partial / "amc23.jsonl").write_text((shared_data / "amc23.jsonl").read_text())
+    (partial / "amc23.jsonl").write_text((hub_data / "amc23.jsonl").read_text())
     (partial / "aime2025.jsonl").write_text("{bad\n")
     args = ["--out-dir", str(tmp_path / "out"), "--local-dir", str(partial), "--only", "amc23", "aime2024", "aime2025"]
     code, err = _cli(prep_all, capsys, *args)
@@ -393,13 +451,43 @@ atomic_write_text(os.path.join(sys.argv[2], "note.txt"), "x")
 
 
 @pytest.mark.parametrize(("umask", "mode"), [("022", 0o644), ("077", 0o600), ("002", 0o664)])
-def test_outputs_follow_the_umask(shared_data, tmp_path, umask, mode):
+def test_outputs_follow_the_umask(hub_data, tmp_path, umask, mode):
     out = tmp_path / "out"
     run = subprocess.run(
-        [sys.executable, "-c", UMASK_WRITE, umask, str(out), str(shared_data / "math500.jsonl")],
+        [sys.executable, "-c", UMASK_WRITE, umask, str(out), str(hub_data / "math500.jsonl")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
     assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {"math500.parquet": mode, "note.txt": mode}
+
+
+def _kinds(rows: list[dict]) -> dict[str, set[str]]:
+    """column -> the JSON types its values take (nested dicts by their keys)."""
+    kinds: dict[str, set[str]] = {}
+    for row in rows:
+        for key, value in row.items():
+            kind = f"dict{sorted(value)}" if isinstance(value, dict) else type(value).__name__
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                kind = f"list[dict{sorted(value[0])}]"
+            kinds.setdefault(key, set()).add(kind)
+    return kinds
+
+
+def test_fixture_rows_mirror_the_real_files(shared_data):
+    """tests/fixtures/hub (what a clone tests with) has the real files' names, columns and value types."""
+    fixtures = Path(__file__).parent / "fixtures" / "hub"
+    names = sorted(str(p.relative_to(fixtures)) for p in fixtures.rglob("*") if p.suffix in (".jsonl", ".parquet"))
+    real = sorted(str(p.relative_to(shared_data)) for p in shared_data.rglob("*") if p.suffix in (".jsonl", ".parquet"))
+    assert names == real
+    for name in names:
+        if name.endswith(".parquet"):
+            ours, theirs = pd.read_parquet(fixtures / name), pd.read_parquet(shared_data / name)
+            assert ours.dtypes.to_dict() == theirs.dtypes.to_dict(), name
+            continue
+        ours, theirs = _kinds(_jsonl(fixtures / name)), _kinds(_jsonl(shared_data / name))
+        assert list(ours) == list(theirs), name  # same columns, same order
+        for column, kinds in ours.items():  # no value type the real file lacks (a column null there: any)
+            if theirs[column] != {"NoneType"}:
+                assert kinds - {"NoneType"} <= theirs[column], (name, column, kinds, theirs[column])
