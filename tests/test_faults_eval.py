@@ -1,16 +1,24 @@
 """Faults and bad input on the evaluation and data side (issue 22): each test reproduces one finding.
 
 Finding 1: samples are never graded against (or resumed with) other problems than they were generated from.
+Finding 4: one writer per generations file (a second `evaluate generate` on one --out is refused).
 Finding 5: a ground truth that is empty, None or NaN never scores 1 and is refused where data enters.
+Finding 6: `evaluate generate --workers 2` workers die with their parent, however it is killed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pyarrow as pa
 import pytest
 
@@ -19,7 +27,7 @@ from data_prep.schema import DataPrepError, check_ground_truths
 from ebpo_verl import paper_reward
 from ebpo_verl import reward as verl_reward
 from ebpo_verl.evaluate.__main__ import main as evaluate_main
-from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest
+from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, read_generations
 from ebpo_verl.evaluate.grading import grade_file
 from ebpo_verl.evaluate.prompts import EvalInputError, load_problems
 
@@ -93,6 +101,7 @@ def test_grade_warns_on_a_meta_without_digests(aime_twice, tmp_path, capsys):
     with pytest.raises(EvalInputError, match="records no problem digests for aime2024"):  # no resume into it
         GenerationsFile(gen, _meta(a))
 
+
 EMPTY_ANSWERS = ["Answer: ", "Answer: $$", "Answer: \\boxed{}", "\\boxed{}", "Answer: {}"]
 NONE_ANSWERS = ["Answer: None", "Answer: nan", "Answer: NaN", "\\boxed{None}", "\\boxed{nan}"]
 
@@ -152,3 +161,123 @@ def test_check_ground_truths_names_the_rows_of_a_table_and_a_frame():
     with pytest.raises(DataPrepError, match="no reward_model column"):
         check_ground_truths(pd.DataFrame({"x": [1]}), "val.parquet")
     check_ground_truths(pa.Table.from_pylist(_rows(["1", "0"])), "ok.parquet")  # no error
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from ebpo_verl.tiny import build_model, build_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny")
+    build_model(out, build_tokenizer(out))
+    return out
+
+
+def _generate_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["generate", "--model", str(model), "--data-dir", str(data), "--protocol", "verl", "--out", str(out),
+            "--benchmarks", "aime2024", "--engine", "hf", *extra]  # fmt: skip
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_two_generates_on_one_out(aime_twice, tiny_model, tmp_path, capsys):
+    """A first generate holds GEN.jsonl.lock while it runs (frozen with SIGSTOP while it holds it, so the overlap
+    is certain); a second generate on the same --out stops at once with one line naming the first's pid. The
+    first then completes: every sample once. A holder killed with SIGKILL (no cleanup) leaves no stale lock."""
+    data, _ = aime_twice
+    gen = tmp_path / "gen.jsonl"
+    lock = Path(f"{gen}.lock")
+    argv = _generate_argv(tiny_model, data, gen, "--limit", "2", "--runs", "2", "--max-new-tokens", "4")
+    cmd = [sys.executable, "-m", "ebpo_verl.evaluate", *argv]
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _wait_for(lambda: lock.is_file() and f'"pid": {proc.pid}' in lock.read_text(), 120, "the first's lock")
+        return proc
+
+    first = start()
+    try:
+        first.send_signal(signal.SIGSTOP)
+        assert evaluate_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err
+        assert err.splitlines()[-1].startswith(
+            f"python -m ebpo_verl.evaluate generate: error: generations file {gen} is in use by pid {first.pid} on "
+        )
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    finally:
+        first.kill()
+        first.wait()
+    done = read_generations(gen)[0]  # (it refuses a sample written twice)
+    assert sorted(done) == [("aime2024", i, s) for i in range(2) for s in range(2)]
+    assert not lock.exists()  # released on exit
+
+    killed = start()
+    killed.kill()
+    killed.wait()
+    assert lock.is_file()  # SIGKILL left the file, but the lock died with the process
+    assert evaluate_main(argv) == 0 and read_generations(gen)[0] == done
+    assert "all 4 samples already in" in capsys.readouterr().err
+
+
+def _workers(parent: psutil.Process) -> list[psutil.Process]:
+    """The generation workers among ``parent``'s children (spawned, each leading its own process group)."""
+    found = []
+    for child in parent.children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()) and os.getpgid(child.pid) == child.pid:
+                found.append(child)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    return found
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "how",
+    [("parent", signal.SIGKILL), ("parent", signal.SIGTERM), ("group", signal.SIGTERM), ("group", signal.SIGKILL)],
+)
+def test_workers_die_with_their_parent(aime_twice, tiny_model, tmp_path, how):
+    data, _ = aime_twice
+    argv = _generate_argv(tiny_model, data, tmp_path / "gen.jsonl", "--runs", "16", "--max-new-tokens", "2000")
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "ebpo_verl.evaluate", *argv, "--workers", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a shell job
+    )
+    workers: list[psutil.Process] = []
+    try:
+        proc = psutil.Process(parent.pid)
+        _wait_for(lambda: len(_workers(proc)) == 2, 180, "two workers")
+        workers = _workers(proc)
+        time.sleep(1.0)  # past the few instructions between a worker's setpgid and arming its death signal
+        target, sig = how
+        if target == "parent":
+            os.kill(parent.pid, sig)
+        else:
+            os.killpg(parent.pid, sig)
+        parent.wait(timeout=30)
+        _wait_for(lambda: all(_gone(w) for w in workers), 5, f"workers {[w.pid for w in workers]} to end")
+    finally:
+        parent.kill()
+        parent.wait()
+        for w in workers:  # what a failure left behind (each worker leads its own process group)
+            try:
+                os.killpg(w.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -25,6 +25,7 @@ tokenized again with a second BOS on LLaMA, whose template already starts with o
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import importlib.util
 import json
@@ -32,6 +33,9 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -261,10 +265,39 @@ def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[t
         emit(list(zip(chunk, engine.generate(chunk), strict=True)))
 
 
-def _worker_main(spec: EngineSpec, env: dict[str, str], requests: list[Request], q: Any) -> None:
-    """Entry of a spawned worker: lead a process group (its children die with it, see :func:`kill_group`), set
-    its devices or cores (``env``) before anything imports torch, then stream chunks to ``q``."""
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker's process group (itself and e.g. vLLM's engine-core child) as soon as ``parent`` dies,
+    however it dies (SIGKILL included): Linux sends SIGTERM on the parent's death (``PR_SET_PDEATHSIG``), whose
+    handler SIGKILLs the group, and a watchdog thread does the same on noticing the parent gone (a handler
+    waits for the main thread, which may sit in C code). SIGKILL also skips the queue's exit-time flush,
+    which would block with nobody reading."""
+
+    def end_group(*_: object) -> None:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, end_group)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        end_group()
+
+    if os.getppid() != parent:  # it died before the death signal was armed
+        end_group()
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _worker_main(spec: EngineSpec, env: dict[str, str], requests: list[Request], q: Any, parent: int) -> None:
+    """Entry of a spawned worker: lead a process group (its children die with it, see :func:`kill_group`), die
+    with ``parent`` (:func:`_die_with_parent`), set its devices or cores (``env``) before anything imports
+    torch, then stream chunks to ``q``."""
     os.setpgid(0, 0)
+    _die_with_parent(parent)
     os.environ.update(env)
     try:
         run_worker(spec, requests, lambda pairs: q.put(("chunk", pairs)))
@@ -349,7 +382,9 @@ def generate_all(
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     # not daemonic: vLLM starts its own engine-core process, which a daemonic process may not do
-    procs = [ctx.Process(target=_worker_main, args=(spec, e, s, q)) for e, s in zip(envs, shards, strict=True)]
+    procs = [
+        ctx.Process(target=_worker_main, args=(spec, e, s, q, os.getpid())) for e, s in zip(envs, shards, strict=True)
+    ]
     for p in procs:
         p.start()
     running = len(procs)

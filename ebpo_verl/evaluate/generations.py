@@ -17,11 +17,13 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
 from ebpo_verl.checkpoint import atomic_write_text
 from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.locking import LockHeldError, exclusive_lock
 
 Key = tuple[str, int, int]
 """(benchmark, index, sample)."""
@@ -132,10 +134,10 @@ def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str
     problems: the benchmark and first differing index)."""
     diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks", "provenance"} if old.get(k) != new.get(k))
     ob, nb = old.get("benchmarks", {}), new.get("benchmarks", {})
-    diff += [f"benchmarks.{b}" for b in nb if b in ob and ob[b] != nb[b]]
     for b in nb:
         if b in ob and "digests" in nb[b] and (why := problems_differ(path, b, ob[b], nb[b]["digests"])):
             raise EvalInputError(why)
+    diff += [f"benchmarks.{b}" for b in nb if b in ob and ob[b] != nb[b]]
     if diff:
         raise EvalInputError(
             f"{path} was generated with other settings ({', '.join(diff)} differ); "
@@ -162,10 +164,26 @@ def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
 
 
 class GenerationsFile:
-    """Append-only writer that resumes ``path``: ``done`` holds the samples already there."""
+    """Append-only writer that resumes ``path``: ``done`` holds the samples already there.
+
+    One writer at a time: the instance holds an exclusive lock on ``<path>.lock`` (:mod:`ebpo_verl.locking`)
+    from before it reads the file until :meth:`close`; a second writer gets an EvalInputError naming the holder.
+    """
 
     def __init__(self, path: str | Path, meta: dict[str, Any]):
         self.path = Path(path)
+        self._lock = ExitStack()
+        try:
+            self._lock.enter_context(exclusive_lock(f"{self.path}.lock", what=f"generations file {self.path}"))
+        except LockHeldError as e:
+            raise EvalInputError(str(e)) from None
+        try:
+            self._open(meta)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _open(self, meta: dict[str, Any]) -> None:
         old = read_meta(self.path)
         merged = meta if old is None else merge_meta(old, meta, self.path)
         self.done, intact = read_generations(self.path)
@@ -192,7 +210,10 @@ class GenerationsFile:
             self.done[(r["benchmark"], r["index"], r["sample"])] = r
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        finally:
+            self._lock.close()
 
     def __enter__(self) -> GenerationsFile:
         return self
