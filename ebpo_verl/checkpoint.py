@@ -13,6 +13,7 @@ pre-flight), before Ray starts; the TaskRunner's load repeats it as the backstop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,7 +29,9 @@ from ebpo_verl.estimator import RESUME_KEYS, EBPOOptions, EBPOState, ignored_key
 
 STATE_FILE = "ebpo_state.json"
 SPO_STATE_FILE = "spo_state.json"
+STEP_METRICS_FILE = "ebpo_step_metrics.json"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+RUN_LOCK_FILE = "ebpo-train.lock"
 FORMAT = 1
 MODE_KEYS = ("stats_scope", "prior", "shrinkage", "norm", "cluster_key")
 """The ``algorithm.ebpo`` options that pick the mode whose ignored options (:func:`ignored_keys`) never block."""
@@ -61,9 +64,11 @@ def _load(kind: _Kind, step_dir: str | os.PathLike, state: Any, options: Any, gl
     path = Path(step_dir) / kind.file
     state.reset()
     if not path.is_file():
+        if options.on_resume_mismatch == "error":
+            raise ValueError(missing_state_message(kind, step_dir, global_step))
         warnings.warn(
-            f"{kind.label}: no {kind.file} in checkpoint {step_dir}: {kind.what} start FRESH at step {global_step}, "
-            "so advantages will differ from an uninterrupted run (checkpoint written without ebpo-verl?)",
+            f"{kind.label}: no {kind.file} in checkpoint {step_dir}: on_resume_mismatch={options.on_resume_mismatch}: "
+            f"the {kind.what} start FRESH at step {global_step}, so advantages will differ from an uninterrupted run",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -126,6 +131,16 @@ def _load(kind: _Kind, step_dir: str | os.PathLike, state: Any, options: Any, gl
         stacklevel=3,
     )
     return True
+
+
+def missing_state_message(kind: _Kind, step_dir: str | os.PathLike, global_step: int) -> str:
+    """The refusal of a checkpoint without the state file under ``on_resume_mismatch=error``."""
+    return (
+        f"checkpoint {step_dir} has no {kind.file} (written by plain verl, by a run with another estimator, or the "
+        f"file was deleted), so the {kind.what} of the first {global_step} steps cannot be restored. Resume from "
+        f"a checkpoint of this run, or set {kind.section}.on_resume_mismatch=reset to continue from step "
+        f"{global_step} with fresh {kind.what} (advantages will differ from an uninterrupted run)."
+    )
 
 
 _UNKNOWN = object()
@@ -200,18 +215,51 @@ def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOpt
     return _load(SPO, step_dir, state, options, global_step)
 
 
+def tracked_step(base: str | os.PathLike) -> int | None:
+    """The step ``base/latest_checkpointed_iteration.txt`` names (None without the file), checked as verl will use
+    it: a positive integer whose ``global_step_N`` folder exists. Anything else raises ValueError naming the file
+    and the ways out (verl would fail on ``int('')`` after Ray starts, or silently train from scratch)."""
+    tracker = Path(base, TRACKER_FILE)
+    try:
+        text = tracker.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"checkpoint tracker {tracker} is unreadable ({err}); delete it to start from scratch"
+        ) from err
+    steps = (p.name.removeprefix("global_step_") for p in Path(base).glob("global_step_*") if p.is_dir())
+    found = sorted(int(n) for n in steps if n.isdigit())
+    have = f"checkpoints here: {', '.join(f'global_step_{n}' for n in found)}" if found else "no global_step_* here"
+    value = text.strip()
+    if not value.isdigit() or int(value) < 1:
+        what = "is empty" if not value else f"holds {value[:40]!r}, not a step number"
+        raise ValueError(
+            f"checkpoint tracker {tracker} {what} (a crash while verl wrote it?); {have}. Write the step of the last "
+            "complete checkpoint into it, or delete it to start from scratch."
+        )
+    step = int(value)
+    if not Path(base, f"global_step_{step}").is_dir():
+        raise ValueError(
+            f"checkpoint tracker {tracker} names step {step} but {Path(base, f'global_step_{step}')} does not exist "
+            f"(verl would silently train from scratch); {have}. Write the step of an existing checkpoint into it, "
+            "or delete it to start from scratch."
+        )
+    return step
+
+
 def resume_step_folder(trainer: Any) -> tuple[str, int] | None:
     """(checkpoint folder, global step) that verl's v1 trainer will resume from, as its ``_load_checkpoint`` finds
-    it (``trainer.resume_mode`` auto: ``default_local_dir/latest_checkpointed_iteration.txt``; ``resume_path``:
-    ``trainer.resume_from_path``); None for a fresh start or a folder this machine cannot see."""
+    it (``trainer.resume_mode`` auto: ``default_local_dir/latest_checkpointed_iteration.txt``, checked by
+    :func:`tracked_step`; ``resume_path``: ``trainer.resume_from_path``); None for a fresh start or a folder
+    this machine cannot see."""
     mode = str(trainer.get("resume_mode", "auto"))
     if mode == "resume_path":
         folder = os.path.abspath(str(trainer.get("resume_from_path")))
     elif mode == "auto" and trainer.get("default_local_dir"):
         base = os.path.abspath(str(trainer.default_local_dir))
-        try:
-            step = int(Path(base, TRACKER_FILE).read_text(encoding="utf-8").strip())
-        except (OSError, ValueError):
+        step = tracked_step(base)
+        if step is None:
             return None
         folder = os.path.join(base, f"global_step_{step}")
     else:
@@ -223,17 +271,111 @@ def resume_step_folder(trainer: Any) -> tuple[str, int] | None:
 
 
 def check_resume(trainer: Any, ebpo: EBPOOptions | None, spo: SPOOptions | None) -> str | None:
-    """The pre-flight's resume check: load the saved state of the step the run will resume from into a scratch
-    state and apply ``on_resume_mismatch`` (``error`` / an unreadable file -> ValueError, before any worker
-    starts). Warnings are left to the TaskRunner's load. Returns a line for the log, or None on a fresh start."""
+    """The pre-flight's resume check: the tracker file (:func:`tracked_step`), then the saved state of the step
+    the run will resume from, loaded into a scratch state under ``on_resume_mismatch`` (``error`` / an unreadable
+    or missing state file -> ValueError, before any worker starts). Warnings are left to the TaskRunner's load.
+    Returns a line for the log (naming a state file that is missing and what happens instead), or None on a
+    fresh start."""
     found = resume_step_folder(trainer)
     if found is None or not os.path.isdir(found[0]):
         return None
     folder, step = found
+    notes = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        if ebpo is not None:
-            load_ebpo_state(folder, EBPOState(), ebpo, step)
-        if spo is not None:
-            load_spo_state(folder, SPOState(), spo, step)
-    return f"resumes from {folder}"
+        for kind, options, state, load in (
+            (EBPO, ebpo, EBPOState, load_ebpo_state),
+            (SPO, spo, SPOState, load_spo_state),
+        ):
+            if options is None:
+                continue
+            if not Path(folder, kind.file).is_file() and options.on_resume_mismatch != "error":
+                notes.append(
+                    f"no {kind.file}: fresh {kind.what} from step {step}, "
+                    f"{kind.section}.on_resume_mismatch={options.on_resume_mismatch}"
+                )
+            load(folder, state(), options, step)
+    return f"resumes from {folder}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def save_step_metrics(step_dir: str | os.PathLike, metrics: dict[str, Any], global_step: int) -> Path:
+    """Write step ``global_step``'s training metrics to ``step_dir/ebpo_step_metrics.json``, atomically.
+
+    verl writes ``latest_checkpointed_iteration.txt``, then validates, then logs the step: a crash in between
+    would lose the step's training metrics for good. The trainer saves them here before verl's tracker file, and
+    a resume from this checkpoint logs them when the metrics log lacks them (:func:`load_step_metrics`).
+    Numbers only (numpy/torch scalars as Python numbers; NaN kept); returns the path.
+    """
+    plain: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        value = value.item() if hasattr(value, "item") else value
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, int | float):
+            plain[str(key)] = value
+    payload = {"format": FORMAT, "global_step": int(global_step), "metrics": plain}
+    path = Path(step_dir) / STEP_METRICS_FILE
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True, allow_nan=True) + "\n")
+    return path
+
+
+def load_step_metrics(step_dir: str | os.PathLike, global_step: int) -> dict[str, float | int] | None:
+    """The training metrics :func:`save_step_metrics` saved in ``step_dir`` for ``global_step``; None when the
+    checkpoint has none (written before this file existed). A malformed file or one of another step raises
+    ValueError naming it."""
+    path = Path(step_dir) / STEP_METRICS_FILE
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        if payload["format"] != FORMAT:
+            raise ValueError(f"format {payload['format']!r} is not supported (expected {FORMAT})")
+        saved_step, metrics = int(payload["global_step"]), payload["metrics"]
+        if not isinstance(metrics, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
+        ):
+            raise ValueError("metrics must be a JSON object of numbers")
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise ValueError(f"step metrics file {path} is unreadable: {err}; delete it to resume without it") from err
+    if saved_step != int(global_step):
+        raise ValueError(f"step metrics file {path} was written at global step {saved_step}, not {global_step}")
+    return metrics
+
+
+def unlogged_step_metrics(saved: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
+    """The saved metrics of a step whose keys its metrics-log record ``logged`` lacks."""
+    return {k: v for k, v in saved.items() if k not in logged}
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone
+            return
+
+
+def hold_run_outputs(trainer: Any) -> contextlib.ExitStack:
+    """Exclusive locks (:func:`ebpo_verl.locking.exclusive_lock`) on a training run's outputs, held until the
+    returned stack is closed (use it as a ``with`` block around the run): ``trainer.default_local_dir`` (lock
+    file ``ebpo-train.lock`` in it) and the metrics log (``<trainer.metrics_log_path>.lock``). A second run on
+    either gets :class:`~ebpo_verl.locking.LockHeldError` naming the holder at once; the operating system drops
+    the locks when the holder exits or is killed, so a crashed run never blocks the next one. A checkpoint folder
+    (and its parents) this call created is removed again on release if the run left nothing in it.
+    """
+    from ebpo_verl.locking import exclusive_lock
+
+    stack = contextlib.ExitStack()
+    try:
+        folder = Path(os.path.abspath(os.path.expanduser(str(trainer.default_local_dir))))
+        created = [d for d in (folder, *folder.parents) if not d.exists()]  # removed again if left empty
+        stack.callback(_remove_empty, created)
+        stack.enter_context(exclusive_lock(folder / RUN_LOCK_FILE, what=f"trainer.default_local_dir {folder}"))
+        log = trainer.get("metrics_log_path", None)
+        if log:
+            log = os.path.abspath(os.path.expanduser(str(log)))
+            stack.enter_context(exclusive_lock(f"{log}.lock", what=f"trainer.metrics_log_path {log}"))
+    except BaseException:
+        stack.close()
+        raise
+    return stack

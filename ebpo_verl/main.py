@@ -10,7 +10,9 @@ and prints the composed config on stdout without starting Ray. Every refusal is 
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 import hydra
@@ -51,6 +53,11 @@ def check_overrides(overrides: list[str]) -> None:
         return
     for override in parsed:
         key = override.key_or_group
+        if not key:
+            raise EBPOConfigError(
+                f"override {override.input_line!r} has no key: write key=value with no space around '=' "
+                "(e.g. trainer.total_epochs=5)"
+            )
         if override.is_add() or override.is_force_add():
             continue
         for prefix, valid in PREFIXES.items():
@@ -103,7 +110,27 @@ def show_job(args) -> None:
     sys.stdout.write(OmegaConf.to_yaml(shown))
 
 
+def _holding_run_outputs(run: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
+    """``run`` inside :func:`~ebpo_verl.checkpoint.hold_run_outputs`: one training process per checkpoint folder
+    and metrics log; a second one is refused at once (one line naming the holder)."""
+
+    @functools.wraps(run)
+    def locked(config: DictConfig) -> None:
+        from ebpo_verl.checkpoint import hold_run_outputs
+        from ebpo_verl.locking import LockHeldError
+
+        try:
+            outputs = hold_run_outputs(config.trainer)
+        except LockHeldError as err:
+            _fail(str(err))
+        with outputs:
+            run(config)
+
+    return locked
+
+
 @hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)
+@_holding_run_outputs
 def train(config: DictConfig) -> None:
     """Pre-flight, then train on the Ray cluster (local, or ``RAY_ADDRESS`` / ``ray_kwargs``)."""
     try:

@@ -11,6 +11,9 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
   code unchanged (``bnpo`` adds its ``bnpo/*`` diagnostics to the metrics).
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_state.json`` (:mod:`ebpo_verl.checkpoint`),
   restored in ``init()``, i.e. before the first advantage computation; ``spo_state.json`` likewise for ``spo``.
+  Every checkpoint also holds the step's training metrics (``ebpo_step_metrics.json``): verl validates between
+  its tracker file and the step's log call, so a run killed there logs them on resume if the metrics log lacks
+  them.
 - ``_init_dataloader``: checks that every training row carries its cluster label (``spo``: a unique prompt key),
   before any worker starts.
 - ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.metrics_log.MetricsLog`
@@ -22,6 +25,7 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,9 +47,17 @@ from verl.workers.utils.padding import response_to_nested
 
 import ebpo_verl
 from ebpo_verl.baselines import BNPO_DIAGNOSTICS, SPO_STATE
-from ebpo_verl.checkpoint import load_ebpo_state, load_spo_state, save_ebpo_state, save_spo_state
+from ebpo_verl.checkpoint import (
+    load_ebpo_state,
+    load_spo_state,
+    load_step_metrics,
+    save_ebpo_state,
+    save_spo_state,
+    save_step_metrics,
+    unlogged_step_metrics,
+)
 from ebpo_verl.estimator import is_missing_label
-from ebpo_verl.metrics_log import MetricsLog
+from ebpo_verl.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.node_check import check_nodes
 from ebpo_verl.provenance import run_provenance
 from ebpo_verl.validation import (
@@ -62,6 +74,9 @@ from ebpo_verl.validation import (
     spo_options,
 )
 from ebpo_verl.verl_adapter import ESTIMATORS, ignored_options_reported
+
+STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/throughput"})
+"""Metrics of the step's total time, unknown while its checkpoint is written (not in the saved metrics)."""
 
 ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob"]
 """What verl's v1 advantage step reads from TransferQueue (minus ``values``, which only GAE needs)."""
@@ -158,6 +173,7 @@ class EBPOTrainerMixin:
 
     _resumed_step = 0
     _tracking = None
+    _step_output = None  # (batch, metrics) of the step in progress, for the metrics saved with its checkpoint
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
@@ -228,8 +244,32 @@ class EBPOTrainerMixin:
         )
 
     # ---------------------------------------------------------- checkpoint
+    def step(self, metrics: dict, timing_raw: dict):
+        batch = super().step(metrics, timing_raw)
+        self._step_output = (batch, metrics)
+        return batch
+
+    def _training_metrics(self) -> dict[str, Any]:
+        """The step's training metrics as verl's log call will have them (``_compute_metrics`` on a copy),
+        minus what is not known at the checkpoint: the step's total time (``STEP_TIME_KEYS``), weight-sync stats
+        and validation."""
+        batch, metrics = self._step_output
+        out = dict(metrics)
+        accumulator = self._rollout_moe_lb_metrics_accumulator
+        self._rollout_moe_lb_metrics_accumulator = copy.deepcopy(accumulator)  # verl's own call accumulates
+        try:
+            epoch = (self.global_steps - 1) // self.steps_per_epoch
+            timing = {**self.timing_raw, "step": float("nan")}  # the step timer is still running
+            self._compute_metrics(batch, out, timing, global_steps=self.global_steps, epoch=epoch)
+        finally:
+            self._rollout_moe_lb_metrics_accumulator = accumulator
+        return {k: v for k, v in out.items() if k not in STEP_TIME_KEYS}
+
     def _save_checkpoint(self) -> None:
-        # written before verl's latest_checkpointed_iteration.txt: a resumable checkpoint always has it
+        # written before verl's latest_checkpointed_iteration.txt: a resumable checkpoint always has them
+        if self._step_output is not None:
+            folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
+            save_step_metrics(folder, self._training_metrics(), self.global_steps)
         if self.ebpo_options is not None:
             folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             save_ebpo_state(folder, ebpo_verl.get_state(), self.ebpo_options, self.global_steps)
@@ -263,7 +303,30 @@ class EBPOTrainerMixin:
         if tracking is not None and path:
             record = run_provenance(self.config)  # provenance: the sidecar <log>.provenance.json
             tracking.logger["metrics_log"] = MetricsLog(path, resumed_step=self._resumed_step, provenance=record)
+            self._log_unlogged_step(tracking, path)
         self._tracking = tracking
+
+    def _log_unlogged_step(self, tracking, path: str) -> None:
+        """A run killed after its checkpoint but before verl logged that step (verl validates in between): the
+        training metrics saved with the checkpoint go to every backend now, unless the metrics log has them."""
+        step = self._resumed_step
+        if step <= 0:
+            return
+        folder = checkpoint_folder(self.config, step)
+        try:
+            saved = load_step_metrics(folder, step) or {}
+        except ValueError as err:  # the metrics are a record, not training state: never stop the run for them
+            print(f"ebpo-train: warning: {err}", flush=True)
+            saved = {}
+        logged = read_metrics_log(path).get(step, {}) if os.path.isfile(path) else {}
+        missing = unlogged_step_metrics(saved, logged)
+        if missing:
+            print(
+                f"ebpo-train: step {step}'s training metrics were not logged before the last run stopped; logging "
+                f"{len(missing)} of them from {folder}",
+                flush=True,
+            )
+            tracking.log(data=missing, step=step)
 
 
 @functools.cache

@@ -42,9 +42,20 @@ def is_spo(config: Any) -> bool:
     return str(config.algorithm.adv_estimator) == SPO
 
 
+def _options_section(config: Any, name: str, valid: Iterable[str]) -> Mapping[str, Any] | None:
+    """``algorithm.<name>``: a mapping of options or null; anything else (``algorithm.ebpo=5``) -> one-line error."""
+    mapping = config.algorithm.get(name, None)
+    if mapping is not None and not isinstance(mapping, Mapping):
+        raise EBPOConfigError(
+            f"algorithm.{name}={mapping!r} is not a mapping of options: set each option on its own, "
+            f"algorithm.{name}.<option>=<value>, with <option> one of {', '.join(valid)}"
+        )
+    return mapping
+
+
 def spo_options(config: Any) -> SPOOptions:
     """``algorithm.spo`` as validated :class:`~ebpo_verl.baselines.SPOOptions` (bad keys/values -> EBPOConfigError)."""
-    mapping = config.algorithm.get("spo", None)
+    mapping = _options_section(config, "spo", SPO_OPTION_KEYS)
     unknown = sorted(set(mapping or ()) - set(SPO_OPTION_KEYS))
     if unknown:
         raise EBPOConfigError(unknown_option_message(unknown[0], "algorithm.spo"))
@@ -56,7 +67,7 @@ def spo_options(config: Any) -> SPOOptions:
 
 def ebpo_options(config: Any) -> EBPOOptions:
     """``algorithm.ebpo`` as validated :class:`EBPOOptions` (unknown keys / bad values -> EBPOConfigError)."""
-    mapping = config.algorithm.get("ebpo", None)
+    mapping = _options_section(config, "ebpo", OPTION_KEYS)
     unknown = sorted(set(mapping or ()) - set(OPTION_KEYS))
     if unknown:
         raise EBPOConfigError(unknown_option_message(unknown[0]))
@@ -260,12 +271,16 @@ def check_steps_per_epoch(config: Any, *, missing_ok: bool) -> str:
 
 
 def preflight(config: Any, *, dry_run: bool) -> list[str]:
-    """Every driver-side check of a run, in order: ours, the resume's saved estimator state, verl's
-    ``validate_config``, steps per epoch.
+    """Every driver-side check of a run, in order: the estimator name in verl's registry, ours, the resume's
+    tracker file and saved estimator state, verl's ``validate_config``, steps per epoch, the data files' ground
+    truths and curriculum labels (:mod:`ebpo_verl.preflight_data`).
 
     The same for a real run and for ``--cfg job`` (``dry_run``), where a training file absent from this machine
     is reported as not checked instead of refused. Returns lines for the log; raises EBPOConfigError.
     """
+    from ebpo_verl.preflight_data import check_data_files, check_estimator_name
+
+    check_estimator_name(config)
     options = check_config(config)
     warning = ignored_options_warning(options) if options is not None else None
     if warning:
@@ -273,6 +288,7 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
     resume = _check_resume(config, options)
     check_verl_config(config)
     steps = check_steps_per_epoch(config, missing_ok=dry_run)
+    check_data_files(config, missing_ok=dry_run)
     return [f"world size {world_size(config)}", steps] + ([resume] if resume else [])
 
 

@@ -499,8 +499,10 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
         if step > 1:
             assert not np.allclose(adv[:-1, 0].numpy(), ReferenceSPO().step(keys, rewards), atol=1e-3)
     fresh = SPOState()
-    with pytest.warns(RuntimeWarning, match="no spo_state.json"):
+    with pytest.raises(ValueError, match="has no spo_state.json"):  # on_resume_mismatch=error (the default)
         load_spo_state(tmp_path, fresh, SPOOptions(), 3)
+    with pytest.warns(RuntimeWarning, match="no spo_state.json"):
+        load_spo_state(tmp_path, fresh, SPOOptions(on_resume_mismatch="reset"), 3)
     assert fresh.steps == 0
 
 

@@ -139,7 +139,8 @@ def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options
     assert not torch.allclose(_step(fresh, 4), uninterrupted[3]), "the EB state must matter for this test"
 
 
-def test_checkpoint_without_state_file_warns_and_starts_fresh(tmp_path):
+def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path):
+    """No ebpo_state.json (a plain verl checkpoint): refused by default, fresh statistics only when asked for."""
     config = _config(tmp_path)
     ebpo_verl.get_state().reset()
     trainer = _trainer(config)
@@ -147,10 +148,16 @@ def test_checkpoint_without_state_file_warns_and_starts_fresh(tmp_path):
     trainer.global_steps = 2
     trainer._save_checkpoint()
     (tmp_path / "ckpt" / "global_step_2" / STATE_FILE).unlink()  # as a plain verl checkpoint
-    resumed = _trainer(config)
-    with pytest.warns(RuntimeWarning, match="start FRESH at step 2"):
-        resumed._load_checkpoint()
-    assert resumed.global_steps == 2 and ebpo_verl.get_state().prompts_seen == 0
+    with pytest.raises(ValueError, match=r"has no ebpo_state.json .*on_resume_mismatch=reset to continue from step 2"):
+        _trainer(config)._load_checkpoint()
+    for mode in ("reset", "keep"):
+        ebpo_verl.get_state().prompts_seen = 5
+        resumed = _trainer(_config(tmp_path, f"algorithm.ebpo.on_resume_mismatch={mode}"))
+        with pytest.warns(
+            RuntimeWarning, match=f"no ebpo_state.json .*on_resume_mismatch={mode}: .*start FRESH at step 2"
+        ):
+            resumed._load_checkpoint()
+        assert resumed.global_steps == 2 and ebpo_verl.get_state().prompts_seen == 0
 
 
 def test_checkpoint_disabled_resume_resets_state(tmp_path):
@@ -360,11 +367,11 @@ def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
     assert read_metrics_log(tmp_path / "m.jsonl") == {1: {"ebpo/shrinkage_mean": 0.4}, 2: {"ebpo/shrinkage_mean": 0.5}}
 
 
-def test_checkpoint_curriculum_position_round_trips(tmp_path, shared_data, tiny_tokenizer):
+def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tokenizer):
     """The curriculum dataset's position goes through the trainer's data.pt like verl's sampler position."""
     from data_prep import math500
 
-    train = math500.prepare(tmp_path / "data", local_path=shared_data / "math500.jsonl")
+    train = math500.prepare(tmp_path / "data", local_path=hub_data / "math500.jsonl")
     val = shutil.copy(train, tmp_path / "val.parquet")
     config = _config(
         tmp_path,

@@ -162,7 +162,7 @@ def _parquet(path: Path, rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"x": list(range(rows))}), path)
+    pq.write_table(pa.table({"x": list(range(rows)), "reward_model": [{"ground_truth": "1"}] * rows}), path)
     return path
 
 
