@@ -7,8 +7,12 @@ The file is written atomically (temp file in the same folder, fsync, ``os.replac
 
 With ``adv_estimator=spo`` the SPO tracker goes the same way to ``global_step_N/spo_state.json`` (options
 ``algorithm.spo``). Both files share one save/load path: the same validation, and the same
-``on_resume_mismatch`` choice when the options differ. :func:`check_resume` runs that check on the driver (the
-pre-flight), before Ray starts; the TaskRunner's load repeats it as the backstop.
+``on_resume_mismatch`` choice when the options differ, or when the file is missing (a plain verl checkpoint:
+``error`` by default). :func:`check_resume` runs that check on the driver (the pre-flight), before Ray starts,
+after :func:`tracked_step` has checked verl's tracker file; the TaskRunner's load repeats it as the backstop.
+
+Also here: the step's training metrics saved with its checkpoint (:func:`save_step_metrics`, logged on resume if
+the run died before verl's log call) and the one-writer lock on a run's outputs (:func:`hold_run_outputs`).
 """
 
 from __future__ import annotations
