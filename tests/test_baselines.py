@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -563,12 +564,13 @@ def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
     assert target.steps == 0 and len(target.keys) == 0
 
 
-def test_spo_dataset_check_on_prepared_data(shared_data, tiny_tokenizer, tmp_path):
+def test_spo_dataset_check_on_prepared_data(hub_data, tiny_tokenizer, tmp_path):
     """data_prep's extra_info.index is a unique key within a file; two files repeat it, which is refused."""
     from data_prep import dapo_math, math500
 
-    math = math500.prepare(tmp_path / "m", local_path=shared_data / "math500.jsonl")
-    dapo = dapo_math.prepare(tmp_path / "d", local_path=shared_data / "dapo_math_sample.jsonl")
+    math = math500.prepare(tmp_path / "m", local_path=hub_data / "math500.jsonl")
+    dapo = dapo_math.prepare(tmp_path / "d", local_path=hub_data / "dapo_math_sample.jsonl")
+    n_math = pq.read_metadata(math).num_rows
 
     def trainer_on(files: str, *overrides: str):
         config = _config(None, f"data.train_files={files}", f"data.val_files={math}", "data.train_batch_size=16")
@@ -578,7 +580,7 @@ def test_spo_dataset_check_on_prepared_data(shared_data, tiny_tokenizer, tmp_pat
 
     trainer_on(str(math))._init_dataloader()
     trainer_on(f"[{math},{dapo}]", "algorithm.spo.prompt_key=source_id")._init_dataloader()
-    with pytest.raises(EBPOConfigError, match=r"extra_info\['index'\] .* is not unique .* '0' at rows 0 and 500"):
+    with pytest.raises(EBPOConfigError, match=rf"extra_info\['index'\] .* is not unique .* '0' at rows 0 and {n_math}"):
         trainer_on(f"[{math},{dapo}]")._init_dataloader()
     with pytest.raises(EBPOConfigError, match=r"prompt_key='uid' is not a key of extra_info"):
         trainer_on(str(math), "algorithm.spo.prompt_key=uid")._init_dataloader()

@@ -16,12 +16,12 @@ from data_prep import math500
 
 
 @pytest.fixture(scope="module")
-def small_parquet(shared_data, tmp_path_factory):
+def small_parquet(hub_data, tmp_path_factory):
     """The first 40 MATH-500 rows, prepared (boxed template, to check that it is stripped before embedding)."""
     import pyarrow.parquet as pq
 
     d = tmp_path_factory.mktemp("labels")
-    full = math500.prepare(d, local_path=shared_data / "math500.jsonl", template="boxed")
+    full = math500.prepare(d, local_path=hub_data / "math500.jsonl", template="boxed")
     path = d / "small.parquet"
     pq.write_table(pq.read_table(full).slice(0, 40), path)
     return path
@@ -147,16 +147,19 @@ def test_merge_rates_jsonl_csv_and_errors(small_parquet, tmp_path, capsys):
 
     extra = tmp_path / "extra.jsonl"
     extra.write_text(jl.read_text() + json.dumps({"source_id": "no/such/id", "pass_rate": 0.5}) + "\n")
-    with pytest.raises(ValueError, match=r"1 source_id\(s\) not in the parquet, e.g. \['no/such/id'\]"):
+    with pytest.raises(SystemExit):  # errors are one line on stderr, exit status 2
         epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "x.parquet"), "--pass-rates", str(extra)])
+    assert "1 source_id(s) not in the parquet, e.g. ['no/such/id']" in capsys.readouterr().err
     short = tmp_path / "short.jsonl"
     short.write_text("".join(jl.read_text().splitlines(keepends=True)[1:]))
-    with pytest.raises(ValueError, match=rf"no pass_rate for 1 row\(s\), source_id e.g. \['{ids[-1]}'\]"):
+    with pytest.raises(SystemExit):
         epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "x.parquet"), "--pass-rates", str(short)])
+    assert f"no pass_rate for 1 row(s), source_id e.g. ['{ids[-1]}']" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"source_id": ids[0], "pass_rate": 1.5}) + "\n")
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(SystemExit):
         epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "x.parquet"), "--pass-rates", str(bad)])
+    assert "bad.jsonl, line 1: pass_rate 1.5 is outside [0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "x.parquet").exists()
 
 

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -41,8 +42,8 @@ def _trainer_on(parquet: Path, tokenizer, *overrides: str):
 
 
 @pytest.fixture(scope="module")
-def math500_parquet(shared_data, tmp_path_factory) -> Path:
-    return math500.prepare(tmp_path_factory.mktemp("data"), local_path=shared_data / "math500.jsonl")
+def math500_parquet(hub_data, tmp_path_factory) -> Path:
+    return math500.prepare(tmp_path_factory.mktemp("data"), local_path=hub_data / "math500.jsonl")
 
 
 def test_trainer_cluster_labels_skip_padding_and_name_unlabelled_rows():
@@ -54,8 +55,8 @@ def test_trainer_cluster_labels_skip_padding_and_name_unlabelled_rows():
         cluster_labels(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic")
 
 
-def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, shared_data, tiny_tokenizer):
-    """A batch of the real MATH-500 parquet through verl's dataset/dataloader; expected clusters from the source."""
+def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer):
+    """A batch of the prepared MATH-500 parquet through verl's dataset/dataloader; expected clusters from the source."""
     trainer = _trainer_on(
         math500_parquet,
         tiny_tokenizer,
@@ -83,7 +84,7 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, s
     ebpo_verl.get_state().reset()
     diagnostics = compute_ebpo_advantage(data, trainer.config.algorithm, labels)
 
-    source = [json.loads(line) for line in (shared_data / "math500.jsonl").read_text().splitlines()]
+    source = [json.loads(line) for line in (hub_data / "math500.jsonl").read_text().splitlines()]
     subject = np.array([source[info["index"]]["subject"] for info in batch.non_tensor_batch["extra_info"]])
     assert len(set(subject)) >= 2
     for name in set(subject):
@@ -96,7 +97,7 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, s
     assert diagnostics["ebpo/prompts_seen"] == n / GROUP
 
 
-def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, shared_data, tiny_tokenizer, tmp_path):
+def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, hub_data, tiny_tokenizer, tmp_path):
     wrong_key = _trainer_on(math500_parquet, tiny_tokenizer, "algorithm.ebpo.cluster_key=subject")
     with pytest.raises(EBPOConfigError) as err:
         wrong_key._init_dataloader()
@@ -104,9 +105,10 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, s
     assert "['difficulty', 'index', 'raw_answer', 'raw_problem', 'source_id', 'split', 'topic']" in str(err.value)
     assert str(math500_parquet) in str(err.value)
 
-    dapo = dapo_math.prepare(tmp_path, local_path=shared_data / "dapo_math_sample.jsonl")  # no topics
+    dapo = dapo_math.prepare(tmp_path, local_path=hub_data / "dapo_math_sample.jsonl")  # no topics
+    n = pq.read_metadata(dapo).num_rows
     unlabelled = _trainer_on(dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
-    with pytest.raises(EBPOConfigError, match=r"extra_info\['topic'\] is missing or null in 44 of 44 training rows"):
+    with pytest.raises(EBPOConfigError, match=rf"extra_info\['topic'\] is missing or null in {n} of {n} training rows"):
         unlabelled._init_dataloader()
 
     with pytest.raises(EBPOConfigError, match=r"in 1 of 3 training rows .* first rows: \[1\]"):
