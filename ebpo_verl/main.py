@@ -66,17 +66,39 @@ def check_overrides(overrides: list[str]) -> None:
                 raise EBPOConfigError(unknown_option_message(option, prefix[:-1]))
 
 
-def compose_config(args) -> DictConfig:
-    """The job config Hydra composes for these arguments (Hydra's compose API); composition errors -> one line."""
-    from hydra import compose, initialize_config_module
+def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
+    """The job config Hydra composes for these overrides (Hydra's compose API); errors -> EBPOConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-            return compose(config_name=args.config_name or CONFIG_NAME, overrides=list(args.overrides))
+            return hydra_compose(config_name=config_name or CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        _fail(_one_line(err))
+        raise EBPOConfigError(_one_line(err)) from err
+
+
+def dry_run(overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """What ``--cfg job`` checks, in this process and without exiting: the override keys, the composition and the
+    pre-flight. Returns (config, pre-flight lines); any refusal is an EBPOConfigError (one line)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides)
+    config = compose(overrides)
+    try:
+        return config, preflight(config, dry_run=True)
+    except OmegaConfBaseException as err:
+        raise EBPOConfigError(_one_line(err)) from err
+
+
+def compose_config(args) -> DictConfig:
+    """:func:`compose` for parsed command-line arguments; a composition error -> one line and exit status 2."""
+    try:
+        return compose(args.overrides, args.config_name)
+    except EBPOConfigError as err:
+        _fail(str(err))
 
 
 def _one_line(err: BaseException) -> str:

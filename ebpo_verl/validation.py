@@ -101,10 +101,17 @@ def check_config(config: Any) -> EBPOOptions | None:
         spo_options(config)
     if str(config.algorithm.adv_estimator) == "bnpo":
         _check_bnpo_reward(config)
+    _check_stock_verl_methods(config)
     if not is_ebpo(config):
         return None
     options = ebpo_options(config)
     n = int(config.actor_rollout_ref.rollout.n)
+    if n < 2 and options.fixed_shrinkage == 0:
+        raise EBPOConfigError(
+            f"actor_rollout_ref.rollout.n={n} with algorithm.ebpo.shrinkage=0: the baseline is the group mean, "
+            "which for one response is the response itself, so every advantage is 0. Set "
+            "actor_rollout_ref.rollout.n>=2."
+        )
     if n < 2 and options.fixed_shrinkage is None:
         raise EBPOConfigError(
             f"actor_rollout_ref.rollout.n={n} but algorithm.ebpo.shrinkage=auto needs at least 2 responses per "
@@ -114,6 +121,35 @@ def check_config(config: Any) -> EBPOOptions | None:
     if options.prior == "beta_binomial":
         _check_two_level_reward(config)
     return options
+
+
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def _check_stock_verl_methods(config: Any) -> None:
+    """What verl 0.9.1 rejects only at run time for its Optimal Token Baseline and KL-Cov loss: OTB without the
+    actor's sum of squared token probabilities (an assert on the first advantage step) or with fused kernels
+    (the engines raise NotImplementedError: they never materialise the logits Σπ² needs); KL-Cov with a
+    non-positive ``kl_cov_ratio`` (an assert in the loss)."""
+    actor = config.actor_rollout_ref.actor
+    estimator = str(config.algorithm.adv_estimator)
+    if estimator in OTB_ESTIMATORS:
+        if not bool(actor.get("calculate_sum_pi_squared", False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={estimator} needs actor_rollout_ref.actor.calculate_sum_pi_squared=True "
+                "(the sum of squared token probabilities it weights by; verl asserts on the first step otherwise)"
+            )
+        if bool(OmegaConf.select(config, "actor_rollout_ref.model.use_fused_kernels", default=False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={estimator} cannot run with actor_rollout_ref.model.use_fused_kernels=True "
+                "(fused kernels never materialise the logits the sum of squared probabilities needs): set it False"
+            )
+    policy_loss = actor.get("policy_loss", None) or {}
+    if policy_loss.get("loss_mode", None) == "kl_cov" and not float(policy_loss.get("kl_cov_ratio", 0.0002)) > 0:
+        raise EBPOConfigError(
+            f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio={policy_loss.get('kl_cov_ratio')} must be > 0 for "
+            "loss_mode=kl_cov (the share of tokens it penalises; the Entropy Mechanism paper uses 0.002)"
+        )
 
 
 SHAPED_REWARD_KEYS = {
@@ -285,11 +321,25 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
     warning = ignored_options_warning(options) if options is not None else None
     if warning:
         print(f"ebpo-train: warning: {warning}", file=sys.stderr)
+    versions = _versions_warning()
+    if versions:
+        print(f"ebpo-train: warning: {versions}", file=sys.stderr)
     resume = _check_resume(config, options)
     check_verl_config(config)
     steps = check_steps_per_epoch(config, missing_ok=dry_run)
     check_data_files(config, missing_ok=dry_run)
     return [f"world size {world_size(config)}", steps] + ([resume] if resume else [])
+
+
+def _versions_warning() -> str | None:
+    """The running library versions against recipe/ebpo/VERSIONS.txt (:func:`ebpo_verl.provenance.version_warning`);
+    a malformed file is an error naming its line."""
+    from ebpo_verl.provenance import version_warning
+
+    try:
+        return version_warning()
+    except ValueError as err:
+        raise EBPOConfigError(str(err)) from err
 
 
 def _check_resume(config: Any, options: EBPOOptions | None) -> str | None:

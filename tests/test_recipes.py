@@ -1,18 +1,20 @@
-"""recipe/ebpo: the shell recipes compose into the configs the paper and the baselines call for (CPU only).
+"""recipe/ebpo: the presets compose into the configs the paper and the baselines call for (CPU only).
 
-Composition through the entry point costs seconds per process, so the ALGO x BASELINES x REWARD matrix is checked
-by letting the shell print its Hydra overrides (PRINT_OVERRIDES=1, a bash process) and composing them in-process
-with Hydra's compose API on the package config, then running the package's own pre-flight
-(``ebpo_verl.validation.preflight``: our checks + verl's ``validate_config`` at the configured world size) on
-each; a few real ``DRY_RUN=1`` subprocesses check the same path end to end (and its refusals: zero steps per
-epoch, world size), and one of them is compared with the in-process composition of the same overrides.
-Expected values are written from the paper (docs/paper_notes.md#setup), the authors' runs as #authors-runs reports
-them (BASELINES=paper) and the baselines' own definitions (BASELINES=canonical), not read from the scripts.
+The ALGO x BASELINES x REWARD matrix is built in-process (:class:`ebpo_verl.recipes.spec.RunSpec` from an
+environment mapping), composed with Hydra's compose API on the package config and run through the package's own
+pre-flight (``ebpo_verl.validation.preflight``: our checks + verl's ``validate_config`` at the configured world
+size); the table drivers run in-process with stand-ins for training and evaluation. A few runs of the real
+scripts prove the documented switches end to end (PRINT_OVERRIDES, bad switches, --help, DRY_RUN, --list).
+Expected values are written from the paper (arXiv 2602.05165, "Setup"), the authors' runs as
+docs/paper_notes.md reports them (BASELINES=paper) and the baselines' own definitions (BASELINES=canonical,
+and the stock-verl competitors OTB and KL-Cov), not read from the presets.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,15 +25,18 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from ebpo_verl.recipes import driver
+from ebpo_verl.recipes.spec import RecipeError, RunSpec, canonical_overrides
+from ebpo_verl.recipes.tables import TABLES
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe" / "ebpo"
 SCRIPTS = sorted(RECIPE.glob("*.sh"))
 RUN_SCRIPTS = ["run_qwen3_8b.sh", "run_qwen3_14b.sh", "run_llama3_8b.sh"]
-TABLES = ["main", "group_size", "ordering", "curriculum", "grpo_bn"]
 MODELS = {"qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "llama3_8b": "meta-llama/Llama-3.1-8B-Instruct"}
 ALGOS = [
-    "ebpo", "ebpo_bb", "ebpo_batch", "grpo", "grpo_bn", "drgrpo", "dapo", "entropy_mech", "rloo", "reinforce_pp",
-    "spo", "bnpo", "js",
+    "ebpo", "ebpo_bb", "ebpo_batch", "grpo", "grpo_bn", "drgrpo", "dapo", "entropy_mech", "kl_cov", "otb", "rloo",
+    "reinforce_pp", "spo", "bnpo", "shrinkage_js",
 ]  # fmt: skip
 ORDERS = ["topic", "naive", "difficulty", "random"]
 VAL_SETS = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
@@ -47,7 +52,19 @@ SAME_UNDER_BOTH = {
     "rloo": {"algorithm.adv_estimator": "rloo"},
     "spo": {"algorithm.adv_estimator": "spo"},
     "bnpo": {"algorithm.adv_estimator": "bnpo"},
-    "js": {"algorithm.adv_estimator": "shrinkage_js"},
+    "shrinkage_js": {"algorithm.adv_estimator": "shrinkage_js"},
+    # verl 0.9.1 docs/algo/otb.md: the estimator and the actor's sum of squared token probabilities it needs
+    "otb": {"algorithm.adv_estimator": "optimal_token_baseline", f"{ACTOR}.calculate_sum_pi_squared": True},
+    # the Entropy Mechanism paper (arXiv 2505.22617): KL-Cov with k = 2e-3 (7B) and beta = 1, no KL to the
+    # reference, no entropy bonus
+    "kl_cov": {
+        "algorithm.adv_estimator": "grpo",
+        f"{ACTOR}.policy_loss.loss_mode": "kl_cov",
+        f"{ACTOR}.policy_loss.kl_cov_ratio": 0.002,
+        f"{ACTOR}.policy_loss.ppo_kl_coef": 1.0,
+        f"{ACTOR}.use_kl_loss": False,
+        f"{ACTOR}.entropy_coeff": 0,
+    },
 }
 # docs/paper_notes.md#authors-runs
 PAPER_BASELINES = {
@@ -172,8 +189,30 @@ TRAIN_FILE = {
 }
 
 
+
+
+def env_for(work: Path, **extra: str) -> dict[str, str]:
+    """The switches of one run: WORK_DIR under the test's folder, nothing from the caller's environment."""
+    return {"WORK_DIR": str(work), **extra}
+
+
+def spec(work: Path, model: str = "qwen3_8b", *args: str, **env: str) -> RunSpec:
+    return RunSpec.from_env(model, env_for(work, **env), args)
+
+
+def compose(overrides: list[str]):
+    from ebpo_verl.main import compose as compose_config
+
+    return compose_config(overrides)
+
+
+def select(cfg, key: str):
+    value = OmegaConf.select(cfg, key, throw_on_missing=True)
+    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+
+
 def recipe_env(work: Path, **extra: str) -> dict[str, str]:
-    """A clean environment for the recipes: no ALGO/ORDER/... leaking in from the caller."""
+    """A clean environment for the real scripts: no ALGO/ORDER/... leaking in from the caller."""
     env = {"PATH": os.environ["PATH"], "HOME": str(work), "WORK_DIR": str(work), "PYTHON": sys.executable}
     env.update(extra)
     return env
@@ -185,53 +224,32 @@ def run_recipe(script: str, work: Path, *args: str, **env: str) -> subprocess.Co
     )
 
 
-def overrides(script: str, work: Path, *args: str, **env: str) -> list[str]:
-    result = run_recipe(script, work, *args, PRINT_OVERRIDES="1", **env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
-
-
-def select(cfg, key: str):
-    value = OmegaConf.select(cfg, key, throw_on_missing=True)
-    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
-
-
-@pytest.fixture(scope="module")
-def compose():
-    """Compose the package config (ebpo_verl/config/ebpo_trainer.yaml) in-process with a list of overrides."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()  # in case another test left Hydra initialised
-    with initialize_config_module(config_module="ebpo_verl.config", version_base=None):
-        yield lambda ovr: hydra_compose("ebpo_trainer", overrides=ovr)
-
-
-def test_scripts_parse_and_pass_shellcheck():
+def test_scripts_are_thin_and_pass_shellcheck():
+    """Every script is a comment and one `exec` of the Python recipes; common.sh is gone."""
     names = {p.name for p in SCRIPTS}
-    expected = {"common.sh", "eval.sh", *RUN_SCRIPTS, *(f"table_{t}.sh" for t in TABLES)}
-    assert expected <= names
+    assert names == {"eval.sh", *RUN_SCRIPTS, *(f"table_{t}.sh" for t in TABLES)}
     for script in SCRIPTS:
-        subprocess.run(["bash", "-n", str(script)], check=True)
+        code = [line for line in script.read_text().splitlines() if line and not line.startswith("#")]
+        assert len(code) == 1 and code[0].startswith('exec "${PYTHON:-python3}" -m ebpo_verl.recipes '), script
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
-    result = subprocess.run([shellcheck, "-x", *map(str, SCRIPTS)], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run([shellcheck, *map(str, SCRIPTS)], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("baselines", ["paper", "canonical"])
-def test_every_algo_baselines_and_reward_composes_with_the_methods_values(compose, tmp_path, baselines):
-    """ALGO x REWARD for one BASELINES: the keys that define each method, the shared setup, the experiment name,
-    verl's registries and the package's pre-flight (our checks + verl's validate_config at 4 x 8 GPUs)."""
+@pytest.mark.parametrize("baselines", ["paper", pytest.param("canonical", marks=pytest.mark.slow)])
+def test_every_algo_baselines_and_reward_composes_with_the_methods_values(tmp_path, baselines):
+    """Every ALGO for one BASELINES (and both REWARDs for EBPO): the keys that define each method, the shared
+    setup, the experiment name, verl's registries and the package's pre-flight (our checks + verl's
+    validate_config at 4 x 8 GPUs)."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
     import ebpo_verl
     from ebpo_verl.validation import preflight
 
-    ebpo_verl.register()  # ebpo, and the fork's spo / bnpo / shrinkage_js (ebpo_verl.baselines)
+    ebpo_verl.register()
     for algo in ALGOS:
-        for reward in ("paper", "math_verify"):
-            cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO=algo, BASELINES=baselines, REWARD=reward))
+        for reward in ("paper", "math_verify") if algo == "ebpo" else ("paper",):
+            cfg = compose(spec(tmp_path, ALGO=algo, BASELINES=baselines, REWARD=reward).overrides())
             name = f"qwen3_8b-{algo}-g4-topic-rw_{reward}-bl_{baselines}"
             expect = {**SHARED, **BASELINE_EXPECT[baselines][algo], **REWARD_EXPECT[reward], **ORDER_EXPECT["topic"]}
             expect |= {
@@ -256,28 +274,25 @@ def test_every_algo_baselines_and_reward_composes_with_the_methods_values(compos
 def test_keys_kept_for_fidelity_are_inert_in_verl():
     """clip_ratio_c (EntropyMech's 10) is not read by verl 0.9.1's clip_cov loss, and algorithm.kl_ctrl only
     with use_kl_in_reward=True (False in every preset): the recipes set them as the authors' scripts did, and
-    the README says they change nothing. If verl starts reading them, this fails and the README must change."""
+    the docs say they change nothing. If verl starts reading them, this fails and the docs must change."""
     import inspect
 
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1 import trainer_base
 
-    import ebpo_verl.trainer
-
     assert "clip_ratio_c" not in inspect.getsource(core_algos.compute_policy_loss_clip_cov)
     assert "clip_ratio_c" in inspect.getsource(core_algos.compute_policy_loss_vanilla)  # the shared c 3 is read
-    for module in (trainer_base, ebpo_verl.trainer):
-        lines = inspect.getsource(module).splitlines()
-        uses = [i for i, line in enumerate(lines) if "kl_ctrl" in line and not line.lstrip().startswith("#")]
-        assert uses, module.__name__
-        for i in uses:  # every use is a statement opened within 3 lines of an `if ...use_kl_in_reward:`
-            guard = [x.strip() for x in lines[max(0, i - 3) : i]]
-            assert any(g.startswith("if ") and g.endswith("use_kl_in_reward:") for g in guard), (module, lines[i])
+    lines = inspect.getsource(trainer_base).splitlines()
+    uses = [i for i, line in enumerate(lines) if "kl_ctrl" in line and not line.lstrip().startswith("#")]
+    assert uses
+    for i in uses:  # every use is a statement opened within 3 lines of an `if ...use_kl_in_reward:`
+        guard = [x.strip() for x in lines[max(0, i - 3) : i]]
+        assert any(g.startswith("if ") and g.endswith("use_kl_in_reward:") for g in guard), lines[i]
 
 
-def test_orders_pick_their_training_file_and_epochs(compose, tmp_path):
+def test_orders_pick_their_training_file_and_epochs(tmp_path):
     for order in ORDERS:
-        cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ORDER=order))
+        cfg = compose(spec(tmp_path, ORDER=order).overrides())
         expect = {
             **ORDER_EXPECT[order],
             "data.train_files": [f"{tmp_path}/data/{TRAIN_FILE[order]}"],
@@ -287,43 +302,68 @@ def test_orders_pick_their_training_file_and_epochs(compose, tmp_path):
         assert {key: select(cfg, key) for key in expect} == expect, order
 
 
-def test_presets_pass_verl_validation_and_use_registered_managers(compose, tmp_path):
-    """verl's own validate_config (batch sizes vs GPUs, loss modes, ...) on the Qwen3-14B layout."""
+def test_presets_pass_verl_validation_and_use_registered_managers(tmp_path):
+    """verl's own validate_config (batch sizes vs GPUs, loss modes, ...) on the Qwen3-14B layout, for the presets
+    that change the reward manager, the policy loss, the reference policy or the actor's outputs."""
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
     from verl.trainer.ppo.utils import need_reference_policy
 
     from ebpo_verl.validation import check_verl_config
 
-    # the 8B layout of every preset passed the full pre-flight above; here the presets that change the reward
-    # manager, the policy loss or the reference policy, on the 14B layout (rollout TP 2, optimizer offload)
-    for algo, baselines in [("ebpo", "paper"), ("dapo", "canonical"), ("entropy_mech", "paper"), ("spo", "paper")]:
-        cfg = compose(overrides("run_qwen3_14b.sh", tmp_path, ALGO=algo, BASELINES=baselines))
+    cases = [("ebpo", "paper"), ("dapo", "canonical"), ("entropy_mech", "paper"), ("spo", "paper"),
+             ("otb", "paper"), ("kl_cov", "canonical")]  # fmt: skip
+    for algo, baselines in cases:
+        cfg = compose(spec(tmp_path, "qwen3_14b", ALGO=algo, BASELINES=baselines).overrides())
         assert cfg.reward.reward_manager.name in REWARD_MANAGER
         assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
         assert need_reference_policy(cfg) == bool(cfg.actor_rollout_ref.actor.use_kl_loss)
         check_verl_config(cfg)
 
 
-def test_group_size_env_and_extra_arguments_pass_through(compose, tmp_path):
-    ovr = overrides(
-        "run_llama3_8b.sh", tmp_path, "algorithm.adv_estimator=grpo", "trainer.save_freq=3", GROUP_SIZE="16"
-    )
-    cfg = compose(ovr)
+def test_otb_preflight_refuses_what_verl_rejects_at_run_time(tmp_path):
+    """OTB without the actor's sum of squared probabilities (verl asserts on the first advantage step) or with
+    fused kernels (verl's engines raise NotImplementedError: they never materialise the logits) is refused
+    before anything starts, naming the setting."""
+    from ebpo_verl.validation import EBPOConfigError, preflight
+
+    base = spec(tmp_path, ALGO="otb").overrides()
+    preflight(compose(base), dry_run=True)
+    actor = "actor_rollout_ref.actor"
+    bad = {
+        f"{actor}.calculate_sum_pi_squared=False": f"{actor}.calculate_sum_pi_squared=True",
+        "actor_rollout_ref.model.use_fused_kernels=True": "use_fused_kernels",
+    }
+    for override, words in bad.items():
+        with pytest.raises(EBPOConfigError, match=re.escape(words)):
+            preflight(compose([*base, override]), dry_run=True)
+    with pytest.raises(EBPOConfigError, match="kl_cov_ratio"):
+        preflight(compose([*spec(tmp_path, ALGO="kl_cov").overrides(), f"{actor}.policy_loss.kl_cov_ratio=0"]),
+                  dry_run=True)  # fmt: skip
+
+
+def test_group_size_env_and_extra_arguments_pass_through(tmp_path):
+    ovr = spec(tmp_path, "llama3_8b", "algorithm.adv_estimator=grpo", "trainer.save_freq=3", GROUP_SIZE="16")
+    cfg = compose(ovr.overrides())
     assert cfg.actor_rollout_ref.rollout.n == 16
     assert cfg.algorithm.adv_estimator == "grpo"  # extra arguments come last and win
     assert cfg.trainer.save_freq == 3
     assert cfg.trainer.experiment_name == "llama3_8b-ebpo-g16-topic-rw_paper-bl_paper"
     assert cfg.actor_rollout_ref.model.path == MODELS["llama3_8b"]
     env = {"EXPERIMENT": "mine", "TOTAL_STEPS": "7", "ORDER": "naive", "KEEP_CKPTS": "5"}
-    cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, **env, VAL_SETS="aime2024,amc23", VAL_N="8"))
+    cfg = compose(spec(tmp_path, **env, VAL_SETS="aime2024,amc23", VAL_N="8").overrides())
     assert cfg.trainer.experiment_name == "mine" and cfg.trainer.total_training_steps == 7
     assert cfg.trainer.total_epochs == 7  # never the limit: every epoch has at least one step
     assert cfg.trainer.max_actor_ckpt_to_keep == 5
     assert cfg.trainer.metrics_log_path == f"{tmp_path}/logs/mine/metrics.jsonl"
     assert list(cfg.data.val_files) == [f"{tmp_path}/data/aime2024.parquet", f"{tmp_path}/data/amc23.parquet"]
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 8
-    cfg = compose(overrides("run_qwen3_8b.sh", tmp_path, ALGO="spo", GROUP_SIZE="1"))  # single-stream SPO
+    cfg = compose(spec(tmp_path, ALGO="spo", GROUP_SIZE="1").overrides())  # single-stream SPO
     assert cfg.actor_rollout_ref.rollout.n == 1 and cfg.algorithm.adv_estimator == "spo"
+    assert spec(tmp_path, ALGO="js").algo == "shrinkage_js"  # the earlier name still works
+    own = spec(tmp_path, TOPICS="file", TRAIN_FILE="/d/gpt_topics.parquet").overrides()
+    assert "data.train_files=['/d/gpt_topics.parquet']" in own and "++data.curriculum.order=topic" in own
+    assert spec(tmp_path, TEST_FREQ="-1").overrides().count("trainer.test_freq=-1") == 1
+    assert spec(tmp_path, TOTAL_STEPS="", ALGO="").overrides() == spec(tmp_path).overrides()  # empty = unset
 
 
 BAD_ENV = [
@@ -331,6 +371,7 @@ BAD_ENV = [
     ({"GROUP_SIZE": "-4"}, "GROUP_SIZE=-4 is not an integer >= 2"),
     ({"GROUP_SIZE": "abc"}, "GROUP_SIZE=abc is not an integer >= 2"),
     ({"GROUP_SIZE": "1"}, "GROUP_SIZE=1 is not an integer >= 2"),
+    ({"GROUP_SIZE": "1", "ALGO": "grpo_bn"}, "GROUP_SIZE=1 is not an integer >= 2"),
     ({"GROUP_SIZE": "0", "ALGO": "spo"}, "GROUP_SIZE=0 is not an integer >= 1"),
     ({"ALGO": "ppo"}, "unknown ALGO=ppo"),
     ({"ORDER": "size"}, "unknown ORDER=size"),
@@ -351,37 +392,48 @@ BAD_ENV = [
 ]
 
 
-def test_bad_switches_fail_with_one_line_and_status_2(tmp_path):
+def test_bad_switches_are_refused_with_one_line(tmp_path):
     for env, words in BAD_ENV:
+        with pytest.raises(RecipeError) as err:
+            spec(tmp_path, **env)
+        assert words in str(err.value) and "\n" not in str(err.value), env
+    for name, env, words in [("main", {"REWARD": "x"}, "unknown REWARD=x"),
+                             ("main", {"EVAL_PROTOCOL": "vllm"}, "unknown EVAL_PROTOCOL"),
+                             ("main", {"FINAL_EVAL": "2"}, "unknown FINAL_EVAL=2"),
+                             ("grpo_bn", {"SELECT": "top"}, "unknown SELECT=top")]:  # fmt: skip
+        with pytest.raises(RecipeError, match=words):
+            driver.drive(name, ["--list"], env_for(tmp_path, **env))
+    # the real script: status 2, one line on stderr, nothing on stdout, nothing written
+    for env in ({"GROUP_SIZE": "1"}, {"ALGO": "ppo"}):
         result = run_recipe("run_qwen3_8b.sh", tmp_path, PRINT_OVERRIDES="1", **env)
-        assert result.returncode == 2 and result.stdout == "", env
-        assert result.stderr.count("\n") == 1 and words in result.stderr, (env, result.stderr)
+        assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith("ebpo recipe: ")
     assert not (tmp_path / "data").exists() and not (tmp_path / "logs").exists()
-    for env, words in [({"REWARD": "x"}, "unknown REWARD=x"), ({"EVAL_PROTOCOL": "vllm"}, "unknown EVAL_PROTOCOL")]:
-        result = run_recipe("table_main.sh", tmp_path, "--list", **env)
-        assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr
-    own = overrides("run_qwen3_8b.sh", tmp_path, TOPICS="file", TRAIN_FILE="/d/gpt_topics.parquet")
-    assert "data.train_files=['/d/gpt_topics.parquet']" in own and "++data.curriculum.order=topic" in own
-    assert overrides("run_qwen3_8b.sh", tmp_path, TEST_FREQ="-1").count("trainer.test_freq=-1") == 1
 
 
-def test_help_prints_the_header_and_does_nothing_else(tmp_path):
-    """--help / -h of every run script and table driver: usage from the header comment, exit 0, no Python,
-    no file written, even with bad settings in the environment."""
+def test_real_scripts_print_the_documented_overrides(tmp_path):
+    """PRINT_OVERRIDES=1 through the real script: the switches and extra arguments arrive as the in-process
+    spec says."""
+    env = {"ALGO": "dapo", "BASELINES": "canonical", "GROUP_SIZE": "8", "ORDER": "naive", "TOTAL_STEPS": "9"}
+    result = run_recipe("run_qwen3_14b.sh", tmp_path, "trainer.save_freq=5", PRINT_OVERRIDES="1", **env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == spec(tmp_path, "qwen3_14b", "trainer.save_freq=5", **env).overrides()
+
+
+def test_help_prints_the_switches_and_does_nothing_else(tmp_path):
+    """--help / -h of run scripts, drivers and eval.sh: usage, exit 0, nothing run or written, even with bad
+    settings in the environment."""
     calls = tmp_path / "python_calls"
-    fake = tmp_path / "fake_python"
-    fake.write_text(f'#!/usr/bin/env bash\necho "$@" >> {calls}\n')
-    fake.chmod(0o755)
     work = tmp_path / "work"
-    scripts = RUN_SCRIPTS + [f"table_{t}.sh" for t in TABLES]
-    for script in scripts:
-        header = (RECIPE / script).read_text().splitlines()[1].removeprefix("# ")
-        for flag in ("--help", "-h"):
-            result = run_recipe(script, work, flag, PYTHON=str(fake), GROUP_SIZE="abc", DRY_RUN="1")
-            assert result.returncode == 0 and result.stderr == "", (script, result.stderr)
-            assert result.stdout.splitlines()[0] == header
-            section = "Switches (environment variables" if script.startswith("run_") else "Table drivers ("
-            assert section in result.stdout and "REWARD" in result.stdout
+    for script, words in [("run_qwen3_8b.sh", "Switches (environment variables"), ("table_main.sh", "V2_ROWS=1"),
+                          ("table_curriculum.sh", "Table drivers:"), ("eval.sh", "EVAL_PROTOCOL")]:  # fmt: skip
+        flag = "-h" if script == "table_main.sh" else "--help"
+        args = ["some/model", flag] if script == "eval.sh" else [flag]
+        result = run_recipe(script, work, *args, GROUP_SIZE="abc", DRY_RUN="1", CALLS=str(calls))
+        assert result.returncode == 0 and result.stderr == "", (script, result.stderr)
+        assert words in result.stdout and ("REWARD" in result.stdout or script == "eval.sh")
+        if script.startswith("run_"):
+            assert all(f"  {algo} " in result.stdout for algo in ALGOS)  # every preset is documented
     assert not work.exists() and not calls.exists()
 
 
@@ -398,20 +450,25 @@ def small_parquet(path: Path, rows: int) -> Path:
     return path
 
 
-def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(compose, tmp_path):
-    """DRY_RUN through the real entry point, in parallel: each run script composes, runs the pre-flight and says
-    so, prepares and writes nothing; a training file smaller than one batch (the 44-row DAPO sample) and a
-    world size that does not divide the batch are refused with one line and status 2."""
+@pytest.mark.slow
+def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(tmp_path):
+    """DRY_RUN through the real scripts, in parallel: a run composes, runs the pre-flight and says so, prepares
+    and writes nothing, and prints the config the in-process spec composes; a training file smaller than one
+    batch (the 44-row DAPO sample) and a world size that does not divide the batch are refused with one line and
+    status 2; OTB and KL-Cov pass verl's validate_config."""
     tiny = small_parquet(tmp_path / "sample.parquet", 44)
+    actor = "actor_rollout_ref.actor"
     runs = {
-        "run_qwen3_14b.sh": (["trainer.test_freq=2"], {}),
-        "zero_steps": ([], {"ORDER": "naive", "TRAIN_FILE": str(tiny)}),
-        "world_size": ([f"{ACTOR}.use_dynamic_bsz=False"], {"NNODES": "1", "GPUS_PER_NODE": "3"}),
+        "run_qwen3_14b.sh": (["trainer.test_freq=2"], {"ALGO": "dapo"}),
+        "otb": ([], {"ALGO": "otb"}),
+        "kl_cov": ([], {"ALGO": "kl_cov"}),
+        "zero_steps": ([], {"ALGO": "dapo", "ORDER": "naive", "TRAIN_FILE": str(tiny)}),
+        "world_size": ([f"{actor}.use_dynamic_bsz=False"], {"ALGO": "dapo", "NNODES": "1", "GPUS_PER_NODE": "3"}),
     }
     procs = {
         name: subprocess.Popen(
             ["bash", str(RECIPE / (name if name.endswith(".sh") else "run_qwen3_8b.sh")), *args],
-            env=recipe_env(tmp_path / "work", DRY_RUN="1", ALGO="dapo", **env),
+            env=recipe_env(tmp_path / "work", DRY_RUN="1", **env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -425,11 +482,12 @@ def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(compose, tmp_pa
     assert "pre-flight: ok (world size 32" in err and "DRY_RUN: pre-flight passed" in err
     assert not (tmp_path / "work").exists()  # DRY_RUN prepares and writes nothing
     config = yaml.safe_load(out)
-    assert config["actor_rollout_ref"]["model"]["path"] == MODELS["qwen3_14b"]
-    assert config["trainer"]["test_freq"] == 2
-    # the in-process composition of the printed overrides is the same config as the real dry run
-    same = compose(overrides("run_qwen3_14b.sh", tmp_path / "work", "trainer.test_freq=2", ALGO="dapo"))
+    same = compose(spec(tmp_path / "work", "qwen3_14b", "trainer.test_freq=2", ALGO="dapo").overrides())
     assert OmegaConf.to_container(same) == config
+    for name in ("otb", "kl_cov"):
+        assert procs[name].returncode == 0, outputs[name][1][-3000:]
+        assert "[validate_config] All configuration checks passed" in outputs[name][0] + outputs[name][1]
+    assert yaml.safe_load(outputs["otb"][0])["algorithm"]["adv_estimator"] == "optimal_token_baseline"
 
     errors = {name: outputs[name][1].splitlines()[-1] for name in ("zero_steps", "world_size")}
     assert procs["zero_steps"].returncode == 2 and outputs["zero_steps"][0] == ""
@@ -438,224 +496,198 @@ def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(compose, tmp_pa
     assert procs["world_size"].returncode == 2 and outputs["world_size"][0] == ""
     assert errors["world_size"].startswith("ebpo-train: error: verl's validate_config refused the config at world")
     assert "world size 3 (trainer.nnodes=1 x trainer.n_gpus_per_node=3)" in errors["world_size"]
-    assert "real_train_batch_size (2048) must be divisible by minimal possible batch size (3)" in errors["world_size"]
     for name in ("zero_steps", "world_size"):
         assert "pre-flight passed" not in outputs[name][1]
 
 
-def test_missing_data_is_prepared_in_order(tmp_path):
-    """Without DRY_RUN the recipe runs data_prep.all, then the topic labelling, then the trainer."""
-    log = tmp_path / "calls.txt"
-    fake = tmp_path / "fake_python"
-    fake.write_text(
-        "#!/usr/bin/env bash\n"
-        f'echo "$1 $2" >> {log}\n'
-        "if [[ $2 == data_prep.all ]]; then for n in dapo_math math500 aime2024 aime2025 amc23 olympiadbench; do "
-        'touch "$4/$n.parquet"; done; fi\n'
-        'if [[ $2 == data_prep.label_topics ]]; then touch "$6"; fi\n'
-    )
-    fake.chmod(0o755)
-    (tmp_path / "data").mkdir()
-    env = recipe_env(tmp_path, PYTHON=str(fake))
-    subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
-    assert log.read_text().splitlines() == ["-m data_prep.all", "-m data_prep.label_topics", "-m ebpo_verl.main"]
+class Stand:
+    """Stands in for the GPU steps of the recipes (driver.execute and os.execvp): data preparation creates the
+    files, training writes a checkpoint and a metrics log, eval.sh writes a RESULTS.json (EBPO rows 60, others
+    50); the table step runs the real scripts/make_tables.py. Every call is recorded."""
+
+    def __init__(self, fail_train: str = "", fail_eval: str = ""):
+        self.calls: list[str] = []
+        self.fail_train, self.fail_eval = fail_train, fail_eval
+
+    def __call__(self, command, env=None) -> int:
+        command = list(command)
+        if command[1:3] == ["-m", "data_prep.all"]:
+            out = command[command.index("--out-dir") + 1]
+            os.makedirs(out, exist_ok=True)
+            for name in command[command.index("--only") + 1 :]:
+                Path(out, f"{name}.parquet").touch()
+        elif command[1:2] == ["-m"] and command[2].startswith("data_prep."):
+            Path(command[command.index("--out") + 1]).touch()
+        elif command[1:3] == ["-m", "ebpo_verl.main"]:
+            args = dict(a.split("=", 1) for a in command[3:] if "=" in a)
+            name = args["trainer.experiment_name"]
+            self.calls.append(f"train {name} steps={args.get('trainer.total_training_steps', 'none')}")
+            if name == self.fail_train:
+                return 1
+            ckpt = Path(args["trainer.default_local_dir"])
+            (ckpt / "global_step_3").mkdir(parents=True)
+            (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+            Path(args["trainer.metrics_log_path"]).write_text('{"step": 3, "data": {"actor/grad_norm": 0.1}}\n')
+            return 0
+        elif command[0] == "env" and command[-2].endswith("eval.sh"):
+            settings = dict(a.split("=", 1) for a in command[1:3])
+            self.calls.append(f"evaluate {command[-1]} {settings['EVAL_PROTOCOL']}")
+            if command[-1].endswith("/" + self.fail_eval):
+                return 1
+            acc = 60.0 if "-ebpo-" in command[-1] else 50.0
+            bench = {b: {"pass@1": acc, "runs": 16, "problems": 10, "complete": True} for b in VAL_SETS}
+            out = Path(settings["EVAL_DIR"], f"results-{settings['EVAL_PROTOCOL']}.json")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"protocol": settings["EVAL_PROTOCOL"], "model": "x", "benchmarks": bench}))
+        elif command[1].endswith("make_tables.py"):
+            return subprocess.run([sys.executable, *command[1:]], capture_output=True, check=False).returncode
+        else:
+            self.calls.append(" ".join(command[:3]))
+        return 0
+
+
+def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
+    """Without DRY_RUN a run prepares the missing data (data_prep.all, then the topic labels), then replaces
+    itself with the trainer; with everything there it goes straight to training."""
+    stand, execs = Stand(), []
+    monkeypatch.setattr(driver, "execute", lambda c, env=None: stand.calls.append(" ".join(c[1:3])) or stand(c, env))
+    monkeypatch.setattr(driver.os, "execvp", lambda f, argv: execs.append(argv))
+    driver.run("qwen3_8b", [], env_for(tmp_path))
+    assert stand.calls == ["-m data_prep.all", "-m data_prep.label_topics"]
+    assert execs[0][1:3] == ["-m", "ebpo_verl.main"]
     assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic-rw_paper-bl_paper").is_dir()
-    log.unlink()  # everything is there now: straight to training
-    subprocess.run(["bash", str(RECIPE / "run_qwen3_8b.sh")], env=env, check=True, capture_output=True)
-    assert log.read_text().splitlines() == ["-m ebpo_verl.main"]
+    stand.calls.clear()
+    driver.run("qwen3_8b", [], env_for(tmp_path))
+    assert stand.calls == [] and len(execs) == 2
+    with pytest.raises(RecipeError, match="training file not found"):  # a failed preparation is not trained on
+        monkeypatch.setattr(driver, "execute", lambda c, env=None: 0)
+        driver.run("qwen3_8b", [], env_for(tmp_path, ORDER="difficulty"))
 
 
-FAKE_PYTHON = r"""#!/usr/bin/env bash
-# Stands in for the GPU steps: `-m ebpo_verl.main` (training: a checkpoint and a metrics log) and
-# `-m ebpo_verl.evaluate` (generate: a generations file; grade: a RESULTS.json); records every call.
-case "$1 $2" in
-  "-m ebpo_verl.main") ;;
-  "-m ebpo_verl.evaluate") ;;
-  *) exec "$REAL_PYTHON" "$@" ;;
-esac
-for a in "$@"; do
-  case $a in
-    trainer.experiment_name=*) name=${a#*=} ;;
-    trainer.metrics_log_path=*) mlog=${a#*=} ;;
-    trainer.default_local_dir=*) ckpt=${a#*=} ;;
-    trainer.total_training_steps=*) steps=${a#*=} ;;
-  esac
-done
-if [[ $2 == ebpo_verl.main && $3 == --cfg ]]; then
-  echo "preflight $name" >> "$CALLS"
-  exit 0
-fi
-if [[ $2 == ebpo_verl.main ]]; then
-  echo "train $name steps=${steps:-none}" >> "$CALLS"
-  [[ $name == "${FAIL_EXPERIMENT:-}" ]] && exit 1
-  mkdir -p "$(dirname "$mlog")" "$ckpt/global_step_3/actor"
-  echo 3 > "$ckpt/latest_checkpointed_iteration.txt"
-  echo '{"step": 3, "data": {"actor/grad_norm": 0.1}}' >> "$mlog"
-  exit 0
-fi
-shift 2
-cmd=$1
-shift
-while (($#)); do
-  case $1 in
-    --model) model=$2 ;;
-    --protocol) protocol=$2 ;;
-    --out) out=$2 ;;
-  esac
-  shift
-done
-if [[ $cmd == generate ]]; then
-  echo "generate $model $protocol" >> "$CALLS"
-  [[ $model == *"/${FAIL_EVAL:-none}" ]] && exit 1
-  mkdir -p "$(dirname "$out")" && touch "$out"
-  exit 0
-fi
-acc=50.0
-[[ $out == *-ebpo-* ]] && acc=60.0
-line=""
-for b in math500 aime2024 aime2025 amc23 olympiadbench; do
-  line+="\"$b\": {\"pass@1\": $acc, \"runs\": 16, \"problems\": 10, \"complete\": true}, "
-done
-echo "{\"protocol\": \"$protocol\", \"model\": \"x\", \"benchmarks\": {${line%, }}}" > "$out"
-"""
+CURRICULUM = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
 
 
-def fake_driver(tmp_path: Path, prepare: bool = True):
-    """A caller of table_curriculum.sh with FAKE_PYTHON standing in for training and evaluation."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-
-    def drive(work: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-        if prepare:
-            data = work / "data"
-            data.mkdir(parents=True, exist_ok=True)
-            for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
-                (data / f"{name}.parquet").touch()
-        env = {"PYTHON": str(fake), "REAL_PYTHON": sys.executable, "CALLS": str(work / "calls"), **env}
-        return run_recipe("table_curriculum.sh", work, *args, **env)
-
-    return drive
+def prepared(work: Path) -> Path:
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
+        (data / f"{name}.parquet").touch()
+    return work
 
 
-def test_table_driver_dry_run_trains_marks_evaluates_and_tabulates_nothing(tmp_path):
-    """DRY_RUN=1 / PRINT_OVERRIDES=1 on a driver: each run's pre-flight only, the evaluation and table commands
-    printed, no .done marker, no evaluation, no table, exit 0 -- on a fresh WORK_DIR and with existing log
-    folders; VAL_SETS with ", " stays one value (it once became a command)."""
-    drive = fake_driver(tmp_path, prepare=False)
-    names = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
-    work, calls = tmp_path / "fresh", tmp_path / "calls"  # WORK_DIR does not exist
-    for attempt in ("fresh", "log dirs exist"):
-        result = drive(work, DRY_RUN="1", CALLS=str(calls))
-        assert result.returncode == 0, (attempt, result.stderr)
-        assert calls.read_text().splitlines() == [f"preflight {n}" for n in names]
-        assert result.stderr.count("DRY_RUN: would evaluate: ") == 4
-        assert result.stderr.count("DRY_RUN: would tabulate: ") == 1
-        assert f"EVAL_DIR={work}/eval/{names[0]} bash {RECIPE}/eval.sh {work}/ckpt/{names[0]}" in result.stderr
-        assert not list(work.rglob(".done")) and not (work / "eval").exists() and not (work / "results").exists()
-        calls.unlink()
-        for n in names:
-            (work / "logs" / n).mkdir(parents=True, exist_ok=True)
-    result = drive(work, PRINT_OVERRIDES="1", VAL_SETS="math500, aime2024", CALLS=str(calls))
-    assert result.returncode == 0, result.stderr
-    assert not calls.exists() and not list(work.rglob(".done"))
-    suffix = result.stdout.split("trainer.experiment_name=")[1].split("\n")[0].split("-bl_paper")[1]
-    assert suffix.startswith("-v") and len(suffix) == 10  # VAL_SETS is not the driver's default
-    val = f"data.val_files=['{work}/data/math500.parquet','{work}/data/aime2024.parquet']"
-    assert result.stdout.splitlines().count(val) == 4
-
-
-def test_table_driver_names_hash_non_default_schedules_and_overrides(tmp_path):
-    """Experiment names (the .done / results keys): unchanged on the driver's schedule, a stable -v<hash> for
-    any other schedule or extra Hydra overrides (TOTAL_STEPS=100 must not reuse the step-200 run)."""
-
-    def names(*args: str, **env: str) -> list[str]:
-        result = run_recipe("table_main.sh", tmp_path, "--list", *args, **env)
-        assert result.returncode == 0, result.stderr
-        return [line.split("\t")[2] for line in result.stdout.splitlines()[1:]]
-
-    default = names()
-    assert default[0] == "qwen3_8b-grpo-g4-random-rw_paper-bl_paper"
-    assert names(TOTAL_STEPS="200", VAL_SETS="aime2024", VAL_N="8", KEEP_CKPTS="5") == default
-    short, override = names(TOTAL_STEPS="100"), names("actor_rollout_ref.actor.optim.lr=2e-6")
-    assert short == names(TOTAL_STEPS="100")  # stable
-    for other in (short, override, names(VAL_SETS="math500,aime2024")):
-        assert len({*other, *default}) == 2 * len(default)
-        assert all(o.startswith(d + "-v") and len(o) == len(d) + 10 for o, d in zip(other, default, strict=True))
-    assert short[0] != override[0] and names(VAL_SETS="math500, aime2024") == names(VAL_SETS="math500,aime2024")
-
-
-def test_table_driver_refuses_overrides_of_its_own_paths(tmp_path):
-    for arg in ("trainer.default_local_dir=/x", "++trainer.experiment_name=y", "trainer.metrics_log_path=/z"):
-        result = run_recipe("table_grpo_bn.sh", tmp_path, arg, DRY_RUN="1")
-        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
-        assert "CKPT_DIR / LOG_DIR" in result.stderr and arg in result.stderr
-
-
-def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path):
-    """table_curriculum.sh end to end with stand-ins for training and evaluation: one epoch (no step limit),
-    eval.sh on each run's checkpoint root per the interface, .done markers and existing results (a second call
-    runs nothing), a failed run leaves empty cells and a non-zero exit, a failed evaluation is retried."""
-    ebpo, grpo = (f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo"))
-    names = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
-    drive = fake_driver(tmp_path)
-
-    work = tmp_path / "ok"
-    result = drive(work)
-    assert result.returncode == 0, result.stderr
-    assert (work / "calls").read_text().splitlines() == [
-        line for n in names for line in (f"train {n} steps=none", f"generate {work}/ckpt/{n} paper")
+@pytest.mark.slow
+def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path, monkeypatch):
+    """The curriculum driver with stand-ins for training and evaluation: one epoch (no step limit), eval.sh on
+    each run's checkpoint root, .done markers and existing results (a second call runs nothing), a failed run
+    leaves empty cells and fails the driver, a failed evaluation is retried."""
+    ebpo, grpo = CURRICULUM[:2]
+    stand = Stand()
+    monkeypatch.setattr(driver, "execute", stand)
+    work = prepared(tmp_path / "ok")
+    assert driver.drive("curriculum", [], env_for(work)) == 0
+    assert stand.calls == [
+        line for n in CURRICULUM for line in (f"train {n} steps=none", f"evaluate {work}/ckpt/{n} paper")
     ]
-    assert (work / "eval" / ebpo / "results-paper.json").is_file()
     table = (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
     assert "| EBPO-diff |" in table and "60.00 | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 |" in table
-    assert "| +10.00 | +10.00 | +10.00 | +10.00 | +10.00 |" in table
-    (work / "calls").unlink()
-    assert drive(work).returncode == 0 and not (work / "calls").exists()  # all done: nothing re-runs
+    stand.calls.clear()
+    assert driver.drive("curriculum", [], env_for(work)) == 0 and stand.calls == []  # all done
 
-    work = tmp_path / "failing"
-    result = drive(work, FAIL_EXPERIMENT=grpo)
-    assert result.returncode == 2 and f"{grpo} (training)" in result.stderr
-    assert result.stderr.splitlines()[-1].startswith("ebpo recipe: failed")
+    stand = Stand(fail_train=grpo)
+    monkeypatch.setattr(driver, "execute", stand)
+    work = prepared(tmp_path / "failing")
+    with pytest.raises(RecipeError, match=f"failed .*{grpo} \\(training\\)"):
+        driver.drive("curriculum", [], env_for(work))
     table = (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
     assert "| GRPO-diff |  |  |  |  |  |  |" in table
     assert (work / "logs" / ebpo / ".done").exists() and not (work / "logs" / grpo / ".done").exists()
 
-    work = tmp_path / "failing-eval"  # a failed evaluation is retried on the next call, the training is not
-    result = drive(work, FAIL_EVAL=grpo)
-    assert result.returncode == 2 and f"{grpo} (evaluation)" in result.stderr
-    (work / "calls").unlink()
-    assert drive(work).returncode == 0
-    assert (work / "calls").read_text().splitlines() == [f"generate {work}/ckpt/{grpo} paper"]
-    assert (
-        "50.00 | 50.00 | 50.00 | 50.00 | 50.00 | 50.00 |"
-        in (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum.md").read_text()
-    )
+    stand = Stand(fail_eval=grpo)
+    monkeypatch.setattr(driver, "execute", stand)
+    work = prepared(tmp_path / "failing-eval")
+    with pytest.raises(RecipeError, match=f"{grpo} \\(evaluation\\)"):
+        driver.drive("curriculum", [], env_for(work))
+    stand.calls.clear()
+    stand.fail_eval = ""
+    assert driver.drive("curriculum", [], env_for(work)) == 0
+    assert stand.calls == [f"evaluate {work}/ckpt/{grpo} paper"]  # the training is not repeated
 
 
-def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(compose, tmp_path):
-    """--list of every driver: distinct names and rows, each listed command composes into that experiment with
-    REWARD/BASELINES paper, AIME24 x 8 validation every 5 steps (and before training), a checkpoint every 10, 2
-    kept, step 200 (main tables) or one epoch (curriculum); baselines on a shuffled stream, EBPO in topic order."""
+@pytest.mark.slow
+def test_table_driver_dry_run_shows_one_block_per_run(tmp_path, monkeypatch, capsys):
+    """DRY_RUN=1 on a driver: one block per run (name, switches, what its preset changes, the pre-flight's
+    result), the evaluation and table commands; no config unless SHOW_CONFIG=1; nothing run, marked or written.
+    PRINT_OVERRIDES=1 prints each run's overrides; VAL_SETS with ", " stays one value."""
+    stand = Stand()
+    monkeypatch.setattr(driver, "execute", stand)
+    work = tmp_path / "fresh"
+    assert driver.drive("curriculum", [], env_for(work, DRY_RUN="1")) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and stand.calls == [] and not work.exists()
+    methods = ["EBPO", "GRPO", "Dr.GRPO", "DAPO"]
+    assert [line for line in err.splitlines() if line.startswith("== ")] == [
+        f"== {n} (Qwen3-8B-Base / {m}-diff), dry run" for n, m in zip(CURRICULUM, methods, strict=True)
+    ]
+    assert err.count("   pre-flight: ok (world size 32") == 4
+    assert "preset dapo (BASELINES=paper): algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=False " in err
+    assert err.count("DRY_RUN: would evaluate: ") == 4 and err.count("DRY_RUN: would tabulate: ") == 1
+    assert f"EVAL_DIR={work}/eval/{CURRICULUM[0]} bash {RECIPE}/eval.sh {work}/ckpt/{CURRICULUM[0]}" in err
+    assert len(err.splitlines()) < 40  # a summary, not four configs
+    assert driver.drive("grpo_bn", [], env_for(work, DRY_RUN="1", SHOW_CONFIG="1")) == 0
+    out, _ = capsys.readouterr()
+    assert out.count("# qwen3_") == 6 and out.count("adv_estimator:") == 6
+    assert driver.drive("curriculum", [], env_for(work, PRINT_OVERRIDES="1", VAL_SETS="math500, aime2024")) == 0
+    out, _ = capsys.readouterr()
+    val = f"data.val_files=['{work}/data/math500.parquet','{work}/data/aime2024.parquet']"
+    assert out.splitlines().count(val) == 4 and not work.exists()
+
+
+def names(table: str, *args: str, **env: str) -> list[str]:
+    return [e.name for e in driver.experiments(TABLES[table], {"WORK_DIR": "/w", **env}, args)]
+
+
+def test_table_driver_names_hash_schedules_and_overrides_in_canonical_order():
+    """Experiment names (the .done / results keys): unchanged on the driver's schedule, a stable -v<hash> for any
+    other schedule or extra Hydra overrides (TOTAL_STEPS=100 must not reuse the step-200 run), the same for the
+    same overrides in another order (the last of one key counting, as in Hydra)."""
+    default = names("main")
+    assert default[0] == "qwen3_8b-grpo-g4-random-rw_paper-bl_paper"
+    assert names("main", TOTAL_STEPS="200", VAL_SETS="aime2024", VAL_N="8", KEEP_CKPTS="5") == default
+    short, override = names("main", TOTAL_STEPS="100"), names("main", "actor_rollout_ref.actor.optim.lr=2e-6")
+    for other in (short, override, names("main", VAL_SETS="math500,aime2024")):
+        assert len({*other, *default}) == 2 * len(default)
+        assert all(o.startswith(d + "-v") and len(o) == len(d) + 10 for o, d in zip(other, default, strict=True))
+    assert short[0] != override[0]
+    assert names("main", VAL_SETS="math500, aime2024") == names("main", VAL_SETS="math500,aime2024")
+    a, b = "trainer.save_freq=5", "actor_rollout_ref.actor.optim.lr=2e-6"
+    assert names("main", a, b) == names("main", b, a) != names("main", a)
+    assert names("main", "x.y=1", a, "x.y=2") == names("main", a, "x.y=2")  # Hydra applies the last
+    assert canonical_overrides(["b=1", "++a=2", "b=3"]) == ["++a=2", "b=3"]
+
+
+def test_table_driver_refuses_overrides_of_its_own_paths(tmp_path):
+    for arg in ("trainer.default_local_dir=/x", "++trainer.experiment_name=y", "trainer.metrics_log_path=/z"):
+        with pytest.raises(RecipeError, match="CKPT_DIR / LOG_DIR") as err:
+            driver.drive("grpo_bn", [arg], env_for(tmp_path, DRY_RUN="1"))
+        assert arg in str(err.value)
+
+
+@pytest.mark.slow
+def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_path):
+    """Every driver's runs: distinct names and cells, composed with REWARD/BASELINES paper, AIME24 x 8 validation
+    every 5 steps (and before training), a checkpoint every 10, 2 kept, step 200 (main tables) or one epoch
+    (curriculum); baselines on a shuffled stream, EBPO in topic order; V2_ROWS adds OTB and KL-Cov at G=4 (main)
+    and G=8/16/32 (group size); the listed commands rerun each run through its script."""
     counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 4, "grpo_bn": 6}
-    composed = 0
     for table, count in counts.items():
-        out = run_recipe(f"table_{table}.sh", tmp_path, "--list").stdout.splitlines()
-        rows = [line.split("\t") for line in out[1:]]
-        assert out[0].split("\t") == ["section", "method", "experiment", "results", "command"]
-        assert len(rows) == count, table
-        assert len({r[2] for r in rows}) == count and len({r[3] for r in rows}) == count
-        assert len({(r[0], r[1]) for r in rows}) == count
-        for _section, method, experiment, results, command in rows:
-            assert experiment.endswith("-rw_paper-bl_paper")
-            assert results == f"{tmp_path}/eval/{experiment}/results-paper.json"
-            words = command.split()
-            env = dict(w.split("=", 1) for w in words[:-2])
-            printed = overrides(Path(words[-1]).name, tmp_path, **env)
-            assert f"trainer.experiment_name={experiment}" in printed
-            if composed < 6 or table == "curriculum":  # a few through Hydra; the rest by their printed overrides
+        runs = driver.experiments(TABLES[table], env_for(tmp_path), [])
+        assert len(runs) == count and len({e.name for e in runs}) == count
+        assert len({(e.row.section, e.row.method) for e in runs}) == count
+        for i, e in enumerate(runs):
+            assert e.name.endswith("-rw_paper-bl_paper")
+            printed = e.spec.overrides()
+            if i < 2 or table == "curriculum":  # a few through Hydra; the rest by their overrides
                 cfg = compose(printed)
-                composed += 1
                 assert cfg.trainer.test_freq == 5 and cfg.trainer.save_freq == 10 and cfg.trainer.val_before_train
                 assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 8
                 assert list(cfg.data.val_files) == [f"{tmp_path}/data/aime2024.parquet"]
@@ -663,27 +695,34 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(compose
                 assert cfg.reward.custom_reward_function.path == "pkg://ebpo_verl.paper_reward"
                 if table == "curriculum":
                     assert cfg.trainer.total_training_steps is None and cfg.trainer.total_epochs == 1
+                    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-8B-Base"
                 else:
                     assert cfg.trainer.total_training_steps == 200 and cfg.trainer.total_epochs >= 200
-            order = "random" if method in ("GRPO", "Dr.GRPO", "DAPO", "EntropyMech") else None
-            if order and table != "curriculum":
-                assert f"++data.curriculum.order={order}" in printed, experiment
-            if method.startswith("EBPO") and "naive" not in experiment and table != "curriculum":
-                assert "++data.curriculum.order=topic" in printed, experiment
-    main = run_recipe("table_main.sh", tmp_path, "--list", V2_ROWS="1").stdout
-    assert len(main.splitlines()) == 1 + 22
+            if e.row.method in ("GRPO", "Dr.GRPO", "DAPO", "EntropyMech") and table != "curriculum":
+                assert "++data.curriculum.order=random" in printed, e.name
+            if e.row.method.startswith("EBPO") and "naive" not in e.name and table != "curriculum":
+                assert "++data.curriculum.order=topic" in printed, e.name
+    main = {(e.row.section, e.row.method): e.name for e in driver.experiments(TABLES["main"], {"V2_ROWS": "1"}, [])}
+    assert len(main) == 24
     for method, algo in [("REINFORCE++", "reinforce_pp"), ("RLOO", "rloo"), ("SPO", "spo"), ("BNPO", "bnpo"),
-                         ("JS", "js")]:  # fmt: skip
-        assert f"Qwen3-8B\t{method}\tqwen3_8b-{algo}-g4-random-rw_paper-bl_paper" in main
-    assert "Qwen3-14B\tEBPO-BB\tqwen3_14b-ebpo_bb-g4-topic-rw_paper-bl_paper" in main
-    canonical = run_recipe(
-        "table_main.sh", tmp_path, "--list", REWARD="math_verify", BASELINES="canonical", TOTAL_STEPS="50"
-    ).stdout
-    assert "Qwen3-8B\tDAPO\tqwen3_8b-dapo-g4-topic-rw_math_verify-bl_canonical" in canonical
-    assert "TOTAL_STEPS=50 " in canonical and "TOTAL_STEPS=200" not in canonical
-    both = run_recipe("table_grpo_bn.sh", tmp_path, "--list", EVAL_PROTOCOL="both").stdout.splitlines()[1]
-    name = both.split("\t")[2]
-    assert both.split("\t")[3] == f"{tmp_path}/eval/{name}/results-paper.json,{tmp_path}/eval/{name}/results-verl.json"
+                         ("JS", "shrinkage_js"), ("OTB", "otb"), ("KL-Cov", "kl_cov")]:  # fmt: skip
+        assert main["Qwen3-8B", method] == f"qwen3_8b-{algo}-g4-random-rw_paper-bl_paper"
+    assert main["Qwen3-14B", "EBPO-BB"] == "qwen3_14b-ebpo_bb-g4-topic-rw_paper-bl_paper"
+    group = {(e.row.section, e.row.method) for e in driver.experiments(TABLES["group_size"], {"V2_ROWS": "1"}, [])}
+    assert {(f"G={g}", m) for g in (8, 16, 32) for m in ("OTB", "KL-Cov")} <= group and len(group) == 15
+    canonical = names("main", REWARD="math_verify", BASELINES="canonical", TOTAL_STEPS="50")
+    assert "qwen3_8b-dapo-g4-topic-rw_math_verify-bl_canonical-v" in " ".join(canonical)
+
+    # the real script's --list: the TSV, and each command reruns that experiment through its run script
+    result = run_recipe("table_grpo_bn.sh", tmp_path, "--list", EVAL_PROTOCOL="both")
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert rows[0] == ["section", "method", "experiment", "results", "command"] and len(rows) == 7
+    name = rows[1][2]
+    assert rows[1][3] == f"{tmp_path}/eval/{name}/results-paper.json,{tmp_path}/eval/{name}/results-verl.json"
+    words = rows[1][4].split()
+    env = dict(w.split("=", 1) for w in words[:-2])
+    printed = run_recipe(Path(words[-1]).name, tmp_path, PRINT_OVERRIDES="1", **env).stdout.splitlines()
+    assert printed == driver.experiments(TABLES["grpo_bn"], env_for(tmp_path), [])[0].spec.overrides()
 
 
 # what the GPU recipes run: data preparation (incl. topic labels and pass rates), training, evaluation, tables

@@ -1,22 +1,6 @@
 #!/usr/bin/env bash
-# EBPO / baselines on Qwen3-8B (paper: 4 nodes x 8 H200). Settings and switches: common.sh.
+# EBPO / baselines on Qwen3-8B (paper: 4 nodes x 8 H200); model settings: ebpo_verl/recipes/models/qwen3_8b.yaml.
 #   bash recipe/ebpo/run_qwen3_8b.sh                       # EBPO, G=4, topic order
 #   ALGO=grpo ORDER=naive bash recipe/ebpo/run_qwen3_8b.sh trainer.save_freq=5
-set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-
-MODEL_TAG=qwen3_8b
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-8B}
-# one rollout engine per GPU; two (prompt 4096 + response 8192) sequences per GPU in the update
-MODEL_OVERRIDES=(
-  actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.7
-  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576
-  actor_rollout_ref.actor.fsdp_config.param_offload=False
-  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
-  actor_rollout_ref.ref.fsdp_config.param_offload=True
-)
-
-# shellcheck source=common.sh source-path=SCRIPTDIR
-source "$HERE/common.sh"
-ebpo_main "$@"
+#   bash recipe/ebpo/run_qwen3_8b.sh --help                # every switch
+exec "${PYTHON:-python3}" -m ebpo_verl.recipes run qwen3_8b "$@"

@@ -1,0 +1,319 @@
+"""What the recipe scripts do: one training run (``run``), the final evaluation of a model (``evaluate``) and a
+paper table (``drive``: train what is not trained, evaluate what is not evaluated, tabulate).
+
+Each entry point reads its switches from the environment once (:class:`~ebpo_verl.recipes.spec.RunSpec`) and
+refuses a bad one with a :class:`~ebpo_verl.recipes.spec.RecipeError`; the commands it runs are
+:func:`execute`'s (tests replace it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ebpo_verl.evaluate.prompts import BENCHMARKS, PROTOCOLS
+from ebpo_verl.recipes.presets import PRESETS, SHARED
+from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
+from ebpo_verl.recipes.tables import TABLES, Row, Table
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE_DIR = REPO / "recipe" / "ebpo"
+DRIVER_PATHS = ("default_local_dir", "experiment_name", "metrics_log_path")
+"""trainer.* keys a table driver sets per run (the evaluation and the tables read them)."""
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def execute(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """Run one command (inheriting this process's environment, plus ``env``); its exit status."""
+    return subprocess.run(list(command), env={**os.environ, **(env or {})}, check=False).returncode
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "0") == "1"
+
+
+# ----------------------------------------------------------------------------------------------- one run
+def prepare(spec: RunSpec, dry: bool) -> None:
+    """Prepare the missing data files (DRY_RUN: only list the commands)."""
+    for command in spec.preparation():
+        if dry:
+            log(f"DRY_RUN: would prepare data: {shlex.join(command)}")
+            continue
+        log(f"ebpo recipe: {shlex.join(command)}")
+        if execute(command) != 0:
+            raise RecipeError(f"data preparation failed: {shlex.join(command)}")
+    if not dry and not os.path.isfile(spec.train_path):
+        raise RecipeError(f"training file not found: {spec.train_path}")
+
+
+def preflight_summary(spec: RunSpec) -> tuple[bool, str, str]:
+    """(passed, the pre-flight's line, the composed config as YAML) of a run, in this process (verl's
+    validate_config chatter on stdout is swallowed)."""
+    from ebpo_verl.main import dry_run
+    from ebpo_verl.validation import EBPOConfigError
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            config, lines = dry_run(spec.overrides())
+        except EBPOConfigError as err:
+            return False, f"refused: {err}", ""
+    return True, f"ok ({'; '.join(lines)})", OmegaConf.to_yaml(config)
+
+
+def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
+    """``run_<model>.sh``: PRINT_OVERRIDES=1 prints the overrides; DRY_RUN=1 lists the data preparation, runs the
+    pre-flight (``python -m ebpo_verl.main --cfg job``) and prints the config; otherwise prepares the missing
+    data and replaces this process with the trainer (``os.execvp``: no return)."""
+    spec = RunSpec.from_env(model, env, args)
+    if _flag(env, "PRINT_OVERRIDES"):
+        print("\n".join(spec.overrides()))
+        return 0
+    dry = _flag(env, "DRY_RUN")
+    prepare(spec, dry)
+    if dry:
+        return _dry_run(spec)
+    os.makedirs(spec.log_dir, exist_ok=True)
+    command = spec.command()
+    os.execvp(command[0], command)
+
+
+def _dry_run(spec: RunSpec) -> int:
+    """DRY_RUN of one run: ``ebpo-train --cfg job`` in this process, then what was and was not checked."""
+    from ebpo_verl.main import main as train_main
+
+    sys.argv = ["ebpo-train", "--cfg", "job", *spec.overrides()]
+    train_main()  # the pre-flight and the config on stdout; a refusal exits 2 with one line
+    sh = spec.shared
+    where = f"our checks, verl's validate_config at {sh.nnodes} x {sh.gpus_per_node} GPUs"
+    if os.path.isfile(spec.train_path):
+        log(f"DRY_RUN: pre-flight passed ({where}, steps per epoch of {spec.train_path}); nothing was prepared, "
+            "written or started")  # fmt: skip
+    else:
+        log(f"DRY_RUN: pre-flight passed ({where}; steps per epoch not checked: {spec.train_path} is not prepared "
+            "yet); nothing was prepared, written or started")  # fmt: skip
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+def eval_name(target: str) -> str:
+    """The evaluation's folder name: ``<experiment>-step<N>`` for a checkpoint root or step, else the folder's."""
+    path = Path(target.rstrip("/"))
+    latest = path / "latest_checkpointed_iteration.txt"
+    if latest.is_file():
+        return f"{path.name}-step{latest.read_text().strip()}"
+    if path.name.startswith("global_step_"):
+        return f"{path.parent.name}-step{path.name.removeprefix('global_step_')}"
+    return path.name
+
+
+def protocols(value: str) -> list[str]:
+    if value == "both":
+        return list(PROTOCOLS)
+    if value not in PROTOCOLS:
+        raise RecipeError(f"unknown EVAL_PROTOCOL={value} ({', '.join(PROTOCOLS)} or both)")
+    return [value]
+
+
+def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
+    """``eval.sh TARGET [generate args]``: prepare missing benchmark files, then generate and grade per protocol."""
+    if not target or target.startswith("-"):
+        raise RecipeError("usage: bash recipe/ebpo/eval.sh TARGET [extra generate args]")
+    target = target.rstrip("/")
+    chosen = protocols(env.get("EVAL_PROTOCOL") or "paper")
+    paths = Shared.from_env(env).paths
+    out = env.get("EVAL_DIR") or os.path.join(paths.work, "eval", eval_name(target))
+    missing = [b for b in BENCHMARKS if not os.path.isfile(os.path.join(paths.data, f"{b}.parquet"))]
+    if missing:
+        log(f"eval.sh: preparing {' '.join(missing)} in {paths.data}")
+        local = ["--local-dir", env["DATA_LOCAL_DIR"]] if env.get("DATA_LOCAL_DIR") else []
+        if execute([python(), "-m", "data_prep.all", "--out-dir", paths.data, "--only", *missing, *local]):
+            raise RecipeError("data preparation failed")
+    for protocol in chosen:
+        log(f"eval.sh: {target}, protocol {protocol} -> {out}")
+        generations = os.path.join(out, protocol, "generations.jsonl")
+        steps = [
+            [python(), "-m", "ebpo_verl.evaluate", "generate", "--model", target, "--data-dir", paths.data,
+             "--protocol", protocol, "--out", generations, *args],
+            [python(), "-m", "ebpo_verl.evaluate", "grade", "--protocol", protocol, "--generations", generations,
+             "--data-dir", paths.data, "--out", os.path.join(out, f"results-{protocol}.json")],
+        ]  # fmt: skip
+        for command in steps:
+            status = execute(command)
+            if status:
+                return status
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- a table
+@dataclass(frozen=True)
+class Experiment:
+    """A table row resolved against the environment: its run spec and the files the table reads."""
+
+    row: Row
+    spec: RunSpec
+    words: tuple[str, ...]
+    """``VAR=value`` words that rerun it by hand with ``bash recipe/ebpo/run_<model>.sh``."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.experiment
+
+    def result(self, protocol: str) -> str:
+        if protocol == "train_val":
+            return self.spec.log_dir
+        return os.path.join(self.spec.shared.paths.work, "eval", self.name, f"results-{protocol}.json")
+
+    def command(self) -> str:
+        script = RECIPE_DIR / f"run_{self.row.model}.sh"
+        return f"{shlex.join([*self.words, f'EXPERIMENT={self.name}'])} bash {script}"
+
+
+def check_driver_overrides(args: Sequence[str]) -> None:
+    for arg in args:
+        key = arg.split("=", 1)[0].lstrip("+")
+        if key.startswith("trainer.") and key.removeprefix("trainer.") in DRIVER_PATHS and "=" in arg:
+            raise RecipeError(f"a table driver sets {key} per run (evaluation and tables read it): drop {arg} and "
+                              "set CKPT_DIR / LOG_DIR instead")  # fmt: skip
+
+
+def schedule_items(env: Mapping[str, str], defaults: Mapping[str, str]) -> list[str]:
+    """``VAR=value`` of each schedule switch that differs from the driver's default (VAL_SETS normalised)."""
+    items = []
+    for var in SCHEDULE_VARS:
+        value = env.get(var) or defaults.get(var, "")
+        if var == "VAL_SETS":
+            value = ",".join(part for part in value.replace(" ", ",").split(",") if part)
+        if value != defaults.get(var, ""):
+            items.append(f"{var}={value}")
+    return items
+
+
+def experiments(table: Table, env: Mapping[str, str], overrides: Sequence[str]) -> list[Experiment]:
+    """The table's runs: each row's switches over the environment over the driver's schedule; the names carry
+    ``-rw_<REWARD>-bl_<BASELINES>`` and the variant suffix of a non-default schedule or extra overrides."""
+    env = {k: v for k, v in env.items() if v}
+    defaults = table.schedule_defaults()
+    shared = Shared.from_env(env)
+    suffix = variant_suffix(schedule_items(env, defaults), overrides)
+    base = {**defaults, "KEEP_CKPTS": "2", **env}
+    out, seen = [], set()
+    for row in table.rows(env, shared.baselines):
+        name = f"{row.name}-rw_{shared.reward}-bl_{shared.baselines}{suffix}"
+        if name in seen:
+            raise RecipeError(f"experiment name used twice in table {table.name}: {name}")
+        seen.add(name)
+        spec = RunSpec.from_env(row.model, {**base, **row.env, "EXPERIMENT": name}, overrides)
+        words = [f"MODEL={row.model}", f"REWARD={shared.reward}", f"BASELINES={shared.baselines}"]
+        words += [f"{var}={base[var]}" for var in (*SCHEDULE_VARS, "KEEP_CKPTS") if base.get(var)]
+        words += [f"{k}={v}" for k, v in row.env.items()]
+        out.append(Experiment(row, spec, tuple(words)))
+    return out
+
+
+def differences(spec: RunSpec) -> str:
+    """The settings a run changes from the shared setup (its preset's), as ``key=value`` words."""
+    shared = {s.name: s.value for s in SHARED}
+    changed = [s.override for s in PRESETS[spec.algo].settings(spec.shared.baselines) if shared.get(s.name) != s.value]
+    return " ".join(changed)
+
+
+def drive(
+    name: str, args: Sequence[str], env: Mapping[str, str], run_one: Callable[[RunSpec], int] | None = None
+) -> int:
+    """``table_<name>.sh``: ``--list`` prints the runs; otherwise train (unless ``LOG_DIR/<run>/.done``),
+    evaluate (unless its results exist; FINAL_EVAL=1), then tabulate. DRY_RUN=1 (or PRINT_OVERRIDES=1) shows
+    one block per run (name, what differs from the shared setup, the pre-flight's result; SHOW_CONFIG=1 adds
+    the composed config) and the evaluation and table commands, and runs, marks and writes nothing."""
+    table = TABLES[name]
+    listing = bool(args) and args[0] == "--list"
+    overrides = list(args[1:] if listing else args)
+    check_driver_overrides(overrides)
+    final_eval = env.get("FINAL_EVAL") or "1"
+    if final_eval not in ("0", "1"):
+        raise RecipeError(f"unknown FINAL_EVAL={final_eval} (one of: 0 1)")
+    chosen = protocols(env.get("EVAL_PROTOCOL") or "paper") if final_eval == "1" else ["train_val"]
+    select = env.get("SELECT") or "final"
+    if select not in ("final", "best"):
+        raise RecipeError(f"unknown SELECT={select} (one of: final best)")
+    runs = experiments(table, env, overrides)
+    if listing:
+        print("section\tmethod\texperiment\tresults\tcommand")
+        for e in runs:
+            results = ",".join(e.result(p) for p in chosen)
+            print(f"{e.row.section}\t{e.row.method}\t{e.name}\t{results}\t{e.command()}")
+        return 0
+    dry = _flag(env, "DRY_RUN") or _flag(env, "PRINT_OVERRIDES")
+    run_one = run_one or _train
+    failed = []
+    for e in runs:
+        done = os.path.join(e.spec.log_dir, ".done")
+        if os.path.isfile(done):
+            log(f"== {e.name}: trained before, not run again")
+        elif dry:
+            failed += _show(e, env)
+        else:
+            log(f"== {e.name}: {' '.join(e.words)}")
+            if run_one(e.spec) != 0:
+                failed.append(f"{e.name} (training)")
+                continue
+            Path(done).touch()
+        if final_eval != "1":
+            continue
+        command = ["env", f"EVAL_PROTOCOL={env.get('EVAL_PROTOCOL') or 'paper'}",
+                   f"EVAL_DIR={os.path.join(e.spec.shared.paths.work, 'eval', e.name)}",
+                   "bash", str(RECIPE_DIR / "eval.sh"), e.spec.ckpt_dir]  # fmt: skip
+        if all(os.path.isfile(e.result(p)) for p in chosen):
+            log(f"== {e.name}: evaluated before, not run again")
+        elif dry:
+            log(f"DRY_RUN: would evaluate: {shlex.join(command)}")
+        elif execute(command) != 0:
+            failed.append(f"{e.name} (evaluation)")
+    results = os.path.join(env.get("RESULTS_DIR") or os.path.join(runs[0].spec.shared.paths.work, "results"),
+                           f"rw_{runs[0].spec.shared.reward}-bl_{runs[0].spec.shared.baselines}")  # fmt: skip
+    for protocol in chosen:
+        command = [python(), str(REPO / "scripts" / "make_tables.py"), "--table", name, "--select", select,
+                   "--out", os.path.join(results, protocol)]  # fmt: skip
+        command += [f"{e.row.section}/{e.row.method}={e.result(protocol)}" for e in runs]
+        if dry:
+            log(f"DRY_RUN: would tabulate: {shlex.join(command)}")
+        elif execute(command) != 0:
+            failed.append(f"tables ({protocol})")
+    if failed:
+        raise RecipeError(f"failed (their cells are empty): {' '.join(failed)}")
+    return 0
+
+
+def _train(spec: RunSpec) -> int:
+    prepare(spec, dry=False)
+    os.makedirs(spec.log_dir, exist_ok=True)
+    return execute(spec.command())
+
+
+def _show(e: Experiment, env: Mapping[str, str]) -> list[str]:
+    """A dry run's block for one run; the failure to report, if its pre-flight refused it."""
+    spec = e.spec
+    log(f"== {e.name} ({e.row.section} / {e.row.method}), dry run")
+    log(f"   switches: {' '.join(e.words)}")
+    log(f"   preset {spec.algo} (BASELINES={spec.shared.baselines}): {differences(spec) or 'the shared setup'}")
+    for command in spec.preparation():
+        log(f"   would prepare data: {shlex.join(command)}")
+    if _flag(env, "PRINT_OVERRIDES"):
+        print("\n".join(spec.overrides()))
+        return []
+    passed, line, config = preflight_summary(spec)
+    log(f"   pre-flight: {line}")
+    if passed and _flag(env, "SHOW_CONFIG"):
+        print(f"# {e.name}\n{config}")
+    return [] if passed else [f"{e.name} (pre-flight)"]

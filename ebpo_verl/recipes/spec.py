@@ -1,0 +1,335 @@
+"""One training run of the recipes, built from the environment variables the run scripts document.
+
+:meth:`RunSpec.from_env` reads and validates every switch once (a bad one is a :class:`RecipeError`, one line
+naming the switch and the fix); the spec then owns the experiment name, the training file, the schedule, the
+data-preparation commands and the Hydra overrides for ``python -m ebpo_verl.main``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ebpo_verl.evaluate.prompts import BENCHMARKS
+from ebpo_verl.recipes.presets import (
+    ALIASES,
+    MAX_RESPONSE,
+    ORDER_BASE,
+    ORDERS,
+    PRESETS,
+    REWARDS,
+    ROLLOUT,
+    SHARED,
+    SINGLE_STREAM,
+    TOPICS,
+    Setting,
+)
+
+BASELINES = ("paper", "canonical")
+SCHEDULE_VARS = ("TOTAL_STEPS", "TOTAL_EPOCHS", "TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")
+MODELS_DIR = Path(__file__).with_name("models")
+RUN_DEFAULT_SCHEDULE = {"TEST_FREQ": "10", "SAVE_FREQ": "10", "VAL_SETS": ",".join(BENCHMARKS), "VAL_N": "16"}
+"""Schedule of a single run when the environment sets none (TOTAL_STEPS / TOTAL_EPOCHS: see :class:`Schedule`)."""
+
+
+class RecipeError(ValueError):
+    """A switch the recipes refuse; the message is one line naming it and the fix."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model config file (``ebpo_verl/recipes/models/<tag>.yaml``): default path, table label, layout."""
+
+    tag: str
+    path: str
+    label: str
+    overrides: tuple[str, ...]
+    description: str
+
+    @classmethod
+    def load(cls, tag: str) -> Model:
+        file = MODELS_DIR / f"{tag}.yaml"
+        if not file.is_file():
+            raise RecipeError(f"no model config {tag!r} (one of: {' '.join(model_tags())})")
+        text = file.read_text()
+        data = OmegaConf.to_container(OmegaConf.create(text))
+        description = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+        return cls(data["tag"], data["path"], data["label"], tuple(data["overrides"]), description)
+
+
+def model_tags() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int, what: str, allow_never: bool = False) -> int:
+    value = env[name]
+    if allow_never and value == "-1":
+        return -1
+    if not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < minimum:
+        raise RecipeError(f"{name}={value} is not an integer >= {minimum} ({what}): set {name} to such an integer")
+    return int(value)
+
+
+def _choice(name: str, value: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise RecipeError(f"unknown {name}={value} (one of: {' '.join(choices)})")
+    return value
+
+
+def hydra_list(paths: Sequence[str]) -> str:
+    """Hydra list literal of quoted paths: ``['a','b']``."""
+    for path in paths:
+        if "'" in path:
+            raise RecipeError(f"path contains a single quote, which Hydra cannot take: {path}")
+    return "[" + ",".join(f"'{p}'" for p in paths) + "]"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Length and cadence of a run: TOTAL_STEPS (the run stops there, if set), TOTAL_EPOCHS (default TOTAL_STEPS
+    when that is set, so the epochs are never the limit, else 1 for ORDER=difficulty and 3 otherwise), validation
+    and checkpoint periods, validation sets and samples."""
+
+    total_steps: int | None
+    total_epochs: int
+    test_freq: int
+    save_freq: int
+    val_sets: tuple[str, ...]
+    val_n: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], order: str) -> Schedule:
+        env = {**RUN_DEFAULT_SCHEDULE, **{k: v for k, v in env.items() if v}}
+        steps = _int(env, "TOTAL_STEPS", 1, "training steps") if env.get("TOTAL_STEPS") else None
+        if "TOTAL_EPOCHS" not in env:
+            env["TOTAL_EPOCHS"] = str(steps) if steps else ("1" if order == "difficulty" else "3")
+        sets = tuple(name for name in re.split(r"[, ]+", env["VAL_SETS"]) if name)
+        if not sets:
+            raise RecipeError(f"VAL_SETS is empty: name at least one of {' '.join(BENCHMARKS)}")
+        for name in sets:
+            _choice("VAL_SETS entry", name, BENCHMARKS)
+        return cls(
+            total_steps=steps,
+            total_epochs=_int(env, "TOTAL_EPOCHS", 1, "passes over the training set"),
+            test_freq=_int(env, "TEST_FREQ", 1, "steps, or -1 for never", allow_never=True),
+            save_freq=_int(env, "SAVE_FREQ", 1, "steps, or -1 for never", allow_never=True),
+            val_sets=sets,
+            val_n=_int(env, "VAL_N", 1, "samples per validation problem"),
+        )
+
+
+@dataclass(frozen=True)
+class Paths:
+    """WORK_DIR and the folders under it (each can be set on its own)."""
+
+    work: str
+    data: str
+    ckpt: str
+    logs: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Paths:
+        work = env.get("WORK_DIR") or os.path.join(os.getcwd(), "ebpo_runs")
+        return cls(
+            work=work,
+            data=env.get("DATA_DIR") or os.path.join(work, "data"),
+            ckpt=env.get("CKPT_DIR") or os.path.join(work, "ckpt"),
+            logs=env.get("LOG_DIR") or os.path.join(work, "logs"),
+        )
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The switches runs and table drivers share."""
+
+    reward: str
+    baselines: str
+    paths: Paths
+    keep_ckpts: int
+    nnodes: int
+    gpus_per_node: int
+    project: str
+    loggers: str
+    data_local_dir: str | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Shared:
+        defaults = {"REWARD": "paper", "BASELINES": "paper", "KEEP_CKPTS": "2", "NNODES": "4", "GPUS_PER_NODE": "8"}
+        env = {**defaults, **{k: v for k, v in env.items() if v}}
+        return cls(
+            reward=_choice("REWARD", env["REWARD"], tuple(REWARDS)),
+            baselines=_choice("BASELINES", env["BASELINES"], BASELINES),
+            paths=Paths.from_env(env),
+            keep_ckpts=_int(env, "KEEP_CKPTS", 1, "checkpoints kept per run"),
+            nnodes=_int(env, "NNODES", 1, "nodes"),
+            gpus_per_node=_int(env, "GPUS_PER_NODE", 1, "GPUs per node"),
+            project=env.get("PROJECT") or "ebpo",
+            loggers=env.get("LOGGERS") or "[console]",
+            data_local_dir=env.get("DATA_LOCAL_DIR") or None,
+        )
+
+
+def python() -> str:
+    """The interpreter for the commands the recipes run (PYTHON, else this one)."""
+    return os.environ.get("PYTHON") or "python3"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: model, preset, group size, order, reward, baselines, schedule, paths, extra overrides."""
+
+    model: Model
+    model_path: str
+    algo: str
+    group_size: int
+    order: str
+    topics: str
+    shared: Shared
+    schedule: Schedule
+    experiment: str
+    train_file: str | None
+    extra: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_env(cls, model: str | Model, env: Mapping[str, str], extra: Sequence[str] = ()) -> RunSpec:
+        """Read and check every switch (defaults: ALGO=ebpo, GROUP_SIZE=4, ORDER=topic, TOPICS=embed, ...)."""
+        model = model if isinstance(model, Model) else Model.load(model)
+        env = {k: v for k, v in env.items() if v}  # an empty switch is an unset one
+        algo = ALIASES.get(env.get("ALGO", "ebpo"), env.get("ALGO", "ebpo"))
+        _choice("ALGO", algo, tuple(PRESETS))
+        order = _choice("ORDER", env.get("ORDER", "topic"), tuple(ORDERS))
+        topics = _choice("TOPICS", env.get("TOPICS", "embed"), TOPICS)
+        env.setdefault("GROUP_SIZE", "4")
+        if algo in SINGLE_STREAM:
+            group = _int(env, "GROUP_SIZE", 1, "responses per prompt")
+        else:
+            group = _int(env, "GROUP_SIZE", 2, "responses per prompt; group baselines need two")
+        shared = Shared.from_env(env)
+        schedule = Schedule.from_env({k: env[k] for k in SCHEDULE_VARS if k in env}, order)
+        train_file = env.get("TRAIN_FILE") or None
+        if order == "topic" and topics == "file" and not train_file:
+            raise RecipeError(f"TOPICS={topics} needs TRAIN_FILE=<parquet whose extra_info carries 'topic'>")
+        experiment = env.get("EXPERIMENT") or (
+            f"{model.tag}-{algo}-g{group}-{order}-rw_{shared.reward}-bl_{shared.baselines}"
+        )
+        spec = cls(
+            model=model,
+            model_path=env.get("MODEL_PATH") or model.path,
+            algo=algo,
+            group_size=group,
+            order=order,
+            topics=topics,
+            shared=shared,
+            schedule=schedule,
+            experiment=experiment,
+            train_file=train_file,
+            extra=tuple(extra),
+        )
+        spec.overrides()  # paths Hydra cannot take are refused here, once
+        return spec
+
+    # ------------------------------------------------------------------ files
+    @property
+    def train_path(self) -> str:
+        """The training parquet: TRAIN_FILE, else the one this ORDER / TOPICS derives from DATA_DIR."""
+        data = self.shared.paths.data
+        if self.train_file:
+            return self.train_file
+        if self.order == "topic":
+            return os.path.join(data, "dapo_math.topics_k10.parquet")
+        if self.order == "difficulty":
+            return os.path.join(data, f"dapo_math.pass_rate.{self.model_path.rstrip('/').split('/')[-1]}.parquet")
+        return os.path.join(data, "dapo_math.parquet")
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(self.shared.paths.logs, self.experiment)
+
+    @property
+    def ckpt_dir(self) -> str:
+        return os.path.join(self.shared.paths.ckpt, self.experiment)
+
+    def preparation(self) -> list[list[str]]:
+        """The data-preparation commands still needed (files missing on this machine), in order."""
+        data, commands = self.shared.paths.data, []
+        sets = ["dapo_math", *self.schedule.val_sets]
+        if any(not os.path.isfile(os.path.join(data, f"{name}.parquet")) for name in sets):
+            local = ["--local-dir", self.shared.data_local_dir] if self.shared.data_local_dir else []
+            commands.append([python(), "-m", "data_prep.all", "--out-dir", data, "--only", *sets, *local])
+        train, source = self.train_path, os.path.join(data, "dapo_math.parquet")
+        if not self.train_file and not os.path.isfile(train):
+            if self.order == "topic":
+                commands.append([python(), "-m", "data_prep.label_topics", "--in", source, "--out", train]
+                                + ["--k", "10", "--seed", "42"])  # fmt: skip
+            elif self.order == "difficulty":
+                commands.append([python(), "-m", "data_prep.estimate_pass_rate", "--model", self.model_path]
+                                + ["--in", source, "--out", train, "--n", "16", "--temperature", "1.0"])  # fmt: skip
+        return commands
+
+    # -------------------------------------------------------------- overrides
+    def settings(self) -> list[Setting]:
+        """What this run sets on top of the shared setup: order, reward, then the preset (which wins)."""
+        return [
+            *ORDER_BASE,
+            *ORDERS[self.order],
+            *REWARDS[self.shared.reward],
+            *PRESETS[self.algo].settings(self.shared.baselines),
+        ]
+
+    def overrides(self) -> list[str]:
+        """The Hydra overrides of ``python -m ebpo_verl.main`` (model layout and extra arguments last, winning)."""
+        sh, sc, paths = self.shared, self.schedule, self.shared.paths
+        val_files = [os.path.join(paths.data, f"{name}.parquet") for name in sc.val_sets]
+        out = [
+            f"data.val_files={hydra_list(val_files)}",
+            *(s.override for s in SHARED),
+            f"actor_rollout_ref.model.path={self.model_path}",
+            f"{ROLLOUT}.n={self.group_size}",
+            f"{ROLLOUT}.val_kwargs.n={sc.val_n}",
+            f"trainer.logger={sh.loggers}",
+            f"trainer.project_name={sh.project}",
+            f"trainer.experiment_name={self.experiment}",
+            f"trainer.nnodes={sh.nnodes}",
+            f"trainer.n_gpus_per_node={sh.gpus_per_node}",
+            f"trainer.default_local_dir={self.ckpt_dir}",
+            f"trainer.max_actor_ckpt_to_keep={sh.keep_ckpts}",
+            f"trainer.metrics_log_path={os.path.join(self.log_dir, 'metrics.jsonl')}",
+            f"data.train_files={hydra_list([self.train_path])}",
+            f"data.max_response_length={MAX_RESPONSE}",
+            f"trainer.total_epochs={sc.total_epochs}",
+            f"trainer.test_freq={sc.test_freq}",
+            f"trainer.save_freq={sc.save_freq}",
+            "trainer.val_before_train=True",
+        ]
+        if sc.total_steps:
+            out.append(f"trainer.total_training_steps={sc.total_steps}")
+        out += [s.override for s in self.settings()]
+        return out + list(self.model.overrides) + list(self.extra)
+
+    def command(self) -> list[str]:
+        return [python(), "-m", "ebpo_verl.main", *self.overrides()]
+
+
+def canonical_overrides(overrides: Sequence[str]) -> list[str]:
+    """Overrides in a canonical form: one per key (the last, as Hydra applies them), sorted by key."""
+    by_key: dict[str, str] = {}
+    for item in overrides:
+        item = item.strip()
+        by_key[item.split("=", 1)[0].lstrip("+~")] = item
+    return [by_key[key] for key in sorted(by_key)]
+
+
+def variant_suffix(schedule_items: Sequence[str], overrides: Sequence[str]) -> str:
+    """``""`` on a driver's own schedule without overrides, else ``-v<8 hex digits>``: a hash of the schedule
+    settings that differ from the driver's defaults (``VAR=value`` in :data:`SCHEDULE_VARS` order) and of the
+    overrides in :func:`canonical_overrides` form, so the same overrides in another order name the same run."""
+    items = [*schedule_items, *canonical_overrides(overrides)]
+    if not items:
+        return ""
+    return "-v" + hashlib.sha256("".join(f"{item}\n" for item in items).encode()).hexdigest()[:8]

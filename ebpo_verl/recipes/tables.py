@@ -1,0 +1,159 @@
+"""The paper's tables as the recipes reproduce them: rows (section, label, model, preset, G, order), each table's
+schedule and cost, declared once. The paper's numbers for the same labels are in :mod:`ebpo_verl.recipes.paper`.
+
+Every table runs on the authors' schedule unless the environment says otherwise: validation on AIME24 x 8
+before training and every 5 steps, a checkpoint every 10; the main tables stop at global step 200 (the
+authors' evaluated checkpoint), the curriculum after one epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ebpo_verl.recipes.presets import PRESETS, row_order
+from ebpo_verl.recipes.spec import Model
+
+PAPER_SCHEDULE = {"TEST_FREQ": "5", "SAVE_FREQ": "10", "VAL_SETS": "aime2024", "VAL_N": "8"}
+"""The authors' validation and checkpoint cadence (docs/paper_notes.md, "The authors' own runs")."""
+
+MAIN_ALGOS = ("grpo", "drgrpo", "dapo", "entropy_mech", "ebpo")
+V2_ALGOS = ("reinforce_pp", "rloo", "spo", "bnpo", "shrinkage_js", "ebpo_bb")
+"""The v2 draft's extra Qwen3-8B rows of the main table (V2_ROWS=1)."""
+COMPETITOR_ALGOS = ("otb", "kl_cov")
+"""Stock-verl competitors the paper does not run (V2_ROWS=1): verl's Optimal Token Baseline and KL-Cov, on
+Qwen3-8B in the main (G=4) and group-size (G=8/16/32) tables."""
+GROUP_SIZES = (8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training run of a table: its cell (section, method label), model config and switches."""
+
+    section: str
+    method: str
+    model: str
+    name: str
+    """Experiment name before ``-rw_<REWARD>-bl_<BASELINES>`` and the variant suffix."""
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _row(section: str, method: str, model: str, algo: str, group: int, order: str, **env: str) -> Row:
+    return Row(section, method, model, f"{model}-{algo}-g{group}-{order}",
+               {"ALGO": algo, "GROUP_SIZE": str(group), "ORDER": order, **env})  # fmt: skip
+
+
+def _label(model: str) -> str:
+    return Model.load(model).label
+
+
+def _preset_row(section: str, model: str, algo: str, group: int, baselines: str) -> Row:
+    return _row(section, PRESETS[algo].label, model, algo, group, row_order(algo, baselines))
+
+
+def main_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
+    rows = []
+    for model in ("qwen3_8b", "qwen3_14b", "llama3_8b"):
+        algos = list(MAIN_ALGOS)
+        if env.get("V2_ROWS") == "1" and model == "qwen3_8b":
+            algos += [*V2_ALGOS, *COMPETITOR_ALGOS]
+        if env.get("V2_ROWS") == "1" and model == "qwen3_14b":
+            algos.append("ebpo_bb")
+        rows += [_preset_row(_label(model), model, algo, 4, baselines) for algo in algos]
+    return rows
+
+
+def group_size_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
+    algos = ["ebpo", "grpo", "dapo"] + (list(COMPETITOR_ALGOS) if env.get("V2_ROWS") == "1" else [])
+    return [_preset_row(f"G={g}", "qwen3_8b", algo, g, baselines) for g in GROUP_SIZES for algo in algos]
+
+
+def grpo_bn_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
+    return [
+        _preset_row(_label(model), model, algo, 4, baselines)
+        for model in ("qwen3_8b", "qwen3_14b")
+        for algo in ("grpo", "grpo_bn", "ebpo")
+    ]
+
+
+def ordering_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
+    rows = []
+    for model in ("qwen3_8b", "qwen3_14b"):
+        section = _label(model)
+        if env.get("GPT_TOPIC_FILE"):
+            rows.append(Row(section, "EBPO-topic (GPT-4.1 labels)", model, f"{model}-ebpo-g4-topic_gpt",
+                            {"ALGO": "ebpo", "GROUP_SIZE": "4", "ORDER": "topic", "TOPICS": "file",
+                             "TRAIN_FILE": env["GPT_TOPIC_FILE"]}))  # fmt: skip
+        rows.append(_row(section, "EBPO-topic (embedding labels)", model, "ebpo", 4, "topic"))
+        rows.append(_row(section, "EBPO-naive", model, "ebpo", 4, "naive"))
+    return rows
+
+
+def curriculum_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
+    base = env.get("BASE_MODEL") or "Qwen/Qwen3-8B-Base"
+    return [
+        Row("Qwen3-8B-Base", f"{PRESETS[algo].label}-diff", "qwen3_8b", f"qwen3_8b_base-{algo}-g4-difficulty",
+            {"ALGO": algo, "GROUP_SIZE": "4", "ORDER": "difficulty", "TOTAL_EPOCHS": "1", "MODEL_PATH": base})
+        for algo in ("ebpo", "grpo", "drgrpo", "dapo")
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Table:
+    """A paper table: its rows (from the environment: V2_ROWS, GPT_TOPIC_FILE, BASE_MODEL, BASELINES), the
+    step the runs stop at (None: after the epochs), and what it is and costs (``--help``)."""
+
+    name: str
+    about: str
+    rows: Callable[[Mapping[str, str], str], list[Row]]
+    total_steps: int | None = 200
+
+    def schedule_defaults(self) -> dict[str, str]:
+        steps = {"TOTAL_STEPS": str(self.total_steps)} if self.total_steps else {}
+        return {**steps, **PAPER_SCHEDULE}
+
+
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        Table(
+            "main",
+            "Main table (paper Table 1): Qwen3-8B, Qwen3-14B, LLaMA-3.1-8B-Instruct x GRPO, Dr.GRPO, DAPO,\n"
+            "EntropyMech, EBPO; G=4. EBPO: topic order; baselines: shuffled (BASELINES=paper, as the authors ran\n"
+            "them) or topic order (BASELINES=canonical). V2_ROWS=1 adds the v2 draft's rows (Qwen3-8B: REINFORCE++,\n"
+            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the stock-verl competitors OTB and KL-Cov\n"
+            "(Qwen3-8B). 15 runs (24 with V2_ROWS) of 4 x 8 H200 each.",
+            main_rows,
+        ),
+        Table(
+            "group_size",
+            "Group-size table (paper Table 2): Qwen3-8B, G = 8, 16, 32 x EBPO, GRPO, DAPO (V2_ROWS=1: also OTB\n"
+            "and KL-Cov). 9 runs (15 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384 responses per step).",
+            group_size_rows,
+        ),
+        Table(
+            "ordering",
+            "Ordering ablation (paper Table 3): EBPO with topic-clustered batches (embedding labels:\n"
+            "all-MiniLM-L6-v2, UMAP, k-means K=10, seed 42) vs the native order (EBPO-naive), Qwen3-8B and\n"
+            "Qwen3-14B, G=4. GPT_TOPIC_FILE=<parquet with extra_info.topic> adds the GPT-4.1-label rows.\n"
+            "4 runs (6 with GPT_TOPIC_FILE); the embedding-topic runs are the main table's EBPO runs.",
+            ordering_rows,
+        ),
+        Table(
+            "curriculum",
+            "Curriculum (paper, EBPO-diff): Qwen3-8B-Base (BASE_MODEL), prompts easy -> hard by the base model's\n"
+            "pass rate (16 rollouts at temperature 1.0, computed before the first run), one epoch; EBPO-diff,\n"
+            "GRPO-diff, Dr.GRPO-diff and DAPO-diff. The table shows the paper figure's EBPO-diff minus GRPO-diff\n"
+            "and the authors' logged numbers. 4 runs of 4 x 8 H200 plus the pass-rate pass.",
+            curriculum_rows,
+            total_steps=None,
+        ),
+        Table(
+            "grpo_bn",
+            "GRPO with batch-std normalisation (isolates the shrinkage): GRPO+BN = EBPO with S = 0, next to GRPO\n"
+            "and EBPO, Qwen3-8B and Qwen3-14B, G=4. 6 runs, 4 of them shared with the main table.",
+            grpo_bn_rows,
+        ),
+    )
+}
+"""Table name -> definition (``recipe/ebpo/table_<name>.sh``; ``scripts/make_tables.py --table <name>``)."""
