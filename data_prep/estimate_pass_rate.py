@@ -24,19 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 from tqdm import tqdm
 
-from data_prep.schema import read_prepared, with_extra_info, write_parquet_atomic
+from data_prep.schema import one_line_errors, read_jsonl_records, read_prepared, with_extra_info, write_parquet_atomic
+from ebpo_verl.atomic import atomic_write_text
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
-from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.reward import compute_score
 
 
@@ -100,30 +100,70 @@ def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> li
     return [[done[(name, i, s)]["response"] for s in range(a.n)] for i in range(len(prompts))]
 
 
+def _number(value: Any, name: str, where: str, csv: bool) -> float:
+    """``value`` of field ``name`` as a float; ValueError naming ``where`` (file and line) otherwise."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or (csv and value == ""):
+        raise ValueError(f"{where}: {name} is missing")
+    if isinstance(value, str) and csv:
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{where}: {name} {value!r} is not a number") from None
+    if isinstance(value, str):
+        raise ValueError(f"{where}: {name} is the string {value!r}, not a number; write it without quotes")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {name} {value!r} is not a number")
+    return float(value)
+
+
+def _rate(record: dict[str, Any], where: str, csv: bool) -> float:
+    """One record's pass rate: ``pass_rate``, or ``n_correct / n`` (n >= 1, 0 <= n_correct <= n)."""
+    if "pass_rate" in record:
+        rate = _number(record["pass_rate"], "pass_rate", where, csv)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"{where}: pass_rate {rate:g} is outside [0, 1]")
+        return rate
+    n_correct, n = (_number(record.get(k), k, where, csv) for k in ("n_correct", "n"))
+    if n < 1 or not n.is_integer():
+        raise ValueError(f"{where}: n (samples per problem) is {n:g}; it must be a whole number >= 1")
+    if not 0 <= n_correct <= n or not n_correct.is_integer():
+        raise ValueError(f"{where}: n_correct {n_correct:g} is not a whole number in [0, n = {n:g}]")
+    return n_correct / n
+
+
 def read_rates(path: str | Path) -> pd.DataFrame:
-    """The rates file as a frame with columns (key column, pass_rate); validates values and duplicates."""
+    """The rates file as a frame with columns (key column, pass_rate). Every error is a ValueError of one line
+    naming the file and line: an unreadable line, a missing key, a rate that is missing, quoted (JSON), not a
+    number or outside [0, 1], ``n < 1``, a repeated key."""
     path = Path(path)
     if path.suffix == ".jsonl":
-        df = pd.read_json(path, lines=True, dtype=False)
+        records = read_jsonl_records(path)
     elif path.suffix == ".csv":
-        df = pd.read_csv(path, dtype={"source_id": str})
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        records = [(i + 2, r) for i, r in enumerate(frame.to_dict(orient="records"))]  # line 1: the header
     else:
         raise ValueError(f"{path}: rates file must be .jsonl or .csv")
-    key = "source_id" if "source_id" in df.columns else "index" if "index" in df.columns else None
+    if not records:
+        raise ValueError(f"{path} has no rates")
+    columns = set().union(*(r for _, r in records))
+    key = "source_id" if "source_id" in columns else "index" if "index" in columns else None
     if key is None:
-        raise ValueError(f"{path}: needs a 'source_id' or 'index' column (found {list(df.columns)})")
-    if "pass_rate" not in df.columns:
-        if not {"n_correct", "n"} <= set(df.columns):
-            raise ValueError(f"{path}: needs 'pass_rate' (or 'n_correct' and 'n') columns")
-        df["pass_rate"] = df["n_correct"] / df["n"]
-    df[key] = df[key].astype(str)
-    bad = df[~df["pass_rate"].between(0.0, 1.0)]
-    if len(bad):
-        raise ValueError(f"{path}: pass_rate outside [0, 1] for {key} {bad[key].tolist()[:10]}")
-    dup = df[key][df[key].duplicated()].tolist()
-    if dup:
-        raise ValueError(f"{path}: duplicate {key} {dup[:10]}")
-    return df[[key, "pass_rate"]]
+        raise ValueError(f"{path}: needs a 'source_id' or 'index' column (found {sorted(columns)})")
+    if "pass_rate" not in columns and not {"n_correct", "n"} <= columns:
+        raise ValueError(f"{path}: needs 'pass_rate' (or 'n_correct' and 'n') columns")
+    ids, rates, first_line = [], [], {}
+    for line, record in records:
+        where = f"{path}, line {line}"
+        value = record.get(key)
+        if value is None or value == "" or isinstance(value, (bool, dict, list)):
+            raise ValueError(f"{where}: {key} is missing or not a single value")
+        ident = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+        if ident in first_line:
+            raise ValueError(f"{where}: {key} {ident} repeats line {first_line[ident]}")
+        first_line[ident] = line
+        ids.append(ident)
+        rates.append(_rate(record, where, path.suffix == ".csv"))
+    return pd.DataFrame({key: ids, "pass_rate": rates})
 
 
 def merge_rates(table: pa.Table, rates: pd.DataFrame, source: str) -> list[float]:
@@ -176,25 +216,22 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--save-rates", help="also write the computed rates (source_id, pass_rate) as .jsonl")
     p.add_argument("--difficulty-buckets", type=int, default=None, help="set extra_info.difficulty to 1..K")
     a = p.parse_args(argv)
-    table = read_prepared(a.in_path)
-    if a.pass_rates:
-        rates = merge_rates(table, read_rates(a.pass_rates), a.pass_rates)
-    else:
-        if a.n < 1:
-            p.error("--n must be at least 1")
-        try:
+    if a.model and a.n < 1:
+        p.error("--n must be at least 1")
+    # bad input (ValueError: rates, parquet, settings) and file errors (OSError, a full disk) are one line
+    with one_line_errors(p.prog):
+        table = read_prepared(a.in_path)
+        if a.pass_rates:
+            rates = merge_rates(table, read_rates(a.pass_rates), a.pass_rates)
+        else:
             responses = generate(a, table, a.generations or f"{a.out_path}.generations.jsonl")
-        except (EvalInputError, ValueError) as e:
-            print(f"{p.prog}: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-        gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
-        rates = grade(responses, gts, table.column("data_source").to_pylist())
-        if a.save_rates:
-            ids = [e["source_id"] for e in table.column("extra_info").to_pylist()]
-            Path(a.save_rates).write_text(
-                "".join(json.dumps({"source_id": i, "pass_rate": r}) + "\n" for i, r in zip(ids, rates, strict=True))
-            )
-    return write_with_rates(table, rates, a.out_path, a.difficulty_buckets)
+            gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
+            rates = grade(responses, gts, table.column("data_source").to_pylist())
+            if a.save_rates:
+                ids = [e["source_id"] for e in table.column("extra_info").to_pylist()]
+                lines = [json.dumps({"source_id": i, "pass_rate": r}) + "\n" for i, r in zip(ids, rates, strict=True)]
+                atomic_write_text(a.save_rates, "".join(lines))
+        return write_with_rates(table, rates, a.out_path, a.difficulty_buckets)
 
 
 if __name__ == "__main__":

@@ -149,10 +149,27 @@ def read_local(path: str | Path, split: str) -> pd.DataFrame:
     return df.drop(columns=[c for c in df.columns if c.startswith("__index_level_")])
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _decode(raw: bytes, path: Path, first_line: int = 1) -> str:
+    """``raw`` as UTF-8; DataPrepError naming the line (counted from ``first_line``) and column otherwise."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + raw.count(b"\n", 0, e.start)
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataPrepError(
+            f"{path}, line {line}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte column {column}); "
+            "re-save the file as UTF-8"
+        ) from None
+
+
+def read_jsonl_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line of a JSON-lines file; DataPrepError naming the line of
+    anything that is not UTF-8, not JSON or not an object."""
+    path = Path(path)
     records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = _decode(raw, path, number)
             if not line.strip():
                 continue
             try:
@@ -161,13 +178,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise DataPrepError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
             if not isinstance(record, dict):
                 raise DataPrepError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
+            records.append((number, record))
     return records
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [record for _, record in read_jsonl_records(path)]
 
 
 def _read_json(path: Path) -> list[dict[str, Any]] | dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_decode(path.read_bytes(), path))
     except json.JSONDecodeError as e:
         raise DataPrepError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     if isinstance(data, list) and all(isinstance(r, dict) for r in data) or isinstance(data, dict):
@@ -410,8 +431,8 @@ def bare_problem(content: str) -> str:
 
 
 def read_prepared(path: str | Path) -> pa.Table:
-    """A parquet written by a preparer (checked for the verl columns and for ground truths that are None, NaN
-    or empty, :func:`check_ground_truths`)."""
+    """A parquet written by a preparer (checked for the verl columns, for at least one row and for ground truths
+    that are None, NaN or empty, :func:`check_ground_truths`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m data_prep.<name>)")
@@ -422,6 +443,8 @@ def read_prepared(path: str | Path) -> pa.Table:
     missing = [c for c in SCHEMA.names if c not in table.column_names]
     if missing:
         raise DataPrepError(f"{path}: missing columns {missing}; expected a file written by data_prep")
+    if table.num_rows == 0:
+        raise DataPrepError(f"{path} has no rows; prepare it again with data_prep, or pass a file that has rows")
     check_ground_truths(table, path)
     return table
 

@@ -4,13 +4,17 @@ Finding 1: samples are never graded against (or resumed with) other problems tha
 Finding 4: one writer per generations file (a second `evaluate generate` on one --out is refused).
 Finding 5: a ground truth that is empty, None or NaN never scores 1 and is refused where data enters.
 Finding 6: `evaluate generate --workers 2` workers die with their parent, however it is killed.
+Finding 8: a full disk (a write raising ENOSPC) is one line naming the file and the free space, in the study,
+the evaluation and the data stages.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -281,3 +285,88 @@ def test_workers_die_with_their_parent(aime_twice, tiny_model, tmp_path, how):
                 os.killpg(w.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _full(path: Path) -> str:
+    """The full-disk message for ``path``, as a regex (the free space is whatever the machine has)."""
+    return rf"no space left on the device writing {re.escape(str(path))} \(\d+(\.\d)? (bytes|KiB|MiB|GiB|TiB) free in "
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _one_error_line(err: str, prog: str) -> str:
+    lines = [x for x in err.splitlines() if "error" in x]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(f"{prog}: error: "), err
+    return lines[0]
+
+
+def test_full_disk_in_the_study(tmp_path, monkeypatch, capsys):
+    import matplotlib.pyplot as plt
+
+    from ebpo_verl.atomic import DiskFullError
+    from ebpo_verl.study.__main__ import main as study_main
+    from ebpo_verl.study.report import _save
+
+    out = tmp_path / "s"
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_text", _no_space)
+        assert study_main(["--preset", "tiny", "--out", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.study")
+    assert re.search(_full(out / "study_config.json"), line)
+    assert list(out.iterdir()) == []  # no temporary file left behind
+    fig = plt.figure()
+    monkeypatch.setattr(fig, "savefig", _no_space)
+    with pytest.raises(DiskFullError, match=_full(tmp_path / "curves.png")):
+        _save(fig, tmp_path / "curves.png")
+    assert list(tmp_path.glob("curves*")) == []
+
+
+def test_full_disk_in_the_evaluation(aime_twice, tmp_path, monkeypatch, capsys):
+    """generate: the append of a chunk fails (fsync reports ENOSPC); grade: RESULTS.json cannot be written."""
+    from ebpo_verl.evaluate import engines
+
+    data, _ = aime_twice
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # never loaded: the engine is replaced below
+    gen = tmp_path / "gen.jsonl"
+
+    full = [True]
+
+    def fake_generate_all(spec, requests, workers, on_chunk):
+        with monkeypatch.context() as m:
+            if full[0]:  # the disk fills up during the generation (fsync reports the lost write)
+                m.setattr(os, "fsync", _no_space)
+            on_chunk([(r, engines.Completion("Answer: 1", 3, "stop")) for r in requests])
+
+    monkeypatch.setattr(engines, "generate_all", fake_generate_all)
+    argv = _generate_argv(model, data, gen, "--limit", "1", "--runs", "2")
+    assert evaluate_main(argv) == 2
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.evaluate generate")
+    assert re.search(_full(gen), line)
+    assert not Path(f"{gen}.lock").exists()
+    full[0] = False
+    assert evaluate_main(argv) == 0  # space again: the rerun completes
+    assert sorted(read_generations(gen)[0]) == [("aime2024", 0, 0), ("aime2024", 0, 1)]
+    out = tmp_path / "results.json"
+    grade = ["grade", "--protocol", "verl", "--generations", str(gen), "--data-dir", str(data), "--out", str(out)]
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_text", _no_space)
+        assert evaluate_main(grade) == 2
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.evaluate grade")
+    assert re.search(_full(out), line) and not out.exists()
+
+
+def test_full_disk_in_data_prep(shared_data, tmp_path, monkeypatch, capsys):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(pq, "write_table", _no_space)
+    with pytest.raises(SystemExit) as exit_:
+        aime2024.main(["--out-dir", str(tmp_path), "--local-path", str(shared_data / "aime2024.jsonl")])
+    assert exit_.value.code == 2
+    line = _one_error_line(capsys.readouterr().err, "python -m data_prep.aime2024")
+    assert re.search(_full(tmp_path / "aime2024.parquet"), line)
+    assert list(tmp_path.iterdir()) == []

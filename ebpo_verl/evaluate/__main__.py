@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ebpo_verl.atomic import DiskFullError
 from ebpo_verl.checkpoint import atomic_write_text
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
         generate(a) if a.stage == "generate" else grade(a)
-    except EvalInputError as e:
+    except (EvalInputError, DiskFullError) as e:  # a full disk: samples written so far stay, a re-run resumes
         print(f"{PROG} {a.stage}: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
+from ebpo_verl.atomic import reporting_full_disk
 from ebpo_verl.checkpoint import atomic_write_text
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.locking import LockHeldError, exclusive_lock
@@ -202,16 +203,19 @@ class GenerationsFile:
             self._fh.write("\n")
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Write ``records`` (one line each) and flush them to disk."""
-        self._fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """Write ``records`` (one line each) and flush them to disk (a full disk: DiskFullError naming the file;
+        a line cut short there is dropped on the resume, as a torn line)."""
+        with reporting_full_disk(self.path):
+            self._fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
         for r in records:
             self.done[(r["benchmark"], r["index"], r["sample"])] = r
 
     def close(self) -> None:
         try:
-            self._fh.close()
+            with reporting_full_disk(self.path):  # flushes what a failed append left in the buffer
+                self._fh.close()
         finally:
             self._lock.close()
 

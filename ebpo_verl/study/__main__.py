@@ -13,10 +13,20 @@ from pathlib import Path
 
 import torch
 
+from ebpo_verl.atomic import DiskFullError
 from ebpo_verl.study.presets import PRESETS, describe_presets
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a full disk is one error line naming the file and the free space (exit status 2)."""
+    try:
+        return _main(argv)
+    except DiskFullError as err:
+        print(f"python -m ebpo_verl.study: error: {err} (finished runs are kept; the rerun resumes)", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ebpo_verl.study",
         description=__doc__,

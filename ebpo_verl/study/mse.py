@@ -17,12 +17,12 @@ S is estimated from the data (and so misses the optimum in a direction that depe
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ebpo_verl.atomic import atomic_write_text
 from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
 
 DISTRIBUTIONS: dict[str, tuple[float, float]] = {
@@ -182,7 +182,5 @@ where tau^2 is small).
 
 {text}
 """
-    tmp = out / "mse.md.tmp"
-    tmp.write_text(doc)
-    os.replace(tmp, out / "mse.md")
+    atomic_write_text(out / "mse.md", doc)
     return text

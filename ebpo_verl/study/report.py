@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from ebpo_verl.atomic import atomic_write_text, reporting_full_disk  # noqa: E402
 from ebpo_verl.study.rl import ESTIMATORS  # noqa: E402
 
 CURVES = {  # metric -> (figure file, y label)
@@ -125,9 +126,10 @@ def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray,
 
 def _save(fig, path: Path) -> None:
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    with reporting_full_disk(path):
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        os.replace(tmp, path)
 
 
 LINESTYLES = ("-", "--", "-.", ":")
@@ -350,12 +352,10 @@ Lines are means over the {preset.seeds} seeds; bands are 95% t-intervals over se
 - The difficulty order ends on the hardest prompts, so its final accuracy measures the end of a curriculum,
   not its average.
 """
-    tmp = out / "study.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, out / "study.md")
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary(preset, base_info, runs, seconds, command, resumed), indent=1) + "\n")
-    os.replace(tmp, out / "summary.json")
+    atomic_write_text(out / "study.md", text)
+    atomic_write_text(
+        out / "summary.json", json.dumps(summary(preset, base_info, runs, seconds, command, resumed), indent=1) + "\n"
+    )
     return headline
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ebpo_verl.atomic import atomic_write, atomic_write_text
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, n_params
 from ebpo_verl.study.presets import Preset
 from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
@@ -70,9 +70,7 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         sft_cpu_seconds=sft_cpu,
     )
     if out is not None and saved is None:
-        tmp = out / "base_model.pt.tmp"
-        torch.save(model.state_dict(), tmp)
-        os.replace(tmp, out / "base_model.pt")
+        atomic_write(out / "base_model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
     return base
 
@@ -247,7 +245,6 @@ def describe_base(base: Base) -> dict:
 
 
 def write_json(path: Path, data) -> None:
-    """Write atomically (temp file + os.replace) so a crash never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    """Write atomically (temp file + os.replace) so a crash never leaves half a file; a full disk is one line
+    (:class:`ebpo_verl.atomic.DiskFullError`)."""
+    atomic_write_text(path, json.dumps(data, indent=1))
