@@ -216,3 +216,64 @@ def run_provenance(config: Any) -> dict[str, Any]:
         "actor_data_loader": get("actor_rollout_ref.actor.data_loader_seed"),
     }
     return provenance(seed=seed, command=get(f"trainer.{LAUNCH_COMMAND_KEY}"))
+
+
+VERSIONS_FILE = Path("recipe") / "ebpo" / "VERSIONS.txt"
+"""The pinned versions of the recipes, relative to the repository root (only in a clone: not packaged)."""
+
+
+def read_versions(path: str | os.PathLike) -> dict[str, dict[str, str]]:
+    """``{set: {package: version}}`` of a VERSIONS.txt (lines ``<set> <package>==<version>``, ``#`` comments);
+    ValueError naming the file and line of a malformed one."""
+    pins: dict[str, dict[str, str]] = {}
+    for number, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or parts[1].count("==") != 1 or not all(parts[1].split("==")):
+            raise ValueError(f"{path}:{number}: expected '<set> <package>==<version>', got {raw.strip()!r}")
+        package, version = parts[1].split("==")
+        pins.setdefault(parts[0], {})[package.lower()] = version
+    return pins
+
+
+def _public(version: str | None) -> str | None:
+    """The version without its local label (``2.13.0+cpu`` -> ``2.13.0``)."""
+    from packaging.version import InvalidVersion, Version
+
+    if version is None:
+        return None
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version
+
+
+def version_warning(path: str | os.PathLike | None = None, running: dict[str, str | None] | None = None) -> str | None:
+    """A one-line warning when a running library version differs from the recipes' pinned ones (None when they
+    match, or when there is no VERSIONS.txt: a package installed without the repository has no recipes). The
+    ``gpu`` set applies where vLLM is installed, else ``cpu``; ``running`` defaults to the installed versions."""
+    import ebpo_verl
+
+    if path is None:
+        path = Path(ebpo_verl.__file__).resolve().parent.parent / VERSIONS_FILE
+    if not Path(path).is_file():
+        return None
+    pins = read_versions(path)
+    if running is None:
+        running = {name: _version(name) for name in {p for pkgs in pins.values() for p in pkgs}}
+    which = "gpu" if running.get("vllm") else "cpu"
+    if which not in pins:
+        raise ValueError(f"{path}: no '{which}' set of versions; add lines '{which} <package>==<version>'")
+    differ = [
+        f"{package} {running.get(package) or 'not installed'} (validated: {version})"
+        for package, version in pins[which].items()
+        if _public(running.get(package)) != _public(version)
+    ]
+    if not differ:
+        return None
+    return (
+        f"running {', '.join(differ)}: not the versions the recipes were validated with ({path}, {which} set); "
+        "results may differ from the documented ones"
+    )
