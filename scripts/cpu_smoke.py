@@ -34,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# the real MATH-500/AMC23 copies beside the repository, else (a clone without them) the tests' made-up rows
+DATA = SHARED_DATA if SHARED_DATA.is_dir() else REPO / "tests" / "fixtures" / "hub"
 STEPS, SAVE_FREQ, BATCH, N, VAL_N, TOPICS = 3, 2, 4, 4, 2, 6
 EBPO_KEYS = (
     "ebpo/shrinkage_mean",
@@ -66,8 +68,8 @@ def prepare(work: Path) -> dict[str, Path]:
     from ebpo_verl.tiny import build_model, build_tokenizer
 
     raw = work / "raw"
-    full_train = pq.read_table(math500.prepare(raw, local_path=SHARED_DATA / "math500.jsonl"))
-    full_val = pq.read_table(amc23.prepare(raw, local_path=SHARED_DATA / "amc23.jsonl"))
+    full_train = pq.read_table(math500.prepare(raw, local_path=DATA / "math500.jsonl"))
+    full_val = pq.read_table(amc23.prepare(raw, local_path=DATA / "amc23.jsonl"))
 
     # 4 of the shortest problems of each of the 6 topics with the most short problems: aligned topic blocks
     prompts = [p[0]["content"] for p in full_train.column("prompt").to_pylist()]
