@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ebpo_verl.study",
-        description=__doc__,
+        description=__doc__.replace("``", ""),  # the docstring's RST literals, as plain text
         epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
