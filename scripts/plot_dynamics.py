@@ -7,8 +7,9 @@ of a resumed run resolved, torn last line skipped). Writes one PNG per metric th
 gradient norm (``actor/grad_norm``), per-step KL (``actor/ppo_kl``), policy entropy (``actor/entropy``),
 training reward (``critic/score/mean``), response length (``response_length/mean``) and every ``ebpo/*``
 estimator diagnostic (per-cluster ones excepted), named after the metric (``actor_grad_norm.png``, ...), plus
-``dynamics.png``, a grid of the first five. Han et al. (arXiv 2602.05165) report that EBPO keeps a higher
-gradient norm, a bounded per-step KL and a higher entropy than GRPO.
+``dynamics.png``, a grid of the first five. Under every figure: each run's ebpo-verl commit and hardware (from
+its metrics log's provenance sidecar; "not recorded" for a log without one). Han et al. (arXiv 2602.05165)
+report that EBPO keeps a higher gradient norm, a bounded per-step KL and a higher entropy than GRPO.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tables import MetricsLogError, log_files, parse_spec, read_run  # noqa: E402
+
+from ebpo_verl.metrics_log import read_provenance  # noqa: E402
+from ebpo_verl.provenance import describe_hardware, short_commit  # noqa: E402
 
 CORE: dict[str, str] = {
     "actor/grad_norm": "gradient norm",
@@ -81,19 +85,43 @@ def _save(fig, path: Path) -> None:
         plt.close(fig)
 
 
+LINESTYLES = ("-", "--", "-.", ":")
+LEGEND_PT = 9
+
+
 def _draw(ax, runs: dict[str, dict[int, dict]], key: str, window: int) -> None:
     """One line per run that logged ``key``; a run with a single logged step is drawn as a marker (a line needs
-    two points), so every run in the legend is visible. Steps are integers, and so are the ticks."""
+    two points), so every run in the legend is visible. Steps are integers, and so are the ticks. A run keeps
+    its colour and line style (by its index) in every panel; the y axis names the metric."""
     for i, (label, run) in enumerate(runs.items()):
         steps, values = series(run, key)
-        if steps:  # colour by run index, so a run keeps its colour in every panel
+        if steps:
             marker = "o" if len(steps) == 1 else None
-            ax.plot(steps, smooth(values, window), label=label, color=f"C{i % 10}", linewidth=1.2, marker=marker)
-    ax.set_title(CORE.get(key, key))
+            style = {"color": f"C{i % 10}", "ls": LINESTYLES[i % len(LINESTYLES)], "linewidth": 1.6}
+            ax.plot(steps, smooth(values, window), label=label, marker=marker, **style)
+    ax.set_title(key, fontsize=10)
+    ax.set_ylabel(CORE.get(key, key.removeprefix("ebpo/")))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=LEGEND_PT)
+
+
+def provenance_note(paths: dict[str, str]) -> str:
+    """One line per run: its label, ebpo-verl commit(s) and hardware from its metrics log's provenance sidecar."""
+    lines = []
+    for label, path in paths.items():
+        records = [a["provenance"] for file in log_files(Path(path)) for a in read_provenance(file)]
+        if not records:
+            lines.append(f"{label}: provenance not recorded")
+            continue
+        commits = ", ".join(dict.fromkeys(short_commit(r) for r in records))
+        lines.append(f"{label}: ebpo-verl commit {commits}; {describe_hardware(records[-1])}")
+    return "\n".join(lines)
+
+
+def _caption(fig, note: str) -> None:
+    fig.text(0.5, -0.02, note, ha="center", va="top", fontsize=8.5)
 
 
 def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
@@ -101,6 +129,7 @@ def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
     if window < 1:
         raise ValueError(f"--smooth must be >= 1, got {window}")
     runs: dict[str, dict[int, dict]] = {}
+    paths: dict[str, str] = {}
     for spec in specs:
         section, method, path = parse_spec(spec)
         label = method if section == "runs" else f"{section}/{method}"
@@ -110,14 +139,17 @@ def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
             print(f"plot_dynamics: no metrics log for {label} at {path}: skipped", file=sys.stderr)
             continue
         runs[label] = read_run(path)
+        paths[label] = path
     keys = metric_keys(runs)
     if not keys:
         raise ValueError(f"none of the runs logged any of {list(CORE)} or ebpo/* metrics: nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    note = provenance_note(paths)
     for key in keys:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         _draw(ax, runs, key, window)
+        _caption(fig, note)
         path = out / (key.replace("/", "_") + ".png")
         _save(fig, path)
         written.append(path)
@@ -125,6 +157,7 @@ def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
     fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.5), squeeze=False)
     for ax, key in zip(axes[0], grid, strict=True):
         _draw(ax, runs, key, window)
+    _caption(fig, note)
     _save(fig, out / "dynamics.png")
     return [*written, out / "dynamics.png"]
 

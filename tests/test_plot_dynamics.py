@@ -37,3 +37,28 @@ def test_one_step_run_is_drawn_as_a_marker_and_ticks_are_integers():
         assert ticks and all(float(t).is_integer() for t in ticks), ticks  # no 1.5, 2.5
     finally:
         plt.close(fig)
+
+
+def test_panels_name_their_metric_and_legends_are_readable(tmp_path):
+    """Every panel has a y-axis label and a legend of at least 9 pt; the figure names each run's provenance."""
+    from ebpo_verl.metrics_log import MetricsLog
+    from ebpo_verl.provenance import describe_hardware, provenance, short_commit
+
+    runs = {"a": {1: {"actor/grad_norm": 0.5, "ebpo/shrinkage_mean": 0.2}}, "b": {1: {"actor/grad_norm": 0.7}}}
+    for key, want in (("actor/grad_norm", "gradient norm"), ("ebpo/shrinkage_mean", "shrinkage_mean")):
+        fig, ax = plt.subplots()
+        try:
+            plot_dynamics._draw(ax, runs, key, window=1)
+            assert ax.get_ylabel() == want
+            assert all(t.get_fontsize() >= 9 for t in ax.get_legend().get_texts())
+        finally:
+            plt.close(fig)
+    record = provenance(seed=1)
+    log = MetricsLog(tmp_path / "m.jsonl", 0, record)
+    log.log({"actor/grad_norm": 0.5}, step=1)
+    (tmp_path / "old.jsonl").write_text('{"step": 1, "data": {"actor/grad_norm": 0.4}}\n')
+    note = plot_dynamics.provenance_note({"new": str(tmp_path / "m.jsonl"), "old": str(tmp_path / "old.jsonl")})
+    assert note.splitlines() == [
+        f"new: ebpo-verl commit {short_commit(record)}; {describe_hardware(record)}",
+        "old: provenance not recorded",
+    ]
