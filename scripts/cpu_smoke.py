@@ -50,6 +50,8 @@ EBPO_KEYS = (
     "ebpo/frac_all_pass",
 )
 VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
+VLLM_KV_CACHE_GIB = 1
+ROLLOUTS = ("vllm", "hf")
 
 
 def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
@@ -95,7 +97,25 @@ def prepare(work: Path) -> dict[str, Path]:
     return {"train": train, "val": val, "model": work / "model", "prompt_length": longest}
 
 
-def overrides(work: Path, files: dict, run: str, ray_tmp: str) -> list[str]:
+def rollout_overrides(rollout: str) -> list[str]:
+    """The rollout backend: verl's own vLLM rollout on vLLM's CPU build (``vllm``), or the CPU backend's Hugging
+    Face server (``hf``). vLLM on CPU: eager (compiling costs more than 3 short steps gain), a 1 GiB KV cache
+    (``VLLM_CPU_KVCACHE_SPACE`` in Ray's runtime env), no sleep mode (it needs CUDA's memory pool); the
+    trainer's weights reach vLLM through verl's default ``naive`` checkpoint engine."""
+    if rollout == "hf":
+        return ["actor_rollout_ref.rollout.name=hf"]
+    return [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='{VLLM_KV_CACHE_GIB}'",  # a string
+    ]
+
+
+def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "hf") -> list[str]:
     """Hydra overrides of one run (``run`` names its checkpoint and dump folders)."""
     backend = "ebpo_verl.cpu_backend"
     prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
@@ -121,7 +141,7 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str) -> list[str]:
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "algorithm.use_kl_in_reward=False",
-        "actor_rollout_ref.rollout.name=hf",
+        *rollout_overrides(rollout),
         f"actor_rollout_ref.rollout.n={N}",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.val_kwargs.n={VAL_N}",
@@ -153,7 +173,7 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str) -> list[str]:
     ]
 
 
-def train(work: Path, files: dict, run: str, extra: list[str], timeout: int) -> None:
+def train(work: Path, files: dict, run: str, extra: list[str], timeout: int, rollout: str = "hf") -> None:
     """One ``python -m ebpo_verl.main`` run on its own local Ray instance; its output goes to ``work/<run>.log``."""
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env = {
@@ -165,7 +185,7 @@ def train(work: Path, files: dict, run: str, extra: list[str], timeout: int) -> 
         "RAY_DEDUP_LOGS": "0",
     }
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "ebpo_verl.main", *overrides(work, files, run, ray_tmp), *extra]
+    cmd = [sys.executable, "-m", "ebpo_verl.main", *overrides(work, files, run, ray_tmp, rollout), *extra]
     log = work / f"{run}.log"
     start = time.monotonic()
     print(f"[cpu_smoke] run {run}: {log}", flush=True)
@@ -198,13 +218,48 @@ def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
     return sorted(set(rows))
 
 
-def check(work: Path, files: dict) -> None:
-    """All acceptance assertions; raises AssertionError naming the first failure."""
+def dump_scores(work: Path, run: str, step: int) -> dict[str, list[float]]:
+    """The rewards verl computed at ``step`` (its rollout dump), grouped by prompt."""
+    groups: dict[str, list[float]] = {}
+    for line in (work / f"rollouts_{run}" / f"{step}.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        groups.setdefault(entry["input"], []).append(float(entry["score"]))
+    return groups
+
+
+def check_continues(saved: dict, after: dict, groups: dict[str, list[float]]) -> None:
+    """``after`` is ``saved`` plus exactly one batch: counts add up exactly and the running means are the
+    weighted means of the saved ones and the batch's (recomputed here from the rewards in verl's dump)."""
+    assert after["steps"] == saved["steps"] + 1, f"EB steps {saved['steps']} -> {after['steps']}"
+    assert after["prompts_seen"] == saved["prompts_seen"] + len(groups) == 3 * BATCH, "prompts_seen does not add up"
+    scores = [x for g in groups.values() for x in g]
+    means = [sum(g) / len(g) for g in groups.values()]
+    for part, batch in (("rewards", scores), ("group_means", means)):
+        (n0, m0, _), (n1, m1, _) = saved["global"][part], after["global"][part]
+        assert n1 == n0 + len(batch), f"EB {part} count {n0} + {len(batch)} != {n1}"
+        want = (n0 * m0 + sum(batch)) / n1
+        assert math.isclose(m1, want, rel_tol=1e-12, abs_tol=1e-15), f"EB {part} mean {m1!r} != {want!r}"
+
+
+def check(work: Path, files: dict, rollout: str = "hf") -> None:
+    """All acceptance assertions; raises AssertionError naming the first failure.
+
+    The resumed run must start from the saved EB state exactly: its state after step 3 is the step-2 state
+    plus its own step-3 batch. With the ``hf`` rollout (seeded per request) the resumed step 3 also equals the
+    uninterrupted one; vLLM's sampling is not reproducible across runs, so there only the continuation holds.
+    """
     import pyarrow.parquet as pq
 
-    from ebpo_verl.metrics_log import read_metrics_log
+    from ebpo_verl.metrics_log import read_metrics_log, read_provenance
+    from ebpo_verl.provenance import check as check_provenance
 
     a = read_metrics_log(work / "ckpt_a" / "metrics.jsonl")
+    for run in ("a", "b"):  # every attempt's provenance sidecar: commit, versions, hardware, command, seeds
+        log = work / f"ckpt_{run}" / "metrics.jsonl"
+        attempts = read_provenance(log)
+        assert attempts, f"{log}: no provenance sidecar"
+        for attempt in attempts:
+            check_provenance(attempt["provenance"], f"{log}.provenance.json")
     b = read_metrics_log(work / "ckpt_b" / "metrics.jsonl")
     assert sorted(a) == [1, 2, 3], f"run A logged steps {sorted(a)}, expected [1, 2, 3]"
     assert sorted(b) == [3], f"resumed run B logged steps {sorted(b)}, expected [3]"
@@ -213,7 +268,7 @@ def check(work: Path, files: dict) -> None:
             missing = [k for k in EBPO_KEYS if k not in data]
             assert not missing, f"run {run} step {step}: ebpo metrics missing: {missing}"
             assert data.get("actor/grad_norm", 0) > 0, f"run {run} step {step}: no actor/grad_norm (no training?)"
-            # the rollout server samples with the weights the actor holds (else its log-probs would not match)
+            # the rollout samples with the weights the actor holds (else its log-probs would not match)
             diff = data["training/rollout_probs_diff_max"]
             assert diff < 1e-3, f"run {run} step {step}: rollout vs actor probability diff {diff}"
         assert VAL_KEY in metrics[3], f"run {run}: {VAL_KEY} not logged at step 3: {sorted(metrics[3])}"
@@ -228,14 +283,17 @@ def check(work: Path, files: dict) -> None:
     # B started from exactly A's step-2 state: its step 3 saw A's step-2 prompts plus one batch
     assert a[2]["ebpo/prompts_seen"] == 2 * BATCH, f"A saw {a[2]['ebpo/prompts_seen']} prompts by step 2"
     assert b[3]["ebpo/prompts_seen"] == a[2]["ebpo/prompts_seen"] + BATCH, "B did not start from the step-2 state"
-    for key in sorted(k for k in a[3] if k.startswith("ebpo/")):
-        assert key in b[3], f"run B step 3: {key} missing"
-        assert a[3][key] == b[3][key] or math.isclose(a[3][key], b[3][key], rel_tol=1e-12, abs_tol=1e-15), (
-            f"step-3 {key}: uninterrupted {a[3][key]!r} != resumed {b[3][key]!r}"
-        )
     state_a = json.loads((work / "ckpt_a" / "global_step_3" / "ebpo_state.json").read_text())["state"]
     state_b = json.loads((work / "ckpt_b" / "global_step_3" / "ebpo_state.json").read_text())["state"]
-    assert state_a == state_b, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
+    check_continues(saved["state"], state_a, dump_scores(work, "a", 3))
+    check_continues(saved["state"], state_b, dump_scores(work, "b", 3))
+    if rollout == "hf":
+        for key in sorted(k for k in a[3] if k.startswith("ebpo/")):
+            assert key in b[3], f"run B step 3: {key} missing"
+            assert a[3][key] == b[3][key] or math.isclose(a[3][key], b[3][key], rel_tol=1e-12, abs_tol=1e-15), (
+                f"step-3 {key}: uninterrupted {a[3][key]!r} != resumed {b[3][key]!r}"
+            )
+        assert state_a == state_b, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
 
     # curriculum: each step is one topic block, blocks never repeat, and the resumed step 3 is A's step 3
     topics = [e["topic"] for e in pq.read_table(files["train"]).column("extra_info").to_pylist()]
@@ -248,23 +306,27 @@ def check(work: Path, files: dict) -> None:
     assert len(set(block_topics)) == STEPS, f"run A repeated a topic block: {block_topics}"
     resumed = step_rows(work, "b", 3, files["train"])
     assert resumed == seen[2], f"resumed step 3 trained on rows {resumed}, uninterrupted on {seen[2]}"
-    print(f"[cpu_smoke] OK: topic blocks {block_topics}; step-3 ebpo/* equal across resume; {VAL_KEY} logged")
+    same = "step-3 ebpo/* equal across resume" if rollout == "hf" else "resumed EB state continues the saved one"
+    print(f"[cpu_smoke] OK ({rollout} rollout): topic blocks {block_topics}; {same}; {VAL_KEY} logged")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
     parser.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per training run")
+    parser.add_argument(
+        "--rollout", choices=ROLLOUTS, default="hf", help="verl's vLLM rollout (vLLM's CPU build) or the HF server"
+    )
     args = parser.parse_args(argv)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="ebpo-cpu-smoke-"))).resolve()
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
     files = prepare(work)
-    train(work, files, "a", [], args.run_timeout)
+    train(work, files, "a", [], args.run_timeout, args.rollout)
     resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
-    train(work, files, "b", resume, args.run_timeout)
-    check(work, files)
+    train(work, files, "b", resume, args.run_timeout, args.rollout)
+    check(work, files, args.rollout)
 
 
 if __name__ == "__main__":
