@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.provenance import describe_hardware, short_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPECS = ("quick=docs/study_quick.json",)
@@ -45,6 +46,18 @@ def _ci(stat: list) -> str:
 def _duration(seconds: float) -> str:
     minutes, sec = divmod(round(seconds), 60)
     return f"{minutes} min {sec} s" if minutes else f"{sec} s"
+
+
+def provenance_line(summary: dict) -> str:
+    """The line under the tables naming the code and machine that produced them ("" for a summary written before
+    provenance was recorded)."""
+    record = summary.get("provenance")
+    if not record:
+        return ""
+    return (
+        f"\nProduced by ebpo-verl commit {short_commit(record)} on {describe_hardware(record)} "
+        f"(verl {record.get('verl')}, torch {record.get('torch')}), started {record.get('started')}.\n"
+    )
 
 
 def render(summary: dict) -> str:
@@ -79,7 +92,7 @@ updates clipped at norm 1.0:
 
 {head}
 {chr(10).join(dynamics)}
-"""
+{provenance_line(summary)}"""
     except (KeyError, TypeError, IndexError) as err:
         raise ReadmeTableError(
             f"summary of preset {summary.get('preset', '?')!r} lacks field {err}: regenerate it with "

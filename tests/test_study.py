@@ -288,6 +288,89 @@ def test_grpo_learns_addition(tiny_study, one_thread):
     assert np.mean(gains) > 0.04 and min(gains) > 0.02, gains
 
 
+# ---------------------------------------------------------------- otb: verl's Optimal Token Baseline
+
+
+def _otb_by_hand(rewards, lengths, old_logp, spp, groups):
+    """OTB's formula, written out per group, token and response in plain Python (arXiv 2602.07078 as verl 0.9.1
+    implements it): w_t = 1 - 2 pi_t + sum pi^2, W_t = w_1 + ... + w_t, B_t = sum_i G_i W_it / (sum_i W_it + 1e-8)
+    over the group's responses still running at t, the unique longest response's baseline 0 past the second
+    longest, A_t = G_t - B_t with the outcome reward as the return G_t at every token of the response."""
+    n, width = len(rewards), max(lengths)
+    w_cum = [[0.0] * width for _ in range(n)]
+    for i in range(n):
+        total = 0.0
+        for t in range(lengths[i]):
+            total += 1.0 - 2.0 * float(np.exp(old_logp[i][t])) + spp[i][t]
+            w_cum[i][t] = total
+    adv = [[0.0] * width for _ in range(n)]
+    for members in groups:
+        by_length = sorted(lengths[i] for i in members)
+        longest = [i for i in members if lengths[i] == by_length[-1]]
+        for t in range(width):
+            live = [i for i in members if t < lengths[i]]
+            num = sum(rewards[i] * w_cum[i][t] for i in live)
+            den = sum(w_cum[i][t] for i in live) + 1e-8
+            for i in live:
+                tail = len(longest) == 1 and i == longest[0] and by_length[-1] > by_length[-2] and t >= by_length[-2]
+                adv[i][t] = rewards[i] - (0.0 if tail else num / den)
+    return adv
+
+
+def test_otb_advantages_are_verls_registered_formula():
+    """The study's otb advantages (verl's registered optimal_token_baseline, fed old_log_probs and sum_pi_squared)
+    equal OTB's formula computed by hand: two groups of three, one with a unique longest response."""
+    from ebpo_verl.study.rl import ESTIMATORS, _advantages
+
+    rewards = [0.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    lengths = [1, 4, 2, 3, 3, 1]
+    gen = torch.Generator().manual_seed(0)
+    old_logp = -torch.rand(6, 4, generator=gen) * 2
+    spp = 0.2 + 0.7 * torch.rand(6, 4, generator=gen)
+    mask = torch.arange(4)[None, :] < torch.tensor(lengths)[:, None]
+    old_logp = old_logp * mask  # as the sampler returns them: 0 past the end
+    index = np.array(["a"] * 3 + ["b"] * 3, dtype=object)
+    got = _advantages(
+        ESTIMATORS["otb"], torch.tensor(rewards), mask, index, np.array(["add"] * 6), np.arange(6), (old_logp, spp)
+    )
+    want = _otb_by_hand(rewards, lengths, old_logp.tolist(), spp.tolist(), [[0, 1, 2], [3, 4, 5]])
+    np.testing.assert_allclose(got.numpy(), np.array(want), atol=1e-6)
+    assert got[1, 2:].tolist() == [1.0, 1.0]  # the unique longest response past the second longest: A = G = 1
+    with pytest.raises(ValueError, match="otb needs"):
+        _advantages(ESTIMATORS["otb"], torch.tensor(rewards), mask, index, np.array(["add"] * 6), np.arange(6))
+
+
+def test_sum_pi_squared_is_the_policys_collision_probability():
+    """The sum of squared next-token probabilities from verl's logsumexp form equals softmax(logits)**2 summed,
+    and lies in [1/V, 1]."""
+    from ebpo_verl.study.rl import sum_pi_squared
+    from ebpo_verl.study.tasks import VOCAB_SIZE
+
+    torch.manual_seed(0)
+    model = TinyPolicy()
+    splits = make_splits({"heldout": 8, "train": 8, "sft": 8}, seed=0, topics=("add",))
+    prompts, targets = splits["train"].prompts, splits["train"].targets
+    got = sum_pi_squared(model, prompts, targets)
+    with torch.no_grad():
+        probs = torch.softmax(model.response_logits(prompts, targets).double(), dim=-1)
+    assert got.shape == targets.shape
+    assert torch.allclose(got.double(), (probs**2).sum(-1), atol=1e-6)
+    assert (got >= 1 / VOCAB_SIZE - 1e-6).all() and (got <= 1 + 1e-6).all()
+
+
+def test_otb_trains_through_run_rl(one_thread):
+    """A short otb run: finite metrics, and no zero-signal group where the rewards differ within the group."""
+    torch.manual_seed(0)
+    model = TinyPolicy()
+    splits = make_splits({"heldout": 16, "train": 64, "sft": 8}, seed=0, topics=("add",))
+    train, held = splits["train"], splits["heldout"]
+    base_pass = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy()
+    cfg = RLConfig("otb", 4, seed=0, steps=2, responses_per_step=32, eval_every=2)
+    out = run_rl(model, train, held, base_pass, cfg)
+    assert all(np.isfinite(out[k]).all() for k in ("grad_norm", "entropy", "accuracy", "zero_signal"))
+    assert (out["zero_signal"] <= out["uniform_groups"] + 1e-9).all()
+
+
 # ---------------------------------------------------------------- resume, refusal, summary
 
 
@@ -361,8 +444,8 @@ def test_help_lists_presets_with_sizes(capsys):
         main(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    # quick: 4 estimators x 4 G + 2 order estimators x 2 extra orders = 20 cells x 5 seeds
-    assert "quick: 4 estimators x G in [2, 4, 8, 16], 5 seeds, 50 steps -> 100 runs, about 3 min" in text
+    # quick: 5 estimators x 4 G + 2 order estimators x 2 extra orders = 24 cells x 5 seeds
+    assert "quick: 5 estimators x G in [2, 4, 8, 16], 5 seeds, 50 steps -> 120 runs, " in text
     assert "tiny: 2 estimators x G in [4, 8], 2 seeds, 8 steps -> 10 runs" in text and "full:" in text
 
 
@@ -394,6 +477,36 @@ def test_summary_matches_runs_and_report(tiny_study):
     report = _md_table((tiny_study / "study.md").read_text(), "## Final held-out accuracy")
     readme = _md_table(block, "Final held-out exact pass@1")
     assert readme == report
+
+
+def test_tiny_summary_and_report_carry_provenance(tiny_study):
+    """summary.json holds a complete provenance record (this checkout's commit, the runs' seeds); study.md
+    prints the preset, commit and hardware under every table."""
+    from ebpo_verl.provenance import KEYS, check, describe_hardware, short_commit
+
+    record = check(json.loads((tiny_study / "summary.json").read_text())["provenance"], "summary.json")
+    assert list(record) == list(KEYS)
+    assert record["seed"] == {"runs": list(range(TINY.seeds)), "warm_start": 0}
+    assert record["command"].startswith("python -m ebpo_verl.study --preset tiny")
+    text = (tiny_study / "study.md").read_text()
+    source = f"*Source: preset tiny; ebpo-verl commit {short_commit(record)}; {describe_hardware(record)};"
+    tables = sum(
+        1
+        for a, b in zip(text.splitlines(), text.splitlines()[1:] + [""], strict=True)
+        if a.startswith("|") and not b.startswith("|")
+    )
+    assert tables >= 5 and text.count(source) == tables
+
+
+def test_figure_styles_tell_estimators_apart():
+    """Every estimator has its own colour and marker; ebpo and ebpo_batch differ in colour, marker and line style."""
+    from ebpo_verl.study.report import LEGEND_PT, STYLES, _style
+    from ebpo_verl.study.rl import ESTIMATORS
+
+    assert set(STYLES) == set(ESTIMATORS) and LEGEND_PT >= 9
+    assert len({c for c, _, _ in STYLES.values()}) == len(STYLES) == len({m for _, m, _ in STYLES.values()})
+    a, b = _style("ebpo", 2), _style("ebpo_batch", 3)
+    assert a["color"] != b["color"] and a["marker"] != b["marker"] and a["ls"] != b["ls"]
 
 
 def test_spo_frac_seen_counts_recurring_prompts(tiny_study, one_thread):
@@ -483,6 +596,7 @@ def test_tiny_preset_rerun_is_identical(tiny_study, tmp_path):
     for name in ("runs.json", "summary.json"):
         want, got = (_without_timings(json.loads((d / name).read_text())) for d in (tiny_study, tmp_path))
         want.pop("command", None), got.pop("command", None)
+        want.pop("provenance", None), got.pop("provenance", None)  # the start time and command differ
         assert got == want, name
     for saved in sorted((tiny_study / "runs").iterdir()):
         assert _without_timings(json.loads((tmp_path / "runs" / saved.name).read_text())) == _without_timings(

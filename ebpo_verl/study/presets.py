@@ -75,17 +75,18 @@ PRESETS: dict[str, Preset] = {
         rl={"steps": 8, "responses_per_step": 64, "lr": 3e-4, "eval_every": 4},
         workers=1,
     ),
-    # The default (about 3 min on 2 idle cores): GRPO, GRPO+BN, EBPO and EBPO as released (batch statistics) at
-    # G in {2, 4, 8, 16}, 5 seeds; the ordering table for grpo and ebpo at G = 4. 100 runs.
+    # The default: GRPO, GRPO+BN, EBPO, EBPO as released (batch statistics) and verl's Optimal Token Baseline (the
+    # strongest small-group competitor) at G in {2, 4, 8, 16}, 5 seeds; the ordering table for grpo and ebpo at
+    # G = 4. 120 runs.
     "quick": Preset(
         name="quick",
-        estimators=("grpo", "grpo_bn", "ebpo", "ebpo_batch"),
+        estimators=("grpo", "grpo_bn", "ebpo", "ebpo_batch", "otb"),
         group_sizes=(2, 4, 8, 16),
         seeds=5,
         order_estimators=("grpo", "ebpo"),
         order_group_size=4,
     ),
-    # Everything: all eleven estimators (the paper's eight plus shrinkage_js, bnpo and spo), G up to 32, 8 seeds,
+    # Everything: all twelve estimators (the paper's eight plus shrinkage_js, bnpo, spo and otb), G up to 32, 8 seeds,
     # 120 steps, the ordering table for all of them. In 120 steps a run at G >= 8 covers less than one epoch of the
     # RL prompts, so spo's tracker never sees a prompt twice there (study.md reports spo/frac_seen).
     "full": Preset(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from ebpo_verl.atomic import atomic_write_text, reporting_full_disk  # noqa: E402
+from ebpo_verl.provenance import describe_hardware, provenance, short_commit  # noqa: E402
 from ebpo_verl.study.rl import ESTIMATORS  # noqa: E402
 
 CURVES = {  # metric -> (figure file, y label)
@@ -132,22 +134,37 @@ def _save(fig, path: Path) -> None:
         os.replace(tmp, path)
 
 
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
+STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okabe-Ito) for the quick preset's five
+    "grpo": ("#0072B2", "o", "-"),
+    "grpo_bn": ("#E69F00", "s", "--"),
+    "ebpo": ("#000000", "^", "-"),
+    "ebpo_batch": ("#009E73", "v", (0, (5, 2, 1, 2))),
+    "otb": ("#CC79A7", "D", "-."),
+    "rloo": ("#56B4E9", "P", ":"),
+    "reinforce_pp": ("#D55E00", "X", "--"),
+    "ebpo_bb": ("#7F7F7F", "*", "-."),
+    "ebpo_topic": ("#8C564B", "h", ":"),
+    "shrinkage_js": ("#BCBD22", "<", "--"),
+    "bnpo": ("#17BECF", ">", "-."),
+    "spo": ("#9467BD", "p", ":"),
+}
+LEGEND_PT = 9
+FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
 
 
 def _style(est: str, k: int) -> dict:
-    """A fixed colour per estimator (its place in the registry), and a line style, marker and width per drawing
-    position ``k``, so lines that coincide (EBPO's zero-signal fraction is 0 in both variants) stay visible:
-    earlier lines are wider and drawn below the later, dashed ones."""
-    i = list(ESTIMATORS).index(est)
+    """A fixed colour, marker and line style per estimator (ebpo and ebpo_batch differ in all three; ebpo_batch's
+    markers are hollow), and a width and drawing order per position ``k``, so lines that coincide (EBPO's
+    zero-signal fraction is 0 in both variants) stay visible: earlier lines are wider and drawn below."""
+    color, marker, ls = STYLES[est]
     return {
-        "color": f"C{i % 10}",
-        "ls": LINESTYLES[k % len(LINESTYLES)],
-        "marker": MARKERS[k % len(MARKERS)],
-        "lw": max(2.6 - 0.5 * k, 1.0),
-        "ms": 4,
-        "zorder": 2 + k,
+        "color": color,
+        "ls": ls,
+        "marker": marker,
+        "mfc": "white" if est == "ebpo_batch" else color,
+        "lw": max(2.4 - 0.35 * k, 1.2),
+        "ms": 5,
+        "zorder": 3 + k,
     }
 
 
@@ -160,15 +177,17 @@ def curve_figure(
     by: str,
     fixed: dict,
     hline: tuple[float, str] | None = None,
+    source: str = "",
 ) -> None:
-    """One panel per ``groups`` value of config key ``by`` (G or order), one line per estimator (mean over seeds
-    and a 95% t-interval band, clipped at 0 since every plotted quantity is non-negative), among the runs whose
-    config matches ``fixed`` (e.g. the order, or G). ``hline`` = (y, label) draws a reference line."""
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), sharey=True, squeeze=False)
+    """One panel per ``groups`` value of config key ``by`` (G or order), one line per estimator (mean over seeds)
+    with 95% t-interval error bars at its markers, the estimators' bars shifted apart along x so that they do
+    not merge, among the runs whose config matches ``fixed`` (e.g. the order, or G). ``hline`` = (y, label)
+    draws a reference line; ``source`` (the preset and provenance) is printed under the figure."""
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.8 * len(groups), 3.4), sharey=True, squeeze=False)
     seeds = set()
     for ax, grp in zip(axes[0], groups, strict=True):
         if hline is not None:
-            ax.axhline(hline[0], color="0.3", lw=1, ls=(0, (1, 1)), label=hline[1], zorder=1)
+            ax.axhline(hline[0], color="0.45", lw=1, ls=(0, (1, 1)), label=hline[1], zorder=1)
         for k, est in enumerate(estimators):
             want = {"estimator": est, by: grp, **fixed}
             sel = [r for r in runs if all(r["config"][key] == v for key, v in want.items())]
@@ -178,19 +197,32 @@ def curve_figure(
             xs, mean, half = _curve_stats(sel, metric)
             style = _style(est, k)
             every = max(1, len(xs) // 6)
-            ax.plot(xs, mean, label=est, markevery=(k % every, every), **style)
-            low = np.clip(mean - half, 0, None)
-            ax.fill_between(xs, low, mean + half, color=style["color"], alpha=0.12, lw=0, zorder=1)
-        ax.set_title(f"{'G' if by == 'group_size' else 'order'} = {grp}")
+            at = np.arange(k % every, len(xs), every)
+            ax.plot(xs, mean, label=est, markevery=list(at), **style)
+            dodge = (k - (len(estimators) - 1) / 2) * 0.012 * (xs[-1] - xs[0])
+            low = np.minimum(half, mean)[at]  # every plotted quantity is >= 0: bars stop at 0 (and a fraction at 1)
+            high = np.minimum(half, 1.0 - mean)[at] if metric in FRACTIONS else half[at]
+            ax.errorbar(
+                xs[at] + dodge,
+                mean[at],
+                yerr=[low, high],
+                fmt="none",
+                ecolor=style["color"],
+                elinewidth=1.1,
+                capsize=2.5,
+                zorder=style["zorder"],
+            )
+        ax.set_title(f"{'G' if by == 'group_size' else 'order'} = {grp}", fontsize=10)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-    low, top = axes[0][0].get_ylim()  # shared y; every quantity is >= 0: no room below 0 but a small margin
-    if low < 0:  # that keeps a line at 0 off the axis line
-        axes[0][0].set_ylim(-0.03 * top, top)
+    low, top = axes[0][0].get_ylim()  # shared y; every quantity is >= 0: a line at 0 must not sit on the spine
+    if -0.03 * (top - low) < low <= 0:
+        axes[0][0].set_ylim(-0.04 * top, top)
     axes[0][0].set_ylabel(CURVES[metric][1])
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    axes[0][-1].legend(fontsize=LEGEND_PT, loc="upper left", bbox_to_anchor=(1.02, 1))
     n = "/".join(str(x) for x in sorted(seeds))
-    fig.text(0.5, -0.1, f"Lines: mean over {n} seeds; bands: 95% t-intervals over seeds.", ha="center", fontsize=8)
+    note = f"Lines: mean over {n} seeds; error bars: 95% t-intervals over seeds (shifted apart along x)."
+    fig.text(0.5, -0.02, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8.5)
     _save(fig, path)
 
 
@@ -198,9 +230,40 @@ def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
     return mean_ci([s[metric] for s in by_cell.get(cell, [])])[0]
 
 
-def summary(preset, base_info: dict, runs: list[dict], seconds: float, command: str, resumed: int) -> dict:
-    """The study's machine-readable summary (``summary.json``): what ran, and mean / 95% half-width / n over
-    seeds of every per-run scalar in every cell (NaN as null). ``scripts/readme_study_tables.py`` reads it."""
+def study_provenance(preset, seconds: float, command: str) -> dict:
+    """The provenance record of a study (:mod:`ebpo_verl.provenance`): its seeds are the runs' seeds 0..n-1 and
+    the warm start's seed 0; ``started`` is ``seconds`` before now."""
+    from ebpo_verl.study.runner import BASE_SEED
+
+    seed = {"runs": list(range(preset.seeds)), "warm_start": BASE_SEED}
+    return provenance(seed=seed, command=command, started=time.time() - seconds)
+
+
+def source_line(preset_name: str, record: dict) -> str:
+    """One line naming the preset and what produced the numbers, for under a table or a figure."""
+    return (
+        f"preset {preset_name}; ebpo-verl commit {short_commit(record)}; {describe_hardware(record)}; "
+        f"torch {record.get('torch')}, verl {record.get('verl')}; started {record.get('started')}"
+    )
+
+
+def _with_source_lines(text: str, line: str) -> str:
+    """``text`` with ``line`` (in italics) after every markdown table."""
+    out, lines = [], text.split("\n")
+    for i, ln in enumerate(lines):
+        out.append(ln)
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if ln.startswith("|") and not nxt.startswith("|"):
+            out += ["", f"*Source: {line}.*"]
+    return "\n".join(out)
+
+
+def summary(
+    preset, base_info: dict, runs: list[dict], seconds: float, command: str, resumed: int, record: dict | None = None
+) -> dict:
+    """The study's machine-readable summary (``summary.json``): what ran, its provenance, and mean / 95%
+    half-width / n over seeds of every per-run scalar in every cell (NaN as null).
+    ``scripts/readme_study_tables.py`` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
     by_cell = cells(runs, target)
 
@@ -221,6 +284,7 @@ def summary(preset, base_info: dict, runs: list[dict], seconds: float, command: 
         "estimators": list(preset.estimators),
         "group_sizes": list(preset.group_sizes),
         "warm_start_heldout_accuracy": round(base_info["heldout_accuracy"], 6),
+        "provenance": record if record is not None else study_provenance(preset, seconds, command),
         "cells": [
             {
                 "estimator": e,
@@ -241,6 +305,8 @@ def write_report(
     ws = base_info["heldout_accuracy"]
     target = ws + preset.target_gain
     by_cell = cells(runs, target)
+    record = study_provenance(preset, seconds, command)
+    source = source_line(preset.name, record)
     ests, gs = list(preset.estimators), list(preset.group_sizes)
     orders, o_ests, og = list(preset.orders), list(preset.order_estimators), preset.order_group_size
     main = lambda r, c: (r, c, "random")  # noqa: E731
@@ -250,10 +316,26 @@ def write_report(
     lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
     for metric, (fname, _) in CURVES.items():
         curve_figure(
-            runs, metric, gs, ests, out / fname, by="group_size", fixed={"order": "random"}, hline=lines.get(metric)
+            runs,
+            metric,
+            gs,
+            ests,
+            out / fname,
+            by="group_size",
+            fixed={"order": "random"},
+            hline=lines.get(metric),
+            source=source,
         )
     curve_figure(
-        runs, "accuracy", orders, o_ests, out / "ordering_curves.png", by="order", fixed={"group_size": og}, hline=warm
+        runs,
+        "accuracy",
+        orders,
+        o_ests,
+        out / "ordering_curves.png",
+        by="order",
+        fixed={"group_size": og},
+        hline=warm,
+        source=source,
     )
     captions = {
         "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
@@ -337,7 +419,8 @@ Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL st
 {_gradient_note(by_cell, ests, gs, og, clip)}
 
 ## Figures
-Lines are means over the {preset.seeds} seeds; bands are 95% t-intervals over seeds (clipped at 0).
+Lines are means over the {preset.seeds} seeds; error bars are 95% t-intervals over seeds (stopped at 0), shifted
+apart along x so that the estimators' intervals stay distinguishable; each figure names its preset and provenance.
 
 {chr(10).join(f"- [{f}]({f}): {c}" for f, c in captions.items())}
 
@@ -352,9 +435,11 @@ Lines are means over the {preset.seeds} seeds; bands are 95% t-intervals over se
 - The difficulty order ends on the hardest prompts, so its final accuracy measures the end of a curriculum,
   not its average.
 """
+    text = _with_source_lines(text, source)
     atomic_write_text(out / "study.md", text)
     atomic_write_text(
-        out / "summary.json", json.dumps(summary(preset, base_info, runs, seconds, command, resumed), indent=1) + "\n"
+        out / "summary.json",
+        json.dumps(summary(preset, base_info, runs, seconds, command, resumed, record), indent=1) + "\n",
     )
     return headline
 

@@ -5,7 +5,11 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
      (temperature 1);
   2. reward 1/0 by exact match, placed on the last response token (``token_level_rewards``);
   3. advantages from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the registry training uses),
-     with a fresh uid per prompt per step as ``index``;
+     with a fresh uid per prompt per step as ``index``; ``otb`` (verl's ``optimal_token_baseline``) also gets
+     what verl's trainer passes it with ``actor.calculate_sum_pi_squared=True``: the sampled tokens'
+     ``old_log_probs`` and ``sum_pi_squared`` (sum over the vocabulary of the squared token probabilities at
+     every response position, from the pre-update model's logits via verl's
+     ``calculate_sum_pi_squared_from_logits``), with no rollout importance weights;
   4. ``ppo_mini_batches`` gradient steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
      ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
      model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``,
@@ -21,7 +25,12 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, kl_penalty
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
+from verl.utils.torch_functional import (
+    calculate_sum_pi_squared_from_logits,
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+)
 from verl.workers.config.actor import ActorConfig
 
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
@@ -46,7 +55,7 @@ class Estimator:
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": Estimator("grpo"),
     "rloo": Estimator("rloo"),
-    "rf++_baseline": Estimator("reinforce_plus_plus_baseline"),
+    "reinforce_pp": Estimator("reinforce_plus_plus_baseline"),
     "grpo_bn": Estimator("ebpo", {"shrinkage": 0.0}),
     "ebpo": Estimator("ebpo"),
     "ebpo_batch": Estimator("ebpo", {"stats_scope": "batch"}),
@@ -56,6 +65,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "shrinkage_js": Estimator("shrinkage_js"),
     "bnpo": Estimator("bnpo"),
     "spo": Estimator("spo"),
+    # verl's Optimal Token Baseline (arXiv 2602.07078): a per-token baseline weighted by the path variance
+    "otb": Estimator("optimal_token_baseline"),
 }
 
 
@@ -145,6 +156,16 @@ def order_stream(train: ProblemSet, cfg: RLConfig, base_pass: np.ndarray) -> np.
     return draw
 
 
+OTB = "optimal_token_baseline"
+
+
+@torch.no_grad()
+def sum_pi_squared(model: TinyPolicy, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """(bs, L) sum over the vocabulary of the squared next-token probabilities at every response position (what
+    verl's actor computes with ``calculate_sum_pi_squared=True``), by verl's own function."""
+    return calculate_sum_pi_squared_from_logits(model.response_logits(prompts, responses))
+
+
 def _advantages(
     est: Estimator,
     rewards: torch.Tensor,
@@ -152,15 +173,32 @@ def _advantages(
     index: np.ndarray,
     topics: np.ndarray,
     problem_ids: np.ndarray,
+    otb_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(bs, L) advantages from verl's registry; the outcome reward sits on the last response token. ``spo`` gets
-    each row's training-problem index as its stable prompt key (as the trainer passes ``extra_info.index``)."""
+    each row's training-problem index as its stable prompt key (as the trainer passes ``extra_info.index``);
+    ``otb`` gets ``otb_inputs`` = (old_log_probs, sum_pi_squared), as verl's ``compute_advantage`` passes them."""
     fn = get_adv_estimator_fn(est.verl_name)
     maskf = mask.float()
     tlr = torch.zeros_like(maskf)
     tlr[torch.arange(len(rewards)), mask.sum(dim=1) - 1] = rewards
     if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config
         adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, norm_adv_by_std_in_grpo=True)
+        return adv
+    if est.verl_name == OTB:
+        if otb_inputs is None:
+            raise ValueError("otb needs (old_log_probs, sum_pi_squared) of the sampled responses")
+        old_logp, spp = otb_inputs
+        config = OmegaConf.create({"adv_estimator": OTB})
+        adv, _ = fn(
+            token_level_rewards=tlr,
+            response_mask=maskf,
+            index=index,
+            config=config,
+            old_log_probs=old_logp,
+            sum_pi_squared=spp,
+            rollout_is_weights=None,
+        )
         return adv
     config = OmegaConf.create({"adv_estimator": est.verl_name, "ebpo": dict(est.ebpo)})
     extra = {"labels": list(topics)} if est.uses_labels else {}
@@ -233,9 +271,11 @@ def run_rl(
         responses, mask, old_logp = sample(model, batch.prompts, g, gen)
         rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
         index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
-        adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g), np.repeat(batch_ids, g))
-        per_resp = adv[:, 0].view(p, g)
-        log["zero_signal"].append((per_resp.abs() < 1e-6).all(dim=1).float().mean().item())
+        otb_inputs = (old_logp, sum_pi_squared(model, prompts, responses)) if est.verl_name == OTB else None
+        adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g), np.repeat(batch_ids, g), otb_inputs)
+        # a group gives no signal when every advantage of every response token is zero (OTB's vary by token)
+        silent = ((adv.abs() < 1e-6) | ~mask).all(dim=1).view(p, g)
+        log["zero_signal"].append(silent.all(dim=1).float().mean().item())
         log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
         log["reward"].append(rewards.mean().item())
         if est.verl_name == "ebpo":
