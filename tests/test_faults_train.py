@@ -327,13 +327,14 @@ def test_malformed_overrides_are_one_line_errors(monkeypatch, capsys, override, 
     assert line.startswith(message), line
 
 
-def test_integer_switch_message_reads_right():
+def test_integer_switch_message_reads_right(tmp_path):
+    """``GROUP_SIZE=1 ...: set GROUP_SIZE to one`` read as "set it to 1": the fix names what to set it to."""
     spec = pytest.importorskip("ebpo_verl.recipes.spec")
     with pytest.raises(spec.RecipeError) as err:
-        spec._int({"GROUP_SIZE": "1"}, "GROUP_SIZE", 2, "responses per prompt")
-    assert str(err.value) == (
-        "GROUP_SIZE=1 is not an integer >= 2 (responses per prompt): set GROUP_SIZE to such an integer"
-    )
+        spec.RunSpec.from_env("qwen3_8b", {"WORK_DIR": str(tmp_path), "GROUP_SIZE": "1"})
+    message = str(err.value)
+    assert message.startswith("GROUP_SIZE=1 is not an integer >= 2 (") and "to one" not in message
+    assert message.endswith(": set GROUP_SIZE to such an integer")
 
 
 # ------------------------------------ the real trainer on CPU (scripts/cpu_smoke.py's model and data)
