@@ -308,11 +308,13 @@ class EBPOTrainerMixin:
 
     def _log_unlogged_step(self, tracking, path: str) -> None:
         """A run killed after its checkpoint but before verl logged that step (verl validates in between): the
-        training metrics saved with the checkpoint go to every backend now, unless the metrics log has them."""
+        training metrics saved with the checkpoint go to every backend now, unless the metrics log has them.
+        Only for a checkpoint of this run's own folder (a ``resume_path`` elsewhere starts another timeline)."""
         step = self._resumed_step
-        if step <= 0:
-            return
         folder = checkpoint_folder(self.config, step)
+        own = os.path.dirname(folder) == os.path.abspath(str(self.config.trainer.default_local_dir))
+        if step <= 0 or not own:
+            return
         try:
             saved = load_step_metrics(folder, step) or {}
         except ValueError as err:  # the metrics are a record, not training state: never stop the run for them
