@@ -145,6 +145,12 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
         resumed.logger.log(data={"val-core/x/acc/mean@1": 0.5}, step=2)  # val_before_train of the resumed run
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 2, 2]
+    # another run started from this checkpoint (resume_path, its own folder and log): another timeline, no step 2
+    resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path / 'ckpt' / 'global_step_2'}"]
+    branch = _stand_in_trainer(_config(tmp_path / "branch", f"trainer.metrics_log_path={tmp_path}/c.jsonl", *resume))
+    branch._load_checkpoint()
+    branch.logger = Tracking("p", "e", default_backend=[])
+    assert branch.global_steps == 2 and not (tmp_path / "c.jsonl").exists()
     assert lines[1]["data"] == expected and lines[2]["data"] == lines[3]["data"] == {"val-core/x/acc/mean@1": 0.5}
 
     # a completed step (its log line written before the crash) is never logged twice
