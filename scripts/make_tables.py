@@ -163,6 +163,7 @@ class Row:
     # provenance records of what produced the row's numbers (generate runs + grading, or the log's attempts)
     records: list[dict] = field(default_factory=list)
     hardware_records: list[dict] = field(default_factory=list)  # where the model ran (generation / training)
+    coverage: dict[str, str] = field(default_factory=dict)  # benchmark -> what a partial result covered
 
     @property
     def commits(self) -> list[str]:
@@ -225,12 +226,28 @@ def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool, int
     return protocol, scores, runs, all(v.get("complete", True) for v in benches.values()), step
 
 
+def results_coverage(path: Path) -> dict[str, str]:
+    """Benchmark -> what it covered, for the benchmarks of a RESULTS.json that are partial: ``--limit N`` (the
+    first N problems: "4/30 problems") or graded with ``--allow-partial`` ("70/80 samples")."""
+    out = {}
+    for bench, v in json.loads(path.read_text(encoding="utf-8"))["benchmarks"].items():
+        notes = []
+        if isinstance(v.get("problems_in_data"), int) and v.get("problems", 0) < v["problems_in_data"]:
+            notes.append(f"{v['problems']}/{v['problems_in_data']} problems")
+        if v.get("complete") is False:
+            notes.append(f"{v.get('samples')}/{v.get('problems', 0) * v.get('runs', 0)} samples")
+        if notes and bench in BENCHMARKS:
+            out[bench] = ", ".join(notes)
+    return out
+
+
 def fill(row: Row, path: str, how: str) -> None:
     """Read the run or RESULTS.json at ``path`` into ``row`` (or say why it stays empty)."""
     row.source = path
     if path.endswith(".json") and Path(path).is_file():
         row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path))
         row.records, row.hardware_records = results_provenance(Path(path))
+        row.coverage = results_coverage(Path(path))
         if not complete:
             row.missing = "incomplete: graded with --allow-partial"
         return
@@ -324,9 +341,10 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
 
     for row in rows:
         paper_avg, delta = _paper_avg(row)
-        scores = [_fmt(row.scores.get(b)) for b in BENCHMARKS]
+        scores = [_fmt(row.scores.get(b)) + (f" ({row.coverage[b]})" if b in row.coverage else "") for b in BENCHMARKS]
+        avg = _fmt(row.avg) + (" (partial)" if row.coverage and row.avg is not None else "")
         emit(
-            [row.section, row.method, *scores, _fmt(row.avg), _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)]
+            [row.section, row.method, *scores, avg, _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)]
             + [row.protocol, _numbers(row)]
         )
         if row.shows_paper and any(b in row.paper for b in BENCHMARKS):
@@ -342,6 +360,14 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
     missing = [r for r in rows if r.missing]
     if missing:
         lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
+    partial = [r for r in rows if r.coverage]
+    if partial:
+        lines += [
+            "",
+            "**Partial results, not comparable with full-benchmark numbers**: "
+            + "; ".join(f"{r.section}/{r.method} ({_coverage(r)})" for r in partial)
+            + ". (N/M problems: evaluated with --limit N; k/n samples: graded with --allow-partial.)",
+        ]
     return "\n".join(lines + provenance_footer(rows)) + "\n"
 
 
@@ -350,10 +376,15 @@ REFERENCE = "**PAPER, not ours**"
 
 
 def _numbers(row: Row) -> str:
-    """Whose numbers a row holds: ours (measured by this package) or, in the Paper Avg cell only, the paper's."""
+    """Whose numbers a row holds: ours (measured by this package; "ours, partial" when some benchmark covered
+    only part of it) or, in the Paper Avg cell only, the paper's."""
     if row.scores:
-        return "ours"
+        return "ours, partial" if row.coverage else "ours"
     return "not run"
+
+
+def _coverage(row: Row) -> str:
+    return "; ".join(f"{BENCHMARKS[b]} {note}" for b, note in row.coverage.items())
 
 
 def provenance_footer(rows: list[Row]) -> list[str]:
@@ -407,6 +438,7 @@ def _why(row: Row) -> str:
 def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
     head = ["section", "method", *BENCHMARKS, "avg", *[f"paper_{b}" for b in BENCHMARKS], "paper_avg"]
     head += ["diff_avg", "step", "k", "source", "missing", "protocol", "numbers", "commit", "hardware", "command"]
+    head += ["coverage"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(head)
@@ -418,7 +450,7 @@ def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
             + paper
             + [_fmt(paper_avg), _fmt(delta), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
             + [row.source, row.missing, row.protocol, ("ours" if row.scores else "") if is_contrast else _numbers(row)]
-            + [" ".join(row.commits), row.hardware if row.records else "", row.command]
+            + [" ".join(row.commits), row.hardware if row.records else "", row.command, _coverage(row)]
         )
     return buf.getvalue()
 

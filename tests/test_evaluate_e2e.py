@@ -199,6 +199,8 @@ def test_injected_answers_grade_and_tabulate_by_hand(setup, tmp_path):
         res = json.loads(out.read_text())
         assert {b: res["benchmarks"][b]["pass@1"] for b in SETS} == {b: 50.0 * n for b, n in right.items()}
         assert (res["average"], res["step"]) == (60.0, 7)
+        in_data = {b: len(load_problems(data, b, protocol)) for b in SETS}  # --limit 1: one of these evaluated
+        assert {b: res["benchmarks"][b]["problems_in_data"] for b in SETS} == in_data
         specs.append(f"Qwen3-8B/{method}={out}")
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--table", "main", "--out", str(tmp_path / "t"),
@@ -206,7 +208,8 @@ def test_injected_answers_grade_and_tabulate_by_hand(setup, tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     md = run.stdout
-    row = "| 100.00 | 50.00 | 0.00 | 100.00 | 50.00 | 60.00 |"
-    assert f"| Qwen3-8B | EBPO {row} 64.39 | -4.39 | 7 | paper |" in md  # paper Qwen3-8B EBPO avg 64.39
-    assert f"| Qwen3-8B | GRPO {row}  |  | 7 | verl |" in md  # verl protocol: no paper numbers beside it
+    cells = [f"{50.0 * right[b]:.2f} (1/{in_data[b]} problems)" for b in SETS]  # marked as --limit results
+    row = "| " + " | ".join(cells) + " | 60.00 (partial) |"
+    assert f"| Qwen3-8B | EBPO {row} 64.39 | -4.39 | 7 | paper | ours, partial |" in md  # paper EBPO avg 64.39
+    assert f"| Qwen3-8B | GRPO {row}  |  | 7 | verl | ours, partial |" in md  # verl protocol: no paper numbers
     assert "|  | EBPO (paper) | 76.80 | 56.04 | 47.92 | 86.25 | 54.93 |" in md

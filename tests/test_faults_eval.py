@@ -6,6 +6,8 @@ Finding 5: a ground truth that is empty, None or NaN never scores 1 and is refus
 Finding 6: `evaluate generate --workers 2` workers die with their parent, however it is killed.
 Finding 8: a full disk (a write raising ENOSPC) is one line naming the file and the free space, in the study,
 the evaluation and the data stages.
+Finding 9 (evaluation and data messages): estimate_pass_rate --pass-rates errors, non-UTF-8 input, an empty
+benchmark parquet (make_tables' marking of partial and --limit results: tests/test_tables.py).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ from ebpo_verl.evaluate.prompts import EvalInputError, load_problems
 
 
 @pytest.fixture(scope="module")
-def aime_twice(tmp_path_factory, shared_data) -> tuple[Path, Path]:
+def aime_twice(tmp_path_factory, hub_data) -> tuple[Path, Path]:
     """AIME 2024 prepared as shipped, and re-prepared from a copy with rows 3 and 7 swapped (as another hub
     revision may order them)."""
     work = tmp_path_factory.mktemp("aime")
-    lines = (shared_data / "aime2024.jsonl").read_text().splitlines()
+    lines = (hub_data / "aime2024.jsonl").read_text().splitlines()
     lines[3], lines[7] = lines[7], lines[3]
     (work / "reordered.jsonl").write_text("\n".join(lines) + "\n")
-    aime2024.prepare(work / "a", local_path=shared_data / "aime2024.jsonl")
+    aime2024.prepare(work / "a", local_path=hub_data / "aime2024.jsonl")
     aime2024.prepare(work / "b", local_path=work / "reordered.jsonl")
     return work / "a", work / "b"
 
@@ -360,13 +362,139 @@ def test_full_disk_in_the_evaluation(aime_twice, tmp_path, monkeypatch, capsys):
     assert re.search(_full(out), line) and not out.exists()
 
 
-def test_full_disk_in_data_prep(shared_data, tmp_path, monkeypatch, capsys):
+def test_full_disk_in_data_prep(hub_data, tmp_path, monkeypatch, capsys):
     import pyarrow.parquet as pq
 
     monkeypatch.setattr(pq, "write_table", _no_space)
     with pytest.raises(SystemExit) as exit_:
-        aime2024.main(["--out-dir", str(tmp_path), "--local-path", str(shared_data / "aime2024.jsonl")])
+        aime2024.main(["--out-dir", str(tmp_path), "--local-path", str(hub_data / "aime2024.jsonl")])
     assert exit_.value.code == 2
     line = _one_error_line(capsys.readouterr().err, "python -m data_prep.aime2024")
     assert re.search(_full(tmp_path / "aime2024.parquet"), line)
     assert list(tmp_path.iterdir()) == []
+
+
+def _write_parquet(path: Path, rows: list[dict]) -> Path:
+    import pyarrow.parquet as pq
+
+    from data_prep.schema import SCHEMA
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
+    return path
+
+
+def _aime_rows(data: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(data / "aime2024.parquet").to_pylist()
+
+
+def test_evaluate_refuses_empty_ground_truths(aime_twice, tmp_path):
+    """Finding 5 at the evaluate load: either protocol's ground truth (reward_model.ground_truth for verl,
+    extra_info.raw_answer for paper) empty, None or NaN -> one line naming the file and row."""
+    rows = _aime_rows(aime_twice[0])
+    bad = tmp_path / "verl"
+    rows_verl = [dict(r) for r in rows]
+    rows_verl[2] = {**rows_verl[2], "reward_model": {"ground_truth": "", "style": "rule"}}
+    _write_parquet(bad / "aime2024.parquet", rows_verl)
+    with pytest.raises(EvalInputError, match=r"aime2024.parquet: reward_model.ground_truth .* 0-based: 2 \(empty\)"):
+        load_problems(bad, "aime2024", "verl")
+    rows_paper = [dict(r) for r in rows]
+    rows_paper[1] = {**rows_paper[1], "extra_info": {**rows_paper[1]["extra_info"], "raw_answer": " $ $ "}}
+    _write_parquet(tmp_path / "paper" / "aime2024.parquet", rows_paper)
+    with pytest.raises(EvalInputError, match=r"aime2024.parquet: row 1 \(0-based\) has an empty extra_info.raw_answer"):
+        load_problems(tmp_path / "paper", "aime2024", "paper")
+    assert len(load_problems(tmp_path / "paper", "aime2024", "verl")) == len(rows)  # verl reads the other field
+
+
+def test_empty_benchmark_parquet_is_an_error(aime_twice, tmp_path, capsys):
+    """Not "all 0 samples already in ..." and a RESULTS.json saying complete: true."""
+    data = tmp_path / "data"
+    _write_parquet(data / "aime2024.parquet", [])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    gen = tmp_path / "gen.jsonl"
+    assert evaluate_main(_generate_argv(model, data, gen)) == 2
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.evaluate generate")
+    assert f"{data / 'aime2024.parquet'} has no rows" in line
+    assert not gen.exists()
+
+
+def _pass_rates(parquet: Path, rates: Path, tmp_path: Path, capsys) -> str:
+    from data_prep import estimate_pass_rate
+
+    with pytest.raises(SystemExit) as exit_:
+        estimate_pass_rate.main(["--pass-rates", str(rates), "--in", str(parquet), "--out", str(tmp_path / "o.pq")])
+    assert exit_.value.code == 2 and not (tmp_path / "o.pq").exists()
+    return _one_error_line(capsys.readouterr().err, "python -m data_prep.estimate_pass_rate")
+
+
+def test_pass_rates_errors_are_one_line(aime_twice, tmp_path, capsys):
+    parquet = aime_twice[0] / "aime2024.parquet"
+    n = len(_aime_rows(aime_twice[0]))
+
+    def rates(name: str, rows: list[dict]) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    good = [{"index": i, "pass_rate": 0.5} for i in range(n)]
+    unknown = rates("unknown.jsonl", [*good, {"index": 999, "pass_rate": 0.5}])
+    assert "unknown.jsonl: 1 index(s) not in the parquet, e.g. ['999']" in _pass_rates(
+        parquet, unknown, tmp_path, capsys
+    )
+    quoted = rates("quoted.jsonl", [*good[:2], {"index": 2, "pass_rate": "0.5"}, *good[3:]])
+    assert "quoted.jsonl, line 3: pass_rate is the string '0.5', not a number; write it without quotes" in _pass_rates(
+        parquet, quoted, tmp_path, capsys
+    )
+    zero = rates("zero.jsonl", [{"index": i, "n_correct": 0, "n": 0 if i == 1 else 16} for i in range(n)])
+    assert "zero.jsonl, line 2: n (samples per problem) is 0; it must be a whole number >= 1" in _pass_rates(
+        parquet, zero, tmp_path, capsys
+    )
+    csv = tmp_path / "rates.csv"
+    csv.write_text("index,pass_rate\n0,0.5\n1,half\n")
+    assert "rates.csv, line 3: pass_rate 'half' is not a number" in _pass_rates(parquet, csv, tmp_path, capsys)
+    twice = rates("twice.jsonl", [*good, good[4]])
+    assert f"twice.jsonl, line {n + 1}: index 4 repeats line 5" in _pass_rates(parquet, twice, tmp_path, capsys)
+
+
+def test_non_utf8_input_names_the_line(hub_data, tmp_path, capsys):
+    lines = (hub_data / "aime2024.jsonl").read_bytes().splitlines(keepends=True)
+    lines[4] = lines[4].replace(b'"', b'"\xff', 1)  # one Latin-1 byte in line 5, after its first quote (column 2)
+    bad = tmp_path / "aime.jsonl"
+    bad.write_bytes(b"".join(lines))
+    with pytest.raises(SystemExit):
+        aime2024.main(["--out-dir", str(tmp_path / "out"), "--local-path", str(bad)])
+    line = _one_error_line(capsys.readouterr().err, "python -m data_prep.aime2024")
+    assert f"{bad}, line 5: not UTF-8 (byte 0xff at byte column 3); re-save the file as UTF-8" in line
+    records = [json.loads(x) for x in (hub_data / "aime2024.jsonl").read_text().splitlines()]
+    doc = tmp_path / "aime.json"
+    doc.write_bytes(json.dumps(records, indent=1).encode().replace(b"[\n {", b"[\n \xfe{", 1))
+    with pytest.raises(SystemExit):
+        aime2024.main(["--out-dir", str(tmp_path / "out"), "--local-path", str(doc)])
+    assert f"{doc}, line 2: not UTF-8 (byte 0xfe at byte column 2)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_pass_rate_generations_refuse_other_input_rows(aime_twice, tiny_model, tmp_path, capsys):
+    """Finding 1 for estimate_pass_rate: its generations are keyed by row position and file name, so a resume
+    with a file of that name whose rows differ is refused, naming the first differing row."""
+    from data_prep import estimate_pass_rate
+
+    rows = _aime_rows(aime_twice[0])[:3]
+    first = _write_parquet(tmp_path / "a" / "train.parquet", rows)
+    other = _write_parquet(tmp_path / "b" / "train.parquet", [rows[0], rows[2], rows[1]])
+    gen = tmp_path / "gen.jsonl"
+
+    def argv(path: Path) -> list[str]:
+        return ["--model", str(tiny_model), "--in", str(path), "--out", str(tmp_path / "o.parquet"), "--n", "1",
+                "--engine", "hf", "--max-new-tokens", "2", "--generations", str(gen)]  # fmt: skip
+
+    estimate_pass_rate.main(argv(first))
+    assert len(read_generations(gen)[0]) == 3
+    with pytest.raises(SystemExit):
+        estimate_pass_rate.main(argv(other))
+    line = _one_error_line(capsys.readouterr().err, "python -m data_prep.estimate_pass_rate")
+    assert f"{gen} was generated from other train.parquet problems than the data holds now: problem index 1" in line

@@ -234,6 +234,39 @@ def test_curriculum_contrast_and_paper_rows(runs, tmp_path):
     assert "protocol: verl" in (out / "main.md").read_text()
 
 
+def test_limit_and_partial_results_are_marked(tmp_path):
+    """A --limit 4 AIME 2024 evaluation (4 of 30 problems) and an --allow-partial benchmark (470 of 480 samples)
+    never look like full-benchmark numbers: the cell says what it covered, Avg and Numbers say partial, a note
+    under the table explains, and the CSV has the coverage."""
+    path = tmp_path / "limit.json"
+    write_results(path, "paper", 60, 25, 20, 50, 40)
+    data = json.loads(path.read_text())
+    for v in data["benchmarks"].values():
+        v |= {"limit": None, "problems_in_data": 30}
+    data["benchmarks"]["aime2024"] |= {"problems": 4, "samples": 64, "limit": 4}
+    data["benchmarks"]["amc23"] |= {"samples": 470, "complete": False}
+    path.write_text(json.dumps(data))
+    out = tmp_path / "t"
+    make_tables.make_tables([f"Qwen3-8B/EBPO={path}"], out)
+    md = (out / "runs.md").read_text()
+    # avg (60 + 25 + 20 + 50 + 40) / 5 = 39.00
+    assert "| 60.00 | 25.00 (4/30 problems) | 20.00 | 50.00 (470/480 samples) | 40.00 | 39.00 (partial) |" in md
+    assert "| paper | ours, partial |" in md
+    assert (
+        "**Partial results, not comparable with full-benchmark numbers**: Qwen3-8B/EBPO (AIME24 4/30 problems; "
+        "AMC23 470/480 samples)" in md
+    )
+    row = read_csv(out / "runs.csv")["Qwen3-8B", "EBPO"]
+    assert (row["aime2024"], row["numbers"], row["coverage"]) == (
+        "25.00",
+        "ours, partial",
+        "AIME24 4/30 problems; AMC23 470/480 samples",
+    )
+    full = write_results(tmp_path / "full.json", "paper", 60, 25, 20, 50, 40)  # no limit keys (older file)
+    make_tables.make_tables([f"Qwen3-8B/EBPO={full}"], out)
+    assert "partial" not in (out / "runs.md").read_text()
+
+
 def test_results_file_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"protocol": "mine", "benchmarks": {}}')

@@ -4,8 +4,9 @@ generate --model M --data-dir DIR --protocol paper|verl --out GEN.jsonl [--bench
          [--runs N] [--engine vllm|hf] [engine options]
     Appends one line per sample to GEN.jsonl; re-running resumes (finished samples are skipped).
 grade --protocol paper|verl --generations GEN.jsonl --data-dir DIR --out RESULTS.json [--allow-partial]
-    Writes {"protocol", "model", "step", "benchmarks": {name: {"pass@1", "runs", "problems", ...}}, "average"}
-    ("step": the checkpoint's global step, null for a hub id or plain Hugging Face folder).
+    Writes {"protocol", "model", "step", "benchmarks": {name: {"pass@1", "runs", "problems", "limit",
+    "problems_in_data", "complete", ...}}, "average"} ("step": the checkpoint's global step, null for a hub id or
+    plain Hugging Face folder; "limit"/"problems_in_data": a --limit run evaluated "problems" of them).
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def grade(a: argparse.Namespace) -> None:
     print(f"protocol {results['protocol']}  model {results['model']}{step}")
     for name, b in results["benchmarks"].items():
         flag = "" if b["complete"] else f"  INCOMPLETE ({b['samples']} of {b['problems'] * b['runs']} samples)"
+        if b["problems"] < b["problems_in_data"]:
+            flag += f"  PARTIAL (--limit {b['limit']}: {b['problems']} of {b['problems_in_data']} problems)"
         score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"
         se = "" if b["pass@1_stderr"] is None else f" +- {b['pass@1_stderr']:.2f}"
         print(f"  {name:14s} pass@1 {score:>6s}{se:9s} ({b['problems']} problems x {b['runs']} runs){flag}")

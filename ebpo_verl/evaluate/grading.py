@@ -5,9 +5,11 @@
 the mean over its runs of the run's accuracy over all problems (same section: "each run samples every problem
 once and the reported number is the mean accuracy over the runs"); with every sample present this equals
 the mean over all samples. A benchmark with missing samples is an error, or with ``allow_partial`` is
-reported over the samples present and flagged ``"complete": false``. The ground truths come from
-``--data-dir``, so its problems must be those the samples were generated from: a benchmark whose problem
-digests (prompt and ground truth, stored in the meta) differ is refused, naming the first differing index.
+reported over the samples present and flagged ``"complete": false``; ``"limit"`` and ``"problems_in_data"``
+say whether a ``--limit`` run covered only the first problems (``scripts/make_tables.py`` marks both). The
+ground truths come from ``--data-dir``, so its problems must be those the samples were generated from: a
+benchmark whose problem digests (prompt and ground truth, stored in the meta) differ is refused, naming the
+first differing index.
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ def grade_file(
     for bench in sorted(meta["benchmarks"], key=lambda n: (BENCHMARKS + (n,)).index(n)):
         spec = meta["benchmarks"][bench]
         problems = load_problems(data_dir, bench, protocol, spec["limit"])
-        truth = {p.index: p.ground_truth for p in problems}
         if "digests" not in spec:
             print(
                 f"evaluate grade: warning: {generations} records no problem digests for {bench} (an older version "
@@ -98,6 +99,7 @@ def grade_file(
             why = problems_differ(generations, bench, spec, digests, str(Path(data_dir) / f"{bench}.parquet"))
             if why:
                 raise EvalInputError(why)
+        truth = {p.index: p.ground_truth for p in problems}
         runs = spec["runs"]
         mine = {(k[1], k[2]): r for k, r in records.items() if k[0] == bench}
         unknown = [k for k in mine if k[0] not in truth or not 0 <= k[1] < runs]
@@ -114,6 +116,9 @@ def grade_file(
         keys = sorted(mine)
         verdicts = grade_records(protocol, [(bench, mine[k]["response"], truth[k[0]]) for k in keys])
         results[bench] = summarize(mine, dict(zip(keys, verdicts, strict=True)), len(truth), runs)
+        # --limit: how many of the benchmark's problems were evaluated (make_tables marks a partial benchmark)
+        in_data = len(truth) if spec["limit"] is None else len(load_problems(data_dir, bench, protocol))
+        results[bench] |= {"limit": spec["limit"], "problems_in_data": in_data}
     if problems_missing and not allow_partial:
         raise EvalInputError(
             "incomplete generations: "
