@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.estimator import factorize_keys, padding_names
+from ebpo_verl.estimator import factorize_keys, padding_names, unknown_option_message
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -295,7 +295,7 @@ class SPOOptions:
         values = dict(mapping.items())
         unknown = sorted(set(values) - set(SPO_OPTION_KEYS))
         if unknown:
-            raise ValueError(f"unknown algorithm.spo option(s) {unknown}; valid keys: {list(SPO_OPTION_KEYS)}")
+            raise ValueError(unknown_option_message(unknown[0], "algorithm.spo", SPO_OPTION_KEYS))
         return cls(**values)
 
 

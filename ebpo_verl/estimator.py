@@ -112,7 +112,7 @@ class EBPOOptions:
         values = dict(mapping.items())
         unknown = sorted(set(values) - set(OPTION_KEYS))
         if unknown:
-            raise ValueError(f"unknown algorithm.ebpo option(s) {unknown}; valid keys: {list(OPTION_KEYS)}")
+            raise ValueError(unknown_option_message(unknown[0], "algorithm.ebpo", OPTION_KEYS))
         return cls(**values)
 
     @property
@@ -121,6 +121,31 @@ class EBPOOptions:
 
 
 OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EBPOOptions))
+
+
+def unknown_option_message(key: str, section: str, valid: Sequence[str]) -> str:
+    """The one error for an option key that does not exist (``algorithm.ebpo``, ``algorithm.spo``), with the
+    closest valid key."""
+    import difflib
+
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {section}.{close[0]}? " if close else ""
+    return f"unknown option {section}.{key}; {hint}valid keys: {', '.join(valid)}"
+
+
+_PARSED: dict[type, tuple[Any, dict | None, Any]] = {}
+
+
+def parsed_options(cls: type, node: Mapping[str, Any] | None) -> Any:
+    """``cls.from_mapping(node)``, parsed once per config node: verl hands the estimator the same ``algorithm``
+    node on every step, and the pre-flight and the trainer read that node too, so the options are read and
+    validated on its first use and reused after. A plain dict is read again when its contents change."""
+    hit = _PARSED.get(cls)
+    if hit is not None and hit[0] is node and (not isinstance(node, dict) or hit[1] == node):
+        return hit[2]
+    options = cls.from_mapping(node)
+    _PARSED[cls] = (node, dict(node) if isinstance(node, dict) else None, options)
+    return options
 RESUME_KEYS: tuple[str, ...] = tuple(k for k in OPTION_KEYS if k != "on_resume_mismatch")
 """The options a resume compares with the checkpoint's (all but ``on_resume_mismatch`` itself)."""
 

@@ -10,7 +10,6 @@ estimator is called and the training dataset is loaded), before the first rollou
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import os
 import socket
@@ -22,7 +21,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ebpo_verl.baselines import SPO_OPTION_KEYS, SPOOptions
-from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions, ignored_options, is_missing_label
+from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions, ignored_options, is_missing_label, parsed_options
+from ebpo_verl.estimator import unknown_option_message as _unknown_option_message
 
 ESTIMATOR = "ebpo"
 SPO = "spo"
@@ -56,11 +56,8 @@ def _options_section(config: Any, name: str, valid: Iterable[str]) -> Mapping[st
 def spo_options(config: Any) -> SPOOptions:
     """``algorithm.spo`` as validated :class:`~ebpo_verl.baselines.SPOOptions` (bad keys/values -> EBPOConfigError)."""
     mapping = _options_section(config, "spo", SPO_OPTION_KEYS)
-    unknown = sorted(set(mapping or ()) - set(SPO_OPTION_KEYS))
-    if unknown:
-        raise EBPOConfigError(unknown_option_message(unknown[0], "algorithm.spo"))
     try:
-        return SPOOptions.from_mapping(mapping)
+        return parsed_options(SPOOptions, mapping)
     except (TypeError, ValueError) as err:
         raise EBPOConfigError(str(err)) from err
 
@@ -68,11 +65,8 @@ def spo_options(config: Any) -> SPOOptions:
 def ebpo_options(config: Any) -> EBPOOptions:
     """``algorithm.ebpo`` as validated :class:`EBPOOptions` (unknown keys / bad values -> EBPOConfigError)."""
     mapping = _options_section(config, "ebpo", OPTION_KEYS)
-    unknown = sorted(set(mapping or ()) - set(OPTION_KEYS))
-    if unknown:
-        raise EBPOConfigError(unknown_option_message(unknown[0]))
     try:
-        return EBPOOptions.from_mapping(mapping)
+        return parsed_options(EBPOOptions, mapping)
     except (TypeError, ValueError) as err:
         raise EBPOConfigError(str(err)) from err
 
@@ -193,11 +187,8 @@ def ignored_options_warning(options: EBPOOptions) -> str | None:
 
 
 def unknown_option_message(key: str, section: str = "algorithm.ebpo") -> str:
-    """The error for an ``algorithm.ebpo`` (or ``algorithm.spo``) key that does not exist, with the closest one."""
-    valid = SPO_OPTION_KEYS if section == "algorithm.spo" else OPTION_KEYS
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {section}.{close[0]}? " if close else ""
-    return f"unknown option {section}.{key}; {hint}valid keys: {', '.join(valid)}"
+    """:func:`ebpo_verl.estimator.unknown_option_message` for ``algorithm.ebpo`` or ``algorithm.spo``."""
+    return _unknown_option_message(key, section, SPO_OPTION_KEYS if section == "algorithm.spo" else OPTION_KEYS)
 
 
 POSITIVE_INT_KEYS = (

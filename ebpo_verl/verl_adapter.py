@@ -21,7 +21,14 @@ from ebpo_verl.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
-from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, compute_ebpo_advantages, factorize_keys, padding_names
+from ebpo_verl.estimator import (
+    GLOBAL_STATE,
+    EBPOOptions,
+    compute_ebpo_advantages,
+    factorize_keys,
+    padding_names,
+    parsed_options,
+)
 from ebpo_verl.validation import ignored_options_warning
 
 NAME = "ebpo"
@@ -38,12 +45,13 @@ def compute_ebpo_outcome_advantage(
     """EBPO outcome advantage (arXiv 2602.05165): A_i = r_i - [(1 - S) mu_q + S mu_glob], batch-standardised.
 
     The response score is ``token_level_rewards.sum(-1)``; options come from ``config.ebpo`` (``config`` is
-    verl's ``algorithm`` node; None -> defaults); the running statistics are the process-wide
+    verl's ``algorithm`` node; None -> defaults; read once per node by :func:`~ebpo_verl.estimator.parsed_options`,
+    not on every step); the running statistics are the process-wide
     ``ebpo_verl.get_state()``. Rows whose uid starts with ``pad`` or whose response mask is all zero are padding:
     advantage 0, statistics untouched. ``labels`` (one per row) feed per-cluster priors when
     ``algorithm.ebpo.cluster_key`` is set. Returns (advantages, returns), both (bs, response_length).
     """
-    options = EBPOOptions.from_mapping(None if config is None else config.get("ebpo", None))
+    options = parsed_options(EBPOOptions, None if config is None else config.get("ebpo", None))
     _report_ignored_options(options)
     _check_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
@@ -134,7 +142,7 @@ def compute_spo_outcome_advantage(
     every step, so without ``prompt_keys`` this raises rather than track nothing. Options: ``config.spo``.
     Returns (advantages, returns), both (bs, response_length).
     """
-    options = SPOOptions.from_mapping(None if config is None else config.get("spo", None))
+    options = parsed_options(SPOOptions, None if config is None else config.get("spo", None))
     if prompt_keys is None:
         raise ValueError(
             "adv_estimator=spo needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "

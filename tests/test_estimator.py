@@ -443,7 +443,7 @@ def test_state_dict_rejects_other_versions():
 @pytest.mark.parametrize(
     ("mapping", "pattern"),
     [
-        ({"priorr": "gaussian"}, r"unknown.*'priorr'.*valid keys.*'stats_scope'"),
+        ({"priorr": "gaussian"}, r"unknown option algorithm\.ebpo\.priorr; did you mean .*prior\? valid keys"),
         ({"norm": "std"}, r"norm='std'.*\('batch', 'group', 'none'\)"),
         ({"shrinkage": 1.5}, r"shrinkage=1.5.*\[0, 1\]"),
         ({"shrinkage": "half"}, r"shrinkage='half'"),
