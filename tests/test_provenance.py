@@ -116,11 +116,11 @@ def test_metrics_log_sidecar_follows_attempts(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, shared_data):
+def data_dir(tmp_path_factory, hub_data):
     from data_prep.all import prepare_all
 
     out = tmp_path_factory.mktemp("data")
-    prepare_all(out, shared_data, "dapo", False, ("aime2024",))
+    prepare_all(out, hub_data, "dapo", False, ("aime2024",))
     return out
 
 
