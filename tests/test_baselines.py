@@ -564,6 +564,7 @@ def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
     assert target.steps == 0 and len(target.keys) == 0
 
 
+@pytest.mark.slow
 def test_spo_dataset_check_on_prepared_data(hub_data, tiny_tokenizer, tmp_path):
     """data_prep's extra_info.index is a unique key within a file; two files repeat it, which is refused."""
     from data_prep import dapo_math, math500
@@ -595,6 +596,7 @@ def test_check_config_refuses_bad_spo_options():
 # ---------------------------------------------------------------------------------- Ray, TransferQueue
 
 
+@pytest.mark.slow
 def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
     @ray_local.remote
     class Probe:
@@ -609,6 +611,7 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
     assert not before and set(modules.values()) == {"ebpo_verl.verl_adapter"}
 
 
+@pytest.mark.slow
 def test_spo_advantage_step_through_transfer_queue(ray_local):
     """verl's v1 flow: rows in TransferQueue -> _compute_advantage -> keys from extra_info reach the tracker."""
     import transfer_queue as tq
@@ -659,6 +662,7 @@ def test_spo_advantage_step_through_transfer_queue(ray_local):
 # ------------------------------------------------------------------------------------------- benchmark
 
 
+@pytest.mark.slow
 def test_benchmark_times_the_baselines_against_grpo_vectorized():
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_advantage.py"), "--shapes", "8x4x16", "--repeats", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -671,6 +675,7 @@ def test_benchmark_times_the_baselines_against_grpo_vectorized():
 
 
 @pytest.mark.parametrize("name", ["shrinkage_js", "bnpo", "spo"])
+@pytest.mark.slow
 def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name):
     from ebpo_verl.study.policy import PolicyConfig, TinyPolicy
     from ebpo_verl.study.presets import PRESETS

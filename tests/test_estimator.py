@@ -650,6 +650,7 @@ def test_registration_is_idempotent():
     assert get_adv_estimator_fn("ebpo") is adapter.compute_ebpo_outcome_advantage
 
 
+@pytest.mark.slow
 def test_registered_in_a_ray_actor_through_the_entry_point_alone():
     ray = pytest.importorskip("ray")
 

@@ -31,6 +31,7 @@ def setup(tmp_path_factory, hub_data):
     return work
 
 
+@pytest.mark.slow
 def test_generate_resume_grade_tables(setup, tmp_path):
     data, model = setup / "data", setup / "tiny"
     gen = tmp_path / "gen.jsonl"
@@ -73,6 +74,7 @@ def test_generate_resume_grade_tables(setup, tmp_path):
     assert "protocol: verl" in out.stdout and "| tiny | hf | " in out.stdout
 
 
+@pytest.mark.slow
 def test_eval_sh_both_protocols_and_idempotent(setup, tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "WORK_DIR": str(tmp_path), "DATA_DIR": str(setup / "data"),
            "EVAL_PROTOCOL": "both"}  # fmt: skip
@@ -130,6 +132,7 @@ def fsdp_checkpoint(tiny: Path, step_dir: Path) -> dict:
     return model.state_dict()
 
 
+@pytest.mark.slow
 def test_real_verl_merge_once_atomically(setup, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
@@ -154,6 +157,7 @@ def test_real_verl_merge_once_atomically(setup, tmp_path):
     assert sorted(p.name for p in broken.iterdir()) == ["actor"]  # nothing half-merged left behind
 
 
+@pytest.mark.slow
 def test_eval_sh_on_a_checkpoint_root_merges_once(setup, tmp_path):
     root = tmp_path / "ckpt" / "qwen3_8b-ebpo-g4-topic"
     fsdp_checkpoint(setup / "tiny", root / "global_step_3")
@@ -168,6 +172,7 @@ def test_eval_sh_on_a_checkpoint_root_merges_once(setup, tmp_path):
     assert res["model"] == str((root / "global_step_3" / MERGED).resolve()) and res["protocol"] == "paper"
 
 
+@pytest.mark.slow
 def test_injected_answers_grade_and_tabulate_by_hand(setup, tmp_path):
     """generate (tiny model) -> responses replaced by known-right / known-wrong answers -> grade -> make_tables:
     hand-computed pass@1 per benchmark under both protocols, the evaluated step in the Step column, and the

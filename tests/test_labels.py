@@ -36,6 +36,7 @@ def _blobs(seed: int = 0, per: int = 20, dim: int = 16) -> tuple[np.ndarray, np.
 
 
 @pytest.mark.parametrize("use_umap", [False, True])
+@pytest.mark.slow
 def test_cluster_recovers_known_groups_deterministically(use_umap):
     from sklearn.metrics import adjusted_rand_score
 
@@ -66,6 +67,7 @@ def test_embeddings_offline_and_semantic():
     assert e[0] @ e[1] > e[0] @ e[2] + 0.2  # paraphrase far closer than an unrelated problem
 
 
+@pytest.mark.slow
 def test_label_topics_end_to_end_deterministic(small_parquet, tmp_path, capsys):
     out1 = lt.main(["--in", str(small_parquet), "--out", str(tmp_path / "a.parquet"), "--k", "4", "--no-umap"])
     out2 = lt.main(["--in", str(small_parquet), "--out", str(tmp_path / "b.parquet"), "--k", "4", "--no-umap"])
@@ -178,6 +180,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_label_topics_output_is_0644_under_umask_022(small_parquet, tmp_path):
     out = tmp_path / "labelled.parquet"
     args = ["--in", str(small_parquet), "--out", str(out), "--k", "3", "--no-umap"]

@@ -109,6 +109,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
     shown = _cli("--cfg", "job", "algorithm.ebpo.cluster_key=topic", "actor_rollout_ref.rollout.n=8")
     assert shown.returncode == 0, shown.stderr
@@ -236,6 +237,7 @@ def test_main_dry_run_refuses_what_a_run_refuses(monkeypatch, capsys, case):
     assert "Traceback" not in err and "pre-flight: ok" not in err
 
 
+@pytest.mark.slow
 def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
     run_dir = f"hydra.run.dir={tmp_path / 'hydra'}"
     missing = tmp_path / "missing.parquet"
@@ -280,6 +282,7 @@ def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
     assert "pre-flight: ok (world size 32; " in err
 
 
+@pytest.mark.slow
 def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
     small, big = _parquet(tmp_path / "small.parquet", 5), _parquet(tmp_path / "big.parquet", 11)
     mini = "actor_rollout_ref.actor.ppo_mini_batch_size=8"
@@ -349,6 +352,7 @@ def _entry_point(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_main_console_script(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONWARNINGS": "ignore", "HOME": str(tmp_path)}
     script = Path(sys.executable).parent / "ebpo-train"
@@ -393,6 +397,7 @@ def _checkpoint(root: Path, step: int, ebpo: EBPOOptions | None = None, spo: SPO
     return folder
 
 
+@pytest.mark.slow
 def test_main_preflight_refuses_a_resume_with_other_options_before_ray(monkeypatch, capsys, tmp_path):
     ckpt = tmp_path / "ckpt"
     folder = _checkpoint(ckpt, 3, ebpo=EBPOOptions(decay=0.9))

@@ -185,6 +185,7 @@ def two_node_cluster(tmp_path_factory):
             patch.undo()
 
 
+@pytest.mark.slow
 def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_cluster):
     import ray
 
@@ -270,6 +271,7 @@ def test_a_check_task_that_dies_names_its_node(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.rglob(f"{MARKER_PREFIX}*")]
 
 
+@pytest.mark.slow
 def test_task_runner_checks_the_nodes_before_building_the_trainer(monkeypatch):
     """EBPOTaskRunner.run: pre-flight, then the node check, whose failure stops the run before any trainer."""
     import ebpo_verl.trainer as trainer

@@ -261,6 +261,7 @@ def _responses(raw: str) -> list[str]:
     return [f"Let me work it out.\nAnswer: {raw}", f"Hence the result is $\\boxed{{{bare}}}$."]
 
 
+@pytest.mark.slow
 def test_acceptance_every_row_of_every_file(hub_data, tmp_path, capsys):
     import importlib
 

@@ -85,6 +85,7 @@ def test_sampler_log_probs_match_teacher_forcing():
             assert all(m[: k + 1]) and not any(m[k + 1 :]) and all(t == PAD for t in r[k + 1 :])
 
 
+@pytest.mark.slow
 def test_exact_pass_at_1_matches_sampling_frequency():
     """The teacher-forced probability of the target equals the frequency of exact hits among many samples."""
     torch.manual_seed(3)
@@ -182,6 +183,7 @@ def _md_table(text: str, heading: str) -> list[list[str]]:
     return block
 
 
+@pytest.mark.slow
 def test_tiny_writes_everything(tiny_study):
     for name in (
         "study.md",
@@ -220,6 +222,7 @@ def test_tiny_writes_everything(tiny_study):
             assert m["zero_signal"] == m["uniform_groups"]
 
 
+@pytest.mark.slow
 def test_tiny_tables_well_formed(tiny_study):
     text = (tiny_study / "study.md").read_text()
     cell = re.compile(r"^\d\.\d{3} ± \d\.\d{3}$")
@@ -236,6 +239,7 @@ def test_tiny_tables_well_formed(tiny_study):
     assert all(c.startswith("0.000") for c in ebpo[1:])  # EB shrinkage leaves no group without signal
 
 
+@pytest.mark.slow
 def test_runs_are_deterministic(tiny_study, one_thread):
     base = _tiny_base(tiny_study)
     runs = json.loads((tiny_study / "runs.json").read_text())["runs"]
@@ -250,10 +254,11 @@ def test_runs_are_deterministic(tiny_study, one_thread):
 
 def _tiny_base(tiny_study) -> TinyPolicy:
     base = TinyPolicy(TINY.policy)
-    base.load_state_dict(torch.load(tiny_study / "base_model.pt"))
+    base.load_state_dict(torch.load(tiny_study / "base_model.pt", weights_only=True))
     return base
 
 
+@pytest.mark.slow
 def test_warm_start_above_chance(tiny_study):
     """The warm start answers far better than its random initialisation, and its pass rates spread."""
     info = json.loads((tiny_study / "runs.json").read_text())["base"]
@@ -267,6 +272,7 @@ def test_warm_start_above_chance(tiny_study):
     assert (warm < 0.1).float().mean() > 0.05 and (warm > 0.8).float().mean() > 0.1  # hard and easy prompts
 
 
+@pytest.mark.slow
 def test_grpo_learns_addition(tiny_study, one_thread):
     """GRPO at G=8 on the addition topic raises held-out exact pass@1.
 
@@ -378,6 +384,7 @@ def _without(text: str, prefix: str) -> str:
     return "\n".join(ln for ln in text.splitlines() if not ln.startswith(prefix))
 
 
+@pytest.mark.slow
 def test_interrupted_study_resumes(tiny_study, tmp_path, monkeypatch):
     """An interrupted study (some runs saved, a torn temp file, no report yet) rerun with the same command runs
     only the missing runs, reuses the saved warm start, and ends with the uninterrupted run's report."""
@@ -426,6 +433,7 @@ def test_interrupted_study_resumes(tiny_study, tmp_path, monkeypatch):
     assert got["resumed_runs"] == TINY.n_runs() - len(lost) and want["resumed_runs"] == 0
 
 
+@pytest.mark.slow
 def test_other_preset_in_same_dir_is_refused(tiny_study, capsys):
     from ebpo_verl.study.__main__ import main
 
@@ -449,6 +457,7 @@ def test_help_lists_presets_with_sizes(capsys):
     assert "tiny: 2 estimators x G in [4, 8], 2 seeds, 8 steps -> 10 runs" in text and "full:" in text
 
 
+@pytest.mark.slow
 def test_summary_matches_runs_and_report(tiny_study):
     """summary.json (what the README is generated from) holds the report's numbers, recomputed here from the
     per-run accuracies: mean and half-width of the 95% t-interval over seeds."""
@@ -479,6 +488,7 @@ def test_summary_matches_runs_and_report(tiny_study):
     assert readme == report
 
 
+@pytest.mark.slow
 def test_tiny_summary_and_report_carry_provenance(tiny_study):
     """summary.json holds a complete provenance record (this checkout's commit, the runs' seeds); study.md
     prints the preset, commit and hardware under every table."""
@@ -509,6 +519,7 @@ def test_figure_styles_tell_estimators_apart():
     assert a["color"] != b["color"] and a["marker"] != b["marker"] and a["ls"] != b["ls"]
 
 
+@pytest.mark.slow
 def test_spo_frac_seen_counts_recurring_prompts(tiny_study, one_thread):
     """spo runs log the share of each step's prompts that the tracker saw at an earlier step, recomputed here
     from the stream: 0 at every step while a run covers less than one epoch, > 0 once prompts recur."""
@@ -540,6 +551,7 @@ def test_spo_note_states_the_caveat_where_no_prompt_recurs():
     assert "EVERY SPO baseline stays 0.5" in text and spo_note(by_cell, ["grpo"], [2, 8]) == ""
 
 
+@pytest.mark.slow
 def test_study_config_records_the_code_and_refuses_other_code(tiny_study, tmp_path, capsys):
     """study_config.json holds the version and a hash of the sources that decide the numbers (recomputed here);
     a rerun with other code is refused instead of reusing the old run files."""

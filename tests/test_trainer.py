@@ -115,6 +115,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, h
         check_cluster_labels([{"topic": "a"}, None, {"topic": "b"}], "topic", "x.parquet")
 
 
+@pytest.mark.slow
 def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
     from ebpo_verl.trainer import EBPOTaskRunner
 
@@ -131,6 +132,7 @@ def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
         ray_local.get(runner.preflight.remote(_config("actor_rollout_ref.rollout.n=1")))
 
 
+@pytest.mark.slow
 def test_trainer_advantage_step_through_transfer_queue(ray_local):
     """verl's v1 flow: rows in TransferQueue (as the agent loop writes them) -> _compute_advantage -> advantages."""
     import transfer_queue as tq
