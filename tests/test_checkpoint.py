@@ -134,7 +134,7 @@ def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options
 
     fresh = _trainer(config)
     ebpo_verl.get_state().reset()
-    fresh.train_dataloader.load_state_dict(torch.load(step_dir / "data.pt", weights_only=False))
+    fresh.train_dataloader.load_state_dict(torch.load(step_dir / "data.pt", weights_only=True))
     fresh._data_iter = iter(fresh.train_dataloader)
     assert not torch.allclose(_step(fresh, 4), uninterrupted[3]), "the EB state must matter for this test"
 

@@ -366,7 +366,7 @@ def test_dataloader_checkpoint_resumes_exact_stream(make, frames, sizes, tmp_pat
         head = v1_stream(dl, cut)
         torch.save(dl.state_dict(), tmp_path / "data.pt")  # what the trainers write to global_step_N/data.pt
         resumed = build()
-        resumed.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=False))
+        resumed.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=True))
         assert head + v1_stream(resumed, 3 * steps_per_epoch - cut) == full, f"resume after {cut} batches"
 
 
@@ -383,7 +383,7 @@ def test_legacy_trainer_loop_and_epoch_boundary(make, sizes, tmp_path):
     head = [[e["index"] for e in next(it)["extra_info"]] for _ in range(5)]
     torch.save(dl.state_dict(), tmp_path / "data.pt")
     resumed = build()
-    resumed.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=False))
+    resumed.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=True))
     rest = [[e["index"] for e in b["extra_info"]] for b in resumed]
     assert head + rest == full[0]
     assert [[e["index"] for e in b["extra_info"]] for b in resumed] == full[1]

@@ -8,6 +8,8 @@ Finding 8: a full disk (a write raising ENOSPC) is one line naming the file and 
 the evaluation and the data stages.
 Finding 9 (evaluation and data messages): estimate_pass_rate --pass-rates errors, non-UTF-8 input, an empty
 benchmark parquet (make_tables' marking of partial and --limit results: tests/test_tables.py).
+Finding 11: the package's own torch.load calls pass weights_only=True; eval.sh's help and docs/evaluation.md say
+that evaluating a verl checkpoint unpickles it.
 """
 
 from __future__ import annotations
@@ -498,3 +500,42 @@ def test_pass_rate_generations_refuse_other_input_rows(aime_twice, tiny_model, t
         estimate_pass_rate.main(argv(other))
     line = _one_error_line(capsys.readouterr().err, "python -m data_prep.estimate_pass_rate")
     assert f"{gen} was generated from other train.parquet problems than the data holds now: problem index 1" in line
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_torch_load_of_the_project_is_weights_only():
+    import ast
+
+    calls = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        if any(part.startswith(".") or part in ("build", "__pycache__") for part in path.relative_to(ROOT).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            func = getattr(node, "func", None)
+            if isinstance(func, ast.Attribute) and func.attr == "load" and getattr(func.value, "id", "") == "torch":
+                safe = any(
+                    k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in node.keywords
+                )
+                calls.append((f"{path.relative_to(ROOT)}:{node.lineno}", safe))
+    assert calls, "no torch.load call found: the scan is broken"
+    assert [where for where, safe in calls if not safe] == []
+
+
+def test_eval_help_and_docs_say_a_checkpoint_is_unpickled():
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipe" / "ebpo" / "eval.sh"), "--help"],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    help_text = " ".join(run.stdout.split())
+    assert "torch.load(weights_only=False), i.e. unpickles them" in help_text
+    assert "Evaluate only checkpoints you trust" in help_text
+    doc = " ".join((ROOT / "docs" / "evaluation.md").read_text().split())
+    assert "## Trust" in (ROOT / "docs" / "evaluation.md").read_text()
+    assert "`torch.load(..., weights_only=False)`" in doc and "can run arbitrary code" in doc

@@ -4,6 +4,11 @@ A ``global_step_N`` folder is merged with verl's model merger (``python -m verl.
 fsdp --local_dir global_step_N/actor --target_dir ...``) into ``global_step_N/huggingface_merged``, through a
 temporary folder renamed into place (so a crash leaves no half-merged model), and reused afterwards; the
 merged folder loads on any number of GPUs (the authors evaluated merged folders too: docs/paper_notes.md#authors-runs).
+
+Trust: verl's merger reads the FSDP shards with ``torch.load(..., weights_only=False)`` (verl 0.9.1,
+``verl/model_merger/fsdp_model_merger.py``), which unpickles them, so merging a checkpoint from elsewhere can
+execute code it carries. Merge only checkpoints you trust (docs/evaluation.md#trust). This package's own loads
+of ``.pt`` files use ``weights_only=True``.
 """
 
 from __future__ import annotations

@@ -87,7 +87,11 @@ Hugging Face folder or a hub id.
                  ebpo_verl.reward) | both
   EVAL_DIR       default WORK_DIR/eval/<name> (<experiment>-step<N>, or the model folder's name)
   WORK_DIR, DATA_DIR, DATA_LOCAL_DIR, PYTHON   as for the run scripts
-Writes EVAL_DIR/<protocol>/generations.jsonl and EVAL_DIR/results-<protocol>.json; a rerun resumes."""
+Writes EVAL_DIR/<protocol>/generations.jsonl and EVAL_DIR/results-<protocol>.json; a rerun resumes.
+Trust: a verl checkpoint TARGET is first merged by verl's model merger, which reads its .pt shards with
+torch.load(weights_only=False), i.e. unpickles them: a checkpoint from elsewhere can run code on this machine.
+Evaluate only checkpoints you trust; a Hugging Face folder or hub id loads safetensors without unpickling
+(docs/evaluation.md#trust)."""
 
 
 def usage(command: str, name: str) -> str:

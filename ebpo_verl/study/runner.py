@@ -51,7 +51,7 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
     model = TinyPolicy(preset.policy)
     saved = _load_base_info(out) if out is not None else None
     if saved is not None:
-        model.load_state_dict(torch.load(out / "base_model.pt"))
+        model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
     else:
         t0, c0 = time.perf_counter(), time.process_time()
