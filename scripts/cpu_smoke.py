@@ -7,15 +7,22 @@ curriculum) on the CPU backend (``ebpo_verl.cpu_backend``) twice:
 * run A trains steps 1-3 with a checkpoint at step 2 (and at the last step);
 * run B resumes from A's ``global_step_2`` and runs step 3 again.
 
-It then asserts: ``ebpo/*`` metrics at every step; ``global_step_2/ebpo_state.json`` exists and B started from
-it; B's step-3 EB statistics and saved EB state equal A's; ``val-core/amc23/acc/mean@2`` is logged; each step
-trained on one topic block of the curriculum, in the curriculum's order, in both runs.
+Rollout (``--rollout``): ``hf``, the CPU backend's Hugging Face server (default), or ``vllm``, verl's own vLLM
+rollout on vLLM's CPU build (docs/vllm_cpu.md).
 
-A random 100k-parameter model never solves a MATH problem, so the math-verify reward would give all-zero
+It then asserts: ``ebpo/*`` metrics at every step; the rollout's probabilities match the actor's (the weights
+reached it after every step); ``global_step_2/ebpo_state.json`` exists and B started from it exactly: the EB
+state B saved after step 3 is the step-2 state plus B's step-3 batch (recomputed from verl's rollout dump), and
+with the ``hf`` rollout (seeded per request) B's step-3 EB statistics and saved state also equal A's;
+``val-core/amc23/acc/mean@2`` is logged; each step trained on one topic block of the curriculum, in the
+curriculum's order, in both runs. A run past ``--run-timeout`` is killed with its process group (Ray, vLLM).
+
+A random 50k-parameter model never solves a MATH problem, so the math-verify reward would give all-zero
 groups and degenerate (trivially equal) EB statistics. The runs therefore score responses with
 :func:`coin_score`, a deterministic pseudo-reward (a hash bit of the response text) that gives mixed groups.
 
-Usage: ``python scripts/cpu_smoke.py [--work-dir DIR]`` (``bash scripts/cpu_smoke.sh`` wraps it in a timeout).
+Usage: ``python scripts/cpu_smoke.py [--work-dir DIR] [--rollout hf|vllm]`` (``bash scripts/cpu_smoke.sh`` wraps it in a
+timeout).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -191,7 +199,20 @@ def train(work: Path, files: dict, run: str, extra: list[str], timeout: int, rol
     print(f"[cpu_smoke] run {run}: {log}", flush=True)
     try:
         with open(log, "w") as out:
-            proc = subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            # its own session: on a timeout the whole group goes (Ray's workers, vLLM's engine), nothing hangs on
+            proc = subprocess.Popen(
+                cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:])
+                raise SystemExit(
+                    f"[cpu_smoke] run {run} exceeded --run-timeout {timeout}s and was killed with its process group "
+                    f"(Ray, vLLM); last lines of {log}:\n{tail}"
+                ) from None
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     if proc.returncode != 0:
