@@ -72,6 +72,7 @@ def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> li
         "temperature": a.temperature,
         "top_p": a.top_p,
         "max_new_tokens": a.max_new_tokens,
+        "seed": a.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
         "benchmarks": {
             Path(a.in_path).name: {"runs": a.n, "limit": None, "problems": len(prompts), "digests": digests}
         },

@@ -85,6 +85,7 @@ def generate(a: argparse.Namespace) -> None:
         "temperature": TEMPERATURE,
         "top_p": TOP_P,
         "max_new_tokens": a.max_new_tokens,
+        "seed": a.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
         "benchmarks": {
             b: {
                 "runs": runs[b],
