@@ -817,3 +817,25 @@ def test_gpu_extra_installs_every_import_of_the_recipe_path(tmp_path):
     base = requirement_closure(requires, set())
     assert not {"sentence-transformers", "umap-learn", "scikit-learn"} <= base
     assert "vllm" in closure and "vllm" not in base
+
+
+def test_labels_and_names_are_declared_once():
+    """Every row of the paper's numbers is a row of a table definition (same section and label), and every CPU
+    study estimator that shares a name with a recipe preset is the same verl estimator (canonical settings)."""
+    from ebpo_verl.recipes.paper import PAPER
+    from ebpo_verl.recipes.presets import PRESETS
+    from ebpo_verl.study.rl import ESTIMATORS
+
+    env = {"V2_ROWS": "1", "GPT_TOPIC_FILE": "/x.parquet", "WORK_DIR": "/w"}
+    for table, sections in PAPER.items():
+        cells = {(r.section, r.method) for r in TABLES[table].rows(env, "paper")}
+        curriculum_14b = table == "curriculum" and "Qwen3-14B-Base" in sections
+        for section, methods in sections.items():
+            if curriculum_14b and section == "Qwen3-14B-Base":  # the authors' logs only; no recipe row
+                continue
+            assert {(section, m) for m in methods} <= cells, (table, section)
+    shared = set(ESTIMATORS) & set(PRESETS)
+    assert {"grpo", "grpo_bn", "ebpo", "ebpo_batch", "rloo", "reinforce_pp", "shrinkage_js", "bnpo", "spo"} <= shared
+    for name in shared:
+        settings = {s.name: s.value for s in PRESETS[name].settings("canonical")}
+        assert settings["algorithm.adv_estimator"] == ESTIMATORS[name].verl_name, name
