@@ -123,7 +123,8 @@ OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 def _check_stock_verl_methods(config: Any) -> None:
     """What verl 0.9.1 rejects only at run time for its Optimal Token Baseline and KL-Cov loss: OTB without the
     actor's sum of squared token probabilities (an assert on the first advantage step) or with fused kernels
-    (the engines raise NotImplementedError: they never materialise the logits Σπ² needs); KL-Cov with a
+    (the engines raise NotImplementedError: they never materialise the logits Σπ² needs) or with the rollout
+    correction's bypass mode (no old-log-prob pass, so no Σπ²); KL-Cov with a
     non-positive ``kl_cov_ratio`` (an assert in the loss)."""
     actor = config.actor_rollout_ref.actor
     estimator = str(config.algorithm.adv_estimator)
@@ -137,6 +138,11 @@ def _check_stock_verl_methods(config: Any) -> None:
             raise EBPOConfigError(
                 f"algorithm.adv_estimator={estimator} cannot run with actor_rollout_ref.model.use_fused_kernels=True "
                 "(fused kernels never materialise the logits the sum of squared probabilities needs): set it False"
+            )
+        if bool(OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={estimator} needs the actor's old-log-prob pass, which "
+                "algorithm.rollout_correction.bypass_mode=True skips (no sum of squared probabilities): set it False"
             )
     policy_loss = actor.get("policy_loss", None) or {}
     if policy_loss.get("loss_mode", None) == "kl_cov" and not float(policy_loss.get("kl_cov_ratio", 0.0002)) > 0:

@@ -332,6 +332,7 @@ def test_otb_preflight_refuses_what_verl_rejects_at_run_time(tmp_path):
     bad = {
         f"{actor}.calculate_sum_pi_squared=False": f"{actor}.calculate_sum_pi_squared=True",
         "actor_rollout_ref.model.use_fused_kernels=True": "use_fused_kernels",
+        "algorithm.rollout_correction.bypass_mode=True": "bypass_mode=True skips",
     }
     for override, words in bad.items():
         with pytest.raises(EBPOConfigError, match=re.escape(words)):
