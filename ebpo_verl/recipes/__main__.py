@@ -49,7 +49,7 @@ Switches (environment variables; presets and their sources: ebpo_verl/recipes/pr
   TEST_FREQ, SAVE_FREQ  validation / checkpoint period in steps (-1: never)             default 10 and 10
   VAL_SETS      validation sets, comma separated, of {' '.join(BENCHMARKS)}       default all
   VAL_N         samples per validation problem                                               default 16
-  PYTHON        interpreter with ebpo-verl installed                                     default python3
+  PYTHON        interpreter with ebpo-verl installed (the scripts start it)              default python3
   LOGGERS       trainer.logger, e.g. [console,wandb]                                 default [console]
 Modes: DRY_RUN=1 lists the data preparation, runs the pre-flight (our checks, verl's validate_config at
 NNODES x GPUS_PER_NODE, steps per epoch when the training file exists), prints the composed config and

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,8 +177,8 @@ class Shared:
 
 
 def python() -> str:
-    """The interpreter for the commands the recipes run (PYTHON, else this one)."""
-    return os.environ.get("PYTHON") or "python3"
+    """The interpreter for the commands the recipes run (PYTHON, else the one running the recipes)."""
+    return os.environ.get("PYTHON") or sys.executable
 
 
 @dataclass(frozen=True)
