@@ -101,9 +101,15 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README. full: 31 min was
-# measured for its earlier form (448 runs, 8 estimators); 616 runs scale that to about 43 min, not measured.
-DURATION = {"tiny": "about 40 s", "quick": "about 3 min", "full": "about 43 min (estimated; 448 runs took 31 min)"}
+# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README. quick: its 100-run form
+# (without otb) took 4.3 min idle; the 120 runs took 11.9 min on a machine shared with other jobs, so about 5 min
+# idle is an estimate. full: 31 min was measured for its earlier form (448 runs, 8 estimators); 672 runs scale that
+# to about 47 min, not measured.
+DURATION = {
+    "tiny": "about 40 s",
+    "quick": "about 5 min (estimated)",
+    "full": "about 47 min (estimated; 448 runs took 31 min)",
+}
 
 
 def describe_presets() -> str:
