@@ -8,7 +8,14 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
   TransferQueue and passed as ``labels`` (padding rows: None), and the estimator diagnostics added to the step's
   metrics (so every tracker backend logs ``ebpo/*``). ``spo`` likewise, with each row's stable
   ``extra_info[algorithm.spo.prompt_key]`` as its tracker key (``spo/*`` metrics). Other estimators run verl's
-  code unchanged (``bnpo`` adds its ``bnpo/*`` diagnostics to the metrics).
+  code unchanged (``bnpo`` adds its ``bnpo/*`` diagnostics to the metrics), except verl's Optimal Token Baseline.
+- Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline`` with
+  ``actor.calculate_sum_pi_squared=True``): verl 0.9.1's v1 trainer neither asks the actor for the per-token sum
+  of squared probabilities nor passes it to the estimator (only its legacy trainer does), so OTB would stop at
+  verl's ``sum_pi_squared`` assertion. ``_compute_old_log_prob`` asks the actor for it (the engine's
+  ``calculate_sum_pi_squared`` flag) and stores its response part in TransferQueue as ``sum_pi_squared_response``;
+  ``_compute_advantage`` fetches it and runs verl's ``compute_advantage``, which passes it, ``old_log_probs`` and
+  any rollout IS weights to the registered estimator; ``otb/sum_pi_squared_mean`` (token mean) is logged.
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_state.json`` (:mod:`ebpo_verl.checkpoint`),
   restored in ``init()``, i.e. before the first advantage computation; ``spo_state.json`` likewise for ``spo``.
   Every checkpoint also holds the step's training metrics (``ebpo_step_metrics.json``): verl validates between
@@ -39,11 +46,11 @@ from tensordict import TensorDict
 from verl.protocol import DataProto
 from verl.trainer.main_ppo import TaskRunnerV1
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
 from verl.utils.logging_utils import configure_verl_logging
-from verl.workers.utils.padding import response_to_nested
+from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 import ebpo_verl
 from ebpo_verl.baselines import BNPO_DIAGNOSTICS, SPO_STATE
@@ -79,6 +86,12 @@ STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/through
 """Metrics of the step's total time, unknown while its checkpoint is written (not in the saved metrics)."""
 
 ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob"]
+OTB_ESTIMATORS = (
+    core_algos.AdvantageEstimator.OPTIMAL_TOKEN_BASELINE.value,
+    core_algos.AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE.value,
+)
+SUM_PI_SQUARED = "sum_pi_squared_response"
+"""TransferQueue field: the actor's per-token sum of squared probabilities over the response tokens (OTB)."""
 """What verl's v1 advantage step reads from TransferQueue (minus ``values``, which only GAE needs)."""
 
 
@@ -174,11 +187,40 @@ class EBPOTrainerMixin:
     _resumed_step = 0
     _tracking = None
     _step_output = None  # (batch, metrics) of the step in progress, for the metrics saved with its checkpoint
+    otb = False  # verl's Optimal Token Baseline: the actor's sum_pi_squared is fetched and passed to it
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
         self.ebpo_options = ebpo_options(config) if is_ebpo(config) else None
         self.spo_options = spo_options(config) if is_spo(config) else None
+        self.otb = str(config.algorithm.adv_estimator) in OTB_ESTIMATORS
+
+    # ----------------------------------------------------- old log-probs (OTB)
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        """verl's old-log-prob step; for OTB the actor also returns the per-token sum of squared probabilities,
+        kept (response part) as :data:`SUM_PI_SQUARED` for the advantage step."""
+        if not self.otb:
+            return super()._compute_old_log_prob(batch, metrics)
+        import transfer_queue as tq
+
+        corr = self.config.algorithm.get("rollout_correction", None)
+        if corr is not None and corr.get("bypass_mode", False):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={self.config.algorithm.adv_estimator} needs the actor's sum of squared "
+                "probabilities, which algorithm.rollout_correction.bypass_mode=true never computes: set it false"
+            )
+        batch.extra_info["calculate_sum_pi_squared"] = True
+        batch = super()._compute_old_log_prob(batch, metrics)
+        batch.extra_info.pop("calculate_sum_pi_squared", None)
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["sum_pi_squared", "response_mask"]
+        )
+        spp = response_from_nested(data["sum_pi_squared"], data["response_mask"])
+        return tq.kv_batch_put(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            fields=TensorDict({SUM_PI_SQUARED: spp}, batch_size=len(batch)),
+        )
 
     # ---------------------------------------------------------------- data
     def _init_dataloader(self) -> None:
@@ -193,7 +235,7 @@ class EBPOTrainerMixin:
 
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
-        if self.ebpo_options is None and self.spo_options is None:
+        if self.ebpo_options is None and self.spo_options is None and not self.otb:
             BNPO_DIAGNOSTICS.clear()
             out = super()._compute_advantage(batch, metrics)
             if str(self.config.algorithm.adv_estimator) == "bnpo":
@@ -202,8 +244,9 @@ class EBPOTrainerMixin:
         import transfer_queue as tq
 
         algo = self.config.algorithm
-        key = self.spo_options.prompt_key if self.spo_options else self.ebpo_options.cluster_key
-        fields = ADVANTAGE_FIELDS + (["extra_info"] if key else [])
+        options = self.spo_options or self.ebpo_options
+        key = None if options is None else options.prompt_key if self.spo_options else options.cluster_key
+        fields = ADVANTAGE_FIELDS + (["extra_info"] if key else []) + ([SUM_PI_SQUARED] if self.otb else [])
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = fetched["response_mask"]
         uids = np.array(fetched.pop("uid").tolist(), dtype=object)
@@ -228,7 +271,12 @@ class EBPOTrainerMixin:
             data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
             metrics.update(corr_metrics)
 
-        if self.spo_options is not None:
+        if self.otb:  # verl's compute_advantage passes sum_pi_squared, old_log_probs and the IS weights to OTB
+            data.batch["sum_pi_squared"] = data.batch.pop(SUM_PI_SQUARED)
+            mask = data.batch["response_mask"].bool()
+            metrics["otb/sum_pi_squared_mean"] = float(data.batch["sum_pi_squared"][mask].mean())
+            data = compute_advantage(data, adv_estimator=algo.adv_estimator, config=algo)
+        elif self.spo_options is not None:
             metrics.update(compute_spo_advantage(data, algo, labels))
         else:
             metrics.update(compute_ebpo_advantage(data, algo, labels))
