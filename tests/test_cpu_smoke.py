@@ -214,3 +214,33 @@ def test_vllm_cpu_fixes():
         weight.copy_(torch.randn(32, 64))  # verl's in-place weight sync
     utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)  # process_weights_after_loading
     torch.testing.assert_close(layer.cpu_linear(x, layer.weight, None), x @ weight.T)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (docs/vllm_cpu.md)")
+def test_vllm_weight_sync_fails_instead_of_hanging(tmp_path, monkeypatch):
+    """verl's vLLM rollout class comes with a bounded weight sender: a receiver that takes the first message and
+    never acknowledges it (a weight load that failed inside vLLM) is an error after the timeout, not a hang."""
+    import time
+
+    import zmq
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.vllm_rollout import vllm_rollout
+
+    assert get_rollout_class("vllm", "async") is vllm_rollout.ServerAdapter
+    from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer
+
+    monkeypatch.setenv(cpu_backend.WEIGHT_SYNC_TIMEOUT_ENV, "1.5")
+    platform = cpu_backend.CpuPlatform()  # what VERL_PLATFORM=cpu gives verl's sender in a CPU run
+    monkeypatch.setattr(bucketed_weight_transfer, "get_torch_device", lambda: platform.device_module)
+    monkeypatch.setattr(bucketed_weight_transfer, "is_support_ipc", platform.is_ipc_supported)
+    handle = f"ipc://{tmp_path}/sync.sock"
+    sender = vllm_rollout.BucketedWeightSender(zmq_handle=handle, bucket_size_mb=1, use_shm=True)
+    peer = zmq.Context.instance().socket(zmq.REP)
+    peer.connect(handle)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="not acknowledged within 1.5s.*EBPO_WEIGHT_SYNC_TIMEOUT_S"):
+            asyncio.run(sender.async_send_weights(iter([("w", torch.zeros(4))])))
+    finally:
+        peer.close(linger=0)
+    assert 1.4 < time.monotonic() - start < 30
