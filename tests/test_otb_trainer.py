@@ -125,5 +125,6 @@ def test_otb_trains_through_verls_trainer_on_cpu(tmp_path):
         assert data["actor/grad_norm"] > 0, step
     (attempt,) = read_provenance(log)
     record = check(attempt["provenance"], str(log))
-    assert "ebpo_verl.main" in record["command"] and "optimal_token_baseline" in record["command"]
+    # the driver's argv (python -m runs the module by its path) with the overrides
+    assert "ebpo_verl/main.py" in record["command"] and "adv_estimator=optimal_token_baseline" in record["command"]
     assert record["seed"]["rollout"] is not None
