@@ -43,6 +43,21 @@ def setup(tmp_path_factory, shared_data):
     return work
 
 
+@pytest.fixture(scope="module")
+def one_engine(setup, tmp_path_factory):
+    """protocol -> the generations file of one uninterrupted 1-engine run (made once per module)."""
+    done: dict[str, Path] = {}
+
+    def get(protocol: str) -> Path:
+        if protocol not in done:
+            out = tmp_path_factory.mktemp(f"one_{protocol}") / "one.jsonl"
+            assert _generate(setup, out, protocol, "--workers", "1") == 0
+            done[protocol] = out
+        return done[protocol]
+
+    return get
+
+
 def _records(path: Path) -> dict[tuple, dict]:
     recs = [json.loads(x) for x in path.read_text().splitlines()]
     out = {(r["benchmark"], r["index"], r["sample"]): r for r in recs}
@@ -57,9 +72,8 @@ def _generate(setup: Path, out: Path, protocol: str, *extra: str) -> int:
 
 
 @pytest.mark.parametrize("protocol", ["paper", "verl"])
-def test_generate_one_and_two_engines_grade_tables(setup, tmp_path, protocol):
-    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-    assert _generate(setup, one, protocol, "--workers", "1") == 0
+def test_generate_one_and_two_engines_grade_tables(setup, tmp_path, one_engine, protocol):
+    one, two = one_engine(protocol), tmp_path / "two.jsonl"
     recs = _records(one)
     assert sorted(recs) == [(b, i, s) for b in SETS for i in range(2) for s in range(3)]
     for r in recs.values():
@@ -91,15 +105,15 @@ def test_generate_one_and_two_engines_grade_tables(setup, tmp_path, protocol):
     assert f"protocol: {protocol}" in run.stdout and "| tiny | vllm | " in run.stdout
 
 
-def test_resumed_generation_equals_an_uninterrupted_one(setup, tmp_path):
-    whole, resumed = tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
-    assert _generate(setup, whole, "verl", "--chunk-size", "4") == 0
+def test_resumed_generation_equals_an_uninterrupted_one(setup, tmp_path, one_engine):
+    resumed = tmp_path / "resumed.jsonl"
     assert _generate(setup, resumed, "verl", "--chunk-size", "4") == 0
     lines = resumed.read_text().splitlines()
     resumed.write_text("\n".join(lines[:5]) + "\n" + lines[5][:15])  # a crash: 5 lines kept, a torn sixth
     assert _generate(setup, resumed, "verl", "--chunk-size", "4", "--workers", "2") == 0
     assert resumed.read_text().splitlines()[:5] == lines[:5]
-    assert _records(resumed) == _records(whole)  # the 7 regenerated samples are the uninterrupted run's
+    # the 7 regenerated samples are the uninterrupted run's (which used other chunks)
+    assert _records(resumed) == _records(one_engine("verl"))
 
 
 def test_prompt_longer_than_the_model_length_is_refused(setup, tmp_path, capsys):
