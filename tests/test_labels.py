@@ -165,7 +165,13 @@ def test_merge_rates_jsonl_csv_and_errors(small_parquet, tmp_path, capsys):
     assert not (tmp_path / "x.parquet").exists()
 
 
-def test_generate_without_a_gpu_gives_clear_error(small_parquet, tmp_path, capsys):
+def test_vllm_engine_without_vllm_gives_clear_error(small_parquet, tmp_path, capsys, monkeypatch):
+    """--engine vllm (the default) where vLLM is not installed: one line pointing at the install and --engine hf
+    (vLLM made invisible here, so the test holds whether or not this environment has vLLM's CPU build)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     with pytest.raises(SystemExit) as exc:
         epr.main(["--in", str(small_parquet), "--out", str(tmp_path / "g.parquet"), "--model", "m"])
     assert exc.value.code == 2 and "use --engine hf" in capsys.readouterr().err
