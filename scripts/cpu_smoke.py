@@ -2,26 +2,28 @@
 
 Builds a tiny Qwen3 and tokenizer locally, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts with
 ``data_prep``, then runs ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic
-curriculum) on the CPU backend (``ebpo_verl.cpu_backend``) twice:
+curriculum) on the CPU backend (``ebpo_verl.cpu_backend``):
 
-* run A trains steps 1-3 with a checkpoint at step 2 (and at the last step);
-* run B resumes from A's ``global_step_2`` and runs step 3 again.
-
-Rollout (``--rollout``): ``hf``, the CPU backend's Hugging Face server (default), or ``vllm``, verl's own vLLM
-rollout on vLLM's CPU build (docs/vllm_cpu.md).
+* run A trains steps 1-3 with the CPU backend's Hugging Face rollout server, checkpointing at step 2 (and at
+  the last step);
+* run B resumes from A's ``global_step_2`` and runs step 3 again (same rollout);
+* with ``--vllm``, run C also resumes from A's ``global_step_2`` and trains steps 3-4 with verl's own vLLM
+  rollout on vLLM's CPU build (docs/vllm_cpu.md), checkpointing at step 4: a checkpoint written by one
+  rollout backend resumes under the other, and vLLM receives the trainer's weights after every step.
 
 It then asserts: ``ebpo/*`` metrics at every step; the rollout's probabilities match the actor's (the weights
-reached it after every step); ``global_step_2/ebpo_state.json`` exists and B started from it exactly: the EB
-state B saved after step 3 is the step-2 state plus B's step-3 batch (recomputed from verl's rollout dump), and
-with the ``hf`` rollout (seeded per request) B's step-3 EB statistics and saved state also equal A's;
-``val-core/amc23/acc/mean@2`` is logged; each step trained on one topic block of the curriculum, in the
-curriculum's order, in both runs. A run past ``--run-timeout`` is killed with its process group (Ray, vLLM).
+reached it after every step); ``global_step_2/ebpo_state.json`` exists and every resumed run started from it
+exactly: the EB state it saved at its last step is the step-2 state plus its own batches (recomputed from
+verl's rollout dump); B (seeded per request) also reproduces A's step-3 EB statistics and saved state exactly,
+which vLLM's sampling cannot promise; ``val-core/amc23/acc/mean@2`` is logged; each step trained on one topic
+block of the curriculum, in the curriculum's order, in every run. A run past ``--run-timeout`` is killed with
+its process group (Ray, vLLM).
 
 A random 50k-parameter model never solves a MATH problem, so the math-verify reward would give all-zero
 groups and degenerate (trivially equal) EB statistics. The runs therefore score responses with
 :func:`coin_score`, a deterministic pseudo-reward (a hash bit of the response text) that gives mixed groups.
 
-Usage: ``python scripts/cpu_smoke.py [--work-dir DIR] [--rollout hf|vllm]`` (``bash scripts/cpu_smoke.sh`` wraps it in a
+Usage: ``python scripts/cpu_smoke.py [--work-dir DIR] [--vllm]`` (``bash scripts/cpu_smoke.sh`` wraps it in a
 timeout).
 """
 
@@ -59,7 +61,7 @@ EBPO_KEYS = (
 )
 VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
 VLLM_KV_CACHE_GIB = 1
-ROLLOUTS = ("vllm", "hf")
+VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 
 
 def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
@@ -123,8 +125,8 @@ def rollout_overrides(rollout: str) -> list[str]:
     ]
 
 
-def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "hf") -> list[str]:
-    """Hydra overrides of one run (``run`` names its checkpoint and dump folders)."""
+def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "hf", steps: int = STEPS) -> list[str]:
+    """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders)."""
     backend = "ebpo_verl.cpu_backend"
     prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
     return [
@@ -165,7 +167,7 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "h
         "trainer.logger=[console]",
         "trainer.project_name=cpu_smoke",
         f"trainer.experiment_name={run}",
-        f"trainer.total_training_steps={STEPS}",
+        f"trainer.total_training_steps={steps}",
         f"trainer.save_freq={SAVE_FREQ}",
         f"trainer.test_freq={STEPS}",
         "trainer.val_before_train=False",
@@ -181,7 +183,9 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "h
     ]
 
 
-def train(work: Path, files: dict, run: str, extra: list[str], timeout: int, rollout: str = "hf") -> None:
+def train(
+    work: Path, files: dict, run: str, extra: list[str], timeout: int, rollout: str = "hf", steps: int = STEPS
+) -> None:
     """One ``python -m ebpo_verl.main`` run on its own local Ray instance; its output goes to ``work/<run>.log``."""
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env = {
@@ -193,7 +197,7 @@ def train(work: Path, files: dict, run: str, extra: list[str], timeout: int, rol
         "RAY_DEDUP_LOGS": "0",
     }
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "ebpo_verl.main", *overrides(work, files, run, ray_tmp, rollout), *extra]
+    cmd = [sys.executable, "-m", "ebpo_verl.main", *overrides(work, files, run, ray_tmp, rollout, steps), *extra]
     log = work / f"{run}.log"
     start = time.monotonic()
     print(f"[cpu_smoke] run {run}: {log}", flush=True)
@@ -248,13 +252,15 @@ def dump_scores(work: Path, run: str, step: int) -> dict[str, list[float]]:
     return groups
 
 
-def check_continues(saved: dict, after: dict, groups: dict[str, list[float]]) -> None:
-    """``after`` is ``saved`` plus exactly one batch: counts add up exactly and the running means are the
-    weighted means of the saved ones and the batch's (recomputed here from the rewards in verl's dump)."""
-    assert after["steps"] == saved["steps"] + 1, f"EB steps {saved['steps']} -> {after['steps']}"
-    assert after["prompts_seen"] == saved["prompts_seen"] + len(groups) == 3 * BATCH, "prompts_seen does not add up"
-    scores = [x for g in groups.values() for x in g]
-    means = [sum(g) / len(g) for g in groups.values()]
+def check_continues(saved: dict, after: dict, batches: list[dict[str, list[float]]]) -> None:
+    """``after`` is ``saved`` plus exactly ``batches`` (one per step): counts add up exactly and the running
+    means are the weighted means of the saved ones and the batches' (recomputed here from the rewards in verl's
+    dump)."""
+    assert after["steps"] == saved["steps"] + len(batches), f"EB steps {saved['steps']} -> {after['steps']}"
+    new_prompts = sum(len(groups) for groups in batches)
+    assert after["prompts_seen"] == saved["prompts_seen"] + new_prompts, "prompts_seen does not add up"
+    scores = [x for groups in batches for g in groups.values() for x in g]
+    means = [sum(g) / len(g) for groups in batches for g in groups.values()]
     for part, batch in (("rewards", scores), ("group_means", means)):
         (n0, m0, _), (n1, m1, _) = saved["global"][part], after["global"][part]
         assert n1 == n0 + len(batch), f"EB {part} count {n0} + {len(batch)} != {n1}"
@@ -262,73 +268,91 @@ def check_continues(saved: dict, after: dict, groups: dict[str, list[float]]) ->
         assert math.isclose(m1, want, rel_tol=1e-12, abs_tol=1e-15), f"EB {part} mean {m1!r} != {want!r}"
 
 
-def check(work: Path, files: dict, rollout: str = "hf") -> None:
-    """All acceptance assertions; raises AssertionError naming the first failure.
-
-    The resumed run must start from the saved EB state exactly: its state after step 3 is the step-2 state
-    plus its own step-3 batch. With the ``hf`` rollout (seeded per request) the resumed step 3 also equals the
-    uninterrupted one; vLLM's sampling is not reproducible across runs, so there only the continuation holds.
-    """
-    import pyarrow.parquet as pq
-
+def check_run(work: Path, run: str, steps: list[int]) -> dict[int, dict]:
+    """One run's metrics log: its provenance sidecar, exactly ``steps``, the ``ebpo/*`` metrics, a training
+    update and rollout probabilities equal to the actor's at every step, validation at the last step."""
     from ebpo_verl.metrics_log import read_metrics_log, read_provenance
     from ebpo_verl.provenance import check as check_provenance
 
-    a = read_metrics_log(work / "ckpt_a" / "metrics.jsonl")
-    for run in ("a", "b"):  # every attempt's provenance sidecar: commit, versions, hardware, command, seeds
-        log = work / f"ckpt_{run}" / "metrics.jsonl"
-        attempts = read_provenance(log)
-        assert attempts, f"{log}: no provenance sidecar"
-        for attempt in attempts:
-            check_provenance(attempt["provenance"], f"{log}.provenance.json")
-    b = read_metrics_log(work / "ckpt_b" / "metrics.jsonl")
-    assert sorted(a) == [1, 2, 3], f"run A logged steps {sorted(a)}, expected [1, 2, 3]"
-    assert sorted(b) == [3], f"resumed run B logged steps {sorted(b)}, expected [3]"
-    for run, metrics in (("A", a), ("B", b)):
-        for step, data in metrics.items():
-            missing = [k for k in EBPO_KEYS if k not in data]
-            assert not missing, f"run {run} step {step}: ebpo metrics missing: {missing}"
-            assert data.get("actor/grad_norm", 0) > 0, f"run {run} step {step}: no actor/grad_norm (no training?)"
-            # the rollout samples with the weights the actor holds (else its log-probs would not match)
-            diff = data["training/rollout_probs_diff_max"]
-            assert diff < 1e-3, f"run {run} step {step}: rollout vs actor probability diff {diff}"
-        assert VAL_KEY in metrics[3], f"run {run}: {VAL_KEY} not logged at step 3: {sorted(metrics[3])}"
+    log = work / f"ckpt_{run}" / "metrics.jsonl"
+    attempts = read_provenance(log)  # every attempt's sidecar: commit, versions, hardware, command, seeds
+    assert attempts, f"{log}: no provenance sidecar"
+    for attempt in attempts:
+        check_provenance(attempt["provenance"], f"{log}.provenance.json")
+    metrics = read_metrics_log(log)
+    assert sorted(metrics) == steps, f"run {run} logged steps {sorted(metrics)}, expected {steps}"
+    for step, data in metrics.items():
+        missing = [k for k in EBPO_KEYS if k not in data]
+        assert not missing, f"run {run} step {step}: ebpo metrics missing: {missing}"
+        assert data.get("actor/grad_norm", 0) > 0, f"run {run} step {step}: no actor/grad_norm (no training?)"
+        # the rollout samples with the weights the actor holds (else its log-probs would not match)
+        diff = data["training/rollout_probs_diff_max"]
+        assert diff < 1e-3, f"run {run} step {step}: rollout vs actor probability diff {diff}"
+    assert VAL_KEY in metrics[steps[-1]], f"run {run}: {VAL_KEY} not logged at step {steps[-1]}"
+    return metrics
 
+
+def saved_state(work: Path, run: str, step: int) -> dict:
+    path = work / f"ckpt_{run}" / f"global_step_{step}" / "ebpo_state.json"
+    assert path.is_file(), f"{path} missing"
+    saved = json.loads(path.read_text())
+    assert saved["global_step"] == step, f"{path}: global_step {saved['global_step']}"
+    return saved["state"]
+
+
+def check(work: Path, files: dict, vllm: bool = False) -> None:
+    """All acceptance assertions; raises AssertionError naming the first failure.
+
+    Every resumed run starts from the saved EB state exactly: its state at its last step is the step-2 state
+    plus its own batches. B (the HF server, seeded per request) also equals the uninterrupted A at step 3; vLLM's
+    sampling is not reproducible across runs, so for C only the continuation holds.
+    """
+    import pyarrow.parquet as pq
+
+    a, b = check_run(work, "a", [1, 2, 3]), check_run(work, "b", [3])
     # the prompt groups are mixed, so the EB statistics are not trivially equal
     assert 0 < a[3]["critic/score/mean"] < 1, f"degenerate step-3 rewards: {a[3]['critic/score/mean']}"
 
-    state2 = work / "ckpt_a" / "global_step_2" / "ebpo_state.json"
-    assert state2.is_file(), f"{state2} missing"
-    saved = json.loads(state2.read_text())
-    assert saved["global_step"] == 2, f"{state2}: global_step {saved['global_step']}"
-    # B started from exactly A's step-2 state: its step 3 saw A's step-2 prompts plus one batch
+    saved = saved_state(work, "a", 2)
     assert a[2]["ebpo/prompts_seen"] == 2 * BATCH, f"A saw {a[2]['ebpo/prompts_seen']} prompts by step 2"
+    state_a, state_b = saved_state(work, "a", 3), saved_state(work, "b", 3)
+    check_continues(saved, state_a, [dump_scores(work, "a", 3)])
+    # B started from exactly A's step-2 state: its step 3 saw A's step-2 prompts plus one batch
     assert b[3]["ebpo/prompts_seen"] == a[2]["ebpo/prompts_seen"] + BATCH, "B did not start from the step-2 state"
-    state_a = json.loads((work / "ckpt_a" / "global_step_3" / "ebpo_state.json").read_text())["state"]
-    state_b = json.loads((work / "ckpt_b" / "global_step_3" / "ebpo_state.json").read_text())["state"]
-    check_continues(saved["state"], state_a, dump_scores(work, "a", 3))
-    check_continues(saved["state"], state_b, dump_scores(work, "b", 3))
-    if rollout == "hf":
-        for key in sorted(k for k in a[3] if k.startswith("ebpo/")):
-            assert key in b[3], f"run B step 3: {key} missing"
-            assert a[3][key] == b[3][key] or math.isclose(a[3][key], b[3][key], rel_tol=1e-12, abs_tol=1e-15), (
-                f"step-3 {key}: uninterrupted {a[3][key]!r} != resumed {b[3][key]!r}"
-            )
-        assert state_a == state_b, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
+    check_continues(saved, state_b, [dump_scores(work, "b", 3)])
+    for key in sorted(k for k in a[3] if k.startswith("ebpo/")):
+        assert key in b[3], f"run B step 3: {key} missing"
+        assert a[3][key] == b[3][key] or math.isclose(a[3][key], b[3][key], rel_tol=1e-12, abs_tol=1e-15), (
+            f"step-3 {key}: uninterrupted {a[3][key]!r} != resumed {b[3][key]!r}"
+        )
+    assert state_a == state_b, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
 
-    # curriculum: each step is one topic block, blocks never repeat, and the resumed step 3 is A's step 3
+    # curriculum: each step is one topic block, blocks never repeat, and a resumed step 3 is A's step 3
     topics = [e["topic"] for e in pq.read_table(files["train"]).column("extra_info").to_pylist()]
-    seen = [step_rows(work, "a", s, files["train"]) for s in (1, 2, 3)]
-    block_topics = []
-    for step, rows in enumerate(seen, start=1):
+
+    def block(run: str, step: int) -> str:
+        rows = step_rows(work, run, step, files["train"])
         step_topics = {topics[r] for r in rows}
-        assert len(step_topics) == 1, f"run A step {step} mixes topics {sorted(step_topics)} (rows {rows})"
-        block_topics.append(step_topics.pop())
-    assert len(set(block_topics)) == STEPS, f"run A repeated a topic block: {block_topics}"
-    resumed = step_rows(work, "b", 3, files["train"])
-    assert resumed == seen[2], f"resumed step 3 trained on rows {resumed}, uninterrupted on {seen[2]}"
-    same = "step-3 ebpo/* equal across resume" if rollout == "hf" else "resumed EB state continues the saved one"
-    print(f"[cpu_smoke] OK ({rollout} rollout): topic blocks {block_topics}; {same}; {VAL_KEY} logged")
+        assert len(step_topics) == 1, f"run {run} step {step} mixes topics {sorted(step_topics)} (rows {rows})"
+        return step_topics.pop()
+
+    blocks = [block("a", s) for s in (1, 2, 3)]
+    assert len(set(blocks)) == STEPS, f"run A repeated a topic block: {blocks}"
+    assert step_rows(work, "b", 3, files["train"]) == step_rows(work, "a", 3, files["train"]), "B's step 3 != A's"
+    print(f"[cpu_smoke] OK (hf rollout): topic blocks {blocks}; step-3 ebpo/* equal across resume; {VAL_KEY} logged")
+    if not vllm:
+        return
+
+    c = check_run(work, "c", [3, VLLM_STEPS])
+    assert c[3]["ebpo/prompts_seen"] == a[2]["ebpo/prompts_seen"] + BATCH, "C did not start from the step-2 state"
+    check_continues(saved, saved_state(work, "c", VLLM_STEPS), [dump_scores(work, "c", s) for s in (3, VLLM_STEPS)])
+    assert step_rows(work, "c", 3, files["train"]) == step_rows(work, "a", 3, files["train"]), "C's step 3 != A's"
+    c_blocks = [block("c", s) for s in (3, VLLM_STEPS)]
+    assert c_blocks[0] == blocks[2] and c_blocks[1] not in blocks, f"run C's blocks {c_blocks} after A's {blocks}"
+    print(
+        f"[cpu_smoke] OK (vllm rollout): resumed from A's step 2, topic blocks {c_blocks}; the EB state continues "
+        f"the saved one; rollout probabilities match the actor's at steps 3-{VLLM_STEPS}; {VAL_KEY} logged"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -336,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
     parser.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per training run")
     parser.add_argument(
-        "--rollout", choices=ROLLOUTS, default="hf", help="verl's vLLM rollout (vLLM's CPU build) or the HF server"
+        "--vllm", action="store_true", help="also run C: resume A's step 2 with verl's vLLM rollout (needs vllm-cpu)"
     )
     args = parser.parse_args(argv)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="ebpo-cpu-smoke-"))).resolve()
@@ -344,10 +368,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
     files = prepare(work)
-    train(work, files, "a", [], args.run_timeout, args.rollout)
+    train(work, files, "a", [], args.run_timeout)
     resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
-    train(work, files, "b", resume, args.run_timeout, args.rollout)
-    check(work, files, args.rollout)
+    train(work, files, "b", resume, args.run_timeout)
+    if args.vllm:
+        train(work, files, "c", resume, args.run_timeout, "vllm", VLLM_STEPS)
+    check(work, files, args.vllm)
 
 
 if __name__ == "__main__":

