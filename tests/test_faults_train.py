@@ -2,9 +2,10 @@
 log call, one writer per run folder, the pre-flight's registry/data/checkpoint checks, one-line override errors.
 
 The fast tests drive the trainer mixin with a stand-in for the GPU workers (as tests/test_checkpoint.py does) and
-the pre-flight on composed configs. The two slow tests run the real trainer on CPU (scripts/cpu_smoke.py's tiny
-model and data): one is killed with SIGKILL at the moment verl writes ``latest_checkpointed_iteration.txt`` (a
-file-system trigger, as a crash would) and resumed; in the other a second run starts on the folder of a running one.
+the pre-flight on composed configs. The slow test runs the real trainer on CPU (scripts/cpu_smoke.py's tiny model
+and data): a second run starts on the folder of the running one and is refused; the first is killed with SIGKILL
+at the moment verl writes ``latest_checkpointed_iteration.txt`` (a file-system trigger, as a crash would) and
+resumed.
 """
 
 from __future__ import annotations
@@ -418,15 +419,43 @@ def _lines(path: Path) -> list[dict]:
 STEPS3 = ["trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2"]
 
 
+def _wait_for_lock(proc: subprocess.Popen, log: Path, lock: Path) -> None:
+    """Until ``proc`` holds the run folder's lock (it takes it before its pre-flight and Ray)."""
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+        assert time.monotonic() < deadline, "the run never took its lock"
+        try:
+            if json.loads(lock.read_text())["pid"] == proc.pid:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
-def test_kill_between_checkpoint_and_log_then_resume_logs_the_step_once(smoke):
-    """Killed while verl validates step 2 (after its tracker file, before its log call); the resume logs step 2's
-    training metrics once, from the checkpoint, and continues with step 3."""
+@pytest.mark.heavy
+def test_second_run_refused_then_kill_between_checkpoint_and_log_then_resume_logs_the_step_once(smoke):
+    """One real run, three faults. (1) A second training started on the folder of the running one is refused in
+    one line (before its pre-flight and Ray) and leaves the first undisturbed. (2) The first is killed while verl
+    validates step 2 (after its tracker file, before its log call). (3) The resume takes over the dead run's lock,
+    logs step 2's training metrics once, from the checkpoint, continues with step 3 and releases the folder."""
     cpu_smoke, work, _ = smoke
     ckpt = work / "ckpt_kill"
-    tracker, log_path = ckpt / TRACKER_FILE, ckpt / "metrics.jsonl"
+    tracker, log_path, lock = ckpt / TRACKER_FILE, ckpt / "metrics.jsonl", ckpt / RUN_LOCK_FILE
     proc, log = _launch(smoke, "kill", *STEPS3)
     try:
+        _wait_for_lock(proc, log, lock)
+        second, second_log = _launch(smoke, "kill-second", *STEPS3, f"trainer.default_local_dir={ckpt}")
+        code = second.wait(timeout=300)
+        shutil.rmtree(second.ray_tmp, ignore_errors=True)
+        assert proc.poll() is None, "the second run must be refused while the first is still running"
+        text = second_log.read_text()
+        errors = [line for line in text.splitlines() if line.startswith("ebpo-train: error:")]
+        assert code == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
+        assert errors[0].startswith(f"ebpo-train: error: trainer.default_local_dir {ckpt} is in use by pid {proc.pid}")
+        assert "pre-flight: ok" not in text and "Started a local Ray instance" not in text  # refused first
+
         deadline = time.monotonic() + 900
         while not (tracker.is_file() and tracker.read_text().strip() == "2"):
             assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
@@ -434,9 +463,12 @@ def test_kill_between_checkpoint_and_log_then_resume_logs_the_step_once(smoke):
             time.sleep(0.02)
     finally:
         _kill_tree(proc)
-    # the crash landed where the finding says: step 2 checkpointed, its metrics not logged
+    # the crash landed where the finding says: step 2 checkpointed, its metrics not logged; the refused run
+    # neither wrote to nor moved the first one's log
     assert [line["step"] for line in _lines(log_path)] == [1], log_path.read_text()
+    assert not list(ckpt.glob("metrics.superseded-*"))
     assert (ckpt / "global_step_2" / STATE_FILE).is_file()
+    assert json.loads(lock.read_text())["pid"] == proc.pid  # a SIGKILL leaves the dead run's lock file
 
     proc, log = _launch(smoke, "kill", *STEPS3)  # trainer.resume_mode=auto: from the tracker, step 2
     _finish(proc, log)
@@ -454,42 +486,6 @@ def test_kill_between_checkpoint_and_log_then_resume_logs_the_step_once(smoke):
     assert merged[2]["training/global_step"] == 2 and "timing_s/gen" in merged[2]
     assert not STEP_TIME_KEYS & set(training[1]["data"])  # the unfinished step's total time is not invented
     assert cpu_smoke.VAL_KEY in merged[3]
-
-
-@pytest.mark.slow
-def test_a_second_training_on_a_running_runs_folder_is_refused_and_the_first_completes(smoke):
-    cpu_smoke, work, _ = smoke
-    ckpt = work / "ckpt_two"
-    lock = ckpt / RUN_LOCK_FILE
-    steps = ["trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=2"]
-    first, first_log = _launch(smoke, "two", *steps)
-    try:
-        deadline = time.monotonic() + 300
-        while True:  # the first run holds the folder (before its pre-flight and Ray)
-            assert first.poll() is None, first_log.read_text(errors="replace")[-4000:]
-            assert time.monotonic() < deadline, "the first run never took its lock"
-            try:
-                if json.loads(lock.read_text())["pid"] == first.pid:
-                    break
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.1)
-        second, second_log = _launch(smoke, "two-second", *steps, f"trainer.default_local_dir={ckpt}")
-        code = second.wait(timeout=300)
-        shutil.rmtree(second.ray_tmp, ignore_errors=True)
-        assert first.poll() is None, "the second run must be refused while the first is still running"
-    except BaseException:
-        _kill_tree(first)
-        raise
-    text = second_log.read_text()
-    errors = [line for line in text.splitlines() if line.startswith("ebpo-train: error:")]
-    assert code == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
-    assert errors[0].startswith(f"ebpo-train: error: trainer.default_local_dir {ckpt} is in use by pid {first.pid}")
-    assert "pre-flight: ok" not in text and "Started a local Ray instance" not in text  # refused first
-
-    _finish(first, first_log)
-    assert [line["step"] for line in _lines(ckpt / "metrics.jsonl")] == [1, 2]  # one line per step, one run
-    assert not list(ckpt.glob("metrics.superseded-*"))
-    saved = json.loads((ckpt / "global_step_2" / STATE_FILE).read_text())
-    assert saved["global_step"] == 2 and saved["state"]["prompts_seen"] == 2 * cpu_smoke.BATCH
+    saved = json.loads((ckpt / "global_step_3" / STATE_FILE).read_text())
+    assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * cpu_smoke.BATCH
     assert not lock.exists() and not (ckpt / "metrics.jsonl.lock").exists()  # released at the end

