@@ -18,6 +18,14 @@ import pytest
 # they all run with token auth off, consistently (otherwise a later ray.init fails with InvalidAuthToken).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# pytest-xdist (`-n 2 --dist loadgroup`, the README's command): the heavy tests (marked `heavy`, or using a Ray
+# instance of the pytest process) run on one worker, one at a time -- verl trainer launches, vLLM engines and Ray
+# each use every core and GBs of memory -- while the other worker runs the rest; the vLLM evaluation tests form a
+# second such group. A test using an expensive module fixture runs on one worker with the fixture's other tests,
+# which builds it once.
+HEAVY_FIXTURES = ("ray_local", "two_node_cluster")
+SHARED_FIXTURES = ("tiny_study",)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 FIXTURE_HUB = REPO_ROOT / "tests" / "fixtures" / "hub"
@@ -66,3 +74,13 @@ def ray_local():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        heavy = item.get_closest_marker("heavy")
+        if heavy or any(f in item.fixturenames for f in HEAVY_FIXTURES):
+            item.add_marker(pytest.mark.xdist_group(heavy.args[0] if heavy and heavy.args else "heavy"))
+        elif shared := next((f for f in SHARED_FIXTURES if f in item.fixturenames), None):
+            item.add_marker(pytest.mark.xdist_group(shared))

@@ -651,6 +651,7 @@ def test_registration_is_idempotent():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_registered_in_a_ray_actor_through_the_entry_point_alone():
     ray = pytest.importorskip("ray")
 

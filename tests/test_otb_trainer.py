@@ -96,6 +96,7 @@ def test_otb_advantage_step_through_transfer_queue(ray_local):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.skipif(os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1", reason="EBPO_SKIP_CPU_SMOKE=1")
 def test_otb_trains_through_verls_trainer_on_cpu(tmp_path):
     """Two steps of ``python -m ebpo_verl.main`` with verl's OTB on the CPU backend (the cpu_smoke setup: tiny
