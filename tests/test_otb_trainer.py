@@ -113,8 +113,8 @@ def test_otb_trains_through_verls_trainer_on_cpu(tmp_path):
     from ebpo_verl.provenance import check
 
     files = cpu_smoke.prepare(tmp_path)
-    extra = [*OTB, "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=-1"]
-    cpu_smoke.train(tmp_path, files, "otb", extra, timeout=900)
+    extra = [*OTB, "trainer.save_freq=-1", "trainer.test_freq=-1"]
+    cpu_smoke.train(tmp_path, files, "otb", extra, timeout=900, steps=2)
     log = tmp_path / "ckpt_otb" / "metrics.jsonl"
     metrics = read_metrics_log(log)
     assert sorted(metrics) == [1, 2]
