@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ebpo_verl.estimator import factorize_keys, padding_names, unknown_option_message
+from ebpo_verl.estimator import factorize_keys, padding_names
+from ebpo_verl.option_parsing import is_real, option_keys, parse_section
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -249,10 +250,6 @@ def compute_bnpo_advantages(
 # ----------------------------------------------------------------------------------------------- spo
 
 
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 @dataclass(frozen=True)
 class SPOOptions:
     """Options of the ``spo`` estimator (``algorithm.spo.<key>``); defaults = the fork's tracker.
@@ -276,11 +273,11 @@ class SPOOptions:
     def __post_init__(self) -> None:
         if not (isinstance(self.prompt_key, str) and self.prompt_key):
             raise ValueError(f"algorithm.spo.prompt_key={self.prompt_key!r} is invalid; use an extra_info field name")
-        if not (_is_real(self.rho) and 0.0 < float(self.rho) < 1.0):
+        if not (is_real(self.rho) and 0.0 < float(self.rho) < 1.0):
             raise ValueError(f"algorithm.spo.rho={self.rho!r} is invalid; use a float in (0, 1)")
-        if not (_is_real(self.n0) and float(self.n0) > 0.0):
+        if not (is_real(self.n0) and float(self.n0) > 0.0):
             raise ValueError(f"algorithm.spo.n0={self.n0!r} is invalid; use a float > 0")
-        if not (_is_real(self.epsilon) and float(self.epsilon) > 0.0):
+        if not (is_real(self.epsilon) and float(self.epsilon) > 0.0):
             raise ValueError(f"algorithm.spo.epsilon={self.epsilon!r} is invalid; use a float > 0")
         if self.on_resume_mismatch not in ("error", "reset", "keep"):
             raise ValueError(
@@ -290,16 +287,10 @@ class SPOOptions:
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any] | None) -> SPOOptions:
         """Build options from ``config.spo`` (a dict or OmegaConf node; None -> defaults); unknown keys raise."""
-        if mapping is None:
-            return cls()
-        values = dict(mapping.items())
-        unknown = sorted(set(values) - set(SPO_OPTION_KEYS))
-        if unknown:
-            raise ValueError(unknown_option_message(unknown[0], "algorithm.spo", SPO_OPTION_KEYS))
-        return cls(**values)
+        return parse_section(cls, mapping, "algorithm.spo")
 
 
-SPO_OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SPOOptions))
+SPO_OPTION_KEYS: tuple[str, ...] = option_keys(SPOOptions)
 SPO_RESUME_KEYS: tuple[str, ...] = tuple(k for k in SPO_OPTION_KEYS if k != "on_resume_mismatch")
 
 
@@ -363,7 +354,7 @@ class SPOState:
             columns[name] = values
         if not all(isinstance(k, str) for k in columns["keys"]):
             raise ValueError("SPO state keys must be strings")
-        if not all(_is_real(v) for v in columns["alpha"] + columns["beta"]):
+        if not all(is_real(v) for v in columns["alpha"] + columns["beta"]):
             raise ValueError("SPO state alpha/beta must be finite numbers")
         keys = np.array(columns["keys"], dtype=str)
         alpha = np.array(columns["alpha"], dtype=np.float64)

@@ -36,6 +36,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
+from ebpo_verl.option_parsing import is_missing
 from ebpo_verl.ordering import (
     FALLBACK_DIFFICULTY_KEY,
     PASS_RATE_KEY,
@@ -44,7 +45,6 @@ from ebpo_verl.ordering import (
     Layout,
     batch_purity,
     epoch_layout,
-    is_missing,
 )
 
 __all__ = ["CurriculumDataset", "CurriculumOptions", "parse_curriculum_config", "validate_curriculum_config"]
@@ -96,8 +96,8 @@ def parse_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions
     return opts
 
 
-def validate_curriculum_config(data_config: Mapping[str, Any]) -> None:
-    """Refuse, before any rollout, a ``data`` config whose curriculum cannot work; raises ValueError.
+def validate_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions:
+    """The ``data.curriculum`` options, refused (ValueError) before any rollout when the curriculum cannot work.
 
     Checks the ``data.curriculum`` options and their fit with ``data.shuffle``,
     ``data.dataloader_num_workers`` and ``data.train_batch_size`` (see :func:`parse_curriculum_config`), and
@@ -111,8 +111,7 @@ def validate_curriculum_config(data_config: Mapping[str, Any]) -> None:
 
         ours = bool(getattr(load_extern_object(path, name), "ebpo_curriculum", False))
     if ours:
-        parse_curriculum_config(data_config)
-        return
+        return parse_curriculum_config(data_config)
     opts = CurriculumOptions.from_mapping(_options_mapping(data_config))
     if opts != CurriculumOptions():
         raise ValueError(
@@ -120,6 +119,7 @@ def validate_curriculum_config(data_config: Mapping[str, Any]) -> None:
             "CurriculumDataset, so verl would ignore it. Set data.custom_cls.path=pkg://ebpo_verl.curriculum "
             "data.custom_cls.name=CurriculumDataset, or remove data.curriculum."
         )
+    return opts
 
 
 def _file_list(files: Any) -> list[str]:

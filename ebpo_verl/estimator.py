@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+
+from ebpo_verl.option_parsing import is_real, option_keys, parse_section
 
 STATE_VERSION = 1
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -92,60 +94,31 @@ class EBPOOptions:
             if getattr(self, key) not in choices:
                 raise ValueError(f"algorithm.ebpo.{key}={getattr(self, key)!r} is invalid; valid values: {choices}")
         s = self.shrinkage
-        if s != "auto" and not (_is_real(s) and 0.0 <= float(s) <= 1.0):
+        if s != "auto" and not (is_real(s) and 0.0 <= float(s) <= 1.0):
             raise ValueError(f"algorithm.ebpo.shrinkage={s!r} is invalid; use 'auto' or a float in [0, 1]")
-        if not (_is_real(self.decay) and 0.0 < float(self.decay) <= 1.0):
+        if not (is_real(self.decay) and 0.0 < float(self.decay) <= 1.0):
             raise ValueError(f"algorithm.ebpo.decay={self.decay!r} is invalid; use a float in (0, 1]")
         if self.cluster_key is not None and not (isinstance(self.cluster_key, str) and self.cluster_key):
             raise ValueError(f"algorithm.ebpo.cluster_key={self.cluster_key!r} is invalid; use null or a label name")
         mcp = self.min_cluster_prompts
         if isinstance(mcp, bool) or not isinstance(mcp, int) or mcp < 0:
             raise ValueError(f"algorithm.ebpo.min_cluster_prompts={mcp!r} is invalid; use an integer >= 0")
-        if not (_is_real(self.epsilon) and float(self.epsilon) > 0.0):
+        if not (is_real(self.epsilon) and float(self.epsilon) > 0.0):
             raise ValueError(f"algorithm.ebpo.epsilon={self.epsilon!r} is invalid; use a float > 0")
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any] | None) -> EBPOOptions:
         """Build options from ``config.ebpo`` (a dict or OmegaConf node; None -> defaults); unknown keys raise."""
-        if mapping is None:
-            return cls()
-        values = dict(mapping.items())
-        unknown = sorted(set(values) - set(OPTION_KEYS))
-        if unknown:
-            raise ValueError(unknown_option_message(unknown[0], "algorithm.ebpo", OPTION_KEYS))
-        return cls(**values)
+        return parse_section(cls, mapping, "algorithm.ebpo")
 
     @property
     def fixed_shrinkage(self) -> float | None:
         return None if self.shrinkage == "auto" else float(self.shrinkage)
 
 
-OPTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(EBPOOptions))
+OPTION_KEYS: tuple[str, ...] = option_keys(EBPOOptions)
 
 
-def unknown_option_message(key: str, section: str, valid: Sequence[str]) -> str:
-    """The one error for an option key that does not exist (``algorithm.ebpo``, ``algorithm.spo``), with the
-    closest valid key."""
-    import difflib
-
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {section}.{close[0]}? " if close else ""
-    return f"unknown option {section}.{key}; {hint}valid keys: {', '.join(valid)}"
-
-
-_PARSED: dict[type, tuple[Any, dict | None, Any]] = {}
-
-
-def parsed_options(cls: type, node: Mapping[str, Any] | None) -> Any:
-    """``cls.from_mapping(node)``, parsed once per config node: verl hands the estimator the same ``algorithm``
-    node on every step, and the pre-flight and the trainer read that node too, so the options are read and
-    validated on its first use and reused after. A plain dict is read again when its contents change."""
-    hit = _PARSED.get(cls)
-    if hit is not None and hit[0] is node and (not isinstance(node, dict) or hit[1] == node):
-        return hit[2]
-    options = cls.from_mapping(node)
-    _PARSED[cls] = (node, dict(node) if isinstance(node, dict) else None, options)
-    return options
 RESUME_KEYS: tuple[str, ...] = tuple(k for k in OPTION_KEYS if k != "on_resume_mismatch")
 """The options a resume compares with the checkpoint's (all but ``on_resume_mismatch`` itself)."""
 
@@ -175,17 +148,20 @@ def ignored_options(options: EBPOOptions) -> list[str]:
     ]
 
 
-def is_missing_label(value: Any) -> bool:
-    """A cluster label that counts as absent: None, NaN (float or numpy), pandas' NA/NaT."""
-    return value is None or (np.ndim(value) == 0 and bool(pd.isna(value)))
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def ignored_options_warning(options: EBPOOptions) -> str | None:
+    """One line naming the options set away from their defaults that the chosen mode ignores (None: none)."""
+    ignored = ignored_options(options)
+    if not ignored:
+        return None
+    mode = (
+        f"stats_scope={options.stats_scope}, prior={options.prior}, shrinkage={options.shrinkage}, "
+        f"norm={options.norm}, cluster_key={options.cluster_key or 'null'}"
+    )
+    return f"algorithm.ebpo option(s) {', '.join(ignored)} have no effect with {mode}"
 
 
 def _finite_float(x: Any, what: str, minimum: float | None = None) -> float:
-    if not _is_real(x) or (minimum is not None and x < minimum):
+    if not is_real(x) or (minimum is not None and x < minimum):
         bound = "" if minimum is None else f" >= {minimum:g}"
         raise ValueError(f"{what} must be a finite number{bound}, got {x!r}")
     return float(x)

@@ -2,7 +2,7 @@
 
 verl's ``main_ppo`` flow with the package config (``config/ebpo_trainer.yaml``: verl's ``ppo_trainer`` plus the
 EBPO deltas) and :class:`~ebpo_verl.trainer.EBPOTaskRunner`. Before Ray starts, the pre-flight
-(:func:`ebpo_verl.validation.preflight`: our checks, verl's ``validate_config`` at the configured world size, at
+(:func:`ebpo_verl.preflight.preflight`: our checks, verl's ``validate_config`` at the configured world size, at
 least one step per epoch) runs; ``--cfg job`` runs the same pre-flight, reports ``pre-flight: ok`` on stderr
 and prints the composed config on stdout without starting Ray. Every refusal is one line
 ``ebpo-train: error: ...`` on stderr with exit status 2.
@@ -18,13 +18,14 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ebpo_verl.baselines import SPO_OPTION_KEYS
-from ebpo_verl.estimator import OPTION_KEYS
-from ebpo_verl.validation import EBPOConfigError, preflight, unknown_option_message
+from ebpo_verl.errors import EBPOConfigError, one_line
+from ebpo_verl.option_parsing import unknown_option_message
+from ebpo_verl.options import STATEFUL
+from ebpo_verl.preflight import preflight
 
 CONFIG_MODULE = "ebpo_verl.config"
 CONFIG_NAME = "ebpo_trainer"
-PREFIXES = {"algorithm.ebpo.": OPTION_KEYS, "algorithm.spo.": SPO_OPTION_KEYS}
+PREFIXES = {f"{entry.section}.": entry.option_keys for entry in STATEFUL.values()}
 """Override prefixes whose keys :func:`check_overrides` checks (did-you-mean instead of Hydra's ``+`` advice)."""
 
 
@@ -42,7 +43,7 @@ def check_overrides(overrides: list[str]) -> None:
     only advise appending ``+``).
 
     Overrides Hydra cannot parse are left to Hydra's own message; ``+``/``++`` additions reach
-    :func:`~ebpo_verl.validation.check_config`, which refuses unknown keys with the same message.
+    :class:`~ebpo_verl.options.RunOptions`, which refuses unknown keys with the same message.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -63,7 +64,7 @@ def check_overrides(overrides: list[str]) -> None:
         for prefix, valid in PREFIXES.items():
             option = key[len(prefix) :].split(".")[0] if key.startswith(prefix) else None
             if option is not None and option not in valid:
-                raise EBPOConfigError(unknown_option_message(option, prefix[:-1]))
+                raise EBPOConfigError(unknown_option_message(option, prefix[:-1], valid))
 
 
 def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
@@ -77,7 +78,7 @@ def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
             return hydra_compose(config_name=config_name or CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise EBPOConfigError(_one_line(err)) from err
+        raise EBPOConfigError(one_line(err)) from err
 
 
 def dry_run(overrides: list[str]) -> tuple[DictConfig, list[str]]:
@@ -90,7 +91,7 @@ def dry_run(overrides: list[str]) -> tuple[DictConfig, list[str]]:
     try:
         return config, preflight(config, dry_run=True)
     except OmegaConfBaseException as err:
-        raise EBPOConfigError(_one_line(err)) from err
+        raise EBPOConfigError(one_line(err)) from err
 
 
 def compose_config(args) -> DictConfig:
@@ -99,10 +100,6 @@ def compose_config(args) -> DictConfig:
         return compose(args.overrides, args.config_name)
     except EBPOConfigError as err:
         _fail(str(err))
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 def show_job(args) -> None:
@@ -122,7 +119,7 @@ def show_job(args) -> None:
     except EBPOConfigError as err:
         _fail(str(err))
     except OmegaConfBaseException as err:
-        _fail(_one_line(err))
+        _fail(one_line(err))
     _report(lines)
     if not OmegaConf.is_config(shown):
         print(shown)
@@ -133,12 +130,12 @@ def show_job(args) -> None:
 
 
 def _holding_run_outputs(run: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
-    """``run`` inside :func:`~ebpo_verl.checkpoint.hold_run_outputs`: one training process per checkpoint folder
-    and metrics log; a second one is refused at once (one line naming the holder)."""
+    """``run`` inside :func:`~ebpo_verl.checkpoint.run_lock.hold_run_outputs`: one training process per checkpoint
+    folder and metrics log; a second one is refused at once (one line naming the holder)."""
 
     @functools.wraps(run)
     def locked(config: DictConfig) -> None:
-        from ebpo_verl.checkpoint import hold_run_outputs
+        from ebpo_verl.checkpoint.run_lock import hold_run_outputs
         from ebpo_verl.locking import LockHeldError
 
         try:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -24,13 +24,14 @@ block in seeded random order.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from ebpo_verl.option_parsing import is_missing, parse_section
 
 ORDERS = ("native", "random", "topic", "difficulty")
 MISSING = ("error", "last")
@@ -70,12 +71,7 @@ class CurriculumOptions:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, where: str = "data.curriculum") -> CurriculumOptions:
         """Parse and check options; unknown keys and bad values raise ValueError naming the key."""
-        values = dict(values or {})
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown} in {where}; valid keys: {valid}")
-        opts = cls(**values)
+        opts = parse_section(cls, values, where)
         opts._check(where)
         return opts
 
@@ -119,11 +115,6 @@ class CurriculumOptions:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
-
-
-def is_missing(value: Any) -> bool:
-    """A label is missing when absent/None, or a float NaN."""
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 @dataclass(frozen=True)

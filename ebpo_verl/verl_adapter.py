@@ -2,12 +2,20 @@
 
 The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
 :mod:`ebpo_verl.baselines`).
+
+verl calls an estimator with the rewards, the mask, the uids and its raw ``algorithm`` node only. Under
+``ebpo-train`` the trainer hands each step's validated options and its uid -> ``extra_info`` value map (cluster
+label, SPO prompt key) to the estimator through :func:`step_inputs` around verl's own advantage step, so the
+estimator parses nothing per step. Under stock ``verl.trainer.main_ppo`` (no step inputs) the options come from
+the node by value (:func:`ebpo_verl.options.options_for_node`: validated once per process and per value).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,23 +23,55 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from ebpo_verl.baselines import (
-    SPO_STATE,
-    SPOOptions,
     compute_bnpo_advantages,
     compute_js_advantages,
     compute_spo_advantages,
 )
-from ebpo_verl.estimator import (
-    GLOBAL_STATE,
-    EBPOOptions,
-    compute_ebpo_advantages,
-    factorize_keys,
-    padding_names,
-    parsed_options,
-)
-from ebpo_verl.validation import ignored_options_warning
+from ebpo_verl.estimator import compute_ebpo_advantages, factorize_keys, padding_names
+from ebpo_verl.options import EBPO, SPO, StatefulEstimator, options_for_node
 
 NAME = "ebpo"
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the trainer knows of a step that verl's estimator call does not carry: the estimator's validated
+    options and, when it reads a per-row field, ``uid -> extra_info[field]`` (padding uids absent)."""
+
+    options: Any
+    row_keys: Mapping[str, Any] | None = None
+
+
+_STEP: contextvars.ContextVar[StepInputs | None] = contextvars.ContextVar("ebpo_step_inputs", default=None)
+
+
+@contextlib.contextmanager
+def step_inputs(inputs: StepInputs) -> Iterator[None]:
+    """Make ``inputs`` what the estimator called inside the block reads (this thread / context only)."""
+    token = _STEP.set(inputs)
+    try:
+        yield
+    finally:
+        _STEP.reset(token)
+
+
+def _options(entry: StatefulEstimator, config: Any) -> tuple[Any, Mapping[str, Any] | None]:
+    """(options, uid -> row key map or None) of this call: the trainer's step inputs, else the raw node's options."""
+    inputs = _STEP.get()
+    if inputs is not None and isinstance(inputs.options, entry.options_cls):
+        return inputs.options, inputs.row_keys
+    return options_for_node(entry, None if config is None else config.get(entry.name, None)), None
+
+
+def _row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:
+    """Per-row values of a uid -> value map (None for uids it lacks: padding)."""
+    if row_keys is None:
+        return None
+    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
+    per_uid = np.empty(len(uid_names), dtype=object)
+    for i, name in enumerate(uid_names.tolist()):
+        per_uid[i] = row_keys.get(name)
+    return per_uid[uid_codes]
 
 
 def compute_ebpo_outcome_advantage(
@@ -44,42 +84,22 @@ def compute_ebpo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EBPO outcome advantage (arXiv 2602.05165): A_i = r_i - [(1 - S) mu_q + S mu_glob], batch-standardised.
 
-    The response score is ``token_level_rewards.sum(-1)``; options come from ``config.ebpo`` (``config`` is
-    verl's ``algorithm`` node; None -> defaults; read once per node by :func:`~ebpo_verl.estimator.parsed_options`,
-    not on every step); the running statistics are the process-wide
-    ``ebpo_verl.get_state()``. Rows whose uid starts with ``pad`` or whose response mask is all zero are padding:
-    advantage 0, statistics untouched. ``labels`` (one per row) feed per-cluster priors when
-    ``algorithm.ebpo.cluster_key`` is set. Returns (advantages, returns), both (bs, response_length).
+    The response score is ``token_level_rewards.sum(-1)``; the options are the trainer's (:func:`step_inputs`)
+    or those of ``config.ebpo`` (``config`` is verl's ``algorithm`` node; None -> defaults); the running
+    statistics are the process-wide ``ebpo_verl.get_state()``. Rows whose uid starts with ``pad`` or whose
+    response mask is all zero are padding: advantage 0, statistics untouched. ``labels`` (one per row; by
+    default the step's uid -> label map) feed per-cluster priors when ``algorithm.ebpo.cluster_key`` is set.
+    Returns (advantages, returns), both (bs, response_length).
     """
-    options = parsed_options(EBPOOptions, None if config is None else config.get("ebpo", None))
-    _report_ignored_options(options)
+    options, row_keys = _options(EBPO, config)
+    if labels is None:
+        labels = _row_values(row_keys, index)
     _check_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
     valid = _has_response(response_mask)
-    adv = compute_ebpo_advantages(scores, index, valid, options, GLOBAL_STATE, labels=labels, pad_prefix="pad")
+    adv = compute_ebpo_advantages(scores, index, valid, options, EBPO.state, labels=labels, pad_prefix="pad")
     advantages = adv.unsqueeze(-1) * response_mask
     return advantages, advantages
-
-
-_IGNORED_REPORTED: list[bool] = [False]
-"""Whether this process has named the options the chosen mode ignores (once per process)."""
-
-
-def _report_ignored_options(options: EBPOOptions) -> None:
-    """On the first call in a process, warn about options the chosen mode ignores: plain ``verl.trainer.main_ppo``
-    runs have no pre-flight to say so. ``ebpo-train``'s TaskRunner calls :func:`ignored_options_reported` first,
-    as its driver's pre-flight already printed the warning."""
-    if _IGNORED_REPORTED[0]:
-        return
-    _IGNORED_REPORTED[0] = True
-    message = ignored_options_warning(options)
-    if message:
-        warnings.warn(f"EBPO: {message}", RuntimeWarning, stacklevel=3)
-
-
-def ignored_options_reported() -> None:
-    """Mark the ignored-options warning as given in this process (by the pre-flight)."""
-    _IGNORED_REPORTED[0] = True
 
 
 def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -139,10 +159,13 @@ def compute_spo_outcome_advantage(
     afterwards each prompt's tracker does alpha <- rho alpha + rbar, beta <- rho beta + (1 - rbar), starting
     from (n0/2, n0/2). The tracker is ``ebpo_verl.baselines.SPO_STATE``, keyed by ``prompt_keys`` (one stable
     key per row, e.g. ``extra_info["index"]``, which ``python -m ebpo_verl.main`` passes); verl's uids are fresh
-    every step, so without ``prompt_keys`` this raises rather than track nothing. Options: ``config.spo``.
+    every step, so without ``prompt_keys`` (by default the step's uid -> key map) this raises rather than track
+    nothing. Options: the trainer's (:func:`step_inputs`) or ``config.spo``.
     Returns (advantages, returns), both (bs, response_length).
     """
-    options = parsed_options(SPOOptions, None if config is None else config.get("spo", None))
+    options, row_keys = _options(SPO, config)
+    if prompt_keys is None:
+        prompt_keys = _row_values(row_keys, index)
     if prompt_keys is None:
         raise ValueError(
             "adv_estimator=spo needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "
@@ -155,7 +178,7 @@ def compute_spo_outcome_advantage(
     is_pad = padding_names(uid_names, "pad")
     if is_pad is not None:
         valid &= ~torch.from_numpy(is_pad[uid_codes])
-    adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO_STATE)
+    adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO.state)
     advantages = adv.unsqueeze(-1) * response_mask
     return advantages, advantages
 

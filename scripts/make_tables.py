@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_numbers import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL  # noqa: E402
 
-from ebpo_verl.checkpoint import atomic_write_text  # noqa: E402
+from ebpo_verl.atomic import atomic_write_text  # noqa: E402
 from ebpo_verl.metrics_log import read_provenance  # noqa: E402
 from ebpo_verl.provenance import describe_hardware, short_commit  # noqa: E402
 

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.atomic import atomic_write_text
 from ebpo_verl.provenance import describe_hardware, short_commit
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from paper_numbers import PAPER, PAPER_LABEL  # noqa: E402
 
-from ebpo_verl.checkpoint import atomic_write_text  # noqa: E402
+from ebpo_verl.atomic import atomic_write_text  # noqa: E402
 
 BEGIN, END = "<!-- status:begin -->", "<!-- status:end -->"
 DEFAULT_RESULTS = ROOT / "ebpo_runs" / "results"

@@ -33,9 +33,13 @@ from ebpo_verl.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
-from ebpo_verl.checkpoint import SPO_STATE_FILE, load_spo_state
-from ebpo_verl.trainer import cluster_labels, compute_spo_advantage, ebpo_trainer_cls
-from ebpo_verl.validation import EBPOConfigError, check_config, check_prompt_keys
+from ebpo_verl.checkpoint.state import load_state
+from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.options import SPO
+from ebpo_verl.preflight import check_config
+from ebpo_verl.preflight.data import check_prompt_keys
+from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.verl_adapter import StepInputs, step_inputs
 
 EPS = 1e-6
 REPO = Path(__file__).resolve().parents[1]
@@ -450,8 +454,9 @@ def _step(trainer, step: int) -> torch.Tensor:
     uids.append("pad0")
     infos.append(infos[0])
     data = make_dataproto(np.array(uids[:-1], dtype=object), rewards, pad=1)
-    keys = cluster_labels(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.spo.prompt_key")
-    compute_spo_advantage(data, trainer.config.algorithm, keys)
+    keys = uid_row_keys(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.spo.prompt_key")
+    with step_inputs(StepInputs(trainer.options.spo, keys)):
+        compute_advantage(data, adv_estimator="spo", config=trainer.config.algorithm)
     return data.batch["advantages"].clone()
 
 
@@ -474,7 +479,7 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
     first.global_steps = 3
     first._save_checkpoint()
     step_dir = tmp_path / "ckpt" / "global_step_3"
-    saved = json.loads((step_dir / SPO_STATE_FILE).read_text())
+    saved = json.loads((step_dir / SPO.state_file).read_text())
     assert saved["global_step"] == 3 and saved["state"]["steps"] == 3 and saved["options"]["prompt_key"] == "index"
     assert saved["state"]["keys"] == ["0", "1", "2", "3", "4", "5"]
 
@@ -501,9 +506,9 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
             assert not np.allclose(adv[:-1, 0].numpy(), ReferenceSPO().step(keys, rewards), atol=1e-3)
     fresh = SPOState()
     with pytest.raises(ValueError, match="has no spo_state.json"):  # on_resume_mismatch=error (the default)
-        load_spo_state(tmp_path, fresh, SPOOptions(), 3)
+        load_state(SPO, tmp_path, fresh, SPOOptions(), 3)
     with pytest.warns(RuntimeWarning, match="no spo_state.json"):
-        load_spo_state(tmp_path, fresh, SPOOptions(on_resume_mismatch="reset"), 3)
+        load_state(SPO, tmp_path, fresh, SPOOptions(on_resume_mismatch="reset"), 3)
     assert fresh.steps == 0
 
 
@@ -513,30 +518,30 @@ def test_spo_state_file_errors(tmp_path):
     _run(trainer, range(1, 3))
     trainer.global_steps = 2
     trainer._save_checkpoint()
-    path = tmp_path / "ckpt" / "global_step_2" / SPO_STATE_FILE
+    path = tmp_path / "ckpt" / "global_step_2" / SPO.state_file
     with pytest.raises(ValueError, match="written at global step 2, not 5"):
-        load_spo_state(path.parent, SPOState(), SPOOptions(), 5)
+        load_state(SPO, path.parent, SPOState(), SPOOptions(), 5)
     saved = SPOState()
-    load_spo_state(path.parent, saved, SPOOptions(), 2)
+    load_state(SPO, path.parent, saved, SPOOptions(), 2)
     # another option: on_resume_mismatch decides, as for algorithm.ebpo (default error, the three ways out)
     with pytest.raises(ValueError, match=r"rho: 0.9 -> 0.5.*algorithm.spo.rho=0.9.*mismatch=reset.*mismatch=keep"):
-        load_spo_state(path.parent, SPOState(), SPOOptions(rho=0.5), 2)
+        load_state(SPO, path.parent, SPOState(), SPOOptions(rho=0.5), 2)
     with pytest.warns(RuntimeWarning, match=r"rho: 0.9 -> 0.5\); on_resume_mismatch=reset"):
-        assert not load_spo_state(path.parent, SPOState(), SPOOptions(rho=0.5, on_resume_mismatch="reset"), 2)
+        assert not load_state(SPO, path.parent, SPOState(), SPOOptions(rho=0.5, on_resume_mismatch="reset"), 2)
     kept = SPOState()
     with pytest.warns(RuntimeWarning, match=r"rho: 0.9 -> 0.5\); on_resume_mismatch=keep"):
-        assert load_spo_state(path.parent, kept, SPOOptions(rho=0.5, on_resume_mismatch="keep"), 2)
+        assert load_state(SPO, path.parent, kept, SPOOptions(rho=0.5, on_resume_mismatch="keep"), 2)
     assert kept.state_dict() == saved.state_dict() and saved.steps == 2
     for mode in ("error", "keep"):  # another prompt_key never continues with the saved tracker
         with pytest.raises(ValueError, match=r"prompt_key: 'index' -> 'source_id'.*prompt_key=index") as err:
-            load_spo_state(path.parent, SPOState(), SPOOptions(prompt_key="source_id", on_resume_mismatch=mode), 2)
+            load_state(SPO, path.parent, SPOState(), SPOOptions(prompt_key="source_id", on_resume_mismatch=mode), 2)
         assert "=keep" not in str(err.value)
     path.write_text('{"format": 1, "global_step": 2, "state": {"version": 1}}')
     with pytest.raises(ValueError, match="is unreadable: SPO state is missing key"):
-        load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
+        load_state(SPO, path.parent, SPOState(), SPOOptions(), 2)
     path.write_text('{"format": 1, "glo')
     with pytest.raises(ValueError, match="is unreadable: .*Delete it to resume with fresh SPO trackers"):
-        load_spo_state(path.parent, SPOState(), SPOOptions(), 2)
+        load_state(SPO, path.parent, SPOState(), SPOOptions(), 2)
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
 
 
@@ -557,10 +562,10 @@ def test_spo_state_file_errors(tmp_path):
 )
 def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
     payload = {"format": 1, "global_step": 2, "options": {}, "state": state}
-    (tmp_path / SPO_STATE_FILE).write_text(json.dumps(payload))
+    (tmp_path / SPO.state_file).write_text(json.dumps(payload))
     target = SPOState(steps=7)
-    with pytest.raises(ValueError, match=rf"{SPO_STATE_FILE} is unreadable: .*{re.escape(problem)}"):
-        load_spo_state(tmp_path, target, SPOOptions(), 2)
+    with pytest.raises(ValueError, match=rf"{SPO.state_file} is unreadable: .*{re.escape(problem)}"):
+        load_state(SPO, tmp_path, target, SPOOptions(), 2)
     assert target.steps == 0 and len(target.keys) == 0
 
 

@@ -14,12 +14,16 @@ import torch
 from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.protocol import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.checkpoint import STATE_FILE, load_ebpo_state, save_ebpo_state
+from ebpo_verl.checkpoint.resume import loaded_folder, step_folder
+from ebpo_verl.checkpoint.state import load_state, save_state
 from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
 from ebpo_verl.metrics_log import MetricsLog, read_metrics_log
-from ebpo_verl.trainer import checkpoint_folder, cluster_labels, compute_ebpo_advantage, ebpo_trainer_cls
+from ebpo_verl.options import EBPO
+from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.verl_adapter import StepInputs, step_inputs
 
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
 PROMPTS, GROUP, TOPICS = 4, 4, ("algebra", "geometry", "number_theory")
@@ -78,13 +82,21 @@ def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
         non_tensors={"uid": np.array(uids, dtype=object)},
     )
     padding = [uid.startswith("pad") for uid in uids]
-    return data, cluster_labels(infos, uids, padding, "topic")
+    return data, uid_row_keys(infos, uids, padding, "topic")
+
+
+
+def _estimate(trainer, data, row_keys) -> dict:
+    """verl's ``compute_advantage`` on ``data`` with the step inputs the trainer hands the estimator."""
+    with step_inputs(StepInputs(trainer.options.estimator, row_keys)):
+        compute_advantage(data, adv_estimator=trainer.options.adv_estimator, config=trainer.config.algorithm)
+    return dict(trainer.options.stateful.state.diagnostics)
 
 
 def _step(trainer, step: int) -> torch.Tensor:
     prompt_ids = next(trainer._data_iter).tolist()
     data, labels = _batch(prompt_ids, step)
-    compute_ebpo_advantage(data, trainer.config.algorithm, labels if trainer.ebpo_options.cluster_key else None)
+    _estimate(trainer, data, labels if trainer.options.row_key else None)
     return data.batch["advantages"].clone()
 
 
@@ -119,8 +131,8 @@ def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options
 
     step_dir = tmp_path / "ckpt" / "global_step_3"
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "3"
-    assert {p.name for p in step_dir.iterdir()} == {"actor", "data.pt", STATE_FILE}
-    saved = json.loads((step_dir / STATE_FILE).read_text())
+    assert {p.name for p in step_dir.iterdir()} == {"actor", "data.pt", EBPO.state_file}
+    saved = json.loads((step_dir / EBPO.state_file).read_text())
     assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * PROMPTS
 
     ebpo_verl.get_state().reset()
@@ -147,7 +159,7 @@ def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path):
     _run(trainer, range(1, 3))
     trainer.global_steps = 2
     trainer._save_checkpoint()
-    (tmp_path / "ckpt" / "global_step_2" / STATE_FILE).unlink()  # as a plain verl checkpoint
+    (tmp_path / "ckpt" / "global_step_2" / EBPO.state_file).unlink()  # as a plain verl checkpoint
     with pytest.raises(ValueError, match=r"has no ebpo_state.json .*on_resume_mismatch=reset to continue from step 2"):
         _trainer(config)._load_checkpoint()
     for mode in ("reset", "keep"):
@@ -168,12 +180,13 @@ def test_checkpoint_disabled_resume_resets_state(tmp_path):
 
 
 def test_checkpoint_folder_for_both_resume_modes(tmp_path):
-    auto = _config(tmp_path)
-    assert checkpoint_folder(auto, 5) == str(tmp_path / "ckpt" / "global_step_5")
+    auto = _config(tmp_path).trainer
+    assert loaded_folder(auto, 5) == step_folder(auto, 5) == str(tmp_path / "ckpt" / "global_step_5")
     explicit = _config(
         tmp_path, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}/x/global_step_2"
     )
-    assert checkpoint_folder(explicit, 2) == str(tmp_path / "x" / "global_step_2")
+    assert loaded_folder(explicit.trainer, 2) == str(tmp_path / "x" / "global_step_2")
+    assert step_folder(explicit.trainer, 2) == str(tmp_path / "ckpt" / "global_step_2")
 
 
 def _filled_state() -> EBPOState:
@@ -187,19 +200,19 @@ def _filled_state() -> EBPOState:
 
 def test_checkpoint_state_file_round_trip_atomic_and_checked(tmp_path):
     state, options = _filled_state(), EBPOOptions()
-    path = save_ebpo_state(tmp_path, state, options, global_step=4)
-    save_ebpo_state(tmp_path, state, options, global_step=4)  # replaces in place
-    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temp file left behind
+    path = save_state(EBPO, tmp_path, state, options, global_step=4)
+    save_state(EBPO, tmp_path, state, options, global_step=4)  # replaces in place
+    assert [p.name for p in tmp_path.iterdir()] == [EBPO.state_file]  # no temp file left behind
     restored = EBPOState()
-    assert load_ebpo_state(tmp_path, restored, options, global_step=4)
+    assert load_state(EBPO, tmp_path, restored, options, global_step=4)
     assert restored.state_dict() == state.state_dict()
     assert restored.prompts_seen == 3 and restored.responses_seen == 6
 
     with pytest.raises(ValueError, match="written at global step 4, not 5"):
-        load_ebpo_state(tmp_path, EBPOState(), options, global_step=5)
+        load_state(EBPO, tmp_path, EBPOState(), options, global_step=5)
     path.write_text(path.read_text()[:40])
     with pytest.raises(ValueError, match="unreadable"):
-        load_ebpo_state(tmp_path, EBPOState(), options, global_step=4)
+        load_state(EBPO, tmp_path, EBPOState(), options, global_step=4)
 
 
 def _corrupt_state(payload: dict, how: str) -> str:
@@ -220,20 +233,20 @@ def _corrupt_state(payload: dict, how: str) -> str:
 
 @pytest.mark.parametrize("how", ["truncated", "list", "negative-count", "short-entry", "non-finite", "bad-options"])
 def test_checkpoint_corrupt_state_file_stops_the_resume_with_its_path(tmp_path, how):
-    path = save_ebpo_state(tmp_path, _filled_state(), EBPOOptions(), global_step=4)
+    path = save_state(EBPO, tmp_path, _filled_state(), EBPOOptions(), global_step=4)
     path.write_text(_corrupt_state(json.loads(path.read_text()), how))
     state = _filled_state()
     with pytest.raises(ValueError, match=rf"EBPO state file {path} is unreadable"):
-        load_ebpo_state(tmp_path, state, EBPOOptions(), global_step=4)
+        load_state(EBPO, tmp_path, state, EBPOOptions(), global_step=4)
     assert state.prompts_seen == 0  # nothing half-loaded
 
 
 def test_checkpoint_option_mismatch_error_lists_each_change_and_the_ways_out(tmp_path):
     saved = EBPOOptions(decay=0.9, cluster_key="topic", stats_scope="history")
-    path = save_ebpo_state(tmp_path, _filled_state(), saved, global_step=4)
+    path = save_state(EBPO, tmp_path, _filled_state(), saved, global_step=4)
     now = EBPOOptions(decay=0.5, cluster_key="source", stats_scope="batch", prior="beta_binomial")
     with pytest.raises(ValueError) as err:
-        load_ebpo_state(tmp_path, EBPOState(), now, global_step=4)
+        load_state(EBPO, tmp_path, EBPOState(), now, global_step=4)
     msg = str(err.value)
     for change in (
         "decay: 0.9 -> 0.5",
@@ -253,56 +266,56 @@ def test_checkpoint_option_mismatch_error_lists_each_change_and_the_ways_out(tmp
 
 def test_checkpoint_option_mismatch_reset_and_keep(tmp_path):
     filled = _filled_state()
-    save_ebpo_state(tmp_path, filled, EBPOOptions(sigma2="total"), global_step=4)
+    save_state(EBPO, tmp_path, filled, EBPOOptions(sigma2="total"), global_step=4)
     state = EBPOState()
     with pytest.warns(RuntimeWarning, match=r"sigma2: 'total' -> 'within'.*start FRESH"):
-        assert not load_ebpo_state(tmp_path, state, EBPOOptions(sigma2="within", on_resume_mismatch="reset"), 4)
+        assert not load_state(EBPO, tmp_path, state, EBPOOptions(sigma2="within", on_resume_mismatch="reset"), 4)
     assert state.state_dict() == EBPOState().state_dict()
     with pytest.warns(RuntimeWarning, match=r"sigma2: 'total' -> 'within'.*on_resume_mismatch=keep"):
-        assert load_ebpo_state(tmp_path, state, EBPOOptions(sigma2="within", on_resume_mismatch="keep"), 4)
+        assert load_state(EBPO, tmp_path, state, EBPOOptions(sigma2="within", on_resume_mismatch="keep"), 4)
     assert state.state_dict() == filled.state_dict()
 
 
 def test_checkpoint_on_resume_mismatch_itself_and_missing_keys_are_no_mismatch(tmp_path, recwarn):
-    path = save_ebpo_state(tmp_path, _filled_state(), EBPOOptions(on_resume_mismatch="keep"), global_step=4)
-    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(on_resume_mismatch="error"), global_step=4)
+    path = save_state(EBPO, tmp_path, _filled_state(), EBPOOptions(on_resume_mismatch="keep"), global_step=4)
+    assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(on_resume_mismatch="error"), global_step=4)
     payload = json.loads(path.read_text())
     for key in ("on_resume_mismatch", "epsilon", "min_cluster_prompts"):  # an older checkpoint: defaults
         del payload["options"][key]
     path.write_text(json.dumps(payload))
-    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(), global_step=4)
+    assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(), global_step=4)
     assert not [w for w in recwarn if "EBPO" in str(w.message)]
     with pytest.raises(ValueError, match=r"epsilon: 1e-06 -> 0.001"):
-        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(epsilon=1e-3), global_step=4)
+        load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(epsilon=1e-3), global_step=4)
 
 
 def test_checkpoint_options_the_mode_ignores_do_not_block_a_resume(tmp_path, recwarn):
     batch = EBPOOptions(stats_scope="batch")
-    save_ebpo_state(tmp_path, EBPOState(), batch, global_step=4)
+    save_state(EBPO, tmp_path, EBPOState(), batch, global_step=4)
     # stats_scope=batch never reads decay/merge (its saved statistics are empty): no mismatch, no warning
-    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(stats_scope="batch", decay=0.5, merge="after"), 4)
+    assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(stats_scope="batch", decay=0.5, merge="after"), 4)
     assert not [w for w in recwarn if "EBPO" in str(w.message)]
     # no cluster_key: min_cluster_prompts is ignored too; a changed mode still counts, with every changed key
-    assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(stats_scope="batch", min_cluster_prompts=8), 4)
+    assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(stats_scope="batch", min_cluster_prompts=8), 4)
     with pytest.raises(ValueError, match=r"stats_scope: 'batch' -> 'history', decay: 1.0 -> 0.5"):
-        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.5), 4)
+        load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(decay=0.5), 4)
 
 
 def test_checkpoint_saved_option_unknown_to_this_version_gets_no_refused_advice(tmp_path):
-    path = save_ebpo_state(tmp_path, _filled_state(), EBPOOptions(decay=0.9), global_step=4)
+    path = save_state(EBPO, tmp_path, _filled_state(), EBPOOptions(decay=0.9), global_step=4)
     payload = json.loads(path.read_text())
     payload["options"]["future_knob"] = 3
     path.write_text(json.dumps(payload))
     with pytest.raises(ValueError) as err:
-        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.8), global_step=4)
+        load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(decay=0.8), global_step=4)
     msg = str(err.value)
     assert "unknown to this version of ebpo-verl: future_knob=3" in msg and "decay: 0.9 -> 0.8" in msg
     assert "algorithm.ebpo.decay=0.9" in msg and "algorithm.ebpo.future_knob" not in msg  # advice the CLI accepts
     with pytest.raises(ValueError) as err:
-        load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.9), global_step=4)
+        load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(decay=0.9), global_step=4)
     assert "resume with the checkpoint's values" not in str(err.value) and "on_resume_mismatch=keep" in str(err.value)
     with pytest.warns(RuntimeWarning, match="future_knob=3.*on_resume_mismatch=keep"):
-        assert load_ebpo_state(tmp_path, EBPOState(), EBPOOptions(decay=0.9, on_resume_mismatch="keep"), 4)
+        assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(decay=0.9, on_resume_mismatch="keep"), 4)
 
 
 def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path):

@@ -727,16 +727,17 @@ def _composed(*overrides: str):
     ],
 )
 def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override):
-    from ebpo_verl.validation import EBPOConfigError, check_config
+    from ebpo_verl.errors import EBPOConfigError
+    from ebpo_verl.preflight import check_config
 
     key = override.lstrip("+").split("=")[0]
     with pytest.raises(EBPOConfigError, match=rf"prior=beta_binomial needs a two-level reward.*{key}=True"):
         check_config(_composed("algorithm.ebpo.prior=beta_binomial", override))
-    assert check_config(_composed(override)) is not None  # the Gaussian prior takes any reward
+    assert check_config(_composed(override)).ebpo is not None  # the Gaussian prior takes any reward
 
 
 def test_preflight_warns_once_about_ignored_options(capsys):
-    from ebpo_verl.validation import preflight
+    from ebpo_verl.preflight import preflight
 
     config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9")
     preflight(config, dry_run=True)
@@ -752,22 +753,26 @@ def test_preflight_warns_once_about_ignored_options(capsys):
 
 @pytest.mark.parametrize("missing", [None, float("nan"), np.float64("nan"), pd.NA])
 def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
-    from ebpo_verl.trainer import cluster_labels
-    from ebpo_verl.validation import EBPOConfigError, check_cluster_labels
+    from ebpo_verl.errors import EBPOConfigError
+    from ebpo_verl.preflight.data import check_cluster_labels
+    from ebpo_verl.trainer import uid_row_keys
 
     infos = [{"topic": "a"}, {"topic": missing}, {"topic": "b"}]
     with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 3 training rows.*first rows: \[1\]"):
         check_cluster_labels(infos, "topic", source="test")
     with pytest.raises(EBPOConfigError, match=r"uid u1 has no extra_info\['topic'\]"):
-        cluster_labels(infos, ["u0", "u1", "u2"], [False] * 3, "topic")
+        uid_row_keys(infos, ["u0", "u1", "u2"], [False] * 3, "topic")
 
 
 def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatch):
+    """Stock main_ppo: named once per process (per distinct options); ebpo-train (step inputs): never, as its
+    driver's pre-flight named them."""
     import warnings
 
-    import ebpo_verl.verl_adapter as adapter
+    from ebpo_verl.options import EBPO
+    from ebpo_verl.verl_adapter import StepInputs, step_inputs
 
-    monkeypatch.setattr(adapter, "_IGNORED_REPORTED", [False])  # a fresh process (plain verl main_ppo)
+    monkeypatch.setattr("ebpo_verl.options._BY_VALUE", {})  # a fresh process (plain verl main_ppo)
     fn = get_adv_estimator_fn("ebpo")
     config = OmegaConf.create({"ebpo": {"stats_scope": "batch", "decay": 0.5}})
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
@@ -781,10 +786,9 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
         "EBPO: algorithm.ebpo option(s) decay=0.5 have no effect with stats_scope=batch, "
         "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
     ]
-    # ebpo-train's TaskRunner marks it as given (its driver's pre-flight printed it): no second warning
-    monkeypatch.setattr(adapter, "_IGNORED_REPORTED", [False])
-    adapter.ignored_options_reported()
-    with warnings.catch_warnings(record=True) as caught:
+    monkeypatch.setattr("ebpo_verl.options._BY_VALUE", {})
+    options = EBPO.parse(config.ebpo)
+    with warnings.catch_warnings(record=True) as caught, step_inputs(StepInputs(options)):
         warnings.simplefilter("always")
         fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=config)
     assert not [w for w in caught if "have no effect" in str(w.message)]

@@ -28,19 +28,17 @@ from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import ebpo_verl
-from ebpo_verl.checkpoint import (
-    RUN_LOCK_FILE,
-    STATE_FILE,
-    TRACKER_FILE,
-    hold_run_outputs,
-    load_step_metrics,
-    save_ebpo_state,
-)
+from ebpo_verl.checkpoint.resume import TRACKER_FILE
+from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE, hold_run_outputs
+from ebpo_verl.checkpoint.state import save_state
+from ebpo_verl.checkpoint.step_metrics import load_step_metrics
+from ebpo_verl.errors import EBPOConfigError
 from ebpo_verl.estimator import EBPOOptions, EBPOState
 from ebpo_verl.locking import LockHeldError
 from ebpo_verl.metrics_log import read_metrics_log
+from ebpo_verl.options import EBPO
+from ebpo_verl.preflight import preflight
 from ebpo_verl.trainer import STEP_TIME_KEYS, ebpo_trainer_cls
-from ebpo_verl.validation import EBPOConfigError, preflight
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
@@ -201,7 +199,8 @@ def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path):
 def test_a_crashed_holder_leaves_no_lock_behind(tmp_path):
     config = _config(tmp_path)
     script = (
-        "import os, signal, sys; from omegaconf import OmegaConf; from ebpo_verl.checkpoint import hold_run_outputs; "
+        "import os, signal, sys; from omegaconf import OmegaConf; "
+        "from ebpo_verl.checkpoint.run_lock import hold_run_outputs; "
         f"held = hold_run_outputs(OmegaConf.create({{'default_local_dir': {str(tmp_path / 'ckpt')!r}}})); "
         "print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
     )
@@ -275,7 +274,7 @@ def test_preflight_checks_the_tracker_file(tmp_path):
     data = _data(tmp_path)
     ckpt = tmp_path / "ckpt"
     (ckpt / "global_step_2").mkdir(parents=True)
-    save_ebpo_state(ckpt / "global_step_2", EBPOState(), EBPOOptions(), 2)
+    save_state(EBPO, ckpt / "global_step_2", EBPOState(), EBPOOptions(), 2)
     for text, message in [
         ("", rf"checkpoint tracker {ckpt / TRACKER_FILE} is empty .*checkpoints here: global_step_2\. Write"),
         ("two", r"holds 'two', not a step number"),
@@ -295,11 +294,11 @@ def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path):
     (tmp_path / "ckpt" / TRACKER_FILE).write_text("2")  # a plain verl (e.g. GRPO) checkpoint
     with pytest.raises(EBPOConfigError) as err:
         preflight(_config(tmp_path, *data), dry_run=True)
-    assert str(err.value).startswith(f"checkpoint {step_dir} has no {STATE_FILE} ")
+    assert str(err.value).startswith(f"checkpoint {step_dir} has no {EBPO.state_file} ")
     assert "algorithm.ebpo.on_resume_mismatch=reset to continue from step 2 with fresh" in str(err.value)
     lines = preflight(_config(tmp_path, *data, "algorithm.ebpo.on_resume_mismatch=reset"), dry_run=True)
     assert lines[-1] == (
-        f"resumes from {step_dir} (no {STATE_FILE}: fresh empirical-Bayes statistics from step 2, "
+        f"resumes from {step_dir} (no {EBPO.state_file}: fresh empirical-Bayes statistics from step 2, "
         "algorithm.ebpo.on_resume_mismatch=reset)"
     )
 
@@ -467,7 +466,7 @@ def test_second_run_refused_then_kill_between_checkpoint_and_log_then_resume_log
     # neither wrote to nor moved the first one's log
     assert [line["step"] for line in _lines(log_path)] == [1], log_path.read_text()
     assert not list(ckpt.glob("metrics.superseded-*"))
-    assert (ckpt / "global_step_2" / STATE_FILE).is_file()
+    assert (ckpt / "global_step_2" / EBPO.state_file).is_file()
     assert json.loads(lock.read_text())["pid"] == proc.pid  # a SIGKILL leaves the dead run's lock file
 
     proc, log = _launch(smoke, "kill", *STEPS3)  # trainer.resume_mode=auto: from the tracker, step 2
@@ -486,6 +485,6 @@ def test_second_run_refused_then_kill_between_checkpoint_and_log_then_resume_log
     assert merged[2]["training/global_step"] == 2 and "timing_s/gen" in merged[2]
     assert not STEP_TIME_KEYS & set(training[1]["data"])  # the unfinished step's total time is not invented
     assert cpu_smoke.VAL_KEY in merged[3]
-    saved = json.loads((ckpt / "global_step_3" / STATE_FILE).read_text())
+    saved = json.loads((ckpt / "global_step_3" / EBPO.state_file).read_text())
     assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * cpu_smoke.BATCH
     assert not lock.exists() and not (ckpt / "metrics.jsonl.lock").exists()  # released at the end

@@ -15,9 +15,11 @@ from omegaconf import OmegaConf
 
 import ebpo_verl
 from ebpo_verl.baselines import SPOOptions, SPOState
-from ebpo_verl.checkpoint import save_ebpo_state, save_spo_state
+from ebpo_verl.checkpoint.state import save_state
+from ebpo_verl.errors import EBPOConfigError
 from ebpo_verl.estimator import EBPOOptions, EBPOState
-from ebpo_verl.validation import EBPOConfigError, check_config
+from ebpo_verl.options import EBPO, SPO
+from ebpo_verl.preflight import check_config
 
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
 REPO = Path(__file__).resolve().parents[1]
@@ -72,9 +74,9 @@ def test_main_overrides_reach_the_options():
         "algorithm.ebpo.prior=beta_binomial",
         "actor_rollout_ref.rollout.n=1",
     )
-    options = check_config(config)
+    options = check_config(config).ebpo
     assert options == EBPOOptions(shrinkage=0.25, cluster_key="topic", prior="beta_binomial")
-    assert check_config(_ours("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")) is None
+    assert check_config(_ours("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")).estimator is None
 
 
 CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.curriculum", "data.custom_cls.name=CurriculumDataset"]
@@ -128,7 +130,7 @@ def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
 def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
     from verl.trainer.ppo import core_algos
 
-    from ebpo_verl.validation import check_registered
+    from ebpo_verl.preflight.registry import check_registered
 
     check_registered()
     monkeypatch.setattr(ebpo_verl, "register", lambda: None)  # as if verl's plugin loader had failed silently
@@ -390,9 +392,9 @@ def _checkpoint(root: Path, step: int, ebpo: EBPOOptions | None = None, spo: SPO
     folder = root / f"global_step_{step}"
     folder.mkdir(parents=True)
     if ebpo is not None:
-        save_ebpo_state(folder, EBPOState(), ebpo, step)
+        save_state(EBPO, folder, EBPOState(), ebpo, step)
     if spo is not None:
-        save_spo_state(folder, SPOState(), spo, step)
+        save_state(SPO, folder, SPOState(), spo, step)
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))
     return folder
 

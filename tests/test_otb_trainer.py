@@ -1,8 +1,10 @@
 """verl's Optimal Token Baseline through the package's v1 trainer (verl 0.9.1's v1 trainer alone never asks the
 actor for the sum of squared token probabilities nor passes it to the estimator; ebpo_verl.trainer does both).
 
-The advantage step is checked against OTB's formula by hand through TransferQueue; the end-to-end run trains two
-steps with ``algorithm.adv_estimator=optimal_token_baseline`` on the CPU backend."""
+The response slice of the actor's sum_pi_squared is checked against a recomputation from a model's logits; the
+copied advantage step against verl's own method on the same rows (KL penalty and rollout correction on and off)
+and against OTB's formula by hand through TransferQueue; the end-to-end run trains two steps with
+``algorithm.adv_estimator=optimal_token_baseline`` on the CPU backend."""
 
 from __future__ import annotations
 
@@ -18,11 +20,125 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import ebpo_verl
-from ebpo_verl.trainer import SUM_PI_SQUARED, ebpo_trainer_cls
+from ebpo_verl.trainer import SUM_PI_SQUARED, ebpo_trainer_cls, response_sum_pi_squared
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
 OTB = ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"]
+
+
+def test_response_slice_of_sum_pi_squared_matches_the_model_logits():
+    """The actor's outputs as verl's FSDP engine lays them out (per position of each whole sequence, packed, cut by
+    cu_seqlens; sum_pi_squared and log-probs from verl's own functions) for a random tiny causal LM; the slice the
+    trainer stores must be, for response token j of a sequence with prompt length P, sum_v softmax(logits at
+    P + j - 1)_v^2 recomputed here per sequence in float64, aligned with verl's slice of the log-probs (the
+    log-probability of that very token)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.utils import torch_functional as verl_F
+    from verl.utils.torch_functional import logprobs_from_logits
+    from verl.workers.utils.padding import response_from_nested
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    ).eval()
+    prompts, responses = [3, 1, 5], [4, 2, 1]
+    sequences = [torch.randint(0, 37, (p + r,)) for p, r in zip(prompts, responses, strict=True)]
+    with torch.no_grad():
+        logits = [model(seq[None]).logits[0] for seq in sequences]  # (P + R, V) each
+    packed_logits = torch.cat(logits)
+    rolled = torch.cat([torch.roll(seq, -1) for seq in sequences])  # label of position t: token t + 1
+    cu = torch.tensor([0, *np.cumsum([len(s) for s in sequences])])
+    spp_nested = torch.nested.nested_tensor_from_jagged(verl_F.calculate_sum_pi_squared_from_logits(packed_logits), cu)
+    logp_nested = torch.nested.nested_tensor_from_jagged(logprobs_from_logits(packed_logits, rolled), cu)
+    mask = torch.nested.as_nested_tensor([torch.ones(r, dtype=torch.int64) for r in responses], layout=torch.jagged)
+
+    got = response_sum_pi_squared(spp_nested, mask).unbind()
+    logp = response_from_nested(logp_nested, mask).unbind()
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        probs = torch.softmax(logits[i].double(), dim=-1)
+        expected = [float((probs[p + j - 1] ** 2).sum()) for j in range(r)]
+        np.testing.assert_allclose(got[i].double().numpy(), expected, rtol=1e-5)
+        token_logp = [math.log(float(probs[p + j - 1, sequences[i][p + j]])) for j in range(r)]
+        np.testing.assert_allclose(logp[i].double().numpy(), token_logp, rtol=1e-5, atol=1e-6)
+
+
+DIFFERENTIAL_CASES = {
+    "grpo": ["algorithm.adv_estimator=grpo"],
+    "grpo-kl-correction": [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.3",
+    ],
+    "rloo-kl": ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=True"],
+    "ebpo-correction": ["algorithm.rollout_correction.rollout_is=sequence"],
+}
+
+
+@pytest.mark.slow
+def test_copied_advantage_step_agrees_with_verls_own(ray_local):
+    """The same rows through verl's ``PPOTrainer._compute_advantage`` and through the OTB mixin's copy (without
+    the extra field): every field written back (advantages, returns, KL-shaped rewards, the rejection-sampled
+    mask, IS weights) and every metric agree exactly, with and without the KL penalty and the rollout correction
+    (also for ebpo, whose options verl's method does not pass: the trainer's step inputs do)."""
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import PPOTrainer
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    gen = torch.Generator().manual_seed(1)
+    lengths, uids = [2, 5, 3, 4, 1, 3, 2, 4], ["a"] * 4 + ["b"] * 4
+    rows = []
+    for uid, n in zip(uids, lengths, strict=True):
+        old = -2 * torch.rand(n, generator=gen)
+        rows.append(
+            {
+                "uid": uid,
+                "response_mask": torch.ones(n, dtype=torch.int64),
+                "rm_scores": torch.tensor([0.0] * (n - 1) + [float(torch.rand(1, generator=gen) < 0.5)]),
+                "old_log_probs": old,
+                "rollout_log_probs": old + 0.6 * (torch.rand(n, generator=gen) - 0.5),
+                "ref_log_prob": old + 0.2 * (torch.rand(n, generator=gen) - 0.5),
+            }
+        )
+    keys = [f"{uid}_{i}_0" for i, uid in enumerate(uids)]
+    tags = [{"status": "success"} for _ in keys]
+    fields = ["advantages", "returns", "token_level_rewards", "response_mask", "rollout_is_weights"]
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    try:
+        for case, overrides in DIFFERENTIAL_CASES.items():
+            with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+                config = compose("ebpo_trainer", overrides=["actor_rollout_ref.rollout.n=4", *overrides])
+            results = []
+            for method in ("verl", "copy"):
+                trainer = ebpo_trainer_cls("sync")(config)
+                ebpo_verl.get_state().reset()
+                tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=tags)
+                batch, metrics = KVBatchMeta(partition_id="train", keys=keys, tags=tags), {}
+                if method == "verl":
+                    PPOTrainer._compute_advantage(trainer, batch, metrics)
+                else:
+                    trainer._advantage_step(batch, metrics, {})
+                out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
+                tq.kv_clear(keys=keys, partition_id="train")
+                results.append(({k: [t.clone() for t in out[k].unbind()] for k in out.keys()}, metrics))
+            (ours, our_metrics), (theirs, their_metrics) = results[1], results[0]
+            assert sorted(ours) == sorted(theirs), case
+            for name in theirs:
+                for a, b in zip(ours[name], theirs[name], strict=True):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{case}: {name}")
+            assert our_metrics.keys() == their_metrics.keys(), case
+            for name, value in their_metrics.items():
+                np.testing.assert_equal(our_metrics[name], value, err_msg=f"{case}: {name}")
+            if "use_kl_in_reward=True" in " ".join(overrides):
+                assert "token_level_rewards" in theirs, case
+            if "rollout_rs=token_k1" in " ".join(overrides):
+                assert any((m == 0).any() for m in theirs["response_mask"]), case  # some tokens rejected
+    finally:
+        tq.close()
 
 
 def _otb_by_hand(rewards, lengths, old_logp, spp, groups):

@@ -244,7 +244,7 @@ def test_every_algo_baselines_and_reward_composes_with_the_methods_values(tmp_pa
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
     import ebpo_verl
-    from ebpo_verl.validation import preflight
+    from ebpo_verl.preflight import preflight
 
     ebpo_verl.register()
     for algo in ALGOS:
@@ -308,7 +308,7 @@ def test_presets_pass_verl_validation_and_use_registered_managers(tmp_path):
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
     from verl.trainer.ppo.utils import need_reference_policy
 
-    from ebpo_verl.validation import check_verl_config
+    from ebpo_verl.preflight.config import check_verl_config
 
     cases = [("ebpo", "paper"), ("dapo", "canonical"), ("entropy_mech", "paper"), ("spo", "paper"),
              ("otb", "paper"), ("kl_cov", "canonical")]  # fmt: skip
@@ -324,7 +324,8 @@ def test_otb_preflight_refuses_what_verl_rejects_at_run_time(tmp_path):
     """OTB without the actor's sum of squared probabilities (verl asserts on the first advantage step) or with
     fused kernels (verl's engines raise NotImplementedError: they never materialise the logits) is refused
     before anything starts, naming the setting."""
-    from ebpo_verl.validation import EBPOConfigError, preflight
+    from ebpo_verl.errors import EBPOConfigError
+    from ebpo_verl.preflight import preflight
 
     base = spec(tmp_path, ALGO="otb").overrides()
     preflight(compose(base), dry_run=True)

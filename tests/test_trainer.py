@@ -13,14 +13,25 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from verl.protocol import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
 from data_prep import dapo_math, math500
-from ebpo_verl.trainer import cluster_labels, compute_ebpo_advantage, ebpo_trainer_cls
-from ebpo_verl.validation import EBPOConfigError, check_cluster_labels
+from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.option_parsing import PARSES
+from ebpo_verl.preflight.data import check_cluster_labels
+from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.verl_adapter import StepInputs, step_inputs
 
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
 GROUP = 4
+
+
+def _estimate(trainer, data, row_keys) -> dict:
+    """verl's ``compute_advantage`` on ``data`` with the step inputs the trainer hands the estimator."""
+    with step_inputs(StepInputs(trainer.options.estimator, row_keys)):
+        compute_advantage(data, adv_estimator=trainer.options.adv_estimator, config=trainer.config.algorithm)
+    return dict(trainer.options.stateful.state.diagnostics)
 
 
 def _config(*overrides: str):
@@ -46,13 +57,20 @@ def math500_parquet(hub_data, tmp_path_factory) -> Path:
     return math500.prepare(tmp_path_factory.mktemp("data"), local_path=hub_data / "math500.jsonl")
 
 
-def test_trainer_cluster_labels_skip_padding_and_name_unlabelled_rows():
+def test_trainer_row_keys_skip_padding_and_name_unlabelled_rows():
     infos = [{"topic": "algebra"}, {"topic": "geometry"}, {"topic": "algebra"}, {"index": 3}]
-    labels = cluster_labels(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic")
-    assert labels.tolist() == ["algebra", "geometry", None]
-    assert cluster_labels(infos[:2], ["u1", "u2"], [False, True], "topic").tolist() == ["algebra", None]
+    assert uid_row_keys(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic") == {
+        "u1": "algebra",
+        "u2": "geometry",
+    }
+    assert uid_row_keys(infos[:2], ["u1", "u2"], [False, True], "topic") == {"u1": "algebra"}
     with pytest.raises(EBPOConfigError, match=r"uid u4 has no extra_info\['topic'\].*keys: \['index'\]"):
-        cluster_labels(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic")
+        uid_row_keys(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic")
+    with pytest.raises(EBPOConfigError, match=r"uid u1 carries more than one extra_info\['topic'\]"):
+        uid_row_keys([infos[0], infos[1], infos[1]], ["u1", "u2", "u1"], [False] * 3, "topic")
+    assert uid_row_keys([{"topic": "a"}, {"topic": float("nan")}], ["u1", "pad0"], [False, False], "topic") == {
+        "u1": "a"
+    }
 
 
 def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer):
@@ -79,10 +97,10 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, h
     data = DataProto.from_dict(
         tensors={"token_level_rewards": token_rewards, "response_mask": mask}, non_tensors={"uid": uids}
     )
-    labels = cluster_labels(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic")
+    row_keys = uid_row_keys(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic")
 
     ebpo_verl.get_state().reset()
-    diagnostics = compute_ebpo_advantage(data, trainer.config.algorithm, labels)
+    diagnostics = _estimate(trainer, data, row_keys)
 
     source = [json.loads(line) for line in (hub_data / "math500.jsonl").read_text().splitlines()]
     subject = np.array([source[info["index"]]["subject"] for info in batch.non_tensor_batch["extra_info"]])
@@ -125,11 +143,12 @@ def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
         return os.getpid(), core_algos.get_adv_estimator_fn("ebpo").__module__
 
     runner = EBPOTaskRunner.remote()
-    ray_local.get(runner.preflight.remote(_config()))
+    options = ray_local.get(runner.preflight.remote(_config("algorithm.ebpo.shrinkage=0.5")))
+    assert options.ebpo.fixed_shrinkage == 0.5  # the TaskRunner's own parse, handed to its trainer
     pid, module = ray_local.get(runner.__ray_call__.remote(probe))
     assert pid != os.getpid() and module == "ebpo_verl.verl_adapter"
-    with pytest.raises(EBPOConfigError, match="rollout.n=1 but algorithm.ebpo.shrinkage=auto"):
-        ray_local.get(runner.preflight.remote(_config("actor_rollout_ref.rollout.n=1")))
+    with pytest.raises(EBPOConfigError, match="algorithm.ebpo.prior='laplace' is invalid"):
+        ray_local.get(runner.preflight.remote(_config("algorithm.ebpo.prior=laplace")))
 
 
 @pytest.mark.slow
@@ -173,7 +192,9 @@ def test_trainer_advantage_step_through_transfer_queue(ray_local):
 
         metrics: dict = {}
         ebpo_verl.get_state().reset()
+        parses = PARSES.copy()
         trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
+        assert PARSES == parses  # the step reads the trainer's options: no parse per step
         out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "returns"])
         advantages, returns = out["advantages"].unbind(), out["returns"].unbind()
         tq.kv_clear(keys=keys, partition_id="train")

@@ -1,11 +1,11 @@
-"""The glue to verl 0.9.1: options read once per config node, one unknown-key message, and a tripwire on the verl
-methods :class:`ebpo_verl.trainer.EBPOTrainerMixin` reimplements.
+"""The glue to verl 0.9.1: options read once per value, one unknown-key message, and a tripwire on the one verl
+method the trainer copies.
 
-Why the trainer keeps its own ``_compute_advantage``: verl 0.9.1's v1 ``PPOTrainer._compute_advantage`` reads a
-fixed list of TransferQueue fields and calls ``compute_advantage`` with rewards, masks and uids only, so neither
-the rows' ``extra_info`` (EBPO's cluster labels, SPO's prompt keys) nor the actor's ``sum_pi_squared`` (verl's
-own Optimal Token Baseline) can reach an estimator through it. The mixin's copy therefore stays, and the
-tripwire below fails when verl's source of the method changes, so the copy is re-read against it.
+verl 0.9.1's v1 ``PPOTrainer._compute_advantage`` reads a fixed list of TransferQueue fields, so the actor's
+``sum_pi_squared`` (verl's own Optimal Token Baseline) cannot reach the estimator through it:
+:class:`ebpo_verl.trainer.OTBSumPiSquaredMixin` keeps a copy with that one field more. The copy is checked against
+verl's method on the same rows in ``tests/test_otb_trainer.py``; the tripwire below also fails when verl's source
+of the method changes, so the copy is re-read against it.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ebpo_verl.estimator import EBPOOptions, unknown_option_message
+from ebpo_verl.estimator import EBPOOptions
+from ebpo_verl.option_parsing import PARSES, unknown_option_message
 
 VERL_SOURCES = {
     # method: sha256 (first 16 hex digits) of inspect.getsource in verl 0.9.1
     "_compute_advantage": "2a4a2aa4a475b228",
-    "_compute_old_log_prob": "b2630e6178ed99f7",
 }
 
 
@@ -35,47 +35,46 @@ def test_verl_methods_the_trainer_reimplements_are_unchanged(method):
     source = inspect.getsource(getattr(PPOTrainer, method))
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     assert digest == VERL_SOURCES[method], (
-        f"verl's PPOTrainer.{method} changed (sha256 {digest}): compare it with EBPOTrainerMixin.{method} in "
+        f"verl's PPOTrainer.{method} changed (sha256 {digest}): compare it with "
+        "OTBSumPiSquaredMixin._advantage_step in "
         "ebpo_verl/trainer.py, port the change, then record the new digest here"
     )
 
 
-def test_the_registered_estimator_reads_its_options_once_per_node(monkeypatch):
-    """Three steps on one ``algorithm`` node parse ``algorithm.ebpo`` once (the pre-flight's parse of the same
-    node counts); another node, or a plain dict whose contents changed, is read again and takes effect."""
+def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
+    """Stock main_ppo: three steps on one ``algorithm`` node parse ``algorithm.ebpo`` once; an equal node built
+    anew, or a plain dict with the same contents, reuses that parse (by value, not by object); changed contents
+    are parsed again and take effect."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
-    from ebpo_verl.estimator import EBPOState
-    from ebpo_verl.validation import ebpo_options
+    import ebpo_verl
 
-    calls = []
-    original = EBPOOptions.from_mapping.__func__
-    monkeypatch.setattr(EBPOOptions, "from_mapping", classmethod(lambda cls, m: calls.append(m) or original(cls, m)))
-    monkeypatch.setattr("ebpo_verl.estimator.GLOBAL_STATE", EBPOState())
-    monkeypatch.setattr("ebpo_verl.verl_adapter.GLOBAL_STATE", EBPOState())
+    monkeypatch.setattr("ebpo_verl.options._BY_VALUE", {})
+    ebpo_verl.get_state().reset()
+    before = PARSES["algorithm.ebpo"]
     fn = get_adv_estimator_fn("ebpo")
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
     uids = np.array(["a", "a", "b", "b"], dtype=object)
-    config = OmegaConf.create({"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkage": 0.0, "norm": "none"}}})
-    ebpo_options(config)  # the pre-flight
+    node = {"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkage": 0.0, "norm": "none"}}}
     for _ in range(3):
-        adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=config.algorithm)
-    assert len(calls) == 1
+        algorithm = OmegaConf.create(node).algorithm  # a new node object every step, equal contents
+        adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=algorithm)
+    assert PARSES["algorithm.ebpo"] - before == 1
     np.testing.assert_allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])  # r - group mean (S = 0), unnormalised
     plain = {"shrinkage": 0.0, "norm": "none"}
     fn(token_level_rewards=rewards, response_mask=mask, index=uids, config={"ebpo": plain})
-    fn(token_level_rewards=rewards, response_mask=mask, index=uids, config={"ebpo": plain})
-    assert len(calls) == 2
+    assert PARSES["algorithm.ebpo"] - before == 1
     plain["shrinkage"] = 1.0  # baseline = the global running mean
     adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, config={"ebpo": plain})
-    assert len(calls) == 3 and not np.allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])
+    assert PARSES["algorithm.ebpo"] - before == 2 and not np.allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])
 
 
 def test_one_unknown_key_message_for_every_layer():
     """The options' own parse, the pre-flight and the override check give the same did-you-mean line."""
     from ebpo_verl.baselines import SPO_OPTION_KEYS, SPOOptions
+    from ebpo_verl.errors import EBPOConfigError
     from ebpo_verl.main import check_overrides
-    from ebpo_verl.validation import EBPOConfigError, ebpo_options, spo_options
+    from ebpo_verl.options import RunOptions
 
     text = "unknown option algorithm.ebpo.shrinkge; did you mean algorithm.ebpo.shrinkage? valid keys: "
     assert unknown_option_message("shrinkge", "algorithm.ebpo", ("prior", "shrinkage")).startswith(text)
@@ -83,11 +82,11 @@ def test_one_unknown_key_message_for_every_layer():
     with pytest.raises(ValueError, match=message):
         EBPOOptions.from_mapping({"shrinkge": 0.5})
     with pytest.raises(EBPOConfigError, match=message):
-        ebpo_options(OmegaConf.create({"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkge": 0.5}}}))
+        RunOptions.from_config(OmegaConf.create({"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkge": 0.5}}}))
     with pytest.raises(EBPOConfigError, match=message):
         check_overrides(["algorithm.ebpo.shrinkge=0.5"])
     spo = "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: " + ", ".join(SPO_OPTION_KEYS)
     with pytest.raises(ValueError, match=re.escape(spo)):
         SPOOptions.from_mapping({"rhoo": 0.5})
     with pytest.raises(EBPOConfigError, match=re.escape(spo)):
-        spo_options(OmegaConf.create({"algorithm": {"adv_estimator": "spo", "spo": {"rhoo": 0.5}}}))
+        RunOptions.from_config(OmegaConf.create({"algorithm": {"adv_estimator": "spo", "spo": {"rhoo": 0.5}}}))

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 
 import ebpo_verl
 from ebpo_verl import provenance as prov
-from ebpo_verl.validation import EBPOConfigError, preflight
+from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "recipe" / "ebpo" / "VERSIONS.txt"
