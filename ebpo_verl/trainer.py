@@ -260,7 +260,7 @@ class EBPOTrainerMixin:
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_info"])
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         option = f"{self.options.stateful.section}.{self.options.stateful.row_key}"
-        return uid_row_keys(fetched["extra_info"].tolist(), fetched["uid"].tolist(), padding, key, option)
+        return uid_row_keys(list(fetched["extra_info"]), list(fetched["uid"]), padding, key, option)
 
     # ---------------------------------------------------------- checkpoint
     def step(self, metrics: dict, timing_raw: dict):

@@ -70,7 +70,7 @@ DIFFERENTIAL_CASES = {
         "algorithm.use_kl_in_reward=True",
         "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.rollout_rs=token_k1",
-        "algorithm.rollout_correction.rollout_rs_threshold=0.3",
+        "algorithm.rollout_correction.rollout_rs_threshold=1.3",
     ],
     "rloo-kl": ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=True"],
     "ebpo-correction": ["algorithm.rollout_correction.rollout_is=sequence"],
