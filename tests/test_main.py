@@ -334,7 +334,7 @@ def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
     code, _, err = _main(monkeypatch, capsys, "--cfg", "job", f"data.train_files={truncated}")
     assert code == 2
     [line] = _error_lines(err)
-    assert line.startswith(f"ebpo-train: error: data.train_files: {truncated} is not a readable parquet file (")
+    assert line.startswith(f"ebpo-train: error: data.train_files: {truncated} is not a readable verl data file (")
 
 
 def test_main_dry_run_package_and_resolve(monkeypatch, capsys):

@@ -2,10 +2,11 @@
 
 :func:`preflight` runs in the driver before Ray starts, for a real run and for ``--cfg job`` alike: the
 estimator's name in verl's registry, the run's options (:class:`~ebpo_verl.options.RunOptions`, parsed once),
-then each check of :data:`CONFIG_CHECKS` and :data:`RUN_CHECKS` in order. Modules: :mod:`.config` (checks of the
-composed config and verl's ``validate_config``), :mod:`.data` (the one reader of data files, their checks, the
-trainer's row checks), :mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every
-refusal is an :class:`~ebpo_verl.errors.EBPOConfigError` naming the offending key/value/file and the fix.
+then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
+:mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.data` (the one reader of
+data files, their checks, the trainer's row checks), :mod:`.registry` (verl's estimator registry, in the driver
+and in the TaskRunner). Every refusal is an :class:`~ebpo_verl.errors.EBPOConfigError` naming the offending
+key/value/file and the fix.
 """
 
 from __future__ import annotations
@@ -39,15 +40,13 @@ CONFIG_CHECKS: tuple[Check, ...] = (
 )
 """The checks that read only our options and the composed config (:func:`check_config`): add a config check here."""
 
-RUN_CHECKS: tuple[Check, ...] = (
-    warn_ignored_options,
-    warn_versions,
-    check_verl_config,
-    check_data,
-    check_resume,
-)
-"""The driver's checks after :func:`check_config`, in the order they run: warnings, verl's own config check, the
-data files, the checkpoint a resume loads."""
+WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_versions)
+"""Printed on stderr (``ebpo-train: warning: ...``), never refusing."""
+
+RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_data)
+"""After the resume check (a resume that cannot work stops before verl's check and the data are read): verl's
+``validate_config`` at the configured world size, the data files. Their lines open the log line, the resume's
+closes it."""
 
 
 def check_config(config: Any) -> RunOptions:
@@ -68,4 +67,8 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
     """
     check_estimator_name(config)
     options = check_config(config)
-    return [line for check in RUN_CHECKS if (line := check(config, options, dry_run))]
+    for warn in WARNINGS:
+        warn(config, options, dry_run)
+    resume = check_resume(config, options, dry_run)
+    lines = [line for check in RUN_CHECKS if (line := check(config, options, dry_run))]
+    return lines + ([resume] if resume else [])

@@ -23,19 +23,16 @@ class DataFile:
     """The columns of a verl data file the pre-flight reads: ``reward_model`` and ``extra_info``, one per row."""
 
     path: str
-    reward_models: list[Any]
+    rows: int
+    reward_models: list[Any] | None  # None: the file has no reward_model column
     extra_infos: list[Mapping[str, Any]]
-
-    @property
-    def rows(self) -> int:
-        return len(self.reward_models)
 
 
 def read_data_file(path: str, key: str) -> DataFile:
     """Read a verl data file as verl's ``RLHFDataset`` does (.parquet; .json as a list or as lines; .jsonl).
 
-    ``key`` (``data.train_files``) names the setting in the errors: an unsupported format, an unreadable file
-    and a file without a ``reward_model`` column are refused.
+    ``key`` (``data.train_files``) names the setting in the errors: an unsupported format and an unreadable file
+    are refused.
     """
     if not path.endswith((".parquet", ".json", ".jsonl")):
         raise EBPOConfigError(f"{key}: {path} has an unsupported format; verl reads .parquet, .json, .jsonl")
@@ -60,13 +57,8 @@ def read_data_file(path: str, key: str) -> DataFile:
             rows = len(frame)
     except Exception as err:  # pyarrow / json raise their own types for a truncated or foreign file
         raise EBPOConfigError(f"{key}: {path} is not a readable verl data file ({one_line(err)})") from err
-    if "reward_model" not in columns:
-        raise EBPOConfigError(
-            f"{key}: {path} has no reward_model column (verl reads reward_model.ground_truth); prepare it with "
-            "data_prep or add the column"
-        )
     infos = [info if isinstance(info, Mapping) else {} for info in columns.get("extra_info", [None] * rows)]
-    return DataFile(path, columns["reward_model"], infos)
+    return DataFile(path, rows, columns.get("reward_model"), infos)
 
 
 def _files(value: Any) -> list[str]:
@@ -135,6 +127,11 @@ def _check_ground_truths(data: DataFile, key: str) -> None:
 
     from data_prep.schema import DataPrepError, check_ground_truths
 
+    if data.reward_models is None:
+        raise EBPOConfigError(
+            f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it with "
+            "data_prep or add the column"
+        )
     try:
         check_ground_truths(pd.DataFrame({"reward_model": data.reward_models}), source=f"{key}: {data.path}")
     except DataPrepError as err:
