@@ -33,9 +33,11 @@ TABLES = ("main", "group_size", "ordering", "curriculum", "grpo_bn")
 def cases() -> list[tuple[str, str, dict[str, str]]]:
     """(file stem, model, switches) of every run compared."""
     out = [(f"{m}-default", m, {}) for m in MODELS]
-    out += [(f"qwen3_8b-{a}-{b}", "qwen3_8b", {"ALGO": a, "BASELINES": b}) for a in ALGOS for b in ("paper", "canonical")]
+    for algo in ALGOS:
+        out += [(f"qwen3_8b-{algo}-{b}", "qwen3_8b", {"ALGO": algo, "BASELINES": b}) for b in ("paper", "canonical")]
     out += [(f"qwen3_8b-order_{o}", "qwen3_8b", {"ORDER": o}) for o in ORDERS]
-    out += [("qwen3_8b-g8", "qwen3_8b", {"GROUP_SIZE": "8"}), ("qwen3_14b-grpo-g8", "qwen3_14b", {"ALGO": "grpo", "GROUP_SIZE": "8"})]
+    out += [("qwen3_8b-g8", "qwen3_8b", {"GROUP_SIZE": "8"})]
+    out += [("qwen3_14b-grpo-g8", "qwen3_14b", {"ALGO": "grpo", "GROUP_SIZE": "8"})]
     out += [("qwen3_8b-reward_math_verify", "qwen3_8b", {"REWARD": "math_verify"})]
     return out
 
