@@ -68,7 +68,7 @@ def test_generate_resume_grade_tables(setup, tmp_path):
                  "--out", str(tmp_path / "x.json")]) == 2  # fmt: skip
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--out", str(tmp_path / "t"), f"tiny/hf={results}"],
+        [sys.executable, "-m", "ebpo_verl.recipes.make_tables", "--out", str(tmp_path / "t"), f"tiny/hf={results}"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "protocol: verl" in out.stdout and "| tiny | hf | " in out.stdout
@@ -208,7 +208,7 @@ def test_injected_answers_grade_and_tabulate_by_hand(setup, tmp_path):
         assert {b: res["benchmarks"][b]["problems_in_data"] for b in SETS} == in_data
         specs.append(f"Qwen3-8B/{method}={out}")
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--table", "main", "--out", str(tmp_path / "t"),
+        [sys.executable, "-m", "ebpo_verl.recipes.make_tables", "--table", "main", "--out", str(tmp_path / "t"),
          *specs], capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr

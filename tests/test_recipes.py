@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -189,8 +190,6 @@ TRAIN_FILE = {
 }
 
 
-
-
 def env_for(work: Path, **extra: str) -> dict[str, str]:
     """The switches of one run: WORK_DIR under the test's folder, nothing from the caller's environment."""
     return {"WORK_DIR": str(work), **extra}
@@ -214,6 +213,7 @@ def select(cfg, key: str):
 def recipe_env(work: Path, **extra: str) -> dict[str, str]:
     """A clean environment for the real scripts: no ALGO/ORDER/... leaking in from the caller."""
     env = {"PATH": os.environ["PATH"], "HOME": str(work), "WORK_DIR": str(work), "PYTHON": sys.executable}
+    env.update({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})  # this tree's package
     env.update(extra)
     return env
 
@@ -504,7 +504,7 @@ def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(tmp_path):
 class Stand:
     """Stands in for the GPU steps of the recipes (driver.execute and os.execvp): data preparation creates the
     files, training writes a checkpoint and a metrics log, eval.sh writes a RESULTS.json (EBPO rows 60, others
-    50); the table step runs the real scripts/make_tables.py. Every call is recorded."""
+    50); the table step runs the real ``python -m ebpo_verl.recipes.make_tables``. Every call is recorded."""
 
     def __init__(self, fail_train: str = "", fail_eval: str = ""):
         self.calls: list[str] = []
@@ -530,7 +530,7 @@ class Stand:
             (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
             Path(args["trainer.metrics_log_path"]).write_text('{"step": 3, "data": {"actor/grad_norm": 0.1}}\n')
             return 0
-        elif command[0] == "env" and command[-2].endswith("eval.sh"):
+        elif command[0] == "env" and command[-4:-1] == ["-m", "ebpo_verl.recipes", "eval"]:
             settings = dict(a.split("=", 1) for a in command[1:3])
             self.calls.append(f"evaluate {command[-1]} {settings['EVAL_PROTOCOL']}")
             if command[-1].endswith("/" + self.fail_eval):
@@ -540,7 +540,7 @@ class Stand:
             out = Path(settings["EVAL_DIR"], f"results-{settings['EVAL_PROTOCOL']}.json")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"protocol": settings["EVAL_PROTOCOL"], "model": "x", "benchmarks": bench}))
-        elif command[1].endswith("make_tables.py"):
+        elif command[1:3] == ["-m", "ebpo_verl.recipes.make_tables"]:
             return subprocess.run([sys.executable, *command[1:]], capture_output=True, check=False).returncode
         else:
             self.calls.append(" ".join(command[:3]))
@@ -565,13 +565,15 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
         driver.run("qwen3_8b", [], env_for(tmp_path, ORDER="difficulty"))
 
 
-CURRICULUM = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
+CURRICULUM_ROWS = [("Qwen3-8B-Base", "qwen3_8b_base", m) for m in ("EBPO", "GRPO", "Dr.GRPO", "DAPO")]
+CURRICULUM_ROWS += [("Qwen3-14B-Base", "qwen3_14b_base", m) for m in ("EBPO", "GRPO")]
+CURRICULUM = [f"{n}-{m.lower().replace('.', '')}-g4-difficulty-rw_paper-bl_paper" for _, n, m in CURRICULUM_ROWS]
 
 
 def prepared(work: Path) -> Path:
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
+    for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base", "dapo_math.pass_rate.Qwen3-14B-Base"]:
         (data / f"{name}.parquet").touch()
     return work
 
@@ -625,22 +627,25 @@ def test_table_driver_dry_run_shows_one_block_per_run(tmp_path, monkeypatch, cap
     assert driver.drive("curriculum", [], env_for(work, DRY_RUN="1")) == 0
     out, err = capsys.readouterr()
     assert out == "" and stand.calls == [] and not work.exists()
-    methods = ["EBPO", "GRPO", "Dr.GRPO", "DAPO"]
     assert [line for line in err.splitlines() if line.startswith("== ")] == [
-        f"== {n} (Qwen3-8B-Base / {m}-diff), dry run" for n, m in zip(CURRICULUM, methods, strict=True)
+        f"== {n} ({section} / {m}-diff), dry run"
+        for n, (section, _, m) in zip(CURRICULUM, CURRICULUM_ROWS, strict=True)
     ]
-    assert err.count("   pre-flight: ok (world size 32") == 4
+    assert err.count("   pre-flight: ok (world size 32") == 6
     assert "preset dapo (BASELINES=paper): algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=False " in err
-    assert err.count("DRY_RUN: would evaluate: ") == 4 and err.count("DRY_RUN: would tabulate: ") == 1
-    assert f"EVAL_DIR={work}/eval/{CURRICULUM[0]} bash {RECIPE}/eval.sh {work}/ckpt/{CURRICULUM[0]}" in err
-    assert len(err.splitlines()) < 40  # a summary, not four configs
+    assert err.count("DRY_RUN: would evaluate: ") == 6 and err.count("DRY_RUN: would tabulate: ") == 1
+    first = CURRICULUM[0]
+    assert f"EVAL_DIR={work}/eval/{first} {sys.executable} -m ebpo_verl.recipes eval {work}/ckpt/{first}" in err
+    assert f"--model Qwen/Qwen3-14B-Base --in {work}/data/dapo_math.parquet" in err  # its own pass rates
+    assert f"{sys.executable} -m ebpo_verl.recipes.make_tables --table curriculum" in err
+    assert len(err.splitlines()) < 60  # a summary, not six configs
     assert driver.drive("grpo_bn", [], env_for(work, DRY_RUN="1", SHOW_CONFIG="1")) == 0
     out, _ = capsys.readouterr()
     assert out.count("# qwen3_") == 6 and out.count("adv_estimator:") == 6
     assert driver.drive("curriculum", [], env_for(work, PRINT_OVERRIDES="1", VAL_SETS="math500, aime2024")) == 0
     out, _ = capsys.readouterr()
     val = f"data.val_files=['{work}/data/math500.parquet','{work}/data/aime2024.parquet']"
-    assert out.splitlines().count(val) == 4 and not work.exists()
+    assert out.splitlines().count(val) == 6 and not work.exists()
 
 
 def names(table: str, *args: str, **env: str) -> list[str]:
@@ -679,7 +684,7 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
     every 5 steps (and before training), a checkpoint every 10, 2 kept, step 200 (main tables) or one epoch
     (curriculum); baselines on a shuffled stream, EBPO in topic order; V2_ROWS adds OTB and KL-Cov at G=4 (main)
     and G=8/16/32 (group size); the listed commands rerun each run through its script."""
-    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 4, "grpo_bn": 6}
+    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 6, "grpo_bn": 6}
     for table, count in counts.items():
         runs = driver.experiments(TABLES[table], env_for(tmp_path), [])
         assert len(runs) == count and len({e.name for e in runs}) == count
@@ -696,7 +701,7 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
                 assert cfg.reward.custom_reward_function.path == "pkg://ebpo_verl.paper_reward"
                 if table == "curriculum":
                     assert cfg.trainer.total_training_steps is None and cfg.trainer.total_epochs == 1
-                    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-8B-Base"
+                    assert cfg.actor_rollout_ref.model.path == f"Qwen/{e.row.section}"
                 else:
                     assert cfg.trainer.total_training_steps == 200 and cfg.trainer.total_epochs >= 200
             if e.row.method in ("GRPO", "Dr.GRPO", "DAPO", "EntropyMech") and table != "curriculum":
@@ -720,15 +725,17 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
     assert rows[0] == ["section", "method", "experiment", "results", "command"] and len(rows) == 7
     name = rows[1][2]
     assert rows[1][3] == f"{tmp_path}/eval/{name}/results-paper.json,{tmp_path}/eval/{name}/results-verl.json"
-    words = rows[1][4].split()
-    env = dict(w.split("=", 1) for w in words[:-2])
-    printed = run_recipe(Path(words[-1]).name, tmp_path, PRINT_OVERRIDES="1", **env).stdout.splitlines()
+    words = shlex.split(rows[1][4])
+    assert words[-5:] == [sys.executable, "-m", "ebpo_verl.recipes", "run", "qwen3_8b"]
+    env = dict(w.split("=", 1) for w in words[:-5])
+    printed = subprocess.run(words[-5:], env=recipe_env(tmp_path, PRINT_OVERRIDES="1", **env), capture_output=True,
+                             text=True).stdout.splitlines()  # fmt: skip
     assert printed == driver.experiments(TABLES["grpo_bn"], env_for(tmp_path), [])[0].spec.overrides()
 
 
 # what the GPU recipes run: data preparation (incl. topic labels and pass rates), training, evaluation, tables
-RECIPE_PATH_SOURCES = ["ebpo_verl", "data_prep", "scripts/make_tables.py", "scripts/paper_numbers.py"]
-FIRST_PARTY = {"ebpo_verl", "data_prep", "paper_numbers"}
+RECIPE_PATH_SOURCES = ["ebpo_verl", "data_prep"]
+FIRST_PARTY = {"ebpo_verl", "data_prep"}
 
 
 def recipe_imports() -> set[str]:
@@ -832,10 +839,7 @@ def test_labels_and_names_are_declared_once():
     env = {"V2_ROWS": "1", "GPT_TOPIC_FILE": "/x.parquet", "WORK_DIR": "/w"}
     for table, sections in PAPER.items():
         cells = {(r.section, r.method) for r in TABLES[table].rows(env, "paper")}
-        curriculum_14b = table == "curriculum" and "Qwen3-14B-Base" in sections
         for section, methods in sections.items():
-            if curriculum_14b and section == "Qwen3-14B-Base":  # the authors' logs only; no recipe row
-                continue
             assert {(section, m) for m in methods} <= cells, (table, section)
     shared = set(ESTIMATORS) & set(PRESETS)
     assert {"grpo", "grpo_bn", "ebpo", "ebpo_batch", "rloo", "reinforce_pp", "shrinkage_js", "bnpo", "spo"} <= shared

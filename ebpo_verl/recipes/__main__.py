@@ -24,13 +24,13 @@ def _algos() -> str:
 RUN_SWITCHES = f"""\
 Switches (environment variables; presets and their sources: ebpo_verl/recipes/presets.py):
   ALGO          the preset (default ebpo):
-{textwrap.indent(_algos(), '  ')}
+{textwrap.indent(_algos(), "  ")}
   BASELINES     paper (default: each baseline as the authors ran it) | canonical (as its own paper and
                 verl's docs define it); docs/baselines.md
   REWARD        paper (default: the authors' `Answer:` rule, +1/-1, ebpo_verl.paper_reward) |
                 math_verify (ebpo_verl.reward: math-verify, 1/0)
   GROUP_SIZE    responses per prompt G (rollout.n), an integer >= 2 (>= 1 for spo)          default 4
-  ORDER         {' | '.join(ORDERS)}: topic (default) | naive (file order, EBPO-naive) | difficulty | random
+  ORDER         {" | ".join(ORDERS)}: topic (default) | naive (file order, EBPO-naive) | difficulty | random
   TOPICS        labels for ORDER=topic: embed (default: all-MiniLM-L6-v2 + UMAP + k-means, K=10, seed 42) |
                 file (TRAIN_FILE carries extra_info.topic)
   MODEL_PATH    HF id or local path of the policy                         default: the model config's
@@ -47,7 +47,7 @@ Switches (environment variables; presets and their sources: ebpo_verl/recipes/pr
   TOTAL_STEPS   if set, trainer.total_training_steps (the run stops there)
   TOTAL_EPOCHS  default TOTAL_STEPS when that is set, else 1 for ORDER=difficulty and 3 otherwise
   TEST_FREQ, SAVE_FREQ  validation / checkpoint period in steps (-1: never)             default 10 and 10
-  VAL_SETS      validation sets, comma separated, of {' '.join(BENCHMARKS)}       default all
+  VAL_SETS      validation sets, comma separated, of {" ".join(BENCHMARKS)}       default all
   VAL_N         samples per validation problem                                               default 16
   PYTHON        interpreter with ebpo-verl installed (the scripts start it)              default python3
   LOGGERS       trainer.logger, e.g. [console,wandb]                                 default [console]
@@ -78,7 +78,7 @@ switches, what its preset changes, the pre-flight's result) and the evaluation a
 marks and writes nothing else."""
 
 EVAL_HELP = f"""\
-Pass@1 of a model on {', '.join(BENCHMARKS)}: generation (python -m ebpo_verl.evaluate generate), then
+Pass@1 of a model on {", ".join(BENCHMARKS)}: generation (python -m ebpo_verl.evaluate generate), then
 grading (... grade).
   bash recipe/ebpo/eval.sh TARGET [extra generate args, e.g. --engine hf --limit 2 --max-new-tokens 64]
 TARGET: a verl checkpoint (.../<experiment>/global_step_N), a checkpoint root (its latest step), a local

@@ -25,8 +25,9 @@ from ebpo_verl.recipes.presets import PRESETS, SHARED
 from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
 from ebpo_verl.recipes.tables import TABLES, Row, Table
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE_DIR = REPO / "recipe" / "ebpo"
+RECIPES = "ebpo_verl.recipes"
+"""The command line every planned command goes through (``python -m ebpo_verl.recipes``): it works from an
+installed package; ``recipe/ebpo/*.sh`` in a checkout are shims over it."""
 DRIVER_PATHS = ("default_local_dir", "experiment_name", "metrics_log_path")
 """trainer.* keys a table driver sets per run (the evaluation and the tables read them)."""
 
@@ -127,9 +128,10 @@ def protocols(value: str) -> list[str]:
 
 
 def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
-    """``eval.sh TARGET [generate args]``: prepare missing benchmark files, then generate and grade per protocol."""
+    """``python -m ebpo_verl.recipes eval TARGET [generate args]`` (``eval.sh``): prepare missing benchmark files,
+    then generate and grade per protocol."""
     if not target or target.startswith("-"):
-        raise RecipeError("usage: bash recipe/ebpo/eval.sh TARGET [extra generate args]")
+        raise RecipeError("usage: python -m ebpo_verl.recipes eval TARGET [extra generate args]")
     target = target.rstrip("/")
     chosen = protocols(env.get("EVAL_PROTOCOL") or "paper")
     paths = Shared.from_env(env).paths
@@ -164,7 +166,7 @@ class Experiment:
     row: Row
     spec: RunSpec
     words: tuple[str, ...]
-    """``VAR=value`` words that rerun it by hand with ``bash recipe/ebpo/run_<model>.sh``."""
+    """``VAR=value`` words that rerun it by hand with ``python -m ebpo_verl.recipes run <model>``."""
 
     @property
     def name(self) -> str:
@@ -176,8 +178,8 @@ class Experiment:
         return os.path.join(self.spec.shared.paths.work, "eval", self.name, f"results-{protocol}.json")
 
     def command(self) -> str:
-        script = RECIPE_DIR / f"run_{self.row.model}.sh"
-        return f"{shlex.join([*self.words, f'EXPERIMENT={self.name}'])} bash {script}"
+        run = [python(), "-m", RECIPES, "run", self.row.model]
+        return shlex.join([*self.words, f"EXPERIMENT={self.name}", *run])
 
 
 def check_driver_overrides(args: Sequence[str]) -> None:
@@ -273,7 +275,7 @@ def drive(
             continue
         command = ["env", f"EVAL_PROTOCOL={env.get('EVAL_PROTOCOL') or 'paper'}",
                    f"EVAL_DIR={os.path.join(e.spec.shared.paths.work, 'eval', e.name)}",
-                   "bash", str(RECIPE_DIR / "eval.sh"), e.spec.ckpt_dir]  # fmt: skip
+                   python(), "-m", RECIPES, "eval", e.spec.ckpt_dir]  # fmt: skip
         if all(os.path.isfile(e.result(p)) for p in chosen):
             log(f"== {e.name}: evaluated before, not run again")
         elif dry:
@@ -283,7 +285,7 @@ def drive(
     results = os.path.join(env.get("RESULTS_DIR") or os.path.join(runs[0].spec.shared.paths.work, "results"),
                            f"rw_{runs[0].spec.shared.reward}-bl_{runs[0].spec.shared.baselines}")  # fmt: skip
     for protocol in chosen:
-        command = [python(), str(REPO / "scripts" / "make_tables.py"), "--table", name, "--select", select,
+        command = [python(), "-m", f"{RECIPES}.make_tables", "--table", name, "--select", select,
                    "--out", os.path.join(results, protocol)]  # fmt: skip
         command += [f"{e.row.section}/{e.row.method}={e.result(protocol)}" for e in runs]
         if dry:
