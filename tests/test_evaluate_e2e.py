@@ -96,7 +96,7 @@ def test_eval_sh_both_protocols_and_idempotent(setup, tmp_path):
 def test_pass_rate_estimation_with_hf_engine_resumes(setup, tmp_path):
     import pyarrow.parquet as pq
 
-    from data_prep import estimate_pass_rate as epr
+    from ebpo_verl.evaluate import pass_rate as epr
 
     small = tmp_path / "small.parquet"
     pq.write_table(pq.read_table(setup / "data" / "amc23.parquet").slice(0, 3), small)

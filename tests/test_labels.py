@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data_prep import estimate_pass_rate as epr
 from data_prep import label_topics as lt
 from data_prep import math500
+from ebpo_verl.evaluate import pass_rate as epr
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""recipe/ebpo/VERSIONS.txt (the pinned versions of the recipes) and the pre-flight warning when the running
+"""ebpo_verl/recipes/VERSIONS.txt (the pinned versions of the recipes) and the pre-flight warning when the running
 libraries differ."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ebpo_verl import provenance as prov
 from ebpo_verl.validation import EBPOConfigError, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
-FILE = ROOT / "recipe" / "ebpo" / "VERSIONS.txt"
+FILE = ROOT / "ebpo_verl" / "recipes" / "VERSIONS.txt"
 
 
 def test_pinned_file_matches_its_sources():

@@ -131,7 +131,7 @@ def test_prompt_longer_than_the_model_length_is_refused(setup, tmp_path, capsys)
 def test_pass_rate_estimation_with_vllm(setup, tmp_path):
     import pyarrow.parquet as pq
 
-    from data_prep import estimate_pass_rate as epr
+    from ebpo_verl.evaluate import pass_rate as epr
 
     small = tmp_path / "small.parquet"
     pq.write_table(pq.read_table(setup / "data" / "amc23.parquet").slice(0, 3), small)
