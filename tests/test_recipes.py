@@ -517,7 +517,7 @@ class Stand:
             os.makedirs(out, exist_ok=True)
             for name in command[command.index("--only") + 1 :]:
                 Path(out, f"{name}.parquet").touch()
-        elif command[1:2] == ["-m"] and command[2].startswith("data_prep."):
+        elif command[1:2] == ["-m"] and command[2] in ("data_prep.label_topics", "ebpo_verl.evaluate.pass_rate"):
             Path(command[command.index("--out") + 1]).touch()
         elif command[1:3] == ["-m", "ebpo_verl.main"]:
             args = dict(a.split("=", 1) for a in command[3:] if "=" in a)
@@ -551,10 +551,14 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
     """Without DRY_RUN a run prepares the missing data (data_prep.all, then the topic labels), then replaces
     itself with the trainer; with everything there it goes straight to training."""
     stand, execs = Stand(), []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub check (its own test)
     monkeypatch.setattr(driver, "execute", lambda c, env=None: stand.calls.append(" ".join(c[1:3])) or stand(c, env))
     monkeypatch.setattr(driver.os, "execvp", lambda f, argv: execs.append(argv))
+    real = driver.preflight_first
+    monkeypatch.setattr(driver, "preflight_first", lambda spec: stand.calls.append("pre-flight") or real(spec))
     driver.run("qwen3_8b", [], env_for(tmp_path))
-    assert stand.calls == ["-m data_prep.all", "-m data_prep.label_topics"]
+    assert stand.calls == ["pre-flight", "-m data_prep.all", "-m data_prep.label_topics"]  # the pre-flight first
+    monkeypatch.setattr(driver, "preflight_first", lambda spec: None)  # the stand's files are empty
     assert execs[0][1:3] == ["-m", "ebpo_verl.main"]
     assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic-rw_paper-bl_paper").is_dir()
     stand.calls.clear()
@@ -563,6 +567,35 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
     with pytest.raises(RecipeError, match="training file not found"):  # a failed preparation is not trained on
         monkeypatch.setattr(driver, "execute", lambda c, env=None: 0)
         driver.run("qwen3_8b", [], env_for(tmp_path, ORDER="difficulty"))
+
+
+def test_preflight_and_hub_check_come_before_any_preparation(tmp_path, monkeypatch, capsys):
+    """A real run (no DRY_RUN) refuses a misspelled override before preparing anything; without DATA_LOCAL_DIR
+    a hub that does not answer (a closed local port stands in for it) is one line naming DATA_LOCAL_DIR, from
+    the driver and from data_prep.all (naming --local-dir), with nothing prepared."""
+    from data_prep import all as prepare_all
+
+    calls = []
+    monkeypatch.setattr(driver, "execute", lambda c, env=None: calls.append(c) or 0)
+    monkeypatch.setattr(driver.os, "execvp", lambda f, argv: calls.append(argv))
+    with pytest.raises(RecipeError, match=r"^pre-flight refused: Could not override 'trainer\.totl_epochs'"):
+        driver.run("qwen3_8b", ["trainer.totl_epochs=3"], env_for(tmp_path))
+    assert calls == [] and not tmp_path.joinpath("data").exists()
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(RecipeError) as err:
+        driver.run("qwen3_8b", [], env_for(tmp_path))
+    line = str(err.value)
+    assert line.startswith("data preparation: the Hugging Face hub (http://127.0.0.1:9) cannot be reached (")
+    assert line.endswith("set DATA_LOCAL_DIR to a folder with the dataset files (docs/data.md)") and "\n" not in line
+    assert calls == []
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        prepare_all.main(["--out-dir", str(tmp_path / "d"), "--only", "math500"])
+    err_lines = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(err_lines) == 1 and "pass --local-dir DIR" in err_lines[0]
+    assert not (tmp_path / "d").exists()
 
 
 CURRICULUM_ROWS = [("Qwen3-8B-Base", "qwen3_8b_base", m) for m in ("EBPO", "GRPO", "Dr.GRPO", "DAPO")]

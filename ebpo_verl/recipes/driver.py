@@ -47,8 +47,17 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 # ----------------------------------------------------------------------------------------------- one run
 def prepare(spec: RunSpec, dry: bool) -> None:
-    """Prepare the missing data files (DRY_RUN: only list the commands)."""
-    for command in spec.preparation():
+    """Prepare the missing data files (DRY_RUN: only list the commands). Before a download from the hub (no
+    DATA_LOCAL_DIR), a hub that does not answer is one RecipeError naming DATA_LOCAL_DIR."""
+    commands = spec.preparation()
+    if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "data_prep.all"] for c in commands):
+        from data_prep.schema import DataPrepError, check_hub
+
+        try:
+            check_hub(fix="set DATA_LOCAL_DIR to a folder with the dataset files (docs/data.md)")
+        except DataPrepError as err:
+            raise RecipeError(f"data preparation: {err}") from None
+    for command in commands:
         if dry:
             log(f"DRY_RUN: would prepare data: {shlex.join(command)}")
             continue
@@ -73,15 +82,26 @@ def preflight_summary(spec: RunSpec) -> tuple[bool, str, str]:
     return True, f"ok ({'; '.join(lines)})", OmegaConf.to_yaml(config)
 
 
+def preflight_first(spec: RunSpec) -> None:
+    """The whole pre-flight (overrides, composition, our checks, verl's validate_config) before any data is
+    prepared, so a misspelled override is refused in seconds; a refusal is one RecipeError. The trainer runs it
+    again on the prepared files (steps per epoch)."""
+    passed, line, _ = preflight_summary(spec)
+    if not passed:
+        raise RecipeError(f"pre-flight {line}")
+
+
 def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
     """``run_<model>.sh``: PRINT_OVERRIDES=1 prints the overrides; DRY_RUN=1 lists the data preparation, runs the
-    pre-flight (``python -m ebpo_verl.main --cfg job``) and prints the config; otherwise prepares the missing
-    data and replaces this process with the trainer (``os.execvp``: no return)."""
+    pre-flight (``python -m ebpo_verl.main --cfg job``) and prints the config; otherwise runs the pre-flight,
+    prepares the missing data and replaces this process with the trainer (``os.execvp``: no return)."""
     spec = RunSpec.from_env(model, env, args)
     if _flag(env, "PRINT_OVERRIDES"):
         print("\n".join(spec.overrides()))
         return 0
     dry = _flag(env, "DRY_RUN")
+    if not dry:
+        preflight_first(spec)
     prepare(spec, dry)
     if dry:
         return _dry_run(spec)
@@ -234,7 +254,8 @@ def differences(spec: RunSpec) -> str:
 def drive(
     name: str, args: Sequence[str], env: Mapping[str, str], run_one: Callable[[RunSpec], int] | None = None
 ) -> int:
-    """``table_<name>.sh``: ``--list`` prints the runs; otherwise train (unless ``LOG_DIR/<run>/.done``),
+    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train,
+    then train (unless ``LOG_DIR/<run>/.done``),
     evaluate (unless its results exist; FINAL_EVAL=1), then tabulate. DRY_RUN=1 (or PRINT_OVERRIDES=1) shows
     one block per run (name, what differs from the shared setup, the pre-flight's result; SHOW_CONFIG=1 adds
     the composed config) and the evaluation and table commands, and runs, marks and writes nothing."""
@@ -258,6 +279,12 @@ def drive(
         return 0
     dry = _flag(env, "DRY_RUN") or _flag(env, "PRINT_OVERRIDES")
     run_one = run_one or _train
+    untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
+    for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
+        try:
+            preflight_first(e.spec)
+        except RecipeError as err:
+            raise RecipeError(f"{e.name}: {err}") from None
     failed = []
     for e in runs:
         done = os.path.join(e.spec.log_dir, ".done")
