@@ -32,13 +32,14 @@ def setup(tmp_path_factory, hub_data):
 
 
 @pytest.mark.slow
-def test_generate_resume_grade_tables(setup, tmp_path):
+def test_generate_resume_grade_tables(setup, tmp_path, capsys):
     data, model = setup / "data", setup / "tiny"
     gen = tmp_path / "gen.jsonl"
     argv = ["generate", "--model", str(model), "--data-dir", str(data), "--protocol", "verl", "--out", str(gen),
             "--benchmarks", "aime2024", "amc23", "--limit", "2", "--runs", "2", "--engine", "hf",
             "--max-new-tokens", "6", "--workers", "2", "--chunk-size", "2"]  # fmt: skip
     assert main(argv) == 0
+    assert "; runs per problem: aime2024 2, amc23 2; model " in capsys.readouterr().err  # the banner says --runs
     lines = gen.read_text().splitlines()
     recs = [json.loads(x) for x in lines]
     assert sorted((r["benchmark"], r["index"], r["sample"]) for r in recs) == [
@@ -58,6 +59,7 @@ def test_generate_resume_grade_tables(setup, tmp_path):
     assert main(grade) == 0
     res = json.loads(results.read_text())
     assert res["protocol"] == "verl" and res["model"] == str(model.resolve())
+    assert res["complete"] is False  # every sample there, but --limit 2 covers 2 problems of each benchmark
     for b in ("aime2024", "amc23"):
         entry = res["benchmarks"][b]
         tokens = [json.loads(x)["response_tokens"] for x in again if json.loads(x)["benchmark"] == b]

@@ -132,7 +132,8 @@ def grade_file(
         "step": checkpoint_step(meta["model"]),
         "benchmarks": results,
         "average": sum(scores) / len(scores) if scores else None,
-        "complete": all(b["complete"] for b in results.values()),
+        # a --limit run covers only some problems: never complete, whatever its samples
+        "complete": all(b["complete"] and b["problems"] == b["problems_in_data"] for b in results.values()),
         "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p", "provenance") if k in meta},
         # this grading run's provenance; the sampling seed(s) are the generate runs'
         "provenance": provenance(seed=_generation_seed(meta.get("provenance", []))),
