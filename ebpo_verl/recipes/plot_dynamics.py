@@ -2,7 +2,7 @@
 
     python -m ebpo_verl.recipes.plot_dynamics RUN... --out results/ [--smooth N]
 
-RUN is a metrics log or run directory, optionally labelled ``LABEL=RUN`` (read as in make_tables.py: attempts
+RUN is a metrics log or run directory, optionally labelled ``LABEL=RUN`` (read as in :mod:`.make_tables`: attempts
 of a resumed run resolved, torn last line skipped). Writes one PNG per metric that at least one run logged:
 gradient norm (``actor/grad_norm``), per-step KL (``actor/ppo_kl``), policy entropy (``actor/entropy``),
 training reward (``critic/score/mean``), response length (``response_length/mean``) and every ``ebpo/*``

@@ -70,7 +70,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
     missing = [k for k in NEEDED if rows and k not in fields]
     if missing:
         raise StatusError(
-            f"{path} lacks the columns {', '.join(missing)}: regenerate it with scripts/make_tables.py --table"
+            f"{path} lacks the columns {', '.join(missing)}: regenerate it with "
+            "python -m ebpo_verl.recipes.make_tables --table"
         )
     return rows
 
