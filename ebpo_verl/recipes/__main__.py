@@ -1,4 +1,5 @@
-"""``python -m ebpo_verl.recipes run MODEL | table NAME | eval TARGET [args]``: what ``recipe/ebpo/*.sh`` exec.
+"""``python -m ebpo_verl.recipes run MODEL | table NAME | eval TARGET [args]``: the recipes' command line (from an
+installed package; in a checkout, ``recipe/ebpo/*.sh`` exec it).
 
 Switches are environment variables (``--help`` of each command lists them); every refusal is one line
 ``ebpo recipe: ...`` on stderr with exit status 2.
@@ -54,15 +55,15 @@ Switches (environment variables; presets and their sources: ebpo_verl/recipes/pr
 Modes: DRY_RUN=1 lists the data preparation, runs the pre-flight (our checks, verl's validate_config at
 NNODES x GPUS_PER_NODE, steps per epoch when the training file exists), prints the composed config and
 exits without Ray, GPUs or any file written; PRINT_OVERRIDES=1 prints the Hydra overrides and exits.
-Extra arguments are Hydra overrides, applied last. Evaluation: recipe/ebpo/eval.sh."""
+Extra arguments are Hydra overrides, applied last. Evaluation: python -m ebpo_verl.recipes eval --help."""
 
 DRIVE_SWITCHES = """\
-Table drivers: every run switch (run_qwen3_8b.sh --help) can be set and reaches each run; defaults
+Table drivers: every run switch (run qwen3_8b --help) can be set and reaches each run; defaults
 REWARD=paper, BASELINES=paper and the authors' schedule (validation on AIME24 x 8 before training and
 every 5 steps, a checkpoint every 10, KEEP_CKPTS=2).
-  FINAL_EVAL    1 (default): evaluate each run's last checkpoint with eval.sh and tabulate that; 0: tabulate
+  FINAL_EVAL    1 (default): evaluate each run's last checkpoint (recipes eval) and tabulate that; 0: tabulate
                 the training runs' own validations (LOG_DIR/<experiment>)
-  EVAL_PROTOCOL paper (default) | verl | both: eval.sh's protocol; one table per protocol
+  EVAL_PROTOCOL paper (default) | verl | both: the evaluation's protocol; one table per protocol
   SELECT        final (default) | best: which validation of a run the table reports (FINAL_EVAL=0)
   RESULTS_DIR   tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol>/<table>.md
                                                                              default WORK_DIR/results
@@ -80,7 +81,8 @@ marks and writes nothing else."""
 EVAL_HELP = f"""\
 Pass@1 of a model on {", ".join(BENCHMARKS)}: generation (python -m ebpo_verl.evaluate generate), then
 grading (... grade).
-  bash recipe/ebpo/eval.sh TARGET [extra generate args, e.g. --engine hf --limit 2 --max-new-tokens 64]
+  python -m ebpo_verl.recipes eval TARGET [extra generate args, e.g. --engine hf --limit 2 --max-new-tokens 64]
+  (in a checkout: bash recipe/ebpo/eval.sh TARGET ...)
 TARGET: a verl checkpoint (.../<experiment>/global_step_N), a checkpoint root (its latest step), a local
 Hugging Face folder or a hub id.
   EVAL_PROTOCOL  paper (default: the authors' raw prompt + Answer: grader) | verl (chat template +
@@ -97,9 +99,13 @@ Evaluate only checkpoints you trust; a Hugging Face folder or hub id loads safet
 def usage(command: str, name: str) -> str:
     if command == "run":
         model = Model.load(name)
-        return f"{model.description}\n  bash recipe/ebpo/run_{name}.sh [hydra overrides]\n\n{RUN_SWITCHES}"
+        lines = f"  python -m ebpo_verl.recipes run {name} [hydra overrides]   (or bash recipe/ebpo/run_{name}.sh)"
+        return f"{model.description}\n{lines}\n\n{RUN_SWITCHES}"
     if command == "table":
-        usage_line = f"  bash recipe/ebpo/table_{name}.sh [--help | --list | hydra overrides for every run]"
+        usage_line = (
+            f"  python -m ebpo_verl.recipes table {name} [--help | --list | hydra overrides for every run]\n"
+            f"  (in a checkout: bash recipe/ebpo/table_{name}.sh ...)"
+        )
         return f"{TABLES[name].about}\n{usage_line}\n\n{DRIVE_SWITCHES}"
     return EVAL_HELP
 
