@@ -21,8 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ebpo_verl.atomic import DiskFullError
-from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.atomic import DiskFullError, atomic_write_text
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.evaluate.grading import grade_file

@@ -21,8 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from ebpo_verl.atomic import reporting_full_disk
-from ebpo_verl.checkpoint import atomic_write_text
+from ebpo_verl.atomic import atomic_write_text, reporting_full_disk
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.locking import LockHeldError, exclusive_lock
 
