@@ -2,8 +2,10 @@
 
 Training set: ``dapo_math`` (DAPO-Math-17k, de-duplicated), plus ``math_train`` (MATH train, with topic and
 level labels). Evaluation sets (arXiv 2602.05165, Sec. 5): ``math500``, ``aime2024``, ``aime2025``,
-``amc23``, ``olympiadbench``. ``data_prep.all`` prepares every one; ``label_topics`` and
-``estimate_pass_rate`` add the labels the ordered (curriculum) runs sort by.
+``amc23``, ``olympiadbench``. ``data_prep.all`` prepares every one; ``label_topics`` adds the topic labels of
+ORDER=topic, and :mod:`ebpo_verl.evaluate.pass_rate` (a generation job, so beside the evaluation, which reads
+these files: the dependency points from ``ebpo_verl.evaluate`` to ``data_prep`` only) the pass rates of
+ORDER=difficulty.
 """
 
 DATASETS = ("dapo_math", "math_train", "math500", "aime2024", "aime2025", "amc23", "olympiadbench")

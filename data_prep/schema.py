@@ -218,6 +218,29 @@ def _read_folder(path: Path, split: str) -> pd.DataFrame:
     return pd.concat([read_local(f, split) for f in files], ignore_index=True)
 
 
+HUB_TIMEOUT_S = 5.0
+
+
+def check_hub(fix: str = "pass --local-dir DIR with the dataset files (docs/data.md)") -> None:
+    """DataPrepError (one line ending in ``fix``) unless the Hugging Face hub answers within
+    :data:`HUB_TIMEOUT_S` seconds, so that a machine without it fails at once instead of in ``datasets``' retries.
+    Skipped under ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` (the local cache serves the datasets)."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise DataPrepError(f"the Hugging Face hub ({endpoint}) cannot be reached ({reason}): {fix}") from None
+
+
 def load_hub(repo_id: str, split: str, config: str | None = None, revision: str | None = None) -> pd.DataFrame:
     """The hub copy via ``datasets`` (needs network access to huggingface.co)."""
     import datasets

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ebpo_verl.version import __version__
+
 if TYPE_CHECKING:
     from ebpo_verl.estimator import EBPOState
 
-__version__ = "0.1.0"
 __all__ = ["__version__", "get_state", "register"]
 
 

@@ -175,11 +175,41 @@ def train(config: DictConfig) -> None:
     run_ppo(config, task_runner_class=EBPOTaskRunner)
 
 
+def usage() -> str:
+    """``--help``: what this entry point adds to verl's ``main_ppo``, the EBPO / SPO keys with their defaults
+    (from the composed config), ``--cfg job`` and the docs; Hydra's 1,100-line dump is ``--cfg job``'s."""
+    config = compose([])
+    blocks = [
+        f"  algorithm.{name}.{key}={'null' if value is None else value}"
+        for name in ("ebpo", "spo")
+        for key, value in config.algorithm[name].items()
+    ]
+    return "\n".join([
+        "ebpo-train / python -m ebpo_verl.main [key=value ...]: verl 0.9.1's main_ppo with EBPO (arXiv 2602.05165).",
+        "What it adds to verl: the advantage estimators ebpo, shrinkage_js, bnpo and spo (algorithm.adv_estimator,",
+        "default ebpo); the package config (verl's ppo_trainer plus the keys below, the math-verify reward, the",
+        "curriculum sampler data.curriculum.*); a pre-flight before Ray starts (our checks, verl's validate_config",
+        "at the configured world size, at least one step per epoch; every refusal one line, exit 2); the EBPO",
+        "statistics in each checkpoint; an append-only metrics log (trainer.metrics_log_path).",
+        "",
+        "Options (defaults shown; algorithm.spo.* applies to adv_estimator=spo):",
+        *blocks,
+        "",
+        "  ebpo-train --cfg job [key=value ...]   the pre-flight, then the whole composed config; nothing started",
+        "  ebpo-train --hydra-help                Hydra's own flags",
+        "Docs (source repository): docs/estimator.md (options, math), docs/training.md (running, checkpoints,",
+        "metrics), recipe/ebpo/README.md (the paper's runs: python -m ebpo_verl.recipes run|table|eval --help).",
+    ])  # fmt: skip
+
+
 def main() -> None:
     """Console script ``ebpo-train``: our override checks, then ``--cfg job`` (pre-flight + config) or a run."""
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(sys.argv[1:])
+    if args.help:
+        print(usage())
+        return
     try:
         check_overrides(args.overrides)
     except EBPOConfigError as err:

@@ -61,10 +61,10 @@ def _git(root: Path, *args: str) -> str | None:
 @cache
 def code_version() -> dict[str, Any]:
     """``{"version", "commit", "dirty", "source"}`` of the imported ebpo_verl package (see the module docstring)."""
-    import ebpo_verl
+    from ebpo_verl.version import __version__
 
-    root = Path(ebpo_verl.__file__).resolve().parent.parent
-    record: dict[str, Any] = {"version": ebpo_verl.__version__, "commit": None, "dirty": None}
+    root = Path(__file__).resolve().parents[1]  # the folder holding the imported ebpo_verl/
+    record: dict[str, Any] = {"version": __version__, "commit": None, "dirty": None}
     top = _git(root, "rev-parse", "--show-toplevel")
     if top is not None and Path(top).resolve() == root:  # the package's own checkout, not an enclosing repository
         commit = _git(root, "rev-parse", "HEAD")
@@ -223,8 +223,8 @@ def run_provenance(config: Any) -> dict[str, Any]:
     return provenance(seed=seed, command=get(f"trainer.{LAUNCH_COMMAND_KEY}"))
 
 
-VERSIONS_FILE = Path("recipe") / "ebpo" / "VERSIONS.txt"
-"""The pinned versions of the recipes, relative to the repository root (only in a clone: not packaged)."""
+VERSIONS_FILE = Path(__file__).resolve().parent / "recipes" / "VERSIONS.txt"
+"""The pinned versions of the recipes (package data, installed with the wheel)."""
 
 
 def read_versions(path: str | os.PathLike) -> dict[str, dict[str, str]]:
@@ -257,13 +257,11 @@ def _public(version: str | None) -> str | None:
 
 def version_warning(path: str | os.PathLike | None = None, running: dict[str, str | None] | None = None) -> str | None:
     """A one-line warning when a running library version differs from the recipes' pinned ones (None when they
-    match, or when there is no VERSIONS.txt: a package installed without the repository has no recipes). The
+    match, or when there is no VERSIONS.txt, which ships with the package: ``ebpo_verl/recipes/``). The
     ``gpu`` set applies where vLLM's CUDA build is installed, else ``cpu`` (vLLM's CPU build included);
     ``running`` defaults to the installed versions."""
-    import ebpo_verl
-
     if path is None:
-        path = Path(ebpo_verl.__file__).resolve().parent.parent / VERSIONS_FILE
+        path = VERSIONS_FILE
     if not Path(path).is_file():
         return None
     pins = read_versions(path)

@@ -212,7 +212,10 @@ def test_grading_and_aggregation_by_hand(data_dir, tmp_path):
         0.25,
     )
     assert res["benchmarks"]["amc23"]["pass@1"] == 100.0
-    assert res["average"] == 75.0 and res["protocol"] == "paper" and res["model"] == "m" and res["complete"]
+    assert res["average"] == 75.0 and res["protocol"] == "paper" and res["model"] == "m"
+    # every sample is there, but of 2 and 1 of the fixture's problems (--limit): each benchmark is complete, the
+    # result is not
+    assert a["complete"] and a["problems"] < a["problems_in_data"] and res["complete"] is False
     assert res["step"] is None  # not a checkpoint
 
     vpath = tmp_path / "verl.jsonl"

@@ -32,13 +32,14 @@ def setup(tmp_path_factory, hub_data):
 
 
 @pytest.mark.slow
-def test_generate_resume_grade_tables(setup, tmp_path):
+def test_generate_resume_grade_tables(setup, tmp_path, capsys):
     data, model = setup / "data", setup / "tiny"
     gen = tmp_path / "gen.jsonl"
     argv = ["generate", "--model", str(model), "--data-dir", str(data), "--protocol", "verl", "--out", str(gen),
             "--benchmarks", "aime2024", "amc23", "--limit", "2", "--runs", "2", "--engine", "hf",
             "--max-new-tokens", "6", "--workers", "2", "--chunk-size", "2"]  # fmt: skip
     assert main(argv) == 0
+    assert "; runs per problem: aime2024 2, amc23 2; model " in capsys.readouterr().err  # the banner says --runs
     lines = gen.read_text().splitlines()
     recs = [json.loads(x) for x in lines]
     assert sorted((r["benchmark"], r["index"], r["sample"]) for r in recs) == [
@@ -58,6 +59,7 @@ def test_generate_resume_grade_tables(setup, tmp_path):
     assert main(grade) == 0
     res = json.loads(results.read_text())
     assert res["protocol"] == "verl" and res["model"] == str(model.resolve())
+    assert res["complete"] is False  # every sample there, but --limit 2 covers 2 problems of each benchmark
     for b in ("aime2024", "amc23"):
         entry = res["benchmarks"][b]
         tokens = [json.loads(x)["response_tokens"] for x in again if json.loads(x)["benchmark"] == b]
@@ -68,7 +70,7 @@ def test_generate_resume_grade_tables(setup, tmp_path):
                  "--out", str(tmp_path / "x.json")]) == 2  # fmt: skip
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--out", str(tmp_path / "t"), f"tiny/hf={results}"],
+        [sys.executable, "-m", "ebpo_verl.recipes.make_tables", "--out", str(tmp_path / "t"), f"tiny/hf={results}"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "protocol: verl" in out.stdout and "| tiny | hf | " in out.stdout
@@ -96,7 +98,7 @@ def test_eval_sh_both_protocols_and_idempotent(setup, tmp_path):
 def test_pass_rate_estimation_with_hf_engine_resumes(setup, tmp_path):
     import pyarrow.parquet as pq
 
-    from data_prep import estimate_pass_rate as epr
+    from ebpo_verl.evaluate import pass_rate as epr
 
     small = tmp_path / "small.parquet"
     pq.write_table(pq.read_table(setup / "data" / "amc23.parquet").slice(0, 3), small)
@@ -208,7 +210,7 @@ def test_injected_answers_grade_and_tabulate_by_hand(setup, tmp_path):
         assert {b: res["benchmarks"][b]["problems_in_data"] for b in SETS} == in_data
         specs.append(f"Qwen3-8B/{method}={out}")
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--table", "main", "--out", str(tmp_path / "t"),
+        [sys.executable, "-m", "ebpo_verl.recipes.make_tables", "--table", "main", "--out", str(tmp_path / "t"),
          *specs], capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr

@@ -426,12 +426,12 @@ def test_empty_benchmark_parquet_is_an_error(aime_twice, tmp_path, capsys):
 
 
 def _pass_rates(parquet: Path, rates: Path, tmp_path: Path, capsys) -> str:
-    from data_prep import estimate_pass_rate
+    from ebpo_verl.evaluate import pass_rate as estimate_pass_rate
 
     with pytest.raises(SystemExit) as exit_:
         estimate_pass_rate.main(["--pass-rates", str(rates), "--in", str(parquet), "--out", str(tmp_path / "o.pq")])
     assert exit_.value.code == 2 and not (tmp_path / "o.pq").exists()
-    return _one_error_line(capsys.readouterr().err, "python -m data_prep.estimate_pass_rate")
+    return _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.evaluate.pass_rate")
 
 
 def test_pass_rates_errors_are_one_line(aime_twice, tmp_path, capsys):
@@ -484,7 +484,7 @@ def test_non_utf8_input_names_the_line(hub_data, tmp_path, capsys):
 def test_pass_rate_generations_refuse_other_input_rows(aime_twice, tiny_model, tmp_path, capsys):
     """Finding 1 for estimate_pass_rate: its generations are keyed by row position and file name, so a resume
     with a file of that name whose rows differ is refused, naming the first differing row."""
-    from data_prep import estimate_pass_rate
+    from ebpo_verl.evaluate import pass_rate as estimate_pass_rate
 
     rows = _aime_rows(aime_twice[0])[:3]
     first = _write_parquet(tmp_path / "a" / "train.parquet", rows)
@@ -499,7 +499,7 @@ def test_pass_rate_generations_refuse_other_input_rows(aime_twice, tiny_model, t
     assert len(read_generations(gen)[0]) == 3
     with pytest.raises(SystemExit):
         estimate_pass_rate.main(argv(other))
-    line = _one_error_line(capsys.readouterr().err, "python -m data_prep.estimate_pass_rate")
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.evaluate.pass_rate")
     assert f"{gen} was generated from other train.parquet problems than the data holds now: problem index 1" in line
 
 

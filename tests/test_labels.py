@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data_prep import estimate_pass_rate as epr
 from data_prep import label_topics as lt
 from data_prep import math500
+from ebpo_verl.evaluate import pass_rate as epr
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +214,20 @@ def test_label_topics_bad_input_is_one_line_exit_2(small_parquet, tmp_path, caps
         assert exit_.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"python -m data_prep.label_topics: error: {message}"]
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_labelling_without_the_labels_extra_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """A core install (no ``labels`` extra: umap missing, here hidden from the import system) refuses topic
+    labelling before reading anything, in one line that names the extra."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "umap" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        lt.main(["--in", str(tmp_path / "absent.parquet"), "--out", str(tmp_path / "o.parquet")])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and err == [
+        "python -m data_prep.label_topics: error: topic labelling needs the 'labels' extra (umap not installed): "
+        "pip install 'ebpo-verl[labels]'"
+    ]
+    assert not (tmp_path / "o.parquet").exists()

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import plot_dynamics  # noqa: E402
+from ebpo_verl.recipes import plot_dynamics  # noqa: E402
 
 
 def test_one_step_run_is_drawn_as_a_marker_and_ticks_are_integers():

@@ -16,11 +16,9 @@ import pytest
 
 from ebpo_verl import provenance as prov
 from ebpo_verl.metrics_log import MetricsLog, provenance_path, read_metrics_log, read_provenance
+from ebpo_verl.recipes import make_tables
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_tables  # noqa: E402
 
 
 def assert_complete(record: dict) -> None:

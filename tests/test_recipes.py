@@ -2,7 +2,7 @@
 
 The ALGO x BASELINES x REWARD matrix is built in-process (:class:`ebpo_verl.recipes.spec.RunSpec` from an
 environment mapping), composed with Hydra's compose API on the package config and run through the package's own
-pre-flight (``ebpo_verl.validation.preflight``: our checks + verl's ``validate_config`` at the configured world
+pre-flight (``ebpo_verl.preflight.preflight``: our checks + verl's ``validate_config`` at the configured world
 size); the table drivers run in-process with stand-ins for training and evaluation. A few runs of the real
 scripts prove the documented switches end to end (PRINT_OVERRIDES, bad switches, --help, DRY_RUN, --list).
 Expected values are written from the paper (arXiv 2602.05165, "Setup"), the authors' runs as
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -189,8 +190,6 @@ TRAIN_FILE = {
 }
 
 
-
-
 def env_for(work: Path, **extra: str) -> dict[str, str]:
     """The switches of one run: WORK_DIR under the test's folder, nothing from the caller's environment."""
     return {"WORK_DIR": str(work), **extra}
@@ -214,6 +213,7 @@ def select(cfg, key: str):
 def recipe_env(work: Path, **extra: str) -> dict[str, str]:
     """A clean environment for the real scripts: no ALGO/ORDER/... leaking in from the caller."""
     env = {"PATH": os.environ["PATH"], "HOME": str(work), "WORK_DIR": str(work), "PYTHON": sys.executable}
+    env.update({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})  # this tree's package
     env.update(extra)
     return env
 
@@ -505,7 +505,7 @@ def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(tmp_path):
 class Stand:
     """Stands in for the GPU steps of the recipes (driver.execute and os.execvp): data preparation creates the
     files, training writes a checkpoint and a metrics log, eval.sh writes a RESULTS.json (EBPO rows 60, others
-    50); the table step runs the real scripts/make_tables.py. Every call is recorded."""
+    50); the table step runs the real ``python -m ebpo_verl.recipes.make_tables``. Every call is recorded."""
 
     def __init__(self, fail_train: str = "", fail_eval: str = ""):
         self.calls: list[str] = []
@@ -518,7 +518,7 @@ class Stand:
             os.makedirs(out, exist_ok=True)
             for name in command[command.index("--only") + 1 :]:
                 Path(out, f"{name}.parquet").touch()
-        elif command[1:2] == ["-m"] and command[2].startswith("data_prep."):
+        elif command[1:2] == ["-m"] and command[2] in ("data_prep.label_topics", "ebpo_verl.evaluate.pass_rate"):
             Path(command[command.index("--out") + 1]).touch()
         elif command[1:3] == ["-m", "ebpo_verl.main"]:
             args = dict(a.split("=", 1) for a in command[3:] if "=" in a)
@@ -531,7 +531,7 @@ class Stand:
             (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
             Path(args["trainer.metrics_log_path"]).write_text('{"step": 3, "data": {"actor/grad_norm": 0.1}}\n')
             return 0
-        elif command[0] == "env" and command[-2].endswith("eval.sh"):
+        elif command[0] == "env" and command[-4:-1] == ["-m", "ebpo_verl.recipes", "eval"]:
             settings = dict(a.split("=", 1) for a in command[1:3])
             self.calls.append(f"evaluate {command[-1]} {settings['EVAL_PROTOCOL']}")
             if command[-1].endswith("/" + self.fail_eval):
@@ -541,7 +541,7 @@ class Stand:
             out = Path(settings["EVAL_DIR"], f"results-{settings['EVAL_PROTOCOL']}.json")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"protocol": settings["EVAL_PROTOCOL"], "model": "x", "benchmarks": bench}))
-        elif command[1].endswith("make_tables.py"):
+        elif command[1:3] == ["-m", "ebpo_verl.recipes.make_tables"]:
             return subprocess.run([sys.executable, *command[1:]], capture_output=True, check=False).returncode
         else:
             self.calls.append(" ".join(command[:3]))
@@ -552,10 +552,14 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
     """Without DRY_RUN a run prepares the missing data (data_prep.all, then the topic labels), then replaces
     itself with the trainer; with everything there it goes straight to training."""
     stand, execs = Stand(), []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub check (its own test)
     monkeypatch.setattr(driver, "execute", lambda c, env=None: stand.calls.append(" ".join(c[1:3])) or stand(c, env))
     monkeypatch.setattr(driver.os, "execvp", lambda f, argv: execs.append(argv))
+    real = driver.preflight_first
+    monkeypatch.setattr(driver, "preflight_first", lambda spec: stand.calls.append("pre-flight") or real(spec))
     driver.run("qwen3_8b", [], env_for(tmp_path))
-    assert stand.calls == ["-m data_prep.all", "-m data_prep.label_topics"]
+    assert stand.calls == ["pre-flight", "-m data_prep.all", "-m data_prep.label_topics"]  # the pre-flight first
+    monkeypatch.setattr(driver, "preflight_first", lambda spec: None)  # the stand's files are empty
     assert execs[0][1:3] == ["-m", "ebpo_verl.main"]
     assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic-rw_paper-bl_paper").is_dir()
     stand.calls.clear()
@@ -566,13 +570,44 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
         driver.run("qwen3_8b", [], env_for(tmp_path, ORDER="difficulty"))
 
 
-CURRICULUM = [f"qwen3_8b_base-{a}-g4-difficulty-rw_paper-bl_paper" for a in ("ebpo", "grpo", "drgrpo", "dapo")]
+def test_preflight_and_hub_check_come_before_any_preparation(tmp_path, monkeypatch, capsys):
+    """A real run (no DRY_RUN) refuses a misspelled override before preparing anything; without DATA_LOCAL_DIR
+    a hub that does not answer (a closed local port stands in for it) is one line naming DATA_LOCAL_DIR, from
+    the driver and from data_prep.all (naming --local-dir), with nothing prepared."""
+    from data_prep import all as prepare_all
+
+    calls = []
+    monkeypatch.setattr(driver, "execute", lambda c, env=None: calls.append(c) or 0)
+    monkeypatch.setattr(driver.os, "execvp", lambda f, argv: calls.append(argv))
+    with pytest.raises(RecipeError, match=r"^pre-flight refused: Could not override 'trainer\.totl_epochs'"):
+        driver.run("qwen3_8b", ["trainer.totl_epochs=3"], env_for(tmp_path))
+    assert calls == [] and not tmp_path.joinpath("data").exists()
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(RecipeError) as err:
+        driver.run("qwen3_8b", [], env_for(tmp_path))
+    line = str(err.value)
+    assert line.startswith("data preparation: the Hugging Face hub (http://127.0.0.1:9) cannot be reached (")
+    assert line.endswith("set DATA_LOCAL_DIR to a folder with the dataset files (docs/data.md)") and "\n" not in line
+    assert calls == []
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        prepare_all.main(["--out-dir", str(tmp_path / "d"), "--only", "math500"])
+    err_lines = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(err_lines) == 1 and "pass --local-dir DIR" in err_lines[0]
+    assert not (tmp_path / "d").exists()
+
+
+CURRICULUM_ROWS = [("Qwen3-8B-Base", "qwen3_8b_base", m) for m in ("EBPO", "GRPO", "Dr.GRPO", "DAPO")]
+CURRICULUM_ROWS += [("Qwen3-14B-Base", "qwen3_14b_base", m) for m in ("EBPO", "GRPO")]
+CURRICULUM = [f"{n}-{m.lower().replace('.', '')}-g4-difficulty-rw_paper-bl_paper" for _, n, m in CURRICULUM_ROWS]
 
 
 def prepared(work: Path) -> Path:
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base"]:
+    for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base", "dapo_math.pass_rate.Qwen3-14B-Base"]:
         (data / f"{name}.parquet").touch()
     return work
 
@@ -626,22 +661,25 @@ def test_table_driver_dry_run_shows_one_block_per_run(tmp_path, monkeypatch, cap
     assert driver.drive("curriculum", [], env_for(work, DRY_RUN="1")) == 0
     out, err = capsys.readouterr()
     assert out == "" and stand.calls == [] and not work.exists()
-    methods = ["EBPO", "GRPO", "Dr.GRPO", "DAPO"]
     assert [line for line in err.splitlines() if line.startswith("== ")] == [
-        f"== {n} (Qwen3-8B-Base / {m}-diff), dry run" for n, m in zip(CURRICULUM, methods, strict=True)
+        f"== {n} ({section} / {m}-diff), dry run"
+        for n, (section, _, m) in zip(CURRICULUM, CURRICULUM_ROWS, strict=True)
     ]
-    assert err.count("   pre-flight: ok (world size 32") == 4
+    assert err.count("   pre-flight: ok (world size 32") == 6
     assert "preset dapo (BASELINES=paper): algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=False " in err
-    assert err.count("DRY_RUN: would evaluate: ") == 4 and err.count("DRY_RUN: would tabulate: ") == 1
-    assert f"EVAL_DIR={work}/eval/{CURRICULUM[0]} bash {RECIPE}/eval.sh {work}/ckpt/{CURRICULUM[0]}" in err
-    assert len(err.splitlines()) < 40  # a summary, not four configs
+    assert err.count("DRY_RUN: would evaluate: ") == 6 and err.count("DRY_RUN: would tabulate: ") == 1
+    first = CURRICULUM[0]
+    assert f"EVAL_DIR={work}/eval/{first} {sys.executable} -m ebpo_verl.recipes eval {work}/ckpt/{first}" in err
+    assert f"--model Qwen/Qwen3-14B-Base --in {work}/data/dapo_math.parquet" in err  # its own pass rates
+    assert f"{sys.executable} -m ebpo_verl.recipes.make_tables --table curriculum" in err
+    assert len(err.splitlines()) < 60  # a summary, not six configs
     assert driver.drive("grpo_bn", [], env_for(work, DRY_RUN="1", SHOW_CONFIG="1")) == 0
     out, _ = capsys.readouterr()
     assert out.count("# qwen3_") == 6 and out.count("adv_estimator:") == 6
     assert driver.drive("curriculum", [], env_for(work, PRINT_OVERRIDES="1", VAL_SETS="math500, aime2024")) == 0
     out, _ = capsys.readouterr()
     val = f"data.val_files=['{work}/data/math500.parquet','{work}/data/aime2024.parquet']"
-    assert out.splitlines().count(val) == 4 and not work.exists()
+    assert out.splitlines().count(val) == 6 and not work.exists()
 
 
 def names(table: str, *args: str, **env: str) -> list[str]:
@@ -680,7 +718,7 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
     every 5 steps (and before training), a checkpoint every 10, 2 kept, step 200 (main tables) or one epoch
     (curriculum); baselines on a shuffled stream, EBPO in topic order; V2_ROWS adds OTB and KL-Cov at G=4 (main)
     and G=8/16/32 (group size); the listed commands rerun each run through its script."""
-    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 4, "grpo_bn": 6}
+    counts = {"main": 15, "group_size": 9, "ordering": 4, "curriculum": 6, "grpo_bn": 6}
     for table, count in counts.items():
         runs = driver.experiments(TABLES[table], env_for(tmp_path), [])
         assert len(runs) == count and len({e.name for e in runs}) == count
@@ -697,7 +735,7 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
                 assert cfg.reward.custom_reward_function.path == "pkg://ebpo_verl.paper_reward"
                 if table == "curriculum":
                     assert cfg.trainer.total_training_steps is None and cfg.trainer.total_epochs == 1
-                    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-8B-Base"
+                    assert cfg.actor_rollout_ref.model.path == f"Qwen/{e.row.section}"
                 else:
                     assert cfg.trainer.total_training_steps == 200 and cfg.trainer.total_epochs >= 200
             if e.row.method in ("GRPO", "Dr.GRPO", "DAPO", "EntropyMech") and table != "curriculum":
@@ -721,15 +759,17 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
     assert rows[0] == ["section", "method", "experiment", "results", "command"] and len(rows) == 7
     name = rows[1][2]
     assert rows[1][3] == f"{tmp_path}/eval/{name}/results-paper.json,{tmp_path}/eval/{name}/results-verl.json"
-    words = rows[1][4].split()
-    env = dict(w.split("=", 1) for w in words[:-2])
-    printed = run_recipe(Path(words[-1]).name, tmp_path, PRINT_OVERRIDES="1", **env).stdout.splitlines()
+    words = shlex.split(rows[1][4])
+    assert words[-5:] == [sys.executable, "-m", "ebpo_verl.recipes", "run", "qwen3_8b"]
+    env = dict(w.split("=", 1) for w in words[:-5])
+    printed = subprocess.run(words[-5:], env=recipe_env(tmp_path, PRINT_OVERRIDES="1", **env), capture_output=True,
+                             text=True).stdout.splitlines()  # fmt: skip
     assert printed == driver.experiments(TABLES["grpo_bn"], env_for(tmp_path), [])[0].spec.overrides()
 
 
 # what the GPU recipes run: data preparation (incl. topic labels and pass rates), training, evaluation, tables
-RECIPE_PATH_SOURCES = ["ebpo_verl", "data_prep", "scripts/make_tables.py", "scripts/paper_numbers.py"]
-FIRST_PARTY = {"ebpo_verl", "data_prep", "paper_numbers"}
+RECIPE_PATH_SOURCES = ["ebpo_verl", "data_prep"]
+FIRST_PARTY = {"ebpo_verl", "data_prep"}
 
 
 def recipe_imports() -> set[str]:
@@ -833,10 +873,7 @@ def test_labels_and_names_are_declared_once():
     env = {"V2_ROWS": "1", "GPT_TOPIC_FILE": "/x.parquet", "WORK_DIR": "/w"}
     for table, sections in PAPER.items():
         cells = {(r.section, r.method) for r in TABLES[table].rows(env, "paper")}
-        curriculum_14b = table == "curriculum" and "Qwen3-14B-Base" in sections
         for section, methods in sections.items():
-            if curriculum_14b and section == "Qwen3-14B-Base":  # the authors' logs only; no recipe row
-                continue
             assert {(section, m) for m in methods} <= cells, (table, section)
     shared = set(ESTIMATORS) & set(PRESETS)
     assert {"grpo", "grpo_bn", "ebpo", "ebpo_batch", "rloo", "reinforce_pp", "shrinkage_js", "bnpo", "spo"} <= shared

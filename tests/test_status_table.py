@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from ebpo_verl.provenance import provenance
+from ebpo_verl.recipes import make_tables, status_table
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_tables  # noqa: E402
-import status_table  # noqa: E402
-
-from ebpo_verl.provenance import provenance  # noqa: E402
 
 README = f"# page\n\nintro\n\n{status_table.BEGIN}\nold\n{status_table.END}\n\nrest\n"
 
@@ -75,6 +71,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert readme.read_text() == README
 
 
-def test_recipe_readme_block_is_current():
-    """recipe/ebpo/README.md's status block is what the script writes from the default results folder."""
+def test_recipe_readme_block_is_current(monkeypatch):
+    """recipe/ebpo/README.md's status block is what the command writes from the default results folder (both
+    defaults are under the current folder: the checkout's root)."""
+    monkeypatch.chdir(ROOT)
     assert status_table.main(["--check"]) == 0

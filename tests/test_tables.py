@@ -9,19 +9,13 @@ import csv
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import make_tables  # noqa: E402
-import paper_numbers  # noqa: E402
-import plot_dynamics  # noqa: E402
-
-from ebpo_verl.provenance import provenance  # noqa: E402
+from ebpo_verl.provenance import provenance
+from ebpo_verl.recipes import make_tables, plot_dynamics
+from ebpo_verl.recipes import paper as paper_numbers
 
 BENCH = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
 

@@ -1,4 +1,4 @@
-"""recipe/ebpo/VERSIONS.txt (the pinned versions of the recipes) and the pre-flight warning when the running
+"""ebpo_verl/recipes/VERSIONS.txt (the pinned versions of the recipes) and the pre-flight warning when the running
 libraries differ."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ebpo_verl.errors import EBPOConfigError
 from ebpo_verl.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
-FILE = ROOT / "recipe" / "ebpo" / "VERSIONS.txt"
+FILE = ROOT / "ebpo_verl" / "recipes" / "VERSIONS.txt"
 
 
 def test_pinned_file_matches_its_sources():

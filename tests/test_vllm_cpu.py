@@ -100,7 +100,7 @@ def test_generate_one_and_two_engines_grade_tables(setup, tmp_path, one_engine, 
         assert (entry["runs"], entry["problems"], entry["complete"]) == (3, 2, True)
         assert entry["mean_response_tokens"] == pytest.approx(sum(tokens) / len(tokens))
         assert entry["pass@1"] == 0.0  # a random 50k-parameter model solves nothing
-    tables = [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--out", str(tmp_path / "t")]
+    tables = [sys.executable, "-m", "ebpo_verl.recipes.make_tables", "--out", str(tmp_path / "t")]
     run = subprocess.run([*tables, f"tiny/vllm={results}"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert f"protocol: {protocol}" in run.stdout and "| tiny | vllm | " in run.stdout
@@ -131,7 +131,7 @@ def test_prompt_longer_than_the_model_length_is_refused(setup, tmp_path, capsys)
 def test_pass_rate_estimation_with_vllm(setup, tmp_path):
     import pyarrow.parquet as pq
 
-    from data_prep import estimate_pass_rate as epr
+    from ebpo_verl.evaluate import pass_rate as epr
 
     small = tmp_path / "small.parquet"
     pq.write_table(pq.read_table(setup / "data" / "amc23.parquet").slice(0, 3), small)

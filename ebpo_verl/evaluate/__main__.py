@@ -1,12 +1,15 @@
-"""``python -m ebpo_verl.evaluate generate|grade``: the evaluation stage (see recipe/ebpo/eval.sh).
+"""``python -m ebpo_verl.evaluate generate|grade``: the evaluation stage (both in order, per protocol:
+``python -m ebpo_verl.recipes eval TARGET``).
 
 generate --model M --data-dir DIR --protocol paper|verl --out GEN.jsonl [--benchmarks ...] [--limit N]
          [--runs N] [--engine vllm|hf] [engine options]
     Appends one line per sample to GEN.jsonl; re-running resumes (finished samples are skipped).
 grade --protocol paper|verl --generations GEN.jsonl --data-dir DIR --out RESULTS.json [--allow-partial]
     Writes {"protocol", "model", "step", "benchmarks": {name: {"pass@1", "runs", "problems", "limit",
-    "problems_in_data", "complete", ...}}, "average"} ("step": the checkpoint's global step, null for a hub id or
-    plain Hugging Face folder; "limit"/"problems_in_data": a --limit run evaluated "problems" of them).
+    "problems_in_data", "complete", ...}}, "average", "complete"} ("step": the checkpoint's global step, null for a
+    hub id or plain Hugging Face folder; "limit"/"problems_in_data": a --limit run evaluated "problems" of them; a
+    benchmark's "complete": every sample of its problems is there; the top-level "complete": every benchmark is
+    complete and covers all of its problems, so a --limit run is never complete).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ from ebpo_verl.provenance import provenance
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
     "paper": "raw prompt (DAPO instruction + problem, no chat template), Answer: grader with the second-to-last "
-    "match (docs/paper_notes.md#evaluation), 16 runs (OlympiadBench 4)",
-    "verl": "chat template + ebpo_verl.reward (math-verify), 16 runs",
+    "match (docs/paper_notes.md#evaluation), 16 runs (OlympiadBench 4) unless --runs",
+    "verl": "chat template + ebpo_verl.reward (math-verify), 16 runs unless --runs",
 }
 
 
@@ -100,7 +103,9 @@ def generate(a: argparse.Namespace) -> None:
         spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)
     except ValueError as e:
         raise EvalInputError(str(e)) from None
-    print(f"evaluate: protocol {a.protocol} ({DESCRIPTIONS[a.protocol]}); model {model}", file=sys.stderr)
+    how = DESCRIPTIONS[a.protocol].split(", 16 runs")[0]
+    counts = ", ".join(f"{b} {n}" for b, n in runs.items())
+    print(f"evaluate: protocol {a.protocol} ({how}); runs per problem: {counts}; model {model}", file=sys.stderr)
     with GenerationsFile(a.out, meta) as gen:
         todo = [
             engines.Request((b, p.index, s), p.prompt)

@@ -6,7 +6,7 @@ the mean over its runs of the run's accuracy over all problems (same section: "e
 once and the reported number is the mean accuracy over the runs"); with every sample present this equals
 the mean over all samples. A benchmark with missing samples is an error, or with ``allow_partial`` is
 reported over the samples present and flagged ``"complete": false``; ``"limit"`` and ``"problems_in_data"``
-say whether a ``--limit`` run covered only the first problems (``scripts/make_tables.py`` marks both). The
+say whether a ``--limit`` run covered only the first problems (:mod:`ebpo_verl.recipes.make_tables` marks both). The
 ground truths come from ``--data-dir``, so its problems must be those the samples were generated from: a
 benchmark whose problem digests (prompt and ground truth, stored in the meta) differ is refused, naming the
 first differing index.
@@ -132,7 +132,8 @@ def grade_file(
         "step": checkpoint_step(meta["model"]),
         "benchmarks": results,
         "average": sum(scores) / len(scores) if scores else None,
-        "complete": all(b["complete"] for b in results.values()),
+        # a --limit run covers only some problems: never complete, whatever its samples
+        "complete": all(b["complete"] and b["problems"] == b["problems_in_data"] for b in results.values()),
         "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p", "provenance") if k in meta},
         # this grading run's provenance; the sampling seed(s) are the generate runs'
         "provenance": provenance(seed=_generation_seed(meta.get("provenance", []))),

@@ -1,4 +1,5 @@
-"""``python -m ebpo_verl.recipes run MODEL | table NAME | eval TARGET [args]``: what ``recipe/ebpo/*.sh`` exec.
+"""``python -m ebpo_verl.recipes run MODEL | table NAME | eval TARGET [args]``: the recipes' command line (from an
+installed package; in a checkout, ``recipe/ebpo/*.sh`` exec it).
 
 Switches are environment variables (``--help`` of each command lists them); every refusal is one line
 ``ebpo recipe: ...`` on stderr with exit status 2.
@@ -24,13 +25,13 @@ def _algos() -> str:
 RUN_SWITCHES = f"""\
 Switches (environment variables; presets and their sources: ebpo_verl/recipes/presets.py):
   ALGO          the preset (default ebpo):
-{textwrap.indent(_algos(), '  ')}
+{textwrap.indent(_algos(), "  ")}
   BASELINES     paper (default: each baseline as the authors ran it) | canonical (as its own paper and
                 verl's docs define it); docs/baselines.md
   REWARD        paper (default: the authors' `Answer:` rule, +1/-1, ebpo_verl.paper_reward) |
                 math_verify (ebpo_verl.reward: math-verify, 1/0)
   GROUP_SIZE    responses per prompt G (rollout.n), an integer >= 2 (>= 1 for spo)          default 4
-  ORDER         {' | '.join(ORDERS)}: topic (default) | naive (file order, EBPO-naive) | difficulty | random
+  ORDER         {" | ".join(ORDERS)}: topic (default) | naive (file order, EBPO-naive) | difficulty | random
   TOPICS        labels for ORDER=topic: embed (default: all-MiniLM-L6-v2 + UMAP + k-means, K=10, seed 42) |
                 file (TRAIN_FILE carries extra_info.topic)
   MODEL_PATH    HF id or local path of the policy                         default: the model config's
@@ -47,22 +48,22 @@ Switches (environment variables; presets and their sources: ebpo_verl/recipes/pr
   TOTAL_STEPS   if set, trainer.total_training_steps (the run stops there)
   TOTAL_EPOCHS  default TOTAL_STEPS when that is set, else 1 for ORDER=difficulty and 3 otherwise
   TEST_FREQ, SAVE_FREQ  validation / checkpoint period in steps (-1: never)             default 10 and 10
-  VAL_SETS      validation sets, comma separated, of {' '.join(BENCHMARKS)}       default all
+  VAL_SETS      validation sets, comma separated, of {" ".join(BENCHMARKS)}       default all
   VAL_N         samples per validation problem                                               default 16
   PYTHON        interpreter with ebpo-verl installed (the scripts start it)              default python3
   LOGGERS       trainer.logger, e.g. [console,wandb]                                 default [console]
 Modes: DRY_RUN=1 lists the data preparation, runs the pre-flight (our checks, verl's validate_config at
 NNODES x GPUS_PER_NODE, steps per epoch when the training file exists), prints the composed config and
 exits without Ray, GPUs or any file written; PRINT_OVERRIDES=1 prints the Hydra overrides and exits.
-Extra arguments are Hydra overrides, applied last. Evaluation: recipe/ebpo/eval.sh."""
+Extra arguments are Hydra overrides, applied last. Evaluation: python -m ebpo_verl.recipes eval --help."""
 
 DRIVE_SWITCHES = """\
-Table drivers: every run switch (run_qwen3_8b.sh --help) can be set and reaches each run; defaults
+Table drivers: every run switch (run qwen3_8b --help) can be set and reaches each run; defaults
 REWARD=paper, BASELINES=paper and the authors' schedule (validation on AIME24 x 8 before training and
 every 5 steps, a checkpoint every 10, KEEP_CKPTS=2).
-  FINAL_EVAL    1 (default): evaluate each run's last checkpoint with eval.sh and tabulate that; 0: tabulate
+  FINAL_EVAL    1 (default): evaluate each run's last checkpoint (recipes eval) and tabulate that; 0: tabulate
                 the training runs' own validations (LOG_DIR/<experiment>)
-  EVAL_PROTOCOL paper (default) | verl | both: eval.sh's protocol; one table per protocol
+  EVAL_PROTOCOL paper (default) | verl | both: the evaluation's protocol; one table per protocol
   SELECT        final (default) | best: which validation of a run the table reports (FINAL_EVAL=0)
   RESULTS_DIR   tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol>/<table>.md
                                                                              default WORK_DIR/results
@@ -78,9 +79,10 @@ switches, what its preset changes, the pre-flight's result) and the evaluation a
 marks and writes nothing else."""
 
 EVAL_HELP = f"""\
-Pass@1 of a model on {', '.join(BENCHMARKS)}: generation (python -m ebpo_verl.evaluate generate), then
+Pass@1 of a model on {", ".join(BENCHMARKS)}: generation (python -m ebpo_verl.evaluate generate), then
 grading (... grade).
-  bash recipe/ebpo/eval.sh TARGET [extra generate args, e.g. --engine hf --limit 2 --max-new-tokens 64]
+  python -m ebpo_verl.recipes eval TARGET [extra generate args, e.g. --engine hf --limit 2 --max-new-tokens 64]
+  (in a checkout: bash recipe/ebpo/eval.sh TARGET ...)
 TARGET: a verl checkpoint (.../<experiment>/global_step_N), a checkpoint root (its latest step), a local
 Hugging Face folder or a hub id.
   EVAL_PROTOCOL  paper (default: the authors' raw prompt + Answer: grader) | verl (chat template +
@@ -97,9 +99,13 @@ Evaluate only checkpoints you trust; a Hugging Face folder or hub id loads safet
 def usage(command: str, name: str) -> str:
     if command == "run":
         model = Model.load(name)
-        return f"{model.description}\n  bash recipe/ebpo/run_{name}.sh [hydra overrides]\n\n{RUN_SWITCHES}"
+        lines = f"  python -m ebpo_verl.recipes run {name} [hydra overrides]   (or bash recipe/ebpo/run_{name}.sh)"
+        return f"{model.description}\n{lines}\n\n{RUN_SWITCHES}"
     if command == "table":
-        usage_line = f"  bash recipe/ebpo/table_{name}.sh [--help | --list | hydra overrides for every run]"
+        usage_line = (
+            f"  python -m ebpo_verl.recipes table {name} [--help | --list | hydra overrides for every run]\n"
+            f"  (in a checkout: bash recipe/ebpo/table_{name}.sh ...)"
+        )
         return f"{TABLES[name].about}\n{usage_line}\n\n{DRIVE_SWITCHES}"
     return EVAL_HELP
 

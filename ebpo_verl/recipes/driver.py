@@ -25,8 +25,9 @@ from ebpo_verl.recipes.presets import PRESETS, SHARED
 from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
 from ebpo_verl.recipes.tables import TABLES, Row, Table
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE_DIR = REPO / "recipe" / "ebpo"
+RECIPES = "ebpo_verl.recipes"
+"""The command line every planned command goes through (``python -m ebpo_verl.recipes``): it works from an
+installed package; ``recipe/ebpo/*.sh`` in a checkout are shims over it."""
 DRIVER_PATHS = ("default_local_dir", "experiment_name", "metrics_log_path")
 """trainer.* keys a table driver sets per run (the evaluation and the tables read them)."""
 
@@ -46,8 +47,17 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 # ----------------------------------------------------------------------------------------------- one run
 def prepare(spec: RunSpec, dry: bool) -> None:
-    """Prepare the missing data files (DRY_RUN: only list the commands)."""
-    for command in spec.preparation():
+    """Prepare the missing data files (DRY_RUN: only list the commands). Before a download from the hub (no
+    DATA_LOCAL_DIR), a hub that does not answer is one RecipeError naming DATA_LOCAL_DIR."""
+    commands = spec.preparation()
+    if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "data_prep.all"] for c in commands):
+        from data_prep.schema import DataPrepError, check_hub
+
+        try:
+            check_hub(fix="set DATA_LOCAL_DIR to a folder with the dataset files (docs/data.md)")
+        except DataPrepError as err:
+            raise RecipeError(f"data preparation: {err}") from None
+    for command in commands:
         if dry:
             log(f"DRY_RUN: would prepare data: {shlex.join(command)}")
             continue
@@ -72,15 +82,26 @@ def preflight_summary(spec: RunSpec) -> tuple[bool, str, str]:
     return True, f"ok ({'; '.join(lines)})", OmegaConf.to_yaml(config)
 
 
+def preflight_first(spec: RunSpec) -> None:
+    """The whole pre-flight (overrides, composition, our checks, verl's validate_config) before any data is
+    prepared, so a misspelled override is refused in seconds; a refusal is one RecipeError. The trainer runs it
+    again on the prepared files (steps per epoch)."""
+    passed, line, _ = preflight_summary(spec)
+    if not passed:
+        raise RecipeError(f"pre-flight {line}")
+
+
 def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
     """``run_<model>.sh``: PRINT_OVERRIDES=1 prints the overrides; DRY_RUN=1 lists the data preparation, runs the
-    pre-flight (``python -m ebpo_verl.main --cfg job``) and prints the config; otherwise prepares the missing
-    data and replaces this process with the trainer (``os.execvp``: no return)."""
+    pre-flight (``python -m ebpo_verl.main --cfg job``) and prints the config; otherwise runs the pre-flight,
+    prepares the missing data and replaces this process with the trainer (``os.execvp``: no return)."""
     spec = RunSpec.from_env(model, env, args)
     if _flag(env, "PRINT_OVERRIDES"):
         print("\n".join(spec.overrides()))
         return 0
     dry = _flag(env, "DRY_RUN")
+    if not dry:
+        preflight_first(spec)
     prepare(spec, dry)
     if dry:
         return _dry_run(spec)
@@ -127,9 +148,10 @@ def protocols(value: str) -> list[str]:
 
 
 def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
-    """``eval.sh TARGET [generate args]``: prepare missing benchmark files, then generate and grade per protocol."""
+    """``python -m ebpo_verl.recipes eval TARGET [generate args]`` (``eval.sh``): prepare missing benchmark files,
+    then generate and grade per protocol."""
     if not target or target.startswith("-"):
-        raise RecipeError("usage: bash recipe/ebpo/eval.sh TARGET [extra generate args]")
+        raise RecipeError("usage: python -m ebpo_verl.recipes eval TARGET [extra generate args]")
     target = target.rstrip("/")
     chosen = protocols(env.get("EVAL_PROTOCOL") or "paper")
     paths = Shared.from_env(env).paths
@@ -164,7 +186,7 @@ class Experiment:
     row: Row
     spec: RunSpec
     words: tuple[str, ...]
-    """``VAR=value`` words that rerun it by hand with ``bash recipe/ebpo/run_<model>.sh``."""
+    """``VAR=value`` words that rerun it by hand with ``python -m ebpo_verl.recipes run <model>``."""
 
     @property
     def name(self) -> str:
@@ -176,8 +198,8 @@ class Experiment:
         return os.path.join(self.spec.shared.paths.work, "eval", self.name, f"results-{protocol}.json")
 
     def command(self) -> str:
-        script = RECIPE_DIR / f"run_{self.row.model}.sh"
-        return f"{shlex.join([*self.words, f'EXPERIMENT={self.name}'])} bash {script}"
+        run = [python(), "-m", RECIPES, "run", self.row.model]
+        return shlex.join([*self.words, f"EXPERIMENT={self.name}", *run])
 
 
 def check_driver_overrides(args: Sequence[str]) -> None:
@@ -232,7 +254,8 @@ def differences(spec: RunSpec) -> str:
 def drive(
     name: str, args: Sequence[str], env: Mapping[str, str], run_one: Callable[[RunSpec], int] | None = None
 ) -> int:
-    """``table_<name>.sh``: ``--list`` prints the runs; otherwise train (unless ``LOG_DIR/<run>/.done``),
+    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train,
+    then train (unless ``LOG_DIR/<run>/.done``),
     evaluate (unless its results exist; FINAL_EVAL=1), then tabulate. DRY_RUN=1 (or PRINT_OVERRIDES=1) shows
     one block per run (name, what differs from the shared setup, the pre-flight's result; SHOW_CONFIG=1 adds
     the composed config) and the evaluation and table commands, and runs, marks and writes nothing."""
@@ -256,6 +279,12 @@ def drive(
         return 0
     dry = _flag(env, "DRY_RUN") or _flag(env, "PRINT_OVERRIDES")
     run_one = run_one or _train
+    untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
+    for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
+        try:
+            preflight_first(e.spec)
+        except RecipeError as err:
+            raise RecipeError(f"{e.name}: {err}") from None
     failed = []
     for e in runs:
         done = os.path.join(e.spec.log_dir, ".done")
@@ -273,7 +302,7 @@ def drive(
             continue
         command = ["env", f"EVAL_PROTOCOL={env.get('EVAL_PROTOCOL') or 'paper'}",
                    f"EVAL_DIR={os.path.join(e.spec.shared.paths.work, 'eval', e.name)}",
-                   "bash", str(RECIPE_DIR / "eval.sh"), e.spec.ckpt_dir]  # fmt: skip
+                   python(), "-m", RECIPES, "eval", e.spec.ckpt_dir]  # fmt: skip
         if all(os.path.isfile(e.result(p)) for p in chosen):
             log(f"== {e.name}: evaluated before, not run again")
         elif dry:
@@ -283,7 +312,7 @@ def drive(
     results = os.path.join(env.get("RESULTS_DIR") or os.path.join(runs[0].spec.shared.paths.work, "results"),
                            f"rw_{runs[0].spec.shared.reward}-bl_{runs[0].spec.shared.baselines}")  # fmt: skip
     for protocol in chosen:
-        command = [python(), str(REPO / "scripts" / "make_tables.py"), "--table", name, "--select", select,
+        command = [python(), "-m", f"{RECIPES}.make_tables", "--table", name, "--select", select,
                    "--out", os.path.join(results, protocol)]  # fmt: skip
         command += [f"{e.row.section}/{e.row.method}={e.result(protocol)}" for e in runs]
         if dry:

@@ -1,5 +1,5 @@
 """The numbers reported by Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy
-Optimization" (arXiv 2602.05165), as make_tables.py compares against them.
+Optimization" (arXiv 2602.05165), as :mod:`ebpo_verl.recipes.make_tables` compares against them.
 
 All values are Pass@1 in percent (mean over 16 samples at temperature 1.0), G=4 and topic-ordered batches unless
 the table says otherwise. ``PAPER[table][section][method]`` maps ``"avg"`` (the mean of the five benchmarks) and,

@@ -128,7 +128,7 @@ ORDERS: dict[str, tuple[Setting, ...]] = {
     "random": (_s("++data.curriculum.order", "random", f"{AUTHORS}: the baselines' shuffled stream"),),
     "difficulty": (
         _s("++data.curriculum.order", "difficulty", "paper: EBPO-diff (easy -> hard)"),
-        _s("++data.curriculum.difficulty_key", "pass_rate", "data_prep.estimate_pass_rate"),
+        _s("++data.curriculum.difficulty_key", "pass_rate", "ebpo_verl.evaluate.pass_rate"),
     ),
 }
 TOPICS = ("embed", "file")

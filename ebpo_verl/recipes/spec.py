@@ -269,7 +269,7 @@ class RunSpec:
                 commands.append([python(), "-m", "data_prep.label_topics", "--in", source, "--out", train]
                                 + ["--k", "10", "--seed", "42"])  # fmt: skip
             elif self.order == "difficulty":
-                commands.append([python(), "-m", "data_prep.estimate_pass_rate", "--model", self.model_path]
+                commands.append([python(), "-m", "ebpo_verl.evaluate.pass_rate", "--model", self.model_path]
                                 + ["--in", source, "--out", train, "--n", "16", "--temperature", "1.0"])  # fmt: skip
         return commands
 

@@ -89,18 +89,27 @@ def ordering_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
     return rows
 
 
+CURRICULUM_MODELS = (
+    ("Qwen3-8B-Base", "qwen3_8b", "BASE_MODEL", "Qwen/Qwen3-8B-Base", ("ebpo", "grpo", "drgrpo", "dapo")),
+    ("Qwen3-14B-Base", "qwen3_14b", "BASE_MODEL_14B", "Qwen/Qwen3-14B-Base", ("ebpo", "grpo")),
+)
+"""(section, model config, switch for the base model's path, its default, presets) of the curriculum table: the
+paper's Qwen3-8B-Base runs and the two Qwen3-14B-Base runs whose step-34 eval logs the authors released."""
+
+
 def curriculum_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
-    base = env.get("BASE_MODEL") or "Qwen/Qwen3-8B-Base"
     return [
-        Row("Qwen3-8B-Base", f"{PRESETS[algo].label}-diff", "qwen3_8b", f"qwen3_8b_base-{algo}-g4-difficulty",
-            {"ALGO": algo, "GROUP_SIZE": "4", "ORDER": "difficulty", "TOTAL_EPOCHS": "1", "MODEL_PATH": base})
-        for algo in ("ebpo", "grpo", "drgrpo", "dapo")
+        Row(section, f"{PRESETS[algo].label}-diff", model, f"{model}_base-{algo}-g4-difficulty",
+            {"ALGO": algo, "GROUP_SIZE": "4", "ORDER": "difficulty", "TOTAL_EPOCHS": "1",
+             "MODEL_PATH": env.get(switch) or default})
+        for section, model, switch, default, algos in CURRICULUM_MODELS
+        for algo in algos
     ]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Table:
-    """A paper table: its rows (from the environment: V2_ROWS, GPT_TOPIC_FILE, BASE_MODEL, BASELINES), the
+    """A paper table: its rows (from the environment: V2_ROWS, GPT_TOPIC_FILE, BASE_MODEL(_14B), BASELINES), the
     step the runs stop at (None: after the epochs), and what it is and costs (``--help``)."""
 
     name: str
@@ -141,10 +150,11 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "curriculum",
-            "Curriculum (paper, EBPO-diff): Qwen3-8B-Base (BASE_MODEL), prompts easy -> hard by the base model's\n"
-            "pass rate (16 rollouts at temperature 1.0, computed before the first run), one epoch; EBPO-diff,\n"
-            "GRPO-diff, Dr.GRPO-diff and DAPO-diff. The table shows the paper figure's EBPO-diff minus GRPO-diff\n"
-            "and the authors' logged numbers. 4 runs of 4 x 8 H200 plus the pass-rate pass.",
+            "Curriculum (paper, EBPO-diff): prompts easy -> hard by the base model's pass rate (16 rollouts at\n"
+            "temperature 1.0, computed before the model's first run), one epoch. Qwen3-8B-Base (BASE_MODEL):\n"
+            "EBPO-diff, GRPO-diff, Dr.GRPO-diff, DAPO-diff; Qwen3-14B-Base (BASE_MODEL_14B): EBPO-diff, GRPO-diff\n"
+            "(the runs of the authors' released logs). The table shows the paper figure's EBPO-diff minus\n"
+            "GRPO-diff and the authors' logged numbers. 6 runs of 4 x 8 H200 plus one pass-rate pass per model.",
             curriculum_rows,
             total_steps=None,
         ),
@@ -156,4 +166,5 @@ TABLES: dict[str, Table] = {
         ),
     )
 }
-"""Table name -> definition (``recipe/ebpo/table_<name>.sh``; ``scripts/make_tables.py --table <name>``)."""
+"""Table name -> definition (``python -m ebpo_verl.recipes table <name>``, ``recipe/ebpo/table_<name>.sh``;
+``python -m ebpo_verl.recipes.make_tables --table <name>``)."""

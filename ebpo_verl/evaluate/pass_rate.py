@@ -3,7 +3,7 @@
 
 Generate and grade (GPU machine with vLLM: one engine per GPU of the node, ``ebpo_verl.evaluate.engines``)::
 
-    python -m data_prep.estimate_pass_rate --model PATH --in F.parquet --out F2.parquet --n 16 --temperature 1.0
+    python -m ebpo_verl.evaluate.pass_rate --model PATH --in F.parquet --out F2.parquet --n 16 --temperature 1.0
 
 Samples are appended to ``--generations`` (default ``F2.parquet.generations.jsonl``) as they finish, so a
 re-run after a crash generates only what is missing; every sample has its own seed (``engines.sample_seed``).
@@ -12,7 +12,7 @@ generates with Hugging Face.
 
 Merge rates computed elsewhere (no GPU needed)::
 
-    python -m data_prep.estimate_pass_rate --pass-rates rates.jsonl --in F.parquet --out F2.parquet
+    python -m ebpo_verl.evaluate.pass_rate --pass-rates rates.jsonl --in F.parquet --out F2.parquet
 
 Rates file: ``.jsonl`` (one object per line) or ``.csv`` with a key column, ``source_id`` (matched to
 ``extra_info.source_id``) or else ``index`` (matched to ``extra_info.index``), and ``pass_rate`` in [0, 1]
@@ -193,7 +193,7 @@ def write_with_rates(table: pa.Table, rates: list[float], out_path: str | Path, 
     hist = Counter(bucket(r, k) for r in rates)
     mean = sum(rates) / len(rates)
     print(
-        f"estimate_pass_rate: {len(rates)} rows, mean pass rate {mean:.4f}, "
+        f"pass_rate: {len(rates)} rows, mean pass rate {mean:.4f}, "
         f"all-fail {sum(r == 0 for r in rates)}, all-pass {sum(r == 1 for r in rates)} -> {out}"
     )
     print("  buckets (1 = easiest): " + ", ".join(f"{b}={hist.get(b, 0)}" for b in range(1, k + 1)))
@@ -202,7 +202,7 @@ def write_with_rates(table: pa.Table, rates: list[float], out_path: str | Path, 
 
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(
-        prog="python -m data_prep.estimate_pass_rate",
+        prog="python -m ebpo_verl.evaluate.pass_rate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

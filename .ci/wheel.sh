@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The package as a user gets it: the built wheel installed (not editable, no extras) into a fresh venv, every
+# command run from a folder outside the checkout. Fails on the first command that fails.
+#   bash .ci/wheel.sh            (CI runs it after the suite; PYTHON: the interpreter that builds, default python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+say() { echo "ci wheel: $*"; }
+start=$SECONDS
+
+"${PYTHON:-python3}" -m pip wheel -q --no-deps -w "$WORK/dist" .
+python3 -m venv "$WORK/venv"
+V="$WORK/venv/bin/python"
+"$V" -m pip install -q --upgrade pip
+"$V" -m pip install -q torch==2.13.0
+"$V" -m pip install -q -c .ci/constraints.txt "$WORK"/dist/ebpo_verl-*.whl
+say "installed $(basename "$WORK"/dist/ebpo_verl-*.whl) (core, no extras) in $((SECONDS - start)) s"
+
+mkdir "$WORK/outside"
+cd "$WORK/outside"
+export WORK_DIR="$WORK/outside/ebpo_runs" PYTHON="$V" PATH="$WORK/venv/bin:$PATH"
+"$V" - "$ROOT" <<'PY'
+import importlib, pkgutil, sys
+import data_prep, ebpo_verl
+checkout = sys.argv[1]
+for pkg in (ebpo_verl, data_prep):
+    assert "site-packages" in pkg.__file__ and not pkg.__file__.startswith(checkout), pkg.__file__
+    names = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    for name in names:
+        importlib.import_module(name)  # the core install imports every module (extras are imported lazily)
+    print(f"ci wheel: {len(names)} modules of {pkg.__name__} import from {pkg.__path__[0]}")
+PY
+
+# the planned commands: --list, a dry run of one run and of one table; every program and module they name exists
+"$V" -m ebpo_verl.recipes table main --list > list.tsv
+DRY_RUN=1 "$V" -m ebpo_verl.recipes run qwen3_8b > run.yaml 2> run.log
+grep -q "DRY_RUN: pre-flight passed" run.log && grep -q "adv_estimator: ebpo" run.yaml
+DRY_RUN=1 "$V" -m ebpo_verl.recipes table curriculum > table.out 2> table.log
+[ "$(grep -c '   pre-flight: ok' table.log)" = 6 ]
+"$V" "$ROOT/.ci/check_planned.py" "$ROOT" list.tsv run.log table.log
+[ ! -e "$WORK_DIR" ] || { say "a dry run wrote $WORK_DIR"; exit 1; }
+say "--list and the dry runs ok ($((SECONDS - start)) s)"
+
+# the study's tiny preset (its report needs matplotlib and scipy: core dependencies)
+"$V" -m ebpo_verl.study --preset tiny --out study > study.log 2>&1 || { tail -20 study.log; exit 1; }
+say "study --preset tiny: $(find study -type f | wc -l) files ($((SECONDS - start)) s)"
+
+# each command's --help: exit 0 and some text
+helps=(
+  "ebpo_verl.recipes run qwen3_8b --help" "ebpo_verl.recipes run qwen3_14b --help"
+  "ebpo_verl.recipes run llama3_8b --help" "ebpo_verl.recipes eval --help"
+  "ebpo_verl.recipes table main --help" "ebpo_verl.recipes table group_size --help"
+  "ebpo_verl.recipes table ordering --help" "ebpo_verl.recipes table curriculum --help"
+  "ebpo_verl.recipes table grpo_bn --help" "ebpo_verl.main --help"
+  "ebpo_verl.evaluate --help" "ebpo_verl.evaluate generate --help" "ebpo_verl.evaluate grade --help"
+  "ebpo_verl.evaluate.pass_rate --help" "ebpo_verl.recipes.make_tables --help"
+  "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.recipes.status_table --help"
+  "ebpo_verl.study --help" "data_prep.all --help" "data_prep.label_topics --help"
+)
+for h in "${helps[@]}"; do
+  # shellcheck disable=SC2086
+  out=$("$V" -m $h) || { say "python -m $h failed"; exit 1; }
+  [ -n "$out" ] || { say "python -m $h printed nothing"; exit 1; }
+done
+out=$(ebpo-train --help) && [ "${out%%$'\n'*}" != "" ] || { say "ebpo-train --help failed"; exit 1; }
+say "${#helps[@]} + 1 --help commands ok; $((SECONDS - start)) s in all"

@@ -1,0 +1,493 @@
+"""Tables of Pass@1 from evaluation results or EBPO/verl metrics logs, in the paper's layout.
+
+    python -m ebpo_verl.recipes.make_tables RUN... --out results/
+        [--table main|group_size|ordering|curriculum|grpo_bn] [--select final|best]
+
+RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
+``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
+append-only ``trainer.metrics_log_path`` log also uses) or a run directory (its ``metrics.jsonl``, else every
+``*.jsonl`` in it, in natural name order, as successive attempts), optionally labelled ``SECTION/METHOD=RUN``
+(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``.
+
+Reading a run: lines are taken in order; a line whose step is not after the previous line's step starts a new
+attempt (a restart from a checkpoint), which supersedes the earlier attempt's steps after its first step; lines
+of the same step are merged, later keys winning. A torn last line (a crash mid-write) is skipped with a warning;
+any other malformed line is an error naming the file and line.
+
+Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x 100 for the benchmarks math500, aime2024, aime2025,
+amc23, olympiadbench. ``final`` takes the last validation of the run; ``best`` the validation with the highest
+five-benchmark average among those that have all five (checkpoint selection on the test sets, as a ceiling).
+Avg is the mean of the five benchmarks and is left empty unless all five are there.
+
+Every row names its protocol (``paper``, ``verl``, or ``validation`` for a metrics log: verl's validation during
+training) and the title lists the protocols present. The paper's numbers (and "Paper Avg", "Δ Avg") are shown
+only beside ``paper``-protocol results, measured as the authors did (docs/paper_notes.md#evaluation), and beside
+rows not run yet; other rows leave those cells empty.
+
+Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` (written atomically). With ``--table``, every row of the
+paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
+extra labelled runs; "Paper Avg" and "Δ Avg" compare with the paper; rows for which the paper prints
+per-benchmark numbers (or differences) get a "(paper)" row below them. The curriculum table's reference rows
+are the authors' own eval logs of their step-34 checkpoints (labelled "(authors' logs, step 34)"; the paper
+prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the paper figure's
+difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json ``step``,
+empty for an untrained model) or the step of the selected validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ebpo_verl.atomic import atomic_write_text
+from ebpo_verl.metrics_log import read_provenance
+from ebpo_verl.provenance import describe_hardware, short_commit
+from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
+
+VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
+SELECT = ("final", "best")
+ADHOC_SECTION = "runs"
+PROTOCOLS = {
+    "paper": "the authors' evaluation (raw prompt, Answer: grader, 16 runs / OlympiadBench 4; docs/paper_notes.md)",
+    "verl": "chat template + math-verify reward, 16 runs (ebpo_verl.evaluate)",
+    "validation": "verl's validation during training (metrics log; the run's own response length and samples)",
+}
+
+
+class MetricsLogError(ValueError):
+    """A metrics log line that is not a ``{"step": int, "data": {...}}`` record."""
+
+
+def _natural_key(path: Path) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def log_files(path: Path) -> list[Path]:
+    """The log files of a run path, in attempt order (empty when there is nothing to read)."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    if (path / "metrics.jsonl").is_file():
+        return [path / "metrics.jsonl"]
+    # `<stem>.superseded-*.jsonl` hold lines the package's log moved aside on a resume: not part of the run
+    return sorted((p for p in path.glob("*.jsonl") if ".superseded-" not in p.name), key=_natural_key)
+
+
+def read_records(path: Path) -> list[tuple[int, dict]]:
+    """(step, data) of every line of one log file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step, data = record["step"], record["data"]
+            if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+                raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines):
+                warnings.warn(f"{path}:{number}: skipping a torn last line ({err})", stacklevel=2)
+                continue
+            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {err}") from err
+        records.append((step, data))
+    return records
+
+
+def read_run(path: str | os.PathLike) -> dict[int, dict]:
+    """Step -> metrics of one run (all attempts resolved as the module docstring says); {} if nothing is there."""
+    merged: dict[int, dict] = {}
+    last = None
+    for file in log_files(Path(path)):
+        for step, data in read_records(file):
+            if last is not None and step <= last:
+                for later in [s for s in merged if s > step]:
+                    del merged[later]
+            merged.setdefault(step, {}).update(data)
+            last = step
+    return dict(sorted(merged.items()))
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def val_scores(metrics: dict) -> tuple[dict[str, float], set[int]]:
+    """Benchmark -> Pass@1 in percent from one step's metrics (largest k per benchmark), and the ks used."""
+    best: dict[str, tuple[int, float]] = {}
+    for key, value in metrics.items():
+        match = VAL_KEY.match(key)
+        number = _number(value)
+        if match is None or number is None or match["bench"] not in BENCHMARKS:
+            continue
+        k = int(match["k"])
+        if match["bench"] not in best or k > best[match["bench"]][0]:
+            best[match["bench"]] = (k, 100.0 * number)
+    return {bench: score for bench, (_, score) in best.items()}, {k for k, _ in best.values()}
+
+
+def average(scores: dict[str, float]) -> float | None:
+    """Mean over the five benchmarks, None unless all five are present."""
+    if any(bench not in scores for bench in BENCHMARKS):
+        return None
+    return sum(scores[bench] for bench in BENCHMARKS) / len(BENCHMARKS)
+
+
+@dataclass
+class Row:
+    section: str
+    method: str
+    source: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+    step: int | None = None
+    ks: set[int] = field(default_factory=set)
+    paper: dict[str, float] = field(default_factory=dict)
+    missing: str = ""
+    protocol: str = ""  # paper | verl | validation; "" while the row has no result
+    paper_label: str = "paper"  # where ``paper`` comes from (PAPER_LABEL)
+    more_refs: list[tuple[str, dict[str, float]]] = field(default_factory=list)  # further labelled references
+    # provenance records of what produced the row's numbers (generate runs + grading, or the log's attempts)
+    records: list[dict] = field(default_factory=list)
+    hardware_records: list[dict] = field(default_factory=list)  # where the model ran (generation / training)
+    coverage: dict[str, str] = field(default_factory=dict)  # benchmark -> what a partial result covered
+
+    @property
+    def commits(self) -> list[str]:
+        """Short commits (``+dirty`` marked) of the code that produced the row, in order; [] if unrecorded."""
+        return list(dict.fromkeys(short_commit(r) for r in self.records))
+
+    @property
+    def hardware(self) -> str:
+        found = list(dict.fromkeys(describe_hardware(r) for r in self.hardware_records or self.records))
+        return " / ".join(found) if found else "not recorded"
+
+    @property
+    def command(self) -> str:
+        """The command that produced the row's numbers: the last training attempt or the generate run."""
+        source = self.hardware_records or self.records
+        return str(source[-1].get("command", "")) if source else ""
+
+    @property
+    def shows_paper(self) -> bool:
+        """The paper's numbers go beside paper-protocol results (and rows without a result) only."""
+        return self.protocol in ("paper", "")
+
+    @property
+    def avg(self) -> float | None:
+        return average(self.scores)
+
+
+def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, float], set[int]] | None:
+    """(step, scores, ks) of the run's final or best validation; None when there is none."""
+    validations = [(step, *val_scores(data)) for step, data in run.items()]
+    validations = [v for v in validations if v[1]]
+    if how == "final":
+        return validations[-1] if validations else None
+    complete = [v for v in validations if average(v[1]) is not None]
+    return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
+
+
+def results_provenance(path: Path) -> tuple[list[dict], list[dict]]:
+    """(records, hardware records) of a RESULTS.json: its generate runs' provenance then its grading's, and the
+    generate runs' (where the model ran); ([], []) for a file written before provenance was recorded."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    generation = [r for r in (data.get("generation") or {}).get("provenance", []) if isinstance(r, dict)]
+    grading = [data["provenance"]] if isinstance(data.get("provenance"), dict) else []
+    return generation + grading, generation
+
+
+def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool, int | None]:
+    """(protocol, benchmark -> pass@1, runs used, complete, evaluated checkpoint step) of a RESULTS.json."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        protocol, benches = data["protocol"], data["benchmarks"]
+        if protocol not in ("paper", "verl") or not isinstance(benches, dict):
+            raise TypeError(f"protocol {protocol!r} / benchmarks {type(benches).__name__}")
+    except (ValueError, KeyError, TypeError) as err:
+        raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from err
+    scores = {b: float(v["pass@1"]) for b, v in benches.items() if b in BENCHMARKS and v.get("pass@1") is not None}
+    runs = {int(v["runs"]) for b, v in benches.items() if b in scores}
+    step = data.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values()), step
+
+
+def results_coverage(path: Path) -> dict[str, str]:
+    """Benchmark -> what it covered, for the benchmarks of a RESULTS.json that are partial: ``--limit N`` (the
+    first N problems: "4/30 problems") or graded with ``--allow-partial`` ("70/80 samples")."""
+    out = {}
+    for bench, v in json.loads(path.read_text(encoding="utf-8"))["benchmarks"].items():
+        notes = []
+        if isinstance(v.get("problems_in_data"), int) and v.get("problems", 0) < v["problems_in_data"]:
+            notes.append(f"{v['problems']}/{v['problems_in_data']} problems")
+        if v.get("complete") is False:
+            notes.append(f"{v.get('samples')}/{v.get('problems', 0) * v.get('runs', 0)} samples")
+        if notes and bench in BENCHMARKS:
+            out[bench] = ", ".join(notes)
+    return out
+
+
+def fill(row: Row, path: str, how: str) -> None:
+    """Read the run or RESULTS.json at ``path`` into ``row`` (or say why it stays empty)."""
+    row.source = path
+    if path.endswith(".json") and Path(path).is_file():
+        row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path))
+        row.records, row.hardware_records = results_provenance(Path(path))
+        row.coverage = results_coverage(Path(path))
+        if not complete:
+            row.missing = "incomplete: graded with --allow-partial"
+        return
+    if path.endswith(".json"):
+        row.missing = "no results file"
+        return
+    if not log_files(Path(path)):
+        row.missing = "no metrics log"
+        return
+    chosen = select_validation(read_run(path), how)
+    if chosen is None:
+        row.missing = "no validation with all five benchmarks" if how == "best" else "no validation metrics"
+        return
+    row.step, row.scores, row.ks = chosen
+    row.protocol = "validation"
+    row.records = [a["provenance"] for file in log_files(Path(path)) for a in read_provenance(file)]
+
+
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """``SECTION/METHOD=PATH``, ``METHOD=PATH`` or ``PATH`` -> (section, method, path)."""
+    if "=" in spec and not Path(spec).exists():
+        label, path = spec.split("=", 1)
+        section, _, method = label.rpartition("/")
+        if not method or not path:
+            raise ValueError(f"bad run label {spec!r}: expected SECTION/METHOD=PATH, METHOD=PATH or PATH")
+        return section or ADHOC_SECTION, method, path
+    name = Path(spec.rstrip("/")).name
+    return ADHOC_SECTION, name.removesuffix(".jsonl"), spec
+
+
+def build_rows(table: str | None, specs: list[str], how: str) -> list[Row]:
+    """The table's rows: the paper's layout (for a named table) filled from the runs, then extra runs."""
+    rows: dict[tuple[str, str], Row] = {}
+    for section, methods in PAPER.get(table, {}).items():
+        for method, numbers in methods.items():
+            label = PAPER_LABEL.get(table, "paper")
+            rows[section, method] = Row(section, method, paper=dict(numbers), missing="not run", paper_label=label)
+    seen = set()
+    for spec in specs:
+        section, method, path = parse_spec(spec)
+        if (section, method) in seen:
+            raise ValueError(f"two runs for the row {section}/{method}: label them differently")
+        seen.add((section, method))
+        row = rows.setdefault((section, method), Row(section, method))
+        row.missing = ""
+        fill(row, path, how)
+    order = list(dict.fromkeys(section for section, _ in rows))
+    return sorted(rows.values(), key=lambda r: order.index(r.section))
+
+
+def contrast_rows(table: str | None, rows: list[Row]) -> list[Row]:
+    """Differences the paper reports (method minus method): ours per benchmark, and the paper's numbers."""
+    by_key = {(r.section, r.method): r for r in rows}
+    out = []
+    for section, pairs in CONTRASTS.get(table, {}).items():
+        for plus, minus, refs in pairs:
+            a, b = by_key.get((section, plus)), by_key.get((section, minus))
+            diff = {
+                bench: a.scores[bench] - b.scores[bench]
+                for bench in BENCHMARKS
+                if a is not None and b is not None and bench in a.scores and bench in b.scores
+            }
+            protocols = {r.protocol for r in (a, b) if r is not None} - {""}
+            protocol = "mixed" if len(protocols) > 1 else protocols.pop() if protocols else ""
+            if protocol == "mixed":  # a difference across protocols means nothing: left empty
+                diff = {}
+            (label, paper), *more = refs.items()
+            row = Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper), protocol=protocol)
+            row.paper_label, row.more_refs = label, more
+            out.append(row)
+    return out
+
+
+def _fmt(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
+    head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step", "Protocol", "Numbers"]
+    used = sorted({r.protocol for r in rows if r.protocol})
+    legend = [f"- {p}: {PROTOCOLS[p]}" for p in used]
+    if any(r.protocol and not r.shows_paper for r in rows):
+        legend.append("- the paper's numbers are shown only beside paper-protocol results")
+    lines = [f"# {title}", "", *legend, *([""] if legend else []), "| " + " | ".join(head) + " |"]
+    lines.append("|" + "---|" * len(head))
+
+    def emit(cells: list[str]) -> None:
+        lines.append("| " + " | ".join(cells) + " |")
+
+    for row in rows:
+        paper_avg, delta = _paper_avg(row)
+        scores = [_fmt(row.scores.get(b)) + (f" ({row.coverage[b]})" if b in row.coverage else "") for b in BENCHMARKS]
+        avg = _fmt(row.avg) + (" (partial)" if row.coverage and row.avg is not None else "")
+        emit(
+            [row.section, row.method, *scores, avg, _fmt(paper_avg), _fmt(delta, True), _fmt_step(row)]
+            + [row.protocol, _numbers(row)]
+        )
+        if row.shows_paper and any(b in row.paper for b in BENCHMARKS):
+            paper = [_fmt(row.paper.get(b)) for b in BENCHMARKS]
+            emit(["", f"{row.method} ({row.paper_label})", *paper, "", "", "", "", "", REFERENCE])
+    for row in contrasts:
+        cells = [_fmt(row.scores.get(b), True) for b in BENCHMARKS]
+        emit([row.section, row.method, *cells, "", "", "", "", row.protocol, "ours" if row.scores else ""])
+        if row.shows_paper:
+            for label, ref in [(row.paper_label, row.paper), *row.more_refs]:
+                cells = [_fmt(ref.get(b), True) for b in BENCHMARKS]
+                emit(["", f"{row.method} ({label})", *cells, "", "", "", "", "", REFERENCE])
+    missing = [r for r in rows if r.missing]
+    if missing:
+        lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
+    partial = [r for r in rows if r.coverage]
+    if partial:
+        lines += [
+            "",
+            "**Partial results, not comparable with full-benchmark numbers**: "
+            + "; ".join(f"{r.section}/{r.method} ({_coverage(r)})" for r in partial)
+            + ". (N/M problems: evaluated with --limit N; k/n samples: graded with --allow-partial.)",
+        ]
+    return "\n".join(lines + provenance_footer(rows)) + "\n"
+
+
+REFERENCE = "**PAPER, not ours**"
+"""The Numbers cell of a reference row (the paper's, or the authors' logged, numbers)."""
+
+
+def _numbers(row: Row) -> str:
+    """Whose numbers a row holds: ours (measured by this package; "ours, partial" when some benchmark covered
+    only part of it) or, in the Paper Avg cell only, the paper's."""
+    if row.scores:
+        return "ours, partial" if row.coverage else "ours"
+    return "not run"
+
+
+def _coverage(row: Row) -> str:
+    return "; ".join(f"{BENCHMARKS[b]} {note}" for b, note in row.coverage.items())
+
+
+def provenance_footer(rows: list[Row]) -> list[str]:
+    """Lines under a table: which numbers are the paper's, and the commit, hardware and command of each of our
+    rows, with a warning when they come from different commits or record none."""
+    ours = [r for r in rows if r.scores]
+    lines = [
+        "",
+        'Numbers: "ours" rows were measured by this package; rows marked **PAPER, not ours** (and the Paper Avg '
+        "column) are the numbers reported by Han et al. (arXiv 2602.05165) or the authors' logs, never ours.",
+    ]
+    if not ours:
+        return lines
+    lines += ["", "Provenance of our rows (ebpo-verl commit; hardware; command):"]
+    for r in ours:
+        commits = ", ".join(r.commits) or "not recorded"
+        command = f"; `{r.command}`" if r.command else ""
+        lines.append(f"- {r.section}/{r.method}: commit {commits}; {r.hardware}{command}")
+    commits = sorted({c for r in ours for c in r.commits})
+    unrecorded = [f"{r.section}/{r.method}" for r in ours if not r.records]
+    if len(commits) > 1:
+        lines += [
+            "",
+            f"**Rows come from different commits ({', '.join(commits)}): differences between them may be"
+            " code changes, not the methods.**",
+        ]
+    if unrecorded:
+        lines += [
+            "",
+            f"**No provenance recorded for {', '.join(unrecorded)}** (written before provenance was "
+            "recorded, or without this package's tools): their commit and hardware are unknown.",
+        ]
+    return lines
+
+
+def _paper_avg(row: Row) -> tuple[float | None, float | None]:
+    """(paper's average, ours minus it) where the paper's numbers may be shown beside the row."""
+    paper_avg = row.paper.get("avg") if row.shows_paper else None
+    delta = row.avg - paper_avg if row.avg is not None and paper_avg is not None else None
+    return paper_avg, delta
+
+
+def _fmt_step(row: Row) -> str:
+    return "" if row.step is None else str(row.step)
+
+
+def _why(row: Row) -> str:
+    return f"{row.missing}: {row.source}" if row.source else row.missing
+
+
+def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
+    head = ["section", "method", *BENCHMARKS, "avg", *[f"paper_{b}" for b in BENCHMARKS], "paper_avg"]
+    head += ["diff_avg", "step", "k", "source", "missing", "protocol", "numbers", "commit", "hardware", "command"]
+    head += ["coverage"]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(head)
+    for row, is_contrast in [(r, False) for r in rows] + [(r, True) for r in contrasts]:
+        paper_avg, delta = _paper_avg(row)
+        paper = [_fmt(row.paper.get(b)) if row.shows_paper else "" for b in BENCHMARKS]
+        writer.writerow(
+            [row.section, row.method, *[_fmt(row.scores.get(b)) for b in BENCHMARKS], _fmt(row.avg)]
+            + paper
+            + [_fmt(paper_avg), _fmt(delta), _fmt_step(row), ",".join(map(str, sorted(row.ks)))]
+            + [row.source, row.missing, row.protocol, ("ours" if row.scores else "") if is_contrast else _numbers(row)]
+            + [" ".join(row.commits), row.hardware if row.records else "", row.command, _coverage(row)]
+        )
+    return buf.getvalue()
+
+
+def make_tables(specs: list[str], out: Path, table: str | None = None, how: str = "final") -> Path:
+    """Write ``<out>/<table>.md`` and ``.csv``; returns the markdown path."""
+    if how not in SELECT:
+        raise ValueError(f"select={how!r}: expected one of {SELECT}")
+    rows = build_rows(table, specs, how)
+    contrasts = contrast_rows(table, rows)
+    name = table or ADHOC_SECTION
+    protocols = sorted({r.protocol for r in rows if r.protocol})
+    what = ", ".join(f"{p} ({how})" if p == "validation" else p for p in protocols) or "no results yet"
+    title = f"{name}: Pass@1 (%), protocol: {what}"
+    md = out / f"{name}.md"
+    atomic_write_text(md, render_markdown(title, rows, contrasts))
+    atomic_write_text(out / f"{name}.csv", render_csv(rows, contrasts))
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ebpo_verl.recipes.make_tables", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="[SECTION/METHOD=]metrics log or run directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--table", choices=sorted(PAPER), help="lay the rows out as this table of the paper")
+    parser.add_argument("--select", choices=SELECT, default="final", help="final (default) or best validation")
+    args = parser.parse_args(argv)
+    if not args.runs and not args.table:
+        parser.error("give runs, or --table to print the paper's table with empty cells")
+    try:
+        md = make_tables(args.runs, args.out, args.table, args.select)
+    except (MetricsLogError, ValueError, OSError) as err:
+        print(f"make_tables: error: {err}", file=sys.stderr)
+        return 1
+    print(md.read_text(encoding="utf-8"), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The reproduction status table: per row of the paper's tables, the paper's number and ours (or "not run").
+
+    python -m ebpo_verl.recipes.status_table [RESULTS_DIR ...] [--readme recipe/ebpo/README.md] [--out FILE]
+        [--check]
+
+RESULTS_DIR (default ``ebpo_runs/results`` under the current folder, where the table drivers write) is searched
+recursively for the ``<table>.csv`` files that ``python -m ebpo_verl.recipes.make_tables --table <table>`` writes
+(one folder per reward/baseline variant and protocol). Every row of :mod:`ebpo_verl.recipes.paper` gets one line
+per measured result found (its five-benchmark average, protocol, hardware, ebpo-verl commit and command, as
+make_tables read them from the results' provenance), or one "not run" line naming the table driver that would
+produce it. The paper's numbers and ours are in separate columns, never mixed.
+
+The table replaces the text between ``<!-- status:begin -->`` and ``<!-- status:end -->`` in ``--readme``
+(default ``recipe/ebpo/README.md`` under the current folder: run it from the checkout's root; a README without the
+two marker lines is an error naming the fix); ``--out`` also writes it to a file. ``--check`` writes nothing and
+exits 1 when the README's block differs from what would be written. Bad input (an unreadable CSV, a CSV without
+make_tables' columns) is one error line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ebpo_verl.atomic import atomic_write_text
+from ebpo_verl.recipes.paper import PAPER, PAPER_LABEL
+
+BEGIN, END = "<!-- status:begin -->", "<!-- status:end -->"
+DEFAULT_RESULTS = Path("ebpo_runs") / "results"
+DEFAULT_README = Path("recipe") / "ebpo" / "README.md"
+TABLE_NAMES = {
+    "main": "Table 1 (main)",
+    "group_size": "Table 2 (group size)",
+    "ordering": "Table 3 (ordering)",
+    "curriculum": "Curriculum (EBPO-diff)",
+    "grpo_bn": "GRPO+BN ablation",
+}
+"""Paper table -> the label the status table prints."""
+NEEDED = ("section", "method", "avg", "protocol", "numbers", "commit", "hardware", "command")
+
+
+class StatusError(ValueError):
+    """Bad input: the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One of our results for a paper row, as make_tables wrote it."""
+
+    avg: str
+    protocol: str
+    hardware: str
+    commit: str
+    command: str
+    source: Path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of one make_tables CSV; StatusError naming the file when it is not one."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+            fields = rows[0].keys() if rows else []
+    except (OSError, csv.Error, UnicodeDecodeError) as err:
+        raise StatusError(f"cannot read {path}: {err}") from err
+    missing = [k for k in NEEDED if rows and k not in fields]
+    if missing:
+        raise StatusError(
+            f"{path} lacks the columns {', '.join(missing)}: regenerate it with "
+            "python -m ebpo_verl.recipes.make_tables --table"
+        )
+    return rows
+
+
+def collect(dirs: list[Path]) -> dict[tuple[str, str, str], list[Measured]]:
+    """(table, section, method) -> our measured results, from every ``<table>.csv`` under ``dirs`` (sorted)."""
+    found: dict[tuple[str, str, str], list[Measured]] = {}
+    for folder in dirs:
+        for table in PAPER:
+            for path in sorted(folder.rglob(f"{table}.csv")) if folder.is_dir() else []:
+                for row in read_csv(path):
+                    if row["numbers"] != "ours" or not row["avg"]:
+                        continue
+                    measured = Measured(
+                        row["avg"], row["protocol"], row["hardware"], row["commit"], row["command"], path
+                    )
+                    found.setdefault((table, row["section"], row["method"]), []).append(measured)
+    return found
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ") or "—"
+
+
+def render(found: dict[tuple[str, str, str], list[Measured]], dirs: list[Path]) -> str:
+    """The status table (markdown) with a line saying where it was read from."""
+    head = ["Paper table", "Section", "Row", "Paper (avg)", "Ours (avg)", "Protocol", "Hardware", "Commit", "Command"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ours = 0
+    for table, sections in PAPER.items():
+        driver, name = f"`bash recipe/ebpo/table_{table}.sh`", TABLE_NAMES.get(table, table)
+        label = PAPER_LABEL.get(table, "paper")
+        for section, methods in sections.items():
+            for method, numbers in methods.items():
+                avg = numbers.get("avg")  # a row the paper does not run (e.g. a stock-verl competitor): none
+                paper = (
+                    "not in the paper" if avg is None else f"{avg:.2f}" + ("" if label == "paper" else f" ({label})")
+                )
+                results = found.get((table, section, method), [])
+                ours += len(results)
+                if not results:
+                    cells = [name, section, method, paper, "not run", "—", "—", "—", driver]
+                    lines.append("| " + " | ".join(cells) + " |")
+                for m in results:
+                    cells = [name, section, method, paper, m.avg, m.protocol, m.hardware, m.commit]
+                    lines.append("| " + " | ".join(_cell(c) for c in cells) + f" | `{_cell(m.command)}` |")
+    where = ", ".join(f"`{_relative(d)}`" for d in dirs)
+    commits = sorted({m.commit for ms in found.values() for m in ms if m.commit})
+    note = [
+        "",
+        f"Generated by `python -m ebpo_verl.recipes.status_table` from the make_tables CSVs under {where}: {ours} "
+        "measured result(s). Paper (avg): the paper's five-benchmark average (arXiv 2602.05165), never ours; "
+        "Ours (avg): measured by this package (Protocol: `paper` = the authors' evaluation, `verl` = chat template + "
+        "math-verify, `validation` = verl's validation during training).",
+    ]
+    if len(commits) > 1:
+        note += ["", f"**Our rows come from different commits ({', '.join(commits)}).**"]
+    return "\n".join(lines + note) + "\n"
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def replace_block(text: str, block: str, readme: Path) -> str:
+    pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
+    if len(pattern.findall(text)) != 1:
+        raise StatusError(f"{readme} needs exactly one {BEGIN} ... {END} pair (each on its own line) for the table")
+    return pattern.sub(lambda _: f"{BEGIN}\n{block}{END}", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ebpo_verl.recipes.status_table",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("results", nargs="*", type=Path, help=f"results folders (default {_relative(DEFAULT_RESULTS)})")
+    parser.add_argument("--readme", type=Path, default=DEFAULT_README, help="the page whose status block is updated")
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README's block is out of date")
+    args = parser.parse_args(argv)
+    dirs = args.results or [DEFAULT_RESULTS]
+    try:
+        block = render(collect(dirs), dirs)
+        try:
+            text = args.readme.read_text(encoding="utf-8")
+        except OSError as err:
+            raise StatusError(f"cannot read {args.readme}: {err.strerror}") from err
+        new = replace_block(text, block, args.readme)
+    except StatusError as err:
+        print(f"status_table: error: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(
+                f"{args.readme}: status table out of date; run python -m ebpo_verl.recipes.status_table",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    if args.out is not None:
+        atomic_write_text(args.out, block)
+    if new != text:
+        atomic_write_text(args.readme, new)
+    print(f"{args.readme}: status table {'updated' if new != text else 'already up to date'} ({_relative(dirs[0])})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
