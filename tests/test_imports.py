@@ -93,18 +93,8 @@ def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return sorted(out)
 
 
-PENDING = {
-    ("ebpo_verl", "ebpo_verl.preflight_data", "ebpo_verl.validation", "ebpo_verl.verl_adapter"),
-}
-"""Circles another branch removes (issue 27's ``options``: the pre-flight as one package, which also stops
-calling the package's ``__init__``); each must be deleted here once it is gone (the test says so)."""
-
-
 def check(found: list[list[str]], what: str) -> None:
-    new = [c for c in found if tuple(c) not in PENDING]
-    assert not new, f"import circles between {what}: " + "; ".join(" <-> ".join(c) for c in new)
-    gone = PENDING - {tuple(c) for c in found}
-    assert not gone, f"no longer a circle between {what}, delete it from PENDING: {sorted(gone)}"
+    assert not found, f"import circles between {what}: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def graphs() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
