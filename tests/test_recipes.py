@@ -607,8 +607,14 @@ CURRICULUM = [f"{n}-{m.lower().replace('.', '')}-g4-difficulty-rw_paper-bl_paper
 def prepared(work: Path) -> Path:
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    for name in ["dapo_math", *VAL_SETS, "dapo_math.pass_rate.Qwen3-8B-Base", "dapo_math.pass_rate.Qwen3-14B-Base"]:
-        (data / f"{name}.parquet").touch()
+    (data / "dapo_math.parquet").touch()
+    for name in VAL_SETS:  # read by the pre-flight
+        small_parquet(data / f"{name}.parquet", 4)
+    for model in ("Qwen3-8B-Base", "Qwen3-14B-Base"):  # the training files: read by the pre-flight (one step)
+        path = small_parquet(data / f"dapo_math.pass_rate.{model}.parquet", 512)
+        frame = pd.read_parquet(path)
+        frame["extra_info"] = [{"index": i, "pass_rate": i / 512} for i in range(512)]
+        frame.to_parquet(path)
     return work
 
 
