@@ -4,7 +4,7 @@
 exactly what every other backend receives: one JSON line ``{"step": <int>, "data": {<metric>: <number>}}`` per
 ``Tracking.log`` call (the same format as verl's file logger). A step can have several lines (e.g. the
 validation a resumed run performs before its first step); merge their ``data`` in file order
-(:func:`read_metrics_log` does).
+(:func:`read_metrics_log` does; the table maker reads logs with the same functions).
 
 On start the log is reconciled with the checkpoint the run resumed from: lines of steps after that checkpoint
 (metrics of steps that are being redone) and, for a run started from scratch, all lines of an earlier run, are
@@ -24,6 +24,8 @@ import json
 import logging
 import os
 import time
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +49,49 @@ def _encode(step: int, data: dict[str, Any]) -> str:
     return json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True)
 
 
-def _read_lines(path: Path) -> list[tuple[int, str]]:
-    """(step, raw line) of every complete record; a torn last line (crash mid-write) is dropped with a warning."""
+class MetricsLogError(ValueError):
+    """A metrics log line that is not a ``{"step": int, "data": {...}}`` record (the message names file:line)."""
+
+
+def _parse_lines(path: Path) -> list[tuple[int, dict[str, Any], str]]:
+    """(step, data, raw line) of every record; a torn last line (a crash mid-write) is skipped with a warning."""
     records = []
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append((int(json.loads(line)["step"]), line))
+            record = json.loads(line)
+            step, data = record["step"], record["data"]
+            if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+                raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
         except (ValueError, KeyError, TypeError) as err:
             if number == len(lines):
-                logger.warning("metrics log %s: dropping a torn last line (%s)", path, err)
+                warnings.warn(f"{path}:{number}: skipping a torn last line ({err})", stacklevel=3)
                 continue
-            raise ValueError(f"metrics log {path}, line {number}: not a {{'step', 'data'}} JSON record: {err}") from err
+            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {err}") from err
+        records.append((step, data, line))
     return records
+
+
+def read_records(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+    """(step, data) of every line of one log file, in file order."""
+    return [(step, data) for step, data, _ in _parse_lines(Path(path))]
+
+
+def merge_attempts(records: Iterable[tuple[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """Step -> metrics, lines merged in order (later keys win). A line whose step is not after the previous
+    line's starts a new attempt (a restart from a checkpoint), which supersedes the earlier attempt's steps after
+    its first step; lines of the same step (e.g. a resumed run's validation before its first step) merge."""
+    merged: dict[int, dict[str, Any]] = {}
+    last = None
+    for step, data in records:
+        if last is not None and step <= last:
+            for later in [s for s in merged if s > step]:
+                del merged[later]
+        merged.setdefault(step, {}).update(data)
+        last = step
+    return dict(sorted(merged.items()))
 
 
 class MetricsLog:
@@ -88,7 +118,7 @@ class MetricsLog:
     def _reconcile(self, resumed_step: int) -> None:
         if not self.path.is_file():
             return
-        records = _read_lines(self.path)
+        records = [(step, line) for step, _, line in _parse_lines(self.path)]
         keep = [line for step, line in records if resumed_step > 0 and step <= resumed_step]
         drop = [line for step, line in records if not (resumed_step > 0 and step <= resumed_step)]
         text = "".join(line + "\n" for line in keep)
@@ -124,14 +154,11 @@ class MetricsLog:
 
 
 def read_metrics_log(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
-    """Step -> metrics of a log written by :class:`MetricsLog` (or verl's file logger), lines merged in order.
+    """Step -> metrics of a log written by :class:`MetricsLog` (or verl's file logger), as :func:`merge_attempts`.
 
-    NaN is kept as ``float('nan')``; keys of a later line override the same keys of an earlier line.
+    NaN is kept as ``float('nan')``. :class:`MetricsLogError` names the file and line of a broken record.
     """
-    merged: dict[int, dict[str, Any]] = {}
-    for step, line in _read_lines(Path(path)):
-        merged.setdefault(step, {}).update(json.loads(line)["data"])
-    return dict(sorted(merged.items()))
+    return merge_attempts(read_records(path))
 
 
 def provenance_path(log: str | os.PathLike) -> Path:

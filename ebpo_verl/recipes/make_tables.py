@@ -44,12 +44,11 @@ import math
 import os
 import re
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.metrics_log import read_provenance
+from ebpo_verl.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
 from ebpo_verl.provenance import describe_hardware, short_commit
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
 
@@ -61,10 +60,6 @@ PROTOCOLS = {
     "verl": "chat template + math-verify reward, 16 runs (ebpo_verl.evaluate)",
     "validation": "verl's validation during training (metrics log; the run's own response length and samples)",
 }
-
-
-class MetricsLogError(ValueError):
-    """A metrics log line that is not a ``{"step": int, "data": {...}}`` record."""
 
 
 def _natural_key(path: Path) -> list:
@@ -83,39 +78,9 @@ def log_files(path: Path) -> list[Path]:
     return sorted((p for p in path.glob("*.jsonl") if ".superseded-" not in p.name), key=_natural_key)
 
 
-def read_records(path: Path) -> list[tuple[int, dict]]:
-    """(step, data) of every line of one log file."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            step, data = record["step"], record["data"]
-            if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
-                raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
-        except (ValueError, KeyError, TypeError) as err:
-            if number == len(lines):
-                warnings.warn(f"{path}:{number}: skipping a torn last line ({err})", stacklevel=2)
-                continue
-            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {err}") from err
-        records.append((step, data))
-    return records
-
-
 def read_run(path: str | os.PathLike) -> dict[int, dict]:
     """Step -> metrics of one run (all attempts resolved as the module docstring says); {} if nothing is there."""
-    merged: dict[int, dict] = {}
-    last = None
-    for file in log_files(Path(path)):
-        for step, data in read_records(file):
-            if last is not None and step <= last:
-                for later in [s for s in merged if s > step]:
-                    del merged[later]
-            merged.setdefault(step, {}).update(data)
-            last = step
-    return dict(sorted(merged.items()))
+    return merge_attempts(record for file in log_files(Path(path)) for record in read_records(file))
 
 
 def _number(value) -> float | None:
