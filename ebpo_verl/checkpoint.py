@@ -6,7 +6,8 @@ The file is written atomically (temp file in the same folder, fsync, ``os.replac
     {"format": 1, "global_step": N, "options": {<algorithm.ebpo at save time>}, "state": EBPOState.state_dict()}
 
 With ``adv_estimator=spo`` the SPO tracker goes the same way to ``global_step_N/spo_state.json`` (options
-``algorithm.spo``). Both files share one save/load path: the same validation, and the same
+``algorithm.spo``), and with ``adv_estimator=dbb`` the DBB posteriors to ``global_step_N/dbb_state.json``
+(``algorithm.dbb``). All three files share one save/load path: the same validation, and the same
 ``on_resume_mismatch`` choice when the options differ, or when the file is missing (a plain verl checkpoint:
 ``error`` by default). :func:`check_resume` runs that check on the driver (the pre-flight), before Ray starts,
 after :func:`tracked_step` has checked verl's tracker file; the TaskRunner's load repeats it as the backstop.
@@ -29,10 +30,12 @@ from typing import Any
 
 from ebpo_verl.atomic import atomic_write_text
 from ebpo_verl.baselines import SPO_RESUME_KEYS, SPOOptions, SPOState
+from ebpo_verl.dbb import DBB_RESUME_KEYS, DBBOptions, DBBState
 from ebpo_verl.estimator import RESUME_KEYS, EBPOOptions, EBPOState, ignored_keys
 
 STATE_FILE = "ebpo_state.json"
 SPO_STATE_FILE = "spo_state.json"
+DBB_STATE_FILE = "dbb_state.json"
 STEP_METRICS_FILE = "ebpo_step_metrics.json"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 RUN_LOCK_FILE = "ebpo-train.lock"
@@ -46,8 +49,8 @@ class _Kind:
     """What differs between the EBPO statistics and the SPO tracker on their way through a checkpoint."""
 
     file: str
-    label: str  # "EBPO" / "SPO"
-    section: str  # "algorithm.ebpo" / "algorithm.spo"
+    label: str  # "EBPO" / "SPO" / "DBB"
+    section: str  # "algorithm.ebpo" / "algorithm.spo" / "algorithm.dbb"
     what: str  # what starts fresh
     changed: Callable[[dict[str, Any], Any], dict[str, tuple[Any, Any]]]
 
@@ -106,14 +109,14 @@ def _load(kind: _Kind, step_dir: str | os.PathLike, state: Any, options: Any, gl
         extra = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
         diff = "; ".join(filter(None, [diff, f"option(s) unknown to this version of ebpo-verl: {extra}"]))
     mode = options.on_resume_mismatch
-    if kind.label == "SPO" and "prompt_key" in known and mode == "keep":
+    if kind.label in ("SPO", "DBB") and "prompt_key" in known and mode == "keep":
         mode = "error"  # the saved keys would silently name other prompts
     if mode == "error":
         state.reset()
         restore = " ".join(f"{kind.section}.{k}={_override(old)}" for k, (old, _) in known.items())
         first = f"resume with the checkpoint's values ({restore}), or " if restore else ""
         keep = f", or {kind.section}.on_resume_mismatch=keep to continue with the saved {kind.what}"
-        if "prompt_key" in known and kind.label == "SPO":
+        if "prompt_key" in known and kind.label in ("SPO", "DBB"):
             keep = ""
         raise ValueError(
             f"{kind.section} differs from the checkpoint's options in {path} ({diff}). Either {first}set "
@@ -180,6 +183,11 @@ def spo_changed_options(saved: dict[str, Any], options: SPOOptions) -> dict[str,
     return _changes(saved, dataclasses.asdict(options), dataclasses.asdict(SPOOptions()), SPO_RESUME_KEYS)
 
 
+def dbb_changed_options(saved: dict[str, Any], options: DBBOptions) -> dict[str, tuple[Any, Any]]:
+    """As :func:`changed_options` for ``algorithm.dbb``."""
+    return _changes(saved, dataclasses.asdict(options), dataclasses.asdict(DBBOptions()), DBB_RESUME_KEYS)
+
+
 def _override(value: Any) -> str:
     """A value as a Hydra command-line override (None -> null)."""
     return "null" if value is None else str(value)
@@ -187,6 +195,7 @@ def _override(value: Any) -> str:
 
 EBPO = _Kind(STATE_FILE, "EBPO", "algorithm.ebpo", "empirical-Bayes statistics", changed_options)
 SPO = _Kind(SPO_STATE_FILE, "SPO", "algorithm.spo", "SPO trackers (baseline 0.5)", spo_changed_options)
+DBB = _Kind(DBB_STATE_FILE, "DBB", "algorithm.dbb", "DBB posteriors", dbb_changed_options)
 
 
 def save_ebpo_state(step_dir: str | os.PathLike, state: EBPOState, options: EBPOOptions, global_step: int) -> Path:
@@ -217,6 +226,17 @@ def load_spo_state(step_dir: str | os.PathLike, state: SPOState, options: SPOOpt
     ``algorithm.spo.on_resume_mismatch``; a changed ``prompt_key`` never continues under ``keep`` (the saved keys
     would silently name other prompts): it raises unless ``reset``."""
     return _load(SPO, step_dir, state, options, global_step)
+
+
+def save_dbb_state(step_dir: str | os.PathLike, state: DBBState, options: DBBOptions, global_step: int) -> Path:
+    """Write the DBB posteriors (after ``global_step`` steps) to ``step_dir/dbb_state.json``, atomically."""
+    return _save(DBB, step_dir, state, options, global_step)
+
+
+def load_dbb_state(step_dir: str | os.PathLike, state: DBBState, options: DBBOptions, global_step: int) -> bool:
+    """Restore the DBB posteriors from ``step_dir/dbb_state.json``: as :func:`load_spo_state`, with
+    ``algorithm.dbb.on_resume_mismatch``."""
+    return _load(DBB, step_dir, state, options, global_step)
 
 
 def tracked_step(base: str | os.PathLike) -> int | None:
@@ -274,7 +294,9 @@ def resume_step_folder(trainer: Any) -> tuple[str, int] | None:
         return None
 
 
-def check_resume(trainer: Any, ebpo: EBPOOptions | None, spo: SPOOptions | None) -> str | None:
+def check_resume(
+    trainer: Any, ebpo: EBPOOptions | None, spo: SPOOptions | None, dbb: DBBOptions | None = None
+) -> str | None:
     """The pre-flight's resume check: the tracker file (:func:`tracked_step`), then the saved state of the step
     the run will resume from, loaded into a scratch state under ``on_resume_mismatch`` (``error`` / an unreadable
     or missing state file -> ValueError, before any worker starts). Warnings are left to the TaskRunner's load.
@@ -290,6 +312,7 @@ def check_resume(trainer: Any, ebpo: EBPOOptions | None, spo: SPOOptions | None)
         for kind, options, state, load in (
             (EBPO, ebpo, EBPOState, load_ebpo_state),
             (SPO, spo, SPOState, load_spo_state),
+            (DBB, dbb, DBBState, load_dbb_state),
         ):
             if options is None:
                 continue

@@ -19,12 +19,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ebpo_verl.baselines import SPO_OPTION_KEYS
+from ebpo_verl.dbb import DBB_OPTION_KEYS
 from ebpo_verl.estimator import OPTION_KEYS
 from ebpo_verl.validation import EBPOConfigError, preflight, unknown_option_message
 
 CONFIG_MODULE = "ebpo_verl.config"
 CONFIG_NAME = "ebpo_trainer"
-PREFIXES = {"algorithm.ebpo.": OPTION_KEYS, "algorithm.spo.": SPO_OPTION_KEYS}
+PREFIXES = {"algorithm.ebpo.": OPTION_KEYS, "algorithm.spo.": SPO_OPTION_KEYS, "algorithm.dbb.": DBB_OPTION_KEYS}
 """Override prefixes whose keys :func:`check_overrides` checks (did-you-mean instead of Hydra's ``+`` advice)."""
 
 

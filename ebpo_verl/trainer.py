@@ -7,7 +7,8 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
 - ``_compute_advantage``: the ``ebpo`` step with each row's ``extra_info[cluster_key]`` fetched from
   TransferQueue and passed as ``labels`` (padding rows: None), and the estimator diagnostics added to the step's
   metrics (so every tracker backend logs ``ebpo/*``). ``spo`` likewise, with each row's stable
-  ``extra_info[algorithm.spo.prompt_key]`` as its tracker key (``spo/*`` metrics). Other estimators run verl's
+  ``extra_info[algorithm.spo.prompt_key]`` as its tracker key (``spo/*`` metrics); ``dbb`` the same way with
+  ``algorithm.dbb.prompt_key`` (``dbb/*`` metrics). Other estimators run verl's
   code unchanged (``bnpo`` adds its ``bnpo/*`` diagnostics to the metrics), except verl's Optimal Token Baseline.
 - Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline`` with
   ``actor.calculate_sum_pi_squared=True``): verl 0.9.1's v1 trainer neither asks the actor for the per-token sum
@@ -17,7 +18,8 @@ of the estimator's running statistics. :class:`EBPOTrainerMixin` adds, on top of
   ``_compute_advantage`` fetches it and runs verl's ``compute_advantage``, which passes it, ``old_log_probs`` and
   any rollout IS weights to the registered estimator; ``otb/sum_pi_squared_mean`` (token mean) is logged.
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_state.json`` (:mod:`ebpo_verl.checkpoint`),
-  restored in ``init()``, i.e. before the first advantage computation; ``spo_state.json`` likewise for ``spo``.
+  restored in ``init()``, i.e. before the first advantage computation; ``spo_state.json`` likewise for ``spo``,
+  ``dbb_state.json`` for ``dbb``.
   Every checkpoint also holds the step's training metrics (``ebpo_step_metrics.json``): verl validates between
   its tracker file and the step's log call, so a run killed there logs them on resume if the metrics log lacks
   them.
@@ -55,19 +57,23 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 import ebpo_verl
 from ebpo_verl.baselines import BNPO_DIAGNOSTICS, SPO_STATE
 from ebpo_verl.checkpoint import (
+    load_dbb_state,
     load_ebpo_state,
     load_spo_state,
     load_step_metrics,
+    save_dbb_state,
     save_ebpo_state,
     save_spo_state,
     save_step_metrics,
     unlogged_step_metrics,
 )
+from ebpo_verl.dbb import DBB_STATE
 from ebpo_verl.estimator import is_missing_label
 from ebpo_verl.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.node_check import check_nodes
 from ebpo_verl.provenance import run_provenance
 from ebpo_verl.validation import (
+    DBB,
     ESTIMATOR,
     SPO,
     EBPOConfigError,
@@ -75,7 +81,9 @@ from ebpo_verl.validation import (
     check_config,
     check_prompt_keys,
     check_registered,
+    dbb_options,
     ebpo_options,
+    is_dbb,
     is_ebpo,
     is_spo,
     spo_options,
@@ -158,6 +166,21 @@ def compute_spo_advantage(data: DataProto, algorithm_config: Any, prompt_keys: n
     return dict(SPO_STATE.diagnostics)
 
 
+def compute_dbb_advantage(data: DataProto, algorithm_config: Any, prompt_keys: np.ndarray) -> dict[str, float]:
+    """Run the registered ``dbb`` estimator on ``data`` (in place), its posteriors keyed by ``prompt_keys``; as
+    :func:`compute_spo_advantage`, returning the ``dbb/*`` diagnostics of this call."""
+    advantages, returns = core_algos.get_adv_estimator_fn(DBB)(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        index=data.non_tensor_batch["uid"],
+        config=algorithm_config,
+        prompt_keys=prompt_keys,
+    )
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return dict(DBB_STATE.diagnostics)
+
+
 def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
     """The ``extra_info`` column of verl's ``RLHFDataset`` (read from its table: indexing the dataset would
     tokenize every row and advance a curriculum dataset's position)."""
@@ -193,6 +216,7 @@ class EBPOTrainerMixin:
         super().__init__(config)
         self.ebpo_options = ebpo_options(config) if is_ebpo(config) else None
         self.spo_options = spo_options(config) if is_spo(config) else None
+        self.dbb_options = dbb_options(config) if is_dbb(config) else None
         self.otb = str(config.algorithm.adv_estimator) in OTB_ESTIMATORS
 
     # ----------------------------------------------------- old log-probs (OTB)
@@ -232,10 +256,15 @@ class EBPOTrainerMixin:
         if self.spo_options is not None:
             source = f"data.train_files={self.config.data.train_files}"
             check_prompt_keys(_dataset_extra_infos(self.train_dataset), self.spo_options.prompt_key, source=source)
+        if self.dbb_options is not None:
+            source = f"data.train_files={self.config.data.train_files}"
+            check_prompt_keys(
+                _dataset_extra_infos(self.train_dataset), self.dbb_options.prompt_key, source, "algorithm.dbb"
+            )
 
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
-        if self.ebpo_options is None and self.spo_options is None and not self.otb:
+        if self.ebpo_options is None and self.spo_options is None and self.dbb_options is None and not self.otb:
             BNPO_DIAGNOSTICS.clear()
             out = super()._compute_advantage(batch, metrics)
             if str(self.config.algorithm.adv_estimator) == "bnpo":
@@ -244,8 +273,9 @@ class EBPOTrainerMixin:
         import transfer_queue as tq
 
         algo = self.config.algorithm
-        options = self.spo_options or self.ebpo_options
-        key = None if options is None else options.prompt_key if self.spo_options else options.cluster_key
+        keyed = self.spo_options or self.dbb_options  # per-prompt state under a stable prompt key
+        options = keyed or self.ebpo_options
+        key = None if options is None else options.prompt_key if keyed else options.cluster_key
         fields = ADVANTAGE_FIELDS + (["extra_info"] if key else []) + ([SUM_PI_SQUARED] if self.otb else [])
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = fetched["response_mask"]
@@ -253,7 +283,9 @@ class EBPOTrainerMixin:
         labels = None
         if key:
             padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-            option = "algorithm.spo.prompt_key" if self.spo_options else "algorithm.ebpo.cluster_key"
+            option = "algorithm.ebpo.cluster_key"
+            if keyed:
+                option = "algorithm.spo.prompt_key" if self.spo_options else "algorithm.dbb.prompt_key"
             labels = cluster_labels(fetched.pop("extra_info").tolist(), uids, padding, key, option)
         data = DataProto(batch=fetched.to_padded_tensor(), non_tensor_batch={"uid": uids})
         data.batch["token_level_scores"] = data.batch["rm_scores"]
@@ -278,6 +310,8 @@ class EBPOTrainerMixin:
             data = compute_advantage(data, adv_estimator=algo.adv_estimator, config=algo)
         elif self.spo_options is not None:
             metrics.update(compute_spo_advantage(data, algo, labels))
+        elif self.dbb_options is not None:
+            metrics.update(compute_dbb_advantage(data, algo, labels))
         else:
             metrics.update(compute_ebpo_advantage(data, algo, labels))
 
@@ -324,11 +358,15 @@ class EBPOTrainerMixin:
         if self.spo_options is not None:
             folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             save_spo_state(folder, SPO_STATE, self.spo_options, self.global_steps)
+        if self.dbb_options is not None:
+            folder = os.path.join(str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
+            save_dbb_state(folder, DBB_STATE, self.dbb_options, self.global_steps)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
         ebpo_verl.get_state().reset()
         SPO_STATE.reset()
+        DBB_STATE.reset()
         super()._load_checkpoint()
         self._resumed_step = int(self.global_steps)
         if self.ebpo_options is not None and self.global_steps > 0:
@@ -337,6 +375,10 @@ class EBPOTrainerMixin:
         if self.spo_options is not None and self.global_steps > 0:
             load_spo_state(
                 checkpoint_folder(self.config, self.global_steps), SPO_STATE, self.spo_options, self.global_steps
+            )
+        if self.dbb_options is not None and self.global_steps > 0:
+            load_dbb_state(
+                checkpoint_folder(self.config, self.global_steps), DBB_STATE, self.dbb_options, self.global_steps
             )
 
     # ------------------------------------------------------------- metrics

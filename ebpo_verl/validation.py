@@ -21,11 +21,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ebpo_verl.baselines import SPO_OPTION_KEYS, SPOOptions
+from ebpo_verl.dbb import DBB_OPTION_KEYS, DBBOptions
 from ebpo_verl.estimator import OPTION_KEYS, EBPOOptions, ignored_options, is_missing_label, parsed_options
 from ebpo_verl.estimator import unknown_option_message as _unknown_option_message
 
 ESTIMATOR = "ebpo"
 SPO = "spo"
+DBB = "dbb"
 
 
 class EBPOConfigError(ValueError):
@@ -40,6 +42,11 @@ def is_ebpo(config: Any) -> bool:
 def is_spo(config: Any) -> bool:
     """True when the run uses the SPO baseline (``algorithm.adv_estimator=spo``), whose tracker needs prompt keys."""
     return str(config.algorithm.adv_estimator) == SPO
+
+
+def is_dbb(config: Any) -> bool:
+    """True when the run uses DBB (``algorithm.adv_estimator=dbb``), whose posteriors need prompt keys."""
+    return str(config.algorithm.adv_estimator) == DBB
 
 
 def _options_section(config: Any, name: str, valid: Iterable[str]) -> Mapping[str, Any] | None:
@@ -58,6 +65,15 @@ def spo_options(config: Any) -> SPOOptions:
     mapping = _options_section(config, "spo", SPO_OPTION_KEYS)
     try:
         return parsed_options(SPOOptions, mapping)
+    except (TypeError, ValueError) as err:
+        raise EBPOConfigError(str(err)) from err
+
+
+def dbb_options(config: Any) -> DBBOptions:
+    """``algorithm.dbb`` as validated :class:`~ebpo_verl.dbb.DBBOptions` (bad keys/values -> EBPOConfigError)."""
+    mapping = _options_section(config, "dbb", DBB_OPTION_KEYS)
+    try:
+        return parsed_options(DBBOptions, mapping)
     except (TypeError, ValueError) as err:
         raise EBPOConfigError(str(err)) from err
 
@@ -93,6 +109,8 @@ def check_config(config: Any) -> EBPOOptions | None:
     _check_curriculum(config.data)
     if is_spo(config):
         spo_options(config)
+    if is_dbb(config):
+        dbb_options(config)
     if str(config.algorithm.adv_estimator) == "bnpo":
         _check_bnpo_reward(config)
     _check_stock_verl_methods(config)
@@ -194,7 +212,8 @@ def ignored_options_warning(options: EBPOOptions) -> str | None:
 
 def unknown_option_message(key: str, section: str = "algorithm.ebpo") -> str:
     """:func:`ebpo_verl.estimator.unknown_option_message` for ``algorithm.ebpo`` or ``algorithm.spo``."""
-    return _unknown_option_message(key, section, SPO_OPTION_KEYS if section == "algorithm.spo" else OPTION_KEYS)
+    keys = {"algorithm.spo": SPO_OPTION_KEYS, "algorithm.dbb": DBB_OPTION_KEYS}.get(section, OPTION_KEYS)
+    return _unknown_option_message(key, section, keys)
 
 
 POSITIVE_INT_KEYS = (
@@ -346,7 +365,8 @@ def _check_resume(config: Any, options: EBPOOptions | None) -> str | None:
     from ebpo_verl.checkpoint import check_resume
 
     try:
-        return check_resume(config.trainer, options, spo_options(config) if is_spo(config) else None)
+        spo = spo_options(config) if is_spo(config) else None
+        return check_resume(config.trainer, options, spo, dbb_options(config) if is_dbb(config) else None)
     except ValueError as err:
         raise EBPOConfigError(str(err)) from err
 
@@ -413,12 +433,16 @@ def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluste
     )
 
 
-def check_prompt_keys(extra_infos: Iterable[Mapping[str, Any] | None], prompt_key: str, source: str) -> None:
-    """SPO's tracker key: every training row needs ``extra_info[prompt_key]`` (not null), unique over the rows.
+def check_prompt_keys(
+    extra_infos: Iterable[Mapping[str, Any] | None], prompt_key: str, source: str, section: str = "algorithm.spo"
+) -> None:
+    """SPO's tracker key (DBB's with ``section="algorithm.dbb"``): every training row needs
+    ``extra_info[prompt_key]`` (not null), unique over the rows.
 
     verl's uid is drawn afresh every step, so SPO refuses to fall back to it; a key shared by two rows would merge
     two prompts' trackers (several training files each number ``index`` from 0).
     """
+    what = section.rsplit(".", 1)[-1].upper()
     existing: set[str] = set()
     missing: list[int] = []
     first_row: dict[str, int] = {}
@@ -439,20 +463,20 @@ def check_prompt_keys(extra_infos: Iterable[Mapping[str, Any] | None], prompt_ke
             first_row[key] = row
     if missing and prompt_key not in existing:
         raise EBPOConfigError(
-            f"algorithm.spo.prompt_key={prompt_key!r} is not a key of extra_info in the training data ({source}); "
-            f"extra_info keys present: {sorted(existing) or 'none'}. SPO tracks each prompt across steps by this "
+            f"{section}.prompt_key={prompt_key!r} is not a key of extra_info in the training data ({source}); "
+            f"extra_info keys present: {sorted(existing) or 'none'}. {what} tracks each prompt across steps by this "
             "key (verl's uid changes every step): pick a field unique per prompt, or add one in data_prep."
         )
     if missing:
         raise EBPOConfigError(
-            f"extra_info[{prompt_key!r}] (algorithm.spo.prompt_key) is missing or null in {len(missing)} of {rows} "
+            f"extra_info[{prompt_key!r}] ({section}.prompt_key) is missing or null in {len(missing)} of {rows} "
             f"training rows ({source}); first rows: {missing[:10]}. Every prompt needs a key: fix the data."
         )
     if duplicates:
         key, a, b = duplicates[0]
         raise EBPOConfigError(
-            f"extra_info[{prompt_key!r}] (algorithm.spo.prompt_key) is not unique in the training data ({source}): "
+            f"extra_info[{prompt_key!r}] ({section}.prompt_key) is not unique in the training data ({source}): "
             f"{len(duplicates)} row(s) repeat an earlier row's key (first: {key!r} at rows {a} and {b}), which would "
-            "merge their SPO trackers. Several training files each number `index` from 0: set "
-            "algorithm.spo.prompt_key to a field unique across them."
+            f"merge their {what} state. Several training files each number `index` from 0: set "
+            f"{section}.prompt_key to a field unique across them."
         )

@@ -1,7 +1,7 @@
 """verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point).
 
 The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
-:mod:`ebpo_verl.baselines`).
+:mod:`ebpo_verl.baselines`) and Discounted Beta-Bernoulli ``dbb`` (math in :mod:`ebpo_verl.dbb`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ebpo_verl.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
+from ebpo_verl.dbb import DBB_STATE, DBBOptions, compute_dbb_advantages
 from ebpo_verl.estimator import (
     GLOBAL_STATE,
     EBPOOptions,
@@ -160,6 +161,46 @@ def compute_spo_outcome_advantage(
     return advantages, advantages
 
 
+def compute_dbb_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any = None,
+    prompt_keys: np.ndarray | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Discounted Beta-Bernoulli reward estimation (DBB, arXiv 2603.18444), GRPO-DBB form.
+
+    Per prompt alpha <- lambda alpha + S, beta <- lambda beta + N - S from (1, 1) (Eq. 11), updated before the
+    advantage; A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)), p_hat = alpha / (alpha + beta) (Eqs. 12-13). The
+    posteriors are ``ebpo_verl.dbb.DBB_STATE``, keyed by ``prompt_keys`` (a stable key per row, as ``spo``'s);
+    without them this raises. Options: ``config.dbb``. Returns (advantages, returns), both (bs, response_length).
+    """
+    options = parsed_options(DBBOptions, None if config is None else config.get("dbb", None))
+    if prompt_keys is None:
+        raise ValueError(
+            "adv_estimator=dbb needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "
+            f"uid-keyed posterior never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
+            f"extra_info[{options.prompt_key!r}] (algorithm.dbb.prompt_key), or pass prompt_keys=..."
+        )
+    _check_shapes(token_level_rewards, response_mask)
+    adv = compute_dbb_advantages(
+        token_level_rewards.sum(dim=-1), prompt_keys, _unpadded(response_mask, index), options, DBB_STATE
+    )
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def _unpadded(response_mask: torch.Tensor, index: Any) -> torch.Tensor:
+    """(bs,) bool on the CPU: rows with a response whose uid does not start with ``pad``."""
+    valid = _has_response(response_mask).cpu()
+    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
+    is_pad = padding_names(uid_names, "pad")
+    if is_pad is not None:
+        valid &= ~torch.from_numpy(is_pad[uid_codes])
+    return valid
+
+
 def _uid_grouped(
     compute: Callable[..., torch.Tensor], token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,12 +230,13 @@ ESTIMATORS = {
     "shrinkage_js": compute_shrinkage_js_outcome_advantage,
     "bnpo": compute_bnpo_outcome_advantage,
     "spo": compute_spo_outcome_advantage,
+    "dbb": compute_dbb_outcome_advantage,
 }
 """Every estimator this package registers, by its verl name."""
 
 
 def register() -> None:
-    """Register ``ebpo``, ``shrinkage_js``, ``bnpo`` and ``spo`` in verl's estimator registry; idempotent."""
+    """Register ``ebpo``, ``shrinkage_js``, ``bnpo``, ``spo`` and ``dbb`` in verl's estimator registry; idempotent."""
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
     for name, ours in ESTIMATORS.items():
         current = registry.get(name)
