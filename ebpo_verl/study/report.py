@@ -53,7 +53,7 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "train_seen_gain": float(m["train_seen_gain"][0]),
         "train_unseen_gain": float(m["train_unseen_gain"][0]),
         "train_seen_fraction": float(m["train_seen_fraction"][0]),
-        **({"spo_frac_seen": float(np.mean(m["spo_frac_seen"]))} if "spo_frac_seen" in m else {}),
+        **{k: float(np.mean(m[k])) for k in ("spo_frac_seen", "dbb_frac_seen") if k in m},
     }
 
 
