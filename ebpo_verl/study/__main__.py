@@ -81,7 +81,7 @@ def _main(argv: list[str] | None) -> int:
     if preset.tune:
         lr_grid = {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
     else:
-        lr_grid = recorded_lr_grid()
+        lr_grid = recorded_lr_grid(preset.lr)
     if not preset.group_sizes:  # a tuning preset: its choice is the output
         seconds = time.perf_counter() - t0
         record = {
@@ -114,14 +114,19 @@ def _main(argv: list[str] | None) -> int:
     return 0
 
 
-def recorded_lr_grid() -> dict[str, dict]:
-    """The committed tuning run's grid (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`), each estimator's entry
-    naming that run (preset, commit, start) as its source."""
+def recorded_lr_grid(lrs: dict[str, float]) -> dict[str, dict]:
+    """Where the fixed rates ``lrs`` come from: the committed tuning run's grid
+    (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when they are its choice, each estimator's entry naming
+    that run (preset, commit, start) as its source; else each rate alone, fixed by the preset (tiny)."""
     import json
 
     from ebpo_verl.provenance import short_commit
-    from ebpo_verl.study.presets import LR_TUNING_FILE
+    from ebpo_verl.study.presets import LR_TUNING_FILE, tuned_lrs
 
+    tuned = tuned_lrs()
+    if any(tuned.get(e) != lr for e, lr in lrs.items()):
+        fixed = {"validation": [[None, None, 0]], "source": "fixed by the preset, not tuned"}
+        return {e: {"values": [lr], "chosen": lr, **fixed} for e, lr in lrs.items()}
     record = json.loads(LR_TUNING_FILE.read_text())
     prov = record["provenance"]
     source = (
@@ -129,7 +134,7 @@ def recorded_lr_grid() -> dict[str, dict]:
         f"{record['tune']['group_sizes']}, {record['tune']['seeds']} seeds), commit {short_commit(prov)}, "
         f"started {prov.get('started')}"
     )
-    return {e: {**g, "source": source} for e, g in record["lr_grid"].items()}
+    return {e: {**record["lr_grid"][e], "source": source} for e in lrs}
 
 
 if __name__ == "__main__":
