@@ -46,6 +46,9 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"cannot create --out {args.out}: {err.strerror}")
     command = " ".join(["python -m ebpo_verl.study", *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
+    from ebpo_verl.provenance import code_version
+
+    code_version()  # the commit and dirty state the study starts from (cached), not those when it ends
     if args.what == "mse":
         from ebpo_verl.study.mse import run_mse_study
 

@@ -141,12 +141,13 @@ STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okab
     "ebpo_batch": ("#009E73", "v", (0, (5, 2, 1, 2))),
     "otb": ("#CC79A7", "D", "-."),
     "rloo": ("#56B4E9", "P", ":"),
-    "reinforce_pp": ("#D55E00", "X", "--"),
+    "reinforce_pp": ("#E377C2", "X", "--"),
     "ebpo_bb": ("#7F7F7F", "*", "-."),
     "ebpo_topic": ("#8C564B", "h", ":"),
     "shrinkage_js": ("#BCBD22", "<", "--"),
     "bnpo": ("#17BECF", ">", "-."),
     "spo": ("#9467BD", "p", ":"),
+    "dbb": ("#D55E00", "d", (0, (3, 1, 1, 1))),
 }
 LEGEND_PT = 9
 FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
