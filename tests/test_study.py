@@ -692,7 +692,7 @@ def test_paired_differences_by_hand():
     assert out[0]["baseline"] == "grpo" and out[0]["wins"] == 2
     assert out[0]["diff"] == pytest.approx([0.13 / 3, 4.302653 * sd / 3**0.5, 3], abs=1e-5)
     assert out[1]["baseline"] == "otb" and out[1]["wins"] == 2
-    assert out[1]["diff"] == pytest.approx([0.15, 12.706205 * 0.05 / 2**0.5, 2], abs=1e-5)
+    assert out[1]["diff"] == pytest.approx([0.15, 12.706205 * 0.05, 2], abs=1e-5)  # sd 0.05 * sqrt(2), n = 2
     assert paired(runs, ["grpo", "otb"], [2]) == []
 
 
