@@ -165,12 +165,13 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README.
+# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README: estimated as the warm
+# start's CPU time + half the runs' CPU time, measured on a machine shared with other jobs (docs/study.md).
 DURATION = {
     "tiny": "about 1 min",
-    "tune": "about 3 min (estimated from CPU time)",
-    "quick": "about 6 min (estimated from CPU time)",
-    "full": "about 25 min (estimated from CPU time)",
+    "tune": "about 5 min (estimated from its 548 CPU-seconds)",
+    "quick": "about 6-6.5 min (estimated from its 701 CPU-seconds)",
+    "full": "about 25-30 min (estimated from the quick runs' CPU time, not run)",
 }
 
 
