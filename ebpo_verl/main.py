@@ -176,23 +176,25 @@ def train(config: DictConfig) -> None:
 
 
 def usage() -> str:
-    """``--help``: what this entry point adds to verl's ``main_ppo``, the EBPO / SPO keys with their defaults
-    (from the composed config), ``--cfg job`` and the docs; Hydra's 1,100-line dump is ``--cfg job``'s."""
+    """``--help``: what this entry point adds to verl's ``main_ppo``, the keys of each stateful estimator
+    (``options.STATEFUL``) with their defaults (from the composed config), ``--cfg job`` and the docs; Hydra's
+    1,100-line dump is ``--cfg job``'s."""
     config = compose([])
     blocks = [
         f"  algorithm.{name}.{key}={'null' if value is None else value}"
-        for name in ("ebpo", "spo")
+        for name in STATEFUL
         for key, value in config.algorithm[name].items()
     ]
     return "\n".join([
         "ebpo-train / python -m ebpo_verl.main [key=value ...]: verl 0.9.1's main_ppo with EBPO (arXiv 2602.05165).",
-        "What it adds to verl: the advantage estimators ebpo, shrinkage_js, bnpo and spo (algorithm.adv_estimator,",
-        "default ebpo); the package config (verl's ppo_trainer plus the keys below, the math-verify reward, the",
-        "curriculum sampler data.curriculum.*); a pre-flight before Ray starts (our checks, verl's validate_config",
-        "at the configured world size, at least one step per epoch; every refusal one line, exit 2); the EBPO",
-        "statistics in each checkpoint; an append-only metrics log (trainer.metrics_log_path).",
+        "What it adds to verl: the advantage estimators ebpo, shrinkage_js, bnpo, spo and dbb",
+        "(algorithm.adv_estimator, default ebpo); the package config (verl's ppo_trainer plus the keys below, the",
+        "math-verify reward, the curriculum sampler data.curriculum.*); a pre-flight before Ray starts (our checks,",
+        "verl's validate_config at the configured world size, at least one step per epoch; every refusal one line,",
+        "exit 2); the EBPO statistics (SPO trackers, DBB posteriors) in each checkpoint; an append-only metrics log",
+        "(trainer.metrics_log_path).",
         "",
-        "Options (defaults shown; algorithm.spo.* applies to adv_estimator=spo):",
+        "Options (defaults shown; algorithm.<name>.* applies to adv_estimator=<name>):",
         *blocks,
         "",
         "  ebpo-train --cfg job [key=value ...]   the pre-flight, then the whole composed config; nothing started",

@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ebpo_verl.baselines import SPO_STATE, SPOOptions
+from ebpo_verl.dbb import DBB_STATE, DBBOptions
 from ebpo_verl.errors import EBPOConfigError
 from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, ignored_keys, ignored_options_warning
 from ebpo_verl.option_parsing import option_keys, parse_section
@@ -110,7 +111,18 @@ SPO = StatefulEstimator(
     unique_row_key=True,
     never_keep=("prompt_key",),
 )
-STATEFUL: dict[str, StatefulEstimator] = {e.name: e for e in (EBPO, SPO)}
+DBB = StatefulEstimator(
+    "dbb",
+    DBBOptions,
+    DBB_STATE,
+    "dbb_state.json",
+    "DBB",
+    "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
+    row_key="prompt_key",
+    unique_row_key=True,
+    never_keep=("prompt_key",),
+)
+STATEFUL: dict[str, StatefulEstimator] = {e.name: e for e in (EBPO, SPO, DBB)}
 """Every estimator with checkpointed state, by its verl name: the one place a new one is added."""
 
 

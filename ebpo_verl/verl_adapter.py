@@ -1,7 +1,7 @@
 """verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point).
 
 The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
-:mod:`ebpo_verl.baselines`).
+:mod:`ebpo_verl.baselines`) and Discounted Beta-Bernoulli ``dbb`` (math in :mod:`ebpo_verl.dbb`).
 
 verl calls an estimator with the rewards, the mask, the uids and its raw ``algorithm`` node only. Under
 ``ebpo-train`` the trainer hands each step's validated options and its uid -> ``extra_info`` value map (cluster
@@ -27,8 +27,9 @@ from ebpo_verl.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
+from ebpo_verl.dbb import compute_dbb_advantages
 from ebpo_verl.estimator import compute_ebpo_advantages, factorize_keys, padding_names
-from ebpo_verl.options import EBPO, SPO, StatefulEstimator, options_for_node
+from ebpo_verl.options import DBB, EBPO, SPO, StatefulEstimator, options_for_node
 
 NAME = "ebpo"
 
@@ -173,14 +174,53 @@ def compute_spo_outcome_advantage(
             f"extra_info[{options.prompt_key!r}] (algorithm.spo.prompt_key), or pass prompt_keys=..."
         )
     _check_shapes(token_level_rewards, response_mask)
+    valid = _unpadded(response_mask, index)
+    adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO.state)
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def compute_dbb_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any = None,
+    prompt_keys: np.ndarray | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Discounted Beta-Bernoulli reward estimation (DBB, arXiv 2603.18444), GRPO-DBB form.
+
+    Per prompt alpha <- lambda alpha + S, beta <- lambda beta + N - S from (1, 1) (Eq. 11), updated before the
+    advantage; A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)), p_hat = alpha / (alpha + beta) (Eqs. 12-13). The
+    posteriors are ``ebpo_verl.dbb.DBB_STATE``, keyed by ``prompt_keys`` (a stable key per row, as ``spo``'s);
+    without them (by default the step's uid -> key map) this raises. Options: the trainer's (:func:`step_inputs`) or
+    ``config.dbb``. Returns (advantages, returns), both (bs, response_length).
+    """
+    options, row_keys = _options(DBB, config)
+    if prompt_keys is None:
+        prompt_keys = _row_values(row_keys, index)
+    if prompt_keys is None:
+        raise ValueError(
+            "adv_estimator=dbb needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "
+            f"uid-keyed posterior never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
+            f"extra_info[{options.prompt_key!r}] (algorithm.dbb.prompt_key), or pass prompt_keys=..."
+        )
+    _check_shapes(token_level_rewards, response_mask)
+    adv = compute_dbb_advantages(
+        token_level_rewards.sum(dim=-1), prompt_keys, _unpadded(response_mask, index), options, DBB.state
+    )
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def _unpadded(response_mask: torch.Tensor, index: Any) -> torch.Tensor:
+    """(bs,) bool on the CPU: rows with a response whose uid does not start with ``pad``."""
     valid = _has_response(response_mask).cpu()
     uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
     is_pad = padding_names(uid_names, "pad")
     if is_pad is not None:
         valid &= ~torch.from_numpy(is_pad[uid_codes])
-    adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO.state)
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
+    return valid
 
 
 def _uid_grouped(
@@ -212,12 +252,13 @@ ESTIMATORS = {
     "shrinkage_js": compute_shrinkage_js_outcome_advantage,
     "bnpo": compute_bnpo_outcome_advantage,
     "spo": compute_spo_outcome_advantage,
+    "dbb": compute_dbb_outcome_advantage,
 }
 """Every estimator this package registers, by its verl name."""
 
 
 def register() -> None:
-    """Register ``ebpo``, ``shrinkage_js``, ``bnpo`` and ``spo`` in verl's estimator registry; idempotent."""
+    """Register ``ebpo``, ``shrinkage_js``, ``bnpo``, ``spo`` and ``dbb`` in verl's estimator registry; idempotent."""
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
     for name, ours in ESTIMATORS.items():
         current = registry.get(name)

@@ -60,14 +60,33 @@ def provenance_line(summary: dict) -> str:
     )
 
 
+def _paired(summary: dict, gs: list[int]) -> str:
+    """EBPO - X per G: "+0.012 ± 0.010 (4/5)" (mean ± 95% half-width, seeds EBPO won / seeds)."""
+    at = {(p["baseline"], p["group_size"]): p for p in summary["paired"]}
+    rows = []
+    for x in dict.fromkeys(p["baseline"] for p in summary["paired"]):
+        cells = []
+        for g in gs:
+            p = at.get((x, g))
+            mean, half, n = p["diff"] if p else (None, None, 0)
+            cells.append("n/a" if mean is None else f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+                         + f" ({p['wins']}/{n})")  # fmt: skip
+        rows.append(f"| {x} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def render(summary: dict) -> str:
-    """The README block for one study summary: final held-out accuracy and the training signal by G."""
+    """The README block for one study summary: final held-out accuracy (with each estimator's learning rate),
+    the paired differences EBPO - X and the training signal by G (steps to the target: study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
         head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
+        lr = {c["estimator"]: c["lr"] for c in summary["cells"]}
         accuracy = [
-            f"| {e} | " + " | ".join(_ci(_cell(summary, e, g)["final_accuracy"]) for g in gs) + " |" for e in ests
+            f"| {e} ({lr[e]:g}) | " + " | ".join(_ci(_cell(summary, e, g)["final_accuracy"]) for g in gs) + " |"
+            for e in ests
         ]
+        paired_head = "| EBPO - X | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
 
         def signal(e: str, g: int) -> str:
             c = _cell(summary, e, g)
@@ -82,13 +101,20 @@ def render(summary: dict) -> str:
         )
         return f"""Preset `{summary["preset"]}`: {summary["n_runs"]} runs of {summary["steps"]} steps, {timing}
 (torch {summary["torch"]}, one thread per run). Final held-out exact pass@1, mean ± 95% t-interval over
-{summary["seeds"]} seeds (warm start {summary["warm_start_heldout_accuracy"]:.3f}):
+{summary["seeds"]} seeds (warm start {summary["warm_start_heldout_accuracy"]:.3f}; each estimator at the learning
+rate chosen on the validation split):
 
-{head}
+{head.replace("estimator", "estimator (lr)", 1)}
 {chr(10).join(accuracy)}
 
+Paired difference EBPO - X of the final held-out accuracy (same seeds), mean ± 95% t-interval, and the seeds
+in which EBPO ends higher:
+
+{paired_head}
+{_paired(summary, gs)}
+
 Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
-updates clipped at norm 1.0:
+updates clipped at norm {summary["grad_clip"]:g}:
 
 {head}
 {chr(10).join(dynamics)}

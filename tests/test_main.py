@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 import ebpo_verl
 from ebpo_verl.baselines import SPOOptions, SPOState
 from ebpo_verl.checkpoint.state import save_state
+from ebpo_verl.dbb import DBBOptions
 from ebpo_verl.errors import EBPOConfigError
 from ebpo_verl.estimator import EBPOOptions, EBPOState
 from ebpo_verl.options import EBPO, SPO
@@ -47,7 +48,8 @@ def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas():
 
     assert set(verl_cfg) - set(ours) == set()
     changed = {key for key in ours if key not in verl_cfg or ours[key] != verl_cfg[key]}
-    changed = {key for key in changed if not key.startswith("algorithm.spo.")}  # the spo estimator's own block
+    changed = {key for key in changed if not key.startswith(("algorithm.spo.", "algorithm.dbb."))}  # their own blocks
+    assert ours_cfg.algorithm.dbb == OmegaConf.create(dataclasses.asdict(DBBOptions()))
     defaults = dataclasses.asdict(EBPOOptions())
     assert changed == {
         "algorithm.adv_estimator",

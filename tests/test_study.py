@@ -245,7 +245,7 @@ def test_runs_are_deterministic(tiny_study, one_thread):
     base = _tiny_base(tiny_study)
     runs = json.loads((tiny_study / "runs.json").read_text())["runs"]
     first = runs[0]
-    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics)
+    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     train_pass = exact_pass_at_1(base, splits["train"].prompts, splits["train"].targets, splits["train"].target_mask)
     cfg = RLConfig(**first["config"])
     again = run_rl(base, splits["train"], splits["heldout"], train_pass.numpy(), cfg)
@@ -263,7 +263,7 @@ def _tiny_base(tiny_study) -> TinyPolicy:
 def test_warm_start_above_chance(tiny_study):
     """The warm start answers far better than its random initialisation, and its pass rates spread."""
     info = json.loads((tiny_study / "runs.json").read_text())["base"]
-    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics)
+    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     held = splits["heldout"]
     torch.manual_seed(0)
     untrained = exact_pass_at_1(TinyPolicy(TINY.policy), held.prompts, held.targets, held.target_mask).mean().item()
@@ -283,7 +283,7 @@ def test_grpo_learns_addition(tiny_study, one_thread):
     the observed gain and far above zero.
     """
     base = _tiny_base(tiny_study)
-    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics)
+    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     train = splits["train"].subset(np.flatnonzero(splits["train"].topic == "add"))
     held = splits["heldout"].subset(np.flatnonzero(splits["heldout"].topic == "add"))
     train_pass = exact_pass_at_1(base, train.prompts, train.targets, train.target_mask).numpy()
@@ -458,9 +458,12 @@ def test_help_lists_presets_with_sizes(capsys):
         main(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    # quick: 5 estimators x 4 G + 2 order estimators x 2 extra orders = 24 cells x 5 seeds
-    assert "quick: 5 estimators x G in [2, 4, 8, 16], 5 seeds, 50 steps -> 120 runs, " in text
-    assert "tiny: 2 estimators x G in [4, 8], 2 seeds, 8 steps -> 10 runs" in text and "full:" in text
+    # quick: 4 estimators x 3 G = 12 cells x 4 seeds; tune: 4 estimators x 3 rates x G=4 x 3 seeds
+    assert "quick: 4 estimators x G in [2, 4, 8], 4 seeds, 120 steps -> 48 runs, " in text
+    assert "tune: 4 estimators x G in [], 3 seeds, 120 steps (+ lr grid x G in [4] x 3 seeds) -> 36 runs" in text
+    assert "tiny: 2 estimators x G in [4, 8], 2 seeds, 8 steps -> 10 runs" in text
+    # full: 8 estimators x 4 G x 5 seeds + 8 x 3 rates x G=4 x 2 seeds
+    assert f"-> {8 * 4 * 5 + 8 * 3 * 2} runs" in text
 
 
 @pytest.mark.slow
@@ -488,10 +491,25 @@ def test_summary_matches_runs_and_report(tiny_study):
     assert summary["warm_start_heldout_accuracy"] == pytest.approx(
         json.loads((tiny_study / "runs.json").read_text())["base"]["heldout_accuracy"], abs=1e-6
     )
+    # every cell carries its runs' learning rate; paired differences recomputed from the per-run finals
+    final = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"], r["config"]["seed"]):
+             r["metrics"]["accuracy"][-1] for r in runs}  # fmt: skip
+    for cell in summary["cells"]:
+        assert cell["lr"] == TINY.lr[cell["estimator"]]
+    pairs = [(p["baseline"], p["group_size"]) for p in summary["paired"]]
+    assert pairs == [("grpo", g) for g in TINY.group_sizes]
+    for p in summary["paired"]:
+        diff = [final["ebpo", p["group_size"], "random", s] - final["grpo", p["group_size"], "random", s]
+                for s in range(TINY.seeds)]  # fmt: skip
+        half = sps.t.ppf(0.975, len(diff) - 1) * np.std(diff, ddof=1) / np.sqrt(len(diff))
+        assert p["diff"] == pytest.approx([np.mean(diff), half, TINY.seeds], abs=1e-6)
+        assert p["wins"] == sum(d > 0 for d in diff)
     block = render(summary)
     report = _md_table((tiny_study / "study.md").read_text(), "## Final held-out accuracy")
     readme = _md_table(block, "Final held-out exact pass@1")
-    assert readme == report
+    assert [r[1:] for r in readme] == [r[1:] for r in report]
+    assert [r[0] for r in readme[1:]] == [f"{e} ({TINY.lr[e]:g})" for e in TINY.estimators]
+    assert _md_table(block, "Paired difference") == _md_table((tiny_study / "study.md").read_text(), "## Paired")
 
 
 @pytest.mark.slow
@@ -532,7 +550,7 @@ def test_spo_frac_seen_counts_recurring_prompts(tiny_study, one_thread):
     from ebpo_verl.study.rl import order_stream
 
     base = _tiny_base(tiny_study)
-    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics)
+    splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     for n_train in (len(splits["train"]), 12):  # the whole split (< 1 epoch) and 12 prompts (recurring)
         train = splits["train"].subset(np.arange(n_train))
         train_pass = exact_pass_at_1(base, train.prompts, train.targets, train.target_mask).numpy()
@@ -568,7 +586,8 @@ def test_study_config_records_the_code_and_refuses_other_code(tiny_study, tmp_pa
     from ebpo_verl.study.__main__ import main
 
     root = Path(ebpo_verl.__file__).parent
-    files = sorted([root / "estimator.py", root / "baselines.py", root / "verl_adapter.py", *root.glob("study/*.py")])
+    files = sorted([root / "estimator.py", root / "baselines.py", root / "dbb.py", root / "verl_adapter.py",
+                    *root.glob("study/*.py")])  # fmt: skip
     assert root / "study" / "rl.py" in files
     digest = hashlib.sha256()
     for f in files:
@@ -641,3 +660,68 @@ def test_committed_quick_summary_is_consistent():
         assert gain == pytest.approx(final - warm, abs=2e-6) and gain_half == pytest.approx(half, abs=2e-6), c
         assert 0.0 <= final <= 1.0 and half >= 0.0
         assert 0.0 <= c["zero_signal"][0] <= 1.0
+        assert c["lr"] == summary["lr_grid"][c["estimator"]]["chosen"]
+        assert c["clipped"][0] < 0.5, c  # the clip binds in fewer than half of the updates in every cell
+    # the issue's acceptance: GRPO gains >= 0.10 at G=8; EBPO - GRPO paired at every G, wins <= seeds
+    assert next(c for c in cells if (c["estimator"], c["group_size"]) == ("grpo", 8))["gain"][0] >= 0.10
+    pairs = {(p["baseline"], p["group_size"]): p for p in summary["paired"]}
+    assert {("grpo", g) for g in summary["group_sizes"]} <= set(pairs)
+    for p in summary["paired"]:
+        assert p["estimator"] == "ebpo" and p["diff"][2] == summary["seeds"] and 0 <= p["wins"] <= summary["seeds"]
+        # the mean of paired differences is the difference of the two cells' means (same seeds)
+        mean = {c["estimator"]: c["final_accuracy"][0] for c in cells if c["group_size"] == p["group_size"]}
+        assert p["diff"][0] == pytest.approx(mean["ebpo"] - mean[p["baseline"]], abs=2e-6)
+    assert all(len(g["values"]) >= 3 for g in summary["lr_grid"].values())
+
+
+def _fake_run(est: str, g: int, seed: int, final: float, lr: float = 3e-4, split: str = "test") -> dict:
+    config = {"estimator": est, "group_size": g, "order": "random", "seed": seed, "lr": lr, "split": split}
+    return {"config": config, "metrics": {"accuracy": [0.3, final]}}
+
+
+def test_paired_differences_by_hand():
+    """EBPO - X per G over the seeds both ran: mean, t half-width and wins, written out by hand."""
+    from ebpo_verl.study.report import paired
+
+    runs = [_fake_run("ebpo", 2, s, f) for s, f in enumerate([0.50, 0.40, 0.45])]
+    runs += [_fake_run("grpo", 2, s, f) for s, f in enumerate([0.40, 0.42, 0.40])]
+    runs += [_fake_run("otb", 2, s, f) for s, f in enumerate([0.30, 0.30])]  # seed 2 missing: 2 pairs
+    out = paired(runs, ["grpo", "ebpo", "otb"], [2])
+    d = [0.10, -0.02, 0.05]
+    sd = (sum((x - 0.13 / 3) ** 2 for x in d) / 2) ** 0.5
+    assert out[0]["baseline"] == "grpo" and out[0]["wins"] == 2
+    assert out[0]["diff"] == pytest.approx([0.13 / 3, 4.302653 * sd / 3**0.5, 3], abs=1e-5)
+    assert out[1]["baseline"] == "otb" and out[1]["wins"] == 2
+    assert out[1]["diff"] == pytest.approx([0.15, 12.706205 * 0.05, 2], abs=1e-5)  # sd 0.05 * sqrt(2), n = 2
+    assert paired(runs, ["grpo", "otb"], [2]) == []
+
+
+def test_learning_rate_choice_by_hand():
+    """The rate with the highest mean final validation accuracy over its runs; the smaller rate on a tie."""
+    from ebpo_verl.study.runner import choose_lrs
+
+    runs = [_fake_run("grpo", 4, s, f, lr, "validation") for lr, fs in
+            [(1e-4, [0.40, 0.42]), (3e-4, [0.50, 0.44]), (9e-4, [0.10, 0.80])] for s, f in enumerate(fs)]
+    runs += [_fake_run("otb", 4, 0, 0.5, lr, "validation") for lr in (2e-3, 1e-3)]  # fmt: skip
+    got = choose_lrs(runs)
+    assert got["grpo"]["values"] == [1e-4, 3e-4, 9e-4] and got["grpo"]["chosen"] == 3e-4
+    assert got["grpo"]["validation"][0] == pytest.approx([0.41, 12.706205 * 0.01, 2], abs=1e-5)
+    assert got["otb"]["chosen"] == 1e-3
+
+
+def test_quick_preset_uses_the_committed_tuning_choice():
+    """The quick preset's learning rates are the ones the committed tuning run chose on the validation split,
+    with a grid of at least 3 rates per estimator; the full preset tunes its own."""
+    from ebpo_verl.study.presets import LR_TUNING_FILE
+
+    record = json.loads(LR_TUNING_FILE.read_text())
+    assert record["split"] == "validation" and record["provenance"]["command"].startswith("python -m ebpo_verl.study")
+    quick = PRESETS["quick"]
+    assert quick.lr == {e: record["lr_grid"][e]["chosen"] for e in quick.estimators}
+    for g in record["lr_grid"].values():
+        assert len(g["values"]) >= 3 and g["chosen"] in g["values"]
+        best = max(range(len(g["values"])), key=lambda i: g["validation"][i][0])
+        assert g["values"][best] == g["chosen"]
+    full = PRESETS["full"]
+    assert full.tune and all(len(full.lr_grid[e]) >= 3 for e in full.estimators)
+    assert {"grpo", "grpo_bn", "ebpo", "ebpo_batch", "otb", "rloo", "spo", "dbb"} == set(full.estimators)

@@ -140,6 +140,7 @@ _DAPO = "DAPO, Yu et al. 2025 (arXiv 2503.14476)"
 _ENTROPY = "Entropy Mechanism, Cui et al. 2025 (arXiv 2505.22617)"
 _OTB = "Optimal Token Baseline (arXiv 2602.07078), verl 0.9.1 docs/algo/otb.md"
 _V2 = "the v2 draft's baselines (ebpo_verl.baselines)"
+_DBB = "Discounted Beta-Bernoulli reward estimation (arXiv 2603.18444)"
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -265,6 +266,15 @@ PRESETS: dict[str, Preset] = {
             (_s(_EST, "reinforce_plus_plus_baseline", "REINFORCE++, Hu 2025 (arXiv 2501.03262)"),),
         ),
         Preset("spo", "SPO", "SPO's per-prompt Beta tracker", (_s(_EST, "spo", f"{_V2}; arXiv 2509.13232"),)),
+        Preset(
+            "dbb",
+            "DBB",
+            "Discounted Beta-Bernoulli per-prompt reward estimation (GRPO-DBB)",
+            (
+                _s(_EST, "dbb", f"{_DBB}; ebpo_verl.dbb"),
+                _s("algorithm.dbb.discount", 0.75, f"{_DBB}, Sec. 4.2: lambda = 0.75 for Qwen3-8B"),
+            ),
+        ),
         Preset("bnpo", "BNPO", "BNPO's Beta normalisation", (_s(_EST, "bnpo", f"{_V2}; arXiv 2506.02864"),)),
         Preset(
             "shrinkage_js",

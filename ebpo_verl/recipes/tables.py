@@ -20,9 +20,9 @@ PAPER_SCHEDULE = {"TEST_FREQ": "5", "SAVE_FREQ": "10", "VAL_SETS": "aime2024", "
 MAIN_ALGOS = ("grpo", "drgrpo", "dapo", "entropy_mech", "ebpo")
 V2_ALGOS = ("reinforce_pp", "rloo", "spo", "bnpo", "shrinkage_js", "ebpo_bb")
 """The v2 draft's extra Qwen3-8B rows of the main table (V2_ROWS=1)."""
-COMPETITOR_ALGOS = ("otb", "kl_cov")
-"""Stock-verl competitors the paper does not run (V2_ROWS=1): verl's Optimal Token Baseline and KL-Cov, on
-Qwen3-8B in the main (G=4) and group-size (G=8/16/32) tables."""
+COMPETITOR_ALGOS = ("otb", "kl_cov", "dbb")
+"""Competitors the paper does not run (V2_ROWS=1): verl's Optimal Token Baseline and KL-Cov, and Discounted
+Beta-Bernoulli (DBB, ebpo_verl.dbb), on Qwen3-8B in the main (G=4) and group-size (G=8/16/32) tables."""
 GROUP_SIZES = (8, 16, 32)
 
 
@@ -130,14 +130,14 @@ TABLES: dict[str, Table] = {
             "Main table (paper Table 1): Qwen3-8B, Qwen3-14B, LLaMA-3.1-8B-Instruct x GRPO, Dr.GRPO, DAPO,\n"
             "EntropyMech, EBPO; G=4. EBPO: topic order; baselines: shuffled (BASELINES=paper, as the authors ran\n"
             "them) or topic order (BASELINES=canonical). V2_ROWS=1 adds the v2 draft's rows (Qwen3-8B: REINFORCE++,\n"
-            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the stock-verl competitors OTB and KL-Cov\n"
-            "(Qwen3-8B). 15 runs (24 with V2_ROWS) of 4 x 8 H200 each.",
+            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the competitors OTB, KL-Cov and DBB\n"
+            "(Qwen3-8B). 15 runs (25 with V2_ROWS) of 4 x 8 H200 each.",
             main_rows,
         ),
         Table(
             "group_size",
-            "Group-size table (paper Table 2): Qwen3-8B, G = 8, 16, 32 x EBPO, GRPO, DAPO (V2_ROWS=1: also OTB\n"
-            "and KL-Cov). 9 runs (15 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384 responses per step).",
+            "Group-size table (paper Table 2): Qwen3-8B, G = 8, 16, 32 x EBPO, GRPO, DAPO (V2_ROWS=1: also OTB,\n"
+            "KL-Cov and DBB). 9 runs (18 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384 responses per step).",
             group_size_rows,
         ),
         Table(

@@ -46,19 +46,33 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"cannot create --out {args.out}: {err.strerror}")
     command = " ".join(["python -m ebpo_verl.study", *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
+    from ebpo_verl.provenance import code_version
+
+    code_version()  # the commit and dirty state the study starts from (cached), not those when it ends
     if args.what == "mse":
         from ebpo_verl.study.mse import run_mse_study
 
         print(run_mse_study(args.out, command))
         return 0
 
-    from ebpo_verl.study.report import write_report
-    from ebpo_verl.study.runner import StudyDirError, claim_out_dir, describe_base, prepare_base, run_grid, write_json
+    from ebpo_verl.study.report import study_provenance, write_report
+    from ebpo_verl.study.runner import (
+        StudyDirError,
+        choose_lrs,
+        claim_out_dir,
+        describe_base,
+        grid,
+        prepare_base,
+        run_grid,
+        tuning_grid,
+        write_json,
+    )
 
     preset = PRESETS[args.preset]
     try:
+        preset.check_lrs()
         claim_out_dir(args.out, preset)
-    except StudyDirError as err:
+    except (StudyDirError, ValueError) as err:
         print(f"python -m ebpo_verl.study: error: {err}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
@@ -66,14 +80,64 @@ def _main(argv: list[str] | None) -> int:
     base = prepare_base(preset, args.out)
     info = describe_base(base)
     print(f"warm start ready: held-out pass@1 {info['heldout_accuracy']:.3f}")
-    runs, resumed = run_grid(preset, base, args.out, args.workers)
+    tuning, resumed = run_grid(preset, base, args.out, tuning_grid(preset), args.workers)
+    if preset.tune:
+        lr_grid = {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
+    else:
+        lr_grid = recorded_lr_grid(preset.lr)
+    if not preset.group_sizes:  # a tuning preset: its choice is the output
+        seconds = time.perf_counter() - t0
+        record = {
+            "preset": preset.name,
+            "command": command,
+            "n_runs": len(tuning),
+            "wall_seconds": round(seconds, 1),
+            "cpu_seconds": round(info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in tuning), 1),
+            "tune": preset.tune,
+            "steps": preset.rl["steps"],
+            "split": "validation",
+            "lr_grid": {e: {k: v for k, v in g.items() if k != "source"} for e, g in lr_grid.items()},
+            "provenance": study_provenance(preset, seconds, command),
+        }
+        write_json(args.out / "lr_tuning.json", record)
+        write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": tuning})
+        for e, g in lr_grid.items():
+            print(f"{e}: lr {g['chosen']:g} (validation {[v[0] for v in g['validation']]} at {g['values']})")
+        print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {args.out / 'lr_tuning.json'}")
+        return 0
+    lrs = {e: g["chosen"] for e, g in lr_grid.items()} if preset.tune else dict(preset.lr)
+    runs, resumed_main = run_grid(preset, base, args.out, grid(preset, lrs), args.workers)
+    resumed += resumed_main
     seconds = time.perf_counter() - t0
-    write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": runs})
-    headline = write_report(args.out, preset, info, runs, seconds, command, resumed)
+    write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": runs, "tuning_runs": tuning})
+    headline = write_report(args.out, preset, info, runs, seconds, command, resumed, lr_grid, len(tuning))
     print(f"\nFinal held-out accuracy (rows = estimator, columns = G), warm start {info['heldout_accuracy']:.3f}:")
     print(headline)
     print(f"\n{len(runs)} runs ({resumed} resumed) in {seconds:.0f} s; report: {args.out / 'study.md'}")
     return 0
+
+
+def recorded_lr_grid(lrs: dict[str, float]) -> dict[str, dict]:
+    """Where the fixed rates ``lrs`` come from: the committed tuning run's grid
+    (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when they are its choice, each estimator's entry naming
+    that run (preset, commit, start) as its source; else each rate alone, fixed by the preset (tiny)."""
+    import json
+
+    from ebpo_verl.provenance import short_commit
+    from ebpo_verl.study.presets import LR_TUNING_FILE, tuned_lrs
+
+    tuned = tuned_lrs()
+    if any(tuned.get(e) != lr for e, lr in lrs.items()):
+        fixed = {"validation": [[None, None, 0]], "source": "fixed by the preset, not tuned"}
+        return {e: {"values": [lr], "chosen": lr, **fixed} for e, lr in lrs.items()}
+    record = json.loads(LR_TUNING_FILE.read_text())
+    prov = record["provenance"]
+    source = (
+        f"ebpo_verl/study/{LR_TUNING_FILE.name}: preset {record['preset']} (validation split, G in "
+        f"{record['tune']['group_sizes']}, {record['tune']['seeds']} seeds), commit {short_commit(prov)}, "
+        f"started {prov.get('started')}"
+    )
+    return {e: {**record["lr_grid"][e], "source": source} for e in lrs}
 
 
 if __name__ == "__main__":

@@ -4,18 +4,43 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ebpo_verl.study.policy import PolicyConfig
 from ebpo_verl.study.rl import ESTIMATORS, ORDERS
-from ebpo_verl.study.tasks import TOPICS
+from ebpo_verl.study.tasks import LEVELS
 
 ALL_ESTIMATORS = tuple(ESTIMATORS)
+STANDARDISED_GRID = (1.5e-4, 3e-4, 6e-4)
+"""Learning rates tried for the estimators whose advantages are standardised (unit scale)."""
+UNSCALED_GRID = (6e-4, 1.2e-3, 2.4e-3)
+"""Learning rates tried for the estimators whose advantages are not standardised (OTB: A = G - B in [-1, 1])."""
+LR_TUNING_FILE = Path(__file__).with_name("lr_tuning.json")
+"""The tuning run whose chosen learning rates the fixed-lr presets use (``--preset tune`` writes it)."""
+
+
+def lr_grid(estimators: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
+    """The learning rates tried per estimator."""
+    return {e: UNSCALED_GRID if e in ("otb", "shrinkage_js") else STANDARDISED_GRID for e in estimators}
+
+
+def tuned_lrs() -> dict[str, float]:
+    """Each estimator's chosen learning rate in :data:`LR_TUNING_FILE` (empty when there is none)."""
+    try:
+        record = json.loads(LR_TUNING_FILE.read_text())
+    except FileNotFoundError:
+        return {}
+    return {e: float(v["chosen"]) for e, v in record["lr_grid"].items()}
 
 
 @dataclass(frozen=True)
 class Preset:
     """A study grid. The main table crosses ``estimators`` x ``group_sizes`` (random order); the ordering table
-    crosses ``order_estimators`` x ``orders`` at G = ``order_group_size``. Every cell runs seeds 0..seeds-1."""
+    crosses ``order_estimators`` x ``orders`` at G = ``order_group_size``. Every cell runs seeds 0..seeds-1.
+
+    Learning rates: with ``tune`` ({"group_sizes": [...], "seeds": n}) the preset first runs every estimator at
+    every rate of ``lr_grid`` at those G and seeds, scored on the validation split, and the main grid uses each
+    estimator's best rate; without it, ``lr`` gives each estimator's rate (the values a tuning run chose)."""
 
     name: str
     estimators: tuple[str, ...]
@@ -24,15 +49,21 @@ class Preset:
     order_estimators: tuple[str, ...]
     order_group_size: int
     orders: tuple[str, ...] = ORDERS
-    topics: tuple[str, ...] = TOPICS
+    topics: tuple[str, ...] = ("add", "sub")
+    levels: tuple[int, ...] = (2, 3)
     policy: PolicyConfig = PolicyConfig()
-    # prompts per (topic, level) cell; a 1-digit cell has fewer distinct problems and gives each split what it
-    # can, so 1-digit cells weigh more in the held-out split than in the RL split
-    split_sizes: dict = field(default_factory=lambda: {"heldout": 50, "train": 300, "sft": 5000})
-    sft_steps: int = 1000
-    misconception: float = 0.5
-    rl: dict = field(default_factory=lambda: {"steps": 50, "responses_per_step": 128, "lr": 3e-4, "eval_every": 5})
-    target_gain: float = 0.03
+    # prompts per (topic, level) cell: validation (lr choice), held-out test, RL training, warm start; every
+    # 2- and 3-digit cell has thousands of problems, so each split is an iid draw of the same generator
+    split_sizes: dict = field(default_factory=lambda: {"val": 200, "heldout": 200, "train": 400, "sft": 5000})
+    sft_steps: int = 800
+    misconception: float = 0.8
+    rl: dict = field(
+        default_factory=lambda: {"steps": 120, "responses_per_step": 128, "eval_every": 10, "grad_clip": 5.0}
+    )
+    lr: dict = field(default_factory=dict)
+    lr_grid: dict = field(default_factory=dict)
+    tune: dict | None = None
+    target_gain: float = 0.05
     workers: int = 2
 
     def __post_init__(self):
@@ -41,6 +72,8 @@ class Preset:
             raise ValueError(f"preset {self.name}: unknown estimators {unknown}; choose from {ALL_ESTIMATORS}")
         if self.seeds < 2:
             raise ValueError(f"preset {self.name}: seeds={self.seeds}; a 95% interval needs at least 2")
+        if any(lv not in LEVELS for lv in self.levels):
+            raise ValueError(f"preset {self.name}: levels {self.levels}; choose from {LEVELS}")
 
     def cells(self) -> list[tuple[str, int, str]]:
         """(estimator, G, order) of every cell, sorted: the main table (random order) and the ordering table,
@@ -49,8 +82,24 @@ class Preset:
         cells |= {(e, self.order_group_size, o) for e in self.order_estimators for o in self.orders}
         return sorted(cells)
 
+    def check_lrs(self) -> None:
+        """Raise ValueError naming the estimators without a learning rate (``lr``) or a grid (``lr_grid``)."""
+        used = {*self.estimators, *self.order_estimators}
+        missing = sorted(used - set(self.lr_grid if self.tune else self.lr))
+        if missing:
+            what = "lr_grid" if self.tune else f"tuned lr in {LR_TUNING_FILE} (run --preset tune, then copy its file)"
+            raise ValueError(f"preset {self.name}: no {what} for {missing}")
+
+    def tuning_cells(self) -> list[tuple[str, int, float]]:
+        """(estimator, G, lr) of every tuning cell (none without ``tune``); each runs ``tune["seeds"]`` seeds."""
+        if not self.tune:
+            return []
+        ests = sorted({*self.estimators, *self.order_estimators})
+        return [(e, g, lr) for e in ests for g in self.tune["group_sizes"] for lr in self.lr_grid[e]]
+
     def n_runs(self) -> int:
-        return len(self.cells()) * self.seeds
+        tuning = len(self.tuning_cells()) * (self.tune["seeds"] if self.tune else 0)
+        return len(self.cells()) * self.seeds + tuning
 
     def fingerprint(self) -> dict:
         """Everything that decides the results (``workers`` does not: each run is deterministic for its seed),
@@ -58,9 +107,12 @@ class Preset:
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "workers"}))
 
 
+QUICK_ESTIMATORS = ("grpo", "ebpo", "otb", "dbb")
+FULL_ESTIMATORS = ("grpo", "grpo_bn", "ebpo", "ebpo_batch", "otb", "rloo", "spo", "dbb")
+_TUNED = tuned_lrs()
+
 PRESETS: dict[str, Preset] = {
-    # About 40 s: the test suite's end-to-end run (two estimators, two group sizes, two seeds, two
-    # topics). The warm start is the quick preset's model size on two topics; its RL runs are only 8 steps.
+    # About a minute: the test suite's end-to-end run (two estimators, two group sizes, two seeds, 8 steps).
     "tiny": Preset(
         name="tiny",
         estimators=("grpo", "ebpo"),
@@ -69,46 +121,57 @@ PRESETS: dict[str, Preset] = {
         order_estimators=("grpo",),
         order_group_size=4,
         orders=("random", "topic"),
-        topics=("add", "sub"),
-        split_sizes={"heldout": 50, "train": 300, "sft": 3000},
+        split_sizes={"val": 50, "heldout": 50, "train": 150, "sft": 3000},
         sft_steps=800,
-        rl={"steps": 8, "responses_per_step": 64, "lr": 3e-4, "eval_every": 4},
+        rl={"steps": 8, "responses_per_step": 64, "eval_every": 4, "grad_clip": 5.0},
+        lr={"grpo": 3e-4, "ebpo": 3e-4},
         workers=1,
     ),
-    # The default: GRPO, GRPO+BN, EBPO, EBPO as released (batch statistics) and verl's Optimal Token Baseline (the
-    # strongest small-group competitor) at G in {2, 4, 8, 16}, 5 seeds; the ordering table for grpo and ebpo at
-    # G = 4. 120 runs.
+    # The learning-rate choice of the quick preset: its estimators at every rate of their grid, G = 4, 3 seeds,
+    # scored on the validation split; writes lr_tuning.json (committed as ebpo_verl/study/lr_tuning.json).
+    "tune": Preset(
+        name="tune",
+        estimators=QUICK_ESTIMATORS,
+        group_sizes=(),
+        seeds=3,
+        order_estimators=(),
+        order_group_size=4,
+        lr_grid=lr_grid(QUICK_ESTIMATORS),
+        tune={"group_sizes": (4,), "seeds": 3},
+    ),
+    # The default: GRPO, EBPO, verl's Optimal Token Baseline and DBB at G in {2, 4, 8}, 4 seeds, each at the
+    # learning rate the tune preset chose on the validation split (lr_tuning.json). 48 runs.
     "quick": Preset(
         name="quick",
-        estimators=("grpo", "grpo_bn", "ebpo", "ebpo_batch", "otb"),
-        group_sizes=(2, 4, 8, 16),
-        seeds=5,
-        order_estimators=("grpo", "ebpo"),
+        estimators=QUICK_ESTIMATORS,
+        group_sizes=(2, 4, 8),
+        seeds=4,
+        order_estimators=(),
         order_group_size=4,
+        lr={e: _TUNED[e] for e in QUICK_ESTIMATORS if e in _TUNED},
     ),
-    # Everything: all twelve estimators (the paper's eight plus shrinkage_js, bnpo, spo and otb), G up to 32, 8 seeds,
-    # 120 steps, the ordering table for all of them. In 120 steps a run at G >= 8 covers less than one epoch of the
-    # RL prompts, so spo's tracker never sees a prompt twice there (study.md reports spo/frac_seen).
+    # Everything: the eight estimators of the issue (GRPO, GRPO+BN, EBPO, EBPO as released, OTB, RLOO, SPO, DBB),
+    # their learning rates chosen in the same command (3 rates x G = 4 x 2 seeds on the validation split), then
+    # G in {2, 4, 8, 16} x 5 seeds on the test split. 208 runs.
     "full": Preset(
         name="full",
-        estimators=ALL_ESTIMATORS,
-        group_sizes=(2, 4, 8, 16, 32),
-        seeds=8,
-        order_estimators=ALL_ESTIMATORS,
+        estimators=FULL_ESTIMATORS,
+        group_sizes=(2, 4, 8, 16),
+        seeds=5,
+        order_estimators=(),
         order_group_size=4,
-        rl={"steps": 120, "responses_per_step": 128, "lr": 3e-4, "eval_every": 5},
-        sft_steps=1200,
+        lr_grid=lr_grid(FULL_ESTIMATORS),
+        tune={"group_sizes": (4,), "seeds": 2},
     ),
 }
 
-# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README. quick: its 100-run form
-# (without otb) took 4.3 min idle; the 120 runs took 11.9 min on a machine shared with other jobs, so about 5 min
-# idle is an estimate. full: 31 min was measured for its earlier form (448 runs, 8 estimators); 672 runs scale that
-# to about 47 min, not measured.
+# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README: estimated as the warm
+# start's CPU time + half the runs' CPU time, measured on a machine shared with other jobs (docs/study.md).
 DURATION = {
-    "tiny": "about 40 s",
-    "quick": "about 5 min (estimated)",
-    "full": "about 47 min (estimated; 448 runs took 31 min)",
+    "tiny": "about 1 min",
+    "tune": "about 5 min (estimated from its 548 CPU-seconds)",
+    "quick": "about 6-6.5 min (estimated from its 701 CPU-seconds)",
+    "full": "about 25-30 min (estimated from the quick runs' CPU time, not run)",
 }
 
 
@@ -116,6 +179,7 @@ def describe_presets() -> str:
     """One line per preset: its size and how long it takes."""
     return "\n".join(
         f"{name}: {len(p.estimators)} estimators x G in {list(p.group_sizes)}, {p.seeds} seeds, {p.rl['steps']} steps"
-        f" -> {p.n_runs()} runs, {DURATION.get(name, 'time not measured')}"
+        + (f" (+ lr grid x G in {list(p.tune['group_sizes'])} x {p.tune['seeds']} seeds)" if p.tune else "")
+        + f" -> {p.n_runs()} runs, {DURATION.get(name, 'time not measured')}"
         for name, p in PRESETS.items()
     )

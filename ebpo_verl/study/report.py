@@ -53,7 +53,7 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "train_seen_gain": float(m["train_seen_gain"][0]),
         "train_unseen_gain": float(m["train_unseen_gain"][0]),
         "train_seen_fraction": float(m["train_seen_fraction"][0]),
-        **({"spo_frac_seen": float(np.mean(m["spo_frac_seen"]))} if "spo_frac_seen" in m else {}),
+        **{k: float(np.mean(m[k])) for k in ("spo_frac_seen", "dbb_frac_seen") if k in m},
     }
 
 
@@ -141,12 +141,13 @@ STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okab
     "ebpo_batch": ("#009E73", "v", (0, (5, 2, 1, 2))),
     "otb": ("#CC79A7", "D", "-."),
     "rloo": ("#56B4E9", "P", ":"),
-    "reinforce_pp": ("#D55E00", "X", "--"),
+    "reinforce_pp": ("#E377C2", "X", "--"),
     "ebpo_bb": ("#7F7F7F", "*", "-."),
     "ebpo_topic": ("#8C564B", "h", ":"),
     "shrinkage_js": ("#BCBD22", "<", "--"),
     "bnpo": ("#17BECF", ">", "-."),
     "spo": ("#9467BD", "p", ":"),
+    "dbb": ("#D55E00", "d", (0, (3, 1, 1, 1))),
 }
 LEGEND_PT = 9
 FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
@@ -226,6 +227,67 @@ def curve_figure(
     _save(fig, path)
 
 
+def paired(runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str = "ebpo") -> list[dict]:
+    """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
+    held-out accuracy (runs of the same seed share the warm start, the data stream and the sampling seed), as
+    [mean, 95% t half-width, n] over the seeds both ran, and ``wins``: the seeds where ``reference`` is higher."""
+    final = {
+        (c["estimator"], c["group_size"], c["seed"]): r["metrics"]["accuracy"][-1]
+        for r in runs
+        if (c := r["config"])["order"] == "random"
+    }
+    out = []
+    if reference not in estimators:
+        return out
+    for g in group_sizes:
+        for x in estimators:
+            if x == reference:
+                continue
+            seeds = sorted(s for (e, gg, s) in final if e == reference and gg == g and (x, g, s) in final)
+            diff = [final[reference, g, s] - final[x, g, s] for s in seeds]
+            mean, half, n = mean_ci(diff)
+            out.append({
+                "estimator": reference,
+                "baseline": x,
+                "group_size": g,
+                "diff": [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n],
+                "wins": int(sum(d > 0 for d in diff)),
+            })  # fmt: skip
+    return out
+
+
+def paired_table(pairs: list[dict], group_sizes: list[int]) -> str:
+    """Markdown: rows = baseline X, columns = G, cells ``mean ± half-width (wins/n)`` of EBPO - X."""
+    xs = list(dict.fromkeys(p["baseline"] for p in pairs))
+    if not xs:
+        return "(no pairs: the reference estimator is not in this preset)"
+    at = {(p["baseline"], p["group_size"]): p for p in pairs}
+    lines = ["| EBPO - X | " + " | ".join(f"G={g}" for g in group_sizes) + " |", "|---" * (len(group_sizes) + 1) + "|"]
+    for x in xs:
+        cells = []
+        for g in group_sizes:
+            p = at.get((x, g))
+            if p is None or p["diff"][2] == 0:
+                cells.append("—")
+                continue
+            mean, half, n = p["diff"]
+            cells.append(f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" ({p['wins']}/{n})")
+        lines.append(f"| {x} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_verdict(pairs: list[dict]) -> str:
+    """One sentence per G: where EBPO - X's 95% interval lies above 0, below 0, or covers it."""
+    by_g: dict[int, list[str]] = defaultdict(list)
+    for p in pairs:
+        mean, half, n = p["diff"]
+        if n < 2 or half is None:
+            continue
+        side = "ahead of" if mean - half > 0 else "behind" if mean + half < 0 else "not separated from"
+        by_g[p["group_size"]].append(f"{side} {p['baseline']} ({mean:+.3f} ± {half:.3f}, wins {p['wins']}/{n})")
+    return " ".join(f"G={g}: EBPO is {'; '.join(v)}." for g, v in sorted(by_g.items()))
+
+
 def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
     return mean_ci([s[metric] for s in by_cell.get(cell, [])])[0]
 
@@ -259,21 +321,32 @@ def _with_source_lines(text: str, line: str) -> str:
 
 
 def summary(
-    preset, base_info: dict, runs: list[dict], seconds: float, command: str, resumed: int, record: dict | None = None
+    preset,
+    base_info: dict,
+    runs: list[dict],
+    seconds: float,
+    command: str,
+    resumed: int,
+    record: dict | None = None,
+    lr_grid: dict | None = None,
+    tuning_runs: int = 0,
 ) -> dict:
-    """The study's machine-readable summary (``summary.json``): what ran, its provenance, and mean / 95%
-    half-width / n over seeds of every per-run scalar in every cell (NaN as null).
-    ``scripts/readme_study_tables.py`` reads it."""
+    """The study's machine-readable summary (``summary.json``): what ran, its provenance, mean / 95%
+    half-width / n over seeds of every per-run scalar in every cell (NaN as null) with the cell's ``lr``, the
+    learning-rate grid (``lr_grid``: per estimator the rates tried, their validation scores, the choice and its
+    source) and the paired differences (``paired``, :func:`paired`). ``scripts/readme_study_tables.py`` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
     by_cell = cells(runs, target)
 
     def stat(values):
         return [None if not np.isfinite(x) else round(x, 6) for x in mean_ci(values)[:2]] + [mean_ci(values)[2]]
 
+    lrs = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]): r["config"]["lr"] for r in runs}
     return {
         "preset": preset.name,
         "command": command,
         "n_runs": len(runs),
+        "tuning_runs": tuning_runs,
         "resumed_runs": resumed,
         "wall_seconds": round(seconds, 1),
         "cpu_seconds": round(base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs), 1),
@@ -281,15 +354,21 @@ def summary(
         "torch_threads_per_run": 1,
         "seeds": preset.seeds,
         "steps": preset.rl["steps"],
+        "responses_per_step": preset.rl["responses_per_step"],
+        "grad_clip": preset.rl["grad_clip"],
         "estimators": list(preset.estimators),
         "group_sizes": list(preset.group_sizes),
         "warm_start_heldout_accuracy": round(base_info["heldout_accuracy"], 6),
+        "target_gain": preset.target_gain,
         "provenance": record if record is not None else study_provenance(preset, seconds, command),
+        "lr_grid": lr_grid or {},
+        "paired": paired(runs, list(preset.estimators), list(preset.group_sizes)),
         "cells": [
             {
                 "estimator": e,
                 "group_size": g,
                 "order": o,
+                "lr": lrs[e, g, o],
                 **{k: stat([s[k] for s in sums]) for k in sums[0]},
             }
             for (e, g, o), sums in sorted(by_cell.items())
@@ -298,7 +377,15 @@ def summary(
 
 
 def write_report(
-    out: Path, preset, base_info: dict, runs: list[dict], seconds: float, command: str, resumed: int = 0
+    out: Path,
+    preset,
+    base_info: dict,
+    runs: list[dict],
+    seconds: float,
+    command: str,
+    resumed: int = 0,
+    lr_grid: dict | None = None,
+    tuning_runs: int = 0,
 ) -> str:
     """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
     held-out accuracy)."""
@@ -308,6 +395,8 @@ def write_report(
     record = study_provenance(preset, seconds, command)
     source = source_line(preset.name, record)
     ests, gs = list(preset.estimators), list(preset.group_sizes)
+    pairs = paired(runs, ests, gs)
+    lr_text = ", ".join(f"{e} {runs_lr(runs, e):g}" for e in ests)
     orders, o_ests, og = list(preset.orders), list(preset.order_estimators), preset.order_group_size
     main = lambda r, c: (r, c, "random")  # noqa: E731
     headline = table(by_cell, ests, gs, main, "final_accuracy", "G")
@@ -347,6 +436,12 @@ def write_report(
         "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
     }
     rl = preset.rl
+    order_section = (
+        f"## Stream order (G = {og}): final held-out accuracy\n\n"
+        f"{table(by_cell, o_ests, orders, lambda r, c: (r, og, c), 'final_accuracy', 'order')}\n"
+        if o_ests
+        else ""
+    )
     hist = base_info["pass_rate_histogram"]
     left_out = [e for e in ESTIMATORS if e not in ests]
     scope = (
@@ -364,12 +459,11 @@ Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall
 ## Setup
 - Policy: a {base_info["params"]:,}-parameter causal transformer ({preset.policy.n_layer} layers,
   d={preset.policy.d_model}) that writes its answer token by token (least-significant digit first, then EOS).
-- Tasks: topics {", ".join(preset.topics)} x levels 1-3 (operand digits); reward 1 iff the answer is exactly right.
-  {base_info["n_train"]} RL training prompts, {base_info["n_heldout"]} held-out prompts (disjoint from the
-  warm-start data and from the RL prompts). Both splits hold every (topic, level) cell, but not in the same
-  proportions: the 1-digit cells have few distinct problems, so they are
-  {100 * base_info["frac_level1_heldout"]:.0f}% of the held-out prompts and {100 * base_info["frac_level1_train"]:.0f}%
-  of the RL prompts.
+- Tasks: topics {", ".join(preset.topics)} x levels {", ".join(map(str, preset.levels))} (operand digits); reward 1
+  iff the answer is exactly right. Four disjoint iid draws from the same generator, the same number per
+  (topic, level) cell: {base_info["n_train"]} RL training prompts, {base_info["n_heldout"]} held-out test prompts
+  (every accuracy below), {base_info["n_val"]} validation prompts (the learning-rate choice only) and the
+  warm-start data.
 - Warm start: {preset.sft_steps} supervised steps on a separate split in which a fraction {preset.misconception} of the
   answers follow a carry-free misconception, so the base model holds a right and a wrong strategy.
   Held-out exact pass@1 of the warm start: {ws:.3f}; pass rates on the RL prompts
@@ -377,7 +471,8 @@ Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall
 - RL: {rl["steps"]} steps of {rl["responses_per_step"]} sampled responses (temperature 1), so a step holds
   {rl["responses_per_step"]}/G prompts (equal samples per step at every G); PPO-clip 0.2 with token-mean aggregation
   (`compute_policy_loss_vanilla`), k3 KL loss to the warm start (coefficient 0.001), two mini-batches per step,
-  AdamW lr {rl["lr"]}, gradient clip {clip:g}. Advantages from verl's registry (`get_adv_estimator_fn`).
+  AdamW at each estimator's own learning rate ({lr_text}), gradient clip {clip:g} (a safety net: see the share of
+  clipped updates below). Advantages from verl's registry (`get_adv_estimator_fn`).
 - Accuracy = exact pass@1 at temperature 1 (the product of the answer tokens' probabilities), averaged over
   the held-out prompts: no sampling noise in the evaluation. Every cell: seeds 0..{preset.seeds - 1} (the same seeds
   for every estimator); mean ± half-width of the 95% t-interval over seeds.
@@ -389,6 +484,17 @@ Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall
 Warm start: {ws:.3f}.
 
 {headline}
+
+## Paired differences: EBPO - X in final held-out accuracy
+Per G, the difference between EBPO's run and X's run of the same seed (same warm start, data stream and sampling
+seed), mean ± 95% t-interval over the seeds, and in brackets the seeds in which EBPO ends higher.
+
+{paired_table(pairs, gs)}
+
+{paired_verdict(pairs)}
+
+## Learning rates
+{lr_section(lr_grid or {})}
 
 ## Steps to reach held-out accuracy {target:.3f} (warm start + {preset.target_gain})
 Mean over the seeds that reached it (count in brackets when not all did);
@@ -407,11 +513,7 @@ Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL st
 
 {_below_warm_start(by_cell, ests, gs, ws, rl)}
 {spo_note(by_cell, ests, gs)}
-
-## Stream order (G = {og}): final held-out accuracy
-
-{table(by_cell, o_ests, orders, lambda r, c: (r, og, c), "final_accuracy", "order")}
-
+{order_section}
 ## Training dynamics at G = {og} (random order)
 
 {dynamics_table(by_cell, ests, og)}
@@ -428,10 +530,10 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
 - It runs the real code paths: verl's advantage registry (GRPO, RLOO, REINFORCE++-baseline and the package's
   `ebpo`), verl's PPO-clip loss, `agg_loss` and `kl_penalty`, on sampled token-by-token answers with verifiable
   rewards, so group statistics, zero-signal groups, shrinkage and the stream order behave as in training.
-- It is not LLM-scale evidence: a ~10^5-parameter model, {rl["steps"]} steps, one warm start, arithmetic only. A
-  tiny model transfers little of what it learns on one prompt to another, so held-out gains are small; effects
-  of a few thousandths are within the intervals above. Read the tables as "what the estimators do to the
-  training signal at small scale", not as a replication of the paper's benchmark numbers.
+- It is not LLM-scale evidence: a ~10^5-parameter model, {rl["steps"]} steps, one warm start, arithmetic only.
+  What RL learns here is a rule shared by the prompts (carrying, which the warm start mostly skips), so it
+  transfers to held-out prompts; read the tables as "what the estimators do to sample efficiency at small
+  scale", not as a replication of the paper's benchmark numbers.
 - The difficulty order ends on the hardest prompts, so its final accuracy measures the end of a curriculum,
   not its average.
 """
@@ -439,9 +541,32 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
     atomic_write_text(out / "study.md", text)
     atomic_write_text(
         out / "summary.json",
-        json.dumps(summary(preset, base_info, runs, seconds, command, resumed, record), indent=1) + "\n",
+        json.dumps(
+            summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs), indent=1
+        )
+        + "\n",
     )
     return headline
+
+
+def runs_lr(runs: list[dict], estimator: str) -> float:
+    """The learning rate of ``estimator``'s runs (one per estimator)."""
+    return next(r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator)
+
+
+def lr_section(lr_grid: dict) -> str:
+    """The learning-rate grid: per estimator the rates tried, the final validation accuracy of each, the choice."""
+    if not lr_grid:
+        return "Fixed learning rates (no grid recorded for this preset)."
+    lines = ["| estimator | rates tried: final validation accuracy | chosen |", "|---|---|---|"]
+    for e, g in lr_grid.items():
+        scores = ", ".join(
+            f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))
+            for v, s in zip(g["values"], g["validation"], strict=True)
+        )
+        lines.append(f"| {e} | {scores} | {g['chosen']:g} |")
+    sources = sorted({g.get("source", "") for g in lr_grid.values()})
+    return "\n".join(lines) + "\n\nWhere the rates come from (never from the test split): " + "; ".join(sources) + "."
 
 
 def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, rl: dict) -> str:

@@ -67,7 +67,12 @@ ESTIMATORS: dict[str, Estimator] = {
     "spo": Estimator("spo"),
     # verl's Optimal Token Baseline (arXiv 2602.07078): a per-token baseline weighted by the path variance
     "otb": Estimator("optimal_token_baseline"),
+    # Discounted Beta-Bernoulli (arXiv 2603.18444, ebpo_verl.dbb): per-prompt posteriors keyed as spo's tracker
+    "dbb": Estimator("dbb"),
 }
+KEYED = ("spo", "dbb")
+"""verl names of the estimators that keep per-prompt state under a stable prompt key (the problem's index)."""
+SPLITS = ("test", "validation")
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,13 @@ class RLConfig:
     kl_coef: float = 0.001
     grad_clip: float = 1.0
     eval_every: int = 5
+    split: str = "test"  # the held-out split the accuracy is measured on: test, or validation (lr tuning)
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}; choose from {sorted(ESTIMATORS)}")
+        if self.split not in SPLITS:
+            raise ValueError(f"unknown split {self.split!r}; choose from {SPLITS}")
         if self.order not in ORDERS:
             raise ValueError(f"unknown order {self.order!r}; choose from {ORDERS}")
         if self.group_size < 2 or self.responses_per_step % self.group_size:
@@ -176,7 +184,8 @@ def _advantages(
     otb_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(bs, L) advantages from verl's registry; the outcome reward sits on the last response token. ``spo`` gets
-    each row's training-problem index as its stable prompt key (as the trainer passes ``extra_info.index``);
+    each row's training-problem index as its stable prompt key (as the trainer passes ``extra_info.index``), as
+    does ``dbb``;
     ``otb`` gets ``otb_inputs`` = (old_log_probs, sum_pi_squared), as verl's ``compute_advantage`` passes them."""
     fn = get_adv_estimator_fn(est.verl_name)
     maskf = mask.float()
@@ -202,7 +211,7 @@ def _advantages(
         return adv
     config = OmegaConf.create({"adv_estimator": est.verl_name, "ebpo": dict(est.ebpo)})
     extra = {"labels": list(topics)} if est.uses_labels else {}
-    if est.verl_name == "spo":
+    if est.verl_name in KEYED:
         extra["prompt_keys"] = problem_ids
     adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, config=config, **extra)
     return adv
@@ -220,13 +229,15 @@ def run_rl(
     ``heldout``, and on ``probe``, a fixed sample of the training split, when given) and the final model's mean
     gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it did not."""
     est = ESTIMATORS[cfg.estimator]
-    if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", "spo"):  # this package's estimators
+    if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", *KEYED):  # this package's estimators
         import ebpo_verl
         from ebpo_verl.baselines import SPO_STATE
+        from ebpo_verl.dbb import DBB_STATE
 
         ebpo_verl.register()
         ebpo_verl.get_state().reset()
         SPO_STATE.reset()
+        DBB_STATE.reset()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model, ref = copy.deepcopy(base), base
@@ -282,10 +293,12 @@ def run_rl(
             import ebpo_verl
 
             log["shrinkage"].append(ebpo_verl.get_state().diagnostics.get("ebpo/shrinkage_mean", float("nan")))
-        if est.verl_name == "spo":  # share of this step's prompts that the tracker saw at an earlier step
+        if est.verl_name in KEYED:  # share of this step's prompts that the tracker saw at an earlier step
             from ebpo_verl.baselines import SPO_STATE
+            from ebpo_verl.dbb import DBB_STATE
 
-            log.setdefault("spo_frac_seen", []).append(SPO_STATE.diagnostics["spo/frac_seen"])
+            state = SPO_STATE if est.verl_name == "spo" else DBB_STATE
+            log.setdefault(f"{est.verl_name}_frac_seen", []).append(state.diagnostics[f"{est.verl_name}/frac_seen"])
         maskf = mask.float()
         with torch.no_grad():
             ref_logp = logprobs_from_logits(ref.response_logits(prompts, responses), responses)

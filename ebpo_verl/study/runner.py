@@ -34,7 +34,8 @@ class Base:
 
     model: TinyPolicy
     train: ProblemSet
-    heldout: ProblemSet
+    heldout: ProblemSet  # the test split
+    val: ProblemSet  # the validation split (learning-rate choice)
     probe: ProblemSet
     train_pass: np.ndarray  # (len(train),) exact pass@1 of the base model, for the difficulty order
     heldout_pass: np.ndarray
@@ -46,7 +47,7 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
     """Data splits and the supervised warm start (``preset.sft_steps`` steps). With ``out``, a warm start saved
     there by an earlier invocation (``base_model.pt`` + ``base.json``) is loaded instead of retrained, and a new
     one is saved there."""
-    splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics)
+    splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
     saved = _load_base_info(out) if out is not None else None
@@ -63,6 +64,7 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         model=model,
         train=train,
         heldout=heldout,
+        val=splits["val"],
         probe=probe,
         train_pass=exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy(),
         heldout_pass=exact_pass_at_1(model, heldout.prompts, heldout.targets, heldout.target_mask).numpy(),
@@ -84,20 +86,49 @@ def _load_base_info(out: Path) -> dict | None:
         return None
 
 
-def grid(preset: Preset) -> list[RLConfig]:
-    """Every run of the preset, in table order."""
+def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
+    """Every run of the preset's tables (test split), in table order, each estimator at its rate in ``lrs``."""
     return [
-        RLConfig(estimator=e, group_size=g, order=o, seed=s, **preset.rl)
+        RLConfig(estimator=e, group_size=g, order=o, seed=s, lr=lrs[e], **preset.rl)
         for e, g, o in preset.cells()
         for s in range(preset.seeds)
     ]
+
+
+def tuning_grid(preset: Preset) -> list[RLConfig]:
+    """The learning-rate tuning runs (validation split; none without ``preset.tune``)."""
+    seeds = preset.tune["seeds"] if preset.tune else 0
+    return [
+        RLConfig(estimator=e, group_size=g, seed=s, lr=lr, split="validation", **preset.rl)
+        for e, g, lr in preset.tuning_cells()
+        for s in range(seeds)
+    ]
+
+
+def choose_lrs(runs: list[dict]) -> dict[str, dict]:
+    """Per estimator, from its tuning runs: the rates tried, each rate's final validation accuracy [mean,
+    half-width, n] over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie)."""
+    from ebpo_verl.study.report import mean_ci
+
+    by: dict[str, dict[float, list[float]]] = {}
+    for run in runs:
+        c = run["config"]
+        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(run["metrics"]["accuracy"][-1])
+    out = {}
+    for est, scores in sorted(by.items()):
+        values = sorted(scores)
+        stats = [[round(x, 6) if np.isfinite(x) else None for x in mean_ci(scores[v])[:2]] + [len(scores[v])]
+                 for v in values]  # fmt: skip
+        best = max(values, key=lambda v: (float(np.mean(scores[v])), -v))
+        out[est] = {"values": values, "validation": stats, "chosen": best}
+    return out
 
 
 class StudyDirError(ValueError):
     """The output directory holds a study with a different configuration."""
 
 
-RESULT_SOURCES = ("estimator.py", "baselines.py", "verl_adapter.py", "study/*.py")
+RESULT_SOURCES = ("estimator.py", "baselines.py", "dbb.py", "verl_adapter.py", "study/*.py")
 """The package's source files (relative to ``ebpo_verl/``) that decide a study's numbers."""
 
 
@@ -143,7 +174,8 @@ def claim_out_dir(out: Path, preset: Preset) -> None:
 
 
 def run_path(out: Path, cfg: RLConfig) -> Path:
-    return out / "runs" / f"{cfg.estimator}-g{cfg.group_size}-{cfg.order}-s{cfg.seed}.json"
+    tuning = f"-lr{cfg.lr:g}-{cfg.split}" if cfg.split != "test" else ""
+    return out / "runs" / f"{cfg.estimator}-g{cfg.group_size}-{cfg.order}-s{cfg.seed}{tuning}.json"
 
 
 def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
@@ -173,18 +205,20 @@ def _init_worker() -> None:
 def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, float]:
     assert _BASE is not None
     t0, c0 = time.perf_counter(), time.process_time()
-    out = run_rl(_BASE.model, _BASE.train, _BASE.heldout, _BASE.train_pass, cfg, probe=_BASE.probe)
+    evaluated = _BASE.val if cfg.split == "validation" else _BASE.heldout
+    out = run_rl(_BASE.model, _BASE.train, evaluated, _BASE.train_pass, cfg, probe=_BASE.probe)
     return cfg, {k: v.tolist() for k, v in out.items()}, time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_grid(preset: Preset, base: Base, out: Path, workers: int | None = None) -> tuple[list[dict], int]:
+def run_grid(
+    preset: Preset, base: Base, out: Path, jobs: list[RLConfig], workers: int | None = None
+) -> tuple[list[dict], int]:
     """All runs of the preset, each as {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
     "cpu_seconds": CPU time of its process (what a dedicated core would need)}, and how many of them were
     already saved. Each finished run is saved at once (atomically) as ``out/runs/<cell>-s<seed>.json``, and
     saved runs are not run again, so an interrupted study resumes where it stopped."""
     global _BASE
     _BASE = base
-    jobs = grid(preset)
     done = load_done(out, jobs)
     todo = [cfg for cfg in jobs if _key(asdict(cfg)) not in done]
     if done:
@@ -192,7 +226,8 @@ def run_grid(preset: Preset, base: Base, out: Path, workers: int | None = None) 
     (out / "runs").mkdir(exist_ok=True)
     results = list(done.values())
     workers = max(1, min(workers or preset.workers, len(todo) or 1))
-    bar = tqdm(total=len(jobs), initial=len(done), desc=f"RL runs ({preset.name}, {workers} proc)", unit="run")
+    what = "lr tuning runs" if jobs and jobs[0].split == "validation" else "RL runs"
+    bar = tqdm(total=len(jobs), initial=len(done), desc=f"{what} ({preset.name}, {workers} proc)", unit="run")
     if workers == 1:
         _init_worker()
         it = map(_run_one, todo)
@@ -216,7 +251,7 @@ def run_grid(preset: Preset, base: Base, out: Path, workers: int | None = None) 
 
 
 def _key(config: dict) -> tuple:
-    return config["estimator"], config["group_size"], config["order"], config["seed"]
+    return config["estimator"], config["group_size"], config["order"], config["seed"], config["lr"], config["split"]
 
 
 def describe_base(base: Base) -> dict:
@@ -239,6 +274,7 @@ def describe_base(base: Base) -> dict:
         },
         "n_train": len(base.train),
         "n_heldout": len(base.heldout),
+        "n_val": len(base.val),
         "frac_level1_train": float((base.train.level == 1).mean()),
         "frac_level1_heldout": float((base.heldout.level == 1).mean()),
     }
