@@ -323,6 +323,9 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
         print(f"ebpo-train: warning: {versions}", file=sys.stderr)
     resume = _check_resume(config, options)
     check_verl_config(config)
+    from ebpo_verl.batch_division import check_batch_division  # each rank's share of every batch (issue 28)
+
+    check_batch_division(config)
     steps = check_steps_per_epoch(config, missing_ok=dry_run)
     check_data_files(config, missing_ok=dry_run)
     return [f"world size {world_size(config)}", steps] + ([resume] if resume else [])
