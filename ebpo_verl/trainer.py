@@ -81,6 +81,7 @@ from ebpo_verl.validation import (
     spo_options,
 )
 from ebpo_verl.verl_adapter import ESTIMATORS, ignored_options_reported
+from ebpo_verl.watchdog import StepWatchdogMixin
 
 STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/throughput"})
 """Metrics of the step's total time, unknown while its checkpoint is written (not in the saved metrics)."""
@@ -383,7 +384,7 @@ class EBPOTrainerMixin:
 def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
     """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
     base = get_trainer_cls(trainer_mode)
-    return type(f"EBPO{base.__name__}", (EBPOTrainerMixin, base), {"__module__": __name__})
+    return type(f"EBPO{base.__name__}", (EBPOTrainerMixin, StepWatchdogMixin, base), {"__module__": __name__})
 
 
 @ray.remote
