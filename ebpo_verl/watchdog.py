@@ -8,7 +8,9 @@ is in (rollout, old log-prob, update, save, ...) and:
 
 * on an error inside a phase, looks for an actor of this Ray job that died (Ray's actor table); when there is
   one, the run stops with :class:`RunAbortedError` naming the actor, its node, the step and the phase;
-* runs a watchdog thread: when no phase starts or ends for ``trainer.step_timeout_s`` seconds
+* runs a watchdog thread that looks at Ray's actor table every few seconds (a crashed actor ends the run even when
+  nothing waits on it, as a dead vLLM server leaves the rollout waiting), and when no phase starts or ends for
+  ``trainer.step_timeout_s`` seconds
   (``EBPO_STEP_TIMEOUT_S`` overrides it; 0 or null disables it), it names the job's actors that are stuck in a
   task or stopped (one Ray task per node reads their process state), kills them so that the trainer's
   ``ray.get`` returns, and the run stops with a :class:`RunAbortedError` that says the step timed out.
@@ -34,6 +36,8 @@ STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
 STEP_TIMEOUT_KEY = "step_timeout_s"
 KILL_GRACE_S = 60.0
 """After killing the stuck actors, how long the watchdog waits for the trainer to notice before exiting itself."""
+DEATH_CHECK_S = 5
+"""Seconds between two looks at Ray's actor table for a crashed actor of the run."""
 
 
 class RunAbortedError(RuntimeError):
@@ -96,18 +100,47 @@ def job_actors(state: str | None = None) -> list[dict]:
     return list(table.values())
 
 
-def dead_actors(since: float) -> list[dict]:
-    """Actors of this job that died since ``since`` (a Unix time), other than by ``ray.kill``."""
+def _died_unexpectedly(cause: Any) -> bool:
+    """An actor's death cause is a crash: its process or node died, or it ran out of memory (not ``ray.kill``,
+    not a dropped handle)."""
     from ray.core.generated.common_pb2 import ActorDiedErrorContext
 
-    dead = []
-    for info in job_actors("DEAD"):
-        context = getattr(info.get("DeathCause"), "actor_died_error_context", None)
-        if context is not None and context.reason == ActorDiedErrorContext.RAY_KILL:
-            continue
-        if info.get("EndTime", 0) / 1000 >= since:
-            dead.append(info)
-    return dead
+    which = cause.WhichOneof("context") if cause is not None else None
+    if which == "oom_context":
+        return True
+    reasons = (ActorDiedErrorContext.WORKER_DIED, ActorDiedErrorContext.NODE_DIED)
+    return which == "actor_died_error_context" and cause.actor_died_error_context.reason in reasons
+
+
+def dead_actors(since: float) -> list[dict]:
+    """Actors of this job that crashed since ``since`` (a Unix time)."""
+    return [
+        info
+        for info in job_actors("DEAD")
+        if _died_unexpectedly(info.get("DeathCause")) and info.get("EndTime", 0) / 1000 >= since
+    ]
+
+
+ABORT_KEY = "ebpo_verl:abort:{job}"
+"""Ray's internal key-value store (GCS) entry where the TaskRunner leaves its one line for the driver."""
+
+
+def record_abort(message: str) -> None:
+    """Leave the run-ending line where the driver finds it (:func:`failures_reported`), for a TaskRunner that
+    must end itself."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(ABORT_KEY.format(job=ray.get_runtime_context().get_job_id()), message)
+
+
+def recorded_abort() -> str | None:
+    """The line :func:`record_abort` left for this job, if any (None without Ray)."""
+    from ray.experimental import internal_kv
+
+    if not ray.is_initialized():
+        return None
+    value = internal_kv._internal_kv_get(ABORT_KEY.format(job=ray.get_runtime_context().get_job_id()))
+    return value.decode() if value else None
 
 
 def _process_states(pids: list[int]) -> dict[int, tuple[str, str]]:
@@ -195,9 +228,8 @@ class StepWatchdog:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self.timeout_s is not None:
-            self._thread = threading.Thread(target=self._watch, name="ebpo-step-watchdog", daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._watch, name="ebpo-step-watchdog", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -212,10 +244,34 @@ class StepWatchdog:
         self.progress = time.monotonic()
 
     def _watch(self) -> None:
+        ticks = 0
         while not self._stop.wait(1.0):
-            if time.monotonic() - self.progress > self.timeout_s:
+            ticks += 1
+            if self.timeout_s is not None and time.monotonic() - self.progress > self.timeout_s:
                 self._fire()
                 return
+            if ticks % DEATH_CHECK_S == 0 and self._died():
+                return
+
+    def _died(self) -> bool:
+        """An actor of the run crashed: end the run now, whether or not the trainer is waiting on it (a dead
+        vLLM server leaves the rollout waiting for responses that never come)."""
+        try:
+            dead = dead_actors(self.started)
+        except Exception:  # noqa: BLE001  (GCS unreachable: the next check, or the trainer's own error)
+            return False
+        if not dead:
+            return False
+        self.fired = self._death_message(dead)
+        self._end(stuck=[])
+        return True
+
+    def _death_message(self, dead: list[dict]) -> str:
+        names = "; ".join(f"{describe_actor(info)}: {_death_reason(info)}" for info in dead)
+        return (
+            f"step {self.step}, phase {self.phase}: a worker died: {names}. The run was stopped; rerun the same "
+            "command to resume from the last checkpoint"
+        )
 
     def _fire(self) -> None:
         step, phase = self.step, self.phase
@@ -231,11 +287,20 @@ class StepWatchdog:
             f"(trainer.{STEP_TIMEOUT_KEY}, env {STEP_TIMEOUT_ENV}); did not answer: {who}{note}. The run was "
             "stopped; rerun the same command to resume from the last checkpoint"
         )
+        self._end(stuck=[info for info, _ in stuck])
+
+    def _end(self, stuck: list[dict]) -> None:
+        """Print the line, kill the stuck actors (the trainer's ``ray.get`` then returns with an actor error,
+        which :class:`StepWatchdogMixin` turns into :attr:`fired`); a trainer that still has not stopped after
+        :data:`KILL_GRACE_S` ends its process, leaving the line for the driver."""
         print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
         if stuck:
-            _kill_on_nodes([info for info, _ in stuck])  # the trainer's ray.get returns with an actor error
+            _kill_on_nodes(stuck)
         if not self._stop.wait(KILL_GRACE_S):
-            os._exit(1)  # nothing returned: end the TaskRunner, which ends the driver's ray.get
+            try:
+                record_abort(self.fired)
+            finally:
+                os._exit(1)
 
     def failure(self, err: BaseException) -> RunAbortedError | None:
         """The run-ending error for ``err`` raised in the current phase, or None (not a worker failure)."""
@@ -251,13 +316,7 @@ class StepWatchdog:
             if dead:
                 break
             time.sleep(0.5)
-        if not dead:
-            return None
-        names = "; ".join(f"{describe_actor(info)}: {_death_reason(info)}" for info in dead)
-        return RunAbortedError(
-            f"step {self.step}, phase {self.phase}: a worker died: {names}. The run was stopped; rerun the same "
-            "command to resume from the last checkpoint"
-        )
+        return RunAbortedError(self._death_message(dead)) if dead else None
 
 
 class StepWatchdogMixin:
@@ -358,4 +417,10 @@ def failures_reported(config: Any) -> Iterator[None]:
         cause = getattr(err, "cause", None)
         message = str(cause if isinstance(cause, RunAbortedError) else err.args[0] if err.args else err)
         print(f"ebpo-train: error: {message.strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except ray.exceptions.RayError:
+        message = recorded_abort()  # the TaskRunner ended itself after a death or a hang it could not unblock
+        if message is None:
+            raise
+        print(f"ebpo-train: error: {message}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -206,6 +206,10 @@ def overrides(
     ]
 
 
+NODE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+"""A Ray node's own processes with a ``ray::`` title: pooled idle workers and the node's agents."""
+
+
 class LocalCluster:
     """A two-node Ray cluster on this machine, started the way a user starts one: ``ray start --head`` and
     ``ray start --address=<head>`` (``--block``, each in a session of its own), each node with one ``GPU``
@@ -311,7 +315,7 @@ class LocalCluster:
                 title = " ".join(proc.cmdline()[:1])
                 if os.getsid(proc.pid) not in nodes or "VLLM" in title:
                     out.append(proc)
-                elif title.startswith("ray::") and not title.startswith("ray::IDLE"):
+                elif title.startswith("ray::") and title.split()[0] not in NODE_TITLES:
                     out.append(proc)
             except Exception:  # noqa: BLE001  (ended meanwhile)
                 continue

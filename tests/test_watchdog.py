@@ -151,3 +151,28 @@ def test_the_driver_prints_one_line_and_exits_1(monkeypatch, capsys):
     assert capsys.readouterr().err == "ebpo-train: error: step 3 timed out in phase update_actor: ...\n"
     with failures_reported(config):  # a run that ends well is left alone
         pass
+
+
+def test_a_crashed_actor_nothing_waits_on_ends_the_run_and_leaves_the_line_for_the_driver(monkeypatch):
+    """A dead vLLM server: the rollout waits for responses that never come. The watchdog's look at the actor table
+    ends the run without waiting for the step timeout; a trainer that does not return is ended, its line left
+    in Ray's key-value store for the driver."""
+    monkeypatch.delenv(STEP_TIMEOUT_ENV, raising=False)
+    info = {"ActorClassName": "vLLMHttpServer", "Name": "vllm_server_1_0", "Pid": 77,
+            "Address": {"IPAddress": "10.0.0.4", "NodeID": "ffeeddccbb"}}  # fmt: skip
+    trainer = _Watched(timeout=None, hang_in="step")
+    recorded, exits = [], []
+    monkeypatch.setattr(watchdog, "DEATH_CHECK_S", 1)
+    monkeypatch.setattr(watchdog, "KILL_GRACE_S", 0.2)
+    monkeypatch.setattr(watchdog, "dead_actors", lambda since: [info])
+    monkeypatch.setattr(watchdog, "record_abort", recorded.append)
+
+    def exit_(code):  # instead of ending the test process: the TaskRunner's death returns the driver's ray.get
+        exits.append(code)
+        trainer.release.set()
+
+    monkeypatch.setattr(watchdog.os, "_exit", exit_)
+    with pytest.raises(RunAbortedError) as err:
+        trainer.fit(None)
+    want = "step 1, phase rollout: a worker died: vLLMHttpServer actor 'vllm_server_1_0' (pid 77, node 10.0.0.4 (id "
+    assert str(err.value).startswith(want) and recorded == [str(err.value)] and exits == [1]
