@@ -416,11 +416,16 @@ class Fault:
 
     def inject(self, proc: subprocess.Popen, log: Path, cluster: LocalCluster) -> None:
         metrics = log.parent / "ckpt_nodes" / "metrics.jsonl"
+        start = log.stat().st_size  # this attempt's part of the (appended) log
         while True:
             if proc.poll() is not None:
                 raise SystemExit(f"[cpu_smoke] the run ended before the fault could be injected; see {log}")
+            with open(log, "rb") as handle:
+                handle.seek(start)
+                training = b"Training Progress" in handle.read()  # this attempt's fit() began (not its init)
             logged = [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
-            worker = cluster.worker_node_process("ray::WorkerDict.") if self.step - 1 in logged else None
+            ready = training and self.step - 1 in logged
+            worker = cluster.worker_node_process("ray::WorkerDict.") if ready else None
             if worker is not None:
                 break
             time.sleep(0.05)
@@ -714,6 +719,7 @@ def evaluate_checkpoint(work: Path, cluster: LocalCluster, timeout: int) -> None
     """``python -m ebpo_verl.evaluate generate --engine vllm`` on the last two-shard checkpoint (verl's merger
     joins the shards), then ``grade``; the merged weights equal the actor's own full weights (``actor/huggingface``,
     gathered by FSDP at the save) exactly."""
+    import torch
     from safetensors.torch import load_file
 
     from data_prep.all import prepare_all
@@ -742,13 +748,17 @@ def evaluate_checkpoint(work: Path, cluster: LocalCluster, timeout: int) -> None
     merged = load_safetensors(step / "huggingface_merged", load_file)
     trained = load_safetensors(step / "actor" / "huggingface", load_file)
     assert sorted(merged) == sorted(trained), f"merged keys {sorted(set(merged) ^ set(trained))} differ"
+    # verl 0.9.1's merger writes bfloat16 whatever the actor trained in (here float32): the merged weights are the
+    # actor's own rounded to bfloat16, exactly
+    dtypes = {str(t.dtype) for t in merged.values()}
+    assert dtypes == {"torch.bfloat16"}, f"merged dtypes {dtypes}"
     for name, tensor in trained.items():
-        assert merged[name].dtype == tensor.dtype and bool((merged[name] == tensor).all()), f"{name} differs"
+        assert torch.equal(merged[name], tensor.to(merged[name].dtype)), f"{name} differs from the actor's"
     graded = json.loads(results.read_text())
     lines = len(gen.read_text().splitlines())
     print(
         f"[cpu_smoke] OK (evaluation): {step.name} merged from {NODES} shards ({len(trained)} tensors equal to the "
-        f"actor's own), {lines} generations with vLLM, graded ({sorted(graded)[:4]}...) in "
+        f"actor's own, in bfloat16), {lines} generations with vLLM, graded ({sorted(graded)[:4]}...) in "
         f"{time.monotonic() - start:.0f}s",
         flush=True,
     )
