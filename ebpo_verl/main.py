@@ -170,9 +170,11 @@ def train(config: DictConfig) -> None:
     from verl.utils.device import auto_set_device
 
     from ebpo_verl.trainer import EBPOTaskRunner
+    from ebpo_verl.watchdog import failures_reported
 
     auto_set_device(config)
-    run_ppo(config, task_runner_class=EBPOTaskRunner)
+    with failures_reported(config):  # a dead or hung worker: one line, exit 1
+        run_ppo(config, task_runner_class=EBPOTaskRunner)
 
 
 def usage() -> str:

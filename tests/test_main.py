@@ -56,6 +56,7 @@ def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas():
         *(f"algorithm.ebpo.{key}" for key in defaults),
         "reward.custom_reward_function.path",
         "trainer.metrics_log_path",
+        "trainer.step_timeout_s",
         "actor_rollout_ref.rollout.n",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
@@ -262,7 +263,8 @@ def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
 
 
 def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
-    # 512 prompts x 4 responses on 4 x 8 GPUs: divisible; validated on this CPU-only machine
+    # 32 prompts x 4 responses on 4 x 8 GPUs: 4 per rank, which the default micro-batches of 4 divide (8 prompts
+    # would leave 1 per rank: refused, tests/test_preflight_batches.py); validated on this CPU-only machine
     code, out, err = _main(
         monkeypatch,
         capsys,
@@ -279,8 +281,8 @@ def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
         "--cfg",
         "job",
         "trainer.nnodes=4",
-        "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
     )
     assert code == 0, err
     assert "pre-flight: ok (world size 32; " in err

@@ -3,10 +3,10 @@
 :func:`preflight` runs in the driver before Ray starts, for a real run and for ``--cfg job`` alike: the
 estimator's name in verl's registry, the run's options (:class:`~ebpo_verl.options.RunOptions`, parsed once),
 then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
-:mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.data` (the one reader of
-data files, their checks, the trainer's row checks), :mod:`.registry` (verl's estimator registry, in the driver
-and in the TaskRunner). Every refusal is an :class:`~ebpo_verl.errors.EBPOConfigError` naming the offending
-key/value/file and the fix.
+:mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches` (each rank's share
+of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row checks),
+:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every refusal is an
+:class:`~ebpo_verl.errors.EBPOConfigError` naming the offending key/value/file and the fix.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ebpo_verl.options import RunOptions
+from ebpo_verl.preflight.batches import check_batch_division
 from ebpo_verl.preflight.config import (
     check_group_size,
     check_positive_ints,
@@ -43,9 +44,10 @@ CONFIG_CHECKS: tuple[Check, ...] = (
 WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_versions)
 """Printed on stderr (``ebpo-train: warning: ...``), never refusing."""
 
-RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_data)
+RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_batch_division, check_data)
 """After the resume check (a resume that cannot work stops before verl's check and the data are read): verl's
-``validate_config`` at the configured world size, the data files. Their lines open the log line, the resume's
+``validate_config`` at the configured world size, each rank's share of every batch (:mod:`.batches`), the data
+files. Their lines open the log line, the resume's
 closes it."""
 
 

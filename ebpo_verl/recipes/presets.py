@@ -96,6 +96,20 @@ SHARED: tuple[Setting, ...] = (
 )
 """The setup every run shares (a preset's settings come after these and win)."""
 
+# ---- a dead or hung GPU rank ends the run (issue 28; docs/training.md#when-a-worker-dies-or-hangs) ----
+_TORCH = "torch.distributed (ProcessGroupNCCL) environment variables"
+_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
+GPU_FAULTS: tuple[Setting, ...] = (
+    # a collective that does not complete within the process group's timeout (torch's NCCL default, 10 min:
+    # verl 0.9.1's v1 workers pass none) aborts its communicator and ends the rank's process, so Ray reports the
+    # rank dead and ebpo-train stops the run, well within trainer.step_timeout_s (3600 s)
+    _s(f"{_ENV}.TORCH_NCCL_ASYNC_ERROR_HANDLING", "'1'", _TORCH),
+    # a rank whose NCCL watchdog thread itself is stuck (a wedged GPU) is ended after this many seconds
+    _s(f"{_ENV}.TORCH_NCCL_ENABLE_MONITORING", "'1'", _TORCH),
+    _s(f"{_ENV}.TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "'600'", _TORCH),
+)
+SHARED = (*SHARED, *GPU_FAULTS)
+
 REWARDS: dict[str, tuple[Setting, ...]] = {
     # the authors' training reward: verl's DAPO/Minerva `Answer:` rule as their verl ran it, +1/-1
     "paper": (

@@ -10,6 +10,8 @@ from ebpo_verl.study.policy import PolicyConfig
 from ebpo_verl.study.rl import ESTIMATORS, ORDERS
 from ebpo_verl.study.tasks import LEVELS
 
+BASE_SEED = 0
+"""The seed of the warm start (one "base model" shared by every run) and of the data splits."""
 ALL_ESTIMATORS = tuple(ESTIMATORS)
 STANDARDISED_GRID = (1.5e-4, 3e-4, 6e-4)
 """Learning rates tried for the estimators whose advantages are standardised (unit scale)."""

@@ -295,7 +295,7 @@ def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
 def study_provenance(preset, seconds: float, command: str) -> dict:
     """The provenance record of a study (:mod:`ebpo_verl.provenance`): its seeds are the runs' seeds 0..n-1 and
     the warm start's seed 0; ``started`` is ``seconds`` before now."""
-    from ebpo_verl.study.runner import BASE_SEED
+    from ebpo_verl.study.presets import BASE_SEED
 
     seed = {"runs": list(range(preset.seeds)), "warm_start": BASE_SEED}
     return provenance(seed=seed, command=command, started=time.time() - seconds)

@@ -20,11 +20,10 @@ from tqdm import tqdm
 
 from ebpo_verl.atomic import atomic_write, atomic_write_text
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, n_params
-from ebpo_verl.study.presets import Preset
+from ebpo_verl.study.presets import BASE_SEED, Preset
 from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
 
-BASE_SEED = 0  # the warm start (one "base model" shared by every run) and the data splits
 PROBE_SIZE = 256
 
 
