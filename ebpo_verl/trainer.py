@@ -384,7 +384,7 @@ class EBPOTrainerMixin:
 def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
     """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
     base = get_trainer_cls(trainer_mode)
-    return type(f"EBPO{base.__name__}", (EBPOTrainerMixin, StepWatchdogMixin, base), {"__module__": __name__})
+    return type(f"EBPO{base.__name__}", (StepWatchdogMixin, EBPOTrainerMixin, base), {"__module__": __name__})
 
 
 @ray.remote
