@@ -348,7 +348,7 @@ class EBPOTrainerMixin:
 def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
     """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
     base = get_trainer_cls(trainer_mode)
-    bases = (EBPOTrainerMixin, OTBSumPiSquaredMixin, StepWatchdogMixin, base)
+    bases = (StepWatchdogMixin, EBPOTrainerMixin, OTBSumPiSquaredMixin, base)  # the watchdog times all of a phase
     return type(f"EBPO{base.__name__}", bases, {"__module__": __name__})
 
 

@@ -66,7 +66,7 @@ def test_sigkill_of_a_rank_ends_the_run_in_one_line_naming_the_dead_worker(clust
 
 def test_sigstop_of_a_rank_is_ended_by_the_step_watchdog(cluster_run):
     killed = _line(cluster_run, "[cpu_smoke] SIGSTOP -> pid ")
-    pid = killed.split()[3]
+    pid = killed.split()[4]
     ended = [x for x in cluster_run.stdout.splitlines() if x.startswith("[cpu_smoke] run ended")]
     assert len(ended) == 2, ended
     line = ended[1]
