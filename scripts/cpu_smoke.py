@@ -2,7 +2,7 @@
 
 Builds a tiny Qwen3 and tokenizer locally, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts with
 ``data_prep``, then runs ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic
-curriculum) on the CPU backend (``ebpo_verl.cpu_backend``):
+curriculum) on the CPU backend (``ebpo_verl.cpu.backend``):
 
 * run A trains steps 1-3 with the CPU backend's Hugging Face rollout server, checkpointing at step 2 (and at
   the last step);
@@ -66,7 +66,7 @@ VLLM_KV_CACHE_GIB = 1
 VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
 RUN_ENV = {
-    "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu_backend",
+    "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu.backend",
     "VERL_PLATFORM": "cpu",
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_NUM_THREADS": "1",
@@ -92,7 +92,7 @@ def prepare(work: Path) -> dict[str, Path]:
 
     from data_prep import amc23, math500
     from data_prep.schema import write_parquet_atomic
-    from ebpo_verl.tiny import build_model, build_tokenizer
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
 
     raw = work / "raw"
     full_train = pq.read_table(math500.prepare(raw, local_path=DATA / "math500.jsonl"))
@@ -146,7 +146,7 @@ def overrides(
     """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders): on a local
     Ray instance of its own (one node, one rank) or, with ``cluster`` (a GCS address), on that two-node cluster
     (two ranks, one per node, and one rollout replica per rank)."""
-    backend = "ebpo_verl.cpu_backend"
+    backend = "ebpo_verl.cpu.backend"
     prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
     ranks = 1 if cluster is None else NODES
     micro = BATCH * N // ranks  # each rank's share of a step's responses

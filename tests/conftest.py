@@ -61,7 +61,7 @@ def hub_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     """A byte-level BPE tokenizer with a ChatML template, trained locally (no hub)."""
-    from ebpo_verl.tiny import build_tokenizer
+    from ebpo_verl.cpu.tiny import build_tokenizer
 
     return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 

@@ -1,4 +1,4 @@
-"""The CPU backend (ebpo_verl.cpu_backend) and the end-to-end CPU smoke run (scripts/cpu_smoke.sh).
+"""The CPU backend (ebpo_verl.cpu.backend) and the end-to-end CPU smoke run (scripts/cpu_smoke.sh).
 
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ebpo_verl import cpu_backend
-from ebpo_verl.tiny import build_model
+from ebpo_verl.cpu import backend as cpu_backend
+from ebpo_verl.cpu.tiny import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 

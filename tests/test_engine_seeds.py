@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
+from ebpo_verl.cpu.tiny import build_model
 from ebpo_verl.evaluate import engines
-from ebpo_verl.tiny import build_model
 
 
 @pytest.fixture(scope="module")

@@ -300,7 +300,7 @@ def llama_like_tokenizer(tmp_path: Path):
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    from ebpo_verl.tiny import build_tokenizer
+    from ebpo_verl.cpu.tiny import build_tokenizer
 
     base = build_tokenizer(tmp_path / "tok")
     backend = base.backend_tokenizer

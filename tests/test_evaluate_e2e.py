@@ -23,7 +23,7 @@ SETS = ["math500", "aime2024", "aime2025", "amc23", "olympiadbench"]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, hub_data):
-    from ebpo_verl.tiny import build_model, build_tokenizer
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
 
     work = tmp_path_factory.mktemp("e2e")
     prepare_all(work / "data", hub_data, "dapo", False, tuple(SETS))

@@ -173,7 +173,7 @@ def test_check_ground_truths_names_the_rows_of_a_table_and_a_frame():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from ebpo_verl.tiny import build_model, build_tokenizer
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
 
     out = tmp_path_factory.mktemp("tiny")
     build_model(out, build_tokenizer(out))

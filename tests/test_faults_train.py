@@ -360,7 +360,7 @@ def _launch(smoke, run: str, *extra: str) -> tuple[subprocess.Popen, Path]:
     """``python -m ebpo_verl.main`` of run ``run`` in its own session (a process group to kill), log in work."""
     cpu_smoke, work, files = smoke
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # Ray's socket paths must fit 107 bytes
-    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu_backend", "VERL_PLATFORM": "cpu"}
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu.backend", "VERL_PLATFORM": "cpu"}
     env.update({"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"})
     env.pop("RAY_ADDRESS", None)
     chosen = {o.split("=")[0].lstrip("+") for o in extra}

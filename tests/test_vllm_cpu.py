@@ -36,7 +36,7 @@ ENGINE = ["--engine", "vllm", "--gpus", "0", "--kv-cache-gib", "1", "--max-new-t
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, shared_data):
-    from ebpo_verl.tiny import build_model, build_tokenizer
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
 
     work = tmp_path_factory.mktemp("vllm_cpu")
     prepare_all(work / "data", shared_data, "dapo", False, SETS)

@@ -16,7 +16,7 @@ CUDA. This module adds, without touching verl's files:
   :func:`unlink_engine_shm` (verl's vLLM replica, registered as ``vllm``: no ``/dev/shm`` segment outlives a run).
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
-``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu_backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
+``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
 to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
 ``VERL_USE_EXTERNAL_MODULES``), then run with
 ``actor_rollout_ref.rollout.name=hf``, ``trainer.device=cpu``, ``actor.strategy=fsdp2``, ``attn_implementation=sdpa``
