@@ -779,14 +779,15 @@ FIRST_PARTY = {"ebpo_verl", "data_prep"}
 
 
 def recipe_imports() -> set[str]:
-    """Top-level modules imported anywhere (also lazily, in functions) by the recipe path's sources; the CPU
-    study (ebpo_verl/study, its own `study` extra) is not on it."""
+    """Top-level modules imported anywhere (also lazily, in functions) by the recipe path's sources; the CPU-only
+    parts (ebpo_verl/study, ebpo_verl/cpu) are not on it."""
     import ast
 
     files = []
     for source in RECIPE_PATH_SOURCES:
         path = ROOT / source
-        files += [path] if path.is_file() else [p for p in path.rglob("*.py") if "study" not in p.parts]
+        tree = [p for p in path.rglob("*.py") if not {"study", "cpu"} & set(p.relative_to(ROOT).parts)]
+        files += [path] if path.is_file() else tree
     names = set()
     for file in files:
         for node in ast.walk(ast.parse(file.read_text(), str(file))):
