@@ -1,4 +1,4 @@
-"""scripts/plot_dynamics.py: every run in a legend is drawn (one logged step as a marker); integer step ticks."""
+"""ebpo_verl.recipes.plot_dynamics: every run in a legend is drawn (one logged step as a marker); integer step ticks."""
 
 from __future__ import annotations
 

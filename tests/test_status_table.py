@@ -1,4 +1,4 @@
-"""scripts/status_table.py: the reproduction status table from make_tables' CSVs, paper and our numbers apart."""
+"""ebpo_verl.recipes.status_table: the reproduction status table from make_tables' CSVs, paper and our numbers apart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/make_tables.py and scripts/plot_dynamics.py on synthetic metrics logs in verl's file-logger format.
+"""ebpo_verl.recipes.make_tables and plot_dynamics on synthetic metrics logs in verl's file-logger format.
 
 The expected tables are computed by hand from the numbers written into the logs (see each test's comments).
 """
