@@ -749,13 +749,13 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
             if e.row.method.startswith("EBPO") and "naive" not in e.name and table != "curriculum":
                 assert "++data.curriculum.order=topic" in printed, e.name
     main = {(e.row.section, e.row.method): e.name for e in driver.experiments(TABLES["main"], {"V2_ROWS": "1"}, [])}
-    assert len(main) == 24
+    assert len(main) == 25
     for method, algo in [("REINFORCE++", "reinforce_pp"), ("RLOO", "rloo"), ("SPO", "spo"), ("BNPO", "bnpo"),
-                         ("JS", "shrinkage_js"), ("OTB", "otb"), ("KL-Cov", "kl_cov")]:  # fmt: skip
+                         ("JS", "shrinkage_js"), ("OTB", "otb"), ("KL-Cov", "kl_cov"), ("DBB", "dbb")]:  # fmt: skip
         assert main["Qwen3-8B", method] == f"qwen3_8b-{algo}-g4-random-rw_paper-bl_paper"
     assert main["Qwen3-14B", "EBPO-BB"] == "qwen3_14b-ebpo_bb-g4-topic-rw_paper-bl_paper"
     group = {(e.row.section, e.row.method) for e in driver.experiments(TABLES["group_size"], {"V2_ROWS": "1"}, [])}
-    assert {(f"G={g}", m) for g in (8, 16, 32) for m in ("OTB", "KL-Cov")} <= group and len(group) == 15
+    assert {(f"G={g}", m) for g in (8, 16, 32) for m in ("OTB", "KL-Cov", "DBB")} <= group and len(group) == 18
     canonical = names("main", REWARD="math_verify", BASELINES="canonical", TOTAL_STEPS="50")
     assert "qwen3_8b-dapo-g4-topic-rw_math_verify-bl_canonical-v" in " ".join(canonical)
 
