@@ -77,8 +77,6 @@ class DBBOptions:
         return parse_section(cls, mapping, "algorithm.dbb")
 
 
-
-
 @dataclass
 class DBBState:
     """The posteriors of one training run: sorted prompt keys with their (alpha, beta), the number of calls, and

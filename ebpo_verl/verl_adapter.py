@@ -75,6 +75,23 @@ def _row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | 
     return per_uid[uid_codes]
 
 
+def _keyed_inputs(
+    entry: StatefulEstimator, config: Any, index: Any, prompt_keys: np.ndarray | None, what: str
+) -> tuple[Any, np.ndarray]:
+    """(options, per-row stable prompt keys) of a per-prompt estimator (``spo``, ``dbb``): the given keys, else the
+    step's uid -> key map; without either, ValueError (verl's uids are fresh every step, so nothing would recur)."""
+    options, row_keys = _options(entry, config)
+    if prompt_keys is None:
+        prompt_keys = _row_values(row_keys, index)
+    if prompt_keys is None:
+        raise ValueError(
+            f"adv_estimator={entry.name} needs a stable prompt key per row (verl's uid is drawn afresh every step, "
+            f"so a uid-keyed {what} never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
+            f"extra_info[{options.prompt_key!r}] ({entry.section}.prompt_key), or pass prompt_keys=..."
+        )
+    return options, prompt_keys
+
+
 def compute_ebpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -164,15 +181,7 @@ def compute_spo_outcome_advantage(
     nothing. Options: the trainer's (:func:`step_inputs`) or ``config.spo``.
     Returns (advantages, returns), both (bs, response_length).
     """
-    options, row_keys = _options(SPO, config)
-    if prompt_keys is None:
-        prompt_keys = _row_values(row_keys, index)
-    if prompt_keys is None:
-        raise ValueError(
-            "adv_estimator=spo needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "
-            f"uid-keyed tracker never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
-            f"extra_info[{options.prompt_key!r}] (algorithm.spo.prompt_key), or pass prompt_keys=..."
-        )
+    options, prompt_keys = _keyed_inputs(SPO, config, index, prompt_keys, "tracker")
     _check_shapes(token_level_rewards, response_mask)
     valid = _unpadded(response_mask, index)
     adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO.state)
@@ -196,15 +205,7 @@ def compute_dbb_outcome_advantage(
     without them (by default the step's uid -> key map) this raises. Options: the trainer's (:func:`step_inputs`) or
     ``config.dbb``. Returns (advantages, returns), both (bs, response_length).
     """
-    options, row_keys = _options(DBB, config)
-    if prompt_keys is None:
-        prompt_keys = _row_values(row_keys, index)
-    if prompt_keys is None:
-        raise ValueError(
-            "adv_estimator=dbb needs a stable prompt key per row (verl's uid is drawn afresh every step, so a "
-            f"uid-keyed posterior never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
-            f"extra_info[{options.prompt_key!r}] (algorithm.dbb.prompt_key), or pass prompt_keys=..."
-        )
+    options, prompt_keys = _keyed_inputs(DBB, config, index, prompt_keys, "posterior")
     _check_shapes(token_level_rewards, response_mask)
     adv = compute_dbb_advantages(
         token_level_rewards.sum(dim=-1), prompt_keys, _unpadded(response_mask, index), options, DBB.state
