@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,14 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
+    """The smoke run's own port picker (scripts/cpu_smoke.py), which starts its two-node cluster the same way."""
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    sys.path.insert(0, scripts)
     try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
+        from cpu_smoke import free_ports as pick
     finally:
-        for sock in socks:
-            sock.close()
+        sys.path.remove(scripts)
+    return pick(count)
 
 
 def config(train: Path, val: Path, ckpt: Path, logs: Path):
