@@ -458,12 +458,12 @@ def test_help_lists_presets_with_sizes(capsys):
         main(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    # quick: 4 estimators x 3 G = 12 cells x 4 seeds; tune: 4 estimators x 3 rates x G=4 x 3 seeds
+    # quick: 4 estimators x 3 G = 12 cells x 4 seeds; tune: 4 estimators x 4 rates x G=4 x 3 seeds
     assert "quick: 4 estimators x G in [2, 4, 8], 4 seeds, 120 steps -> 48 runs, " in text
-    assert "tune: 4 estimators x G in [], 3 seeds, 120 steps (+ lr grid x G in [4] x 3 seeds) -> 36 runs" in text
+    assert "tune: 4 estimators x G in [], 3 seeds, 120 steps (+ lr grid x G in [4] x 3 seeds) -> 48 runs" in text
     assert "tiny: 2 estimators x G in [4, 8], 2 seeds, 8 steps -> 10 runs" in text
-    # full: 8 estimators x 4 G x 5 seeds + 8 x 3 rates x G=4 x 2 seeds
-    assert f"-> {8 * 4 * 5 + 8 * 3 * 2} runs" in text
+    # full: 8 estimators x 4 G x 5 seeds + 8 x 4 rates x G=4 x 2 seeds
+    assert f"-> {8 * 4 * 5 + 8 * 4 * 2} runs" in text
 
 
 @pytest.mark.slow

@@ -541,9 +541,7 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
     atomic_write_text(out / "study.md", text)
     atomic_write_text(
         out / "summary.json",
-        json.dumps(
-            summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs), indent=1
-        )
+        json.dumps(summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs), indent=1)
         + "\n",
     )
     return headline

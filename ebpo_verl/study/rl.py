@@ -14,6 +14,9 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
      ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
      model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``,
      and ``clipped``, the fraction of the step's mini-batch updates whose norm exceeded ``grad_clip``).
+
+Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (log-softmax and gather: the value
+``logprobs_from_logits`` computes, without its CPU fallback's loop over rows); AdamW takes its ``foreach`` path.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_poli
 from verl.utils.torch_functional import (
     calculate_sum_pi_squared_from_logits,
     entropy_from_logits,
-    logprobs_from_logits,
+    logprobs_from_logits_naive,
     masked_mean,
 )
 from verl.workers.config.actor import ActorConfig
@@ -125,7 +128,7 @@ def warm_start(
     Kept short on purpose: easy cells are learnt, hard ones stay near zero, so per-prompt pass rates spread
     over 0..1 like a base model's on a hard math set."""
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     tmask = data.target_mask.float()
     losses = []
@@ -242,7 +245,7 @@ def run_rl(
     gen = torch.Generator().manual_seed(cfg.seed)
     model, ref = copy.deepcopy(base), base
     ref.eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=True)
     loss_fn = get_policy_loss_fn("vanilla")
     actor_cfg = ActorConfig(
         strategy="fsdp",
@@ -301,11 +304,11 @@ def run_rl(
             log.setdefault(f"{est.verl_name}_frac_seen", []).append(state.diagnostics[f"{est.verl_name}/frac_seen"])
         maskf = mask.float()
         with torch.no_grad():
-            ref_logp = logprobs_from_logits(ref.response_logits(prompts, responses), responses)
+            ref_logp = logprobs_from_logits_naive(ref.response_logits(prompts, responses), responses)
         stats = {k: [] for k in ("grad_norm", "clipped", "entropy", "kl_ref", "clipfrac")}
         for mb in torch.randperm(len(rewards), generator=gen).chunk(cfg.ppo_mini_batches):
             logits = model.response_logits(prompts[mb], responses[mb])
-            logp = logprobs_from_logits(logits, responses[mb])
+            logp = logprobs_from_logits_naive(logits, responses[mb])
             pg_loss, pg_metrics = loss_fn(
                 old_logp[mb], logp, adv[mb], maskf[mb], loss_agg_mode="token-mean", config=actor_cfg
             )
@@ -320,7 +323,7 @@ def run_rl(
             opt.step()
         with torch.no_grad():  # k3 estimate of KL(old || new) on the step's first KL_PROBE responses (sampled from old)
             k = slice(0, KL_PROBE)
-            new_logp = logprobs_from_logits(model.response_logits(prompts[k], responses[k]), responses[k])
+            new_logp = logprobs_from_logits_naive(model.response_logits(prompts[k], responses[k]), responses[k])
         log["step_kl"].append(masked_mean(kl_penalty(old_logp[k], new_logp, "low_var_kl"), maskf[k]).item())
         for k, v in stats.items():
             log[k].append(float(np.mean(v)))

@@ -25,6 +25,9 @@ from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
 
 PROBE_SIZE = 256
+SFT_THREADS = 2
+"""torch threads of the warm start (fixed, so that the base model does not depend on the machine's core count);
+the RL runs use one thread each."""
 
 
 @dataclass
@@ -54,8 +57,12 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
     else:
-        t0, c0 = time.perf_counter(), time.process_time()
-        warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
+        t0, c0, threads = time.perf_counter(), time.process_time(), torch.get_num_threads()
+        torch.set_num_threads(SFT_THREADS)
+        try:
+            warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
+        finally:
+            torch.set_num_threads(threads)
         sft_seconds, sft_cpu = time.perf_counter() - t0, time.process_time() - c0
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
