@@ -1,25 +1,50 @@
 #!/usr/bin/env bash
 # The package as a user gets it: the built wheel installed (not editable, no extras) into a fresh venv, every
 # command run from a folder outside the checkout. Fails on the first command that fails.
-#   bash .ci/wheel.sh            (CI runs it after the suite; PYTHON: the interpreter that builds, default python3)
+#   bash .ci/wheel.sh                 build, install and check in a temp folder (removed at the end)
+#   bash .ci/wheel.sh build DIR       the wheel into DIR/dist (run it before anything else builds in the checkout)
+#   bash .ci/wheel.sh install DIR     a fresh venv DIR/venv with torch and that wheel (pip only: .ci/run runs it
+#                                     beside its own install and the suite, on the core pip leaves idle)
+#   bash .ci/wheel.sh check DIR       the checks, with that venv
+# PYTHON: the interpreter that builds (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
 say() { echo "ci wheel: $*"; }
 start=$SECONDS
-
-"${PYTHON:-python3}" -m pip wheel -q --no-deps -w "$WORK/dist" .
-python3 -m venv "$WORK/venv"
+phase=${1:-all}
+if [ "$phase" = all ]; then
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+else
+  [ $# = 2 ] || { echo "usage: bash .ci/wheel.sh [build|install|check DIR]" >&2; exit 2; }
+  mkdir -p "$2"
+  WORK=$(cd "$2" && pwd)
+fi
 V="$WORK/venv/bin/python"
-"$V" -m pip install -q --upgrade pip
-"$V" -m pip install -q torch==2.13.0
-"$V" -m pip install -q -c .ci/constraints.txt "$WORK"/dist/ebpo_verl-*.whl
-say "installed $(basename "$WORK"/dist/ebpo_verl-*.whl) (core, no extras) in $((SECONDS - start)) s"
+
+if [ "$phase" = all ] || [ "$phase" = build ]; then
+  "${PYTHON:-python3}" -m pip wheel -q --no-deps -w "$WORK/dist" .
+  say "built $(basename "$WORK"/dist/ebpo_verl-*.whl) in $((SECONDS - start)) s"
+fi
+if [ "$phase" = all ] || [ "$phase" = install ]; then
+  python3 -m venv "$WORK/venv"
+  "$V" -m pip install -q --upgrade pip
+  "$V" -m pip install -q torch==2.13.0
+  "$V" -m pip install -q -c .ci/constraints.txt "$WORK"/dist/ebpo_verl-*.whl
+  say "installed $(basename "$WORK"/dist/ebpo_verl-*.whl) (core, no extras) in $((SECONDS - start)) s"
+fi
+if [ "$phase" != all ] && [ "$phase" != check ]; then
+  exit 0
+fi
+[ -x "$V" ] || { say "no venv in $WORK: run 'bash .ci/wheel.sh install $WORK' first"; exit 1; }
 
 mkdir "$WORK/outside"
 cd "$WORK/outside"
+# the study's tiny preset (its report needs matplotlib and scipy: core dependencies), on one core beside the rest
+"$V" -m ebpo_verl.study --preset tiny --out study > study.log 2>&1 &
+study_pid=$!
+trap 'kill $study_pid 2>/dev/null || true; [ "$phase" != all ] || rm -rf "$WORK"' EXIT
 export WORK_DIR="$WORK/outside/ebpo_runs" PYTHON="$V" PATH="$WORK/venv/bin:$PATH"
 "$V" - "$ROOT" <<'PY'
 import importlib, pkgutil, sys
@@ -43,10 +68,6 @@ DRY_RUN=1 "$V" -m ebpo_verl.recipes table curriculum > table.out 2> table.log
 [ ! -e "$WORK_DIR" ] || { say "a dry run wrote $WORK_DIR"; exit 1; }
 say "--list and the dry runs ok ($((SECONDS - start)) s)"
 
-# the study's tiny preset (its report needs matplotlib and scipy: core dependencies)
-"$V" -m ebpo_verl.study --preset tiny --out study > study.log 2>&1 || { tail -20 study.log; exit 1; }
-say "study --preset tiny: $(find study -type f | wc -l) files ($((SECONDS - start)) s)"
-
 # each command's --help: exit 0 and some text
 helps=(
   "ebpo_verl.recipes run qwen3_8b --help" "ebpo_verl.recipes run qwen3_14b --help"
@@ -59,10 +80,9 @@ helps=(
   "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.recipes.status_table --help"
   "ebpo_verl.study --help" "data_prep.all --help" "data_prep.label_topics --help"
 )
-for h in "${helps[@]}"; do
-  # shellcheck disable=SC2086
-  out=$("$V" -m $h) || { say "python -m $h failed"; exit 1; }
-  [ -n "$out" ] || { say "python -m $h printed nothing"; exit 1; }
-done
+# two at a time (the study holds one core until it ends)
+printf '%s\n' "${helps[@]}" | xargs -P 2 -I{} sh -c 'out=$("$0" -m {}) && [ -n "$out" ] || { echo "ci wheel: python -m {} failed or printed nothing"; exit 255; }' "$V"
 out=$(ebpo-train --help) && [ "${out%%$'\n'*}" != "" ] || { say "ebpo-train --help failed"; exit 1; }
-say "${#helps[@]} + 1 --help commands ok; $((SECONDS - start)) s in all"
+say "${#helps[@]} + 1 --help commands ok ($((SECONDS - start)) s)"
+wait "$study_pid" || { tail -20 study.log; say "study --preset tiny failed"; exit 1; }
+say "study --preset tiny: $(find study -type f | wc -l) files; $((SECONDS - start)) s in all"
