@@ -84,10 +84,11 @@ def test_generate_one_and_two_engines_grade_tables(setup, tmp_path, one_engine, 
         for i in range(2):
             assert len({recs[(b, i, s)]["response"] for s in range(3)}) > 1, (b, i)
 
-    # two engines (each on its own core): every sample is the one engine's sample
-    assert _generate(setup, two, protocol, "--workers", "2") == 0
-    two_recs = _records(two)
-    assert two_recs == recs
+    # two engines (each on its own core): every sample is the one engine's sample (verl's protocol on two engines:
+    # test_resumed_generation_equals_an_uninterrupted_one, one engine start pair fewer)
+    if protocol == "paper":
+        assert _generate(setup, two, protocol, "--workers", "2") == 0
+        assert _records(two) == recs
 
     results = tmp_path / "results.json"
     grade = ["grade", "--protocol", protocol, "--generations", str(one), "--data-dir", str(setup / "data"),
@@ -136,7 +137,8 @@ def test_pass_rate_estimation_with_vllm(setup, tmp_path):
     small = tmp_path / "small.parquet"
     pq.write_table(pq.read_table(setup / "data" / "amc23.parquet").slice(0, 3), small)
     out = tmp_path / "rated.parquet"
-    epr.main(["--model", str(setup / "tiny"), "--in", str(small), "--out", str(out), "--n", "4", "--workers", "2",
+    # one engine: the pool of several is generate's (engines.generate_all), tested above
+    epr.main(["--model", str(setup / "tiny"), "--in", str(small), "--out", str(out), "--n", "4", "--workers", "1",
               *ENGINE])  # fmt: skip
     recs = _records(Path(f"{out}.generations.jsonl"))
     assert sorted(recs) == [("small.parquet", i, s) for i in range(3) for s in range(4)]
