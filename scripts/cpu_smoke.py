@@ -206,6 +206,9 @@ def overrides(
     ]
 
 
+STOP_GRACE_S = 10
+"""Seconds the cluster's processes get between SIGTERM and SIGKILL at the end (``ray start --block``, the GCS and
+idle workers outlive a SIGTERM by more than 30 s here; nothing of a run is left by then)."""
 NODE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 """A Ray node's own processes with a ``ray::`` title: pooled idle workers and the node's agents."""
 
@@ -351,8 +354,8 @@ class LocalCluster:
         return None
 
     def stop(self) -> None:
-        """SIGTERM to the two ``ray start`` sessions, then SIGKILL to whatever of the sessions is left; raises
-        if a process, a /dev/shm segment of the cluster or its temp folder is left."""
+        """SIGTERM to the two ``ray start`` sessions, then (after :data:`STOP_GRACE_S`) SIGKILL to whatever of the
+        sessions is left; raises if a process, a /dev/shm segment of the cluster or its temp folder is left."""
         import psutil
 
         self._watching.set()
@@ -361,7 +364,7 @@ class LocalCluster:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + STOP_GRACE_S
         while self.processes() and time.monotonic() < deadline:
             time.sleep(0.5)
         left = self.processes()
@@ -379,7 +382,8 @@ class LocalCluster:
         if still := self.processes():
             problems.append(f"processes left: {[(p.pid, p.name()) for p in still]}")
         if left:
-            print(f"[cpu_smoke] SIGKILLed {len(left)} processes that outlived SIGTERM by 30s: {names}", flush=True)
+            print(f"[cpu_smoke] SIGKILLed {len(left)} processes that outlived SIGTERM by {STOP_GRACE_S}s: {names}",
+                  flush=True)  # fmt: skip
         if leaked := sorted(p for p in self.shm if os.path.exists(p)):
             problems.append(f"/dev/shm segments left: {leaked}")
         if os.path.exists(self.temp):
