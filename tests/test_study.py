@@ -697,7 +697,8 @@ def test_paired_differences_by_hand():
 
 
 def test_learning_rate_choice_by_hand():
-    """The rate with the highest mean final validation accuracy over its runs; the smaller rate on a tie."""
+    """The rate with the highest mean score over its runs, a run's score being its mean validation accuracy after
+    step 0 (here one evaluation, so the final one); the smaller rate on a tie."""
     from ebpo_verl.study.runner import choose_lrs
 
     runs = [_fake_run("grpo", 4, s, f, lr, "validation") for lr, fs in
@@ -707,6 +708,11 @@ def test_learning_rate_choice_by_hand():
     assert got["grpo"]["values"] == [1e-4, 3e-4, 9e-4] and got["grpo"]["chosen"] == 3e-4
     assert got["grpo"]["validation"][0] == pytest.approx([0.41, 12.706205 * 0.01, 2], abs=1e-5)
     assert got["otb"]["chosen"] == 1e-3
+    # a curve, not its end: 0.5 reached at once beats 0.2 then 0.6 (mean 0.5 > 0.4), whatever the last point
+    curves = {1e-4: [0.3, 0.5, 0.5, 0.5], 2e-4: [0.3, 0.2, 0.4, 0.6]}
+    runs = [{"config": {"estimator": "ebpo", "lr": lr}, "metrics": {"accuracy": a}} for lr, a in curves.items()]
+    got = choose_lrs(runs)["ebpo"]
+    assert got["chosen"] == 1e-4 and [v[0] for v in got["validation"]] == pytest.approx([0.5, 0.4])
 
 
 def test_quick_preset_uses_the_committed_tuning_choice():

@@ -553,10 +553,10 @@ def runs_lr(runs: list[dict], estimator: str) -> float:
 
 
 def lr_section(lr_grid: dict) -> str:
-    """The learning-rate grid: per estimator the rates tried, the final validation accuracy of each, the choice."""
+    """The learning-rate grid: per estimator the rates tried, the validation score of each, the choice."""
     if not lr_grid:
         return "Fixed learning rates (no grid recorded for this preset)."
-    lines = ["| estimator | rates tried: final validation accuracy | chosen |", "|---|---|---|"]
+    lines = ["| estimator | rates tried: mean validation accuracy over the run | chosen |", "|---|---|---|"]
     for e, g in lr_grid.items():
         scores = ", ".join(
             f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))

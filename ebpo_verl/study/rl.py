@@ -16,7 +16,8 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
      and ``clipped``, the fraction of the step's mini-batch updates whose norm exceeded ``grad_clip``).
 
 Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (log-softmax and gather: the value
-``logprobs_from_logits`` computes, without its CPU fallback's loop over rows); AdamW takes its ``foreach`` path.
+``logprobs_from_logits`` computes, without its CPU fallback's loop over rows); the RL runs' AdamW takes its
+``foreach`` path.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def warm_start(
     Kept short on purpose: easy cells are learnt, hard ones stay near zero, so per-prompt pass rates spread
     over 0..1 like a base model's on a hard math set."""
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     tmask = data.target_mask.float()
     losses = []
@@ -228,9 +229,9 @@ def run_rl(
     cfg: RLConfig,
     probe: ProblemSet | None = None,
 ) -> dict[str, np.ndarray]:
-    """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curves (exact pass@1 on
-    ``heldout``, and on ``probe``, a fixed sample of the training split, when given) and the final model's mean
-    gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it did not."""
+    """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curve (exact pass@1 on
+    ``heldout``; on ``probe``, a fixed sample of the training split, when given, at the last step) and the final
+    model's mean gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it did not."""
     est = ESTIMATORS[cfg.estimator]
     if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", *KEYED):  # this package's estimators
         import ebpo_verl
@@ -272,7 +273,7 @@ def run_rl(
     def evaluate(step: int) -> None:
         log["eval_step"].append(step)
         log["accuracy"].append(exact_pass_at_1(model, heldout.prompts, heldout.targets, hmask).mean().item())
-        if probe is not None:
+        if probe is not None and step == cfg.steps:  # only its final value is reported
             acc = exact_pass_at_1(model, probe.prompts, probe.targets, probe.target_mask).mean().item()
             log["probe_accuracy"].append(acc)
 

@@ -25,9 +25,6 @@ from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
 
 PROBE_SIZE = 256
-SFT_THREADS = 2
-"""torch threads of the warm start (fixed, so that the base model does not depend on the machine's core count);
-the RL runs use one thread each."""
 
 
 @dataclass
@@ -57,12 +54,8 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
     else:
-        t0, c0, threads = time.perf_counter(), time.process_time(), torch.get_num_threads()
-        torch.set_num_threads(SFT_THREADS)
-        try:
-            warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
-        finally:
-            torch.set_num_threads(threads)
+        t0, c0 = time.perf_counter(), time.process_time()
+        warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
         sft_seconds, sft_cpu = time.perf_counter() - t0, time.process_time() - c0
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
@@ -112,14 +105,19 @@ def tuning_grid(preset: Preset) -> list[RLConfig]:
 
 
 def choose_lrs(runs: list[dict]) -> dict[str, dict]:
-    """Per estimator, from its tuning runs: the rates tried, each rate's final validation accuracy [mean,
-    half-width, n] over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie)."""
+    """Per estimator, from its tuning runs: the rates tried, each rate's validation score [mean, half-width, n]
+    over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie).
+
+    A run's score is its mean validation accuracy over the evaluations after step 0 (the area under its learning
+    curve): it rewards reaching an accuracy sooner as well as ending there, the sample efficiency the study is
+    about, and it averages a dozen evaluations instead of resting on the last one."""
     from ebpo_verl.study.report import mean_ci
 
     by: dict[str, dict[float, list[float]]] = {}
     for run in runs:
         c = run["config"]
-        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(run["metrics"]["accuracy"][-1])
+        score = float(np.mean(run["metrics"]["accuracy"][1:]))
+        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(score)
     out = {}
     for est, scores in sorted(by.items()):
         values = sorted(scores)
