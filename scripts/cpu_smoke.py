@@ -684,6 +684,13 @@ def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
     return sorted(set(rows))
 
 
+def rollouts(work: Path, run: str, step: int) -> list[tuple]:
+    """The (prompt, response, reward) triples of verl's rollout dump of ``step``, sorted: verl's batch order is
+    the rollouts' completion order, and each group's uid is drawn at random."""
+    lines = [json.loads(line) for line in (work / f"rollouts_{run}" / f"{step}.jsonl").read_text().splitlines()]
+    return sorted((line["input"], line["output"], line["score"]) for line in lines)
+
+
 def dump_scores(work: Path, run: str, step: int) -> dict[str, list[float]]:
     """The rewards verl computed at ``step`` (its rollout dump), grouped by prompt."""
     groups: dict[str, list[float]] = {}
@@ -756,10 +763,12 @@ def check(work: Path, files: dict) -> None:
     """Runs A and K (K' after the kill); raises AssertionError naming the first failure.
 
     The exact-resume check: K' resumed from K's step-2 checkpoint, and K and A share every setting and seed (the
-    HF server seeds each request by weight version, prompt and sample), so K's step-2 checkpoint equals A's --
-    checked here first (the same rollouts at steps 1-2 and the same saved EB state), else the comparison below
+    HF server seeds each request by weight version, prompt and sample), so K's step-2 checkpoint is A's --
+    checked here first (the same step-1 rollouts, the same saved step-2 EB state), else the comparison below
     would not be one. K' then starts from exactly the saved EB state (its state at step 3 is the step-2 state
-    plus its own batch) and reproduces the uninterrupted A at step 3 exactly.
+    plus its own batch) and reproduces the uninterrupted A at step 3 exactly. (The weights are A's to the last
+    bits only: verl's batch order, the rollouts' completion order, changes float sums in the update; a sampled
+    token can flip under such a difference, rarely, and fails this check loudly.)
     """
     a, resumed = check_run(work, "a", [1, 2, 3]), check_run(work, "k", [1, 2, 3])
     # the prompt groups are mixed, so the EB statistics are not trivially equal
@@ -767,10 +776,13 @@ def check(work: Path, files: dict) -> None:
 
     saved = saved_state(work, "a", 2)
     assert a[2]["ebpo/prompts_seen"] == 2 * BATCH, f"A saw {a[2]['ebpo/prompts_seen']} prompts by step 2"
-    for step in (1, 2):  # verl's rollout dumps: prompts, responses, rewards
-        dumps = [(work / f"rollouts_{run}" / f"{step}.jsonl").read_text() for run in ("a", "k")]
-        assert dumps[0] == dumps[1], f"K's step-{step} rollouts differ from A's (same settings and seeds)"
-    assert saved_state(work, "k", 2) == saved, "K's step-2 checkpoint holds another EB state than A's"
+    # K's step-2 checkpoint is A's: the same step-1 rollouts (K died before verl dumped step 2's) and EB state
+    assert rollouts(work, "k", 1) == rollouts(work, "a", 1), "K's step-1 rollouts differ from A's (same seeds)"
+    assert saved_state(work, "k", 2) == saved, (
+        "K's step-2 checkpoint holds another EB state than A's: their step-2 rewards differ, so the exact-resume "
+        "comparison of K' with A below would not be one (a sampled token flipped: the weights after step 1 differ "
+        "in the last bits between runs, verl's batch order being the rollouts' completion order)"
+    )
     state_a, state_k = saved_state(work, "a", 3), saved_state(work, "k", 3)
     check_continues(saved, state_a, [dump_scores(work, "a", 3)])
     check_continues(saved, state_k, [dump_scores(work, "k", 3)])
