@@ -3,14 +3,16 @@
 Builds a tiny Qwen3 and tokenizer locally, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts with
 ``data_prep``, then runs ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic
 curriculum) on the CPU backend (``ebpo_verl.cpu.backend``), three trainer starts with the CPU backend's Hugging
-Face rollout server and the same settings (checkpoint at step 2, validation at step 2 and at the last step):
+Face rollout server and the same settings:
 
-* run A trains steps 1-3 uninterrupted;
-* run K (its own folder) trains too; while it runs, a second training started on its folder must be refused in
-  one line, before its pre-flight and Ray; then K is SIGKILLed with its process tree while verl validates step 2
-  (after the step-2 tracker file, before the step-2 log call: the crash window of docs/training_faults.md);
-* run K' reruns K's command (``resume_mode=auto``): it takes over the dead run's lock, logs step 2's training
-  metrics once (from the checkpoint), trains step 3 and releases the folder;
+* run A trains steps 1-3 uninterrupted (checkpoints at steps 2 and 3, validation at steps 2 and 3);
+* run K, in its own folder, resumes A's ``global_step_2`` (``resume_mode=resume_path``; checkpoint and validation
+  every step, 4 steps); while it runs, a second training started on its folder must be refused in one line,
+  before its pre-flight and Ray; K trains step 3 and is SIGKILLed with its process tree while verl validates step
+  3 (after the step-3 tracker file, before the step-3 log call: the crash window of docs/training_faults.md);
+* run K' reruns K's command with ``resume_mode=auto``: it resumes K's step 3 (not A's step 2), takes over the
+  dead run's lock, logs step 3's training metrics once (from the checkpoint), trains step 4 and releases the
+  folder;
 * with ``--vllm``, run C resumes from A's ``global_step_2`` and trains steps 3-4 with verl's own vLLM
   rollout on vLLM's CPU build (docs/vllm_cpu.md), checkpointing at step 4: a checkpoint written by one
   rollout backend resumes under the other, and vLLM receives the trainer's weights after every step.
@@ -18,9 +20,9 @@ Face rollout server and the same settings (checkpoint at step 2, validation at s
 It then asserts: ``ebpo/*`` metrics at every step; the rollout's probabilities match the actor's (the weights
 reached it after every step); ``global_step_2/ebpo_state.json`` exists and every resumed run started from it
 exactly: the EB state it saved at its last step is the step-2 state plus its own batches (recomputed from
-verl's rollout dump); the exact resume: the HF server seeds each request, so K, with A's settings, wrote A's
-step-2 checkpoint (checked: the same rollouts at steps 1-2, the same saved EB state), and K' reproduces A's
-step-3 EB statistics and saved state exactly, which vLLM's sampling cannot promise; ``val-core/amc23/acc/mean@2``
+verl's rollout dump); the exact resume: the HF server seeds each request by step, so K, started from A's step-2
+weights and EB state, rolls out A's step-3 responses, and its step-3 EB statistics (as K' logged them from K's
+checkpoint) and saved state equal A's exactly, which vLLM's sampling cannot promise; ``val-core/amc23/acc/mean@2``
 is logged; each step trained on one topic block of the curriculum, in the curriculum's order, in every run. A
 run past ``--run-timeout`` is killed with its process tree (Ray, vLLM).
 
@@ -67,7 +69,8 @@ EBPO_KEYS = (
     "ebpo/frac_all_pass",
 )
 VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
-TEST_FREQ = SAVE_FREQ  # one node: validation at step 2 (run K is killed in it) and at the last step
+TEST_FREQ = SAVE_FREQ  # one node: validation at step 2 and at the last step
+K_STEPS = STEPS + 1  # runs K/K': resumed from A's step 2, killed in step 3's validation, then step 4
 VLLM_KV_CACHE_GIB = 1
 VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
@@ -591,20 +594,29 @@ def metrics_lines(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
+def k_overrides(work: Path, resume_mode: str) -> list[str]:
+    """Runs K (``resume_path``) and K' (``auto``): from A's step-2 checkpoint, a checkpoint and a validation every
+    step (verl saves a step before it validates and logs it)."""
+    start = work / "ckpt_a" / f"global_step_{SAVE_FREQ}"
+    mode = [f"trainer.resume_mode={resume_mode}", f"trainer.resume_from_path={start}"]
+    return [*mode, "trainer.save_freq=1", "trainer.test_freq=1"]
+
+
 def run_killed(work: Path, files: dict, timeout: int) -> None:
-    """Run K (A's settings, its own folder ``ckpt_k``). While it runs, a second training started on its folder
-    must be refused in one line, before its pre-flight and Ray, and leave K undisturbed. Then K is SIGKILLed with
-    its whole process tree while verl validates step 2: once it has written the step-2 tracker file
-    (``latest_checkpointed_iteration.txt``, a file-system trigger, where a crash can land) and before the step-2
-    log call. Checks that the kill landed there: step 2 checkpointed with its EB state, only step 1 logged, the
-    dead run's lock file left, nothing moved aside."""
+    """Run K (A's settings, its own folder ``ckpt_k``, resumed from A's step-2 checkpoint). While it runs, a
+    second training started on its folder must be refused in one line, before its pre-flight and Ray, and leave K
+    undisturbed. K trains step 3 and is SIGKILLed with its whole process tree while verl validates it: once it has
+    written the step-3 tracker file (``latest_checkpointed_iteration.txt``, a file-system trigger, where a crash
+    can land) and before the step-3 log call. Checks that K resumed from A's step 2 and the kill landed there:
+    step 3 checkpointed with its EB state (the only checkpoint in ``ckpt_k``), no step logged (K's first step is
+    3), the dead run's lock file left, nothing moved aside."""
     from ebpo_verl.checkpoint.resume import TRACKER_FILE
     from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
 
     ckpt = work / "ckpt_k"
     tracker, lock = ckpt / TRACKER_FILE, ckpt / RUN_LOCK_FILE
     print(f"[cpu_smoke] run k: {work / 'k.log'}", flush=True)
-    run = Run(work, files, "k", [])
+    run = Run(work, files, "k", k_overrides(work, "resume_path"), steps=K_STEPS)
     try:
         wait_for("its lock", lambda: lock_holder(lock) == run.proc.pid, run, timeout)  # before pre-flight and Ray
         second = Run(work, files, "k-second", [f"trainer.default_local_dir={ckpt}"])
@@ -616,52 +628,69 @@ def run_killed(work: Path, files: dict, timeout: int) -> None:
         held = f"ebpo-train: error: trainer.default_local_dir {ckpt} is in use by pid {run.proc.pid}"
         assert errors[0].startswith(held), errors[0]
         assert "pre-flight: ok" not in text and "Started a local Ray instance" not in text, "refused too late"
-        wait_for("step-2 checkpoint", lambda: tracker.is_file() and tracker.read_text().strip() == "2", run, timeout)
+        wait_for(
+            f"step-{STEPS} checkpoint",
+            lambda: tracker.is_file() and tracker.read_text().strip() == str(STEPS),
+            run,
+            timeout,
+        )
     finally:
         killed = run.kill()
     print(f"[cpu_smoke] second run refused (exit 2, before its pre-flight and Ray): {errors[0]}", flush=True)
-    # the kill landed after the step-2 checkpoint and before its log call; the refused run neither wrote to nor
-    # moved K's log
-    logged = [line["step"] for line in metrics_lines(ckpt / "metrics.jsonl")]
-    assert logged == [1], f"run K logged steps {logged} before the kill, expected [1]"
+    start = work / "ckpt_a" / f"global_step_{SAVE_FREQ}"
+    text = run.log.read_text(errors="replace")
+    assert text.count(f"resumes from {start}") == 1, f"run K did not say once that it resumes from {start}"
+    folders = sorted(p.name for p in ckpt.glob("global_step_*"))
+    assert folders == [f"global_step_{STEPS}"], f"run K's checkpoints {folders}, expected step {STEPS} only"
+    # the kill landed after the step-3 checkpoint and before its log call (K's first step, so nothing logged);
+    # the refused run neither wrote to nor moved K's log
+    log = ckpt / "metrics.jsonl"
+    logged = [line["step"] for line in metrics_lines(log)] if log.exists() else []
+    assert logged == [], f"run K logged steps {logged} before the kill, expected none"
     assert not list(ckpt.glob("metrics.superseded-*")), "a metrics log was moved aside"
-    assert (ckpt / "global_step_2" / "ebpo_state.json").is_file(), "no EB state in K's step-2 checkpoint"
+    assert (ckpt / f"global_step_{STEPS}" / "ebpo_state.json").is_file(), f"no EB state in K's step-{STEPS} checkpoint"
     assert lock_holder(lock) == run.proc.pid, "a SIGKILLed run leaves its lock file"
     print(
-        f"[cpu_smoke] SIGKILL -> run k (pid {run.proc.pid}, {killed} processes) after its step-2 checkpoint, "
-        f"before the step-2 log call: logged steps {logged}, the dead run's lock file left",
+        f"[cpu_smoke] SIGKILL -> run k (pid {run.proc.pid}, {killed} processes; resumed from A's step "
+        f"{SAVE_FREQ}) after its step-{STEPS} checkpoint, before the step-{STEPS} log call: logged steps {logged}, "
+        "the dead run's lock file left",
         flush=True,
     )
 
 
 def check_killed(work: Path) -> None:
-    """Run K', the rerun of K (``resume_mode=auto``, from the tracker: step 2): it took over the dead run's lock,
-    logged step 2's training metrics once (from the checkpoint: the step's total time, unknown at the
-    checkpoint, left out), trained step 3 with validation, counted every prompt once across the kill, and released
-    the folder."""
+    """Run K', the rerun of K (``resume_mode=auto``, from ``ckpt_k``'s tracker: step 3, not A's step 2): it took
+    over the dead run's lock, logged step 3's training metrics once (from the checkpoint: the step's total time,
+    unknown at the checkpoint, left out), trained step 4 with validation, counted every prompt once across the
+    kill, continued K's saved EB state, and released the folder."""
     from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
     from ebpo_verl.metrics_log import read_metrics_log
     from ebpo_verl.trainer import STEP_TIME_KEYS
 
     ckpt = work / "ckpt_k"
     text = (work / "k.log").read_text(errors="replace")
-    notice = "step 2's training metrics were not logged before the last run stopped"
-    assert text.count(notice) == 1, f"the rerun did not say once that it logs step 2's metrics ({notice!r})"
+    folder = ckpt / f"global_step_{STEPS}"
+    assert text.count(f"resumes from {folder}") == 1, f"the rerun did not say once that it resumes from {folder}"
+    notice = f"step {STEPS}'s training metrics were not logged before the last run stopped"
+    assert text.count(notice) == 1, f"the rerun did not say once that it logs step {STEPS}'s metrics ({notice!r})"
+    steps = list(range(STEPS, K_STEPS + 1))
     training = [line for line in metrics_lines(ckpt / "metrics.jsonl") if "actor/grad_norm" in line["data"]]
-    assert [line["step"] for line in training] == [1, 2, 3], "each step's training metrics must be logged once"
-    assert not STEP_TIME_KEYS & set(training[1]["data"]), "the unfinished step 2's total time was logged"
+    assert [line["step"] for line in training] == steps, "each step's training metrics must be logged once"
+    assert not STEP_TIME_KEYS & set(training[0]["data"]), f"the unfinished step {STEPS}'s total time was logged"
     merged = read_metrics_log(ckpt / "metrics.jsonl")
-    for step in (1, 2, 3):
+    for step in steps:
         assert 0 <= merged[step]["critic/score/mean"] <= 1, f"run K step {step}: {merged[step]['critic/score/mean']}"
         seen = merged[step]["ebpo/prompts_seen"]
         assert seen == step * BATCH, f"run K step {step}: {seen} prompts seen, expected {step * BATCH}"
-    assert merged[2]["training/global_step"] == 2 and "timing_s/gen" in merged[2], "step 2's metrics incomplete"
-    assert saved_state(work, "k", STEPS)["prompts_seen"] == STEPS * BATCH, "K's step-3 EB state miscounts"
+    assert merged[STEPS]["training/global_step"] == STEPS and "timing_s/gen" in merged[STEPS], "step 3 incomplete"
+    last = saved_state(work, "k", K_STEPS)
+    assert last["prompts_seen"] == K_STEPS * BATCH, f"K's step-{K_STEPS} EB state miscounts"
+    check_continues(saved_state(work, "k", STEPS), last, [dump_scores(work, "k", K_STEPS)])
     assert not (ckpt / RUN_LOCK_FILE).exists() and not (ckpt / "metrics.jsonl.lock").exists(), "folder not released"
     print(
-        "[cpu_smoke] OK (kill): the rerun took over the dead run's lock, logged step 2's training metrics once "
-        "(from the checkpoint), trained step 3 and released the folder; training metrics of steps [1, 2, 3] "
-        "logged once each",
+        f"[cpu_smoke] OK (kill): the rerun resumed K's step {STEPS}, took over the dead run's lock, logged step "
+        f"{STEPS}'s training metrics once (from the checkpoint), trained step {K_STEPS} (its EB state continues "
+        f"the step-{STEPS} one) and released the folder; training metrics of steps {steps} logged once each",
         flush=True,
     )
 
@@ -682,13 +711,6 @@ def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
     if len(rows) != BATCH * N or any(rows.count(r) != N for r in rows):
         raise AssertionError(f"{dump}: expected {BATCH} prompts x {N} samples, got rows {rows}")
     return sorted(set(rows))
-
-
-def rollouts(work: Path, run: str, step: int) -> list[tuple]:
-    """The (prompt, response, reward) triples of verl's rollout dump of ``step``, sorted: verl's batch order is
-    the rollouts' completion order, and each group's uid is drawn at random."""
-    lines = [json.loads(line) for line in (work / f"rollouts_{run}" / f"{step}.jsonl").read_text().splitlines()]
-    return sorted((line["input"], line["output"], line["score"]) for line in lines)
 
 
 def dump_scores(work: Path, run: str, step: int) -> dict[str, list[float]]:
@@ -762,45 +784,38 @@ def topic_block(work: Path, files: dict, run: str, step: int) -> str:
 def check(work: Path, files: dict) -> None:
     """Runs A and K (K' after the kill); raises AssertionError naming the first failure.
 
-    The exact-resume check: K' resumed from K's step-2 checkpoint, and K and A share every setting and seed (the
-    HF server seeds each request by weight version, prompt and sample), so K's step-2 checkpoint is A's --
-    checked here first (the same step-1 rollouts, the same saved step-2 EB state), else the comparison below
-    would not be one. K' then starts from exactly the saved EB state (its state at step 3 is the step-2 state
-    plus its own batch) and reproduces the uninterrupted A at step 3 exactly. (The weights are A's to the last
-    bits only: verl's batch order, the rollouts' completion order, changes float sums in the update; a sampled
-    token can flip under such a difference, rarely, and fails this check loudly.)
+    The exact-resume check: K started from A's own step-2 checkpoint and shares A's every setting and seed (the
+    HF server seeds each request by weight version, prompt and sample), so its step 3 starts from A's weights and
+    EB state and rolls out A's step-3 responses: K's step-3 ``ebpo/*`` metrics (logged by K' from K's checkpoint)
+    and saved ``global_step_3`` EB state equal A's exactly, and A's is the step-2 state plus its step-3 batch (K
+    died before verl dumped its step-3 rollouts).
     """
-    a, resumed = check_run(work, "a", [1, 2, 3]), check_run(work, "k", [1, 2, 3])
+    a, resumed = check_run(work, "a", [1, 2, 3]), check_run(work, "k", [STEPS, K_STEPS])
     # the prompt groups are mixed, so the EB statistics are not trivially equal
     assert 0 < a[3]["critic/score/mean"] < 1, f"degenerate step-3 rewards: {a[3]['critic/score/mean']}"
 
     saved = saved_state(work, "a", 2)
     assert a[2]["ebpo/prompts_seen"] == 2 * BATCH, f"A saw {a[2]['ebpo/prompts_seen']} prompts by step 2"
-    # K's step-2 checkpoint is A's: the same step-1 rollouts (K died before verl dumped step 2's) and EB state
-    assert rollouts(work, "k", 1) == rollouts(work, "a", 1), "K's step-1 rollouts differ from A's (same seeds)"
-    assert saved_state(work, "k", 2) == saved, (
-        "K's step-2 checkpoint holds another EB state than A's: their step-2 rewards differ, so the exact-resume "
-        "comparison of K' with A below would not be one (a sampled token flipped: the weights after step 1 differ "
-        "in the last bits between runs, verl's batch order being the rollouts' completion order)"
-    )
     state_a, state_k = saved_state(work, "a", 3), saved_state(work, "k", 3)
     check_continues(saved, state_a, [dump_scores(work, "a", 3)])
-    check_continues(saved, state_k, [dump_scores(work, "k", 3)])
     for key in sorted(name for name in a[3] if name.startswith("ebpo/")):
-        assert key in resumed[3], f"run K' step 3: {key} missing"
+        assert key in resumed[3], f"run K step 3: {key} missing"
         want, got = a[3][key], resumed[3][key]
+        # equal up to the order of a float sum over the batch's groups (verl's batch order varies)
         assert want == got or math.isclose(want, got, rel_tol=1e-12, abs_tol=1e-15), (
             f"step-3 {key}: uninterrupted {want!r} != resumed {got!r}"
         )
     assert state_a == state_k, "the EB state saved after step 3 differs between the uninterrupted and resumed runs"
 
-    # curriculum: each step is one topic block, blocks never repeat, and the resumed step 3 is A's step 3
+    # curriculum: each step is one topic block, blocks never repeat, also across K's resume from A's step 2
     blocks = [topic_block(work, files, "a", s) for s in (1, 2, 3)]
     assert len(set(blocks)) == STEPS, f"run A repeated a topic block: {blocks}"
-    assert step_rows(work, "k", 3, files["train"]) == step_rows(work, "a", 3, files["train"]), "K's step 3 != A's"
+    k_block = topic_block(work, files, "k", K_STEPS)
+    assert k_block not in blocks, f"run K' step {K_STEPS} repeated a topic block: {k_block} after {blocks}"
     print(
-        f"[cpu_smoke] OK (hf rollout): topic blocks {blocks}; K's step-2 checkpoint holds A's EB state; step-3 "
-        f"ebpo/* and saved EB state of K' (resumed after the kill) equal A's (uninterrupted); {VAL_KEY} logged"
+        f"[cpu_smoke] OK (hf rollout): topic blocks {blocks} then {k_block}; K (resumed from A's step 2, killed, "
+        f"logged by K'): its step-3 ebpo/* and saved EB state equal A's "
+        f"(uninterrupted) exactly; {VAL_KEY} logged"
     )
 
 
@@ -961,7 +976,7 @@ def main(argv: list[str] | None = None) -> None:
         "--vllm", action="store_true", help="also run C: resume A's step 2 with verl's vLLM rollout (needs vllm-cpu)"
     )
     parser.add_argument(
-        "--nodes", type=int, choices=(1, NODES), default=1, help="2: the two-node run instead of runs A/K/C"
+        "--nodes", type=int, choices=(1, NODES), default=1, help="2: the two-node run instead of runs A/K/K'/C"
     )
     parser.add_argument(
         "--faults", action="store_true", help="--nodes 2: kill, then hang, a rank's worker at step 3 (rerun each)"
@@ -980,7 +995,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     train(work, files, "a", [], args.run_timeout)
     run_killed(work, files, args.run_timeout)
-    train(work, files, "k", [], args.run_timeout)  # K': trainer.resume_mode=auto, from K's tracker file (step 2)
+    # K': K's command with resume_mode=auto, from K's tracker file (step 3)
+    train(work, files, "k", k_overrides(work, "auto"), args.run_timeout, steps=K_STEPS)
     check_killed(work)
     check(work, files)
     if args.vllm:

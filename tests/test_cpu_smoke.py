@@ -3,10 +3,10 @@
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight
 loading, the platform's process-group set-up, the registrations in verl and the vLLM-CPU fixes. The end-to-end
-run (three real verl trainer starts with the HF server: A uninterrupted, K refused a second run on its folder and
-killed between its step-2 checkpoint and log call, K' its resume; the vLLM rollout at world size 2 is
-tests/test_cluster.py) runs unless ``EBPO_SKIP_CPU_SMOKE=1``; the script asserts every check itself, and each
-test below asserts the line it prints for its part.
+run (three real verl trainer starts with the HF server: A uninterrupted, K resumed from A's step 2, refused a
+second run on its folder and killed between its step-3 checkpoint and log call, K' its resume; the vLLM rollout
+at world size 2 is tests/test_cluster.py) runs unless ``EBPO_SKIP_CPU_SMOKE=1``; the script asserts every check
+itself, and each test below asserts the line it prints for its part.
 """
 
 from __future__ import annotations
@@ -210,22 +210,25 @@ def test_a_second_run_on_a_running_runs_folder_is_refused_in_one_line_before_ray
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_a_kill_between_checkpoint_and_log_then_the_resume_logs_the_step_once(smoke_run):
-    """K is SIGKILLed while verl validates step 2 (after the tracker file, before the log call); its rerun takes
-    over the dead run's lock, logs step 2's training metrics once from the checkpoint, trains step 3, releases the
-    folder."""
+    """K (resumed from A's step 2) is SIGKILLed while verl validates step 3 (after the tracker file, before the log
+    call); its rerun resumes K's step 3, takes over the dead run's lock, logs step 3's training metrics once from
+    the checkpoint, trains step 4, releases the folder."""
     killed = _line(smoke_run, "[cpu_smoke] SIGKILL -> run k (pid ")
-    assert "after its step-2 checkpoint, before the step-2 log call: logged steps [1]" in killed
+    assert "resumed from A's step 2) after its step-3 checkpoint, before the step-3 log call: logged steps []" in killed
     line = _line(smoke_run, "[cpu_smoke] OK (kill): ")
-    assert "training metrics of steps [1, 2, 3] logged once each" in line
+    assert line.startswith("[cpu_smoke] OK (kill): the rerun resumed K's step 3, took over the dead run's lock")
+    assert "training metrics of steps [3, 4] logged once each" in line
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_cpu_smoke_end_to_end_hf_rollout_exact_resume(smoke_run):
-    """verl's trainer with the HF server: K' (resumed from K's step 2, which equals A's) reproduces the
-    uninterrupted A's step 3 exactly; then the whole script succeeded."""
+    """verl's trainer with the HF server: K, resumed from A's own step-2 checkpoint, reproduces the uninterrupted
+    A's step 3 exactly (``ebpo/*`` metrics as K' logged them, saved EB state); then the whole script
+    succeeded."""
     line = _line(smoke_run, "[cpu_smoke] OK (hf rollout): ")
-    assert "K's step-2 checkpoint holds A's EB state" in line and "equal A's (uninterrupted)" in line
+    assert "K (resumed from A's step 2, killed, logged by K'): its step-3 ebpo/* and saved EB state equal A's" in line
+    assert "(uninterrupted) exactly" in line
     assert smoke_run[0].returncode == 0, smoke_run[0].stderr[-4000:]
 
 

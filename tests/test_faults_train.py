@@ -3,8 +3,9 @@ log call, one writer per run folder, the pre-flight's registry/data/checkpoint c
 
 The tests drive the trainer mixin with a stand-in for the GPU workers (as tests/test_checkpoint.py does) and
 the pre-flight on composed configs. The same faults with the real trainer on CPU are part of the one-node smoke
-run (scripts/cpu_smoke.py, run K: a second run on its folder is refused, then it is SIGKILLed once verl has written
-``latest_checkpointed_iteration.txt`` for step 2 and resumed), asserted in tests/test_cpu_smoke.py.
+run (scripts/cpu_smoke.py, run K, started from run A's step 2: a second run on its folder is refused, then it is
+SIGKILLed once verl has written ``latest_checkpointed_iteration.txt`` for step 3 and resumed), asserted in
+tests/test_cpu_smoke.py.
 """
 
 from __future__ import annotations
