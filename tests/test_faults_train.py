@@ -1,23 +1,20 @@
 """Faults on the training side (issue 22): no step's training metrics lost to a crash between the checkpoint and the
 log call, one writer per run folder, the pre-flight's registry/data/checkpoint checks, one-line override errors.
 
-The fast tests drive the trainer mixin with a stand-in for the GPU workers (as tests/test_checkpoint.py does) and
-the pre-flight on composed configs. The slow test runs the real trainer on CPU (scripts/cpu_smoke.py's tiny model
-and data): a second run starts on the folder of the running one and is refused; the first is killed with SIGKILL
-at the moment verl writes ``latest_checkpointed_iteration.txt`` (a file-system trigger, as a crash would) and
-resumed.
+The tests drive the trainer mixin with a stand-in for the GPU workers (as tests/test_checkpoint.py does) and
+the pre-flight on composed configs. The same faults with the real trainer on CPU are part of the one-node smoke
+run (scripts/cpu_smoke.py, run K, started from run A's step 2: a second run on its folder is refused, then it is
+SIGKILLed once verl has written ``latest_checkpointed_iteration.txt`` for step 3 and resumed), asserted in
+tests/test_cpu_smoke.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +37,6 @@ from ebpo_verl.options import EBPO
 from ebpo_verl.preflight import preflight
 from ebpo_verl.trainer import STEP_TIME_KEYS, ebpo_trainer_cls
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
 
 
@@ -341,150 +337,3 @@ def test_integer_switch_message_reads_right(tmp_path):
     message = str(err.value)
     assert message.startswith("GROUP_SIZE=1 is not an integer >= 2 (") and "to one" not in message
     assert message.endswith(": set GROUP_SIZE to such an integer")
-
-
-# ------------------------------------ the real trainer on CPU (scripts/cpu_smoke.py's model and data)
-@pytest.fixture(scope="module")
-def smoke(shared_data, tmp_path_factory):
-    """(cpu_smoke module, work folder, its prepared files)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import cpu_smoke
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    work = tmp_path_factory.mktemp("faults_smoke")
-    return cpu_smoke, work, cpu_smoke.prepare(work)
-
-
-def _launch(smoke, run: str, *extra: str) -> tuple[subprocess.Popen, Path]:
-    """``python -m ebpo_verl.main`` of run ``run`` in its own session (a process group to kill), log in work."""
-    cpu_smoke, work, files = smoke
-    ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # Ray's socket paths must fit 107 bytes
-    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu.backend", "VERL_PLATFORM": "cpu"}
-    env.update({"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"})
-    env.pop("RAY_ADDRESS", None)
-    chosen = {o.split("=")[0].lstrip("+") for o in extra}
-    base = [o for o in cpu_smoke.overrides(work, files, run, ray_tmp) if o.split("=")[0].lstrip("+") not in chosen]
-    log = work / f"{run}.log"
-    with open(log, "a") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ebpo_verl.main", *base, *extra],
-            cwd=work,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    proc.ray_tmp = ray_tmp
-    return proc, log
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL to the driver, every descendant (Ray's raylet, workers, the TaskRunner) and its process group."""
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
-    psutil.wait_procs(tree, timeout=60)
-    shutil.rmtree(proc.ray_tmp, ignore_errors=True)
-
-
-def _finish(proc: subprocess.Popen, log: Path, timeout: int = 900) -> None:
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc)
-        raise
-    shutil.rmtree(proc.ray_tmp, ignore_errors=True)
-    assert code == 0, log.read_text(errors="replace")[-4000:]
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-STEPS3 = ["trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2"]
-
-
-def _wait_for_lock(proc: subprocess.Popen, log: Path, lock: Path) -> None:
-    """Until ``proc`` holds the run folder's lock (it takes it before its pre-flight and Ray)."""
-    deadline = time.monotonic() + 300
-    while True:
-        assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
-        assert time.monotonic() < deadline, "the run never took its lock"
-        try:
-            if json.loads(lock.read_text())["pid"] == proc.pid:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_second_run_refused_then_kill_between_checkpoint_and_log_then_resume_logs_the_step_once(smoke):
-    """One real run, three faults. (1) A second training started on the folder of the running one is refused in
-    one line (before its pre-flight and Ray) and leaves the first undisturbed. (2) The first is killed while verl
-    validates step 2 (after its tracker file, before its log call). (3) The resume takes over the dead run's lock,
-    logs step 2's training metrics once, from the checkpoint, continues with step 3 and releases the folder."""
-    cpu_smoke, work, _ = smoke
-    ckpt = work / "ckpt_kill"
-    tracker, log_path, lock = ckpt / TRACKER_FILE, ckpt / "metrics.jsonl", ckpt / RUN_LOCK_FILE
-    proc, log = _launch(smoke, "kill", *STEPS3)
-    try:
-        _wait_for_lock(proc, log, lock)
-        second, second_log = _launch(smoke, "kill-second", *STEPS3, f"trainer.default_local_dir={ckpt}")
-        code = second.wait(timeout=300)
-        shutil.rmtree(second.ray_tmp, ignore_errors=True)
-        assert proc.poll() is None, "the second run must be refused while the first is still running"
-        text = second_log.read_text()
-        errors = [line for line in text.splitlines() if line.startswith("ebpo-train: error:")]
-        assert code == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
-        assert errors[0].startswith(f"ebpo-train: error: trainer.default_local_dir {ckpt} is in use by pid {proc.pid}")
-        assert "pre-flight: ok" not in text and "Started a local Ray instance" not in text  # refused first
-
-        deadline = time.monotonic() + 900
-        while not (tracker.is_file() and tracker.read_text().strip() == "2"):
-            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
-            assert time.monotonic() < deadline, "no step-2 checkpoint within 15 minutes"
-            time.sleep(0.02)
-    finally:
-        _kill_tree(proc)
-    # the crash landed where the finding says: step 2 checkpointed, its metrics not logged; the refused run
-    # neither wrote to nor moved the first one's log
-    assert [line["step"] for line in _lines(log_path)] == [1], log_path.read_text()
-    assert not list(ckpt.glob("metrics.superseded-*"))
-    assert (ckpt / "global_step_2" / EBPO.state_file).is_file()
-    assert json.loads(lock.read_text())["pid"] == proc.pid  # a SIGKILL leaves the dead run's lock file
-
-    proc, log = _launch(smoke, "kill", *STEPS3)  # trainer.resume_mode=auto: from the tracker, step 2
-    _finish(proc, log)
-    assert "step 2's training metrics were not logged before the last run stopped" in log.read_text()
-    lines = _lines(log_path)
-    training = [line for line in lines if "actor/grad_norm" in line["data"]]
-    assert [line["step"] for line in training] == [1, 2, 3]  # each step's training metrics exactly once
-    merged = read_metrics_log(log_path)
-    for step in (1, 2, 3):
-        data = merged[step]
-        assert not [k for k in cpu_smoke.EBPO_KEYS if k not in data], f"step {step}: {sorted(data)}"
-        assert data["actor/grad_norm"] > 0 and 0 <= data["critic/score/mean"] <= 1
-        # the EB statistics count every prompt once: BATCH new prompts per step, across the kill
-        assert data["ebpo/prompts_seen"] == step * cpu_smoke.BATCH
-    assert merged[2]["training/global_step"] == 2 and "timing_s/gen" in merged[2]
-    assert not STEP_TIME_KEYS & set(training[1]["data"])  # the unfinished step's total time is not invented
-    assert cpu_smoke.VAL_KEY in merged[3]
-    saved = json.loads((ckpt / "global_step_3" / EBPO.state_file).read_text())
-    assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * cpu_smoke.BATCH
-    assert not lock.exists() and not (ckpt / "metrics.jsonl.lock").exists()  # released at the end
