@@ -731,3 +731,41 @@ def test_quick_preset_uses_the_committed_tuning_choice():
     full = PRESETS["full"]
     assert full.tune and all(len(full.lr_grid[e]) >= 3 for e in full.estimators)
     assert {"grpo", "grpo_bn", "ebpo", "ebpo_batch", "otb", "rloo", "spo", "dbb"} == set(full.estimators)
+
+
+FULL_RUN = Path(__file__).resolve().parents[1] / "docs" / "study_full"
+
+
+def test_the_committed_full_run_is_its_runs():
+    """docs/study_full (the full preset's committed run): every cell's final accuracy and every paired difference
+    of summary.json recomputed here from the per-run files under runs/ (t-intervals by hand), the learning rates
+    re-chosen from its tuning runs' curves (mean validation accuracy after step 0), and the run complete."""
+    summary = json.loads((FULL_RUN / "summary.json").read_text())
+    full = PRESETS["full"]
+    assert summary["preset"] == "full" and summary["resumed_runs"] == 0
+    runs = [json.loads(p.read_text()) for p in sorted((FULL_RUN / "runs").glob("*.json"))]
+    test = [r for r in runs if r["config"]["split"] == "test"]
+    tuning = [r for r in runs if r["config"]["split"] == "validation"]
+    assert len(test) == len(full.cells()) * full.seeds
+    assert len(tuning) == len(full.tuning_cells()) * full.tune["seeds"]
+
+    def t_interval(x: list[float]) -> list[float]:
+        n = len(x)
+        return [float(np.mean(x)), sps.t.ppf(0.975, n - 1) * float(np.std(x, ddof=1)) / np.sqrt(n), n]
+
+    final = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["seed"]): r["metrics"]["accuracy"][-1]
+             for r in test}  # fmt: skip
+    for cell in summary["cells"]:
+        e, g = cell["estimator"], cell["group_size"]
+        want = t_interval([final[e, g, s] for s in range(full.seeds)])
+        assert cell["final_accuracy"] == pytest.approx(want, abs=1e-6)
+    for pair in summary["paired"]:
+        e, x, g = pair["estimator"], pair["baseline"], pair["group_size"]
+        d = [final[e, g, s] - final[x, g, s] for s in range(full.seeds)]
+        assert pair["diff"] == pytest.approx(t_interval(d), abs=1e-6)
+        assert pair["wins"] == sum(v > 0 for v in d)
+    for e, grid in summary["lr_grid"].items():
+        curves = [(r["config"]["lr"], r["metrics"]["accuracy"]) for r in tuning if r["config"]["estimator"] == e]
+        score = {lr: np.mean([np.mean(a[1:]) for v, a in curves if v == lr]) for lr in grid["values"]}
+        assert grid["chosen"] == max(score, key=lambda lr: (score[lr], -lr))
+        assert {c["lr"] for c in summary["cells"] if c["estimator"] == e} == {grid["chosen"]}

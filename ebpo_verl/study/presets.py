@@ -167,13 +167,13 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-# Wall time on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README: estimated as the warm
-# start's CPU time + half the runs' CPU time, measured on a machine shared with other jobs (docs/study.md).
+# Wall time of the whole command on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README
+# (docs/study.md).
 DURATION = {
     "tiny": "about 1 min",
-    "tune": "about 5 min (estimated from its 548 CPU-seconds)",
-    "quick": "about 6.5 min (measured: 6 min 25 s, 671 CPU-seconds)",
-    "full": "about 25-30 min (estimated from the quick runs' CPU time, not run)",
+    "tune": "about 5.5 min (measured: 5 min 31 s)",
+    "quick": "about 5.5-6 min (measured: 5 min 39 s, 596 CPU-seconds)",
+    "full": "about 25 min (estimated from the tune run; measured: 66 min on cores shared with other jobs)",
 }
 
 
