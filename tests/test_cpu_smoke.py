@@ -24,6 +24,7 @@ import torch
 
 from ebpo_verl.cpu import backend as cpu_backend
 from ebpo_verl.cpu.tiny import build_model
+from ebpo_verl.shm import unlink_engine_shm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -294,7 +295,7 @@ def test_vllm_weight_sync_fails_instead_of_hanging(tmp_path, monkeypatch):
 
 def test_unlink_engine_shm_removes_the_names_of_childrens_segments_while_they_stay_usable(tmp_path):
     """A child that created and mapped a ``psm_*`` segment (as vLLM's engine does): its name is gone from /dev/shm
-    after :func:`cpu_backend.unlink_engine_shm`, while the child still reads and writes its memory."""
+    after :func:`unlink_engine_shm`, while the child still reads and writes its memory."""
     child = (
         "import sys; from multiprocessing import shared_memory as sm; "
         "s = sm.SharedMemory(create=True, size=1 << 20); s.buf[:5] = b'hello'; print(s.name, flush=True); "
@@ -305,7 +306,7 @@ def test_unlink_engine_shm_removes_the_names_of_childrens_segments_while_they_st
         name = proc.stdout.readline().strip()
         path = f"/dev/shm/{name}"
         assert name.startswith("psm_") and os.path.exists(path)
-        assert path in cpu_backend.unlink_engine_shm()
+        assert path in unlink_engine_shm()
         assert not os.path.exists(path)
         proc.stdin.write("\n")
         proc.stdin.flush()
@@ -315,4 +316,4 @@ def test_unlink_engine_shm_removes_the_names_of_childrens_segments_while_they_st
         proc.wait(timeout=60)
     finally:
         proc.kill()
-    assert cpu_backend.unlink_engine_shm() == []  # nothing of a child left to unlink
+    assert unlink_engine_shm() == []  # nothing of a child left to unlink

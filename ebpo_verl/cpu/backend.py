@@ -80,6 +80,8 @@ from verl.workers.rollout import base as rollout_base  # noqa: E402
 from verl.workers.rollout.base import BaseRollout  # noqa: E402
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput  # noqa: E402
 
+from ebpo_verl.shm import unlink_engine_shm  # noqa: E402
+
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
 
@@ -547,33 +549,6 @@ def bound_vllm_weight_sync() -> type:
 
         vllm_rollout.BucketedWeightSender = BoundedWeightSender
     return vllm_rollout.ServerAdapter
-
-
-def unlink_engine_shm(server: Any = None) -> list[str]:
-    """vLLM-CPU fix 4 (no /dev/shm leak), run inside a vLLM server actor once its engine is up. vLLM's engine
-    process and its worker talk through ``multiprocessing.shared_memory`` ring buffers (``/dev/shm/psm_*``, one
-    per message queue: 160-250 MB each here), which vLLM unlinks only when the engine shuts down cleanly; Ray
-    ends a finished or failed run's actors with SIGKILL, so every run left its segments in /dev/shm (RAM) for
-    good. Once the engine has started, every process that uses them has them mapped, so their names can go now:
-    the memory stays mapped while the engine lives and the kernel frees it when the last process exits, however
-    it ends. Unlinks the ``psm_*`` segments mapped by this process's descendants; returns their paths."""
-    import psutil
-
-    paths: set[str] = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            with open(f"/proc/{child.pid}/maps") as maps:
-                paths |= {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/psm_" in line}
-        except OSError:
-            continue
-    unlinked = []
-    for path in sorted(p for p in paths if not p.endswith("(deleted)")):
-        try:
-            os.unlink(path)
-            unlinked.append(path)
-        except FileNotFoundError:
-            pass
-    return unlinked
 
 
 def vllm_replica_unlinking_shm() -> type:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.shm import unlink_engine_shm
 
 Prompt = str | list[dict[str, str]]
 ENGINES = ("vllm", "hf")
@@ -154,6 +155,7 @@ class VLLMEngine:
             max_model_len=spec.max_model_len,
             enforce_eager=spec.enforce_eager,
         )
+        unlink_engine_shm()  # no /dev/shm segment outlives the engine, however its process ends
         self.tokenizer = self.llm.get_tokenizer()
         self.model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
