@@ -563,6 +563,8 @@ def train(
             fault.inject(proc.proc, proc.log, cluster)
         code = proc.wait(timeout)
     finally:
+        if proc.proc.poll() is None:  # the fault's injection failed or was interrupted: stop what the run started
+            proc.kill()
         shutil.rmtree(proc.ray_tmp, ignore_errors=True)
     elapsed = time.monotonic() - start
     if fault:
