@@ -595,11 +595,6 @@ def lock_holder(lock: Path) -> int | None:
         return None
 
 
-def metrics_lines(log: Path) -> list[dict]:
-    """The records of a metrics log, one per log call (attempts not merged)."""
-    return [json.loads(line) for line in log.read_text().splitlines()]
-
-
 def k_overrides(work: Path, resume_mode: str) -> list[str]:
     """Runs K (``resume_path``) and K' (``auto``): from A's step-2 checkpoint, a checkpoint and a validation every
     step (verl saves a step before it validates and logs it)."""
@@ -618,6 +613,7 @@ def run_killed(work: Path, files: dict, timeout: int) -> None:
     3), the dead run's lock file left, nothing moved aside."""
     from ebpo_verl.checkpoint.resume import TRACKER_FILE
     from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
+    from ebpo_verl.metrics_log import read_records
 
     ckpt = work / "ckpt_k"
     tracker, lock = ckpt / TRACKER_FILE, ckpt / RUN_LOCK_FILE
@@ -651,7 +647,7 @@ def run_killed(work: Path, files: dict, timeout: int) -> None:
     # the kill landed after the step-3 checkpoint and before its log call (K's first step, so nothing logged);
     # the refused run neither wrote to nor moved K's log
     log = ckpt / "metrics.jsonl"
-    logged = [line["step"] for line in metrics_lines(log)] if log.exists() else []
+    logged = [step for step, _ in read_records(log)] if log.exists() else []
     assert logged == [], f"run K logged steps {logged} before the kill, expected none"
     assert not list(ckpt.glob("metrics.superseded-*")), "a metrics log was moved aside"
     assert (ckpt / f"global_step_{STEPS}" / "ebpo_state.json").is_file(), f"no EB state in K's step-{STEPS} checkpoint"
@@ -670,7 +666,7 @@ def check_killed(work: Path) -> None:
     unknown at the checkpoint, left out), trained step 4 with validation, counted every prompt once across the
     kill, continued K's saved EB state, and released the folder."""
     from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
-    from ebpo_verl.metrics_log import read_metrics_log
+    from ebpo_verl.metrics_log import read_metrics_log, read_records
     from ebpo_verl.trainer import STEP_TIME_KEYS
 
     ckpt = work / "ckpt_k"
@@ -680,9 +676,9 @@ def check_killed(work: Path) -> None:
     notice = f"step {STEPS}'s training metrics were not logged before the last run stopped"
     assert text.count(notice) == 1, f"the rerun did not say once that it logs step {STEPS}'s metrics ({notice!r})"
     steps = list(range(STEPS, K_STEPS + 1))
-    training = [line for line in metrics_lines(ckpt / "metrics.jsonl") if "actor/grad_norm" in line["data"]]
-    assert [line["step"] for line in training] == steps, "each step's training metrics must be logged once"
-    assert not STEP_TIME_KEYS & set(training[0]["data"]), f"the unfinished step {STEPS}'s total time was logged"
+    training = [(step, data) for step, data in read_records(ckpt / "metrics.jsonl") if "actor/grad_norm" in data]
+    assert [step for step, _ in training] == steps, "each step's training metrics must be logged once"
+    assert not STEP_TIME_KEYS & set(training[0][1]), f"the unfinished step {STEPS}'s total time was logged"
     merged = read_metrics_log(ckpt / "metrics.jsonl")
     for step in steps:
         assert 0 <= merged[step]["critic/score/mean"] <= 1, f"run K step {step}: {merged[step]['critic/score/mean']}"
