@@ -14,15 +14,15 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from omegaconf import OmegaConf
 
 import ebpo_verl
-from ebpo_verl.baselines import SPOOptions, SPOState
-from ebpo_verl.checkpoint.state import save_state
-from ebpo_verl.dbb import DBBOptions
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.estimator import EBPOOptions, EBPOState
-from ebpo_verl.options import EBPO, SPO
-from ebpo_verl.preflight import check_config
+from ebpo_verl.algos.baselines import SPOOptions, SPOState
+from ebpo_verl.algos.dbb import DBBOptions
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.checkpoint.state import save_state
+from ebpo_verl.trainer.preflight import check_config
+from ebpo_verl.trainer.run_options import EBPO, SPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -82,7 +82,7 @@ def test_main_overrides_reach_the_options():
     assert check_config(_ours("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")).estimator is None
 
 
-CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.curriculum", "data.custom_cls.name=CurriculumDataset"]
+CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
 ERRORS = {
     "group-size": (["actor_rollout_ref.rollout.n=1"], "rollout.n=1 but algorithm.ebpo.shrinkage=auto needs at least 2"),
     "unknown-key": (
@@ -133,7 +133,7 @@ def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
 def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
     from verl.trainer.ppo import core_algos
 
-    from ebpo_verl.preflight.registry import check_registered
+    from ebpo_verl.trainer.preflight.registry import check_registered
 
     check_registered()
     monkeypatch.setattr(ebpo_verl, "register", lambda: None)  # as if verl's plugin loader had failed silently

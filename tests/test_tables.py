@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl.provenance import provenance
+from ebpo_verl.ops.provenance import provenance
 from ebpo_verl.recipes import make_tables, plot_dynamics
 from ebpo_verl.recipes import paper as paper_numbers
 

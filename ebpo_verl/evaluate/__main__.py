@@ -21,7 +21,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ebpo_verl.atomic import DiskFullError, atomic_write_text
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.evaluate.grading import grade_file
@@ -37,7 +36,8 @@ from ebpo_verl.evaluate.prompts import (
     load_problems,
     runs_for,
 )
-from ebpo_verl.provenance import provenance
+from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text
+from ebpo_verl.ops.provenance import provenance
 
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {

@@ -71,8 +71,8 @@ def prepare(spec: RunSpec, dry: bool) -> None:
 def preflight_summary(spec: RunSpec) -> tuple[bool, str, str]:
     """(passed, the pre-flight's line, the composed config as YAML) of a run, in this process (verl's
     validate_config chatter on stdout is swallowed)."""
-    from ebpo_verl.errors import EBPOConfigError
     from ebpo_verl.main import dry_run
+    from ebpo_verl.ops.errors import EBPOConfigError
 
     with contextlib.redirect_stdout(io.StringIO()):
         try:

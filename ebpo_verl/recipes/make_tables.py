@@ -47,9 +47,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
-from ebpo_verl.provenance import describe_hardware, short_commit
+from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
+from ebpo_verl.ops.provenance import describe_hardware, short_commit
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
 
 VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")

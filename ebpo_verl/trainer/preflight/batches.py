@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.ops.errors import EBPOConfigError
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -125,7 +125,7 @@ def _uses_reference_policy(config: Any) -> bool:
 
 
 def check_batch_division(config: Any, options: Any = None, dry_run: bool = False) -> None:
-    """Raise :class:`~ebpo_verl.errors.EBPOConfigError` with every problem of :func:`batch_division_problems`
+    """Raise :class:`~ebpo_verl.ops.errors.EBPOConfigError` with every problem of :func:`batch_division_problems`
     (a pre-flight check: ``options`` and ``dry_run`` are unused)."""
     problems = batch_division_problems(config)
     if problems:

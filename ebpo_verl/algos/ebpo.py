@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ebpo_verl.option_parsing import is_real, option_keys, parse_section
+from ebpo_verl.options.parsing import is_real, option_keys, parse_section
 
 STATE_VERSION = 1
 _CHOICES: dict[str, tuple[str, ...]] = {

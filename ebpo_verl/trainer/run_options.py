@@ -1,17 +1,17 @@
 """The run's options, parsed and validated once per process into one frozen :class:`RunOptions`.
 
-Each options class holds its own defaults and checks (:class:`~ebpo_verl.estimator.EBPOOptions` for
-``algorithm.ebpo``, :class:`~ebpo_verl.baselines.SPOOptions` for ``algorithm.spo``,
-:class:`~ebpo_verl.ordering.CurriculumOptions` for ``data.curriculum``), all parsed by
-:func:`~ebpo_verl.option_parsing.parse_section`; ``config/ebpo_trainer.yaml`` repeats the defaults only so that
+Each options class holds its own defaults and checks (:class:`~ebpo_verl.algos.ebpo.EBPOOptions` for
+``algorithm.ebpo``, :class:`~ebpo_verl.algos.baselines.SPOOptions` for ``algorithm.spo``,
+:class:`~ebpo_verl.algos.ordering.CurriculumOptions` for ``data.curriculum``), all parsed by
+:func:`~ebpo_verl.options.parsing.parse_section`; ``trainer/config/ebpo_trainer.yaml`` repeats the defaults only so that
 Hydra accepts the overrides, and ``tests/test_options.py`` checks that it holds exactly the dataclasses' defaults.
 
 Who parses, and how often (``option_parsing.PARSES`` counts it):
 
-- ``ebpo-train``'s driver: :func:`ebpo_verl.preflight.preflight` builds ``RunOptions.from_config`` once and every
-  check reads that object;
+- ``ebpo-train``'s driver: :func:`ebpo_verl.trainer.preflight.preflight` builds ``RunOptions.from_config`` once and
+  every check reads that object;
 - the TaskRunner (another process): ``EBPOTaskRunner.run`` builds it once and passes it to the trainer, which
-  hands ``RunOptions.estimator`` to the estimator on every step (``ebpo_verl.verl_adapter.step_inputs``): no
+  hands ``RunOptions.estimator`` to the estimator on every step (``ebpo_verl.trainer.adapter.step_inputs``): no
   parse per step;
 - stock ``verl.trainer.main_ppo`` (the estimator sees only the raw ``algorithm`` node):
   :func:`options_for_node` validates each distinct value once per process and reuses the result by value.
@@ -30,12 +30,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.baselines import SPO_STATE, SPOOptions
-from ebpo_verl.dbb import DBB_STATE, DBBOptions
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.estimator import GLOBAL_STATE, EBPOOptions, ignored_keys, ignored_options_warning
-from ebpo_verl.option_parsing import option_keys, parse_section
-from ebpo_verl.ordering import CurriculumOptions
+from ebpo_verl.algos.baselines import SPO_STATE, SPOOptions
+from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions
+from ebpo_verl.algos.ebpo import GLOBAL_STATE, EBPOOptions, ignored_keys, ignored_options_warning
+from ebpo_verl.algos.ordering import CurriculumOptions
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.options.parsing import option_keys, parse_section
 
 
 def _nothing_ignored(options: Any) -> set[str]:
@@ -138,7 +138,7 @@ class RunOptions:
     @classmethod
     def from_config(cls, config: Any) -> RunOptions:
         """Parse and validate the options of a composed config; any problem -> EBPOConfigError (one line)."""
-        from ebpo_verl.curriculum import validate_curriculum_config
+        from ebpo_verl.trainer.curriculum import validate_curriculum_config
 
         name = str(config.algorithm.adv_estimator)
         entry = STATEFUL.get(name)

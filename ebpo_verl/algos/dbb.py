@@ -15,7 +15,7 @@ lambda at each visit so that old rewards (from an older policy) fade. Equation n
   paper writes the estimates, not this line); ``normalize=False`` gives the Dr.GRPO-DBB form A_i = X_i - p_hat
   (Sec. 5.4).
 
-A prompt is identified across steps by a stable key (as ``spo``'s tracker, :mod:`ebpo_verl.baselines`): verl's uid
+A prompt is identified across steps by a stable key (as ``spo``'s tracker, :mod:`ebpo_verl.algos.baselines`): verl's uid
 is fresh every step. All rows of one key in a batch are one visit (their S and N are summed). Rewards must be
 0/1 (or in [0, 1], read as fractional successes); the paper's -1/+1 reward is mapped to x = (r + 1)/2 first.
 Prompts absent from a batch are not discounted (one discount per visit, as the paper's once-per-epoch visits).
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.baselines import _group, _scatter_out, _sorted_sum
-from ebpo_verl.option_parsing import is_real, parse_section
+from ebpo_verl.algos.baselines import _group, _scatter_out, _sorted_sum
+from ebpo_verl.options.parsing import is_real, parse_section
 
 DBB_STATE_VERSION = 1
 
@@ -132,7 +132,7 @@ class DBBState:
 
 
 DBB_STATE = DBBState()
-"""The DBB posteriors of this process (the TaskRunner computes advantages; ``ebpo_verl.trainer`` checkpoints them)."""
+"""The DBB posteriors of this process (the TaskRunner computes advantages; the trainer checkpoints them)."""
 
 
 def _successes(g: Any) -> tuple[torch.Tensor, float]:

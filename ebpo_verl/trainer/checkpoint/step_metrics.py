@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.atomic import atomic_write_text
+from ebpo_verl.ops.atomic import atomic_write_text
 
 STEP_METRICS_FILE = "ebpo_step_metrics.json"
 FORMAT = 1

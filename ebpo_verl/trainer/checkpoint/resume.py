@@ -9,8 +9,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.checkpoint.state import load_state
-from ebpo_verl.options import RunOptions
+from ebpo_verl.trainer.checkpoint.state import load_state
+from ebpo_verl.trainer.run_options import RunOptions
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 

@@ -63,7 +63,7 @@ def code_version() -> dict[str, Any]:
     """``{"version", "commit", "dirty", "source"}`` of the imported ebpo_verl package (see the module docstring)."""
     from ebpo_verl.version import __version__
 
-    root = Path(__file__).resolve().parents[1]  # the folder holding the imported ebpo_verl/
+    root = Path(__file__).resolve().parents[2]  # the folder holding the imported ebpo_verl/
     record: dict[str, Any] = {"version": __version__, "commit": None, "dirty": None}
     top = _git(root, "rev-parse", "--show-toplevel")
     if top is not None and Path(top).resolve() == root:  # the package's own checkout, not an enclosing repository
@@ -223,7 +223,7 @@ def run_provenance(config: Any) -> dict[str, Any]:
     return provenance(seed=seed, command=get(f"trainer.{LAUNCH_COMMAND_KEY}"))
 
 
-VERSIONS_FILE = Path(__file__).resolve().parent / "recipes" / "VERSIONS.txt"
+VERSIONS_FILE = Path(__file__).resolve().parents[1] / "recipes" / "VERSIONS.txt"
 """The pinned versions of the recipes (package data, installed with the wheel)."""
 
 

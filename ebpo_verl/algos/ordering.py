@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ebpo_verl.option_parsing import is_missing, parse_section
+from ebpo_verl.options.parsing import is_missing, parse_section
 
 ORDERS = ("native", "random", "topic", "difficulty")
 MISSING = ("error", "last")

@@ -12,10 +12,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.errors import EBPOConfigError, one_line
-from ebpo_verl.option_parsing import is_missing
-from ebpo_verl.options import RunOptions
-from ebpo_verl.ordering import FALLBACK_DIFFICULTY_KEY, PASS_RATE_KEY
+from ebpo_verl.algos.ordering import FALLBACK_DIFFICULTY_KEY, PASS_RATE_KEY
+from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.options.parsing import is_missing
+from ebpo_verl.trainer.run_options import RunOptions
 
 
 @dataclass(frozen=True)

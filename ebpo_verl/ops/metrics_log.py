@@ -11,7 +11,7 @@ On start the log is reconciled with the checkpoint the run resumed from: lines o
 moved to ``<stem>.superseded-<UTC time>[-k].jsonl`` next to the log, so the live file always describes one
 consistent timeline and nothing is deleted.
 
-Provenance (:mod:`ebpo_verl.provenance`: commit, versions, hardware, command, seed) lives in a sidecar,
+Provenance (:mod:`ebpo_verl.ops.provenance`: commit, versions, hardware, command, seed) lives in a sidecar,
 ``<log>.provenance.json`` = ``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}``, one entry per
 attempt that wrote the live log (an attempt resumed at or after this one's checkpoint is superseded and
 dropped; a run from scratch starts a new list). The log itself keeps verl's file-logger format, so every reader
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.atomic import atomic_write_text
+from ebpo_verl.ops.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,9 @@ class MetricsLog:
 
     def __init__(self, path: str | os.PathLike, resumed_step: int, provenance: dict[str, Any] | None = None):
         """Open the log of a run that starts after ``resumed_step`` (0: a run from scratch); ``provenance`` (a
-        :func:`ebpo_verl.provenance.provenance` record; default: this process's, without a seed) is recorded in
+        :func:`ebpo_verl.ops.provenance.provenance` record; default: this process's, without a seed) is recorded in
         the sidecar as this attempt's."""
-        from ebpo_verl.provenance import provenance as this_process
+        from ebpo_verl.ops.provenance import provenance as this_process
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Every options class of the package is parsed by :func:`parse_section`: one check that the section is a mapping,
 one unknown-key message (:func:`unknown_option_message`, with the closest valid key) and the dataclass's own
 ``__post_init__`` for the values, whose defaults are the one source of defaults. :data:`PARSES` counts the
-sections parsed in this process (how often the boundary in :mod:`ebpo_verl.options` is crossed; see
+sections parsed in this process (how often the boundary in :mod:`ebpo_verl.trainer.run_options` is crossed; see
 ``tests/test_options.py``). Also the two value predicates the options and the data checks share.
 """
 

@@ -8,16 +8,16 @@ import os
 import socket
 from typing import Any
 
-from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.ops.errors import EBPOConfigError
 
 
 def check_estimator_name(config: Any, options: Any = None, dry_run: bool = False) -> None:
     """``algorithm.adv_estimator`` must be registered in verl after ``ebpo_verl.register()``; else list the names."""
     from verl.trainer.ppo import core_algos
 
-    import ebpo_verl
+    from ebpo_verl.trainer.adapter import register
 
-    ebpo_verl.register()
+    register()
     name = str(config.algorithm.adv_estimator)
     known = sorted(core_algos.ADV_ESTIMATOR_REGISTRY)
     if name not in known:
@@ -32,9 +32,9 @@ def check_registered(name: str = "ebpo") -> None:
     from verl.trainer.ppo import core_algos
 
     try:
-        import ebpo_verl
+        from ebpo_verl.trainer.adapter import register
 
-        ebpo_verl.register()
+        register()
         core_algos.get_adv_estimator_fn(name)
     except Exception as err:
         raise EBPOConfigError(

@@ -1,7 +1,7 @@
 """The v2 draft's other baselines: James-Stein shrinkage, BNPO and SPO (torch / numpy, no verl import).
 
 Formulas as the authors' fork implements them (``docs/paper_notes.md#fork-baselines``); the
-verl-registered wrappers are in :mod:`ebpo_verl.verl_adapter` under the fork's names ``shrinkage_js``, ``bnpo``
+verl-registered wrappers are in :mod:`ebpo_verl.trainer.adapter` under the fork's names ``shrinkage_js``, ``bnpo``
 and ``spo``. Responses are grouped by prompt uid (``shrinkage_js``, ``bnpo``) or by a stable prompt key
 (``spo``); padding rows (``valid`` False) get advantage 0 and enter no statistic. Every sum runs over values in
 sorted order, so results do not depend on the order of the rows.
@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.estimator import factorize_keys, padding_names
-from ebpo_verl.option_parsing import is_real, option_keys, parse_section
+from ebpo_verl.algos.ebpo import factorize_keys, padding_names
+from ebpo_verl.options.parsing import is_real, option_keys, parse_section
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -369,7 +369,7 @@ class SPOState:
 
 
 SPO_STATE = SPOState()
-"""The SPO tracker of this process (the TaskRunner computes advantages; ``ebpo_verl.trainer`` checkpoints it)."""
+"""The SPO tracker of this process (the TaskRunner computes advantages; the trainer checkpoints it)."""
 
 
 def compute_spo_advantages(

@@ -1,5 +1,5 @@
 """Pre-flight checks that read only the composed config (and verl's own ``validate_config``); each takes
-``(config, options, dry_run)`` and returns a line for the log or None (:data:`ebpo_verl.preflight.CHECKS`)."""
+``(config, options, dry_run)`` and returns a line for the log or None (:data:`ebpo_verl.trainer.preflight.CHECKS`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.errors import EBPOConfigError, one_line
-from ebpo_verl.estimator import ignored_options_warning
-from ebpo_verl.options import RunOptions
+from ebpo_verl.algos.ebpo import ignored_options_warning
+from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.trainer.run_options import RunOptions
 
 POSITIVE_INT_KEYS = (
     "actor_rollout_ref.rollout.n",
@@ -128,9 +128,9 @@ def warn_ignored_options(config: Any, options: RunOptions, dry_run: bool) -> Non
 
 
 def warn_versions(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """The running library versions against recipe/ebpo/VERSIONS.txt (:func:`ebpo_verl.provenance.version_warning`);
+    """The running library versions against recipe/ebpo/VERSIONS.txt (:func:`ebpo_verl.ops.provenance.version_warning`);
     a malformed file is an error naming its line."""
-    from ebpo_verl.provenance import version_warning
+    from ebpo_verl.ops.provenance import version_warning
 
     try:
         versions = version_warning()
@@ -169,9 +169,9 @@ def check_verl_config(config: Any, options: Any = None, dry_run: bool = False) -
 
 def check_resume(config: Any, options: RunOptions, dry_run: bool) -> str | None:
     """The checkpoint a resume will load, checked against the estimator's options on the driver
-    (:func:`ebpo_verl.checkpoint.resume.check_resume`): a mismatch under ``on_resume_mismatch=error`` or an
+    (:func:`ebpo_verl.trainer.checkpoint.resume.check_resume`): a mismatch under ``on_resume_mismatch=error`` or an
     unreadable state file stops here, before Ray starts and weights load."""
-    from ebpo_verl.checkpoint.resume import check_resume as check
+    from ebpo_verl.trainer.checkpoint.resume import check_resume as check
 
     try:
         return check(config.trainer, options)

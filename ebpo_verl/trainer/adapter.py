@@ -1,13 +1,13 @@
 """verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point).
 
 The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
-:mod:`ebpo_verl.baselines`) and Discounted Beta-Bernoulli ``dbb`` (math in :mod:`ebpo_verl.dbb`).
+:mod:`ebpo_verl.algos.baselines`) and Discounted Beta-Bernoulli ``dbb`` (math in :mod:`ebpo_verl.algos.dbb`).
 
 verl calls an estimator with the rewards, the mask, the uids and its raw ``algorithm`` node only. Under
 ``ebpo-train`` the trainer hands each step's validated options and its uid -> ``extra_info`` value map (cluster
 label, SPO prompt key) to the estimator through :func:`step_inputs` around verl's own advantage step, so the
 estimator parses nothing per step. Under stock ``verl.trainer.main_ppo`` (no step inputs) the options come from
-the node by value (:func:`ebpo_verl.options.options_for_node`: validated once per process and per value).
+the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated once per process and per value).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
-from ebpo_verl.baselines import (
+from ebpo_verl.algos.baselines import (
     compute_bnpo_advantages,
     compute_js_advantages,
     compute_spo_advantages,
 )
-from ebpo_verl.dbb import compute_dbb_advantages
-from ebpo_verl.estimator import compute_ebpo_advantages, factorize_keys, padding_names
-from ebpo_verl.options import DBB, EBPO, SPO, StatefulEstimator, options_for_node
+from ebpo_verl.algos.dbb import compute_dbb_advantages
+from ebpo_verl.algos.ebpo import compute_ebpo_advantages, factorize_keys, padding_names
+from ebpo_verl.trainer.run_options import DBB, EBPO, SPO, StatefulEstimator, options_for_node
 
 NAME = "ebpo"
 
@@ -141,7 +141,7 @@ def compute_shrinkage_js_outcome_advantage(
 
     A_ij = r_ij - [(1 - lambda_i) mu_i^{-j} + lambda_i mbar_{-i}], lambda_i = ((n-1)/n) v_{-i} / (v_{-i} + s_{-i}):
     leave-one-out group mean shrunk toward the leave-one-prompt-out batch mean; no normalisation (details in
-    :mod:`ebpo_verl.baselines`). Padding rows (uid ``pad*`` or an all-zero mask) get 0 and enter no statistic.
+    :mod:`ebpo_verl.algos.baselines`). Padding rows (uid ``pad*`` or an all-zero mask) get 0 and enter no statistic.
     Returns (advantages, returns), both (bs, response_length).
     """
     return _uid_grouped(compute_js_advantages, token_level_rewards, response_mask, index)
@@ -175,7 +175,7 @@ def compute_spo_outcome_advantage(
 
     A = r - alpha_q / (alpha_q + beta_q) (0.5 for an unseen prompt), then (A - mean) / (std + eps) over the batch;
     afterwards each prompt's tracker does alpha <- rho alpha + rbar, beta <- rho beta + (1 - rbar), starting
-    from (n0/2, n0/2). The tracker is ``ebpo_verl.baselines.SPO_STATE``, keyed by ``prompt_keys`` (one stable
+    from (n0/2, n0/2). The tracker is ``ebpo_verl.algos.baselines.SPO_STATE``, keyed by ``prompt_keys`` (one stable
     key per row, e.g. ``extra_info["index"]``, which ``python -m ebpo_verl.main`` passes); verl's uids are fresh
     every step, so without ``prompt_keys`` (by default the step's uid -> key map) this raises rather than track
     nothing. Options: the trainer's (:func:`step_inputs`) or ``config.spo``.
@@ -201,7 +201,7 @@ def compute_dbb_outcome_advantage(
 
     Per prompt alpha <- lambda alpha + S, beta <- lambda beta + N - S from (1, 1) (Eq. 11), updated before the
     advantage; A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)), p_hat = alpha / (alpha + beta) (Eqs. 12-13). The
-    posteriors are ``ebpo_verl.dbb.DBB_STATE``, keyed by ``prompt_keys`` (a stable key per row, as ``spo``'s);
+    posteriors are ``ebpo_verl.algos.dbb.DBB_STATE``, keyed by ``prompt_keys`` (a stable key per row, as ``spo``'s);
     without them (by default the step's uid -> key map) this raises. Options: the trainer's (:func:`step_inputs`) or
     ``config.dbb``. Returns (advantages, returns), both (bs, response_length).
     """

@@ -1,11 +1,11 @@
 """An estimator's running state inside verl's checkpoints: ``<default_local_dir>/global_step_N/<state_file>``.
 
-The file is written atomically (:mod:`ebpo_verl.atomic`) before verl writes ``latest_checkpointed_iteration.txt``,
+The file is written atomically (:mod:`ebpo_verl.ops.atomic`) before verl writes ``latest_checkpointed_iteration.txt``,
 so a checkpoint that verl would resume from always has it. Layout::
 
     {"format": 1, "global_step": N, "options": {<algorithm.<name> at save time>}, "state": <state.state_dict()>}
 
-Every estimator of :data:`ebpo_verl.options.STATEFUL` (``ebpo``: ``ebpo_state.json``, ``spo``:
+Every estimator of :data:`ebpo_verl.trainer.run_options.STATEFUL` (``ebpo``: ``ebpo_state.json``, ``spo``:
 ``spo_state.json``) goes the same way: the same validation, and the same ``on_resume_mismatch`` choice when the
 options differ, or when the file is missing (a plain verl checkpoint: ``error`` by default).
 """
@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.options import StatefulEstimator
+from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.trainer.run_options import StatefulEstimator
 
 FORMAT = 1
 

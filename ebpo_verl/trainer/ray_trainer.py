@@ -7,21 +7,22 @@ of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whic
 
 - ``_compute_advantage``: verl's own step, around which the estimator gets the run's validated options and, when
   it reads a per-row field (``algorithm.ebpo.cluster_key``, ``algorithm.spo.prompt_key``), this step's
-  uid -> ``extra_info[field]`` map fetched from TransferQueue (:func:`ebpo_verl.verl_adapter.step_inputs`); the
+  uid -> ``extra_info[field]`` map fetched from TransferQueue (:func:`ebpo_verl.trainer.adapter.step_inputs`); the
   estimator's diagnostics (``ebpo/*``, ``spo/*``, ``bnpo/*``) go into the step's metrics, so every tracker
   backend logs them;
 - ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator of
-  :data:`ebpo_verl.options.STATEFUL` in ``global_step_N/<state_file>`` (:mod:`ebpo_verl.checkpoint.state`),
+  :data:`ebpo_verl.trainer.run_options.STATEFUL` in ``global_step_N/<state_file>``
+  (:mod:`ebpo_verl.trainer.checkpoint.state`),
   restored in ``init()``, i.e. before the first advantage computation; every checkpoint also holds the step's
-  training metrics (:mod:`ebpo_verl.checkpoint.step_metrics`): verl validates between its tracker file and the
+  training metrics (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`): verl validates between its tracker file and the
   step's log call, so a run killed there logs them on resume if the metrics log lacks them;
 - ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
-- ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.metrics_log.MetricsLog`
+- ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog`
   at ``trainer.metrics_log_path``.
 
 :class:`OTBSumPiSquaredMixin` is the one place that copies verl (see its docstring). :class:`EBPOTaskRunner` is
 verl's ``TaskRunnerV1.run`` itself, with these trainers, after this process's options and registration check
-and :func:`~ebpo_verl.node_check.check_nodes` (every Ray node sees the same data and output paths).
+and :func:`~ebpo_verl.ops.node_check.check_nodes` (every Ray node sees the same data and output paths).
 """
 
 from __future__ import annotations
@@ -45,21 +46,21 @@ from verl.trainer.ppo.v1 import trainer_base as verl_trainer_base
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from ebpo_verl.baselines import BNPO_DIAGNOSTICS
-from ebpo_verl.checkpoint.resume import loaded_folder, step_folder
-from ebpo_verl.checkpoint.state import load_state, save_state
-from ebpo_verl.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.metrics_log import MetricsLog, read_metrics_log
-from ebpo_verl.node_check import check_nodes
-from ebpo_verl.option_parsing import is_missing
-from ebpo_verl.options import STATEFUL, RunOptions
-from ebpo_verl.preflight.config import OTB_ESTIMATORS
-from ebpo_verl.preflight.data import check_row_keys
-from ebpo_verl.preflight.registry import check_registered
-from ebpo_verl.provenance import run_provenance
-from ebpo_verl.verl_adapter import ESTIMATORS, StepInputs, step_inputs
-from ebpo_verl.watchdog import StepWatchdogMixin
+from ebpo_verl.algos.baselines import BNPO_DIAGNOSTICS
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
+from ebpo_verl.ops.node_check import check_nodes
+from ebpo_verl.ops.provenance import run_provenance
+from ebpo_verl.options.parsing import is_missing
+from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
+from ebpo_verl.trainer.checkpoint.state import load_state, save_state
+from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
+from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
+from ebpo_verl.trainer.preflight.data import check_row_keys
+from ebpo_verl.trainer.preflight.registry import check_registered
+from ebpo_verl.trainer.run_options import STATEFUL, RunOptions
+from ebpo_verl.trainer.watchdog import StepWatchdogMixin
 
 STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/throughput"})
 """Metrics of the step's total time, unknown while its checkpoint is written (not in the saved metrics)."""
@@ -109,7 +110,7 @@ def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
         raise EBPOConfigError(
             "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
             f"{type(dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such as "
-            "ebpo_verl.curriculum.CurriculumDataset)"
+            "ebpo_verl.trainer.curriculum.CurriculumDataset)"
         )
     if "extra_info" not in frame.column_names:
         return [None] * len(frame)

@@ -1,12 +1,13 @@
 """Pre-flight of an EBPO run: everything that would otherwise fail after a full rollout, or silently.
 
 :func:`preflight` runs in the driver before Ray starts, for a real run and for ``--cfg job`` alike: the
-estimator's name in verl's registry, the run's options (:class:`~ebpo_verl.options.RunOptions`, parsed once),
+estimator's name in verl's registry, the run's options (:class:`~ebpo_verl.trainer.run_options.RunOptions`,
+parsed once),
 then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
 :mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches` (each rank's share
 of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row checks),
 :mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every refusal is an
-:class:`~ebpo_verl.errors.EBPOConfigError` naming the offending key/value/file and the fix.
+:class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the offending key/value/file and the fix.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ebpo_verl.options import RunOptions
-from ebpo_verl.preflight.batches import check_batch_division
-from ebpo_verl.preflight.config import (
+from ebpo_verl.trainer.preflight.batches import check_batch_division
+from ebpo_verl.trainer.preflight.config import (
     check_group_size,
     check_positive_ints,
     check_resume,
@@ -27,8 +27,9 @@ from ebpo_verl.preflight.config import (
     warn_ignored_options,
     warn_versions,
 )
-from ebpo_verl.preflight.data import check_data
-from ebpo_verl.preflight.registry import check_estimator_name
+from ebpo_verl.trainer.preflight.data import check_data
+from ebpo_verl.trainer.preflight.registry import check_estimator_name
+from ebpo_verl.trainer.run_options import RunOptions
 
 Check = Callable[[Any, RunOptions, bool], "str | None"]
 """``check(config, options, dry_run)``: raises EBPOConfigError, or returns a line for the log (or None)."""

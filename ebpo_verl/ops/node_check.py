@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.ops.errors import EBPOConfigError
 
 MARKER_PREFIX = ".ebpo-node-check-"
 

@@ -3,10 +3,10 @@
 verl 0.9 has no curriculum-sampler API; with ``data.shuffle=False`` it reads the training set through a
 ``SequentialSampler``, so the dataset decides what position p holds. Select it in stock verl with::
 
-    data.custom_cls.path=pkg://ebpo_verl.curriculum data.custom_cls.name=CurriculumDataset
+    data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum data.custom_cls.name=CurriculumDataset
     data.shuffle=False data.dataloader_num_workers=0 +data.curriculum.order=topic
 
-Options live under ``data.curriculum`` (see :class:`ebpo_verl.ordering.CurriculumOptions`; defaults:
+Options live under ``data.curriculum`` (see :class:`ebpo_verl.algos.ordering.CurriculumOptions`; defaults:
 ``order: native, align: null (= true for topic), block_size: null, topic_key: topic, difficulty_key: null
 (= pass_rate if present, else difficulty), descending: false, seed: null (= data.seed, else 0),
 missing: error``). Labels are read from each row's ``extra_info``.
@@ -36,8 +36,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from ebpo_verl.option_parsing import is_missing
-from ebpo_verl.ordering import (
+from ebpo_verl.algos.ordering import (
     FALLBACK_DIFFICULTY_KEY,
     PASS_RATE_KEY,
     PURITY_THRESHOLD,
@@ -46,6 +45,7 @@ from ebpo_verl.ordering import (
     batch_purity,
     epoch_layout,
 )
+from ebpo_verl.options.parsing import is_missing
 
 __all__ = ["CurriculumDataset", "CurriculumOptions", "parse_curriculum_config", "validate_curriculum_config"]
 STATE_VERSION = 1
@@ -116,7 +116,7 @@ def validate_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOpti
     if opts != CurriculumOptions():
         raise ValueError(
             f"data.curriculum is set ({opts.as_dict()}) but data.custom_cls ({path}, {name}) is not "
-            "CurriculumDataset, so verl would ignore it. Set data.custom_cls.path=pkg://ebpo_verl.curriculum "
+            "CurriculumDataset, so verl would ignore it. Set data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum "
             "data.custom_cls.name=CurriculumDataset, or remove data.curriculum."
         )
     return opts
