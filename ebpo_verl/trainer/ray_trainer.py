@@ -42,7 +42,6 @@ from verl.trainer.main_ppo import TaskRunnerV1
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
-from verl.trainer.ppo.v1 import trainer_base as verl_trainer_base
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
@@ -56,6 +55,7 @@ from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
+from ebpo_verl.trainer.contact import swapped
 from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
 from ebpo_verl.trainer.preflight.data import check_row_keys
 from ebpo_verl.trainer.preflight.registry import check_registered
@@ -372,10 +372,6 @@ class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         check_nodes(config)  # every Ray node sees the data files and output folders at the same paths
         mode = config.trainer.v1.trainer_mode
         trainer_cls = ebpo_trainer_cls(mode)
-        registry = verl_trainer_base.TRAINER_REGISTRY
-        stock = registry[mode]
-        registry[mode] = functools.partial(trainer_cls, options=options)
-        try:
+        ours = functools.partial(trainer_cls, options=options)
+        with swapped("verl.trainer.ppo.v1.trainer_base.TRAINER_REGISTRY", mode, ours):
             super().run(config)
-        finally:
-            registry[mode] = stock
