@@ -547,3 +547,29 @@ def test_patch_and_swapped_take_listed_names_only(monkeypatch):
         assert registry[mode] is int
         raise RuntimeError
     assert registry[mode] is stock
+
+
+def test_the_task_runner_swaps_verls_trainer_for_the_call_only(monkeypatch):
+    """``EBPOTaskRunner.run`` puts EBPO's trainer (with the run's options) in verl's registry for verl's own
+    ``run``, through :func:`swapped`, and puts verl's back after it, also when it raises."""
+    from omegaconf import OmegaConf
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    import ebpo_verl.trainer.ray_trainer as trainer
+
+    registry = resolve("verl.trainer.ppo.v1.trainer_base.TRAINER_REGISTRY")
+    runner_cls = trainer.EBPOTaskRunner.__ray_actor_class__
+    seen = []
+    monkeypatch.setattr(runner_cls, "preflight", lambda self, config: "the run's options")
+    monkeypatch.setattr(trainer, "check_nodes", lambda config: None)
+
+    def verl_run(self, config):
+        seen.append(registry[config.trainer.v1.trainer_mode])
+        raise RuntimeError("verl's run failed")
+
+    monkeypatch.setattr(TaskRunnerV1.__ray_actor_class__, "run", verl_run)
+    stock = registry["sync"]
+    with pytest.raises(RuntimeError, match="verl's run failed"):
+        runner_cls.run(object.__new__(runner_cls), OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}}))
+    assert registry["sync"] is stock and len(seen) == 1
+    assert seen[0].func is trainer.ebpo_trainer_cls("sync") and seen[0].keywords == {"options": "the run's options"}
