@@ -15,6 +15,9 @@ CUDA. This module adds, without touching verl's files:
   :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``) and
   :func:`unlink_engine_shm` (verl's vLLM replica, registered as ``vllm``: no ``/dev/shm`` segment outlives a run).
 
+Its patches and registry writes go through :mod:`ebpo_verl.trainer.contact`, which lists them with the other
+private names of verl, Ray and vLLM that the package touches.
+
 Load it in every process (driver and Ray workers) before verl picks a platform:
 ``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
 to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
