@@ -42,6 +42,7 @@ from ebpo_verl.trainer.contact import (
     BY_NAME,
     CONTACTS,
     DROPPED,
+    PPO,
     Contact,
     entry,
     markdown,
@@ -329,6 +330,13 @@ def entry_problem(contact: Contact) -> str | None:
         found = tuple(inspect.signature(obj).parameters)
         if found != contact.params:
             return f"its parameters changed: recorded {contact.params}, installed {found}"
+        if owner == PPO:  # the hooks of each trainer mode that EBPO's trainer class extends
+            modes = resolve("verl.trainer.ppo.v1.trainer_base.TRAINER_REGISTRY")
+            changed = {
+                m: p for m, c in modes.items() if (p := tuple(inspect.signature(getattr(c, attr)).parameters)) != found
+            }
+            if changed:
+                return f"trainer modes with other parameters: {changed} (recorded {contact.params})"
     missing = [ref for ref in contact.checked_by if not _test_exists(ref)]
     return f"the tests of its behaviour are gone: {missing}" if missing else None
 
