@@ -150,6 +150,8 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
     from ebpo_verl import main as entry
 
+    if not any(a.startswith("actor_rollout_ref.model.path=") for a in args):
+        args = (*args, "actor_rollout_ref.model.path=org/model")  # verl's default ~/models/... is absent: a hub id
     monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
     monkeypatch.setenv("HOME", "/nonexistent-home")  # verl's default train file ~/data/... is absent
     try:

@@ -36,7 +36,7 @@ from ebpo_verl.evaluate.prompts import (
     load_problems,
     runs_for,
 )
-from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text
+from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
 from ebpo_verl.ops.provenance import provenance
 
 PROG = "python -m ebpo_verl.evaluate"
@@ -158,6 +158,8 @@ def grade(a: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
+        if problem := unwritable_reason(Path(a.out)):  # before any model load or grading
+            raise EvalInputError(f"--out {a.out}: {problem}")
         generate(a) if a.stage == "generate" else grade(a)
     except (EvalInputError, DiskFullError) as e:  # a full disk: samples written so far stay, a re-run resumes
         print(f"{PROG} {a.stage}: error: {e}", file=sys.stderr)

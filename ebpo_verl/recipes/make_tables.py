@@ -254,6 +254,8 @@ def build_rows(table: str | None, specs: list[str], how: str) -> list[Row]:
         if (section, method) in seen:
             raise ValueError(f"two runs for the row {section}/{method}: label them differently")
         seen.add((section, method))
+        if (section, method) not in rows and not Path(path).exists():
+            raise ValueError(f"{path}: no such file or folder (only a row of the --table's layout may be not run yet)")
         row = rows.setdefault((section, method), Row(section, method))
         row.missing = ""
         fill(row, path, how)
