@@ -37,7 +37,7 @@ def defined_tests(tests_dir: Path) -> set[str]:
 
 
 def _test_id(case: ET.Element) -> str:
-    """``test_x.py[::TestC]::test_f`` from a junit testcase (classname ``tests.test_x[.TestC]``, name ``test_f[..]``)."""
+    """``test_x.py[::TestC]::test_f`` of a junit testcase (classname ``tests.test_x[.TestC]``, name ``test_f[..]``)."""
     parts = case.get("classname", "").split(".")[1:]  # drop "tests"
     if not parts:  # not a test function's case (a collection error)
         return case.get("name", "")
