@@ -136,7 +136,8 @@ def pytest_configure(config):
         if not config.pluginmanager.hasplugin("timeout"):
             raise pytest.UsageError("CI needs pytest-timeout (per-test limits): pip install -e '.[test]'")
     path = os.environ.get(RUNNING_FILE_ENV)
-    if path and not hasattr(config, "workerinput"):  # the xdist controller (or a run without xdist)
+    # the outermost pytest only: the xdist controller (or a run without xdist), not a pytest a test started
+    if path and not hasattr(config, "workerinput") and "PYTEST_CURRENT_TEST" not in os.environ:
         config.pluginmanager.register(RunningLog(Path(path)), "ebpo-running-log")
 
 

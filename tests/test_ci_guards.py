@@ -226,3 +226,13 @@ def test_check_suite_counts_every_test_function_of_this_repository():
     pattern = re.compile(r"^(?:async )?def test\w*\(", re.M)
     by_line = sum(len(pattern.findall(p.read_text())) for p in (REPO / "tests").glob("test_*.py"))
     assert len(_check_suite().defined_tests(REPO / "tests")) == by_line > 380
+
+
+def test_ci_run_refuses_ebpo_skip_variables_before_anything_else(tmp_path):
+    """.ci/run, copied alone into an empty tree (if it went on, its next step would fail: no .ci/wheel.sh)."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text())
+    env = {**_env(True), "EBPO_SKIP_CPU_SMOKE": "1", "EBPO_SKIP_OTHER": ""}
+    proc = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr == ""
+    assert proc.stdout == "ci: EBPO_SKIP_CPU_SMOKE EBPO_SKIP_OTHER set: CI runs every test; unset it\n"
