@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         problems, summary = junit_problems(Path(argv[1]), Path(argv[2]))
         for line in problems:
             print(f"ci: {line}")
-        print(f"ci: {summary}" + (f"; {len(problems)} problems" if problems else ""))
+        print(f"ci: {summary}" + (f"; {len(problems)} problem(s)" if problems else ""))
         return 1 if problems else 0
     if len(argv) == 2 and argv[0] == "running":
         for line in running(Path(argv[1]), time.time()):
