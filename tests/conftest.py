@@ -11,7 +11,9 @@ whose reason is not on ``CI_SKIP_ALLOWLIST`` fails, and ``EBPO_SKIP_*`` variable
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -114,6 +116,7 @@ MODULE_TIMEOUTS_S = {
 # through `unshare -m` + a tmpfs mount; a CI machine that cannot do that fails it rather than skipping quietly.)
 CI_SKIP_ALLOWLIST: dict[str, str] = {}
 RUNNING_FILE_ENV = "EBPO_CI_RUNNING_FILE"  # .ci/run: the tests running when its overall limit fires
+WORKER_STDERR = pytest.StashKey[int]()  # an xdist worker's real stderr (a dup), for the stacks of a test past its limit
 
 
 def item_timeout(markers: set[str], module: str) -> float | None:
@@ -141,10 +144,17 @@ def pytest_configure(config):
             raise pytest.UsageError(f"{', '.join(skips)} set under CI: CI runs every test; unset it")
         if not config.pluginmanager.hasplugin("timeout"):
             raise pytest.UsageError("CI needs pytest-timeout (per-test limits): pip install -e '.[test]'")
+    if hasattr(config, "workerinput"):  # an xdist worker: its stderr, before pytest captures it
+        config.stash[WORKER_STDERR] = os.dup(sys.__stderr__.fileno())
     path = os.environ.get(RUNNING_FILE_ENV)
     # the outermost pytest only: the xdist controller (or a run without xdist), not a pytest a test started
     if path and not hasattr(config, "workerinput") and "PYTEST_CURRENT_TEST" not in os.environ:
         config.pluginmanager.register(RunningLog(Path(path)), "ebpo-running-log")
+
+
+def pytest_unconfigure(config):
+    if WORKER_STDERR in config.stash:
+        os.close(config.stash[WORKER_STDERR])
 
 
 class RunningLog:
@@ -163,6 +173,29 @@ class RunningLog:
     def pytest_runtest_logfinish(self, nodeid, location):
         self.running.pop(nodeid, None)
         self._write()
+
+
+def _limit(item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker and (marker.args or "timeout" in marker.kwargs):
+        return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
+    return float(item.config.getoption("timeout", None) or item.config.getini("timeout") or 0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In an xdist worker, pytest-timeout's stack dump is lost with the worker; so every thread's stack goes to the
+    worker's real stderr (the CI log) just before the limit ends it: where the test hung, besides xdist's "crashed
+    while running <test>". faulthandler's own C thread needs no GIL."""
+    fd = item.config.stash.get(WORKER_STDERR, None)
+    limit = _limit(item) if fd is not None and item.config.pluginmanager.hasplugin("timeout") else 0
+    if not limit:
+        return (yield)
+    faulthandler.dump_traceback_later(max(limit - 1, 0.9 * limit), file=fd)
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_itemcollected(item):

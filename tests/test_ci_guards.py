@@ -68,6 +68,7 @@ def test_a_test_that_sleeps_forever_under_ci_is_stopped_and_named(tmp_path):
     took, out = time.monotonic() - start, proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "worker 'gw0' crashed while running 'test_inner.py::test_sleeps_forever'" in out
+    assert re.search(r'test_inner\.py", line \d+ in test_sleeps_forever', out), out  # where: the worker's stack
     assert re.search(r"\b1 failed, 1 passed\b", out), out
     assert took < 60, f"the 2 s limit took {took:.0f} s to stop the run"
 
