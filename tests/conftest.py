@@ -99,8 +99,9 @@ def pytest_collection_modifyitems(config, items):
 # under ~20 s by the `slow` marker's definition). A test's own `timeout` marker wins over these. The method is
 # `thread` (pyproject.toml): math-verify's `signal.alarm(0)` cancels the `signal` method's timer in the main thread,
 # so a test that graded a response could then hang unbounded. On expiry the thread dumps the stacks and ends the
-# process: under pytest-xdist (CI) xdist names the test ("worker 'gw0' crashed while running '<test>'"), starts a
-# new worker and the suite goes on. Values: at least ~2x the time measured in CI, and above the test's own inner
+# process (no teardown: children of the test outlive it): under pytest-xdist (CI) xdist names the test ("worker
+# 'gw0' crashed while running '<test>'"), starts a new worker and the suite goes on; the stacks come from
+# pytest_runtest_protocol below. Values: at least ~2x the time measured in CI, and above the test's own inner
 # subprocess limit where it has one (that limit's message says more), within the suite's 2,400 s (.ci/run).
 MARKER_TIMEOUTS_S = {
     "slow": 900,  # trainer/Ray/vLLM/study runs: verl trainer tests ~350 s; inner limits up to 600 s (test_recipes)
