@@ -10,7 +10,9 @@ grade --protocol paper|verl --generations GEN.jsonl --data-dir DIR --out RESULTS
     "problems_in_data", "complete", ...}}, "average", "complete"} ("step": the checkpoint's global step, null for a
     hub id or plain Hugging Face folder; "limit"/"problems_in_data": a --limit run evaluated "problems" of them; a
     benchmark's "complete": every sample of its problems is there; the top-level "complete": every benchmark is
-    complete and covers all of its problems, so a --limit run is never complete).
+    complete and covers all of its problems, so a --limit run is never complete). Each complete benchmark also has
+    "n" and "pass@k", "maj@k" (k -> %, k = 1, 2, 4, ..., n), "avg@n", each with a "..._stderr" over problems, and
+    the top level "average_pass@k" / "average_maj@k" for the k every benchmark has (docs/evaluation.md#coverage).
 """
 
 from __future__ import annotations
@@ -158,8 +160,15 @@ def grade(a: argparse.Namespace) -> None:
         score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"
         se = "" if b["pass@1_stderr"] is None else f" +- {b['pass@1_stderr']:.2f}"
         print(f"  {name:14s} pass@1 {score:>6s}{se:9s} ({b['problems']} problems x {b['runs']} runs){flag}")
+        for metric in ("pass@k", "maj@k"):
+            if b.get(metric):
+                print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in b[metric].items()))
     if results["average"] is not None:
         print(f"  {'average':14s} pass@1 {results['average']:6.2f}")
+        for metric in ("pass@k", "maj@k"):
+            if results[f"average_{metric}"]:
+                values = results[f"average_{metric}"].items()
+                print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in values))
     print(f"-> {Path(a.out)}")
 
 
