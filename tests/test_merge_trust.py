@@ -1,6 +1,7 @@
-"""Untrusted checkpoints at evaluation: a checkpoint that verl's own FSDP checkpoint manager wrote (FSDP2, world
-size 2, gloo on CPU) merges with no flag, weights only; a shard with a planted callable is refused in one line and
-the callable never runs; ``--trust-checkpoint`` unpickles it as before (and so runs it)."""
+"""Untrusted checkpoints at evaluation: a checkpoint that verl's own FSDP checkpoint manager wrote (FSDP2, as the
+CPU runs use, and FSDP1, verl's default strategy; world size 2, gloo on CPU) merges with no flag, weights only; a
+shard with a planted callable is refused in one line and the callable never runs; ``--trust-checkpoint``
+unpickles it as before (and so runs it)."""
 
 from __future__ import annotations
 
@@ -22,20 +23,25 @@ pytestmark = pytest.mark.slow
 
 WRITER = """
 import os, sys
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank, world, model_dir, out, port):
+def rank_main(rank, world, model_dir, out, port, version):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)))
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    if version == "2":
+        fully_shard(model, mesh=mesh)
+    else:  # as verl's FSDP1 workers wrap it: with the device mesh, so the sharded state dict holds DTensors
+        model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"), use_orig_params=True)
     contents = {"save_contents": ["model"], "load_contents": ["model"]}
     manager = FSDPCheckpointManager(model, None, processing_class=AutoTokenizer.from_pretrained(model_dir),
                                     checkpoint_config=contents)
@@ -44,8 +50,8 @@ def rank_main(rank, world, model_dir, out, port):
 
 
 if __name__ == "__main__":
-    model_dir, out, port = sys.argv[1:]
-    mp.spawn(rank_main, args=(2, model_dir, out, port), nprocs=2)
+    model_dir, out, port, version = sys.argv[1:]
+    mp.spawn(rank_main, args=(2, model_dir, out, port, version), nprocs=2)
 """
 
 
@@ -57,24 +63,25 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
+def write_checkpoint(work: Path, version: str) -> Path:
+    """A global_step_1 folder written by verl's FSDPCheckpointManager from the tiny model in ``work/tiny``."""
+    script = work / "write_checkpoint.py"
+    script.write_text(WRITER)
+    step = work / f"run-fsdp{version}" / "global_step_1"
+    cmd = [sys.executable, str(script), str(work / "tiny"), str(step / "actor"), _free_port(), version]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    return step
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory, hub_data):
-    """(tiny model folder, a global_step_1 folder written by verl's FSDPCheckpointManager, data dir)."""
+    """(tiny model folder, a global_step_1 folder of verl's FSDP2 checkpoint, data dir)."""
     from ebpo_verl.cpu.tiny import build_model, build_tokenizer
 
     work = tmp_path_factory.mktemp("trust")
     build_model(work / "tiny", build_tokenizer(work / "tiny"))
-    script = work / "write_checkpoint.py"
-    script.write_text(WRITER)
-    step = work / "run" / "global_step_1"
-    subprocess.run(
-        [sys.executable, str(script), str(work / "tiny"), str(step / "actor"), _free_port()],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
     prepare_all(work / "data", hub_data, "dapo", False, ("aime2024",))
-    return work / "tiny", step, work / "data"
+    return work / "tiny", write_checkpoint(work, "2"), work / "data"
 
 
 def _globals(shard: Path) -> set[str]:
@@ -84,15 +91,22 @@ def _globals(shard: Path) -> set[str]:
     return {str(arg) for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
 
 
-def test_a_checkpoint_fsdp_wrote_merges_with_no_flag(fsdp_run, tmp_path):
+@pytest.mark.parametrize("version", ["2", "1"])
+def test_a_checkpoint_fsdp_wrote_merges_with_no_flag(fsdp_run, tmp_path, version):
+    import json
     import shutil
 
     import torch
     from transformers import AutoModelForCausalLM
 
     tiny, written, _ = fsdp_run
+    if version == "1":
+        shutil.copytree(tiny, tmp_path / "tiny")
+        written = write_checkpoint(tmp_path, "1")
     step = tmp_path / "global_step_1"
     shutil.copytree(written, step)
+    assert json.loads((step / "actor" / "fsdp_config.json").read_text()) == {"FSDP_version": int(version),
+                                                                             "world_size": 2}  # fmt: skip
     shards = sorted((step / "actor").glob("model_world_size_2_rank_*.pt"))
     assert len(shards) == 2
     found = _globals(shards[0])  # the types the allowlist must hold: what FSDP really wrote
