@@ -74,7 +74,17 @@ def test_metric_tables_by_hand(tmp_path, capsys):
     assert [maj[b] for b in BENCH] == ["62.00", "22.00", "12.00", "52.00", "32.00"]  # base + 4 / 2, n = 4 has it
     assert maj["avg"] == f"{(62 + 22 + 12 + 52 + 32) / 5:.2f}"
     assert read_csv(out / "runs-avg@n.csv")["Qwen3-8B", "GRPO"]["aime2024"] == "11.00"
+    # a RESULTS.json graded before coverage was reported: an empty row that says why
+    old = json.loads(Path(paper).read_text())
+    for entry in old["benchmarks"].values():
+        entry.pop("pass@k")
+    Path(paper).write_text(json.dumps(old))
+    make_tables.make_tables([f"Qwen3-8B/EBPO={paper}"], out, metric="pass@2")
+    row = read_csv(out / "runs-pass@2.csv")["Qwen3-8B", "EBPO"]
+    assert (row["missing"], row["numbers"], row["math500"]) == ("no pass@2 in the results", "not run", "")
+    restored = write_results(Path(paper), "paper", [60, 20, 10, 50, 30], olympiad_n=4)
     # pass@1: the table as before (the file name and title without a metric suffix, pass@1 from "pass@1")
+    assert make_tables.main([f"Qwen3-8B/EBPO={restored}", "--out", str(out)]) == 0
     plain = read_csv(out / "runs.csv")["Qwen3-8B", "EBPO"]
     assert [plain[b] for b in BENCH] == ["61.00", "21.00", "11.00", "51.00", "31.00"]
     assert (out / "runs.md").read_text().startswith("# runs: Pass@1 (%), protocol:")

@@ -1,4 +1,4 @@
-"""Tables of Pass@1 from evaluation results or EBPO/verl metrics logs, in the paper's layout.
+"""Tables of Pass@1 (or pass@K, maj@K, avg@n) from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
     python -m ebpo_verl.recipes.make_tables RUN... --out results/
         [--table main|group_size|ordering|curriculum|grpo_bn] [--select final|best] [--metric M ...]
@@ -240,6 +240,8 @@ def fill(row: Row, path: str, how: str) -> None:
         row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path), row.metric)
         evaluated = read_results(Path(path))[1]  # pass@1: the benchmarks that were evaluated
         row.absent = [b for b in BENCHMARKS if b in evaluated and b not in row.scores]
+        if evaluated and not row.scores:
+            row.missing = f"no {row.metric} in the results"
         row.records, row.hardware_records = results_provenance(Path(path))
         row.coverage = results_coverage(Path(path))
         if not complete:
