@@ -311,7 +311,7 @@ def _one_error_line(err: str, prog: str) -> str:
 def test_full_disk_in_the_study(tmp_path, monkeypatch, capsys):
     import matplotlib.pyplot as plt
 
-    from ebpo_verl.atomic import DiskFullError
+    from ebpo_verl.ops.atomic import DiskFullError
     from ebpo_verl.study.__main__ import main as study_main
     from ebpo_verl.study.report import _save
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ebpo_verl.provenance import provenance
+from ebpo_verl.ops.provenance import provenance
 from ebpo_verl.recipes import make_tables, status_table
 
 ROOT = Path(__file__).resolve().parents[1]

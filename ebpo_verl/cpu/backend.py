@@ -80,7 +80,7 @@ from verl.workers.rollout import base as rollout_base  # noqa: E402
 from verl.workers.rollout.base import BaseRollout  # noqa: E402
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput  # noqa: E402
 
-from ebpo_verl.shm import unlink_engine_shm  # noqa: E402
+from ebpo_verl.ops.shm import unlink_engine_shm  # noqa: E402
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ebpo_verl.atomic import DiskFullError, atomic_write_text
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.evaluate.grading import grade_file
@@ -40,7 +39,8 @@ from ebpo_verl.evaluate.prompts import (
     load_problems,
     runs_for,
 )
-from ebpo_verl.provenance import provenance
+from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
+from ebpo_verl.ops.provenance import provenance
 
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
@@ -175,6 +175,8 @@ def grade(a: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
+        if problem := unwritable_reason(Path(a.out)):  # before any model load or grading
+            raise EvalInputError(f"--out {a.out}: {problem}")
         generate(a) if a.stage == "generate" else grade(a)
     except (EvalInputError, DiskFullError) as e:  # a full disk: samples written so far stay, a re-run resumes
         print(f"{PROG} {a.stage}: error: {e}", file=sys.stderr)

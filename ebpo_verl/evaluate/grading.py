@@ -32,7 +32,7 @@ from ebpo_verl.evaluate.coverage import benchmark_coverage, common_average
 from ebpo_verl.evaluate.generations import problem_digest, problems_differ, read_generations, read_meta
 from ebpo_verl.evaluate.merge import checkpoint_step
 from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
-from ebpo_verl.provenance import provenance
+from ebpo_verl.ops.provenance import provenance
 
 
 def grader(protocol: str) -> Callable[[str, str, str], bool]:

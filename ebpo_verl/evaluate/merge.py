@@ -24,13 +24,13 @@ import sys
 from pathlib import Path
 
 from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.ops.model_ref import HUB_ID
 
 MERGED = "huggingface_merged"
 SAFE_MERGER = "ebpo_verl.evaluate.safe_merge"
 REFUSED = 3
 """Exit status of :data:`SAFE_MERGER` for a refused shard; its one line contains :data:`REFUSAL_MARK`."""
 REFUSAL_MARK = ": refused: the shard pickles "
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def merge_checkpoint(step_dir: Path, trust: bool = False) -> Path:
@@ -98,6 +98,6 @@ def resolve_model(target: str) -> tuple[str, Path | None]:
                 "(global_step_N) nor a checkpoint root (latest_checkpointed_iteration.txt)"
             )
         return str(path.resolve()), None
-    if path.exists() or not _HUB_ID.fullmatch(target):
+    if path.exists() or not HUB_ID.fullmatch(target):
         raise EvalInputError(f"--model {target}: no such folder, and not a hub id of the form org/name")
     return target, None

@@ -54,9 +54,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
-from ebpo_verl.provenance import describe_hardware, short_commit
+from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
+from ebpo_verl.ops.provenance import describe_hardware, short_commit
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
 
 METRIC = re.compile(r"^(?:(?P<name>pass|maj)@(?P<k>[1-9]\d*)|avg@n)$")
@@ -292,6 +292,8 @@ def build_rows(table: str | None, specs: list[str], how: str, metric: str = DEFA
         if (section, method) in seen:
             raise ValueError(f"two runs for the row {section}/{method}: label them differently")
         seen.add((section, method))
+        if (section, method) not in rows and not Path(path).exists():
+            raise ValueError(f"{path}: no such file or folder (only a row of the --table's layout may be not run yet)")
         row = rows.setdefault((section, method), Row(section, method, metric=metric))
         row.missing = ""
         fill(row, path, how)

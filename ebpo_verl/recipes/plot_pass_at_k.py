@@ -23,7 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ebpo_verl.atomic import atomic_write  # noqa: E402
+from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
 from ebpo_verl.recipes.paper import BENCHMARKS  # noqa: E402
 
 METRICS = ("pass@k", "maj@k")

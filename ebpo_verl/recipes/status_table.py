@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ebpo_verl.atomic import atomic_write_text
+from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.recipes.paper import PAPER, PAPER_LABEL
 
 BEGIN, END = "<!-- status:begin -->", "<!-- status:end -->"
