@@ -151,15 +151,15 @@ def _generate(step: Path, data: Path, out: Path, *extra: str) -> subprocess.Comp
                           env=env, timeout=300)  # fmt: skip
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_a_planted_callable_is_refused_in_one_line_and_never_runs(fsdp_run, tmp_path, rank):
+def test_a_planted_callable_is_refused_in_one_line_and_never_runs(fsdp_run, tmp_path):
+    """Rank 1's shard (verl reads ranks > 0 in worker threads) through the command line."""
     import shutil
 
     _, written, data = fsdp_run
     step = tmp_path / "global_step_1"
     shutil.copytree(written, step)
     marker = tmp_path / "MARKER"
-    shard = _plant(step, rank, marker)
+    shard = _plant(step, 1, marker)
     run = _generate(step, data, tmp_path / "gen.jsonl")
     assert run.returncode == 2, run.stderr
     errors = [line for line in run.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
@@ -171,9 +171,22 @@ def test_a_planted_callable_is_refused_in_one_line_and_never_runs(fsdp_run, tmp_
     )
     assert not marker.exists()  # the callable never ran
     assert sorted(p.name for p in step.iterdir()) == ["actor"]  # nothing half-merged left behind
-    with pytest.raises(EvalInputError, match="refused"):  # the function the command calls, likewise
+
+
+def test_a_planted_callable_in_rank_0_is_refused_by_the_merge(fsdp_run, tmp_path):
+    """Rank 0's shard (verl reads it first, on the main thread) through the function the command calls."""
+    import shutil
+
+    _, written, _ = fsdp_run
+    step = tmp_path / "global_step_1"
+    shutil.copytree(written, step)
+    marker = tmp_path / "MARKER"
+    shard = _plant(step, 0, marker)
+    with pytest.raises(EvalInputError) as err:
         merge_checkpoint(step)
+    assert str(err.value).startswith(f"{shard}{REFUSAL_MARK}posix.system,") and "\n" not in str(err.value)
     assert not marker.exists()
+    assert sorted(p.name for p in step.iterdir()) == ["actor"]
 
 
 def test_trust_checkpoint_unpickles_as_before(fsdp_run, tmp_path):
