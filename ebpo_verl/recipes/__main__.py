@@ -90,10 +90,11 @@ Hugging Face folder or a hub id.
   EVAL_DIR       default WORK_DIR/eval/<name> (<experiment>-step<N>, or the model folder's name)
   WORK_DIR, DATA_DIR, DATA_LOCAL_DIR, PYTHON   as for the run scripts
 Writes EVAL_DIR/<protocol>/generations.jsonl and EVAL_DIR/results-<protocol>.json; a rerun resumes.
-Trust: a verl checkpoint TARGET is first merged by verl's model merger, which reads its .pt shards with
-torch.load(weights_only=False), i.e. unpickles them: a checkpoint from elsewhere can run code on this machine.
-Evaluate only checkpoints you trust; a Hugging Face folder or hub id loads safetensors without unpickling
-(docs/evaluation.md#trust)."""
+Trust: a verl checkpoint TARGET is first merged with verl's merge logic, its .pt shards read with
+torch.load(weights_only=True) and only FSDP's tensor and placement types allowed: a shard carrying anything else
+is refused. --trust-checkpoint merges with verl's merger as it is, torch.load(weights_only=False), i.e. unpickles
+the shards: it runs code from the file; pass it only for checkpoints you trust as you would trust code. A Hugging
+Face folder or hub id loads safetensors without unpickling (docs/evaluation.md#trust)."""
 
 
 def usage(command: str, name: str) -> str:
