@@ -16,8 +16,10 @@ cannot be told from the source, e.g. ``?._update_actor`` in a mixin):
   override), and a private ``self`` attribute the class and its bases in the same file do not define (one of
   verl's, read or written);
 - an assignment to an attribute of another package's module or object (a patch, private or not), an item
-  written into a watched package's object (a registry), ``setattr`` on one, ``monkeypatch.setattr("a.b.c", ...)``;
-- a string given to :mod:`ebpo_verl.trainer.contact`'s ``listed``/``patch``/``swapped``.
+  written into a watched package's object (a registry), ``setattr`` or ``mock.patch.object`` on one,
+  ``monkeypatch.setattr("a.b.c", ...)``, ``mock.patch("a.b.c")``;
+- a string given to :mod:`ebpo_verl.trainer.contact`'s ``listed``/``patch``/``patched``/``swapped``, and any
+  string that is a dotted name in a watched package with a private segment.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 import importlib.util
 import inspect
 import io
+import re
 import sys
 import textwrap
 import types
@@ -54,7 +57,8 @@ from ebpo_verl.trainer.contact import (
 WATCHED = ("verl", "ray", "hydra", "vllm", "torch", "transformers")
 """Packages whose private names count, and whose items written into count (attribute patches count for any
 package)."""
-CONTACT_CALLS = frozenset({"listed", "patch", "swapped"})
+CONTACT_CALLS = frozenset({"listed", "patch", "patched", "swapped"})
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 _PYTHON_TYPES = [t for t in vars(builtins).values() if isinstance(t, type)] + [
     t for t in vars(collections.abc).values() if isinstance(t, type)
 ]
@@ -156,7 +160,7 @@ def _imports(tree: ast.AST) -> Iterator[tuple[str, int]]:
 
 def _attributes(tree: ast.AST, resolve: _Resolver) -> Iterator[tuple[str, int]]:
     """Private attributes on watched packages' objects, unknown dunders anywhere, names given to the contact
-    module, ``getattr``/``hasattr`` of a private name."""
+    module or written as strings (``"torch.x._y.Z"``), ``getattr``/``hasattr`` of a private name."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             dotted = resolve.dotted(node)
@@ -165,6 +169,9 @@ def _attributes(tree: ast.AST, resolve: _Resolver) -> Iterator[tuple[str, int]]:
                 yield dotted, node.lineno
             elif not dotted and _private(node.attr) and node.attr.startswith("__") and not is_self:
                 yield f"?.{node.attr}", node.lineno
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
+            if node.value.startswith(WATCHED) and any(map(_private, node.value.split(".")[1:])):
+                yield node.value, node.lineno  # a name to import, e.g. an allowlist of types
         elif isinstance(node, ast.Call) and resolve.contact_name(node):
             yield resolve.contact_name(node), node.lineno
         elif isinstance(node, ast.Call) and _call_name(node) in ("getattr", "hasattr") and len(node.args) >= 2:
@@ -174,9 +181,9 @@ def _attributes(tree: ast.AST, resolve: _Resolver) -> Iterator[tuple[str, int]]:
 
 
 def _writes(tree: ast.AST, resolve: _Resolver, in_place: bool = False) -> Iterator[tuple[str, int]]:
-    """Patches written in place: an attribute of another package assigned (``setattr`` included, and
-    ``monkeypatch.setattr("a.b.c", ...)``), an item of a watched package's object assigned (a registry);
-    ``in_place``: not those reached through the contact module."""
+    """Patches written in place: an attribute of another package assigned (``setattr``, ``mock.patch.object``,
+    ``monkeypatch.setattr("a.b.c", ...)`` and ``mock.patch("a.b.c")`` included), an item of a watched package's
+    object assigned (a registry); ``in_place``: not those reached through the contact module."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
@@ -187,12 +194,12 @@ def _writes(tree: ast.AST, resolve: _Resolver, in_place: bool = False) -> Iterat
                     yield f"{base}.{target.attr}", node.lineno
                 elif isinstance(target, ast.Subscript) and base and base.startswith(WATCHED):
                     yield base, node.lineno
-        elif isinstance(node, ast.Call) and _call_name(node) == "setattr" and len(node.args) >= 2:
-            first, second = node.args[0], node.args[1]
+        elif isinstance(node, ast.Call) and _call_name(node) in ("setattr", "object", "patch") and node.args:
+            first, second = node.args[0], node.args[1] if len(node.args) > 1 else None
             if isinstance(node.func, ast.Attribute) and isinstance(first, ast.Constant) and "." in str(first.value):
-                yield str(first.value), node.lineno  # monkeypatch.setattr("package.module.name", value)
-            elif resolve.dotted(first) and isinstance(second, ast.Constant):
-                yield f"{resolve.dotted(first)}.{second.value}", node.lineno
+                yield str(first.value), node.lineno  # monkeypatch.setattr("a.b.c", v), mock.patch("a.b.c", v)
+            elif resolve.dotted(first) and isinstance(second, ast.Constant) and _call_name(node) != "patch":
+                yield f"{resolve.dotted(first)}.{second.value}", node.lineno  # setattr(m, "c", v), patch.object
 
 
 def _class_uses(
@@ -395,7 +402,9 @@ def _has_attr(base: str, name: str) -> bool:
 def _covers(contact: Contact, use: Use) -> bool:
     if use.module not in contact.where:
         return False
-    return contact.name == use.name or (use.name.startswith("?.") and contact.name.endswith("." + use.attribute))
+    if use.name.startswith("?."):
+        return contact.name.endswith("." + use.attribute)
+    return contact.name == use.name or contact.name.startswith(use.name + ".")  # or the listed name's module
 
 
 def unlisted(uses: list[Use], contacts: tuple[Contact, ...] = CONTACTS) -> list[str]:
@@ -416,9 +425,9 @@ def unused(uses: list[Use], contacts: tuple[Contact, ...] = CONTACTS) -> list[st
 
 @pytest.fixture(scope="module")
 def package_uses() -> list[Use]:
-    return [
-        use for module, source in package_sources(REPO / "ebpo_verl") for use in scan_source(source, module, _has_attr)
-    ]
+    """The scan of ``ebpo_verl/`` (the contact module itself holds the list, not uses)."""
+    sources = [(m, text) for m, text in package_sources(REPO / "ebpo_verl") if m != "ebpo_verl.trainer.contact"]
+    return [use for module, source in sources for use in scan_source(source, module, _has_attr)]
 
 
 def test_every_private_name_the_source_uses_is_listed(package_uses):
@@ -483,7 +492,10 @@ def setup(monkeypatch, handle):
     monkeypatch.setattr("verl.utils.fs.copy_to_local", str)
     patch("verl.workers.rollout.base._NEW_TABLE", {})
     handle.__ray_new_call__.remote(len)
-    return getattr(ray, "_config")
+    import torch
+    from unittest import mock
+    with mock.patch.object(torch, "load", len), mock.patch("verl.utils.fs.copy_to_local", str):
+        return getattr(ray, "_config"), "torch.distributed.tensor._dtensor_spec.DTensorSpec"
 """
 
 
@@ -502,6 +514,8 @@ def test_the_scan_finds_each_kind_of_use_and_fails_on_an_unlisted_one():
         "verl.workers.rollout.base._NEW_TABLE",  # a name handed to the contact module
         "?.__ray_new_call__",  # a dunder Python does not define
         "ray._config",  # getattr of a private name
+        "torch.load",  # mock.patch.object
+        "torch.distributed.tensor._dtensor_spec.DTensorSpec",  # a dotted name written as a string
     }
     missing = unlisted(uses)
     assert len(missing) == len(uses) and "ebpo_verl.snippet:20 ?._brand_new_hook" in missing
@@ -517,6 +531,8 @@ def test_the_scan_finds_each_kind_of_use_and_fails_on_an_unlisted_one():
         ("verl.trainer.ppo.v1.trainer_base.TRAINER_REGISTRY", 29),
         ("verl.trainer.ppo.v1.trainer_base.TIMEOUT", 31),
         ("verl.utils.fs.copy_to_local", 32),
+        ("torch.load", 37),
+        ("verl.utils.fs.copy_to_local", 37),
     }
 
 

@@ -18,11 +18,11 @@ import importlib
 import pickle
 import sys
 from typing import Any
-from unittest import mock
 
 import torch
 
 from ebpo_verl.evaluate.merge import REFUSAL_MARK, REFUSED
+from ebpo_verl.trainer.contact import patched
 
 FSDP_TYPES = (
     "torch.distributed.tensor.DTensor",
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     allow_fsdp_types()
     try:
         with (
-            mock.patch.object(torch, "load", safe_load),
-            mock.patch.object(sys, "argv", ["verl.model_merger", "merge", "--backend", "fsdp", *argv]),
+            patched("torch.load", safe_load),
+            patched("sys.argv", ["verl.model_merger", "merge", "--backend", "fsdp", *argv]),
         ):
             verl_merger.main()
     except UntrustedShard as e:

@@ -1,4 +1,4 @@
-"""Every private name of verl, Ray, Hydra, vLLM and Python that this package reads, calls, writes, patches,
+"""Every private name of verl, Ray, Hydra, vLLM, torch and Python that this package reads, calls, writes, patches,
 overrides or copies, in one list (:data:`CONTACTS`), with why it is needed and what public API would replace it.
 
 ``docs/verl_contact.md`` is generated from it (``python -m ebpo_verl.trainer.contact``).
@@ -8,8 +8,9 @@ names the source uses from its syntax tree: one that is not listed fails the tes
 of them is a red test naming the entry, not a crash in step 1.
 
 What is patched (an attribute of another package replaced, an entry of its registry written) goes through
-:func:`patch`, :func:`listed` and :func:`swapped`, which refuse a name that is not listed here. Nothing here
-imports verl or vLLM at import time: :mod:`ebpo_verl.cpu.backend` patches before verl loads its vLLM modules.
+:func:`patch`, :func:`patched`, :func:`listed` and :func:`swapped`, which refuse a name that is not listed here.
+Nothing here imports verl or vLLM at import time: :mod:`ebpo_verl.cpu.backend` patches before verl loads its vLLM
+modules.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ PPO = "verl.trainer.ppo.v1.trainer_base.PPOTrainer"
 TRAINER = "ebpo_verl.trainer.ray_trainer"
 WATCHDOG = "ebpo_verl.trainer.watchdog"
 BACKEND = "ebpo_verl.cpu.backend"
+MERGE = "ebpo_verl.evaluate.safe_merge"
 HOOK = "verl's v1 trainer has no public hook for it; verl's own trainer modes extend it by overriding it too"
 BATCH = ("self", "batch", "metrics")
 
@@ -166,9 +168,45 @@ CONTACTS: tuple[Contact, ...] = (
     Contact(
         "sys.argv",
         ("patch",),
-        ("ebpo_verl.recipes.driver",),
-        "a recipe's dry run hands its overrides to ebpo-train's main(), which parses sys.argv",
-        "call the --cfg job path with the overrides (issue 32 item 3: one dry-run path)",
+        ("ebpo_verl.recipes.driver", MERGE),
+        "a recipe's dry run hands its overrides to ebpo-train's main(); the safe merge hands its arguments to verl's "
+        "merger's main(): both parse sys.argv",
+        "call the --cfg job path with the overrides (issue 32 item 3: one dry-run path); verl's merger main() "
+        "takes no arguments",
+    ),
+    # ---------------------------------------------------------------- the evaluation's checkpoint merge (torch)
+    Contact(
+        "verl.model_merger.__main__.main",
+        ("call",),
+        (MERGE,),
+        "verl's merger run in this process, so that its torch.load can be replaced by the weights-only one",
+        "python -m verl.model_merger in a subprocess (then torch.load cannot be replaced)",
+        params=(),
+    ),
+    Contact(
+        "torch.load",
+        ("patch",),
+        (MERGE,),
+        "verl's merger unpickles shards with weights_only=False: replaced by a weights-only load for the merge",
+        "a weights_only or load-function option of verl's merger (not in verl 0.9.1)",
+        params=("f", "map_location", "pickle_module", "weights_only", "mmap", "pickle_load_args"),
+    ),
+    *(
+        Contact(
+            name,
+            ("read",),
+            (MERGE,),
+            "a type that an FSDP2 shard pickles, allowed by the weights-only load (torch's safe globals)",
+            "torch's own allowlist of DTensor types (torch.distributed.tensor registers DTensor only)",
+        )
+        for name in (
+            "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+            "torch.distributed.tensor._dtensor_spec.TensorMeta",
+            "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+            "torch.distributed.tensor.placement_types._StridedShard",
+            "torch.distributed._mesh_layout._MeshLayout",
+            "torch.distributed._mesh_layout._FlatLayout",
+        )
     ),
     # ------------------------------------------------------------------------- the CPU backend (cpu/)
     Contact(
@@ -290,6 +328,16 @@ def patch(name: str, value: Any) -> Any:
 
 
 @contextmanager
+def patched(name: str, value: Any) -> Iterator[None]:
+    """The listed attribute ``name`` (kind ``patch``) is ``value`` for the block, then what it was."""
+    previous = patch(name, value)
+    try:
+        yield
+    finally:
+        patch(name, previous)
+
+
+@contextmanager
 def swapped(name: str, key: Any, value: Any) -> Iterator[None]:
     """``listed(name)[key]`` is ``value`` for the block (a registry entry), then what it was."""
     registry: MutableMapping[Any, Any] = listed(name)
@@ -312,7 +360,7 @@ def markdown() -> str:
         "against the installed version by that test, which also fails on a private name the source uses unlisted.",
         f"{len(CONTACTS)} entries.",
     ]
-    for owner in ("verl", "ray", "hydra", "vllm", "python"):
+    for owner in ("verl", "ray", "hydra", "vllm", "torch", "python"):
         rows = [c for c in CONTACTS if c.owner == owner]
         if rows:
             lines += [
