@@ -62,12 +62,18 @@ DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 _PYTHON_TYPES = [t for t in vars(builtins).values() if isinstance(t, type)] + [
     t for t in vars(collections.abc).values() if isinstance(t, type)
 ]
-_PYTHON_DUNDERS = frozenset(
+_MORE_DUNDERS = (
+    *("__version__", "__file__", "__path__", "__all__", "__wrapped__", "__mro__", "__func__", "__self__", "__code__"),
+    *("__post_init__", "__setstate__", "__copy__", "__deepcopy__", "__missing__", "__aenter__", "__aexit__"),
+    *("__set_name__", "__fspath__", "__slots__", "__match_args__", "__dataclass_fields__"),
+)
+_PYTHON_DUNDERS = frozenset(_MORE_DUNDERS).union(
     name
     for obj in (*_PYTHON_TYPES, io.IOBase, types.ModuleType("m"), lambda: 0, builtins)
     for name in dir(obj)
     if name.startswith("__")
-) | {"__version__", "__file__", "__path__", "__all__", "__wrapped__", "__mro__", "__func__", "__self__", "__code__"}
+)
+"""Dunders that Python defines (the data model, dataclasses, modules, functions): not another package's."""
 
 
 @dataclass(frozen=True, order=True)
@@ -205,11 +211,14 @@ def _writes(tree: ast.AST, resolve: _Resolver, in_place: bool = False) -> Iterat
 def _class_uses(
     tree: ast.AST, resolve: _Resolver, has_attr: Callable[[str, str], bool] | None
 ) -> Iterator[tuple[str, int]]:
-    """Overridden private methods and foreign private ``self`` attributes of each class in the file."""
+    """Overridden private methods and foreign private ``self`` attributes of each class in the file (a mixin, a
+    class without a base of another package, may use what the file's other mixins define)."""
     classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    mixins = [c for c in classes.values() if not any(map(resolve.dotted, c.bases))]
+    shared = set().union(*(_own_names(c, classes) for c in mixins))
     for cls in classes.values():
         external = [d for d in map(resolve.dotted, cls.bases) if d]
-        own = _own_names(cls, classes)
+        own = _own_names(cls, classes) | (set() if external else shared)
         owner = external[0] if external else "?"
         for item in cls.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
@@ -234,7 +243,7 @@ def _is_super(node: ast.AST) -> bool:
 
 def _own_names(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> set[str]:
     """What a class of ours defines: methods, class attributes, ``self.x`` set in ``__init__`` or annotated where
-    set; with its bases of the same file."""
+    set (dataclass fields included); with its bases of the same file."""
     own: set[str] = set()
     for item in cls.body:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -499,6 +508,17 @@ def setup(monkeypatch, handle):
     from unittest import mock
     with mock.patch.object(torch, "load", len), mock.patch("verl.utils.fs.copy_to_local", str):
         return getattr(ray, "_config"), "torch.distributed.tensor._dtensor_spec.DTensorSpec"
+
+
+class Sibling:
+    def _shared_step(self):
+        return 1
+
+
+class UsesSibling:  # mixed with Sibling: its private method is ours
+    def __post_init__(self):
+        super().__post_init__()
+        return self._shared_step()
 """
 
 
