@@ -45,6 +45,7 @@ from ebpo_verl.trainer.contact import (
     BY_NAME,
     CONTACTS,
     DROPPED,
+    KINDS,
     PPO,
     Contact,
     entry,
@@ -392,6 +393,11 @@ def test_an_entry_that_moved_fails_naming_it(change, expected):
     problem = entry_problem(moved)
     assert problem is not None and expected in problem
     assert failure_message(moved, problem).startswith(f"contact {moved.name} (call in ebpo_verl.trainer.watchdog): ")
+
+
+def test_one_entry_per_name_each_saying_what_why_where_and_the_replacement():
+    assert len(BY_NAME) == len(CONTACTS)
+    assert all(c.kinds and set(c.kinds) <= set(KINDS) and c.where and c.why and c.public for c in CONTACTS)
 
 
 def test_the_copied_method_is_checked_against_verls():
