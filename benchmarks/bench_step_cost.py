@@ -68,8 +68,9 @@ def prepare(work: Path) -> dict[str, str]:
     train = write_parquet_atomic(table.take(rows), work / "train.parquet")
     tokenizer = build_tokenizer(work / "model", corpus=texts)
     build_model(work / "model", tokenizer)
-    longest = max(len(tokenizer.apply_chat_template(table.column("prompt")[i].as_py(), add_generation_prompt=True))
-                  for i in rows)  # fmt: skip
+    chats = table.take(rows).column("prompt").to_pylist()
+    longest = max(len(tokenizer.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
+                  for c in chats)  # fmt: skip
     return {"train": str(train), "model": str(work / "model"), "prompt_length": str(64 * (longest // 64 + 1))}
 
 
@@ -191,17 +192,6 @@ def phase_medians(runs: list[dict[int, dict]]) -> dict[str, float]:
     return {k: statistics.median(s[k] for run in runs for n, s in run.items() if n > 1 and k in s) for k in keys}
 
 
-def paired_ratios(base: list[dict], other: list[dict], save_freq: int) -> dict[str, list[float]]:
-    """``timing_s/step`` of ``other`` over ``base``, same round and step, split by checkpoint / no checkpoint."""
-    out: dict[str, list[float]] = {"no checkpoint": [], "checkpoint": []}
-    for a, b in zip(base, other, strict=True):
-        for step in sorted(set(a) & set(b)):
-            if step > 1 and "timing_s/step" in a[step] and "timing_s/step" in b[step]:
-                kind = "checkpoint" if step % save_freq == 0 else "no checkpoint"
-                out[kind].append(b[step]["timing_s/step"] / a[step]["timing_s/step"])
-    return out
-
-
 def direct_timings() -> dict[str, float]:
     """Milliseconds per call of what ebpo-train adds, measured in this process on realistic sizes."""
     from ebpo_verl.ops.metrics_log import MetricsLog
@@ -276,3 +266,110 @@ def _watchdog_timing() -> dict[str, float]:
     finally:
         ray.shutdown()
     return {f"watchdog look at the actor table (ms, every {DEATH_CHECK_S} s)": ms}
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def is_checkpoint_step(step: int, steps: int, save_freq: int) -> bool:
+    """verl saves every ``save_freq`` steps and at the last step."""
+    return step % save_freq == 0 or step == steps
+
+
+def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]:
+    """The phase medians per estimator and the paired step-time ratios against grpo."""
+    medians = {name: phase_medians(each) for name, each in runs.items()}
+    keys = sorted(set().union(*medians.values()))
+    lines = ["phase medians (s, steps 2..; " + ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items()) + ")"]
+    lines.append(f"  {'timing_s/*':<36}" + "".join(f"{name:>10}" for name in runs))
+    for key in keys:
+        lines.append(f"  {key:<36}" + "".join(f"{medians[n].get(key, float('nan')):>10.3f}" for n in runs))
+    for name in [n for n in runs if n != "grpo"]:
+        pairs = {"no checkpoint": [], "checkpoint": []}
+        for base, other in zip(runs["grpo"], runs[name], strict=True):
+            for step in sorted(set(base) & set(other)):
+                if step > 1:
+                    kind = "checkpoint" if is_checkpoint_step(step, steps, save_freq) else "no checkpoint"
+                    pairs[kind].append(other[step]["timing_s/step"] / base[step]["timing_s/step"])
+        for kind, ratios in pairs.items():
+            low, high = bootstrap_ci(ratios) if ratios else (float("nan"), float("nan"))
+            lines.append(f"{name}/grpo step time, {kind} steps: median {statistics.median(ratios):.3f} "
+                         f"[95% {low:.3f}, {high:.3f}] over {len(ratios)} paired steps")  # fmt: skip
+    return lines
+
+
+def state_sizes(work: Path, runs: list[str]) -> list[str]:
+    """Size of every estimator state file the runs' checkpoints hold (the last checkpoint of each run)."""
+    out = []
+    for name in runs:
+        files = sorted((work / f"ckpt_{name}").glob("global_step_*/*_state.json"))
+        if files:
+            out.append(f"{name}: {files[-1].parent.name}/{files[-1].name} {files[-1].stat().st_size} bytes")
+    return out
+
+
+def figure(work: Path, files: dict, steps: int, out: Path) -> None:
+    """One ``steps``-step ebpo run with TensorBoard; its ``ebpo/*`` curves, read from the event files, to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code = tiny_run(work, files, "figure", "ebpo", steps, save_freq=steps, loggers="[console,tensorboard]")
+    if code:
+        raise SystemExit(f"the figure run failed (exit {code}); see {work / 'figure.log'}")
+    acc = EventAccumulator(str(work / "ckpt_figure" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    groups = [("ebpo/shrinkage_mean", "ebpo/shrinkage_min", "ebpo/shrinkage_max"), ("ebpo/mu_glob",),
+              ("ebpo/sigma2", "ebpo/tau2"), ("ebpo/frac_zero_var_groups", "ebpo/frac_all_fail", "ebpo/frac_all_pass"),
+              ("ebpo/prompts_seen",)]  # fmt: skip
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 2.6))
+    for ax, tags in zip(axes, groups, strict=True):
+        for tag in tags:
+            points = acc.Scalars(tag)
+            ax.plot([p.step for p in points], [p.value for p in points], label=tag.removeprefix("ebpo/"))
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"ebpo/* curves of a {steps}-step CPU run (tiny Qwen3, 8 prompts x 4, parity reward)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    print(f"figure: {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of grpo, ebpo, dbb")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--save-freq", type=int, default=3)
+    parser.add_argument("--estimators", default="grpo,ebpo,dbb", help="grpo first: the ratios are against it")
+    parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--figure", type=Path, default=None, help="instead: draw the ebpo/* curves to this PNG")
+    parser.add_argument("--figure-steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    files = prepare(work)
+    if args.figure:
+        figure(work, files, args.figure_steps, args.figure.resolve())
+        return
+    names = args.estimators.split(",")
+    if names[0] != "grpo" or not set(names) <= set(ENTRIES):
+        raise SystemExit(f"--estimators: grpo first, then any of {sorted(ENTRIES)}; got {args.estimators}")
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names:
+            start = time.monotonic()
+            code = tiny_run(work, files, f"{name}_r{r}", name, args.steps, args.save_freq)
+            if code:
+                raise SystemExit(f"run {name}_r{r} failed (exit {code}); see {work / f'{name}_r{r}.log'}")
+            runs[name].append(read_jsonl(work / f"ckpt_{name}_r{r}" / "verl_file_log.jsonl"))
+            print(f"run {name}_r{r}: {time.monotonic() - start:.0f} s", flush=True)
+    print(f"{args.rounds} rounds x {args.steps} steps, checkpoint every {args.save_freq} and at the last step")
+    print("\n".join(report(runs, args.steps, args.save_freq)))
+    print("state files:", "; ".join(state_sizes(work, [f"{n}_r0" for n in names])))
+    print("direct timings, in this process:")
+    for key, ms in direct_timings().items():
+        print(f"  {key:<58} {ms:9.3f}")
+
+
+if __name__ == "__main__":
+    main()
