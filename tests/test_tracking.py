@@ -118,9 +118,10 @@ def test_a_retrained_step_shows_once_only_with_the_purge(tmp_path: Path, purge: 
 
 
 # ------------------------------------------------------------------------------------------------- W&B offline
-def wandb_history(run_file: Path) -> dict[int, dict[str, float]]:
-    """step -> {key: value} of the history records of a W&B ``.wandb`` file (LevelDB log format: 32 KiB blocks of
-    chunks with a 7-byte header -- crc32, length, type FULL/FIRST/MIDDLE/LAST -- after the 7-byte W&B header)."""
+def wandb_history(run_file: Path) -> dict[int, list[dict[str, float]]]:
+    """step -> [{key: value} per history record] of a W&B ``.wandb`` file (LevelDB log format: 32 KiB blocks of
+    chunks with a 7-byte header -- crc32, length, type FULL/FIRST/MIDDLE/LAST -- after the 7-byte W&B header; a
+    torn last chunk, from a killed run, is ignored)."""
     from wandb.proto import wandb_internal_pb2
 
     data, pos, block, pieces, out = run_file.read_bytes(), 7, 32768, b"", {}
@@ -129,6 +130,8 @@ def wandb_history(run_file: Path) -> dict[int, dict[str, float]]:
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):
+            break
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         pieces = chunk if kind in (1, 2) else pieces + chunk
         if kind not in (1, 4):
@@ -136,14 +139,18 @@ def wandb_history(run_file: Path) -> dict[int, dict[str, float]]:
         record = wandb_internal_pb2.Record.FromString(pieces)
         if record.HasField("history"):
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-            out.setdefault(int(items.get("_step", record.history.step.num)), {}).update(items)
+            out.setdefault(int(items.get("_step", record.history.step.num)), []).append(items)
     return out
 
 
-def wandb_problems(history: dict[int, dict], logged: dict[int, dict]) -> list[str]:
-    """Every ``ebpo/*`` metric of the steps of ``history`` equals the metrics log's (float32 rounding)."""
+def wandb_problems(history: dict[int, list[dict]], logged: dict[int, dict]) -> list[str]:
+    """Each step of ``history`` is one record whose ``ebpo/*`` metrics equal the metrics log's (float32 rounding)."""
     problems = []
-    for step, data in sorted(history.items()):
+    for step, records in sorted(history.items()):
+        if len(records) != 1:
+            problems.append(f"W&B step {step}: {len(records)} history records")
+            continue
+        data = records[0]
         for key in sorted(k for k in logged.get(step, {}) if k.startswith(PREFIX)):
             got = data.get(key)
             if got is None or not np.isclose(got, logged[step][key], rtol=1e-6, equal_nan=True):
@@ -182,6 +189,7 @@ def test_ebpo_curves_in_tensorboard_and_wandb_across_a_resume(tmp_path: Path) ->
     runs = sorted((ckpt / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 2, runs
     first, second = (wandb_history(r) for r in runs)
-    assert sorted(first) == [1, 2, 3] and sorted(second) == [3, 4]
+    # the killed attempt's file holds what its W&B process wrote before the SIGKILL (step 3, if any, is superseded)
+    assert {1, 2} <= set(first) <= {1, 2, 3} and sorted(second) == [3, 4], (sorted(first), sorted(second))
     assert wandb_problems({s: first[s] for s in (1, 2)}, logged) == []
     assert wandb_problems(second, logged) == []
