@@ -158,6 +158,23 @@ def wandb_problems(history: dict[int, list[dict]], logged: dict[int, dict]) -> l
     return problems
 
 
+@pytest.mark.parametrize("drop", [None, "ebpo/mu_glob"])
+def test_wandb_offline_reader_and_checker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, drop: str | None) -> None:
+    import wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="p", name="n", mode="offline", dir=str(tmp_path))  # the process keeps its first env
+    for step, data in LOG.items():
+        run.log({k: v for k, v in data.items() if k != drop}, step=step)
+    run.finish()
+    wandb.teardown()  # the W&B service process writes the file: stopping it flushes it
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    history = wandb_history(run_file)
+    assert sorted(history) == [1, 2, 3] and history[2][0]["ebpo/shrinkage_mean"] == LOG[2]["ebpo/shrinkage_mean"]
+    want = [] if drop is None else [f"W&B {drop} at step {s}: None, metrics log {LOG[s][drop]!r}" for s in (1, 2, 3)]
+    assert wandb_problems(history, LOG) == want
+
+
 # ------------------------------------------------------------------------------------- verl's real trainer
 @pytest.mark.slow
 @pytest.mark.heavy
