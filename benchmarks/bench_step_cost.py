@@ -186,10 +186,19 @@ def bootstrap_ci(values: list[float], reps: int = 4000, seed: int = 0) -> tuple[
     return medians[int(0.025 * reps)], medians[int(0.975 * reps) - 1]
 
 
-def phase_medians(runs: list[dict[int, dict]]) -> dict[str, float]:
-    """Median of every ``timing_s/*`` metric over the steps (after step 1) of ``runs``."""
-    keys = sorted({k for run in runs for step in run.values() for k in step if k.startswith("timing_s/")})
-    return {k: statistics.median(s[k] for run in runs for n, s in run.items() if n > 1 and k in s) for k in keys}
+def phase_medians(runs: list[dict[int, dict]], checkpoint) -> dict[str, float]:
+    """Median of every ``timing_s/*`` metric over the steps after step 1 of ``runs`` without a checkpoint
+    (``checkpoint(step)`` false); ``... (checkpoint steps)``: the step and the save over those with one."""
+    steps = [(n, s) for run in runs for n, s in run.items() if n > 1]
+    plain = [s for n, s in steps if not checkpoint(n)]
+    saving = [s for n, s in steps if checkpoint(n)]
+    keys = sorted({k for s in plain for k in s if k.startswith("timing_s/")})
+    out = {k: statistics.median(s[k] for s in plain if k in s) for k in keys}
+    for key in ("timing_s/step", "timing_s/save_checkpoint"):
+        values = [s[key] for s in saving if key in s]
+        if values:
+            out[f"{key} (checkpoint steps)"] = statistics.median(values)
+    return out
 
 
 def direct_timings() -> dict[str, float]:
@@ -276,12 +285,18 @@ def is_checkpoint_step(step: int, steps: int, save_freq: int) -> bool:
 
 def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]:
     """The phase medians per estimator and the paired step-time ratios against grpo."""
-    medians = {name: phase_medians(each) for name, each in runs.items()}
+    medians = {
+        name: phase_medians(each, lambda n: is_checkpoint_step(n, steps, save_freq)) for name, each in runs.items()
+    }
     keys = sorted(set().union(*medians.values()))
-    lines = ["phase medians (s, steps 2..; " + ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items()) + ")"]
-    lines.append(f"  {'timing_s/*':<36}" + "".join(f"{name:>10}" for name in runs))
+    lines = [
+        "phase medians (s, steps 2.. without a checkpoint unless said; "
+        + ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items())
+        + ")"
+    ]
+    lines.append(f"  {'timing_s/*':<46}" + "".join(f"{name:>10}" for name in runs))
     for key in keys:
-        lines.append(f"  {key:<36}" + "".join(f"{medians[n].get(key, float('nan')):>10.3f}" for n in runs))
+        lines.append(f"  {key:<46}" + "".join(f"{medians[n].get(key, float('nan')):>10.3f}" for n in runs))
     for name in [n for n in runs if n != "grpo"]:
         pairs = {"no checkpoint": [], "checkpoint": []}
         for base, other in zip(runs["grpo"], runs[name], strict=True):
