@@ -148,25 +148,38 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
     try:
         while proc.poll() is None:
             if kill_when is not None and kill_when(work / f"ckpt_{name}"):
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_tree(proc.pid)
                 proc.wait()
                 return -9
             if time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_tree(proc.pid)
                 raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}")
             time.sleep(0.2)
         return proc.returncode
     finally:
-        _kill_group(proc.pid)
+        _kill_tree(proc.pid)
         subprocess.run(["rm", "-rf", ray_tmp], check=False)
 
 
-def _kill_group(pgid: int) -> None:
-    """What is left of a run's session (Ray's raylet and workers outlive the driver briefly)."""
+def _kill_tree(pid: int) -> None:
+    """SIGKILL to a run's driver, every process below it (Ray's GCS, raylet and workers, found before the driver
+    dies and they are re-parented) and its session's process group."""
+    import psutil
+
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
 
 
 def read_jsonl(path: Path) -> dict[int, dict]:
