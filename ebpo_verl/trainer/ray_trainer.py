@@ -18,7 +18,8 @@ of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whic
   step's log call, so a run killed there logs them on resume if the metrics log lacks them;
 - ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
 - ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog`
-  at ``trainer.metrics_log_path``.
+  at ``trainer.metrics_log_path``; a resumed run's TensorBoard events replace those of the steps it retrains
+  (:func:`purge_tensorboard`).
 
 :class:`OTBSumPiSquaredMixin` is the one place that copies verl (see its docstring). :class:`EBPOTaskRunner` is
 verl's ``TaskRunnerV1.run`` itself, with these trainers, after this process's options and registration check
