@@ -92,29 +92,36 @@ def test_checker_fails_on_a_wrong_value(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("purge", [False, True])
-def test_a_retrained_step_shows_once_only_with_the_purge(tmp_path: Path, purge: bool) -> None:
-    """Attempt 1 logged steps 1-3 (checkpoint at 2); the resumed attempt retrains 3 with other values."""
+@pytest.mark.parametrize("resumed_step", [0, 2])
+def test_a_retrained_step_shows_once_after_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resumed_step: int
+) -> None:
+    """verl's own ``Tracking`` (TensorBoard backend) handed to the trainer's ``logger`` setter: attempt 1 logged
+    steps 1-3; the attempt resumed from the step-2 checkpoint retrains step 3 with other values. Without a resume
+    (``resumed_step`` 0, nothing purged) TensorBoard shows step 3 twice; after one, once, with the rerun's values."""
     import time
 
-    from ebpo_verl.trainer.ray_trainer import purge_tensorboard
+    from omegaconf import OmegaConf
+    from verl.utils.tracking import Tracking
 
-    write_events(tmp_path, LOG)
+    from ebpo_verl.trainer.ray_trainer import EBPOTrainerMixin
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path))
+    first = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])
+    for step, data in LOG.items():
+        first.log(data=data, step=step)
+    first.logger["tensorboard"].finish()
     time.sleep(1.1)  # event file names carry the second: the resumed attempt's file sorts after
-    rerun = {3: {**LOG[3], "ebpo/mu_glob": 9.0}}
-    from torch.utils.tensorboard import SummaryWriter
-
-    tracking = type("Tracking", (), {})()
-    tracking.logger = {"tensorboard": type("Adapter", (), {"writer": SummaryWriter(str(tmp_path))})()}
-    if purge:
-        purge_tensorboard(tracking, 3)
-    for key, value in rerun[3].items():
-        tracking.logger["tensorboard"].writer.add_scalar(key, value, 3)
-    tracking.logger["tensorboard"].writer.close()
-    final = {**LOG, **rerun}
-    problems = tracking_problems(tensorboard_scalars(tmp_path), final)
-    assert problems == ([] if purge else ["ebpo/mu_glob at step 3: 2 values in the curves",
-                                          "ebpo/shrinkage_mean at step 3: 2 values in the curves"])  # fmt: skip
+    trainer = EBPOTrainerMixin.__new__(EBPOTrainerMixin)
+    trainer.config = OmegaConf.create({"trainer": {"metrics_log_path": None}})
+    trainer._resumed_step = resumed_step
+    trainer.logger = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])
+    rerun = {**LOG[3], "ebpo/mu_glob": 9.0}
+    trainer.logger.log(data=rerun, step=3)
+    trainer.logger.logger["tensorboard"].finish()
+    problems = tracking_problems(tensorboard_scalars(tmp_path), {**LOG, 3: rerun})
+    assert problems == ([] if resumed_step else ["ebpo/mu_glob at step 3: 2 values in the curves",
+                                                 "ebpo/shrinkage_mean at step 3: 2 values in the curves"])  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------- W&B offline
