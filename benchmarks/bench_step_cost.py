@@ -139,6 +139,7 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # Ray's socket paths must stay short
     args = overrides(work, files, name, estimator, steps, save_freq, loggers) + [
         f"+ray_kwargs.ray_init._temp_dir={ray_tmp}", *extra]  # fmt: skip
+    (work / f"ckpt_{name}").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
     env = {**os.environ, **ENV, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
     with open(work / f"{name}.log", "a") as log:
