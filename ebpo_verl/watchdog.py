@@ -272,6 +272,7 @@ class StepWatchdog:
         self.progress = time.monotonic()
         self.started = time.time()
         self.fired: str | None = None
+        self.announced = False
         self._stop = threading.Event()
         self._exit_timer: threading.Timer | None = None
 
@@ -365,6 +366,7 @@ class StepWatchdog:
     def _announce(self) -> None:
         """Print the line and leave it for the driver (:func:`failures_reported`) in case this process ends."""
         print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
+        self.announced = True
         try:
             record_abort(self.fired)
         except Exception:  # noqa: BLE001  (GCS unreachable: the driver prints Ray's own error)
@@ -373,7 +375,8 @@ class StepWatchdog:
     def _hard_exit(self) -> None:
         """The trainer did not stop within :data:`END_WITHIN_S` (the killed actors' errors did not reach it)."""
         if not self._stop.is_set():
-            print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
+            if not self.announced:  # the actors' listing did not answer in time
+                print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
             os._exit(1)
 
     def failure(self, err: BaseException) -> RunAbortedError | None:

@@ -268,7 +268,7 @@ def test_a_hang_in_each_phase_ends_the_run_within_its_bound(fast, method):
 
 
 @pytest.mark.parametrize("method", ["init_workers", "update_actor"])
-def test_a_trainer_that_does_not_return_ends_its_process_at_the_deadline(fast, method):
+def test_a_trainer_that_does_not_return_ends_its_process_at_the_deadline(fast, method, capsys):
     trainer = _Watched(hang_in=method)
     exits = []
 
@@ -282,6 +282,22 @@ def test_a_trainer_that_does_not_return_ends_its_process_at_the_deadline(fast, m
     elapsed, message = _check_end(trainer, timeout)
     assert exits == [1] and f"timed out in phase {phase}" in message
     assert elapsed >= timeout + watchdog.END_WITHIN_S - 0.01  # ended by the deadline
+    assert capsys.readouterr().err.count("ebpo-train: error:") == 1
+
+
+def test_the_deadline_holds_when_ray_does_not_answer(fast, capsys):
+    """The actors' listing hangs (GCS unreachable): the process still ends at the deadline, with the line."""
+    trainer = _Watched(hang_in="update_actor")
+    answer = threading.Event()
+    fast.setattr(watchdog, "stuck_actors", lambda exclude_pid: answer.wait(10) and [])
+    fast.setattr(watchdog.os, "_exit", lambda code: trainer.release.set())
+    try:
+        elapsed, message = _check_end(trainer, STEP_S)
+    finally:
+        answer.set()
+    assert message.startswith("step 1 timed out in phase update_actor: no progress for 0.3 s")
+    assert "did not answer: (the actors are being listed)" in message
+    assert capsys.readouterr().err.count("ebpo-train: error:") == 1
 
 
 def test_the_bound_check_fails_on_a_watchdog_four_times_too_slow(fast):
