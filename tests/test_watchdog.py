@@ -27,9 +27,9 @@ from ebpo_verl.watchdog import (
     step_timeout_s,
 )
 
-STEP_S, INIT_S = 0.3, 0.5
+STEP_S, INIT_S = 0.6, 0.8
 """The stand-in's timeouts (distinct, so that a test sees which one timed a phase)."""
-JITTER_S = 0.25
+JITTER_S = 0.5
 """Thread scheduling on a loaded two-core machine, allowed on top of a bound."""
 
 
@@ -183,7 +183,7 @@ def fast(monkeypatch):
     monkeypatch.delenv(STEP_TIMEOUT_ENV, raising=False)
     monkeypatch.delenv(INIT_TIMEOUT_ENV, raising=False)
     monkeypatch.setattr(watchdog, "TICK_S", 0.05)
-    monkeypatch.setattr(watchdog, "END_WITHIN_S", 0.5)
+    monkeypatch.setattr(watchdog, "END_WITHIN_S", 1.0)
     monkeypatch.setattr(watchdog, "DEATH_CHECK_S", 0.2)
     monkeypatch.setattr(watchdog, "dead_actors", lambda since: [])
     monkeypatch.setattr(watchdog, "stuck_actors", lambda exclude_pid: [(STUCK, "process stopped")])
@@ -295,7 +295,7 @@ def test_the_deadline_holds_when_ray_does_not_answer(fast, capsys):
         elapsed, message = _check_end(trainer, STEP_S)
     finally:
         answer.set()
-    assert message.startswith("step 1 timed out in phase update_actor: no progress for 0.3 s")
+    assert message.startswith("step 1 timed out in phase update_actor: no progress for 0.6 s")
     assert "did not answer: (the actors are being listed)" in message
     assert capsys.readouterr().err.count("ebpo-train: error:") == 1
 
@@ -319,7 +319,7 @@ def test_the_bound_check_fails_when_model_initialisation_is_not_watched(fast):
 
     trainer = _FitOnly(hang_in="init_workers")
     fast.setattr(watchdog, "_kill_on_nodes", lambda infos: trainer.release.set())
-    with pytest.raises(AssertionError, match=r"hang in init_workers: the run was still going 1.3\d* s after it"):
+    with pytest.raises(AssertionError, match=r"hang in init_workers: the run was still going 2.35 s after it"):
         _check_end(trainer, INIT_S)
 
 
