@@ -428,7 +428,7 @@ class StepWatchdogMixin:
         if watchdog is None:
             yield
             return
-        previous = watchdog.enter(int(self.global_steps), name)
+        previous = watchdog.enter(int(getattr(self, "global_steps", 0)), name)  # verl sets it in _load_checkpoint
         try:
             with _converted(watchdog):
                 yield

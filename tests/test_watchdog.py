@@ -60,7 +60,6 @@ class _Trainer:
 
     def __init__(self, hang_in: str | None = None):
         self.config = OmegaConf.create({"trainer": {"step_timeout_s": STEP_S, "init_timeout_s": INIT_S}})
-        self.global_steps = 0
         self.seen: list[tuple[str, int, str]] = []
         self.hang_in = hang_in
         self.hung, self.release = threading.Event(), threading.Event()
@@ -89,6 +88,7 @@ class _Trainer:
         self.role_worker_mapping = {}
 
     def _load_checkpoint(self):
+        self.global_steps = 0  # as verl's: no global_steps before its checkpoint load
         self._work("load_checkpoint")
 
     def fit(self, agent_loop_manager):
