@@ -100,9 +100,12 @@ SHARED: tuple[Setting, ...] = (
 _TORCH = "torch.distributed (ProcessGroupNCCL) environment variables"
 _ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 GPU_FAULTS: tuple[Setting, ...] = (
-    # a collective that does not complete within the process group's timeout (torch's NCCL default, 10 min:
-    # verl 0.9.1's v1 workers pass none) aborts its communicator and ends the rank's process, so Ray reports the
-    # rank dead and ebpo-train stops the run, well within trainer.step_timeout_s (3600 s)
+    # the workers' process group timeout: verl's key, which its v1 workers do not read (they pass none, and
+    # torch's default for their cpu:gloo,cuda:nccl group is 30 min); ebpo_verl.trainer.watchdog.dist_timeout_worker_cls
+    # initialises the group with it before verl's worker does
+    _s("actor_rollout_ref.nccl_timeout", 600, "ebpo_verl.trainer.watchdog (verl's key, read by EBPO's worker class)"),
+    # a collective that does not complete within that timeout aborts its communicator and ends the rank's
+    # process, so Ray reports the rank dead and ebpo-train stops the run, well within trainer.step_timeout_s
     _s(f"{_ENV}.TORCH_NCCL_ASYNC_ERROR_HANDLING", "'1'", _TORCH),
     # a rank whose NCCL watchdog thread itself is stuck (a wedged GPU) is ended after this many seconds
     _s(f"{_ENV}.TORCH_NCCL_ENABLE_MONITORING", "'1'", _TORCH),

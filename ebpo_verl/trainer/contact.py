@@ -83,7 +83,19 @@ CONTACTS: tuple[Contact, ...] = (
         "_init_dataloader", (TRAINER,), "every training row's per-row field checked before a worker starts", ("self",)
     ),
     _hook("_save_checkpoint", (TRAINER, WATCHDOG), "the estimator's state and the step's metrics saved", ("self",)),
-    _hook("_load_checkpoint", (TRAINER,), "the estimator's state restored before the first step", ("self",)),
+    _hook(
+        "_load_checkpoint",
+        (TRAINER, WATCHDOG),
+        "the estimator's state restored before the first step; the watchdog's 'load_checkpoint' phase",
+        ("self",),
+    ),
+    _hook(
+        "_init_resource_pool_mgr",
+        (WATCHDOG,),
+        "the actor/rollout/ref worker class swapped for one that opens its process group with "
+        "actor_rollout_ref.nccl_timeout (verl's v1 workers pass none)",
+        ("self",),
+    ),
     _hook("_compute_reward_colocate", (WATCHDOG,), "a watched phase", ("self", "batch", "metrics")),
     _hook("_compute_ref_log_prob", (WATCHDOG,), "a watched phase"),
     _hook("_compute_values", (WATCHDOG,), "a watched phase"),

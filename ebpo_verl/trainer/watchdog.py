@@ -4,24 +4,30 @@ verl 0.9.1's v1 trainer waits on its workers with plain ``ray.get``: a worker th
 Ray traceback (or as a gloo/NCCL error of the rank that waited for it), and a worker that hangs -- a stuck
 collective, a dead NFS mount, a wedged GPU, or here a SIGSTOPped process -- leaves every rank waiting with
 nothing printed. :class:`StepWatchdogMixin` (in the trainer's bases) records the step and the phase the trainer
-is in (rollout, old log-prob, update, save, ...) and:
+is in, from model initialisation (``init``, ``load_checkpoint``) through every phase of a step (rollout, old
+log-prob, update, save, weight sync, validation, ...), and:
 
 * on an error inside a phase, looks for an actor of this Ray job that died (Ray's actor table); when there is
   one, the run stops with :class:`RunAbortedError` naming the actor, its node, the step and the phase;
-* runs a watchdog thread that looks at Ray's actor table every few seconds (a crashed actor ends the run even when
-  nothing waits on it, as a dead vLLM server leaves the rollout waiting), and when no phase starts or ends for
-  ``trainer.step_timeout_s`` seconds
-  (``EBPO_STEP_TIMEOUT_S`` overrides it; 0 or null disables it), it names the job's actors that are stuck in a
-  task or stopped (one Ray task per node reads their process state), kills them so that the trainer's
-  ``ray.get`` returns, and the run stops with a :class:`RunAbortedError` that says the step timed out.
+* runs a watchdog thread that looks at Ray's actor table every :data:`DEATH_CHECK_S` seconds (a crashed actor
+  ends the run even when nothing waits on it, as a dead vLLM server leaves the rollout waiting), and when no
+  phase starts or ends for ``trainer.init_timeout_s`` seconds during initialisation or ``trainer.step_timeout_s``
+  seconds afterwards (``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` override them; 0 or null disables one),
+  it names the job's actors that are stuck in a task or stopped (one Ray task per node reads their process
+  state), kills them so that the trainer's ``ray.get`` returns, and the run stops with a
+  :class:`RunAbortedError` that says the phase timed out; a trainer still running :data:`END_WITHIN_S` after
+  that ends its process (bounds: :func:`hang_bound_s`, :func:`death_bound_s`).
 
-:func:`failures_reported` (around ``run_ppo`` in the driver) resolves the timeout into the config and turns that
-error into one line ``ebpo-train: error: ...`` and exit status 1; the driver's exit ends the job, and Ray stops
-every actor it started. Rerunning the same command resumes from the last checkpoint (``resume_mode=auto``).
+It also gives the workers' process group the timeout ``actor_rollout_ref.nccl_timeout``, which verl's v1 workers
+do not read (:func:`dist_timeout_worker_cls`). :func:`failures_reported` (around ``run_ppo`` in the driver)
+resolves the timeouts into the config and turns that error into one line ``ebpo-train: error: ...`` and exit
+status 1; the driver's exit ends the job, and Ray stops every actor it started. Rerunning the same command
+resumes from the last checkpoint (``resume_mode=auto``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -34,30 +40,68 @@ import ray
 
 STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
 STEP_TIMEOUT_KEY = "step_timeout_s"
-KILL_GRACE_S = 60.0
-"""After killing the stuck actors, how long the watchdog waits for the trainer to notice before exiting itself."""
-DEATH_CHECK_S = 5
+INIT_TIMEOUT_ENV = "EBPO_INIT_TIMEOUT_S"
+INIT_TIMEOUT_KEY = "init_timeout_s"
+INIT_PHASES = frozenset({"start", "init", "load_checkpoint", "after_init"})
+"""Phases timed by ``trainer.init_timeout_s``: model initialisation (worker groups, model engines, rollout
+servers, reward and checkpoint-engine managers), the checkpoint load, and the agent loop's start after it."""
+TICK_S = 1.0
+"""Seconds between two looks of the watchdog thread at the clock."""
+DEATH_CHECK_S = 5.0
 """Seconds between two looks at Ray's actor table for a crashed actor of the run."""
+PROBE_S = 20.0
+"""Limit of each Ray round trip of a firing watchdog (reading the actors' process states, killing them)."""
+DEATH_WAIT_S = 10.0
+"""How long an actor error in a phase waits for Ray's actor table to record the death behind it."""
+END_WITHIN_S = 60.0
+"""From the moment the watchdog fires to the end of the trainer's process: the stuck actors are killed so that
+the trainer's ``ray.get`` returns, and a trainer still running at this deadline ends its process itself."""
+
+
+def hang_bound_s(timeout_s: float) -> float:
+    """Seconds from the last phase boundary to the trainer's end when a phase hangs (``timeout_s`` is its
+    phase's timeout): the timeout, one tick of the clock, and :data:`END_WITHIN_S`."""
+    return timeout_s + TICK_S + END_WITHIN_S
+
+
+def death_bound_s() -> float:
+    """Seconds from Ray recording an actor's death to the trainer's end when nothing waits on that actor."""
+    return DEATH_CHECK_S + TICK_S + END_WITHIN_S
 
 
 class RunAbortedError(RuntimeError):
     """The run stopped because a worker died or a phase timed out; the message is the one line to print."""
 
 
-def step_timeout_s(trainer_config: Any) -> float | None:
-    """Seconds without progress before the watchdog ends the run: ``EBPO_STEP_TIMEOUT_S`` if set, else
-    ``trainer.step_timeout_s``; None when 0, negative or null (no watchdog)."""
-    raw = os.environ.get(STEP_TIMEOUT_ENV, "").strip()
-    source = STEP_TIMEOUT_ENV
+def _timeout_setting(trainer_config: Any, key: str, env: str) -> tuple[bool, float | None]:
+    """(set?, seconds) of one timeout: the environment variable ``env`` if set, else ``trainer.<key>`` if the
+    config has it; seconds are None when 0, negative or null (not watched)."""
+    raw = os.environ.get(env, "").strip()
+    source = env
     if not raw:
-        raw, source = trainer_config.get(STEP_TIMEOUT_KEY, None), f"trainer.{STEP_TIMEOUT_KEY}"
+        if key not in trainer_config:
+            return False, None
+        raw, source = trainer_config.get(key, None), f"trainer.{key}"
     if raw is None or raw == "":
-        return None
+        return True, None
     try:
         value = float(raw)
     except (TypeError, ValueError):
         raise ValueError(f"{source}={raw!r} is not a number of seconds: set it to e.g. 3600, or 0 to disable") from None
-    return value if value > 0 else None
+    return True, value if value > 0 else None
+
+
+def step_timeout_s(trainer_config: Any) -> float | None:
+    """Seconds without progress in a training step's phases before the watchdog ends the run:
+    ``EBPO_STEP_TIMEOUT_S`` if set, else ``trainer.step_timeout_s``; None when 0, negative or null (off)."""
+    return _timeout_setting(trainer_config, STEP_TIMEOUT_KEY, STEP_TIMEOUT_ENV)[1]
+
+
+def init_timeout_s(trainer_config: Any) -> float | None:
+    """The same for the :data:`INIT_PHASES`: ``EBPO_INIT_TIMEOUT_S`` if set, else ``trainer.init_timeout_s``,
+    else (a config without that key) the step timeout."""
+    found, value = _timeout_setting(trainer_config, INIT_TIMEOUT_KEY, INIT_TIMEOUT_ENV)
+    return value if found else step_timeout_s(trainer_config)
 
 
 def _actor_errors(err: BaseException) -> Iterator[BaseException]:
@@ -186,7 +230,7 @@ def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
     stuck = []
     for node, ref in refs.items():
         try:
-            states = ray.get(ref, timeout=60)
+            states = ray.get(ref, timeout=PROBE_S)
         except ray.exceptions.RayError:
             states = {}
         for info in by_node[node]:
@@ -212,46 +256,62 @@ def _kill_on_nodes(infos: list[dict]) -> None:
         kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(pids)
         for node, pids in by_node.items()
     ]
-    ray.wait(refs, num_returns=len(refs), timeout=60)
+    ray.wait(refs, num_returns=len(refs), timeout=PROBE_S)
 
 
 class StepWatchdog:
-    """Where the trainer is (step, phase, since when) and, with a timeout, the thread that ends a hung run."""
+    """Where the trainer is (step, phase, since when) and, with a timeout, the thread that ends a hung run.
 
-    def __init__(self, timeout_s: float | None) -> None:
-        self.timeout_s = timeout_s
-        self.step, self.phase = 0, "init"
+    ``timeouts`` maps ``"init"`` (the :data:`INIT_PHASES`) and ``"step"`` (every other phase) to seconds, None
+    for not watched. Between two phases of the trainer's top level the phase reads ``after_<phase>``: the
+    clock runs from the last boundary, so a hang there (logging, the agent loop's start) is caught as well."""
+
+    def __init__(self, timeouts: dict[str, float | None]) -> None:
+        self.timeouts = timeouts
+        self.step, self.phase, self.depth = 0, "start", 0
         self.progress = time.monotonic()
         self.started = time.time()
         self.fired: str | None = None
+        self.announced = False
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._exit_timer: threading.Timer | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._watch, name="ebpo-step-watchdog", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="ebpo-step-watchdog", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
 
-    def enter(self, step: int, phase: str) -> tuple[int, str]:
-        previous = (self.step, self.phase)
+    def timeout_for(self, phase: str) -> tuple[float | None, str, str]:
+        """(seconds, config key, environment variable) that time ``phase``."""
+        if phase in INIT_PHASES:
+            return self.timeouts.get("init"), INIT_TIMEOUT_KEY, INIT_TIMEOUT_ENV
+        return self.timeouts.get("step"), STEP_TIMEOUT_KEY, STEP_TIMEOUT_ENV
+
+    def enter(self, step: int, phase: str) -> str:
+        previous = self.phase
         self.step, self.phase, self.progress = step, phase, time.monotonic()
+        self.depth += 1
         return previous
 
-    def leave(self, previous: tuple[int, str]) -> None:
-        self.step, self.phase = previous
+    def leave(self, previous: str, left: str) -> None:
+        self.depth -= 1
+        self.phase = previous if self.depth else f"after_{left}"
         self.progress = time.monotonic()
 
     def _watch(self) -> None:
-        ticks = 0
-        while not self._stop.wait(1.0):
-            ticks += 1
-            if self.timeout_s is not None and time.monotonic() - self.progress > self.timeout_s:
-                self._fire()
+        next_death_check = time.monotonic() + DEATH_CHECK_S
+        while not self._stop.wait(TICK_S):
+            timeout = self.timeout_for(self.phase)
+            if timeout[0] is not None and time.monotonic() - self.progress > timeout[0]:
+                self._fire(*timeout)
                 return
-            if ticks % DEATH_CHECK_S == 0 and self._died():
-                return
+            if time.monotonic() >= next_death_check:
+                next_death_check = time.monotonic() + DEATH_CHECK_S
+                if self._died():
+                    return
 
     def _died(self) -> bool:
         """An actor of the run crashed: end the run now, whether or not the trainer is waiting on it (a dead
@@ -262,8 +322,8 @@ class StepWatchdog:
             return False
         if not dead:
             return False
-        self.fired = self._death_message(dead)
-        self._end(stuck=[])
+        self._arm_exit(self._death_message(dead))
+        self._announce()
         return True
 
     def _death_message(self, dead: list[dict]) -> str:
@@ -273,8 +333,16 @@ class StepWatchdog:
             "command to resume from the last checkpoint"
         )
 
-    def _fire(self) -> None:
+    def _timeout_message(self, step: int, phase: str, setting: tuple[float, str, str], who: str) -> str:
+        seconds, key, env = setting
+        return (
+            f"step {step} timed out in phase {phase}: no progress for {seconds:g} s (trainer.{key}, env {env}); "
+            f"did not answer: {who}. The run was stopped; rerun the same command to resume from the last checkpoint"
+        )
+
+    def _fire(self, *setting) -> None:
         step, phase = self.step, self.phase
+        self._arm_exit(self._timeout_message(step, phase, setting, "(the actors are being listed)"))
         try:
             stuck = stuck_actors(exclude_pid=os.getpid())
         except Exception as err:  # noqa: BLE001  (the line must still be printed)
@@ -282,25 +350,34 @@ class StepWatchdog:
         else:
             note = ""
         who = "; ".join(f"{describe_actor(info)}: {state}" for info, state in stuck) or "no actor found stuck"
-        self.fired = (
-            f"step {step} timed out in phase {phase}: no progress for {self.timeout_s:g} s "
-            f"(trainer.{STEP_TIMEOUT_KEY}, env {STEP_TIMEOUT_ENV}); did not answer: {who}{note}. The run was "
-            "stopped; rerun the same command to resume from the last checkpoint"
-        )
-        self._end(stuck=[info for info, _ in stuck])
-
-    def _end(self, stuck: list[dict]) -> None:
-        """Print the line, kill the stuck actors (the trainer's ``ray.get`` then returns with an actor error,
-        which :class:`StepWatchdogMixin` turns into :attr:`fired`); a trainer that still has not stopped after
-        :data:`KILL_GRACE_S` ends its process, leaving the line for the driver."""
-        print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
+        self.fired = self._timeout_message(step, phase, setting, who + note)
+        self._announce()
         if stuck:
-            _kill_on_nodes(stuck)
-        if not self._stop.wait(KILL_GRACE_S):
-            try:
-                record_abort(self.fired)
-            finally:
-                os._exit(1)
+            _kill_on_nodes([info for info, _ in stuck])
+
+    def _arm_exit(self, message: str) -> None:
+        """Set the run-ending line and the deadline (:data:`END_WITHIN_S`) at which a trainer that has not
+        stopped by itself ends its process."""
+        self.fired = message
+        self._exit_timer = threading.Timer(END_WITHIN_S, self._hard_exit)
+        self._exit_timer.daemon = True
+        self._exit_timer.start()
+
+    def _announce(self) -> None:
+        """Print the line and leave it for the driver (:func:`failures_reported`) in case this process ends."""
+        print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
+        self.announced = True
+        try:
+            record_abort(self.fired)
+        except Exception:  # noqa: BLE001  (GCS unreachable: the driver prints Ray's own error)
+            pass
+
+    def _hard_exit(self) -> None:
+        """The trainer did not stop within :data:`END_WITHIN_S` (the killed actors' errors did not reach it)."""
+        if not self._stop.is_set():
+            if not self.announced:  # the actors' listing did not answer in time
+                print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
+            os._exit(1)
 
     def failure(self, err: BaseException) -> RunAbortedError | None:
         """The run-ending error for ``err`` raised in the current phase, or None (not a worker failure)."""
@@ -310,20 +387,40 @@ class StepWatchdog:
             "gloo" in str(e).lower() or "connection" in str(e).lower() for e in _actor_errors(err)
         ):
             return None
-        dead: list[dict] = []
-        for _ in range(20):  # the actor table records a death a moment after the peers' errors
-            dead = dead_actors(self.started)
-            if dead:
-                break
+        deadline = time.monotonic() + DEATH_WAIT_S
+        dead = dead_actors(self.started)
+        while not dead and time.monotonic() < deadline:  # recorded a moment after the peers' errors
             time.sleep(0.5)
+            dead = dead_actors(self.started)
         return RunAbortedError(self._death_message(dead)) if dead else None
 
 
+@contextmanager
+def _converted(watchdog: StepWatchdog) -> Iterator[None]:
+    """An error of a worker failure (or any error once the watchdog fired) as a :class:`RunAbortedError`."""
+    try:
+        yield
+    except RunAbortedError:
+        raise
+    except Exception as err:
+        failure = watchdog.failure(err)
+        if failure is None:
+            raise
+        raise failure from None
+
+
 class StepWatchdogMixin:
-    """Records (step, phase) around verl's v1 trainer phases and ends the run on a dead or hung worker (see the
-    module docstring). Goes in the trainer's bases before verl's trainer."""
+    """Records (step, phase) around verl's v1 trainer phases, from model initialisation on, and ends the run on
+    a dead or hung worker (see the module docstring). Goes in the trainer's bases before verl's trainer."""
 
     _watchdog: StepWatchdog | None = None
+
+    def _started_watchdog(self) -> StepWatchdog:
+        if self._watchdog is None:
+            trainer = self.config.trainer
+            self._watchdog = StepWatchdog({"init": init_timeout_s(trainer), "step": step_timeout_s(trainer)})
+            self._watchdog.start()
+        return self._watchdog
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -331,26 +428,46 @@ class StepWatchdogMixin:
         if watchdog is None:
             yield
             return
-        previous = watchdog.enter(int(self.global_steps), name)
+        previous = watchdog.enter(int(getattr(self, "global_steps", 0)), name)  # verl sets it in _load_checkpoint
         try:
-            yield
-        except RunAbortedError:
-            raise
-        except Exception as err:
-            failure = watchdog.failure(err)
-            if failure is None:
-                raise
-            raise failure from None
+            with _converted(watchdog):
+                yield
         finally:
-            watchdog.leave(previous)
+            watchdog.leave(previous, name)
+
+    def init(self):
+        """verl's ``init``: tokenizer, data, worker groups and their models, rollout servers, reward and
+        checkpoint-engine managers, checkpoint load; the watchdog runs from here on."""
+        watchdog = self._started_watchdog()
+        try:
+            with self._phase("init"):
+                return super().init()
+        except BaseException:
+            watchdog.stop()
+            raise
+
+    def _init_resource_pool_mgr(self) -> None:
+        """verl's worker classes, each actor/rollout/ref worker replaced by :func:`dist_timeout_worker_cls`'s."""
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+
+        super()._init_resource_pool_mgr()
+        mapping = self.role_worker_mapping
+        for role, actor_cls in list(mapping.items()):
+            worker_cls = getattr(actor_cls, "__ray_actor_class__", None)
+            if isinstance(worker_cls, type) and issubclass(worker_cls, ActorRolloutRefWorker):
+                mapping[role] = ray.remote(dist_timeout_worker_cls(worker_cls))
+
+    def _load_checkpoint(self):
+        with self._phase("load_checkpoint"):
+            return super()._load_checkpoint()
 
     def fit(self, agent_loop_manager):
-        self._watchdog = StepWatchdog(step_timeout_s(self.config.trainer))
-        self._watchdog.start()
+        watchdog = self._started_watchdog()
         try:
-            return super().fit(agent_loop_manager)
+            with _converted(watchdog):
+                return super().fit(agent_loop_manager)
         finally:
-            self._watchdog.stop()
+            watchdog.stop()
 
     def step(self, metrics: dict, timing_raw: dict):
         with self._phase("rollout"):
@@ -397,20 +514,49 @@ class StepWatchdogMixin:
             return super()._validate(*args, **kwargs)
 
 
+DIST_TIMEOUT_KEY = "nccl_timeout"
+"""``actor_rollout_ref.nccl_timeout``: seconds of the workers' process group (verl's own key, which verl 0.9.1's
+v1 workers do not read)."""
+
+
+@functools.cache
+def dist_timeout_worker_cls(base: type) -> type:
+    """``base`` (verl's ``ActorRolloutRefWorker`` or a subclass) whose ``init_model`` first initialises the
+    process group with ``actor_rollout_ref.nccl_timeout`` seconds.
+
+    verl 0.9.1's v1 ``TrainingWorker.__init__`` (built in ``init_model``) calls
+    ``initialize_global_process_group_ray(timeout_second=None)``, so torch's default applies (30 min for verl's
+    ``cpu:gloo,cuda:nccl`` backend); that function skips a group already initialised, so the same call with the
+    timeout made here first is the one that counts. On CPU verl's platform plugin (``ebpo_verl.cpu.backend``)
+    initialises its gloo group inside that call, with torch's default: the timeout only reaches GPU runs."""
+    from verl.single_controller.base.decorator import Dispatch, register
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # as verl's ActorRolloutRefWorker.init_model
+    def init_model(self):
+        from verl.utils.distributed import initialize_global_process_group_ray
+
+        seconds = self.config.get(DIST_TIMEOUT_KEY, None)
+        initialize_global_process_group_ray(timeout_second=int(seconds) if seconds else None)
+        return super(cls, self).init_model()
+
+    cls = type(f"DistTimeout{base.__name__}", (base,), {"init_model": init_model, "__module__": __name__})
+    return cls
+
+
 @contextmanager
 def failures_reported(config: Any) -> Iterator[None]:
-    """Around ``run_ppo`` in the driver: the step timeout resolved into ``trainer.step_timeout_s`` (the env var
-    does not reach Ray's workers), and a :class:`RunAbortedError` of the trainer as one line
-    ``ebpo-train: error: ...`` and exit status 1."""
+    """Around ``run_ppo`` in the driver: the timeouts resolved into ``trainer.step_timeout_s`` and
+    ``trainer.init_timeout_s`` (the env vars do not reach Ray's workers), and a :class:`RunAbortedError` of the
+    trainer as one line ``ebpo-train: error: ...`` and exit status 1."""
     from omegaconf import open_dict
 
     try:
-        timeout = step_timeout_s(config.trainer)
+        timeouts = {INIT_TIMEOUT_KEY: init_timeout_s(config.trainer), STEP_TIMEOUT_KEY: step_timeout_s(config.trainer)}
     except ValueError as err:
         print(f"ebpo-train: error: {err}", file=sys.stderr)
         sys.exit(2)
     with open_dict(config):
-        config.trainer[STEP_TIMEOUT_KEY] = timeout
+        config.trainer.update(timeouts)
     try:
         yield
     except RunAbortedError as err:
