@@ -146,10 +146,10 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- the invariants
 def check_steps_once(steps: list[int], total: int) -> None:
-    """The steps of the training records in the metrics log are 1..total, each exactly once."""
+    """The steps of the training records in the metrics log, in file order, are 1..total, each exactly once."""
     dupes = sorted({s for s in steps if steps.count(s) > 1})
     missing = sorted(set(range(1, total + 1)) - set(steps))
-    if dupes or missing or sorted(steps) != list(range(1, total + 1)):
+    if dupes or missing or steps != list(range(1, total + 1)):
         raise AssertionError(f"metrics log steps {steps}: duplicated {dupes}, missing {missing} (want 1..{total})")
 
 
