@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -235,18 +236,25 @@ def test_read_events_leaves_a_torn_last_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_small_campaign_resumes_to_the_same_state(tmp_path):
-    """K = 2 kills (seed 2, 5 steps) on real verl trainer starts: a reference run, two killed attempts and the last
-    rerun; every invariant holds (the module raises and exits 1 otherwise)."""
+    """K = 2 kills (seed 2: mid-rollout of step 2, then in step 2's validation, after its checkpoint and before its
+    log call; 4 steps) on real verl trainer starts: the reference run, two killed attempts and the last rerun;
+    every invariant holds (the module exits 1 naming the first that fails). Past its limit the campaign gets
+    SIGTERM, which kills the running attempt's process tree."""
     out = tmp_path / "campaign"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ebpo_verl.cpu.campaign", "--kills", "2", "--seed", "2", "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    cmd = [sys.executable, "-m", "ebpo_verl.cpu.campaign", "--kills", "2", "--seed", "2", "--steps", "4"]
+    proc = subprocess.Popen([*cmd, "--out", str(out), "--run-timeout", "600"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        text, _ = proc.communicate(timeout=1500)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, text[-6000:]
     report = json.loads((out / "campaign_report.json").read_text())
-    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 5
-    assert report["checks"]["metrics_log_steps"] == [1, 2, 3, 4, 5]
+    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 4
+    assert report["checks"]["metrics_log_steps"] == [1, 2, 3, 4]
     assert [a["killed"] for a in report["attempts"]] == [True, True, False]
+    assert [a["target"]["phase"] for a in report["attempts"][:2]] == ["rollout", "validate"]
     assert all(a["left_processes"] == 0 for a in report["attempts"][:2])
-    assert len(report["checks"]["eb_states"]) >= 2
+    assert {s["resumed_from"] for s in report["checks"]["eb_states"]} == {a["resumed_from"] for a in report["attempts"]}

@@ -338,6 +338,23 @@ def _kill(run, trainer: int) -> float:
     return killed
 
 
+_ACTIVE: list = []
+"""The attempt now running (a :class:`Run`), for the SIGTERM/SIGINT handler."""
+
+
+def _start(out: Path, files: dict, name: str, marker: Path, total: int):
+    run = _smoke().Run(out, files, name, campaign_overrides(marker), steps=total)
+    _ACTIVE[:] = [run]
+    return run
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGINT of the campaign: kill the running attempt's process tree (its own session), then exit."""
+    for run in _ACTIVE:
+        run.kill()
+    raise SystemExit(f"[campaign] stopped by {signal.Signals(signum).name}; the running attempt was killed")
+
+
 def _finish(run, timeout: int) -> float:
     start = time.monotonic()
     code = run.wait(timeout)
@@ -358,7 +375,7 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
     """The killed attempts and the last rerun (``killed: False``) of the campaign run ``camp``."""
     from ebpo_verl.checkpoint.resume import tracked_step
 
-    smoke, marker = _smoke(), out / "marker_camp.jsonl"
+    marker = out / "marker_camp.jsonl"
     lengths = segment_lengths(read_events(out / "marker_ref.jsonl"))
     attempts: list[dict[str, Any]] = []
     for drawn in [*plan, None]:
@@ -373,7 +390,7 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
         else:
             hold.unlink(missing_ok=True)
         record = {"resumed_from": resumed, "marker_offset": _size(marker), "log_offset": _size(out / "camp.log")}
-        run, start = smoke.Run(out, files, "camp", campaign_overrides(marker), steps=total), time.monotonic()
+        run, start = _start(out, files, "camp", marker, total), time.monotonic()
         if target is None:
             attempts.append({**record, "killed": False, "wall_s": _finish(run, timeout)})
             break
@@ -518,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     total, start = args.steps or args.kills + 3, time.monotonic()
     smoke = _smoke()
     files = smoke.prepare(out)
-    ref_wall = _finish(smoke.Run(out, files, "ref", campaign_overrides(out / "marker_ref.jsonl"), steps=total),
-                       args.run_timeout)  # fmt: skip
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_signal)
+    ref_wall = _finish(_start(out, files, "ref", out / "marker_ref.jsonl", total), args.run_timeout)
     plan = plan_kills(args.seed, args.kills)
     report: dict[str, Any] = {"seed": args.seed, "kills_drawn": args.kills, "steps": total, "plan": plan,
                               "reference_wall_s": ref_wall}  # fmt: skip
