@@ -139,13 +139,28 @@ def test_check_steps_once_refuses_a_duplicated_missing_or_reordered_step(steps, 
 
 
 def test_compare_metrics_within_tolerance_and_beyond():
-    ref = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.25, "timing_s/gen": 3.0}}
-    close = {1: {"actor/pg_loss": 0.5 + 1e-7, "critic/score/mean": 0.25, "timing_s/gen": 9.0}}
-    out = campaign.compare_metrics(ref, close, [1])
-    assert out["compared"] == 2 and out["exact"] == 1 and out["max_abs_diff"]["actor/pg_loss"] == pytest.approx(1e-7)
+    ref = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.25, "timing_s/gen": 3.0, "rollout_corr/chi2_seq": 0.01}}
+    close = {
+        1: {"actor/pg_loss": 0.5 + 1e-7, "critic/score/mean": 0.25, "timing_s/gen": 9.0, "rollout_corr/chi2_seq": 0.03}
+    }
+    out = campaign.compare_metrics(ref, close, [1], set())
+    assert out["compared_keys"] == 2 and out["exact_keys"] == 1 and out["beyond_tolerance"] == []
+    assert out["max_abs_diff"]["actor/pg_loss"] == pytest.approx(1e-7)
     flipped = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.3125}}  # one of 16 responses flipped
     with pytest.raises(AssertionError, match="critic/score/mean"):
-        campaign.compare_metrics(ref, flipped, [1])
+        campaign.compare_metrics(ref, flipped, [1], set())
+    # a flip the dumps show at the last step is reported, not raised; one at an earlier step only reported
+    assert campaign.compare_metrics(ref, flipped, [1], {1})["beyond_tolerance"] == ["step 1 critic/score/mean"]
+    two = {1: ref[1], 2: ref[1]}
+    assert campaign.compare_metrics(two, {1: flipped[1], 2: ref[1]}, [1, 2], set())["beyond_tolerance"] == [
+        "step 1 critic/score/mean"
+    ]
+
+
+def test_responses_ignore_the_finishing_order():
+    a = [json.dumps({"input": "p", "output": o}) for o in ("x", "y")]
+    assert campaign.responses(a) == campaign.responses(a[::-1])
+    assert campaign.responses(a) != campaign.responses([a[0], a[0]])
 
 
 def test_plan_covers_every_phase_and_depends_on_the_seed():
