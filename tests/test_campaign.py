@@ -163,6 +163,38 @@ def test_responses_ignore_the_finishing_order():
     assert campaign.responses(a) != campaign.responses([a[0], a[0]])
 
 
+def _fabricated_attempts(out: Path, first_steps: list[int], resumed: list[int], said: list[int]) -> list[dict]:
+    """A campaign folder's log and marker for attempts resuming from ``resumed``, each saying ``said`` times that
+    it resumes and first rolling out ``first_steps``."""
+    attempts, log, marker = [], b"", b""
+    for i, (first, c, times) in enumerate(zip(first_steps, resumed, said, strict=True)):
+        attempts.append({"resumed_from": c, "log_offset": len(log), "marker_offset": len(marker),
+                         "killed": i < len(resumed) - 1})  # fmt: skip
+        log += f"pre-flight: ok (...; resumes from {out / 'ckpt_camp' / f'global_step_{c}'})\n".encode() * times
+        marker += (json.dumps(_event(float(i), "enter", first, "rollout")) + "\n").encode()
+    (out / "camp.log").write_bytes(log)
+    (out / "marker_camp.jsonl").write_bytes(marker)
+    return attempts
+
+
+def test_check_attempts_accepts_resumes_that_continue(tmp_path):
+    attempts = _fabricated_attempts(tmp_path, [1, 2, 4], [0, 1, 3], [0, 1, 1])
+    rows = campaign.check_attempts(tmp_path, attempts)
+    assert [(r["resumed_from"], r["first_step"]) for r in rows] == [(0, 1), (1, 2), (3, 4)]
+
+
+@pytest.mark.parametrize(
+    ("first", "said", "message"),
+    [([1, 3, 4], [0, 1, 1], "attempt 2 resumed from step 1 but its first step was 3"),  # a step skipped
+     ([1, 1, 4], [0, 1, 1], "attempt 2 resumed from step 1 but its first step was 1"),  # a step redone
+     ([1, 2, 4], [0, 0, 1], "attempt 2: said 0 times"),
+     ([1, 2, 4], [0, 2, 1], "attempt 2: said 2 times")],
+)  # fmt: skip
+def test_check_attempts_refuses_a_rerun_that_does_not_continue(tmp_path, first, said, message):
+    with pytest.raises(AssertionError, match=message):
+        campaign.check_attempts(tmp_path, _fabricated_attempts(tmp_path, first, [0, 1, 3], said))
+
+
 def test_plan_covers_every_phase_and_depends_on_the_seed():
     plan = campaign.plan_kills(8, 8)
     assert set(p["phase"] for p in plan[:6]) == set(campaign.PHASES) and len(plan) == 8
