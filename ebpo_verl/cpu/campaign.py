@@ -77,13 +77,14 @@ def install_marker(path: str) -> None:
 
     enter, leave = StepWatchdog.enter, StepWatchdog.leave
 
-    def marked_enter(self, step: int, phase: str):
-        _write_event(path, "enter", step, phase)
-        return enter(self, step, phase)
+    def marked_enter(self, *args, **kwargs):  # whatever the signature: the watchdog's step and phase after it
+        result = enter(self, *args, **kwargs)
+        _write_event(path, "enter", self.step, self.phase)
+        return result
 
-    def marked_leave(self, previous) -> None:
+    def marked_leave(self, *args, **kwargs) -> None:  # the innermost phase, the one being left
         step, phase = self.step, self.phase
-        leave(self, previous)
+        leave(self, *args, **kwargs)
         _write_event(path, "leave", step, phase)
         if phase == "save" and _hold_step(path) == step:
             _write_event(path, "hold", step, "after_save")
