@@ -5,7 +5,8 @@ of ``scripts/cpu_smoke.py``: its tiny model, data and reward, with a checkpoint 
 per-topic prior, ``algorithm.ebpo.cluster_key=topic``) first uninterrupted (the reference), then as a campaign:
 K attempts, each SIGKILLed with its whole process tree at a drawn point, each followed by a rerun of the same
 command (``resume_mode=auto``), and a last rerun to the end. It then checks the invariants of a run that loses
-nothing and writes the report (``DIR/campaign_report.json``, also printed).
+nothing and writes the report (``DIR/campaign_report.json``, also printed); ``--out DIR --recheck`` reruns the
+checks on a finished campaign's folder. docs/training_faults.md has the invariants and a K=8 run.
 
 Where a kill lands. Importing this module in verl's processes (it is added to ``VERL_USE_EXTERNAL_MODULES``)
 with ``EBPO_CAMPAIGN_MARKER`` set wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.watchdog`
