@@ -172,7 +172,7 @@ def overrides(
         "data.max_response_length=16",
         "data.shuffle=False",
         "data.dataloader_num_workers=0",
-        "data.custom_cls.path=pkg://ebpo_verl.curriculum",
+        "data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum",
         "data.custom_cls.name=CurriculumDataset",
         "+data.curriculum.order=topic",
         f"actor_rollout_ref.model.path={files['model']}",
@@ -611,9 +611,9 @@ def run_killed(work: Path, files: dict, timeout: int) -> None:
     can land) and before the step-3 log call. Checks that K resumed from A's step 2 and the kill landed there:
     step 3 checkpointed with its EB state (the only checkpoint in ``ckpt_k``), no step logged (K's first step is
     3), the dead run's lock file left, nothing moved aside."""
-    from ebpo_verl.checkpoint.resume import TRACKER_FILE
-    from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
-    from ebpo_verl.metrics_log import read_records
+    from ebpo_verl.ops.metrics_log import read_records
+    from ebpo_verl.trainer.checkpoint.resume import TRACKER_FILE
+    from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
 
     ckpt = work / "ckpt_k"
     tracker, lock = ckpt / TRACKER_FILE, ckpt / RUN_LOCK_FILE
@@ -665,9 +665,9 @@ def check_killed(work: Path) -> None:
     over the dead run's lock, logged step 3's training metrics once (from the checkpoint: the step's total time,
     unknown at the checkpoint, left out), trained step 4 with validation, counted every prompt once across the
     kill, continued K's saved EB state, and released the folder."""
-    from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
-    from ebpo_verl.metrics_log import read_metrics_log, read_records
-    from ebpo_verl.trainer import STEP_TIME_KEYS
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
+    from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
+    from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
 
     ckpt = work / "ckpt_k"
     text = (work / "k.log").read_text(errors="replace")
@@ -743,8 +743,8 @@ def check_continues(saved: dict, after: dict, batches: list[dict[str, list[float
 def check_run(work: Path, run: str, steps: list[int]) -> dict[int, dict]:
     """One run's metrics log: its provenance sidecar, exactly ``steps``, the ``ebpo/*`` metrics, a training
     update and rollout probabilities equal to the actor's at every step, validation at the last step."""
-    from ebpo_verl.metrics_log import read_metrics_log, read_provenance
-    from ebpo_verl.provenance import check as check_provenance
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_provenance
+    from ebpo_verl.ops.provenance import check as check_provenance
 
     log = work / f"ckpt_{run}" / "metrics.jsonl"
     attempts = read_provenance(log)  # every attempt's sidecar: commit, versions, hardware, command, seeds
@@ -850,7 +850,7 @@ def run_nodes(work: Path, files: dict, timeout: int, faults: bool, step_timeout:
     then a resume from step 2 through step 4; with ``faults``, the first attempt at step 3 loses a rank's worker
     (SIGKILL) and the second hangs it (SIGSTOP, the watchdog at ``step_timeout`` seconds), each rerun with the
     same command. Then the checks, the evaluation of the last checkpoint, and the cluster's cleanup."""
-    from ebpo_verl.watchdog import STEP_TIMEOUT_ENV
+    from ebpo_verl.trainer.watchdog import STEP_TIMEOUT_ENV
 
     cluster = LocalCluster()
     try:
