@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ebpo_verl.algos.ebpo import EBPOState
 from ebpo_verl.cpu import campaign
-from ebpo_verl.estimator import EBPOState
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_expected_state_equals_the_definition_over_all_batches():
 
 def test_check_state_accepts_the_package_merge():
     """The package's own EB state after the same two batches (its Chan merge) passes the numpy recomputation."""
-    from ebpo_verl.estimator import PriorStats
+    from ebpo_verl.algos.ebpo import PriorStats
 
     def stats(groups: list[list[float]]) -> PriorStats:
         series = ([x for g in groups for x in g], [np.mean(g) for g in groups], [np.var(g, ddof=1) for g in groups],
@@ -258,7 +258,7 @@ def test_marker_records_the_watchdog_phases_and_holds(tmp_path, monkeypatch):
     code = (
         "import ebpo_verl.cpu.campaign as c; c.HOLD_S = 0.3\n"
         f"c.install_marker({str(marker)!r})\n"
-        "from ebpo_verl.watchdog import StepWatchdog\n"
+        "from ebpo_verl.trainer.watchdog import StepWatchdog\n"
         "w = StepWatchdog(None)\n"
         "for step in (1, 2):\n"
         "    p = w.enter(step, 'save'); w.leave(p)\n"

@@ -9,7 +9,7 @@ nothing and writes the report (``DIR/campaign_report.json``, also printed); ``--
 checks on a finished campaign's folder. docs/training_faults.md has the invariants and a K=8 run.
 
 Where a kill lands. Importing this module in verl's processes (it is added to ``VERL_USE_EXTERNAL_MODULES``)
-with ``EBPO_CAMPAIGN_MARKER`` set wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.watchdog`
+with ``EBPO_CAMPAIGN_MARKER`` set wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.trainer.watchdog`
 records the trainer's phase there) so that the trainer appends ``{t, event, step, phase}`` to that marker file.
 Each kill is drawn from the seed as (phase, step of the attempt, fraction ``u`` of the phase's length): the
 campaign polls the marker and kills ``u`` times the phase's length in the reference run after the phase began
@@ -74,7 +74,7 @@ def _hold_step(path: str) -> int | None:
 
 def install_marker(path: str) -> None:
     """Wrap :class:`ebpo_verl.watchdog.StepWatchdog`'s ``enter``/``leave`` to append phase events to ``path``."""
-    from ebpo_verl.watchdog import StepWatchdog
+    from ebpo_verl.trainer.watchdog import StepWatchdog
 
     enter, leave = StepWatchdog.enter, StepWatchdog.leave
 
@@ -399,7 +399,7 @@ def _size(path: Path) -> int:
 
 def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: int) -> list[dict[str, Any]]:
     """The killed attempts and the last rerun (``killed: False``) of the campaign run ``camp``."""
-    from ebpo_verl.checkpoint.resume import tracked_step
+    from ebpo_verl.trainer.checkpoint.resume import tracked_step
 
     marker = out / "marker_camp.jsonl"
     lengths = segment_lengths(read_events(out / "marker_ref.jsonl"))
@@ -519,7 +519,7 @@ def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: in
 
 def check_campaign(out: Path, files: dict, attempts: list[dict], total: int) -> dict[str, Any]:
     """Every invariant (raises AssertionError on the first that fails); what was checked."""
-    from ebpo_verl.metrics_log import read_metrics_log, read_records
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
 
     smoke = _smoke()
     log = out / "ckpt_camp" / "metrics.jsonl"
