@@ -1,0 +1,620 @@
+"""A random-kill campaign: SIGKILL verl's trainer at seeded points of a step's phases, rerun, check nothing is lost.
+
+``python -m ebpo_verl.cpu.campaign --kills K --seed S --out DIR`` runs the one-node CPU smoke configuration (run A
+of ``scripts/cpu_smoke.py``: its tiny model, data and reward, with a checkpoint and a validation every step and a
+per-topic prior, ``algorithm.ebpo.cluster_key=topic``) first uninterrupted (the reference), then as a campaign:
+K attempts, each SIGKILLed with its whole process tree at a drawn point, each followed by a rerun of the same
+command (``resume_mode=auto``), and a last rerun to the end. It then checks the invariants of a run that loses
+nothing and writes the report (``DIR/campaign_report.json``, also printed); ``--out DIR --recheck`` reruns the
+checks on a finished campaign's folder. docs/training_faults.md has the invariants and a K=8 run.
+
+Where a kill lands. Importing this module in verl's processes (it is added to ``VERL_USE_EXTERNAL_MODULES``)
+with ``EBPO_CAMPAIGN_MARKER`` set wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.trainer.watchdog`
+records the trainer's phase there) so that the trainer appends ``{t, event, step, phase}`` to that marker file.
+Each kill is drawn from the seed as (phase, step of the attempt, fraction ``u`` of the phase's length): the
+campaign polls the marker and kills ``u`` times the phase's length in the reference run after the phase began
+(``rollout``: generation, up to the first nested phase; ``old_log_prob``; ``update_actor``; ``save``, the
+checkpoint write; ``validate``). For ``after_save`` (after the checkpoint, before the step's log call) the trainer
+holds right after the save phase when the marker's ``.hold`` file names that step, and is killed there. Where
+the kill landed is read back from the marker events before the kill's time (the innermost open phase, or the
+phase last left), whatever was aimed at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MARKER_ENV = "EBPO_CAMPAIGN_MARKER"
+MODULE = "ebpo_verl.cpu.campaign"
+PHASES = ("rollout", "old_log_prob", "update_actor", "save", "after_save", "validate")
+"""The phases a kill is aimed at, in the order of a verl v1 step (validation follows the weight sync)."""
+HOLD_S = 600.0
+"""How long the trainer holds after a save the ``.hold`` file names (the campaign kills it within seconds)."""
+PARTS = ("rewards", "group_means", "within_var", "inv_group_size")
+REL_TOL = 1e-9
+"""Recomputed EB state vs the saved one: the saved one merges with Chan et al.'s formula, the check with raw power
+sums (another rounding; they agree to a few ulps here); M2 is compared relative to n * mean^2 + M2."""
+METRIC_TOL = 5e-3
+"""Campaign vs uninterrupted run, per metric: |a - b| <= METRIC_TOL * max(1, |b|). Measured (K=8, seed 8): at most
+5.5e-4 relative (the rollout-actor probability correlation; the grad norm 4.5e-4), everything else within 1.3e-6
+or exact, apart from a flipped response (a validation score at step 1 moved by 1/16)."""
+SKIPPED_METRICS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "rollout_corr/")
+"""Timings, throughput and memory use (they differ between any two runs), and verl's rollout-vs-actor mismatch
+diagnostics (perplexity ratios, chi^2 of two nearly equal sets of log-probabilities): measured here, they move by
+their own size (chi2_seq -0.016 vs -0.037 at step 11) when the weights differ in the last bits."""
+
+
+# ------------------------------------------------------------------ the marker (runs inside verl's trainer)
+def _write_event(path: str, event: str, step: int, phase: str) -> None:
+    line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, "step": step, "phase": phase})
+    with open(path, "a") as out:
+        out.write(line + "\n")
+
+
+def _hold_step(path: str) -> int | None:
+    try:
+        return int(Path(f"{path}.hold").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def install_marker(path: str) -> None:
+    """Wrap :class:`ebpo_verl.watchdog.StepWatchdog`'s ``enter``/``leave`` to append phase events to ``path``."""
+    from ebpo_verl.trainer.watchdog import StepWatchdog
+
+    enter, leave = StepWatchdog.enter, StepWatchdog.leave
+
+    def marked_enter(self, *args, **kwargs):  # whatever the signature: the watchdog's step and phase after it
+        result = enter(self, *args, **kwargs)
+        _write_event(path, "enter", self.step, self.phase)
+        return result
+
+    def marked_leave(self, *args, **kwargs) -> None:  # the innermost phase, the one being left
+        step, phase = self.step, self.phase
+        leave(self, *args, **kwargs)
+        _write_event(path, "leave", step, phase)
+        if phase == "save" and _hold_step(path) == step:
+            _write_event(path, "hold", step, "after_save")
+            time.sleep(HOLD_S)
+
+    StepWatchdog.enter, StepWatchdog.leave = marked_enter, marked_leave
+
+
+if os.environ.get(MARKER_ENV):
+    install_marker(os.environ[MARKER_ENV])
+
+
+# ------------------------------------------------------------------------------- plan and landing
+def plan_kills(seed: int, kills: int) -> list[dict[str, Any]]:
+    """K kill points from ``seed``: every phase once per round of six (shuffled), the attempt's first or second
+    step, and the fraction of the phase's length at which to kill."""
+    rng = random.Random(seed)
+    phases: list[str] = []
+    while len(phases) < kills:
+        phases += rng.sample(PHASES, len(PHASES))
+    return [{"phase": p, "step_offset": rng.choice((1, 2)), "fraction": round(rng.uniform(0.1, 0.9), 3)}
+            for p in phases[:kills]]  # fmt: skip
+
+
+def read_events(path: Path, offset: int = 0) -> list[dict[str, Any]]:
+    """The marker's events from byte ``offset`` on (a torn last line is left for the next read)."""
+    if not path.is_file():
+        return []
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        lines = handle.read().decode().split("\n")
+    return [json.loads(line) for line in lines[:-1] if line.strip()]
+
+
+def segment_lengths(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds from a phase's start to the next event (its end, or its first nested phase)."""
+    spans: dict[str, list[float]] = {}
+    for event, following in zip(events, events[1:], strict=False):
+        if event["event"] == "enter":
+            spans.setdefault(event["phase"], []).append(following["t"] - event["t"])
+    return {phase: float(np.median(values)) for phase, values in spans.items()}
+
+
+def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
+    """Where a kill at ``kill_time`` landed: the innermost open phase, ``after_save`` (held after a save, or
+    between a save's end and the next phase), ``after <phase>``, or ``init`` (before the first phase)."""
+    stack: list[dict[str, Any]] = []
+    last = None
+    for event in (e for e in events if e["t"] <= kill_time):
+        last = event
+        if event["event"] == "enter":
+            stack.append(event)
+        elif event["event"] == "leave" and stack:
+            stack.pop()
+    if last is None:
+        return {"phase": "init", "step": None, "seconds_in": None}
+    if last["event"] == "hold" or (not stack and last["phase"] in ("save", "weight_sync")):
+        return {"phase": "after_save", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
+    if not stack:
+        return {"phase": f"after {last['phase']}", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
+    top = stack[-1]
+    if top["phase"] == "rollout" and last["event"] == "leave":  # inside the step, between two nested phases
+        return {"phase": f"after {last['phase']}", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
+    return {"phase": top["phase"], "step": top["step"], "seconds_in": round(kill_time - top["t"], 3)}
+
+
+# ---------------------------------------------------------------------------------- the invariants
+def check_steps_once(steps: list[int], total: int) -> None:
+    """The steps of the training records in the metrics log, in file order, are 1..total, each exactly once."""
+    dupes = sorted({s for s in steps if steps.count(s) > 1})
+    missing = sorted(set(range(1, total + 1)) - set(steps))
+    if dupes or missing or steps != list(range(1, total + 1)):
+        raise AssertionError(f"metrics log steps {steps}: duplicated {dupes}, missing {missing} (want 1..{total})")
+
+
+def batch_groups(dump_lines: Iterable[str], label_of) -> list[tuple[str, np.ndarray]]:
+    """(cluster label, rewards) per prompt group of a verl rollout dump (``label_of(input text)``)."""
+    groups: dict[str, list[float]] = {}
+    for line in dump_lines:
+        entry = json.loads(line)
+        groups.setdefault(entry["input"], []).append(float(entry["score"]))
+    return [(label_of(text), np.array(scores, dtype=np.float64)) for text, scores in groups.items()]
+
+
+def _merged(old: list[float], values: np.ndarray, weights: np.ndarray) -> list[float]:
+    """``old`` = [n, mean, M2] merged with weighted ``values`` through raw power sums (not Chan's formula)."""
+    n = old[0] + weights.sum()
+    if n == 0:
+        return [0.0, 0.0, 0.0]
+    s1 = old[0] * old[1] + (weights * values).sum()
+    s2 = old[2] + old[0] * old[1] ** 2 + (weights * values**2).sum()
+    mean = s1 / n
+    return [float(n), float(mean), float(max(s2 - n * mean * mean, 0.0))]
+
+
+def _scope_update(old: dict[str, list[float]] | None, groups: list[np.ndarray]) -> dict[str, list[float]]:
+    old = old or {p: [0.0, 0.0, 0.0] for p in PARTS}
+    rewards = np.concatenate(groups)
+    sizes = np.array([g.size for g in groups], dtype=np.float64)
+    within = np.array([g.var(ddof=1) if g.size >= 2 else 0.0 for g in groups])
+    series = {
+        "rewards": (rewards, np.ones_like(rewards)),
+        "group_means": (np.array([g.mean() for g in groups]), np.ones_like(sizes)),
+        "within_var": (within, (sizes >= 2).astype(np.float64)),
+        "inv_group_size": (1.0 / sizes, np.ones_like(sizes)),
+    }
+    return {p: _merged(old[p], *series[p]) for p in PARTS}
+
+
+def expected_state(saved: dict[str, Any], groups: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
+    """The EB state after one batch (``batch_groups``) merged into ``saved`` (no decay), recomputed with numpy."""
+    out = {
+        "steps": saved["steps"] + 1,
+        "prompts_seen": saved["prompts_seen"] + len(groups),
+        "responses_seen": saved["responses_seen"] + sum(g.size for _, g in groups),
+        "global": _scope_update(saved["global"], [g for _, g in groups]),
+        "clusters": dict(saved["clusters"]),
+    }
+    for label in sorted({label for label, _ in groups}):
+        out["clusters"][label] = _scope_update(saved["clusters"].get(label), [g for lab, g in groups if lab == label])
+    return out
+
+
+def _close(want: list[float], got: list[float]) -> bool:
+    n, mean, m2 = want
+    scale = abs(n * mean * mean) + m2 + 1.0
+    return (
+        got[0] == n
+        and math.isclose(got[1], mean, rel_tol=REL_TOL, abs_tol=1e-12)
+        and math.isclose(got[2], m2, rel_tol=REL_TOL, abs_tol=REL_TOL * scale)
+    )
+
+
+def check_state(want: dict[str, Any], got: dict[str, Any], where: str) -> None:
+    """Counts equal; every scope's (n, mean, M2) of every part close (``REL_TOL``); the same cluster labels."""
+    for key in ("steps", "prompts_seen", "responses_seen"):
+        if got[key] != want[key]:
+            raise AssertionError(f"{where}: EB {key} {got[key]} != {want[key]}")
+    if sorted(got["clusters"]) != sorted(want["clusters"]):
+        raise AssertionError(f"{where}: EB clusters {sorted(got['clusters'])} != {sorted(want['clusters'])}")
+    scopes = [("global", want["global"], got["global"])]
+    scopes += [(f"cluster {k!r}", want["clusters"][k], got["clusters"][k]) for k in sorted(want["clusters"])]
+    for name, w, g in scopes:
+        for part in PARTS:
+            if not _close(w[part], g[part]):
+                raise AssertionError(f"{where}: EB {name} {part} [n, mean, M2] {g[part]} != recomputed {w[part]}")
+
+
+def compare_metrics(ref: dict[int, dict], got: dict[int, dict], steps: list[int], flipped: set[int]) -> dict:
+    """Every metric both runs logged at ``steps`` (timings, throughput, memory and the rollout-vs-actor mismatch
+    diagnostics aside), campaign vs uninterrupted: the largest |difference| per key, and the (step, key) pairs
+    beyond ``METRIC_TOL * max(1, |reference|)``. Raises when one is at the last step, unless that step's sampled
+    responses differ between the runs (``flipped``: a token flipped, see the module's docs)."""
+    worst: dict[str, float] = {}
+    over = []
+    for step in steps:
+        for key, want in ref[step].items():
+            if key.startswith(SKIPPED_METRICS) or not isinstance(want, (int, float)) or key not in got[step]:
+                continue
+            diff = abs(float(got[step][key]) - float(want))
+            if not diff <= METRIC_TOL * max(1.0, abs(float(want))):
+                over.append((step, key, got[step][key], want))
+            worst[key] = max(worst.get(key, 0.0), diff)
+    final = [f"{key}: campaign {a!r} vs uninterrupted {b!r}" for step, key, a, b in over if step == steps[-1]]
+    if final and steps[-1] not in flipped:
+        raise AssertionError(f"step {steps[-1]}: {len(final)} metrics beyond {METRIC_TOL}: {'; '.join(final[:10])}")
+    top = sorted(worst.items(), key=lambda kv: -kv[1])
+    return {
+        "compared_keys": len(worst),
+        "exact_keys": sum(v == 0.0 for v in worst.values()),
+        "max_abs_diff": dict(top[:10]),
+        "beyond_tolerance": [f"step {step} {key}" for step, key, _, _ in over],
+    }
+
+
+def responses(lines: Iterable[str]) -> list[tuple[str, str]]:
+    """The sorted (input, output) pairs of a rollout or validation dump (its order is the finishing order)."""
+    pairs = []
+    for line in lines:
+        entry = json.loads(line)
+        pairs.append((entry["input"], entry["output"]))
+    return sorted(pairs)
+
+
+# ------------------------------------------------------------------------------------- the runs
+def _smoke():
+    """``scripts/cpu_smoke.py`` (its tiny model and data, run A's overrides, :class:`Run`), loaded by path."""
+    name = "ebpo_cpu_smoke_script"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cpu_smoke.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def campaign_overrides(out: Path, run: str) -> list[str]:
+    """What the campaign changes in run A's configuration for ``run`` (``ref`` or ``camp``; every attempt of a run
+    gets the same): a checkpoint and a validation (dumped) every step, the topic prior, the marker."""
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    return [
+        "trainer.save_freq=1",
+        "trainer.test_freq=1",
+        "trainer.resume_mode=auto",
+        "algorithm.ebpo.cluster_key=topic",
+        f"trainer.validation_data_dir={out / f'validation_{run}'}",
+        f"{env}.VERL_USE_EXTERNAL_MODULES='ebpo_verl.cpu.backend,{MODULE}'",
+        f"{env}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}",
+    ]
+
+
+def _session_left(sid: int, seconds: float = 30.0) -> int:
+    """Processes of session ``sid`` (a killed attempt's driver session) still alive after up to ``seconds``."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while True:
+        left = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc.pid)
+            except (OSError, psutil.Error):
+                continue
+        if not left or time.monotonic() > deadline:
+            return len(left)
+        time.sleep(0.5)
+
+
+def _new_events(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
+    """The marker's complete lines from byte ``pos`` on, and the byte after the last of them."""
+    if not path.is_file():
+        return [], pos
+    with open(path, "rb") as handle:
+        handle.seek(pos)
+        data = handle.read()
+    complete = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.decode().splitlines() if line.strip()], pos + len(complete)
+
+
+def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], timeout: int) -> tuple[float, int]:
+    """Poll the marker (every 5 ms) until the target point (see the module docstring): the time to kill at and the
+    trainer's pid (the process that writes the marker)."""
+    deadline, kill_at, trainer = time.monotonic() + timeout, None, 0
+    while kill_at is None or time.time() < kill_at:
+        if run.proc.poll() is not None:
+            raise SystemExit(f"[campaign] the run ended (exit {run.proc.returncode}) before the kill at {target}; "
+                             f"see {run.log}")  # fmt: skip
+        if time.monotonic() > deadline:
+            run.kill()
+            raise SystemExit(f"[campaign] no {target['phase']} at step {target['step']} within {timeout}s")
+        events, pos = _new_events(marker, pos) if kill_at is None else ([], pos)
+        for event in events:
+            trainer = event["pid"]
+            if event["step"] != target["step"] or kill_at is not None:
+                continue
+            if target["phase"] == "after_save" and event["event"] == "hold":
+                kill_at = time.time()
+            elif event["event"] == "enter" and event["phase"] == target["phase"]:
+                kill_at = event["t"] + target["fraction"] * lengths.get(target["phase"], 1.0)
+        time.sleep(0.005 if kill_at is None else max(0.0, min(0.005, kill_at - time.time())))
+    return kill_at, trainer
+
+
+def _kill(run, trainer: int) -> float:
+    """SIGKILL the trainer process first (the time taken right after: nothing it writes comes later), then the
+    attempt's whole process tree (:meth:`Run.kill`)."""
+    if trainer > 0:
+        try:
+            os.kill(trainer, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed = time.time()
+    run.kill()
+    return killed
+
+
+_ACTIVE: list = []
+"""The attempt now running (a :class:`Run`), for the SIGTERM/SIGINT handler."""
+
+
+def _start(out: Path, files: dict, name: str, total: int):
+    run = _smoke().Run(out, files, name, campaign_overrides(out, name), steps=total)
+    _ACTIVE[:] = [run]
+    return run
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGINT of the campaign: kill the running attempt's process tree (its own session), then exit."""
+    for run in _ACTIVE:
+        run.kill()
+    raise SystemExit(f"[campaign] stopped by {signal.Signals(signum).name}; the running attempt was killed")
+
+
+def _finish(run, timeout: int) -> float:
+    start = time.monotonic()
+    code = run.wait(timeout)
+    if code != 0:
+        raise SystemExit(f"[campaign] run {run.name} failed (exit {code}); last lines of {run.log}:\n{run.tail(60)}")
+    return round(time.monotonic() - start, 1)
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: int) -> list[dict[str, Any]]:
+    """The killed attempts and the last rerun (``killed: False``) of the campaign run ``camp``."""
+    from ebpo_verl.trainer.checkpoint.resume import tracked_step
+
+    marker = out / "marker_camp.jsonl"
+    lengths = segment_lengths(read_events(out / "marker_ref.jsonl"))
+    attempts: list[dict[str, Any]] = []
+    for drawn in [*plan, None]:
+        resumed = tracked_step(out / "ckpt_camp") or 0
+        if drawn is not None and resumed >= total:
+            print(f"[campaign] the run reached step {total} before kill {len(attempts) + 1}", flush=True)
+            continue
+        target = None if drawn is None else {**drawn, "step": min(resumed + drawn["step_offset"], total)}
+        hold = Path(f"{marker}.hold")
+        if target and target["phase"] == "after_save":
+            hold.write_text(str(target["step"]))
+        else:
+            hold.unlink(missing_ok=True)
+        record = {"resumed_from": resumed, "marker_offset": _size(marker), "log_offset": _size(out / "camp.log")}
+        run, start = _start(out, files, "camp", total), time.monotonic()
+        if target is None:
+            attempts.append({**record, "killed": False, "wall_s": _finish(run, timeout)})
+            break
+        _, trainer = _aim(run, marker, record["marker_offset"], target, lengths, timeout)
+        kill_time = _kill(run, trainer)
+        where = landing(read_events(marker, record["marker_offset"]), kill_time)
+        wall, left = round(time.monotonic() - start, 1), _session_left(run.proc.pid)
+        attempts.append(
+            {**record, "killed": True, "target": target, "landed": where, "kill_utc": _utc(kill_time),
+             "wall_s": wall, "left_processes": left}
+        )  # fmt: skip
+        print(
+            f"[campaign] kill {len(attempts)}: aimed at {target['phase']} of step {target['step']}, landed in "
+            f"{where['phase']} of step {where['step']} ({where['seconds_in']}s in) at {_utc(kill_time)}",
+            flush=True,
+        )
+    Path(f"{marker}.hold").unlink(missing_ok=True)
+    return attempts
+
+
+# ------------------------------------------------------------------------------------ the checks
+def _topic_of(train_file: Path):
+    """``label_of(rollout input text)``: the topic of the one training problem the text contains."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(train_file)
+    prompts, infos = table.column("prompt").to_pylist(), table.column("extra_info").to_pylist()
+    pairs = [(p[0]["content"], e["topic"]) for p, e in zip(prompts, infos, strict=True)]
+
+    def label_of(text: str) -> str:
+        hits = {topic for problem, topic in pairs if problem in text}
+        if len(hits) != 1:
+            raise AssertionError(f"a rollout input matches topics {sorted(hits)}: {text[:120]!r}")
+        return hits.pop()
+
+    return label_of
+
+
+def _dump(out: Path, run: str, step: int) -> list[str] | None:
+    """The lines of ``run``'s rollout dump of ``step``, or None (not written, or torn by a kill)."""
+    smoke, path = _smoke(), out / f"rollouts_{run}" / f"{step}.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    try:
+        complete = len([json.loads(line) for line in lines]) == smoke.BATCH * smoke.N
+    except ValueError:
+        complete = False
+    return lines if complete else None
+
+
+def _saved_state(out: Path, step: int) -> dict[str, Any]:
+    if step == 0:
+        return {"steps": 0, "prompts_seen": 0, "responses_seen": 0, "global": None, "clusters": {}}
+    saved = json.loads((out / "ckpt_camp" / f"global_step_{step}" / "ebpo_state.json").read_text())
+    assert saved["global_step"] == step, f"global_step_{step}/ebpo_state.json: global_step {saved['global_step']}"
+    return saved["state"]
+
+
+def _slice(path: Path, start: int, end: int | None) -> str:
+    return path.read_bytes()[start:end].decode(errors="replace")
+
+
+def check_attempts(out: Path, attempts: list[dict]) -> list[dict[str, Any]]:
+    """Every rerun said once that it resumes from the tracker's step and its first step was the next one."""
+    marker, log, ckpt = out / "marker_camp.jsonl", out / "camp.log", out / "ckpt_camp"
+    rows = []
+    for i, attempt in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        text = _slice(log, attempt["log_offset"], nxt and nxt["log_offset"])
+        lines = _slice(marker, attempt["marker_offset"], nxt and nxt["marker_offset"]).splitlines()
+        events = [json.loads(line) for line in lines]
+        c = attempt["resumed_from"]
+        said = text.count(f"resumes from {ckpt / f'global_step_{c}'}")
+        assert c == 0 or said == 1, f"attempt {i + 1}: said {said} times that it resumes from step {c}, expected once"
+        first = next((e["step"] for e in events if e["event"] == "enter" and e["phase"] == "rollout"), None)
+        assert first in (None, c + 1), f"attempt {i + 1} resumed from step {c} but its first step was {first}"
+        rows.append({"attempt": i + 1, "resumed_from": c, "first_step": first})
+    assert attempts[-1]["killed"] is False, "the campaign's last rerun did not run to the end"
+    return rows
+
+
+def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: int) -> list[dict[str, Any]]:
+    """At each resume from step c: the saved EB state of step c+1 equals step c's merged with step c+1's batch
+    (verl's dump of the campaign run, or the uninterrupted run's when the kill cut the step after its checkpoint
+    and before the dump); and step c+1 trained on the uninterrupted run's prompts (the curriculum's position)."""
+    smoke, label_of, rows = _smoke(), _topic_of(files["train"]), []
+    for c in sorted({a["resumed_from"] for a in attempts if a["resumed_from"] < total}):
+        lines, source = _dump(out, "camp", c + 1), "campaign"
+        if lines is None:
+            lines, source = _dump(out, "ref", c + 1), "uninterrupted run (no campaign dump of the step)"
+        want = expected_state(_saved_state(out, c), batch_groups(lines, label_of))
+        check_state(want, _saved_state(out, c + 1), f"resume from step {c}, step {c + 1}")
+        if source == "campaign":
+            got, ref = (smoke.step_rows(out, run, c + 1, files["train"]) for run in ("camp", "ref"))
+            assert got == ref, f"step {c + 1} after the resume from step {c} trained rows {got}, uninterrupted {ref}"
+        position = "rows" if source == "campaign" else "topic (the EB clusters)"
+        rows.append({"resumed_from": c, "step": c + 1, "batch_from": source, "clusters": sorted(want["clusters"]),
+                     "curriculum_checked": position})  # fmt: skip
+    return rows
+
+
+def check_campaign(out: Path, files: dict, attempts: list[dict], total: int) -> dict[str, Any]:
+    """Every invariant (raises AssertionError on the first that fails); what was checked."""
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
+
+    smoke = _smoke()
+    log = out / "ckpt_camp" / "metrics.jsonl"
+    training = [step for step, data in read_records(log) if "actor/grad_norm" in data]
+    check_steps_once(training, total)
+    resumes = check_attempts(out, attempts)
+    states = check_resumed_states(out, files, attempts, total)
+    dumped = [s for s in range(1, total + 1) if _dump(out, "camp", s) is not None]
+    for step in dumped:  # the curriculum's position at every step the campaign dumped
+        got, ref = (smoke.step_rows(out, run, step, files["train"]) for run in ("camp", "ref"))
+        assert got == ref, f"campaign step {step} trained rows {got}, the uninterrupted run {ref}"
+    ref_metrics, camp = read_metrics_log(out / "ckpt_ref" / "metrics.jsonl"), read_metrics_log(log)
+    no_val = [s for s in range(1, total + 1) if smoke.VAL_KEY not in camp[s]]
+    flipped = flips(out, total)
+    return {
+        "metrics_log_steps": training,
+        "resumes": resumes,
+        "eb_states": states,
+        "curriculum_steps_compared": dumped,
+        "steps_without_validation_logged": no_val,
+        "flipped_responses": flipped,
+        "vs_uninterrupted": compare_metrics(ref_metrics, camp, list(range(1, total + 1)), set(flipped)),
+    }
+
+
+def flips(out: Path, total: int) -> dict[int, str]:
+    """Steps whose sampled responses differ between the campaign and the uninterrupted run (training rollout,
+    or validation where verl dumped it), from the dumps both wrote."""
+    found = {}
+    for step in range(1, total + 1):
+        for kind, folder in (("rollout", "rollouts"), ("validation", "validation")):
+            paths = [out / f"{folder}_{run}" / f"{step}.jsonl" for run in ("camp", "ref")]
+            if not all(p.is_file() for p in paths):
+                continue
+            camp, ref = (responses(p.read_text().splitlines()) for p in paths)
+            if camp != ref:
+                diff = sum(a != b for a, b in zip(camp, ref, strict=False)) + abs(len(camp) - len(ref))
+                found[step] = f"{kind}: {diff} of {len(ref)} responses differ"
+    return found
+
+
+def _checked(report: dict[str, Any], out: Path, files: dict) -> dict[str, Any]:
+    """``report`` with the checks of its attempts (``ok``, or ``failed`` naming the first invariant that failed)."""
+    report = {k: v for k, v in report.items() if k not in ("checks", "ok", "failed")}
+    try:
+        report["checks"] = check_campaign(out, files, report["attempts"], report["steps"])
+        report["ok"] = report["kills_done"] == report["kills_drawn"]
+    except AssertionError as err:
+        report["ok"], report["failed"] = False, str(err)
+    return report
+
+
+def _campaign(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    total, start = args.steps or args.kills + 3, time.monotonic()
+    files = _smoke().prepare(out)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_signal)
+    ref_wall = _finish(_start(out, files, "ref", total), args.run_timeout)
+    plan = plan_kills(args.seed, args.kills)
+    report: dict[str, Any] = {"seed": args.seed, "kills_drawn": args.kills, "steps": total, "plan": plan,
+                              "reference_wall_s": ref_wall}  # fmt: skip
+    report["attempts"] = run_attempts(out, files, plan, total, args.run_timeout)
+    report["kills_done"] = sum(a["killed"] for a in report["attempts"])
+    report["wall_s"] = round(time.monotonic() - start, 1)
+    (out / "campaign_report.json").write_text(json.dumps(report, indent=1) + "\n")  # before the checks
+    return _checked(report, out, files)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=None, help="number of kills (K >= 1)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the kill points")
+    parser.add_argument("--out", type=Path, required=True, help="a new or empty folder for the runs and the report")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: kills + 3)")
+    parser.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per attempt")
+    parser.add_argument("--recheck", action="store_true", help="only rerun the checks on a finished campaign's --out")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    if args.recheck:
+        if not (out / "campaign_report.json").is_file():
+            parser.error(f"--recheck: {out / 'campaign_report.json'} not found; pass a finished campaign's --out")
+        saved = json.loads((out / "campaign_report.json").read_text())
+        report = _checked(saved, out, {"train": out / "train.parquet"})
+    else:
+        if args.kills is None or args.kills < 1 or args.seed is None:
+            parser.error("give --kills K (K >= 1) and --seed S")
+        if out.exists() and any(out.iterdir()):
+            parser.error(f"--out {out} is not empty; pass a new or empty folder")
+        out.mkdir(parents=True, exist_ok=True)
+        report = _campaign(args, out)
+    (out / "campaign_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1), flush=True)
+    print(f"[campaign] {'OK' if report['ok'] else 'FAILED'}: report {out / 'campaign_report.json'}", flush=True)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

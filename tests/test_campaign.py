@@ -1,0 +1,307 @@
+"""The random-kill campaign (ebpo_verl.cpu.campaign): its invariant checks fed broken cases, its plan, marker and
+landing logic on fabricated events, and (slow, heavy) a small campaign of real verl trainer starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ebpo_verl.algos.ebpo import EBPOState
+from ebpo_verl.cpu import campaign
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _dump_lines(groups: dict[str, list[float]]) -> list[str]:
+    return [json.dumps({"input": text, "score": s}) for text, scores in groups.items() for s in scores]
+
+
+BATCH_1 = {"algebra: x+1": [1.0, 0.0, 1.0, 1.0], "algebra: 2x": [0.0, 0.0, 0.0, 1.0], "geometry: circle": [1.0, 1.0]}
+BATCH_2 = {"geometry: square": [0.0, 1.0, 1.0, 0.0], "number theory: 7": [1.0, 1.0, 1.0, 1.0]}
+
+
+def _label(text: str) -> str:
+    return text.split(":")[0]
+
+
+def _by_hand(values: list[float]) -> list[float]:
+    """[n, mean, M2] straight from the definition (two passes over the values)."""
+    v = np.array(values, dtype=np.float64)
+    return [float(v.size), float(v.mean()), float(((v - v.mean()) ** 2).sum())]
+
+
+def _state_after(*batches: dict[str, list[float]]) -> dict:
+    state = {"steps": 0, "prompts_seen": 0, "responses_seen": 0, "global": None, "clusters": {}}
+    for batch in batches:
+        state = campaign.expected_state(state, campaign.batch_groups(_dump_lines(batch), _label))
+    return state
+
+
+def test_expected_state_equals_the_definition_over_all_batches():
+    state = _state_after(BATCH_1, BATCH_2)
+    groups = [g for b in (BATCH_1, BATCH_2) for g in b.values()]
+    assert (state["steps"], state["prompts_seen"], state["responses_seen"]) == (2, 5, 18)
+    want = {
+        "rewards": _by_hand([x for g in groups for x in g]),
+        "group_means": _by_hand([np.mean(g) for g in groups]),
+        "within_var": _by_hand([np.var(g, ddof=1) for g in groups]),
+        "inv_group_size": _by_hand([1 / len(g) for g in groups]),
+    }
+    campaign.check_state({**state, "global": want, "clusters": state["clusters"]}, state, "global")
+    geometry = [BATCH_1["geometry: circle"], BATCH_2["geometry: square"]]
+    assert state["clusters"]["geometry"]["rewards"] == pytest.approx(_by_hand([x for g in geometry for x in g]))
+    assert state["clusters"]["geometry"]["within_var"] == pytest.approx(_by_hand([np.var(g, ddof=1) for g in geometry]))
+    assert sorted(state["clusters"]) == ["algebra", "geometry", "number theory"]
+
+
+def test_check_state_accepts_the_package_merge():
+    """The package's own EB state after the same two batches (its Chan merge) passes the numpy recomputation."""
+    from ebpo_verl.algos.ebpo import PriorStats
+
+    def stats(groups: list[list[float]]) -> PriorStats:
+        series = ([x for g in groups for x in g], [np.mean(g) for g in groups], [np.var(g, ddof=1) for g in groups],
+                  [1 / len(g) for g in groups])  # fmt: skip
+        table = [_by_hand(values) for values in series]
+        return PriorStats.from_table(table)
+
+    state = EBPOState()
+    for batch in (BATCH_1, BATCH_2):
+        state.global_stats = state.global_stats.merge(stats(list(batch.values())))
+        for label in {_label(t) for t in batch}:
+            part = stats([g for t, g in batch.items() if _label(t) == label])
+            state.clusters[label] = state.clusters.get(label, PriorStats()).merge(part)
+        state.steps, state.prompts_seen = state.steps + 1, state.prompts_seen + len(batch)
+        state.responses_seen += sum(len(g) for g in batch.values())
+    saved = json.loads(json.dumps(state.state_dict()))
+    campaign.check_state(_state_after(BATCH_1, BATCH_2), saved, "package")
+
+
+@pytest.mark.parametrize(
+    ("field", "change", "message"),
+    [
+        (("global", "rewards", 2), 1e-6, "global rewards"),  # a wrong M2
+        (("global", "within_var", 2), -1e-3, "global within_var"),
+        (("clusters", "geometry", "group_means", 1), 1e-7, "cluster 'geometry' group_means"),
+        (("global", "rewards", 0), 1.0, "global rewards"),  # a wrong count
+        (("prompts_seen",), 1, "prompts_seen"),
+    ],
+)
+def test_check_state_refuses_a_wrong_moment(field, change, message):
+    want = _state_after(BATCH_1, BATCH_2)
+    got = json.loads(json.dumps(want))
+    *path, last = field
+    target = got
+    for key in path:
+        target = target[key]
+    target[last] += change
+    with pytest.raises(AssertionError, match=message):
+        campaign.check_state(want, got, "step 2")
+
+
+def test_check_state_refuses_a_missing_or_extra_cluster():
+    want = _state_after(BATCH_1, BATCH_2)
+    got = json.loads(json.dumps(want))
+    del got["clusters"]["number theory"]
+    with pytest.raises(AssertionError, match="clusters"):
+        campaign.check_state(want, got, "step 2")
+
+
+def test_a_batch_left_out_or_counted_twice_is_refused():
+    once = _state_after(BATCH_1, BATCH_2)
+    with pytest.raises(AssertionError, match="steps"):
+        campaign.check_state(_state_after(BATCH_1, BATCH_2, BATCH_2), once, "replayed batch")
+    skipped = _state_after(BATCH_1)
+    with pytest.raises(AssertionError):
+        campaign.check_state(once, {**skipped, "steps": 2, "prompts_seen": 5, "responses_seen": 18}, "lost batch")
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([1, 2, 2, 3, 4], r"duplicated \[2\]"),
+        ([1, 2, 4], r"missing \[3\]"),
+        ([1, 3, 2, 4], "want 1..4"),
+        ([], "missing"),
+    ],
+)
+def test_check_steps_once_refuses_a_duplicated_missing_or_reordered_step(steps, message):
+    with pytest.raises(AssertionError, match=message):
+        campaign.check_steps_once(steps, 4)
+    campaign.check_steps_once([1, 2, 3, 4], 4)
+
+
+def test_compare_metrics_within_tolerance_and_beyond():
+    ref = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.25, "timing_s/gen": 3.0, "rollout_corr/chi2_seq": 0.01}}
+    close = {
+        1: {"actor/pg_loss": 0.5 + 1e-7, "critic/score/mean": 0.25, "timing_s/gen": 9.0, "rollout_corr/chi2_seq": 0.03}
+    }
+    out = campaign.compare_metrics(ref, close, [1], set())
+    assert out["compared_keys"] == 2 and out["exact_keys"] == 1 and out["beyond_tolerance"] == []
+    assert out["max_abs_diff"]["actor/pg_loss"] == pytest.approx(1e-7)
+    flipped = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.3125}}  # one of 16 responses flipped
+    with pytest.raises(AssertionError, match="critic/score/mean"):
+        campaign.compare_metrics(ref, flipped, [1], set())
+    # a flip the dumps show at the last step is reported, not raised; one at an earlier step only reported
+    assert campaign.compare_metrics(ref, flipped, [1], {1})["beyond_tolerance"] == ["step 1 critic/score/mean"]
+    two = {1: ref[1], 2: ref[1]}
+    assert campaign.compare_metrics(two, {1: flipped[1], 2: ref[1]}, [1, 2], set())["beyond_tolerance"] == [
+        "step 1 critic/score/mean"
+    ]
+
+
+def test_responses_ignore_the_finishing_order():
+    a = [json.dumps({"input": "p", "output": o}) for o in ("x", "y")]
+    assert campaign.responses(a) == campaign.responses(a[::-1])
+    assert campaign.responses(a) != campaign.responses([a[0], a[0]])
+
+
+def _fabricated_attempts(out: Path, first_steps: list[int], resumed: list[int], said: list[int]) -> list[dict]:
+    """A campaign folder's log and marker for attempts resuming from ``resumed``, each saying ``said`` times that
+    it resumes and first rolling out ``first_steps``."""
+    attempts, log, marker = [], b"", b""
+    for i, (first, c, times) in enumerate(zip(first_steps, resumed, said, strict=True)):
+        attempts.append({"resumed_from": c, "log_offset": len(log), "marker_offset": len(marker),
+                         "killed": i < len(resumed) - 1})  # fmt: skip
+        log += f"pre-flight: ok (...; resumes from {out / 'ckpt_camp' / f'global_step_{c}'})\n".encode() * times
+        marker += (json.dumps(_event(float(i), "enter", first, "rollout")) + "\n").encode()
+    (out / "camp.log").write_bytes(log)
+    (out / "marker_camp.jsonl").write_bytes(marker)
+    return attempts
+
+
+def test_check_attempts_accepts_resumes_that_continue(tmp_path):
+    attempts = _fabricated_attempts(tmp_path, [1, 2, 4], [0, 1, 3], [0, 1, 1])
+    rows = campaign.check_attempts(tmp_path, attempts)
+    assert [(r["resumed_from"], r["first_step"]) for r in rows] == [(0, 1), (1, 2), (3, 4)]
+
+
+@pytest.mark.parametrize(
+    ("first", "said", "message"),
+    [([1, 3, 4], [0, 1, 1], "attempt 2 resumed from step 1 but its first step was 3"),  # a step skipped
+     ([1, 1, 4], [0, 1, 1], "attempt 2 resumed from step 1 but its first step was 1"),  # a step redone
+     ([1, 2, 4], [0, 0, 1], "attempt 2: said 0 times"),
+     ([1, 2, 4], [0, 2, 1], "attempt 2: said 2 times")],
+)  # fmt: skip
+def test_check_attempts_refuses_a_rerun_that_does_not_continue(tmp_path, first, said, message):
+    with pytest.raises(AssertionError, match=message):
+        campaign.check_attempts(tmp_path, _fabricated_attempts(tmp_path, first, [0, 1, 3], said))
+
+
+def test_plan_covers_every_phase_and_depends_on_the_seed():
+    plan = campaign.plan_kills(8, 8)
+    assert set(p["phase"] for p in plan[:6]) == set(campaign.PHASES) and len(plan) == 8
+    assert plan == campaign.plan_kills(8, 8) and plan != campaign.plan_kills(2, 8)
+    assert all(p["step_offset"] in (1, 2) and 0.1 <= p["fraction"] <= 0.9 for p in plan)
+
+
+def _event(t, event, step, phase):
+    return {"t": t, "event": event, "step": step, "phase": phase}
+
+
+STEP = [
+    _event(10.0, "enter", 3, "rollout"),
+    _event(14.0, "enter", 3, "old_log_prob"),
+    _event(15.0, "leave", 3, "old_log_prob"),
+    _event(15.5, "enter", 3, "update_actor"),
+    _event(17.5, "leave", 3, "update_actor"),
+    _event(17.6, "leave", 3, "rollout"),
+    _event(17.7, "enter", 3, "save"),
+    _event(18.7, "leave", 3, "save"),
+    _event(18.8, "enter", 3, "weight_sync"),
+    _event(18.9, "leave", 3, "weight_sync"),
+    _event(19.0, "enter", 3, "validate"),
+    _event(21.0, "leave", 3, "validate"),
+]
+
+
+@pytest.mark.parametrize(
+    ("t", "phase", "seconds_in"),
+    [
+        (5.0, "init", None),
+        (12.0, "rollout", 2.0),
+        (14.5, "old_log_prob", 0.5),
+        (15.2, "after old_log_prob", 0.2),
+        (16.0, "update_actor", 0.5),
+        (18.0, "save", 0.3),
+        (18.75, "after_save", 0.05),
+        (18.85, "weight_sync", 0.05),
+        (19.5, "validate", 0.5),
+        (21.5, "after validate", 0.5),
+    ],
+)
+def test_landing_is_the_innermost_phase_at_the_kill(t, phase, seconds_in):
+    got = campaign.landing(STEP, t)
+    assert got["phase"] == phase and got["seconds_in"] == (None if seconds_in is None else pytest.approx(seconds_in))
+
+
+def test_landing_after_a_hold_and_segment_lengths():
+    held = [*STEP[:8], _event(18.71, "hold", 3, "after_save")]
+    assert campaign.landing(held, 30.0) == {"phase": "after_save", "step": 3, "seconds_in": pytest.approx(11.29)}
+    lengths = campaign.segment_lengths(STEP)
+    assert lengths["rollout"] == pytest.approx(4.0) and lengths["save"] == pytest.approx(1.0)
+    assert lengths["validate"] == pytest.approx(2.0)
+
+
+def test_marker_records_the_watchdog_phases_and_holds(tmp_path, monkeypatch):
+    """In a child process (the wrapper patches the watchdog class): enter/leave events, and the hold after the
+    save of the step named in the .hold file."""
+    marker = tmp_path / "m.jsonl"
+    (tmp_path / "m.jsonl.hold").write_text("2")
+    code = (
+        "import ebpo_verl.cpu.campaign as c; c.HOLD_S = 0.3\n"
+        f"c.install_marker({str(marker)!r})\n"
+        "from ebpo_verl.trainer.watchdog import StepWatchdog\n"
+        "w = StepWatchdog(None)\n"
+        "for step in (1, 2):\n"
+        "    p = w.enter(step, 'save'); w.leave(p)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(campaign.MARKER_ENV, None)
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    events = [(e["event"], e["step"], e["phase"]) for e in campaign.read_events(marker)]
+    assert events == [("enter", 1, "save"), ("leave", 1, "save"), ("enter", 2, "save"), ("leave", 2, "save"),
+                      ("hold", 2, "after_save")]  # fmt: skip
+    assert time.monotonic() - start >= 0.3
+
+
+def test_read_events_leaves_a_torn_last_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(_event(1.0, "enter", 1, "rollout")) + "\n" + '{"t": 2.0, "ev')
+    assert [e["phase"] for e in campaign.read_events(path)] == ["rollout"]
+    assert campaign.read_events(tmp_path / "none.jsonl") == []
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_small_campaign_resumes_to_the_same_state(tmp_path):
+    """K = 2 kills (seed 2: mid-rollout of step 2, then in step 2's validation, after its checkpoint and before its
+    log call; 4 steps) on real verl trainer starts: the reference run, two killed attempts and the last rerun;
+    every invariant holds (the module exits 1 naming the first that fails). Past its limit the campaign gets
+    SIGTERM, which kills the running attempt's process tree."""
+    out = tmp_path / "campaign"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "ebpo_verl.cpu.campaign", "--kills", "2", "--seed", "2", "--steps", "4"]
+    proc = subprocess.Popen([*cmd, "--out", str(out), "--run-timeout", "600"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        text, _ = proc.communicate(timeout=1500)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, text[-6000:]
+    report = json.loads((out / "campaign_report.json").read_text())
+    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 4
+    assert report["checks"]["metrics_log_steps"] == [1, 2, 3, 4]
+    assert [a["killed"] for a in report["attempts"]] == [True, True, False]
+    assert [a["target"]["phase"] for a in report["attempts"][:2]] == ["rollout", "validate"]
+    assert all(a["left_processes"] == 0 for a in report["attempts"][:2])
+    assert {s["resumed_from"] for s in report["checks"]["eb_states"]} == {a["resumed_from"] for a in report["attempts"]}
