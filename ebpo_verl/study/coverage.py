@@ -103,8 +103,8 @@ EBPO - X in pass@{k}, paired by seed as above:
 
 {paired_verdict(pairs)}""")
     parts.append(
-        "What this measures: whether a final policy still puts probability on the right answer of prompts it "
-        "rarely solves (pass@64 counts a prompt with p = 0.05 as 96% solved). It compares the estimators' coverage "
+        "What this measures: whether a final policy still puts probability on the right answer of prompts it\n"
+        "rarely solves (pass@64 counts a prompt with p = 0.05 as 96% solved). It compares the estimators' coverage\n"
         "on this testbed only: one warm start, a ~10^5-parameter model, answers of a few tokens."
     )
     return "\n\n".join(parts) + "\n\n"
