@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from ebpo_verl.ops.atomic import atomic_write_text
@@ -75,9 +76,28 @@ def _paired(summary: dict, gs: list[int]) -> str:
     return "\n".join(rows)
 
 
+def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
+    """One line: EBPO - X in final held-out pass@k per G, "+0.012 (4/4)" (mean, seeds EBPO won / seeds)."""
+    pairs = summary["paired_pass_at_k"][k]
+    at = {(p["baseline"], p["group_size"]): p for p in pairs}
+
+    def cell(p: dict | None) -> str:
+        return "n/a" if p is None or p["diff"][0] is None else f"{p['diff'][0]:+.3f} ({p['wins']}/{p['diff'][2]})"
+
+    xs = dict.fromkeys(p["baseline"] for p in pairs)
+    parts = [f"{x} " + " / ".join(cell(at.get((x, g))) for g in gs) for x in xs]
+    warm = summary["warm_start_heldout_pass_at_k"][k]
+    line = (
+        f"Coverage: held-out pass@{k} (exact, from each prompt's success probability p: mean of 1 - (1 - p)^{k}; "
+        f"warm start {warm:.3f}), paired EBPO - X at G = {' / '.join(map(str, gs))}: " + "; ".join(parts) + "."
+    )
+    return textwrap.fill(line, width=115, break_on_hyphens=False, break_long_words=False)
+
+
 def render(summary: dict) -> str:
     """The README block for one study summary: final held-out accuracy (with each estimator's learning rate),
-    the paired differences EBPO - X and the training signal by G (steps to the target: study.md)."""
+    the paired differences EBPO - X, one line on coverage (EBPO - X in pass@64) and the training signal by G (steps
+    to the target, pass@8 and the intervals of pass@k: study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
         head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
@@ -112,6 +132,8 @@ in which EBPO ends higher:
 
 {paired_head}
 {_paired(summary, gs)}
+
+{_coverage(summary, gs)}
 
 Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
 updates clipped at norm {summary["grad_clip"]:g}:
