@@ -88,8 +88,8 @@ def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
     parts = [f"{x} " + " / ".join(cell(at.get((x, g))) for g in gs) for x in xs]
     warm = summary["warm_start_heldout_pass_at_k"][k]
     line = (
-        f"Coverage: held-out pass@{k} (exact, from each prompt's success probability p: mean of 1 - (1 - p)^{k}; "
-        f"warm start {warm:.3f}), paired EBPO - X at G = {' / '.join(map(str, gs))}: " + "; ".join(parts) + "."
+        f"Coverage: EBPO - X in held-out pass@{k} (exact; warm start {warm:.3f}), paired, at G = "
+        f"{' / '.join(map(str, gs))}: " + "; ".join(parts) + "."
     )
     return textwrap.fill(line, width=115, break_on_hyphens=False, break_long_words=False)
 

@@ -73,8 +73,7 @@ in which EBPO ends higher:
 |---|---|---|
 | grpo | +0.016 ± 0.041 (1/2) | -0.002 (0/1) |
 
-Coverage: held-out pass@64 (exact, from each prompt's success probability p: mean of 1 - (1 - p)^64; warm start
-0.804), paired EBPO - X at G = 2 / 4: grpo +0.010 (2/2) / n/a.
+Coverage: EBPO - X in held-out pass@64 (exact; warm start 0.804), paired, at G = 2 / 4: grpo +0.010 (2/2) / n/a.
 
 Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
 updates clipped at norm 5:
