@@ -187,10 +187,10 @@ Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall
 """
 
 
-CROSS_MACHINE = """the quick preset rerun on a second 2-core AMD EPYC machine with the same torch 2.13.0+cpu and the
-  same code gave a warm start of 0.36201 (committed run: 0.36154), GRPO's held-out gain at G=8 +0.093 (committed:
-  +0.107) and EBPO - GRPO at G=2 +0.018 ± 0.009 (committed: +0.025 ± 0.012; 4 of 4 seeds on both machines): read
-  a difference below about 0.015 as within what another machine gives (docs/study.md, Precision)."""
+CROSS_MACHINE = """the quick preset on two 2-core AMD EPYC machines with the same torch 2.13.0+cpu and the same
+  code gave warm starts of 0.36154 and 0.36201, GRPO held-out gains at G=8 of +0.107 and +0.093, and EBPO - GRPO
+  at G=2 of +0.025 ± 0.012 and +0.018 ± 0.009 (4 of 4 seeds on both): read a difference below about 0.015 as
+  within what another machine gives (docs/study.md, Precision)."""
 """The measured cross-machine variation, as the report states it."""
 
 
