@@ -114,7 +114,7 @@ def render(summary: dict) -> str:
         clipped = max(100 * _cell(summary, e, g)["clipped"][0] for e in ests for g in gs)
         signal = textwrap.fill(
             f"Training signal, mean over steps and seeds, G = {' / '.join(map(str, gs))}: groups with zero advantage "
-            f"{zero}; updates clipped at norm {summary['grad_clip']:g}: at most {clipped:.0f}% in any cell "
+            f"{zero}; updates clipped at norm {summary['grad_clip']:g}: at most {clipped:.1f}% in any cell "
             "(gradient norms: study.md).",
             width=115,
             break_on_hyphens=False,

@@ -76,7 +76,7 @@ in which EBPO ends higher:
 Coverage, EBPO - X in held-out pass@64 (warm start 0.804), G = 2 / 4: grpo +0.010 (2/2) / n/a.
 
 Training signal, mean over steps and seeds, G = 2 / 4: groups with zero advantage grpo 79% / 50%; ebpo 0% / 0%;
-updates clipped at norm 5: at most 100% in any cell (gradient norms: study.md).
+updates clipped at norm 5: at most 99.6% in any cell (gradient norms: study.md).
 """
 
 
