@@ -247,6 +247,7 @@ class _Learner:
 
     @classmethod
     def start(cls, base: TinyPolicy, cfg: RLConfig) -> _Learner:
+        """A trainable copy of ``base`` (``base`` itself is the frozen reference) with AdamW at ``cfg.lr``."""
         model, ref = copy.deepcopy(base), base
         ref.eval()
         actor_cfg = ActorConfig(
@@ -266,7 +267,9 @@ STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
 """What every RL step logs."""
 
 
-def _log_signal(log: dict, est: Estimator, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int):
+def _log_signal(
+    log: dict, est: Estimator, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
+) -> None:
     """The step's training signal: zero-signal and uniform groups, mean reward, EBPO's mean shrinkage and the
     keyed trackers' share of prompts seen before."""
     p = len(rewards) // g
