@@ -32,3 +32,45 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
         except FileNotFoundError:
             pass
     return unlinked
+
+
+ORPHAN_PREFIXES = ("psm_", "sem.loky-", "verl_weights_")
+"""``/dev/shm`` names a run's processes create and a SIGKILL leaves behind: vLLM's message queues, joblib/loky's
+semaphores (vLLM's CPU workers), verl's weight-sync buffers."""
+
+
+def _in_use(shm: str) -> set[str]:
+    """The ``/dev/shm`` paths some live process of this node holds open or has mapped (all of them, as root)."""
+    used: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                used |= {line.split(None, 5)[-1].strip() for line in maps if f" {shm}/" in line}
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(f"{shm}/"):
+                    used.add(target)
+        except OSError:  # gone, or not ours to read (then its names are left alone: see below)
+            continue
+    return used
+
+
+def unlink_orphaned_shm(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ORPHAN_PREFIXES) -> list[str]:
+    """Unlink the segments and semaphores of :data:`ORPHAN_PREFIXES` that no live process holds open or maps:
+    what killed processes of earlier runs (or attempts) left in RAM. The driver calls it before and after a run
+    (on its own node). Without the rights to read every process (not root), nothing is unlinked: a name another
+    user's live process uses would look orphaned. Returns the unlinked paths."""
+    if os.geteuid() != 0 or not os.path.isdir(shm):
+        return []
+    candidates = sorted(f"{shm}/{n}" for n in os.listdir(shm) if n.startswith(prefixes))
+    if not candidates:
+        return []
+    used = _in_use(shm)
+    unlinked = []
+    for path in (p for p in candidates if p not in used):
+        try:
+            os.unlink(path)
+            unlinked.append(path)
+        except FileNotFoundError:
+            pass
+    return unlinked
