@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 
+from ebpo_verl.cpu import backend
 from ebpo_verl.cpu.smoke import continuation, evaluation, faults, limits, scan, settings
 from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
 
@@ -262,6 +263,8 @@ def test_device_cuda_overrides():
     assert "trainer.device=cuda" in cuda and not [o for o in cuda if "VERL_PLATFORM" in o or "device=cpu" in o]
     assert f"{env}.VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend" in cuda  # registers the hf rollout
     assert "actor_rollout_ref.rollout.name=hf" in cuda and "actor_rollout_ref.actor.strategy=fsdp2" in cuda
+    assert f"{env}.EBPO_HF_ROLLOUT_DEVICE=cuda" in cuda  # the hf rollout's model on the same GPU
+    assert settings.HF_DEVICE_ENV == backend.HF_DEVICE_ENV
     assert set(cpu) - set(cuda) == {"trainer.device=cpu", f"{env}.VERL_PLATFORM=cpu"}
     assert settings.run_env("cpu")["VERL_PLATFORM"] == "cpu" and "VERL_PLATFORM" not in settings.run_env("cuda")
 

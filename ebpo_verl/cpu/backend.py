@@ -84,6 +84,8 @@ from ebpo_verl.shm import unlink_engine_shm  # noqa: E402
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
+HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"
+"""Device of the ``hf`` rollout server's model (default ``cpu``; the smoke run's ``--device cuda`` sets ``cuda``)."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -301,7 +303,8 @@ class HFRolloutServer:
         self.config = omega_conf_to_dataclass(config)
         self.replica_rank = replica_rank
         path = copy_to_local(model_config["path"], use_shm=model_config.get("use_shm", False))
-        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        self.device = torch.device(os.environ.get(HF_DEVICE_ENV, "cpu"))
+        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).to(self.device).eval()
         self.eos_token_id = self.model.generation_config.eos_token_id or self.model.config.eos_token_id
         self.pad_token_id = self.model.config.pad_token_id
         if self.pad_token_id is None:
@@ -381,7 +384,7 @@ class HFRolloutServer:
             output_logits=want_logprobs,
         )
         signature = json.dumps([prompt_ids, sorted(params.items())], default=str)
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with self._lock, torch.no_grad():
             k = self._served[signature]
             self._served[signature] += 1

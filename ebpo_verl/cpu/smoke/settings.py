@@ -33,6 +33,7 @@ VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
 DEVICES = ("cpu", "cuda")
 BACKEND = "ebpo_verl.cpu.backend"
+HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"  # ebpo_verl.cpu.backend.HF_DEVICE_ENV (not imported: it loads torch)
 RUN_ENV = {
     "VERL_USE_EXTERNAL_MODULES": BACKEND,
     "TOKENIZERS_PARALLELISM": "false",
@@ -110,10 +111,13 @@ def rollout_overrides(rollout: str) -> list[str]:
 def device_overrides(device: str) -> list[str]:
     """``cpu``: the CPU backend's platform (gloo) in every Ray worker. ``cuda``: verl's own CUDA platform, so
     the actor and the reference run on the GPU over NCCL; the CPU backend is still loaded in every worker (it
-    registers the ``hf`` rollout, which runs on the same GPU's node); the rest is as on CPU."""
+    registers the ``hf`` rollout, whose model it puts on the same GPU: ``EBPO_HF_ROLLOUT_DEVICE=cuda``); the rest
+    is as on CPU. Never run on a GPU here (none was lent): only the overrides are tested."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     out = [f"trainer.device={device}", f"{env}.VERL_USE_EXTERNAL_MODULES={BACKEND}"]
-    return out + [f"{env}.VERL_PLATFORM=cpu"] if device == "cpu" else out
+    if device == "cpu":
+        return [*out, f"{env}.VERL_PLATFORM=cpu"]
+    return [*out, f"{env}.{HF_DEVICE_ENV}=cuda"]
 
 
 def _ray(ray_tmp: str, cluster: str | None) -> list[str]:
