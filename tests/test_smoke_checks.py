@@ -299,3 +299,15 @@ def test_sigterm_to_the_smoke_script_leaves_nothing_and_without_the_handler_it_d
     for p in left:
         p.kill()
     assert bool(left) is not with_handler, f"left: {scan.describe(left)}"
+
+
+def test_each_node_gets_its_own_ports_and_the_head_the_gcs_port():
+    from ebpo_verl.cpu.smoke.cluster import node_command
+
+    ports = list(range(30001, 30016))
+    head, second = (node_command("ray", n, "127.0.0.1:30000", ports, "/t") for n in (0, 1))
+    assert "--port=30000" in head and "--ray-client-server-port=30015" in head
+    assert "--node-manager-port=30001" in head and "--node-manager-port=30008" in second
+    assert "--address=127.0.0.1:30000" in second and "--temp-dir=/t/1" in second
+    used = [int(a.split("=")[1]) for a in head + second if a.split("=")[0].endswith("-port") and "worker" not in a]
+    assert len(used) == len(set(used)) == 1 + 6 * 2 + 1, used  # gcs, 6 per node, the client server

@@ -38,7 +38,8 @@ def free_ports(count: int) -> list[int]:
 
 
 def node_command(ray: str, node: int, address: str, ports: list[int], temp: str) -> list[str]:
-    """``ray start`` of node ``node`` (0: the head) with its own ports and temp folder, one ``GPU`` resource."""
+    """``ray start`` of node ``node`` (0: the head, at ``address``) with its own ports (7 per node, then the head's
+    client-server port) and temp folder, one ``GPU`` resource."""
     gcs = address.rsplit(":", 1)[1]
     if node == 0:
         cmd = [ray, "start", "--head", f"--port={gcs}", "--include-dashboard=false"]
@@ -91,7 +92,7 @@ class LocalCluster:
         for node in range(NODES):
             os.makedirs(f"{self.temp}/{node}")
             log = open(Path(self.temp) / f"ray_start_{node}.log", "w")  # noqa: SIM115  (closed with the process)
-            cmd = node_command(ray, node, self.address, [gcs, *ports], self.temp)
+            cmd = node_command(ray, node, self.address, ports, self.temp)
             self.procs.append(
                 subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             )
