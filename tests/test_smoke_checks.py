@@ -85,6 +85,10 @@ def test_an_entry_made_during_the_run_and_held_by_nobody_is_left_whoever_made_it
     now = {"old", "other-live", "sem.loky-abc", "psm_1", "theirs"}
     left = scan.leftover_shm(before, now, held={"theirs"}, seen={"psm_1": "VLLM::EngineCore"})
     assert left == {"psm_1": "VLLM::EngineCore", "sem.loky-abc": "?"}
+    # a semaphore never seen held: named after the run's process whose pid its name carries
+    now.add("sem.loky-16470-1cwwqyl3")
+    left = scan.leftover_shm(before, now, {"theirs"}, {}, titles={16470: "VLLM::Worker", 99: "raylet"})
+    assert left["sem.loky-16470-1cwwqyl3"] == "made by pid 16470 (VLLM::Worker)" and left["psm_1"] == "?"
     with pytest.raises(AssertionError, match=r"/dev/shm entries left .*sem.loky-abc"):
         scan.check_none_left("the cluster", [], left)
     with pytest.raises(AssertionError, match=r"processes left: \[\(7, 'raylet'\)\]"):

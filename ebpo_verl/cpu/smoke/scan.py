@@ -18,6 +18,7 @@ swallowed: only a process that vanished between listing and reading (``psutil.No
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import uuid
@@ -110,10 +111,19 @@ def describe(procs: list[psutil.Process]) -> list[tuple[int, str]]:
     return out
 
 
-def leftover_shm(before: set[str], now: set[str], held: set[str], seen: dict[str, str]) -> dict[str, str]:
+def creator(name: str, titles: dict[int, str]) -> str:
+    """The run's process whose pid an entry's name carries (``sem.loky-<pid>-...``, ``sem.mp-<pid>-...``), if the
+    scan saw it, else "?"."""
+    pids = [int(part) for part in re.split(r"[-_.]", name) if part.isdigit()]
+    return next((f"made by pid {pid} ({titles[pid]})" for pid in pids if pid in titles), "?")
+
+
+def leftover_shm(
+    before: set[str], now: set[str], held: set[str], seen: dict[str, str], titles: dict[int, str] | None = None
+) -> dict[str, str]:
     """Entries of ``now`` that were not in ``before`` and that no other live process holds, each with the run's
-    process seen holding it ("?" if the scan never saw its holder)."""
-    return {name: seen.get(name, "?") for name in sorted(now - before - held)}
+    process seen holding it, else the one whose pid its name carries (:func:`creator`), else "?"."""
+    return {name: seen.get(name) or creator(name, titles or {}) for name in sorted(now - before - held)}
 
 
 def check_sighted(what: str, ray_seen: int, shm_seen: int, need_shm: bool) -> str:
@@ -142,6 +152,7 @@ class Watch:
         self.before = shm_names()
         self.ray_seen: set[int] = set()
         self.shm_seen: dict[str, str] = {}  # name -> title of the first tagged process seen holding it
+        self.titles: dict[int, str] = {}  # pid -> title of every tagged process seen
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -156,7 +167,7 @@ class Watch:
             try:
                 if is_ray(proc):
                     self.ray_seen.add(proc.pid)
-                holder = title(proc)[:60]
+                holder = self.titles.setdefault(proc.pid, title(proc)[:60])
             except _VANISHED:
                 continue
             for path in shm_paths(proc.pid):
@@ -187,7 +198,7 @@ class Watch:
         seen = check_sighted(self.what, len(self.ray_seen), len(self.shm_seen), self.need_shm)
         procs = self.wait_gone(grace)
         mine = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
-        shm = leftover_shm(self.before, shm_names(), held_by_others(mine), self.shm_seen)
+        shm = leftover_shm(self.before, shm_names(), held_by_others(mine), self.shm_seen, self.titles)
         check_none_left(self.what, procs, shm)
         return (
             f"{seen}; none is left, and no /dev/shm entry made since its start is left (of "
