@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 import ebpo_verl
-from ebpo_verl.baselines import SPO_STATE
+from ebpo_verl.algos.baselines import SPO_STATE
 
 DEFAULT_SHAPES = "512x16x4096,512x4x8192"
 TARGET = 1.0

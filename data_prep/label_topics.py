@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.schema import bare_problem, one_line_errors, read_prepared, with_extra_info, write_parquet_atomic
-from ebpo_verl.extras import require
+from ebpo_verl.ops.extras import require
 
 UMAP_NEIGHBORS, UMAP_COMPONENTS, UMAP_METRIC = 15, 5, "cosine"
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ebpo_verl.atomic import atomic_write
+from ebpo_verl.ops.atomic import atomic_write
 from ebpo_verl.reward import missing_ground_truth
 
 DAPO_PREFIX = (
@@ -350,7 +350,7 @@ def build_rows(
 
 
 def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
-    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.atomic.atomic_write`: mode 0666 less the umask).
+    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`: mode 0666 less the umask).
 
     A failure at any point leaves no file (and no partial file) at ``path``.
     """

@@ -1,8 +1,8 @@
 """EBPO (Empirical-Bayes Policy Optimization) for verl 0.9.1.
 
 Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
-arXiv 2602.05165. The math lives in :mod:`ebpo_verl.estimator` (torch only); the verl glue in
-:mod:`ebpo_verl.verl_adapter`, which verl loads through the ``verl.plugins`` entry point.
+arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos.ebpo` (torch only); the verl glue in
+:mod:`ebpo_verl.trainer.adapter`, which verl loads through the ``verl.plugins`` entry point.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ebpo_verl.version import __version__
 
 if TYPE_CHECKING:
-    from ebpo_verl.estimator import EBPOState
+    from ebpo_verl.algos.ebpo import EBPOState
 
 __all__ = ["__version__", "get_state", "register"]
 
@@ -24,13 +24,13 @@ def register() -> None:
     verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
     rollout. Idempotent.
     """
-    from ebpo_verl.verl_adapter import register as _register
+    from ebpo_verl.trainer.adapter import register as _register
 
     _register()
 
 
 def get_state() -> EBPOState:
     """The running EB statistics of this process (one per training run)."""
-    from ebpo_verl.estimator import GLOBAL_STATE
+    from ebpo_verl.algos.ebpo import GLOBAL_STATE
 
     return GLOBAL_STATE

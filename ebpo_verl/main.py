@@ -1,8 +1,8 @@
 """Training entry point: ``python -m ebpo_verl.main [overrides]`` / ``ebpo-train [overrides]``.
 
 verl's ``main_ppo`` flow with the package config (``config/ebpo_trainer.yaml``: verl's ``ppo_trainer`` plus the
-EBPO deltas) and :class:`~ebpo_verl.trainer.EBPOTaskRunner`. Before Ray starts, the pre-flight
-(:func:`ebpo_verl.preflight.preflight`: our checks, verl's ``validate_config`` at the configured world size, at
+EBPO deltas) and :class:`~ebpo_verl.trainer.ray_trainer.EBPOTaskRunner`. Before Ray starts, the pre-flight
+(:func:`ebpo_verl.trainer.preflight.preflight`: our checks, verl's ``validate_config`` at the configured world size, at
 least one step per epoch) runs; ``--cfg job`` runs the same pre-flight, reports ``pre-flight: ok`` on stderr
 and prints the composed config on stdout without starting Ray. Every refusal is one line
 ``ebpo-train: error: ...`` on stderr with exit status 2.
@@ -18,12 +18,12 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from ebpo_verl.errors import EBPOConfigError, one_line
-from ebpo_verl.option_parsing import unknown_option_message
-from ebpo_verl.options import STATEFUL
-from ebpo_verl.preflight import preflight
+from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.options.parsing import unknown_option_message
+from ebpo_verl.trainer.preflight import preflight
+from ebpo_verl.trainer.run_options import STATEFUL
 
-CONFIG_MODULE = "ebpo_verl.config"
+CONFIG_MODULE = "ebpo_verl.trainer.config"
 CONFIG_NAME = "ebpo_trainer"
 PREFIXES = {f"{entry.section}.": entry.option_keys for entry in STATEFUL.values()}
 """Override prefixes whose keys :func:`check_overrides` checks (did-you-mean instead of Hydra's ``+`` advice)."""
@@ -43,7 +43,7 @@ def check_overrides(overrides: list[str]) -> None:
     only advise appending ``+``).
 
     Overrides Hydra cannot parse are left to Hydra's own message; ``+``/``++`` additions reach
-    :class:`~ebpo_verl.options.RunOptions`, which refuses unknown keys with the same message.
+    :class:`~ebpo_verl.trainer.run_options.RunOptions`, which refuses unknown keys with the same message.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -130,13 +130,13 @@ def show_job(args) -> None:
 
 
 def _holding_run_outputs(run: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
-    """``run`` inside :func:`~ebpo_verl.checkpoint.run_lock.hold_run_outputs`: one training process per checkpoint
-    folder and metrics log; a second one is refused at once (one line naming the holder)."""
+    """``run`` inside :func:`~ebpo_verl.trainer.checkpoint.run_lock.hold_run_outputs`: one training
+    process per checkpoint folder and metrics log; a second one is refused at once (one line naming the holder)."""
 
     @functools.wraps(run)
     def locked(config: DictConfig) -> None:
-        from ebpo_verl.checkpoint.run_lock import hold_run_outputs
-        from ebpo_verl.locking import LockHeldError
+        from ebpo_verl.ops.locking import LockHeldError
+        from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs
 
         try:
             outputs = hold_run_outputs(config.trainer)
@@ -161,7 +161,7 @@ def train(config: DictConfig) -> None:
 
     from omegaconf import open_dict
 
-    from ebpo_verl.provenance import LAUNCH_COMMAND_KEY
+    from ebpo_verl.ops.provenance import LAUNCH_COMMAND_KEY
 
     with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
         config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
@@ -169,8 +169,8 @@ def train(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
-    from ebpo_verl.trainer import EBPOTaskRunner
-    from ebpo_verl.watchdog import failures_reported
+    from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
+    from ebpo_verl.trainer.watchdog import failures_reported
 
     auto_set_device(config)
     with failures_reported(config):  # a dead or hung worker: one line, exit 1

@@ -17,8 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.provenance import describe_hardware, short_commit
+from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.provenance import describe_hardware, short_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPECS = ("quick=docs/study_quick.json",)

@@ -24,7 +24,7 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.baselines import (
+from ebpo_verl.algos.baselines import (
     BNPO_DIAGNOSTICS,
     SPO_STATE,
     SPOOptions,
@@ -33,17 +33,17 @@ from ebpo_verl.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
-from ebpo_verl.checkpoint.state import load_state
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.options import SPO
-from ebpo_verl.preflight import check_config
-from ebpo_verl.preflight.data import check_prompt_keys
-from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
-from ebpo_verl.verl_adapter import StepInputs, step_inputs
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+from ebpo_verl.trainer.checkpoint.state import load_state
+from ebpo_verl.trainer.preflight import check_config
+from ebpo_verl.trainer.preflight.data import check_prompt_keys
+from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.run_options import SPO
 
 EPS = 1e-6
 REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
 
 @pytest.fixture(autouse=True)
@@ -613,7 +613,7 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
             return before, {n: get_adv_estimator_fn(n).__module__ for n in ("shrinkage_js", "bnpo", "spo", "ebpo")}
 
     before, modules = ray_local.get(Probe.remote().check.remote(), timeout=300)
-    assert not before and set(modules.values()) == {"ebpo_verl.verl_adapter"}
+    assert not before and set(modules.values()) == {"ebpo_verl.trainer.adapter"}
 
 
 @pytest.mark.slow

@@ -17,15 +17,15 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.checkpoint.resume import loaded_folder, step_folder
-from ebpo_verl.checkpoint.state import load_state, save_state
-from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
-from ebpo_verl.metrics_log import MetricsLog, read_metrics_log
-from ebpo_verl.options import EBPO
-from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
-from ebpo_verl.verl_adapter import StepInputs, step_inputs
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, compute_ebpo_advantages
+from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
+from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
+from ebpo_verl.trainer.checkpoint.state import load_state, save_state
+from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.run_options import EBPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 PROMPTS, GROUP, TOPICS = 4, 4, ("algebra", "geometry", "number_theory")
 
 
@@ -393,7 +393,7 @@ def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tok
         "data.train_batch_size=8",
         "data.dataloader_num_workers=0",
         "data.shuffle=false",
-        "data.custom_cls.path=pkg://ebpo_verl.curriculum",
+        "data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum",
         "data.custom_cls.name=CurriculumDataset",
         "+data.curriculum.order=topic",
         "+data.curriculum.seed=3",

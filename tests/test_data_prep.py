@@ -443,7 +443,7 @@ def test_all_local_dir_errors_name_local_dir(hub_data, tmp_path, capsys):
 UMASK_WRITE = """
 import os, sys
 os.umask(int(sys.argv[1], 8))
-from ebpo_verl.atomic import atomic_write_text
+from ebpo_verl.ops.atomic import atomic_write_text
 from data_prep import math500
 math500.prepare(sys.argv[2], local_path=sys.argv[3])
 atomic_write_text(os.path.join(sys.argv[2], "note.txt"), "x")

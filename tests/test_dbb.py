@@ -19,15 +19,15 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.checkpoint.state import load_state, save_state
-from ebpo_verl.dbb import DBB_STATE, DBBOptions, DBBState, compute_dbb_advantages
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.options import DBB
-from ebpo_verl.preflight import check_config
-from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
-from ebpo_verl.verl_adapter import StepInputs, step_inputs
+from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions, DBBState, compute_dbb_advantages
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+from ebpo_verl.trainer.checkpoint.state import load_state, save_state
+from ebpo_verl.trainer.preflight import check_config
+from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.run_options import DBB
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
 
 @pytest.fixture(autouse=True)
@@ -281,4 +281,4 @@ def test_registered_after_import_verl_alone():
         "print(get_adv_estimator_fn('dbb').__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "ebpo_verl.verl_adapter"
+    assert out.stdout.strip().splitlines()[-1] == "ebpo_verl.trainer.adapter"

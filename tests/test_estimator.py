@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.estimator import EBPOOptions, EBPOState, Moments, compute_ebpo_advantages, ignored_options
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, Moments, compute_ebpo_advantages, ignored_options
 
 EPS = 1e-6
 
@@ -642,7 +642,7 @@ def test_ignored_options_lists_what_the_mode_does_not_read(opts, expected):
 def test_registration_is_idempotent():
     import importlib
 
-    import ebpo_verl.verl_adapter as adapter
+    import ebpo_verl.trainer.adapter as adapter
 
     ebpo_verl.register()
     ebpo_verl.register()
@@ -671,7 +671,7 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone():
         before, module = ray.get(Probe.remote().check.remote(), timeout=300)
     finally:
         ray.shutdown()
-    assert not before and module == "ebpo_verl.verl_adapter"
+    assert not before and module == "ebpo_verl.trainer.adapter"
 
 
 # ---------------------------------------------------------------- properties
@@ -714,7 +714,8 @@ def _composed(*overrides: str):
 
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(Path(ebpo_verl.__file__).parent / "config"), version_base=None):
+    config_dir = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose("ebpo_trainer", overrides=list(overrides))
 
 
@@ -727,8 +728,8 @@ def _composed(*overrides: str):
     ],
 )
 def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override):
-    from ebpo_verl.errors import EBPOConfigError
-    from ebpo_verl.preflight import check_config
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight import check_config
 
     key = override.lstrip("+").split("=")[0]
     with pytest.raises(EBPOConfigError, match=rf"prior=beta_binomial needs a two-level reward.*{key}=True"):
@@ -737,7 +738,7 @@ def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override):
 
 
 def test_preflight_warns_once_about_ignored_options(capsys):
-    from ebpo_verl.preflight import preflight
+    from ebpo_verl.trainer.preflight import preflight
 
     config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9")
     preflight(config, dry_run=True)
@@ -753,9 +754,9 @@ def test_preflight_warns_once_about_ignored_options(capsys):
 
 @pytest.mark.parametrize("missing", [None, float("nan"), np.float64("nan"), pd.NA])
 def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
-    from ebpo_verl.errors import EBPOConfigError
-    from ebpo_verl.preflight.data import check_cluster_labels
-    from ebpo_verl.trainer import uid_row_keys
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight.data import check_cluster_labels
+    from ebpo_verl.trainer.ray_trainer import uid_row_keys
 
     infos = [{"topic": "a"}, {"topic": missing}, {"topic": "b"}]
     with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 3 training rows.*first rows: \[1\]"):
@@ -769,10 +770,10 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
     driver's pre-flight named them."""
     import warnings
 
-    from ebpo_verl.options import EBPO
-    from ebpo_verl.verl_adapter import StepInputs, step_inputs
+    from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+    from ebpo_verl.trainer.run_options import EBPO
 
-    monkeypatch.setattr("ebpo_verl.options._BY_VALUE", {})  # a fresh process (plain verl main_ppo)
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})  # a fresh process (plain verl main_ppo)
     fn = get_adv_estimator_fn("ebpo")
     config = OmegaConf.create({"ebpo": {"stats_scope": "batch", "decay": 0.5}})
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
@@ -786,7 +787,7 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
         "EBPO: algorithm.ebpo option(s) decay=0.5 have no effect with stats_scope=batch, "
         "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
     ]
-    monkeypatch.setattr("ebpo_verl.options._BY_VALUE", {})
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})
     options = EBPO.parse(config.ebpo)
     with warnings.catch_warnings(record=True) as caught, step_inputs(StepInputs(options)):
         warnings.simplefilter("always")

@@ -25,19 +25,19 @@ from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import ebpo_verl
-from ebpo_verl.checkpoint.resume import TRACKER_FILE
-from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE, hold_run_outputs
-from ebpo_verl.checkpoint.state import save_state
-from ebpo_verl.checkpoint.step_metrics import load_step_metrics
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.estimator import EBPOOptions, EBPOState
-from ebpo_verl.locking import LockHeldError
-from ebpo_verl.metrics_log import read_metrics_log
-from ebpo_verl.options import EBPO
-from ebpo_verl.preflight import preflight
-from ebpo_verl.trainer import STEP_TIME_KEYS, ebpo_trainer_cls
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.ops.locking import LockHeldError
+from ebpo_verl.ops.metrics_log import read_metrics_log
+from ebpo_verl.trainer.checkpoint.resume import TRACKER_FILE
+from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE, hold_run_outputs
+from ebpo_verl.trainer.checkpoint.state import save_state
+from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics
+from ebpo_verl.trainer.preflight import preflight
+from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS, ebpo_trainer_cls
+from ebpo_verl.trainer.run_options import EBPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
 
 def _config(tmp_path: Path, *overrides: str):
@@ -196,7 +196,7 @@ def test_a_crashed_holder_leaves_no_lock_behind(tmp_path):
     config = _config(tmp_path)
     script = (
         "import os, signal, sys; from omegaconf import OmegaConf; "
-        "from ebpo_verl.checkpoint.run_lock import hold_run_outputs; "
+        "from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs; "
         f"held = hold_run_outputs(OmegaConf.create({{'default_local_dir': {str(tmp_path / 'ckpt')!r}}})); "
         "print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
     )
@@ -219,7 +219,7 @@ def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path):
     assert preflight(_config(tmp_path, "algorithm.adv_estimator=grpo", *_data(tmp_path)), dry_run=True)
 
 
-CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.curriculum", "data.custom_cls.name=CurriculumDataset"]
+CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
 CURRICULUM += ["data.shuffle=False", "data.dataloader_num_workers=0"]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from ebpo_verl import main as entry
-from ebpo_verl.baselines import SPO_OPTION_KEYS
-from ebpo_verl.estimator import OPTION_KEYS
+from ebpo_verl.algos.baselines import SPO_OPTION_KEYS
+from ebpo_verl.algos.ebpo import OPTION_KEYS
 
 
 def test_train_help_opens_with_what_the_entry_point_adds(capsys, monkeypatch):

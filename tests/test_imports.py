@@ -137,3 +137,54 @@ def test_no_circle_between_sub_packages():
     _, by_unit = graphs()
     assert {"ebpo_verl.evaluate", "ebpo_verl.recipes", "ebpo_verl.study", "data_prep"} <= set(by_unit)
     check(circles(by_unit), "sub-packages")
+
+
+# The layers from the bottom up (ebpo_verl/<unit>): a unit may import only the units of its own layer or below.
+# The applications (recipes, evaluate, study, data_prep) and the entry points sit above all of these.
+LAYERS = (
+    {"ebpo_verl.options", "ebpo_verl.ops", "ebpo_verl.version"},
+    {"ebpo_verl.algos"},
+    {"ebpo_verl.reward", "ebpo_verl.paper_reward", "data_prep"},  # the rewards and the data sets' schemas
+    {"ebpo_verl.trainer", "ebpo_verl.cpu"},
+)
+# Outside packages the math may not import: it is torch and numpy only.
+MATH_UNITS = ("ebpo_verl.options", "ebpo_verl.algos")
+NOT_IN_MATH = ("verl", "ray", "vllm", "hydra", "omegaconf", "transformers")
+
+
+def layer(unit_name: str) -> int:
+    """The layer of a unit: its index in :data:`LAYERS`, or one above them all (an application)."""
+    return next((i for i, units in enumerate(LAYERS) if unit_name in units), len(LAYERS))
+
+
+def test_every_import_points_down_the_layers():
+    _, by_unit = graphs()
+    assert by_unit["ebpo_verl.trainer"] >= {"ebpo_verl.algos", "ebpo_verl.ops"}  # the check sees arrows
+    upward = [f"{u} -> {t}" for u, targets in sorted(by_unit.items()) for t in sorted(targets) if layer(t) > layer(u)]
+    assert not upward, "imports pointing up the layers: " + "; ".join(upward)
+
+
+def third_party(path: Path) -> set[str]:
+    """The top-level names of the outside packages ``path`` imports (every import statement, lazy ones too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {"ebpo_verl"}
+
+
+def test_the_math_imports_no_verl_and_nothing_above_it():
+    known = modules()
+    math_modules = {n: p for n, p in known.items() if unit(n) in MATH_UNITS}
+    assert "ebpo_verl.algos.ebpo" in math_modules and "torch" in third_party(math_modules["ebpo_verl.algos.ebpo"])
+    bad = {n: sorted(third_party(p) & set(NOT_IN_MATH)) for n, p in math_modules.items()}
+    assert not any(bad.values()), f"the math imports verl-side packages: { {n: b for n, b in bad.items() if b} }"
+    above = {n: sorted(t for t in imported(p, n, known) if unit(t) not in MATH_UNITS) for n, p in math_modules.items()}
+    assert not any(above.values()), f"the math imports the layers above it: { {n: a for n, a in above.items() if a} }"
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer("ebpo_verl.algos") < layer("ebpo_verl.trainer") < layer("ebpo_verl.recipes")
+    assert {"ast", "pathlib"} <= third_party(Path(__file__))

@@ -1,4 +1,4 @@
-"""ebpo_verl.locking: one holder at a time, the refusal names the holder, a killed holder leaves no stale lock."""
+"""ebpo_verl.ops.locking: one holder at a time, the refusal names the holder, a killed holder leaves no stale lock."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from ebpo_verl.locking import LockHeldError, exclusive_lock
+from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
 
 HOLD = """
 import sys, time
-from ebpo_verl.locking import exclusive_lock
+from ebpo_verl.ops.locking import exclusive_lock
 with exclusive_lock(sys.argv[1], what="the test output"):
     print("locked", flush=True)
     time.sleep(120)

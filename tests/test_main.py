@@ -14,15 +14,15 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from omegaconf import OmegaConf
 
 import ebpo_verl
-from ebpo_verl.baselines import SPOOptions, SPOState
-from ebpo_verl.checkpoint.state import save_state
-from ebpo_verl.dbb import DBBOptions
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.estimator import EBPOOptions, EBPOState
-from ebpo_verl.options import EBPO, SPO
-from ebpo_verl.preflight import check_config
+from ebpo_verl.algos.baselines import SPOOptions, SPOState
+from ebpo_verl.algos.dbb import DBBOptions
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.checkpoint.state import save_state
+from ebpo_verl.trainer.preflight import check_config
+from ebpo_verl.trainer.run_options import EBPO, SPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -82,7 +82,7 @@ def test_main_overrides_reach_the_options():
     assert check_config(_ours("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")).estimator is None
 
 
-CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.curriculum", "data.custom_cls.name=CurriculumDataset"]
+CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
 ERRORS = {
     "group-size": (["actor_rollout_ref.rollout.n=1"], "rollout.n=1 but algorithm.ebpo.shrinkage=auto needs at least 2"),
     "unknown-key": (
@@ -133,10 +133,11 @@ def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
 def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
     from verl.trainer.ppo import core_algos
 
-    from ebpo_verl.preflight.registry import check_registered
+    from ebpo_verl.trainer import adapter
+    from ebpo_verl.trainer.preflight.registry import check_registered
 
     check_registered()
-    monkeypatch.setattr(ebpo_verl, "register", lambda: None)  # as if verl's plugin loader had failed silently
+    monkeypatch.setattr(adapter, "register", lambda: None)  # as if verl's plugin loader had failed silently
     monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
     with pytest.raises(EBPOConfigError, match=r"'ebpo' is not registered in the TaskRunner process \(pid \d+"):
         check_registered()
@@ -149,6 +150,8 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
     from ebpo_verl import main as entry
 
+    if not any(a.startswith("actor_rollout_ref.model.path=") for a in args):
+        args = (*args, "actor_rollout_ref.model.path=org/model")  # verl's default ~/models/... is absent: a hub id
     monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
     monkeypatch.setenv("HOME", "/nonexistent-home")  # verl's default train file ~/data/... is absent
     try:

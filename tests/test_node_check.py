@@ -1,4 +1,4 @@
-"""ebpo_verl.node_check on a real two-node Ray cluster started on this machine (`ray start --head` + `ray start
+"""ebpo_verl.ops.node_check on a real two-node Ray cluster started on this machine (`ray start --head` + `ray start
 --address`), one of whose nodes sees a node-local disk (a tmpfs mounted in its own mount namespace) at a path
 where the head sees the shared folder, as a node without the shared mount would (that needs root and unshare;
 otherwise the failing case is a data file the driver can stat but no node may read)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ebpo_verl.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
+from ebpo_verl.ops.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -273,7 +273,7 @@ def test_a_check_task_that_dies_names_its_node(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_task_runner_checks_the_nodes_before_building_the_trainer(monkeypatch):
     """EBPOTaskRunner.run: pre-flight, then the node check, whose failure stops the run before any trainer."""
-    import ebpo_verl.trainer as trainer
+    import ebpo_verl.trainer.ray_trainer as trainer
 
     calls = []
     runner_cls = trainer.EBPOTaskRunner.__ray_actor_class__

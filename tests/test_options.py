@@ -1,6 +1,6 @@
 """The options boundary: one source of defaults (the package yaml holds exactly the dataclasses' defaults), one
 registry of stateful estimators, one unknown-key message, and how often the options are parsed (counted by
-``ebpo_verl.option_parsing.PARSES``): once in the driver's pre-flight, once in the TaskRunner, never per step."""
+``ebpo_verl.options.parsing.PARSES``): once in the driver's pre-flight, once in the TaskRunner, never per step."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.errors import EBPOConfigError
+from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.main import PREFIXES, check_overrides
-from ebpo_verl.option_parsing import PARSES
-from ebpo_verl.options import STATEFUL, RunOptions
-from ebpo_verl.ordering import CurriculumOptions
-from ebpo_verl.verl_adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.options.parsing import PARSES
+from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.trainer.run_options import STATEFUL, RunOptions
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
 
 def _config(*overrides: str):
@@ -76,8 +76,8 @@ def test_parses_before_the_first_step_and_per_step(tmp_path):
     """The driver's pre-flight parses ``algorithm.ebpo`` and ``data.curriculum`` once each; the TaskRunner's
     process parses them once and hands the trainer the object; the estimator, called per step inside the
     trainer's step inputs, parses nothing."""
-    from ebpo_verl.preflight import preflight
-    from ebpo_verl.trainer import ebpo_trainer_cls
+    from ebpo_verl.trainer.preflight import preflight
+    from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
 
     config = _config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}")
     before = PARSES.copy()

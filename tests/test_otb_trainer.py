@@ -1,5 +1,6 @@
 """verl's Optimal Token Baseline through the package's v1 trainer (verl 0.9.1's v1 trainer alone never asks the
-actor for the sum of squared token probabilities nor passes it to the estimator; ebpo_verl.trainer does both).
+actor for the sum of squared token probabilities nor passes it to the estimator; ebpo_verl.trainer.ray_trainer does
+both).
 
 The response slice of the actor's sum_pi_squared is checked against a recomputation from a model's logits; the
 copied advantage step against verl's own method on the same rows (KL penalty and rollout correction on and off)
@@ -20,10 +21,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import ebpo_verl
-from ebpo_verl.trainer import SUM_PI_SQUARED, ebpo_trainer_cls, response_sum_pi_squared
+from ebpo_verl.trainer.ray_trainer import SUM_PI_SQUARED, ebpo_trainer_cls, response_sum_pi_squared
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 OTB = ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"]
 
 
@@ -225,8 +226,8 @@ def test_otb_trains_through_verls_trainer_on_cpu(tmp_path):
         import cpu_smoke
     finally:
         sys.path.remove(str(REPO / "scripts"))
-    from ebpo_verl.metrics_log import read_metrics_log, read_provenance
-    from ebpo_verl.provenance import check
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_provenance
+    from ebpo_verl.ops.provenance import check
 
     files = cpu_smoke.prepare(tmp_path)
     extra = [*OTB, "trainer.save_freq=-1", "trainer.test_freq=-1"]

@@ -37,8 +37,8 @@ def test_one_step_run_is_drawn_as_a_marker_and_ticks_are_integers():
 
 def test_panels_name_their_metric_and_legends_are_readable(tmp_path):
     """Every panel has a y-axis label and a legend of at least 9 pt; the figure names each run's provenance."""
-    from ebpo_verl.metrics_log import MetricsLog
-    from ebpo_verl.provenance import describe_hardware, provenance, short_commit
+    from ebpo_verl.ops.metrics_log import MetricsLog
+    from ebpo_verl.ops.provenance import describe_hardware, provenance, short_commit
 
     runs = {"a": {1: {"actor/grad_norm": 0.5, "ebpo/shrinkage_mean": 0.2}}, "b": {1: {"actor/grad_norm": 0.7}}}
     for key, want in (("actor/grad_norm", "gradient norm"), ("ebpo/shrinkage_mean", "shrinkage_mean")):

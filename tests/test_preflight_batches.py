@@ -1,4 +1,4 @@
-"""ebpo_verl.preflight.batches: every rank's share of each batch, checked before Ray starts (issue 28).
+"""ebpo_verl.trainer.preflight.batches: every rank's share of each batch, checked before Ray starts (issue 28).
 
 The expected shares are computed by hand in each test from the numbers it sets (responses = prompts x n, padded
 to a multiple of lcm(ranks, mini-batch responses), split over the ranks), not by the module's formula."""
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from ebpo_verl.errors import EBPOConfigError
 from ebpo_verl.main import compose
-from ebpo_verl.preflight import preflight
-from ebpo_verl.preflight.batches import batch_division_problems
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.preflight import preflight
+from ebpo_verl.trainer.preflight.batches import batch_division_problems
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"

@@ -1,4 +1,4 @@
-"""ebpo_verl.provenance and where its records are written: metrics-log sidecar, evaluation meta and RESULTS.json,
+"""ebpo_verl.ops.provenance and where its records are written: metrics-log sidecar, evaluation meta and RESULTS.json,
 and the tables' provenance footer."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl import provenance as prov
-from ebpo_verl.metrics_log import MetricsLog, provenance_path, read_metrics_log, read_provenance
+from ebpo_verl.ops import provenance as prov
+from ebpo_verl.ops.metrics_log import MetricsLog, provenance_path, read_metrics_log, read_provenance
 from ebpo_verl.recipes import make_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_record_against_independent_sources():
 def test_installed_package_without_git(tmp_path):
     """A copy of the package outside any git checkout: commit null, the reason recorded, everything else real."""
     shutil.copytree(ROOT / "ebpo_verl", tmp_path / "ebpo_verl", ignore=shutil.ignore_patterns("__pycache__"))
-    code = "import json; from ebpo_verl.provenance import provenance; print(json.dumps(provenance(seed=1)))"
+    code = "import json; from ebpo_verl.ops.provenance import provenance; print(json.dumps(provenance(seed=1)))"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -2,7 +2,7 @@
 
 The ALGO x BASELINES x REWARD matrix is built in-process (:class:`ebpo_verl.recipes.spec.RunSpec` from an
 environment mapping), composed with Hydra's compose API on the package config and run through the package's own
-pre-flight (``ebpo_verl.preflight.preflight``: our checks + verl's ``validate_config`` at the configured world
+pre-flight (``ebpo_verl.trainer.preflight.preflight``: our checks + verl's ``validate_config`` at the configured world
 size); the table drivers run in-process with stand-ins for training and evaluation. A few runs of the real
 scripts prove the documented switches end to end (PRINT_OVERRIDES, bad switches, --help, DRY_RUN, --list).
 Expected values are written from the paper (arXiv 2602.05165, "Setup"), the authors' runs as
@@ -163,7 +163,7 @@ SHARED = {
     "algorithm.ebpo.stats_scope": "history",
     "reward.reward_manager.name": "naive",
     "reward.custom_reward_function.name": "compute_score",
-    "data.custom_cls.path": "pkg://ebpo_verl.curriculum",
+    "data.custom_cls.path": "pkg://ebpo_verl.trainer.curriculum",
     "data.custom_cls.name": "CurriculumDataset",
     "data.shuffle": False,
     "data.dataloader_num_workers": 0,
@@ -244,7 +244,7 @@ def test_every_algo_baselines_and_reward_composes_with_the_methods_values(tmp_pa
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
     import ebpo_verl
-    from ebpo_verl.preflight import preflight
+    from ebpo_verl.trainer.preflight import preflight
 
     ebpo_verl.register()
     for algo in ALGOS:
@@ -308,7 +308,7 @@ def test_presets_pass_verl_validation_and_use_registered_managers(tmp_path):
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
     from verl.trainer.ppo.utils import need_reference_policy
 
-    from ebpo_verl.preflight.config import check_verl_config
+    from ebpo_verl.trainer.preflight.config import check_verl_config
 
     cases = [("ebpo", "paper"), ("dapo", "canonical"), ("entropy_mech", "paper"), ("spo", "paper"),
              ("otb", "paper"), ("kl_cov", "canonical")]  # fmt: skip
@@ -324,8 +324,8 @@ def test_otb_preflight_refuses_what_verl_rejects_at_run_time(tmp_path):
     """OTB without the actor's sum of squared probabilities (verl asserts on the first advantage step) or with
     fused kernels (verl's engines raise NotImplementedError: they never materialise the logits) is refused
     before anything starts, naming the setting."""
-    from ebpo_verl.errors import EBPOConfigError
-    from ebpo_verl.preflight import preflight
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight import preflight
 
     base = spec(tmp_path, ALGO="otb").overrides()
     preflight(compose(base), dry_run=True)

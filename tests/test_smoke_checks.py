@@ -18,9 +18,9 @@ import psutil
 import pytest
 import torch
 
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, compute_ebpo_advantages
 from ebpo_verl.cpu import backend
 from ebpo_verl.cpu.smoke import continuation, evaluation, faults, limits, scan, settings
-from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -240,8 +240,11 @@ def test_a_generations_file_short_of_benchmarks_x_problems_x_runs_fails(tmp_path
 
 
 def test_time_limits_are_nested_and_a_wrong_order_is_refused():
-    for outer in (limits.ONE_NODE_OUTER_S, limits.TWO_NODE_OUTER_S):
-        limits.check_order(900, outer - limits.CLEANUP_MARGIN_S, outer, limits.test_timeout(outer))
+    from tests.conftest import MODULE_TIMEOUTS_S
+
+    for outer, module in ((limits.ONE_NODE_OUTER_S, "test_cpu_smoke.py"), (limits.TWO_NODE_OUTER_S, "test_cluster.py")):
+        limits.check_order(600, outer - limits.CLEANUP_MARGIN_S, outer, limits.test_timeout(outer))
+        assert limits.test_timeout(outer) < MODULE_TIMEOUTS_S[module]  # pytest-timeout's tier is the outermost
     with pytest.raises(SystemExit, match="--run-timeout 900 s must be shorter than --deadline 600 s"):
         limits.check_order(900, 600)
     with pytest.raises(SystemExit, match="cpu_smoke.sh timeout 1500 s must be shorter than test subprocess"):

@@ -516,7 +516,7 @@ def test_summary_matches_runs_and_report(tiny_study):
 def test_tiny_summary_and_report_carry_provenance(tiny_study):
     """summary.json holds a complete provenance record (this checkout's commit, the runs' seeds); study.md
     prints the preset, commit and hardware under every table."""
-    from ebpo_verl.provenance import KEYS, check, describe_hardware, short_commit
+    from ebpo_verl.ops.provenance import KEYS, check, describe_hardware, short_commit
 
     record = check(json.loads((tiny_study / "summary.json").read_text())["provenance"], "summary.json")
     assert list(record) == list(KEYS)

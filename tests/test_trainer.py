@@ -17,13 +17,13 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
 from data_prep import dapo_math, math500
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.option_parsing import PARSES
-from ebpo_verl.preflight.data import check_cluster_labels
-from ebpo_verl.trainer import ebpo_trainer_cls, uid_row_keys
-from ebpo_verl.verl_adapter import StepInputs, step_inputs
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.options.parsing import PARSES
+from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+from ebpo_verl.trainer.preflight.data import check_cluster_labels
+from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "config")
+CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 GROUP = 4
 
 
@@ -135,7 +135,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, h
 
 @pytest.mark.slow
 def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
-    from ebpo_verl.trainer import EBPOTaskRunner
+    from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
 
     def probe(_runner):
         from verl.trainer.ppo import core_algos
@@ -146,7 +146,7 @@ def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
     options = ray_local.get(runner.preflight.remote(_config("algorithm.ebpo.shrinkage=0.5")))
     assert options.ebpo.fixed_shrinkage == 0.5  # the TaskRunner's own parse, handed to its trainer
     pid, module = ray_local.get(runner.__ray_call__.remote(probe))
-    assert pid != os.getpid() and module == "ebpo_verl.verl_adapter"
+    assert pid != os.getpid() and module == "ebpo_verl.trainer.adapter"
     with pytest.raises(EBPOConfigError, match="algorithm.ebpo.prior='laplace' is invalid"):
         ray_local.get(runner.preflight.remote(_config("algorithm.ebpo.prior=laplace")))
 

@@ -3,7 +3,8 @@ method the trainer copies.
 
 verl 0.9.1's v1 ``PPOTrainer._compute_advantage`` reads a fixed list of TransferQueue fields, so the actor's
 ``sum_pi_squared`` (verl's own Optimal Token Baseline) cannot reach the estimator through it:
-:class:`ebpo_verl.trainer.OTBSumPiSquaredMixin` keeps a copy with that one field more. The copy is checked against
+:class:`ebpo_verl.trainer.ray_trainer.OTBSumPiSquaredMixin` keeps a copy with that one field more.
+The copy is checked against
 verl's method on the same rows in ``tests/test_otb_trainer.py``; the tripwire below also fails when verl's source
 of the method changes, so the copy is re-read against it.
 """
@@ -19,8 +20,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ebpo_verl.estimator import EBPOOptions
-from ebpo_verl.option_parsing import PARSES, unknown_option_message
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.options.parsing import PARSES, unknown_option_message
 
 VERL_SOURCES = {
     # method: sha256 (first 16 hex digits) of inspect.getsource in verl 0.9.1
@@ -37,7 +38,7 @@ def test_verl_methods_the_trainer_reimplements_are_unchanged(method):
     assert digest == VERL_SOURCES[method], (
         f"verl's PPOTrainer.{method} changed (sha256 {digest}): compare it with "
         "OTBSumPiSquaredMixin._advantage_step in "
-        "ebpo_verl/trainer.py, port the change, then record the new digest here"
+        "ebpo_verl/trainer/ray_trainer.py, port the change, then record the new digest here"
     )
 
 
@@ -49,7 +50,7 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
 
     import ebpo_verl
 
-    monkeypatch.setattr("ebpo_verl.options._BY_VALUE", {})
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})
     ebpo_verl.get_state().reset()
     before = PARSES["algorithm.ebpo"]
     fn = get_adv_estimator_fn("ebpo")
@@ -71,10 +72,10 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
 
 def test_one_unknown_key_message_for_every_layer():
     """The options' own parse, the pre-flight and the override check give the same did-you-mean line."""
-    from ebpo_verl.baselines import SPO_OPTION_KEYS, SPOOptions
-    from ebpo_verl.errors import EBPOConfigError
+    from ebpo_verl.algos.baselines import SPO_OPTION_KEYS, SPOOptions
     from ebpo_verl.main import check_overrides
-    from ebpo_verl.options import RunOptions
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.run_options import RunOptions
 
     text = "unknown option algorithm.ebpo.shrinkge; did you mean algorithm.ebpo.shrinkage? valid keys: "
     assert unknown_option_message("shrinkge", "algorithm.ebpo", ("prior", "shrinkage")).startswith(text)

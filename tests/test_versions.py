@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import ebpo_verl
-from ebpo_verl import provenance as prov
-from ebpo_verl.errors import EBPOConfigError
-from ebpo_verl.preflight import preflight
+from ebpo_verl.ops import provenance as prov
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "ebpo_verl" / "recipes" / "VERSIONS.txt"
@@ -65,7 +65,8 @@ def test_preflight_prints_the_warning(tmp_path, monkeypatch, capsys):
     path = tmp_path / "VERSIONS.txt"
     path.write_text("gpu torch==1.0.0\ncpu torch==1.0.0\n")  # whichever set applies, the running torch differs
     monkeypatch.setattr(prov, "VERSIONS_FILE", path)  # absolute: replaces the repository's file
-    with initialize_config_dir(config_dir=str(Path(ebpo_verl.__file__).parent / "config"), version_base=None):
+    config_dir = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = compose("ebpo_trainer")
     preflight(config, dry_run=True)
     assert (

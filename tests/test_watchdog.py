@@ -1,4 +1,4 @@
-"""ebpo_verl.watchdog without a cluster: the step timeout's sources, the (step, phase) the mixin records around
+"""ebpo_verl.trainer.watchdog without a cluster: the step timeout's sources, the (step, phase) the mixin records around
 verl's trainer phases, a hung phase ended by the watchdog thread, a dead actor named, and the driver's one line.
 The real thing (SIGKILL / SIGSTOP of a rank on a two-node cluster) is tests/test_cluster.py."""
 
@@ -10,8 +10,14 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
-from ebpo_verl import watchdog
-from ebpo_verl.watchdog import STEP_TIMEOUT_ENV, RunAbortedError, StepWatchdogMixin, failures_reported, step_timeout_s
+from ebpo_verl.trainer import watchdog
+from ebpo_verl.trainer.watchdog import (
+    STEP_TIMEOUT_ENV,
+    RunAbortedError,
+    StepWatchdogMixin,
+    failures_reported,
+    step_timeout_s,
+)
 
 
 def test_step_timeout_sources(monkeypatch):

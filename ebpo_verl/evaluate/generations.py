@@ -21,9 +21,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from ebpo_verl.atomic import atomic_write_text, reporting_full_disk
 from ebpo_verl.evaluate.prompts import EvalInputError
-from ebpo_verl.locking import LockHeldError, exclusive_lock
+from ebpo_verl.ops.atomic import atomic_write_text, reporting_full_disk
+from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
 
 Key = tuple[str, int, int]
 """(benchmark, index, sample)."""
@@ -166,7 +166,7 @@ def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
 class GenerationsFile:
     """Append-only writer that resumes ``path``: ``done`` holds the samples already there.
 
-    One writer at a time: the instance holds an exclusive lock on ``<path>.lock`` (:mod:`ebpo_verl.locking`)
+    One writer at a time: the instance holds an exclusive lock on ``<path>.lock`` (:mod:`ebpo_verl.ops.locking`)
     from before it reads the file until :meth:`close`; a second writer gets an EvalInputError naming the holder.
     """
 

@@ -27,8 +27,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from ebpo_verl.metrics_log import MetricsLogError, read_provenance  # noqa: E402
-from ebpo_verl.provenance import describe_hardware, short_commit  # noqa: E402
+from ebpo_verl.ops.metrics_log import MetricsLogError, read_provenance  # noqa: E402
+from ebpo_verl.ops.provenance import describe_hardware, short_commit  # noqa: E402
 from ebpo_verl.recipes.make_tables import log_files, parse_spec, read_run  # noqa: E402
 
 CORE: dict[str, str] = {

@@ -123,9 +123,9 @@ REWARDS: dict[str, tuple[Setting, ...]] = {
     ),
 }
 
-_CURRICULUM = "ebpo_verl.curriculum"
+_CURRICULUM = "ebpo_verl.trainer.curriculum"
 ORDER_BASE: tuple[Setting, ...] = (
-    _s("data.custom_cls.path", "pkg://ebpo_verl.curriculum", _CURRICULUM),
+    _s("data.custom_cls.path", "pkg://ebpo_verl.trainer.curriculum", _CURRICULUM),
     _s("data.custom_cls.name", "CurriculumDataset", _CURRICULUM),
     _s("data.shuffle", False, "the order is the curriculum's"),
     _s("data.seed", 42, AUTHORS),
@@ -153,7 +153,7 @@ _DRGRPO = "Dr.GRPO, Liu et al. 2025 (arXiv 2503.20783)"
 _DAPO = "DAPO, Yu et al. 2025 (arXiv 2503.14476)"
 _ENTROPY = "Entropy Mechanism, Cui et al. 2025 (arXiv 2505.22617)"
 _OTB = "Optimal Token Baseline (arXiv 2602.07078), verl 0.9.1 docs/algo/otb.md"
-_V2 = "the v2 draft's baselines (ebpo_verl.baselines)"
+_V2 = "the v2 draft's baselines (ebpo_verl.algos.baselines)"
 _DBB = "Discounted Beta-Bernoulli reward estimation (arXiv 2603.18444)"
 
 PRESETS: dict[str, Preset] = {
@@ -285,7 +285,7 @@ PRESETS: dict[str, Preset] = {
             "DBB",
             "Discounted Beta-Bernoulli per-prompt reward estimation (GRPO-DBB)",
             (
-                _s(_EST, "dbb", f"{_DBB}; ebpo_verl.dbb"),
+                _s(_EST, "dbb", f"{_DBB}; ebpo_verl.algos.dbb"),
                 _s("algorithm.dbb.discount", 0.75, f"{_DBB}, Sec. 4.2: lambda = 0.75 for Qwen3-8B"),
             ),
         ),

@@ -22,7 +22,7 @@ V2_ALGOS = ("reinforce_pp", "rloo", "spo", "bnpo", "shrinkage_js", "ebpo_bb")
 """The v2 draft's extra Qwen3-8B rows of the main table (V2_ROWS=1)."""
 COMPETITOR_ALGOS = ("otb", "kl_cov", "dbb")
 """Competitors the paper does not run (V2_ROWS=1): verl's Optimal Token Baseline and KL-Cov, and Discounted
-Beta-Bernoulli (DBB, ebpo_verl.dbb), on Qwen3-8B in the main (G=4) and group-size (G=8/16/32) tables."""
+Beta-Bernoulli (DBB, ebpo_verl.algos.dbb), on Qwen3-8B in the main (G=4) and group-size (G=8/16/32) tables."""
 GROUP_SIZES = (8, 16, 32)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ebpo_verl.atomic import DiskFullError
+from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
 from ebpo_verl.study.presets import PRESETS, describe_presets
 
 
@@ -40,13 +40,18 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.error(f"cannot create --out {args.out}: {err.strerror}")
+    problem = unwritable_reason(args.out, folder=True)
+    if problem is None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problem = f"cannot create it: {err.strerror}"
+    if problem:
+        print(f"{parser.prog}: error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     command = " ".join(["python -m ebpo_verl.study", *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
-    from ebpo_verl.provenance import code_version
+    from ebpo_verl.ops.provenance import code_version
 
     code_version()  # the commit and dirty state the study starts from (cached), not those when it ends
     if args.what == "mse":
@@ -123,7 +128,7 @@ def recorded_lr_grid(lrs: dict[str, float]) -> dict[str, dict]:
     that run (preset, commit, start) as its source; else each rate alone, fixed by the preset (tiny)."""
     import json
 
-    from ebpo_verl.provenance import short_commit
+    from ebpo_verl.ops.provenance import short_commit
     from ebpo_verl.study.presets import LR_TUNING_FILE, tuned_lrs
 
     tuned = tuned_lrs()

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ebpo_verl.atomic import atomic_write_text
-from ebpo_verl.estimator import EBPOOptions, EBPOState, compute_ebpo_advantages
+from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, compute_ebpo_advantages
+from ebpo_verl.ops.atomic import atomic_write_text
 
 DISTRIBUTIONS: dict[str, tuple[float, float]] = {
     "uniform Beta(1,1)": (1.0, 1.0),

@@ -17,8 +17,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from ebpo_verl.atomic import atomic_write_text, reporting_full_disk  # noqa: E402
-from ebpo_verl.provenance import describe_hardware, provenance, short_commit  # noqa: E402
+from ebpo_verl.ops.atomic import atomic_write_text, reporting_full_disk  # noqa: E402
+from ebpo_verl.ops.provenance import describe_hardware, provenance, short_commit  # noqa: E402
 from ebpo_verl.study.rl import ESTIMATORS  # noqa: E402
 
 CURVES = {  # metric -> (figure file, y label)
@@ -293,7 +293,7 @@ def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
 
 
 def study_provenance(preset, seconds: float, command: str) -> dict:
-    """The provenance record of a study (:mod:`ebpo_verl.provenance`): its seeds are the runs' seeds 0..n-1 and
+    """The provenance record of a study (:mod:`ebpo_verl.ops.provenance`): its seeds are the runs' seeds 0..n-1 and
     the warm start's seed 0; ``started`` is ``seconds`` before now."""
     from ebpo_verl.study.presets import BASE_SEED
 

@@ -65,13 +65,13 @@ ESTIMATORS: dict[str, Estimator] = {
     "ebpo_batch": Estimator("ebpo", {"stats_scope": "batch"}),
     "ebpo_bb": Estimator("ebpo", {"prior": "beta_binomial"}),
     "ebpo_topic": Estimator("ebpo", {"cluster_key": "topic"}),
-    # the v2 draft's baselines (ebpo_verl.baselines); spo's tracker is keyed by the training problem's index
+    # the v2 draft's baselines (ebpo_verl.algos.baselines); spo's tracker is keyed by the training problem's index
     "shrinkage_js": Estimator("shrinkage_js"),
     "bnpo": Estimator("bnpo"),
     "spo": Estimator("spo"),
     # verl's Optimal Token Baseline (arXiv 2602.07078): a per-token baseline weighted by the path variance
     "otb": Estimator("optimal_token_baseline"),
-    # Discounted Beta-Bernoulli (arXiv 2603.18444, ebpo_verl.dbb): per-prompt posteriors keyed as spo's tracker
+    # Discounted Beta-Bernoulli (arXiv 2603.18444, ebpo_verl.algos.dbb): per-prompt posteriors keyed as spo's tracker
     "dbb": Estimator("dbb"),
 }
 KEYED = ("spo", "dbb")
@@ -235,8 +235,8 @@ def run_rl(
     est = ESTIMATORS[cfg.estimator]
     if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", *KEYED):  # this package's estimators
         import ebpo_verl
-        from ebpo_verl.baselines import SPO_STATE
-        from ebpo_verl.dbb import DBB_STATE
+        from ebpo_verl.algos.baselines import SPO_STATE
+        from ebpo_verl.algos.dbb import DBB_STATE
 
         ebpo_verl.register()
         ebpo_verl.get_state().reset()
@@ -298,8 +298,8 @@ def run_rl(
 
             log["shrinkage"].append(ebpo_verl.get_state().diagnostics.get("ebpo/shrinkage_mean", float("nan")))
         if est.verl_name in KEYED:  # share of this step's prompts that the tracker saw at an earlier step
-            from ebpo_verl.baselines import SPO_STATE
-            from ebpo_verl.dbb import DBB_STATE
+            from ebpo_verl.algos.baselines import SPO_STATE
+            from ebpo_verl.algos.dbb import DBB_STATE
 
             state = SPO_STATE if est.verl_name == "spo" else DBB_STATE
             log.setdefault(f"{est.verl_name}_frac_seen", []).append(state.diagnostics[f"{est.verl_name}/frac_seen"])

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ebpo_verl.atomic import atomic_write, atomic_write_text
+from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, n_params
 from ebpo_verl.study.presets import BASE_SEED, Preset
 from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
@@ -286,5 +286,5 @@ def describe_base(base: Base) -> dict:
 
 def write_json(path: Path, data) -> None:
     """Write atomically (temp file + os.replace) so a crash never leaves half a file; a full disk is one line
-    (:class:`ebpo_verl.atomic.DiskFullError`)."""
+    (:class:`ebpo_verl.ops.atomic.DiskFullError`)."""
     atomic_write_text(path, json.dumps(data, indent=1))

@@ -15,7 +15,7 @@ from pathlib import Path
 from ebpo_verl.cpu.smoke import cluster, limits, runs
 from ebpo_verl.cpu.smoke.settings import DEVICES, NODES, prepare
 
-DEFAULT_DEADLINE_S = 2280
+DEFAULT_DEADLINE_S = 1380
 """The script's own overall limit when run directly (cpu_smoke.sh passes its ``timeout`` minus the margin)."""
 
 

@@ -14,8 +14,8 @@ from ebpo_verl.cpu.smoke.settings import BATCH, EBPO_KEYS, K_STEPS, NODES, SAVE_
 def check_run(work: Path, run: str, steps: list[int]) -> dict[int, dict]:
     """One run's metrics log: its provenance sidecar, exactly ``steps``, the ``ebpo/*`` metrics, a training
     update and rollout probabilities equal to the actor's at every step, validation at the last step."""
-    from ebpo_verl.metrics_log import read_metrics_log, read_provenance
-    from ebpo_verl.provenance import check as check_provenance
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_provenance
+    from ebpo_verl.ops.provenance import check as check_provenance
 
     log = work / f"ckpt_{run}" / "metrics.jsonl"
     attempts = read_provenance(log)  # every attempt's sidecar: commit, versions, hardware, command, seeds
@@ -127,9 +127,9 @@ def check_kill_landed(work: Path, run_pid: int) -> list[int]:
     """K resumed from A's step 2 and was killed after its step-3 checkpoint and before its step-3 log call: step
     3 checkpointed with its EB state (the only checkpoint), nothing logged, the dead run's lock left, nothing
     moved aside. Returns the steps logged (none)."""
-    from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
     from ebpo_verl.cpu.smoke.runs import lock_holder
-    from ebpo_verl.metrics_log import read_records
+    from ebpo_verl.ops.metrics_log import read_records
+    from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
 
     ckpt = work / "ckpt_k"
     start = work / "ckpt_a" / f"global_step_{SAVE_FREQ}"
@@ -150,9 +150,9 @@ def check_killed(work: Path) -> None:
     """Run K' (``resume_mode=auto`` from ``ckpt_k``'s tracker: step 3, not A's step 2): took over the dead run's
     lock, logged step 3's training metrics once (without the unknown step time), trained step 4, counted every
     prompt once across the kill, continued K's saved EB state, released the folder."""
-    from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
-    from ebpo_verl.metrics_log import read_metrics_log, read_records
-    from ebpo_verl.trainer import STEP_TIME_KEYS
+    from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
+    from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
+    from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
 
     ckpt = work / "ckpt_k"
     text = (work / "k.log").read_text(errors="replace")

@@ -52,7 +52,7 @@ class Fault:
     ``ebpo-train: error:`` naming that process. ``env``: extra environment of the run (the step timeout)."""
 
     def __init__(self, sig: int, step: int, target: str = "rank", step_timeout: float | None = None) -> None:
-        from ebpo_verl.watchdog import STEP_TIMEOUT_ENV
+        from ebpo_verl.trainer.watchdog import STEP_TIMEOUT_ENV
 
         self.signal, self.step, self.target, self.step_timeout = sig, step, target, step_timeout
         self.env = {STEP_TIMEOUT_ENV: str(step_timeout)} if step_timeout is not None else {}
@@ -67,7 +67,7 @@ class Fault:
     def _ready(self, log: Path, start: int) -> bool:
         """This attempt's fit() began and step ``step - 1`` is in the metrics log (read with the package's
         reader: a half-written last line is not a step)."""
-        from ebpo_verl.metrics_log import read_records
+        from ebpo_verl.ops.metrics_log import read_records
 
         with open(log, "rb") as handle:
             handle.seek(start)

@@ -174,7 +174,7 @@ def k_overrides(work: Path, resume_mode: str) -> list[str]:
 def refused_second_run(work: Path, files: dict, run: Run, timeout: float, device: str) -> str:
     """A second training started on K's folder while K runs: exit 2, one line naming K's pid, before its
     pre-flight and Ray, K undisturbed; returns that line."""
-    from ebpo_verl.checkpoint.run_lock import RUN_LOCK_FILE
+    from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
 
     ckpt = work / "ckpt_k"
     wait_for("its lock", lambda: lock_holder(ckpt / RUN_LOCK_FILE) == run.proc.pid, run, timeout)
@@ -195,7 +195,7 @@ def run_killed(work: Path, files: dict, timeout: float, device: str = "cpu") -> 
     on its folder, trains step 3 and is SIGKILLed with its whole process tree while verl validates it (once it
     wrote the step-3 tracker file, before the step-3 log call). Returns (the run, processes killed, the refusal
     line); :func:`checks.check_kill_landed` checks where it landed."""
-    from ebpo_verl.checkpoint.resume import TRACKER_FILE
+    from ebpo_verl.trainer.checkpoint.resume import TRACKER_FILE
 
     tracker = work / "ckpt_k" / TRACKER_FILE
     print(f"[cpu_smoke] run k: {work / 'k.log'}", flush=True)

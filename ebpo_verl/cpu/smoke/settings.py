@@ -155,7 +155,7 @@ def overrides(
         "data.max_response_length=16",
         "data.shuffle=False",
         "data.dataloader_num_workers=0",
-        "data.custom_cls.path=pkg://ebpo_verl.curriculum",
+        "data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum",
         "data.custom_cls.name=CurriculumDataset",
         "+data.curriculum.order=topic",
         f"actor_rollout_ref.model.path={files['model']}",

@@ -1,1 +1,0 @@
-"""The Hydra config of ``ebpo-train`` (``ebpo_trainer.yaml``), a package so that ``pkg://ebpo_verl.config`` resolves."""

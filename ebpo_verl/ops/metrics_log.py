@@ -1,0 +1,183 @@
+"""An append-only metrics log that survives resumes (verl's ``file`` logger truncates its file on restart).
+
+``MetricsLog`` is added as one more backend of verl's ``Tracking`` by the package's trainer, so it receives
+exactly what every other backend receives: one JSON line ``{"step": <int>, "data": {<metric>: <number>}}`` per
+``Tracking.log`` call (the same format as verl's file logger). A step can have several lines (e.g. the
+validation a resumed run performs before its first step); merge their ``data`` in file order
+(:func:`read_metrics_log` does; the table maker reads logs with the same functions).
+
+On start the log is reconciled with the checkpoint the run resumed from: lines of steps after that checkpoint
+(metrics of steps that are being redone) and, for a run started from scratch, all lines of an earlier run, are
+moved to ``<stem>.superseded-<UTC time>[-k].jsonl`` next to the log, so the live file always describes one
+consistent timeline and nothing is deleted.
+
+Provenance (:mod:`ebpo_verl.ops.provenance`: commit, versions, hardware, command, seed) lives in a sidecar,
+``<log>.provenance.json`` = ``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}``, one entry per
+attempt that wrote the live log (an attempt resumed at or after this one's checkpoint is superseded and
+dropped; a run from scratch starts a new list). The log itself keeps verl's file-logger format, so every reader
+of it is unchanged; :func:`read_provenance` reads the sidecar.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ebpo_verl.ops.atomic import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+def _to_json(value: Any) -> Any:
+    """numpy / torch scalars and arrays as plain Python (``item``/``tolist``); anything else as ``str``."""
+    for attr in ("item", "tolist"):
+        if hasattr(value, attr):
+            try:
+                return getattr(value, attr)()
+            except (TypeError, ValueError, RuntimeError):
+                continue
+    return str(value)
+
+
+def _encode(step: int, data: dict[str, Any]) -> str:
+    return json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True)
+
+
+class MetricsLogError(ValueError):
+    """A metrics log line that is not a ``{"step": int, "data": {...}}`` record (the message names file:line)."""
+
+
+def _parse_lines(path: Path) -> list[tuple[int, dict[str, Any], str]]:
+    """(step, data, raw line) of every record; a torn last line (a crash mid-write) is skipped with a warning."""
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step, data = record["step"], record["data"]
+            if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+                raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines):
+                warnings.warn(f"{path}:{number}: skipping a torn last line ({err})", stacklevel=3)
+                continue
+            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {err}") from err
+        records.append((step, data, line))
+    return records
+
+
+def read_records(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+    """(step, data) of every line of one log file, in file order."""
+    return [(step, data) for step, data, _ in _parse_lines(Path(path))]
+
+
+def merge_attempts(records: Iterable[tuple[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """Step -> metrics, lines merged in order (later keys win). A line whose step is not after the previous
+    line's starts a new attempt (a restart from a checkpoint), which supersedes the earlier attempt's steps after
+    its first step; lines of the same step (e.g. a resumed run's validation before its first step) merge."""
+    merged: dict[int, dict[str, Any]] = {}
+    last = None
+    for step, data in records:
+        if last is not None and step <= last:
+            for later in [s for s in merged if s > step]:
+                del merged[later]
+        merged.setdefault(step, {}).update(data)
+        last = step
+    return dict(sorted(merged.items()))
+
+
+class MetricsLog:
+    """A ``Tracking`` backend appending ``{"step", "data"}`` lines to ``path`` (opened per write, flushed)."""
+
+    def __init__(self, path: str | os.PathLike, resumed_step: int, provenance: dict[str, Any] | None = None):
+        """Open the log of a run that starts after ``resumed_step`` (0: a run from scratch); ``provenance`` (a
+        :func:`ebpo_verl.ops.provenance.provenance` record; default: this process's, without a seed) is recorded in
+        the sidecar as this attempt's."""
+        from ebpo_verl.ops.provenance import provenance as this_process
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._reconcile(int(resumed_step))
+        self._record_attempt(int(resumed_step), this_process() if provenance is None else provenance)
+
+    def _record_attempt(self, resumed_step: int, provenance: dict[str, Any]) -> None:
+        side = provenance_path(self.path)
+        attempts = read_provenance(side) if resumed_step > 0 and side.is_file() else []
+        attempts = [a for a in attempts if a["resumed_step"] < resumed_step]
+        attempts.append({"resumed_step": resumed_step, "provenance": provenance})
+        atomic_write_text(side, json.dumps({"attempts": attempts}, indent=1, default=_to_json) + "\n")
+
+    def _reconcile(self, resumed_step: int) -> None:
+        if not self.path.is_file():
+            return
+        records = [(step, line) for step, _, line in _parse_lines(self.path)]
+        keep = [line for step, line in records if resumed_step > 0 and step <= resumed_step]
+        drop = [line for step, line in records if not (resumed_step > 0 and step <= resumed_step)]
+        text = "".join(line + "\n" for line in keep)
+        if drop:
+            aside = self._aside_path()
+            atomic_write_text(aside, "".join(line + "\n" for line in drop))
+            logger.warning(
+                "metrics log %s: moved %d line(s) of steps after %d (not part of this run's history) to %s",
+                self.path,
+                len(drop),
+                resumed_step,
+                aside,
+            )
+        if text != self.path.read_text(encoding="utf-8"):  # lines moved aside, or a torn last line dropped
+            atomic_write_text(self.path, text)
+
+    def _aside_path(self) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside, k = self.path.with_name(f"{self.path.stem}.superseded-{stamp}{self.path.suffix}"), 0
+        while aside.exists():
+            k += 1
+            aside = self.path.with_name(f"{self.path.stem}.superseded-{stamp}-{k}{self.path.suffix}")
+        return aside
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        line = _encode(step, data) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+
+    def finish(self) -> None:
+        """Nothing to close: every line is written and flushed by ``log``."""
+
+
+def read_metrics_log(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """Step -> metrics of a log written by :class:`MetricsLog` (or verl's file logger), as :func:`merge_attempts`.
+
+    NaN is kept as ``float('nan')``. :class:`MetricsLogError` names the file and line of a broken record.
+    """
+    return merge_attempts(read_records(path))
+
+
+def provenance_path(log: str | os.PathLike) -> Path:
+    """The provenance sidecar of a metrics log: ``<log>.provenance.json``."""
+    return Path(f"{log}.provenance.json")
+
+
+def read_provenance(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The attempts (``{"resumed_step", "provenance"}``, oldest first) recorded for a metrics log; ``path`` is the
+    log or its sidecar. [] when there is no sidecar; ValueError naming the file when it is malformed."""
+    side = Path(path) if str(path).endswith(".provenance.json") else provenance_path(path)
+    if not side.is_file():
+        return []
+    try:
+        attempts = json.loads(side.read_text(encoding="utf-8"))["attempts"]
+        if not isinstance(attempts, list) or not all(isinstance(a.get("provenance"), dict) for a in attempts):
+            raise TypeError("attempts must be a list of {resumed_step, provenance}")
+        for a in attempts:
+            a["resumed_step"] = int(a["resumed_step"])
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{side}: not a provenance sidecar of a metrics log ({err}); delete it") from err
+    return attempts

@@ -1,0 +1,1 @@
+"""The option-parsing helpers that every options class uses (the bottom layer: imports nothing of ebpo_verl)."""

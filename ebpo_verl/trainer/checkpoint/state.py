@@ -1,0 +1,163 @@
+"""An estimator's running state inside verl's checkpoints: ``<default_local_dir>/global_step_N/<state_file>``.
+
+The file is written atomically (:mod:`ebpo_verl.ops.atomic`) before verl writes ``latest_checkpointed_iteration.txt``,
+so a checkpoint that verl would resume from always has it. Layout::
+
+    {"format": 1, "global_step": N, "options": {<algorithm.<name> at save time>}, "state": <state.state_dict()>}
+
+Every estimator of :data:`ebpo_verl.trainer.run_options.STATEFUL` (``ebpo``: ``ebpo_state.json``, ``spo``:
+``spo_state.json``) goes the same way: the same validation, and the same ``on_resume_mismatch`` choice when the
+options differ, or when the file is missing (a plain verl checkpoint: ``error`` by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.trainer.run_options import StatefulEstimator
+
+FORMAT = 1
+
+
+def save_state(
+    entry: StatefulEstimator, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int
+) -> Path:
+    """Write ``state`` (after ``global_step`` steps) and ``options`` to ``step_dir/<entry.state_file>``, atomically;
+    returns the path."""
+    payload = {
+        "format": FORMAT,
+        "global_step": int(global_step),
+        "options": dataclasses.asdict(options),
+        "state": state.state_dict(),
+    }
+    path = Path(step_dir) / entry.state_file
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_state(
+    entry: StatefulEstimator, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int
+) -> bool:
+    """Restore ``state`` from ``step_dir/<entry.state_file>``; returns False when it starts fresh instead.
+
+    Without the file (a checkpoint written by plain verl or by an older run) ``on_resume_mismatch=error`` raises,
+    the others start fresh with a loud warning. A malformed file (bad JSON, a field of the wrong length or sign, a
+    non-finite number), or one written at another step, raises ValueError naming the file: resuming from it would
+    be silently wrong. Options that differ from the saved ones (:func:`changed_options`) follow
+    ``options.on_resume_mismatch``: ``error`` raises ValueError listing each change and the ways out, ``reset``
+    starts fresh with a warning (returns False), ``keep`` continues with the saved state (with a warning; never for
+    a change of an option in ``entry.never_keep``, which raises unless ``reset``).
+    """
+    path = Path(step_dir) / entry.state_file
+    state.reset()
+    if not path.is_file():
+        if options.on_resume_mismatch == "error":
+            raise ValueError(missing_state_message(entry, step_dir, global_step))
+        warnings.warn(
+            f"{entry.label}: no {entry.state_file} in checkpoint {step_dir}: on_resume_mismatch="
+            f"{options.on_resume_mismatch}: the {entry.what} start FRESH at step {global_step}, so advantages will "
+            "differ from an uninterrupted run",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    try:
+        payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(payload, dict):
+            raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+        if payload.get("format") != FORMAT:
+            raise ValueError(f"format {payload.get('format')!r} is not supported (expected {FORMAT})")
+        saved_step = int(payload["global_step"])
+        saved_options = payload.get("options", {})
+        if not isinstance(saved_options, dict):
+            raise ValueError(f"options must be a JSON object, got {saved_options!r}")
+        state.load_state_dict(payload["state"])
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:  # JSON errors are ValueErrors
+        state.reset()
+        raise ValueError(
+            f"{entry.label} state file {path} is unreadable: {err}. Delete it to resume with fresh {entry.what}."
+        ) from err
+    if saved_step != int(global_step):
+        state.reset()
+        raise ValueError(f"{entry.label} state file {path} was written at global step {saved_step}, not {global_step}")
+    changed = changed_options(entry, saved_options, options)
+    if not changed:
+        return True
+    known = {k: v for k, v in changed.items() if v[1] is not _UNKNOWN}
+    diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in known.items())
+    unknown = {k: old for k, (old, new) in changed.items() if new is _UNKNOWN}
+    if unknown:
+        extra = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
+        diff = "; ".join(filter(None, [diff, f"option(s) unknown to this version of ebpo-verl: {extra}"]))
+    mode = options.on_resume_mismatch
+    never_keep = any(k in known for k in entry.never_keep)
+    if never_keep and mode == "keep":
+        mode = "error"  # e.g. a changed prompt key: the saved keys would silently name other prompts
+    section = entry.section
+    if mode == "error":
+        state.reset()
+        restore = " ".join(f"{section}.{k}={_override(old)}" for k, (old, _) in known.items())
+        first = f"resume with the checkpoint's values ({restore}), or " if restore else ""
+        keep = "" if never_keep else f", or {section}.on_resume_mismatch=keep to continue with the saved {entry.what}"
+        raise ValueError(
+            f"{section} differs from the checkpoint's options in {path} ({diff}). Either {first}set "
+            f"{section}.on_resume_mismatch=reset to start fresh {entry.what} under the new options{keep}."
+        )
+    if mode == "reset":
+        state.reset()
+        warnings.warn(
+            f"{entry.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
+            f"{entry.what} start FRESH at step {global_step}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    warnings.warn(
+        f"{entry.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing "
+        f"with the saved {entry.what}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return True
+
+
+def missing_state_message(entry: StatefulEstimator, step_dir: str | os.PathLike, global_step: int) -> str:
+    """The refusal of a checkpoint without the state file under ``on_resume_mismatch=error``."""
+    return (
+        f"checkpoint {step_dir} has no {entry.state_file} (written by plain verl, by a run with another estimator, "
+        f"or the file was deleted), so the {entry.what} of the first {global_step} steps cannot be restored. Resume "
+        f"from a checkpoint of this run, or set {entry.section}.on_resume_mismatch=reset to continue from step "
+        f"{global_step} with fresh {entry.what} (advantages will differ from an uninterrupted run)."
+    )
+
+
+_UNKNOWN = object()
+"""The "current value" of a saved option this version does not know."""
+
+
+def changed_options(entry: StatefulEstimator, saved: dict[str, Any], options: Any) -> dict[str, tuple[Any, Any]]:
+    """``key -> (saved, current)`` for each option that differs (a saved option absent from an older checkpoint:
+    that option's default); a saved key this version does not know maps to ``(saved, _UNKNOWN)``. Never counted:
+    ``on_resume_mismatch`` itself, and, when no mode key (``entry.mode_keys``) changed, the options that mode
+    ignores (``entry.ignored``: e.g. decay/merge with ``stats_scope=batch``, whose saved statistics are empty)."""
+    defaults, current = dataclasses.asdict(entry.options_cls()), dataclasses.asdict(options)
+    changed: dict[str, tuple[Any, Any]] = {k: (saved[k], _UNKNOWN) for k in sorted(set(saved) - set(current))}
+    for key in entry.resume_keys:
+        old = saved.get(key, defaults[key])
+        if old != current[key]:
+            changed[key] = (old, current[key])
+    if not any(k in changed for k in entry.mode_keys):
+        for key in entry.ignored(options):
+            changed.pop(key, None)
+    return changed
+
+
+def _override(value: Any) -> str:
+    """A value as a Hydra command-line override (None -> null)."""
+    return "null" if value is None else str(value)

@@ -1,0 +1,63 @@
+"""A step's training metrics saved with its checkpoint (``global_step_N/ebpo_step_metrics.json``): verl writes
+its tracker file, then validates, then logs the step, so a run killed in between logs them on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ebpo_verl.ops.atomic import atomic_write_text
+
+STEP_METRICS_FILE = "ebpo_step_metrics.json"
+FORMAT = 1
+
+
+def save_step_metrics(step_dir: str | os.PathLike, metrics: dict[str, Any], global_step: int) -> Path:
+    """Write step ``global_step``'s training metrics to ``step_dir/ebpo_step_metrics.json``, atomically.
+
+    verl writes ``latest_checkpointed_iteration.txt``, then validates, then logs the step: a crash in between
+    would lose the step's training metrics for good. The trainer saves them here before verl's tracker file, and
+    a resume from this checkpoint logs them when the metrics log lacks them (:func:`load_step_metrics`).
+    Numbers only (numpy/torch scalars as Python numbers; NaN kept); returns the path.
+    """
+    plain: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        value = value.item() if hasattr(value, "item") else value
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, int | float):
+            plain[str(key)] = value
+    payload = {"format": FORMAT, "global_step": int(global_step), "metrics": plain}
+    path = Path(step_dir) / STEP_METRICS_FILE
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True, allow_nan=True) + "\n")
+    return path
+
+
+def load_step_metrics(step_dir: str | os.PathLike, global_step: int) -> dict[str, float | int] | None:
+    """The training metrics :func:`save_step_metrics` saved in ``step_dir`` for ``global_step``; None when the
+    checkpoint has none (written before this file existed). A malformed file or one of another step raises
+    ValueError naming it."""
+    path = Path(step_dir) / STEP_METRICS_FILE
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        if payload["format"] != FORMAT:
+            raise ValueError(f"format {payload['format']!r} is not supported (expected {FORMAT})")
+        saved_step, metrics = int(payload["global_step"]), payload["metrics"]
+        if not isinstance(metrics, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
+        ):
+            raise ValueError("metrics must be a JSON object of numbers")
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise ValueError(f"step metrics file {path} is unreadable: {err}; delete it to resume without it") from err
+    if saved_step != int(global_step):
+        raise ValueError(f"step metrics file {path} was written at global step {saved_step}, not {global_step}")
+    return metrics
+
+
+def unlogged_step_metrics(saved: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
+    """The saved metrics of a step whose keys its metrics-log record ``logged`` lacks."""
+    return {k: v for k, v in saved.items() if k not in logged}

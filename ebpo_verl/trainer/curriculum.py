@@ -1,0 +1,352 @@
+"""Curriculum orders as a verl dataset class: topic-clustered, difficulty-ordered, random or native.
+
+verl 0.9 has no curriculum-sampler API; with ``data.shuffle=False`` it reads the training set through a
+``SequentialSampler``, so the dataset decides what position p holds. Select it in stock verl with::
+
+    data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum data.custom_cls.name=CurriculumDataset
+    data.shuffle=False data.dataloader_num_workers=0 +data.curriculum.order=topic
+
+Options live under ``data.curriculum`` (see :class:`ebpo_verl.algos.ordering.CurriculumOptions`; defaults:
+``order: native, align: null (= true for topic), block_size: null, topic_key: topic, difficulty_key: null
+(= pass_rate if present, else difficulty), descending: false, seed: null (= data.seed, else 0),
+missing: error``). Labels are read from each row's ``extra_info``.
+
+Epochs and resumption: the epoch's order is a pure function of (rows, options, seed, epoch). The dataset
+follows the epoch from the index stream: positions of one pass arrive in increasing order, so a position
+not above the previous one starts the next epoch. Its ``state_dict`` (epoch, last position, a fingerprint
+of data and options) is a ``Stateful`` dataset state, which torchdata's ``StatefulDataLoader`` stores in
+verl's ``global_step_N/data.pt`` next to the sampler position, so a resumed run continues with exactly the
+prompts the uninterrupted run would have seen, across epoch boundaries too. This needs single-process
+loading (``data.dataloader_num_workers=0``; ``__getitem__`` does no tokenisation in verl 0.9, so workers
+gain nothing). verl's legacy trainer (``trainer.use_v1=false``) skips restoring ``data.pt`` when it resumes
+exactly at an epoch boundary; call :meth:`CurriculumDataset.set_epoch` there (the new trainer restores it).
+
+Only the training set is reordered: a dataset built from other files than ``data.train_files`` (verl
+builds the validation set with the same config) behaves exactly like ``RLHFDataset``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+from ebpo_verl.algos.ordering import (
+    FALLBACK_DIFFICULTY_KEY,
+    PASS_RATE_KEY,
+    PURITY_THRESHOLD,
+    CurriculumOptions,
+    Layout,
+    batch_purity,
+    epoch_layout,
+)
+from ebpo_verl.options.parsing import is_missing
+
+__all__ = ["CurriculumDataset", "CurriculumOptions", "parse_curriculum_config", "validate_curriculum_config"]
+STATE_VERSION = 1
+_SHOWN_BLOCKS = 12
+
+
+def _options_mapping(data_config: Mapping[str, Any]) -> dict[str, Any]:
+    node = data_config.get("curriculum", None)
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if node is not None and not isinstance(node, Mapping):
+        raise ValueError(f"data.curriculum must be a mapping of options, got {node!r}")
+    return dict(node or {})
+
+
+def parse_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions:
+    """Options of ``data.curriculum``, checked against the rest of the data config; ValueError if unusable.
+
+    Any order but ``random`` requires ``data.shuffle=False``: the dataset fixes the order, and verl's
+    ``RandomSampler`` (``shuffle=True``) would scramble it. An epoch-dependent order read through the
+    sampler (``random`` without shuffle, ``topic``, ``difficulty``) requires ``data.dataloader_num_workers=0``.
+    """
+    opts = CurriculumOptions.from_mapping(_options_mapping(data_config))
+    shuffle = bool(data_config.get("shuffle", False))
+    if shuffle and opts.order != "random":
+        raise ValueError(
+            f"data.curriculum.order={opts.order} needs data.shuffle=False: CurriculumDataset puts the rows in "
+            f"{opts.order} order itself and verl's RandomSampler (data.shuffle=True) would scramble it. "
+            "Set data.shuffle=False, or use data.curriculum.order=random for a shuffled stream."
+        )
+    workers = int(data_config.get("dataloader_num_workers", 0) or 0)
+    if opts.epoch_dependent and not shuffle and workers > 0:
+        raise ValueError(
+            f"data.curriculum.order={opts.order} needs data.dataloader_num_workers=0 (got {workers}): "
+            "CurriculumDataset follows the epoch from the sequence of positions it is asked for, which worker "
+            "processes (each with its own copy of the dataset) would lose. __getitem__ does no tokenisation in "
+            "verl 0.9, so workers gain nothing."
+        )
+    if opts.aligned:
+        batch = data_config.get("train_batch_size", None)
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"data.curriculum.align needs a positive data.train_batch_size, got {batch!r}")
+        if opts.block_size is not None and opts.block_size % batch:
+            raise ValueError(
+                f"data.curriculum.block_size={opts.block_size} must be a multiple of data.train_batch_size={batch} "
+                "with align (blocks are made of whole batches); set align=false or a multiple."
+            )
+    return opts
+
+
+def validate_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions:
+    """The ``data.curriculum`` options, refused (ValueError) before any rollout when the curriculum cannot work.
+
+    Checks the ``data.curriculum`` options and their fit with ``data.shuffle``,
+    ``data.dataloader_num_workers`` and ``data.train_batch_size`` (see :func:`parse_curriculum_config`), and
+    that a non-native order is not silently ignored because ``data.custom_cls`` selects another class.
+    """
+    custom = data_config.get("custom_cls", None) or {}
+    path, name = custom.get("path", None), custom.get("name", None)
+    ours = False
+    if path is not None:
+        from verl.utils.import_utils import load_extern_object
+
+        ours = bool(getattr(load_extern_object(path, name), "ebpo_curriculum", False))
+    if ours:
+        return parse_curriculum_config(data_config)
+    opts = CurriculumOptions.from_mapping(_options_mapping(data_config))
+    if opts != CurriculumOptions():
+        raise ValueError(
+            f"data.curriculum is set ({opts.as_dict()}) but data.custom_cls ({path}, {name}) is not "
+            "CurriculumDataset, so verl would ignore it. Set data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum "
+            "data.custom_cls.name=CurriculumDataset, or remove data.curriculum."
+        )
+    return opts
+
+
+def _file_list(files: Any) -> list[str]:
+    if isinstance(files, ListConfig):
+        files = list(files)
+    if not isinstance(files, list | tuple):
+        files = [files]
+    return [os.path.normpath(os.path.expanduser(str(f))) for f in files]
+
+
+class CurriculumDataset(RLHFDataset):
+    """``RLHFDataset`` whose training rows come in a curriculum order (``data.curriculum``, see module doc)."""
+
+    ebpo_curriculum = True  # marker for validate_curriculum_config (a file-path load makes a new class object)
+
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
+        self.curriculum = parse_curriculum_config(config)
+        train_files = config.get("train_files", None)
+        self.is_train = train_files is None or _file_list(data_files) == _file_list(train_files)
+        val_files = config.get("val_files", None)
+        if (
+            self.curriculum.epoch_dependent
+            and val_files is not None
+            and _file_list(val_files) == _file_list(train_files)
+        ):
+            raise ValueError(
+                "data.val_files is the same as data.train_files: CurriculumDataset reorders only the training "
+                "set and tells it apart by its files. Point data.val_files at a copy (or symlink) of the file."
+            )
+        super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
+
+        opts = self.curriculum
+        self.shuffled_by_sampler = opts.order == "random" and bool(config.get("shuffle", False))
+        self.reorders = self.is_train and opts.epoch_dependent and not self.shuffled_by_sampler
+        data_seed = config.get("seed", None)
+        self.order_seed = int(opts.seed if opts.seed is not None else data_seed if data_seed is not None else 0)
+        self.batch_size = int(config.get("train_batch_size", 0) or 0)
+        self._epoch, self._last_position = 0, None
+        self._layout_cache: tuple[int, Layout] | None = None
+        if not self.is_train:
+            return
+        column = self.dataframe["extra_info"] if "extra_info" in self.dataframe.column_names else [None] * len(self)
+        extra = [e if isinstance(e, Mapping) else {} for e in column]
+        self._extra = extra
+        self.topics = [e.get(opts.topic_key) for e in extra]
+        self.difficulty_key = self._difficulty_key(extra)
+        self.difficulties: list[float | None] | None = None
+        if opts.order == "topic":
+            self._check_missing(self.topics, opts.topic_key, "topic_key")
+        elif opts.order == "difficulty":
+            self.difficulties = self._difficulty_values(extra)
+        self.fingerprint = self._fingerprint()
+        self._print_summary()
+
+    # -- labels ---------------------------------------------------------------------------------------
+
+    def _difficulty_key(self, extra: Sequence[Mapping[str, Any]]) -> str:
+        if self.curriculum.difficulty_key is not None:
+            return self.curriculum.difficulty_key
+        has_pass_rate = any(not is_missing(e.get(PASS_RATE_KEY)) for e in extra)
+        return PASS_RATE_KEY if has_pass_rate else FALLBACK_DIFFICULTY_KEY
+
+    def _difficulty_values(self, extra: Sequence[Mapping[str, Any]]) -> list[float | None]:
+        key = self.difficulty_key
+        raw = [e.get(key) for e in extra]
+        self._check_missing(raw, key, "difficulty_key")
+        values: list[float | None] = []
+        for row, v in enumerate(raw):
+            if is_missing(v):
+                values.append(None)
+                continue
+            try:
+                values.append(float(v))
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"CurriculumDataset: row {row}{self._row_id(row)} has extra_info[{key!r}]={v!r}, not a number; "
+                    f"order=difficulty sorts by it (set data.curriculum.difficulty_key to a numeric field)."
+                ) from None
+            if is_missing(values[-1]):
+                values[-1] = None
+        return values
+
+    def _check_missing(self, values: Sequence[Any], key: str, option: str) -> None:
+        rows = [i for i, v in enumerate(values) if is_missing(v)]
+        if not rows or self.curriculum.missing == "last":
+            return
+        row = rows[0]
+        present = sorted(k for k, v in self._extra[row].items() if v is not None)
+        listed = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
+        raise ValueError(
+            f"CurriculumDataset (order={self.curriculum.order}): row {row}{self._row_id(row)} of "
+            f"{self.original_data_files} has no extra_info[{key!r}] ({len(rows)} such row(s): {listed}); its "
+            f"extra_info keys are {present}. Set data.curriculum.{option} to the field that holds the label, "
+            "or data.curriculum.missing=last to put such rows at the end."
+        )
+
+    def _row_id(self, row: int) -> str:
+        index = self._extra[row].get("index", None)
+        return f" (extra_info.index={index!r})" if index is not None else ""
+
+    def _fingerprint(self) -> dict[str, Any]:
+        labels = self.topics if self.curriculum.order == "topic" else self.difficulties
+        digest = hashlib.sha256(repr(labels).encode()).hexdigest()[:16] if labels is not None else None
+        return {
+            "options": self.curriculum.as_dict(),
+            "seed": self.order_seed,
+            "batch_size": self.batch_size,
+            "rows": len(self),
+            "labels_sha256": digest,
+        }
+
+    # -- order ----------------------------------------------------------------------------------------
+
+    def layout(self, epoch: int) -> Layout:
+        """The order of ``epoch`` (``layout(e).order[p]`` = row at position p); pure, does not advance."""
+        if self._layout_cache is None or self._layout_cache[0] != epoch:
+            if not self.reorders:
+                layout = epoch_layout(CurriculumOptions(), len(self), seed=0, epoch=0, batch_size=1)
+            else:
+                layout = epoch_layout(
+                    self.curriculum,
+                    len(self),
+                    seed=self.order_seed,
+                    epoch=epoch,
+                    batch_size=self.batch_size,
+                    topics=self.topics,
+                    difficulties=self.difficulties,
+                    higher_is_easier=self.difficulty_key == PASS_RATE_KEY,
+                )
+            self._layout_cache = (epoch, layout)
+        return self._layout_cache[1]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last position served."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next position served start epoch ``epoch`` (for trainers that skip restoring data.pt)."""
+        self._epoch, self._last_position = int(epoch), None
+
+    def _row(self, position: int) -> int:
+        position = int(position)
+        if not 0 <= position < len(self):
+            raise IndexError(f"position {position} out of range for {len(self)} rows")
+        if not self.reorders:
+            return position
+        if self._last_position is not None and position <= self._last_position:
+            self._epoch += 1
+        self._last_position = position
+        return int(self.layout(self._epoch).order[position])
+
+    def __getitem__(self, item):
+        return super().__getitem__(self._row(item))
+
+    # -- torchdata Stateful: saved in data.pt by StatefulDataLoader -------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.reorders:
+            return {"version": STATE_VERSION, "reorders": False}
+        return {
+            "version": STATE_VERSION,
+            "reorders": True,
+            "epoch": self._epoch,
+            "last_position": self._last_position,
+            "fingerprint": self.fingerprint,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not self.reorders:
+            if state.get("reorders", False):  # e.g. eval.sh resumes a topic-ordered run with the native order
+                warnings.warn(
+                    f"the dataloader checkpoint (data.pt) was saved by a curriculum run ({state.get('fingerprint')}) "
+                    "but this run keeps the file order: its training position now points at other prompts. Fine "
+                    "for validation-only runs; to continue training, resume with the same data.curriculum.",
+                    stacklevel=2,
+                )
+            return
+        if not state.get("reorders", False):
+            raise ValueError(
+                "the dataloader checkpoint (data.pt) holds no curriculum position, but this run uses "
+                f"data.curriculum.order={self.curriculum.order}: resume with the configuration it was saved "
+                "with, or delete data.pt to restart the data stream from the first batch."
+            )
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError(
+                f"the dataloader checkpoint (data.pt) was saved with curriculum {state.get('fingerprint')}, "
+                f"this run has {self.fingerprint}; its position would point at other prompts. Resume with the "
+                "same data files and data.curriculum, or delete data.pt to restart the data stream."
+            )
+        self._epoch, self._last_position = int(state["epoch"]), state["last_position"]
+
+    # -- start-up summary -----------------------------------------------------------------------------
+
+    def _print_summary(self) -> None:
+        opts = self.curriculum
+        if self.shuffled_by_sampler:
+            head = f"order=random via verl's RandomSampler (data.shuffle=True, data.seed={self.config.get('seed')})"
+        elif opts.order == "topic":
+            align = f"aligned to batches of {self.batch_size}" if opts.aligned else "not aligned"
+            chunk = f", block_size={opts.block_size}" if opts.block_size else ""
+            head = f"order=topic by extra_info[{opts.topic_key!r}], {align}{chunk}, seed={self.order_seed}"
+        elif opts.order == "difficulty":
+            sense = "descending" if self.difficulty_key == PASS_RATE_KEY else "ascending"
+            if opts.descending:
+                sense += ", reversed (hard -> easy)"
+            head = f"order=difficulty by extra_info[{self.difficulty_key!r}] {sense}, seed={self.order_seed}"
+        else:
+            head = f"order={opts.order}" + (f", seed={self.order_seed}" if opts.order == "random" else "")
+        blocks = self.layout(0).blocks
+        shown = " | ".join(f"{b.label}: {b.size}" for b in blocks[:_SHOWN_BLOCKS])
+        more = f" | ... (+{len(blocks) - _SHOWN_BLOCKS} more)" if len(blocks) > _SHOWN_BLOCKS else ""
+        print(f"[curriculum] {head}; {len(self)} rows in {len(blocks)} block(s) (epoch 0): {shown}{more}")
+        print(f"[curriculum] {self._purity_line()}")
+
+    def _purity_line(self) -> str:
+        key = self.curriculum.topic_key
+        if self.batch_size < 1:
+            return "batch purity: n/a (data.train_batch_size unset)"
+        if all(is_missing(t) for t in self.topics):
+            return f"batch purity: n/a (no row has extra_info[{key!r}])"
+        if self.shuffled_by_sampler:
+            return "batch purity: n/a (order drawn by the sampler at run time)"
+        labels = [self.topics[r] for r in self.layout(0).order]
+        pure, full = batch_purity(labels, self.batch_size)
+        frac = f"{pure / full:.3f}" if full else "n/a"
+        return (
+            f"batch purity (epoch 0): {pure}/{full} = {frac} of full batches of {self.batch_size} prompts "
+            f"have one extra_info[{key!r}] on >= {PURITY_THRESHOLD:.0%} of their prompts"
+        )

@@ -1,0 +1,179 @@
+"""Pre-flight checks that read only the composed config (and verl's own ``validate_config``); each takes
+``(config, options, dry_run)`` and returns a line for the log or None (:data:`ebpo_verl.trainer.preflight.CHECKS`)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ebpo_verl.algos.ebpo import ignored_options_warning
+from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.trainer.run_options import RunOptions
+
+POSITIVE_INT_KEYS = (
+    "actor_rollout_ref.rollout.n",
+    "data.train_batch_size",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+)
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+"""verl's Optimal Token Baseline estimators (they need the actor's sum of squared token probabilities)."""
+SHAPED_REWARD_KEYS = {
+    "algorithm.use_kl_in_reward": "subtracts a per-token KL penalty from the reward",
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": "adds DAPO's overlong-length penalty",
+    "reward.reward_model.enable": "scores with a learned reward model",
+}
+"""Config switches that make the reward take more than two values (EBPO-BB needs 0/1 or -1/+1)."""
+
+
+def check_positive_ints(config: Any) -> None:
+    """The group size, batch size and cluster size (and ``data.gen_batch_size`` when set) are positive integers."""
+    keys = POSITIVE_INT_KEYS + (("data.gen_batch_size",) if OmegaConf.select(config, "data.gen_batch_size") else ())
+    for key in keys:
+        value = OmegaConf.select(config, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EBPOConfigError(f"{key}={value!r} is invalid; use a positive integer")
+
+
+def check_v1_trainer(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """``trainer.use_v1`` must be true (the legacy ``RayPPOTrainer`` has no hook for labels or metrics)."""
+    if not bool(config.trainer.get("use_v1", True)):
+        raise EBPOConfigError(
+            "trainer.use_v1=false (verl's legacy RayPPOTrainer) is not supported by ebpo-train: its fit() loop "
+            "offers no hook to pass cluster labels to the estimator or to log the ebpo/* metrics. "
+            "Use the default trainer.use_v1=true."
+        )
+
+
+def check_stock_verl_methods(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """What verl 0.9.1 rejects only at run time for its Optimal Token Baseline and KL-Cov loss: OTB without the
+    actor's sum of squared token probabilities (an assert on the first advantage step) or with fused kernels
+    (the engines raise NotImplementedError: they never materialise the logits the sum needs) or with the rollout
+    correction's bypass mode (no old-log-prob pass, so no sum); KL-Cov with a non-positive ``kl_cov_ratio``."""
+    actor = config.actor_rollout_ref.actor
+    estimator = options.adv_estimator
+    if estimator in OTB_ESTIMATORS:
+        if not bool(actor.get("calculate_sum_pi_squared", False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={estimator} needs actor_rollout_ref.actor.calculate_sum_pi_squared=True "
+                "(the sum of squared token probabilities it weights by; verl asserts on the first step otherwise)"
+            )
+        if bool(OmegaConf.select(config, "actor_rollout_ref.model.use_fused_kernels", default=False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={estimator} cannot run with actor_rollout_ref.model.use_fused_kernels=True "
+                "(fused kernels never materialise the logits the sum of squared probabilities needs): set it False"
+            )
+        if bool(OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={estimator} needs the actor's old-log-prob pass, which "
+                "algorithm.rollout_correction.bypass_mode=True skips (no sum of squared probabilities): set it False"
+            )
+    policy_loss = actor.get("policy_loss", None) or {}
+    if policy_loss.get("loss_mode", None) == "kl_cov" and not float(policy_loss.get("kl_cov_ratio", 0.0002)) > 0:
+        raise EBPOConfigError(
+            f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio={policy_loss.get('kl_cov_ratio')} must be > 0 for "
+            "loss_mode=kl_cov (the share of tokens it penalises; the Entropy Mechanism paper uses 0.002)"
+        )
+
+
+def check_group_size(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """EBPO's group-mean baseline (``shrinkage`` 0 or ``auto``) needs ``actor_rollout_ref.rollout.n >= 2``."""
+    ebpo = options.ebpo
+    n = int(config.actor_rollout_ref.rollout.n)
+    if ebpo is None or n >= 2:
+        return
+    if ebpo.fixed_shrinkage == 0:
+        raise EBPOConfigError(
+            f"actor_rollout_ref.rollout.n={n} with algorithm.ebpo.shrinkage=0: the baseline is the group mean, "
+            "which for one response is the response itself, so every advantage is 0. Set "
+            "actor_rollout_ref.rollout.n>=2."
+        )
+    if ebpo.fixed_shrinkage is None:
+        raise EBPOConfigError(
+            f"actor_rollout_ref.rollout.n={n} but algorithm.ebpo.shrinkage=auto needs at least 2 responses per "
+            "prompt to estimate the within-group variance. Set actor_rollout_ref.rollout.n>=2, or fix the "
+            "shrinkage (e.g. algorithm.ebpo.shrinkage=1.0 for a global-mean baseline)."
+        )
+
+
+def check_shaped_rewards(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """EBPO-BB needs a two-level reward; ``bnpo`` rewards in [0, 1] or -1/+1: no switch may shape the reward."""
+    if options.ebpo is not None and options.ebpo.prior == "beta_binomial":
+        for key, effect in SHAPED_REWARD_KEYS.items():
+            if bool(OmegaConf.select(config, key, default=False)):
+                raise EBPOConfigError(
+                    f"algorithm.ebpo.prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but "
+                    f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use "
+                    "algorithm.ebpo.prior=gaussian."
+                )
+    if options.adv_estimator == "bnpo":
+        for key in ("algorithm.use_kl_in_reward", "reward.reward_kwargs.overlong_buffer_cfg.enable"):
+            if bool(OmegaConf.select(config, key, default=False)):
+                raise EBPOConfigError(
+                    f"algorithm.adv_estimator=bnpo needs rewards in [0, 1] or the paper's -1/+1 (it fits a Beta "
+                    f"distribution to pass rates), but {key}=True {SHAPED_REWARD_KEYS[key]}, so rewards take other "
+                    f"values. Set {key}=False, or use another estimator."
+                )
+
+
+def warn_ignored_options(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """Name the ``algorithm.ebpo`` options set away from their defaults that the chosen mode ignores."""
+    warning = ignored_options_warning(options.ebpo) if options.ebpo is not None else None
+    if warning:
+        print(f"ebpo-train: warning: {warning}", file=sys.stderr)
+
+
+def warn_versions(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """The running library versions against recipe/ebpo/VERSIONS.txt (:func:`ebpo_verl.ops.provenance.version_warning`);
+    a malformed file is an error naming its line."""
+    from ebpo_verl.ops.provenance import version_warning
+
+    try:
+        versions = version_warning()
+    except ValueError as err:
+        raise EBPOConfigError(str(err)) from err
+    if versions:
+        print(f"ebpo-train: warning: {versions}", file=sys.stderr)
+
+
+def world_size(config: Any) -> int:
+    """GPUs of the run: ``trainer.nnodes x trainer.n_gpus_per_node``."""
+    return int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+
+
+def check_verl_config(config: Any, options: Any = None, dry_run: bool = False) -> str:
+    """verl's own ``validate_config`` (what ``main_ppo`` runs before Ray) at the configured world size.
+
+    It reads only the config (batch sizes vs world size, micro-batch settings, ...), so it runs on a machine
+    without GPUs. Its progress lines go to stderr, keeping stdout for ``--cfg job``'s config.
+    """
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Disabled critic")  # need_critic's note for every non-GAE run
+            validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except Exception as err:  # verl reports with assert, ValueError and hydra's InstantiationException
+        reason = err.__cause__ if err.__cause__ is not None else err
+        raise EBPOConfigError(
+            f"verl's validate_config refused the config at world size {world_size(config)} (trainer.nnodes="
+            f"{config.trainer.nnodes} x trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}): {one_line(reason)}"
+        ) from err
+    return f"world size {world_size(config)}"
+
+
+def check_resume(config: Any, options: RunOptions, dry_run: bool) -> str | None:
+    """The checkpoint a resume will load, checked against the estimator's options on the driver
+    (:func:`ebpo_verl.trainer.checkpoint.resume.check_resume`): a mismatch under ``on_resume_mismatch=error`` or an
+    unreadable state file stops here, before Ray starts and weights load."""
+    from ebpo_verl.trainer.checkpoint.resume import check_resume as check
+
+    try:
+        return check(config.trainer, options)
+    except ValueError as err:
+        raise EBPOConfigError(str(err)) from err

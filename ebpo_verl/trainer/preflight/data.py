@@ -1,0 +1,285 @@
+"""Pre-flight checks of the data: one reader of verl data files (:func:`read_data_file`), the driver's check of
+every training and validation file (:func:`check_data`: steps per epoch, ground truths, curriculum labels), and
+the row checks the trainer runs on its loaded dataset (cluster labels, SPO's prompt keys)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ebpo_verl.algos.ordering import FALLBACK_DIFFICULTY_KEY, PASS_RATE_KEY
+from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.ops.model_ref import model_reference_problem
+from ebpo_verl.options.parsing import is_missing
+from ebpo_verl.trainer.run_options import RunOptions
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """The columns of a verl data file the pre-flight reads: ``reward_model`` and ``extra_info``, one per row."""
+
+    path: str
+    rows: int
+    reward_models: list[Any] | None  # None: the file has no reward_model column
+    extra_infos: list[Mapping[str, Any]]
+
+
+def read_data_file(path: str, key: str) -> DataFile:
+    """Read a verl data file as verl's ``RLHFDataset`` does (.parquet; .json as a list or as lines; .jsonl).
+
+    ``key`` (``data.train_files``) names the setting in the errors: an unsupported format and an unreadable file
+    are refused.
+    """
+    if not path.endswith((".parquet", ".json", ".jsonl")):
+        raise EBPOConfigError(f"{key}: {path} has an unsupported format; verl reads .parquet, .json, .jsonl")
+    wanted = ("reward_model", "extra_info")
+    try:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names
+            table = pq.read_table(path, columns=[c for c in wanted if c in names])
+            columns = {name: table.column(name).to_pylist() for name in table.column_names}
+            rows = table.num_rows
+        else:
+            import pandas as pd
+
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            as_list = path.endswith(".json") and text.lstrip().startswith("[")
+            records = json.loads(text) if as_list else [json.loads(line) for line in text.splitlines() if line.strip()]
+            frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+            columns = {c: frame[c].tolist() for c in wanted if c in frame.columns}
+            rows = len(frame)
+    except Exception as err:  # pyarrow / json raise their own types for a truncated or foreign file
+        raise EBPOConfigError(f"{key}: {path} is not a readable verl data file ({one_line(err)})") from err
+    infos = [info if isinstance(info, Mapping) else {} for info in columns.get("extra_info", [None] * rows)]
+    return DataFile(path, rows, columns.get("reward_model"), infos)
+
+
+def _files(value: Any) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    return [os.path.expanduser(str(item)) for item in items]
+
+
+def check_model_path(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """``actor_rollout_ref.model.path`` names a local folder or a hub id, in a dry run too (the run would
+    otherwise prepare and label its data before verl fails to load the model)."""
+    value = str(config.actor_rollout_ref.model.path)
+    if problem := model_reference_problem(value):
+        raise EBPOConfigError(
+            f"actor_rollout_ref.model.path={problem}; set MODEL_PATH (recipes) or actor_rollout_ref.model.path "
+            "to a Hugging Face model folder or a hub id"
+        )
+
+
+def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
+    """Every local training and validation file, each read once: at least one training step per epoch, a ground
+    truth in every row, and the curriculum's label in the training rows. Returns the steps-per-epoch line.
+
+    One epoch must fill one batch: the rows of ``data.train_files`` (capped at ``data.train_max_samples``, counted
+    before verl's overlong-prompt filter) against ``data.gen_batch_size`` or ``data.train_batch_size`` (verl drops
+    the last partial batch, so fewer rows train zero steps and exit 0). A missing local file raises, or with
+    ``dry_run`` (``--cfg job`` on a machine without the data) is skipped, the line saying what was not checked;
+    remote files (``hdfs://``) are not read.
+    """
+    train, val = _files(config.data.get("train_files", None)), _files(config.data.get("val_files", None))
+    not_checked = None
+    read: dict[str, list[DataFile]] = {"data.train_files": [], "data.val_files": []}
+    for key, files in (("data.train_files", train), ("data.val_files", val)):
+        for path in files:
+            if "://" in path:
+                not_checked = not_checked or (key == "data.train_files" and f"{path} is not a local file")
+                continue
+            if not os.path.isfile(path):
+                if dry_run:
+                    not_checked = not_checked or (
+                        key == "data.train_files" and f"{path} does not exist on this machine"
+                    )
+                    continue
+                fix = "prepare the data (python -m data_prep.all)" if key == "data.train_files" else "prepare the data"
+                raise EBPOConfigError(f"{key}: {path} does not exist (or is not a file); {fix} or fix the path")
+            read[key].append(read_data_file(path, key))
+    line = f"steps per epoch not checked: data.train_files {not_checked}" if not_checked else None
+    if line is None:
+        line = _steps_per_epoch(config, read["data.train_files"])
+    for key, data_files in read.items():
+        for data in data_files:
+            _check_ground_truths(data, key)
+    if read["data.train_files"] and len(read["data.train_files"]) == len(train):  # the labels need every row
+        _check_curriculum_labels(options, read["data.train_files"])
+    return line
+
+
+def _steps_per_epoch(config: Any, files: list[DataFile]) -> str:
+    batch_key = "data.gen_batch_size" if config.data.get("gen_batch_size", None) else "data.train_batch_size"
+    batch = int(OmegaConf.select(config, batch_key))
+    rows = sum(f.rows for f in files)
+    cap = int(config.data.get("train_max_samples", -1) or -1)
+    capped = f", capped by data.train_max_samples={cap}" if 0 < cap < rows else ""
+    rows = min(rows, cap) if cap > 0 else rows
+    detail = ", ".join(f"{f.path}: {f.rows} rows" for f in files) + capped
+    if rows < batch:
+        raise EBPOConfigError(
+            f"one epoch would train 0 steps: data.train_files has {rows} rows ({detail}) but {batch_key}={batch} "
+            f"(verl drops the last partial batch). Use a larger training file or {batch_key}<={rows}."
+        )
+    return f"{rows} training rows ({detail}; before verl's overlong-prompt filter) -> {rows // batch} steps per epoch"
+
+
+def _check_ground_truths(data: DataFile, key: str) -> None:
+    import pandas as pd
+
+    from data_prep.schema import DataPrepError, check_ground_truths
+
+    if data.reward_models is None:
+        raise EBPOConfigError(
+            f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it with "
+            "data_prep or add the column"
+        )
+    try:
+        check_ground_truths(pd.DataFrame({"reward_model": data.reward_models}), source=f"{key}: {data.path}")
+    except DataPrepError as err:
+        raise EBPOConfigError(str(err)) from err
+
+
+def _curriculum_label(options: RunOptions, infos: list[Mapping[str, Any]]) -> str | None:
+    """The ``extra_info`` field the curriculum's order sorts by; None for the native and random orders."""
+    curriculum = options.curriculum
+    if curriculum.order == "topic":
+        return curriculum.topic_key
+    if curriculum.order == "difficulty":
+        if curriculum.difficulty_key is not None:
+            return curriculum.difficulty_key
+        has_pass_rate = any(not is_missing(info.get(PASS_RATE_KEY)) for info in infos)
+        return PASS_RATE_KEY if has_pass_rate else FALLBACK_DIFFICULTY_KEY
+    return None
+
+
+def _check_curriculum_labels(options: RunOptions, files: list[DataFile]) -> None:
+    infos = [info for f in files for info in f.extra_infos]
+    label = _curriculum_label(options, infos)
+    if label is None:
+        return
+    order = options.curriculum.order
+    option = "topic_key" if order == "topic" else "difficulty_key"
+    missing = [(f.path, row) for f in files for row, info in enumerate(f.extra_infos) if is_missing(info.get(label))]
+    if not missing:
+        return
+    names = ", ".join(f.path for f in files)
+    if len(missing) == len(infos):
+        present = sorted({str(k) for info in infos for k, v in info.items() if not is_missing(v)})
+        raise EBPOConfigError(
+            f"data.curriculum.order={order} sorts by extra_info[{label!r}], but none of the {len(infos)} "
+            f"training rows ({names}) has it; extra_info fields present: {present or 'none'}. Set "
+            f"data.curriculum.{option} to the field that holds the label, or add it to the data."
+        )
+    if options.curriculum.missing == "error":
+        path, row = missing[0]
+        raise EBPOConfigError(
+            f"data.curriculum.order={order}: row {row} (0-based) of {path} has no extra_info[{label!r}] "
+            f"({len(missing)} of {len(infos)} training rows lack it). Fix the data, or set "
+            "data.curriculum.missing=last to train those rows at the end of each epoch."
+        )
+
+
+def check_row_keys(extra_infos: Iterable[Mapping[str, Any] | None], options: RunOptions, source: str) -> None:
+    """The training rows carry the field the estimator reads per row (:attr:`RunOptions.row_key`): a cluster
+    label (``algorithm.ebpo.cluster_key``) or a prompt key unique over the rows (``algorithm.spo.prompt_key``)."""
+    entry, key = options.stateful, options.row_key
+    if entry is None or not key:
+        return
+    if entry.unique_row_key:
+        check_prompt_keys(extra_infos, key, source, f"{entry.section}.{entry.row_key}", entry.label)
+    else:
+        check_cluster_labels(extra_infos, key, source)
+
+
+def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluster_key: str, source: str) -> None:
+    """Every training row must carry ``extra_info[cluster_key]`` (not null); else list what the rows do have.
+
+    Args:
+        extra_infos: the ``extra_info`` of each training row, in dataset order.
+        cluster_key: ``algorithm.ebpo.cluster_key``.
+        source: where the rows come from (the data files), for the message.
+    """
+    existing: set[str] = set()
+    missing: list[int] = []
+    rows = 0
+    for row, info in enumerate(extra_infos):
+        rows += 1
+        info = info or {}
+        existing.update(str(k) for k in info)
+        if is_missing(info.get(cluster_key)):
+            missing.append(row)
+    if not missing:
+        return
+    if cluster_key not in existing:
+        raise EBPOConfigError(
+            f"algorithm.ebpo.cluster_key={cluster_key!r} is not a key of extra_info in the training data "
+            f"({source}); extra_info keys present: {sorted(existing) or 'none'}. Pick one of them, or add the "
+            "labels to the data (data_prep), or set algorithm.ebpo.cluster_key=null."
+        )
+    raise EBPOConfigError(
+        f"extra_info[{cluster_key!r}] is missing or null in {len(missing)} of {rows} training rows ({source}); "
+        f"first rows: {missing[:10]}. Every prompt needs a cluster label: fix the data (data_prep)."
+    )
+
+
+def check_prompt_keys(
+    extra_infos: Iterable[Mapping[str, Any] | None],
+    prompt_key: str,
+    source: str,
+    option: str = "algorithm.spo.prompt_key",
+    label: str = "SPO",
+) -> None:
+    """A per-prompt tracker's key: every training row needs ``extra_info[prompt_key]`` (not null), unique over the
+    rows (``option`` names the setting, ``label`` the estimator).
+
+    verl's uid is drawn afresh every step, so the tracker refuses to fall back to it; a key shared by two rows
+    would merge two prompts' trackers (several training files each number ``index`` from 0).
+    """
+    existing: set[str] = set()
+    missing: list[int] = []
+    first_row: dict[str, int] = {}
+    duplicates: list[tuple[str, int, int]] = []
+    rows = 0
+    for row, info in enumerate(extra_infos):
+        rows += 1
+        info = info or {}
+        existing.update(str(k) for k in info)
+        value = info.get(prompt_key)
+        if is_missing(value):
+            missing.append(row)
+            continue
+        key = str(value)
+        if key in first_row:
+            duplicates.append((key, first_row[key], row))
+        else:
+            first_row[key] = row
+    if missing and prompt_key not in existing:
+        raise EBPOConfigError(
+            f"{option}={prompt_key!r} is not a key of extra_info in the training data ({source}); "
+            f"extra_info keys present: {sorted(existing) or 'none'}. {label} tracks each prompt across steps by this "
+            "key (verl's uid changes every step): pick a field unique per prompt, or add one in data_prep."
+        )
+    if missing:
+        raise EBPOConfigError(
+            f"extra_info[{prompt_key!r}] ({option}) is missing or null in {len(missing)} of {rows} "
+            f"training rows ({source}); first rows: {missing[:10]}. Every prompt needs a key: fix the data."
+        )
+    if duplicates:
+        key, a, b = duplicates[0]
+        raise EBPOConfigError(
+            f"extra_info[{prompt_key!r}] ({option}) is not unique in the training data ({source}): "
+            f"{len(duplicates)} row(s) repeat an earlier row's key (first: {key!r} at rows {a} and {b}), which would "
+            f"merge their {label} trackers. Several training files each number `index` from 0: set "
+            f"{option} to a field unique across them."
+        )

@@ -1,0 +1,377 @@
+"""EBPO inside verl 0.9.1's v1 trainer: per-row keys for the estimator, its state in checkpoints, ``ebpo/*``
+metrics, the metrics log, and verl's Optimal Token Baseline made runnable.
+
+verl's ``compute_advantage`` calls an estimator with rewards, masks and uids only, and its checkpoints know nothing
+of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer
+``trainer.v1.trainer_mode`` selects (sync / colocate_async / separate_async), every method through ``super()``:
+
+- ``_compute_advantage``: verl's own step, around which the estimator gets the run's validated options and, when
+  it reads a per-row field (``algorithm.ebpo.cluster_key``, ``algorithm.spo.prompt_key``), this step's
+  uid -> ``extra_info[field]`` map fetched from TransferQueue (:func:`ebpo_verl.trainer.adapter.step_inputs`); the
+  estimator's diagnostics (``ebpo/*``, ``spo/*``, ``bnpo/*``) go into the step's metrics, so every tracker
+  backend logs them;
+- ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator of
+  :data:`ebpo_verl.trainer.run_options.STATEFUL` in ``global_step_N/<state_file>``
+  (:mod:`ebpo_verl.trainer.checkpoint.state`),
+  restored in ``init()``, i.e. before the first advantage computation; every checkpoint also holds the step's
+  training metrics (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`): verl validates between its tracker file and the
+  step's log call, so a run killed there logs them on resume if the metrics log lacks them;
+- ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
+- ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog`
+  at ``trainer.metrics_log_path``.
+
+:class:`OTBSumPiSquaredMixin` is the one place that copies verl (see its docstring). :class:`EBPOTaskRunner` is
+verl's ``TaskRunnerV1.run`` itself, with these trainers, after this process's options and registration check
+and :func:`~ebpo_verl.ops.node_check.check_nodes` (every Ray node sees the same data and output paths).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from omegaconf import DictConfig
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.main_ppo import TaskRunnerV1
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+from ebpo_verl.algos.baselines import BNPO_DIAGNOSTICS
+from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
+from ebpo_verl.ops.node_check import check_nodes
+from ebpo_verl.ops.provenance import run_provenance
+from ebpo_verl.options.parsing import is_missing
+from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
+from ebpo_verl.trainer.checkpoint.state import load_state, save_state
+from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
+from ebpo_verl.trainer.contact import swapped
+from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
+from ebpo_verl.trainer.preflight.data import check_row_keys
+from ebpo_verl.trainer.preflight.registry import check_registered
+from ebpo_verl.trainer.run_options import STATEFUL, RunOptions
+from ebpo_verl.trainer.watchdog import StepWatchdogMixin
+
+STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/throughput"})
+"""Metrics of the step's total time, unknown while its checkpoint is written (not in the saved metrics)."""
+
+SUM_PI_SQUARED = "sum_pi_squared_response"
+"""TransferQueue field: the actor's per-token sum of squared probabilities over the response tokens (OTB)."""
+ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values"]
+"""What verl's v1 advantage step reads from TransferQueue."""
+
+
+def uid_row_keys(
+    extra_infos: Sequence[Mapping[str, Any] | None],
+    uids: Sequence[Any],
+    padding: Sequence[bool],
+    key: str,
+    option: str = "algorithm.ebpo.cluster_key",
+) -> dict[str, Any]:
+    """``uid -> extra_info[key]`` of a step's rows (``option`` names the setting in the errors).
+
+    Padding rows (flagged, or uid starting with ``pad``) copy a real row's fields in verl, so they are skipped. A
+    real row without the field raises, naming its uid and the keys its ``extra_info`` has; so does a uid whose
+    rows carry two different values.
+    """
+    values: dict[str, Any] = {}
+    for info, uid, pad in zip(extra_infos, uids, padding, strict=True):
+        uid = str(uid)
+        if pad or uid.startswith("pad"):
+            continue
+        value = (info or {}).get(key)
+        if is_missing(value):
+            raise EBPOConfigError(
+                f"rollout row of uid {uid} has no extra_info[{key!r}] ({option}); its "
+                f"extra_info keys: {sorted(info or {})}"
+            )
+        if values.setdefault(uid, value) != value:
+            raise EBPOConfigError(
+                f"uid {uid} carries more than one extra_info[{key!r}] ({option}): {values[uid]!r}, {value!r}"
+            )
+    return values
+
+
+def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
+    """The ``extra_info`` column of verl's ``RLHFDataset`` (read from its table: indexing the dataset would
+    tokenize every row and advance a curriculum dataset's position)."""
+    frame = getattr(dataset, "dataframe", None)
+    if frame is None:
+        raise EBPOConfigError(
+            "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
+            f"{type(dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such as "
+            "ebpo_verl.trainer.curriculum.CurriculumDataset)"
+        )
+    if "extra_info" not in frame.column_names:
+        return [None] * len(frame)
+    return frame["extra_info"]
+
+
+def response_sum_pi_squared(sum_pi_squared: Any, response_mask: Any) -> Any:
+    """The response tokens' part of the actor's per-position sum of squared probabilities (nested, whole
+    sequences): position t holds the distribution that produced token t + 1, so response token j of a sequence
+    with prompt length P reads position P + j - 1, the slice verl takes of the log-probs (``old_log_probs``)."""
+    return response_from_nested(sum_pi_squared, response_mask)
+
+
+class OTBSumPiSquaredMixin:
+    """verl's Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline``) on the v1 trainer.
+
+    verl 0.9.1's v1 trainer neither asks the actor for the per-token sum of squared probabilities nor passes it to
+    the estimator (only its legacy trainer does), so OTB would stop at ``compute_advantage``'s ``sum_pi_squared``
+    assertion. For OTB runs only:
+
+    - ``_compute_old_log_prob`` sets the engine's ``calculate_sum_pi_squared`` flag for verl's own step and stores
+      the response part of the actor's (nested, whole-sequence) output in TransferQueue as :data:`SUM_PI_SQUARED`;
+    - ``_compute_advantage`` is :meth:`_advantage_step`, verl's v1 step with that one field more (verl's fetches a
+      fixed field list, so this is the one method that copies verl; ``tests/test_otb_trainer.py`` runs it against
+      verl's own method on the same rows, with and without the KL penalty and the rollout correction), which
+      verl's ``compute_advantage`` passes to OTB with ``old_log_probs`` and any IS weights;
+      ``otb/sum_pi_squared_mean`` (token mean) is logged.
+
+    The bypass mode (no old-log-prob pass) and fused kernels are refused by the pre-flight.
+    """
+
+    otb = False
+
+    def __init__(self, config: DictConfig):
+        super().__init__(config)
+        self.otb = str(config.algorithm.adv_estimator) in OTB_ESTIMATORS
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        if not self.otb:
+            return super()._compute_old_log_prob(batch, metrics)
+        import transfer_queue as tq
+
+        batch.extra_info["calculate_sum_pi_squared"] = True
+        batch = super()._compute_old_log_prob(batch, metrics)
+        batch.extra_info.pop("calculate_sum_pi_squared", None)
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["sum_pi_squared", "response_mask"]
+        )
+        spp = response_sum_pi_squared(data["sum_pi_squared"], data["response_mask"])
+        return tq.kv_batch_put(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            fields=TensorDict({SUM_PI_SQUARED: spp}, batch_size=len(batch)),
+        )
+
+    def _compute_advantage(self, batch, metrics: dict):
+        if not self.otb:
+            return super()._compute_advantage(batch, metrics)
+        return self._advantage_step(batch, metrics, {SUM_PI_SQUARED: "sum_pi_squared"})
+
+    def _advantage_step(self, batch, metrics: dict, extra: Mapping[str, str]):
+        """verl 0.9.1's ``PPOTrainer._compute_advantage`` with the TransferQueue fields ``extra`` (name -> name in
+        the batch) fetched as well."""
+        import transfer_queue as tq
+
+        algo = self.config.algorithm
+        fetched = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=ADVANTAGE_FIELDS + list(extra)
+        )
+        response_mask = fetched["response_mask"]
+        data = DataProto(batch=fetched.to_padded_tensor())
+        data.batch["token_level_scores"] = data.batch["rm_scores"]
+        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        for name, renamed in extra.items():
+            data.batch[renamed] = data.batch.pop(name)
+
+        if algo.use_kl_in_reward:
+            data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+        corr = algo.get("rollout_correction", None)
+        correct = corr is not None and "rollout_log_probs" in data.batch and not corr.get("bypass_mode", False)
+        if correct:
+            data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
+            metrics.update(corr_metrics)
+        if "sum_pi_squared" in data.batch:
+            mask = data.batch["response_mask"].bool()
+            metrics["otb/sum_pi_squared_mean"] = float(data.batch["sum_pi_squared"][mask].mean())
+        data = compute_advantage_for_multi_trajectories(
+            data,
+            batch_keys=batch.keys,
+            adv_estimator=algo.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            num_repeat=self.config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+            config=algo,
+        )
+        out = ["advantages", "returns"] + (["token_level_rewards"] if algo.use_kl_in_reward else [])
+        if correct:
+            out += ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
+        nested = {name: response_to_nested(data.batch[name], response_mask) for name in out}
+        return tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(nested, batch_size=len(batch))
+        )
+
+
+class EBPOTrainerMixin:
+    """EBPO additions to a verl v1 ``PPOTrainer`` subclass (put first in the bases); ``options`` are the run's,
+    parsed by the caller (the TaskRunner) or, when not given, here."""
+
+    _resumed_step = 0
+    _tracking = None
+    _step_output = None  # (batch, metrics) of the step in progress, for the metrics saved with its checkpoint
+
+    def __init__(self, config: DictConfig, options: RunOptions | None = None):
+        super().__init__(config)
+        self.options = options if options is not None else RunOptions.from_config(config)
+
+    # ---------------------------------------------------------------- data
+    def _init_dataloader(self) -> None:
+        super()._init_dataloader()
+        source = f"data.train_files={self.config.data.train_files}"
+        if self.options.row_key:
+            check_row_keys(_dataset_extra_infos(self.train_dataset), self.options, source=source)
+
+    # ----------------------------------------------------------- advantage
+    def _compute_advantage(self, batch, metrics: dict):
+        entry = self.options.stateful
+        if entry is None:
+            BNPO_DIAGNOSTICS.clear()
+            out = super()._compute_advantage(batch, metrics)
+            if self.options.adv_estimator == "bnpo":
+                metrics.update(BNPO_DIAGNOSTICS)  # bnpo/max_abs_adv: the formula's 1/pdf can reach ~1e5-1e6
+            return out
+        with step_inputs(StepInputs(self.options.estimator, self._row_keys(batch))):
+            out = super()._compute_advantage(batch, metrics)
+        metrics.update(entry.state.diagnostics)
+        return out
+
+    def _row_keys(self, batch) -> dict[str, Any] | None:
+        """This step's uid -> ``extra_info[row_key]`` (None when the estimator reads no per-row field)."""
+        key = self.options.row_key
+        if not key:
+            return None
+        import transfer_queue as tq
+
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_info"])
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        option = f"{self.options.stateful.section}.{self.options.stateful.row_key}"
+        return uid_row_keys(list(fetched["extra_info"]), list(fetched["uid"]), padding, key, option)
+
+    # ---------------------------------------------------------- checkpoint
+    def step(self, metrics: dict, timing_raw: dict):
+        batch = super().step(metrics, timing_raw)
+        self._step_output = (batch, metrics)
+        return batch
+
+    def _training_metrics(self) -> dict[str, Any]:
+        """The step's training metrics as verl's log call will have them (``_compute_metrics`` on a copy),
+        minus what is not known at the checkpoint: the step's total time (``STEP_TIME_KEYS``), weight-sync stats
+        and validation."""
+        batch, metrics = self._step_output
+        out = dict(metrics)
+        accumulator = self._rollout_moe_lb_metrics_accumulator
+        self._rollout_moe_lb_metrics_accumulator = copy.deepcopy(accumulator)  # verl's own call accumulates
+        try:
+            epoch = (self.global_steps - 1) // self.steps_per_epoch
+            timing = {**self.timing_raw, "step": float("nan")}  # the step timer is still running
+            self._compute_metrics(batch, out, timing, global_steps=self.global_steps, epoch=epoch)
+        finally:
+            self._rollout_moe_lb_metrics_accumulator = accumulator
+        return {k: v for k, v in out.items() if k not in STEP_TIME_KEYS}
+
+    def _save_checkpoint(self) -> None:
+        # written before verl's latest_checkpointed_iteration.txt: a resumable checkpoint always has them
+        folder = step_folder(self.config.trainer, self.global_steps)
+        if self._step_output is not None:
+            save_step_metrics(folder, self._training_metrics(), self.global_steps)
+        entry = self.options.stateful
+        if entry is not None:
+            save_state(entry, folder, entry.state, self.options.estimator, self.global_steps)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self) -> None:
+        for each in STATEFUL.values():
+            each.state.reset()
+        super()._load_checkpoint()
+        self._resumed_step = int(self.global_steps)
+        entry = self.options.stateful
+        if entry is not None and self.global_steps > 0:
+            folder = loaded_folder(self.config.trainer, self.global_steps)
+            load_state(entry, folder, entry.state, self.options.estimator, self.global_steps)
+
+    # ------------------------------------------------------------- metrics
+    @property
+    def logger(self):
+        """verl's ``Tracking`` (created in ``fit``), with the resume-safe metrics log as an extra backend."""
+        return self._tracking
+
+    @logger.setter
+    def logger(self, tracking) -> None:
+        path = self.config.trainer.get("metrics_log_path", None)
+        if tracking is not None and path:
+            record = run_provenance(self.config)  # provenance: the sidecar <log>.provenance.json
+            tracking.logger["metrics_log"] = MetricsLog(path, resumed_step=self._resumed_step, provenance=record)
+            self._log_unlogged_step(tracking, path)
+        self._tracking = tracking
+
+    def _log_unlogged_step(self, tracking, path: str) -> None:
+        """A run killed after its checkpoint but before verl logged that step (verl validates in between): the
+        training metrics saved with the checkpoint go to every backend now, unless the metrics log has them.
+        Only for a checkpoint of this run's own folder (a ``resume_path`` elsewhere starts another timeline)."""
+        step = self._resumed_step
+        folder = loaded_folder(self.config.trainer, step)
+        if step <= 0 or folder != step_folder(self.config.trainer, step):
+            return
+        try:
+            saved = load_step_metrics(folder, step) or {}
+        except ValueError as err:  # the metrics are a record, not training state: never stop the run for them
+            print(f"ebpo-train: warning: {err}", flush=True)
+            saved = {}
+        logged = read_metrics_log(path).get(step, {}) if os.path.isfile(path) else {}
+        missing = unlogged_step_metrics(saved, logged)
+        if missing:
+            print(
+                f"ebpo-train: step {step}'s training metrics were not logged before the last run stopped; logging "
+                f"{len(missing)} of them from {folder}",
+                flush=True,
+            )
+            tracking.log(data=missing, step=step)
+
+
+@functools.cache
+def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
+    """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
+    base = get_trainer_cls(trainer_mode)
+    bases = (StepWatchdogMixin, EBPOTrainerMixin, OTBSumPiSquaredMixin, base)  # the watchdog times all of a phase
+    return type(f"EBPO{base.__name__}", bases, {"__module__": __name__})
+
+
+@ray.remote
+class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    """verl's v1 TaskRunner (the Ray actor that drives training and calls the estimator) with EBPO's trainer."""
+
+    def preflight(self, config: DictConfig) -> RunOptions:
+        """What must run in this process: the run's options (parsed once here) and our estimator's registration."""
+        options = RunOptions.from_config(config)
+        if options.adv_estimator in ESTIMATORS:
+            check_registered(options.adv_estimator)
+        return options
+
+    def run(self, config: DictConfig) -> None:
+        """verl's ``TaskRunnerV1.run``, whose trainer (looked up in verl's trainer registry by
+        ``trainer.v1.trainer_mode``) is, in this process and for this call, :func:`ebpo_trainer_cls`'s with the
+        run's options."""
+        options = self.preflight(config)
+        check_nodes(config)  # every Ray node sees the data files and output folders at the same paths
+        mode = config.trainer.v1.trainer_mode
+        trainer_cls = ebpo_trainer_cls(mode)
+        ours = functools.partial(trainer_cls, options=options)
+        with swapped("verl.trainer.ppo.v1.trainer_base.TRAINER_REGISTRY", mode, ours):
+            super().run(config)
