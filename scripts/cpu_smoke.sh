@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# End-to-end CPU smoke run of verl's trainer with EBPO (python -m ebpo_verl.cpu.smoke; see its package
+# End-to-end CPU smoke run of verl's trainer with EBPO (python -m ebpo_verl.smoke; see its package
 # docstring and docs/training.md): runs A, K (killed) and K' on one node, --vllm also run C; --nodes 2 [--faults]
 # the two-node cluster run with its faults and evaluation; --hold the SIGTERM test's subject.
-# Time limits, nested (ebpo_verl/cpu/smoke/limits.py): this `timeout` (CPU_SMOKE_TIMEOUT, default 1500 s) is the
+# Time limits, nested (ebpo_verl/smoke/limits.py): this `timeout` (CPU_SMOKE_TIMEOUT, default 1500 s) is the
 # outer one; the script gets --deadline = CPU_SMOKE_TIMEOUT - 120 s (its cleanup margin) and on the SIGTERM of
 # `timeout` stops its cluster and runs; SIGKILL follows 90 s later (--kill-after).
 # Usage: bash scripts/cpu_smoke.sh [--work-dir DIR] [--run-timeout SECONDS] [--vllm] [--nodes 2 [--faults]]
@@ -10,5 +10,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 OUTER=${CPU_SMOKE_TIMEOUT:-1500}
-CLEANUP_MARGIN=120  # ebpo_verl.cpu.smoke.limits.CLEANUP_MARGIN_S
-exec timeout --kill-after=90 "$OUTER" "$PYTHON" -m ebpo_verl.cpu.smoke --deadline "$((OUTER - CLEANUP_MARGIN))" "$@"
+CLEANUP_MARGIN=120  # ebpo_verl.smoke.limits.CLEANUP_MARGIN_S
+exec timeout --kill-after=90 "$OUTER" "$PYTHON" -m ebpo_verl.smoke --deadline "$((OUTER - CLEANUP_MARGIN))" "$@"

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl.cpu.smoke import limits, scan
+from ebpo_verl.smoke import limits, scan
 from tests.conftest import on_ci
 
 REPO = Path(__file__).resolve().parents[1]

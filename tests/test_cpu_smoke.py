@@ -1,5 +1,5 @@
 """The CPU backend (ebpo_verl.cpu.backend) and the end-to-end CPU smoke run (scripts/cpu_smoke.sh, which runs
-``python -m ebpo_verl.cpu.smoke``; its checks' own tests are tests/test_smoke_checks.py).
+``python -m ebpo_verl.smoke``; its checks' own tests are tests/test_smoke_checks.py).
 
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight
@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from ebpo_verl.cpu import backend as cpu_backend
-from ebpo_verl.cpu.smoke import limits
-from ebpo_verl.cpu.smoke.reward import coin_score
 from ebpo_verl.cpu.tiny import build_model
 from ebpo_verl.ops.shm import unlink_engine_shm
+from ebpo_verl.smoke import limits
+from ebpo_verl.smoke.reward import coin_score
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The smoke harness's own checks (ebpo_verl.cpu.smoke), each fed a broken case it must reject: a fault timeline
+"""The smoke harness's own checks (ebpo_verl.smoke), each fed a broken case it must reject: a fault timeline
 past its bound, a process or /dev/shm entry left behind, a scan that sees nothing or fails, a resumed EB state
 off in one moment of one cluster, a grade that does not match its planted file, time limits not nested, the
 SIGTERM handler absent. Fast: fabricated inputs and small child processes, no Ray, no verl trainer."""
@@ -20,7 +20,7 @@ import torch
 
 from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, compute_ebpo_advantages
 from ebpo_verl.cpu import backend
-from ebpo_verl.cpu.smoke import continuation, evaluation, faults, limits, scan, settings
+from ebpo_verl.smoke import continuation, evaluation, faults, limits, scan, settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -285,7 +285,7 @@ def _tagged(tag: str) -> list[psutil.Process]:
 
 def _hold(tmp_path: Path, with_handler: bool) -> tuple[subprocess.Popen, str]:
     args = ["--hold", "--stand-in", "--work-dir", str(tmp_path / "w"), "--run-timeout", "120", "--deadline", "200"]
-    code = "import sys; import ebpo_verl.cpu.smoke.__main__ as m\n"
+    code = "import sys; import ebpo_verl.smoke.__main__ as m\n"
     code += "" if with_handler else "m.install_handlers = lambda: None  # the handler absent\n"
     code += f"m.main({args!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -309,7 +309,7 @@ def test_sigterm_to_the_smoke_script_leaves_nothing_and_without_the_handler_it_d
 
 
 def test_each_node_gets_its_own_ports_and_the_head_the_gcs_port():
-    from ebpo_verl.cpu.smoke.cluster import node_command
+    from ebpo_verl.smoke.cluster import node_command
 
     ports = list(range(30001, 30016))
     head, second = (node_command("ray", n, "127.0.0.1:30000", ports, "/t") for n in (0, 1))

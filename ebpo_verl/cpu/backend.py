@@ -23,7 +23,7 @@ Load it in every process (driver and Ray workers) before verl picks a platform:
 to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
 ``VERL_USE_EXTERNAL_MODULES``), then run with
 ``actor_rollout_ref.rollout.name=hf``, ``trainer.device=cpu``, ``actor.strategy=fsdp2``, ``attn_implementation=sdpa``
-and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``ebpo_verl/cpu/smoke/settings.py`` for the full set).
+and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``ebpo_verl/smoke/settings.py`` for the full set).
 
 Sampling is reproducible: every request's seed is derived from the weight version, the prompt, the sampling
 parameters and how many identical requests this server has answered for that weight version, so a run

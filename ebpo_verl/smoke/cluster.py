@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.cpu.smoke import limits, scan
-from ebpo_verl.cpu.smoke.settings import NODES, run_env
+from ebpo_verl.smoke import limits, scan
+from ebpo_verl.smoke.settings import NODES, run_env
 
 STOP_GRACE_S = 10
 """Seconds the cluster's processes get between SIGTERM and SIGKILL at the end (``ray start --block``, the GCS and

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from ebpo_verl.cpu.smoke.runs import Run
-from ebpo_verl.cpu.smoke.settings import DATA, NODES
+from ebpo_verl.smoke.runs import Run
+from ebpo_verl.smoke.settings import DATA, NODES
 
 BENCHMARKS, LIMIT, RUNS = ("amc23",), 2, 2
 WRONG = "-99999"

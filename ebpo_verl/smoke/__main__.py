@@ -1,4 +1,4 @@
-"""``python -m ebpo_verl.cpu.smoke``: the end-to-end smoke run of verl's real trainer (see the package docstring).
+"""``python -m ebpo_verl.smoke``: the end-to-end smoke run of verl's real trainer (see the package docstring).
 
 SIGTERM and SIGINT (``timeout``, a job scheduler, Ctrl-C) raise :class:`Stopped` in the main thread; on the
 way out, :func:`cleanup` kills every live run's process tree and stops every live cluster (with its leak
@@ -12,8 +12,8 @@ import signal
 import tempfile
 from pathlib import Path
 
-from ebpo_verl.cpu.smoke import cluster, limits, runs
-from ebpo_verl.cpu.smoke.settings import DEVICES, NODES, prepare
+from ebpo_verl.smoke import cluster, limits, runs
+from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
 
 DEFAULT_DEADLINE_S = 1380
 """The script's own overall limit when run directly (cpu_smoke.sh passes its ``timeout`` minus the margin)."""
@@ -46,7 +46,7 @@ def cleanup() -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ebpo_verl.cpu.smoke", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ebpo_verl.smoke", description=__doc__.splitlines()[0])
     p.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
     p.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per training run")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds allowed for everything")
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
-    from ebpo_verl.cpu.smoke import flows
+    from ebpo_verl.smoke import flows
 
     try:
         if args.hold:

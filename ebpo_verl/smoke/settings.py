@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ebpo_verl.cpu.smoke import reward
+from ebpo_verl.smoke import reward
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
 # the real MATH-500/AMC23 copies beside the repository, else (a clone without them) the tests' made-up rows
 DATA = SHARED_DATA if SHARED_DATA.is_dir() else REPO / "tests" / "fixtures" / "hub"

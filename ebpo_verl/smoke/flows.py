@@ -7,12 +7,12 @@ import signal
 import sys
 from pathlib import Path
 
-from ebpo_verl.cpu.smoke import checks, scan
-from ebpo_verl.cpu.smoke.cluster import LocalCluster
-from ebpo_verl.cpu.smoke.evaluation import evaluate_checkpoint
-from ebpo_verl.cpu.smoke.faults import Fault
-from ebpo_verl.cpu.smoke.runs import Run, k_overrides, run_killed, train
-from ebpo_verl.cpu.smoke.settings import K_STEPS, SAVE_FREQ, VLLM_STEPS
+from ebpo_verl.smoke import checks, scan
+from ebpo_verl.smoke.cluster import LocalCluster
+from ebpo_verl.smoke.evaluation import evaluate_checkpoint
+from ebpo_verl.smoke.faults import Fault
+from ebpo_verl.smoke.runs import Run, k_overrides, run_killed, train
+from ebpo_verl.smoke.settings import K_STEPS, SAVE_FREQ, VLLM_STEPS
 
 NODE_STEPS = 4  # --nodes 2: steps 1-2 (checkpoint at 2), then resumed from step 2: steps 3-4
 NODE_EXTRA = [

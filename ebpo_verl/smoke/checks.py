@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from ebpo_verl.cpu.smoke.continuation import check_continues
-from ebpo_verl.cpu.smoke.settings import BATCH, EBPO_KEYS, K_STEPS, NODES, SAVE_FREQ, STEPS, VAL_KEY, VLLM_STEPS, N
+from ebpo_verl.smoke.continuation import check_continues
+from ebpo_verl.smoke.settings import BATCH, EBPO_KEYS, K_STEPS, NODES, SAVE_FREQ, STEPS, VAL_KEY, VLLM_STEPS, N
 
 
 def check_run(work: Path, run: str, steps: list[int]) -> dict[int, dict]:
@@ -127,8 +127,8 @@ def check_kill_landed(work: Path, run_pid: int) -> list[int]:
     """K resumed from A's step 2 and was killed after its step-3 checkpoint and before its step-3 log call: step
     3 checkpointed with its EB state (the only checkpoint), nothing logged, the dead run's lock left, nothing
     moved aside. Returns the steps logged (none)."""
-    from ebpo_verl.cpu.smoke.runs import lock_holder
     from ebpo_verl.ops.metrics_log import read_records
+    from ebpo_verl.smoke.runs import lock_holder
     from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
 
     ckpt = work / "ckpt_k"

@@ -1,6 +1,6 @@
 """End-to-end smoke run of verl's real trainer on CPU: train, checkpoint, crash, resume, and check the EB state.
 
-``python -m ebpo_verl.cpu.smoke`` (``bash scripts/cpu_smoke.sh`` wraps it in an outer ``timeout``). Builds a tiny
+``python -m ebpo_verl.smoke`` (``bash scripts/cpu_smoke.sh`` wraps it in an outer ``timeout``). Builds a tiny
 Qwen3 and tokenizer, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts, then runs
 ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic curriculum) on the CPU backend:
 

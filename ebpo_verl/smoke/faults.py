@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ebpo_verl.cpu.smoke import limits
+from ebpo_verl.smoke import limits
 
 KILL_BOUND_S = 90
 TARGETS = {"rank": "ray::WorkerDict.", "rollout": "ray::vLLMHttpServer"}
