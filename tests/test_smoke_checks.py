@@ -318,3 +318,33 @@ def test_each_node_gets_its_own_ports_and_the_head_the_gcs_port():
     assert "--address=127.0.0.1:30000" in second and "--temp-dir=/t/1" in second
     used = [int(a.split("=")[1]) for a in head + second if a.split("=")[0].endswith("-port") and "worker" not in a]
     assert len(used) == len(set(used)) == 1 + 6 * 2 + 1, used  # gcs, 6 per node, the client server
+
+
+def test_a_cluster_stop_interrupted_by_sigterm_is_done_again_by_the_cleanup(monkeypatch, capsys):
+    """SIGTERM (here KeyboardInterrupt, SIGINT's) landing inside ``stop`` leaves the cluster in ``LIVE``, so the
+    handler's cleanup stops it again instead of skipping it as stopped."""
+    from ebpo_verl.smoke import cluster as cluster_mod
+    from ebpo_verl.smoke.__main__ import cleanup
+
+    c = cluster_mod.LocalCluster(need_shm=False)
+    cluster_mod.LIVE.append(c)
+    calls = []
+
+    def end() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        os.rmdir(c.temp)
+
+    monkeypatch.setattr(c, "_end_processes", end)
+    monkeypatch.setattr(c.watch, "final", lambda grace: "the scans saw 3 Ray processes")
+    with pytest.raises(KeyboardInterrupt):
+        c.stop()
+    assert c in cluster_mod.LIVE and not c.stopped
+    try:
+        cleanup()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler)
+    assert len(calls) == 2 and c.stopped and c not in cluster_mod.LIVE
+    assert "[cpu_smoke] cluster stopped: the scans saw 3 Ray processes" in capsys.readouterr().out

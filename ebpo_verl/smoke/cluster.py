@@ -155,12 +155,22 @@ class LocalCluster:
 
     def stop(self) -> None:
         """SIGTERM to the two ``ray start`` sessions, then (after :data:`STOP_GRACE_S`) SIGKILL to whatever of the
-        script's processes is left; then the leak checks (:meth:`scan.Watch.final`). Idempotent."""
+        script's processes is left; then the leak checks (:meth:`scan.Watch.final`). Idempotent once it has
+        ended the processes (an interrupted stop is done again)."""
         if self.stopped:
             return
-        self.stopped = True
+        self._end_processes()
+        self.stopped = True  # only now: a stop interrupted by SIGTERM is redone by the handler's cleanup
         if self in LIVE:
             LIVE.remove(self)
+        if os.path.exists(self.temp):
+            raise AssertionError(f"[cpu_smoke] the cluster's temp folder {self.temp} is left")
+        summary = self.watch.final(grace=5)
+        print(f"[cpu_smoke] cluster stopped: {summary}; {self.temp} removed", flush=True)
+
+    def _end_processes(self) -> None:
+        """SIGTERM to the ``ray start`` sessions, SIGKILL to every tagged process left after the grace, the temp
+        folder removed."""
         for proc in reversed(self.procs):
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -183,7 +193,3 @@ class LocalCluster:
         if left:
             print(f"[cpu_smoke] SIGKILLed {len(left)} processes that outlived SIGTERM by {STOP_GRACE_S}s: {names}",
                   flush=True)  # fmt: skip
-        if os.path.exists(self.temp):
-            raise AssertionError(f"[cpu_smoke] the cluster's temp folder {self.temp} is left")
-        summary = self.watch.final(grace=5)
-        print(f"[cpu_smoke] cluster stopped: {summary}; {self.temp} removed", flush=True)
