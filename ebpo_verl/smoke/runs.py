@@ -41,10 +41,11 @@ class Run:
         command: list[str] | None = None,
     ) -> None:
         self.name, self.log = name, work / f"{name}.log"
-        self.ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # short: Ray's socket paths fit 107 bytes
+        self.ray_tmp = ""  # a verl run's own Ray temp folder (short: Ray's socket paths fit 107 bytes)
         full_env = {**os.environ, **run_env(device), **(env or {}), scan.TAG_ENV: scan.TAG}
         full_env.pop("RAY_ADDRESS", None)
         if command is None:
+            self.ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")
             chosen = {o.split("=")[0].lstrip("+") for o in extra}
             address = cluster.address if cluster else None
             base = overrides(work, files, name, self.ray_tmp, rollout, steps, address, device)
@@ -72,7 +73,8 @@ class Run:
     def _done(self) -> None:
         if self in LIVE:
             LIVE.remove(self)
-        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+        if self.ray_tmp:
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def kill(self) -> int:
         """SIGKILL to the driver, every process below it (a local Ray instance's raylet and workers, the
