@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# End-to-end CPU smoke run of verl's trainer with EBPO: run A trains 3 steps (checkpoint at 2); run K resumes A's
-# step 2, refuses a second run on its folder, redoes step 3 exactly as A did and is killed after its step-3
-# checkpoint; its rerun K' resumes step 3, logs it once and trains step 4; then checks metrics, EB state,
-# validation and curriculum order (see scripts/cpu_smoke.py); --vllm also resumes A's step 2 with verl's vLLM
-# rollout (vLLM's CPU build), steps 3-4.
-# Usage: bash scripts/cpu_smoke.sh [--work-dir DIR] [--run-timeout SECONDS] [--vllm]
+# End-to-end CPU smoke run of verl's trainer with EBPO (python -m ebpo_verl.smoke; see its package
+# docstring and docs/training.md): runs A, K (killed) and K' on one node, --vllm also run C; --nodes 2 [--faults]
+# the two-node cluster run with its faults and evaluation; --hold the SIGTERM test's subject.
+# Time limits, nested (ebpo_verl/smoke/limits.py): this `timeout` (CPU_SMOKE_TIMEOUT, default 1500 s) is the
+# outer one; the script gets --deadline = CPU_SMOKE_TIMEOUT - 120 s (its cleanup margin) and on the SIGTERM of
+# `timeout` stops its cluster and runs; SIGKILL follows 90 s later (--kill-after).
+# Usage: bash scripts/cpu_smoke.sh [--work-dir DIR] [--run-timeout SECONDS] [--vllm] [--nodes 2 [--faults]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
-exec timeout --kill-after=30 "${CPU_SMOKE_TIMEOUT:-1800}" "$PYTHON" scripts/cpu_smoke.py "$@"
+OUTER=${CPU_SMOKE_TIMEOUT:-1500}
+CLEANUP_MARGIN=120  # ebpo_verl.smoke.limits.CLEANUP_MARGIN_S
+exec timeout --kill-after=90 "$OUTER" "$PYTHON" -m ebpo_verl.smoke --deadline "$((OUTER - CLEANUP_MARGIN))" "$@"

@@ -1,4 +1,5 @@
-"""The CPU backend (ebpo_verl.cpu.backend) and the end-to-end CPU smoke run (scripts/cpu_smoke.sh).
+"""The CPU backend (ebpo_verl.cpu.backend) and the end-to-end CPU smoke run (scripts/cpu_smoke.sh, which runs
+``python -m ebpo_verl.smoke``; its checks' own tests are tests/test_smoke_checks.py).
 
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight
@@ -6,7 +7,8 @@ loading, the platform's process-group set-up, the registrations in verl and the 
 run (three real verl trainer starts with the HF server: A uninterrupted, K resumed from A's step 2, refused a
 second run on its folder and killed between its step-3 checkpoint and log call, K' its resume; the vLLM rollout
 at world size 2 is tests/test_cluster.py) runs unless ``EBPO_SKIP_CPU_SMOKE=1``; the script asserts every check
-itself, and each test below asserts the line it prints for its part.
+itself, and each test below asserts the line it prints for its part (also the leak checks of the one-node
+runs: the scans saw Ray's processes, nothing of the runs is left, no /dev/shm entry made during them is left).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import torch
 from ebpo_verl.cpu import backend as cpu_backend
 from ebpo_verl.cpu.tiny import build_model
 from ebpo_verl.ops.shm import unlink_engine_shm
+from ebpo_verl.smoke import limits
+from ebpo_verl.smoke.reward import coin_score
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,11 +165,6 @@ def test_registered_in_verl(monkeypatch):
 
 
 def test_coin_score_is_deterministic_and_mixed():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from cpu_smoke import coin_score
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
     scores = [coin_score("x", f"response {i}", "1")["score"] for i in range(200)]
     assert scores == [coin_score("x", f"response {i}", "1")["score"] for i in range(200)]
     assert set(scores) == {0.0, 1.0} and 60 < sum(scores) < 140
@@ -183,10 +182,12 @@ def smoke_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     script: the two-node run resumes under vLLM at world size 2.)"""
     if os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1":
         pytest.skip("EBPO_SKIP_CPU_SMOKE=1")
-    env = {**os.environ, "PYTHON": sys.executable}
+    outer = limits.ONE_NODE_OUTER_S  # nested: --run-timeout < the script's --deadline < this < the test's timeout
+    env = {**os.environ, "PYTHON": sys.executable, "CPU_SMOKE_TIMEOUT": str(outer)}
     work = tmp_path_factory.mktemp("cpu_smoke") / "smoke"
     cmd = ["bash", str(REPO / "scripts" / "cpu_smoke.sh"), "--work-dir", str(work), "--run-timeout", "600"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500), work
+    timeout = limits.test_timeout(outer)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout), work
 
 
 def _line(smoke_run, start: str) -> str:
@@ -231,6 +232,16 @@ def test_cpu_smoke_end_to_end_hf_rollout_exact_resume(smoke_run):
     assert "K (resumed from A's step 2, killed, logged by K'): its step-3 ebpo/* and saved EB state equal A's" in line
     assert "(uninterrupted) exactly" in line
     assert smoke_run[0].returncode == 0, smoke_run[0].stderr[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_the_one_node_runs_leave_nothing_and_the_scans_saw_them(smoke_run):
+    """Every run's processes gone 30 s after its end (K's after its kill), no /dev/shm entry made during the runs
+    left, and the process scan saw Ray's processes while they ran (else it proves nothing)."""
+    line = _line(smoke_run, "[cpu_smoke] OK (leaks, one node): ")
+    seen = int(line.split("the scans saw ")[1].split()[0])
+    assert seen >= 1 and "none is left, and no /dev/shm entry made since its start is left" in line
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (docs/vllm_cpu.md)")

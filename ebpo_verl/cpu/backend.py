@@ -23,7 +23,7 @@ Load it in every process (driver and Ray workers) before verl picks a platform:
 to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
 ``VERL_USE_EXTERNAL_MODULES``), then run with
 ``actor_rollout_ref.rollout.name=hf``, ``trainer.device=cpu``, ``actor.strategy=fsdp2``, ``attn_implementation=sdpa``
-and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``scripts/cpu_smoke.py`` for the full set).
+and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``ebpo_verl/smoke/settings.py`` for the full set).
 
 Sampling is reproducible: every request's seed is derived from the weight version, the prompt, the sampling
 parameters and how many identical requests this server has answered for that weight version, so a run
@@ -89,6 +89,8 @@ from ebpo_verl.ops.shm import unlink_engine_shm  # noqa: E402
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
+HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"
+"""Device of the ``hf`` rollout server's model (default ``cpu``; the smoke run's ``--device cuda`` sets ``cuda``)."""
 VLLM_CPU_GEMM = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 """vLLM's CPU linear layers' repacking, patched by :func:`keep_vllm_cpu_linear_weights`."""
 WEIGHT_SENDER = "verl.workers.rollout.vllm_rollout.vllm_rollout.BucketedWeightSender"
@@ -309,7 +311,8 @@ class HFRolloutServer:
         self.config = omega_conf_to_dataclass(config)
         self.replica_rank = replica_rank
         path = copy_to_local(model_config["path"], use_shm=model_config.get("use_shm", False))
-        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        self.device = torch.device(os.environ.get(HF_DEVICE_ENV, "cpu"))
+        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).to(self.device).eval()
         self.eos_token_id = self.model.generation_config.eos_token_id or self.model.config.eos_token_id
         self.pad_token_id = self.model.config.pad_token_id
         if self.pad_token_id is None:
@@ -389,7 +392,7 @@ class HFRolloutServer:
             output_logits=want_logprobs,
         )
         signature = json.dumps([prompt_ids, sorted(params.items())], default=str)
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with self._lock, torch.no_grad():
             k = self._served[signature]
             self._served[signature] += 1

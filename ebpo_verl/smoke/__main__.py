@@ -1,0 +1,102 @@
+"""``python -m ebpo_verl.smoke``: the end-to-end smoke run of verl's real trainer (see the package docstring).
+
+SIGTERM and SIGINT (``timeout``, a job scheduler, Ctrl-C) raise :class:`Stopped` in the main thread; on the
+way out, :func:`cleanup` kills every live run's process tree and stops every live cluster (with its leak
+checks), so that nothing of the script is left. Exit status 128 + the signal's number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+from pathlib import Path
+
+from ebpo_verl.smoke import cluster, limits, runs
+from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
+
+DEFAULT_DEADLINE_S = 1380
+"""The script's own overall limit when run directly (cpu_smoke.sh passes its ``timeout`` minus the margin)."""
+
+
+class Stopped(SystemExit):
+    """The script received SIGTERM or SIGINT."""
+
+
+def _stop(signum: int, frame) -> None:
+    raise Stopped(128 + signum)
+
+
+def install_handlers() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
+
+
+def cleanup() -> None:
+    """Kill the live runs' trees, stop the live clusters; a second signal meanwhile is ignored."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    killed = runs.kill_all()
+    for live in list(cluster.LIVE):
+        try:
+            live.stop()
+        except (AssertionError, SystemExit) as err:  # reported; the first failure is the one that counts
+            print(err, flush=True)
+    print(f"[cpu_smoke] stopped: killed {killed} live runs, stopped the cluster if one was up", flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ebpo_verl.smoke", description=__doc__.splitlines()[0])
+    p.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
+    p.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per training run")
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds allowed for everything")
+    p.add_argument("--vllm", action="store_true", help="also run C: resume A's step 2 with verl's vLLM rollout")
+    p.add_argument("--nodes", type=int, choices=(1, NODES), default=1, help="2: the two-node run instead of A/K/K'/C")
+    p.add_argument("--faults", action="store_true", help="--nodes 2: kill, hang, kill the rollout at step 3")
+    p.add_argument("--step-timeout", type=int, default=120, help="--faults: EBPO_STEP_TIMEOUT_S of the hang")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: actor and reference on the GPU (NCCL)")
+    p.add_argument("--hold", action="store_true", help="start the cluster and a stand-in run, wait to be stopped")
+    p.add_argument("--stand-in", action="store_true", help="--hold without a Ray cluster")
+    p.add_argument("--print-limits", action="store_true", help="print the time limits and exit")
+    return p
+
+
+def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.faults and args.nodes != NODES:
+        p.error("--faults needs --nodes 2")
+    if args.device == "cuda" and (args.nodes != 1 or args.vllm):
+        p.error("--device cuda runs the one-node flow with the HF rollout; drop --nodes 2 / --vllm")
+    limits.check_order(args.run_timeout, args.deadline)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
+    args = p.parse_args(argv)
+    _validate(p, args)
+    if args.print_limits:
+        print(f"run-timeout {args.run_timeout} deadline {args.deadline}")
+        return
+    limits.set_deadline(args.deadline)
+    install_handlers()
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="ebpo-cpu-smoke-"))).resolve()
+    if work.exists() and any(work.iterdir()):
+        raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
+    work.mkdir(parents=True, exist_ok=True)
+    from ebpo_verl.smoke import flows
+
+    try:
+        if args.hold:
+            flows.hold(work, args.stand_in, args.run_timeout)
+            return
+        files = prepare(work)
+        if args.nodes == NODES:
+            flows.two_nodes(work, files, args.run_timeout, args.faults, args.step_timeout)
+        else:
+            flows.one_node(work, files, args.run_timeout, args.vllm, args.device)
+    except BaseException:
+        cleanup()
+        raise
+
+
+if __name__ == "__main__":
+    main()

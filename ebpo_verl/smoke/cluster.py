@@ -1,0 +1,195 @@
+"""A two-node Ray cluster on this machine, started and stopped the way a user does, with its leak checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from ebpo_verl.smoke import limits, scan
+from ebpo_verl.smoke.settings import NODES, run_env
+
+STOP_GRACE_S = 10
+"""Seconds the cluster's processes get between SIGTERM and SIGKILL at the end (``ray start --block``, the GCS and
+idle workers outlive a SIGTERM by more than 30 s here; nothing of a run is left by then)."""
+NODE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+"""A Ray node's own processes with a ``ray::`` title: pooled idle workers and the node's agents."""
+LIVE: list[LocalCluster] = []
+"""Clusters started and not yet stopped (stopped by the script's SIGTERM/SIGINT handler)."""
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def node_command(ray: str, node: int, address: str, ports: list[int], temp: str) -> list[str]:
+    """``ray start`` of node ``node`` (0: the head, at ``address``) with its own ports (7 per node, then the head's
+    client-server port) and temp folder, one ``GPU`` resource."""
+    gcs = address.rsplit(":", 1)[1]
+    if node == 0:
+        cmd = [ray, "start", "--head", f"--port={gcs}", "--include-dashboard=false"]
+        cmd.append(f"--ray-client-server-port={ports[-1]}")
+    else:
+        cmd = [ray, "start", f"--address={address}"]
+    p = ports[7 * node : 7 * node + 7]
+    return cmd + [
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=8",
+        "--num-gpus=1",
+        "--object-store-memory=300000000",
+        f"--node-manager-port={p[0]}",
+        f"--object-manager-port={p[1]}",
+        f"--dashboard-agent-listen-port={p[2]}",
+        f"--dashboard-agent-grpc-port={p[3]}",
+        f"--metrics-export-port={p[4]}",
+        f"--runtime-env-agent-port={p[5]}",
+        f"--min-worker-port={20000 + p[6] % 20000}",
+        f"--max-worker-port={20000 + p[6] % 20000 + 60}",
+        f"--temp-dir={temp}/{node}",  # one per node: else each log monitor forwards both nodes' logs
+        "--block",
+    ]
+
+
+class LocalCluster:
+    """``ray start --head`` and ``ray start --address=<head>`` (``--block``, each in a session of its own), each
+    node with one ``GPU`` resource (verl's bookkeeping: one FSDP rank and one rollout replica) and its own ports.
+
+    Not discoverable: its temp folder (a fresh ``/tmp/ebpo-rc-*``) holds its address file, so a plain
+    ``ray.init()`` elsewhere on the machine never attaches to it, and the runs pass its address explicitly.
+    :meth:`stop` ends exactly its processes and the runs' (found by :data:`scan.TAG`, never ``ray stop``) and
+    raises if a process, a new ``/dev/shm`` entry or the temp folder is left, or if its scans saw nothing."""
+
+    def __init__(self, need_shm: bool = True) -> None:
+        self.temp = tempfile.mkdtemp(prefix="ebpo-rc-", dir="/tmp")  # short: Ray's socket paths fit 107 bytes
+        self.procs: list[subprocess.Popen] = []
+        self.address = ""
+        self.watch = scan.Watch("the two-node cluster", need_shm)
+        self.stopped = False
+
+    def start(self) -> LocalCluster:
+        LIVE.append(self)
+        gcs, *ports = free_ports(1 + 7 * NODES + 1)
+        env = {**os.environ, **run_env(), scan.TAG_ENV: scan.TAG}
+        env.pop("RAY_ADDRESS", None)
+        ray = str(Path(sys.executable).with_name("ray"))
+        self.address = f"127.0.0.1:{gcs}"
+        self.watch.start()
+        for node in range(NODES):
+            os.makedirs(f"{self.temp}/{node}")
+            log = open(Path(self.temp) / f"ray_start_{node}.log", "w")  # noqa: SIM115  (closed with the process)
+            cmd = node_command(ray, node, self.address, ports, self.temp)
+            self.procs.append(
+                subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+            self._wait_nodes(node + 1, env)
+        print(f"[cpu_smoke] Ray cluster of {NODES} nodes at {self.address} (temp folder {self.temp})", flush=True)
+        return self
+
+    def _wait_nodes(self, count: int, env: dict) -> None:
+        probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+        deadline = time.monotonic() + limits.left(120)
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise SystemExit(f"[cpu_smoke] `ray start` exited with {proc.returncode}; see {self.temp}")
+            out = subprocess.run(
+                [sys.executable, "-c", probe % self.address], env=env, capture_output=True, text=True,
+                timeout=limits.left(120),
+            )  # fmt: skip
+            if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+                return
+            time.sleep(1)
+        raise SystemExit(f"[cpu_smoke] the Ray cluster did not reach {count} nodes within 120 s")
+
+    def job_processes(self) -> list[psutil.Process]:
+        """The script's processes that are not the cluster's own machinery: a run's driver, actors and workers
+        busy for a run (``ray::<Class>``), vLLM engines (``VLLM::...``); a raylet keeps idle ``ray::IDLE``
+        workers."""
+        nodes = {proc.pid for proc in self.procs}
+        out = []
+        for proc in scan.tagged_processes():
+            try:
+                name = scan.title(proc)
+                in_node = os.getsid(proc.pid) in nodes
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                continue
+            if not in_node or "VLLM" in name or (name.startswith("ray::") and name.split()[0] not in NODE_TITLES):
+                out.append(proc)
+        return out
+
+    def wait_job_gone(self, seconds: float = 30.0) -> None:
+        """After a run ended: within ``seconds`` no process of it is left on the cluster, else raise."""
+        deadline = time.monotonic() + seconds
+        while (left := self.job_processes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if left := scan.describe(left):
+            raise SystemExit(f"[cpu_smoke] {seconds:.0f}s after the run ended, its processes are still there: {left}")
+        print(f"[cpu_smoke] no process of the run is left on the cluster ({seconds:.0f}s after its end at most)")
+
+    def worker_node_process(self, prefix: str) -> psutil.Process | None:
+        """The one live process of the second node (its ``ray start`` session) whose title starts with
+        ``prefix``, or None."""
+        node_session = self.procs[1].pid
+        for proc in scan.tagged_processes():
+            try:
+                if os.getsid(proc.pid) == node_session and scan.title(proc).startswith(prefix):
+                    return proc
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                continue
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM to the two ``ray start`` sessions, then (after :data:`STOP_GRACE_S`) SIGKILL to whatever of the
+        script's processes is left; then the leak checks (:meth:`scan.Watch.final`). Idempotent once it has
+        ended the processes (an interrupted stop is done again)."""
+        if self.stopped:
+            return
+        self._end_processes()
+        self.stopped = True  # only now: a stop interrupted by SIGTERM is redone by the handler's cleanup
+        if self in LIVE:
+            LIVE.remove(self)
+        if os.path.exists(self.temp):
+            raise AssertionError(f"[cpu_smoke] the cluster's temp folder {self.temp} is left")
+        summary = self.watch.final(grace=5)
+        print(f"[cpu_smoke] cluster stopped: {summary}; {self.temp} removed", flush=True)
+
+    def _end_processes(self) -> None:
+        """SIGTERM to the ``ray start`` sessions, SIGKILL to every tagged process left after the grace, the temp
+        folder removed."""
+        for proc in reversed(self.procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while scan.tagged_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = scan.tagged_processes()
+        names = sorted({name for _, name in scan.describe(left)})
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=30)
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+        if left:
+            print(f"[cpu_smoke] SIGKILLed {len(left)} processes that outlived SIGTERM by {STOP_GRACE_S}s: {names}",
+                  flush=True)  # fmt: skip

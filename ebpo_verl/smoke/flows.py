@@ -1,0 +1,94 @@
+"""The smoke flows: the one-node runs (A, K, K', and C with ``--vllm``), the two-node run with its faults and
+evaluation, and ``--hold`` (start, then wait to be stopped: the SIGTERM test's subject)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from ebpo_verl.smoke import checks, scan
+from ebpo_verl.smoke.cluster import LocalCluster
+from ebpo_verl.smoke.evaluation import evaluate_checkpoint
+from ebpo_verl.smoke.faults import Fault
+from ebpo_verl.smoke.runs import Run, k_overrides, run_killed, train
+from ebpo_verl.smoke.settings import K_STEPS, SAVE_FREQ, VLLM_STEPS
+
+NODE_STEPS = 4  # --nodes 2: steps 1-2 (checkpoint at 2), then resumed from step 2: steps 3-4
+NODE_EXTRA = [
+    "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+    "algorithm.ebpo.cluster_key=topic",
+]
+"""The two-node runs also save the actor's full weights as FSDP gathers them (``actor/huggingface``: the
+reference the merged shards are compared with), and keep one EB prior per topic (clusters to check)."""
+
+
+def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -> None:
+    """Runs A, K (killed) and K' with the HF server, then with ``vllm`` run C; every check, and at the end the
+    leak checks (every run's processes gone, no new /dev/shm entry left, the scans saw the runs)."""
+    watch = scan.Watch("the one-node runs", need_shm=vllm).start()
+    train(work, files, "a", [], timeout, watch=watch, device=device)
+    run, killed, _ = run_killed(work, files, timeout, device)
+    if left := watch.wait_gone(30):
+        raise AssertionError(f"[cpu_smoke] run k: 30 s after its kill its processes are still there: {left}")
+    logged = checks.check_kill_landed(work, run.proc.pid)
+    print(
+        f"[cpu_smoke] SIGKILL -> run k (pid {run.proc.pid}, {killed} processes; resumed from A's step "
+        f"{SAVE_FREQ}) after its step-3 checkpoint, before the step-3 log call: logged steps {logged}, "
+        "the dead run's lock file left",
+        flush=True,
+    )
+    # K': K's command with resume_mode=auto, from K's tracker file (step 3)
+    train(work, files, "k", k_overrides(work, "auto"), timeout, steps=K_STEPS, watch=watch, device=device)
+    checks.check_killed(work)
+    checks.check_exact_resume(work, files)
+    if vllm:
+        resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
+        train(work, files, "c", resume, timeout, rollout="vllm", steps=VLLM_STEPS, watch=watch, device=device)
+        checks.check_vllm(work, files)
+    print(f"[cpu_smoke] OK (leaks, one node): {watch.final()}", flush=True)
+
+
+def node_faults(step_timeout: float) -> list[Fault]:
+    """The two-node run's faults at step 3, each in its own attempt: SIGKILL of a rank's worker, SIGSTOP of it
+    (the step watchdog), SIGKILL of the second node's vLLM rollout server."""
+    step = SAVE_FREQ + 1
+    return [
+        Fault(signal.SIGKILL, step, "rank"),
+        Fault(signal.SIGSTOP, step, "rank", step_timeout),
+        Fault(signal.SIGKILL, step, "rollout"),
+    ]
+
+
+def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:
+    """``--nodes 2``: verl's trainer on a two-node cluster (two FSDP ranks, one vLLM replica each): steps 1-2,
+    then a resume from step 2 through step 4; with ``faults``, each fault of :func:`node_faults` ends an attempt
+    at step 3, rerun with the same command. Then the checks, the evaluation of the last checkpoint, the cluster's
+    stop and leak checks."""
+    cluster = LocalCluster(need_shm=True).start()
+    options = {"rollout": "vllm", "cluster": cluster}
+    injected = node_faults(step_timeout) if faults else []
+    for fault in injected:
+        train(work, files, "nodes", NODE_EXTRA, timeout, fault=fault, steps=NODE_STEPS, **options)
+        cluster.wait_job_gone()
+    if not faults:
+        train(work, files, "nodes", NODE_EXTRA, timeout, steps=SAVE_FREQ, **options)
+        cluster.wait_job_gone()
+    train(work, files, "nodes", NODE_EXTRA, timeout, steps=NODE_STEPS, **options)  # resume_mode=auto
+    cluster.wait_job_gone()
+    checks.check_nodes_run(work, files, len(injected) + 1 if faults else 2, NODE_STEPS)
+    evaluate_checkpoint(work, work / "ckpt_nodes" / f"global_step_{NODE_STEPS}", timeout)
+    cluster.stop()
+    for fault in injected:
+        print(f"[cpu_smoke] fault {fault.name}: ended {fault.ended_after:.0f} s after it (bound {fault.bound:g} s)")
+
+
+def hold(work: Path, stand_in: bool, timeout: float) -> None:
+    """Start the cluster (``stand_in``: none) and a stand-in run, print ``[cpu_smoke] holding`` with the tag
+    its processes carry, and wait (at most ``timeout``) to be stopped: SIGTERM/SIGINT must leave nothing."""
+    cluster = None if stand_in else LocalCluster(need_shm=False).start()
+    run = Run(work, None, "hold", [], command=[sys.executable, "-c", "import time; time.sleep(3600)"])
+    print(f"[cpu_smoke] holding: tag {scan.TAG_ENV}={scan.TAG}, run pid {run.proc.pid}", flush=True)
+    run.wait(timeout)
+    if cluster is not None:
+        cluster.stop()

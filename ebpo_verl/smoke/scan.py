@@ -1,0 +1,206 @@
+"""Finding what a smoke run left behind, whoever made it, with scans that prove they see something.
+
+Every process the script starts (``ray start``, each run's driver, the evaluation) gets :data:`TAG_ENV` =
+:data:`TAG` in its environment, and every process below it inherits it (Ray's raylets, GCS, workers, vLLM's
+engines, joblib/loky helpers, also after a ``setsid`` or a double fork): :func:`tagged_processes` finds them by
+their environment, not by their session. ``/dev/shm`` is compared with a snapshot taken before the first run:
+any entry that appeared since and that no live process outside the run holds is the run's leftover, whatever
+created it (``sem.loky-*`` semaphores, ``psm_*`` segments, Ray's files). Only one heavy run at a time
+(``flock /tmp/heavy.lock``) makes "appeared since" mean "made by this run".
+
+A :class:`Watch` samples both every 2 s while runs are alive; :meth:`Watch.final` fails if it never saw a Ray
+process (or, in a vLLM run, a ``/dev/shm`` segment): a scan that sees nothing proves nothing. Errors are not
+swallowed: only a process that vanished between listing and reading (``psutil.NoSuchProcess``, a missing
+``/proc`` entry) is skipped, and one older than the script (it cannot be the script's) that may not be read
+(a container's init); an unreadable process the script could have made is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+TAG_ENV = "EBPO_SMOKE_TAG"
+TAG = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+SHM = Path("/dev/shm")
+RAY_NAMES = ("raylet", "gcs_server")
+_VANISHED = (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError)
+STARTED = psutil.Process().create_time()
+
+
+def _older(proc: psutil.Process) -> bool:
+    """Started before this script (so not made by it)."""
+    return proc.create_time() < STARTED
+
+
+def title(proc: psutil.Process) -> str:
+    """A process's title (Ray's workers rename themselves ``ray::...``), or its name."""
+    cmd = proc.cmdline()
+    return cmd[0] if cmd else proc.name()
+
+
+def is_ray(proc: psutil.Process) -> bool:
+    return proc.name() in RAY_NAMES or title(proc).startswith("ray::")
+
+
+def tagged_processes(tag: str = TAG) -> list[psutil.Process]:
+    """Live (non-zombie) processes of this user whose environment carries ``TAG_ENV=tag``."""
+    uid, out = os.getuid(), []
+    for proc in psutil.process_iter():
+        try:
+            if proc.uids().real != uid or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get(TAG_ENV) == tag:
+                out.append(proc)
+        except _VANISHED:
+            continue
+        except psutil.AccessDenied:
+            if not _older(proc):
+                raise
+    return out
+
+
+def shm_paths(pid: int) -> set[str]:
+    """``/dev/shm`` paths a process maps or holds open (``(deleted)`` ones included); empty if it vanished."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            found = {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/" in line}
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except _VANISHED:
+        return set()
+    except PermissionError:
+        if _older(psutil.Process(pid)):
+            return set()
+        raise
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except _VANISHED:
+            continue
+        if target.startswith("/dev/shm/"):
+            found.add(target)
+    return found
+
+
+def shm_names() -> set[str]:
+    return {entry.name for entry in os.scandir(SHM)}
+
+
+def held_by_others(exclude: set[int]) -> set[str]:
+    """``/dev/shm`` names that a live process not in ``exclude`` maps or holds open (another user's run)."""
+    held: set[str] = set()
+    for proc in psutil.process_iter():
+        if proc.pid not in exclude:
+            held |= {Path(p.removesuffix(" (deleted)")).name for p in shm_paths(proc.pid)}
+    return held
+
+
+def describe(procs: list[psutil.Process]) -> list[tuple[int, str]]:
+    out = []
+    for proc in procs:
+        try:
+            out.append((proc.pid, title(proc)[:80]))
+        except _VANISHED:
+            continue
+    return out
+
+
+def creator(name: str, titles: dict[int, str]) -> str:
+    """The run's process whose pid an entry's name carries (``sem.loky-<pid>-...``, ``sem.mp-<pid>-...``), if the
+    scan saw it, else "?"."""
+    pids = [int(part) for part in re.split(r"[-_.]", name) if part.isdigit()]
+    return next((f"made by pid {pid} ({titles[pid]})" for pid in pids if pid in titles), "?")
+
+
+def leftover_shm(
+    before: set[str], now: set[str], held: set[str], seen: dict[str, str], titles: dict[int, str] | None = None
+) -> dict[str, str]:
+    """Entries of ``now`` that were not in ``before`` and that no other live process holds, each with the run's
+    process seen holding it, else the one whose pid its name carries (:func:`creator`), else "?"."""
+    return {name: seen.get(name) or creator(name, titles or {}) for name in sorted(now - before - held)}
+
+
+def check_sighted(what: str, ray_seen: int, shm_seen: int, need_shm: bool) -> str:
+    """The proof that the scans see: raises if no Ray process (or, ``need_shm``, no segment) was seen."""
+    if ray_seen < 1:
+        raise AssertionError(f"[cpu_smoke] {what}: the process scan saw no Ray process while the run was alive")
+    if need_shm and shm_seen < 1:
+        raise AssertionError(f"[cpu_smoke] {what}: the /dev/shm scan saw no segment while the vLLM run was alive")
+    return f"the scans saw {ray_seen} Ray processes and {shm_seen} /dev/shm segments while it ran"
+
+
+def check_none_left(what: str, procs: list[tuple[int, str]], shm: dict[str, str]) -> None:
+    """Raises naming every process and ``/dev/shm`` entry left."""
+    problems = [f"processes left: {procs}"] if procs else []
+    problems += [f"/dev/shm entries left (name: holder seen): {shm}"] if shm else []
+    if problems:
+        raise AssertionError(f"[cpu_smoke] {what} left things behind: {'; '.join(problems)}")
+
+
+class Watch:
+    """Samples the tagged processes and their ``/dev/shm`` segments every ``period`` seconds from
+    :meth:`start` until :meth:`final`; the ``/dev/shm`` snapshot is taken at construction."""
+
+    def __init__(self, what: str, need_shm: bool, tag: str = TAG, period: float = 2.0) -> None:
+        self.what, self.need_shm, self.tag, self.period = what, need_shm, tag, period
+        self.before = shm_names()
+        self.ray_seen: set[int] = set()
+        self.shm_seen: dict[str, str] = {}  # name -> title of the first tagged process seen holding it
+        self.titles: dict[int, str] = {}  # pid -> title of every tagged process seen
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def sample(self) -> list[psutil.Process]:
+        procs = tagged_processes(self.tag)
+        for proc in procs:
+            try:
+                if is_ray(proc):
+                    self.ray_seen.add(proc.pid)
+                holder = self.titles.setdefault(proc.pid, title(proc)[:60])
+            except _VANISHED:
+                continue
+            for path in shm_paths(proc.pid):
+                self.shm_seen.setdefault(Path(path.removesuffix(" (deleted)")).name, holder)
+        return procs
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.period):
+                self.sample()
+        except BaseException as err:  # noqa: BLE001  (re-raised by final(): a scan that fails is a failure)
+            self.error = err
+
+    def wait_gone(self, seconds: float = 30.0) -> list[tuple[int, str]]:
+        """Tagged processes still alive ``seconds`` after the call (empty as soon as none is)."""
+        deadline = time.monotonic() + seconds
+        while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return describe(left)
+
+    def final(self, grace: float = 30.0) -> str:
+        """Stop sampling; raise unless the scans saw the run and nothing of it is left ``grace`` s later."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self.error is not None:
+            raise AssertionError(f"[cpu_smoke] {self.what}: the leak scan failed: {self.error!r}") from self.error
+        seen = check_sighted(self.what, len(self.ray_seen), len(self.shm_seen), self.need_shm)
+        procs = self.wait_gone(grace)
+        mine = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
+        shm = leftover_shm(self.before, shm_names(), held_by_others(mine), self.shm_seen, self.titles)
+        check_none_left(self.what, procs, shm)
+        return (
+            f"{seen}; none is left, and no /dev/shm entry made since its start is left (of "
+            f"{len(self.shm_seen)} seen held by its processes)"
+        )

@@ -1,0 +1,196 @@
+"""What the smoke runs train on and with which overrides: the data, the tiny model, verl's Hydra overrides for
+one run (CPU or ``--device cuda``, HF or vLLM rollout, one node or the two-node cluster)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ebpo_verl.smoke import reward
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO.parent / "shared" / "data"
+# the real MATH-500/AMC23 copies beside the repository, else (a clone without them) the tests' made-up rows
+DATA = SHARED_DATA if SHARED_DATA.is_dir() else REPO / "tests" / "fixtures" / "hub"
+STEPS, SAVE_FREQ, BATCH, N, VAL_N, TOPICS = 3, 2, 4, 4, 2, 6
+EBPO_KEYS = (
+    "ebpo/shrinkage_mean",
+    "ebpo/shrinkage_min",
+    "ebpo/shrinkage_max",
+    "ebpo/mu_glob",
+    "ebpo/sigma2",
+    "ebpo/tau2",
+    "ebpo/prompts_seen",
+    "ebpo/frac_zero_var_groups",
+    "ebpo/frac_all_fail",
+    "ebpo/frac_all_pass",
+)
+VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
+TEST_FREQ = SAVE_FREQ  # one node: validation at step 2 and at the last step
+K_STEPS = STEPS + 1  # runs K/K': resumed from A's step 2, killed in step 3's validation, then step 4
+VLLM_KV_CACHE_GIB = 1
+VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
+NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
+DEVICES = ("cpu", "cuda")
+BACKEND = "ebpo_verl.cpu.backend"
+HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"  # ebpo_verl.cpu.backend.HF_DEVICE_ENV (not imported: it loads torch)
+RUN_ENV = {
+    "VERL_USE_EXTERNAL_MODULES": BACKEND,
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",  # never pick up a ~/.ray/auth_token another instance left
+    # a raylet kills the children of a worker that died (a SIGKILLed vLLM server's engine processes), as it
+    # does for workers that exit: Ray's own setting, for every cluster (docs/training.md)
+    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
+}
+
+
+def run_env(device: str = "cpu") -> dict[str, str]:
+    """Environment of a run's processes: on CPU also ``VERL_PLATFORM=cpu`` (the CPU backend's platform); on
+    CUDA verl's own platform (NCCL)."""
+    return {**RUN_ENV, "VERL_PLATFORM": "cpu"} if device == "cpu" else dict(RUN_ENV)
+
+
+def prepare(work: Path) -> dict:
+    """Tiny model + tokenizer, and the train/val parquet subsets, under ``work``."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from data_prep import amc23, math500
+    from data_prep.schema import write_parquet_atomic
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
+
+    raw = work / "raw"
+    full_train = pq.read_table(math500.prepare(raw, local_path=DATA / "math500.jsonl"))
+    full_val = pq.read_table(amc23.prepare(raw, local_path=DATA / "amc23.jsonl"))
+
+    # 4 of the shortest problems of each of the 6 topics with the most short problems: aligned topic blocks
+    prompts = [p[0]["content"] for p in full_train.column("prompt").to_pylist()]
+    topics = [e["topic"] for e in full_train.column("extra_info").to_pylist()]
+    by_topic: dict[str, list[int]] = {}
+    for i in sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i)):
+        by_topic.setdefault(topics[i], []).append(i)
+    chosen = sorted(by_topic, key=lambda t: (-len(by_topic[t]), t))[:TOPICS]
+    rows = sorted(i for t in chosen for i in by_topic[t][:BATCH])
+    train = write_parquet_atomic(full_train.take(rows), work / "train.parquet")
+    val_len = pc.utf8_length(pc.list_flatten(full_val.column("prompt")).combine_chunks().field("content"))
+    val_rows = sorted(sorted(range(len(full_val)), key=lambda i: (val_len[i].as_py(), i))[:8])
+    val = write_parquet_atomic(full_val.take(val_rows), work / "val.parquet")
+
+    corpus = prompts + [p[0]["content"] for p in full_val.column("prompt").to_pylist()]
+    tokenizer = build_tokenizer(work / "model", corpus=corpus)
+    build_model(work / "model", tokenizer)
+    messages = pq.read_table(train).column("prompt").to_pylist() + pq.read_table(val).column("prompt").to_pylist()
+    longest = max(
+        len(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        for m in messages
+    )
+    return {"train": train, "val": val, "model": work / "model", "prompt_length": longest}
+
+
+def rollout_overrides(rollout: str) -> list[str]:
+    """The rollout backend: verl's own vLLM rollout on vLLM's CPU build (``vllm``), or the CPU backend's Hugging
+    Face server (``hf``). vLLM on CPU: eager (compiling costs more than 3 short steps gain), a 1 GiB KV cache
+    (``VLLM_CPU_KVCACHE_SPACE`` in Ray's runtime env), no sleep mode (it needs CUDA's memory pool); the
+    trainer's weights reach vLLM through verl's default ``naive`` checkpoint engine."""
+    if rollout == "hf":
+        return ["actor_rollout_ref.rollout.name=hf"]
+    return [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='{VLLM_KV_CACHE_GIB}'",  # a string
+    ]
+
+
+def device_overrides(device: str) -> list[str]:
+    """``cpu``: the CPU backend's platform (gloo) in every Ray worker. ``cuda``: verl's own CUDA platform, so
+    the actor and the reference run on the GPU over NCCL; the CPU backend is still loaded in every worker (it
+    registers the ``hf`` rollout, whose model it puts on the same GPU: ``EBPO_HF_ROLLOUT_DEVICE=cuda``); the rest
+    is as on CPU. Never run on a GPU here (none was lent): only the overrides are tested."""
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    out = [f"trainer.device={device}", f"{env}.VERL_USE_EXTERNAL_MODULES={BACKEND}"]
+    if device == "cpu":
+        return [*out, f"{env}.VERL_PLATFORM=cpu"]
+    return [*out, f"{env}.{HF_DEVICE_ENV}=cuda"]
+
+
+def _ray(ray_tmp: str, cluster: str | None) -> list[str]:
+    if cluster is not None:
+        return [f"+ray_kwargs.ray_init.address={cluster}"]
+    return [
+        "ray_kwargs.ray_init.num_cpus=8",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+    ]
+
+
+def overrides(
+    work: Path,
+    files: dict,
+    run: str,
+    ray_tmp: str,
+    rollout: str = "hf",
+    steps: int = STEPS,
+    cluster: str | None = None,
+    device: str = "cpu",
+) -> list[str]:
+    """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders): on a local
+    Ray instance of its own (one node, one rank) or, with ``cluster`` (a GCS address), on that two-node cluster
+    (two ranks, one per node, and one rollout replica per rank)."""
+    prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
+    ranks = 1 if cluster is None else NODES
+    micro = BATCH * N // ranks  # each rank's share of a step's responses
+    return [
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['val']}",
+        f"data.train_batch_size={BATCH}",
+        f"data.max_prompt_length={prompt_length}",
+        "data.max_response_length=16",
+        "data.shuffle=False",
+        "data.dataloader_num_workers=0",
+        "data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum",
+        "data.custom_cls.name=CurriculumDataset",
+        "+data.curriculum.order=topic",
+        f"actor_rollout_ref.model.path={files['model']}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "algorithm.use_kl_in_reward=False",
+        *rollout_overrides(rollout),
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.val_kwargs.n={VAL_N}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        f"reward.custom_reward_function.path={Path(reward.__file__).resolve()}",
+        "reward.custom_reward_function.name=coin_score",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        f"trainer.nnodes={ranks}",
+        "trainer.n_gpus_per_node=1",
+        "trainer.logger=[console]",
+        "trainer.project_name=cpu_smoke",
+        f"trainer.experiment_name={run}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={SAVE_FREQ}",
+        f"trainer.test_freq={TEST_FREQ if cluster is None else STEPS}",
+        "trainer.val_before_train=False",
+        f"trainer.default_local_dir={work / f'ckpt_{run}'}",
+        f"trainer.rollout_data_dir={work / f'rollouts_{run}'}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        *_ray(ray_tmp, cluster),
+        *device_overrides(device),
+    ]
