@@ -169,12 +169,17 @@ def train(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
+    from ebpo_verl.ops.shm import unlink_orphaned_shm
     from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
     from ebpo_verl.trainer.watchdog import failures_reported
 
     auto_set_device(config)
-    with failures_reported(config):  # a dead or hung worker: one line, exit 1
-        run_ppo(config, task_runner_class=EBPOTaskRunner)
+    unlink_orphaned_shm()  # what killed workers of an earlier run or attempt left in this node's RAM
+    try:
+        with failures_reported(config):  # a dead or hung worker: one line, exit 1
+            run_ppo(config, task_runner_class=EBPOTaskRunner)
+    finally:
+        unlink_orphaned_shm()
 
 
 def usage() -> str:

@@ -261,7 +261,7 @@ def test_marker_records_the_watchdog_phases_and_holds(tmp_path, monkeypatch):
         "from ebpo_verl.trainer.watchdog import StepWatchdog\n"
         "w = StepWatchdog(None)\n"
         "for step in (1, 2):\n"
-        "    p = w.enter(step, 'save'); w.leave(p)\n"
+        "    p = w.enter(step, 'save'); w.leave(p, 'save')\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop(campaign.MARKER_ENV, None)
