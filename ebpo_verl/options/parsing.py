@@ -112,10 +112,11 @@ def accepts(f: Field, value: Any) -> bool:
 
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
     """The one error for a key that does not exist, with the closest valid key (and the valid keys if asked)."""
+    where = f"{section}." if section else ""
     close = difflib.get_close_matches(key, valid, n=1)
-    parts = [f"did you mean {section}.{close[0]}?"] if close else []
+    parts = [f"did you mean {where}{close[0]}?"] if close else []
     parts += [f"valid keys: {', '.join(valid)}"] if list_valid else []
-    return f"unknown option {section}.{key}" + (f"; {' '.join(parts)}" if parts else "")
+    return f"unknown option {where}{key}" + (f"; {' '.join(parts)}" if parts else "")
 
 
 class OptionSection:

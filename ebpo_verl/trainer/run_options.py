@@ -195,9 +195,9 @@ class RunOptions:
         from ebpo_verl.trainer.curriculum import validate_curriculum_config
 
         name = str(config.algorithm.adv_estimator)
-        entry = STATEFUL.get(name)
-        try:
-            estimator = entry.parse(config.algorithm.get(name, None)) if entry else None
+        try:  # every estimator section present is checked (a typo there is refused); the run's is kept
+            parsed = {key: e.parse(config.algorithm[key]) for key, e in STATEFUL.items() if key in config.algorithm}
+            estimator = (parsed[name] if name in parsed else STATEFUL[name].parse(None)) if name in STATEFUL else None
             curriculum = validate_curriculum_config(config.data)
             trainer = TrainerOptions.from_trainer(config.trainer)
         except (TypeError, ValueError) as err:

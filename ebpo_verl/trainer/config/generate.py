@@ -120,10 +120,10 @@ def option_lines() -> list[str]:
 
 
 def options_table() -> str:
-    """The README's options table: every option of every section, its default, what it accepts."""
-    rows = ["| option | default | allowed |", "|---|---|---|"]
+    """The README's options table: every section with each option's default (allowed values: ``--help``)."""
+    rows = ["| section | options (defaults) |", "|---|---|"]
     for cls in ALL_SECTIONS:
-        rows += [f"| `{cls.SECTION}.{f.name}` | `{_shown(f.default)}` | {allowed(f)} |" for f in cls.declarations()]
+        rows.append(f"| `{cls.SECTION}` | {', '.join(f'`{f.name}={_shown(f.default)}`' for f in cls.declarations())} |")
     return "\n".join(rows) + "\n"
 
 
