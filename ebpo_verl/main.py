@@ -76,11 +76,30 @@ def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    _check_keys(overrides)
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
             return hydra_compose(config_name=config_name or CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise EBPOConfigError(composition_message(err)) from err
+
+
+def _check_keys(overrides: list[str]) -> None:
+    """An override without a key (``=5``, which Hydra takes for a config group and fails on with a traceback):
+    one line. Overrides Hydra cannot parse are left to its own message."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return
+    for override in parsed:
+        if not override.key_or_group:
+            raise EBPOConfigError(
+                f"override {override.input_line!r} has no key: write key=value with no space around '=' "
+                "(e.g. trainer.total_epochs=5)"
+            )
 
 
 def dry_run(overrides: list[str], config_name: str | None = None, *, dry: bool = True) -> tuple[DictConfig, list[str]]:
