@@ -102,15 +102,15 @@ def _check_keys(overrides: list[str]) -> None:
             )
 
 
-def dry_run(overrides: list[str], config_name: str | None = None, *, dry: bool = True) -> tuple[DictConfig, list[str]]:
-    """The one composition and the pre-flight of a command, in this process and without exiting: ``--cfg job``
-    and the recipes' dry runs (``dry``: a training file absent here is reported as not checked), a real run before
-    Ray (``dry=False``). Returns (config, pre-flight lines); a refusal is an EBPOConfigError (one line)."""
+def dry_run(overrides: list[str], config_name: str | None = None) -> tuple[DictConfig, list[str]]:
+    """The one composition and the pre-flight of a dry run, in this process and without exiting (``--cfg job``,
+    the recipes' dry runs): a training file absent here is reported as not checked. Returns (config, pre-flight
+    lines); a refusal is an EBPOConfigError (one line)."""
     from omegaconf.errors import OmegaConfBaseException
 
     config = compose(overrides, config_name)
     try:
-        return config, preflight(config, dry_run=dry)
+        return config, preflight(config, dry_run=True)
     except OmegaConfBaseException as err:
         raise EBPOConfigError(one_line(err)) from err
 
@@ -140,27 +140,40 @@ def show_job(overrides: list[str], config_name: str | None = None, package: str 
     sys.stdout.write(OmegaConf.to_yaml(shown))
 
 
-def run(config: DictConfig) -> None:
-    """Train on the Ray cluster (local, or ``RAY_ADDRESS`` / ``ray_kwargs``) a config that passed the pre-flight;
-    one training process per checkpoint folder and metrics log (a second one is refused at once, naming the
-    holder)."""
+def _run_outputs(config: DictConfig):
+    """The run's locks (:func:`~ebpo_verl.trainer.checkpoint.run_lock.hold_run_outputs`): one training process per
+    checkpoint folder and metrics log; a second one is refused at once, before the pre-flight (one line naming the
+    holder). A folder the locks created is removed again if the run leaves it empty (a refused run)."""
+    from ebpo_verl.ops.locking import LockHeldError
+    from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs
+
+    try:
+        return hold_run_outputs(config.trainer)
+    except LockHeldError as err:
+        _fail(str(err))
+
+
+def _preflight_and_run(config: DictConfig) -> None:
+    """Holding the run's outputs: the pre-flight (a refusal: one line, exit 2), then training on the Ray cluster
+    (local, or ``RAY_ADDRESS`` / ``ray_kwargs``)."""
     import shlex
 
     from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
-    from ebpo_verl.ops.locking import LockHeldError
     from ebpo_verl.ops.provenance import LAUNCH_COMMAND_KEY
-    from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs
     from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
     from ebpo_verl.trainer.watchdog import failures_reported
 
-    try:
-        outputs = hold_run_outputs(config.trainer)
-    except LockHeldError as err:
-        _fail(str(err))
-    with outputs:
+    with _run_outputs(config):
+        try:
+            _report(preflight(config, dry_run=False))
+        except EBPOConfigError as err:
+            _fail(str(err))
+        except OmegaConfBaseException as err:
+            _fail(one_line(err))
         with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
             config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
         auto_set_device(config)
@@ -169,26 +182,20 @@ def run(config: DictConfig) -> None:
 
 
 def train(overrides: list[str], config_name: str | None = None) -> None:
-    """A run: the one composition and the pre-flight (a refusal: one line, exit 2, nothing written), then
-    :func:`run`, with the console logging that Hydra's job logging gave a run."""
+    """A run: the one composition, then :func:`_preflight_and_run` with the console logging that Hydra's job
+    logging gave a run. A refusal is one line with exit status 2 and leaves nothing behind (no Hydra run folder)."""
     try:
-        config, lines = dry_run(overrides, config_name, dry=False)
+        config = compose(overrides, config_name)
     except EBPOConfigError as err:
         _fail(str(err))
-    _report(lines)
     logging.basicConfig(level=logging.INFO, format=HYDRA_LOG_FORMAT, stream=sys.stdout)
-    run(config)
+    _preflight_and_run(config)
 
 
 @hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)
 def hydra_train(config: DictConfig) -> None:
     """Hydra's own commands (``--multirun``, ``--config-dir``, ...): Hydra composes; the pre-flight, then a run."""
-    try:
-        lines = preflight(config, dry_run=False)
-    except EBPOConfigError as err:
-        _fail(str(err))
-    _report(lines)
-    run(config)
+    _preflight_and_run(config)
 
 
 def usage() -> str:
