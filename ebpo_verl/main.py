@@ -230,15 +230,15 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--package", "-p")
     parser.add_argument("--resolve", action="store_true")
     parser.add_argument("--config-name", "-cn")
-    for flag in ("--hydra-help", "--version", "--run", "--multirun", "--experimental-rerun"):
-        parser.add_argument(flag, *(["-r"] if flag == "--run" else ["-m"] if flag == "--multirun" else []),
-                            action="store_true" if flag != "--experimental-rerun" else "store")  # fmt: skip
+    for flag in ("--hydra-help", "--version", "--run/-r", "--multirun/-m"):
+        parser.add_argument(*flag.split("/"), action="store_true")
+    parser.add_argument("--experimental-rerun")
     parser.add_argument("--shell-completion", "-sc", action="store_true")
     parser.add_argument("--config-path", "-cp")
     parser.add_argument("--config-dir", "-cd")
     parser.add_argument("--info", "-i", nargs="?", const="all")
     try:
-        return parser.parse_args(argv)
+        return parser.parse_intermixed_args(argv)
     except SystemExit:
         _fail(f"cannot parse the command line {' '.join(argv)!r}: see ebpo-train --help")
 
