@@ -141,6 +141,7 @@ class OptionSection:
 
     @classmethod
     def declarations(cls) -> tuple[Field, ...]:
+        """The options' declarations (default, ``help``, ``choices``, ``rule`` in their metadata), in order."""
         return fields(cls)
 
     @classmethod
