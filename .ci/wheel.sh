@@ -28,9 +28,10 @@ if [ "$phase" = all ] || [ "$phase" = build ]; then
   say "built $(basename "$WORK"/dist/ebpo_verl-*.whl) in $((SECONDS - start)) s"
 fi
 if [ "$phase" = all ] || [ "$phase" = install ]; then
-  python3 -m venv "$WORK/venv"
+  python3 -m venv --clear "$WORK/venv"
   "$V" -m pip install -q --upgrade pip
-  "$V" -m pip install -q torch==2.13.0
+  "$V" -m pip install -q torch==2.13.0  # the CPU build, without its index: .ci/run says why
+  "$V" -c "import torch; v = torch.__version__; assert v == '2.13.0+cpu' and torch.version.cuda is None, v"
   "$V" -m pip install -q -c .ci/constraints.txt "$WORK"/dist/ebpo_verl-*.whl
   say "installed $(basename "$WORK"/dist/ebpo_verl-*.whl) (core, no extras) in $((SECONDS - start)) s"
 fi
@@ -80,7 +81,8 @@ helps=(
   "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.recipes.status_table --help"
   "ebpo_verl.study --help" "data_prep.all --help" "data_prep.label_topics --help"
 )
-# two at a time (the study holds one core until it ends)
+# two at a time (the study holds one core until it ends); the single quotes are sh -c's script, expanded there
+# shellcheck disable=SC2016
 printf '%s\n' "${helps[@]}" | xargs -P 2 -I{} sh -c 'out=$("$0" -m {}) && [ -n "$out" ] || { echo "ci wheel: python -m {} failed or printed nothing"; exit 255; }' "$V"
 out=$(ebpo-train --help) && [ "${out%%$'\n'*}" != "" ] || { say "ebpo-train --help failed"; exit 1; }
 say "${#helps[@]} + 1 --help commands ok ($((SECONDS - start)) s)"

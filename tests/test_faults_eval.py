@@ -525,7 +525,7 @@ def test_every_torch_load_of_the_project_is_weights_only():
     assert [where for where, safe in calls if not safe] == []
 
 
-def test_eval_help_and_docs_say_a_checkpoint_is_unpickled():
+def test_eval_help_and_docs_say_what_trust_checkpoint_does():
     run = subprocess.run(
         ["bash", str(ROOT / "recipe" / "ebpo" / "eval.sh"), "--help"],
         env={**os.environ, "PYTHON": sys.executable},
@@ -535,8 +535,15 @@ def test_eval_help_and_docs_say_a_checkpoint_is_unpickled():
     )
     assert run.returncode == 0, run.stderr
     help_text = " ".join(run.stdout.split())
-    assert "torch.load(weights_only=False), i.e. unpickles them" in help_text
-    assert "Evaluate only checkpoints you trust" in help_text
+    assert "torch.load(weights_only=True) and only FSDP's tensor and placement types allowed" in help_text
+    assert "--trust-checkpoint merges with verl's merger as it is, torch.load(weights_only=False)" in help_text
+    assert "it runs code from the file" in help_text
     doc = " ".join((ROOT / "docs" / "evaluation.md").read_text().split())
     assert "## Trust" in (ROOT / "docs" / "evaluation.md").read_text()
     assert "`torch.load(..., weights_only=False)`" in doc and "can run arbitrary code" in doc
+    assert "`--trust-checkpoint`" in doc and "**runs code from the file**" in doc
+    from ebpo_verl.evaluate.__main__ import parser
+
+    generate = parser()._subparsers._group_actions[0].choices["generate"]
+    flag = " ".join(next(a.help for a in generate._actions if "--trust-checkpoint" in a.option_strings).split())
+    assert "runs code from the file" in flag

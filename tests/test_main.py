@@ -13,7 +13,6 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import ebpo_verl
 from ebpo_verl.algos.baselines import SPOOptions, SPOState
 from ebpo_verl.algos.dbb import DBBOptions
 from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
@@ -128,10 +127,11 @@ def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
 def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
     from verl.trainer.ppo import core_algos
 
+    from ebpo_verl.trainer import adapter
     from ebpo_verl.trainer.preflight.registry import check_registered
 
     check_registered()
-    monkeypatch.setattr(ebpo_verl, "register", lambda: None)  # as if verl's plugin loader had failed silently
+    monkeypatch.setattr(adapter, "register", lambda: None)  # as if verl's plugin loader had failed silently
     monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
     with pytest.raises(EBPOConfigError, match=r"'ebpo' is not registered in the TaskRunner process \(pid \d+"):
         check_registered()
@@ -144,6 +144,8 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
     from ebpo_verl import main as entry
 
+    if not any(a.startswith("actor_rollout_ref.model.path=") for a in args):
+        args = (*args, "actor_rollout_ref.model.path=org/model")  # verl's default ~/models/... is absent: a hub id
     monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
     monkeypatch.setenv("HOME", "/nonexistent-home")  # verl's default train file ~/data/... is absent
     try:

@@ -23,9 +23,17 @@ from ebpo_verl.algos.baselines import SPOOptions
 from ebpo_verl.algos.dbb import DBBOptions
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
+from ebpo_verl.ops.readme_block import replace_marked_block
 from ebpo_verl.options.parsing import PARSES, accepts
 from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
-from ebpo_verl.trainer.config.generate import ALL_SECTIONS, SECTIONS, VERL_DEFAULTS, config_yaml, options_table
+from ebpo_verl.trainer.config.generate import (
+    ALL_SECTIONS,
+    README_MARKERS,
+    SECTIONS,
+    VERL_DEFAULTS,
+    config_yaml,
+    options_table,
+)
 from ebpo_verl.trainer.run_options import STATEFUL, RunOptions, TrainerOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -107,10 +115,9 @@ def test_one_unknown_key_message_for_every_section():
 
 
 def test_the_readme_table_is_the_generated_one():
+    """README.md's options table is what ``python -m ebpo_verl.trainer.config.generate --readme README.md`` writes."""
     readme = (REPO_ROOT / "README.md").read_text()
-    begin, end = "<!-- options:begin -->\n", "<!-- options:end -->"
-    assert readme.count(begin) == readme.count(end) == 1
-    assert readme.split(begin)[1].split(end)[0] == options_table()
+    assert replace_marked_block(readme, *README_MARKERS, options_table()) == readme
     rows = options_table().splitlines()[2:]
     assert len(rows) == len(ALL_SECTIONS) == 5
     for cls, row in zip(ALL_SECTIONS, rows, strict=True):
@@ -162,7 +169,8 @@ def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config):
     from ebpo_verl.trainer.preflight import preflight
     from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
 
-    config = compose_config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}")
+    model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight does not look it up
+    config = compose_config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}", model)
     before = PARSES.copy()
     preflight(config, dry_run=True)
     assert PARSES - before == PER_PROCESS  # the driver, before the first step

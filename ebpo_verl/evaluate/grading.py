@@ -10,6 +10,11 @@ say whether a ``--limit`` run covered only the first problems (:mod:`ebpo_verl.r
 ground truths come from ``--data-dir``, so its problems must be those the samples were generated from: a
 benchmark whose problem digests (prompt and ground truth, stored in the meta) differ is refused, naming the
 first differing index.
+
+Beside pass@1, every complete benchmark gets pass@k and maj@k for k = 1, 2, 4, ..., n and avg@n, each with its
+standard error over problems (:mod:`ebpo_verl.evaluate.coverage`; maj@k groups answers by the protocol's own
+equivalence, :mod:`ebpo_verl.evaluate.answers`); an incomplete one gets them as null. The cross-benchmark
+averages ``average_pass@k`` / ``average_maj@k`` hold only the k that every benchmark has.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ebpo_verl.evaluate.answers import answer_classes
+from ebpo_verl.evaluate.coverage import benchmark_coverage, common_average
 from ebpo_verl.evaluate.generations import problem_digest, problems_differ, read_generations, read_meta
 from ebpo_verl.evaluate.merge import checkpoint_step
 from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
@@ -72,6 +79,23 @@ def summarize(
     }
 
 
+COVERAGE_KEYS = ("pass@k", "pass@k_stderr", "maj@k", "maj@k_stderr", "avg@n", "avg@n_stderr")
+
+
+def coverage(
+    protocol: str, records: dict[tuple[int, int], dict[str, Any]], verdicts: dict[tuple[int, int], bool], runs: int
+) -> dict[str, Any]:
+    """pass@k, maj@k and avg@n entries of a benchmark whose ``runs`` samples of every problem are all there."""
+    indices = sorted({i for i, _ in records})
+    responses = [[records[(i, s)]["response"] for s in range(runs)] for i in indices]
+    classes = answer_classes(protocol, responses)
+    problems = [
+        list(zip(cls, [verdicts[(i, s)] for s in range(runs)], strict=True))
+        for i, cls in zip(indices, classes, strict=True)
+    ]
+    return benchmark_coverage(problems)
+
+
 def grade_file(
     protocol: str, generations: str | Path, data_dir: str | Path, allow_partial: bool = False
 ) -> dict[str, Any]:
@@ -115,7 +139,12 @@ def grade_file(
             )
         keys = sorted(mine)
         verdicts = grade_records(protocol, [(bench, mine[k]["response"], truth[k[0]]) for k in keys])
-        results[bench] = summarize(mine, dict(zip(keys, verdicts, strict=True)), len(truth), runs)
+        by_key = dict(zip(keys, verdicts, strict=True))
+        results[bench] = summarize(mine, by_key, len(truth), runs)
+        if results[bench]["complete"]:
+            results[bench] |= coverage(protocol, mine, by_key, runs)
+        else:  # samples missing: no per-problem n, no estimate
+            results[bench] |= {"n": runs, **dict.fromkeys(COVERAGE_KEYS)}
         # --limit: how many of the benchmark's problems were evaluated (make_tables marks a partial benchmark)
         in_data = len(truth) if spec["limit"] is None else len(load_problems(data_dir, bench, protocol))
         results[bench] |= {"limit": spec["limit"], "problems_in_data": in_data}
@@ -132,6 +161,9 @@ def grade_file(
         "step": checkpoint_step(meta["model"]),
         "benchmarks": results,
         "average": sum(scores) / len(scores) if scores else None,
+        # over the benchmarks, for the k that every one of them has (OlympiadBench: n = 4 under the paper protocol)
+        "average_pass@k": common_average(list(results.values()), "pass@k"),
+        "average_maj@k": common_average(list(results.values()), "maj@k"),
         # a --limit run covers only some problems: never complete, whatever its samples
         "complete": all(b["complete"] and b["problems"] == b["problems_in_data"] for b in results.values()),
         "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p", "provenance") if k in meta},

@@ -6,9 +6,12 @@ temporary folder renamed into place (so a crash leaves no half-merged model), an
 merged folder loads on any number of GPUs (the authors evaluated merged folders too: docs/paper_notes.md#authors-runs).
 
 Trust: verl's merger reads the FSDP shards with ``torch.load(..., weights_only=False)`` (verl 0.9.1,
-``verl/model_merger/fsdp_model_merger.py``), which unpickles them, so merging a checkpoint from elsewhere can
-execute code it carries. Merge only checkpoints you trust (docs/evaluation.md#trust). This package's own loads
-of ``.pt`` files use ``weights_only=True``.
+``verl/model_merger/fsdp_model_merger.py``), which unpickles them and so runs any code a checkpoint from
+elsewhere carries. By default the merge runs through :mod:`ebpo_verl.evaluate.safe_merge` instead: verl's merge
+logic with every shard read weights-only and only FSDP's tensor, placement and device-mesh types allowed; a shard
+carrying anything else is refused with one line naming the file. ``trust=True`` (``--trust-checkpoint``: runs
+code from the file) runs verl's merger as it is (docs/evaluation.md#trust). This package's own loads of ``.pt``
+files use ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,18 @@ import sys
 from pathlib import Path
 
 from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.ops.model_ref import HUB_ID
 
 MERGED = "huggingface_merged"
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+SAFE_MERGER = "ebpo_verl.evaluate.safe_merge"
+REFUSED = 3
+"""Exit status of :data:`SAFE_MERGER` for a refused shard; its one line contains :data:`REFUSAL_MARK`."""
+REFUSAL_MARK = ": refused: the shard pickles "
 
 
-def merge_checkpoint(step_dir: Path) -> Path:
-    """``step_dir/huggingface_merged``, merged from ``step_dir/actor`` unless it is already there."""
+def merge_checkpoint(step_dir: Path, trust: bool = False) -> Path:
+    """``step_dir/huggingface_merged``, merged from ``step_dir/actor`` unless it is already there; shards read
+    weights-only unless ``trust`` (EvalInputError naming the shard when one carries more than FSDP's types)."""
     out = step_dir / MERGED
     if (out / "config.json").is_file():
         print(f"evaluate: using the merged model {out}", file=sys.stderr)
@@ -37,11 +45,15 @@ def merge_checkpoint(step_dir: Path) -> Path:
         raise EvalInputError(f"{step_dir} has no actor/fsdp_config.json: not a verl FSDP checkpoint folder")
     tmp = step_dir / f".{MERGED}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
-    cmd += ["--local_dir", str(actor), "--target_dir", str(tmp)]
-    print(f"evaluate: merging {actor} -> {out}", file=sys.stderr)
+    merger = ["verl.model_merger", "merge", "--backend", "fsdp"] if trust else [SAFE_MERGER]
+    cmd = [sys.executable, "-m", *merger, "--local_dir", str(actor), "--target_dir", str(tmp)]
+    how = "trusted: unpickled by verl's merger" if trust else "weights only"
+    print(f"evaluate: merging {actor} -> {out} ({how})", file=sys.stderr)
     try:
         result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        refusal = [line for line in result.stdout.splitlines() if REFUSAL_MARK in line]
+        if result.returncode == REFUSED and refusal:
+            raise EvalInputError(refusal[-1])
         if result.returncode != 0:
             raise EvalInputError(f"verl's model merger failed on {actor}:\n{result.stdout[-3000:]}")
         try:
@@ -86,6 +98,6 @@ def resolve_model(target: str) -> tuple[str, Path | None]:
                 "(global_step_N) nor a checkpoint root (latest_checkpointed_iteration.txt)"
             )
         return str(path.resolve()), None
-    if path.exists() or not _HUB_ID.fullmatch(target):
+    if path.exists() or not HUB_ID.fullmatch(target):
         raise EvalInputError(f"--model {target}: no such folder, and not a hub id of the form org/name")
     return target, None

@@ -97,3 +97,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def unwritable_reason(target: Path, *, folder: bool = False) -> str | None:
+    """Why ``target`` (a file, or with ``folder`` a folder) cannot be written, tried up front by creating and
+    removing a probe file (``os.access`` says yes to root even where ``chattr +i`` refuses); None: it can. A
+    missing folder is judged by its nearest existing parent; nothing is left behind either way."""
+    target = Path(target)
+    where = target if folder else target.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        return f"{where} is not a folder"
+    probe = where / f".write-probe-{secrets.token_hex(6)}"
+    try:
+        probe.touch(exist_ok=False)
+        probe.unlink()
+        if not folder and target.exists():
+            with open(target, "a"):
+                pass
+    except OSError as err:
+        return f"cannot write {target if not folder and target.exists() else where}: {err.strerror}"
+    return None

@@ -90,10 +90,11 @@ Hugging Face folder or a hub id.
   EVAL_DIR       default WORK_DIR/eval/<name> (<experiment>-step<N>, or the model folder's name)
   WORK_DIR, DATA_DIR, DATA_LOCAL_DIR, PYTHON   as for the run scripts
 Writes EVAL_DIR/<protocol>/generations.jsonl and EVAL_DIR/results-<protocol>.json; a rerun resumes.
-Trust: a verl checkpoint TARGET is first merged by verl's model merger, which reads its .pt shards with
-torch.load(weights_only=False), i.e. unpickles them: a checkpoint from elsewhere can run code on this machine.
-Evaluate only checkpoints you trust; a Hugging Face folder or hub id loads safetensors without unpickling
-(docs/evaluation.md#trust)."""
+Trust: a verl checkpoint TARGET is first merged with verl's merge logic, its .pt shards read with
+torch.load(weights_only=True) and only FSDP's tensor and placement types allowed: a shard carrying anything else
+is refused. --trust-checkpoint merges with verl's merger as it is, torch.load(weights_only=False), i.e. unpickles
+the shards: it runs code from the file; pass it only for checkpoints you trust as you would trust code. A Hugging
+Face folder or hub id loads safetensors without unpickling (docs/evaluation.md#trust)."""
 
 
 def usage(command: str, name: str) -> str:
@@ -110,13 +111,55 @@ def usage(command: str, name: str) -> str:
     return EVAL_HELP
 
 
+TOP_HELP = """\
+The recipes' commands (each answers --help):
+  python -m ebpo_verl.recipes run MODEL [hydra overrides]     one training run; MODEL: {models}
+  python -m ebpo_verl.recipes table NAME [--list | overrides] a paper table's runs, evaluations and table;
+                                                               NAME: {tables}
+  python -m ebpo_verl.recipes eval TARGET [generate args]     pass@1 of a checkpoint or model
+In a checkout, recipe/ebpo/*.sh exec these commands."""
+
+
+def _is_help(arg: str) -> bool:
+    return arg in ("-h", "--help")
+
+
+def help_text(argv: list[str]) -> str | None:
+    """The help that ``argv`` asks for at whichever level it stops (None: it asks for none). ``run --help``
+    and ``table --help`` list the models / tables; ``run MODEL --help`` the run's switches."""
+    commands = {"run": model_tags(), "table": list(TABLES)}
+    if not argv or not any(_is_help(a) for a in argv):
+        return None
+    if _is_help(argv[0]) or argv[0] not in (*commands, "eval"):
+        return TOP_HELP.format(models=" ".join(commands["run"]), tables=" ".join(commands["table"]))
+    command, rest = argv[0], argv[1:]
+    if command == "eval":
+        return EVAL_HELP
+    if _is_help(rest[0]):
+        what = "MODEL" if command == "run" else "NAME"
+        return (
+            f"usage: python -m ebpo_verl.recipes {command} {what} [args]; {what} one of: "
+            f"{' '.join(commands[command])}\n{command} {what} --help lists its switches"
+        )
+    if rest[0] not in commands[command]:
+        return None  # refused below, naming the choices
+    return usage(command, rest[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     from ebpo_verl.recipes import driver
 
     argv = sys.argv[1:] if argv is None else argv
     commands = {"run": model_tags(), "table": list(TABLES), "eval": None}
+    text = help_text(argv)
+    if text is not None:
+        print(text)
+        return 0
     if len(argv) < 2 and not (argv and argv[0] == "eval") or argv[0] not in commands:
-        print("usage: python -m ebpo_verl.recipes {run MODEL | table NAME | eval TARGET} [args]", file=sys.stderr)
+        print(
+            "usage: python -m ebpo_verl.recipes {run MODEL | table NAME | eval TARGET} [args] (--help at any level)",
+            file=sys.stderr,
+        )
         return 2
     command, rest = argv[0], argv[1:]
     name = rest[0] if command != "eval" else ""
@@ -124,9 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if commands[command] is not None and name not in commands[command]:
             raise RecipeError(f"unknown {command} {name!r} (one of: {' '.join(commands[command])})")
-        if any(a in ("-h", "--help") for a in args):
-            print(usage(command, name))
-            return 0
         env = dict(os.environ)
         if command == "run":
             return driver.run(name, args, env)

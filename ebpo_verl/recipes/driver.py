@@ -20,7 +20,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.evaluate.prompts import BENCHMARKS, PROTOCOLS
+from ebpo_verl.evaluate.merge import resolve_model
+from ebpo_verl.evaluate.prompts import BENCHMARKS, PROTOCOLS, EvalInputError
+from ebpo_verl.ops.model_ref import model_reference_problem
 from ebpo_verl.recipes.presets import PRESETS, SHARED
 from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
 from ebpo_verl.recipes.tables import TABLES, Row, Table
@@ -46,9 +48,19 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- one run
+def check_user_paths(spec: RunSpec) -> None:
+    """The paths a run never creates itself, before anything is listed or prepared (in a dry run too): the model
+    (a folder or a hub id; the trainer's pre-flight checks it again) and a user-given TRAIN_FILE."""
+    if problem := model_reference_problem(spec.model_path):
+        raise RecipeError(f"MODEL_PATH={problem}; give a Hugging Face model folder or a hub id")
+    if spec.train_file and "://" not in spec.train_file and not os.path.isfile(spec.train_file):
+        raise RecipeError(f"TRAIN_FILE={spec.train_file} does not exist (or is not a file); fix the path")
+
+
 def prepare(spec: RunSpec, dry: bool) -> None:
     """Prepare the missing data files (DRY_RUN: only list the commands). Before a download from the hub (no
     DATA_LOCAL_DIR), a hub that does not answer is one RecipeError naming DATA_LOCAL_DIR."""
+    check_user_paths(spec)
     commands = spec.preparation()
     if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "data_prep.all"] for c in commands):
         from data_prep.schema import DataPrepError, check_hub
@@ -148,11 +160,15 @@ def protocols(value: str) -> list[str]:
 
 
 def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
-    """``python -m ebpo_verl.recipes eval TARGET [generate args]`` (``eval.sh``): prepare missing benchmark files,
-    then generate and grade per protocol."""
+    """``python -m ebpo_verl.recipes eval TARGET [generate args]`` (``eval.sh``): check TARGET, prepare missing
+    benchmark files, then generate and grade per protocol."""
     if not target or target.startswith("-"):
         raise RecipeError("usage: python -m ebpo_verl.recipes eval TARGET [extra generate args]")
     target = target.rstrip("/")
+    try:  # the target first: nothing is prepared for a model that is not there
+        resolve_model(target)
+    except EvalInputError as err:
+        raise RecipeError(f"eval {err}") from None
     chosen = protocols(env.get("EVAL_PROTOCOL") or "paper")
     paths = Shared.from_env(env).paths
     out = env.get("EVAL_DIR") or os.path.join(paths.work, "eval", eval_name(target))

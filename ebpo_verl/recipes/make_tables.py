@@ -1,7 +1,7 @@
-"""Tables of Pass@1 from evaluation results or EBPO/verl metrics logs, in the paper's layout.
+"""Tables of Pass@1 (or pass@K, maj@K, avg@n) from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
     python -m ebpo_verl.recipes.make_tables RUN... --out results/
-        [--table main|group_size|ordering|curriculum|grpo_bn] [--select final|best]
+        [--table main|group_size|ordering|curriculum|grpo_bn] [--select final|best] [--metric M ...]
 
 RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
 ``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
@@ -24,7 +24,14 @@ training) and the title lists the protocols present. The paper's numbers (and "P
 only beside ``paper``-protocol results, measured as the authors did (docs/paper_notes.md#evaluation), and beside
 rows not run yet; other rows leave those cells empty.
 
-Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` (written atomically). With ``--table``, every row of the
+Metrics (``--metric``, one table per metric; default pass@1): ``pass@1``, ``pass@K`` / ``maj@K`` (K = 1, 2, 4, ...,
+n: the coverage keys of a RESULTS.json, docs/evaluation.md#coverage) or ``avg@n``. A cell stays empty where a
+benchmark lacks the metric (K above its n, e.g. OlympiadBench's n = 4 under the paper protocol, or a RESULTS.json
+graded before these keys existed; a note under the table names them), and so does Avg; metrics-log rows hold
+pass@1 only, and the paper's numbers (pass@1) are shown only in the pass@1 table.
+
+Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` for pass@1, ``<out>/<table>-<metric>.md``/``.csv`` for
+another metric (written atomically). With ``--table``, every row of the
 paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
 extra labelled runs; "Paper Avg" and "Δ Avg" compare with the paper; rows for which the paper prints
 per-benchmark numbers (or differences) get a "(paper)" row below them. The curriculum table's reference rows
@@ -52,6 +59,8 @@ from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_prov
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
 
+METRIC = re.compile(r"^(?:(?P<name>pass|maj)@(?P<k>[1-9]\d*)|avg@n)$")
+DEFAULT_METRIC = "pass@1"
 VAL_KEY = re.compile(r"^val-core/(?P<bench>.+)/acc/mean@(?P<k>\d+)$")
 SELECT = ("final", "best")
 ADHOC_SECTION = "runs"
@@ -127,6 +136,8 @@ class Row:
     records: list[dict] = field(default_factory=list)
     hardware_records: list[dict] = field(default_factory=list)  # where the model ran (generation / training)
     coverage: dict[str, str] = field(default_factory=dict)  # benchmark -> what a partial result covered
+    metric: str = DEFAULT_METRIC  # what the score cells hold
+    absent: list[str] = field(default_factory=list)  # benchmarks evaluated whose results lack the metric
 
     @property
     def commits(self) -> list[str]:
@@ -147,7 +158,7 @@ class Row:
     @property
     def shows_paper(self) -> bool:
         """The paper's numbers go beside paper-protocol results (and rows without a result) only."""
-        return self.protocol in ("paper", "")
+        return self.protocol in ("paper", "") and self.metric == DEFAULT_METRIC
 
     @property
     def avg(self) -> float | None:
@@ -173,8 +184,25 @@ def results_provenance(path: Path) -> tuple[list[dict], list[dict]]:
     return generation + grading, generation
 
 
-def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool, int | None]:
-    """(protocol, benchmark -> pass@1, runs used, complete, evaluated checkpoint step) of a RESULTS.json."""
+def check_metric(metric: str) -> str:
+    if not METRIC.match(metric):
+        raise ValueError(f"unknown metric {metric!r}: expected pass@K, maj@K (K = 1, 2, 4, ..., n) or avg@n")
+    return metric
+
+
+def metric_value(entry: dict, metric: str) -> float | None:
+    """A benchmark entry's value of ``metric`` (None when it lacks it)."""
+    match = METRIC.match(metric)
+    if metric == DEFAULT_METRIC or match is None:
+        return _number(entry.get("pass@1"))
+    if match["name"] is None:
+        return _number(entry.get("avg@n"))
+    by_k = entry.get(f"{match['name']}@k")
+    return _number(by_k.get(match["k"])) if isinstance(by_k, dict) else None
+
+
+def read_results(path: Path, metric: str = DEFAULT_METRIC) -> tuple[str, dict[str, float], set[int], bool, int | None]:
+    """(protocol, benchmark -> ``metric``, runs used, complete, evaluated checkpoint step) of a RESULTS.json."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         protocol, benches = data["protocol"], data["benchmarks"]
@@ -182,7 +210,8 @@ def read_results(path: Path) -> tuple[str, dict[str, float], set[int], bool, int
             raise TypeError(f"protocol {protocol!r} / benchmarks {type(benches).__name__}")
     except (ValueError, KeyError, TypeError) as err:
         raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from err
-    scores = {b: float(v["pass@1"]) for b, v in benches.items() if b in BENCHMARKS and v.get("pass@1") is not None}
+    values = {b: metric_value(v, metric) for b, v in benches.items() if b in BENCHMARKS}
+    scores = {b: value for b, value in values.items() if value is not None}
     runs = {int(v["runs"]) for b, v in benches.items() if b in scores}
     step = data.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
@@ -208,7 +237,11 @@ def fill(row: Row, path: str, how: str) -> None:
     """Read the run or RESULTS.json at ``path`` into ``row`` (or say why it stays empty)."""
     row.source = path
     if path.endswith(".json") and Path(path).is_file():
-        row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path))
+        row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path), row.metric)
+        evaluated = read_results(Path(path))[1]  # pass@1: the benchmarks that were evaluated
+        row.absent = [b for b in BENCHMARKS if b in evaluated and b not in row.scores]
+        if evaluated and not row.scores:
+            row.missing = f"no {row.metric} in the results"
         row.records, row.hardware_records = results_provenance(Path(path))
         row.coverage = results_coverage(Path(path))
         if not complete:
@@ -219,6 +252,9 @@ def fill(row: Row, path: str, how: str) -> None:
         return
     if not log_files(Path(path)):
         row.missing = "no metrics log"
+        return
+    if row.metric != DEFAULT_METRIC:
+        row.missing = f"a metrics log holds pass@1 only, not {row.metric}"
         return
     chosen = select_validation(read_run(path), how)
     if chosen is None:
@@ -241,20 +277,24 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
     return ADHOC_SECTION, name.removesuffix(".jsonl"), spec
 
 
-def build_rows(table: str | None, specs: list[str], how: str) -> list[Row]:
+def build_rows(table: str | None, specs: list[str], how: str, metric: str = DEFAULT_METRIC) -> list[Row]:
     """The table's rows: the paper's layout (for a named table) filled from the runs, then extra runs."""
     rows: dict[tuple[str, str], Row] = {}
     for section, methods in PAPER.get(table, {}).items():
         for method, numbers in methods.items():
             label = PAPER_LABEL.get(table, "paper")
-            rows[section, method] = Row(section, method, paper=dict(numbers), missing="not run", paper_label=label)
+            rows[section, method] = Row(
+                section, method, paper=dict(numbers), missing="not run", paper_label=label, metric=metric
+            )
     seen = set()
     for spec in specs:
         section, method, path = parse_spec(spec)
         if (section, method) in seen:
             raise ValueError(f"two runs for the row {section}/{method}: label them differently")
         seen.add((section, method))
-        row = rows.setdefault((section, method), Row(section, method))
+        if (section, method) not in rows and not Path(path).exists():
+            raise ValueError(f"{path}: no such file or folder (only a row of the --table's layout may be not run yet)")
+        row = rows.setdefault((section, method), Row(section, method, metric=metric))
         row.missing = ""
         fill(row, path, how)
     order = list(dict.fromkeys(section for section, _ in rows))
@@ -279,6 +319,7 @@ def contrast_rows(table: str | None, rows: list[Row]) -> list[Row]:
                 diff = {}
             (label, paper), *more = refs.items()
             row = Row(section, f"{plus} − {minus}", scores=diff, paper=dict(paper), protocol=protocol)
+            row.metric = a.metric if a is not None else DEFAULT_METRIC
             row.paper_label, row.more_refs = label, more
             out.append(row)
     return out
@@ -294,7 +335,10 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
     head = ["Section", "Method", *BENCHMARKS.values(), "Avg", "Paper Avg", "Δ Avg", "Step", "Protocol", "Numbers"]
     used = sorted({r.protocol for r in rows if r.protocol})
     legend = [f"- {p}: {PROTOCOLS[p]}" for p in used]
-    if any(r.protocol and not r.shows_paper for r in rows):
+    metric = rows[0].metric if rows else DEFAULT_METRIC
+    if metric != DEFAULT_METRIC:
+        legend.append(f"- the paper reports pass@1 only: no paper numbers beside {metric}")
+    elif any(r.protocol and not r.shows_paper for r in rows):
         legend.append("- the paper's numbers are shown only beside paper-protocol results")
     lines = [f"# {title}", "", *legend, *([""] if legend else []), "| " + " | ".join(head) + " |"]
     lines.append("|" + "---|" * len(head))
@@ -323,6 +367,15 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
     missing = [r for r in rows if r.missing]
     if missing:
         lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
+    absent = [r for r in rows if r.absent]
+    if absent:
+        lines += [
+            "",
+            f"**No {metric} in the results** of "
+            + "; ".join(f"{r.section}/{r.method} ({', '.join(BENCHMARKS[b] for b in r.absent)})" for r in absent)
+            + ": k above that benchmark's samples per problem, or graded before coverage was reported (grade again)."
+            " Their cells and Avg are empty.",
+        ]
     partial = [r for r in rows if r.coverage]
     if partial:
         lines += [
@@ -418,16 +471,20 @@ def render_csv(rows: list[Row], contrasts: list[Row]) -> str:
     return buf.getvalue()
 
 
-def make_tables(specs: list[str], out: Path, table: str | None = None, how: str = "final") -> Path:
-    """Write ``<out>/<table>.md`` and ``.csv``; returns the markdown path."""
+def make_tables(
+    specs: list[str], out: Path, table: str | None = None, how: str = "final", metric: str = DEFAULT_METRIC
+) -> Path:
+    """Write ``<out>/<table>.md`` and ``.csv`` (``<table>-<metric>.*`` for a metric other than pass@1); returns
+    the markdown path."""
     if how not in SELECT:
         raise ValueError(f"select={how!r}: expected one of {SELECT}")
-    rows = build_rows(table, specs, how)
+    rows = build_rows(table, specs, how, check_metric(metric))
     contrasts = contrast_rows(table, rows)
     name = table or ADHOC_SECTION
     protocols = sorted({r.protocol for r in rows if r.protocol})
     what = ", ".join(f"{p} ({how})" if p == "validation" else p for p in protocols) or "no results yet"
-    title = f"{name}: Pass@1 (%), protocol: {what}"
+    title = f"{name}: {'Pass@1' if metric == DEFAULT_METRIC else metric} (%), protocol: {what}"
+    name += "" if metric == DEFAULT_METRIC else f"-{metric}"
     md = out / f"{name}.md"
     atomic_write_text(md, render_markdown(title, rows, contrasts))
     atomic_write_text(out / f"{name}.csv", render_csv(rows, contrasts))
@@ -442,15 +499,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--table", choices=sorted(PAPER), help="lay the rows out as this table of the paper")
     parser.add_argument("--select", choices=SELECT, default="final", help="final (default) or best validation")
+    parser.add_argument(
+        "--metric",
+        nargs="+",
+        default=[DEFAULT_METRIC],
+        metavar="M",
+        help="pass@1 (default), pass@K, maj@K, avg@n: one table per metric (RESULTS.json rows)",
+    )
     args = parser.parse_args(argv)
     if not args.runs and not args.table:
         parser.error("give runs, or --table to print the paper's table with empty cells")
     try:
-        md = make_tables(args.runs, args.out, args.table, args.select)
+        mds = [make_tables(args.runs, args.out, args.table, args.select, m) for m in dict.fromkeys(args.metric)]
     except (MetricsLogError, ValueError, OSError) as err:
         print(f"make_tables: error: {err}", file=sys.stderr)
         return 1
-    print(md.read_text(encoding="utf-8"), end="")
+    print("\n".join(md.read_text(encoding="utf-8") for md in mds), end="")
     return 0
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.readme_block import replace_marked_block
 from ebpo_verl.recipes.paper import PAPER, PAPER_LABEL
 
 BEGIN, END = "<!-- status:begin -->", "<!-- status:end -->"
@@ -140,10 +140,10 @@ def _relative(path: Path) -> str:
 
 
 def replace_block(text: str, block: str, readme: Path) -> str:
-    pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
-    if len(pattern.findall(text)) != 1:
-        raise StatusError(f"{readme} needs exactly one {BEGIN} ... {END} pair (each on its own line) for the table")
-    return pattern.sub(lambda _: f"{BEGIN}\n{block}{END}", text)
+    try:
+        return replace_marked_block(text, BEGIN, END, block)
+    except ValueError as err:
+        raise StatusError(f"{readme} {err} for the table") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ebpo_verl.ops.atomic import DiskFullError
+from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
 from ebpo_verl.study.presets import PRESETS, describe_presets
 
 
@@ -40,10 +40,15 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.error(f"cannot create --out {args.out}: {err.strerror}")
+    problem = unwritable_reason(args.out, folder=True)
+    if problem is None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problem = f"cannot create it: {err.strerror}"
+    if problem:
+        print(f"{parser.prog}: error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     command = " ".join(["python -m ebpo_verl.study", *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
     from ebpo_verl.ops.provenance import code_version

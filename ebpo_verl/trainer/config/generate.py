@@ -2,8 +2,9 @@
 
 ``ebpo_trainer.yaml`` is verl's ``ppo_trainer`` plus :data:`SECTIONS` (our options sections, from their dataclasses)
 and :data:`VERL_DEFAULTS` (the verl keys whose defaults ``ebpo-train`` changes), each declared once here or in its
-dataclass. ``python -m ebpo_verl.trainer.config.generate`` rewrites the file; ``--table`` prints the README's
-options table; ``tests/test_options.py`` fails when either differs from what this module generates.
+dataclass. ``python -m ebpo_verl.trainer.config.generate`` rewrites the file; ``--readme README.md`` rewrites the
+README's options table (between :data:`README_MARKERS`); ``tests/test_options.py`` fails when either differs from
+what this module generates.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ebpo_verl.options.parsing import OptionSection, allowed
 from ebpo_verl.trainer.run_options import STATEFUL, TrainerOptions
 
 YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
+README_MARKERS = ("<!-- options:begin -->", "<!-- options:end -->")
 VERL_CONFIG = "pkg://verl.trainer.config"
 
 
@@ -129,10 +131,13 @@ def options_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write ebpo_trainer.yaml from the option declarations.")
-    parser.add_argument("--table", action="store_true", help="print the README's options table instead")
+    parser.add_argument("--readme", type=Path, help="rewrite the options table of this README instead")
     args = parser.parse_args(argv)
-    if args.table:
-        print(options_table(), end="")
+    if args.readme:
+        from ebpo_verl.ops.readme_block import replace_marked_block
+
+        args.readme.write_text(replace_marked_block(args.readme.read_text(), *README_MARKERS, options_table()))
+        print(f"wrote the options table of {args.readme}")
     else:
         YAML_PATH.write_text(config_yaml())
         print(f"wrote {YAML_PATH}")

@@ -27,7 +27,7 @@ from ebpo_verl.trainer.preflight.config import (
     warn_ignored_options,
     warn_versions,
 )
-from ebpo_verl.trainer.preflight.data import check_data
+from ebpo_verl.trainer.preflight.data import check_data, check_model_path
 from ebpo_verl.trainer.preflight.registry import check_estimator_name
 from ebpo_verl.trainer.run_options import RunOptions
 
@@ -45,10 +45,10 @@ CONFIG_CHECKS: tuple[Check, ...] = (
 WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_versions)
 """Printed on stderr (``ebpo-train: warning: ...``), never refusing."""
 
-RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_batch_division, check_data)
+RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_batch_division, check_model_path, check_data)
 """After the resume check (a resume that cannot work stops before verl's check and the data are read): verl's
-``validate_config`` at the configured world size, each rank's share of every batch (:mod:`.batches`), the data
-files. Their lines open the log line, the resume's
+``validate_config`` at the configured world size, each rank's share of every batch (:mod:`.batches`), the model
+path, the data files. Their lines open the log line, the resume's
 closes it."""
 
 

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from ebpo_verl.algos.ordering import FALLBACK_DIFFICULTY_KEY, PASS_RATE_KEY
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.ops.model_ref import model_reference_problem
 from ebpo_verl.options.parsing import is_missing
 from ebpo_verl.trainer.run_options import RunOptions
 
@@ -66,6 +67,17 @@ def _files(value: Any) -> list[str]:
         return []
     items = [value] if isinstance(value, str) else list(value)
     return [os.path.expanduser(str(item)) for item in items]
+
+
+def check_model_path(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """``actor_rollout_ref.model.path`` names a local folder or a hub id, in a dry run too (the run would
+    otherwise prepare and label its data before verl fails to load the model)."""
+    value = str(config.actor_rollout_ref.model.path)
+    if problem := model_reference_problem(value):
+        raise EBPOConfigError(
+            f"actor_rollout_ref.model.path={problem}; set MODEL_PATH (recipes) or actor_rollout_ref.model.path "
+            "to a Hugging Face model folder or a hub id"
+        )
 
 
 def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
