@@ -155,17 +155,8 @@ def _run_outputs(config: DictConfig):
 
 def _preflight_and_run(config: DictConfig) -> None:
     """Holding the run's outputs: the pre-flight (a refusal: one line, exit 2), then training on the Ray cluster
-    (local, or ``RAY_ADDRESS`` / ``ray_kwargs``)."""
-    import shlex
-
-    from omegaconf import open_dict
+    (local, or ``RAY_ADDRESS`` / ``ray_kwargs``). verl's trainer modules are imported only after the pre-flight."""
     from omegaconf.errors import OmegaConfBaseException
-    from verl.trainer.main_ppo import run_ppo
-    from verl.utils.device import auto_set_device
-
-    from ebpo_verl.ops.provenance import LAUNCH_COMMAND_KEY
-    from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
-    from ebpo_verl.trainer.watchdog import failures_reported
 
     with _run_outputs(config):
         try:
@@ -174,11 +165,27 @@ def _preflight_and_run(config: DictConfig) -> None:
             _fail(str(err))
         except OmegaConfBaseException as err:
             _fail(one_line(err))
-        with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
-            config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
-        auto_set_device(config)
-        with failures_reported(config):  # a dead or hung worker: one line, exit 1
-            run_ppo(config, task_runner_class=EBPOTaskRunner)
+        _launch(config)
+
+
+def _launch(config: DictConfig) -> None:
+    """verl's ``run_ppo`` with our TaskRunner, the launch command recorded for the metrics log, a dead or hung
+    worker reported in one line (exit 1)."""
+    import shlex
+
+    from omegaconf import open_dict
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.device import auto_set_device
+
+    from ebpo_verl.ops.provenance import LAUNCH_COMMAND_KEY
+    from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
+    from ebpo_verl.trainer.watchdog import failures_reported
+
+    with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
+        config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
+    auto_set_device(config)
+    with failures_reported(config):
+        run_ppo(config, task_runner_class=EBPOTaskRunner)
 
 
 def train(overrides: list[str], config_name: str | None = None) -> None:

@@ -22,6 +22,8 @@ from ebpo_verl.trainer.preflight import check_config
 from ebpo_verl.trainer.run_options import EBPO, SPO
 
 REPO = Path(__file__).resolve().parents[1]
+HUB_MODEL = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"
+"""A model the pre-flight accepts without looking it up (a hub id; verl's default ~/models/... is not there)."""
 
 
 def _leaves(node, prefix: str = "") -> dict[str, object]:
@@ -110,7 +112,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
-    shown = _cli("--cfg", "job", "algorithm.ebpo.cluster_key=topic", "actor_rollout_ref.rollout.n=8")
+    shown = _cli("--cfg", "job", "algorithm.ebpo.cluster_key=topic", "actor_rollout_ref.rollout.n=8", HUB_MODEL)
     assert shown.returncode == 0, shown.stderr
     config = yaml.safe_load(shown.stdout)
     assert config["algorithm"]["adv_estimator"] == "ebpo"
@@ -415,7 +417,7 @@ def test_main_console_script(tmp_path):
     script = Path(sys.executable).parent / "ebpo-train"
     assert script.is_file(), "pip install -e . installs the ebpo-train script"
     shown = subprocess.run(
-        [str(script), "--cfg", "job", "algorithm.ebpo.cluster_key=topic"],
+        [str(script), "--cfg", "job", "algorithm.ebpo.cluster_key=topic", HUB_MODEL],
         capture_output=True,
         text=True,
         timeout=300,
