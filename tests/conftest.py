@@ -92,6 +92,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(shared))
 
 
+# --- the package config and its composer (one composition as ebpo-train's, through Hydra's compose API) ----------
+
+
+@pytest.fixture(scope="session")
+def config_dir() -> Path:
+    """The package's Hydra config folder, the checkout's that the tests import (``ebpo_trainer.yaml``, generated from
+    the option declarations by ebpo_verl/trainer/config/generate.py)."""
+    import ebpo_verl
+
+    folder = Path(ebpo_verl.__file__).parent / "trainer" / "config"
+    assert (folder / "ebpo_trainer.yaml").is_file(), folder
+    return folder
+
+
+@pytest.fixture(scope="session")
+def compose_config(config_dir):
+    """``compose_config(*overrides, config_name="ebpo_trainer")``: the job config Hydra composes for these overrides
+    (Hydra's errors propagate as Hydra raises them)."""
+    from hydra import compose, initialize_config_dir
+
+    def composed(*overrides: str, config_name: str = "ebpo_trainer"):
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            return compose(config_name, overrides=list(overrides))
+
+    return composed
+
+
 # ---- CI guards (issue 33 item 10): per-test time limits, skips refused under CI, the running tests logged ----
 # Fixtures go above this block; it holds only the CI hooks and their tables.
 

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -23,7 +22,6 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
 from ebpo_verl.algos.baselines import (
     BNPO_DIAGNOSTICS,
     SPO_STATE,
@@ -43,7 +41,6 @@ from ebpo_verl.trainer.run_options import SPO
 
 EPS = 1e-6
 REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
 
 @pytest.fixture(autouse=True)
@@ -413,13 +410,15 @@ def test_prompt_key_checks_name_the_problem():
 PROMPTS, GROUP = 4, 3
 
 
-def _config(tmp_path: Path | None = None, *overrides: str):
-    ckpt = [f"trainer.default_local_dir={tmp_path / 'ckpt'}"] if tmp_path else []
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=["algorithm.adv_estimator=spo", "actor_rollout_ref.rollout.n=3", *ckpt, *overrides],
-        )
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path=None, *overrides)``: an spo run's config (tests/conftest.py's composer)."""
+
+    def composed(tmp_path: Path | None = None, *overrides: str):
+        ckpt = [f"trainer.default_local_dir={tmp_path / 'ckpt'}"] if tmp_path else []
+        return compose_config("algorithm.adv_estimator=spo", "actor_rollout_ref.rollout.n=3", *ckpt, *overrides)
+
+    return composed
 
 
 class _ActorGroupStandIn:
@@ -468,7 +467,7 @@ def _run(trainer, steps) -> list[torch.Tensor]:
     return out
 
 
-def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path, _config):
     config = _config(tmp_path)
     uninterrupted = _run(_trainer(config), range(1, 8))
     reference = ReferenceSPO()
@@ -512,7 +511,7 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
     assert fresh.steps == 0
 
 
-def test_spo_state_file_errors(tmp_path):
+def test_spo_state_file_errors(tmp_path, _config):
     config = _config(tmp_path)
     trainer = _trainer(config)
     _run(trainer, range(1, 3))
@@ -570,7 +569,7 @@ def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
 
 
 @pytest.mark.slow
-def test_spo_dataset_check_on_prepared_data(hub_data, tiny_tokenizer, tmp_path):
+def test_spo_dataset_check_on_prepared_data(hub_data, tiny_tokenizer, tmp_path, _config):
     """data_prep's extra_info.index is a unique key within a file; two files repeat it, which is refused."""
     from data_prep import dapo_math, math500
 
@@ -592,7 +591,7 @@ def test_spo_dataset_check_on_prepared_data(hub_data, tiny_tokenizer, tmp_path):
         trainer_on(str(math), "algorithm.spo.prompt_key=uid")._init_dataloader()
 
 
-def test_check_config_refuses_bad_spo_options():
+def test_check_config_refuses_bad_spo_options(_config):
     check_config(_config())
     with pytest.raises(EBPOConfigError, match="algorithm.spo.rho=2.0 is invalid"):
         check_config(_config(None, "algorithm.spo.rho=2.0"))
@@ -617,7 +616,7 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
 
 
 @pytest.mark.slow
-def test_spo_advantage_step_through_transfer_queue(ray_local):
+def test_spo_advantage_step_through_transfer_queue(ray_local, _config):
     """verl's v1 flow: rows in TransferQueue -> _compute_advantage -> keys from extra_info reach the tracker."""
     import transfer_queue as tq
     from transfer_queue import KVBatchMeta

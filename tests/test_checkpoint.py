@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
@@ -25,16 +24,19 @@ from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 from ebpo_verl.trainer.run_options import EBPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 PROMPTS, GROUP, TOPICS = 4, 4, ("algebra", "geometry", "number_theory")
 
 
-def _config(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides],
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path, *overrides)``: a run's config with its checkpoints under tmp_path (tests/conftest.py)."""
+
+    def composed(tmp_path: Path, *overrides: str):
+        return compose_config(
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides
         )
+
+    return composed
 
 
 class _ActorGroupStandIn:
@@ -85,7 +87,6 @@ def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
     return data, uid_row_keys(infos, uids, padding, "topic")
 
 
-
 def _estimate(trainer, data, row_keys) -> dict:
     """verl's ``compute_advantage`` on ``data`` with the step inputs the trainer hands the estimator."""
     with step_inputs(StepInputs(trainer.options.estimator, row_keys)):
@@ -116,7 +117,7 @@ RESUME_CASES = [
 
 
 @pytest.mark.parametrize("options", RESUME_CASES, ids=["clusters-decay", "beta-binomial"])
-def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options):
+def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options, _config):
     config = _config(tmp_path, *options)
     ebpo_verl.get_state().reset()
     uninterrupted = _run(_trainer(config), range(1, 7))
@@ -151,7 +152,7 @@ def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options
     assert not torch.allclose(_step(fresh, 4), uninterrupted[3]), "the EB state must matter for this test"
 
 
-def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path):
+def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path, _config):
     """No ebpo_state.json (a plain verl checkpoint): refused by default, fresh statistics only when asked for."""
     config = _config(tmp_path)
     ebpo_verl.get_state().reset()
@@ -172,14 +173,14 @@ def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path):
         assert resumed.global_steps == 2 and ebpo_verl.get_state().prompts_seen == 0
 
 
-def test_checkpoint_disabled_resume_resets_state(tmp_path):
+def test_checkpoint_disabled_resume_resets_state(tmp_path, _config):
     ebpo_verl.get_state().prompts_seen = 7
     trainer = _trainer(_config(tmp_path, "trainer.resume_mode=disable"))
     trainer._load_checkpoint()
     assert trainer.global_steps == 0 and ebpo_verl.get_state().prompts_seen == 0
 
 
-def test_checkpoint_folder_for_both_resume_modes(tmp_path):
+def test_checkpoint_folder_for_both_resume_modes(tmp_path, _config):
     auto = _config(tmp_path).trainer
     assert loaded_folder(auto, 5) == step_folder(auto, 5) == str(tmp_path / "ckpt" / "global_step_5")
     explicit = _config(
@@ -318,7 +319,7 @@ def test_checkpoint_saved_option_unknown_to_this_version_gets_no_refused_advice(
         assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(decay=0.9, on_resume_mismatch="keep"), 4)
 
 
-def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path):
+def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path, _config):
     ebpo_verl.get_state().reset()
     first = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.9"))
     _run(first, range(1, 3))
@@ -361,7 +362,7 @@ def test_checkpoint_metrics_log_survives_resume(tmp_path):
     assert len(list(tmp_path.glob("logs/metrics.superseded-*.jsonl"))) == 2
 
 
-def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
+def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch, _config):
     from verl.utils.tracking import Tracking
 
     verl_file = tmp_path / "verl.jsonl"
@@ -380,7 +381,7 @@ def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
     assert read_metrics_log(tmp_path / "m.jsonl") == {1: {"ebpo/shrinkage_mean": 0.4}, 2: {"ebpo/shrinkage_mean": 0.5}}
 
 
-def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tokenizer):
+def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tokenizer, _config):
     """The curriculum dataset's position goes through the trainer's data.pt like verl's sampler position."""
     from data_prep import math500
 

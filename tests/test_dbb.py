@@ -13,12 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
 from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions, DBBState, compute_dbb_advantages
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.adapter import StepInputs, step_inputs
@@ -26,8 +24,6 @@ from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.preflight import check_config
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 from ebpo_verl.trainer.run_options import DBB
-
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
 
 @pytest.fixture(autouse=True)
@@ -181,17 +177,19 @@ def test_save_load_continue_equals_uninterrupted(tmp_path):
 PROMPTS, GROUP = 4, 3
 
 
-def _config(tmp_path: Path):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=[
-                "algorithm.adv_estimator=dbb",
-                "algorithm.dbb.discount=0.5",
-                "actor_rollout_ref.rollout.n=3",
-                f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            ],
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path)``: a dbb run's config (tests/conftest.py's composer)."""
+
+    def composed(tmp_path: Path):
+        return compose_config(
+            "algorithm.adv_estimator=dbb",
+            "algorithm.dbb.discount=0.5",
+            "actor_rollout_ref.rollout.n=3",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         )
+
+    return composed
 
 
 class _ActorGroupStandIn:
@@ -241,7 +239,7 @@ def _run(trainer, steps):
     return out
 
 
-def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
+def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path, _config):
     config = _config(tmp_path)
     uninterrupted = _run(_trainer(config), range(1, 8))
     ref = ReferenceDBB(0.5)
@@ -267,9 +265,8 @@ def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
         assert torch.equal(a, b)
 
 
-def test_check_config_refuses_bad_dbb_options(tmp_path):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose("ebpo_trainer", overrides=["algorithm.adv_estimator=dbb", "algorithm.dbb.discount=2"])
+def test_check_config_refuses_bad_dbb_options(tmp_path, compose_config, _config):
+    cfg = compose_config("algorithm.adv_estimator=dbb", "algorithm.dbb.discount=2")
     with pytest.raises(EBPOConfigError, match="algorithm.dbb.discount=2 is invalid"):
         check_config(cfg)
 

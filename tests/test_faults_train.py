@@ -21,10 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import ebpo_verl
 from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.locking import LockHeldError
@@ -37,15 +35,17 @@ from ebpo_verl.trainer.preflight import preflight
 from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS, ebpo_trainer_cls
 from ebpo_verl.trainer.run_options import EBPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path, *overrides)``: a run's config with its checkpoints under tmp_path (tests/conftest.py)."""
 
-def _config(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides],
+    def composed(tmp_path: Path, *overrides: str):
+        return compose_config(
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides
         )
+
+    return composed
 
 
 def _write_parquet(path: Path, ground_truths: list, extra_infos: list[dict] | None = None) -> Path:
@@ -93,7 +93,7 @@ def _stand_in_trainer(config):
     return trainer
 
 
-def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_path):
+def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_path, _config):
     """A kill after verl's tracker file and before its log call: the resume logs the step's training metrics once."""
     from verl.utils.tracking import Tracking
 
@@ -164,7 +164,7 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
 
 
 # ------------------------------------ finding 4: one writer per run folder
-def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path):
+def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path, _config):
     config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/logs/metrics.jsonl")
     with hold_run_outputs(config.trainer):
         holder = json.loads((tmp_path / "ckpt" / RUN_LOCK_FILE).read_text())
@@ -192,7 +192,7 @@ def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path):
         pass
 
 
-def test_a_crashed_holder_leaves_no_lock_behind(tmp_path):
+def test_a_crashed_holder_leaves_no_lock_behind(tmp_path, _config):
     config = _config(tmp_path)
     script = (
         "import os, signal, sys; from omegaconf import OmegaConf; "
@@ -208,7 +208,7 @@ def test_a_crashed_holder_leaves_no_lock_behind(tmp_path):
 
 
 # ------------------------------------ finding 7: the pre-flight
-def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path):
+def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path, _config):
     config = _config(tmp_path, "algorithm.adv_estimator=nonexistent", *_data(tmp_path))
     with pytest.raises(EBPOConfigError) as err:
         preflight(config, dry_run=True)
@@ -223,7 +223,7 @@ CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.c
 CURRICULUM += ["data.shuffle=False", "data.dataloader_num_workers=0"]
 
 
-def test_preflight_refuses_a_curriculum_whose_label_is_missing(tmp_path):
+def test_preflight_refuses_a_curriculum_whose_label_is_missing(tmp_path, _config):
     gts = [str(i) for i in range(16)]
     no_topics = _write_parquet(tmp_path / "none.parquet", gts, [{"index": i, "topic": None} for i in range(16)])
     config = _config(tmp_path, *_data(tmp_path, train=no_topics), *CURRICULUM, "+data.curriculum.order=topic")
@@ -251,7 +251,7 @@ def test_preflight_refuses_a_curriculum_whose_label_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize(("where", "bad"), [("train", ""), ("train", None), ("val", float("nan")), ("val", "  ")])
-def test_preflight_refuses_empty_ground_truths_naming_file_and_row(tmp_path, where, bad):
+def test_preflight_refuses_empty_ground_truths_naming_file_and_row(tmp_path, where, bad, _config):
     gts = [str(i) for i in range(16)]
     if where == "train":
         gts[3] = bad
@@ -266,7 +266,7 @@ def test_preflight_refuses_empty_ground_truths_naming_file_and_row(tmp_path, whe
         preflight(_config(tmp_path, *data), dry_run=True)
 
 
-def test_preflight_checks_the_tracker_file(tmp_path):
+def test_preflight_checks_the_tracker_file(tmp_path, _config):
     data = _data(tmp_path)
     ckpt = tmp_path / "ckpt"
     (ckpt / "global_step_2").mkdir(parents=True)
@@ -283,7 +283,7 @@ def test_preflight_checks_the_tracker_file(tmp_path):
     assert preflight(_config(tmp_path, *data), dry_run=True)[-1] == f"resumes from {ckpt / 'global_step_2'}"
 
 
-def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path):
+def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path, _config):
     data = _data(tmp_path)
     step_dir = tmp_path / "ckpt" / "global_step_2"
     step_dir.mkdir(parents=True)

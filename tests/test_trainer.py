@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
@@ -23,7 +22,6 @@ from ebpo_verl.trainer.adapter import StepInputs, step_inputs
 from ebpo_verl.trainer.preflight.data import check_cluster_labels
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 GROUP = 4
 
 
@@ -34,12 +32,17 @@ def _estimate(trainer, data, row_keys) -> dict:
     return dict(trainer.options.stateful.state.diagnostics)
 
 
-def _config(*overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("ebpo_trainer", overrides=[f"actor_rollout_ref.rollout.n={GROUP}", *overrides])
+@pytest.fixture
+def _config(compose_config):
+    """``_config(*overrides)``: a run's config with groups of GROUP (tests/conftest.py's composer)."""
+
+    def composed(*overrides: str):
+        return compose_config(f"actor_rollout_ref.rollout.n={GROUP}", *overrides)
+
+    return composed
 
 
-def _trainer_on(parquet: Path, tokenizer, *overrides: str):
+def _trainer_on(_config, parquet: Path, tokenizer, *overrides: str):
     config = _config(
         f"data.train_files={parquet}",
         f"data.val_files={parquet}",
@@ -73,9 +76,10 @@ def test_trainer_row_keys_skip_padding_and_name_unlabelled_rows():
     }
 
 
-def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer):
+def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer, _config):
     """A batch of the prepared MATH-500 parquet through verl's dataset/dataloader; expected clusters from the source."""
     trainer = _trainer_on(
+        _config,
         math500_parquet,
         tiny_tokenizer,
         "algorithm.ebpo.cluster_key=topic",
@@ -115,8 +119,10 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, h
     assert diagnostics["ebpo/prompts_seen"] == n / GROUP
 
 
-def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, hub_data, tiny_tokenizer, tmp_path):
-    wrong_key = _trainer_on(math500_parquet, tiny_tokenizer, "algorithm.ebpo.cluster_key=subject")
+def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(
+    math500_parquet, hub_data, tiny_tokenizer, tmp_path, _config
+):
+    wrong_key = _trainer_on(_config, math500_parquet, tiny_tokenizer, "algorithm.ebpo.cluster_key=subject")
     with pytest.raises(EBPOConfigError) as err:
         wrong_key._init_dataloader()
     assert "cluster_key='subject' is not a key of extra_info" in str(err.value)
@@ -125,7 +131,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, h
 
     dapo = dapo_math.prepare(tmp_path, local_path=hub_data / "dapo_math_sample.jsonl")  # no topics
     n = pq.read_metadata(dapo).num_rows
-    unlabelled = _trainer_on(dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
+    unlabelled = _trainer_on(_config, dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
     with pytest.raises(EBPOConfigError, match=rf"extra_info\['topic'\] is missing or null in {n} of {n} training rows"):
         unlabelled._init_dataloader()
 
@@ -134,7 +140,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, h
 
 
 @pytest.mark.slow
-def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
+def test_trainer_registration_visible_in_the_task_runner_actor(ray_local, _config):
     from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
 
     def probe(_runner):
@@ -152,7 +158,7 @@ def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
 
 
 @pytest.mark.slow
-def test_trainer_advantage_step_through_transfer_queue(ray_local):
+def test_trainer_advantage_step_through_transfer_queue(ray_local, _config):
     """verl's v1 flow: rows in TransferQueue (as the agent loop writes them) -> _compute_advantage -> advantages."""
     import transfer_queue as tq
     from omegaconf import OmegaConf

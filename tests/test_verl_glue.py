@@ -71,9 +71,9 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
 
 
 def test_one_unknown_key_message_for_every_layer():
-    """The options' own parse, the pre-flight and the override check give the same did-you-mean line."""
+    """The options' own parse, the pre-flight and the composition give the same did-you-mean line."""
     from ebpo_verl.algos.baselines import SPO_OPTION_KEYS, SPOOptions
-    from ebpo_verl.main import check_overrides
+    from ebpo_verl.main import compose
     from ebpo_verl.ops.errors import EBPOConfigError
     from ebpo_verl.trainer.run_options import RunOptions
 
@@ -85,7 +85,7 @@ def test_one_unknown_key_message_for_every_layer():
     with pytest.raises(EBPOConfigError, match=message):
         RunOptions.from_config(OmegaConf.create({"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkge": 0.5}}}))
     with pytest.raises(EBPOConfigError, match=message):
-        check_overrides(["algorithm.ebpo.shrinkge=0.5"])
+        compose(["algorithm.ebpo.shrinkge=0.5"])
     spo = "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: " + ", ".join(SPO_OPTION_KEYS)
     with pytest.raises(ValueError, match=re.escape(spo)):
         SPOOptions.from_mapping({"rhoo": 0.5})

@@ -36,13 +36,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from ebpo_verl.algos.ebpo import factorize_keys, padding_names
-from ebpo_verl.options.parsing import is_real, option_keys, parse_section
+from ebpo_verl.options.parsing import OptionSection, is_real, option, reals, text
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -251,46 +251,33 @@ def compute_bnpo_advantages(
 
 
 @dataclass(frozen=True)
-class SPOOptions:
-    """Options of the ``spo`` estimator (``algorithm.spo.<key>``); defaults = the fork's tracker.
+class SPOOptions(OptionSection):
+    """Options of the ``spo`` estimator (``algorithm.spo.<key>``); defaults = the fork's tracker."""
 
-    prompt_key: the ``extra_info`` field that identifies a prompt across steps (default ``index``, the row index
-        data_prep writes; it must be unique per prompt over the training files).
-    rho: the tracker's discount per update, in (0, 1).
-    n0: the prior's strength: a prompt's first update starts from (n0/2, n0/2); the fork's 1/(1 - 0.875) = 8.
-    epsilon: the eps of the batch standardisation.
-    on_resume_mismatch: a resume whose options differ from the checkpoint's: ``error`` (stop, listing the
-        changes), ``reset`` (fresh tracker, with a warning) or ``keep`` (the saved tracker; never for a changed
-        ``prompt_key``), as ``algorithm.ebpo.on_resume_mismatch``.
-    """
+    SECTION: ClassVar[str] = "algorithm.spo"
 
-    prompt_key: str = "index"
-    rho: float = 0.9
-    n0: float = 8.0
-    epsilon: float = 1e-6
-    on_resume_mismatch: str = "error"
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.prompt_key, str) and self.prompt_key):
-            raise ValueError(f"algorithm.spo.prompt_key={self.prompt_key!r} is invalid; use an extra_info field name")
-        if not (is_real(self.rho) and 0.0 < float(self.rho) < 1.0):
-            raise ValueError(f"algorithm.spo.rho={self.rho!r} is invalid; use a float in (0, 1)")
-        if not (is_real(self.n0) and float(self.n0) > 0.0):
-            raise ValueError(f"algorithm.spo.n0={self.n0!r} is invalid; use a float > 0")
-        if not (is_real(self.epsilon) and float(self.epsilon) > 0.0):
-            raise ValueError(f"algorithm.spo.epsilon={self.epsilon!r} is invalid; use a float > 0")
-        if self.on_resume_mismatch not in ("error", "reset", "keep"):
-            raise ValueError(
-                f"algorithm.spo.on_resume_mismatch={self.on_resume_mismatch!r} is invalid; use error, reset or keep"
-            )
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> SPOOptions:
-        """Build options from ``config.spo`` (a dict or OmegaConf node; None -> defaults); unknown keys raise."""
-        return parse_section(cls, mapping, "algorithm.spo")
+    prompt_key: str = option(
+        "index",
+        "the extra_info field that identifies a prompt across steps (default index, the row index data_prep "
+        "writes; it must be unique per prompt over the training files)",
+        rule=text("an extra_info field name"),
+    )
+    rho: float = option(0.9, "the tracker's discount per update", rule=reals(0.0, 1.0, open_low=True, open_high=True))
+    n0: float = option(
+        8.0,
+        "the prior's strength: a prompt's first update starts from (n0/2, n0/2); the fork's 1/(1 - 0.875) = 8",
+        rule=reals(0.0, open_low=True),
+    )
+    epsilon: float = option(1e-6, "the eps of the batch standardisation", rule=reals(0.0, open_low=True))
+    on_resume_mismatch: str = option(
+        "error",
+        "a resume whose options differ from the checkpoint's: error (stop, listing the changes), reset (fresh "
+        "tracker, with a warning) or keep (the saved tracker; never for a changed prompt_key)",
+        choices=("error", "reset", "keep"),
+    )
 
 
-SPO_OPTION_KEYS: tuple[str, ...] = option_keys(SPOOptions)
+SPO_OPTION_KEYS: tuple[str, ...] = SPOOptions.keys()
 SPO_RESUME_KEYS: tuple[str, ...] = tuple(k for k in SPO_OPTION_KEYS if k != "on_resume_mismatch")
 
 

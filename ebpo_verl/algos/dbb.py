@@ -25,56 +25,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from ebpo_verl.algos.baselines import _group, _scatter_out, _sorted_sum
-from ebpo_verl.options.parsing import is_real, parse_section
+from ebpo_verl.options.parsing import OptionSection, is_real, option, reals, text
 
 DBB_STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class DBBOptions:
-    """Options of the ``dbb`` estimator (``algorithm.dbb.<key>``); defaults = the paper's 8B setting.
+class DBBOptions(OptionSection):
+    """Options of the ``dbb`` estimator (``algorithm.dbb.<key>``); defaults = the paper's 8B setting."""
 
-    prompt_key: the ``extra_info`` field that identifies a prompt across steps (unique per prompt; ``index``).
-    discount: lambda in (0, 1]; 0.75 for Qwen3-8B, 0.5 for Qwen3-1.7B (Sec. 4.2); 1 keeps all history.
-    prior_alpha, prior_beta: the prior pseudo-counts before the first visit (Def. 1: 1 and 1).
-    normalize: divide by sqrt(p_hat (1 - p_hat)) (GRPO-DBB); False: A = X - p_hat (Dr.GRPO-DBB).
-    on_resume_mismatch: a resume whose options differ from the checkpoint's: ``error``, ``reset`` or ``keep``
-        (never for a changed ``prompt_key``), as ``algorithm.spo.on_resume_mismatch``.
-    """
+    SECTION: ClassVar[str] = "algorithm.dbb"
 
-    prompt_key: str = "index"
-    discount: float = 0.75
-    prior_alpha: float = 1.0
-    prior_beta: float = 1.0
-    normalize: bool = True
-    on_resume_mismatch: str = "error"
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.prompt_key, str) and self.prompt_key):
-            raise ValueError(f"algorithm.dbb.prompt_key={self.prompt_key!r} is invalid; use an extra_info field name")
-        if not (is_real(self.discount) and 0.0 < float(self.discount) <= 1.0):
-            raise ValueError(f"algorithm.dbb.discount={self.discount!r} is invalid; use a float in (0, 1]")
-        for name in ("prior_alpha", "prior_beta"):
-            value = getattr(self, name)
-            if not (is_real(value) and float(value) > 0.0):
-                raise ValueError(f"algorithm.dbb.{name}={value!r} is invalid; use a float > 0")
-        if not isinstance(self.normalize, bool):
-            raise ValueError(f"algorithm.dbb.normalize={self.normalize!r} is invalid; use true or false")
-        if self.on_resume_mismatch not in ("error", "reset", "keep"):
-            raise ValueError(
-                f"algorithm.dbb.on_resume_mismatch={self.on_resume_mismatch!r} is invalid; use error, reset or keep"
-            )
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> DBBOptions:
-        """Build options from ``config.dbb`` (a dict or OmegaConf node; None -> defaults); unknown keys raise."""
-        return parse_section(cls, mapping, "algorithm.dbb")
+    prompt_key: str = option(
+        "index",
+        "the extra_info field that identifies a prompt across steps (unique per prompt; index)",
+        rule=text("an extra_info field name"),
+    )
+    discount: float = option(
+        0.75,
+        "lambda: 0.75 for Qwen3-8B, 0.5 for Qwen3-1.7B (Sec. 4.2); 1 keeps all history",
+        rule=reals(0.0, 1.0, open_low=True),
+    )
+    prior_alpha: float = option(
+        1.0, "prior pseudo-successes before the first visit (Def. 1: 1)", rule=reals(0.0, open_low=True)
+    )
+    prior_beta: float = option(
+        1.0, "prior pseudo-failures before the first visit (Def. 1: 1)", rule=reals(0.0, open_low=True)
+    )
+    normalize: bool = option(
+        True, "divide by sqrt(p_hat (1 - p_hat)) (GRPO-DBB); false: A = X - p_hat (Dr.GRPO-DBB)", choices=(True, False)
+    )
+    on_resume_mismatch: str = option(
+        "error",
+        "a resume whose options differ from the checkpoint's: error, reset or keep (never for a changed "
+        "prompt_key), as algorithm.spo.on_resume_mismatch",
+        choices=("error", "reset", "keep"),
+    )
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The run's options, parsed and validated once per process into one frozen :class:`RunOptions`.
 
-Each options class holds its own defaults and checks (:class:`~ebpo_verl.algos.ebpo.EBPOOptions` for
-``algorithm.ebpo``, :class:`~ebpo_verl.algos.baselines.SPOOptions` for ``algorithm.spo``,
-:class:`~ebpo_verl.algos.ordering.CurriculumOptions` for ``data.curriculum``), all parsed by
-:func:`~ebpo_verl.options.parsing.parse_section`; ``trainer/config/ebpo_trainer.yaml`` repeats the defaults only so that
-Hydra accepts the overrides, and ``tests/test_options.py`` checks that it holds exactly the dataclasses' defaults.
+Each options section is one dataclass declaring its options once (:class:`~ebpo_verl.options.parsing.OptionSection`:
+:class:`~ebpo_verl.algos.ebpo.EBPOOptions` for ``algorithm.ebpo``, :class:`~ebpo_verl.algos.baselines.SPOOptions`,
+:class:`~ebpo_verl.algos.dbb.DBBOptions`, :class:`~ebpo_verl.algos.ordering.CurriculumOptions` for
+``data.curriculum``, :class:`TrainerOptions` for our keys of ``trainer``); ``trainer/config/ebpo_trainer.yaml`` is
+generated from them (:mod:`ebpo_verl.trainer.config.generate`; ``tests/test_options.py`` keeps it equal).
 
 Who parses, and how often (``option_parsing.PARSES`` counts it):
 
@@ -23,10 +23,11 @@ that differs between them (options class, state, state file, per-row key) is one
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import OmegaConf
 
@@ -35,7 +36,7 @@ from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions
 from ebpo_verl.algos.ebpo import GLOBAL_STATE, EBPOOptions, ignored_keys, ignored_options_warning
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.options.parsing import option_keys, parse_section
+from ebpo_verl.options.parsing import OptionSection, Rule, is_real, option
 
 
 def _nothing_ignored(options: Any) -> set[str]:
@@ -74,7 +75,7 @@ class StatefulEstimator:
 
     @property
     def option_keys(self) -> tuple[str, ...]:
-        return option_keys(self.options_cls)
+        return self.options_cls.keys()
 
     @property
     def resume_keys(self) -> tuple[str, ...]:
@@ -82,7 +83,7 @@ class StatefulEstimator:
         return tuple(k for k in self.option_keys if k != "on_resume_mismatch")
 
     def parse(self, node: Any) -> Any:
-        return parse_section(self.options_cls, node, self.section)
+        return self.options_cls.from_mapping(node)
 
     def row_key_of(self, options: Any) -> str | None:
         """The ``extra_info`` field these options make the estimator read per row (None: none)."""
@@ -126,14 +127,67 @@ STATEFUL: dict[str, StatefulEstimator] = {e.name: e for e in (EBPO, SPO, DBB)}
 """Every estimator with checkpointed state, by its verl name: the one place a new one is added."""
 
 
+STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
+"""Environment variable that overrides ``trainer.step_timeout_s`` (read in the driver; the driver writes the
+resolved value into the config for the Ray workers, which lack the variable)."""
+
+
+@dataclass(frozen=True)
+class TrainerOptions(OptionSection):
+    """The keys this package adds to verl's ``trainer`` section (the rest of ``trainer`` is verl's)."""
+
+    SECTION: ClassVar[str] = "trainer"
+
+    metrics_log_path: str | None = option(
+        "${trainer.default_local_dir}/metrics.jsonl",
+        "append-only copy of every logged metrics line ({step, data} per line), kept across resumes (verl's file "
+        "logger truncates its file on restart); null disables it",
+        choices=(None,),
+        rule=Rule(lambda x: isinstance(x, str), "a file path"),
+    )
+    step_timeout_s: float | None = option(
+        3600,
+        "step watchdog (ebpo_verl.trainer.watchdog): seconds without any phase of a step (rollout, old log-prob, "
+        "update, save, weight sync, validation) starting or ending before the run is stopped, naming the actors "
+        f"that did not answer; sized for an 8B step on 32 GPUs with long responses; env {STEP_TIMEOUT_ENV} "
+        "overrides; 0 or null: off",
+        choices=(None,),
+        rule=Rule(is_real, "a number of seconds (0: no watchdog)"),
+    )
+
+    @classmethod
+    def from_trainer(cls, trainer: Any, env: Mapping[str, str] | None = None) -> TrainerOptions:
+        """Our keys of a composed ``trainer`` node (absent keys: the defaults), with ``EBPO_STEP_TIMEOUT_S``
+        from ``env`` (default: this process's) replacing ``step_timeout_s`` when set; ValueError naming the key or
+        the variable."""
+        options = cls.from_mapping({key: trainer[key] for key in cls.keys() if key in trainer})
+        raw = (os.environ if env is None else env).get(STEP_TIMEOUT_ENV, "").strip()
+        if not raw:
+            return options
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"{STEP_TIMEOUT_ENV}={raw!r} is not a number of seconds: set it to e.g. 3600, or 0 to disable"
+            ) from None
+        return cls(options.metrics_log_path, seconds)
+
+    @property
+    def watchdog_timeout_s(self) -> float | None:
+        """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0, negative, null."""
+        seconds = self.step_timeout_s
+        return float(seconds) if seconds is not None and seconds > 0 else None
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """The validated options of one run: the estimator's (``estimator``: the options of its :data:`STATEFUL`
-    entry, None for other estimators) and the curriculum's."""
+    entry, None for other estimators), the curriculum's and our ``trainer`` keys."""
 
     adv_estimator: str
     estimator: Any = None
     curriculum: CurriculumOptions = field(default_factory=CurriculumOptions)
+    trainer: TrainerOptions = field(default_factory=TrainerOptions)
 
     @classmethod
     def from_config(cls, config: Any) -> RunOptions:
@@ -141,13 +195,14 @@ class RunOptions:
         from ebpo_verl.trainer.curriculum import validate_curriculum_config
 
         name = str(config.algorithm.adv_estimator)
-        entry = STATEFUL.get(name)
-        try:
-            estimator = entry.parse(config.algorithm.get(name, None)) if entry else None
+        try:  # every estimator section present is checked (a typo there is refused); the run's is kept
+            parsed = {key: e.parse(config.algorithm[key]) for key, e in STATEFUL.items() if key in config.algorithm}
+            estimator = (parsed[name] if name in parsed else STATEFUL[name].parse(None)) if name in STATEFUL else None
             curriculum = validate_curriculum_config(config.data)
+            trainer = TrainerOptions.from_trainer(config.trainer)
         except (TypeError, ValueError) as err:
             raise EBPOConfigError(str(err)) from err
-        return cls(name, estimator, curriculum)
+        return cls(name, estimator, curriculum, trainer)
 
     @property
     def stateful(self) -> StatefulEstimator | None:

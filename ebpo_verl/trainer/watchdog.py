@@ -32,7 +32,8 @@ from typing import Any
 
 import ray
 
-STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
+from ebpo_verl.trainer.run_options import STEP_TIMEOUT_ENV, TrainerOptions
+
 STEP_TIMEOUT_KEY = "step_timeout_s"
 KILL_GRACE_S = 60.0
 """After killing the stuck actors, how long the watchdog waits for the trainer to notice before exiting itself."""
@@ -46,18 +47,10 @@ class RunAbortedError(RuntimeError):
 
 def step_timeout_s(trainer_config: Any) -> float | None:
     """Seconds without progress before the watchdog ends the run: ``EBPO_STEP_TIMEOUT_S`` if set, else
-    ``trainer.step_timeout_s``; None when 0, negative or null (no watchdog)."""
-    raw = os.environ.get(STEP_TIMEOUT_ENV, "").strip()
-    source = STEP_TIMEOUT_ENV
-    if not raw:
-        raw, source = trainer_config.get(STEP_TIMEOUT_KEY, None), f"trainer.{STEP_TIMEOUT_KEY}"
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}={raw!r} is not a number of seconds: set it to e.g. 3600, or 0 to disable") from None
-    return value if value > 0 else None
+    ``trainer.step_timeout_s``; None when 0, negative, null or absent (no watchdog). Parsed by the option's one
+    declaration (:class:`~ebpo_verl.trainer.run_options.TrainerOptions`); ValueError naming the key or variable."""
+    seconds = {STEP_TIMEOUT_KEY: trainer_config.get(STEP_TIMEOUT_KEY, None)}
+    return TrainerOptions.from_trainer(seconds).watchdog_timeout_s
 
 
 def _actor_errors(err: BaseException) -> Iterator[BaseException]:
