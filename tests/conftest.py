@@ -84,3 +84,40 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(heavy.args[0] if heavy and heavy.args else "heavy"))
         elif shared := next((f for f in SHARED_FIXTURES if f in item.fixturenames), None):
             item.add_marker(pytest.mark.xdist_group(shared))
+
+
+# ---------------------------------------------------------------- the trainer stand-in (estimator and checkpoint tests)
+
+
+class ActorGroupStandIn:
+    """Plays the actor worker group in verl's checkpoint code: writes a marker under ``actor/``, records loads."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        os.makedirs(local_path, exist_ok=True)
+        Path(local_path, "weights.txt").write_text(str(global_step))
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        self.loaded.append(local_path)
+
+
+@pytest.fixture
+def stand_in_trainer():
+    """``stand_in_trainer(config, rows=range(32), batch_size=8)``: EBPO's sync trainer on a composed ``config``
+    without workers or Ray: the actor group is an :class:`ActorGroupStandIn`, the training data an unshuffled
+    ``StatefulDataLoader`` over ``rows`` with ``_data_iter`` started. A step's advantages come from
+    ``trainer.estimate_advantages(data, row_keys, metrics)``, as in the trainer's advantage step."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
+
+    def build(config, rows=range(32), batch_size: int = 8):
+        trainer = ebpo_trainer_cls("sync")(config)
+        trainer.actor_rollout_wg = ActorGroupStandIn()
+        trainer.train_dataloader = StatefulDataLoader(list(rows), batch_size=batch_size, shuffle=False)
+        trainer._data_iter = iter(trainer.train_dataloader)
+        return trainer
+
+    return build

@@ -40,7 +40,7 @@ def _fresh_dbb_state():
 def _adv(rewards, keys, options, state, valid=None):
     r = torch.tensor(rewards, dtype=torch.float32)
     v = torch.ones(len(r), dtype=torch.bool) if valid is None else torch.tensor(valid)
-    return compute_dbb_advantages(r, np.array(keys, dtype=object), v, options, state).numpy()
+    return compute_dbb_advantages(r, np.array(keys, dtype=object), v, options, state).values.numpy()
 
 
 class ReferenceDBB:
