@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,27 +13,17 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions, DBBState, compute_dbb_advantages
+from ebpo_verl.algos.dbb import DBBOptions, DBBState, compute_dbb_advantages
 from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.trainer.adapter import StepInputs, step_inputs
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.preflight import check_config
-from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.ray_trainer import uid_row_keys
 from ebpo_verl.trainer.run_options import DBB
 
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dbb_state():
-    DBB_STATE.reset()
-    yield
-    DBB_STATE.reset()
 
 
 def _adv(rewards, keys, options, state, valid=None):
@@ -80,7 +69,9 @@ def test_hand_computation_of_two_visits():
     np.testing.assert_allclose(adv, [(1 - p) / math.sqrt(p * (1 - p))] * 2 + [-p / math.sqrt(p * (1 - p))] * 2)
     np.testing.assert_allclose(state.alpha, [2.75, 2.5])
     np.testing.assert_allclose(state.beta, [3.75, 0.5])
-    assert state.steps == 2 and state.diagnostics["dbb/frac_seen"] == 1.0
+    r = torch.ones(4, dtype=torch.float32)
+    frac_seen = compute_dbb_advantages(r, np.array(["a"] * 4, dtype=object), r.bool(), opts, state).diagnostics
+    assert state.steps == 3 and frac_seen["dbb/frac_seen"] == 1.0
 
 
 def test_all_correct_first_visit_is_not_zero_and_dr_grpo_form():
@@ -142,7 +133,7 @@ def test_state_dict_round_trip_and_checks():
     assert copy.state_dict() == state.state_dict()
     for bad, problem in [
         ({**state.state_dict(), "version": 9}, "version 9"),
-        ({**state.state_dict(), "alpha": [1.0, -2.0]}, "finite numbers > 0"),
+        ({**state.state_dict(), "alpha": [1.0, -2.0]}, "non-positive alpha/beta"),
         ({**state.state_dict(), "keys": ["b", "a"]}, "not sorted"),
         ({**state.state_dict(), "beta": [1.0]}, "2 keys but 2 alpha and 1 beta"),
     ]:
@@ -179,6 +170,8 @@ def test_save_load_continue_equals_uninterrupted(tmp_path):
 # ------------------------------------------------------------------------ through the trainer's checkpoint
 
 PROMPTS, GROUP = 4, 3
+DBB_ROWS = [i % 6 for i in range(8 * PROMPTS)]
+"""The trainer's prompt ids: prompts recur from step 3 on."""
 
 
 def _config(tmp_path: Path):
@@ -192,22 +185,6 @@ def _config(tmp_path: Path):
                 f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             ],
         )
-
-
-class _ActorGroupStandIn:
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        os.makedirs(local_path, exist_ok=True)
-
-    def load_checkpoint(self, local_path, del_local_after_load=False):
-        pass
-
-
-def _trainer(config):
-    trainer = ebpo_trainer_cls("sync")(config)
-    trainer.actor_rollout_wg = _ActorGroupStandIn()
-    trainer.train_dataloader = StatefulDataLoader([i % 6 for i in range(8 * PROMPTS)], batch_size=PROMPTS)
-    trainer._data_iter = iter(trainer.train_dataloader)
-    return trainer
 
 
 def _step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
@@ -228,8 +205,7 @@ def _step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
         tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": np.array(uids, dtype=object)}
     )
     keys = uid_row_keys(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.dbb.prompt_key")
-    with step_inputs(StepInputs(trainer.options.estimator, keys)):
-        compute_advantage(data, adv_estimator="dbb", config=trainer.config.algorithm)
+    trainer.estimate_advantages(data, keys, {})
     return data.batch["advantages"][:, 0].clone(), [str(info["index"]) for info in infos[:-1]], rewards
 
 
@@ -241,26 +217,24 @@ def _run(trainer, steps):
     return out
 
 
-def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
+def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path, stand_in_trainer):
     config = _config(tmp_path)
-    uninterrupted = _run(_trainer(config), range(1, 8))
+    uninterrupted = _run(stand_in_trainer(config, DBB_ROWS, PROMPTS), range(1, 8))
     ref = ReferenceDBB(0.5)
     for adv, keys, rewards in uninterrupted:  # the paper's update, prompts recurring from step 3 on
         np.testing.assert_allclose(adv[:-1].numpy(), ref.step(keys, rewards), rtol=1e-5)
         assert adv[-1] == 0
 
-    DBB_STATE.reset()
-    first = _trainer(config)
+    first = stand_in_trainer(config, DBB_ROWS, PROMPTS)
     before = _run(first, range(1, 4))
     first.global_steps = 3
     first._save_checkpoint()
     saved = json.loads((tmp_path / "ckpt" / "global_step_3" / DBB.state_file).read_text())
     assert saved["global_step"] == 3 and saved["options"]["discount"] == 0.5 and saved["state"]["steps"] == 3
-    DBB_STATE.reset()
-    _run(_trainer(config), range(90, 92))  # unrelated posteriors, as a restarted process could hold
-    resumed = _trainer(config)
+    resumed = stand_in_trainer(config, DBB_ROWS, PROMPTS)
+    _run(resumed, range(90, 92))  # unrelated posteriors before the load
     resumed._load_checkpoint()
-    assert resumed.global_steps == 3 and DBB_STATE.state_dict() == saved["state"]
+    assert resumed.global_steps == 3 and resumed.estimator.state.state_dict() == saved["state"]
     resumed._data_iter = iter(resumed.train_dataloader)
     after = _run(resumed, range(4, 8))
     for (a, _, _), (b, _, _) in zip(before + after, uninterrupted, strict=True):
