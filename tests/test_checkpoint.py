@@ -68,7 +68,6 @@ def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
     return data, uid_row_keys(infos, uids, padding, "topic")
 
 
-
 def _step(trainer, step: int) -> torch.Tensor:
     prompt_ids = next(trainer._data_iter).tolist()
     data, labels = _batch(prompt_ids, step)
