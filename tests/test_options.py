@@ -15,14 +15,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.main import PREFIXES, check_overrides
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import PARSES
-from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.run_options import STATEFUL, RunOptions
 
 CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
@@ -52,7 +51,7 @@ def test_every_stateful_estimator_is_registered_checked_and_checkpointed():
         assert name in ESTIMATORS and PREFIXES[f"algorithm.{name}."] == entry.option_keys
         assert entry.row_key is None or entry.row_key in entry.option_keys
         assert "on_resume_mismatch" in entry.option_keys and "on_resume_mismatch" not in entry.resume_keys
-        state = type(entry.state)()
+        state = entry.state_cls()
         state.load_state_dict(state.state_dict())
 
 
@@ -91,11 +90,9 @@ def test_parses_before_the_first_step_and_per_step(tmp_path):
     assert PARSES - before == {"algorithm.ebpo": 1, "data.curriculum": 1}
 
     before = PARSES.copy()
-    ebpo_verl.get_state().reset()
     labels = {"a": "x", "b": "x", "c": "y"}
     for _ in range(3):  # three steps
-        with step_inputs(StepInputs(trainer.options.estimator, labels)):
-            compute_advantage(_rows(), adv_estimator="ebpo", config=trainer.config.algorithm)
+        trainer.estimate_advantages(_rows(), labels, {})
     assert PARSES == before
-    assert set(ebpo_verl.get_state().clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
-    assert ebpo_verl.get_state().steps == 3
+    assert set(trainer.estimator.state.clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
+    assert trainer.estimator.state.steps == 3
