@@ -103,21 +103,36 @@ class ActorGroupStandIn:
         self.loaded.append(local_path)
 
 
-@pytest.fixture
-def stand_in_trainer():
-    """``stand_in_trainer(config, rows=range(32), batch_size=8)``: EBPO's sync trainer on a composed ``config``
-    without workers or Ray: the actor group is an :class:`ActorGroupStandIn`, the training data an unshuffled
-    ``StatefulDataLoader`` over ``rows`` with ``_data_iter`` started. A step's advantages come from
-    ``trainer.estimate_advantages(data, row_keys, metrics)``, as in the trainer's advantage step."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
+class StandInTrainers:
+    """Makes EBPO's sync trainer on a composed config without workers or Ray (:meth:`__call__`) and runs a test's
+    steps on it (:meth:`run`). A step's advantages come from ``trainer.estimate_advantages(data, row_keys,
+    metrics)``, as in the trainer's advantage step."""
 
-    from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
+    def __call__(self, config, rows=range(32), batch_size: int = 8):
+        """The trainer: the actor group is an :class:`ActorGroupStandIn`, the training data an unshuffled
+        ``StatefulDataLoader`` over ``rows``, ``_data_iter`` started."""
+        from torchdata.stateful_dataloader import StatefulDataLoader
 
-    def build(config, rows=range(32), batch_size: int = 8):
+        from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
+
         trainer = ebpo_trainer_cls("sync")(config)
         trainer.actor_rollout_wg = ActorGroupStandIn()
         trainer.train_dataloader = StatefulDataLoader(list(rows), batch_size=batch_size, shuffle=False)
         trainer._data_iter = iter(trainer.train_dataloader)
         return trainer
 
-    return build
+    @staticmethod
+    def run(trainer, steps, step) -> list:
+        """``step(trainer, n)`` for each global step ``n`` of ``steps`` (set on the trainer first); the results."""
+        out = []
+        for n in steps:
+            trainer.global_steps = n
+            out.append(step(trainer, n))
+        return out
+
+
+@pytest.fixture
+def stand_in_trainer() -> StandInTrainers:
+    """``stand_in_trainer(config, rows, batch_size)`` builds a trainer stand-in; ``stand_in_trainer.run(trainer,
+    steps, step)`` runs steps on it (:class:`StandInTrainers`)."""
+    return StandInTrainers()

@@ -439,21 +439,13 @@ def _step(trainer, step: int) -> torch.Tensor:
     return data.batch["advantages"].clone()
 
 
-def _run(trainer, steps) -> list[torch.Tensor]:
-    out = []
-    for step in steps:
-        trainer.global_steps = step
-        out.append(_step(trainer, step))
-    return out
-
-
 def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path, stand_in_trainer):
     config = _config(tmp_path)
-    uninterrupted = _run(stand_in_trainer(config, SPO_ROWS, PROMPTS), range(1, 8))
+    uninterrupted = stand_in_trainer.run(stand_in_trainer(config, SPO_ROWS, PROMPTS), range(1, 8), _step)
     reference = ReferenceSPO()
 
     first = stand_in_trainer(config, SPO_ROWS, PROMPTS)
-    before = _run(first, range(1, 4))
+    before = stand_in_trainer.run(first, range(1, 4), _step)
     first.global_steps = 3
     first._save_checkpoint()
     step_dir = tmp_path / "ckpt" / "global_step_3"
@@ -462,11 +454,11 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
     assert saved["state"]["keys"] == ["0", "1", "2", "3", "4", "5"]
 
     resumed = stand_in_trainer(config, SPO_ROWS, PROMPTS)
-    _run(resumed, range(90, 92))  # unrelated tracker contents before the load
+    stand_in_trainer.run(resumed, range(90, 92), _step)  # unrelated tracker contents before the load
     resumed._load_checkpoint()
     assert resumed.global_steps == 3 and resumed.estimator.state.state_dict() == saved["state"]
     resumed._data_iter = iter(resumed.train_dataloader)  # continues at prompt 12 from data.pt
-    after = _run(resumed, range(4, 8))
+    after = stand_in_trainer.run(resumed, range(4, 8), _step)
     for a, b in zip(before + after, uninterrupted, strict=True):
         assert torch.equal(a, b)
 
@@ -492,7 +484,7 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
 def test_spo_state_file_errors(tmp_path, stand_in_trainer):
     config = _config(tmp_path)
     trainer = stand_in_trainer(config, SPO_ROWS, PROMPTS)
-    _run(trainer, range(1, 3))
+    stand_in_trainer.run(trainer, range(1, 3), _step)
     trainer.global_steps = 2
     trainer._save_checkpoint()
     path = tmp_path / "ckpt" / "global_step_2" / SPO.state_file

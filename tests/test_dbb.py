@@ -209,34 +209,26 @@ def _step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
     return data.batch["advantages"][:, 0].clone(), [str(info["index"]) for info in infos[:-1]], rewards
 
 
-def _run(trainer, steps):
-    out = []
-    for step in steps:
-        trainer.global_steps = step
-        out.append(_step(trainer, step))
-    return out
-
-
 def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path, stand_in_trainer):
     config = _config(tmp_path)
-    uninterrupted = _run(stand_in_trainer(config, DBB_ROWS, PROMPTS), range(1, 8))
+    uninterrupted = stand_in_trainer.run(stand_in_trainer(config, DBB_ROWS, PROMPTS), range(1, 8), _step)
     ref = ReferenceDBB(0.5)
     for adv, keys, rewards in uninterrupted:  # the paper's update, prompts recurring from step 3 on
         np.testing.assert_allclose(adv[:-1].numpy(), ref.step(keys, rewards), rtol=1e-5)
         assert adv[-1] == 0
 
     first = stand_in_trainer(config, DBB_ROWS, PROMPTS)
-    before = _run(first, range(1, 4))
+    before = stand_in_trainer.run(first, range(1, 4), _step)
     first.global_steps = 3
     first._save_checkpoint()
     saved = json.loads((tmp_path / "ckpt" / "global_step_3" / DBB.state_file).read_text())
     assert saved["global_step"] == 3 and saved["options"]["discount"] == 0.5 and saved["state"]["steps"] == 3
     resumed = stand_in_trainer(config, DBB_ROWS, PROMPTS)
-    _run(resumed, range(90, 92))  # unrelated posteriors before the load
+    stand_in_trainer.run(resumed, range(90, 92), _step)  # unrelated posteriors before the load
     resumed._load_checkpoint()
     assert resumed.global_steps == 3 and resumed.estimator.state.state_dict() == saved["state"]
     resumed._data_iter = iter(resumed.train_dataloader)
-    after = _run(resumed, range(4, 8))
+    after = stand_in_trainer.run(resumed, range(4, 8), _step)
     for (a, _, _), (b, _, _) in zip(before + after, uninterrupted, strict=True):
         assert torch.equal(a, b)
 

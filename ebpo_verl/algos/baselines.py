@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.grouping import (
     Groups,
     group_rows,
@@ -168,15 +168,8 @@ def compute_bnpo_advantages(
 class BNPOEstimator(Estimator):
     """``bnpo`` with its diagnostics of the last call (no options, no state)."""
 
-    def compute(
-        self,
-        scores: torch.Tensor,
-        index: np.ndarray,
-        valid: torch.Tensor,
-        row_values: np.ndarray | None,
-        pad_prefix: str | None,
-    ) -> Advantages:
-        return compute_bnpo_advantages(scores, index, valid, pad_prefix)
+    def compute(self, batch: Batch) -> Advantages:
+        return compute_bnpo_advantages(batch.scores, batch.index, batch.valid, batch.pad_prefix)
 
 
 # ----------------------------------------------------------------------------------------------- spo
@@ -274,13 +267,7 @@ class SPOEstimator(Estimator):
 
     state_cls = SPOState
 
-    def compute(
-        self,
-        scores: torch.Tensor,
-        index: np.ndarray,
-        valid: torch.Tensor,
-        row_values: np.ndarray | None,
-        pad_prefix: str | None,
-    ) -> Advantages:
-        keys = require_prompt_keys(row_values, "spo", "tracker", self.options.prompt_key)
-        return compute_spo_advantages(scores, keys, unpadded(valid, index, pad_prefix), self.options, self.state)
+    def compute(self, batch: Batch) -> Advantages:
+        keys = require_prompt_keys(batch.row_values, "spo", "tracker", self.options.prompt_key)
+        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        return compute_spo_advantages(batch.scores, keys, valid, self.options, self.state)

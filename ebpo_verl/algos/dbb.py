@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.grouping import (
     Groups,
     group_rows,
@@ -157,13 +157,7 @@ class DBBEstimator(Estimator):
 
     state_cls = DBBState
 
-    def compute(
-        self,
-        scores: torch.Tensor,
-        index: np.ndarray,
-        valid: torch.Tensor,
-        row_values: np.ndarray | None,
-        pad_prefix: str | None,
-    ) -> Advantages:
-        keys = require_prompt_keys(row_values, "dbb", "posterior", self.options.prompt_key)
-        return compute_dbb_advantages(scores, keys, unpadded(valid, index, pad_prefix), self.options, self.state)
+    def compute(self, batch: Batch) -> Advantages:
+        keys = require_prompt_keys(batch.row_values, "dbb", "posterior", self.options.prompt_key)
+        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        return compute_dbb_advantages(batch.scores, keys, valid, self.options, self.state)

@@ -32,7 +32,7 @@ import torch
 
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
-from ebpo_verl.algos.estimator import Advantages, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.grouping import factorize_keys, off_level_rows, padding_names, reward_levels, sorted_mean
 
 
@@ -385,15 +385,9 @@ class EBPOEstimator(Estimator):
 
     state_cls = EBPOState
 
-    def compute(
-        self,
-        scores: torch.Tensor,
-        index: np.ndarray,
-        valid: torch.Tensor,
-        row_values: np.ndarray | None,
-        pad_prefix: str | None,
-    ) -> Advantages:
-        return compute_ebpo_advantages(scores, index, valid, self.options, self.state, row_values, pad_prefix)
+    def compute(self, batch: Batch) -> Advantages:
+        scores, index, valid, labels, pad_prefix = batch
+        return compute_ebpo_advantages(scores, index, valid, self.options, self.state, labels, pad_prefix)
 
 
 def _overflow_error(

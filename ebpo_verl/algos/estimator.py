@@ -16,6 +16,18 @@ import numpy as np
 import torch
 
 
+class Batch(NamedTuple):
+    """One step's inputs: ``scores`` (bs,), prompt uids ``index``, ``valid`` False for padding rows,
+    ``row_values`` the per-row field the options name (cluster label, stable prompt key; None: none),
+    ``pad_prefix`` uids that are padding too (None: none)."""
+
+    scores: torch.Tensor
+    index: np.ndarray
+    valid: torch.Tensor
+    row_values: np.ndarray | None = None
+    pad_prefix: str | None = None
+
+
 class Advantages(NamedTuple):
     """One estimator call's result: per-row advantages (shape ``(bs,)``) and the step's diagnostics (metrics)."""
 
@@ -45,21 +57,13 @@ class Estimator:
         row_values: np.ndarray | None = None,
         pad_prefix: str | None = None,
     ) -> Advantages:
-        """Advantages of one batch: ``scores`` (bs,), prompt uids ``index``, ``valid`` False for padding rows,
-        ``row_values`` the per-row field the options name (cluster label, stable prompt key; None: none),
-        ``pad_prefix`` uids that are padding too."""
-        result = self.compute(scores, index, valid, row_values, pad_prefix)
+        """Advantages of one batch (the arguments of :class:`Batch`); ``diagnostics`` then holds the step's."""
+        result = self.compute(Batch(scores, index, valid, row_values, pad_prefix))
         self.diagnostics = result.diagnostics
         return result
 
-    def compute(
-        self,
-        scores: torch.Tensor,
-        index: np.ndarray,
-        valid: torch.Tensor,
-        row_values: np.ndarray | None,
-        pad_prefix: str | None,
-    ) -> Advantages:
+    def compute(self, batch: Batch) -> Advantages:
+        """One step on ``batch`` with ``options``, updating ``state``."""
         raise NotImplementedError
 
     def reset(self) -> None:
