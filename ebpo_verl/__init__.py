@@ -1,7 +1,7 @@
 """EBPO (Empirical-Bayes Policy Optimization) for verl 0.9.1.
 
 Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
-arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos.ebpo` (torch only); the verl glue in
+arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos` (torch only); the verl glue in
 :mod:`ebpo_verl.trainer.adapter`, which verl loads through the ``verl.plugins`` entry point.
 """
 
