@@ -192,7 +192,7 @@ def test_integer_scores_give_float_advantages():
         np.testing.assert_allclose(got.numpy(), [2 / 3, -1 / 3, -1 / 3], rtol=1e-6)
 
 
-def test_js_closed_forms():
+def test_js_matches_its_closed_forms_by_hand():
     # one prompt: lambda = 0, the plain group mean (not leave-one-out): A = r - mean
     np.testing.assert_allclose(
         run(compute_js_advantages, np.array(["a"] * 3), [1.0, 0.0, 0.0]), [2 / 3, -1 / 3, -1 / 3]
@@ -206,7 +206,7 @@ def test_js_closed_forms():
     np.testing.assert_allclose(got, [0.75, -0.75, 0.75, -0.75])
 
 
-def test_bnpo_closed_forms():
+def test_bnpo_matches_its_closed_forms_by_hand():
     # one prompt (var_p = 0): alpha = beta = 1, pdf 1: A = r - p
     np.testing.assert_allclose(
         run(compute_bnpo_advantages, np.array(["a"] * 4), [1.0, 0, 0, 0]), [0.75, -0.25, -0.25, -0.25]
@@ -481,7 +481,7 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
     assert fresh.steps == 0
 
 
-def test_spo_state_file_errors(tmp_path, stand_in_trainer):
+def test_spo_state_file_of_another_step_or_options_or_corrupt_follows_the_resume_rules(tmp_path, stand_in_trainer):
     config = _config(tmp_path)
     trainer = stand_in_trainer(config, SPO_ROWS, PROMPTS)
     stand_in_trainer.run(trainer, range(1, 3), _step)

@@ -52,7 +52,7 @@ class ReferenceDBB:
         return [(r - p[str(k)]) / math.sqrt(p[str(k)] * (1 - p[str(k)])) for k, r in zip(keys, rewards, strict=True)]
 
 
-def test_hand_computation_of_two_visits():
+def test_two_visits_update_the_posterior_and_advantages_as_computed_by_hand():
     state, opts = DBBState(), DBBOptions(discount=0.5)
     # visit 1 of "a": N=4, S=1 -> alpha = 0.5*1 + 1 = 1.5, beta = 0.5*1 + 3 = 3.5, p = 0.3, sd = sqrt(0.21)
     # "b" (N=2, S=2): alpha = 2.5, beta = 0.5, p = 5/6
@@ -99,7 +99,7 @@ def test_matches_the_reference_over_steps_with_recurring_prompts(lam):
         assert math.isclose(state.alpha[i], a) and math.isclose(state.beta[i], b)
 
 
-def test_padding_rows_and_paper_reward():
+def test_padding_rows_get_zero_and_the_paper_reward_equals_the_0_1_reward():
     state = DBBState()
     adv = _adv([1, 0, 1, 5], ["a", "a", "b", None], DBBOptions(), state, valid=[True, True, True, False])
     assert adv[3] == 0 and list(state.keys) == ["a", "b"]
@@ -125,7 +125,7 @@ def test_options_are_validated(mapping, pattern):
         DBBOptions.from_mapping(mapping)
 
 
-def test_state_dict_round_trip_and_checks():
+def test_state_dict_round_trips_and_a_bad_field_changes_nothing():
     state = DBBState()
     _adv([1, 0, 1, 1], ["b", "b", "a", "a"], DBBOptions(discount=0.3), state)
     copy = DBBState()

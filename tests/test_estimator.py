@@ -694,7 +694,7 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone():
     scale=st.sampled_from([1.0, 5.0, 1e3]),
     opts=st.sampled_from([{}, {"sigma2": "within", "tau2": "debiased"}, {"norm": "group"}, {"merge": "after"}]),
 )
-def test_properties(sizes, seed, scale, opts):
+def test_shrinkage_in_unit_interval_and_results_independent_of_row_order_and_uid_strings(sizes, seed, scale, opts):
     rng = np.random.default_rng(seed)
     uids, _ = make_batch(rng, sizes)
     rewards = np.round(rng.normal(0, scale, len(uids)), 3)
