@@ -119,6 +119,58 @@ def compose_config(config_dir):
     return composed
 
 
+# ---------------------------------------------------------------- the trainer stand-in (estimator and checkpoint tests)
+
+
+class ActorGroupStandIn:
+    """Plays the actor worker group in verl's checkpoint code: writes a marker under ``actor/``, records loads."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        os.makedirs(local_path, exist_ok=True)
+        Path(local_path, "weights.txt").write_text(str(global_step))
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        self.loaded.append(local_path)
+
+
+class StandInTrainers:
+    """Makes EBPO's sync trainer on a composed config without workers or Ray (:meth:`__call__`) and runs a test's
+    steps on it (:meth:`run`). A step's advantages come from ``trainer.estimate_advantages(data, row_keys,
+    metrics)``, as in the trainer's advantage step."""
+
+    def __call__(self, config, rows=range(32), batch_size: int = 8):
+        """The trainer: the actor group is an :class:`ActorGroupStandIn`, the training data an unshuffled
+        ``StatefulDataLoader`` over ``rows``, ``_data_iter`` started."""
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
+
+        trainer = ebpo_trainer_cls("sync")(config)
+        trainer.actor_rollout_wg = ActorGroupStandIn()
+        trainer.train_dataloader = StatefulDataLoader(list(rows), batch_size=batch_size, shuffle=False)
+        trainer._data_iter = iter(trainer.train_dataloader)
+        return trainer
+
+    @staticmethod
+    def run(trainer, steps, step) -> list:
+        """``step(trainer, n)`` for each global step ``n`` of ``steps`` (set on the trainer first); the results."""
+        out = []
+        for n in steps:
+            trainer.global_steps = n
+            out.append(step(trainer, n))
+        return out
+
+
+@pytest.fixture
+def stand_in_trainer() -> StandInTrainers:
+    """``stand_in_trainer(config, rows, batch_size)`` builds a trainer stand-in; ``stand_in_trainer.run(trainer,
+    steps, step)`` runs steps on it (:class:`StandInTrainers`)."""
+    return StandInTrainers()
+
+
 # ---- CI guards (issue 33 item 10): per-test time limits, skips refused under CI, the running tests logged ----
 # Fixtures go above this block; it holds only the CI hooks and their tables.
 

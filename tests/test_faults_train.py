@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.locking import LockHeldError
 from ebpo_verl.ops.metrics_log import read_metrics_log
@@ -32,7 +32,7 @@ from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE, hold_run_output
 from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics
 from ebpo_verl.trainer.preflight import preflight
-from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS, ebpo_trainer_cls
+from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
 from ebpo_verl.trainer.run_options import EBPO
 
 
@@ -75,30 +75,24 @@ def _data(tmp_path: Path, *, train=None, val=None) -> list[str]:
 
 
 # ------------------------------------ finding 3: the step's metrics ride with the checkpoint
-class _Workers:
-    """Plays the actor worker group in verl's checkpoint code."""
+@pytest.fixture
+def faults_trainer(stand_in_trainer):
+    """The conftest trainer stand-in over 32 prompts, 8 per step, 4 steps per epoch."""
 
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        os.makedirs(local_path, exist_ok=True)
+    def build(config):
+        trainer = stand_in_trainer(config)
+        trainer.steps_per_epoch = 4
+        return trainer
 
-    def load_checkpoint(self, local_path, del_local_after_load=False):
-        pass
-
-
-def _stand_in_trainer(config):
-    trainer = ebpo_trainer_cls("sync")(config)
-    trainer.actor_rollout_wg = _Workers()
-    trainer.train_dataloader = StatefulDataLoader(list(range(32)), batch_size=8)
-    trainer.steps_per_epoch = 4
-    return trainer
+    return build
 
 
-def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_path, _config):
+def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_path, faults_trainer, _config):
     """A kill after verl's tracker file and before its log call: the resume logs the step's training metrics once."""
     from verl.utils.tracking import Tracking
 
     config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/metrics.jsonl")
-    first = _stand_in_trainer(config)
+    first = faults_trainer(config)
     first.logger = Tracking("p", "e", default_backend=[])
     first.logger.log(data={"actor/grad_norm": 0.5, "critic/score/mean": 0.25}, step=1)  # step 1: logged in full
 
@@ -133,7 +127,7 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
     assert sorted(read_metrics_log(tmp_path / "metrics.jsonl")) == [1]
 
     for _attempt in range(2):  # a second resume from the same checkpoint logs nothing again
-        resumed = _stand_in_trainer(config)
+        resumed = faults_trainer(config)
         resumed._load_checkpoint()
         assert resumed.global_steps == 2
         resumed.logger = Tracking("p", "e", default_backend=[])
@@ -142,7 +136,7 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
     assert [line["step"] for line in lines] == [1, 2, 2, 2]
     # another run started from this checkpoint (resume_path, its own folder and log): another timeline, no step 2
     resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path / 'ckpt' / 'global_step_2'}"]
-    branch = _stand_in_trainer(_config(tmp_path / "branch", f"trainer.metrics_log_path={tmp_path}/c.jsonl", *resume))
+    branch = faults_trainer(_config(tmp_path / "branch", f"trainer.metrics_log_path={tmp_path}/c.jsonl", *resume))
     branch._load_checkpoint()
     branch.logger = Tracking("p", "e", default_backend=[])
     assert branch.global_steps == 2 and not (tmp_path / "c.jsonl").exists()
@@ -150,14 +144,14 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
 
     # a completed step (its log line written before the crash) is never logged twice
     config3 = _config(tmp_path / "b", f"trainer.metrics_log_path={tmp_path}/b.jsonl")
-    done = _stand_in_trainer(config3)
+    done = faults_trainer(config3)
     done.logger = Tracking("p", "e", default_backend=[])
     done._compute_metrics = compute_metrics
     done.global_steps, done.timing_raw, done._step_output = 1, {"gen": 1.0}, ("b", {"actor/grad_norm": 0.1})
     done._save_checkpoint()
     logged = {**load_step_metrics(tmp_path / "b" / "ckpt" / "global_step_1", 1), "timing_s/step": 2.0}
     done.logger.log(data=logged, step=1)  # verl's log call: the saved keys and more
-    again = _stand_in_trainer(config3)
+    again = faults_trainer(config3)
     again._load_checkpoint()
     again.logger = Tracking("p", "e", default_backend=[])
     assert len((tmp_path / "b.jsonl").read_text().splitlines()) == 1

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from ebpo_verl.algos.baselines import SPOOptions, SPOState
 from ebpo_verl.algos.dbb import DBBOptions
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.preflight import check_config

@@ -16,16 +16,14 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
 from ebpo_verl.algos.baselines import SPOOptions
 from ebpo_verl.algos.dbb import DBBOptions
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.ops.readme_block import replace_marked_block
 from ebpo_verl.options.parsing import PARSES, accepts
-from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.config.generate import (
     ALL_SECTIONS,
     README_MARKERS,
@@ -140,7 +138,7 @@ def test_every_stateful_estimator_is_registered_checked_and_checkpointed():
         assert name in ESTIMATORS and entry.section == entry.options_cls.SECTION
         assert entry.row_key is None or entry.row_key in entry.option_keys
         assert "on_resume_mismatch" in entry.option_keys and "on_resume_mismatch" not in entry.resume_keys
-        state = type(entry.state)()
+        state = entry.state_cls()
         state.load_state_dict(state.state_dict())
 
 
@@ -182,11 +180,9 @@ def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config):
     assert PARSES - before == PER_PROCESS
 
     before = PARSES.copy()
-    ebpo_verl.get_state().reset()
     labels = {"a": "x", "b": "x", "c": "y"}
     for _ in range(3):  # three steps
-        with step_inputs(StepInputs(trainer.options.estimator, labels)):
-            compute_advantage(_rows(), adv_estimator="ebpo", config=trainer.config.algorithm)
+        trainer.estimate_advantages(_rows(), labels, {})
     assert PARSES == before
-    assert set(ebpo_verl.get_state().clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
-    assert ebpo_verl.get_state().steps == 3
+    assert set(trainer.estimator.state.clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
+    assert trainer.estimator.state.steps == 3

@@ -12,13 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
 from data_prep import dapo_math, math500
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import PARSES
-from ebpo_verl.trainer.adapter import StepInputs, step_inputs
 from ebpo_verl.trainer.preflight.data import check_cluster_labels
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 
@@ -26,10 +24,10 @@ GROUP = 4
 
 
 def _estimate(trainer, data, row_keys) -> dict:
-    """verl's ``compute_advantage`` on ``data`` with the step inputs the trainer hands the estimator."""
-    with step_inputs(StepInputs(trainer.options.estimator, row_keys)):
-        compute_advantage(data, adv_estimator=trainer.options.adv_estimator, config=trainer.config.algorithm)
-    return dict(trainer.options.stateful.state.diagnostics)
+    """The trainer's estimator on ``data`` with the step's row keys, as its advantage step calls it; the metrics."""
+    metrics: dict = {}
+    trainer.estimate_advantages(data, row_keys, metrics)
+    return metrics
 
 
 @pytest.fixture
@@ -205,7 +203,7 @@ def test_trainer_advantage_step_through_transfer_queue(ray_local, _config):
         advantages, returns = out["advantages"].unbind(), out["returns"].unbind()
         tq.kv_clear(keys=keys, partition_id="train")
 
-        # bnpo runs verl's own step; its bnpo/* diagnostics reach the metrics too
+        # bnpo: the trainer's own bnpo object; its bnpo/* diagnostics reach the metrics too
         tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=tags)
         bnpo_metrics: dict = {}
         bnpo_trainer = ebpo_trainer_cls("sync")(_config("algorithm.adv_estimator=bnpo"))

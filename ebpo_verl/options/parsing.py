@@ -85,6 +85,11 @@ def option(default: Any, help: str, *, choices: Sequence[Any] = (), rule: Rule |
     return field(default=default, metadata={"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule})
 
 
+def resume_option(help: str) -> Any:
+    """The declaration of a stateful estimator's ``on_resume_mismatch`` (``error``, ``reset`` or ``keep``)."""
+    return option("error", help, choices=("error", "reset", "keep"))
+
+
 def _word(value: Any) -> str:
     """A value as the user writes it on the command line (``null``, ``true``)."""
     if value is None or isinstance(value, bool):

@@ -11,13 +11,13 @@ Who parses, and how often (``option_parsing.PARSES`` counts it):
 - ``ebpo-train``'s driver: :func:`ebpo_verl.trainer.preflight.preflight` builds ``RunOptions.from_config`` once and
   every check reads that object;
 - the TaskRunner (another process): ``EBPOTaskRunner.run`` builds it once and passes it to the trainer, which
-  hands ``RunOptions.estimator`` to the estimator on every step (``ebpo_verl.trainer.adapter.step_inputs``): no
-  parse per step;
+  creates the run's estimator object with ``RunOptions.estimator`` (``ebpo_verl.trainer.adapter.new_estimator``):
+  no parse per step;
 - stock ``verl.trainer.main_ppo`` (the estimator sees only the raw ``algorithm`` node):
   :func:`options_for_node` validates each distinct value once per process and reuses the result by value.
 
 :data:`STATEFUL` lists the estimators whose running state lives across steps and in every checkpoint; everything
-that differs between them (options class, state, state file, per-row key) is one entry there.
+that differs between them (options class, estimator class, state file, per-row key) is one entry there.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from typing import Any, ClassVar
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.algos.baselines import SPO_STATE, SPOOptions
-from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions
-from ebpo_verl.algos.ebpo import GLOBAL_STATE, EBPOOptions, ignored_keys, ignored_options_warning
+from ebpo_verl.algos.baselines import SPOEstimator, SPOOptions
+from ebpo_verl.algos.dbb import DBBEstimator, DBBOptions
+from ebpo_verl.algos.ebpo import EBPOOptions, ignored_keys, ignored_options_warning
+from ebpo_verl.algos.ebpo_math import EBPOEstimator
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import OptionSection, Rule, is_real, option
@@ -48,7 +49,8 @@ class StatefulEstimator:
     """An estimator with running state saved in every checkpoint (``global_step_N/<state_file>``).
 
     name: ``algorithm.adv_estimator``; its options are ``algorithm.<name>``, parsed into ``options_cls``.
-    state: the process-wide state object (``reset``, ``state_dict``, ``load_state_dict``, ``diagnostics``).
+    estimator_cls: the :class:`~ebpo_verl.algos.estimator.Estimator` whose ``state`` is saved (``reset``,
+        ``state_dict``, ``load_state_dict``).
     label / what: the estimator's name and what starts fresh, in messages.
     row_key: the option naming the ``extra_info`` field the estimator reads per row (None: none); the trainer
         passes it as a per-step uid -> value map. unique_row_key: that field identifies a prompt (unique over
@@ -59,7 +61,7 @@ class StatefulEstimator:
 
     name: str
     options_cls: type
-    state: Any
+    estimator_cls: type
     state_file: str
     label: str
     what: str
@@ -72,6 +74,10 @@ class StatefulEstimator:
     @property
     def section(self) -> str:
         return f"algorithm.{self.name}"
+
+    @property
+    def state_cls(self) -> type:
+        return self.estimator_cls.state_cls
 
     @property
     def option_keys(self) -> tuple[str, ...]:
@@ -93,7 +99,7 @@ class StatefulEstimator:
 EBPO = StatefulEstimator(
     "ebpo",
     EBPOOptions,
-    GLOBAL_STATE,
+    EBPOEstimator,
     "ebpo_state.json",
     "EBPO",
     "empirical-Bayes statistics",
@@ -104,7 +110,7 @@ EBPO = StatefulEstimator(
 SPO = StatefulEstimator(
     "spo",
     SPOOptions,
-    SPO_STATE,
+    SPOEstimator,
     "spo_state.json",
     "SPO",
     "SPO trackers (baseline 0.5)",
@@ -115,7 +121,7 @@ SPO = StatefulEstimator(
 DBB = StatefulEstimator(
     "dbb",
     DBBOptions,
-    DBB_STATE,
+    DBBEstimator,
     "dbb_state.json",
     "DBB",
     "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
