@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from ebpo_verl.ops.atomic import atomic_write_text
@@ -75,9 +76,29 @@ def _paired(summary: dict, gs: list[int]) -> str:
     return "\n".join(rows)
 
 
+def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
+    """One line: EBPO - X in final held-out pass@k per G, "+0.012 (4/4)" (mean, seeds EBPO won / seeds)."""
+    pairs = summary["paired_pass_at_k"][k]
+    at = {(p["baseline"], p["group_size"]): p for p in pairs}
+
+    def cell(p: dict | None) -> str:
+        return "n/a" if p is None or p["diff"][0] is None else f"{p['diff'][0]:+.3f} ({p['wins']}/{p['diff'][2]})"
+
+    xs = dict.fromkeys(p["baseline"] for p in pairs)
+    parts = [f"{x} " + " / ".join(cell(at.get((x, g))) for g in gs) for x in xs]
+    warm = summary["warm_start_heldout_pass_at_k"][k]
+    line = (
+        f"Coverage, EBPO - X in held-out pass@{k} (warm start {warm:.3f}), G = {' / '.join(map(str, gs))}: "
+        + "; ".join(parts)
+        + "."
+    )
+    return textwrap.fill(line, width=115, break_on_hyphens=False, break_long_words=False)
+
+
 def render(summary: dict) -> str:
     """The README block for one study summary: final held-out accuracy (with each estimator's learning rate),
-    the paired differences EBPO - X and the training signal by G (steps to the target: study.md)."""
+    the paired differences EBPO - X, one line on coverage (EBPO - X in pass@64) and one on the training signal by G
+    (steps to the target, gradient norms, pass@8 and the intervals of pass@k: study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
         head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
@@ -88,11 +109,16 @@ def render(summary: dict) -> str:
         ]
         paired_head = "| EBPO - X | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
 
-        def signal(e: str, g: int) -> str:
-            c = _cell(summary, e, g)
-            return f"{100 * c['zero_signal'][0]:.0f}% / {c['grad_norm'][0]:.2f} / {100 * c['clipped'][0]:.0f}%"
-
-        dynamics = [f"| {e} | " + " | ".join(signal(e, g) for g in gs) + " |" for e in ests]
+        zero = "; ".join(f"{e} " + " / ".join(f"{100 * _cell(summary, e, g)['zero_signal'][0]:.0f}%" for g in gs)
+                         for e in ests)  # fmt: skip
+        clipped = max(100 * _cell(summary, e, g)["clipped"][0] for e in ests for g in gs)
+        signal = textwrap.fill(
+            f"Training signal, mean over steps and seeds, G = {' / '.join(map(str, gs))}: groups with zero advantage "
+            f"{zero}; updates clipped at norm {summary['grad_clip']:g}: at most {clipped:.1f}% in any cell "
+            "(gradient norms: study.md).",
+            width=115,
+            break_on_hyphens=False,
+        )
         resumed = summary["resumed_runs"]
         timing = (
             f"{_duration(summary['wall_seconds'])} wall time"
@@ -113,11 +139,9 @@ in which EBPO ends higher:
 {paired_head}
 {_paired(summary, gs)}
 
-Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
-updates clipped at norm {summary["grad_clip"]:g}:
+{_coverage(summary, gs)}
 
-{head}
-{chr(10).join(dynamics)}
+{signal}
 {provenance_line(summary)}"""
     except (KeyError, TypeError, IndexError) as err:
         raise ReadmeTableError(

@@ -33,6 +33,13 @@ HAND = {  # two estimators at G=2 and 4; numbers chosen so rounding is visible
         {"estimator": "ebpo", "baseline": "grpo", "group_size": 2, "diff": [0.01583, 0.0412, 2], "wins": 1},
         {"estimator": "ebpo", "baseline": "grpo", "group_size": 4, "diff": [-0.0021, None, 1], "wins": 0},
     ],
+    "warm_start_heldout_pass_at_k": {"1": 0.34784, "8": 0.61234, "64": 0.80449},
+    "paired_pass_at_k": {
+        "64": [
+            {"estimator": "ebpo", "baseline": "grpo", "group_size": 2, "diff": [0.00951, 0.0112, 2], "wins": 2},
+            {"estimator": "ebpo", "baseline": "grpo", "group_size": 4, "diff": [None, None, 0], "wins": 0},
+        ]
+    },
     "cells": [
         {"estimator": e, "group_size": g, "order": "random", "lr": lr, **m}
         for e, g, lr, m in [
@@ -66,13 +73,10 @@ in which EBPO ends higher:
 |---|---|---|
 | grpo | +0.016 ± 0.041 (1/2) | -0.002 (0/1) |
 
-Training signal, mean over steps and seeds: groups with zero advantage / pre-clip gradient norm / share of
-updates clipped at norm 5:
+Coverage, EBPO - X in held-out pass@64 (warm start 0.804), G = 2 / 4: grpo +0.010 (2/2) / n/a.
 
-| estimator | G=2 | G=4 |
-|---|---|---|
-| grpo | 79% / 0.52 / 1% | 50% / 0.97 / 38% |
-| ebpo | 0% / 1.37 / 98% | 0% / 1.67 / 100% |
+Training signal, mean over steps and seeds, G = 2 / 4: groups with zero advantage grpo 79% / 50%; ebpo 0% / 0%;
+updates clipped at norm 5: at most 99.6% in any cell (gradient norms: study.md).
 """
 
 

@@ -60,7 +60,7 @@ def _main(argv: list[str] | None) -> int:
         print(run_mse_study(args.out, command))
         return 0
 
-    from ebpo_verl.study.report import study_provenance, write_report
+    from ebpo_verl.study.report import study_provenance
     from ebpo_verl.study.runner import (
         StudyDirError,
         choose_lrs,
@@ -72,6 +72,7 @@ def _main(argv: list[str] | None) -> int:
         tuning_grid,
         write_json,
     )
+    from ebpo_verl.study.writeup import write_report
 
     preset = PRESETS[args.preset]
     try:

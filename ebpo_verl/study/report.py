@@ -1,8 +1,8 @@
-"""Per-run summaries, cell statistics (mean and 95% t-interval over seeds), markdown tables and PNG figures."""
+"""Per-run summaries, cell statistics (mean and 95% t-interval over seeds), markdown tables, PNG figures and the
+machine-readable summary; the report's text is :mod:`ebpo_verl.study.writeup`."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -17,9 +17,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from ebpo_verl.ops.atomic import atomic_write_text, reporting_full_disk  # noqa: E402
+from ebpo_verl.ops.atomic import reporting_full_disk  # noqa: E402
 from ebpo_verl.ops.provenance import describe_hardware, provenance, short_commit  # noqa: E402
-from ebpo_verl.study.rl import ESTIMATORS  # noqa: E402
 
 CURVES = {  # metric -> (figure file, y label)
     "accuracy": ("learning_curves.png", "held-out exact pass@1"),
@@ -30,8 +29,29 @@ CURVES = {  # metric -> (figure file, y label)
 }
 
 
+COVERAGE_K = (1, 8, 64)
+"""The k of the held-out pass@k every cell reports (pass@1 is ``final_accuracy``)."""
+
+
+def pass_at_k(p, k: int) -> float:
+    """Mean over prompts of 1 - (1 - p)^k: the exact probability that at least one of k independent samples is
+    right, from each prompt's exact success probability ``p`` (computed in float64); NaN for no prompts."""
+    p = np.asarray(p, dtype=np.float64)
+    return float(np.mean(1.0 - (1.0 - p) ** k)) if p.size else math.nan
+
+
+def run_pass_at_k(run: dict, k: int) -> float:
+    """Final held-out pass@k of one run: ``final_accuracy`` (the evaluation's own mean) at k = 1, else
+    :func:`pass_at_k` of the per-prompt probabilities ``heldout_pass_final`` (NaN for a run saved without them)."""
+    m = run["metrics"]
+    if k == 1:
+        return float(m["accuracy"][-1])
+    return pass_at_k(m["heldout_pass_final"], k) if len(m.get("heldout_pass_final", ())) else math.nan
+
+
 def summarize_run(run: dict, target: float) -> dict[str, float]:
-    """Scalars of one run. ``steps_to_target`` is NaN when the held-out accuracy never reaches ``target``."""
+    """Scalars of one run. ``steps_to_target`` is NaN when the held-out accuracy never reaches ``target``;
+    ``pass_at_<k>`` (k > 1 of :data:`COVERAGE_K`) is the final held-out pass@k."""
     m, cfg = run["metrics"], run["config"]
     acc, steps = np.asarray(m["accuracy"]), np.asarray(m["eval_step"])
     reached = np.flatnonzero(acc >= target)
@@ -54,6 +74,7 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "train_unseen_gain": float(m["train_unseen_gain"][0]),
         "train_seen_fraction": float(m["train_seen_fraction"][0]),
         **{k: float(np.mean(m[k])) for k in ("spo_frac_seen", "dbb_frac_seen") if k in m},
+        **{f"pass_at_{k}": run_pass_at_k(run, k) for k in COVERAGE_K if k > 1},
     }
 
 
@@ -227,12 +248,15 @@ def curve_figure(
     _save(fig, path)
 
 
-def paired(runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str = "ebpo") -> list[dict]:
+def paired(
+    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str = "ebpo", k: int = 1
+) -> list[dict]:
     """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
-    held-out accuracy (runs of the same seed share the warm start, the data stream and the sampling seed), as
-    [mean, 95% t half-width, n] over the seeds both ran, and ``wins``: the seeds where ``reference`` is higher."""
+    held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy; runs of the same seed share the warm start,
+    the data stream and the sampling seed), as [mean, 95% t half-width, n] over the seeds both ran, and ``wins``:
+    the seeds where ``reference`` is higher."""
     final = {
-        (c["estimator"], c["group_size"], c["seed"]): r["metrics"]["accuracy"][-1]
+        (c["estimator"], c["group_size"], c["seed"]): run_pass_at_k(r, k)
         for r in runs
         if (c := r["config"])["order"] == "random"
     }
@@ -288,6 +312,16 @@ def paired_verdict(pairs: list[dict]) -> str:
     return " ".join(f"G={g}: EBPO is {'; '.join(v)}." for g, v in sorted(by_g.items()))
 
 
+def warm_start_pass_at_k(base_info: dict) -> dict[str, float | None]:
+    """The warm start's held-out pass@k at each k of :data:`COVERAGE_K` (k = 1: ``heldout_accuracy``), rounded
+    to 6 decimals; None where ``base_info`` has no per-prompt probabilities (``heldout_pass``)."""
+    probs = base_info.get("heldout_pass")
+    return {
+        str(k): round(base_info["heldout_accuracy"] if k == 1 else pass_at_k(probs, k), 6) if probs else None
+        for k in COVERAGE_K
+    }
+
+
 def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
     return mean_ci([s[metric] for s in by_cell.get(cell, [])])[0]
 
@@ -334,7 +368,9 @@ def summary(
     """The study's machine-readable summary (``summary.json``): what ran, its provenance, mean / 95%
     half-width / n over seeds of every per-run scalar in every cell (NaN as null) with the cell's ``lr``, the
     learning-rate grid (``lr_grid``: per estimator the rates tried, their validation scores, the choice and its
-    source) and the paired differences (``paired``, :func:`paired`). ``scripts/readme_study_tables.py`` reads it."""
+    source), the paired differences (``paired``, :func:`paired`), the warm start's held-out pass@k and the paired
+    differences of the final held-out pass@k at each k of :data:`COVERAGE_K` (``paired_pass_at_k``, keyed by k;
+    its "1" is ``paired``). ``scripts/readme_study_tables.py`` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
     by_cell = cells(runs, target)
 
@@ -363,6 +399,10 @@ def summary(
         "provenance": record if record is not None else study_provenance(preset, seconds, command),
         "lr_grid": lr_grid or {},
         "paired": paired(runs, list(preset.estimators), list(preset.group_sizes)),
+        "warm_start_heldout_pass_at_k": warm_start_pass_at_k(base_info),
+        "paired_pass_at_k": {
+            str(k): paired(runs, list(preset.estimators), list(preset.group_sizes), k=k) for k in COVERAGE_K
+        },
         "cells": [
             {
                 "estimator": e,
@@ -374,271 +414,3 @@ def summary(
             for (e, g, o), sums in sorted(by_cell.items())
         ],
     }
-
-
-def write_report(
-    out: Path,
-    preset,
-    base_info: dict,
-    runs: list[dict],
-    seconds: float,
-    command: str,
-    resumed: int = 0,
-    lr_grid: dict | None = None,
-    tuning_runs: int = 0,
-) -> str:
-    """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
-    held-out accuracy)."""
-    ws = base_info["heldout_accuracy"]
-    target = ws + preset.target_gain
-    by_cell = cells(runs, target)
-    record = study_provenance(preset, seconds, command)
-    source = source_line(preset.name, record)
-    ests, gs = list(preset.estimators), list(preset.group_sizes)
-    pairs = paired(runs, ests, gs)
-    lr_text = ", ".join(f"{e} {runs_lr(runs, e):g}" for e in ests)
-    orders, o_ests, og = list(preset.orders), list(preset.order_estimators), preset.order_group_size
-    main = lambda r, c: (r, c, "random")  # noqa: E731
-    headline = table(by_cell, ests, gs, main, "final_accuracy", "G")
-    clip = runs[0]["config"]["grad_clip"]
-    warm = (ws, f"warm start {ws:.3f}")
-    lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
-    for metric, (fname, _) in CURVES.items():
-        curve_figure(
-            runs,
-            metric,
-            gs,
-            ests,
-            out / fname,
-            by="group_size",
-            fixed={"order": "random"},
-            hline=lines.get(metric),
-            source=source,
-        )
-    curve_figure(
-        runs,
-        "accuracy",
-        orders,
-        o_ests,
-        out / "ordering_curves.png",
-        by="order",
-        fixed={"group_size": og},
-        hline=warm,
-        source=source,
-    )
-    captions = {
-        "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
-        "zero_signal.png": "fraction of groups whose advantages are all zero, per step",
-        "grad_norm.png": f"gradient norm before clipping, per step; dotted: the clip value {clip:g} (a norm above "
-        "it is scaled down to it)",
-        "entropy.png": "token-mean policy entropy of the sampled responses, per step",
-        "kl.png": "k3 estimate of KL(old || new) over one step's update",
-        "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
-    }
-    rl = preset.rl
-    order_section = (
-        f"## Stream order (G = {og}): final held-out accuracy\n\n"
-        f"{table(by_cell, o_ests, orders, lambda r, c: (r, og, c), 'final_accuracy', 'order')}\n"
-        if o_ests
-        else ""
-    )
-    hist = base_info["pass_rate_histogram"]
-    left_out = [e for e in ESTIMATORS if e not in ests]
-    scope = (
-        f"Estimators: {', '.join(ests)}; G in {gs}; orders {orders} (ordering table at G={og} for {', '.join(o_ests)})."
-    )
-    if left_out:
-        scope += f" Not in this preset (run `--preset full`): {', '.join(left_out)}."
-    cpu = base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs)
-    resumed_note = f" ({resumed} of them reused from an earlier invocation of the same command)" if resumed else ""
-    text = f"""# EBPO small-scale RLVR study (preset `{preset.name}`)
-
-Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall time on this machine
-({cpu:.0f} CPU-seconds for the warm start and the runs). {scope}
-
-## Setup
-- Policy: a {base_info["params"]:,}-parameter causal transformer ({preset.policy.n_layer} layers,
-  d={preset.policy.d_model}) that writes its answer token by token (least-significant digit first, then EOS).
-- Tasks: topics {", ".join(preset.topics)} x levels {", ".join(map(str, preset.levels))} (operand digits); reward 1
-  iff the answer is exactly right. Four disjoint iid draws from the same generator, the same number per
-  (topic, level) cell: {base_info["n_train"]} RL training prompts, {base_info["n_heldout"]} held-out test prompts
-  (every accuracy below), {base_info["n_val"]} validation prompts (the learning-rate choice only) and the
-  warm-start data.
-- Warm start: {preset.sft_steps} supervised steps on a separate split in which a fraction {preset.misconception} of the
-  answers follow a carry-free misconception, so the base model holds a right and a wrong strategy.
-  Held-out exact pass@1 of the warm start: {ws:.3f}; pass rates on the RL prompts
-  (histogram over ten bins 0..1): {hist}; {100 * base_info["frac_train_below_0.05"]:.0f}% of them below 0.05.
-- RL: {rl["steps"]} steps of {rl["responses_per_step"]} sampled responses (temperature 1), so a step holds
-  {rl["responses_per_step"]}/G prompts (equal samples per step at every G); PPO-clip 0.2 with token-mean aggregation
-  (`compute_policy_loss_vanilla`), k3 KL loss to the warm start (coefficient 0.001), two mini-batches per step,
-  AdamW at each estimator's own learning rate ({lr_text}), gradient clip {clip:g} (a safety net: see the share of
-  clipped updates below). Advantages from verl's registry (`get_adv_estimator_fn`).
-- Accuracy = exact pass@1 at temperature 1 (the product of the answer tokens' probabilities), averaged over
-  the held-out prompts: no sampling noise in the evaluation. Every cell: seeds 0..{preset.seeds - 1} (the same seeds
-  for every estimator); mean ± half-width of the 95% t-interval over seeds.
-- Reproducibility: every run uses one torch thread and seeded generators, so rerunning the command on the same
-  machine and torch build gives the same numbers; another CPU (other vector kernels) or torch build can change
-  them in the third decimal.
-
-## Final held-out accuracy (rows = estimator, columns = G; random order)
-Warm start: {ws:.3f}.
-
-{headline}
-
-## Paired differences: EBPO - X in final held-out accuracy
-Per G, the difference between EBPO's run and X's run of the same seed (same warm start, data stream and sampling
-seed), mean ± 95% t-interval over the seeds, and in brackets the seeds in which EBPO ends higher.
-
-{paired_table(pairs, gs)}
-
-{paired_verdict(pairs)}
-
-## Learning rates
-{lr_section(lr_grid or {})}
-
-## Steps to reach held-out accuracy {target:.3f} (warm start + {preset.target_gain})
-Mean over the seeds that reached it (count in brackets when not all did);
-sampled responses = steps x {rl["responses_per_step"]}.
-
-{table(by_cell, ests, gs, main, "steps_to_target", "G", 1, censored=True)}
-
-## Fraction of groups with zero advantage signal (mean over training)
-
-{table(by_cell, ests, gs, main, "zero_signal", "G")}
-
-## Final accuracy on a fixed sample of the RL training prompts
-Warm start: {base_info["probe_accuracy"]:.3f}. These prompts belong to the RL stream, so a run may have trained on them.
-
-{table(by_cell, ests, gs, main, "probe_final_accuracy", "G")}
-
-{_below_warm_start(by_cell, ests, gs, ws, rl)}
-{spo_note(by_cell, ests, gs)}
-{order_section}
-## Training dynamics at G = {og} (random order)
-
-{dynamics_table(by_cell, ests, og)}
-
-{_gradient_note(by_cell, ests, gs, og, clip)}
-
-## Figures
-Lines are means over the {preset.seeds} seeds; error bars are 95% t-intervals over seeds (stopped at 0), shifted
-apart along x so that the estimators' intervals stay distinguishable; each figure names its preset and provenance.
-
-{chr(10).join(f"- [{f}]({f}): {c}" for f, c in captions.items())}
-
-## What this toy does and does not show
-- It runs the real code paths: verl's advantage registry (GRPO, RLOO, REINFORCE++-baseline and the package's
-  `ebpo`), verl's PPO-clip loss, `agg_loss` and `kl_penalty`, on sampled token-by-token answers with verifiable
-  rewards, so group statistics, zero-signal groups, shrinkage and the stream order behave as in training.
-- It is not LLM-scale evidence: a ~10^5-parameter model, {rl["steps"]} steps, one warm start, arithmetic only.
-  What RL learns here is a rule shared by the prompts (carrying, which the warm start mostly skips), so it
-  transfers to held-out prompts; read the tables as "what the estimators do to sample efficiency at small
-  scale", not as a replication of the paper's benchmark numbers.
-- The difficulty order ends on the hardest prompts, so its final accuracy measures the end of a curriculum,
-  not its average.
-"""
-    text = _with_source_lines(text, source)
-    atomic_write_text(out / "study.md", text)
-    atomic_write_text(
-        out / "summary.json",
-        json.dumps(summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs), indent=1)
-        + "\n",
-    )
-    return headline
-
-
-def runs_lr(runs: list[dict], estimator: str) -> float:
-    """The learning rate of ``estimator``'s runs (one per estimator)."""
-    return next(r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator)
-
-
-def lr_section(lr_grid: dict) -> str:
-    """The learning-rate grid: per estimator the rates tried, the validation score of each, the choice."""
-    if not lr_grid:
-        return "Fixed learning rates (no grid recorded for this preset)."
-    lines = ["| estimator | rates tried: mean validation accuracy over the run | chosen |", "|---|---|---|"]
-    for e, g in lr_grid.items():
-        scores = ", ".join(
-            f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))
-            for v, s in zip(g["values"], g["validation"], strict=True)
-        )
-        lines.append(f"| {e} | {scores} | {g['chosen']:g} |")
-    sources = sorted({g.get("source", "") for g in lr_grid.values()})
-    return "\n".join(lines) + "\n\nWhere the rates come from (never from the test split): " + "; ".join(sources) + "."
-
-
-def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, rl: dict) -> str:
-    """Where the final model gained, for the G at which every estimator ends below the warm start."""
-    below = [g for g in gs if all(_mean(by_cell, (e, g, "random"), "final_accuracy") < ws for e in ests)]
-    if not below:
-        return ""
-
-    def cell(e: str, g: int) -> str:
-        parts = [_mean(by_cell, (e, g, "random"), k) for k in ("train_seen_gain", "train_unseen_gain")]
-        held = _mean(by_cell, (e, g, "random"), "final_accuracy") - ws
-        return " / ".join("n/a" if not np.isfinite(x) else f"{x:+.3f}" for x in (*parts, held))
-
-    seen = {g: _mean(by_cell, (ests[0], g, "random"), "train_seen_fraction") for g in gs}
-    head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |"
-    rows = [f"| {e} | " + " | ".join(cell(e, g) for g in gs) + " |" for e in ests]
-    return f"""## Why every estimator ends below the warm start at G = {", ".join(map(str, below))}
-Change of exact pass@1 from the warm start to the final model, mean over seeds: on the RL prompts the run
-trained on / on the RL prompts it never saw / on the held-out prompts.
-
-{head}
-{"|---" * (len(gs) + 1)}|
-{chr(10).join(rows)}
-
-A step holds {rl["responses_per_step"]}/G prompts, so in {rl["steps"]} steps a run sees
-{", ".join(f"{100 * seen[g]:.0f}% (G={g})" for g in gs)} of the RL prompts. What the runs show: they raise the
-accuracy of the prompts they trained on at every G, and change little or lose on the RL prompts they never saw;
-at large G they see few prompts, so their held-out change follows the unseen prompts, not the trained ones. The
-held-out set also weighs the 1-digit cells, which the RL stream rarely visits, more than the stream does (see
-Setup). The pattern appears for every estimator, so it is a property of a tiny model that transfers little
-between prompts, not a difference between the estimators.
-"""
-
-
-def spo_note(by_cell: dict, ests: list[str], gs: list[int]) -> str:
-    """How often SPO's tracker had seen a step's prompts before: where never, its baseline stays 0.5."""
-    if "spo" not in ests:
-        return ""
-    seen = {
-        g: mean_ci([s.get("spo_frac_seen", math.nan) for s in by_cell.get(("spo", g, "random"), [])])[0] for g in gs
-    }
-    never = [g for g in gs if seen[g] == 0.0]
-    text = (
-        "## SPO's tracker: how often a prompt recurs\nShare of a step's prompts that the tracker had seen at an "
-        "earlier step (mean over steps and seeds): "
-        + ", ".join(f"G={g} {'n/a' if not np.isfinite(seen[g]) else f'{100 * seen[g]:.0f}%'}" for g in gs)
-        + ". SPO's baseline for a prompt it has not seen is 0.5, so where this share is low the spo row is close to "
-        "A = r - 0.5 with batch standardisation, not SPO's tracker."
-    )
-    if never:
-        text += (
-            f" At G = {', '.join(map(str, never))} a run covers less than one epoch of the RL prompts, so no prompt "
-            "recurs and EVERY SPO baseline stays 0.5 (the authors' fork's uid-keyed tracker in another form): these "
-            "spo cells do not measure SPO."
-        )
-    return text + "\n"
-
-
-def _gradient_note(by_cell: dict, ests: list[str], gs: list[int], og: int, clip: float) -> str:
-    """How often updates were clipped, and where GRPO+BN's gradient norm is above EBPO's."""
-    clipped = ", ".join(f"{e} {100 * _mean(by_cell, (e, og, 'random'), 'clipped'):.0f}%" for e in ests)
-    text = (
-        f"Share of mini-batch updates whose pre-clip gradient norm exceeded the clip value {clip:g} at G={og}: "
-        f"{clipped}. A clipped update is scaled down to norm {clip:g}, so a higher pre-clip gradient norm "
-        "overstates the size of the applied update."
-    )
-    if {"grpo", "grpo_bn", "ebpo"} <= set(ests):
-        norm = {(e, g): _mean(by_cell, (e, g, "random"), "grad_norm") for e in ("grpo", "grpo_bn", "ebpo") for g in gs}
-        higher = [g for g in gs if norm["grpo_bn", g] > norm["ebpo", g] > norm["grpo", g]]
-        if higher:
-            text += (
-                f" At G = {', '.join(map(str, higher))} the mean pre-clip norm of GRPO+BN is higher than EBPO's, and "
-                "EBPO's higher than GRPO's. GRPO+BN differs from GRPO only in standardising the advantages over the "
-                "batch instead of per group, and from EBPO only in having no shrinkage, so in this toy the higher "
-                "norm comes with the batch standardisation, not with the shrinkage."
-            )
-    return text

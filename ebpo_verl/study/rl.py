@@ -221,6 +221,148 @@ def _advantages(
     return adv
 
 
+def _reset_package_state(est: Estimator) -> None:
+    """Register this package's estimators and clear their state (EBPO's statistics, SPO's and DBB's trackers)."""
+    if est.verl_name not in ("ebpo", "shrinkage_js", "bnpo", *KEYED):
+        return
+    import ebpo_verl
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+    ebpo_verl.register()
+    for default in DEFAULT_ESTIMATORS.values():  # verl's registry runs the process's default instances
+        default.reset()
+
+
+@dataclass
+class _Learner:
+    """The trained model, the frozen reference, the optimizer and verl's PPO-clip loss with its actor config."""
+
+    model: TinyPolicy
+    ref: TinyPolicy
+    opt: torch.optim.Optimizer
+    loss_fn: object
+    actor_cfg: ActorConfig
+
+    @classmethod
+    def start(cls, base: TinyPolicy, cfg: RLConfig) -> _Learner:
+        """A trainable copy of ``base`` (``base`` itself is the frozen reference) with AdamW at ``cfg.lr``."""
+        model, ref = copy.deepcopy(base), base
+        ref.eval()
+        actor_cfg = ActorConfig(
+            strategy="fsdp",
+            rollout_n=cfg.group_size,
+            ppo_micro_batch_size_per_gpu=cfg.responses_per_step,
+            clip_ratio=cfg.clip_ratio,
+            use_torch_compile=False,
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=True)
+        return cls(model, ref, opt, get_policy_loss_fn("vanilla"), actor_cfg)
+
+
+UPDATE_KEYS = ("grad_norm", "clipped", "entropy", "kl_ref", "clipfrac")
+"""What each mini-batch update logs (the step logs their means)."""
+STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
+"""What every RL step logs."""
+
+
+def _log_signal(
+    log: dict, est: Estimator, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
+) -> None:
+    """The step's training signal: zero-signal and uniform groups, mean reward, EBPO's mean shrinkage and the
+    keyed trackers' share of prompts seen before."""
+    p = len(rewards) // g
+    # a group gives no signal when every advantage of every response token is zero (OTB's vary by token)
+    silent = ((adv.abs() < 1e-6) | ~mask).all(dim=1).view(p, g)
+    log["zero_signal"].append(silent.all(dim=1).float().mean().item())
+    log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
+    log["reward"].append(rewards.mean().item())
+    if est.verl_name == "ebpo":
+        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+        diagnostics = DEFAULT_ESTIMATORS["ebpo"].diagnostics
+        log["shrinkage"].append(diagnostics.get("ebpo/shrinkage_mean", float("nan")))
+    if est.verl_name in KEYED:  # share of this step's prompts that the tracker saw at an earlier step
+        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+        diagnostics = DEFAULT_ESTIMATORS[est.verl_name].diagnostics
+        log.setdefault(f"{est.verl_name}_frac_seen", []).append(diagnostics[f"{est.verl_name}/frac_seen"])
+
+
+def _update(
+    learner: _Learner,
+    cfg: RLConfig,
+    gen: torch.Generator,
+    prompts: torch.Tensor,
+    responses: torch.Tensor,
+    mask: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+) -> dict[str, float]:
+    """``cfg.ppo_mini_batches`` PPO-clip + KL updates on the step's responses; returns the means of the
+    :data:`UPDATE_KEYS` over the mini-batches and ``step_kl``."""
+    maskf = mask.float()
+    with torch.no_grad():
+        ref_logp = logprobs_from_logits_naive(learner.ref.response_logits(prompts, responses), responses)
+    stats: dict[str, list[float]] = {k: [] for k in UPDATE_KEYS}
+    for mb in torch.randperm(len(responses), generator=gen).chunk(cfg.ppo_mini_batches):
+        logits = learner.model.response_logits(prompts[mb], responses[mb])
+        logp = logprobs_from_logits_naive(logits, responses[mb])
+        pg_loss, pg_metrics = learner.loss_fn(
+            old_logp[mb], logp, adv[mb], maskf[mb], loss_agg_mode="token-mean", config=learner.actor_cfg
+        )
+        kl_loss = agg_loss(kl_penalty(logp, ref_logp[mb], "low_var_kl"), maskf[mb], "token-mean")
+        learner.opt.zero_grad()
+        (pg_loss + cfg.kl_coef * kl_loss).backward()
+        stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(learner.model.parameters(), cfg.grad_clip).item())
+        stats["clipped"].append(float(stats["grad_norm"][-1] > cfg.grad_clip))  # the update was scaled down
+        stats["entropy"].append(agg_loss(entropy_from_logits(logits.detach()), maskf[mb], "token-mean").item())
+        stats["kl_ref"].append(kl_loss.item())
+        stats["clipfrac"].append(pg_metrics["actor/pg_clipfrac"])
+        learner.opt.step()
+    with torch.no_grad():  # k3 estimate of KL(old || new) on the step's first KL_PROBE responses (sampled from old)
+        rows = slice(0, KL_PROBE)
+        new_logp = logprobs_from_logits_naive(
+            learner.model.response_logits(prompts[rows], responses[rows]), responses[rows]
+        )
+    out = {k: float(np.mean(v)) for k, v in stats.items()}
+    out["step_kl"] = masked_mean(kl_penalty(old_logp[rows], new_logp, "low_var_kl"), maskf[rows]).item()
+    return out
+
+
+def _rl_step(
+    learner: _Learner,
+    est: Estimator,
+    cfg: RLConfig,
+    train: ProblemSet,
+    batch_ids: np.ndarray,
+    step: int,
+    gen: torch.Generator,
+    log: dict,
+) -> None:
+    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages, update; logs it."""
+    p, g = len(batch_ids), cfg.group_size
+    batch = train.subset(batch_ids)
+    prompts = batch.prompts.repeat_interleave(g, dim=0)
+    responses, mask, old_logp = sample(learner.model, batch.prompts, g, gen)
+    rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
+    index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
+    otb_inputs = (old_logp, sum_pi_squared(learner.model, prompts, responses)) if est.verl_name == OTB else None
+    adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g), np.repeat(batch_ids, g), otb_inputs)
+    _log_signal(log, est, adv, mask, rewards, g)
+    for k, v in _update(learner, cfg, gen, prompts, responses, mask, old_logp, adv).items():
+        log[k].append(v)
+
+
+def _final_gains(model: TinyPolicy, train: ProblemSet, base_pass: np.ndarray, stream: np.ndarray, log: dict) -> None:
+    """Where the final model gained: on the RL prompts it trained on and on those it never saw (vs the warm start)."""
+    gain = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy() - base_pass
+    seen = np.zeros(len(train), dtype=bool)
+    seen[stream] = True
+    log["train_seen_gain"] = [float(gain[seen].mean())]
+    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
+    log["train_seen_fraction"] = [float(seen.mean())]
+
+
 def run_rl(
     base: TinyPolicy,
     train: ProblemSet,
@@ -230,109 +372,35 @@ def run_rl(
     probe: ProblemSet | None = None,
 ) -> dict[str, np.ndarray]:
     """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curve (exact pass@1 on
-    ``heldout``; on ``probe``, a fixed sample of the training split, when given, at the last step) and the final
-    model's mean gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it did not."""
+    ``heldout``; on ``probe``, a fixed sample of the training split, when given, at the last step), the final
+    model's exact success probability on every held-out prompt (``heldout_pass_final``, what pass@k is computed
+    from) and its mean gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it
+    did not."""
     est = ESTIMATORS[cfg.estimator]
-    if est.verl_name in ("ebpo", "shrinkage_js", "bnpo", *KEYED):  # this package's estimators
-        import ebpo_verl
-        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-        ebpo_verl.register()
-        for default in DEFAULT_ESTIMATORS.values():  # verl's registry runs the process's default instances
-            default.reset()
+    _reset_package_state(est)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    model, ref = copy.deepcopy(base), base
-    ref.eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=True)
-    loss_fn = get_policy_loss_fn("vanilla")
-    actor_cfg = ActorConfig(
-        strategy="fsdp",
-        rollout_n=cfg.group_size,
-        ppo_micro_batch_size_per_gpu=cfg.responses_per_step,
-        clip_ratio=cfg.clip_ratio,
-        use_torch_compile=False,
-    )
+    learner = _Learner.start(base, cfg)
     stream = order_stream(train, cfg, base_pass)
-    hmask = heldout.target_mask
-    keys = (
-        "reward",
-        "zero_signal",
-        "uniform_groups",
-        "grad_norm",
-        "clipped",
-        "entropy",
-        "kl_ref",
-        "step_kl",
-        "clipfrac",
-    )
-    log: dict[str, list[float]] = {k: [] for k in (*keys, "eval_step", "accuracy", "probe_accuracy", "shrinkage")}
+    log: dict[str, list[float]] = {
+        k: [] for k in (*STEP_KEYS, "eval_step", "accuracy", "probe_accuracy", "shrinkage", "heldout_pass_final")
+    }
 
     def evaluate(step: int) -> None:
         log["eval_step"].append(step)
-        log["accuracy"].append(exact_pass_at_1(model, heldout.prompts, heldout.targets, hmask).mean().item())
-        if probe is not None and step == cfg.steps:  # only its final value is reported
-            acc = exact_pass_at_1(model, probe.prompts, probe.targets, probe.target_mask).mean().item()
-            log["probe_accuracy"].append(acc)
+        p_heldout = exact_pass_at_1(learner.model, heldout.prompts, heldout.targets, heldout.target_mask)
+        log["accuracy"].append(p_heldout.mean().item())
+        if step == cfg.steps:  # only the final values are reported
+            log["heldout_pass_final"] = p_heldout.tolist()
+            if probe is not None:
+                acc = exact_pass_at_1(learner.model, probe.prompts, probe.targets, probe.target_mask).mean().item()
+                log["probe_accuracy"].append(acc)
 
     evaluate(0)
-    p, g = cfg.prompts_per_step, cfg.group_size
+    p = cfg.prompts_per_step
     for step in range(1, cfg.steps + 1):
-        batch_ids = stream[(step - 1) * p : step * p]
-        batch = train.subset(batch_ids)
-        prompts = batch.prompts.repeat_interleave(g, dim=0)
-        responses, mask, old_logp = sample(model, batch.prompts, g, gen)
-        rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
-        index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
-        otb_inputs = (old_logp, sum_pi_squared(model, prompts, responses)) if est.verl_name == OTB else None
-        adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g), np.repeat(batch_ids, g), otb_inputs)
-        # a group gives no signal when every advantage of every response token is zero (OTB's vary by token)
-        silent = ((adv.abs() < 1e-6) | ~mask).all(dim=1).view(p, g)
-        log["zero_signal"].append(silent.all(dim=1).float().mean().item())
-        log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
-        log["reward"].append(rewards.mean().item())
-        if est.verl_name == "ebpo":
-            from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-            diagnostics = DEFAULT_ESTIMATORS["ebpo"].diagnostics
-            log["shrinkage"].append(diagnostics.get("ebpo/shrinkage_mean", float("nan")))
-        if est.verl_name in KEYED:  # share of this step's prompts that the tracker saw at an earlier step
-            from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-            diagnostics = DEFAULT_ESTIMATORS[est.verl_name].diagnostics
-            log.setdefault(f"{est.verl_name}_frac_seen", []).append(diagnostics[f"{est.verl_name}/frac_seen"])
-        maskf = mask.float()
-        with torch.no_grad():
-            ref_logp = logprobs_from_logits_naive(ref.response_logits(prompts, responses), responses)
-        stats = {k: [] for k in ("grad_norm", "clipped", "entropy", "kl_ref", "clipfrac")}
-        for mb in torch.randperm(len(rewards), generator=gen).chunk(cfg.ppo_mini_batches):
-            logits = model.response_logits(prompts[mb], responses[mb])
-            logp = logprobs_from_logits_naive(logits, responses[mb])
-            pg_loss, pg_metrics = loss_fn(
-                old_logp[mb], logp, adv[mb], maskf[mb], loss_agg_mode="token-mean", config=actor_cfg
-            )
-            kl_loss = agg_loss(kl_penalty(logp, ref_logp[mb], "low_var_kl"), maskf[mb], "token-mean")
-            opt.zero_grad()
-            (pg_loss + cfg.kl_coef * kl_loss).backward()
-            stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item())
-            stats["clipped"].append(float(stats["grad_norm"][-1] > cfg.grad_clip))  # the update was scaled down
-            stats["entropy"].append(agg_loss(entropy_from_logits(logits.detach()), maskf[mb], "token-mean").item())
-            stats["kl_ref"].append(kl_loss.item())
-            stats["clipfrac"].append(pg_metrics["actor/pg_clipfrac"])
-            opt.step()
-        with torch.no_grad():  # k3 estimate of KL(old || new) on the step's first KL_PROBE responses (sampled from old)
-            k = slice(0, KL_PROBE)
-            new_logp = logprobs_from_logits_naive(model.response_logits(prompts[k], responses[k]), responses[k])
-        log["step_kl"].append(masked_mean(kl_penalty(old_logp[k], new_logp, "low_var_kl"), maskf[k]).item())
-        for k, v in stats.items():
-            log[k].append(float(np.mean(v)))
+        _rl_step(learner, est, cfg, train, stream[(step - 1) * p : step * p], step, gen, log)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
-    # where the final model gained: on the RL prompts it trained on and on those it never saw (vs the warm start)
-    gain = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy() - base_pass
-    seen = np.zeros(len(train), dtype=bool)
-    seen[stream] = True
-    log["train_seen_gain"] = [float(gain[seen].mean())]
-    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
-    log["train_seen_fraction"] = [float(seen.mean())]
+    _final_gains(learner.model, train, base_pass, stream, log)
     return {k: np.asarray(v, dtype=float) for k, v in log.items()}

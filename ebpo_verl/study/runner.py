@@ -259,13 +259,15 @@ def _key(config: dict) -> tuple:
 
 
 def describe_base(base: Base) -> dict:
-    """Facts about the warm-started model for the report (pass-rate spread, parameter count)."""
+    """Facts about the warm-started model for the report (pass-rate spread, parameter count, the exact success
+    probability of every held-out prompt)."""
     p, probe = base.train_pass, base.probe
     return {
         "params": n_params(base.model),
         "sft_seconds": base.sft_seconds,
         "sft_cpu_seconds": base.sft_cpu_seconds,
         "heldout_accuracy": float(base.heldout_pass.mean()),
+        "heldout_pass": base.heldout_pass.tolist(),  # per prompt: the warm start's pass@k (report.pass_at_k)
         "probe_accuracy": float(exact_pass_at_1(base.model, probe.prompts, probe.targets, probe.target_mask).mean()),
         "train_accuracy": float(p.mean()),
         "frac_train_below_0.05": float((p < 0.05).mean()),
