@@ -746,7 +746,8 @@ def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override, _compose
 def test_preflight_warns_once_about_ignored_options(capsys, _composed):
     from ebpo_verl.trainer.preflight import preflight
 
-    config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9")
+    model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight does not look it up
+    config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9", model)
     preflight(config, dry_run=True)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "warning" in line]
@@ -754,7 +755,7 @@ def test_preflight_warns_once_about_ignored_options(capsys, _composed):
         "ebpo-train: warning: algorithm.ebpo option(s) decay=0.9 have no effect with stats_scope=batch, "
         "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
     ]
-    preflight(_composed(), dry_run=True)
+    preflight(_composed(model), dry_run=True)
     assert "warning" not in capsys.readouterr().err
 
 

@@ -38,11 +38,15 @@ from ebpo_verl.trainer.run_options import EBPO
 
 @pytest.fixture
 def _config(compose_config):
-    """``_config(tmp_path, *overrides)``: a run's config with its checkpoints under tmp_path (tests/conftest.py)."""
+    """``_config(tmp_path, *overrides)``: a run's config with its checkpoints under tmp_path (tests/conftest.py) and
+    a hub-id model (the pre-flight does not look it up; verl's default ~/models path is refused)."""
 
     def composed(tmp_path: Path, *overrides: str):
         return compose_config(
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.model.path=Qwen/Qwen3-8B",
+            *overrides,
         )
 
     return composed

@@ -63,7 +63,7 @@ def test_preflight_prints_the_warning(tmp_path, monkeypatch, capsys, compose_con
     path = tmp_path / "VERSIONS.txt"
     path.write_text("gpu torch==1.0.0\ncpu torch==1.0.0\n")  # whichever set applies, the running torch differs
     monkeypatch.setattr(prov, "VERSIONS_FILE", path)  # absolute: replaces the repository's file
-    config = compose_config()
+    config = compose_config("actor_rollout_ref.model.path=Qwen/Qwen3-8B")  # a hub id: not looked up
     preflight(config, dry_run=True)
     assert (
         f"ebpo-train: warning: running torch {metadata.version('torch')} (validated: 1.0.0)" in capsys.readouterr().err
