@@ -1,6 +1,6 @@
 """The options boundary: one declaration per option (type, default, allowed values, help) from which the Hydra
 config, the checks, the unknown-key messages, ``--help`` and the README table are derived; one registry of
-stateful estimators; how often the options are parsed (counted by ``ebpo_verl.options.parsing.PARSES``): once in
+stateful estimators; how often the options are parsed (counted by wrapping ``OptionSection.from_mapping``): once in
 the driver's pre-flight, once in the TaskRunner, never per step."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from ebpo_verl.algos.dbb import DBBOptions
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.ops.readme_block import replace_marked_block
-from ebpo_verl.options.parsing import PARSES, accepts
+from ebpo_verl.options.parsing import OptionSection, accepts
 from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.config.generate import (
     ALL_SECTIONS,
@@ -161,7 +162,21 @@ def _rows() -> DataProto:
 PER_PROCESS = {"algorithm.ebpo": 1, "algorithm.spo": 1, "algorithm.dbb": 1, "data.curriculum": 1, "trainer": 1}
 
 
-def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config):
+@pytest.fixture
+def parses(monkeypatch) -> Counter:
+    """Section -> how many times :meth:`OptionSection.from_mapping` parsed it during the test."""
+    counts: Counter = Counter()
+    parse = OptionSection.from_mapping.__func__
+
+    def counted(cls, mapping):
+        counts[cls.SECTION] += 1
+        return parse(cls, mapping)
+
+    monkeypatch.setattr(OptionSection, "from_mapping", classmethod(counted))
+    return counts
+
+
+def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config, parses):
     """The driver's pre-flight parses each section once; the TaskRunner's process parses them once and hands the
     trainer the object; the estimator, called per step inside the trainer's step inputs, parses nothing."""
     from ebpo_verl.trainer.preflight import preflight
@@ -169,20 +184,19 @@ def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config):
 
     model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight does not look it up
     config = compose_config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}", model)
-    before = PARSES.copy()
     preflight(config, dry_run=True)
-    assert PARSES - before == PER_PROCESS  # the driver, before the first step
+    assert parses == PER_PROCESS  # the driver, before the first step
 
-    before = PARSES.copy()
+    parses.clear()
     options = RunOptions.from_config(config)  # EBPOTaskRunner.preflight, in the TaskRunner's process
     trainer = functools.partial(ebpo_trainer_cls("sync"), options=options)(config=config)  # as verl's run calls it
     assert trainer.options is options
-    assert PARSES - before == PER_PROCESS
+    assert parses == PER_PROCESS
 
-    before = PARSES.copy()
+    parses.clear()
     labels = {"a": "x", "b": "x", "c": "y"}
     for _ in range(3):  # three steps
         trainer.estimate_advantages(_rows(), labels, {})
-    assert PARSES == before
+    assert not parses
     assert set(trainer.estimator.state.clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
     assert trainer.estimator.state.steps == 3

@@ -6,16 +6,14 @@ An options section (``algorithm.ebpo``, ``algorithm.spo``, ``algorithm.dbb``, ``
 declaration come the checks (``__post_init__``: an invalid value raises however the object is built), the
 parsing of a config node (:meth:`OptionSection.from_mapping`, with one unknown-key message naming the closest
 key), the Hydra config ``ebpo-train`` composes (:mod:`ebpo_verl.trainer.config`), ``ebpo-train --help`` and the
-README's options table. :data:`PARSES` counts the sections parsed in this process (how often the boundary in
-:mod:`ebpo_verl.trainer.run_options` is crossed; see ``tests/test_options.py``). Also the two value predicates
-the options and the data checks share. Imports nothing of ebpo_verl (the bottom layer).
+README's options table. Also the two value predicates the options and the data checks share. Imports nothing
+of ebpo_verl (the bottom layer).
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
@@ -24,9 +22,6 @@ import numpy as np
 import pandas as pd
 
 T = TypeVar("T", bound="OptionSection")
-
-PARSES: Counter[str] = Counter()
-"""Section name -> how many times :meth:`OptionSection.from_mapping` parsed it in this process."""
 
 
 def is_real(x: Any) -> bool:
@@ -174,5 +169,4 @@ class OptionSection:
         unknown = sorted(set(values) - set(valid))
         if unknown:
             raise ValueError(unknown_option_message(unknown[0], cls.SECTION, valid))
-        PARSES[cls.SECTION] += 1
         return cls(**values)

@@ -6,7 +6,7 @@ Each options section is one dataclass declaring its options once (:class:`~ebpo_
 ``data.curriculum``, :class:`TrainerOptions` for our keys of ``trainer``); ``trainer/config/ebpo_trainer.yaml`` is
 generated from them (:mod:`ebpo_verl.trainer.config.generate`; ``tests/test_options.py`` keeps it equal).
 
-Who parses, and how often (``option_parsing.PARSES`` counts it):
+Who parses, and how often (``tests/test_options.py`` counts it):
 
 - ``ebpo-train``'s driver: :func:`ebpo_verl.trainer.preflight.preflight` builds ``RunOptions.from_config`` once and
   every check reads that object;
