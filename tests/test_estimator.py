@@ -781,7 +781,7 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
     from ebpo_verl.trainer.adapter import outcome_advantages
     from ebpo_verl.trainer.run_options import EBPO
 
-    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})  # a fresh process (plain verl main_ppo)
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})  # a fresh process (plain verl main_ppo)
     fn = get_adv_estimator_fn("ebpo")
     config = OmegaConf.create({"ebpo": {"stats_scope": "batch", "decay": 0.5}})
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
@@ -795,7 +795,7 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
         "EBPO: algorithm.ebpo option(s) decay=0.5 have no effect with stats_scope=batch, "
         "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
     ]
-    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})
     options = EBPO.parse(config.ebpo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

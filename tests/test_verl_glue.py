@@ -52,7 +52,7 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
 
     import ebpo_verl
 
-    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})
     ebpo_verl.get_state().reset()
     parses = []
     parse = StatefulEstimator.parse
@@ -72,6 +72,9 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
     plain["shrinkage"] = 1.0  # baseline = the global running mean
     adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, config={"ebpo": plain})
     assert parses == ["ebpo", "ebpo"] and not np.allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])
+    from ebpo_verl.trainer.run_options import _LAST
+
+    assert list(_LAST) == ["ebpo"] and _LAST["ebpo"][1].fixed_shrinkage == 1.0  # the last value only: bounded
 
 
 def test_one_unknown_key_message_for_every_layer():

@@ -13,7 +13,7 @@ ways in, both through :func:`outcome_advantages` (verl's tensors -> scores, padd
   shows which object's state changes; nothing travels beside the call, and no more of verl is copied.
 - stock ``verl.trainer.main_ppo`` (no trainer of ours): the registered functions below use this process's
   default instance, :data:`DEFAULT_ESTIMATORS` (one per estimator), whose options come from the node by value
-  (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated once per process and per value).
+  (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated when the node's value is new or changed).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Who parses, and how often (``tests/test_options.py`` counts it):
   creates the run's estimator object with ``RunOptions.estimator`` (``ebpo_verl.trainer.adapter.new_estimator``):
   no parse per step;
 - stock ``verl.trainer.main_ppo`` (the estimator sees only the raw ``algorithm`` node):
-  :func:`options_for_node` validates each distinct value once per process and reuses the result by value.
+  :func:`options_for_node` validates the node's value when it first sees it or it changes, and otherwise reuses
+  the result.
 
 :data:`STATEFUL` lists the estimators whose running state lives across steps and in every checkpoint; everything
 that differs between them (options class, estimator class, state file, per-row key) is one entry there.
@@ -229,20 +230,23 @@ class RunOptions:
         return entry.row_key_of(self.estimator) if entry else None
 
 
-_BY_VALUE: dict[tuple[str, str], Any] = {}
+_LAST: dict[str, tuple[str, Any]] = {}
+"""Estimator name -> (the last node value its options came from, those options): one entry per estimator."""
 
 
 def options_for_node(entry: StatefulEstimator, node: Any) -> Any:
-    """``entry``'s options from a raw ``algorithm.<name>`` node (stock ``main_ppo``): validated the first time this
-    process sees these values, then reused by value (an equal node built anew gives the same object). The
-    ``ebpo`` options a mode ignores are named in a warning when first validated."""
-    key = (entry.name, _canonical(node))
-    options = _BY_VALUE.get(key)
-    if options is None:
-        options = _BY_VALUE[key] = entry.parse(node)
-        message = ignored_options_warning(options) if entry is EBPO else None
-        if message:
-            warnings.warn(f"EBPO: {message}", RuntimeWarning, stacklevel=3)
+    """``entry``'s options from a raw ``algorithm.<name>`` node (stock ``main_ppo``): validated when this process
+    first sees the node and whenever its value changes, otherwise reused (an equal node built anew gives the same
+    object). The ``ebpo`` options a mode ignores are named in a warning when validated."""
+    value = _canonical(node)
+    last = _LAST.get(entry.name)
+    if last is not None and last[0] == value:
+        return last[1]
+    options = entry.parse(node)
+    _LAST[entry.name] = (value, options)
+    message = ignored_options_warning(options) if entry is EBPO else None
+    if message:
+        warnings.warn(f"EBPO: {message}", RuntimeWarning, stacklevel=3)
     return options
 
 
