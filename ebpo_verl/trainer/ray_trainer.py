@@ -20,7 +20,8 @@ of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whic
   step's log call, so a run killed there logs them on resume if the metrics log lacks them;
 - ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
 - ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog`
-  at ``trainer.metrics_log_path``.
+  at ``trainer.metrics_log_path``; a resumed run's TensorBoard events replace those of the steps it retrains
+  (:func:`purge_tensorboard`).
 
 :class:`OTBSumPiSquaredMixin` is the one place that copies verl (see its docstring). :class:`EBPOTaskRunner` is
 verl's ``TaskRunnerV1.run`` itself, with these trainers, after this process's options and registration check
@@ -32,6 +33,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -333,6 +335,8 @@ class EBPOTrainerMixin:
     @logger.setter
     def logger(self, tracking) -> None:
         path = self.config.trainer.get("metrics_log_path", None)
+        if tracking is not None and self._resumed_step > 0:
+            purge_tensorboard(tracking, self._resumed_step + 1)
         if tracking is not None and path:
             record = run_provenance(self.config)  # provenance: the sidecar <log>.provenance.json
             tracking.logger["metrics_log"] = MetricsLog(path, resumed_step=self._resumed_step, provenance=record)
@@ -360,7 +364,21 @@ class EBPOTrainerMixin:
                 f"{len(missing)} of them from {folder}",
                 flush=True,
             )
+            purge_tensorboard(tracking, step)
             tracking.log(data=missing, step=step)
+
+
+def purge_tensorboard(tracking, first_step: int) -> None:
+    """A resumed run's TensorBoard events replace those of steps >= ``first_step`` that an earlier attempt wrote
+    (retrained steps): TensorBoard's reader drops them at a ``SessionLog.START`` event of that step, the event
+    ``SummaryWriter(purge_step=...)`` writes (verl 0.9.1's adapter opens its writer without one)."""
+    adapter = tracking.logger.get("tensorboard")
+    if adapter is None:
+        return
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    start = Event(step=first_step, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START))
+    adapter.writer._get_file_writer().add_event(start)
 
 
 @functools.cache

@@ -1,0 +1,401 @@
+"""What ebpo-train costs per training step against stock verl GRPO, on verl's real trainer on CPU.
+
+Runs the same tiny configuration (a 50k-parameter Qwen3, 8 MATH-500 prompts x ``rollout.n=4`` per step, the
+CPU backend's HF rollout) through stock ``python -m verl.trainer.main_ppo`` with ``algorithm.adv_estimator=grpo``
+and through ``python -m ebpo_verl.main`` (``ebpo-train``) with ``ebpo`` and ``dbb``, interleaved (round r runs
+grpo, ebpo, dbb, then the next round), every run with verl's ``file`` logger. It prints, from verl's own timing
+metrics (``timing_s/*``), the median of every phase per estimator, and the paired ratio of each step's
+``timing_s/step`` to grpo's same step of the same round (median, and a bootstrap 95% interval), separately for
+steps with and without a checkpoint (step 1, which warms up, is left out), the EB state file's size, and
+direct in-process timings of what ebpo-train adds (the row-key map, the state save, the watchdog thread's look at
+Ray's actor table, the metrics log).
+
+Usage: ``python benchmarks/bench_step_cost.py [--rounds 2] [--steps 6] [--save-freq 2] [--work-dir DIR]``; run
+it under ``flock /tmp/heavy.lock`` on a shared machine. ``tiny_run`` and the helpers above it are also the
+launcher of ``tests/test_tracking.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "math500.jsonl"
+FIXTURE = REPO / "tests" / "fixtures" / "hub" / "math500.jsonl"
+BATCH, N, PROMPTS = 8, 4, 16
+ENV = {
+    "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu.backend",
+    "VERL_PLATFORM": "cpu",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+}
+ENTRIES = {"grpo": "verl.trainer.main_ppo", "ebpo": "ebpo_verl.main", "dbb": "ebpo_verl.main"}
+
+
+def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """Benchmark reward: the parity of the response's CRC-32 (deterministic; mixed groups from a random model)."""
+    return float(zlib.crc32(solution_str.encode("utf-8")) & 1)
+
+
+def prepare(work: Path) -> dict[str, str]:
+    """A tiny Qwen3 + tokenizer and the ``PROMPTS`` shortest MATH-500 problems as train (and val) parquet."""
+    import pyarrow.parquet as pq
+
+    from data_prep import math500
+    from data_prep.schema import write_parquet_atomic
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
+
+    source = DATA if DATA.is_file() else FIXTURE
+    table = pq.read_table(math500.prepare(work / "raw", local_path=source))
+    texts = [p[0]["content"] for p in table.column("prompt").to_pylist()]
+    rows = sorted(sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))[:PROMPTS])
+    train = write_parquet_atomic(table.take(rows), work / "train.parquet")
+    tokenizer = build_tokenizer(work / "model", corpus=texts)
+    build_model(work / "model", tokenizer)
+    chats = table.take(rows).column("prompt").to_pylist()
+    longest = max(len(tokenizer.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
+                  for c in chats)  # fmt: skip
+    return {"train": str(train), "model": str(work / "model"), "prompt_length": str(64 * (longest // 64 + 1))}
+
+
+def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int, loggers: str) -> list:
+    """Hydra overrides of one run ``name`` (its checkpoint folder ``work/ckpt_<name>``), one node, one rank."""
+    out = work / f"ckpt_{name}"
+    micro = BATCH * N
+    return [
+        f"algorithm.adv_estimator={estimator}",
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['train']}",
+        f"data.train_batch_size={BATCH}",
+        f"data.max_prompt_length={files['prompt_length']}",
+        "data.max_response_length=16",
+        "data.shuffle=False",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={files['model']}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "algorithm.use_kl_in_reward=False",
+        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        "reward.custom_reward_function.name=parity_reward",
+        "reward.num_workers=1",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.logger={loggers}",
+        "trainer.project_name=bench",
+        f"trainer.experiment_name={name}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={save_freq}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        f"trainer.default_local_dir={out}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "ray_kwargs.ray_init.num_cpus=8",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={ENV['VERL_USE_EXTERNAL_MODULES']}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out}/verl_file_log.jsonl",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out}/tensorboard",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR={out}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=offline",
+    ]
+
+
+def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int = 1,
+             loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900,
+             kill_when=None) -> int:  # fmt: skip
+    """One trainer start (``ENTRIES[estimator]``) in a session of its own on a private Ray instance; its output
+    appended to ``work/<name>.log``. ``kill_when(ckpt_folder)`` true: the process group is SIGKILLed (a crash);
+    past ``timeout`` seconds it is killed and this raises. Returns the exit status (-9 when killed)."""
+    ray_tmp = tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # Ray's socket paths must stay short
+    args = overrides(work, files, name, estimator, steps, save_freq, loggers) + [
+        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}", *extra]  # fmt: skip
+    (work / f"ckpt_{name}").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
+    env = {**os.environ, **ENV, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    with open(work / f"{name}.log", "a") as log:
+        proc = subprocess.Popen([sys.executable, "-m", ENTRIES[estimator], *args], cwd=work, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            if kill_when is not None and kill_when(work / f"ckpt_{name}"):
+                _kill_tree(proc.pid)
+                proc.wait()
+                return -9
+            if time.monotonic() > deadline:
+                _kill_tree(proc.pid)
+                raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}")
+            time.sleep(0.2)
+        return proc.returncode
+    finally:
+        _kill_tree(proc.pid)
+        subprocess.run(["rm", "-rf", ray_tmp], check=False)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL to a run's driver, every process below it (Ray's GCS, raylet and workers, found before the driver
+    dies and they are re-parented) and its session's process group."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def read_jsonl(path: Path) -> dict[int, dict]:
+    """verl's file-logger / metrics-log records merged per step."""
+    out: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        out.setdefault(int(record["step"]), {}).update(record["data"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the benchmark
+def bootstrap_ci(values: list[float], reps: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of ``values``."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    return medians[int(0.025 * reps)], medians[int(0.975 * reps) - 1]
+
+
+def phase_medians(runs: list[dict[int, dict]], checkpoint) -> dict[str, float]:
+    """Median of every ``timing_s/*`` metric over the steps after step 1 of ``runs`` without a checkpoint
+    (``checkpoint(step)`` false); ``... (checkpoint steps)``: the step and the save over those with one."""
+    steps = [(n, s) for run in runs for n, s in run.items() if n > 1]
+    plain = [s for n, s in steps if not checkpoint(n)]
+    saving = [s for n, s in steps if checkpoint(n)]
+    keys = sorted({k for s in plain for k in s if k.startswith("timing_s/")})
+    out = {k: statistics.median(s[k] for s in plain if k in s) for k in keys}
+    for key in ("timing_s/step", "timing_s/save_checkpoint"):
+        values = [s[key] for s in saving if key in s]
+        if values:
+            out[f"{key} (checkpoint steps)"] = statistics.median(values)
+    return out
+
+
+def direct_timings() -> dict[str, float]:
+    """Milliseconds per call of what ebpo-train adds, measured in this process on realistic sizes."""
+    from ebpo_verl.ops.metrics_log import MetricsLog
+    from ebpo_verl.trainer.ray_trainer import uid_row_keys
+
+    out = {}
+    rows = 512 * 16  # a paper-size step: 512 prompts x 16 responses
+    infos = [{"index": i // 16, "topic": f"t{i % 7}"} for i in range(rows)]
+    uids = [f"u{i // 16}" for i in range(rows)]
+    out["row-key map, 8192 rows (ms)"] = _time(lambda: uid_row_keys(infos, uids, [False] * rows, "index"))
+    metrics = {f"group/metric_{i}": float(i) for i in range(200)}
+    with tempfile.TemporaryDirectory() as tmp:
+        log = MetricsLog(Path(tmp) / "m.jsonl", resumed_step=0)
+        out["metrics log, one 200-key line (ms)"] = _time(lambda: log.log(metrics, step=1))
+        out.update(_state_save_timings(Path(tmp)))
+    out.update(_watchdog_timing())
+    return out
+
+
+def _time(call, repeats: int = 20) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _state_save_timings(tmp: Path) -> dict[str, float]:
+    """``save_state`` of EBPO's state after 50 steps of 512 prompts x 16, and of DBB's holding 40,000 prompts."""
+    import numpy as np
+    import torch
+
+    from ebpo_verl.main import compose
+    from ebpo_verl.trainer.adapter import new_estimator, outcome_advantages, row_values
+    from ebpo_verl.trainer.checkpoint.state import save_state
+    from ebpo_verl.trainer.run_options import RunOptions
+
+    out = {}
+    rng = np.random.default_rng(0)
+    for name, prompts, steps in (("ebpo", 512, 50), ("dbb", 40_000, 1)):
+        options = RunOptions.from_config(compose([f"algorithm.adv_estimator={name}"]))
+        entry, estimator = options.stateful, new_estimator(options)  # the run's estimator, as the trainer's
+        index = np.repeat(np.arange(prompts), 16)
+        uids = np.array([f"u{i}" for i in index], dtype=object)
+        rows = {f"u{i}": int(i) for i in range(prompts)} if options.row_key else None
+        rewards = torch.zeros(len(index), 4)
+        mask = torch.ones_like(rewards)
+        for _ in range(steps):
+            rewards[:, -1] = torch.from_numpy(rng.integers(0, 2, len(index))).float()
+            outcome_advantages(estimator, rewards, mask, uids, row_values(rows, uids))
+        path = save_state(entry, tmp, estimator.state, options.estimator, steps)
+        label = f"{name} state save, {path.stat().st_size / 1024:.0f} KiB file (ms)"
+        state, saved = estimator.state, options.estimator
+        out[label] = _time(lambda e=entry, s=state, o=saved, n=steps: save_state(e, tmp, s, o, n), repeats=5)
+    return out
+
+
+def _watchdog_timing() -> dict[str, float]:
+    """The watchdog thread's periodic look at Ray's actor table (every DEATH_CHECK_S s), on a local Ray."""
+    import ray
+
+    from ebpo_verl.trainer.watchdog import DEATH_CHECK_S, dead_actors
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        dead_actors(time.time())  # the state API's first call connects
+        ms = _time(lambda: dead_actors(time.time()), repeats=10)
+    finally:
+        ray.shutdown()
+    return {f"watchdog look at the actor table (ms, every {DEATH_CHECK_S} s)": ms}
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def is_checkpoint_step(step: int, steps: int, save_freq: int) -> bool:
+    """verl saves every ``save_freq`` steps and at the last step."""
+    return step % save_freq == 0 or step == steps
+
+
+def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]:
+    """The phase medians per estimator and the paired step-time ratios against grpo."""
+    medians = {
+        name: phase_medians(each, lambda n: is_checkpoint_step(n, steps, save_freq)) for name, each in runs.items()
+    }
+    keys = sorted(set().union(*medians.values()))
+    lines = [
+        "phase medians (s, steps 2.. without a checkpoint unless said; "
+        + ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items())
+        + ")"
+    ]
+    lines.append(f"  {'timing_s/*':<46}" + "".join(f"{name:>10}" for name in runs))
+    for key in keys:
+        lines.append(f"  {key:<46}" + "".join(f"{medians[n].get(key, float('nan')):>10.3f}" for n in runs))
+    for name in [n for n in runs if n != "grpo"]:
+        pairs = {"no checkpoint": [], "checkpoint": []}
+        for base, other in zip(runs["grpo"], runs[name], strict=True):
+            for step in sorted(set(base) & set(other)):
+                if step > 1:
+                    kind = "checkpoint" if is_checkpoint_step(step, steps, save_freq) else "no checkpoint"
+                    pairs[kind].append(other[step]["timing_s/step"] / base[step]["timing_s/step"])
+        for kind, ratios in pairs.items():
+            low, high = bootstrap_ci(ratios) if ratios else (float("nan"), float("nan"))
+            lines.append(f"{name}/grpo step time, {kind} steps: median {statistics.median(ratios):.3f} "
+                         f"[95% {low:.3f}, {high:.3f}] over {len(ratios)} paired steps")  # fmt: skip
+    return lines
+
+
+def state_sizes(work: Path, runs: list[str]) -> list[str]:
+    """Size of every estimator state file the runs' checkpoints hold (the last checkpoint of each run)."""
+    out = []
+    for name in runs:
+        files = sorted((work / f"ckpt_{name}").glob("global_step_*/*_state.json"))
+        if files:
+            out.append(f"{name}: {files[-1].parent.name}/{files[-1].name} {files[-1].stat().st_size} bytes")
+    return out
+
+
+def figure(work: Path, files: dict, steps: int, out: Path) -> None:
+    """One ``steps``-step ebpo run with TensorBoard; its ``ebpo/*`` curves, read from the event files, to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code = tiny_run(work, files, "figure", "ebpo", steps, save_freq=steps, loggers="[console,tensorboard]")
+    if code:
+        raise SystemExit(f"the figure run failed (exit {code}); see {work / 'figure.log'}")
+    acc = EventAccumulator(str(work / "ckpt_figure" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    groups = [("ebpo/shrinkage_mean", "ebpo/shrinkage_min", "ebpo/shrinkage_max"), ("ebpo/mu_glob",),
+              ("ebpo/sigma2", "ebpo/tau2"), ("ebpo/frac_zero_var_groups", "ebpo/frac_all_fail", "ebpo/frac_all_pass"),
+              ("ebpo/prompts_seen",)]  # fmt: skip
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 2.6))
+    for ax, tags in zip(axes, groups, strict=True):
+        for tag in tags:
+            points = acc.Scalars(tag)
+            ax.plot([p.step for p in points], [p.value for p in points], label=tag.removeprefix("ebpo/"))
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"ebpo/* curves of a {steps}-step CPU run (tiny Qwen3, 8 prompts x 4, parity reward)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    print(f"figure: {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of grpo, ebpo, dbb")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--save-freq", type=int, default=3)
+    parser.add_argument("--estimators", default="grpo,ebpo,dbb", help="grpo first: the ratios are against it")
+    parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--figure", type=Path, default=None, help="instead: draw the ebpo/* curves to this PNG")
+    parser.add_argument("--figure-steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    files = prepare(work)
+    if args.figure:
+        figure(work, files, args.figure_steps, args.figure.resolve())
+        return
+    names = args.estimators.split(",")
+    if names[0] != "grpo" or not set(names) <= set(ENTRIES):
+        raise SystemExit(f"--estimators: grpo first, then any of {sorted(ENTRIES)}; got {args.estimators}")
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names:
+            start = time.monotonic()
+            code = tiny_run(work, files, f"{name}_r{r}", name, args.steps, args.save_freq)
+            if code:
+                raise SystemExit(f"run {name}_r{r} failed (exit {code}); see {work / f'{name}_r{r}.log'}")
+            runs[name].append(read_jsonl(work / f"ckpt_{name}_r{r}" / "verl_file_log.jsonl"))
+            print(f"run {name}_r{r}: {time.monotonic() - start:.0f} s", flush=True)
+    print(f"{args.rounds} rounds x {args.steps} steps, checkpoint every {args.save_freq} and at the last step")
+    print("\n".join(report(runs, args.steps, args.save_freq)))
+    print("state files:", "; ".join(state_sizes(work, [f"{n}_r0" for n in names])))
+    print("direct timings, in this process:")
+    for key, ms in direct_timings().items():
+        print(f"  {key:<58} {ms:9.3f}")
+
+
+if __name__ == "__main__":
+    main()
