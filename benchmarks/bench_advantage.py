@@ -23,8 +23,7 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
-import ebpo_verl
-from ebpo_verl.algos.baselines import SPO_STATE
+from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
 DEFAULT_SHAPES = "512x16x4096,512x4x8192"
 TARGET = 1.0
@@ -76,8 +75,8 @@ def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int
     grpo = get_adv_estimator_fn("grpo")
     grpo_vec = get_adv_estimator_fn("grpo_vectorized")
     config = OmegaConf.create({"ebpo": {"cluster_key": "topic"}})
-    ebpo_verl.get_state().reset()
-    SPO_STATE.reset()
+    for default in DEFAULT_ESTIMATORS.values():
+        default.reset()
     js, bnpo, spo = (get_adv_estimator_fn(name) for name in BASELINES)
     keys = np.repeat(np.arange(prompts), group)  # spo's stable prompt keys (extra_info["index"])
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

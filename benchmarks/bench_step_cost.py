@@ -247,10 +247,9 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
     """``save_state`` of EBPO's state after 50 steps of 512 prompts x 16, and of DBB's holding 40,000 prompts."""
     import numpy as np
     import torch
-    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
     from ebpo_verl.main import compose
-    from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+    from ebpo_verl.trainer.adapter import new_estimator, outcome_advantages, row_values
     from ebpo_verl.trainer.checkpoint.state import save_state
     from ebpo_verl.trainer.run_options import RunOptions
 
@@ -258,21 +257,19 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
     rng = np.random.default_rng(0)
     for name, prompts, steps in (("ebpo", 512, 50), ("dbb", 40_000, 1)):
         options = RunOptions.from_config(compose([f"algorithm.adv_estimator={name}"]))
-        entry = options.stateful
-        entry.state.reset()
+        entry, estimator = options.stateful, new_estimator(options)  # the run's estimator, as the trainer's
         index = np.repeat(np.arange(prompts), 16)
         uids = np.array([f"u{i}" for i in index], dtype=object)
         rows = {f"u{i}": int(i) for i in range(prompts)} if options.row_key else None
         rewards = torch.zeros(len(index), 4)
         mask = torch.ones_like(rewards)
-        estimator = get_adv_estimator_fn(name)
         for _ in range(steps):
             rewards[:, -1] = torch.from_numpy(rng.integers(0, 2, len(index))).float()
-            with step_inputs(StepInputs(options.estimator, rows)):
-                estimator(token_level_rewards=rewards, response_mask=mask, index=uids, config=None)
-        path = save_state(entry, tmp, entry.state, options.estimator, steps)
+            outcome_advantages(estimator, rewards, mask, uids, row_values(rows, uids))
+        path = save_state(entry, tmp, estimator.state, options.estimator, steps)
         label = f"{name} state save, {path.stat().st_size / 1024:.0f} KiB file (ms)"
-        out[label] = _time(lambda e=entry, o=options, n=steps: save_state(e, tmp, e.state, o.estimator, n), repeats=5)
+        state, saved = estimator.state, options.estimator
+        out[label] = _time(lambda e=entry, s=state, o=saved, n=steps: save_state(e, tmp, s, o, n), repeats=5)
     return out
 
 

@@ -1,7 +1,7 @@
 """EBPO (Empirical-Bayes Policy Optimization) for verl 0.9.1.
 
 Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
-arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos.ebpo` (torch only); the verl glue in
+arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos` (torch only); the verl glue in
 :mod:`ebpo_verl.trainer.adapter`, which verl loads through the ``verl.plugins`` entry point.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ebpo_verl.version import __version__
 
 if TYPE_CHECKING:
-    from ebpo_verl.algos.ebpo import EBPOState
+    from ebpo_verl.algos.ebpo_state import EBPOState
 
 __all__ = ["__version__", "get_state", "register"]
 
@@ -30,7 +30,8 @@ def register() -> None:
 
 
 def get_state() -> EBPOState:
-    """The running EB statistics of this process (one per training run)."""
-    from ebpo_verl.algos.ebpo import GLOBAL_STATE
+    """The running EB statistics of this process's default ``ebpo`` instance: the estimator that verl's registry
+    (stock ``verl.trainer.main_ppo``) uses; ``ebpo-train``'s trainer owns its own."""
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
-    return GLOBAL_STATE
+    return DEFAULT_ESTIMATORS["ebpo"].state

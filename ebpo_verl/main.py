@@ -1,18 +1,23 @@
 """Training entry point: ``python -m ebpo_verl.main [overrides]`` / ``ebpo-train [overrides]``.
 
-verl's ``main_ppo`` flow with the package config (``config/ebpo_trainer.yaml``: verl's ``ppo_trainer`` plus the
-EBPO deltas) and :class:`~ebpo_verl.trainer.ray_trainer.EBPOTaskRunner`. Before Ray starts, the pre-flight
-(:func:`ebpo_verl.trainer.preflight.preflight`: our checks, verl's ``validate_config`` at the configured world size, at
-least one step per epoch) runs; ``--cfg job`` runs the same pre-flight, reports ``pre-flight: ok`` on stderr
+verl's ``main_ppo`` flow with the package config (``trainer/config/ebpo_trainer.yaml``: verl's ``ppo_trainer``
+plus our options, generated from their declarations) and
+:class:`~ebpo_verl.trainer.ray_trainer.EBPOTaskRunner`. One composition per command, through Hydra's public
+compose API (:func:`compose`); then the pre-flight (:func:`ebpo_verl.trainer.preflight.preflight`: the run's
+options parsed once into ``RunOptions``, our checks, verl's ``validate_config`` at the configured world size, at
+least one step per epoch) before Ray starts. ``--cfg job`` runs the same, reports ``pre-flight: ok`` on stderr
 and prints the composed config on stdout without starting Ray. Every refusal is one line
-``ebpo-train: error: ...`` on stderr with exit status 2.
+``ebpo-train: error: ...`` on stderr with exit status 2, and writes nothing. Hydra's own commands
+(``--hydra-help``, ``--info``, ``--multirun``, ``--cfg hydra|all``, ``--config-path``/``--config-dir``, ...) go
+to ``hydra.main``, which composes once itself.
 """
 
 from __future__ import annotations
 
-import functools
+import argparse
+import logging
+import re
 import sys
-from collections.abc import Callable
 from typing import NoReturn
 
 import hydra
@@ -20,13 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
 from ebpo_verl.options.parsing import unknown_option_message
+from ebpo_verl.trainer.config.generate import ALL_SECTIONS, option_lines
 from ebpo_verl.trainer.preflight import preflight
-from ebpo_verl.trainer.run_options import STATEFUL
 
 CONFIG_MODULE = "ebpo_verl.trainer.config"
 CONFIG_NAME = "ebpo_trainer"
-PREFIXES = {f"{entry.section}.": entry.option_keys for entry in STATEFUL.values()}
-"""Override prefixes whose keys :func:`check_overrides` checks (did-you-mean instead of Hydra's ``+`` advice)."""
+HYDRA_LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+"""The console format of Hydra's default job logging, which a run under ``hydra.main`` had."""
 
 
 def _fail(message: str) -> NoReturn:
@@ -38,33 +43,30 @@ def _report(lines: list[str]) -> None:
     print(f"pre-flight: ok ({'; '.join(lines)})", file=sys.stderr)
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Refuse ``algorithm.ebpo.<typo>=...`` / ``algorithm.spo.<typo>=...`` before Hydra composes (Hydra would
-    only advise appending ``+``).
+def composition_message(err: Exception) -> str:
+    """One line for Hydra's refusal of an override: a key that does not exist gets did-you-mean naming the
+    closest existing key (our sections list their keys), instead of Hydra's advice to add it with ``+``, which
+    would silence the check (keys added on purpose with ``+`` are not refused here)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-    Overrides Hydra cannot parse are left to Hydra's own message; ``+``/``++`` additions reach
-    :class:`~ebpo_verl.trainer.run_options.RunOptions`, which refuses unknown keys with the same message.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException:
-        return
-    for override in parsed:
-        key = override.key_or_group
-        if not key:
-            raise EBPOConfigError(
-                f"override {override.input_line!r} has no key: write key=value with no space around '=' "
-                "(e.g. trainer.total_epochs=5)"
-            )
-        if override.is_add() or override.is_force_add():
-            continue
-        for prefix, valid in PREFIXES.items():
-            option = key[len(prefix) :].split(".")[0] if key.startswith(prefix) else None
-            if option is not None and option not in valid:
-                raise EBPOConfigError(unknown_option_message(option, prefix[:-1], valid))
+    cause, match = err.__cause__, re.match(r"Could not override '([^']+)'", str(err))
+    if not (match and isinstance(cause, ConfigAttributeError | ConfigKeyError) and cause.full_key):
+        return one_line(err)
+    override = match.group(1)
+    ours = next((c for c in ALL_SECTIONS if c.SECTION != "trainer" and override.startswith(f"{c.SECTION}.")), None)
+    if ours is not None and len(cause.full_key) <= len(ours.SECTION):  # the section is absent (data.curriculum)
+        option = override[len(ours.SECTION) + 1 :].split(".")[0]
+        if option not in ours.keys():
+            return unknown_option_message(option, ours.SECTION, ours.keys())
+        return f"{ours.SECTION} is not in the config: set its options with ++{override}=... (as the recipes do)"
+    if ours is not None:
+        return unknown_option_message(cause.full_key.split(".")[-1], ours.SECTION, ours.keys())
+    *path, key = cause.full_key.split(".")
+    keys = [str(k) for k in cause.parent_node.keys()] if cause.parent_node is not None else []
+    message = unknown_option_message(key, ".".join(path), [k for k in keys if path or k != "hydra"], list_valid=False)
+    if "did you mean" not in message:
+        message += f": the config has no such key (to add one on purpose: +{override}=...)"
+    return message
 
 
 def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
@@ -74,47 +76,56 @@ def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    _check_keys(overrides)
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
             return hydra_compose(config_name=config_name or CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise EBPOConfigError(one_line(err)) from err
+        raise EBPOConfigError(composition_message(err)) from err
 
 
-def dry_run(overrides: list[str]) -> tuple[DictConfig, list[str]]:
-    """What ``--cfg job`` checks, in this process and without exiting: the override keys, the composition and the
-    pre-flight. Returns (config, pre-flight lines); any refusal is an EBPOConfigError (one line)."""
+def _check_keys(overrides: list[str]) -> None:
+    """An override without a key (``=5``, which Hydra takes for a config group and fails on with a traceback):
+    one line. Overrides Hydra cannot parse are left to its own message."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return
+    for override in parsed:
+        if not override.key_or_group:
+            raise EBPOConfigError(
+                f"override {override.input_line!r} has no key: write key=value with no space around '=' "
+                "(e.g. trainer.total_epochs=5)"
+            )
+
+
+def dry_run(overrides: list[str], config_name: str | None = None) -> tuple[DictConfig, list[str]]:
+    """The one composition and the pre-flight of a dry run, in this process and without exiting (``--cfg job``,
+    the recipes' dry runs): a training file absent here is reported as not checked. Returns (config, pre-flight
+    lines); a refusal is an EBPOConfigError (one line)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    check_overrides(overrides)
-    config = compose(overrides)
+    config = compose(overrides, config_name)
     try:
         return config, preflight(config, dry_run=True)
     except OmegaConfBaseException as err:
         raise EBPOConfigError(one_line(err)) from err
 
 
-def compose_config(args) -> DictConfig:
-    """:func:`compose` for parsed command-line arguments; a composition error -> one line and exit status 2."""
-    try:
-        return compose(args.overrides, args.config_name)
-    except EBPOConfigError as err:
-        _fail(str(err))
-
-
-def show_job(args) -> None:
-    """``--cfg job``: compose as Hydra would, run the pre-flight, print the config (honours --resolve/--package)."""
+def show_job(overrides: list[str], config_name: str | None = None, package: str | None = None, resolve=False) -> None:
+    """``--cfg job``: :func:`dry_run`, the pre-flight's line on stderr, the config (or ``package`` of it) on
+    stdout; a refusal -> one line and exit status 2."""
     from omegaconf.errors import OmegaConfBaseException
 
-    if args.config_path or args.config_dir:
-        _fail("--config-path/--config-dir are not supported with --cfg job; pass overrides to the package config")
-    config = compose_config(args)
     try:
-        lines = preflight(config, dry_run=True)
-        shown = config if args.package in (None, "_global_") else OmegaConf.select(config, args.package)
+        config, lines = dry_run(overrides, config_name)
+        shown = config if package in (None, "_global_") else OmegaConf.select(config, package)
         if shown is None:
-            raise EBPOConfigError(f"package '{args.package}' not found in config")
-        if args.resolve and OmegaConf.is_config(shown):
+            raise EBPOConfigError(f"package '{package}' not found in config")
+        if resolve and OmegaConf.is_config(shown):
             OmegaConf.resolve(shown)
     except EBPOConfigError as err:
         _fail(str(err))
@@ -124,55 +135,55 @@ def show_job(args) -> None:
     if not OmegaConf.is_config(shown):
         print(shown)
         return
-    if args.package not in (None, "_global_"):
-        print(f"# @package {args.package}")
+    if package not in (None, "_global_"):
+        print(f"# @package {package}")
     sys.stdout.write(OmegaConf.to_yaml(shown))
 
 
-def _holding_run_outputs(run: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
-    """``run`` inside :func:`~ebpo_verl.trainer.checkpoint.run_lock.hold_run_outputs`: one training
-    process per checkpoint folder and metrics log; a second one is refused at once (one line naming the holder)."""
+def _run_outputs(config: DictConfig):
+    """The run's locks (:func:`~ebpo_verl.trainer.checkpoint.run_lock.hold_run_outputs`): one training process per
+    checkpoint folder and metrics log; a second one is refused at once, before the pre-flight (one line naming the
+    holder). A folder the locks created is removed again if the run leaves it empty (a refused run)."""
+    from ebpo_verl.ops.locking import LockHeldError
+    from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs
 
-    @functools.wraps(run)
-    def locked(config: DictConfig) -> None:
-        from ebpo_verl.ops.locking import LockHeldError
-        from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs
-
-        try:
-            outputs = hold_run_outputs(config.trainer)
-        except LockHeldError as err:
-            _fail(str(err))
-        with outputs:
-            run(config)
-
-    return locked
-
-
-@hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)
-@_holding_run_outputs
-def train(config: DictConfig) -> None:
-    """Pre-flight, then train on the Ray cluster (local, or ``RAY_ADDRESS`` / ``ray_kwargs``)."""
     try:
-        lines = preflight(config, dry_run=False)
-    except EBPOConfigError as err:
+        return hold_run_outputs(config.trainer)
+    except LockHeldError as err:
         _fail(str(err))
-    _report(lines)
+
+
+def _preflight_and_run(config: DictConfig) -> None:
+    """Holding the run's outputs: the pre-flight (a refusal: one line, exit 2), then training on the Ray cluster
+    (local, or ``RAY_ADDRESS`` / ``ray_kwargs``). verl's trainer modules are imported only after the pre-flight."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    with _run_outputs(config):
+        try:
+            _report(preflight(config, dry_run=False))
+        except EBPOConfigError as err:
+            _fail(str(err))
+        except OmegaConfBaseException as err:
+            _fail(one_line(err))
+        _launch(config)
+
+
+def _launch(config: DictConfig) -> None:
+    """verl's ``run_ppo`` with our TaskRunner, the launch command recorded for the metrics log, a dead or hung
+    worker reported in one line (exit 1)."""
     import shlex
 
     from omegaconf import open_dict
-
-    from ebpo_verl.ops.provenance import LAUNCH_COMMAND_KEY
-
-    with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
-        config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
-
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
+    from ebpo_verl.ops.provenance import LAUNCH_COMMAND_KEY
     from ebpo_verl.ops.shm import unlink_orphaned_shm
     from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
     from ebpo_verl.trainer.watchdog import failures_reported
 
+    with open_dict(config):  # provenance of the metrics log: the trainer's Ray actor cannot see this argv
+        config.trainer[LAUNCH_COMMAND_KEY] = shlex.join(sys.argv)
     auto_set_device(config)
     unlink_orphaned_shm()  # what killed workers of an earlier run or attempt left in this node's RAM
     try:
@@ -182,54 +193,85 @@ def train(config: DictConfig) -> None:
         unlink_orphaned_shm()
 
 
+def train(overrides: list[str], config_name: str | None = None) -> None:
+    """A run: the one composition, then :func:`_preflight_and_run` with the console logging that Hydra's job
+    logging gave a run. A refusal is one line with exit status 2 and leaves nothing behind (no Hydra run folder)."""
+    try:
+        config = compose(overrides, config_name)
+    except EBPOConfigError as err:
+        _fail(str(err))
+    logging.basicConfig(level=logging.INFO, format=HYDRA_LOG_FORMAT, stream=sys.stdout)
+    _preflight_and_run(config)
+
+
+@hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)
+def hydra_train(config: DictConfig) -> None:
+    """Hydra's own commands (``--multirun``, ``--config-dir``, ...): Hydra composes; the pre-flight, then a run."""
+    _preflight_and_run(config)
+
+
 def usage() -> str:
-    """``--help``: what this entry point adds to verl's ``main_ppo``, the keys of each stateful estimator
-    (``options.STATEFUL``) with their defaults (from the composed config), ``--cfg job`` and the docs; Hydra's
-    1,100-line dump is ``--cfg job``'s."""
-    config = compose([])
-    blocks = [
-        f"  algorithm.{name}.{key}={'null' if value is None else value}"
-        for name in STATEFUL
-        for key, value in config.algorithm[name].items()
-    ]
+    """``--help``: what this entry point adds to verl's ``main_ppo`` and every option of ours with its default and
+    allowed values (from the declarations); Hydra's 1,100-line dump is ``--cfg job``'s."""
     return "\n".join([
-        "ebpo-train / python -m ebpo_verl.main [key=value ...]: verl 0.9.1's main_ppo with EBPO (arXiv 2602.05165).",
-        "What it adds to verl: the advantage estimators ebpo, shrinkage_js, bnpo, spo and dbb",
-        "(algorithm.adv_estimator, default ebpo); the package config (verl's ppo_trainer plus the keys below, the",
-        "math-verify reward, the curriculum sampler data.curriculum.*); a pre-flight before Ray starts (our checks,",
-        "verl's validate_config at the configured world size, at least one step per epoch; every refusal one line,",
-        "exit 2); the EBPO statistics (SPO trackers, DBB posteriors) in each checkpoint; an append-only metrics log",
-        "(trainer.metrics_log_path).",
+        "usage: ebpo-train [--cfg job [--package KEY] [--resolve]] [key=value ...]   (= python -m ebpo_verl.main)",
+        "verl 0.9.1's main_ppo with EBPO (arXiv 2602.05165). What it adds to verl: the advantage estimators ebpo,",
+        "shrinkage_js, bnpo, spo and dbb (algorithm.adv_estimator, default ebpo); the package config (verl's",
+        "ppo_trainer plus the options below, the math-verify reward, the curriculum sampler data.curriculum.*); a",
+        "pre-flight before Ray starts (our checks, verl's validate_config at the configured world size, at least one",
+        "step per epoch; every refusal one line, exit 2); the EBPO statistics (SPO trackers, DBB posteriors) in each",
+        "checkpoint; an append-only metrics log (trainer.metrics_log_path).",
         "",
-        "Options (defaults shown; algorithm.<name>.* applies to adv_estimator=<name>):",
-        *blocks,
+        "Options (default, then allowed values; algorithm.<name>.* applies to adv_estimator=<name>;",
+        "data.curriculum.* needs data.custom_cls=CurriculumDataset and is set with ++data.curriculum.<key>=...):",
+        *option_lines(),
         "",
         "  ebpo-train --cfg job [key=value ...]   the pre-flight, then the whole composed config; nothing started",
-        "  ebpo-train --hydra-help                Hydra's own flags",
+        "  ebpo-train --hydra-help                Hydra's own flags (--multirun, --info, ...: Hydra composes)",
         "Docs (source repository): docs/estimator.md (options, math), docs/training.md (running, checkpoints,",
-        "metrics), recipe/ebpo/README.md (the paper's runs: python -m ebpo_verl.recipes run|table|eval --help).",
+        "metrics), recipe/ebpo/README.md (the paper's runs).",
     ])  # fmt: skip
 
 
-def main() -> None:
-    """Console script ``ebpo-train``: our override checks, then ``--cfg job`` (pre-flight + config) or a run."""
-    from hydra._internal.utils import get_args_parser
+def arguments(argv: list[str]) -> argparse.Namespace:
+    """The command line: Hydra's documented flags (the ones :func:`main` handles, the rest for ``hydra.main``)."""
+    parser = argparse.ArgumentParser(prog="ebpo-train", add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--help", "-h", action="store_true")
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    parser.add_argument("--package", "-p")
+    parser.add_argument("--resolve", action="store_true")
+    parser.add_argument("--config-name", "-cn")
+    for flag in ("--hydra-help", "--version", "--run/-r", "--multirun/-m"):
+        parser.add_argument(*flag.split("/"), action="store_true")
+    parser.add_argument("--experimental-rerun")
+    parser.add_argument("--shell-completion", "-sc", action="store_true")
+    parser.add_argument("--config-path", "-cp")
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("--info", "-i", nargs="?", const="all")
+    try:
+        return parser.parse_intermixed_args(argv)
+    except SystemExit:
+        _fail(f"cannot parse the command line {' '.join(argv)!r}: see ebpo-train --help")
 
-    args = get_args_parser().parse_args(sys.argv[1:])
+
+def main() -> None:
+    """Console script ``ebpo-train``: ``--help``, ``--cfg job`` (pre-flight + config), a run, or Hydra's own
+    commands (through ``hydra.main``)."""
+    args = arguments(sys.argv[1:])
     if args.help:
         print(usage())
         return
-    try:
-        check_overrides(args.overrides)
-    except EBPOConfigError as err:
-        _fail(str(err))
-    other_commands = args.multirun or args.info or args.shell_completion or args.help or args.hydra_help
-    if args.cfg == "job" and not (other_commands or args.run):
-        show_job(args)
-        return
-    if args.cfg is None and not other_commands and not (args.config_path or args.config_dir):
-        compose_config(args)  # Hydra's composition errors as one line, before hydra.main composes for the run
-    train()
+    hydra_only = (
+        args.hydra_help or args.version or args.multirun or args.experimental_rerun or args.shell_completion
+        or args.info or args.config_path or args.config_dir or args.cfg in ("hydra", "all")
+    )  # fmt: skip
+    if hydra_only:
+        hydra_train()
+    elif args.cfg == "job":
+        show_job(args.overrides, args.config_name, args.package, args.resolve)
+    else:
+        train(args.overrides, args.config_name)
 
 
 if __name__ == "__main__":

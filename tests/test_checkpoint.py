@@ -4,58 +4,42 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, compute_ebpo_advantages
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
-from ebpo_verl.trainer.adapter import StepInputs, step_inputs
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
-from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
-from ebpo_verl.trainer.run_options import EBPO
+from ebpo_verl.trainer.ray_trainer import uid_row_keys
+from ebpo_verl.trainer.run_options import DBB, EBPO, SPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 PROMPTS, GROUP, TOPICS = 4, 4, ("algebra", "geometry", "number_theory")
 
 
-def _config(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides],
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path, *overrides)``: a run's config with its checkpoints under tmp_path (tests/conftest.py)."""
+
+    def composed(tmp_path: Path, *overrides: str):
+        return compose_config(
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides
         )
 
-
-class _ActorGroupStandIn:
-    """Plays the GPU actor worker group in verl's checkpoint code: writes/reads a marker under ``actor/``."""
-
-    def __init__(self) -> None:
-        self.loaded: list[str] = []
-
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        os.makedirs(local_path, exist_ok=True)
-        Path(local_path, "weights.txt").write_text(str(global_step))
-
-    def load_checkpoint(self, local_path, del_local_after_load=False):
-        self.loaded.append(local_path)
+    return composed
 
 
-def _trainer(config):
-    trainer = ebpo_trainer_cls("sync")(config)
-    trainer.actor_rollout_wg = _ActorGroupStandIn()
-    trainer.train_dataloader = StatefulDataLoader(list(range(6 * PROMPTS)), batch_size=PROMPTS, shuffle=False)
-    return trainer
+@pytest.fixture
+def trainer_on(stand_in_trainer):
+    """``trainer_on(config)``: the conftest trainer stand-in over prompts 0..6*PROMPTS-1, PROMPTS per step."""
+    return lambda config: stand_in_trainer(config, range(6 * PROMPTS), PROMPTS)
 
 
 def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
@@ -85,18 +69,10 @@ def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
     return data, uid_row_keys(infos, uids, padding, "topic")
 
 
-
-def _estimate(trainer, data, row_keys) -> dict:
-    """verl's ``compute_advantage`` on ``data`` with the step inputs the trainer hands the estimator."""
-    with step_inputs(StepInputs(trainer.options.estimator, row_keys)):
-        compute_advantage(data, adv_estimator=trainer.options.adv_estimator, config=trainer.config.algorithm)
-    return dict(trainer.options.stateful.state.diagnostics)
-
-
 def _step(trainer, step: int) -> torch.Tensor:
     prompt_ids = next(trainer._data_iter).tolist()
     data, labels = _batch(prompt_ids, step)
-    _estimate(trainer, data, labels if trainer.options.row_key else None)
+    trainer.estimate_advantages(data, labels if trainer.options.row_key else None, {})
     return data.batch["advantages"].clone()
 
 
@@ -116,13 +92,11 @@ RESUME_CASES = [
 
 
 @pytest.mark.parametrize("options", RESUME_CASES, ids=["clusters-decay", "beta-binomial"])
-def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options):
+def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options, trainer_on, _config):
     config = _config(tmp_path, *options)
-    ebpo_verl.get_state().reset()
-    uninterrupted = _run(_trainer(config), range(1, 7))
+    uninterrupted = _run(trainer_on(config), range(1, 7))
 
-    ebpo_verl.get_state().reset()
-    first = _trainer(config)
+    first = trainer_on(config)
     before = _run(first, range(1, 4))
     first.global_steps = 3
     first._save_checkpoint()
@@ -135,51 +109,48 @@ def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options
     saved = json.loads((step_dir / EBPO.state_file).read_text())
     assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * PROMPTS
 
-    ebpo_verl.get_state().reset()
-    _run(_trainer(config), range(90, 92))  # unrelated statistics in the process, as a restarted run could have
-    resumed = _trainer(config)
+    resumed = trainer_on(config)
+    _run(resumed, range(90, 92))  # unrelated statistics before the load
     resumed._load_checkpoint()
     assert resumed.global_steps == 3 and resumed.actor_rollout_wg.loaded == [str(step_dir / "actor")]
     after = _run(resumed, range(4, 7))  # the dataloader continues at prompts 12.. from data.pt
     for a, b in zip(after, uninterrupted[3:], strict=True):
         assert torch.equal(a, b)
 
-    fresh = _trainer(config)
-    ebpo_verl.get_state().reset()
+    fresh = trainer_on(config)
     fresh.train_dataloader.load_state_dict(torch.load(step_dir / "data.pt", weights_only=True))
     fresh._data_iter = iter(fresh.train_dataloader)
     assert not torch.allclose(_step(fresh, 4), uninterrupted[3]), "the EB state must matter for this test"
 
 
-def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path):
+def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path, trainer_on, _config):
     """No ebpo_state.json (a plain verl checkpoint): refused by default, fresh statistics only when asked for."""
     config = _config(tmp_path)
-    ebpo_verl.get_state().reset()
-    trainer = _trainer(config)
+    trainer = trainer_on(config)
     _run(trainer, range(1, 3))
     trainer.global_steps = 2
     trainer._save_checkpoint()
     (tmp_path / "ckpt" / "global_step_2" / EBPO.state_file).unlink()  # as a plain verl checkpoint
     with pytest.raises(ValueError, match=r"has no ebpo_state.json .*on_resume_mismatch=reset to continue from step 2"):
-        _trainer(config)._load_checkpoint()
+        trainer_on(config)._load_checkpoint()
     for mode in ("reset", "keep"):
-        ebpo_verl.get_state().prompts_seen = 5
-        resumed = _trainer(_config(tmp_path, f"algorithm.ebpo.on_resume_mismatch={mode}"))
+        resumed = trainer_on(_config(tmp_path, f"algorithm.ebpo.on_resume_mismatch={mode}"))
+        resumed.estimator.state.prompts_seen = 5
         with pytest.warns(
             RuntimeWarning, match=f"no ebpo_state.json .*on_resume_mismatch={mode}: .*start FRESH at step 2"
         ):
             resumed._load_checkpoint()
-        assert resumed.global_steps == 2 and ebpo_verl.get_state().prompts_seen == 0
+        assert resumed.global_steps == 2 and resumed.estimator.state.prompts_seen == 0
 
 
-def test_checkpoint_disabled_resume_resets_state(tmp_path):
-    ebpo_verl.get_state().prompts_seen = 7
-    trainer = _trainer(_config(tmp_path, "trainer.resume_mode=disable"))
+def test_checkpoint_disabled_resume_resets_state(tmp_path, trainer_on, _config):
+    trainer = trainer_on(_config(tmp_path, "trainer.resume_mode=disable"))
+    trainer.estimator.state.prompts_seen = 7
     trainer._load_checkpoint()
-    assert trainer.global_steps == 0 and ebpo_verl.get_state().prompts_seen == 0
+    assert trainer.global_steps == 0 and trainer.estimator.state.prompts_seen == 0
 
 
-def test_checkpoint_folder_for_both_resume_modes(tmp_path):
+def test_checkpoint_folder_for_both_resume_modes(tmp_path, _config):
     auto = _config(tmp_path).trainer
     assert loaded_folder(auto, 5) == step_folder(auto, 5) == str(tmp_path / "ckpt" / "global_step_5")
     explicit = _config(
@@ -318,20 +289,19 @@ def test_checkpoint_saved_option_unknown_to_this_version_gets_no_refused_advice(
         assert load_state(EBPO, tmp_path, EBPOState(), EBPOOptions(decay=0.9, on_resume_mismatch="keep"), 4)
 
 
-def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path):
-    ebpo_verl.get_state().reset()
-    first = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.9"))
+def test_checkpoint_resume_with_other_options_stops_in_the_trainer(tmp_path, trainer_on, _config):
+    first = trainer_on(_config(tmp_path, "algorithm.ebpo.decay=0.9"))
     _run(first, range(1, 3))
     first.global_steps = 2
     first._save_checkpoint()
-    resumed = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.8"))
+    resumed = trainer_on(_config(tmp_path, "algorithm.ebpo.decay=0.8"))
     with pytest.raises(ValueError, match=r"decay: 0.9 -> 0.8.*on_resume_mismatch=reset"):
         resumed._load_checkpoint()
-    assert ebpo_verl.get_state().prompts_seen == 0
-    kept = _trainer(_config(tmp_path, "algorithm.ebpo.decay=0.8", "algorithm.ebpo.on_resume_mismatch=keep"))
+    assert resumed.estimator.state.prompts_seen == 0
+    kept = trainer_on(_config(tmp_path, "algorithm.ebpo.decay=0.8", "algorithm.ebpo.on_resume_mismatch=keep"))
     with pytest.warns(RuntimeWarning, match="on_resume_mismatch=keep"):
         kept._load_checkpoint()
-    assert ebpo_verl.get_state().prompts_seen == 2 * PROMPTS
+    assert kept.estimator.state.prompts_seen == 2 * PROMPTS
 
 
 def test_checkpoint_metrics_log_survives_resume(tmp_path):
@@ -361,17 +331,17 @@ def test_checkpoint_metrics_log_survives_resume(tmp_path):
     assert len(list(tmp_path.glob("logs/metrics.superseded-*.jsonl"))) == 2
 
 
-def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
+def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch, trainer_on, _config):
     from verl.utils.tracking import Tracking
 
     verl_file = tmp_path / "verl.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(verl_file))
     config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/m.jsonl")
-    trainer = _trainer(config)
+    trainer = trainer_on(config)
     trainer.logger = Tracking("p", "e", default_backend=["file"])
     trainer.logger.log(data={"ebpo/shrinkage_mean": 0.4}, step=1)
     trainer.logger.finish()
-    restarted = _trainer(config)
+    restarted = trainer_on(config)
     restarted._resumed_step = 1
     restarted.logger = Tracking("p", "e", default_backend=["file"])  # verl's file logger truncates here
     restarted.logger.log(data={"ebpo/shrinkage_mean": 0.5}, step=2)
@@ -380,7 +350,7 @@ def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch):
     assert read_metrics_log(tmp_path / "m.jsonl") == {1: {"ebpo/shrinkage_mean": 0.4}, 2: {"ebpo/shrinkage_mean": 0.5}}
 
 
-def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tokenizer):
+def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tokenizer, stand_in_trainer, _config):
     """The curriculum dataset's position goes through the trainer's data.pt like verl's sampler position."""
     from data_prep import math500
 
@@ -400,10 +370,9 @@ def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tok
     )
 
     def trainer():
-        made = ebpo_trainer_cls("sync")(config)
+        made = stand_in_trainer(config)
         made.tokenizer, made.processor = tiny_tokenizer, None
-        made.actor_rollout_wg = _ActorGroupStandIn()
-        made._init_dataloader()
+        made._init_dataloader()  # the curriculum dataset's loader in place of the stand-in's
         return made
 
     def batches(made, count: int) -> list[list[int]]:
@@ -419,3 +388,46 @@ def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tok
     resumed = trainer()
     resumed._load_checkpoint()
     assert batches(resumed, 3) == uninterrupted[3:]
+
+
+# ------------------------------------------------- state files written before the estimators owned their state
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy_state"
+LEGACY_STEPS = [
+    ([0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], ["p0"] * 3 + ["p1"] * 3 + ["p2"] * 3),
+    ([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0], ["p1"] * 3 + ["p3"] * 3 + ["p0"] * 3),
+]
+"""The two steps after which the code at be1abca wrote tests/fixtures/legacy_state (see its README)."""
+
+
+def _legacy_estimator(entry):
+    from ebpo_verl.trainer.adapter import ESTIMATOR_CLASSES
+
+    options = EBPOOptions(cluster_key="topic", min_cluster_prompts=2, decay=0.9) if entry is EBPO else None
+    return ESTIMATOR_CLASSES[entry.name](options or entry.options_cls())
+
+
+def _legacy_step(estimator, entry, step: int, rewards: list[float], keys: list[str]):
+    uids = np.array([f"u{step}-{k}" for k in keys], dtype=object)
+    labels = np.array(["a" if k in ("p0", "p1") else "b" for k in keys], dtype=object)
+    values = labels if entry is EBPO else np.array(keys, dtype=object)
+    return estimator(torch.tensor(rewards, dtype=torch.float64), uids, torch.ones(len(keys), dtype=torch.bool), values)
+
+
+@pytest.mark.parametrize("entry", [EBPO, SPO, DBB], ids=lambda entry: entry.name)
+def test_state_files_of_the_code_before_the_estimator_objects_load_and_resume_bit_identically(tmp_path, entry):
+    """The same two steps give today the state the old code saved, and a resume from the old file continues
+    exactly as the uninterrupted run (advantages, diagnostics and state)."""
+    uninterrupted = _legacy_estimator(entry)
+    for step, (rewards, keys) in enumerate(LEGACY_STEPS):
+        _legacy_step(uninterrupted, entry, step, rewards, keys)
+    saved = json.loads((LEGACY / entry.state_file).read_text())
+    assert saved["global_step"] == 2 and uninterrupted.state.state_dict() == saved["state"]
+    resumed = _legacy_estimator(entry)
+    assert load_state(entry, LEGACY, resumed.state, resumed.options, 2)
+    rewards, keys = LEGACY_STEPS[0][0][::-1], LEGACY_STEPS[1][1]
+    want = _legacy_step(uninterrupted, entry, 2, rewards, keys)
+    got = _legacy_step(resumed, entry, 2, rewards, keys)
+    assert torch.equal(got.values, want.values) and got.diagnostics == want.diagnostics
+    assert resumed.state.state_dict() == uninterrupted.state.state_dict()
+    assert not torch.equal(got.values, _legacy_step(_legacy_estimator(entry), entry, 2, rewards, keys).values)

@@ -231,7 +231,7 @@ def test_config_errors(make, base_config, sizes):
     message = r"unknown option data.curriculum.oder; did you mean data.curriculum.order\? valid keys: order, align"
     with pytest.raises(ValueError, match=message):
         make(curriculum={"oder": "topic"})
-    with pytest.raises(ValueError, match=r"order='topics': expected one of"):
+    with pytest.raises(ValueError, match=r"order='topics' is invalid; use native, random, topic or difficulty"):
         make(curriculum={"order": "topics"})
     with pytest.raises(ValueError, match="dataloader_num_workers=0"):
         make(curriculum={"order": "topic"}, dataloader_num_workers=8)

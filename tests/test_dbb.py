@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,34 +12,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
-from ebpo_verl.algos.dbb import DBB_STATE, DBBOptions, DBBState, compute_dbb_advantages
+from ebpo_verl.algos.dbb import DBBOptions, DBBState, compute_dbb_advantages
 from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.trainer.adapter import StepInputs, step_inputs
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.preflight import check_config
-from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.ray_trainer import uid_row_keys
 from ebpo_verl.trainer.run_options import DBB
-
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dbb_state():
-    DBB_STATE.reset()
-    yield
-    DBB_STATE.reset()
 
 
 def _adv(rewards, keys, options, state, valid=None):
     r = torch.tensor(rewards, dtype=torch.float32)
     v = torch.ones(len(r), dtype=torch.bool) if valid is None else torch.tensor(valid)
-    return compute_dbb_advantages(r, np.array(keys, dtype=object), v, options, state).numpy()
+    return compute_dbb_advantages(r, np.array(keys, dtype=object), v, options, state).values.numpy()
 
 
 class ReferenceDBB:
@@ -63,7 +48,7 @@ class ReferenceDBB:
         return [(r - p[str(k)]) / math.sqrt(p[str(k)] * (1 - p[str(k)])) for k, r in zip(keys, rewards, strict=True)]
 
 
-def test_hand_computation_of_two_visits():
+def test_two_visits_update_the_posterior_and_advantages_as_computed_by_hand():
     state, opts = DBBState(), DBBOptions(discount=0.5)
     # visit 1 of "a": N=4, S=1 -> alpha = 0.5*1 + 1 = 1.5, beta = 0.5*1 + 3 = 3.5, p = 0.3, sd = sqrt(0.21)
     # "b" (N=2, S=2): alpha = 2.5, beta = 0.5, p = 5/6
@@ -80,7 +65,9 @@ def test_hand_computation_of_two_visits():
     np.testing.assert_allclose(adv, [(1 - p) / math.sqrt(p * (1 - p))] * 2 + [-p / math.sqrt(p * (1 - p))] * 2)
     np.testing.assert_allclose(state.alpha, [2.75, 2.5])
     np.testing.assert_allclose(state.beta, [3.75, 0.5])
-    assert state.steps == 2 and state.diagnostics["dbb/frac_seen"] == 1.0
+    r = torch.ones(4, dtype=torch.float32)
+    frac_seen = compute_dbb_advantages(r, np.array(["a"] * 4, dtype=object), r.bool(), opts, state).diagnostics
+    assert state.steps == 3 and frac_seen["dbb/frac_seen"] == 1.0
 
 
 def test_all_correct_first_visit_is_not_zero_and_dr_grpo_form():
@@ -108,7 +95,7 @@ def test_matches_the_reference_over_steps_with_recurring_prompts(lam):
         assert math.isclose(state.alpha[i], a) and math.isclose(state.beta[i], b)
 
 
-def test_padding_rows_and_paper_reward():
+def test_padding_rows_get_zero_and_the_paper_reward_equals_the_0_1_reward():
     state = DBBState()
     adv = _adv([1, 0, 1, 5], ["a", "a", "b", None], DBBOptions(), state, valid=[True, True, True, False])
     assert adv[3] == 0 and list(state.keys) == ["a", "b"]
@@ -134,7 +121,7 @@ def test_options_are_validated(mapping, pattern):
         DBBOptions.from_mapping(mapping)
 
 
-def test_state_dict_round_trip_and_checks():
+def test_state_dict_round_trips_and_a_bad_field_changes_nothing():
     state = DBBState()
     _adv([1, 0, 1, 1], ["b", "b", "a", "a"], DBBOptions(discount=0.3), state)
     copy = DBBState()
@@ -142,7 +129,7 @@ def test_state_dict_round_trip_and_checks():
     assert copy.state_dict() == state.state_dict()
     for bad, problem in [
         ({**state.state_dict(), "version": 9}, "version 9"),
-        ({**state.state_dict(), "alpha": [1.0, -2.0]}, "finite numbers > 0"),
+        ({**state.state_dict(), "alpha": [1.0, -2.0]}, "non-positive alpha/beta"),
         ({**state.state_dict(), "keys": ["b", "a"]}, "not sorted"),
         ({**state.state_dict(), "beta": [1.0]}, "2 keys but 2 alpha and 1 beta"),
     ]:
@@ -179,35 +166,23 @@ def test_save_load_continue_equals_uninterrupted(tmp_path):
 # ------------------------------------------------------------------------ through the trainer's checkpoint
 
 PROMPTS, GROUP = 4, 3
+DBB_ROWS = [i % 6 for i in range(8 * PROMPTS)]
+"""The trainer's prompt ids: prompts recur from step 3 on."""
 
 
-def _config(tmp_path: Path):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=[
-                "algorithm.adv_estimator=dbb",
-                "algorithm.dbb.discount=0.5",
-                "actor_rollout_ref.rollout.n=3",
-                f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            ],
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path)``: a dbb run's config (tests/conftest.py's composer)."""
+
+    def composed(tmp_path: Path):
+        return compose_config(
+            "algorithm.adv_estimator=dbb",
+            "algorithm.dbb.discount=0.5",
+            "actor_rollout_ref.rollout.n=3",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         )
 
-
-class _ActorGroupStandIn:
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        os.makedirs(local_path, exist_ok=True)
-
-    def load_checkpoint(self, local_path, del_local_after_load=False):
-        pass
-
-
-def _trainer(config):
-    trainer = ebpo_trainer_cls("sync")(config)
-    trainer.actor_rollout_wg = _ActorGroupStandIn()
-    trainer.train_dataloader = StatefulDataLoader([i % 6 for i in range(8 * PROMPTS)], batch_size=PROMPTS)
-    trainer._data_iter = iter(trainer.train_dataloader)
-    return trainer
+    return composed
 
 
 def _step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
@@ -228,48 +203,36 @@ def _step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
         tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": np.array(uids, dtype=object)}
     )
     keys = uid_row_keys(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.dbb.prompt_key")
-    with step_inputs(StepInputs(trainer.options.estimator, keys)):
-        compute_advantage(data, adv_estimator="dbb", config=trainer.config.algorithm)
+    trainer.estimate_advantages(data, keys, {})
     return data.batch["advantages"][:, 0].clone(), [str(info["index"]) for info in infos[:-1]], rewards
 
 
-def _run(trainer, steps):
-    out = []
-    for step in steps:
-        trainer.global_steps = step
-        out.append(_step(trainer, step))
-    return out
-
-
-def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
+def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path, stand_in_trainer, _config):
     config = _config(tmp_path)
-    uninterrupted = _run(_trainer(config), range(1, 8))
+    uninterrupted = stand_in_trainer.run(stand_in_trainer(config, DBB_ROWS, PROMPTS), range(1, 8), _step)
     ref = ReferenceDBB(0.5)
     for adv, keys, rewards in uninterrupted:  # the paper's update, prompts recurring from step 3 on
         np.testing.assert_allclose(adv[:-1].numpy(), ref.step(keys, rewards), rtol=1e-5)
         assert adv[-1] == 0
 
-    DBB_STATE.reset()
-    first = _trainer(config)
-    before = _run(first, range(1, 4))
+    first = stand_in_trainer(config, DBB_ROWS, PROMPTS)
+    before = stand_in_trainer.run(first, range(1, 4), _step)
     first.global_steps = 3
     first._save_checkpoint()
     saved = json.loads((tmp_path / "ckpt" / "global_step_3" / DBB.state_file).read_text())
     assert saved["global_step"] == 3 and saved["options"]["discount"] == 0.5 and saved["state"]["steps"] == 3
-    DBB_STATE.reset()
-    _run(_trainer(config), range(90, 92))  # unrelated posteriors, as a restarted process could hold
-    resumed = _trainer(config)
+    resumed = stand_in_trainer(config, DBB_ROWS, PROMPTS)
+    stand_in_trainer.run(resumed, range(90, 92), _step)  # unrelated posteriors before the load
     resumed._load_checkpoint()
-    assert resumed.global_steps == 3 and DBB_STATE.state_dict() == saved["state"]
+    assert resumed.global_steps == 3 and resumed.estimator.state.state_dict() == saved["state"]
     resumed._data_iter = iter(resumed.train_dataloader)
-    after = _run(resumed, range(4, 8))
+    after = stand_in_trainer.run(resumed, range(4, 8), _step)
     for (a, _, _), (b, _, _) in zip(before + after, uninterrupted, strict=True):
         assert torch.equal(a, b)
 
 
-def test_check_config_refuses_bad_dbb_options(tmp_path):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose("ebpo_trainer", overrides=["algorithm.adv_estimator=dbb", "algorithm.dbb.discount=2"])
+def test_check_config_refuses_bad_dbb_options(tmp_path, compose_config, _config):
+    cfg = compose_config("algorithm.adv_estimator=dbb", "algorithm.dbb.discount=2")
     with pytest.raises(EBPOConfigError, match="algorithm.dbb.discount=2 is invalid"):
         check_config(cfg)
 

@@ -16,16 +16,21 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, Moments, compute_ebpo_advantages, ignored_options
+from ebpo_verl.algos.ebpo import EBPOOptions, ignored_options
+from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
+from ebpo_verl.algos.ebpo_state import EBPOState, Moments
+from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
 EPS = 1e-6
+DEFAULT = DEFAULT_ESTIMATORS["ebpo"]
+"""The process's default ``ebpo`` instance: what verl's registry (stock ``main_ppo``) runs."""
 
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
-    ebpo_verl.get_state().reset()
+    DEFAULT.reset()
     yield
-    ebpo_verl.get_state().reset()
+    DEFAULT.reset()
 
 
 def make_batch(rng: np.random.Generator, sizes: list[int], p: np.ndarray | None = None, tag: str = "s0"):
@@ -49,12 +54,18 @@ def make_dataproto(uids: np.ndarray, rewards: np.ndarray, length: int = 5) -> Da
     )
 
 
-def run_ebpo(uids, rewards, state=None, labels=None, **opts) -> np.ndarray:
+def ebpo_step(uids, rewards, state=None, labels=None, **opts):
+    """One ``ebpo`` call on ``state`` (None: the default instance, whose diagnostics it then holds)."""
     scores = torch.as_tensor(rewards, dtype=torch.float64)
     valid = torch.ones(len(uids), dtype=torch.bool)
-    state = ebpo_verl.get_state() if state is None else state
-    out = compute_ebpo_advantages(scores, uids, valid, EBPOOptions(**opts), state, labels=labels)
-    return out.double().numpy()
+    if state is None:
+        DEFAULT.options = EBPOOptions(**opts)
+        return DEFAULT(scores, uids, valid, labels)
+    return compute_ebpo_advantages(scores, uids, valid, EBPOOptions(**opts), state, labels=labels)
+
+
+def run_ebpo(uids, rewards, state=None, labels=None, **opts) -> np.ndarray:
+    return ebpo_step(uids, rewards, state, labels, **opts).values.double().numpy()
 
 
 # ---------------------------------------------------------------- independent reference (two-pass, numpy)
@@ -183,9 +194,9 @@ def test_batch_scope_is_the_released_code_on_unequal_groups(norm):
         expected = released_code(uids, rewards, norm_by_std=norm == "batch")
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
         means = [rewards[uids == u].mean() for u in set(uids)]
-        assert ebpo_verl.get_state().diagnostics["ebpo/mu_glob"] == pytest.approx(np.mean(means), abs=1e-15)
+        assert DEFAULT.diagnostics["ebpo/mu_glob"] == pytest.approx(np.mean(means), abs=1e-15)
         assert np.mean(means) != pytest.approx(rewards.mean(), abs=1e-3)  # unequal groups: the two means differ
-    assert ebpo_verl.get_state().global_stats.prompts == 0  # batch scope leaves the history untouched
+    assert DEFAULT.state.global_stats.prompts == 0  # batch scope leaves the history untouched
 
 
 def test_batch_scope_near_constant_batch_uses_the_global_mean():
@@ -196,7 +207,7 @@ def test_batch_scope_near_constant_batch_uses_the_global_mean():
     got = run_ebpo(uids, rewards, stats_scope="batch")
     expected = released_code(uids, rewards)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
-    assert ebpo_verl.get_state().diagnostics["ebpo/shrinkage_min"] == 1.0
+    assert DEFAULT.diagnostics["ebpo/shrinkage_min"] == 1.0
     # with the eps of the history formula the same batch gets S = noise / (noise + tau2 + eps) ~ 0.1: different
     other = run_ebpo(uids, rewards, state=EBPOState(), stats_scope="history")
     assert np.abs(other - expected).max() > 0.1
@@ -267,19 +278,18 @@ def test_all_fail_negative_and_all_pass_positive():
     uids = np.array(["fail"] * 4 + ["pass"] * 4 + ["mix"] * 4, dtype=object)
     rewards = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0], dtype=np.float64)
     ebpo = run_ebpo(uids, rewards)
-    state = ebpo_verl.get_state()
-    assert 0 < state.diagnostics["ebpo/mu_glob"] < 1
+    assert 0 < DEFAULT.diagnostics["ebpo/mu_glob"] < 1
     assert (ebpo[:4] < 0).all() and (ebpo[4:8] > 0).all()
     grpo = compute_advantage(make_dataproto(uids, rewards), "grpo").batch["advantages"].sum(-1).numpy()
     assert (grpo[:8] == 0).all()
     # raw form: A = -S mu_glob for all-fail, +S (1 - mu_glob) for all-pass, on a later step too
-    ebpo_verl.get_state().reset()
+    DEFAULT.state.reset()
     uids2 = np.char.add(uids.astype(str), "-2").astype(object)
     run_ebpo(uids, rewards, norm="none")
     raw = run_ebpo(uids2, rewards, norm="none")
     mu, s2, t2 = two_pass_prior([(uids, rewards), (uids2, rewards)])
     s = (s2 / 4) / (s2 / 4 + t2 + EPS)
-    d = ebpo_verl.get_state().diagnostics
+    d = DEFAULT.diagnostics
     assert d["ebpo/shrinkage_mean"] == pytest.approx(s) and d["ebpo/mu_glob"] == pytest.approx(mu)
     np.testing.assert_allclose(raw[:4], -s * mu, atol=1e-7)
     np.testing.assert_allclose(raw[4:8], s * (1 - mu), atol=1e-7)
@@ -301,7 +311,7 @@ def test_beta_bernoulli_mse_below_sample_mean_and_near_closed_form(g):
     sample_mean = rewards.reshape(n_prompts, g).mean(1)
     mse_sample = np.mean((sample_mean - theta) ** 2)
     for opts, tol in (({"sigma2": "within", "tau2": "debiased"}, 0.05), ({}, None)):
-        ebpo_verl.get_state().reset()
+        DEFAULT.state.reset()
         adv = run_ebpo(uids, rewards, norm="none", **opts)
         baseline = (rewards - adv).reshape(n_prompts, g)[:, 0]
         mse_eb = np.mean((baseline - theta) ** 2)
@@ -349,7 +359,7 @@ def test_clusters_use_per_label_statistics_blended_toward_global():
             rows = labels == lab
             expected[rows] = reference_advantages(uids[rows], rewards[rows], mu, s2, t2, norm="none")
         np.testing.assert_allclose(got, expected, atol=1e-7, err_msg=f"step {step}")
-    diag = ebpo_verl.get_state().diagnostics
+    diag = DEFAULT.diagnostics
     assert diag["ebpo/cluster/easy/mu_glob"] > diag["ebpo/mu_glob"] > diag["ebpo/cluster/hard/mu_glob"]
 
 
@@ -389,8 +399,8 @@ def test_padding_rows_get_zero_and_leave_statistics_untouched():
     uids, rewards = make_batch(rng, [4, 4, 4])
     clean = make_dataproto(uids, rewards)
     ref = compute_advantage(clean, "ebpo", config=None).batch["advantages"]
-    ref_state = ebpo_verl.get_state().state_dict()
-    ebpo_verl.get_state().reset()
+    ref_state = DEFAULT.state.state_dict()
+    DEFAULT.state.reset()
     pad_uids = np.concatenate([uids, ["pad_0", "pad_1", "q-masked"]]).astype(object)
     padded = make_dataproto(pad_uids, np.concatenate([rewards, [1.0, 0.0, 1.0]]))
     padded.batch["response_mask"][-1] = 0  # a row with an all-zero mask is padding too
@@ -398,20 +408,20 @@ def test_padding_rows_get_zero_and_leave_statistics_untouched():
     got = compute_advantage(padded, "ebpo", config=None).batch["advantages"]
     torch.testing.assert_close(got[:12], ref)
     assert (got[12:] == 0).all()
-    assert ebpo_verl.get_state().state_dict() == ref_state
+    assert DEFAULT.state.state_dict() == ref_state
 
 
 def test_non_finite_rewards_name_the_uids():
     uids = np.array(["ok", "ok", "bad1", "bad1", "bad2"], dtype=object)
     with pytest.raises(ValueError, match=r"\['bad1', 'bad2'\]"):
         run_ebpo(uids, np.array([1.0, 0.0, np.nan, 1.0, np.inf]))
-    assert ebpo_verl.get_state().prompts_seen == 0
+    assert DEFAULT.state.prompts_seen == 0
 
 
 def test_groups_of_one_contribute_to_mu_and_tau_but_not_within_variance():
     uids = np.array(["solo", "pair", "pair"], dtype=object)
     run_ebpo(uids, np.array([1.0, 0.0, 1.0]), norm="none")
-    stats = ebpo_verl.get_state().global_stats
+    stats = DEFAULT.state.global_stats
     assert stats.rewards.n == 3 and stats.group_means.n == 2 and stats.within_var.n == 1
     assert stats.within_var.mean == pytest.approx(0.5)
     assert stats.group_means.variance == pytest.approx(np.var([1.0, 0.5]))
@@ -444,7 +454,7 @@ def test_state_dict_rejects_other_versions():
     ("mapping", "pattern"),
     [
         ({"priorr": "gaussian"}, r"unknown option algorithm\.ebpo\.priorr; did you mean .*prior\? valid keys"),
-        ({"norm": "std"}, r"norm='std'.*\('batch', 'group', 'none'\)"),
+        ({"norm": "std"}, r"norm='std' is invalid; use batch, group or none"),
         ({"shrinkage": 1.5}, r"shrinkage=1.5.*\[0, 1\]"),
         ({"shrinkage": "half"}, r"shrinkage='half'"),
         ({"decay": 0.0}, r"decay=0.0"),
@@ -482,12 +492,12 @@ def test_beta_binomial_plus_minus_one_is_the_posterior_mean_in_reward_units():
     succ2 = {u: r2[uids2 == u].sum() for u in set(uids2)}
     expected = pm2 - np.array([2 * (nu * p + succ2[u]) / (nu + 4) - 1 for u in uids2])
     np.testing.assert_allclose(got2, expected, atol=1e-12)
-    assert ebpo_verl.get_state().diagnostics["ebpo/mu_glob"] == pytest.approx(2 * p - 1)
+    assert DEFAULT.diagnostics["ebpo/mu_glob"] == pytest.approx(2 * p - 1)
     # the same stream as 0/1 rewards gives half the raw advantage and the same statistics
     zero_one = EBPOState()
     run_ebpo(uids1, r01, state=zero_one, prior="beta_binomial", norm="none")
     np.testing.assert_array_equal(run_ebpo(uids2, r2, state=zero_one, prior="beta_binomial", norm="none") * 2, got2)
-    assert zero_one.state_dict() == ebpo_verl.get_state().state_dict()
+    assert zero_one.state_dict() == DEFAULT.state.state_dict()
 
 
 @pytest.mark.parametrize(
@@ -496,7 +506,7 @@ def test_beta_binomial_plus_minus_one_is_the_posterior_mean_in_reward_units():
 def test_beta_binomial_refuses_other_rewards_naming_the_cause(rewards):
     with pytest.raises(ValueError, match=r"two-level reward.*'q1'.*use_kl_in_reward"):
         run_ebpo(np.array(["q0", "q0", "q1", "q1"], dtype=object), np.array(rewards), prior="beta_binomial")
-    assert ebpo_verl.get_state().steps == 0
+    assert DEFAULT.state.steps == 0
 
 
 # ---------------------------------------------------------------- input types and shapes, labels
@@ -508,7 +518,7 @@ def test_any_real_score_dtype_gives_float_advantages(dtype):
     rewards = [1, 0, 1, 0, 0, 1]
     got = compute_ebpo_advantages(
         torch.tensor(rewards).to(dtype), uids, torch.ones(6, dtype=torch.bool), EBPOOptions(), EBPOState()
-    )
+    ).values
     assert got.dtype == (dtype if dtype.is_floating_point else torch.get_default_dtype())
     expected = run_ebpo(uids, np.array(rewards, dtype=np.float64), state=EBPOState())
     np.testing.assert_allclose(
@@ -536,7 +546,7 @@ def test_nan_labels_count_as_missing(missing):
     labels = np.array(["x", "x", missing, missing], dtype=object)
     with pytest.raises(ValueError, match=r"no 'topic' label.*\['b'\]"):
         run_ebpo(uids, np.array([1.0, 0, 0, 1]), cluster_key="topic", labels=labels)
-    assert ebpo_verl.get_state().steps == 0
+    assert DEFAULT.state.steps == 0
 
 
 def test_labels_and_uids_compare_as_strings():
@@ -556,7 +566,7 @@ def test_overflow_is_an_error_naming_step_and_uids_and_leaves_the_state():
     rng = np.random.default_rng(12)
     uids, rewards = make_batch(rng, [4] * 8)
     run_ebpo(uids, rewards, cluster_key="topic", labels=np.full(len(uids), "t", dtype=object))
-    before = ebpo_verl.get_state().state_dict()
+    before = DEFAULT.state.state_dict()
     big_uids = np.array(["ok", "ok", "huge", "huge"], dtype=object)
     with pytest.raises(ValueError, match=r"estimator call 2 .*overflow.*\['huge'\]"):
         run_ebpo(
@@ -565,7 +575,7 @@ def test_overflow_is_an_error_naming_step_and_uids_and_leaves_the_state():
             cluster_key="topic",
             labels=np.full(4, "t", dtype=object),
         )
-    assert ebpo_verl.get_state().state_dict() == before
+    assert DEFAULT.state.state_dict() == before
     assert all(np.isfinite(v) for v in json.loads(json.dumps(before))["global"]["rewards"])
 
 
@@ -684,15 +694,15 @@ def test_registered_in_a_ray_actor_through_the_entry_point_alone():
     scale=st.sampled_from([1.0, 5.0, 1e3]),
     opts=st.sampled_from([{}, {"sigma2": "within", "tau2": "debiased"}, {"norm": "group"}, {"merge": "after"}]),
 )
-def test_properties(sizes, seed, scale, opts):
+def test_shrinkage_in_unit_interval_and_results_independent_of_row_order_and_uid_strings(sizes, seed, scale, opts):
     rng = np.random.default_rng(seed)
     uids, _ = make_batch(rng, sizes)
     rewards = np.round(rng.normal(0, scale, len(uids)), 3)
     state = EBPOState()
     run_ebpo(*make_batch(rng, [3, 3], tag="warm"), state=state, **opts)
     snapshot = state.state_dict()
-    adv = run_ebpo(uids, rewards, state=state, **opts)
-    d = state.diagnostics
+    adv, d = ebpo_step(uids, rewards, state=state, **opts)
+    adv = adv.double().numpy()
     assert 0.0 <= d["ebpo/shrinkage_min"] <= d["ebpo/shrinkage_max"] <= 1.0
     assert np.isfinite(adv).all()
     # rows in another order under fresh uid strings (what a resumed run sees): bit-identical results and state
@@ -701,22 +711,18 @@ def test_properties(sizes, seed, scale, opts):
     relabelled = np.array([fresh[u] for u in uids[perm]], dtype=object)
     again = EBPOState()
     again.load_state_dict(snapshot)
-    permuted = run_ebpo(relabelled, rewards[perm], state=again, **opts)
-    assert np.array_equal(permuted, adv[perm])
-    assert again.state_dict() == state.state_dict() and again.diagnostics == state.diagnostics
+    permuted, again_d = ebpo_step(relabelled, rewards[perm], state=again, **opts)
+    assert np.array_equal(permuted.double().numpy(), adv[perm])
+    assert again.state_dict() == state.state_dict() and again_d == d
 
 
 # ---------------------------------------------------------------- pre-flight of the estimator options
 
 
-def _composed(*overrides: str):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-
-    config_dir = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose("ebpo_trainer", overrides=list(overrides))
+@pytest.fixture
+def _composed(compose_config):
+    """``_composed(*overrides)``: the package config (tests/conftest.py's composer)."""
+    return compose_config
 
 
 @pytest.mark.parametrize(
@@ -727,7 +733,7 @@ def _composed(*overrides: str):
         "reward.reward_model.enable=True",
     ],
 )
-def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override):
+def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override, _composed):
     from ebpo_verl.ops.errors import EBPOConfigError
     from ebpo_verl.trainer.preflight import check_config
 
@@ -737,10 +743,11 @@ def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override):
     assert check_config(_composed(override)).ebpo is not None  # the Gaussian prior takes any reward
 
 
-def test_preflight_warns_once_about_ignored_options(capsys):
+def test_preflight_warns_once_about_ignored_options(capsys, _composed):
     from ebpo_verl.trainer.preflight import preflight
 
-    config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9")
+    model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight does not look it up
+    config = _composed("algorithm.ebpo.stats_scope=batch", "algorithm.ebpo.decay=0.9", model)
     preflight(config, dry_run=True)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "warning" in line]
@@ -748,7 +755,7 @@ def test_preflight_warns_once_about_ignored_options(capsys):
         "ebpo-train: warning: algorithm.ebpo option(s) decay=0.9 have no effect with stats_scope=batch, "
         "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
     ]
-    preflight(_composed(), dry_run=True)
+    preflight(_composed(model), dry_run=True)
     assert "warning" not in capsys.readouterr().err
 
 
@@ -766,14 +773,15 @@ def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
 
 
 def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatch):
-    """Stock main_ppo: named once per process (per distinct options); ebpo-train (step inputs): never, as its
-    driver's pre-flight named them."""
+    """Stock main_ppo: named once per process (per distinct options); ebpo-train (the trainer's own estimator
+    object): never, as its driver's pre-flight named them."""
     import warnings
 
-    from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+    from ebpo_verl.algos.ebpo_math import EBPOEstimator
+    from ebpo_verl.trainer.adapter import outcome_advantages
     from ebpo_verl.trainer.run_options import EBPO
 
-    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})  # a fresh process (plain verl main_ppo)
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})  # a fresh process (plain verl main_ppo)
     fn = get_adv_estimator_fn("ebpo")
     config = OmegaConf.create({"ebpo": {"stats_scope": "batch", "decay": 0.5}})
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
@@ -787,11 +795,11 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
         "EBPO: algorithm.ebpo option(s) decay=0.5 have no effect with stats_scope=batch, "
         "prior=gaussian, shrinkage=auto, norm=batch, cluster_key=null"
     ]
-    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})
     options = EBPO.parse(config.ebpo)
-    with warnings.catch_warnings(record=True) as caught, step_inputs(StepInputs(options)):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=config)
+        outcome_advantages(EBPOEstimator(options), rewards, mask, uids)
     assert not [w for w in caught if "have no effect" in str(w.message)]
 
 
@@ -804,5 +812,5 @@ def test_advantage_beyond_the_output_dtype_is_an_overflow_error_not_inf():
     with pytest.raises(ValueError, match=r"estimator call 1 .*overflow \(advantages above the torch.float16 maximum"):
         compute_ebpo_advantages(scores, uids, torch.ones(3, dtype=torch.bool), options, state)
     assert state.steps == 0
-    ok = compute_ebpo_advantages(scores.double(), uids, torch.ones(3, dtype=torch.bool), options, state)
+    ok = compute_ebpo_advantages(scores.double(), uids, torch.ones(3, dtype=torch.bool), options, state).values
     np.testing.assert_array_equal(ok.numpy(), [40000.0, 40000.0, -80000.0])

@@ -21,11 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hydra import compose, initialize_config_dir
-from torchdata.stateful_dataloader import StatefulDataLoader
 
-import ebpo_verl
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.locking import LockHeldError
 from ebpo_verl.ops.metrics_log import read_metrics_log
@@ -34,18 +32,24 @@ from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE, hold_run_output
 from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics
 from ebpo_verl.trainer.preflight import preflight
-from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS, ebpo_trainer_cls
+from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
 from ebpo_verl.trainer.run_options import EBPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 
+@pytest.fixture
+def _config(compose_config):
+    """``_config(tmp_path, *overrides)``: a run's config with its checkpoints under tmp_path (tests/conftest.py) and
+    a hub-id model (the pre-flight does not look it up; verl's default ~/models path is refused)."""
 
-def _config(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(
-            "ebpo_trainer",
-            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "actor_rollout_ref.rollout.n=4", *overrides],
+    def composed(tmp_path: Path, *overrides: str):
+        return compose_config(
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.model.path=Qwen/Qwen3-8B",
+            *overrides,
         )
+
+    return composed
 
 
 def _write_parquet(path: Path, ground_truths: list, extra_infos: list[dict] | None = None) -> Path:
@@ -75,30 +79,24 @@ def _data(tmp_path: Path, *, train=None, val=None) -> list[str]:
 
 
 # ------------------------------------ finding 3: the step's metrics ride with the checkpoint
-class _Workers:
-    """Plays the actor worker group in verl's checkpoint code."""
+@pytest.fixture
+def faults_trainer(stand_in_trainer):
+    """The conftest trainer stand-in over 32 prompts, 8 per step, 4 steps per epoch."""
 
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        os.makedirs(local_path, exist_ok=True)
+    def build(config):
+        trainer = stand_in_trainer(config)
+        trainer.steps_per_epoch = 4
+        return trainer
 
-    def load_checkpoint(self, local_path, del_local_after_load=False):
-        pass
-
-
-def _stand_in_trainer(config):
-    trainer = ebpo_trainer_cls("sync")(config)
-    trainer.actor_rollout_wg = _Workers()
-    trainer.train_dataloader = StatefulDataLoader(list(range(32)), batch_size=8)
-    trainer.steps_per_epoch = 4
-    return trainer
+    return build
 
 
-def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_path):
+def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_path, faults_trainer, _config):
     """A kill after verl's tracker file and before its log call: the resume logs the step's training metrics once."""
     from verl.utils.tracking import Tracking
 
     config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/metrics.jsonl")
-    first = _stand_in_trainer(config)
+    first = faults_trainer(config)
     first.logger = Tracking("p", "e", default_backend=[])
     first.logger.log(data={"actor/grad_norm": 0.5, "critic/score/mean": 0.25}, step=1)  # step 1: logged in full
 
@@ -133,7 +131,7 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
     assert sorted(read_metrics_log(tmp_path / "metrics.jsonl")) == [1]
 
     for _attempt in range(2):  # a second resume from the same checkpoint logs nothing again
-        resumed = _stand_in_trainer(config)
+        resumed = faults_trainer(config)
         resumed._load_checkpoint()
         assert resumed.global_steps == 2
         resumed.logger = Tracking("p", "e", default_backend=[])
@@ -142,7 +140,7 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
     assert [line["step"] for line in lines] == [1, 2, 2, 2]
     # another run started from this checkpoint (resume_path, its own folder and log): another timeline, no step 2
     resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path / 'ckpt' / 'global_step_2'}"]
-    branch = _stand_in_trainer(_config(tmp_path / "branch", f"trainer.metrics_log_path={tmp_path}/c.jsonl", *resume))
+    branch = faults_trainer(_config(tmp_path / "branch", f"trainer.metrics_log_path={tmp_path}/c.jsonl", *resume))
     branch._load_checkpoint()
     branch.logger = Tracking("p", "e", default_backend=[])
     assert branch.global_steps == 2 and not (tmp_path / "c.jsonl").exists()
@@ -150,21 +148,21 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
 
     # a completed step (its log line written before the crash) is never logged twice
     config3 = _config(tmp_path / "b", f"trainer.metrics_log_path={tmp_path}/b.jsonl")
-    done = _stand_in_trainer(config3)
+    done = faults_trainer(config3)
     done.logger = Tracking("p", "e", default_backend=[])
     done._compute_metrics = compute_metrics
     done.global_steps, done.timing_raw, done._step_output = 1, {"gen": 1.0}, ("b", {"actor/grad_norm": 0.1})
     done._save_checkpoint()
     logged = {**load_step_metrics(tmp_path / "b" / "ckpt" / "global_step_1", 1), "timing_s/step": 2.0}
     done.logger.log(data=logged, step=1)  # verl's log call: the saved keys and more
-    again = _stand_in_trainer(config3)
+    again = faults_trainer(config3)
     again._load_checkpoint()
     again.logger = Tracking("p", "e", default_backend=[])
     assert len((tmp_path / "b.jsonl").read_text().splitlines()) == 1
 
 
 # ------------------------------------ finding 4: one writer per run folder
-def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path):
+def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path, _config):
     config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/logs/metrics.jsonl")
     with hold_run_outputs(config.trainer):
         holder = json.loads((tmp_path / "ckpt" / RUN_LOCK_FILE).read_text())
@@ -192,7 +190,7 @@ def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path):
         pass
 
 
-def test_a_crashed_holder_leaves_no_lock_behind(tmp_path):
+def test_a_crashed_holder_leaves_no_lock_behind(tmp_path, _config):
     config = _config(tmp_path)
     script = (
         "import os, signal, sys; from omegaconf import OmegaConf; "
@@ -208,7 +206,7 @@ def test_a_crashed_holder_leaves_no_lock_behind(tmp_path):
 
 
 # ------------------------------------ finding 7: the pre-flight
-def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path):
+def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path, _config):
     config = _config(tmp_path, "algorithm.adv_estimator=nonexistent", *_data(tmp_path))
     with pytest.raises(EBPOConfigError) as err:
         preflight(config, dry_run=True)
@@ -223,7 +221,7 @@ CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.c
 CURRICULUM += ["data.shuffle=False", "data.dataloader_num_workers=0"]
 
 
-def test_preflight_refuses_a_curriculum_whose_label_is_missing(tmp_path):
+def test_preflight_refuses_a_curriculum_whose_label_is_missing(tmp_path, _config):
     gts = [str(i) for i in range(16)]
     no_topics = _write_parquet(tmp_path / "none.parquet", gts, [{"index": i, "topic": None} for i in range(16)])
     config = _config(tmp_path, *_data(tmp_path, train=no_topics), *CURRICULUM, "+data.curriculum.order=topic")
@@ -251,7 +249,7 @@ def test_preflight_refuses_a_curriculum_whose_label_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize(("where", "bad"), [("train", ""), ("train", None), ("val", float("nan")), ("val", "  ")])
-def test_preflight_refuses_empty_ground_truths_naming_file_and_row(tmp_path, where, bad):
+def test_preflight_refuses_empty_ground_truths_naming_file_and_row(tmp_path, where, bad, _config):
     gts = [str(i) for i in range(16)]
     if where == "train":
         gts[3] = bad
@@ -266,7 +264,7 @@ def test_preflight_refuses_empty_ground_truths_naming_file_and_row(tmp_path, whe
         preflight(_config(tmp_path, *data), dry_run=True)
 
 
-def test_preflight_checks_the_tracker_file(tmp_path):
+def test_preflight_checks_the_tracker_file(tmp_path, _config):
     data = _data(tmp_path)
     ckpt = tmp_path / "ckpt"
     (ckpt / "global_step_2").mkdir(parents=True)
@@ -283,7 +281,7 @@ def test_preflight_checks_the_tracker_file(tmp_path):
     assert preflight(_config(tmp_path, *data), dry_run=True)[-1] == f"resumes from {ckpt / 'global_step_2'}"
 
 
-def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path):
+def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path, _config):
     data = _data(tmp_path)
     step_dir = tmp_path / "ckpt" / "global_step_2"
     step_dir.mkdir(parents=True)

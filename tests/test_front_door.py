@@ -1,25 +1,40 @@
-"""What a new user meets first: ``ebpo-train --help`` is a page about this entry point, not Hydra's config dump."""
+"""What a new user meets first: ``ebpo-train --help`` is a page about this entry point, not Hydra's config dump,
+listing every option with its default and allowed values (from the declarations), at every level of the command."""
 
 from __future__ import annotations
 
 import sys
 
+import pytest
+
 from ebpo_verl import main as entry
-from ebpo_verl.algos.baselines import SPO_OPTION_KEYS
-from ebpo_verl.algos.ebpo import OPTION_KEYS
+from ebpo_verl.options.parsing import allowed
+from ebpo_verl.trainer.config.generate import ALL_SECTIONS
+
+
+def _help(monkeypatch, capsys, *args: str) -> list[str]:
+    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
+    entry.main()
+    return capsys.readouterr().out.splitlines()
 
 
 def test_train_help_opens_with_what_the_entry_point_adds(capsys, monkeypatch):
-    """The first line names the entry point; every algorithm.ebpo / algorithm.spo key is listed once with a
-    default (``null`` for None, as Hydra writes it), then ``--cfg job`` and the docs; a page, not 1,100 lines."""
-    monkeypatch.setattr(sys, "argv", ["ebpo-train", "--help"])
-    entry.main()
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("ebpo-train / python -m ebpo_verl.main") and len(out) < 50
-    for block, keys in (("ebpo", OPTION_KEYS), ("spo", SPO_OPTION_KEYS)):
-        listed = [line.strip().split("=", 1) for line in out if line.startswith(f"  algorithm.{block}.")]
-        assert sorted(k.removeprefix(f"algorithm.{block}.") for k, _ in listed) == sorted(keys)
-        assert all(value and value != "None" for _, value in listed)
-    assert "  algorithm.ebpo.cluster_key=null" in out
+    """The first line is the usage; every option of every section is listed once with its declared default
+    (``null`` for None, as Hydra writes it) and allowed values; then ``--cfg job`` and the docs; a page."""
+    out = _help(monkeypatch, capsys, "--help")
+    assert out[0].startswith("usage: ebpo-train ") and len(out) < 60
+    for cls in ALL_SECTIONS:
+        listed = [line for line in out if line.startswith(f"  {cls.SECTION}.")]
+        assert len(listed) == len(cls.keys())
+        for line, f in zip(listed, cls.declarations(), strict=True):
+            assert line.startswith(f"  {cls.SECTION}.{f.name}=") and line.endswith(f"  ({allowed(f)})")
+    assert "  algorithm.ebpo.cluster_key=null  (null or a label name)" in out
+    assert "  trainer.step_timeout_s=3600  (null or a number of seconds (0: no watchdog))" in out
     text = "\n".join(out)
     assert "ebpo-train --cfg job" in text and "docs/estimator.md" in text and "ppo_trainer:" not in text
+    assert "recipes run|table|eval --help" not in text  # no pointer to a command that fails
+
+
+@pytest.mark.parametrize("args", [("-h",), ("--cfg", "job", "--help"), ("trainer.total_epochs=1", "--help")])
+def test_every_level_answers_help(capsys, monkeypatch, args):
+    assert _help(monkeypatch, capsys, *args)[0].startswith("usage: ebpo-train ")

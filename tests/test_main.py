@@ -10,25 +10,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import ebpo_verl
 from ebpo_verl.algos.baselines import SPOOptions, SPOState
 from ebpo_verl.algos.dbb import DBBOptions
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.preflight import check_config
 from ebpo_verl.trainer.run_options import EBPO, SPO
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _ours(*overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("ebpo_trainer", overrides=list(overrides))
+HUB_MODEL = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"
+"""A model the pre-flight accepts without looking it up (a hub id; verl's default ~/models/... is not there)."""
 
 
 def _leaves(node, prefix: str = "") -> dict[str, object]:
@@ -40,10 +36,10 @@ def _leaves(node, prefix: str = "") -> dict[str, object]:
     return {prefix[:-1]: node}
 
 
-def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas():
+def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas(compose_config):
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         verl_cfg = _leaves(OmegaConf.to_container(compose("ppo_trainer"), resolve=False))
-    ours_cfg = _ours()
+    ours_cfg = compose_config()
     ours = _leaves(OmegaConf.to_container(ours_cfg, resolve=False))
 
     assert set(verl_cfg) - set(ours) == set()
@@ -71,8 +67,8 @@ def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas():
     assert ours_cfg.trainer.metrics_log_path == f"{ours_cfg.trainer.default_local_dir}/metrics.jsonl"
 
 
-def test_main_overrides_reach_the_options():
-    config = _ours(
+def test_main_overrides_reach_the_options(compose_config):
+    config = compose_config(
         "algorithm.ebpo.shrinkage=0.25",
         "algorithm.ebpo.cluster_key=topic",
         "algorithm.ebpo.prior=beta_binomial",
@@ -80,7 +76,8 @@ def test_main_overrides_reach_the_options():
     )
     options = check_config(config).ebpo
     assert options == EBPOOptions(shrinkage=0.25, cluster_key="topic", prior="beta_binomial")
-    assert check_config(_ours("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")).estimator is None
+    grpo = compose_config("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")
+    assert check_config(grpo).estimator is None
 
 
 CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
@@ -101,10 +98,10 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_main_check_config_errors(case):
+def test_main_check_config_errors(case, compose_config):
     overrides, message = ERRORS[case]
     with pytest.raises(EBPOConfigError) as err:
-        check_config(_ours(*overrides))
+        check_config(compose_config(*overrides))
     assert message in str(err.value)
 
 
@@ -117,7 +114,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_main_cli_prints_config_and_rejects_bad_config_without_ray(tmp_path):
-    shown = _cli("--cfg", "job", "algorithm.ebpo.cluster_key=topic", "actor_rollout_ref.rollout.n=8")
+    shown = _cli("--cfg", "job", "algorithm.ebpo.cluster_key=topic", "actor_rollout_ref.rollout.n=8", HUB_MODEL)
     assert shown.returncode == 0, shown.stderr
     config = yaml.safe_load(shown.stdout)
     assert config["algorithm"]["adv_estimator"] == "ebpo"
@@ -189,8 +186,37 @@ def test_main_bare_dry_run_passes_preflight(monkeypatch, capsys):
 
 
 DRY_RUN_ERRORS = {
-    "prior": (["algorithm.ebpo.prior=foo"], "algorithm.ebpo.prior='foo' is invalid; valid values: "),
-    "shrinkage": (["algorithm.ebpo.shrinkage=1.5"], "algorithm.ebpo.shrinkage=1.5 is invalid; use 'auto' or a float"),
+    "prior": (["algorithm.ebpo.prior=foo"], "algorithm.ebpo.prior='foo' is invalid; use gaussian or beta_binomial"),
+    "shrinkage": (["algorithm.ebpo.shrinkage=1.5"], "algorithm.ebpo.shrinkage=1.5 is invalid; use auto or a float"),
+    "shrinkage-as-recipes-write-it": (
+        ["++algorithm.ebpo.shrinkage=2"],
+        "algorithm.ebpo.shrinkage=2 is invalid; use auto or a float in [0, 1]",
+    ),
+    "step-timeout": (
+        ["trainer.step_timeout_s=abc"],
+        "trainer.step_timeout_s='abc' is invalid; use null or a number of seconds (0: no watchdog)",
+    ),
+    "curriculum-order": (
+        [*CURRICULUM, "data.shuffle=false", "++data.curriculum.order=x"],
+        "data.curriculum.order='x' is invalid; use native, random, topic or difficulty",
+    ),
+    "curriculum-typo": (
+        ["++data.curriculum.ordr=topic"],
+        "unknown option data.curriculum.ordr; did you mean data.curriculum.order? valid keys: order, align, ",
+    ),
+    "curriculum-without-plus": (
+        ["data.curriculum.order=topic"],
+        "data.curriculum is not in the config: set its options with ++data.curriculum.order=... (as the recipes do)",
+    ),
+    "dbb-typo": (
+        ["algorithm.dbb.discont=0.5"],
+        "unknown option algorithm.dbb.discont; did you mean algorithm.dbb.discount? valid keys: prompt_key, ",
+    ),
+    "dbb-typo-with-plus-while-ebpo-runs": (
+        ["+algorithm.dbb.discont=0.5"],
+        "unknown option algorithm.dbb.discont; did you mean algorithm.dbb.discount? valid keys: prompt_key, ",
+    ),
+    "trainer-typo": (["trainer.step_timout_s=5"], "unknown option trainer.step_timout_s; did you mean trainer.step_"),
     "use_v1": (["trainer.use_v1=false"], "trainer.use_v1=false (verl's legacy RayPPOTrainer) is not supported"),
     "n=0": (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 is invalid; use a positive integer"),
     "n=-4": (["actor_rollout_ref.rollout.n=-4"], "actor_rollout_ref.rollout.n=-4 is invalid; use a positive integer"),
@@ -231,7 +257,11 @@ DRY_RUN_ERRORS = {
         "verl's validate_config refused the config at world size 8 (trainer.nnodes=1 x trainer.n_gpus_per_node=8): "
         "[actor] Please set at least one of 'actor.ppo_micro_batch_size' or 'actor.ppo_micro_batch_size_per_gpu'",
     ),
-    "hydra-typo": (["trainer.nnode=4"], "Could not override 'trainer.nnode'. To append to your config use +"),
+    "verl-typo": (["trainer.totl_epochs=1"], "unknown option trainer.totl_epochs; did you mean trainer.total_epochs?"),
+    "verl-no-such-key": (
+        ["trainer.zzz=1"],
+        "unknown option trainer.zzz: the config has no such key (to add one on purpose: +trainer.zzz=...)",
+    ),
 }
 
 
@@ -246,12 +276,30 @@ def test_main_dry_run_refuses_what_a_run_refuses(monkeypatch, capsys, case):
     assert "Traceback" not in err and "pre-flight: ok" not in err
 
 
+def test_main_keys_added_on_purpose_stay_allowed(monkeypatch, capsys):
+    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", "+trainer.totl_epochs=1")
+    assert code == 0, err
+    assert yaml.safe_load(out)["trainer"]["totl_epochs"] == 1
+
+
+def test_main_refused_run_writes_nothing(monkeypatch, capsys, tmp_path):
+    """A refused real run (no --cfg): one line, exit 2, Ray never started, and nothing in the working folder
+    (no outputs/DATE/TIME/.hydra/ of Hydra's run directory)."""
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    for override in ("actor_rollout_ref.rollout.n=1", "trainer.totl_epochs=1", "trainer.step_timeout_s=abc"):
+        code, out, err = _main(monkeypatch, capsys, override)
+        assert code == 2 and len(_error_lines(err)) == 1 and "Traceback" not in err
+        assert list(tmp_path.iterdir()) == [] and not ray.is_initialized()
+
+
 @pytest.mark.slow
 def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
     run_dir = f"hydra.run.dir={tmp_path / 'hydra'}"
     missing = tmp_path / "missing.parquet"
     cases = {
-        "trainer.nnode=4": "Could not override 'trainer.nnode'. To append to your config use +trainer.nnode=4",
+        "trainer.nnode=4": "unknown option trainer.nnode; did you mean trainer.nnodes?",
         "algorithm.ebpo.decy=0.5": "unknown option algorithm.ebpo.decy; did you mean algorithm.ebpo.decay? valid keys:",
         "actor_rollout_ref.rollout.n=abc": "actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer",
         # unlike --cfg job, a real run refuses a training file that is not there
@@ -278,7 +326,10 @@ def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
         "data.train_batch_size=8",
         "actor.ppo_mini_batch_size=8",
     )
-    assert code == 2 and "Could not override 'actor.ppo_mini_batch_size'" in err  # a wrong key is one line too
+    assert code == 2 and _error_lines(err) == [  # a wrong key is one line too
+        "ebpo-train: error: unknown option actor: the config has no such key (to add one on purpose: "
+        "+actor.ppo_mini_batch_size=...)"
+    ]
     code, out, err = _main(
         monkeypatch,
         capsys,
@@ -368,7 +419,7 @@ def test_main_console_script(tmp_path):
     script = Path(sys.executable).parent / "ebpo-train"
     assert script.is_file(), "pip install -e . installs the ebpo-train script"
     shown = subprocess.run(
-        [str(script), "--cfg", "job", "algorithm.ebpo.cluster_key=topic"],
+        [str(script), "--cfg", "job", "algorithm.ebpo.cluster_key=topic", HUB_MODEL],
         capture_output=True,
         text=True,
         timeout=300,

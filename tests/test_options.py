@@ -1,67 +1,154 @@
-"""The options boundary: one source of defaults (the package yaml holds exactly the dataclasses' defaults), one
-registry of stateful estimators, one unknown-key message, and how often the options are parsed (counted by
-``ebpo_verl.options.parsing.PARSES``): once in the driver's pre-flight, once in the TaskRunner, never per step."""
+"""The options boundary: one declaration per option (type, default, allowed values, help) from which the Hydra
+config, the checks, the unknown-key messages, ``--help`` and the README table are derived; one registry of
+stateful estimators; how often the options are parsed (counted by wrapping ``OptionSection.from_mapping``): once in
+the driver's pre-flight, once in the TaskRunner, never per step."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+import yaml
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
+from ebpo_verl.algos.baselines import SPOOptions
+from ebpo_verl.algos.dbb import DBBOptions
+from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
-from ebpo_verl.main import PREFIXES, check_overrides
-from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.options.parsing import PARSES
-from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
-from ebpo_verl.trainer.run_options import STATEFUL, RunOptions
+from ebpo_verl.ops.readme_block import replace_marked_block
+from ebpo_verl.options.parsing import OptionSection, accepts
+from ebpo_verl.trainer.adapter import ESTIMATORS
+from ebpo_verl.trainer.config.generate import (
+    ALL_SECTIONS,
+    README_MARKERS,
+    SECTIONS,
+    VERL_DEFAULTS,
+    config_yaml,
+    options_table,
+)
+from ebpo_verl.trainer.run_options import STATEFUL, RunOptions, TrainerOptions
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _config(*overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("ebpo_trainer", overrides=list(overrides))
+def test_the_config_file_is_the_generated_one(config_dir):
+    """``ebpo_trainer.yaml`` is exactly what the declarations generate (regenerate: python -m
+    ebpo_verl.trainer.config.generate)."""
+    assert (config_dir / "ebpo_trainer.yaml").read_text() == config_yaml()
 
 
-@pytest.mark.parametrize("name", sorted(STATEFUL))
-def test_the_yaml_holds_exactly_the_dataclass_defaults(name):
-    """Every option of every stateful estimator, in declaration order, with the dataclass's default and type."""
-    entry = STATEFUL[name]
-    section = OmegaConf.to_container(_config().algorithm[name])
-    defaults = dataclasses.asdict(entry.options_cls())
-    assert list(section) == list(defaults)
-    assert section == defaults
+@pytest.mark.parametrize("cls", SECTIONS, ids=lambda c: c.SECTION)
+def test_the_composed_config_holds_exactly_the_declared_defaults(cls, compose_config):
+    """Every option of every section in the config, in declaration order, with the declared default and type."""
+    section = OmegaConf.to_container(OmegaConf.select(compose_config(), cls.SECTION), resolve=False)
+    section = {k: v for k, v in section.items() if k in cls.keys() or cls is not TrainerOptions}
+    defaults = cls.defaults()
+    assert list(section) == list(defaults) and section == defaults
     assert [type(v) for v in section.values()] == [type(v) for v in defaults.values()]
-    assert RunOptions.from_config(_config(f"algorithm.adv_estimator={name}")).estimator == entry.options_cls()
+
+
+def test_the_verl_defaults_we_change_are_in_the_config(compose_config):
+    config = compose_config()
+    for default in VERL_DEFAULTS:
+        assert OmegaConf.select(config, default.key) == default.value, default.key
+    trainer = TrainerOptions(f"{config.trainer.default_local_dir}/metrics.jsonl")  # the interpolation, resolved
+    assert RunOptions.from_config(config) == RunOptions("ebpo", EBPOOptions(), CurriculumOptions(), trainer)
+
+
+@pytest.mark.parametrize("cls", ALL_SECTIONS, ids=lambda c: c.SECTION)
+def test_each_declaration_has_help_and_accepts_its_default(cls):
+    for f in cls.declarations():
+        assert len(f.metadata["help"]) > 10, f.name
+        assert accepts(f, f.default), f.name
+        for choice in f.metadata["choices"]:
+            assert accepts(f, choice)
+    assert cls() == cls.from_mapping(None) == cls.from_mapping({})
+
+
+INVALID = [
+    (
+        CurriculumOptions,
+        {"order": "x"},
+        "data.curriculum.order='x' is invalid; use native, random, topic or difficulty",
+    ),
+    (CurriculumOptions, {"seed": -1}, "data.curriculum.seed=-1 is invalid; use null or an integer >= 0"),
+    (CurriculumOptions, {"align": True}, "data.curriculum.align and data.curriculum.block_size apply only to order="),
+    (EBPOOptions, {"shrinkage": 2}, "algorithm.ebpo.shrinkage=2 is invalid; use auto or a float in [0, 1]"),
+    (EBPOOptions, {"cluster_key": ""}, "algorithm.ebpo.cluster_key='' is invalid; use null or a label name"),
+    (EBPOOptions, {"min_cluster_prompts": True}, "algorithm.ebpo.min_cluster_prompts=True is invalid; use an integer"),
+    (SPOOptions, {"rho": 1}, "algorithm.spo.rho=1 is invalid; use a float in (0, 1)"),
+    (DBBOptions, {"normalize": 1}, "algorithm.dbb.normalize=1 is invalid; use true or false"),
+    (TrainerOptions, {"step_timeout_s": "abc"}, "trainer.step_timeout_s='abc' is invalid; use null or a number of"),
+]
+
+
+@pytest.mark.parametrize(("cls", "values", "message"), INVALID, ids=lambda x: str(x)[:30])
+def test_an_invalid_value_raises_whichever_way_the_options_are_built(cls, values, message):
+    """The constructor, ``dataclasses.replace`` and ``from_mapping`` (a dict or an OmegaConf node) all check."""
+    builds = (
+        lambda: cls(**values),
+        lambda: dataclasses.replace(cls(), **values),
+        lambda: cls.from_mapping(values),
+        lambda: cls.from_mapping(OmegaConf.create(values)),
+    )
+    for build in builds:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build()
+
+
+def test_one_unknown_key_message_for_every_section():
+    for cls in ALL_SECTIONS:
+        first = cls.keys()[0]
+        message = f"unknown option {cls.SECTION}.{first}x; did you mean {cls.SECTION}.{first}? valid keys: "
+        with pytest.raises(ValueError, match=re.escape(message + ", ".join(cls.keys()))):
+            cls.from_mapping({f"{first}x": 1})
+    with pytest.raises(ValueError, match=re.escape("algorithm.ebpo=5 is not a mapping of options")):
+        EBPOOptions.from_mapping(5)
+
+
+def test_the_readme_table_is_the_generated_one():
+    """README.md's options table is what ``python -m ebpo_verl.trainer.config.generate --readme README.md`` writes."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert replace_marked_block(readme, *README_MARKERS, options_table()) == readme
+    rows = options_table().splitlines()[2:]
+    assert len(rows) == len(ALL_SECTIONS) == 5
+    for cls, row in zip(ALL_SECTIONS, rows, strict=True):
+        assert row.startswith(f"| `{cls.SECTION}` |") and row.count("=") == len(cls.keys())
+    assert "`shrinkage=auto`" in rows[0] and "`cluster_key=null`" in rows[0] and "`normalize=true`" in rows[2]
+
+
+def test_the_yaml_values_load_as_declared():
+    """The generated scalars read back as the declared defaults (1e-06 a float, null None, the interpolation)."""
+    loaded = yaml.safe_load(config_yaml())
+    assert loaded["algorithm"]["ebpo"]["epsilon"] == 1e-6 and loaded["algorithm"]["ebpo"]["cluster_key"] is None
+    assert loaded["trainer"]["metrics_log_path"] == "${trainer.default_local_dir}/metrics.jsonl"
+    assert loaded["defaults"] == ["ppo_trainer", "_self_"]
 
 
 def test_every_stateful_estimator_is_registered_checked_and_checkpointed():
     files = [entry.state_file for entry in STATEFUL.values()]
     assert len(set(files)) == len(files)
     for name, entry in STATEFUL.items():
-        assert name in ESTIMATORS and PREFIXES[f"algorithm.{name}."] == entry.option_keys
+        assert name in ESTIMATORS and entry.section == entry.options_cls.SECTION
         assert entry.row_key is None or entry.row_key in entry.option_keys
         assert "on_resume_mismatch" in entry.option_keys and "on_resume_mismatch" not in entry.resume_keys
-        state = type(entry.state)()
+        state = entry.state_cls()
         state.load_state_dict(state.state_dict())
 
 
-def test_one_unknown_key_message_for_the_curriculum_too():
-    message = "unknown option data.curriculum.ordr; did you mean data.curriculum.order? valid keys: order, align"
-    with pytest.raises(ValueError, match=re.escape(message)):
-        CurriculumOptions.from_mapping({"ordr": "topic"})
-    with pytest.raises(EBPOConfigError, match=re.escape("unknown option algorithm.spo.rhoo; did you mean")):
-        check_overrides(["algorithm.adv_estimator=spo", "algorithm.spo.rhoo=0.5"])
+def test_step_timeout_is_a_run_option(compose_config, monkeypatch):
+    monkeypatch.delenv("EBPO_STEP_TIMEOUT_S", raising=False)
+    assert RunOptions.from_config(compose_config()).trainer.watchdog_timeout_s == 3600.0
+    assert RunOptions.from_config(compose_config("trainer.step_timeout_s=0")).trainer.watchdog_timeout_s is None
+    monkeypatch.setenv("EBPO_STEP_TIMEOUT_S", "90")
+    assert RunOptions.from_config(compose_config()).trainer.watchdog_timeout_s == 90.0
 
 
 def _rows() -> DataProto:
@@ -72,30 +159,44 @@ def _rows() -> DataProto:
     )
 
 
-def test_parses_before_the_first_step_and_per_step(tmp_path):
-    """The driver's pre-flight parses ``algorithm.ebpo`` and ``data.curriculum`` once each; the TaskRunner's
-    process parses them once and hands the trainer the object; the estimator, called per step inside the
-    trainer's step inputs, parses nothing."""
+PER_PROCESS = {"algorithm.ebpo": 1, "algorithm.spo": 1, "algorithm.dbb": 1, "data.curriculum": 1, "trainer": 1}
+
+
+@pytest.fixture
+def parses(monkeypatch) -> Counter:
+    """Section -> how many times :meth:`OptionSection.from_mapping` parsed it during the test."""
+    counts: Counter = Counter()
+    parse = OptionSection.from_mapping.__func__
+
+    def counted(cls, mapping):
+        counts[cls.SECTION] += 1
+        return parse(cls, mapping)
+
+    monkeypatch.setattr(OptionSection, "from_mapping", classmethod(counted))
+    return counts
+
+
+def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config, parses):
+    """The driver's pre-flight parses each section once; the TaskRunner's process parses them once and hands the
+    trainer the object; the estimator, called per step inside the trainer's step inputs, parses nothing."""
     from ebpo_verl.trainer.preflight import preflight
     from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls
 
-    config = _config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}")
-    before = PARSES.copy()
+    model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight does not look it up
+    config = compose_config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}", model)
     preflight(config, dry_run=True)
-    assert PARSES - before == {"algorithm.ebpo": 1, "data.curriculum": 1}  # the driver, before the first step
+    assert parses == PER_PROCESS  # the driver, before the first step
 
-    before = PARSES.copy()
+    parses.clear()
     options = RunOptions.from_config(config)  # EBPOTaskRunner.preflight, in the TaskRunner's process
     trainer = functools.partial(ebpo_trainer_cls("sync"), options=options)(config=config)  # as verl's run calls it
     assert trainer.options is options
-    assert PARSES - before == {"algorithm.ebpo": 1, "data.curriculum": 1}
+    assert parses == PER_PROCESS
 
-    before = PARSES.copy()
-    ebpo_verl.get_state().reset()
+    parses.clear()
     labels = {"a": "x", "b": "x", "c": "y"}
     for _ in range(3):  # three steps
-        with step_inputs(StepInputs(trainer.options.estimator, labels)):
-            compute_advantage(_rows(), adv_estimator="ebpo", config=trainer.config.algorithm)
-    assert PARSES == before
-    assert set(ebpo_verl.get_state().clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
-    assert ebpo_verl.get_state().steps == 3
+        trainer.estimate_advantages(_rows(), labels, {})
+    assert not parses
+    assert set(trainer.estimator.state.clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
+    assert trainer.estimator.state.steps == 3

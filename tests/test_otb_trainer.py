@@ -18,13 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import ebpo_verl
 from ebpo_verl.trainer.ray_trainer import SUM_PI_SQUARED, ebpo_trainer_cls, response_sum_pi_squared
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 OTB = ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"]
 
 
@@ -79,7 +77,7 @@ DIFFERENTIAL_CASES = {
 
 
 @pytest.mark.slow
-def test_copied_advantage_step_agrees_with_verls_own(ray_local):
+def test_copied_advantage_step_agrees_with_verls_own(ray_local, compose_config):
     """The same rows through verl's ``PPOTrainer._compute_advantage`` and through the OTB mixin's copy (without
     the extra field): every field written back (advantages, returns, KL-shaped rewards, the rejection-sampled
     mask, IS weights) and every metric agree exactly, with and without the KL penalty and the rollout correction
@@ -111,8 +109,7 @@ def test_copied_advantage_step_agrees_with_verls_own(ray_local):
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     try:
         for case, overrides in DIFFERENTIAL_CASES.items():
-            with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-                config = compose("ebpo_trainer", overrides=["actor_rollout_ref.rollout.n=4", *overrides])
+            config = compose_config("actor_rollout_ref.rollout.n=4", *overrides)
             results = []
             for method in ("verl", "copy"):
                 trainer = ebpo_trainer_cls("sync")(config)
@@ -167,7 +164,7 @@ def _otb_by_hand(rewards, lengths, old_logp, spp, groups):
 
 
 @pytest.mark.slow
-def test_otb_advantage_step_through_transfer_queue(ray_local):
+def test_otb_advantage_step_through_transfer_queue(ray_local, compose_config):
     """Rows in TransferQueue as the trainer leaves them after the old-log-prob step (old_log_probs and the
     response part of sum_pi_squared) -> _compute_advantage -> OTB's advantages, equal to the hand formula."""
     import transfer_queue as tq
@@ -175,8 +172,7 @@ def test_otb_advantage_step_through_transfer_queue(ray_local):
     from transfer_queue import KVBatchMeta
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        config = compose("ebpo_trainer", overrides=["actor_rollout_ref.rollout.n=3", *OTB])
+    config = compose_config("actor_rollout_ref.rollout.n=3", *OTB)
     trainer = ebpo_trainer_cls("sync")(config)
     assert trainer.otb
     gen = torch.Generator().manual_seed(0)

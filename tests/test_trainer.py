@@ -6,40 +6,42 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
 
 import ebpo_verl
 from data_prep import dapo_math, math500
 from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.options.parsing import PARSES
-from ebpo_verl.trainer.adapter import StepInputs, step_inputs
+from ebpo_verl.options.parsing import OptionSection
 from ebpo_verl.trainer.preflight.data import check_cluster_labels
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 
-CONFIG_DIR = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
 GROUP = 4
 
 
 def _estimate(trainer, data, row_keys) -> dict:
-    """verl's ``compute_advantage`` on ``data`` with the step inputs the trainer hands the estimator."""
-    with step_inputs(StepInputs(trainer.options.estimator, row_keys)):
-        compute_advantage(data, adv_estimator=trainer.options.adv_estimator, config=trainer.config.algorithm)
-    return dict(trainer.options.stateful.state.diagnostics)
+    """The trainer's estimator on ``data`` with the step's row keys, as its advantage step calls it; the metrics."""
+    metrics: dict = {}
+    trainer.estimate_advantages(data, row_keys, metrics)
+    return metrics
 
 
-def _config(*overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("ebpo_trainer", overrides=[f"actor_rollout_ref.rollout.n={GROUP}", *overrides])
+@pytest.fixture
+def _config(compose_config):
+    """``_config(*overrides)``: a run's config with groups of GROUP (tests/conftest.py's composer)."""
+
+    def composed(*overrides: str):
+        return compose_config(f"actor_rollout_ref.rollout.n={GROUP}", *overrides)
+
+    return composed
 
 
-def _trainer_on(parquet: Path, tokenizer, *overrides: str):
+def _trainer_on(_config, parquet: Path, tokenizer, *overrides: str):
     config = _config(
         f"data.train_files={parquet}",
         f"data.val_files={parquet}",
@@ -73,9 +75,10 @@ def test_trainer_row_keys_skip_padding_and_name_unlabelled_rows():
     }
 
 
-def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer):
+def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer, _config):
     """A batch of the prepared MATH-500 parquet through verl's dataset/dataloader; expected clusters from the source."""
     trainer = _trainer_on(
+        _config,
         math500_parquet,
         tiny_tokenizer,
         "algorithm.ebpo.cluster_key=topic",
@@ -115,8 +118,10 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, h
     assert diagnostics["ebpo/prompts_seen"] == n / GROUP
 
 
-def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, hub_data, tiny_tokenizer, tmp_path):
-    wrong_key = _trainer_on(math500_parquet, tiny_tokenizer, "algorithm.ebpo.cluster_key=subject")
+def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(
+    math500_parquet, hub_data, tiny_tokenizer, tmp_path, _config
+):
+    wrong_key = _trainer_on(_config, math500_parquet, tiny_tokenizer, "algorithm.ebpo.cluster_key=subject")
     with pytest.raises(EBPOConfigError) as err:
         wrong_key._init_dataloader()
     assert "cluster_key='subject' is not a key of extra_info" in str(err.value)
@@ -125,7 +130,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, h
 
     dapo = dapo_math.prepare(tmp_path, local_path=hub_data / "dapo_math_sample.jsonl")  # no topics
     n = pq.read_metadata(dapo).num_rows
-    unlabelled = _trainer_on(dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
+    unlabelled = _trainer_on(_config, dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
     with pytest.raises(EBPOConfigError, match=rf"extra_info\['topic'\] is missing or null in {n} of {n} training rows"):
         unlabelled._init_dataloader()
 
@@ -134,7 +139,7 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(math500_parquet, h
 
 
 @pytest.mark.slow
-def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
+def test_trainer_registration_visible_in_the_task_runner_actor(ray_local, _config):
     from ebpo_verl.trainer.ray_trainer import EBPOTaskRunner
 
     def probe(_runner):
@@ -152,7 +157,7 @@ def test_trainer_registration_visible_in_the_task_runner_actor(ray_local):
 
 
 @pytest.mark.slow
-def test_trainer_advantage_step_through_transfer_queue(ray_local):
+def test_trainer_advantage_step_through_transfer_queue(ray_local, _config):
     """verl's v1 flow: rows in TransferQueue (as the agent loop writes them) -> _compute_advantage -> advantages."""
     import transfer_queue as tq
     from omegaconf import OmegaConf
@@ -192,14 +197,14 @@ def test_trainer_advantage_step_through_transfer_queue(ray_local):
 
         metrics: dict = {}
         ebpo_verl.get_state().reset()
-        parses = PARSES.copy()
-        trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
-        assert PARSES == parses  # the step reads the trainer's options: no parse per step
+        no_parse = AssertionError("the step parsed options: it must read the trainer's")
+        with mock.patch.object(OptionSection, "from_mapping", side_effect=no_parse):
+            trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
         out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "returns"])
         advantages, returns = out["advantages"].unbind(), out["returns"].unbind()
         tq.kv_clear(keys=keys, partition_id="train")
 
-        # bnpo runs verl's own step; its bnpo/* diagnostics reach the metrics too
+        # bnpo: the trainer's own bnpo object; its bnpo/* diagnostics reach the metrics too
         tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=tags)
         bnpo_metrics: dict = {}
         bnpo_trainer = ebpo_trainer_cls("sync")(_config("algorithm.adv_estimator=bnpo"))

@@ -1,10 +1,10 @@
-"""The glue to verl 0.9.1: options read once per value, one unknown-key message, and a tripwire on the one verl
-method the trainer copies.
+"""The glue to verl 0.9.1: options read once per value, one unknown-key message, the trainer's own estimator
+object against verl's registry path, and a tripwire on the one verl method the trainer copies.
 
 verl 0.9.1's v1 ``PPOTrainer._compute_advantage`` reads a fixed list of TransferQueue fields, so the actor's
 ``sum_pi_squared`` (verl's own Optimal Token Baseline) cannot reach the estimator through it:
-:class:`ebpo_verl.trainer.ray_trainer.OTBSumPiSquaredMixin` keeps a copy with that one field more.
-The copy is checked against
+:class:`ebpo_verl.trainer.ray_trainer.OTBSumPiSquaredMixin` keeps a copy with that one field more, which also
+calls the trainer's estimator object for our estimators. The copy is checked against
 verl's method on the same rows in ``tests/test_otb_trainer.py``; the tripwire below also fails when verl's source
 of the method changes, so the copy is re-read against it.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from ebpo_verl.algos.ebpo import EBPOOptions
-from ebpo_verl.options.parsing import PARSES, unknown_option_message
+from ebpo_verl.options.parsing import unknown_option_message
+from ebpo_verl.trainer.run_options import StatefulEstimator
 
 VERL_SOURCES = {
     # method: sha256 (first 16 hex digits) of inspect.getsource in verl 0.9.1
@@ -50,9 +52,11 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
 
     import ebpo_verl
 
-    monkeypatch.setattr("ebpo_verl.trainer.run_options._BY_VALUE", {})
+    monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})
     ebpo_verl.get_state().reset()
-    before = PARSES["algorithm.ebpo"]
+    parses = []
+    parse = StatefulEstimator.parse
+    monkeypatch.setattr(StatefulEstimator, "parse", lambda entry, node: parses.append(entry.name) or parse(entry, node))
     fn = get_adv_estimator_fn("ebpo")
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
     uids = np.array(["a", "a", "b", "b"], dtype=object)
@@ -60,20 +64,23 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
     for _ in range(3):
         algorithm = OmegaConf.create(node).algorithm  # a new node object every step, equal contents
         adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, config=algorithm)
-    assert PARSES["algorithm.ebpo"] - before == 1
+    assert parses == ["ebpo"]
     np.testing.assert_allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])  # r - group mean (S = 0), unnormalised
     plain = {"shrinkage": 0.0, "norm": "none"}
     fn(token_level_rewards=rewards, response_mask=mask, index=uids, config={"ebpo": plain})
-    assert PARSES["algorithm.ebpo"] - before == 1
+    assert parses == ["ebpo"]
     plain["shrinkage"] = 1.0  # baseline = the global running mean
     adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, config={"ebpo": plain})
-    assert PARSES["algorithm.ebpo"] - before == 2 and not np.allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])
+    assert parses == ["ebpo", "ebpo"] and not np.allclose(adv[:, 0].numpy(), [0.5, -0.5, 0.0, 0.0])
+    from ebpo_verl.trainer.run_options import _LAST
+
+    assert list(_LAST) == ["ebpo"] and _LAST["ebpo"][1].fixed_shrinkage == 1.0  # the last value only: bounded
 
 
 def test_one_unknown_key_message_for_every_layer():
-    """The options' own parse, the pre-flight and the override check give the same did-you-mean line."""
+    """The options' own parse, the pre-flight and the composition give the same did-you-mean line."""
     from ebpo_verl.algos.baselines import SPO_OPTION_KEYS, SPOOptions
-    from ebpo_verl.main import check_overrides
+    from ebpo_verl.main import compose
     from ebpo_verl.ops.errors import EBPOConfigError
     from ebpo_verl.trainer.run_options import RunOptions
 
@@ -85,9 +92,66 @@ def test_one_unknown_key_message_for_every_layer():
     with pytest.raises(EBPOConfigError, match=message):
         RunOptions.from_config(OmegaConf.create({"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkge": 0.5}}}))
     with pytest.raises(EBPOConfigError, match=message):
-        check_overrides(["algorithm.ebpo.shrinkge=0.5"])
+        compose(["algorithm.ebpo.shrinkge=0.5"])
     spo = "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: " + ", ".join(SPO_OPTION_KEYS)
     with pytest.raises(ValueError, match=re.escape(spo)):
         SPOOptions.from_mapping({"rhoo": 0.5})
     with pytest.raises(EBPOConfigError, match=re.escape(spo)):
         RunOptions.from_config(OmegaConf.create({"algorithm": {"adv_estimator": "spo", "spo": {"rhoo": 0.5}}}))
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("ebpo", ["algorithm.ebpo.cluster_key=topic", "algorithm.ebpo.min_cluster_prompts=2"]),
+        ("spo", ["algorithm.spo.rho=0.8"]),
+        ("dbb", ["algorithm.dbb.discount=0.5"]),
+        ("bnpo", []),
+    ],
+)
+def test_the_trainers_own_estimator_equals_verls_registry_path(name, overrides, stand_in_trainer):
+    """Three steps through ``trainer.estimate_advantages`` (the trainer's object, called from its copy of verl's
+    step) and through the function registered with verl (the default instance, per-row keys passed as the study
+    passes them) give the same advantages, returns, diagnostics and state, bit for bit."""
+    from hydra import compose, initialize_config_dir
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    import ebpo_verl
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+    with initialize_config_dir(
+        config_dir=str(Path(ebpo_verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
+        config = compose("ebpo_trainer", overrides=[f"algorithm.adv_estimator={name}", *overrides])
+    trainer = stand_in_trainer(config)
+    default = DEFAULT_ESTIMATORS[name]
+    default.reset()
+    rng = np.random.default_rng(5)
+    for step in range(3):
+        prompts = rng.choice(6, size=4, replace=False)
+        uids = np.array([f"s{step}-{p}" for p in prompts for _ in range(3)] + ["pad0"], dtype=object)
+        mask = torch.ones(len(uids), 2)
+        mask[-1] = 0
+        rewards = torch.zeros(len(uids), 2)
+        rewards[:-1, 1] = torch.from_numpy(rng.integers(0, 2, len(uids) - 1)).float()
+        by_uid = {f"s{step}-{p}": (f"t{p % 2}" if name == "ebpo" else p) for p in prompts}
+        row_keys = by_uid if trainer.options.row_key else None
+        ours = DataProto.from_dict(
+            tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uids}
+        )
+        metrics: dict = {}
+        trainer.estimate_advantages(ours, row_keys, metrics)
+        verls = DataProto.from_dict(
+            tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uids}
+        )
+        fn = get_adv_estimator_fn(name)
+        keys = np.array([by_uid.get(u) for u in uids], dtype=object)
+        extra = {"labels": keys} if name == "ebpo" else {"prompt_keys": keys} if name in ("spo", "dbb") else {}
+        verls.batch["advantages"], verls.batch["returns"] = fn(rewards, mask, uids, config.algorithm, **extra)
+        assert torch.equal(ours.batch["advantages"], verls.batch["advantages"])
+        assert torch.equal(ours.batch["returns"], verls.batch["returns"])
+        assert metrics == default.diagnostics and metrics
+    if trainer.estimator.state is not None:
+        assert trainer.estimator.state.state_dict() == default.state.state_dict()
+    default.reset()

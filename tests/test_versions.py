@@ -8,9 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-import ebpo_verl
 from ebpo_verl.ops import provenance as prov
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.preflight import preflight
@@ -61,13 +59,11 @@ def test_warning_names_what_differs(tmp_path):
         prov.version_warning(path, {})
 
 
-def test_preflight_prints_the_warning(tmp_path, monkeypatch, capsys):
+def test_preflight_prints_the_warning(tmp_path, monkeypatch, capsys, compose_config):
     path = tmp_path / "VERSIONS.txt"
     path.write_text("gpu torch==1.0.0\ncpu torch==1.0.0\n")  # whichever set applies, the running torch differs
     monkeypatch.setattr(prov, "VERSIONS_FILE", path)  # absolute: replaces the repository's file
-    config_dir = str(Path(ebpo_verl.__file__).parent / "trainer" / "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = compose("ebpo_trainer")
+    config = compose_config("actor_rollout_ref.model.path=Qwen/Qwen3-8B")  # a hub id: not looked up
     preflight(config, dry_run=True)
     assert (
         f"ebpo-train: warning: running torch {metadata.version('torch')} (validated: 1.0.0)" in capsys.readouterr().err

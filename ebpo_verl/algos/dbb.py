@@ -23,129 +23,75 @@ Prompts absent from a batch are not discounted (one discount per visit, as the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from ebpo_verl.algos.baselines import _group, _scatter_out, _sorted_sum
-from ebpo_verl.options.parsing import is_real, parse_section
-
-DBB_STATE_VERSION = 1
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.grouping import (
+    Groups,
+    group_rows,
+    off_level_rows,
+    reward_levels,
+    scatter_rows,
+    sorted_sum,
+    unpadded,
+)
+from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
 
 
 @dataclass(frozen=True)
-class DBBOptions:
-    """Options of the ``dbb`` estimator (``algorithm.dbb.<key>``); defaults = the paper's 8B setting.
+class DBBOptions(OptionSection):
+    """Options of the ``dbb`` estimator (``algorithm.dbb.<key>``); defaults = the paper's 8B setting."""
 
-    prompt_key: the ``extra_info`` field that identifies a prompt across steps (unique per prompt; ``index``).
-    discount: lambda in (0, 1]; 0.75 for Qwen3-8B, 0.5 for Qwen3-1.7B (Sec. 4.2); 1 keeps all history.
-    prior_alpha, prior_beta: the prior pseudo-counts before the first visit (Def. 1: 1 and 1).
-    normalize: divide by sqrt(p_hat (1 - p_hat)) (GRPO-DBB); False: A = X - p_hat (Dr.GRPO-DBB).
-    on_resume_mismatch: a resume whose options differ from the checkpoint's: ``error``, ``reset`` or ``keep``
-        (never for a changed ``prompt_key``), as ``algorithm.spo.on_resume_mismatch``.
-    """
+    SECTION: ClassVar[str] = "algorithm.dbb"
 
-    prompt_key: str = "index"
-    discount: float = 0.75
-    prior_alpha: float = 1.0
-    prior_beta: float = 1.0
-    normalize: bool = True
-    on_resume_mismatch: str = "error"
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.prompt_key, str) and self.prompt_key):
-            raise ValueError(f"algorithm.dbb.prompt_key={self.prompt_key!r} is invalid; use an extra_info field name")
-        if not (is_real(self.discount) and 0.0 < float(self.discount) <= 1.0):
-            raise ValueError(f"algorithm.dbb.discount={self.discount!r} is invalid; use a float in (0, 1]")
-        for name in ("prior_alpha", "prior_beta"):
-            value = getattr(self, name)
-            if not (is_real(value) and float(value) > 0.0):
-                raise ValueError(f"algorithm.dbb.{name}={value!r} is invalid; use a float > 0")
-        if not isinstance(self.normalize, bool):
-            raise ValueError(f"algorithm.dbb.normalize={self.normalize!r} is invalid; use true or false")
-        if self.on_resume_mismatch not in ("error", "reset", "keep"):
-            raise ValueError(
-                f"algorithm.dbb.on_resume_mismatch={self.on_resume_mismatch!r} is invalid; use error, reset or keep"
-            )
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> DBBOptions:
-        """Build options from ``config.dbb`` (a dict or OmegaConf node; None -> defaults); unknown keys raise."""
-        return parse_section(cls, mapping, "algorithm.dbb")
+    prompt_key: str = option(
+        "index",
+        "the extra_info field that identifies a prompt across steps (unique per prompt; index)",
+        rule=text("an extra_info field name"),
+    )
+    discount: float = option(
+        0.75,
+        "lambda: 0.75 for Qwen3-8B, 0.5 for Qwen3-1.7B (Sec. 4.2); 1 keeps all history",
+        rule=reals(0.0, 1.0, open_low=True),
+    )
+    prior_alpha: float = option(
+        1.0, "prior pseudo-successes before the first visit (Def. 1: 1)", rule=reals(0.0, open_low=True)
+    )
+    prior_beta: float = option(
+        1.0, "prior pseudo-failures before the first visit (Def. 1: 1)", rule=reals(0.0, open_low=True)
+    )
+    normalize: bool = option(
+        True, "divide by sqrt(p_hat (1 - p_hat)) (GRPO-DBB); false: A = X - p_hat (Dr.GRPO-DBB)", choices=(True, False)
+    )
+    on_resume_mismatch: str = resume_option(
+        "a resume whose options differ from the checkpoint's: error, reset or keep (never for a changed "
+        "prompt_key), as algorithm.spo.on_resume_mismatch"
+    )
 
 
-@dataclass
-class DBBState:
-    """The posteriors of one training run: sorted prompt keys with their (alpha, beta), the number of calls, and
-    the last call's diagnostics (not saved)."""
+class DBBState(PromptTracker):
+    """The DBB posteriors of one training run: a :class:`~ebpo_verl.algos.tracker.PromptTracker`."""
 
-    steps: int = 0
-    keys: np.ndarray = field(default_factory=lambda: np.array([], dtype=str))
-    alpha: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.float64))
-    beta: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.float64))
-    diagnostics: dict[str, float] = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.__init__()
-
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {
-            "version": DBB_STATE_VERSION,
-            "steps": self.steps,
-            "keys": self.keys.tolist(),
-            "alpha": self.alpha.tolist(),
-            "beta": self.beta.tolist(),
-        }
-
-    def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict` snapshot; a bad field raises ValueError naming it, leaving this state as
-        it was."""
-        if not isinstance(state, Mapping):
-            raise ValueError(f"DBB state must be a JSON object, got {type(state).__name__}")
-        version = state.get("version")
-        if version != DBB_STATE_VERSION:
-            raise ValueError(f"DBB state version {version!r} is not supported (expected {DBB_STATE_VERSION})")
-        missing = sorted({"steps", "keys", "alpha", "beta"} - set(state))
-        if missing:
-            raise ValueError(f"DBB state is missing key(s) {missing}")
-        steps = state["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"DBB state steps={steps!r} must be an integer >= 0")
-        for name in ("keys", "alpha", "beta"):
-            if not isinstance(state[name], list):
-                raise ValueError(f"DBB state {name} must be a list, got {str(state[name])[:60]}")
-        if not all(isinstance(k, str) for k in state["keys"]):
-            raise ValueError("DBB state keys must be strings")
-        if not all(is_real(v) and v > 0 for v in state["alpha"] + state["beta"]):
-            raise ValueError("DBB state alpha/beta must be finite numbers > 0")
-        keys = np.array(state["keys"], dtype=str)
-        alpha, beta = np.array(state["alpha"], dtype=np.float64), np.array(state["beta"], dtype=np.float64)
-        if not len(keys) == len(alpha) == len(beta):
-            raise ValueError(f"DBB state has {len(keys)} keys but {len(alpha)} alpha and {len(beta)} beta values")
-        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-            raise ValueError("DBB state keys are not sorted and unique")
-        self.__init__(steps, keys, alpha, beta)
+    label = "DBB"
 
 
-DBB_STATE = DBBState()
-"""The DBB posteriors of this process (the TaskRunner computes advantages; the trainer checkpoints them)."""
-
-
-def _successes(g: Any) -> tuple[torch.Tensor, float]:
+def _successes(g: Groups) -> tuple[torch.Tensor, float]:
     """Rewards as successes x in [0, 1] and the reward span (1, or 2 for the paper's -1/+1 reward)."""
-    r = g.r
-    if r.numel() == 0 or bool(((r >= 0.0) & (r <= 1.0)).all()):
-        return r, 1.0
-    if bool(((r == -1.0) | (r == 1.0)).all()):
-        return (r + 1.0) / 2.0, 2.0
-    bad = sorted(set(g.keys[g.row_group[(r < 0.0) | (r > 1.0)].numpy()].tolist()))
+    r = g.r.numpy()
+    levels = reward_levels(r, fractions=True)
+    if levels is not None:
+        lo, span = levels
+        return (g.r if span == 1.0 else (g.r - lo) / span), span
+    bad = g.keys_of(off_level_rows(r, fractions=True))
     raise ValueError(
         f"dbb needs 0/1 rewards (a Beta-Bernoulli posterior counts successes; values in [0, 1] count as fractions) "
-        f"or the paper's -1/+1 reward; prompt key(s) {bad[:20]} have rewards {torch.unique(r).tolist()[:8]}. "
+        f"or the paper's -1/+1 reward; prompt key(s) {bad[:20]} have rewards {torch.unique(g.r).tolist()[:8]}. "
         "Use REWARD=math or REWARD=paper without shaping (no use_kl_in_reward, no overlong/format penalty)."
     )
 
@@ -156,11 +102,11 @@ def compute_dbb_advantages(
     valid: torch.Tensor,
     options: DBBOptions,
     state: DBBState,
-) -> torch.Tensor:
-    """DBB advantages, shape ``(bs,)``: each visited prompt's posterior is updated with this step's S and N
-    (Eq. 11), then A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)) with p_hat = alpha / (alpha + beta) (Eqs. 12-13;
-    ``normalize=False``: X_i - p_hat), in reward units. Padding rows (``valid`` False) get 0 and never touch the
-    state; ``state`` is updated in place.
+) -> Advantages:
+    """DBB advantages, shape ``(bs,)``, and the step's ``dbb/*`` diagnostics: each visited prompt's posterior is
+    updated with this step's S and N (Eq. 11), then A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)) with
+    p_hat = alpha / (alpha + beta) (Eqs. 12-13; ``normalize=False``: X_i - p_hat), in reward units. Padding rows
+    (``valid`` False) get 0 and never touch the state; ``state`` is updated in place.
 
     Args:
         scores: response rewards, shape (bs,).
@@ -169,39 +115,39 @@ def compute_dbb_advantages(
         options: estimator options.
         state: the posteriors.
     """
-    g = _group(scores, prompt_keys, valid, f"prompt key(s) (extra_info[{options.prompt_key!r}])")
+    g = group_rows(scores, prompt_keys, valid, f"prompt key(s) (extra_info[{options.prompt_key!r}])")
     if len(g.keys) == 0:
-        state.diagnostics = {}
-        return _scatter_out(scores, g, g.r)
+        return Advantages(scatter_rows(scores, g, g.r), {})
     x, span = _successes(g)
-    pos = np.searchsorted(state.keys, g.keys)
-    found = np.zeros(len(g.keys), dtype=bool)
-    inside = pos < len(state.keys)
-    found[inside] = state.keys[pos[inside]] == g.keys[inside]
-    old_alpha = np.full(len(g.keys), float(options.prior_alpha))
-    old_beta = np.full(len(g.keys), float(options.prior_beta))
-    old_alpha[found], old_beta[found] = state.alpha[pos[found]], state.beta[pos[found]]
+    pos, found = state.lookup(g.keys)
+    old_alpha, old_beta = state.counts(pos, found, (float(options.prior_alpha), float(options.prior_beta)))
     s = torch.zeros(len(g.keys), dtype=torch.float64).index_add_(0, g.row_group, x).numpy()
     lam = float(options.discount)
     alpha, beta = lam * old_alpha + s, lam * old_beta + (g.size.numpy() - s)  # Eq. 11
-    state.alpha[pos[found]], state.beta[pos[found]] = alpha[found], beta[found]
-    if not found.all():
-        keys = np.concatenate([state.keys, g.keys[~found]])
-        order = np.argsort(keys, kind="stable")
-        state.keys = keys[order]
-        state.alpha = np.concatenate([state.alpha, alpha[~found]])[order]
-        state.beta = np.concatenate([state.beta, beta[~found]])[order]
-    state.steps += 1
+    state.update(g.keys, pos, found, alpha, beta)
     p_hat = torch.from_numpy(alpha / (alpha + beta))  # Eq. 12
     centred = x - p_hat.index_select(0, g.row_group)
     if options.normalize:
         adv = centred / torch.sqrt(p_hat * (1.0 - p_hat)).index_select(0, g.row_group)  # Eq. 13
     else:
         adv = span * centred
-    state.diagnostics = {
-        "dbb/baseline_mean": (_sorted_sum(p_hat) / len(p_hat)).item(),
+    diagnostics = {
+        "dbb/baseline_mean": (sorted_sum(p_hat) / len(p_hat)).item(),
         "dbb/frac_seen": float(found.mean()),
         "dbb/prompts_tracked": float(len(state.keys)),
         "dbb/pseudo_count_mean": float(np.sort(alpha + beta).sum() / len(alpha)),
     }
-    return _scatter_out(scores, g, adv)
+    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+
+
+class DBBEstimator(Estimator):
+    """The ``dbb`` estimator of one run: its options, its posteriors (saved with every checkpoint) and the last
+    step's ``dbb/*`` diagnostics. ``row_values`` are the stable prompt keys; rows whose uid starts with
+    ``pad_prefix`` are padding."""
+
+    state_cls = DBBState
+
+    def compute(self, batch: Batch) -> Advantages:
+        keys = require_prompt_keys(batch.row_values, "dbb", "posterior", self.options.prompt_key)
+        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        return compute_dbb_advantages(batch.scores, keys, valid, self.options, self.state)

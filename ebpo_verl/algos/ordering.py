@@ -25,13 +25,13 @@ block in seeded random order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ebpo_verl.options.parsing import is_missing, parse_section
+from ebpo_verl.options.parsing import OptionSection, ints, is_missing, option, text
 
 ORDERS = ("native", "random", "topic", "difficulty")
 MISSING = ("error", "last")
@@ -43,58 +43,44 @@ TAIL_LABEL = "(mixed leftovers)"
 
 
 @dataclass(frozen=True)
-class CurriculumOptions:
-    """Options of ``data.curriculum`` (all optional; these are the defaults).
+class CurriculumOptions(OptionSection):
+    """Options of ``data.curriculum`` (all optional; these are the defaults)."""
 
-    order: ``native`` | ``random`` | ``topic`` | ``difficulty``.
-    align: topic only; pack each topic into whole batches of ``data.train_batch_size`` prompts, leftovers
-        in mixed batches at the end of the epoch. None means True for ``topic``.
-    block_size: topic only; chunk size (prompts) to interleave topics; with ``align``, a multiple of
-        ``data.train_batch_size``. None: one block per topic.
-    topic_key: ``extra_info`` field holding the topic label.
-    difficulty_key: ``extra_info`` field holding the difficulty; None means ``pass_rate`` when any row has
-        it (higher = easier), otherwise ``difficulty`` (lower = easier).
-    descending: difficulty only; hard -> easy instead.
-    seed: seed of every shuffle; None means ``data.seed`` (0 when that is null too).
-    missing: ``error`` (a row without the label is refused) | ``last`` (such rows go to the end).
-    """
+    SECTION: ClassVar[str] = "data.curriculum"
 
-    order: str = "native"
-    align: bool | None = None
-    block_size: int | None = None
-    topic_key: str = "topic"
-    difficulty_key: str | None = None
-    descending: bool = False
-    seed: int | None = None
-    missing: str = "error"
+    order: str = option("native", "native | random | topic | difficulty (see the module doc)", choices=ORDERS)
+    align: bool | None = option(
+        None,
+        "topic only; pack each topic into whole batches of data.train_batch_size prompts, leftovers in mixed "
+        "batches at the end of the epoch; null means true for topic",
+        choices=(True, False, None),
+    )
+    block_size: int | None = option(
+        None,
+        "topic only; chunk size (prompts) to interleave topics; with align, a multiple of data.train_batch_size; "
+        "null: one block per topic",
+        choices=(None,),
+        rule=ints(1),
+    )
+    topic_key: str = option("topic", "extra_info field holding the topic label", rule=text("a non-empty string"))
+    difficulty_key: str | None = option(
+        None,
+        "extra_info field holding the difficulty; null means pass_rate when any row has it (higher = easier), "
+        "otherwise difficulty (lower = easier)",
+        choices=(None,),
+        rule=text("a non-empty string"),
+    )
+    descending: bool = option(False, "difficulty only; hard -> easy instead", choices=(True, False))
+    seed: int | None = option(
+        None, "seed of every shuffle; null means data.seed (0 when that is null too)", choices=(None,), rule=ints(0)
+    )
+    missing: str = option(
+        "error", "error (a row without the label is refused) | last (such rows go to the end)", choices=MISSING
+    )
 
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None, where: str = "data.curriculum") -> CurriculumOptions:
-        """Parse and check options; unknown keys and bad values raise ValueError naming the key."""
-        opts = parse_section(cls, values, where)
-        opts._check(where)
-        return opts
-
-    def _check(self, where: str) -> None:
-        def bad(key: str, expected: str) -> ValueError:
-            return ValueError(f"{where}.{key}={getattr(self, key)!r}: expected {expected}")
-
-        if self.order not in ORDERS:
-            raise bad("order", f"one of {list(ORDERS)}")
-        if self.missing not in MISSING:
-            raise bad("missing", f"one of {list(MISSING)}")
-        if self.align is not None and not isinstance(self.align, bool):
-            raise bad("align", "true, false or null")
-        if not isinstance(self.descending, bool):
-            raise bad("descending", "true or false")
-        if self.block_size is not None and (not _is_int(self.block_size) or self.block_size < 1):
-            raise bad("block_size", "a positive integer or null")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise bad("seed", "a non-negative integer or null")
-        if not isinstance(self.topic_key, str) or not self.topic_key:
-            raise bad("topic_key", "a non-empty string")
-        if self.difficulty_key is not None and (not isinstance(self.difficulty_key, str) or not self.difficulty_key):
-            raise bad("difficulty_key", "a non-empty string or null")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        where = self.SECTION
         if self.order != "topic" and (self.align or self.block_size is not None):
             raise ValueError(f"{where}.align and {where}.block_size apply only to order=topic, not {self.order}")
         if self.order != "difficulty" and self.descending:
@@ -111,10 +97,6 @@ class CurriculumOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)

@@ -1,63 +1,27 @@
-"""How an options section (``algorithm.ebpo``, ``algorithm.spo``, ``data.curriculum``) becomes a frozen dataclass.
+"""How an option is declared, checked and parsed: the one schema of every options section of the package.
 
-Every options class of the package is parsed by :func:`parse_section`: one check that the section is a mapping,
-one unknown-key message (:func:`unknown_option_message`, with the closest valid key) and the dataclass's own
-``__post_init__`` for the values, whose defaults are the one source of defaults. :data:`PARSES` counts the
-sections parsed in this process (how often the boundary in :mod:`ebpo_verl.trainer.run_options` is crossed; see
-``tests/test_options.py``). Also the two value predicates the options and the data checks share.
+An options section (``algorithm.ebpo``, ``algorithm.spo``, ``algorithm.dbb``, ``data.curriculum``, our keys of
+``trainer``) is one frozen dataclass deriving from :class:`OptionSection`; each field is declared once with
+:func:`option` (type, default, allowed values, help), as TRL's ``GRPOConfig`` declares its fields. From that
+declaration come the checks (``__post_init__``: an invalid value raises however the object is built), the
+parsing of a config node (:meth:`OptionSection.from_mapping`, with one unknown-key message naming the closest
+key), the Hydra config ``ebpo-train`` composes (:mod:`ebpo_verl.trainer.config`), ``ebpo-train --help`` and the
+README's options table. Also the two value predicates the options and the data checks share. Imports nothing
+of ebpo_verl (the bottom layer).
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import fields
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pandas as pd
 
-T = TypeVar("T")
-
-PARSES: Counter[str] = Counter()
-"""Section name -> how many times :func:`parse_section` parsed it in this process."""
-
-
-def unknown_option_message(key: str, section: str, valid: Sequence[str]) -> str:
-    """The one error for an option key that does not exist, with the closest valid key."""
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {section}.{close[0]}? " if close else ""
-    return f"unknown option {section}.{key}; {hint}valid keys: {', '.join(valid)}"
-
-
-def option_keys(cls: type) -> tuple[str, ...]:
-    """The option names of an options dataclass, in declaration order."""
-    return tuple(f.name for f in fields(cls))
-
-
-def parse_section(cls: type[T], mapping: Any, section: str) -> T:
-    """``cls(**mapping)`` for the section ``section`` (a dict or OmegaConf node; None -> the defaults).
-
-    A value that is not a mapping (``algorithm.ebpo=5``) and an unknown key raise ValueError naming the key; the
-    values are checked by ``cls`` itself.
-    """
-    valid = option_keys(cls)
-    if mapping is None:
-        values: dict[str, Any] = {}
-    elif isinstance(mapping, Mapping):
-        values = dict(mapping.items())
-    else:
-        raise ValueError(
-            f"{section}={mapping!r} is not a mapping of options: set each option on its own, "
-            f"{section}.<option>=<value>, with <option> one of {', '.join(valid)}"
-        )
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ValueError(unknown_option_message(unknown[0], section, valid))
-    PARSES[section] += 1
-    return cls(**values)
+T = TypeVar("T", bound="OptionSection")
 
 
 def is_real(x: Any) -> bool:
@@ -65,6 +29,144 @@ def is_real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def is_int(x: Any) -> bool:
+    """An int (numpy's too), not a bool."""
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
 def is_missing(value: Any) -> bool:
     """A per-row label that counts as absent: None, NaN (float or numpy), pandas' NA/NaT."""
     return value is None or (np.ndim(value) == 0 and bool(pd.isna(value)))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A kind of value an option accepts besides its listed choices: a predicate and how it reads in messages."""
+
+    test: Callable[[Any], bool]
+    text: str
+
+
+def reals(low: float | None = None, high: float | None = None, *, open_low=False, open_high=False) -> Rule:
+    """Finite numbers in an interval (None: unbounded on that side)."""
+
+    def test(x: Any) -> bool:
+        if not is_real(x):
+            return False
+        above = low is None or (x > low if open_low else x >= low)
+        return above and (high is None or (x < high if open_high else x <= high))
+
+    if low is not None and high is not None:
+        text = f"a float in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    elif low is not None:
+        text = f"a float {'>' if open_low else '>='} {low:g}"
+    else:
+        text = "a finite number"
+    return Rule(test, text)
+
+
+def ints(low: int) -> Rule:
+    """Integers >= ``low``."""
+    return Rule(lambda x: is_int(x) and x >= low, "a positive integer" if low == 1 else f"an integer >= {low}")
+
+
+def text(what: str) -> Rule:
+    """A non-empty string (``what`` names it in messages)."""
+    return Rule(lambda x: isinstance(x, str) and bool(x), what)
+
+
+def option(default: Any, help: str, *, choices: Sequence[Any] = (), rule: Rule | None = None) -> Any:
+    """The declaration of one option: its default, its help, the values it accepts (``choices`` and/or ``rule``)."""
+    return field(default=default, metadata={"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule})
+
+
+def resume_option(help: str) -> Any:
+    """The declaration of a stateful estimator's ``on_resume_mismatch`` (``error``, ``reset`` or ``keep``)."""
+    return option("error", help, choices=("error", "reset", "keep"))
+
+
+def _word(value: Any) -> str:
+    """A value as the user writes it on the command line (``null``, ``true``)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
+def _either(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def allowed(f: Field) -> str:
+    """What option ``f`` accepts, in words (``gaussian or beta_binomial``, ``auto or a float in [0, 1]``)."""
+    rule = f.metadata["rule"]
+    return _either([*(_word(c) for c in f.metadata["choices"]), *([rule.text] if rule else [])])
+
+
+def accepts(f: Field, value: Any) -> bool:
+    """Whether option ``f`` accepts ``value`` (a listed choice of the same type, or what its rule accepts)."""
+    if any(value == c and type(value) is type(c) for c in f.metadata["choices"]):
+        return True
+    rule = f.metadata["rule"]
+    return rule is not None and rule.test(value)
+
+
+def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
+    """The one error for a key that does not exist, with the closest valid key (and the valid keys if asked)."""
+    where = f"{section}." if section else ""
+    close = difflib.get_close_matches(key, valid, n=1)
+    parts = [f"did you mean {where}{close[0]}?"] if close else []
+    parts += [f"valid keys: {', '.join(valid)}"] if list_valid else []
+    return f"unknown option {where}{key}" + (f"; {' '.join(parts)}" if parts else "")
+
+
+class OptionSection:
+    """Base of every options dataclass: its fields are the section's options (declared with :func:`option`).
+
+    Subclasses set :attr:`SECTION` (the config path, for messages) and are ``@dataclass(frozen=True)``; a
+    subclass's own ``__post_init__`` (checks between options) calls this one first.
+    """
+
+    SECTION: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not accepts(f, value):
+                raise ValueError(f"{self.SECTION}.{f.name}={value!r} is invalid; use {allowed(f)}")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The option names, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def declarations(cls) -> tuple[Field, ...]:
+        """The options' declarations (default, ``help``, ``choices``, ``rule`` in their metadata), in order."""
+        return fields(cls)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Option name -> its declared default, in declaration order."""
+        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+    @classmethod
+    def from_mapping(cls: type[T], mapping: Any) -> T:
+        """The options of a config node (a dict or OmegaConf node; None -> the defaults).
+
+        A value that is not a mapping (``algorithm.ebpo=5``) and an unknown key raise ValueError naming the key;
+        the values are checked by the class itself.
+        """
+        valid = cls.keys()
+        if mapping is None:
+            values: dict[str, Any] = {}
+        elif isinstance(mapping, Mapping):
+            values = dict(mapping.items())
+        else:
+            raise ValueError(
+                f"{cls.SECTION}={mapping!r} is not a mapping of options: set each option on its own, "
+                f"{cls.SECTION}.<option>=<value>, with <option> one of {', '.join(valid)}"
+            )
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ValueError(unknown_option_message(unknown[0], cls.SECTION, valid))
+        return cls(**values)

@@ -123,11 +123,11 @@ def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
 
 
 def _dry_run(spec: RunSpec) -> int:
-    """DRY_RUN of one run: ``ebpo-train --cfg job`` in this process, then what was and was not checked."""
-    from ebpo_verl.main import main as train_main
+    """DRY_RUN of one run: ``ebpo-train --cfg job`` in this process (:func:`ebpo_verl.main.show_job`, through the
+    same :func:`ebpo_verl.main.dry_run` as :func:`preflight_summary`), then what was and was not checked."""
+    from ebpo_verl.main import show_job
 
-    sys.argv = ["ebpo-train", "--cfg", "job", *spec.overrides()]
-    train_main()  # the pre-flight and the config on stdout; a refusal exits 2 with one line
+    show_job(spec.overrides())  # the pre-flight and the config on stdout; a refusal exits 2 with one line
     sh = spec.shared
     where = f"our checks, verl's validate_config at {sh.nnodes} x {sh.gpus_per_node} GPUs"
     if os.path.isfile(spec.train_path):

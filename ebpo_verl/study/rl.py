@@ -226,13 +226,11 @@ def _reset_package_state(est: Estimator) -> None:
     if est.verl_name not in ("ebpo", "shrinkage_js", "bnpo", *KEYED):
         return
     import ebpo_verl
-    from ebpo_verl.algos.baselines import SPO_STATE
-    from ebpo_verl.algos.dbb import DBB_STATE
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
     ebpo_verl.register()
-    ebpo_verl.get_state().reset()
-    SPO_STATE.reset()
-    DBB_STATE.reset()
+    for default in DEFAULT_ESTIMATORS.values():  # verl's registry runs the process's default instances
+        default.reset()
 
 
 @dataclass
@@ -279,15 +277,15 @@ def _log_signal(
     log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
     log["reward"].append(rewards.mean().item())
     if est.verl_name == "ebpo":
-        import ebpo_verl
+        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
-        log["shrinkage"].append(ebpo_verl.get_state().diagnostics.get("ebpo/shrinkage_mean", float("nan")))
+        diagnostics = DEFAULT_ESTIMATORS["ebpo"].diagnostics
+        log["shrinkage"].append(diagnostics.get("ebpo/shrinkage_mean", float("nan")))
     if est.verl_name in KEYED:  # share of this step's prompts that the tracker saw at an earlier step
-        from ebpo_verl.algos.baselines import SPO_STATE
-        from ebpo_verl.algos.dbb import DBB_STATE
+        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
-        state = SPO_STATE if est.verl_name == "spo" else DBB_STATE
-        log.setdefault(f"{est.verl_name}_frac_seen", []).append(state.diagnostics[f"{est.verl_name}/frac_seen"])
+        diagnostics = DEFAULT_ESTIMATORS[est.verl_name].diagnostics
+        log.setdefault(f"{est.verl_name}_frac_seen", []).append(diagnostics[f"{est.verl_name}/frac_seen"])
 
 
 def _update(

@@ -3,69 +3,69 @@
 The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
 :mod:`ebpo_verl.algos.baselines`) and Discounted Beta-Bernoulli ``dbb`` (math in :mod:`ebpo_verl.algos.dbb`).
 
-verl calls an estimator with the rewards, the mask, the uids and its raw ``algorithm`` node only. Under
-``ebpo-train`` the trainer hands each step's validated options and its uid -> ``extra_info`` value map (cluster
-label, SPO prompt key) to the estimator through :func:`step_inputs` around verl's own advantage step, so the
-estimator parses nothing per step. Under stock ``verl.trainer.main_ppo`` (no step inputs) the options come from
-the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated once per process and per value).
+An estimator with memory is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics),
+and verl hands a registered estimator only the batch tensors and its raw ``algorithm`` node. So there are two
+ways in, both through :func:`outcome_advantages` (verl's tensors -> scores, padding, broadcast):
+
+- ``ebpo-train``: the trainer creates the run's object (:func:`new_estimator`), and its copy of verl's advantage
+  step (``ebpo_verl.trainer.ray_trainer``, the one tested copy of a verl method) calls it directly with the step's
+  tensors and per-row keys, where verl's ``compute_advantage`` would call the registered function. The call site
+  shows which object's state changes; nothing travels beside the call, and no more of verl is copied.
+- stock ``verl.trainer.main_ppo`` (no trainer of ours): the registered functions below use this process's
+  default instance, :data:`DEFAULT_ESTIMATORS` (one per estimator), whose options come from the node by value
+  (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated when the node's value is new or changed).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
-from ebpo_verl.algos.baselines import (
-    compute_bnpo_advantages,
-    compute_js_advantages,
-    compute_spo_advantages,
-)
-from ebpo_verl.algos.dbb import compute_dbb_advantages
-from ebpo_verl.algos.ebpo import compute_ebpo_advantages, factorize_keys, padding_names
-from ebpo_verl.trainer.run_options import DBB, EBPO, SPO, StatefulEstimator, options_for_node
+from ebpo_verl.algos.baselines import BNPOEstimator, SPOEstimator, compute_js_advantages
+from ebpo_verl.algos.dbb import DBBEstimator
+from ebpo_verl.algos.ebpo_math import EBPOEstimator
+from ebpo_verl.algos.estimator import Advantages, Estimator
+from ebpo_verl.algos.grouping import factorize_keys
+from ebpo_verl.trainer.run_options import DBB, EBPO, SPO, RunOptions, StatefulEstimator, options_for_node
 
 NAME = "ebpo"
+PAD_PREFIX = "pad"
+"""verl's padding rows have uids starting with it."""
+
+ESTIMATOR_CLASSES: dict[str, type[Estimator]] = {
+    NAME: EBPOEstimator,
+    "bnpo": BNPOEstimator,
+    "spo": SPOEstimator,
+    "dbb": DBBEstimator,
+}
+"""The estimators that are objects (state, or diagnostics), by verl name; ``shrinkage_js`` is a pure function."""
+
+DEFAULT_ESTIMATORS: dict[str, Estimator] = {name: cls() for name, cls in ESTIMATOR_CLASSES.items()}
+"""The default instances: the estimators of stock ``verl.trainer.main_ppo`` in this process (and of any caller
+of verl's registry, such as the CPU study), their options set from verl's node on each call. ``ebpo-train``'s
+trainer never uses them: it owns its own (:func:`new_estimator`)."""
 
 
-@dataclass(frozen=True)
-class StepInputs:
-    """What the trainer knows of a step that verl's estimator call does not carry: the estimator's validated
-    options and, when it reads a per-row field, ``uid -> extra_info[field]`` (padding uids absent)."""
-
-    options: Any
-    row_keys: Mapping[str, Any] | None = None
+def new_estimator(options: RunOptions) -> Estimator | None:
+    """A fresh estimator object for a run (None when ``options.adv_estimator`` is not one of ours with state or
+    diagnostics: verl's own step runs it)."""
+    cls = ESTIMATOR_CLASSES.get(options.adv_estimator)
+    return None if cls is None else cls(options.estimator)
 
 
-_STEP: contextvars.ContextVar[StepInputs | None] = contextvars.ContextVar("ebpo_step_inputs", default=None)
+def default_estimator(entry: StatefulEstimator, config: Any) -> Estimator:
+    """The default instance of ``entry``, with the options of verl's ``algorithm.<name>`` node (None -> defaults)."""
+    estimator = DEFAULT_ESTIMATORS[entry.name]
+    estimator.options = options_for_node(entry, None if config is None else config.get(entry.name, None))
+    return estimator
 
 
-@contextlib.contextmanager
-def step_inputs(inputs: StepInputs) -> Iterator[None]:
-    """Make ``inputs`` what the estimator called inside the block reads (this thread / context only)."""
-    token = _STEP.set(inputs)
-    try:
-        yield
-    finally:
-        _STEP.reset(token)
-
-
-def _options(entry: StatefulEstimator, config: Any) -> tuple[Any, Mapping[str, Any] | None]:
-    """(options, uid -> row key map or None) of this call: the trainer's step inputs, else the raw node's options."""
-    inputs = _STEP.get()
-    if inputs is not None and isinstance(inputs.options, entry.options_cls):
-        return inputs.options, inputs.row_keys
-    return options_for_node(entry, None if config is None else config.get(entry.name, None)), None
-
-
-def _row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:
-    """Per-row values of a uid -> value map (None for uids it lacks: padding)."""
+def row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:
+    """Per-row values of a uid -> value map (None for uids it lacks: padding); None without a map."""
     if row_keys is None:
         return None
     uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
@@ -75,21 +75,26 @@ def _row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | 
     return per_uid[uid_codes]
 
 
-def _keyed_inputs(
-    entry: StatefulEstimator, config: Any, index: Any, prompt_keys: np.ndarray | None, what: str
-) -> tuple[Any, np.ndarray]:
-    """(options, per-row stable prompt keys) of a per-prompt estimator (``spo``, ``dbb``): the given keys, else the
-    step's uid -> key map; without either, ValueError (verl's uids are fresh every step, so nothing would recur)."""
-    options, row_keys = _options(entry, config)
-    if prompt_keys is None:
-        prompt_keys = _row_values(row_keys, index)
-    if prompt_keys is None:
-        raise ValueError(
-            f"adv_estimator={entry.name} needs a stable prompt key per row (verl's uid is drawn afresh every step, "
-            f"so a uid-keyed {what} never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
-            f"extra_info[{options.prompt_key!r}] ({entry.section}.prompt_key), or pass prompt_keys=..."
-        )
-    return options, prompt_keys
+def outcome_advantages(
+    estimate: Callable[..., Advantages],
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    values: np.ndarray | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """An outcome estimator on verl's inputs: scores = summed token rewards; padding = an all-zero mask or a uid
+    starting with ``pad``; ``values`` = the per-row field the estimator reads (labels, prompt keys). Returns
+    (advantages, returns, diagnostics), the first two (bs, response_length): the row's advantage on each of its
+    response tokens."""
+    _check_shapes(token_level_rewards, response_mask)
+    scores = token_level_rewards.sum(dim=-1)
+    result = estimate(scores, index, _has_response(response_mask), values, PAD_PREFIX)
+    advantages = result.values.unsqueeze(-1) * response_mask
+    return advantages, advantages, result.diagnostics
+
+
+def _js(scores: torch.Tensor, index: Any, valid: torch.Tensor, values: Any, pad_prefix: str) -> Advantages:
+    return compute_js_advantages(scores, index, valid, pad_prefix)
 
 
 def compute_ebpo_outcome_advantage(
@@ -102,22 +107,17 @@ def compute_ebpo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EBPO outcome advantage (arXiv 2602.05165): A_i = r_i - [(1 - S) mu_q + S mu_glob], batch-standardised.
 
-    The response score is ``token_level_rewards.sum(-1)``; the options are the trainer's (:func:`step_inputs`)
-    or those of ``config.ebpo`` (``config`` is verl's ``algorithm`` node; None -> defaults); the running
-    statistics are the process-wide ``ebpo_verl.get_state()``. Rows whose uid starts with ``pad`` or whose
-    response mask is all zero are padding: advantage 0, statistics untouched. ``labels`` (one per row; by
-    default the step's uid -> label map) feed per-cluster priors when ``algorithm.ebpo.cluster_key`` is set.
+    The response score is ``token_level_rewards.sum(-1)``; the options are those of ``config.ebpo`` (``config``
+    is verl's ``algorithm`` node; None -> defaults); the running statistics are the default instance's
+    (``DEFAULT_ESTIMATORS["ebpo"]``, also ``ebpo_verl.get_state()``). Rows whose uid starts with ``pad`` or whose
+    response mask is all zero are padding: advantage 0, statistics untouched. ``labels`` (one per row) feed
+    per-cluster priors when ``algorithm.ebpo.cluster_key`` is set.
     Returns (advantages, returns), both (bs, response_length).
     """
-    options, row_keys = _options(EBPO, config)
-    if labels is None:
-        labels = _row_values(row_keys, index)
-    _check_shapes(token_level_rewards, response_mask)
-    scores = token_level_rewards.sum(dim=-1)
-    valid = _has_response(response_mask)
-    adv = compute_ebpo_advantages(scores, index, valid, options, EBPO.state, labels=labels, pad_prefix="pad")
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
+    advantages, returns, _ = outcome_advantages(
+        default_estimator(EBPO, config), token_level_rewards, response_mask, index, labels
+    )
+    return advantages, returns
 
 
 def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -144,7 +144,8 @@ def compute_shrinkage_js_outcome_advantage(
     :mod:`ebpo_verl.algos.baselines`). Padding rows (uid ``pad*`` or an all-zero mask) get 0 and enter no statistic.
     Returns (advantages, returns), both (bs, response_length).
     """
-    return _uid_grouped(compute_js_advantages, token_level_rewards, response_mask, index)
+    advantages, returns, _ = outcome_advantages(_js, token_level_rewards, response_mask, index)
+    return advantages, returns
 
 
 def compute_bnpo_outcome_advantage(
@@ -158,9 +159,12 @@ def compute_bnpo_outcome_advantage(
 
     A = (r - p_q) / max(eps, f(p_q; alpha, beta)), p_q the group mean reward and f the Beta pdf with
     alpha = 1 + a/3, beta = 1 + b/3, (a, b) fitted by moments to the batch's p_q; eps = 1e-6. Padding rows get 0.
+    The ``bnpo/*`` diagnostics are the default instance's (``DEFAULT_ESTIMATORS["bnpo"].diagnostics``).
     Returns (advantages, returns), both (bs, response_length).
     """
-    return _uid_grouped(compute_bnpo_advantages, token_level_rewards, response_mask, index)
+    estimator = DEFAULT_ESTIMATORS["bnpo"]
+    advantages, returns, _ = outcome_advantages(estimator, token_level_rewards, response_mask, index)
+    return advantages, returns
 
 
 def compute_spo_outcome_advantage(
@@ -175,18 +179,15 @@ def compute_spo_outcome_advantage(
 
     A = r - alpha_q / (alpha_q + beta_q) (0.5 for an unseen prompt), then (A - mean) / (std + eps) over the batch;
     afterwards each prompt's tracker does alpha <- rho alpha + rbar, beta <- rho beta + (1 - rbar), starting
-    from (n0/2, n0/2). The tracker is ``ebpo_verl.algos.baselines.SPO_STATE``, keyed by ``prompt_keys`` (one stable
-    key per row, e.g. ``extra_info["index"]``, which ``python -m ebpo_verl.main`` passes); verl's uids are fresh
-    every step, so without ``prompt_keys`` (by default the step's uid -> key map) this raises rather than track
-    nothing. Options: the trainer's (:func:`step_inputs`) or ``config.spo``.
+    from (n0/2, n0/2). The tracker is the default instance's (``DEFAULT_ESTIMATORS["spo"]``), keyed by
+    ``prompt_keys`` (one stable key per row, e.g. ``extra_info["index"]``); verl's uids are fresh every step, so
+    without ``prompt_keys`` this raises rather than track nothing. Options: ``config.spo``.
     Returns (advantages, returns), both (bs, response_length).
     """
-    options, prompt_keys = _keyed_inputs(SPO, config, index, prompt_keys, "tracker")
-    _check_shapes(token_level_rewards, response_mask)
-    valid = _unpadded(response_mask, index)
-    adv = compute_spo_advantages(token_level_rewards.sum(dim=-1), prompt_keys, valid, options, SPO.state)
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
+    advantages, returns, _ = outcome_advantages(
+        default_estimator(SPO, config), token_level_rewards, response_mask, index, prompt_keys
+    )
+    return advantages, returns
 
 
 def compute_dbb_outcome_advantage(
@@ -201,39 +202,14 @@ def compute_dbb_outcome_advantage(
 
     Per prompt alpha <- lambda alpha + S, beta <- lambda beta + N - S from (1, 1) (Eq. 11), updated before the
     advantage; A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)), p_hat = alpha / (alpha + beta) (Eqs. 12-13). The
-    posteriors are ``ebpo_verl.algos.dbb.DBB_STATE``, keyed by ``prompt_keys`` (a stable key per row, as ``spo``'s);
-    without them (by default the step's uid -> key map) this raises. Options: the trainer's (:func:`step_inputs`) or
-    ``config.dbb``. Returns (advantages, returns), both (bs, response_length).
+    posteriors are the default instance's (``DEFAULT_ESTIMATORS["dbb"]``), keyed by ``prompt_keys`` (a stable key
+    per row, as ``spo``'s); without them this raises. Options: ``config.dbb``. Returns (advantages, returns), both
+    (bs, response_length).
     """
-    options, prompt_keys = _keyed_inputs(DBB, config, index, prompt_keys, "posterior")
-    _check_shapes(token_level_rewards, response_mask)
-    adv = compute_dbb_advantages(
-        token_level_rewards.sum(dim=-1), prompt_keys, _unpadded(response_mask, index), options, DBB.state
+    advantages, returns, _ = outcome_advantages(
+        default_estimator(DBB, config), token_level_rewards, response_mask, index, prompt_keys
     )
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-def _unpadded(response_mask: torch.Tensor, index: Any) -> torch.Tensor:
-    """(bs,) bool on the CPU: rows with a response whose uid does not start with ``pad``."""
-    valid = _has_response(response_mask).cpu()
-    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
-    is_pad = padding_names(uid_names, "pad")
-    if is_pad is not None:
-        valid &= ~torch.from_numpy(is_pad[uid_codes])
-    return valid
-
-
-def _uid_grouped(
-    compute: Callable[..., torch.Tensor], token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A uid-grouped baseline on verl's inputs: scores = summed token rewards, padding = uid ``pad*`` or an
-    all-zero mask (as the ``ebpo`` wrapper), advantages broadcast over the response tokens."""
-    _check_shapes(token_level_rewards, response_mask)
-    scores = token_level_rewards.sum(dim=-1)
-    adv = compute(scores, index, _has_response(response_mask).cpu(), pad_prefix="pad")
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
+    return advantages, returns
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:

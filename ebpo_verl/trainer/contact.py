@@ -168,23 +168,12 @@ CONTACTS: tuple[Contact, ...] = (
         "none (goes with _internal_kv_put)",
         params=("key", "namespace"),
     ),
-    # --------------------------------------------------------------------------- Hydra (the entry point)
-    Contact(
-        "hydra._internal.utils.get_args_parser",
-        ("call",),
-        ("ebpo_verl.main",),
-        "ebpo-train reads Hydra's own flags (--cfg, --help, ...) before hydra.main composes",
-        "Hydra's compose API with our own argument parser (issue 32 item 1: one compose per command)",
-        params=(),
-    ),
     Contact(
         "sys.argv",
         ("patch",),
-        ("ebpo_verl.recipes.driver", MERGE),
-        "a recipe's dry run hands its overrides to ebpo-train's main(); the safe merge hands its arguments to verl's "
-        "merger's main(): both parse sys.argv",
-        "call the --cfg job path with the overrides (issue 32 item 3: one dry-run path); verl's merger main() "
-        "takes no arguments",
+        (MERGE,),
+        "the safe merge hands its arguments to verl's merger's main(), which parses sys.argv",
+        "none: verl's merger main() takes no arguments",
     ),
     # ---------------------------------------------------------------- the evaluation's checkpoint merge (torch)
     Contact(

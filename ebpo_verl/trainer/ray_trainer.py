@@ -5,13 +5,15 @@ verl's ``compute_advantage`` calls an estimator with rewards, masks and uids onl
 of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer
 ``trainer.v1.trainer_mode`` selects (sync / colocate_async / separate_async), every method through ``super()``:
 
-- ``_compute_advantage``: verl's own step, around which the estimator gets the run's validated options and, when
-  it reads a per-row field (``algorithm.ebpo.cluster_key``, ``algorithm.spo.prompt_key``), this step's
-  uid -> ``extra_info[field]`` map fetched from TransferQueue (:func:`ebpo_verl.trainer.adapter.step_inputs`); the
-  estimator's diagnostics (``ebpo/*``, ``spo/*``, ``bnpo/*``) go into the step's metrics, so every tracker
-  backend logs them;
-- ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator of
-  :data:`ebpo_verl.trainer.run_options.STATEFUL` in ``global_step_N/<state_file>``
+- ``_compute_advantage``: for an estimator of ours that is an object (``ebpo``, ``spo``, ``dbb``, ``bnpo``), the
+  trainer owns it (``self.estimator``, made from the run's validated options) and the copy of verl's step
+  (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it directly (:meth:`EBPOTrainerMixin.estimate_advantages`)
+  with the step's tensors and, when it reads a per-row field (``algorithm.ebpo.cluster_key``,
+  ``algorithm.spo.prompt_key``), this step's uid -> ``extra_info[field]`` map fetched from TransferQueue; the
+  diagnostics it returns (``ebpo/*``, ``spo/*``, ``dbb/*``, ``bnpo/*``) go into the step's metrics, so every
+  tracker backend logs them;
+- ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator object (one of
+  :data:`ebpo_verl.trainer.run_options.STATEFUL`) in ``global_step_N/<state_file>``
   (:mod:`ebpo_verl.trainer.checkpoint.state`),
   restored in ``init()``, i.e. before the first advantage computation; every checkpoint also holds the step's
   training metrics (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`): verl validates between its tracker file and the
@@ -32,7 +34,7 @@ import copy
 import functools
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,13 +49,12 @@ from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from ebpo_verl.algos.baselines import BNPO_DIAGNOSTICS
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.ops.node_check import check_nodes
 from ebpo_verl.ops.provenance import run_provenance
 from ebpo_verl.options.parsing import is_missing
-from ebpo_verl.trainer.adapter import ESTIMATORS, StepInputs, step_inputs
+from ebpo_verl.trainer.adapter import ESTIMATORS, new_estimator, outcome_advantages, row_values
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
@@ -61,7 +62,7 @@ from ebpo_verl.trainer.contact import swapped
 from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
 from ebpo_verl.trainer.preflight.data import check_row_keys
 from ebpo_verl.trainer.preflight.registry import check_registered
-from ebpo_verl.trainer.run_options import STATEFUL, RunOptions
+from ebpo_verl.trainer.run_options import RunOptions
 from ebpo_verl.trainer.watchdog import StepWatchdogMixin
 
 STEP_TIME_KEYS = frozenset({"timing_s/step", "perf/time_per_step", "perf/throughput"})
@@ -173,9 +174,12 @@ class OTBSumPiSquaredMixin:
             return super()._compute_advantage(batch, metrics)
         return self._advantage_step(batch, metrics, {SUM_PI_SQUARED: "sum_pi_squared"})
 
-    def _advantage_step(self, batch, metrics: dict, extra: Mapping[str, str]):
+    def _advantage_step(
+        self, batch, metrics: dict, extra: Mapping[str, str], estimate: Callable[[DataProto], None] | None = None
+    ):
         """verl 0.9.1's ``PPOTrainer._compute_advantage`` with the TransferQueue fields ``extra`` (name -> name in
-        the batch) fetched as well."""
+        the batch) fetched as well; with ``estimate``, that call sets the batch's advantages and returns where
+        verl's ``compute_advantage`` would call the registered estimator function."""
         import transfer_queue as tq
 
         algo = self.config.algorithm
@@ -202,16 +206,19 @@ class OTBSumPiSquaredMixin:
         if "sum_pi_squared" in data.batch:
             mask = data.batch["response_mask"].bool()
             metrics["otb/sum_pi_squared_mean"] = float(data.batch["sum_pi_squared"][mask].mean())
-        data = compute_advantage_for_multi_trajectories(
-            data,
-            batch_keys=batch.keys,
-            adv_estimator=algo.adv_estimator,
-            gamma=algo.gamma,
-            lam=algo.lam,
-            num_repeat=self.config.actor_rollout_ref.rollout.n,
-            norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
-            config=algo,
-        )
+        if estimate is not None:
+            estimate(data)
+        else:
+            data = compute_advantage_for_multi_trajectories(
+                data,
+                batch_keys=batch.keys,
+                adv_estimator=algo.adv_estimator,
+                gamma=algo.gamma,
+                lam=algo.lam,
+                num_repeat=self.config.actor_rollout_ref.rollout.n,
+                norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+                config=algo,
+            )
         out = ["advantages", "returns"] + (["token_level_rewards"] if algo.use_kl_in_reward else [])
         if correct:
             out += ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
@@ -222,8 +229,10 @@ class OTBSumPiSquaredMixin:
 
 
 class EBPOTrainerMixin:
-    """EBPO additions to a verl v1 ``PPOTrainer`` subclass (put first in the bases); ``options`` are the run's,
-    parsed by the caller (the TaskRunner) or, when not given, here."""
+    """EBPO additions to a verl v1 ``PPOTrainer`` subclass (put first in the bases, before
+    :class:`OTBSumPiSquaredMixin`, whose copy of verl's advantage step it uses); ``options`` are the run's, parsed
+    by the caller (the TaskRunner) or, when not given, here. ``estimator`` is the run's estimator object (None:
+    verl's own step runs the estimator), its state saved with every checkpoint."""
 
     _resumed_step = 0
     _tracking = None
@@ -232,6 +241,7 @@ class EBPOTrainerMixin:
     def __init__(self, config: DictConfig, options: RunOptions | None = None):
         super().__init__(config)
         self.options = options if options is not None else RunOptions.from_config(config)
+        self.estimator = new_estimator(self.options)
 
     # ---------------------------------------------------------------- data
     def _init_dataloader(self) -> None:
@@ -242,17 +252,25 @@ class EBPOTrainerMixin:
 
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
-        entry = self.options.stateful
-        if entry is None:
-            BNPO_DIAGNOSTICS.clear()
-            out = super()._compute_advantage(batch, metrics)
-            if self.options.adv_estimator == "bnpo":
-                metrics.update(BNPO_DIAGNOSTICS)  # bnpo/max_abs_adv: the formula's 1/pdf can reach ~1e5-1e6
-            return out
-        with step_inputs(StepInputs(self.options.estimator, self._row_keys(batch))):
-            out = super()._compute_advantage(batch, metrics)
-        metrics.update(entry.state.diagnostics)
-        return out
+        if self.estimator is None:
+            return super()._compute_advantage(batch, metrics)
+        row_keys = self._row_keys(batch)
+        return self._advantage_step(batch, metrics, {}, lambda data: self.estimate_advantages(data, row_keys, metrics))
+
+    def estimate_advantages(self, data: DataProto, row_keys: Mapping[str, Any] | None, metrics: dict) -> None:
+        """The run's estimator on what verl's ``compute_advantage`` hands a registered one (``token_level_rewards``,
+        ``response_mask``, uids) plus this step's uid -> row key map: ``advantages`` and ``returns`` into
+        ``data.batch``, the diagnostics into ``metrics`` (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
+        uids = data.non_tensor_batch["uid"]
+        advantages, returns, diagnostics = outcome_advantages(
+            self.estimator,
+            data.batch["token_level_rewards"],
+            data.batch["response_mask"],
+            uids,
+            row_values(row_keys, uids),
+        )
+        data.batch["advantages"], data.batch["returns"] = advantages, returns
+        metrics.update(diagnostics)
 
     def _row_keys(self, batch) -> dict[str, Any] | None:
         """This step's uid -> ``extra_info[row_key]`` (None when the estimator reads no per-row field)."""
@@ -295,18 +313,18 @@ class EBPOTrainerMixin:
             save_step_metrics(folder, self._training_metrics(), self.global_steps)
         entry = self.options.stateful
         if entry is not None:
-            save_state(entry, folder, entry.state, self.options.estimator, self.global_steps)
+            save_state(entry, folder, self.estimator.state, self.options.estimator, self.global_steps)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
-        for each in STATEFUL.values():
-            each.state.reset()
+        if self.estimator is not None:
+            self.estimator.reset()
         super()._load_checkpoint()
         self._resumed_step = int(self.global_steps)
         entry = self.options.stateful
         if entry is not None and self.global_steps > 0:
             folder = loaded_folder(self.config.trainer, self.global_steps)
-            load_state(entry, folder, entry.state, self.options.estimator, self.global_steps)
+            load_state(entry, folder, self.estimator.state, self.options.estimator, self.global_steps)
 
     # ------------------------------------------------------------- metrics
     @property

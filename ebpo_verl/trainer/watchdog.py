@@ -38,9 +38,9 @@ from typing import Any
 
 import ray
 
-STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
+from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, TrainerOptions
+
 STEP_TIMEOUT_KEY = "step_timeout_s"
-INIT_TIMEOUT_ENV = "EBPO_INIT_TIMEOUT_S"
 INIT_TIMEOUT_KEY = "init_timeout_s"
 INIT_PHASES = frozenset({"start", "init", "load_checkpoint", "after_init"})
 """Phases timed by ``trainer.init_timeout_s``: model initialisation (worker groups, model engines, rollout
@@ -73,35 +73,22 @@ class RunAbortedError(RuntimeError):
     """The run stopped because a worker died or a phase timed out; the message is the one line to print."""
 
 
-def _timeout_setting(trainer_config: Any, key: str, env: str) -> tuple[bool, float | None]:
-    """(set?, seconds) of one timeout: the environment variable ``env`` if set, else ``trainer.<key>`` if the
-    config has it; seconds are None when 0, negative or null (not watched)."""
-    raw = os.environ.get(env, "").strip()
-    source = env
-    if not raw:
-        if key not in trainer_config:
-            return False, None
-        raw, source = trainer_config.get(key, None), f"trainer.{key}"
-    if raw is None or raw == "":
-        return True, None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}={raw!r} is not a number of seconds: set it to e.g. 3600, or 0 to disable") from None
-    return True, value if value > 0 else None
-
-
 def step_timeout_s(trainer_config: Any) -> float | None:
     """Seconds without progress in a training step's phases before the watchdog ends the run:
-    ``EBPO_STEP_TIMEOUT_S`` if set, else ``trainer.step_timeout_s``; None when 0, negative or null (off)."""
-    return _timeout_setting(trainer_config, STEP_TIMEOUT_KEY, STEP_TIMEOUT_ENV)[1]
+    ``EBPO_STEP_TIMEOUT_S`` if set, else ``trainer.step_timeout_s``; None when 0, negative, null or absent (off).
+    Parsed by the option's one declaration (:class:`~ebpo_verl.trainer.run_options.TrainerOptions`); ValueError
+    naming the key or the variable."""
+    seconds = {STEP_TIMEOUT_KEY: trainer_config.get(STEP_TIMEOUT_KEY, None)}
+    return TrainerOptions.from_trainer(seconds).watchdog_timeout_s
 
 
 def init_timeout_s(trainer_config: Any) -> float | None:
-    """The same for the :data:`INIT_PHASES`: ``EBPO_INIT_TIMEOUT_S`` if set, else ``trainer.init_timeout_s``,
-    else (a config without that key) the step timeout."""
-    found, value = _timeout_setting(trainer_config, INIT_TIMEOUT_KEY, INIT_TIMEOUT_ENV)
-    return value if found else step_timeout_s(trainer_config)
+    """The same for the :data:`INIT_PHASES`: ``EBPO_INIT_TIMEOUT_S`` if set, else ``trainer.init_timeout_s``, else
+    (a config without that key, as stock verl's) the step timeout."""
+    if INIT_TIMEOUT_KEY not in trainer_config and not os.environ.get(INIT_TIMEOUT_ENV, "").strip():
+        return step_timeout_s(trainer_config)
+    keys = (STEP_TIMEOUT_KEY, INIT_TIMEOUT_KEY)
+    return TrainerOptions.from_trainer({k: trainer_config.get(k, None) for k in keys}).watchdog_init_timeout_s
 
 
 def _actor_errors(err: BaseException) -> Iterator[BaseException]:

@@ -103,5 +103,5 @@ def check_resume(trainer: Any, options: RunOptions) -> str | None:
             )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            load_state(entry, folder, type(entry.state)(), estimator, step)
+            load_state(entry, folder, entry.state_cls(), estimator, step)
     return f"resumes from {folder}" + (f" ({'; '.join(notes)})" if notes else "")

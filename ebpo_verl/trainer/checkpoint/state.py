@@ -6,8 +6,9 @@ so a checkpoint that verl would resume from always has it. Layout::
     {"format": 1, "global_step": N, "options": {<algorithm.<name> at save time>}, "state": <state.state_dict()>}
 
 Every estimator of :data:`ebpo_verl.trainer.run_options.STATEFUL` (``ebpo``: ``ebpo_state.json``, ``spo``:
-``spo_state.json``) goes the same way: the same validation, and the same ``on_resume_mismatch`` choice when the
-options differ, or when the file is missing (a plain verl checkpoint: ``error`` by default).
+``spo_state.json``, ``dbb``: ``dbb_state.json``) goes the same way: the same validation, and the same
+``on_resume_mismatch`` choice (:func:`_on_mismatch`) when the options differ, or when the file is missing (a plain
+verl checkpoint: ``error`` by default).
 """
 
 from __future__ import annotations
@@ -50,9 +51,7 @@ def load_state(
     the others start fresh with a loud warning. A malformed file (bad JSON, a field of the wrong length or sign, a
     non-finite number), or one written at another step, raises ValueError naming the file: resuming from it would
     be silently wrong. Options that differ from the saved ones (:func:`changed_options`) follow
-    ``options.on_resume_mismatch``: ``error`` raises ValueError listing each change and the ways out, ``reset``
-    starts fresh with a warning (returns False), ``keep`` continues with the saved state (with a warning; never for
-    a change of an option in ``entry.never_keep``, which raises unless ``reset``).
+    ``options.on_resume_mismatch`` (:func:`_on_mismatch`).
     """
     path = Path(step_dir) / entry.state_file
     state.reset()
@@ -67,6 +66,14 @@ def load_state(
             stacklevel=2,
         )
         return False
+    saved_options = _read_state_file(entry, path, state, global_step)
+    changed = changed_options(entry, saved_options, options)
+    return True if not changed else _on_mismatch(entry, path, state, options, changed, global_step)
+
+
+def _read_state_file(entry: StatefulEstimator, path: Path, state: Any, global_step: int) -> dict[str, Any]:
+    """Load the saved state of ``path`` into ``state`` (left reset on any problem: ValueError naming the file);
+    returns the saved options."""
     try:
         payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(payload, dict):
@@ -86,9 +93,20 @@ def load_state(
     if saved_step != int(global_step):
         state.reset()
         raise ValueError(f"{entry.label} state file {path} was written at global step {saved_step}, not {global_step}")
-    changed = changed_options(entry, saved_options, options)
-    if not changed:
-        return True
+    return saved_options
+
+
+def _on_mismatch(
+    entry: StatefulEstimator,
+    path: Path,
+    state: Any,
+    options: Any,
+    changed: dict[str, tuple[Any, Any]],
+    global_step: int,
+) -> bool:
+    """The one resume-mismatch policy of every estimator: ``error`` raises ValueError listing each change and the
+    ways out, ``reset`` starts fresh with a warning (False), ``keep`` continues with the saved state with a warning
+    (True; never for a change of an option in ``entry.never_keep``, which raises unless ``reset``)."""
     known = {k: v for k, v in changed.items() if v[1] is not _UNKNOWN}
     diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in known.items())
     unknown = {k: old for k, (old, new) in changed.items() if new is _UNKNOWN}
@@ -115,14 +133,14 @@ def load_state(
             f"{entry.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
             f"{entry.what} start FRESH at step {global_step}",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return False
     warnings.warn(
         f"{entry.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing "
         f"with the saved {entry.what}",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
     return True
 

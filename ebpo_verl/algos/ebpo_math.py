@@ -1,0 +1,511 @@
+"""EBPO advantage math: Empirical-Bayes shrinkage of the GRPO baseline (numpy/torch only, no verl import).
+
+Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
+arXiv 2602.05165. For a prompt q with G_q responses and rewards r_i:
+
+    mu_q = mean_i r_i                                    (group mean)
+    S_q  = (sigma^2 / G_q) / (sigma^2 / G_q + tau^2 + eps)  (shrinkage toward the prior)
+    V_q  = (1 - S_q) mu_q + S_q mu_glob                   (EB baseline)
+    A_i  = r_i - V_q, then standardised over the batch    (norm="batch")
+
+mu_glob, sigma^2 and tau^2 are running statistics over the training history (Welford / Chan merges,
+optionally with exponential forgetting), or over the current batch only (``stats_scope="batch"``: the
+authors' released code exactly, see :func:`compute_ebpo_advantages`). ``prior="beta_binomial"`` is EBPO-BB
+from the v2 draft: a Beta(alpha, beta) prior fitted by the method of moments on earlier batches' pass rates,
+baseline = posterior mean (alpha + s_q) / (alpha + beta + G_q), i.e. the same form with S_q = nu / (nu + G_q),
+mu_glob = alpha / nu.
+
+The per-call work runs on the host in float64 numpy over one vector of scores (one device-to-host copy); the
+uids and labels are factorised once with pandas' hash tables. Every sum runs over values in sorted order, so
+results and state are bit-identical under any row order and any uid strings (a resumed run sees fresh uids).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.grouping import factorize_keys, off_level_rows, padding_names, reward_levels, sorted_mean
+
+
+@dataclass
+class _Priors:
+    """Priors of several scopes: mean, reward variance sigma^2, between-prompt variance tau^2, BB strength nu."""
+
+    mu: np.ndarray
+    sigma2: np.ndarray
+    tau2: np.ndarray
+    nu: np.ndarray
+
+
+def _variance(moments: np.ndarray) -> np.ndarray:
+    """Population variance M2 / n of (..., 3) tables of (n, mean, M2); 0 where empty."""
+    return np.divide(moments[..., 2], moments[..., 0], out=np.zeros(moments.shape[:-1]), where=moments[..., 0] > 0)
+
+
+def _gaussian_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """Gaussian priors of the scopes of an (S, 4, 3) statistics table."""
+    # the released code (batch scope) takes mu_glob as the mean of the group means (prompt-weighted)
+    mu = table[:, 1, 1] if opts.stats_scope == "batch" else table[:, 0, 1]
+    sigma2 = _variance(table[:, 0]) if opts.sigma2 == "total" else table[:, 2, 1]
+    tau2 = _variance(table[:, 1])
+    if opts.tau2 == "debiased":
+        tau2 = np.maximum(tau2 - sigma2 * table[:, 3, 1], 0.0)
+    return _Priors(mu, sigma2, tau2, np.full(len(table), np.nan))
+
+
+def _beta_fit(p: np.ndarray, v: np.ndarray, empty: np.ndarray, eps: float) -> _Priors:
+    """Method of moments on pass rates (mean p, variance v): nu = p(1-p)/v - 1; weak nu = 2 outside the valid
+    range; Beta(1,1) where empty."""
+    p, v = np.where(empty, 0.5, p), np.where(empty, 1.0 / 12.0, v)
+    q = p * (1.0 - p)
+    valid = ~empty & (eps < v) & (v < q - eps)
+    return _Priors(p, q, v, np.where(valid, q / np.where(valid, v, 1.0) - 1.0, 2.0))
+
+
+def _beta_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """Beta priors of the scopes of an (S, 4, 3) statistics table, fitted on their pass rates."""
+    return _beta_fit(table[:, 1, 1], _variance(table[:, 1]), table[:, 1, 0] == 0.0, opts.epsilon)
+
+
+def _cluster_priors(priors: _Priors, prompts: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """Each cluster's prior (``priors`` rows 1..) blended toward the global one (row 0) with weight 0 without
+    history, prompts / min_cluster_prompts, 1 from min_cluster_prompts on; a BB blend is refitted by moments."""
+    mcp = opts.min_cluster_prompts
+    weight = np.where(prompts == 0.0, 0.0, 1.0 if mcp == 0 else np.minimum(1.0, prompts / max(mcp, 1)))
+
+    def mix(values: np.ndarray) -> np.ndarray:
+        return weight * values[1:] + (1.0 - weight) * values[0]
+
+    if opts.prior == "beta_binomial":
+        return _beta_fit(mix(priors.mu), mix(priors.tau2), np.zeros(len(prompts), dtype=bool), opts.epsilon)
+    return _Priors(mix(priors.mu), mix(priors.sigma2), mix(priors.tau2), np.full(len(prompts), np.nan))
+
+
+def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray | None, n_seg: int) -> np.ndarray:
+    """(n_seg, 3) table of (n, mean, M2) per segment, two-pass; ``values`` come in value order, so each segment's
+    sums run in value order (independent of the row order and of the uid strings)."""
+    n = np.bincount(seg, weights=weight, minlength=n_seg).astype(np.float64, copy=False)
+    total = np.bincount(seg, weights=values if weight is None else values * weight, minlength=n_seg)
+    mean = np.divide(total, n, out=np.zeros(n_seg), where=n > 0)
+    dev = values - mean[seg]
+    sq = dev * dev if weight is None else dev * dev * weight
+    return np.stack([n, mean, np.bincount(seg, weights=sq, minlength=n_seg)], axis=1)
+
+
+def _segment_tables(
+    x_sorted: np.ndarray,
+    group_of_sorted: np.ndarray,
+    group_size: np.ndarray,
+    group_mean: np.ndarray,
+    group_var: np.ndarray,
+    segmentations: list[tuple[np.ndarray, int]],
+) -> list[np.ndarray]:
+    """Batch statistics of each segmentation (``(segment of each group, number of segments)``: all prompts, the
+    clusters) as an (n_seg, 4, 3) table: (n, mean, M2) of the rewards, the group means, the within-group
+    variances (groups of two or more) and 1 / G. The rewards come sorted; the three per-group series are sorted
+    once, side by side, and share one bincount per segmentation (each series offset by n_seg)."""
+    series = np.stack([group_mean, group_var, 1.0 / group_size])
+    weights = np.stack([np.ones_like(group_size), (group_size >= 2).astype(np.float64), np.ones_like(group_size)])
+    order = np.argsort(series, axis=1)
+    series, weights = np.take_along_axis(series, order, 1).ravel(), np.take_along_axis(weights, order, 1).ravel()
+    tables = []
+    for group_seg, n_seg in segmentations:
+        rows = _moments(x_sorted, group_seg[group_of_sorted], None, n_seg)
+        seg = (group_seg[order] + np.arange(3)[:, None] * n_seg).ravel()
+        groups = _moments(series, seg, weights, 3 * n_seg).reshape(3, n_seg, 3)
+        tables.append(np.concatenate([rows[None], groups]).transpose(1, 0, 2))
+    return tables
+
+
+def _merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:meth:`Moments.merge` (Chan et al.) on (..., 3) tables of (n, mean, M2), elementwise."""
+    a_n, a_mean, a_m2 = a[..., 0], a[..., 1], a[..., 2]
+    b_n, b_mean, b_m2 = b[..., 0], b[..., 1], b[..., 2]
+    n = a_n + b_n
+    some = n > 0
+    safe = np.where(some, n, 1.0)
+    delta = b_mean - a_mean
+    mean = np.where(some, a_mean + delta * b_n / safe, 0.0)
+    m2 = np.where(some, a_m2 + b_m2 + delta * delta * a_n * b_n / safe, 0.0)
+    return np.stack([np.where(some, n, 0.0), mean, m2], axis=-1)
+
+
+def _score_vector(scores: torch.Tensor) -> torch.Tensor:
+    scores = torch.as_tensor(scores)
+    if scores.dim() != 1:
+        raise ValueError(
+            f"scores must have shape (bs,), one per response; got shape {tuple(scores.shape)} (sum token-level "
+            "rewards over the response first)"
+        )
+    if scores.is_complex():
+        raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
+    return scores
+
+
+def _to_host(scores: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (float64) and the valid flags on the host, in one device-to-host copy."""
+    if scores.device.type == "cpu" and valid.device.type == "cpu":
+        return scores.detach().to(torch.float64).numpy(), valid.detach().numpy().astype(bool, copy=False)
+    if valid.device == scores.device:
+        both = torch.stack([scores.detach().to(torch.float64), valid.detach().to(torch.float64)]).cpu().numpy()
+        return both[0], both[1] != 0
+    return scores.detach().to(torch.float64).cpu().numpy(), valid.detach().cpu().numpy().astype(bool)
+
+
+@dataclass
+class _Rows:
+    """The valid rows of a batch on the host: their positions, rewards (float64) and uid codes."""
+
+    bs: int
+    rows: np.ndarray  # positions of the valid rows
+    r: np.ndarray  # their rewards
+    codes: np.ndarray  # their uid codes
+    uid_names: np.ndarray  # names of the uid codes
+
+    def uids(self, mask: np.ndarray) -> list[str]:
+        """Sorted distinct uids of the (valid) rows selected by ``mask``, for error messages."""
+        return sorted(set(self.uid_names[self.codes[mask]].tolist()))
+
+
+def _valid_rows(
+    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None
+) -> _Rows:
+    """Step 1: the shapes checked, the valid rows (``valid`` and no uid starting with ``pad_prefix``) on the host."""
+    bs = scores.shape[0]
+    uid_arr = np.asarray(index, dtype=object)
+    valid = torch.as_tensor(valid)
+    if uid_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
+        raise ValueError(f"index {uid_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
+    r_all, valid_np = _to_host(scores, valid)
+    uid_codes, uid_names = factorize_keys(uid_arr)
+    if pad_prefix is not None:
+        is_pad = padding_names(uid_names, pad_prefix)
+        if is_pad is not None:
+            valid_np = valid_np & ~is_pad[uid_codes]
+    if valid_np.all():
+        return _Rows(bs, np.arange(bs), r_all, uid_codes, uid_names)
+    rows = np.flatnonzero(valid_np)
+    return _Rows(bs, rows, r_all[rows], uid_codes[rows], uid_names)
+
+
+def _reward_levels(rows: _Rows, options: EBPOOptions) -> tuple[float, float]:
+    """Step 2: finite rewards, and (lowest level, span) of the reward: (0, 1) except for EBPO-BB on the paper's
+    -1/+1 reward, (-1, 2); EBPO-BB refuses any reward that is not two-level."""
+    bad = ~np.isfinite(rows.r)
+    if bad.any():
+        raise ValueError(f"non-finite (NaN/inf) rewards for uid(s) {rows.uids(bad)[:20]}: check the reward function")
+    if options.prior != "beta_binomial":
+        return 0.0, 1.0
+    levels = reward_levels(rows.r, fractions=False)
+    if levels is not None:
+        return levels
+    values = np.unique(rows.r)
+    raise ValueError(
+        f"prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward "
+        f"values {values[:8].tolist()}{' ...' if len(values) > 8 else ''} "
+        f"(uid(s) {rows.uids(off_level_rows(rows.r, fractions=False))[:20]}). Other values "
+        "come from a shaped reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
+        "penalty or partial credit adds levels. Use prior=gaussian, or a plain two-level reward."
+    )
+
+
+@dataclass
+class _GroupStats:
+    """Per prompt group: the row -> group map, size g, mean mu_q, unbiased variance, reward range; the rows' x
+    (pass indicator for EBPO-BB) sorted by value with their groups."""
+
+    row_group: np.ndarray
+    g: np.ndarray
+    mu_q: np.ndarray
+    var_q: np.ndarray
+    r_min: np.ndarray
+    r_max: np.ndarray
+    x: np.ndarray
+    x_sorted: np.ndarray
+    group_of_sorted: np.ndarray
+
+
+def _group_stats(rows: _Rows, lo: float, span: float) -> _GroupStats:
+    """Step 3: the group moments, summed in value order (independent of the row order and of the uid strings)."""
+    if rows.rows.size == rows.bs:  # factorize's codes are already 0..n-1
+        row_group, n_groups = rows.codes, len(rows.uid_names)
+    else:
+        used = np.bincount(rows.codes, minlength=len(rows.uid_names)) > 0
+        row_group, n_groups = (np.cumsum(used) - 1)[rows.codes], int(used.sum())
+    r = rows.r
+    x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
+    order = np.argsort(x, kind="stable")
+    x_sorted, group_of_sorted = x[order], row_group[order]
+    g = np.bincount(group_of_sorted, minlength=n_groups).astype(np.float64)
+    mu_q = np.bincount(group_of_sorted, weights=x_sorted, minlength=n_groups) / g
+    dev = x_sorted - mu_q[group_of_sorted]
+    m2_q = np.bincount(group_of_sorted, weights=dev * dev, minlength=n_groups)
+    var_q = np.where(g >= 2, m2_q / np.maximum(g - 1.0, 1.0), 0.0)
+    r_max = np.full(n_groups, -np.inf)
+    np.maximum.at(r_max, row_group, r)
+    r_min = np.full(n_groups, np.inf)
+    np.minimum.at(r_min, row_group, r)
+    return _GroupStats(row_group, g, mu_q, var_q, r_min, r_max, x, x_sorted, group_of_sorted)
+
+
+def _shrinkage(groups: _GroupStats, priors: _Priors, group_prior: np.ndarray, options: EBPOOptions) -> np.ndarray:
+    """Step 5: S_q per group (fixed; nu / (nu + G) for EBPO-BB; (sigma^2/G) / (sigma^2/G + tau^2 + eps), or the
+    released code's form in batch scope)."""
+    g, eps = groups.g, options.epsilon
+    if options.fixed_shrinkage is not None:
+        return np.full(len(g), options.fixed_shrinkage)
+    if options.prior == "beta_binomial":
+        nu = priors.nu[group_prior]
+        return nu / (nu + g)
+    noise = priors.sigma2[group_prior] / g
+    denom = noise + priors.tau2[group_prior]
+    if options.stats_scope == "batch":  # released code: no eps, S = 1 where the denominator is <= 1e-6
+        big = denom > eps
+        return np.where(big, noise / np.where(big, denom, 1.0), 1.0)
+    return noise / (denom + eps)
+
+
+def _normalised(
+    adv: np.ndarray, groups: _GroupStats, shrink: np.ndarray, prior_sigma2: np.ndarray, span: float, opts: EBPOOptions
+) -> np.ndarray:
+    """Step 7: the ``norm`` option applied to the centred advantages."""
+    eps = opts.epsilon
+    if opts.norm == "batch":
+        ordered = np.sort(adv)
+        mean = ordered.sum() / ordered.size
+        var = ((ordered - mean) ** 2).sum() / (ordered.size - 1) if ordered.size >= 2 else 0.0
+        return (adv - mean) / (math.sqrt(var) + eps)
+    if opts.norm == "group":
+        scale = span * np.sqrt((1.0 - shrink) * groups.var_q + shrink * prior_sigma2)
+        return adv / (scale[groups.row_group] + eps)
+    if opts.stats_scope == "batch":  # released code with norm_adv_by_std_in_grpo=False: A - mean(A)
+        return adv - sorted_mean(adv)
+    return adv
+
+
+def compute_ebpo_advantages(
+    scores: torch.Tensor,
+    index: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    options: EBPOOptions,
+    state: EBPOState,
+    labels: Sequence[Any] | np.ndarray | None = None,
+    pad_prefix: str | None = None,
+) -> Advantages:
+    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``scores``; padding rows get 0) and the
+    step's ``ebpo/*`` diagnostics.
+
+    Args:
+        scores: response rewards, shape (bs,), any real dtype (the result is floating: the dtype of ``scores``
+            when it is floating, else torch's default dtype).
+        index: per-response prompt uids (compared as strings).
+        valid: False for padding rows; they get advantage 0 and never touch the statistics.
+        options: estimator options.
+        state: running statistics, updated in place (unless ``stats_scope="batch"``); left unchanged on error.
+        labels: per-response cluster labels (compared as strings; None/NaN = missing), required iff
+            ``options.cluster_key``.
+        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
+
+    ``stats_scope="batch"`` is the released code (docs/paper_notes.md#released-code): sigma^2 = population variance
+    of the batch's rewards, tau^2 = population variance of its group means, mu_glob = mean of the group means,
+    S = (sigma^2/G_q) / (sigma^2/G_q + tau^2) where that denominator exceeds eps else 1, then
+    (A - mean A) / (std A + eps) (unbiased std), or only A - mean A with ``norm="none"``.
+    With ``prior="beta_binomial"`` and -1/+1 rewards the posterior mean p_q of the pass rate is an expected
+    reward of 2 p_q - 1: the statistics are kept in pass units and advantages mapped back to reward units.
+    """
+    scores = _score_vector(scores)
+    out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
+    rows = _valid_rows(scores, index, valid, pad_prefix)
+    lo, span = _reward_levels(rows, options)
+    if rows.rows.size == 0:
+        return Advantages(torch.zeros(rows.bs, dtype=out_dtype, device=scores.device), {})
+    groups = _group_stats(rows, lo, span)
+    n_groups = len(groups.g)
+    cluster_names, group_cluster = _group_clusters(rows, groups.row_group, n_groups, labels, options)
+    # Step 4: this batch's statistics, the priors of every scope, each group's prior.
+    zeros_seg = np.zeros(n_groups, dtype=np.int64)
+    segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
+    batch = np.concatenate(
+        _segment_tables(groups.x_sorted, groups.group_of_sorted, groups.g, groups.mu_q, groups.var_q, segmentations)
+    )
+    stored, prior_table = _next_statistics(state, batch, cluster_names, options)
+    scopes = (_beta_priors if options.prior == "beta_binomial" else _gaussian_priors)(prior_table, options)
+    if cluster_names is None:
+        priors, group_prior = scopes, zeros_seg
+    else:
+        priors, group_prior = _cluster_priors(scopes, prior_table[1:, 1, 0], options), group_cluster
+    shrink = _shrinkage(groups, priors, group_prior, options)
+    # Step 6: the EB baseline; BB with -1/+1: reward minus the expected reward 2 p_q - 1
+    baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
+    adv = span * (groups.x - baseline[groups.row_group])
+    adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
+    _check_range(adv, batch, stored, state, rows, out_dtype)
+    _commit(state, batch[0], stored)
+    diagnostics = _diagnostics(state, scopes, shrink, groups, cluster_names, priors, group_cluster, lo, span)
+    return Advantages(_scatter(adv, rows, scores.device, out_dtype), diagnostics)
+
+
+def _check_range(
+    adv: np.ndarray,
+    batch: np.ndarray,
+    stored: tuple[PriorStats, dict[str, PriorStats], bool] | None,
+    state: EBPOState,
+    rows: _Rows,
+    out_dtype: torch.dtype,
+) -> None:
+    """Step 8: the advantages and statistics are finite and the advantages fit ``out_dtype`` (before any commit)."""
+    if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
+        raise _overflow_error(state.steps + 1, rows.r, rows.uids)
+    if out_dtype != torch.float64 and adv.size and np.abs(adv).max() > torch.finfo(out_dtype).max:
+        raise _overflow_error(state.steps + 1, rows.r, rows.uids, f"advantages above the {out_dtype} maximum")
+
+
+def _scatter(adv: np.ndarray, rows: _Rows, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The valid rows' advantages at their batch positions, 0 elsewhere, on ``device``."""
+    if rows.rows.size == rows.bs:
+        full = adv
+    else:
+        full = np.zeros(rows.bs)
+        full[rows.rows] = adv
+    return torch.from_numpy(full).to(device=device, dtype=dtype)
+
+
+class EBPOEstimator(Estimator):
+    """The ``ebpo`` estimator of one run: its options, its running statistics (:class:`EBPOState`, saved with every
+    checkpoint) and the last step's ``ebpo/*`` diagnostics. ``row_values`` are the cluster labels."""
+
+    state_cls = EBPOState
+
+    def compute(self, batch: Batch) -> Advantages:
+        scores, index, valid, labels, pad_prefix = batch
+        return compute_ebpo_advantages(scores, index, valid, self.options, self.state, labels, pad_prefix)
+
+
+def _overflow_error(
+    call: int, r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]], what: str = "non-finite"
+) -> ValueError:
+    """The statistics or advantages left the float range: name the estimator call (``state.steps + 1``: one per
+    training step since the statistics began, so verl's global step in a run that was never reset) and the uids
+    with the largest rewards."""
+    mag = np.abs(r)
+    offenders = row_uids(mag >= 0.01 * mag.max())
+    return ValueError(
+        f"EBPO estimator call {call} (one per training step since the statistics began): the statistics or "
+        f"advantages overflow ({what}) with rewards as large as {mag.max():.3g}; "
+        f"largest rewards in uid(s) {offenders[:20]}. Scale the reward down; the running state was left unchanged."
+    )
+
+
+def _group_clusters(
+    rows: _Rows,
+    row_group: np.ndarray,
+    n_groups: int,
+    labels: Sequence[Any] | np.ndarray | None,
+    options: EBPOOptions,
+) -> tuple[list[str] | None, np.ndarray]:
+    """Cluster id per group from per-row labels; every row of a group must carry the same label."""
+    if options.cluster_key is None:
+        return None, np.zeros(n_groups, dtype=np.int64)
+    if labels is None:
+        raise ValueError(
+            f"algorithm.ebpo.cluster_key={options.cluster_key!r} needs per-row labels; run training through "
+            "`python -m ebpo_verl.main` (it passes extra_info[cluster_key]) or unset cluster_key"
+        )
+    label_arr = np.asarray(labels, dtype=object)
+    if label_arr.shape != (rows.bs,):
+        raise ValueError(f"labels have shape {label_arr.shape}, expected ({rows.bs},) (one per response)")
+    row_cluster, names = factorize_keys(label_arr[rows.rows], missing=True)
+    missing = row_cluster < 0
+    if missing.any():
+        offenders = rows.uids(missing)
+        raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {offenders[:20]}")
+    group_cluster = np.full(n_groups, -1, dtype=np.int64)
+    group_cluster[row_group] = row_cluster
+    inconsistent = group_cluster[row_group] != row_cluster
+    if inconsistent.any():
+        offenders = rows.uids(inconsistent)
+        raise ValueError(f"uid(s) {offenders[:20]} carry more than one {options.cluster_key!r} label")
+    return names.tolist(), group_cluster
+
+
+def _next_statistics(
+    state: EBPOState, batch: np.ndarray, cluster_names: list[str] | None, options: EBPOOptions
+) -> tuple[tuple[PriorStats, dict[str, PriorStats], bool] | None, np.ndarray]:
+    """(the statistics to store after this batch and whether they are all finite, or None in batch scope;
+    the (1 + clusters, 4, 3) table the priors are built from). ``batch``: the batch's tables, global first.
+
+    ``state`` is not changed: the caller commits once everything is known to be finite.
+    """
+    names = cluster_names or []
+    if options.stats_scope == "batch":
+        return None, batch
+    decay = float(options.decay)
+    empty = PriorStats()
+    past = np.array([state.global_stats.table()] + [state.clusters.get(n, empty).table() for n in names])
+    if decay != 1.0:
+        past[..., 0] *= decay
+        past[..., 2] *= decay
+    new = _merge_tables(past, batch)
+    new_scopes = [PriorStats.from_table(t) for t in new.tolist()]
+    stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
+    stored.update(zip(names, new_scopes[1:], strict=True))
+    result = (new_scopes[0], stored, bool(np.isfinite(new).all()))
+    if options.prior == "beta_binomial" or (options.merge == "after" and past[0, 1, 0] > 0):
+        # A cluster without history falls back to the global prior through its blending weight of 0.
+        return result, past
+    return result, new
+
+
+def _commit(
+    state: EBPOState, batch_global: np.ndarray, stored: tuple[PriorStats, dict[str, PriorStats], bool] | None
+) -> None:
+    state.steps += 1
+    state.prompts_seen += int(batch_global[1, 0])
+    state.responses_seen += int(batch_global[0, 0])
+    if stored is not None:
+        state.global_stats, state.clusters, _ = stored
+
+
+def _diagnostics(
+    state: EBPOState,
+    scopes: _Priors,
+    shrink: np.ndarray,
+    groups: _GroupStats,
+    cluster_names: list[str] | None,
+    priors: _Priors,
+    group_cluster: np.ndarray,
+    lo: float,
+    span: float,
+) -> dict[str, float]:
+    """``ebpo/*`` metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)."""
+    r_min, r_max = groups.r_min, groups.r_max
+    diag = {
+        "ebpo/shrinkage_mean": sorted_mean(shrink),
+        "ebpo/shrinkage_min": float(shrink.min()),
+        "ebpo/shrinkage_max": float(shrink.max()),
+        "ebpo/mu_glob": float(lo + span * scopes.mu[0]),
+        "ebpo/sigma2": float(span * span * scopes.sigma2[0]),
+        "ebpo/tau2": float(span * span * scopes.tau2[0]),
+        "ebpo/prompts_seen": float(state.prompts_seen),
+        "ebpo/responses_seen": float(state.responses_seen),
+        "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
+        "ebpo/frac_all_fail": float(np.count_nonzero(r_max <= 0) / r_max.size),
+        "ebpo/frac_all_pass": float(np.count_nonzero(r_min >= 1) / r_min.size),
+    }
+    if cluster_names:
+        order = np.argsort(shrink)
+        seg = group_cluster[order]
+        means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
+        for cid, name in enumerate(cluster_names):
+            diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
+            diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
+    return diag

@@ -1,0 +1,175 @@
+"""Grouping of a batch's rows by a key, order-free sums and the two-level reward detector, shared by every estimator
+(numpy / torch only, no verl import).
+
+Keys (uids, prompt keys, cluster labels) are compared as strings and factorised once with pandas' hash tables (no
+per-row string conversion). Every sum runs over values in sorted order, so results do not depend on the order of
+the rows nor on the key strings (a resumed run sees fresh uids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+
+def factorize_keys(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and unique names of ``values`` compared as strings (pandas' hash table on the objects, then on the
+    few distinct names); with ``missing``, None/NaN get code -1."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=missing)
+    names = np.asarray(uniques, dtype=object)
+    if pd.api.types.infer_dtype(names, skipna=False) != "string":  # not all str: compare their text
+        names = names.astype(str)
+        if len(set(names.tolist())) != len(names):  # distinct objects with the same text (1 and "1") are one
+            merged, distinct = pd.factorize(names)
+            codes = np.where(codes >= 0, merged[codes], -1)
+            names = np.asarray(distinct, dtype=object)
+        names = names.astype(object)
+    return codes.astype(np.int64, copy=False), names
+
+
+def padding_names(names: np.ndarray, prefix: str) -> np.ndarray | None:
+    """Per distinct uid: does it start with ``prefix`` (verl's ``pad`` rows)? None when none does (one cheap
+    substring test over the few distinct names; no per-row string work)."""
+    if "\0" + prefix not in "\0" + "\0".join(names.tolist()):
+        return None
+    return np.strings.startswith(names.astype(str), prefix)
+
+
+def sorted_mean(values: np.ndarray) -> float:
+    """Mean summed in value order (independent of the order of the rows)."""
+    return float(np.sort(values).sum() / values.size)
+
+
+def sorted_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum in value order (independent of the order of the rows)."""
+    return torch.sort(values).values.sum()
+
+
+def standardise(adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """(A - mean) / (unbiased std + eps) over the batch; a single row gets 0."""
+    n = adv.numel()
+    mean = sorted_sum(adv) / n
+    var = sorted_sum((adv - mean) ** 2) / (n - 1) if n >= 2 else torch.zeros((), dtype=adv.dtype)
+    return (adv - mean) / (var.sqrt() + eps)
+
+
+def reward_levels(r: np.ndarray, fractions: bool) -> tuple[float, float] | None:
+    """(lowest level, span) of a two-level reward: 0/1 (with ``fractions``, any value in [0, 1]) -> (0, 1), the
+    paper's -1/+1 -> (-1, 2); None for any other reward (an empty batch is 0/1)."""
+    if (((r >= 0.0) & (r <= 1.0)) if fractions else ((r == 0.0) | (r == 1.0))).all():
+        return 0.0, 1.0
+    if ((r == -1.0) | (r == 1.0)).all():
+        return -1.0, 2.0
+    return None
+
+
+def off_level_rows(r: np.ndarray, fractions: bool) -> np.ndarray:
+    """The rows that make a reward refused by :func:`reward_levels`: values outside [0, 1] with ``fractions``;
+    else values other than -1, 0 and 1, or, when there are none, the 0s (a -1/0/1 reward has three levels)."""
+    if fractions:
+        return (r < 0.0) | (r > 1.0)
+    bad = ~((r == 0.0) | (r == 1.0)) & ~((r == -1.0) | (r == 1.0))
+    return bad if bad.any() else r == 0.0
+
+
+@dataclass
+class Groups:
+    """The valid rows of a batch grouped by key: rewards (float64), row -> group, per-group size and moments."""
+
+    rows: torch.Tensor  # positions of the valid rows in the batch
+    r: torch.Tensor  # their rewards
+    row_group: torch.Tensor  # group of each valid row
+    keys: np.ndarray  # sorted group keys (str)
+    size: torch.Tensor  # responses per group
+    mean: torch.Tensor  # group mean reward
+    var: torch.Tensor  # unbiased within-group variance (0 for a group of one)
+
+    def keys_of(self, rows: np.ndarray) -> list[str]:
+        """Sorted distinct keys of the valid rows selected by the bool mask ``rows`` (for error messages)."""
+        return sorted(set(self.keys[self.row_group.numpy()[rows]].tolist()))
+
+
+def group_rows(
+    scores: torch.Tensor,
+    keys: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    what: str,
+    pad_prefix: str | None = None,
+) -> Groups:
+    """Group the valid rows by ``keys`` (compared as strings); rows whose key starts with ``pad_prefix`` are padding
+    too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming ``what``."""
+    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix)
+    rows = torch.from_numpy(rows_np)
+    r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
+    order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group_keys = names[order]
+    bad = ~torch.isfinite(r)
+    if bool(bad.any()):
+        offenders = sorted(set(group_keys[rank[codes[bad.numpy()]]].tolist()))
+        raise ValueError(f"non-finite (NaN/inf) rewards for {what} {offenders[:20]}: check the reward function")
+    row_group = torch.from_numpy(rank[codes].astype(np.int64, copy=False))
+    size, mean, var = _group_moments(r, row_group, len(group_keys))
+    return Groups(rows, r, row_group, group_keys, size, mean, var)
+
+
+def _valid_codes(
+    scores: torch.Tensor, keys: Sequence[Any] | np.ndarray, valid: torch.Tensor, what: str, pad_prefix: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positions of the valid rows, their key codes, the names of the codes used) after the shape checks."""
+    bs = scores.shape[0]
+    key_arr = np.asarray(keys, dtype=object)
+    if key_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
+        raise ValueError(f"{what} {key_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
+    valid_np = valid.detach().cpu().numpy().astype(bool)
+    codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
+    is_pad = padding_names(names, pad_prefix) if pad_prefix is not None else None
+    if is_pad is not None:
+        valid_np &= ~(is_pad[codes] & (codes >= 0))
+    rows_np = np.flatnonzero(valid_np)
+    codes = codes[rows_np]
+    missing = codes < 0
+    if missing.any():
+        first = rows_np[missing][:10].tolist()
+        raise ValueError(f"{int(missing.sum())} valid row(s) have no {what} (None/NaN); first rows: {first}")
+    used = np.bincount(codes, minlength=len(names)) > 0
+    if not used.all():  # names of padding rows only
+        codes = (np.cumsum(used) - 1)[codes]
+        names = names[used]
+    return rows_np, codes, names.astype(str)
+
+
+def _group_moments(r: torch.Tensor, row_group: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """(size, mean, unbiased variance) per group, summed in value order (independent of the row order)."""
+    r_sorted, r_order = torch.sort(r, stable=True)
+    g_sorted = row_group.index_select(0, r_order)
+    size = torch.zeros(n, dtype=torch.float64).index_add_(0, g_sorted, torch.ones_like(r))
+    mean = torch.zeros(n, dtype=torch.float64).index_add_(0, g_sorted, r_sorted) / size.clamp_min(1.0)
+    dev = r_sorted - mean.index_select(0, g_sorted)
+    m2 = torch.zeros(n, dtype=torch.float64).index_add_(0, g_sorted, dev * dev)
+    var = torch.where(size >= 2, m2 / (size - 1).clamp_min(1.0), torch.zeros_like(m2))
+    return size, mean, var
+
+
+def scatter_rows(scores: torch.Tensor, g: Groups, adv: torch.Tensor) -> torch.Tensor:
+    """Advantages of the valid rows at their batch positions, 0 elsewhere; dtype of ``scores`` if floating."""
+    dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
+    out = torch.zeros(scores.shape[0], dtype=dtype, device=scores.device)
+    return out.index_copy_(0, g.rows.to(out.device), adv.to(dtype=dtype, device=scores.device))
+
+
+def unpadded(valid: torch.Tensor, index: Sequence[Any] | np.ndarray, prefix: str | None) -> torch.Tensor:
+    """``valid`` on the CPU, less the rows whose uid (``index``) starts with ``prefix`` (verl's ``pad`` rows), for
+    estimators that group by another key than the uid."""
+    valid = valid.cpu()
+    if prefix is None:
+        return valid
+    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
+    is_pad = padding_names(uid_names, prefix)
+    return valid if is_pad is None else valid & ~torch.from_numpy(is_pad[uid_codes])

@@ -1,0 +1,129 @@
+"""The per-prompt Beta(alpha, beta) tracker shared by ``spo`` (its tracker) and ``dbb`` (its posteriors): sorted
+stable prompt keys with their pseudo-counts (numpy only, no verl import).
+
+verl's uid is drawn afresh every step, so a prompt is identified across steps by a stable key (``extra_info``'s
+``prompt_key`` field). The saved form (:meth:`PromptTracker.state_dict`) is the one both estimators wrote before
+they shared this class: ``{"version": 1, "steps", "keys", "alpha", "beta"}``, keys sorted and unique.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ebpo_verl.options.parsing import is_real
+
+TRACKER_VERSION = 1
+
+
+def _empty_keys() -> np.ndarray:
+    return np.array([], dtype=str)
+
+
+def _empty_floats() -> np.ndarray:
+    return np.array([], dtype=np.float64)
+
+
+@dataclass
+class PromptTracker:
+    """Sorted prompt keys with their (alpha, beta), and the number of estimator calls that updated them."""
+
+    label: ClassVar[str] = "tracker"
+    """The estimator's name in messages (``SPO state ...``)."""
+
+    steps: int = 0
+    keys: np.ndarray = field(default_factory=_empty_keys)
+    alpha: np.ndarray = field(default_factory=_empty_floats)
+    beta: np.ndarray = field(default_factory=_empty_floats)
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position in the tracker, found) of each key of the sorted, unique array ``keys``."""
+        pos = np.searchsorted(self.keys, keys)
+        inside = np.minimum(pos, max(len(self.keys) - 1, 0))
+        found = (pos < len(self.keys)) & (self.keys[inside] == keys) if len(self.keys) else np.zeros(len(keys), bool)
+        return inside, found
+
+    def counts(self, pos: np.ndarray, found: np.ndarray, prior: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+        """(alpha, beta) of the looked-up keys (:meth:`lookup`): the tracked ones, ``prior`` for the others."""
+        alpha, beta = np.full(len(found), prior[0]), np.full(len(found), prior[1])
+        alpha[found], beta[found] = self.alpha[pos[found]], self.beta[pos[found]]
+        return alpha, beta
+
+    def update(self, keys: np.ndarray, pos: np.ndarray, found: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> None:
+        """Store the new (alpha, beta) of the looked-up ``keys`` (new keys merged in sorted order); one more step."""
+        self.alpha[pos[found]], self.beta[pos[found]] = alpha[found], beta[found]
+        if not found.all():
+            merged = np.concatenate([self.keys, keys[~found]])
+            order = np.argsort(merged, kind="stable")
+            self.keys = merged[order]
+            self.alpha = np.concatenate([self.alpha, alpha[~found]])[order]
+            self.beta = np.concatenate([self.beta, beta[~found]])[order]
+        self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
+        return {
+            "version": TRACKER_VERSION,
+            "steps": self.steps,
+            "keys": self.keys.tolist(),
+            "alpha": self.alpha.tolist(),
+            "beta": self.beta.tolist(),
+        }
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict` snapshot; every field is checked, and a bad one raises ValueError naming it,
+        leaving this tracker unchanged."""
+        what = f"{self.label} state"
+        if not isinstance(state, Mapping):
+            raise ValueError(f"{what} must be a JSON object, got {type(state).__name__}")
+        version = state.get("version")
+        if version != TRACKER_VERSION:
+            raise ValueError(f"{what} version {version!r} is not supported (expected {TRACKER_VERSION})")
+        missing = {"steps", "keys", "alpha", "beta"} - set(state)
+        if missing:
+            raise ValueError(f"{what} is missing key(s) {sorted(missing)}")
+        steps = state["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"{what} steps={steps!r} must be an integer >= 0")
+        keys, alpha, beta = _columns(state, what)
+        self.__init__(steps, keys, alpha, beta)
+
+
+def _columns(state: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The checked ``keys`` (strings, sorted, unique), ``alpha`` and ``beta`` (finite, > 0) of a saved tracker."""
+    for name in ("keys", "alpha", "beta"):
+        values = state[name]
+        if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
+            raise ValueError(f"{what} {name} must be a flat list, got {str(values)[:60]}")
+    if not all(isinstance(k, str) for k in state["keys"]):
+        raise ValueError(f"{what} keys must be strings")
+    if not all(is_real(v) for v in state["alpha"] + state["beta"]):
+        raise ValueError(f"{what} alpha/beta must be finite numbers")
+    keys = np.array(state["keys"], dtype=str)
+    alpha = np.array(state["alpha"], dtype=np.float64)
+    beta = np.array(state["beta"], dtype=np.float64)
+    if not (len(keys) == len(alpha) == len(beta)):
+        raise ValueError(f"{what} has {len(keys)} keys but {len(alpha)} alpha and {len(beta)} beta values")
+    if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):
+        raise ValueError(f"{what} keys are not sorted and unique")
+    if not ((alpha > 0).all() and (beta > 0).all()):
+        raise ValueError(f"{what} has non-positive alpha/beta values")
+    return keys, alpha, beta
+
+
+def require_prompt_keys(row_values: np.ndarray | None, name: str, what: str, prompt_key: str) -> np.ndarray:
+    """The per-row stable prompt keys of a per-prompt estimator (``spo``, ``dbb``); without them ValueError: verl's
+    uids are fresh every step, so a uid-keyed ``what`` would never see a prompt twice."""
+    if row_values is None:
+        raise ValueError(
+            f"adv_estimator={name} needs a stable prompt key per row (verl's uid is drawn afresh every step, "
+            f"so a uid-keyed {what} never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
+            f"extra_info[{prompt_key!r}] (algorithm.{name}.prompt_key), or pass prompt_keys=..."
+        )
+    return row_values

@@ -1,0 +1,148 @@
+"""Everything derived from the option declarations: the package's Hydra config, the ``--help`` list, the README table.
+
+``ebpo_trainer.yaml`` is verl's ``ppo_trainer`` plus :data:`SECTIONS` (our options sections, from their dataclasses)
+and :data:`VERL_DEFAULTS` (the verl keys whose defaults ``ebpo-train`` changes), each declared once here or in its
+dataclass. ``python -m ebpo_verl.trainer.config.generate`` rewrites the file; ``--readme README.md`` rewrites the
+README's options table (between :data:`README_MARKERS`); ``tests/test_options.py`` fails when either differs from
+what this module generates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ebpo_verl.algos.baselines import SPOOptions
+from ebpo_verl.algos.dbb import DBBOptions
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ordering import CurriculumOptions
+from ebpo_verl.options.parsing import OptionSection, allowed
+from ebpo_verl.trainer.run_options import STATEFUL, TrainerOptions
+
+YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
+README_MARKERS = ("<!-- options:begin -->", "<!-- options:end -->")
+VERL_CONFIG = "pkg://verl.trainer.config"
+
+
+@dataclass(frozen=True)
+class VerlDefault:
+    """A verl key whose default ``ebpo-train`` changes: the key, our value, why."""
+
+    key: str
+    value: Any
+    help: str
+
+
+_BARE = "a default a bare ebpo-train passes the pre-flight with (verl leaves it unset); the recipes set their own"
+VERL_DEFAULTS: tuple[VerlDefault, ...] = (
+    VerlDefault("algorithm.adv_estimator", "ebpo", "the estimator registered by ebpo_verl (verl.plugins entry point)"),
+    VerlDefault("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 4, _BARE),
+    VerlDefault("actor_rollout_ref.rollout.n", 4, "the paper's group size G (verl's n=1 is refused by the pre-flight)"),
+    VerlDefault("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 4, _BARE),
+    VerlDefault("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 4, _BARE),
+    VerlDefault("reward.custom_reward_function.path", "pkg://ebpo_verl.reward", "the math-verify scorer shipped here"),
+    VerlDefault("reward.custom_reward_function.name", "compute_score", "its function"),
+)
+"""New verl keys whose defaults we change go here."""
+
+SECTIONS: tuple[type[OptionSection], ...] = (*(entry.options_cls for entry in STATEFUL.values()), TrainerOptions)
+"""Our options sections that the config holds (``data.curriculum`` is not: the runs that use it add it,
+``++data.curriculum.<key>``)."""
+
+ALL_SECTIONS: tuple[type[OptionSection], ...] = (EBPOOptions, SPOOptions, DBBOptions, CurriculumOptions, TrainerOptions)
+"""Every options section of the package (``--help``, the README table)."""
+
+
+def _tree() -> dict[str, Any]:
+    """The file's keys as nested dicts; a leaf is (value, help). verl's keys first: each parent keeps the place
+    where it first appears, so our sections follow ``algorithm.adv_estimator`` and the file reads in verl's order."""
+    leaves = [(d.key, d.value, d.help) for d in VERL_DEFAULTS]
+    for cls in SECTIONS:
+        leaves += [(f"{cls.SECTION}.{f.name}", f.default, f.metadata["help"]) for f in cls.declarations()]
+    tree: dict[str, Any] = {}
+    for key, value, help_ in leaves:
+        *parents, name = key.split(".")
+        node = tree
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = (value, help_)
+    return tree
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).removesuffix("\n...\n").strip()
+
+
+def _emit(tree: dict[str, Any], depth: int = 0) -> Iterator[str]:
+    indent = "  " * depth
+    for name, node in tree.items():
+        if isinstance(node, dict):
+            yield f"{indent}{name}:"
+            yield from _emit(node, depth + 1)
+            continue
+        value, help_ = node
+        comment = f"{indent}# "
+        yield from textwrap.wrap(help_, 120 - len(comment), initial_indent=comment, subsequent_indent=comment)
+        yield f"{indent}{name}: {_scalar(value)}"
+
+
+def config_yaml() -> str:
+    """The text of ``ebpo_trainer.yaml``."""
+    head = [
+        "# GENERATED from the option declarations by `python -m ebpo_verl.trainer.config.generate`: do not edit.",
+        "# verl's own ppo_trainer.yaml (from the installed wheel) plus our options and the verl defaults we change;",
+        "# used by `python -m ebpo_verl.main` / `ebpo-train` (`ebpo-train --help` lists the options).",
+        "hydra:",
+        "  searchpath:",
+        f"    - {VERL_CONFIG}",
+        "defaults:",
+        "  - ppo_trainer",
+        "  - _self_",
+    ]
+    return "\n".join([*head, *_emit(_tree())]) + "\n"
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def option_lines() -> list[str]:
+    """``--help``'s options: ``section.key=default  (allowed)`` per option of every section."""
+    return [
+        f"  {cls.SECTION}.{f.name}={_shown(f.default)}  ({allowed(f)})"
+        for cls in ALL_SECTIONS
+        for f in cls.declarations()
+    ]
+
+
+def options_table() -> str:
+    """The README's options table: every section with each option's default (allowed values: ``--help``)."""
+    rows = ["| section | options (defaults) |", "|---|---|"]
+    for cls in ALL_SECTIONS:
+        rows.append(f"| `{cls.SECTION}` | {', '.join(f'`{f.name}={_shown(f.default)}`' for f in cls.declarations())} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write ebpo_trainer.yaml from the option declarations.")
+    parser.add_argument("--readme", type=Path, help="rewrite the options table of this README instead")
+    args = parser.parse_args(argv)
+    if args.readme:
+        from ebpo_verl.ops.readme_block import replace_marked_block
+
+        args.readme.write_text(replace_marked_block(args.readme.read_text(), *README_MARKERS, options_table()))
+        print(f"wrote the options table of {args.readme}")
+    else:
+        YAML_PATH.write_text(config_yaml())
+        print(f"wrote {YAML_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
