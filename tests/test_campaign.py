@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebpo_verl.algos.ebpo import EBPOState
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.cpu import campaign
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_expected_state_equals_the_definition_over_all_batches():
 
 def test_check_state_accepts_the_package_merge():
     """The package's own EB state after the same two batches (its Chan merge) passes the numpy recomputation."""
-    from ebpo_verl.algos.ebpo import PriorStats
+    from ebpo_verl.algos.ebpo_state import PriorStats
 
     def stats(groups: list[list[float]]) -> PriorStats:
         series = ([x for g in groups for x in g], [np.mean(g) for g in groups], [np.var(g, ddof=1) for g in groups],

@@ -18,7 +18,9 @@ import psutil
 import pytest
 import torch
 
-from ebpo_verl.algos.ebpo import EBPOOptions, EBPOState, compute_ebpo_advantages
+from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.cpu import backend
 from ebpo_verl.smoke import continuation, evaluation, faults, limits, scan, settings
 
