@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
+from ebpo_verl.ops.readme_block import replace_marked_block
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPECS = ("quick=docs/study_quick.json",)
@@ -165,10 +166,10 @@ def load_summary(path: Path) -> dict:
 def replace_block(text: str, name: str, block: str) -> str:
     """``text`` with the part between NAME's begin and end markers replaced by ``block``."""
     begin, end = f"<!-- study:{name}:begin -->", f"<!-- study:{name}:end -->"
-    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
-    if len(pattern.findall(text)) != 1:
-        raise ReadmeTableError(f"the README needs exactly one {begin} ... {end} pair (on their own lines)")
-    return pattern.sub(lambda _: f"{begin}\n{block}{end}", text)
+    try:
+        return replace_marked_block(text, begin, end, block)
+    except ValueError as err:
+        raise ReadmeTableError(f"the README {err}") from None
 
 
 def parse_spec(spec: str) -> tuple[str, Path]:
