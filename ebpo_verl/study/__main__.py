@@ -10,11 +10,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
 from ebpo_verl.study.presets import PRESETS, describe_presets
+
+PROG = "python -m ebpo_verl.study"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,13 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except DiskFullError as err:
-        print(f"python -m ebpo_verl.study: error: {err} (finished runs are kept; the rerun resumes)", file=sys.stderr)
+        print(f"{PROG}: error: {err} (finished runs are kept; the rerun resumes)", file=sys.stderr)
         return 2
 
 
-def _main(argv: list[str] | None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m ebpo_verl.study",
+        prog=PROG,
         description=__doc__.replace("``", ""),  # the docstring's RST literals, as plain text
         epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -40,16 +43,26 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
-    problem = unwritable_reason(args.out, folder=True)
+    return args
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why ``out`` cannot hold the study (tried up front: one line, nothing written); None: created, writable."""
+    problem = unwritable_reason(out, folder=True)
     if problem is None:
         try:
-            args.out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             problem = f"cannot create it: {err.strerror}"
-    if problem:
-        print(f"{parser.prog}: error: --out {args.out}: {problem}", file=sys.stderr)
+    return problem
+
+
+def _main(argv: list[str] | None) -> int:
+    args = _arguments(argv)
+    if problem := _out_problem(args.out):
+        print(f"{PROG}: error: --out {args.out}: {problem}", file=sys.stderr)
         return 2
-    command = " ".join(["python -m ebpo_verl.study", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join([PROG, *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
     from ebpo_verl.ops.provenance import code_version
 
@@ -59,58 +72,34 @@ def _main(argv: list[str] | None) -> int:
 
         print(run_mse_study(args.out, command))
         return 0
-
-    from ebpo_verl.study.report import study_provenance
-    from ebpo_verl.study.runner import (
-        StudyDirError,
-        choose_lrs,
-        claim_out_dir,
-        describe_base,
-        grid,
-        prepare_base,
-        run_grid,
-        tuning_grid,
-        write_json,
-    )
-    from ebpo_verl.study.writeup import write_report
+    from ebpo_verl.study.runner import StudyDirError, claim_out_dir
 
     preset = PRESETS[args.preset]
     try:
         preset.check_lrs()
         claim_out_dir(args.out, preset)
     except (StudyDirError, ValueError) as err:
-        print(f"python -m ebpo_verl.study: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    _run_study(args, preset, command, t0)
+    return 0
+
+
+def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -> None:
+    """The warm start, the tuning grid, then the preset's grid and report (a tuning preset: its choice)."""
+    from ebpo_verl.study.runner import describe_base, grid, prepare_base, run_grid, tuning_grid, write_json
+    from ebpo_verl.study.writeup import write_report
+
     torch.set_num_threads(1)
     print(f"warm start: {preset.sft_steps} supervised steps (or the one saved in {args.out}) ...", flush=True)
     base = prepare_base(preset, args.out)
     info = describe_base(base)
     print(f"warm start ready: held-out pass@1 {info['heldout_accuracy']:.3f}")
     tuning, resumed = run_grid(preset, base, args.out, tuning_grid(preset), args.workers)
-    if preset.tune:
-        lr_grid = {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
-    else:
-        lr_grid = recorded_lr_grid(preset.lr)
+    lr_grid = _lr_grid(preset, tuning)
     if not preset.group_sizes:  # a tuning preset: its choice is the output
-        seconds = time.perf_counter() - t0
-        record = {
-            "preset": preset.name,
-            "command": command,
-            "n_runs": len(tuning),
-            "wall_seconds": round(seconds, 1),
-            "cpu_seconds": round(info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in tuning), 1),
-            "tune": preset.tune,
-            "steps": preset.rl["steps"],
-            "split": "validation",
-            "lr_grid": {e: {k: v for k, v in g.items() if k != "source"} for e, g in lr_grid.items()},
-            "provenance": study_provenance(preset, seconds, command),
-        }
-        write_json(args.out / "lr_tuning.json", record)
-        write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": tuning})
-        for e, g in lr_grid.items():
-            print(f"{e}: lr {g['chosen']:g} (validation {[v[0] for v in g['validation']]} at {g['values']})")
-        print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {args.out / 'lr_tuning.json'}")
-        return 0
+        _write_tuning(args, preset, info, tuning, lr_grid, command, time.perf_counter() - t0)
+        return
     lrs = {e: g["chosen"] for e, g in lr_grid.items()} if preset.tune else dict(preset.lr)
     runs, resumed_main = run_grid(preset, base, args.out, grid(preset, lrs), args.workers)
     resumed += resumed_main
@@ -120,7 +109,41 @@ def _main(argv: list[str] | None) -> int:
     print(f"\nFinal held-out accuracy (rows = estimator, columns = G), warm start {info['heldout_accuracy']:.3f}:")
     print(headline)
     print(f"\n{len(runs)} runs ({resumed} resumed) in {seconds:.0f} s; report: {args.out / 'study.md'}")
-    return 0
+
+
+def _lr_grid(preset: Any, tuning: list[dict]) -> dict[str, dict]:
+    """Each estimator's rates and choice: this run's tuning (a tuning preset), else the recorded one."""
+    from ebpo_verl.study.runner import choose_lrs
+
+    if preset.tune:
+        return {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
+    return recorded_lr_grid(preset.lr)
+
+
+def _write_tuning(
+    args: argparse.Namespace, preset: Any, info: dict, tuning: list[dict], lr_grid: dict, command: str, seconds: float
+) -> None:
+    """A tuning preset's output: ``lr_tuning.json`` (the choice, its grid and provenance) and ``runs.json``."""
+    from ebpo_verl.study.report import study_provenance
+    from ebpo_verl.study.runner import write_json
+
+    record = {
+        "preset": preset.name,
+        "command": command,
+        "n_runs": len(tuning),
+        "wall_seconds": round(seconds, 1),
+        "cpu_seconds": round(info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in tuning), 1),
+        "tune": preset.tune,
+        "steps": preset.rl["steps"],
+        "split": "validation",
+        "lr_grid": {e: {k: v for k, v in g.items() if k != "source"} for e, g in lr_grid.items()},
+        "provenance": study_provenance(preset, seconds, command),
+    }
+    write_json(args.out / "lr_tuning.json", record)
+    write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": tuning})
+    for e, g in lr_grid.items():
+        print(f"{e}: lr {g['chosen']:g} (validation {[v[0] for v in g['validation']]} at {g['values']})")
+    print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {args.out / 'lr_tuning.json'}")
 
 
 def recorded_lr_grid(lrs: dict[str, float]) -> dict[str, dict]:
