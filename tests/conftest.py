@@ -171,7 +171,7 @@ def stand_in_trainer() -> StandInTrainers:
     return StandInTrainers()
 
 
-# ---- CI guards (issue 33 item 10): per-test time limits, skips refused under CI, the running tests logged ----
+# ---- CI guards: per-test time limits, skips refused under CI, the running tests logged ----
 # Fixtures go above this block; it holds only the CI hooks and their tables.
 
 # Per-test limits (pytest-timeout; the default, `timeout` in pyproject.toml, is 300 s: the fast tier's tests take

@@ -78,7 +78,7 @@ def _data(tmp_path: Path, *, train=None, val=None) -> list[str]:
     ]
 
 
-# ------------------------------------ finding 3: the step's metrics ride with the checkpoint
+# ------------------------------------ the step's metrics ride with the checkpoint
 @pytest.fixture
 def faults_trainer(stand_in_trainer):
     """The conftest trainer stand-in over 32 prompts, 8 per step, 4 steps per epoch."""
@@ -161,7 +161,7 @@ def test_step_metrics_saved_before_the_tracker_and_logged_once_on_resume(tmp_pat
     assert len((tmp_path / "b.jsonl").read_text().splitlines()) == 1
 
 
-# ------------------------------------ finding 4: one writer per run folder
+# ------------------------------------ one writer per run folder
 def test_a_second_run_on_a_locked_run_folder_is_refused_in_one_line(tmp_path, _config):
     config = _config(tmp_path, f"trainer.metrics_log_path={tmp_path}/logs/metrics.jsonl")
     with hold_run_outputs(config.trainer):
@@ -205,7 +205,7 @@ def test_a_crashed_holder_leaves_no_lock_behind(tmp_path, _config):
         pass
 
 
-# ------------------------------------ finding 7: the pre-flight
+# ------------------------------------ the pre-flight
 def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path, _config):
     config = _config(tmp_path, "algorithm.adv_estimator=nonexistent", *_data(tmp_path))
     with pytest.raises(EBPOConfigError) as err:
@@ -297,7 +297,7 @@ def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path, _config):
     )
 
 
-# ------------------------------------ finding 9: messages
+# ------------------------------------ messages
 def _main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     from ebpo_verl import main as entry
 
