@@ -1,4 +1,4 @@
-"""The random-kill campaign (ebpo_verl.cpu.campaign): its invariant checks fed broken cases, its plan, marker and
+"""The random-kill campaign (ebpo_verl.smoke.campaign): its invariant checks fed broken cases, its plan, marker and
 landing logic on fabricated events, and (slow, heavy) a small campaign of real verl trainer starts."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ebpo_verl.algos.ebpo_state import EBPOState
-from ebpo_verl.cpu import campaign
+from ebpo_verl.smoke import campaign
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -256,7 +256,7 @@ def test_marker_records_the_watchdog_phases_and_holds(tmp_path, monkeypatch):
     marker = tmp_path / "m.jsonl"
     (tmp_path / "m.jsonl.hold").write_text("2")
     code = (
-        "import ebpo_verl.cpu.campaign as c; c.HOLD_S = 0.3\n"
+        "import ebpo_verl.smoke.campaign as c; c.HOLD_S = 0.3\n"
         f"c.install_marker({str(marker)!r})\n"
         "from ebpo_verl.trainer.watchdog import StepWatchdog\n"
         "w = StepWatchdog(None)\n"
@@ -289,7 +289,7 @@ def test_small_campaign_resumes_to_the_same_state(tmp_path):
     SIGTERM, which kills the running attempt's process tree."""
     out = tmp_path / "campaign"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "ebpo_verl.cpu.campaign", "--kills", "2", "--seed", "2", "--steps", "4"]
+    cmd = [sys.executable, "-m", "ebpo_verl.smoke.campaign", "--kills", "2", "--seed", "2", "--steps", "4"]
     proc = subprocess.Popen([*cmd, "--out", str(out), "--run-timeout", "600"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:

@@ -625,9 +625,8 @@ def test_study_config_records_the_code_and_refuses_other_code(tiny_study, tmp_pa
     from ebpo_verl.study.__main__ import main
 
     root = Path(ebpo_verl.__file__).parent
-    files = sorted([root / "estimator.py", root / "baselines.py", root / "dbb.py", root / "verl_adapter.py",
-                    *root.glob("study/*.py")])  # fmt: skip
-    assert root / "study" / "rl.py" in files
+    files = sorted([*root.glob("algos/*.py"), root / "trainer" / "adapter.py", *root.glob("study/*.py")])
+    assert {root / "study" / "rl.py", root / "algos" / "ebpo_math.py", root / "algos" / "tracker.py"} <= set(files)
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")

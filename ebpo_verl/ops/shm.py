@@ -34,9 +34,10 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
     return unlinked
 
 
-ORPHAN_PREFIXES = ("psm_", "sem.loky-", "verl_weights_")
+ORPHAN_PREFIXES = ("psm_", "sem.loky-", "sem.mp-", "verl_weights_")
 """``/dev/shm`` names a run's processes create and a SIGKILL leaves behind: vLLM's message queues, joblib/loky's
-semaphores (vLLM's CPU workers), verl's weight-sync buffers."""
+semaphores (vLLM's CPU workers), Python multiprocessing's named semaphores (spawn/forkserver contexts: their
+resource tracker unlinks them at exit, unless it is killed too), verl's weight-sync buffers."""
 
 
 def _in_use(shm: str) -> set[str]:

@@ -132,7 +132,7 @@ class StudyDirError(ValueError):
     """The output directory holds a study with a different configuration."""
 
 
-RESULT_SOURCES = ("estimator.py", "baselines.py", "dbb.py", "verl_adapter.py", "study/*.py")
+RESULT_SOURCES = ("algos/*.py", "trainer/adapter.py", "study/*.py")
 """The package's source files (relative to ``ebpo_verl/``) that decide a study's numbers."""
 
 

@@ -1,12 +1,12 @@
 """A random-kill campaign: SIGKILL verl's trainer at seeded points of a step's phases, rerun, check nothing is lost.
 
-``python -m ebpo_verl.cpu.campaign --kills K --seed S --out DIR`` runs the one-node CPU smoke configuration (run A
-of ``scripts/cpu_smoke.py``: its tiny model, data and reward, with a checkpoint and a validation every step and a
-per-topic prior, ``algorithm.ebpo.cluster_key=topic``) first uninterrupted (the reference), then as a campaign:
-K attempts, each SIGKILLed with its whole process tree at a drawn point, each followed by a rerun of the same
-command (``resume_mode=auto``), and a last rerun to the end. It then checks the invariants of a run that loses
-nothing and writes the report (``DIR/campaign_report.json``, also printed); ``--out DIR --recheck`` reruns the
-checks on a finished campaign's folder. docs/training_faults.md has the invariants and a K=8 run.
+``python -m ebpo_verl.smoke.campaign --kills K --seed S --out DIR`` runs the one-node CPU smoke configuration (run A
+of the smoke harness, :mod:`ebpo_verl.smoke`: its tiny model, data and reward, with a checkpoint and a validation
+every step and a per-topic prior, ``algorithm.ebpo.cluster_key=topic``) first uninterrupted (the reference), then as a
+campaign: K attempts, each SIGKILLed with its whole process tree at a drawn point, each followed by a rerun of the
+same command (``resume_mode=auto``), and a last rerun to the end. It then checks the invariants of a run that loses
+nothing and writes the report (``DIR/campaign_report.json``, also printed); ``--out DIR --recheck`` reruns the checks
+on a finished campaign's folder. docs/training_faults.md has the invariants and a K=8 run.
 
 Where a kill lands. Importing this module in verl's processes (it is added to ``VERL_USE_EXTERNAL_MODULES``)
 with ``EBPO_CAMPAIGN_MARKER`` set wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.trainer.watchdog`
@@ -23,7 +23,6 @@ phase last left), whatever was aimed at.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -34,12 +33,13 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 MARKER_ENV = "EBPO_CAMPAIGN_MARKER"
-MODULE = "ebpo_verl.cpu.campaign"
+MODULE = "ebpo_verl.smoke.campaign"
 PHASES = ("rollout", "old_log_prob", "update_actor", "save", "after_save", "validate")
 """The phases a kill is aimed at, in the order of a verl v1 step (validation follows the weight sync)."""
 HOLD_S = 600.0
@@ -271,16 +271,19 @@ def responses(lines: Iterable[str]) -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------------------------------- the runs
-def _smoke():
-    """``scripts/cpu_smoke.py`` (its tiny model and data, run A's overrides, :class:`Run`), loaded by path."""
-    name = "ebpo_cpu_smoke_script"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "scripts" / "cpu_smoke.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+def _smoke() -> SimpleNamespace:
+    """What the campaign takes from the smoke harness: its tiny model and data (``prepare``), :class:`Run`, the
+    batch and group sizes, the validation key and the rows of a step."""
+    from ebpo_verl.smoke import checks, runs, settings
+
+    return SimpleNamespace(
+        Run=runs.Run,
+        prepare=settings.prepare,
+        BATCH=settings.BATCH,
+        N=settings.N,
+        VAL_KEY=settings.VAL_KEY,
+        step_rows=checks.step_rows,
+    )
 
 
 def campaign_overrides(out: Path, run: str) -> list[str]:
