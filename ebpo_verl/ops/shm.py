@@ -34,10 +34,14 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
     return unlinked
 
 
-ORPHAN_PREFIXES = ("psm_", "sem.loky-", "sem.mp-", "verl_weights_")
-"""``/dev/shm`` names a run's processes create and a SIGKILL leaves behind: vLLM's message queues, joblib/loky's
-semaphores (vLLM's CPU workers), Python multiprocessing's named semaphores (spawn/forkserver contexts: their
-resource tracker unlinks them at exit, unless it is killed too), verl's weight-sync buffers."""
+ORPHAN_PREFIXES = ("sem.loky-", "verl_weights_")
+"""``/dev/shm`` names a training run's processes create and a SIGKILL leaves behind: joblib/loky's semaphores
+(vLLM's CPU workers) and verl's weight-sync buffers. Not vLLM's ``psm_*`` queues (:func:`unlink_engine_shm`
+unlinks those once an engine is up): clearing them from the driver broke a vLLM engine starting beside the run
+(its worker could not open a queue its engine had just made), so the driver leaves them alone."""
+CLUSTER_PREFIXES = ("sem.mp-",)
+"""Python multiprocessing's named semaphores (spawn/forkserver contexts; their resource tracker unlinks them at
+exit unless it is killed too): what a force-stopped Ray cluster leaves (:mod:`ebpo_verl.smoke.cluster`)."""
 
 
 def _in_use(shm: str) -> set[str]:

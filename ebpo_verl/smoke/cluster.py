@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.ops.shm import unlink_orphaned_shm
+from ebpo_verl.ops.shm import CLUSTER_PREFIXES, unlink_orphaned_shm
 from ebpo_verl.smoke import limits, scan
 from ebpo_verl.smoke.settings import NODES, run_env
 
@@ -196,6 +196,6 @@ class LocalCluster:
                   flush=True)  # fmt: skip
             # what the processes this script itself SIGKILLed left (a user's `ray stop` leaves the same): removed
             # with the package's own clean-up, named, before the leak check looks at everything else
-            if unlinked := unlink_orphaned_shm():
+            if unlinked := unlink_orphaned_shm(prefixes=CLUSTER_PREFIXES):
                 print(f"[cpu_smoke] unlinked what they left in /dev/shm: {[Path(p).name for p in unlinked]}",
                       flush=True)  # fmt: skip
