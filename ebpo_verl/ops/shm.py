@@ -19,11 +19,7 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
 
     paths: set[str] = set()
     for child in psutil.Process().children(recursive=True):
-        try:
-            with open(f"/proc/{child.pid}/maps") as maps:
-                paths |= {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/psm_" in line}
-        except OSError:
-            continue
+        paths |= _mapped(str(child.pid), " /dev/shm/psm_")
     unlinked = []
     for path in sorted(p for p in paths if not p.endswith("(deleted)")):
         try:
@@ -44,19 +40,38 @@ CLUSTER_PREFIXES = ("sem.mp-",)
 exit unless it is killed too): what a force-stopped Ray cluster leaves (:mod:`ebpo_verl.smoke.cluster`)."""
 
 
+def _mapped(pid: str, needle: str) -> set[str]:
+    """The paths of process ``pid``'s mappings whose line contains ``needle`` (empty when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split(None, 5)[-1].strip() for line in maps if needle in line}
+    except OSError:
+        return set()
+
+
+def _held(pid: str, folder: str) -> set[str]:
+    """The paths under ``folder`` that process ``pid`` holds open. Each descriptor is read on its own: one closed
+    meanwhile must not hide the others (a segment just created is held before it is mapped)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    out = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"{folder}/"):
+            out.add(target)
+    return out
+
+
 def _in_use(shm: str) -> set[str]:
     """The ``/dev/shm`` paths some live process of this node holds open or has mapped (all of them, as root)."""
     used: set[str] = set()
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                used |= {line.split(None, 5)[-1].strip() for line in maps if f" {shm}/" in line}
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(f"{shm}/"):
-                    used.add(target)
-        except OSError:  # gone, or not ours to read (then its names are left alone: see below)
-            continue
+        used |= _mapped(pid, f" {shm}/") | _held(pid, shm)
     return used
 
 
