@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -37,11 +38,12 @@ def defined_tests(tests_dir: Path) -> set[str]:
 
 
 def _test_id(case: ET.Element) -> str:
-    """``test_x.py[::TestC]::test_f`` of a junit testcase (classname ``tests.test_x[.TestC]``, name ``test_f[..]``)."""
+    """``test_x.py[::TestC]::test_f`` of a junit testcase (classname ``tests.test_x[.TestC]``, name ``test_f``, with
+    ``[params]`` and, under ``--dist loadgroup``, the ``@group`` xdist appends to a grouped test's name)."""
     parts = case.get("classname", "").split(".")[1:]  # drop "tests"
     if not parts:  # not a test function's case (a collection error)
         return case.get("name", "")
-    return "::".join([f"{parts[0]}.py", *parts[1:], case.get("name", "").split("[")[0]])
+    return "::".join([f"{parts[0]}.py", *parts[1:], re.split(r"[\[@]", case.get("name", ""))[0]])
 
 
 def _skip_refusal(tests_dir: Path):

@@ -222,6 +222,50 @@ def test_check_suite_passes_a_whole_run_and_names_what_did_not_run(tmp_path):
     assert summary == "2 tests ran, 1 skipped; 2 test functions ran at least once"
 
 
+GROUPED = """
+    import pytest
+
+
+    @pytest.mark.heavy
+    @pytest.mark.parametrize("x", [1, 2])
+    def test_heavy(x):
+        pass
+
+
+    @pytest.mark.xdist_group("own")
+    def test_own_group():
+        pass
+
+
+    def test_plain():
+        pass
+"""
+
+
+def test_check_suite_reads_the_junit_of_the_ci_command(tmp_path):
+    """The junit file pytest-xdist writes under .ci/run's options (`-n 2 --dist loadgroup`, this repository's
+    pyproject.toml and tests/conftest.py) passes whole, though xdist appends `@group` to a grouped test's name; a
+    test left out of that run is named. (The hand-written junit above missed this: CI once named every heavy test.)"""
+    (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (tests / "test_grouped.py").write_text(textwrap.dedent(GROUPED))
+    ci_options = ["-n", "2", "--dist", "loadgroup"]
+    whole = _pytest(tmp_path, *ci_options, "--junitxml=whole.xml")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    names = set(_outcomes(tmp_path / "whole.xml"))
+    assert {"test_heavy[1]@heavy", "test_heavy[2]@heavy", "test_own_group@own", "test_plain"} == names
+    check = _check_suite()
+    assert check.junit_problems(tmp_path / "whole.xml", tests) == (
+        [], "4 tests ran, 0 skipped; 3 test functions ran at least once")  # fmt: skip
+    deselect = ["--deselect", "tests/test_grouped.py::test_own_group"]
+    left_out = _pytest(tmp_path, *ci_options, "--junitxml=part.xml", *deselect)
+    assert left_out.returncode == 0, left_out.stdout + left_out.stderr
+    (problem,) = check.junit_problems(tmp_path / "part.xml", tests)[0]
+    assert problem == "test_grouped.py::test_own_group: defined but never ran (not collected, deselected or skipped)"
+
+
 def test_check_suite_counts_every_test_function_of_this_repository():
     """Counted independently: the lines that open a module-level test function (the suite has no Test* class)."""
     pattern = re.compile(r"^(?:async )?def test\w*\(", re.M)
