@@ -30,21 +30,13 @@ import time
 import zlib
 from pathlib import Path
 
+from ebpo_verl.smoke.settings import device_overrides, ray_overrides, run_env, tiny_trainer_overrides
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "math500.jsonl"
 FIXTURE = REPO / "tests" / "fixtures" / "hub" / "math500.jsonl"
 BATCH, N, PROMPTS = 8, 4, 16
-ENV = {
-    "VERL_USE_EXTERNAL_MODULES": "ebpo_verl.cpu.backend",
-    "VERL_PLATFORM": "cpu",
-    "TOKENIZERS_PARALLELISM": "false",
-    "OMP_NUM_THREADS": "1",
-    "RAY_DEDUP_LOGS": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "WANDB_MODE": "offline",
-    "WANDB_SILENT": "true",
-}
+ENV = {**run_env("cpu"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # the smoke runs' environment
 ENTRIES = {"grpo": "verl.trainer.main_ppo", "ebpo": "ebpo_verl.main", "dbb": "ebpo_verl.main"}
 
 
@@ -71,62 +63,33 @@ def prepare(work: Path) -> dict[str, str]:
     chats = table.take(rows).column("prompt").to_pylist()
     longest = max(len(tokenizer.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"])
                   for c in chats)  # fmt: skip
-    return {"train": str(train), "model": str(work / "model"), "prompt_length": str(64 * (longest // 64 + 1))}
+    return {"train": str(train), "val": str(train), "model": str(work / "model"), "prompt_length": longest}
 
 
 def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int, loggers: str) -> list:
-    """Hydra overrides of one run ``name`` (its checkpoint folder ``work/ckpt_<name>``), one node, one rank."""
+    """Hydra overrides of one run ``name`` (its checkpoint folder ``work/ckpt_<name>``), one node, one rank: the
+    smoke runs' tiny configuration (:func:`ebpo_verl.smoke.settings.tiny_trainer_overrides`) with this file's
+    reward, no validation and verl's loggers writing under the checkpoint folder."""
     out = work / f"ckpt_{name}"
-    micro = BATCH * N
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [
+        *tiny_trainer_overrides(files, BATCH, N),
         f"algorithm.adv_estimator={estimator}",
-        f"data.train_files={files['train']}",
-        f"data.val_files={files['train']}",
-        f"data.train_batch_size={BATCH}",
-        f"data.max_prompt_length={files['prompt_length']}",
-        "data.max_response_length=16",
-        "data.shuffle=False",
-        "data.dataloader_num_workers=0",
-        f"actor_rollout_ref.model.path={files['model']}",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.ref.strategy=fsdp2",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "algorithm.use_kl_in_reward=False",
         "actor_rollout_ref.rollout.name=hf",
-        f"actor_rollout_ref.rollout.n={N}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
         f"reward.custom_reward_function.path={Path(__file__).resolve()}",
         "reward.custom_reward_function.name=parity_reward",
-        "reward.num_workers=1",
-        "trainer.device=cpu",
-        "trainer.nnodes=1",
-        "trainer.n_gpus_per_node=1",
         f"trainer.logger={loggers}",
         "trainer.project_name=bench",
         f"trainer.experiment_name={name}",
         f"trainer.total_training_steps={steps}",
         f"trainer.save_freq={save_freq}",
         "trainer.test_freq=-1",
-        "trainer.val_before_train=False",
         f"trainer.default_local_dir={out}",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        "ray_kwargs.ray_init.num_cpus=8",
-        "+ray_kwargs.ray_init.num_gpus=1",
-        "+ray_kwargs.ray_init.include_dashboard=False",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={ENV['VERL_USE_EXTERNAL_MODULES']}",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out}/verl_file_log.jsonl",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out}/tensorboard",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR={out}",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=offline",
+        *device_overrides("cpu"),
+        f"{env}.VERL_FILE_LOGGER_PATH={out}/verl_file_log.jsonl",
+        f"{env}.TENSORBOARD_DIR={out}/tensorboard",
+        f"{env}.WANDB_DIR={out}",
+        f"{env}.WANDB_MODE=offline",
     ]
 
 
@@ -137,8 +100,7 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
     appended to ``work/<name>.log``. ``kill_when(ckpt_folder)`` true: the process group is SIGKILLed (a crash);
     past ``timeout`` seconds it is killed and this raises. Returns the exit status (-9 when killed)."""
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # Ray's socket paths must stay short
-    args = overrides(work, files, name, estimator, steps, save_freq, loggers) + [
-        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}", *extra]  # fmt: skip
+    args = [*overrides(work, files, name, estimator, steps, save_freq, loggers), *ray_overrides(ray_tmp), *extra]
     (work / f"ckpt_{name}").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
     env = {**os.environ, **ENV, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)

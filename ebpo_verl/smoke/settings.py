@@ -120,7 +120,9 @@ def device_overrides(device: str) -> list[str]:
     return [*out, f"{env}.{HF_DEVICE_ENV}=cuda"]
 
 
-def _ray(ray_tmp: str, cluster: str | None) -> list[str]:
+def ray_overrides(ray_tmp: str, cluster: str | None = None) -> list[str]:
+    """A private Ray instance started by the run (its files under ``ray_tmp``, one GPU resource, no dashboard),
+    or, with ``cluster`` (a GCS address), that running cluster."""
     if cluster is not None:
         return [f"+ray_kwargs.ray_init.address={cluster}"]
     return [
@@ -128,6 +130,43 @@ def _ray(ray_tmp: str, cluster: str | None) -> list[str]:
         "+ray_kwargs.ray_init.num_gpus=1",
         f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
         "+ray_kwargs.ray_init.include_dashboard=False",
+    ]
+
+
+def tiny_trainer_overrides(files: dict, batch: int, n: int, ranks: int = 1) -> list[str]:
+    """What every tiny run on verl's trainer shares (these smoke runs, ``benchmarks/bench_step_cost.py`` and the
+    tracking test it launches): ``batch`` prompts of ``files["train"]`` times ``n`` responses of at most 16 tokens a
+    step, in order; the tiny model of ``files["model"]`` on FSDP2 without KL; ``ranks`` nodes of one rank each,
+    each rank's share of the responses in one micro-batch; one agent-loop and one reward worker."""
+    micro = batch * n // ranks
+    return [
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['val']}",
+        f"data.train_batch_size={batch}",
+        f"data.max_prompt_length={64 * math.ceil((int(files['prompt_length']) + 1) / 64)}",
+        "data.max_response_length=16",
+        "data.shuffle=False",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={files['model']}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",  # no reference model is built (no KL)
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "algorithm.use_kl_in_reward=False",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        f"trainer.nnodes={ranks}",
+        "trainer.n_gpus_per_node=1",
+        "trainer.val_before_train=False",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
 
 
@@ -144,53 +183,26 @@ def overrides(
     """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders): on a local
     Ray instance of its own (one node, one rank) or, with ``cluster`` (a GCS address), on that two-node cluster
     (two ranks, one per node, and one rollout replica per rank)."""
-    prompt_length = 64 * math.ceil((files["prompt_length"] + 1) / 64)
     ranks = 1 if cluster is None else NODES
-    micro = BATCH * N // ranks  # each rank's share of a step's responses
     return [
-        f"data.train_files={files['train']}",
-        f"data.val_files={files['val']}",
-        f"data.train_batch_size={BATCH}",
-        f"data.max_prompt_length={prompt_length}",
-        "data.max_response_length=16",
-        "data.shuffle=False",
-        "data.dataloader_num_workers=0",
+        *tiny_trainer_overrides(files, BATCH, N, ranks),
         "data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum",
         "data.custom_cls.name=CurriculumDataset",
         "+data.curriculum.order=topic",
-        f"actor_rollout_ref.model.path={files['model']}",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.ref.strategy=fsdp2",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "algorithm.use_kl_in_reward=False",
         *rollout_overrides(rollout),
-        f"actor_rollout_ref.rollout.n={N}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.val_kwargs.n={VAL_N}",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         f"reward.custom_reward_function.path={Path(reward.__file__).resolve()}",
         "reward.custom_reward_function.name=coin_score",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-        f"trainer.nnodes={ranks}",
-        "trainer.n_gpus_per_node=1",
         "trainer.logger=[console]",
         "trainer.project_name=cpu_smoke",
         f"trainer.experiment_name={run}",
         f"trainer.total_training_steps={steps}",
         f"trainer.save_freq={SAVE_FREQ}",
         f"trainer.test_freq={TEST_FREQ if cluster is None else STEPS}",
-        "trainer.val_before_train=False",
         f"trainer.default_local_dir={work / f'ckpt_{run}'}",
         f"trainer.rollout_data_dir={work / f'rollouts_{run}'}",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        *_ray(ray_tmp, cluster),
+        *ray_overrides(ray_tmp, cluster),
         *device_overrides(device),
     ]
