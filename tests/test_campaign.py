@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ebpo_verl.algos.ebpo_state import EBPOState
-from ebpo_verl.smoke import campaign
+from ebpo_verl.smoke import campaign, invariants
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def _by_hand(values: list[float]) -> list[float]:
 def _state_after(*batches: dict[str, list[float]]) -> dict:
     state = {"steps": 0, "prompts_seen": 0, "responses_seen": 0, "global": None, "clusters": {}}
     for batch in batches:
-        state = campaign.expected_state(state, campaign.batch_groups(_dump_lines(batch), _label))
+        state = invariants.expected_state(state, invariants.batch_groups(_dump_lines(batch), _label))
     return state
 
 
@@ -55,7 +55,7 @@ def test_expected_state_equals_the_definition_over_all_batches():
         "within_var": _by_hand([np.var(g, ddof=1) for g in groups]),
         "inv_group_size": _by_hand([1 / len(g) for g in groups]),
     }
-    campaign.check_state({**state, "global": want, "clusters": state["clusters"]}, state, "global")
+    invariants.check_state({**state, "global": want, "clusters": state["clusters"]}, state, "global")
     geometry = [BATCH_1["geometry: circle"], BATCH_2["geometry: square"]]
     assert state["clusters"]["geometry"]["rewards"] == pytest.approx(_by_hand([x for g in geometry for x in g]))
     assert state["clusters"]["geometry"]["within_var"] == pytest.approx(_by_hand([np.var(g, ddof=1) for g in geometry]))
@@ -81,7 +81,7 @@ def test_check_state_accepts_the_package_merge():
         state.steps, state.prompts_seen = state.steps + 1, state.prompts_seen + len(batch)
         state.responses_seen += sum(len(g) for g in batch.values())
     saved = json.loads(json.dumps(state.state_dict()))
-    campaign.check_state(_state_after(BATCH_1, BATCH_2), saved, "package")
+    invariants.check_state(_state_after(BATCH_1, BATCH_2), saved, "package")
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_check_state_refuses_a_wrong_moment(field, change, message):
         target = target[key]
     target[last] += change
     with pytest.raises(AssertionError, match=message):
-        campaign.check_state(want, got, "step 2")
+        invariants.check_state(want, got, "step 2")
 
 
 def test_check_state_refuses_a_missing_or_extra_cluster():
@@ -111,16 +111,16 @@ def test_check_state_refuses_a_missing_or_extra_cluster():
     got = json.loads(json.dumps(want))
     del got["clusters"]["number theory"]
     with pytest.raises(AssertionError, match="clusters"):
-        campaign.check_state(want, got, "step 2")
+        invariants.check_state(want, got, "step 2")
 
 
 def test_a_batch_left_out_or_counted_twice_is_refused():
     once = _state_after(BATCH_1, BATCH_2)
     with pytest.raises(AssertionError, match="steps"):
-        campaign.check_state(_state_after(BATCH_1, BATCH_2, BATCH_2), once, "replayed batch")
+        invariants.check_state(_state_after(BATCH_1, BATCH_2, BATCH_2), once, "replayed batch")
     skipped = _state_after(BATCH_1)
     with pytest.raises(AssertionError):
-        campaign.check_state(once, {**skipped, "steps": 2, "prompts_seen": 5, "responses_seen": 18}, "lost batch")
+        invariants.check_state(once, {**skipped, "steps": 2, "prompts_seen": 5, "responses_seen": 18}, "lost batch")
 
 
 @pytest.mark.parametrize(
@@ -134,8 +134,8 @@ def test_a_batch_left_out_or_counted_twice_is_refused():
 )
 def test_check_steps_once_refuses_a_duplicated_missing_or_reordered_step(steps, message):
     with pytest.raises(AssertionError, match=message):
-        campaign.check_steps_once(steps, 4)
-    campaign.check_steps_once([1, 2, 3, 4], 4)
+        invariants.check_steps_once(steps, 4)
+    invariants.check_steps_once([1, 2, 3, 4], 4)
 
 
 def test_compare_metrics_within_tolerance_and_beyond():
@@ -143,24 +143,24 @@ def test_compare_metrics_within_tolerance_and_beyond():
     close = {
         1: {"actor/pg_loss": 0.5 + 1e-7, "critic/score/mean": 0.25, "timing_s/gen": 9.0, "rollout_corr/chi2_seq": 0.03}
     }
-    out = campaign.compare_metrics(ref, close, [1], set())
+    out = invariants.compare_metrics(ref, close, [1], set())
     assert out["compared_keys"] == 2 and out["exact_keys"] == 1 and out["beyond_tolerance"] == []
     assert out["max_abs_diff"]["actor/pg_loss"] == pytest.approx(1e-7)
     flipped = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.3125}}  # one of 16 responses flipped
     with pytest.raises(AssertionError, match="critic/score/mean"):
-        campaign.compare_metrics(ref, flipped, [1], set())
+        invariants.compare_metrics(ref, flipped, [1], set())
     # a flip the dumps show at the last step is reported, not raised; one at an earlier step only reported
-    assert campaign.compare_metrics(ref, flipped, [1], {1})["beyond_tolerance"] == ["step 1 critic/score/mean"]
+    assert invariants.compare_metrics(ref, flipped, [1], {1})["beyond_tolerance"] == ["step 1 critic/score/mean"]
     two = {1: ref[1], 2: ref[1]}
-    assert campaign.compare_metrics(two, {1: flipped[1], 2: ref[1]}, [1, 2], set())["beyond_tolerance"] == [
+    assert invariants.compare_metrics(two, {1: flipped[1], 2: ref[1]}, [1, 2], set())["beyond_tolerance"] == [
         "step 1 critic/score/mean"
     ]
 
 
 def test_responses_ignore_the_finishing_order():
     a = [json.dumps({"input": "p", "output": o}) for o in ("x", "y")]
-    assert campaign.responses(a) == campaign.responses(a[::-1])
-    assert campaign.responses(a) != campaign.responses([a[0], a[0]])
+    assert invariants.responses(a) == invariants.responses(a[::-1])
+    assert invariants.responses(a) != invariants.responses([a[0], a[0]])
 
 
 def _fabricated_attempts(out: Path, first_steps: list[int], resumed: list[int], said: list[int]) -> list[dict]:

@@ -14,12 +14,14 @@ Qwen3 and tokenizer, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 pro
 
 Modules, importable by tests and by the random-kill campaign:
 
-* :mod:`.settings` -- data, model and verl overrides (:func:`.settings.overrides`, :func:`.settings.prepare`);
+* :mod:`.settings` -- data, model and verl overrides (:func:`.settings.overrides`, :func:`.settings.prepare`;
+  :func:`.settings.tiny_trainer_overrides`, also the step-cost benchmark's);
 * :mod:`.runs` -- :class:`.runs.Run` (start/wait/kill one training), :func:`.runs.train`;
 * :mod:`.cluster` -- :class:`.cluster.LocalCluster` (``ray start`` x 2, stop with leak checks);
 * :mod:`.faults` -- :class:`.faults.Fault` (inject with a deadline, check the end against its bound),
   :func:`.faults.bound_s`, :func:`.faults.check_end`;
 * :mod:`.scan` -- leak scans that prove they see (:class:`.scan.Watch`);
 * :mod:`.checks`, :mod:`.continuation`, :mod:`.evaluation` -- what the runs must show;
-* :mod:`.limits` -- the nested time limits; :mod:`.flows` -- the flows above.
+* :mod:`.limits` -- the nested time limits; :mod:`.flows` -- the flows above;
+* :mod:`.campaign` -- the random-kill campaign, :mod:`.invariants` -- what its final state must show.
 """

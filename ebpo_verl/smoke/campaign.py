@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import signal
 import sys
 import time
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,24 +36,21 @@ from typing import Any
 
 import numpy as np
 
+from ebpo_verl.smoke.invariants import (
+    batch_groups,
+    check_state,
+    check_steps_once,
+    compare_metrics,
+    expected_state,
+    responses,
+)
+
 MARKER_ENV = "EBPO_CAMPAIGN_MARKER"
 MODULE = "ebpo_verl.smoke.campaign"
 PHASES = ("rollout", "old_log_prob", "update_actor", "save", "after_save", "validate")
 """The phases a kill is aimed at, in the order of a verl v1 step (validation follows the weight sync)."""
 HOLD_S = 600.0
 """How long the trainer holds after a save the ``.hold`` file names (the campaign kills it within seconds)."""
-PARTS = ("rewards", "group_means", "within_var", "inv_group_size")
-REL_TOL = 1e-9
-"""Recomputed EB state vs the saved one: the saved one merges with Chan et al.'s formula, the check with raw power
-sums (another rounding; they agree to a few ulps here); M2 is compared relative to n * mean^2 + M2."""
-METRIC_TOL = 5e-3
-"""Campaign vs uninterrupted run, per metric: |a - b| <= METRIC_TOL * max(1, |b|). Measured (K=8, seed 8): at most
-5.5e-4 relative (the rollout-actor probability correlation; the grad norm 4.5e-4), everything else within 1.3e-6
-or exact, apart from a flipped response (a validation score at step 1 moved by 1/16)."""
-SKIPPED_METRICS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "rollout_corr/")
-"""Timings, throughput and memory use (they differ between any two runs), and verl's rollout-vs-actor mismatch
-diagnostics (perplexity ratios, chi^2 of two nearly equal sets of log-probabilities): measured here, they move by
-their own size (chi2_seq -0.016 vs -0.037 at step 11) when the weights differ in the last bits."""
 
 
 # ------------------------------------------------------------------ the marker (runs inside verl's trainer)
@@ -73,7 +68,8 @@ def _hold_step(path: str) -> int | None:
 
 
 def install_marker(path: str) -> None:
-    """Wrap :class:`ebpo_verl.watchdog.StepWatchdog`'s ``enter``/``leave`` to append phase events to ``path``."""
+    """Wrap :class:`ebpo_verl.trainer.watchdog.StepWatchdog`'s ``enter``/``leave`` to append phase events to
+    ``path``."""
     from ebpo_verl.trainer.watchdog import StepWatchdog
 
     enter, leave = StepWatchdog.enter, StepWatchdog.leave
@@ -150,124 +146,6 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
     if top["phase"] == "rollout" and last["event"] == "leave":  # inside the step, between two nested phases
         return {"phase": f"after {last['phase']}", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
     return {"phase": top["phase"], "step": top["step"], "seconds_in": round(kill_time - top["t"], 3)}
-
-
-# ---------------------------------------------------------------------------------- the invariants
-def check_steps_once(steps: list[int], total: int) -> None:
-    """The steps of the training records in the metrics log, in file order, are 1..total, each exactly once."""
-    dupes = sorted({s for s in steps if steps.count(s) > 1})
-    missing = sorted(set(range(1, total + 1)) - set(steps))
-    if dupes or missing or steps != list(range(1, total + 1)):
-        raise AssertionError(f"metrics log steps {steps}: duplicated {dupes}, missing {missing} (want 1..{total})")
-
-
-def batch_groups(dump_lines: Iterable[str], label_of) -> list[tuple[str, np.ndarray]]:
-    """(cluster label, rewards) per prompt group of a verl rollout dump (``label_of(input text)``)."""
-    groups: dict[str, list[float]] = {}
-    for line in dump_lines:
-        entry = json.loads(line)
-        groups.setdefault(entry["input"], []).append(float(entry["score"]))
-    return [(label_of(text), np.array(scores, dtype=np.float64)) for text, scores in groups.items()]
-
-
-def _merged(old: list[float], values: np.ndarray, weights: np.ndarray) -> list[float]:
-    """``old`` = [n, mean, M2] merged with weighted ``values`` through raw power sums (not Chan's formula)."""
-    n = old[0] + weights.sum()
-    if n == 0:
-        return [0.0, 0.0, 0.0]
-    s1 = old[0] * old[1] + (weights * values).sum()
-    s2 = old[2] + old[0] * old[1] ** 2 + (weights * values**2).sum()
-    mean = s1 / n
-    return [float(n), float(mean), float(max(s2 - n * mean * mean, 0.0))]
-
-
-def _scope_update(old: dict[str, list[float]] | None, groups: list[np.ndarray]) -> dict[str, list[float]]:
-    old = old or {p: [0.0, 0.0, 0.0] for p in PARTS}
-    rewards = np.concatenate(groups)
-    sizes = np.array([g.size for g in groups], dtype=np.float64)
-    within = np.array([g.var(ddof=1) if g.size >= 2 else 0.0 for g in groups])
-    series = {
-        "rewards": (rewards, np.ones_like(rewards)),
-        "group_means": (np.array([g.mean() for g in groups]), np.ones_like(sizes)),
-        "within_var": (within, (sizes >= 2).astype(np.float64)),
-        "inv_group_size": (1.0 / sizes, np.ones_like(sizes)),
-    }
-    return {p: _merged(old[p], *series[p]) for p in PARTS}
-
-
-def expected_state(saved: dict[str, Any], groups: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
-    """The EB state after one batch (``batch_groups``) merged into ``saved`` (no decay), recomputed with numpy."""
-    out = {
-        "steps": saved["steps"] + 1,
-        "prompts_seen": saved["prompts_seen"] + len(groups),
-        "responses_seen": saved["responses_seen"] + sum(g.size for _, g in groups),
-        "global": _scope_update(saved["global"], [g for _, g in groups]),
-        "clusters": dict(saved["clusters"]),
-    }
-    for label in sorted({label for label, _ in groups}):
-        out["clusters"][label] = _scope_update(saved["clusters"].get(label), [g for lab, g in groups if lab == label])
-    return out
-
-
-def _close(want: list[float], got: list[float]) -> bool:
-    n, mean, m2 = want
-    scale = abs(n * mean * mean) + m2 + 1.0
-    return (
-        got[0] == n
-        and math.isclose(got[1], mean, rel_tol=REL_TOL, abs_tol=1e-12)
-        and math.isclose(got[2], m2, rel_tol=REL_TOL, abs_tol=REL_TOL * scale)
-    )
-
-
-def check_state(want: dict[str, Any], got: dict[str, Any], where: str) -> None:
-    """Counts equal; every scope's (n, mean, M2) of every part close (``REL_TOL``); the same cluster labels."""
-    for key in ("steps", "prompts_seen", "responses_seen"):
-        if got[key] != want[key]:
-            raise AssertionError(f"{where}: EB {key} {got[key]} != {want[key]}")
-    if sorted(got["clusters"]) != sorted(want["clusters"]):
-        raise AssertionError(f"{where}: EB clusters {sorted(got['clusters'])} != {sorted(want['clusters'])}")
-    scopes = [("global", want["global"], got["global"])]
-    scopes += [(f"cluster {k!r}", want["clusters"][k], got["clusters"][k]) for k in sorted(want["clusters"])]
-    for name, w, g in scopes:
-        for part in PARTS:
-            if not _close(w[part], g[part]):
-                raise AssertionError(f"{where}: EB {name} {part} [n, mean, M2] {g[part]} != recomputed {w[part]}")
-
-
-def compare_metrics(ref: dict[int, dict], got: dict[int, dict], steps: list[int], flipped: set[int]) -> dict:
-    """Every metric both runs logged at ``steps`` (timings, throughput, memory and the rollout-vs-actor mismatch
-    diagnostics aside), campaign vs uninterrupted: the largest |difference| per key, and the (step, key) pairs
-    beyond ``METRIC_TOL * max(1, |reference|)``. Raises when one is at the last step, unless that step's sampled
-    responses differ between the runs (``flipped``: a token flipped, see the module's docs)."""
-    worst: dict[str, float] = {}
-    over = []
-    for step in steps:
-        for key, want in ref[step].items():
-            if key.startswith(SKIPPED_METRICS) or not isinstance(want, (int, float)) or key not in got[step]:
-                continue
-            diff = abs(float(got[step][key]) - float(want))
-            if not diff <= METRIC_TOL * max(1.0, abs(float(want))):
-                over.append((step, key, got[step][key], want))
-            worst[key] = max(worst.get(key, 0.0), diff)
-    final = [f"{key}: campaign {a!r} vs uninterrupted {b!r}" for step, key, a, b in over if step == steps[-1]]
-    if final and steps[-1] not in flipped:
-        raise AssertionError(f"step {steps[-1]}: {len(final)} metrics beyond {METRIC_TOL}: {'; '.join(final[:10])}")
-    top = sorted(worst.items(), key=lambda kv: -kv[1])
-    return {
-        "compared_keys": len(worst),
-        "exact_keys": sum(v == 0.0 for v in worst.values()),
-        "max_abs_diff": dict(top[:10]),
-        "beyond_tolerance": [f"step {step} {key}" for step, key, _, _ in over],
-    }
-
-
-def responses(lines: Iterable[str]) -> list[tuple[str, str]]:
-    """The sorted (input, output) pairs of a rollout or validation dump (its order is the finishing order)."""
-    pairs = []
-    for line in lines:
-        entry = json.loads(line)
-        pairs.append((entry["input"], entry["output"]))
-    return sorted(pairs)
 
 
 # ------------------------------------------------------------------------------------- the runs
