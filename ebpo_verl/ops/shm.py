@@ -49,29 +49,41 @@ def _mapped(pid: str, needle: str) -> set[str]:
         return set()
 
 
-def _held(pid: str, folder: str) -> set[str]:
-    """The paths under ``folder`` that process ``pid`` holds open. Each descriptor is read on its own: one closed
-    meanwhile must not hide the others (a segment just created is held before it is mapped)."""
+def _inodes(pid: str, folder: str, dev: int) -> set[int]:
+    """The inode numbers of the files of ``folder`` (on device ``dev``) that process ``pid`` maps or holds open.
+    By inode, not by name: glibc's ``sem_open`` maps a new named semaphore under a temporary name, links the name
+    to it and deletes the temporary one, so ``/proc/PID/maps`` shows a live semaphore as ``/dev/shm/sem.XXXXXX
+    (deleted)``, never under its own name. Each descriptor is read on its own (one closed meanwhile must not hide
+    the others: a segment just created is held before it is mapped)."""
+    found: set[int] = set()
     try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith(f"{folder}/"):
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    if os.makedev(major, minor) == dev:
+                        found.add(int(fields[4]))
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return set()
-    out = set()
+        return found
     for fd in fds:
         try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
-        if target.startswith(f"{folder}/"):
-            out.add(target)
-    return out
+        if st.st_dev == dev:
+            found.add(st.st_ino)
+    return found
 
 
-def _in_use(shm: str) -> set[str]:
-    """The ``/dev/shm`` paths some live process of this node holds open or has mapped (all of them, as root)."""
-    used: set[str] = set()
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        used |= _mapped(pid, f" {shm}/") | _held(pid, shm)
+def inodes_in_use(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> set[int]:
+    """The inode numbers of the ``shm`` files that a live process of this node (not in ``exclude``) maps or holds
+    open: all of them as root; another user's processes are not readable otherwise."""
+    dev = os.stat(shm).st_dev
+    used: set[int] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) not in exclude):
+        used |= _inodes(pid, shm, dev)
     return used
 
 
@@ -82,12 +94,20 @@ def unlink_orphaned_shm(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ORPHA
     user's live process uses would look orphaned. Returns the unlinked paths."""
     if os.geteuid() != 0 or not os.path.isdir(shm):
         return []
-    candidates = sorted(f"{shm}/{n}" for n in os.listdir(shm) if n.startswith(prefixes))
+    candidates = {}
+    for entry in os.scandir(shm):
+        if entry.name.startswith(prefixes):
+            try:
+                candidates[entry.path] = entry.inode()
+            except OSError:
+                continue
     if not candidates:
         return []
-    used = _in_use(shm)
+    used = inodes_in_use(shm)
     unlinked = []
-    for path in (p for p in candidates if p not in used):
+    for path, inode in sorted(candidates.items()):
+        if inode in used:
+            continue
         try:
             os.unlink(path)
             unlinked.append(path)

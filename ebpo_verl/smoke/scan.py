@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from ebpo_verl.ops.shm import inodes_in_use
+
 TAG_ENV = "EBPO_SMOKE_TAG"
 TAG = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 SHM = Path("/dev/shm")
@@ -93,11 +95,16 @@ def shm_names() -> set[str]:
 
 
 def held_by_others(exclude: set[int]) -> set[str]:
-    """``/dev/shm`` names that a live process not in ``exclude`` maps or holds open (another user's run)."""
-    held: set[str] = set()
-    for proc in psutil.process_iter():
-        if proc.pid not in exclude:
-            held |= {Path(p.removesuffix(" (deleted)")).name for p in shm_paths(proc.pid)}
+    """``/dev/shm`` names that a live process not in ``exclude`` maps or holds open (another user's run), matched by
+    inode (:func:`ebpo_verl.ops.shm.inodes_in_use`: a live semaphore is mapped under another, deleted name)."""
+    used = inodes_in_use(str(SHM), frozenset(exclude))
+    held = set()
+    for entry in os.scandir(SHM):
+        try:
+            if entry.inode() in used:
+                held.add(entry.name)
+        except OSError:
+            continue
     return held
 
 
