@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 import zlib
 from pathlib import Path
 
+from ebpo_verl.smoke.runs import kill_tree
 from ebpo_verl.smoke.settings import device_overrides, ray_overrides, run_env, tiny_trainer_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,38 +111,17 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
     try:
         while proc.poll() is None:
             if kill_when is not None and kill_when(work / f"ckpt_{name}"):
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid, timeout=30)
                 proc.wait()
                 return -9
             if time.monotonic() > deadline:
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid, timeout=30)
                 raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}")
             time.sleep(0.2)
         return proc.returncode
     finally:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid, timeout=30)
         subprocess.run(["rm", "-rf", ray_tmp], check=False)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL to a run's driver, every process below it (Ray's GCS, raylet and workers, found before the driver
-    dies and they are re-parented) and its session's process group."""
-    import psutil
-
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        procs = []
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
 
 
 def read_jsonl(path: Path) -> dict[int, dict]:

@@ -20,8 +20,13 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
     paths: set[str] = set()
     for child in psutil.Process().children(recursive=True):
         paths |= _mapped(str(child.pid), " /dev/shm/psm_")
+    return _unlink(sorted(p for p in paths if not p.endswith("(deleted)")))
+
+
+def _unlink(paths: list[str]) -> list[str]:
+    """Unlink each path; those unlinked (one gone meanwhile is left out)."""
     unlinked = []
-    for path in sorted(p for p in paths if not p.endswith("(deleted)")):
+    for path in paths:
         try:
             os.unlink(path)
             unlinked.append(path)
@@ -104,13 +109,4 @@ def unlink_orphaned_shm(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ORPHA
     if not candidates:
         return []
     used = inodes_in_use(shm)
-    unlinked = []
-    for path, inode in sorted(candidates.items()):
-        if inode in used:
-            continue
-        try:
-            os.unlink(path)
-            unlinked.append(path)
-        except FileNotFoundError:
-            pass
-    return unlinked
+    return _unlink(sorted(path for path, inode in candidates.items() if inode not in used))

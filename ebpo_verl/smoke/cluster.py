@@ -16,6 +16,7 @@ import psutil
 
 from ebpo_verl.ops.shm import CLUSTER_PREFIXES, unlink_orphaned_shm
 from ebpo_verl.smoke import limits, scan
+from ebpo_verl.smoke.runs import kill_procs
 from ebpo_verl.smoke.settings import NODES, run_env
 
 STOP_GRACE_S = 10
@@ -182,12 +183,7 @@ class LocalCluster:
             time.sleep(0.5)
         left = scan.tagged_processes()
         names = sorted({name for _, name in scan.describe(left)})
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(left, timeout=30)
+        kill_procs(left, timeout=30)
         for proc in self.procs:
             proc.wait(timeout=30)
         shutil.rmtree(self.temp, ignore_errors=True)

@@ -78,28 +78,39 @@ class Run:
 
     def kill(self) -> int:
         """SIGKILL to the driver, every process below it (a local Ray instance's raylet and workers, the
-        TaskRunner), its process group, and every process that carries its tag and started in its session; the
-        number of processes killed."""
-        try:
-            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        for proc in tree:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        TaskRunner) and its process group (:func:`kill_tree`); the number of processes killed."""
+        killed = kill_tree(self.proc.pid)
         self.proc.wait(timeout=60)
-        psutil.wait_procs(tree, timeout=60)
         self._done()
-        return len(tree)
+        return killed
 
     def tail(self, lines: int) -> str:
         return "".join(self.log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+
+def kill_procs(procs: list[psutil.Process], timeout: float = 60.0) -> None:
+    """SIGKILL each of ``procs`` (gone already is fine) and wait up to ``timeout`` s for them."""
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def kill_tree(pid: int, timeout: float = 60.0) -> int:
+    """SIGKILL process ``pid``, every process below it and the process group it leads (a run starts in a session of
+    its own); waits up to ``timeout`` s for them. The number of processes found in the tree."""
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    kill_procs(tree, timeout)
+    return len(tree)
 
 
 def kill_all() -> int:
