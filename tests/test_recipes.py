@@ -402,7 +402,9 @@ def test_bad_switches_are_refused_with_one_line(tmp_path):
     for name, env, words in [("main", {"REWARD": "x"}, "unknown REWARD=x"),
                              ("main", {"EVAL_PROTOCOL": "vllm"}, "unknown EVAL_PROTOCOL"),
                              ("main", {"FINAL_EVAL": "2"}, "unknown FINAL_EVAL=2"),
-                             ("grpo_bn", {"SELECT": "top"}, "unknown SELECT=top")]:  # fmt: skip
+                             ("grpo_bn", {"SELECT": "top"}, "unknown SELECT=top"),
+                             ("main", {"METRICS": "pass@1 pass@k"}, "METRICS: unknown metric 'pass@k'"),
+                             ("main", {"FINAL_EVAL": "0", "METRICS": "maj@4"}, "needs FINAL_EVAL=1")]:  # fmt: skip
         with pytest.raises(RecipeError, match=words):
             driver.drive(name, ["--list"], env_for(tmp_path, **env))
     # the real script: status 2, one line on stderr, nothing on stdout, nothing written
@@ -537,7 +539,8 @@ class Stand:
             if command[-1].endswith("/" + self.fail_eval):
                 return 1
             acc = 60.0 if "-ebpo-" in command[-1] else 50.0
-            bench = {b: {"pass@1": acc, "runs": 16, "problems": 10, "complete": True} for b in VAL_SETS}
+            entry = {"pass@1": acc, "pass@k": {"1": acc, "16": acc + 10}, "runs": 16, "problems": 10, "complete": True}
+            bench = {b: dict(entry) for b in VAL_SETS}
             out = Path(settings["EVAL_DIR"], f"results-{settings['EVAL_PROTOCOL']}.json")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"protocol": settings["EVAL_PROTOCOL"], "model": "x", "benchmarks": bench}))
@@ -635,6 +638,9 @@ def test_table_driver_runs_trains_evaluates_and_tabulates(tmp_path, monkeypatch)
     assert "| EBPO-diff |" in table and "60.00 | 60.00 | 60.00 | 60.00 | 60.00 | 60.00 |" in table
     stand.calls.clear()
     assert driver.drive("curriculum", [], env_for(work)) == 0 and stand.calls == []  # all done
+    assert driver.drive("curriculum", [], env_for(work, METRICS="pass@16 pass@1")) == 0 and stand.calls == []
+    coverage = (work / "results" / "rw_paper-bl_paper" / "paper" / "curriculum-pass@16.md").read_text()
+    assert "70.00 | 70.00 | 70.00 | 70.00 | 70.00 | 70.00 |" in coverage  # the stand's pass@16, one table more
 
     stand = Stand(fail_train=grpo)
     monkeypatch.setattr(driver, "execute", stand)

@@ -65,6 +65,8 @@ every 5 steps, a checkpoint every 10, KEEP_CKPTS=2).
                 the training runs' own validations (LOG_DIR/<experiment>)
   EVAL_PROTOCOL paper (default) | verl | both: the evaluation's protocol; one table per protocol
   SELECT        final (default) | best: which validation of a run the table reports (FINAL_EVAL=0)
+  METRICS       pass@1 (default); e.g. "pass@1 pass@16 maj@16 avg@n": one table per metric (FINAL_EVAL=1;
+                make_tables --metric, docs/evaluation.md#coverage)
   RESULTS_DIR   tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol>/<table>.md
                                                                              default WORK_DIR/results
   SHOW_CONFIG   1: a dry run also prints each run's composed config (stdout)

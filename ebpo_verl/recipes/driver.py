@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from ebpo_verl.evaluate.merge import resolve_model
 from ebpo_verl.evaluate.prompts import BENCHMARKS, PROTOCOLS, EvalInputError
 from ebpo_verl.ops.model_ref import model_reference_problem
+from ebpo_verl.recipes.make_tables import DEFAULT_METRIC, check_metric
 from ebpo_verl.recipes.presets import PRESETS, SHARED
 from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
 from ebpo_verl.recipes.tables import TABLES, Row, Table
@@ -267,6 +268,27 @@ def differences(spec: RunSpec) -> str:
     return " ".join(changed)
 
 
+def table_switches(env: Mapping[str, str]) -> tuple[str, list[str], str, list[str]]:
+    """The table drivers' own switches, checked before anything runs: FINAL_EVAL, the protocols tabulated
+    (EVAL_PROTOCOL; ``train_val`` for FINAL_EVAL=0), SELECT and METRICS (make_tables' ``--metric``)."""
+    final_eval = env.get("FINAL_EVAL") or "1"
+    if final_eval not in ("0", "1"):
+        raise RecipeError(f"unknown FINAL_EVAL={final_eval} (one of: 0 1)")
+    chosen = protocols(env.get("EVAL_PROTOCOL") or "paper") if final_eval == "1" else ["train_val"]
+    select = env.get("SELECT") or "final"
+    if select not in ("final", "best"):
+        raise RecipeError(f"unknown SELECT={select} (one of: final best)")
+    metrics = list(dict.fromkeys((env.get("METRICS") or DEFAULT_METRIC).split()))
+    for metric in metrics:
+        try:
+            check_metric(metric)
+        except ValueError as err:
+            raise RecipeError(f"METRICS: {err}") from None
+    if final_eval == "0" and metrics != [DEFAULT_METRIC]:
+        raise RecipeError(f"METRICS={' '.join(metrics)} needs FINAL_EVAL=1: a run's own validations hold pass@1 only")
+    return final_eval, chosen, select, metrics
+
+
 def drive(
     name: str, args: Sequence[str], env: Mapping[str, str], run_one: Callable[[RunSpec], int] | None = None
 ) -> int:
@@ -279,13 +301,7 @@ def drive(
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)
     check_driver_overrides(overrides)
-    final_eval = env.get("FINAL_EVAL") or "1"
-    if final_eval not in ("0", "1"):
-        raise RecipeError(f"unknown FINAL_EVAL={final_eval} (one of: 0 1)")
-    chosen = protocols(env.get("EVAL_PROTOCOL") or "paper") if final_eval == "1" else ["train_val"]
-    select = env.get("SELECT") or "final"
-    if select not in ("final", "best"):
-        raise RecipeError(f"unknown SELECT={select} (one of: final best)")
+    final_eval, chosen, select, metrics = table_switches(env)
     runs = experiments(table, env, overrides)
     if listing:
         print("section\tmethod\texperiment\tresults\tcommand")
@@ -331,6 +347,7 @@ def drive(
         command = [python(), "-m", f"{RECIPES}.make_tables", "--table", name, "--select", select,
                    "--out", os.path.join(results, protocol)]  # fmt: skip
         command += [f"{e.row.section}/{e.row.method}={e.result(protocol)}" for e in runs]
+        command += ["--metric", *metrics] if metrics != [DEFAULT_METRIC] else []  # last: it takes every word after it
         if dry:
             log(f"DRY_RUN: would tabulate: {shlex.join(command)}")
         elif execute(command) != 0:
