@@ -200,9 +200,7 @@ def test_dapo_templates_no_double_wrap(hub_data, tmp_path):
     # the sample already uses DAPO's instruction: re-templating must reproduce it exactly, once
     assert [p[0]["content"] for p in dapo.prompt] == [r["prompt"][0]["content"] for r in src]
     assert [e["source_id"] for e in dapo.extra_info] == [r["extra_info"]["index"] for r in src]
-    boxed = _read(
-        dapo_math.prepare(tmp_path / "b", local_path=hub_data / "dapo_math_sample.jsonl", template="boxed")
-    )
+    boxed = _read(dapo_math.prepare(tmp_path / "b", local_path=hub_data / "dapo_math_sample.jsonl", template="boxed"))
     for p in boxed.prompt:
         text = p[0]["content"]
         assert "Answer:" not in text and "Solve the following" not in text

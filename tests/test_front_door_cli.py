@@ -125,11 +125,15 @@ def immutable_folder(tmp_path) -> Iterator[Path]:
     "command",
     [
         ["-m", "ebpo_verl.study", "--preset", "tiny", "--out", "{out}"],
-        ["-m", "ebpo_verl.evaluate", "generate", "--model", "org/model", "--data-dir", "{tmp}", "--protocol",
-         "paper", "--out", "{out}/generations.jsonl"],
-        ["-m", "ebpo_verl.evaluate", "grade", "--protocol", "paper", "--generations", "{tmp}/g.jsonl",
-         "--data-dir", "{tmp}", "--out", "{out}/results.json"],
-    ],  # fmt: skip
+        (
+            "-m ebpo_verl.evaluate generate --model org/model --data-dir {tmp} --protocol paper "
+            "--out {out}/generations.jsonl"
+        ).split(),
+        (
+            "-m ebpo_verl.evaluate grade --protocol paper --generations {tmp}/g.jsonl --data-dir {tmp} "
+            "--out {out}/results.json"
+        ).split(),
+    ],
     ids=["study", "evaluate-generate", "evaluate-grade"],
 )
 def test_an_unwritable_out_is_one_line_before_any_work(command, immutable_folder, tmp_path):

@@ -781,8 +781,11 @@ def test_learning_rate_choice_by_hand():
     step 0 (here one evaluation, so the final one); the smaller rate on a tie."""
     from ebpo_verl.study.runner import choose_lrs
 
-    runs = [_fake_run("grpo", 4, s, f, lr, "validation") for lr, fs in
-            [(1e-4, [0.40, 0.42]), (3e-4, [0.50, 0.44]), (9e-4, [0.10, 0.80])] for s, f in enumerate(fs)]
+    runs = [
+        _fake_run("grpo", 4, s, f, lr, "validation")
+        for lr, fs in [(1e-4, [0.40, 0.42]), (3e-4, [0.50, 0.44]), (9e-4, [0.10, 0.80])]
+        for s, f in enumerate(fs)
+    ]
     runs += [_fake_run("otb", 4, 0, 0.5, lr, "validation") for lr in (2e-3, 1e-3)]  # fmt: skip
     got = choose_lrs(runs)
     assert got["grpo"]["values"] == [1e-4, 3e-4, 9e-4] and got["grpo"]["chosen"] == 3e-4
