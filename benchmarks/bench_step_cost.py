@@ -312,7 +312,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figure", type=Path, default=None, help="instead: draw the ebpo/* curves to this PNG")
     parser.add_argument("--figure-steps", type=int, default=40)
     args = parser.parse_args(argv)
+    if args.save_freq < 1:
+        parser.error(f"--save-freq {args.save_freq}: a checkpoint every N >= 1 steps")
+    kinds = {is_checkpoint_step(n, args.steps, args.save_freq) for n in range(2, args.steps + 1)}
+    if not args.figure and (args.rounds < 1 or kinds != {True, False}):
+        parser.error(f"--rounds {args.rounds} --steps {args.steps} --save-freq {args.save_freq}: the ratios need a "
+                     f"round and, among steps 2..{args.steps} (step 1 warms up), a checkpoint step and a step "
+                     "without one (e.g. --steps 6 --save-freq 3)")  # fmt: skip
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
+    if not args.figure and (earlier := sorted(p.name for p in work.glob("ckpt_*"))):
+        parser.error(f"--work-dir {work} holds earlier runs ({', '.join(earlier)}), which verl would resume "
+                     "instead of timing: give a new folder")  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)
     files = prepare(work)
     if args.figure:
