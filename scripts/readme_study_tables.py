@@ -18,9 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
-from ebpo_verl.ops.readme_block import replace_marked_block
+from ebpo_verl.ops.readme_block import check_or_write, replace_marked_block
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPECS = ("quick=docs/study_quick.json",)
@@ -205,17 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReadmeTableError as err:
         print(f"readme_study_tables: error: {err}", file=sys.stderr)
         return 2
-    if args.check:
-        if new != text:
-            print(
-                f"{args.readme}: study tables out of date; run python scripts/readme_study_tables.py", file=sys.stderr
-            )
-            return 1
-        return 0
-    if new != text:
-        atomic_write_text(args.readme, new)
-    print(f"{args.readme}: study tables {'updated' if new != text else 'already up to date'}")
-    return 0
+    return check_or_write(args.readme, text, new, args.check, "study tables", "python scripts/readme_study_tables.py")
 
 
 if __name__ == "__main__":

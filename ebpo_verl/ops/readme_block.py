@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
+
+from ebpo_verl.ops.atomic import atomic_write_text
 
 
 def replace_marked_block(text: str, begin: str, end: str, block: str) -> str:
@@ -12,3 +16,18 @@ def replace_marked_block(text: str, begin: str, end: str, block: str) -> str:
     if len(pattern.findall(text)) != 1:
         raise ValueError(f"needs exactly one {begin} ... {end} pair (each on its own line)")
     return pattern.sub(lambda _: f"{begin}\n{block}{end}", text)
+
+
+def check_or_write(page: Path, text: str, new: str, check: bool, what: str, command: str, note: str = "") -> int:
+    """How a block-updating command ends, for ``page`` read as ``text`` and ``new`` its updated text: with ``check``,
+    exit status 1 and a line naming ``command`` when they differ, else 0; without it, ``new`` written (atomically)
+    when it differs, one line saying which (``note`` appended), 0."""
+    if check:
+        if new != text:
+            print(f"{page}: {what} out of date; run {command}", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        atomic_write_text(page, new)
+    print(f"{page}: {what} {'updated' if new != text else 'already up to date'}{note}")
+    return 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.ops.readme_block import replace_marked_block
+from ebpo_verl.ops.readme_block import check_or_write, replace_marked_block
 from ebpo_verl.recipes.paper import PAPER, PAPER_LABEL
 
 BEGIN, END = "<!-- status:begin -->", "<!-- status:end -->"
@@ -168,20 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     except StatusError as err:
         print(f"status_table: error: {err}", file=sys.stderr)
         return 2
-    if args.check:
-        if new != text:
-            print(
-                f"{args.readme}: status table out of date; run python -m ebpo_verl.recipes.status_table",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    if args.out is not None:
+    if args.out is not None and not args.check:
         atomic_write_text(args.out, block)
-    if new != text:
-        atomic_write_text(args.readme, new)
-    print(f"{args.readme}: status table {'updated' if new != text else 'already up to date'} ({_relative(dirs[0])})")
-    return 0
+    command = "python -m ebpo_verl.recipes.status_table"
+    return check_or_write(args.readme, text, new, args.check, "status table", command, f" ({_relative(dirs[0])})")
 
 
 if __name__ == "__main__":
