@@ -17,19 +17,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from ebpo_verl.ops.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
+from ebpo_verl.smoke.cluster import free_ports, node_command
 
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_ports(count: int) -> list[int]:
-    """The smoke run's own port picker (scripts/cpu_smoke.py), which starts its two-node cluster the same way."""
-    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
-    sys.path.insert(0, scripts)
-    try:
-        from cpu_smoke import free_ports as pick
-    finally:
-        sys.path.remove(scripts)
-    return pick(count)
 
 
 def config(train: Path, val: Path, ckpt: Path, logs: Path):
@@ -101,36 +91,16 @@ def two_node_cluster(tmp_path_factory):
     patch.delenv("RAY_ADDRESS", raising=False)
     gcs, *ports = free_ports(16)
 
-    def node_args(offset: int, temp: str) -> list[str]:
-        p = ports[offset : offset + 7]
-        return [
-            "--node-ip-address=127.0.0.1",
-            "--num-cpus=1",
-            "--object-store-memory=80000000",
-            f"--node-manager-port={p[0]}",
-            f"--object-manager-port={p[1]}",
-            f"--dashboard-agent-listen-port={p[2]}",
-            f"--dashboard-agent-grpc-port={p[3]}",
-            f"--metrics-export-port={p[4]}",
-            f"--runtime-env-agent-port={p[5]}",
-            f"--min-worker-port={20000 + p[6] % 20000}",
-            f"--max-worker-port={20000 + p[6] % 20000 + 40}",
-            f"--temp-dir={temp}",
-            "--block",
-        ]
+    address, temp = f"127.0.0.1:{gcs}", f"/tmp/ray_nc_{gcs}"  # short: Ray's socket paths must fit in 107 characters
 
-    temp = f"/tmp/ray_nc_{gcs}"  # short: Ray's socket paths must fit in 107 characters
-    head_cmd = [
-        RAY,
-        "start",
-        "--head",
-        f"--port={gcs}",
-        "--include-dashboard=false",
-        f"--ray-client-server-port={ports[14]}",
-    ]
+    def ray_start(n: int) -> list[str]:  # the smoke cluster's `ray start` of node n, smaller (1 CPU, no GPU)
+        return node_command(
+            RAY, n, address, ports, temp, cpus=1, gpus=0, object_store_bytes=80_000_000, worker_ports=40
+        )
+
     procs = [
         subprocess.Popen(
-            head_cmd + node_args(0, temp),
+            ray_start(0),
             env=env,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
@@ -140,8 +110,7 @@ def two_node_cluster(tmp_path_factory):
     try:
         import ray
 
-        address = f"127.0.0.1:{gcs}"
-        worker = [RAY, "start", f"--address={address}", *node_args(7, temp)]
+        worker = ray_start(1)
         shadow = f'mount -t tmpfs tmpfs {local} && exec "$@"'
         command = ["unshare", "-m", "--propagation", "private", "sh", "-c", shadow, "sh", *worker]
         for _ in range(60):

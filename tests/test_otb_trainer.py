@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -217,17 +216,14 @@ def test_otb_trains_through_verls_trainer_on_cpu(tmp_path):
     finishing is the first check; the logged token mean of sum_pi_squared must lie in [1/V, 1] (V: the tiny
     model's vocabulary), every OTB advantage of a 0/1 reward in [-1, 1], and the metrics log's provenance must be
     complete."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import cpu_smoke
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
     from ebpo_verl.ops.metrics_log import read_metrics_log, read_provenance
     from ebpo_verl.ops.provenance import check
+    from ebpo_verl.smoke.runs import train
+    from ebpo_verl.smoke.settings import prepare
 
-    files = cpu_smoke.prepare(tmp_path)
+    files = prepare(tmp_path)
     extra = [*OTB, "trainer.save_freq=-1", "trainer.test_freq=-1"]
-    cpu_smoke.train(tmp_path, files, "otb", extra, timeout=900, steps=2)
+    train(tmp_path, files, "otb", extra, timeout=900, steps=2)
     log = tmp_path / "ckpt_otb" / "metrics.jsonl"
     metrics = read_metrics_log(log)
     assert sorted(metrics) == [1, 2]

@@ -39,9 +39,20 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def node_command(ray: str, node: int, address: str, ports: list[int], temp: str) -> list[str]:
-    """``ray start`` of node ``node`` (0: the head, at ``address``) with its own ports (7 per node, then the head's
-    client-server port) and temp folder, one ``GPU`` resource."""
+def node_command(
+    ray: str,
+    node: int,
+    address: str,
+    ports: list[int],
+    temp: str,
+    cpus: int = 8,
+    gpus: int = 1,
+    object_store_bytes: int = 300_000_000,
+    worker_ports: int = 60,
+) -> list[str]:
+    """``ray start`` of node ``node`` (0: the head, at ``address``) on 127.0.0.1 with its own ports (7 per node, then
+    the head's client-server port), temp folder, ``cpus``, ``gpus`` (``GPU`` resources), object store and range of
+    ``worker_ports`` worker ports; ``--block``."""
     gcs = address.rsplit(":", 1)[1]
     if node == 0:
         cmd = [ray, "start", "--head", f"--port={gcs}", "--include-dashboard=false"]
@@ -51,9 +62,9 @@ def node_command(ray: str, node: int, address: str, ports: list[int], temp: str)
     p = ports[7 * node : 7 * node + 7]
     return cmd + [
         "--node-ip-address=127.0.0.1",
-        "--num-cpus=8",
-        "--num-gpus=1",
-        "--object-store-memory=300000000",
+        f"--num-cpus={cpus}",
+        f"--num-gpus={gpus}",
+        f"--object-store-memory={object_store_bytes}",
         f"--node-manager-port={p[0]}",
         f"--object-manager-port={p[1]}",
         f"--dashboard-agent-listen-port={p[2]}",
@@ -61,7 +72,7 @@ def node_command(ray: str, node: int, address: str, ports: list[int], temp: str)
         f"--metrics-export-port={p[4]}",
         f"--runtime-env-agent-port={p[5]}",
         f"--min-worker-port={20000 + p[6] % 20000}",
-        f"--max-worker-port={20000 + p[6] % 20000 + 60}",
+        f"--max-worker-port={20000 + p[6] % 20000 + worker_ports}",
         f"--temp-dir={temp}/{node}",  # one per node: else each log monitor forwards both nodes' logs
         "--block",
     ]
