@@ -131,16 +131,22 @@ class Planted:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _plant(step: Path, rank: int, marker: Path) -> Path:
+def _planted(written: Path, tmp_path: Path, rank: int) -> tuple[Path, Path, Path]:
+    """A copy of the FSDP run's checkpoint whose rank ``rank`` shard also pickles a :class:`Planted` callable:
+    (the copy's global_step folder, the marker file the callable would write, the shard)."""
+    import shutil
+
     import torch
     import torch.distributed.tensor  # noqa: F401 (DTensor's types, to read the genuine shard weights-only)
 
+    step, marker = tmp_path / "global_step_1", tmp_path / "MARKER"
+    shutil.copytree(written, step)
     shard = step / "actor" / f"model_world_size_2_rank_{rank}.pt"
     state = torch.load(shard, map_location="cpu", weights_only=True)
     state["lm_head.bias"] = Planted(marker)
     torch.save(state, shard)
     assert not marker.exists()
-    return shard
+    return step, marker, shard
 
 
 def _generate(step: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -153,13 +159,8 @@ def _generate(step: Path, data: Path, out: Path, *extra: str) -> subprocess.Comp
 
 def test_a_planted_callable_is_refused_in_one_line_and_never_runs(fsdp_run, tmp_path):
     """Rank 1's shard (verl reads ranks > 0 in worker threads) through the command line."""
-    import shutil
-
     _, written, data = fsdp_run
-    step = tmp_path / "global_step_1"
-    shutil.copytree(written, step)
-    marker = tmp_path / "MARKER"
-    shard = _plant(step, 1, marker)
+    step, marker, shard = _planted(written, tmp_path, 1)
     run = _generate(step, data, tmp_path / "gen.jsonl")
     assert run.returncode == 2, run.stderr
     errors = [line for line in run.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
@@ -175,13 +176,8 @@ def test_a_planted_callable_is_refused_in_one_line_and_never_runs(fsdp_run, tmp_
 
 def test_a_planted_callable_in_rank_0_is_refused_by_the_merge(fsdp_run, tmp_path):
     """Rank 0's shard (verl reads it first, on the main thread) through the function the command calls."""
-    import shutil
-
     _, written, _ = fsdp_run
-    step = tmp_path / "global_step_1"
-    shutil.copytree(written, step)
-    marker = tmp_path / "MARKER"
-    shard = _plant(step, 0, marker)
+    step, marker, shard = _planted(written, tmp_path, 0)
     with pytest.raises(EvalInputError) as err:
         merge_checkpoint(step)
     assert str(err.value).startswith(f"{shard}{REFUSAL_MARK}posix.system,") and "\n" not in str(err.value)
@@ -191,12 +187,7 @@ def test_a_planted_callable_in_rank_0_is_refused_by_the_merge(fsdp_run, tmp_path
 
 def test_trust_checkpoint_unpickles_as_before(fsdp_run, tmp_path):
     """The flag's warning is literal: verl's merger unpickles the shard and the planted callable runs."""
-    import shutil
-
     _, written, data = fsdp_run
-    step = tmp_path / "global_step_1"
-    shutil.copytree(written, step)
-    marker = tmp_path / "MARKER"
-    _plant(step, 1, marker)
+    step, marker, _ = _planted(written, tmp_path, 1)
     _generate(step, data, tmp_path / "gen.jsonl", "--trust-checkpoint")
     assert marker.exists()
