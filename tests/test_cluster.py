@@ -22,7 +22,8 @@ the step-4 shards into the actor's own weights, writes benchmarks x problems x r
 of a copy with known answers planted equals the pass@1 recomputed from it; at the end the scans saw the Ray
 processes and vLLM's /dev/shm segments, and no process, /dev/shm entry made during the run, or temp folder is
 left. Each test below asserts the line the script prints for its part. A second, short script run (``--hold``:
-the cluster and a stand-in run) is sent SIGTERM: 30 s later nothing of it is left.
+the cluster and a stand-in run) is sent SIGTERM: 30 s later nothing of it is left. A node whose ``ray start``
+fails is started again, its log's tail shown.
 """
 
 from __future__ import annotations
@@ -162,3 +163,30 @@ def test_sigterm_to_the_smoke_script_stops_its_cluster_and_runs(tmp_path):
         time.sleep(0.5)
     assert not left, f"30 s after SIGTERM: {scan.describe(left)}"
     assert code == 128 + signal.SIGTERM and "[cpu_smoke] cluster stopped: the scans saw " in out, out
+
+
+def test_a_node_whose_ray_start_fails_is_started_again_and_its_log_is_shown(monkeypatch, capsys):
+    """The second node's first ``ray start`` exits 1 (a stand-in printing a line): the cluster reports it with its
+    log's tail, starts the node again on fresh ports, and both nodes join."""
+    _needs_vllm()
+    from ebpo_verl.smoke import cluster as cluster_mod
+
+    real, calls = cluster_mod.node_command, []
+
+    def first_worker_start_fails(ray, node, address, ports, temp, **kwargs):
+        calls.append((node, tuple(ports)))
+        if node == 1 and sum(n == 1 for n, _ in calls) == 1:
+            return [sys.executable, "-c", "print('no GCS within 60 s (stand-in)'); raise SystemExit(1)"]
+        return real(ray, node, address, ports, temp, **kwargs)
+
+    monkeypatch.setattr(cluster_mod, "node_command", first_worker_start_fails)
+    local = cluster_mod.LocalCluster(need_shm=False)
+    try:
+        local.start()
+        assert [node for node, _ in calls] == [0, 1, 1] and calls[1][1] != calls[2][1], calls
+        assert len(local.procs) == 2 and local.worker_node_process("") is not None  # the second try's session
+    finally:
+        local.stop()
+    err = capsys.readouterr().err
+    assert "node 1's `ray start` exited with 1; its log ends:\n--- ray_start_1.log\nno GCS within 60 s" in err
+    assert "; starting node 1 again" in err

@@ -24,6 +24,9 @@ STOP_GRACE_S = 10
 idle workers outlive a SIGTERM by more than 30 s here; nothing of a run is left by then)."""
 NODE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 """A Ray node's own processes with a ``ray::`` title: pooled idle workers and the node's agents."""
+START_ATTEMPTS = 3
+"""Times a node is started before the cluster gives up (a second node's ``ray start`` has, rarely, failed to
+reach the head's GCS within Ray's 60 s on a loaded machine; started again it joins)."""
 LIVE: list[LocalCluster] = []
 """Clusters started and not yet stopped (stopped by the script's SIGTERM/SIGINT handler)."""
 
@@ -78,6 +81,23 @@ def node_command(
     ]
 
 
+def _session(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _log_tail(log: Path, temp: Path, lines: int = 12) -> str:
+    """The last ``lines`` lines of a node's ``ray start`` output and of its raylet's and GCS's error logs."""
+    logs = temp / "session_latest" / "logs"
+    parts = []
+    for path in (log, logs / "raylet.err", logs / "gcs_server.err", logs / "raylet.out"):
+        if path.is_file() and (text := path.read_text(errors="replace").strip()):
+            parts.append(f"--- {path.name}\n" + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(parts) or "(no log)"
+
+
 class LocalCluster:
     """``ray start --head`` and ``ray start --address=<head>`` (``--block``, each in a session of its own), each
     node with one ``GPU`` resource (verl's bookkeeping: one FSDP rank and one rollout replica) and its own ports.
@@ -95,39 +115,65 @@ class LocalCluster:
         self.stopped = False
 
     def start(self) -> LocalCluster:
+        """Each node in turn, waiting until it has joined; a node whose ``ray start`` exits before it joined is
+        started again (fresh ports, an empty temp folder) up to :data:`START_ATTEMPTS` times in all, each failure
+        reported with the tail of its logs."""
         LIVE.append(self)
-        gcs, *ports = free_ports(1 + 7 * NODES + 1)
         env = {**os.environ, **run_env(), scan.TAG_ENV: scan.TAG}
         env.pop("RAY_ADDRESS", None)
-        ray = str(Path(sys.executable).with_name("ray"))
-        self.address = f"127.0.0.1:{gcs}"
         self.watch.start()
         for node in range(NODES):
-            os.makedirs(f"{self.temp}/{node}")
-            log = open(Path(self.temp) / f"ray_start_{node}.log", "w")  # noqa: SIM115  (closed with the process)
-            cmd = node_command(ray, node, self.address, ports, self.temp)
-            self.procs.append(
-                subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
-            self._wait_nodes(node + 1, env)
+            for attempt in range(1, START_ATTEMPTS + 1):
+                failure = self._start_node(node, env)
+                if failure is None:
+                    break
+                if attempt == START_ATTEMPTS:
+                    raise SystemExit(f"[cpu_smoke] {failure}")
+                print(f"[cpu_smoke] {failure}; starting node {node} again", file=sys.stderr, flush=True)
         print(f"[cpu_smoke] Ray cluster of {NODES} nodes at {self.address} (temp folder {self.temp})", flush=True)
         return self
 
-    def _wait_nodes(self, count: int, env: dict) -> None:
+    def _start_node(self, node: int, env: dict) -> str | None:
+        """``ray start`` of ``node`` on fresh ports, waited for until the cluster has ``node + 1`` live nodes;
+        None, or (its session ended, its temp folder emptied) why it did not join."""
+        ports = free_ports(1 + 7 * NODES + 1)
+        if node == 0:
+            self.address = f"127.0.0.1:{ports[0]}"
+        temp = Path(self.temp) / str(node)
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.mkdir()
+        log_path = Path(self.temp) / f"ray_start_{node}.log"
+        ray = str(Path(sys.executable).with_name("ray"))
+        with open(log_path, "w") as log:
+            cmd = node_command(ray, node, self.address, ports[1:], self.temp)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        if self._wait_nodes(node + 1, env):
+            return None
+        if dead := [str(i) for i, other in enumerate(self.procs[:-1]) if other.poll() is not None]:
+            raise SystemExit(f"[cpu_smoke] node {', '.join(dead)}'s `ray start` exited; see {self.temp}")
+        self.procs.remove(proc)
+        kill_procs([p for p in scan.tagged_processes() if _session(p) == proc.pid], timeout=30)
+        proc.wait(timeout=30)
+        why = f"exited with {proc.returncode}" if proc.returncode is not None else "did not join"
+        return f"node {node}'s `ray start` {why}; its log ends:\n{_log_tail(log_path, temp)}"
+
+    def _wait_nodes(self, count: int, env: dict) -> bool:
+        """Until the cluster has ``count`` live nodes (True); False once a ``ray start`` has exited or after
+        120 s."""
         probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
         deadline = time.monotonic() + limits.left(120)
         while time.monotonic() < deadline:
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise SystemExit(f"[cpu_smoke] `ray start` exited with {proc.returncode}; see {self.temp}")
+            if any(proc.poll() is not None for proc in self.procs):
+                return False
             out = subprocess.run(
                 [sys.executable, "-c", probe % self.address], env=env, capture_output=True, text=True,
                 timeout=limits.left(120),
             )  # fmt: skip
             if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
-                return
+                return True
             time.sleep(1)
-        raise SystemExit(f"[cpu_smoke] the Ray cluster did not reach {count} nodes within 120 s")
+        return False
 
     def job_processes(self) -> list[psutil.Process]:
         """The script's processes that are not the cluster's own machinery: a run's driver, actors and workers
@@ -138,9 +184,9 @@ class LocalCluster:
         for proc in scan.tagged_processes():
             try:
                 name = scan.title(proc)
-                in_node = os.getsid(proc.pid) in nodes
-            except (psutil.NoSuchProcess, ProcessLookupError):
+            except psutil.NoSuchProcess:
                 continue
+            in_node = _session(proc) in nodes
             if not in_node or "VLLM" in name or (name.startswith("ray::") and name.split()[0] not in NODE_TITLES):
                 out.append(proc)
         return out
@@ -160,9 +206,9 @@ class LocalCluster:
         node_session = self.procs[1].pid
         for proc in scan.tagged_processes():
             try:
-                if os.getsid(proc.pid) == node_session and scan.title(proc).startswith(prefix):
+                if _session(proc) == node_session and scan.title(proc).startswith(prefix):
                     return proc
-            except (psutil.NoSuchProcess, ProcessLookupError):
+            except psutil.NoSuchProcess:
                 continue
         return None
 
