@@ -191,7 +191,7 @@ MODULE_TIMEOUTS_S = {
     "test_cluster.py": 1800,  # the two-node fault run (module fixture): 936 s in CI (inner limit 2,400 s: too long)
 }
 
-# Skips CI accepts: reason prefix -> why CI may skip it. Empty: the last clean-clone CI ran 646 of 646 tests (0
+# Skips CI accepts: reason prefix -> why CI may skip it. Empty: the last clean-clone CI ran 882 of 882 tests (0
 # skipped); any other skip under CI is a failure naming its reason. (test_node_check's node-local half runs as root
 # through `unshare -m` + a tmpfs mount; a CI machine that cannot do that fails it rather than skipping quietly.)
 CI_SKIP_ALLOWLIST: dict[str, str] = {}
