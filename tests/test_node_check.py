@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from ebpo_verl.ops.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
-from ebpo_verl.smoke.cluster import free_ports, node_command
+from ebpo_verl.smoke.cluster import START_ATTEMPTS, free_ports, node_command
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -117,19 +118,21 @@ def two_node_cluster(tmp_path_factory):
             if subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode == 0:
                 break
             time.sleep(1)
-        procs.append(
-            subprocess.Popen(
-                command if shadow_local else worker,
-                env=env,
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        start_worker = partial(
+            subprocess.Popen,
+            command if shadow_local else worker,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+        procs.append(start_worker())
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        for _ in range(90):
+        for _ in range(180):
             if sum(node["Alive"] for node in ray.nodes()) == 2:
                 break
+            if procs[1].poll() is not None and len(procs) < 2 + START_ATTEMPTS - 1:  # as LocalCluster: start again
+                procs.insert(1, start_worker())
             time.sleep(1)
         assert sum(node["Alive"] for node in ray.nodes()) == 2, "the second Ray node did not join"
         yield shared, local if shadow_local else None
