@@ -82,6 +82,11 @@ def _inodes(pid: str, folder: str, dev: int) -> set[int]:
     return found
 
 
+def inodes_by_path(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ("",)) -> dict[str, int]:
+    """The entries of ``shm`` whose names start with one of ``prefixes``: path -> inode number."""
+    return {entry.path: entry.inode() for entry in os.scandir(shm) if entry.name.startswith(prefixes)}
+
+
 def inodes_in_use(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> set[int]:
     """The inode numbers of the ``shm`` files that a live process of this node (not in ``exclude``) maps or holds
     open: all of them as root; another user's processes are not readable otherwise."""
@@ -99,13 +104,7 @@ def unlink_orphaned_shm(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ORPHA
     user's live process uses would look orphaned. Returns the unlinked paths."""
     if os.geteuid() != 0 or not os.path.isdir(shm):
         return []
-    candidates = {}
-    for entry in os.scandir(shm):
-        if entry.name.startswith(prefixes):
-            try:
-                candidates[entry.path] = entry.inode()
-            except OSError:
-                continue
+    candidates = inodes_by_path(shm, prefixes)
     if not candidates:
         return []
     used = inodes_in_use(shm)

@@ -134,8 +134,8 @@ class LocalCluster:
         return self
 
     def _start_node(self, node: int, env: dict) -> str | None:
-        """``ray start`` of ``node`` on fresh ports, waited for until the cluster has ``node + 1`` live nodes;
-        None, or (its session ended, its temp folder emptied) why it did not join."""
+        """``ray start`` of ``node`` on fresh ports in an emptied temp folder, waited for until the cluster has
+        ``node + 1`` live nodes; None, or (its session ended) why it did not join."""
         ports = free_ports(1 + 7 * NODES + 1)
         if node == 0:
             self.address = f"127.0.0.1:{ports[0]}"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.ops.shm import inodes_in_use
+from ebpo_verl.ops.shm import inodes_by_path, inodes_in_use
 
 TAG_ENV = "EBPO_SMOKE_TAG"
 TAG = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -98,14 +98,7 @@ def held_by_others(exclude: set[int]) -> set[str]:
     """``/dev/shm`` names that a live process not in ``exclude`` maps or holds open (another user's run), matched by
     inode (:func:`ebpo_verl.ops.shm.inodes_in_use`: a live semaphore is mapped under another, deleted name)."""
     used = inodes_in_use(str(SHM), frozenset(exclude))
-    held = set()
-    for entry in os.scandir(SHM):
-        try:
-            if entry.inode() in used:
-                held.add(entry.name)
-        except OSError:
-            continue
-    return held
+    return {Path(path).name for path, inode in inodes_by_path(str(SHM)).items() if inode in used}
 
 
 def describe(procs: list[psutil.Process]) -> list[tuple[int, str]]:
