@@ -49,9 +49,9 @@ trap 'kill $study_pid 2>/dev/null || true; [ "$phase" != all ] || rm -rf "$WORK"
 export WORK_DIR="$WORK/outside/ebpo_runs" PYTHON="$V" PATH="$WORK/venv/bin:$PATH"
 "$V" - "$ROOT" <<'PY'
 import importlib, pkgutil, sys
-import data_prep, ebpo_verl
+import ebpo_verl
 checkout = sys.argv[1]
-for pkg in (ebpo_verl, data_prep):
+for pkg in (ebpo_verl,):
     assert "site-packages" in pkg.__file__ and not pkg.__file__.startswith(checkout), pkg.__file__
     names = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
     for name in names:
@@ -79,7 +79,7 @@ helps=(
   "ebpo_verl.evaluate --help" "ebpo_verl.evaluate generate --help" "ebpo_verl.evaluate grade --help"
   "ebpo_verl.evaluate.pass_rate --help" "ebpo_verl.recipes.make_tables --help"
   "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.recipes.status_table --help"
-  "ebpo_verl.study --help" "data_prep.all --help" "data_prep.label_topics --help"
+  "ebpo_verl.study --help" "ebpo_verl.data.all --help" "ebpo_verl.data.label_topics --help"
 )
 # two at a time (the study holds one core until it ends); the single quotes are sh -c's script, expanded there
 # shellcheck disable=SC2016

@@ -49,9 +49,9 @@ def prepare(work: Path) -> dict[str, str]:
     """A tiny Qwen3 + tokenizer and the ``PROMPTS`` shortest MATH-500 problems as train (and val) parquet."""
     import pyarrow.parquet as pq
 
-    from data_prep import math500
-    from data_prep.schema import write_parquet_atomic
     from ebpo_verl.cpu.tiny import build_model, build_tokenizer
+    from ebpo_verl.data import math500
+    from ebpo_verl.data.schema import write_parquet_atomic
 
     source = DATA if DATA.is_file() else FIXTURE
     table = pq.read_table(math500.prepare(work / "raw", local_path=source))

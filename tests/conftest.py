@@ -58,7 +58,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def hub_data() -> Path:
-    """A folder of hub-schema source files (the names of data_prep.all.LOCAL_FILES, and variants/): the real
+    """A folder of hub-schema source files (the names of ebpo_verl.data.all.LOCAL_FILES, and variants/): the real
     datasets when present, else the made-up rows of tests/fixtures/hub. Assertions must be computed from the
     files read, never counts of the real ones."""
     return SHARED_DATA if SHARED_DATA.is_dir() else FIXTURE_HUB

@@ -541,8 +541,8 @@ def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
 
 @pytest.mark.slow
 def test_spo_dataset_check_on_prepared_data(hub_data, tiny_tokenizer, tmp_path, _config):
-    """data_prep's extra_info.index is a unique key within a file; two files repeat it, which is refused."""
-    from data_prep import dapo_math, math500
+    """ebpo_verl.data's extra_info.index is a unique key within a file; two files repeat it, which is refused."""
+    from ebpo_verl.data import dapo_math, math500
 
     math = math500.prepare(tmp_path / "m", local_path=hub_data / "math500.jsonl")
     dapo = dapo_math.prepare(tmp_path / "d", local_path=hub_data / "dapo_math_sample.jsonl")

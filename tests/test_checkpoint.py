@@ -352,7 +352,7 @@ def test_checkpoint_metrics_log_rides_on_verl_tracking(tmp_path, monkeypatch, tr
 
 def test_checkpoint_curriculum_position_round_trips(tmp_path, hub_data, tiny_tokenizer, stand_in_trainer, _config):
     """The curriculum dataset's position goes through the trainer's data.pt like verl's sampler position."""
-    from data_prep import math500
+    from ebpo_verl.data import math500
 
     train = math500.prepare(tmp_path / "data", local_path=hub_data / "math500.jsonl")
     val = shutil.copy(train, tmp_path / "val.parquet")

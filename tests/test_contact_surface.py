@@ -1,4 +1,4 @@
-"""The contact surface with verl, Ray, Hydra and vLLM (``ebpo_verl/trainer/contact.py``, issue 32 item 4).
+"""The contact surface with verl, Ray, Hydra and vLLM (``ebpo_verl/compat/contact.py``, issue 32 item 4).
 
 Each listed entry is checked against the installed packages: the name is still there, a callable still has the
 recorded parameters, an attribute that the owner's methods set is still set there, the tests of the copied method
@@ -18,7 +18,7 @@ cannot be told from the source, e.g. ``?._update_actor`` in a mixin):
 - an assignment to an attribute of another package's module or object (a patch, private or not), an item
   written into a watched package's object (a registry), ``setattr`` or ``mock.patch.object`` on one,
   ``monkeypatch.setattr("a.b.c", ...)``, ``mock.patch("a.b.c")``;
-- a string given to :mod:`ebpo_verl.trainer.contact`'s ``listed``/``patch``/``patched``/``swapped``, and any
+- a string given to :mod:`ebpo_verl.compat.contact`'s ``listed``/``patch``/``patched``/``swapped``, and any
   string that is a dotted name in a watched package with a private segment.
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl.trainer.contact import (
+from ebpo_verl.compat.contact import (
     BY_NAME,
     CONTACTS,
     DROPPED,
@@ -287,7 +287,7 @@ def scan_source(source: str, module: str, has_attr: Callable[[str, str], bool] |
 
 
 def written_in_place(source: str, module: str) -> list[Use]:
-    """The patches that ``source`` writes itself (not through :mod:`ebpo_verl.trainer.contact`)."""
+    """The patches that ``source`` writes itself (not through :mod:`ebpo_verl.compat.contact`)."""
     tree = ast.parse(source)
     return sorted({Use(name, module, line) for name, line in _writes(tree, _Resolver(tree), in_place=True)})
 
@@ -361,7 +361,7 @@ def entry_problem(contact: Contact) -> str | None:
 def failure_message(contact: Contact, problem: str) -> str:
     return (
         f"contact {contact.name} ({', '.join(contact.kinds)} in {', '.join(contact.where)}): {problem}. "
-        f"Needed for: {contact.why}. Public replacement: {contact.public}. Update ebpo_verl/trainer/contact.py "
+        f"Needed for: {contact.why}. Public replacement: {contact.public}. Update ebpo_verl/compat/contact.py "
         "and the code that uses it."
     )
 
@@ -444,18 +444,18 @@ def unused(uses: list[Use], contacts: tuple[Contact, ...] = CONTACTS) -> list[st
 @pytest.fixture(scope="module")
 def package_uses() -> list[Use]:
     """The scan of ``ebpo_verl/`` (the contact module itself holds the list, not uses)."""
-    sources = [(m, text) for m, text in package_sources(REPO / "ebpo_verl") if m != "ebpo_verl.trainer.contact"]
+    sources = [(m, text) for m, text in package_sources(REPO / "ebpo_verl") if m != "ebpo_verl.compat.contact"]
     return [use for module, source in sources for use in scan_source(source, module, _has_attr)]
 
 
 def test_every_private_name_the_source_uses_is_listed(package_uses):
     assert len({u.name for u in package_uses}) >= 20  # the scan sees the uses
     missing = unlisted(package_uses)
-    assert not missing, "private names of other packages used but not in ebpo_verl/trainer/contact.py: " + "; ".join(
+    assert not missing, "private names of other packages used but not in ebpo_verl/compat/contact.py: " + "; ".join(
         missing
     )
     stale = unused(package_uses)
-    assert not stale, "listed in ebpo_verl/trainer/contact.py but no longer used there: " + "; ".join(stale)
+    assert not stale, "listed in ebpo_verl/compat/contact.py but no longer used there: " + "; ".join(stale)
 
 
 def test_dropped_names_are_not_used_again(package_uses):
@@ -470,7 +470,7 @@ def test_patches_are_written_only_through_the_contact_module():
     written = {
         (u.name, u.module)
         for module, source in package_sources(REPO / "ebpo_verl")
-        if module != "ebpo_verl.trainer.contact"
+        if module != "ebpo_verl.compat.contact"
         for u in written_in_place(source, module)
     }
     assert written <= {("sys.argv", "ebpo_verl.recipes.driver")}, written
@@ -481,7 +481,7 @@ import ray
 from ray._private import worker
 from verl.trainer.ppo.v1 import trainer_base
 from verl.workers.rollout.replica import RolloutReplica
-from ebpo_verl.trainer.contact import listed, patch
+from ebpo_verl.compat.contact import listed, patch
 
 registry = trainer_base.TRAINER_REGISTRY
 
@@ -582,7 +582,7 @@ def test_the_scan_of_our_package_finds_a_new_private_name_added_to_it():
 def test_the_docs_page_is_generated_from_the_list():
     page = (REPO / "docs/verl_contact.md").read_text(encoding="utf-8")
     assert page == markdown(), (
-        "docs/verl_contact.md is stale: python -m ebpo_verl.trainer.contact > docs/verl_contact.md"
+        "docs/verl_contact.md is stale: python -m ebpo_verl.compat.contact > docs/verl_contact.md"
     )
     assert all(f"`{c.name}`" in page for c in CONTACTS) and f"{len(CONTACTS)} entries" in page
 

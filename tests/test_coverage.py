@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from data_prep.all import prepare_all
+from ebpo_verl.data.all import prepare_all
 from ebpo_verl.evaluate.answers import answer_classes
 from ebpo_verl.evaluate.coverage import benchmark_coverage, block_vote, ks_for, maj_at_k, pass_at_k
 from ebpo_verl.evaluate.generations import GenerationsFile

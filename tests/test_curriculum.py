@@ -34,7 +34,7 @@ def unlabelled(n: int) -> tuple[int, ...]:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, hub_data) -> dict[str, Path]:
-    from data_prep import math_train, olympiadbench
+    from ebpo_verl.data import math_train, olympiadbench
 
     out = tmp_path_factory.mktemp("curriculum_data")
     files = {
@@ -97,7 +97,7 @@ def make(base_config, prepared, tiny_tokenizer):
 
 
 def served(ds, epochs: int = 1) -> list[list[int]]:
-    """File rows (= extra_info.index for data_prep output) at positions 0, 1, ... pass by pass: the map that
+    """File rows (= extra_info.index for ebpo_verl.data output) at positions 0, 1, ... pass by pass: the map that
     __getitem__ applies before verl's RLHFDataset.__getitem__ (whole rows are read in the dataloader tests)."""
     return [[ds._row(p) for p in range(len(ds))] for _ in range(epochs)]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from data_prep import aime2024, aime2025, amc23, dapo_math, math500, math_train, olympiadbench, schema
-from data_prep.all import LOCAL_FILES, prepare_all
+from ebpo_verl.data import aime2024, aime2025, amc23, dapo_math, math500, math_train, olympiadbench, schema
+from ebpo_verl.data.all import LOCAL_FILES, prepare_all
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -317,14 +317,14 @@ def test_cli_reads_a_file_or_a_dataset_folder(hub_data, tmp_path):
 
 
 def _cli(module, capsys, *args: str) -> tuple[int, list[str]]:
-    """``python -m data_prep.<module> ARGS`` in this process: (exit status, stderr lines)."""
+    """``python -m ebpo_verl.data.<module> ARGS`` in this process: (exit status, stderr lines)."""
     with pytest.raises(SystemExit) as exit_:
         module.main(list(args))
     return exit_.value.code, capsys.readouterr().err.splitlines()
 
 
 def _bad_inputs(tmp_path: Path, hub_data: Path) -> dict[str, tuple[Path, str]]:
-    """name -> (--local-path for math500, the exact error after ``python -m data_prep.math500: error: ``)."""
+    """name -> (--local-path for math500, the exact error after ``python -m ebpo_verl.data.math500: error: ``)."""
     bad_line = tmp_path / "bad.jsonl"
     bad_line.write_text('{"problem": "1+1", "answer": "2"}\n\n{"problem": "x", answer}\n')
     not_object = tmp_path / "list.jsonl"
@@ -379,7 +379,7 @@ def test_cli_bad_input_is_one_line_exit_2(hub_data, tmp_path, capsys, case):
     path, message = _bad_inputs(tmp_path, hub_data)[case]
     for extra in ([], ["--skip-invalid"]):  # a whole-file problem is not a row problem: no --skip-invalid advice
         code, err = _cli(math500, capsys, "--out-dir", str(tmp_path / "out"), "--local-path", str(path), *extra)
-        assert (code, err) == (2, [f"python -m data_prep.math500: error: {message}"])
+        assert (code, err) == (2, [f"python -m ebpo_verl.data.math500: error: {message}"])
     assert not (tmp_path / "out").exists()
 
 
@@ -389,7 +389,7 @@ def test_cli_invalid_row_suggests_skip_invalid(tmp_path, capsys):
     assert (code, err) == (
         2,
         [
-            f"python -m data_prep.amc23: error: amc23: invalid row 1 (0-based) of {src}: field problem: empty. "
+            f"python -m ebpo_verl.data.amc23: error: amc23: invalid row 1 (0-based) of {src}: field problem: empty. "
             "Fix the source row or pass --skip-invalid to drop such rows."
         ],
     )
@@ -399,26 +399,26 @@ def test_cli_error_through_python_m_has_no_traceback(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
     run = subprocess.run(
-        [sys.executable, "-m", "data_prep.math500", "--out-dir", str(tmp_path), "--local-path", str(bad)],
+        [sys.executable, "-m", "ebpo_verl.data.math500", "--out-dir", str(tmp_path), "--local-path", str(bad)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 2
     assert run.stderr.splitlines() == [
-        f"python -m data_prep.math500: error: {bad}, line 1: not valid JSON (Expecting property name enclosed in "
+        f"python -m ebpo_verl.data.math500: error: {bad}, line 1: not valid JSON (Expecting property name enclosed in "
         "double quotes, column 2)"
     ]
 
 
 def test_all_local_dir_errors_name_local_dir(hub_data, tmp_path, capsys):
-    from data_prep import all as prep_all
+    from ebpo_verl.data import all as prep_all
 
     missing = tmp_path / "nowhere"
     code, err = _cli(prep_all, capsys, "--out-dir", str(tmp_path / "out"), "--local-dir", str(missing))
     assert (code, err) == (
         2,
-        [f"python -m data_prep.all: error: --local-dir {missing} does not exist or is not a folder"],
+        [f"python -m ebpo_verl.data.all: error: --local-dir {missing} does not exist or is not a folder"],
     )
 
     partial = tmp_path / "partial"
@@ -430,8 +430,8 @@ def test_all_local_dir_errors_name_local_dir(hub_data, tmp_path, capsys):
     assert (code, err) == (
         2,
         [
-            f"python -m data_prep.all: error: aime2024: --local-dir {partial} has no aime2024.jsonl",
-            f"python -m data_prep.all: error: aime2025: {partial / 'aime2025.jsonl'}, line 1: not valid JSON "
+            f"python -m ebpo_verl.data.all: error: aime2024: --local-dir {partial} has no aime2024.jsonl",
+            f"python -m ebpo_verl.data.all: error: aime2025: {partial / 'aime2025.jsonl'}, line 1: not valid JSON "
             "(Expecting property name enclosed in double quotes, column 2)",
         ],
     )
@@ -442,7 +442,7 @@ UMASK_WRITE = """
 import os, sys
 os.umask(int(sys.argv[1], 8))
 from ebpo_verl.ops.atomic import atomic_write_text
-from data_prep import math500
+from ebpo_verl.data import math500
 math500.prepare(sys.argv[2], local_path=sys.argv[3])
 atomic_write_text(os.path.join(sys.argv[2], "note.txt"), "x")
 """

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from data_prep.all import prepare_all
+from ebpo_verl.data.all import prepare_all
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.__main__ import main
 from ebpo_verl.evaluate.generations import GenerationsFile, read_generations

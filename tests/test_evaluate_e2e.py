@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.all import prepare_all
+from ebpo_verl.data.all import prepare_all
 from ebpo_verl.evaluate.__main__ import main
 from ebpo_verl.evaluate.merge import MERGED, merge_checkpoint
 from ebpo_verl.evaluate.prompts import EvalInputError

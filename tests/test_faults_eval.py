@@ -30,10 +30,10 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from data_prep import aime2024
-from data_prep.schema import DataPrepError, check_ground_truths
 from ebpo_verl import paper_reward
 from ebpo_verl import reward as verl_reward
+from ebpo_verl.data import aime2024
+from ebpo_verl.data.schema import DataPrepError, check_ground_truths
 from ebpo_verl.evaluate.__main__ import main as evaluate_main
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, read_generations
 from ebpo_verl.evaluate.grading import grade_file
@@ -372,7 +372,7 @@ def test_full_disk_in_data_prep(hub_data, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         aime2024.main(["--out-dir", str(tmp_path), "--local-path", str(hub_data / "aime2024.jsonl")])
     assert exit_.value.code == 2
-    line = _one_error_line(capsys.readouterr().err, "python -m data_prep.aime2024")
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.data.aime2024")
     assert re.search(_full(tmp_path / "aime2024.parquet"), line)
     assert list(tmp_path.iterdir()) == []
 
@@ -380,7 +380,7 @@ def test_full_disk_in_data_prep(hub_data, tmp_path, monkeypatch, capsys):
 def _write_parquet(path: Path, rows: list[dict]) -> Path:
     import pyarrow.parquet as pq
 
-    from data_prep.schema import SCHEMA
+    from ebpo_verl.data.schema import SCHEMA
 
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
@@ -470,7 +470,7 @@ def test_non_utf8_input_names_the_line(hub_data, tmp_path, capsys):
     bad.write_bytes(b"".join(lines))
     with pytest.raises(SystemExit):
         aime2024.main(["--out-dir", str(tmp_path / "out"), "--local-path", str(bad)])
-    line = _one_error_line(capsys.readouterr().err, "python -m data_prep.aime2024")
+    line = _one_error_line(capsys.readouterr().err, "python -m ebpo_verl.data.aime2024")
     assert f"{bad}, line 5: not UTF-8 (byte 0xff at byte column 3); re-save the file as UTF-8" in line
     records = [json.loads(x) for x in (hub_data / "aime2024.jsonl").read_text().splitlines()]
     doc = tmp_path / "aime.json"

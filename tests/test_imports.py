@@ -1,4 +1,4 @@
-"""Dependencies point one way: no circle of imports between the modules of ``ebpo_verl/`` and ``data_prep/``, nor
+"""Dependencies point one way: no circle of imports between the modules of ``ebpo_verl/``, nor
 between their sub-packages. Every import statement counts, at module level or inside a function (a lazy import
 is still a dependency), read from the source with :mod:`ast`, nothing imported."""
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("ebpo_verl", "data_prep")
+PACKAGES = ("ebpo_verl",)
 
 
 def modules(root: Path | None = None) -> dict[str, Path]:
@@ -49,11 +49,9 @@ def imported(path: Path, name: str, known: Mapping[str, Path]) -> set[str]:
 
 
 def unit(module: str) -> str:
-    """The sub-package a module belongs to: ``ebpo_verl.<sub>`` for ``ebpo_verl/<sub>/...``, ``data_prep`` for
-    ``data_prep/...``; a top-level module of ``ebpo_verl`` is its own unit."""
+    """The sub-package a module belongs to: ``ebpo_verl.<sub>`` for ``ebpo_verl/<sub>/...``; a top-level module
+    of ``ebpo_verl`` is its own unit."""
     parts = module.split(".")
-    if parts[0] == "data_prep":
-        return "data_prep"
     is_package = (ROOT / Path(*parts[:2])).is_dir()
     return ".".join(parts[:2]) if len(parts) > 1 and is_package else module
 
@@ -117,8 +115,6 @@ def test_imports_are_read_from_every_place(tmp_path):
     (tmp_path / "ebpo_verl" / "sub").mkdir(parents=True)
     for name in ("__init__", "x", "y", "sub/__init__", "sub/z"):
         (tmp_path / "ebpo_verl" / f"{name}.py").write_text("")
-    (tmp_path / "data_prep").mkdir()
-    (tmp_path / "data_prep" / "__init__.py").write_text("")
     source = "import os\nfrom . import y\ndef f():\n    from .sub import z\n    import ebpo_verl.sub.missing\n"
     (tmp_path / "ebpo_verl" / "x.py").write_text(source)
     known = modules(tmp_path)
@@ -129,22 +125,22 @@ def test_imports_are_read_from_every_place(tmp_path):
 
 def test_no_circle_between_modules():
     by_module, _ = graphs()
-    assert len(by_module) > 50 and by_module["ebpo_verl.evaluate.prompts"] >= {"data_prep.schema"}  # it reads
+    assert len(by_module) > 50 and by_module["ebpo_verl.evaluate.prompts"] >= {"ebpo_verl.data.schema"}  # it reads
     check(circles(by_module), "modules")
 
 
 def test_no_circle_between_sub_packages():
     _, by_unit = graphs()
-    assert {"ebpo_verl.evaluate", "ebpo_verl.recipes", "ebpo_verl.study", "data_prep"} <= set(by_unit)
+    assert {"ebpo_verl.evaluate", "ebpo_verl.recipes", "ebpo_verl.study", "ebpo_verl.data"} <= set(by_unit)
     check(circles(by_unit), "sub-packages")
 
 
 # The layers from the bottom up (ebpo_verl/<unit>): a unit may import only the units of its own layer or below.
-# The applications (recipes, evaluate, study, data_prep) and the entry points sit above all of these.
+# The applications (recipes, evaluate, study, smoke) and the entry points sit above all of these.
 LAYERS = (
-    {"ebpo_verl.options", "ebpo_verl.ops", "ebpo_verl.version"},
+    {"ebpo_verl.options", "ebpo_verl.ops", "ebpo_verl.version", "ebpo_verl.compat"},
     {"ebpo_verl.algos"},
-    {"ebpo_verl.reward", "ebpo_verl.paper_reward", "data_prep"},  # the rewards and the data sets' schemas
+    {"ebpo_verl.reward", "ebpo_verl.paper_reward", "ebpo_verl.data"},  # the rewards and the data sets' schemas
     {"ebpo_verl.trainer", "ebpo_verl.cpu"},
 )
 # Outside packages the math may not import: it is torch and numpy only.

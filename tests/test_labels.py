@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data_prep import label_topics as lt
-from data_prep import math500
+from ebpo_verl.data import label_topics as lt
+from ebpo_verl.data import math500
 from ebpo_verl.evaluate import pass_rate as epr
 
 
@@ -87,7 +87,7 @@ def test_label_topics_end_to_end_deterministic(small_parquet, tmp_path, capsys):
 
 
 def test_bare_problem_strips_either_template():
-    from data_prep.schema import apply_template, bare_problem
+    from ebpo_verl.data.schema import apply_template, bare_problem
 
     for t in ("dapo", "boxed"):
         assert bare_problem(apply_template("Compute $1+1$.", t)[0]["content"]) == "Compute $1+1$."
@@ -181,7 +181,7 @@ def test_vllm_engine_without_vllm_gives_clear_error(small_parquet, tmp_path, cap
 LABEL_UNDER_UMASK_022 = """
 import os, sys
 os.umask(0o022)
-from data_prep.label_topics import main
+from ebpo_verl.data.label_topics import main
 main(sys.argv[1:])
 """
 
@@ -207,12 +207,12 @@ def test_label_topics_bad_input_is_one_line_exit_2(small_parquet, tmp_path, caps
     missing = tmp_path / "missing.parquet"
     for path, message in [
         (cut, f"{cut} is not a readable parquet file (truncated or corrupt?): {arrow.value}"),
-        (missing, f"{missing} does not exist; prepare it first (python -m data_prep.<name>)"),
+        (missing, f"{missing} does not exist; prepare it first (python -m ebpo_verl.data.<name>)"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             lt.main(["--in", str(path), "--out", str(tmp_path / "out.parquet")])
         assert exit_.value.code == 2
-        assert capsys.readouterr().err.splitlines() == [f"python -m data_prep.label_topics: error: {message}"]
+        assert capsys.readouterr().err.splitlines() == [f"python -m ebpo_verl.data.label_topics: error: {message}"]
     assert not (tmp_path / "out.parquet").exists()
 
 
@@ -227,7 +227,7 @@ def test_labelling_without_the_labels_extra_is_one_line_naming_it(tmp_path, monk
         lt.main(["--in", str(tmp_path / "absent.parquet"), "--out", str(tmp_path / "o.parquet")])
     err = capsys.readouterr().err.splitlines()
     assert exit_.value.code == 2 and err == [
-        "python -m data_prep.label_topics: error: topic labelling needs the 'labels' extra (umap not installed): "
+        "python -m ebpo_verl.data.label_topics: error: topic labelling needs the 'labels' extra (umap not installed): "
         "pip install 'ebpo-verl[labels]'"
     ]
     assert not (tmp_path / "o.parquet").exists()

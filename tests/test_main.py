@@ -304,7 +304,7 @@ def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
         "actor_rollout_ref.rollout.n=abc": "actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer",
         # unlike --cfg job, a real run refuses a training file that is not there
         f"data.train_files={missing}": f"data.train_files: {missing} does not exist (or is not a file); prepare the "
-        "data (python -m data_prep.all) or fix the path",
+        "data (python -m ebpo_verl.data.all) or fix the path",
     }
     for override, message in cases.items():
         code, out, err = _main(monkeypatch, capsys, override, run_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.all import prepare_all
+from ebpo_verl.data.all import prepare_all
 from ebpo_verl.evaluate.merge import MERGED, REFUSAL_MARK, merge_checkpoint
 from ebpo_verl.evaluate.prompts import EvalInputError
 

@@ -119,7 +119,7 @@ def test_metrics_log_sidecar_follows_attempts(tmp_path):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, hub_data):
-    from data_prep.all import prepare_all
+    from ebpo_verl.data.all import prepare_all
 
     out = tmp_path_factory.mktemp("data")
     prepare_all(out, hub_data, "dapo", False, ("aime2024",))

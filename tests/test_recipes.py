@@ -482,7 +482,7 @@ def test_dry_run_runs_the_preflight_and_refuses_what_a_run_would(tmp_path):
     outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
     out, err = outputs["run_qwen3_14b.sh"]
     assert procs["run_qwen3_14b.sh"].returncode == 0, err[-3000:]
-    assert "would prepare data" in err and "data_prep.all" in err
+    assert "would prepare data" in err and "ebpo_verl.data.all" in err
     assert "pre-flight: ok (world size 32" in err and "DRY_RUN: pre-flight passed" in err
     assert not (tmp_path / "work").exists()  # DRY_RUN prepares and writes nothing
     config = yaml.safe_load(out)
@@ -515,12 +515,12 @@ class Stand:
 
     def __call__(self, command, env=None) -> int:
         command = list(command)
-        if command[1:3] == ["-m", "data_prep.all"]:
+        if command[1:3] == ["-m", "ebpo_verl.data.all"]:
             out = command[command.index("--out-dir") + 1]
             os.makedirs(out, exist_ok=True)
             for name in command[command.index("--only") + 1 :]:
                 Path(out, f"{name}.parquet").touch()
-        elif command[1:2] == ["-m"] and command[2] in ("data_prep.label_topics", "ebpo_verl.evaluate.pass_rate"):
+        elif command[1:2] == ["-m"] and command[2] in ("ebpo_verl.data.label_topics", "ebpo_verl.evaluate.pass_rate"):
             Path(command[command.index("--out") + 1]).touch()
         elif command[1:3] == ["-m", "ebpo_verl.main"]:
             args = dict(a.split("=", 1) for a in command[3:] if "=" in a)
@@ -552,7 +552,7 @@ class Stand:
 
 
 def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
-    """Without DRY_RUN a run prepares the missing data (data_prep.all, then the topic labels), then replaces
+    """Without DRY_RUN a run prepares the missing data (ebpo_verl.data.all, then the topic labels), then replaces
     itself with the trainer; with everything there it goes straight to training."""
     stand, execs = Stand(), []
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub check (its own test)
@@ -561,7 +561,11 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
     real = driver.preflight_first
     monkeypatch.setattr(driver, "preflight_first", lambda spec: stand.calls.append("pre-flight") or real(spec))
     driver.run("qwen3_8b", [], env_for(tmp_path))
-    assert stand.calls == ["pre-flight", "-m data_prep.all", "-m data_prep.label_topics"]  # the pre-flight first
+    assert stand.calls == [
+        "pre-flight",
+        "-m ebpo_verl.data.all",
+        "-m ebpo_verl.data.label_topics",
+    ]  # the pre-flight first
     monkeypatch.setattr(driver, "preflight_first", lambda spec: None)  # the stand's files are empty
     assert execs[0][1:3] == ["-m", "ebpo_verl.main"]
     assert (tmp_path / "logs" / "qwen3_8b-ebpo-g4-topic-rw_paper-bl_paper").is_dir()
@@ -576,8 +580,8 @@ def test_missing_data_is_prepared_in_order(tmp_path, monkeypatch):
 def test_preflight_and_hub_check_come_before_any_preparation(tmp_path, monkeypatch, capsys):
     """A real run (no DRY_RUN) refuses a misspelled override before preparing anything; without DATA_LOCAL_DIR
     a hub that does not answer (a closed local port stands in for it) is one line naming DATA_LOCAL_DIR, from
-    the driver and from data_prep.all (naming --local-dir), with nothing prepared."""
-    from data_prep import all as prepare_all
+    the driver and from ebpo_verl.data.all (naming --local-dir), with nothing prepared."""
+    from ebpo_verl.data import all as prepare_all
 
     calls = []
     monkeypatch.setattr(driver, "execute", lambda c, env=None: calls.append(c) or 0)
@@ -780,8 +784,8 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
 
 
 # what the GPU recipes run: data preparation (incl. topic labels and pass rates), training, evaluation, tables
-RECIPE_PATH_SOURCES = ["ebpo_verl", "data_prep"]
-FIRST_PARTY = {"ebpo_verl", "data_prep"}
+RECIPE_PATH_SOURCES = ["ebpo_verl"]
+FIRST_PARTY = {"ebpo_verl"}
 
 
 def recipe_imports() -> set[str]:

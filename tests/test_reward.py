@@ -270,7 +270,7 @@ def test_acceptance_every_row_of_every_file(hub_data, tmp_path, capsys):
     self_total = self_ok = pair_total = pair_ok = 0
     lines, failures, false_pos, jobs_self, jobs_pair = [], [], [], [], []
     for rel, (module, raw_rows) in _raw_cases(hub_data).items():
-        out = importlib.import_module(f"data_prep.{module}").prepare(
+        out = importlib.import_module(f"ebpo_verl.data.{module}").prepare(
             tmp_path / rel.replace("/", "_"), local_path=hub_data / rel, skip_invalid=True
         )
         gold = {e["source_id"]: rm["ground_truth"] for e, rm in zip(*_cols(out), strict=True)}
@@ -325,7 +325,7 @@ def test_acceptance_every_row_of_every_file(hub_data, tmp_path, capsys):
 def _prepared_gold(shared: Path, tmp_path: Path, rel: str, module: str) -> dict[str, str]:
     import importlib
 
-    out = importlib.import_module(f"data_prep.{module}").prepare(
+    out = importlib.import_module(f"ebpo_verl.data.{module}").prepare(
         tmp_path / rel, local_path=shared / rel, skip_invalid=True
     )
     return {e["source_id"]: rm["ground_truth"] for e, rm in zip(*_cols(out), strict=True)}

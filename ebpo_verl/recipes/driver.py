@@ -63,8 +63,8 @@ def prepare(spec: RunSpec, dry: bool) -> None:
     DATA_LOCAL_DIR), a hub that does not answer is one RecipeError naming DATA_LOCAL_DIR."""
     check_user_paths(spec)
     commands = spec.preparation()
-    if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "data_prep.all"] for c in commands):
-        from data_prep.schema import DataPrepError, check_hub
+    if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "ebpo_verl.data.all"] for c in commands):
+        from ebpo_verl.data.schema import DataPrepError, check_hub
 
         try:
             check_hub(fix="set DATA_LOCAL_DIR to a folder with the dataset files (docs/data.md)")
@@ -177,7 +177,7 @@ def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     if missing:
         log(f"eval.sh: preparing {' '.join(missing)} in {paths.data}")
         local = ["--local-dir", env["DATA_LOCAL_DIR"]] if env.get("DATA_LOCAL_DIR") else []
-        if execute([python(), "-m", "data_prep.all", "--out-dir", paths.data, "--only", *missing, *local]):
+        if execute([python(), "-m", "ebpo_verl.data.all", "--out-dir", paths.data, "--only", *missing, *local]):
             raise RecipeError("data preparation failed")
     for protocol in chosen:
         log(f"eval.sh: {target}, protocol {protocol} -> {out}")

@@ -262,11 +262,11 @@ class RunSpec:
         sets = ["dapo_math", *self.schedule.val_sets]
         if any(not os.path.isfile(os.path.join(data, f"{name}.parquet")) for name in sets):
             local = ["--local-dir", self.shared.data_local_dir] if self.shared.data_local_dir else []
-            commands.append([python(), "-m", "data_prep.all", "--out-dir", data, "--only", *sets, *local])
+            commands.append([python(), "-m", "ebpo_verl.data.all", "--out-dir", data, "--only", *sets, *local])
         train, source = self.train_path, os.path.join(data, "dapo_math.parquet")
         if not self.train_file and not os.path.isfile(train):
             if self.order == "topic":
-                commands.append([python(), "-m", "data_prep.label_topics", "--in", source, "--out", train]
+                commands.append([python(), "-m", "ebpo_verl.data.label_topics", "--in", source, "--out", train]
                                 + ["--k", "10", "--seed", "42"])  # fmt: skip
             elif self.order == "difficulty":
                 commands.append([python(), "-m", "ebpo_verl.evaluate.pass_rate", "--model", self.model_path]

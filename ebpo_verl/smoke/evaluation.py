@@ -91,7 +91,7 @@ def check_merged(step: Path) -> int:
 def evaluate_checkpoint(work: Path, step: Path, timeout: float) -> None:
     """``evaluate generate --engine vllm`` on ``step`` (verl's merger joins the shards), ``grade`` on its output
     and on a planted copy; all checked."""
-    from data_prep.all import prepare_all
+    from ebpo_verl.data.all import prepare_all
     from ebpo_verl.evaluate.prompts import load_problems
 
     data = work / "eval_data"

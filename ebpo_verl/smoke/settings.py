@@ -58,9 +58,9 @@ def prepare(work: Path) -> dict:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from data_prep import amc23, math500
-    from data_prep.schema import write_parquet_atomic
     from ebpo_verl.cpu.tiny import build_model, build_tokenizer
+    from ebpo_verl.data import amc23, math500
+    from ebpo_verl.data.schema import write_parquet_atomic
 
     raw = work / "raw"
     full_train = pq.read_table(math500.prepare(raw, local_path=DATA / "math500.jsonl"))

@@ -49,6 +49,7 @@ from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
+from ebpo_verl.compat.contact import swapped
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.ops.node_check import check_nodes
@@ -58,7 +59,6 @@ from ebpo_verl.trainer.adapter import ESTIMATORS, new_estimator, outcome_advanta
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
-from ebpo_verl.trainer.contact import swapped
 from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
 from ebpo_verl.trainer.preflight.data import check_row_keys
 from ebpo_verl.trainer.preflight.registry import check_registered

@@ -104,7 +104,11 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
                         key == "data.train_files" and f"{path} does not exist on this machine"
                     )
                     continue
-                fix = "prepare the data (python -m data_prep.all)" if key == "data.train_files" else "prepare the data"
+                fix = (
+                    "prepare the data (python -m ebpo_verl.data.all)"
+                    if key == "data.train_files"
+                    else "prepare the data"
+                )
                 raise EBPOConfigError(f"{key}: {path} does not exist (or is not a file); {fix} or fix the path")
             read[key].append(read_data_file(path, key))
     line = f"steps per epoch not checked: data.train_files {not_checked}" if not_checked else None
@@ -137,12 +141,12 @@ def _steps_per_epoch(config: Any, files: list[DataFile]) -> str:
 def _check_ground_truths(data: DataFile, key: str) -> None:
     import pandas as pd
 
-    from data_prep.schema import DataPrepError, check_ground_truths
+    from ebpo_verl.data.schema import DataPrepError, check_ground_truths
 
     if data.reward_models is None:
         raise EBPOConfigError(
             f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it with "
-            "data_prep or add the column"
+            "ebpo_verl.data or add the column"
         )
     try:
         check_ground_truths(pd.DataFrame({"reward_model": data.reward_models}), source=f"{key}: {data.path}")
@@ -225,11 +229,11 @@ def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluste
         raise EBPOConfigError(
             f"algorithm.ebpo.cluster_key={cluster_key!r} is not a key of extra_info in the training data "
             f"({source}); extra_info keys present: {sorted(existing) or 'none'}. Pick one of them, or add the "
-            "labels to the data (data_prep), or set algorithm.ebpo.cluster_key=null."
+            "labels to the data (ebpo_verl.data), or set algorithm.ebpo.cluster_key=null."
         )
     raise EBPOConfigError(
         f"extra_info[{cluster_key!r}] is missing or null in {len(missing)} of {rows} training rows ({source}); "
-        f"first rows: {missing[:10]}. Every prompt needs a cluster label: fix the data (data_prep)."
+        f"first rows: {missing[:10]}. Every prompt needs a cluster label: fix the data (ebpo_verl.data)."
     )
 
 
@@ -268,7 +272,7 @@ def check_prompt_keys(
         raise EBPOConfigError(
             f"{option}={prompt_key!r} is not a key of extra_info in the training data ({source}); "
             f"extra_info keys present: {sorted(existing) or 'none'}. {label} tracks each prompt across steps by this "
-            "key (verl's uid changes every step): pick a field unique per prompt, or add one in data_prep."
+            "key (verl's uid changes every step): pick a field unique per prompt, or add one in ebpo_verl.data."
         )
     if missing:
         raise EBPOConfigError(

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.schema import Dataset, Example, InvalidRowError, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text
 
 NAME = "olympiadbench"
 _DOLLAR_RE = re.compile(r"(?<!\\)\$")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.schema import Dataset, Example, InvalidRowError, strip_dapo_wrapper
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, strip_dapo_wrapper
 
 NAME = "dapo_math"
 

@@ -378,7 +378,7 @@ def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int,
 class Dataset:
     """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
 
-    Each ``data_prep.<name>`` module declares one and exposes its ``prepare`` and ``main``.
+    Each ``ebpo_verl.data.<name>`` module declares one and exposes its ``prepare`` and ``main``.
     """
 
     name: str
@@ -410,13 +410,13 @@ class Dataset:
         return out
 
     def main(self, argv: list[str] | None = None) -> Path:
-        """``python -m data_prep.<name>``."""
+        """``python -m ebpo_verl.data.<name>``."""
         return cli(self.name, self.prepare, argv)
 
 
 def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) -> Path:
-    """``python -m data_prep.<name> --out-dir DIR [--local-path FILE] [--template T] [--skip-invalid]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m data_prep.{name}", description=prepare.__doc__)
+    """``python -m ebpo_verl.data.<name> --out-dir DIR [--local-path FILE] [--template T] [--skip-invalid]``."""
+    parser = argparse.ArgumentParser(prog=f"python -m ebpo_verl.data.{name}", description=prepare.__doc__)
     parser.add_argument("--out-dir", required=True, help=f"folder for {name}.parquet")
     parser.add_argument(
         "--local-path", default=None, help="local copy in the hub schema: a jsonl/json/parquet file or a dataset folder"
@@ -458,16 +458,16 @@ def read_prepared(path: str | Path) -> pa.Table:
     that are None, NaN or empty, :func:`check_ground_truths`)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m data_prep.<name>)")
+        raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m ebpo_verl.data.<name>)")
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise DataPrepError(f"{path} is not a readable parquet file (truncated or corrupt?): {e}") from None
     missing = [c for c in SCHEMA.names if c not in table.column_names]
     if missing:
-        raise DataPrepError(f"{path}: missing columns {missing}; expected a file written by data_prep")
+        raise DataPrepError(f"{path}: missing columns {missing}; expected a file written by ebpo_verl.data")
     if table.num_rows == 0:
-        raise DataPrepError(f"{path} has no rows; prepare it again with data_prep, or pass a file that has rows")
+        raise DataPrepError(f"{path} has no rows; prepare it again with ebpo_verl.data, or pass a file that has rows")
     check_ground_truths(table, path)
     return table
 
@@ -481,7 +481,7 @@ def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> N
     """
     frame = isinstance(table, pd.DataFrame)
     if "reward_model" not in (list(table.columns) if frame else table.column_names):
-        raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see data_prep.schema)")
+        raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see ebpo_verl.data.schema)")
     values = table["reward_model"].tolist() if frame else table["reward_model"].to_pylist()
     bad = []
     for i, rm in enumerate(values):

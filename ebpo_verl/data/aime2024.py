@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.schema import Dataset, Example, InvalidRowError, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text
 
 NAME = "aime2024"
 

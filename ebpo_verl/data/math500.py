@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.math_train import parse_level
-from data_prep.schema import Dataset, Example, pick, require_text
+from ebpo_verl.data.math_train import parse_level
+from ebpo_verl.data.schema import Dataset, Example, pick, require_text
 
 NAME = "math500"
 

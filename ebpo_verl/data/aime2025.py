@@ -1,4 +1,4 @@
-"""AIME 2025 (I and II, 30 problems), an evaluation set; same answer rules as :mod:`data_prep.aime2024`.
+"""AIME 2025 (I and II, 30 problems), an evaluation set; same answer rules as :mod:`ebpo_verl.data.aime2024`.
 
 Accepts ``yentinglin/aime_2025`` (``id, problem, answer``), ``opencompass/AIME2025`` (``question, answer``)
 and ``MathArena/aime_2025`` (``problem_idx, problem, answer``) shaped files.
@@ -6,8 +6,8 @@ and ``MathArena/aime_2025`` (``problem_idx, problem, answer``) shaped files.
 
 from __future__ import annotations
 
-from data_prep.aime2024 import aime_example
-from data_prep.schema import Dataset
+from ebpo_verl.data.aime2024 import aime_example
+from ebpo_verl.data.schema import Dataset
 
 NAME = "aime2025"
 

