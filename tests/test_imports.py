@@ -7,6 +7,7 @@ and stock ``main_ppo``'s default instances."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -322,3 +323,18 @@ def test_the_state_check_sees_each_kind():
     assert module_state(planted) == {("m", "TABLE"): 3, ("m", "SEEN"): 4, ("m", "LRU"): 5, ("m", "POOL"): 6,
                                      ("m", "MADE"): 7}  # fmt: skip
     assert module_state({"m": planted["m"]}) == {("m", "SEEN"): 4, ("m", "LRU"): 5, ("m", "POOL"): 6, ("m", "MADE"): 7}
+
+
+def test_the_architecture_page_names_files_that_exist_and_every_layer():
+    """``docs/architecture.md``: each file or folder it names in backticks exists (from the repository root or
+    ``ebpo_verl/``), and its layer table names every unit of :data:`LAYERS` and :data:`APPLICATIONS`."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = {
+        t for t in re.findall(r"`([\w./<>-]+)`", page) if t.endswith((".py", ".md", ".yaml", "/")) and "<" not in t
+    }
+    assert len(named) > 30
+    missing = sorted(t for t in named if not (ROOT / t).exists() and not (ROOT / "ebpo_verl" / t).exists())
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+    units = {u.removeprefix("ebpo_verl.").replace(".", "/") for u in set().union(*LAYERS, APPLICATIONS)} - {"ebpo_verl"}
+    absent = sorted(u for u in units if f"`{u}/`" not in page and f"`{u}.py`" not in page)
+    assert not absent, f"docs/architecture.md's layers lack: {absent}"
