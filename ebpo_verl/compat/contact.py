@@ -225,6 +225,24 @@ CONTACTS: tuple[Contact, ...] = (
         "the safe merge hands its arguments to verl's merger's main(), which parses sys.argv",
         "none: verl's merger main() takes no arguments",
     ),
+    *(
+        Contact(
+            name,
+            ("patch",),
+            ("ebpo_verl.compat.trl_probe",),
+            "verl imports TRL's AutoModelForCausalLMWithValueHead whenever trl is importable; TRL 1.x (the TRL "
+            "integration's) has no such class: the probe answers whether the class exists",
+            "a probe in verl that checks the class (verl pins TRL 0.27.0)",
+            params=(),
+            checked_by=("tests/test_trl_probe.py::test_verl_in_a_fresh_process_reads_our_probe",),
+            scanned=False,  # a public name: the scan looks for private ones
+        )
+        for name in (
+            "verl.utils.import_utils.is_trl_available",
+            "verl.models.transformers.monkey_patch.is_trl_available",
+            "verl.utils.model.is_trl_available",
+        )
+    ),
     # ---------------------------------------------------------------- the evaluation's checkpoint merge (torch)
     Contact(
         "verl.model_merger.__main__.main",
