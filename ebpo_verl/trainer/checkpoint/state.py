@@ -18,10 +18,12 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.trainer.run_options import StatefulEstimator
+
+if TYPE_CHECKING:  # annotations only: the TRL integration loads this module without omegaconf (run_options')
+    from ebpo_verl.trainer.run_options import StatefulEstimator
 
 FORMAT = 1
 
