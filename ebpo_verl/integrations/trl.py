@@ -150,7 +150,7 @@ class EstimatorMixin:
         self._gathered = None
         output = super()._generate_and_score_completions(inputs)
         if self._gathered is None:
-            raise RuntimeError("TRL did not call _calculate_rewards: this TRL version is not the one ebpo-verl[trl] pins")
+            raise RuntimeError("TRL did not call _calculate_rewards: use the TRL version ebpo-verl[trl] pins")
         rewards_per_func, keys = self._gathered
         self._gathered = None
         train = self.model.training
