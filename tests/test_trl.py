@@ -36,7 +36,8 @@ FAILING = {0, 1}  # prompts whose every completion scores 0: the all-fail groups
 
 def reward(completions: list[str], extra_info: list[dict], **kwargs: object) -> list[float]:
     """0 for the FAILING prompts, else a parity of the completion's characters (varied, deterministic)."""
-    return [0.0 if e["index"] in FAILING else float(sum(map(ord, c)) % 2) for c, e in zip(completions, extra_info)]
+    pairs = zip(completions, extra_info, strict=True)
+    return [0.0 if e["index"] in FAILING else float(sum(map(ord, c)) % 2) for c, e in pairs]
 
 
 class Spy(GRPOTrainer):
@@ -86,7 +87,8 @@ def trainer(tiny, out: Path, estimator: str, options=None, steps: int = 2, cls=R
     settings.update(config)
     args = GRPOConfig(output_dir=str(out), **settings)
     kw = {} if cls is Spy else {"estimator": estimator, "estimator_options": options}
-    return cls(model=str(path), reward_funcs=reward, args=args, train_dataset=dataset(), processing_class=tokenizer, **kw)
+    data = dataset()
+    return cls(model=str(path), reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, **kw)
 
 
 KEYED = {"ebpo": None, "spo": {"prompt_key": "extra_info.index"}, "dbb": {"prompt_key": "extra_info.index"}}
@@ -99,7 +101,7 @@ def test_advantages_equal_the_package_estimator_on_the_same_rewards(tiny, tmp_pa
     t.train()
     fresh = lookup(name).estimator_cls(parse_options(lookup(name), KEYED[name]))
     assert len(t.steps) == len(t.used) == 2
-    for step, ((rewards, keys), used) in enumerate(zip(t.steps, t.used)):
+    for step, ((rewards, keys), used) in enumerate(zip(t.steps, t.used, strict=True)):
         scores = rewards[:, 0].to(torch.float32)  # one reward function, weight 1: verl's summed token rewards
         index = np.asarray([f"uid{i // 2}" for i in range(len(scores))], dtype=object)
         expected = fresh(scores, index, torch.ones(len(scores), dtype=torch.bool), keys).values
@@ -133,7 +135,7 @@ def test_resume_from_step_2_equals_the_uninterrupted_run(tiny, tmp_path):
     resumed = trainer(tiny, tmp_path / "resumed", "ebpo", steps=4, save_strategy="steps", save_steps=2)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert len(resumed.used) == 2
-    for a, b in zip(full.used[2:], resumed.used):
+    for a, b in zip(full.used[2:], resumed.used, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert resumed.estimator.state.state_dict() == full.estimator.state.state_dict()
     changed = trainer(tiny, tmp_path / "changed", "ebpo", {"prior": "beta_binomial"}, steps=4)
