@@ -193,3 +193,29 @@ def test_the_trainer_refuses_what_it_cannot_replace(tiny, tmp_path):
         trainer(tiny, tmp_path, "ebpo", save_strategy="steps", save_steps=1, num_iterations=2)
     with pytest.raises(ValueError, match="spo.prompt_key='index': row 0"):
         trainer(tiny, tmp_path, "spo")
+
+
+def test_the_example_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    from ebpo_verl.integrations.trl_example import main
+
+    (tmp_path / "x").write_text("")
+    for argv, expected in (
+        (["--out", str(tmp_path / "new"), "--steps", "3"], "--steps must be an even number >= 4, not 3"),
+        (["--out", str(tmp_path)], "is not empty: name a new folder"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and expected in capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_example_trains_saves_and_resumes(tmp_path, capsys):
+    from ebpo_verl.integrations.trl_example import main
+
+    assert main(["--out", str(tmp_path / "ex")]) == 0
+    out = capsys.readouterr().out
+    assert [line.split(":")[0] for line in out.splitlines() if "ebpo/mu_glob=" in line] == [
+        f"step {i}" for i in range(1, 5)
+    ]
+    assert "EBPO state equals the uninterrupted run's" in out
+    assert (tmp_path / "ex" / "run" / "checkpoint-2" / "ebpo_state.json").is_file()
