@@ -219,3 +219,49 @@ def test_the_example_trains_saves_and_resumes(tmp_path, capsys):
     ]
     assert "EBPO state equals the uninterrupted run's" in out
     assert (tmp_path / "ex" / "run" / "checkpoint-2" / "ebpo_state.json").is_file()
+
+
+TWO_RANKS = """
+import json, sys
+from pathlib import Path
+from datasets import Dataset
+from transformers import AutoTokenizer
+from trl import GRPOConfig
+from ebpo_verl.integrations.trl import EstimatorGRPOTrainer
+
+out, model = Path(sys.argv[1]), sys.argv[2]
+def reward(completions, extra_info, **kw):
+    return [0.0 if e["index"] < 2 else float(sum(map(ord, c)) % 2) for c, e in zip(completions, extra_info)]
+rows = [{"prompt": f"What is {i} + 1?", "extra_info": {"index": i}} for i in range(8)]
+args = GRPOConfig(output_dir=str(out / "run"), per_device_train_batch_size=2, num_generations=2, max_steps=2,
+                  max_completion_length=6, save_strategy="steps", save_steps=2, report_to=[], use_cpu=True, seed=0)
+t = EstimatorGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=AutoTokenizer.from_pretrained(model), estimator="spo",
+                         estimator_options={"prompt_key": "extra_info.index"})
+t.train()
+state = {"world": t.accelerator.num_processes, "state": t.estimator.state.state_dict()}
+(out / f"state{t.accelerator.process_index}.json").write_text(json.dumps(state))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_two_processes_on_gloo_end_with_the_same_state(tiny, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run([*command, str(script), str(tmp_path), str(tiny[0])], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["world"] == ranks[1]["world"] == 2
+    assert ranks[0]["state"] == ranks[1]["state"]
+    assert len(ranks[0]["state"]["keys"]) == 4  # 2 steps x 2 prompts, one from each rank: both were gathered
+    saved = json.loads((tmp_path / "run" / "checkpoint-2" / "spo_state.json").read_text())
+    assert saved["state"] == ranks[0]["state"]
