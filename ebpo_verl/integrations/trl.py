@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,40 +25,61 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from ebpo_verl.algos.estimator import Estimator
+from ebpo_verl.algos import registry
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 
 
-class Resolved(NamedTuple):
-    """An estimator by name: its options class, a fresh-estimator factory, the option naming its per-row column
-    (None: none), whether that column must be unique per prompt, and its checkpoint entry (None: stateless)."""
+class FunctionEstimator(Estimator):
+    """A registered pure estimator function (``EstimatorSpec.function``: ``shrinkage_js``) as a stateless
+    :class:`~ebpo_verl.algos.estimator.Estimator`."""
 
-    options_cls: type
-    estimator_cls: type[Estimator]
-    row_key: str | None
-    unique_row_key: bool
-    checkpoint: Any
+    def __init__(self, function: Callable[..., Advantages]) -> None:
+        super().__init__(None)
+        self.function = function
 
-
-def lookup(name: str) -> Resolved:
-    """The estimator called ``name``; ValueError naming the known ones."""
-    from ebpo_verl.trainer.run_options import STATEFUL
-
-    if name not in STATEFUL:
-        raise ValueError(f"unknown estimator {name!r} for TRL; known: {', '.join(STATEFUL)}")
-    e = STATEFUL[name]
-    return Resolved(e.options_cls, e.estimator_cls, e.row_key, e.unique_row_key, e)
+    def compute(self, batch: Batch) -> Advantages:
+        return self.function(*batch)
 
 
-def parse_options(resolved: Resolved, options: Any) -> Any:
+def lookup(name: str) -> EstimatorSpec:
+    """The registered estimator called ``name`` (:func:`ebpo_verl.algos.registry.get`), one of the package's own;
+    ValueError in one line otherwise."""
+    spec = registry.get(name)
+    if spec.builtin:
+        raise ValueError(
+            f"{name} is verl's own estimator, not one of ebpo-verl's: use TRL's GRPOTrainer as it is, or one of "
+            f"{', '.join(registry.ours())}"
+        )
+    return spec
+
+
+def parse_options(spec: EstimatorSpec, options: Any) -> Any:
     """``options`` as the estimator's options dataclass: an instance as is, a mapping validated by its
-    ``from_mapping`` (one-line ValueError naming the key), None the defaults."""
-    cls = resolved.options_cls
-    if isinstance(options, cls):
-        return options
-    if options is None or isinstance(options, Mapping):
-        return cls.from_mapping(options)
-    raise TypeError(f"estimator_options must be a {cls.__name__}, a mapping or None, not {type(options).__name__}")
+    ``from_mapping`` (one-line ValueError naming the key), None the defaults; None for an estimator without
+    options. The options the estimator's mode ignores are named in a warning, as under verl."""
+    cls = spec.options_cls
+    if cls is None:
+        if options is not None:
+            raise ValueError(f"estimator {spec.name} has no options: pass estimator_options=None")
+        return None
+    if not isinstance(options, cls):
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(
+                f"estimator_options must be a {cls.__name__}, a mapping or None, not {type(options).__name__}"
+            )
+        options = cls.from_mapping(options)
+    message = spec.warning(options) if spec.warning is not None else None
+    if message:
+        warnings.warn(f"{spec.name.upper()}: {message}", RuntimeWarning, stacklevel=3)
+    return options
+
+
+def new_estimator(spec: EstimatorSpec, options: Any) -> Estimator:
+    """A fresh estimator of ``spec`` with ``options`` (a pure function wrapped, without state)."""
+    estimator = spec.new(options)
+    return estimator if estimator is not None else FunctionEstimator(spec.function)
 
 
 def row_field(row: Mapping[str, Any], column: str) -> Any:
@@ -105,13 +126,14 @@ def on_boundary(global_step: int, args: Any) -> bool:
 
 class EstimatorMixin:
     """Put before ``GRPOTrainer`` (or a subclass of it): ``class T(EstimatorMixin, GRPOTrainer)``. Keywords:
-    ``estimator`` (a registered name: ``ebpo``, ``spo``, ``dbb``) and ``estimator_options`` (that estimator's
-    options dataclass, e.g. ``EBPOOptions(...)``, or a mapping of its keys; None: the defaults)."""
+    ``estimator`` (one of the package's registered estimators: ``ebpo``, ``spo``, ``dbb``, ``bnpo``,
+    ``shrinkage_js``) and ``estimator_options`` (that estimator's options dataclass, e.g. ``EBPOOptions(...)``, or a
+    mapping of its keys; None: the defaults)."""
 
     def __init__(self, *args: Any, estimator: str = "ebpo", estimator_options: Any = None, **kwargs: Any) -> None:
         self.estimator_spec = lookup(estimator)
         self.estimator_options = parse_options(self.estimator_spec, estimator_options)
-        self.estimator: Estimator = self.estimator_spec.estimator_cls(self.estimator_options)
+        self.estimator = new_estimator(self.estimator_spec, self.estimator_options)
         self._gathered: tuple[torch.Tensor, np.ndarray | None] | None = None
         self._block_state: Any = None
         super().__init__(*args, **kwargs)
@@ -125,7 +147,7 @@ class EstimatorMixin:
                 "the weighted sum of the rewards; use multi_objective_aggregation='sum_then_normalize'"
             )
         key = self.estimator_spec.row_key
-        self.row_column = getattr(self.estimator_options, key) if key else None
+        self.row_column = self.estimator_spec.row_key_of(self.estimator_options)
         if self.row_column is not None:
             check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, f"{name}.{key}")
         steps = self.args.save_steps
@@ -185,8 +207,7 @@ class EstimatorMixin:
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """The estimator's state into the checkpoint folder (saving process only), before TRL writes the rest."""
-        entry = self.estimator_spec.checkpoint
-        if entry is not None and self.estimator.state is not None and self.args.should_save:
+        if self.estimator_spec.stateful and self.args.should_save:
             step = self.state.global_step
             state = self.estimator.state
             if not on_boundary(step, self.args):
@@ -198,15 +219,15 @@ class EstimatorMixin:
                 )
                 state = self._block_state if self._block_state is not None else state
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
-            save_state(entry, folder, state, self.estimator_options, step)
+            save_state(self.estimator_spec, folder, state, self.estimator_options, step)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """TRL's restore, then the estimator's state from ``checkpoint`` (every rank reads the same file)."""
         super()._load_optimizer_and_scheduler(checkpoint)
-        entry = self.estimator_spec.checkpoint
-        if checkpoint is not None and entry is not None and self.estimator.state is not None:
-            load_state(entry, checkpoint, self.estimator.state, self.estimator_options, self.state.global_step)
+        if checkpoint is not None and self.estimator_spec.stateful:
+            step = self.state.global_step
+            load_state(self.estimator_spec, checkpoint, self.estimator.state, self.estimator_options, step)
 
 
 class EstimatorGRPOTrainer(EstimatorMixin, GRPOTrainer):
