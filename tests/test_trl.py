@@ -275,3 +275,25 @@ def test_two_processes_on_gloo_end_with_the_same_state(tiny, tmp_path):
     assert len(ranks[0]["state"]["keys"]) == 4  # 2 steps x 2 prompts, one from each rank: both were gathered
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / "spo_state.json").read_text())
     assert saved["state"] == ranks[0]["state"]
+
+
+def test_without_the_verl_extra_ebpo_train_and_register_name_it_in_one_line():
+    import subprocess
+    import sys
+
+    hide = (
+        "import importlib.util as u, sys\n"
+        "real = u.find_spec\n"
+        "u.find_spec = lambda name, *a: None if name in ('verl', 'ray', 'hydra', 'omegaconf') else real(name, *a)\n"
+    )
+    train = subprocess.run([sys.executable, "-c", hide + "import ebpo_verl.main"], capture_output=True, text=True)
+    assert train.returncode == 2 and train.stderr.splitlines() == [
+        "ebpo-train: error: ebpo-train needs the 'verl' extra (verl, ray, hydra, omegaconf not installed): "
+        "pip install 'ebpo-verl[verl]'"
+    ]
+    plugin = subprocess.run([sys.executable, "-c", hide + "import ebpo_verl; ebpo_verl.register()"], text=True,
+                            capture_output=True)  # fmt: skip
+    assert plugin.returncode == 1 and plugin.stderr.splitlines()[-1].endswith(
+        "the verl plugin (ebpo_verl.register) needs the 'verl' extra (verl, ray, omegaconf not installed): "
+        "pip install 'ebpo-verl[verl]'"
+    )
