@@ -36,9 +36,9 @@ ROWS = 8
 FAILING = {0, 1}  # prompts whose every completion scores 0: the all-fail groups of step 1
 
 
-def reward(completions: list[str], extra_info: list[dict], **kwargs: object) -> list[float]:
+def reward(completions: list[str], extra_info: list[dict] | None = None, **kwargs: object) -> list[float]:
     """0 for the FAILING prompts, else a parity of the completion's characters (varied, deterministic)."""
-    pairs = zip(completions, extra_info, strict=True)
+    pairs = zip(completions, extra_info or [{"index": 0}] * len(completions), strict=True)
     return [0.0 if e["index"] in FAILING else float(sum(map(ord, c)) % 2) for c, e in pairs]
 
 
@@ -297,3 +297,11 @@ def test_without_the_verl_extra_ebpo_train_and_register_name_it_in_one_line():
         "the verl plugin (ebpo_verl.register) needs the 'verl' extra (verl, ray, omegaconf not installed): "
         "pip install 'ebpo-verl[verl]'"
     )
+
+
+@pytest.mark.slow
+def test_an_evaluation_set_without_the_prompt_key_is_refused_in_one_line(tiny, tmp_path):
+    t = trainer(tiny, tmp_path, "spo", KEYED["spo"], per_device_eval_batch_size=4)
+    with pytest.raises(ValueError, match=r"evaluation batch has no column 'extra_info.index' \(spo.prompt_key\)"):
+        t.evaluate(eval_dataset=Dataset.from_list([{"prompt": f"What is {i} + 1?"} for i in range(4)]))
+    assert t.estimator.state.state_dict()["keys"] == []

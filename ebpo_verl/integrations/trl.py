@@ -163,7 +163,15 @@ class EstimatorMixin:
         rewards_per_func = super()._calculate_rewards(inputs, *args, **kwargs)
         keys = None
         if self.row_column is not None:
-            keys = np.asarray(gather_object([row_field(x, self.row_column) for x in inputs]), dtype=object)
+            try:
+                local = [row_field(x, self.row_column) for x in inputs]
+            except KeyError:
+                raise ValueError(
+                    f"a row of this {'training' if self.model.training else 'evaluation'} batch has no column "
+                    f"{self.row_column!r} ({self.estimator_spec.name}.{self.estimator_spec.row_key}): every dataset "
+                    "the trainer reads needs it"
+                ) from None
+            keys = np.asarray(gather_object(local), dtype=object)
         self._gathered = (rewards_per_func, keys)
         return rewards_per_func
 
