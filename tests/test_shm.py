@@ -110,8 +110,8 @@ def _orphan_and_holder(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the orphan scan reads every process: root only")
 @pytest.mark.parametrize("error", [PermissionError, FileNotFoundError])
-def test_an_unreadable_live_holder_stops_the_clean_up_and_a_vanished_one_does_not(tmp_path, monkeypatch, sees_all,
-                                                                                   error):  # fmt: skip
+def test_an_unreadable_live_holder_stops_the_clean_up_and_a_vanished_one_does_not(tmp_path, monkeypatch, capsys,
+                                                                                   sees_all, error):  # fmt: skip
     """The holder's /proc/PID/maps cannot be read: PermissionError (alive, unknown) -> nothing is unlinked, not
     even the orphan; FileNotFoundError (it exited meanwhile) -> it holds nothing, the orphan goes. The holder
     really holds its file (the unpatched scan keeps it), so only the error decides."""
@@ -130,6 +130,11 @@ def test_an_unreadable_live_holder_stops_the_clean_up_and_a_vanished_one_does_no
         unlinked = unlink_orphaned_shm(str(tmp_path))
         if error is PermissionError:
             assert unlinked == [] and (tmp_path / "verl_weights_orphan").exists()
+            assert capsys.readouterr().err == (
+                f"ebpo-verl: kept 2 {tmp_path} entries that may be orphaned (sem.loky-*, verl_weights_*): 1 live "
+                f"processes could not be read (pid {holder.pid}: [Errno 13] simulated: '/proc/{holder.pid}/maps'), so "
+                "a live holder could be missed\n"
+            )
             assert shm_mod.holders(str(tmp_path))[1] == {holder.pid: f"pid {holder.pid}: [Errno 13] simulated: "
                                                          f"'/proc/{holder.pid}/maps'"}  # fmt: skip
         else:  # gone: its descriptors are not read either, so its file counts as orphaned too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 
@@ -157,14 +158,21 @@ def unlink_orphaned_shm(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ORPHA
     what killed processes of earlier runs (or attempts) left in RAM. The driver calls it before and after a run
     (on its own node). It unlinks nothing unless it can see every holder: nothing where :func:`blind_spot` names a
     reason (not root, a child PID namespace), and nothing when any live process could not be read (one that exited
-    meanwhile holds nothing). An entry replaced between the scan and the unlink (another inode) is kept. Returns
-    the unlinked paths."""
-    if not os.path.isdir(shm) or blind_spot() is not None:
+    meanwhile holds nothing); then, if there were candidates, one line on stderr says what was kept and why. An
+    entry replaced between the scan and the unlink (another inode) is kept. Returns the unlinked paths."""
+    if not os.path.isdir(shm):
         return []
     candidates = inodes_by_path(shm, prefixes)
     if not candidates:
         return []
-    used, unreadable = holders(shm)
-    if unreadable:
-        return []
-    return _unlink([path for path, inode in sorted(candidates.items()) if inode not in used], candidates)
+    why = blind_spot()
+    if why is None:
+        used, unreadable = holders(shm)
+        if not unreadable:
+            return _unlink([path for path, inode in sorted(candidates.items()) if inode not in used], candidates)
+        pid, error = next(iter(sorted(unreadable.items())))
+        why = f"{len(unreadable)} live processes could not be read (pid {pid}: {error.split(': ', 1)[-1]})"
+    names = ", ".join(f"{prefix}*" for prefix in prefixes)
+    print(f"ebpo-verl: kept {len(candidates)} {shm} entries that may be orphaned ({names}): {why}, so a live holder "
+          "could be missed", file=sys.stderr)  # fmt: skip
+    return []

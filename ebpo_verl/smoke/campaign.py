@@ -17,7 +17,11 @@ campaign polls the marker and kills ``u`` times the phase's length in the refere
 checkpoint write; ``validate``). For ``after_save`` (after the checkpoint, before the step's log call) the trainer
 holds right after the save phase when the marker's ``.hold`` file names that step, and is killed there. Where
 the kill landed is read back from the marker events before the kill's time (the innermost open phase, or the
-phase last left), whatever was aimed at.
+phase last left), whatever was aimed at; the check reads it back at the kill's recorded time and fails unless it is
+the aimed phase and step.
+
+What is left of an attempt: its processes are found by the smoke scan's environment tag (:class:`Sighting`), sampled
+while it lives (the check fails unless that saw the trainer and a Ray process) and counted 30 s after the kill.
 """
 
 from __future__ import annotations
@@ -238,10 +242,12 @@ def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], t
          sighting: Sighting) -> tuple[float, int]:  # fmt: skip
     """Poll the marker (every 5 ms) until the target point (see the module docstring): the time to kill at and the
     trainer's pid (the process that writes the marker). The tagged processes are sampled until the trainer's
-    first event (verl's start: a minute here), never while aiming."""
-    deadline, kill_at, trainer = time.monotonic() + timeout, None, 0
+    first training phase (through verl's start and the model's initialisation: a minute here), never later."""
+    from ebpo_verl.trainer.watchdog import INIT_PHASES
+
+    deadline, kill_at, trainer, training = time.monotonic() + timeout, None, 0, False
     while kill_at is None or time.time() < kill_at:
-        if trainer == 0:
+        if not training:
             sighting.sample()
         if run.proc.poll() is not None:
             raise SystemExit(f"[campaign] the run ended (exit {run.proc.returncode}) before the kill at {target}; "
@@ -251,7 +257,7 @@ def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], t
             raise SystemExit(f"[campaign] no {target['phase']} at step {target['step']} within {timeout}s")
         events, pos = _new_events(marker, pos) if kill_at is None else ([], pos)
         for event in events:
-            trainer = event["pid"]
+            trainer, training = event["pid"], training or event["phase"] not in INIT_PHASES
             if event["step"] != target["step"] or kill_at is not None:
                 continue
             if target["phase"] == "after_save" and event["event"] == "hold":
