@@ -25,8 +25,13 @@ T = TypeVar("T", bound="OptionSection")
 
 
 def is_real(x: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite int or float (not a bool; an int too large for a float is not finite)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def is_int(x: Any) -> bool:
