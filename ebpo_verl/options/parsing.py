@@ -118,6 +118,7 @@ def accepts(f: Field, value: Any) -> bool:
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
     """The one error for a key that does not exist, with the closest valid key (and the valid keys if asked)."""
     where = f"{section}." if section else ""
+    key = key if key.isidentifier() else repr(key)  # a key with a newline or a space stays one line, visibly
     close = difflib.get_close_matches(key, valid, n=1)
     parts = [f"did you mean {where}{close[0]}?"] if close else []
     parts += [f"valid keys: {', '.join(valid)}"] if list_valid else []
