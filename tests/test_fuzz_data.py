@@ -23,7 +23,9 @@ from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.preflight.data import check_data
 from ebpo_verl.trainer.run_options import RunOptions
 
-FUZZ = settings(max_examples=120, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=120, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+)
 """120 examples per property, derandomized (the same examples every run)."""
 
 USER = [{"role": "user", "content": "What is 1 + 1?"}]

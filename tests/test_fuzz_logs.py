@@ -18,7 +18,9 @@ from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.ops.metrics_log import MetricsLog, MetricsLogError, read_metrics_log, read_provenance
 from ebpo_verl.recipes import make_tables
 
-FUZZ = settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+)
 """150 examples per property, derandomized (the same examples every run)."""
 
 scalars = (

@@ -21,7 +21,9 @@ from ebpo_verl.cpu.backend import WEIGHT_SYNC_TIMEOUT_ENV, weight_sync_timeout
 from ebpo_verl.options.parsing import accepts
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, TrainerOptions
 
-FUZZ = settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+)
 """200 examples per property, derandomized (the same examples every run)."""
 
 SECTIONS = (EBPOOptions, SPOOptions, DBBOptions, CurriculumOptions, TrainerOptions)
@@ -162,3 +164,25 @@ def monkeypatch_session():
 def test_fuzz_options_defaults_are_accepted():
     for cls in SECTIONS:
         assert cls.from_mapping(None) == cls() and dataclasses.asdict(cls()) == cls.defaults()
+
+
+HYDRA_VALUES = {
+    "algorithm.ebpo.decay=1e400": "algorithm.ebpo.decay=inf is invalid",  # Hydra reads 1e400 as inf
+    "algorithm.ebpo.epsilon=nan": "algorithm.ebpo.epsilon=nan is invalid",
+    f"algorithm.ebpo.shrinkage={10**400}": "algorithm.ebpo.shrinkage=1000",  # an int beyond a float's range
+    "algorithm.ebpo.min_cluster_prompts=1.5": "algorithm.ebpo.min_cluster_prompts=1.5 is invalid",
+    "algorithm.ebpo.cluster_key=[a,b]": "algorithm.ebpo.cluster_key=['a', 'b'] is invalid",
+    "algorithm.ebpo.prior='1'": "algorithm.ebpo.prior='1' is invalid",
+    "+algorithm.ebpo.x=1": "unknown option algorithm.ebpo.x",
+}
+
+
+@pytest.mark.parametrize("override", list(HYDRA_VALUES))
+def test_fuzz_hydra_override_values(override, compose_config):
+    """Values as Hydra's override grammar types them (inf, nan, a 401-digit int, a list): one EBPOConfigError line."""
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight import check_config
+
+    with pytest.raises(EBPOConfigError) as err:
+        check_config(compose_config(override, "actor_rollout_ref.rollout.n=4"))
+    _one_line(err.value, HYDRA_VALUES[override])

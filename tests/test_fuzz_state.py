@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.run_options import STATEFUL
 
-FUZZ = settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 """150 examples per property, derandomized (the same examples every run)."""
 
 ENTRIES = sorted(STATEFUL)
