@@ -288,3 +288,15 @@ def test_fuzz_evaluate_verl_rows(prompt, index, truth, tmp_path_factory):
     assert _is_chat(prompt) and _is_answer(truth)
     assert problem.prompt == [{"role": m["role"], "content": m["content"]} for m in prompt]
     assert problem.index == index and type(index) is int and problem.ground_truth == truth
+
+
+def test_fuzz_label_topics_refuses_a_string_prompt(tmp_path):
+    # today: TypeError (string indices must be integers) from p[0]["content"]
+    from ebpo_verl.data.label_topics import label_topics
+
+    row = {"data_source": "x", "prompt": "What is 1 + 1?", "ability": "math", "reward_model": {"ground_truth": "2"}}
+    pq.write_table(pa.Table.from_pylist([{**row, "extra_info": {"index": 0}}]), tmp_path / "in.parquet")
+    with pytest.raises(DataPrepError) as err:
+        label_topics(tmp_path / "in.parquet", tmp_path / "out.parquet")
+    _one_line(str(err.value), "in.parquet: row 0 (0-based; 1 of 1 rows alike): prompt is a str")
+    assert not (tmp_path / "out.parquet").exists()

@@ -554,6 +554,18 @@ def chat_prompt_problem(prompt: Any) -> str | None:
     return None
 
 
+def check_chat_prompts(prompts: list[Any], source: str | Path, column: str = "prompt") -> None:
+    """DataPrepError naming ``source``, the first row (0-based) and the fix unless every one of ``prompts`` (the
+    file's ``column``) is in verl's chat format (:func:`chat_prompt_problem`)."""
+    bad = [(row, why) for row, prompt in enumerate(prompts) if (why := chat_prompt_problem(prompt))]
+    if bad:
+        row, why = bad[0]
+        raise DataPrepError(
+            f"{source}: row {row} (0-based; {len(bad)} of {len(prompts)} rows alike): {column} is {why}; verl needs "
+            f"{CHAT_FORMAT}: prepare the file with ebpo_verl.data or rewrite those prompts"
+        )
+
+
 def ground_truth_problem(value: Any) -> str | None:
     """Why ``value`` cannot be a row's ground truth (:func:`~ebpo_verl.reward.missing_ground_truth`'s reasons, or
     not text: a list or a dict would reach the grader as its ``str``), or None when it can."""

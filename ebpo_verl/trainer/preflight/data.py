@@ -143,21 +143,18 @@ def _steps_per_epoch(config: Any, files: list[DataFile]) -> str:
 
 
 def _check_prompts(data: DataFile, key: str, prompt_key: str) -> None:
-    """Every row's prompt is in verl's chat format (:func:`ebpo_verl.data.schema.chat_prompt_problem`)."""
-    from ebpo_verl.data.schema import CHAT_FORMAT, chat_prompt_problem
+    """Every row's prompt is in verl's chat format (:func:`ebpo_verl.data.schema.check_chat_prompts`)."""
+    from ebpo_verl.data.schema import DataPrepError, check_chat_prompts
 
     if data.prompts is None:
         raise EBPOConfigError(
             f"{key}: {data.path} has no {prompt_key!r} column (data.prompt_key={prompt_key}), which verl reads as "
             "each row's chat prompt; prepare the file with ebpo_verl.data, or set data.prompt_key to its prompt column"
         )
-    bad = [(row, why) for row, prompt in enumerate(data.prompts) if (why := chat_prompt_problem(prompt))]
-    if bad:
-        row, why = bad[0]
-        raise EBPOConfigError(
-            f"{key}: {data.path}: row {row} (0-based; {len(bad)} of {data.rows} rows alike): {prompt_key} is {why}; "
-            f"verl needs {CHAT_FORMAT}: prepare the file with ebpo_verl.data or rewrite those prompts"
-        )
+    try:
+        check_chat_prompts(data.prompts, f"{key}: {data.path}", prompt_key)
+    except DataPrepError as err:
+        raise EBPOConfigError(str(err)) from err
 
 
 def _check_ground_truths(data: DataFile, key: str) -> None:
