@@ -177,7 +177,7 @@ HYDRA_VALUES = {
 }
 
 
-@pytest.mark.parametrize("override", list(HYDRA_VALUES))
+@pytest.mark.parametrize("override", list(HYDRA_VALUES), ids=lambda override: override.split("=")[0])
 def test_fuzz_hydra_override_values(override, compose_config):
     """Values as Hydra's override grammar types them (inf, nan, a 401-digit int, a list): one EBPOConfigError line."""
     from ebpo_verl.ops.errors import EBPOConfigError
