@@ -12,14 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ebpo_verl.algos import registry
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
-from ebpo_verl.trainer.run_options import STATEFUL
 
 FUZZ = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 """150 examples per property, derandomized (the same examples every run)."""
 
+STATEFUL = registry.stateful()
 ENTRIES = sorted(STATEFUL)
 
 json_values = st.recursive(
@@ -53,7 +54,7 @@ def _filled(name: str):
 def _load(name: str, folder, text: str, step: int = 4):
     """(returned value or the ValueError, the state after) of a resume reading ``text`` as the state file."""
     entry = STATEFUL[name]
-    (folder / entry.state_file).write_text(text, encoding="utf-8")
+    (folder / entry.state.file).write_text(text, encoding="utf-8")
     state = entry.state_cls()
     state.load_state_dict(_filled(name)[1].state_dict())  # a resume's state is reset before the load
     try:
@@ -71,7 +72,7 @@ def _saved_payload(name: str, tmp_path) -> dict:
 def _assert_refused(result, state, name: str) -> None:
     assert isinstance(result, ValueError), result
     message = str(result)
-    assert "\n" not in message and STATEFUL[name].state_file in message and len(message) < 600
+    assert "\n" not in message and STATEFUL[name].state.file in message and len(message) < 600
     assert state.state_dict() == STATEFUL[name].state_cls().state_dict()  # left reset, nothing half-loaded
 
 
