@@ -186,3 +186,13 @@ def test_fuzz_hydra_override_values(override, compose_config):
     with pytest.raises(EBPOConfigError) as err:
         check_config(compose_config(override, "actor_rollout_ref.rollout.n=4"))
     _one_line(err.value, HYDRA_VALUES[override])
+
+
+def test_fuzz_every_options_section_is_fuzzed():
+    """A new options section joins SECTIONS (each estimator's through the registry, the trainer's, the curriculum's)."""
+    from ebpo_verl.algos import registry
+    from ebpo_verl.options.parsing import OptionSection
+
+    declared = {spec.options_cls for spec in registry.estimators().values() if spec.options_cls is not None}
+    package = {cls for cls in OptionSection.__subclasses__() if cls.__module__.startswith("ebpo_verl.")}
+    assert declared | package <= set(SECTIONS), sorted(c.__name__ for c in (declared | package) - set(SECTIONS))
