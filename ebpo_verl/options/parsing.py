@@ -12,6 +12,7 @@ of ebpo_verl (the bottom layer).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -110,6 +111,22 @@ def accepts(f: Field, value: Any) -> bool:
     return rule is not None and rule.test(value)
 
 
+def env_value(f: Field, variable: str, raw: str) -> Any:
+    """The value of option ``f`` that ``variable=raw`` sets (an integer, a number, ``null`` or else the text),
+    checked by the option's rules; ValueError in one line naming the variable and what it accepts."""
+    word = raw.strip()
+    value: Any = None if word.lower() in ("null", "none") else word
+    for cast in (int, float):
+        if isinstance(value, str):
+            try:
+                value = cast(value)
+            except ValueError:
+                pass
+    if not accepts(f, value):
+        raise ValueError(f"{variable}={raw!r} is invalid; use {allowed(f)}")
+    return value
+
+
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
     """The one error for a key that does not exist, with the closest valid key (and the valid keys if asked)."""
     where = f"{section}." if section else ""
@@ -127,6 +144,8 @@ class OptionSection:
     """
 
     SECTION: ClassVar[str]
+    ENV: ClassVar[dict[str, str]] = {}
+    """Option -> the environment variable that replaces it when set to a non-empty value."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -170,3 +189,18 @@ class OptionSection:
         if unknown:
             raise ValueError(unknown_option_message(unknown[0], cls.SECTION, valid))
         return cls(**values)
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        """Option -> value for each variable of :attr:`ENV` set in ``env`` (checked: :func:`env_value`)."""
+        declared = {f.name: f for f in fields(cls)}
+        return {
+            key: env_value(declared[key], variable, env[variable])
+            for key, variable in cls.ENV.items()
+            if env.get(variable, "").strip()
+        }
+
+    def with_env(self: T, env: Mapping[str, str]) -> T:
+        """These options with each variable of :attr:`ENV` set in ``env`` replacing its option."""
+        replaced = self.env_values(env)
+        return dataclasses.replace(self, **replaced) if replaced else self
