@@ -6,15 +6,23 @@ that reaches a reward worker anyway neither hangs it nor scores a right answer 0
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
+from dataclasses import MISSING, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from ebpo_verl import reward as R
+from ebpo_verl.evaluate import __main__ as evaluate_cli
+from ebpo_verl.options import cli
+from ebpo_verl.options.parsing import OptionSection, ints, option, reals, text
+from ebpo_verl.recipes import spec
 from ebpo_verl.trainer import watchdog
 from ebpo_verl.trainer.preflight.config import resolve_reward_options
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, RunOptions, TrainerOptions
@@ -223,3 +231,105 @@ def test_the_reward_variables_are_read_by_the_declaration():
     assert R.options_from_env({R.WORKERS_ENV: "3", R.TIMEOUT_ENV: "2.5"}) == R.RewardOptions(workers=3, timeout=2.5)
     assert R.options_from_env({}) == R.RewardOptions(workers=None, timeout=5)
     assert R.RewardOptions(workers=3).pool_size == 3 and R.RewardOptions().pool_size >= 1
+
+
+# --- command lines and switches from one declaration ----------------------------------------------------------------
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class _Toy(OptionSection):
+    SECTION: ClassVar[str] = "toy"
+
+    path: str = option(MISSING, "where", rule=text("a path"))
+    runs: int | None = option(None, "how many; null: all", choices=(None,), rule=ints(1))
+    mode: str = option("fast", "how", choices=("fast", "slow"))
+    names: tuple[str, ...] = option(("a",), "which", choices=("a", "b"))
+    scale: float = option(0.5, "how much", rule=reals(0, 1))
+    strict: bool = option(False, "refuse more", choices=(True, False))
+
+
+def test_a_declaration_builds_its_command_line(capsys):
+    toy = cli.parse(_Toy, "toy", ["--path", "p", "--runs", "3", "--names", "b", "a", "--scale", "1", "--strict"])
+    assert toy == _Toy(path="p", runs=3, mode="fast", names=("b", "a"), scale=1.0, strict=True)
+    assert cli.parse(_Toy, "toy", ["--path", "p", "--runs", "null"]) == _Toy(path="p")
+    bad = {
+        ("--runs", "0"): "argument --runs: '0' is invalid; use null or a positive integer",
+        ("--runs", "x"): "argument --runs: 'x' is invalid; use null or a positive integer",
+        ("--mode", "slower"): "argument --mode: 'slower' is invalid; use fast or slow",
+        ("--names", "c"): "argument --names: 'c' is invalid; use a or b",
+        ("--scale", "2"): "argument --scale: '2' is invalid; use a float in [0, 1]",
+        (): "the following arguments are required: --path",
+    }
+    for args, message in bad.items():
+        with pytest.raises(SystemExit) as exit_:
+            cli.parse(_Toy, "toy", [*(["--path", "p"] if args else []), *args])
+        assert exit_.value.code == 2 and capsys.readouterr().err == f"toy: error: {message}\n"
+    with pytest.raises(SystemExit):
+        cli.parse(_Toy, "toy", ["--help"])
+    shown = _normal(capsys.readouterr().out)
+    assert "--runs RUNS how many; null: all (default null; null or a positive integer)" in shown
+    assert "--mode {fast,slow} how (default fast; fast or slow)" in shown
+    assert "--names NAMES [NAMES ...] which (default a; a or b)" in shown
+    assert "--path PATH where (required; a path)" in shown
+
+
+def _help_of(parser, *args: str) -> str:
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+        parser.parse_args([*args, "--help"])
+    return _normal(out.getvalue())
+
+
+def _check_help(shown: str, cls: type) -> None:
+    for f in cls.declarations():
+        assert f"{cli.flag(f.name)}" in shown and _normal(cli.help_text(f)) in shown, f.name
+
+
+def test_every_evaluate_help_shows_its_declarations():
+    for stage, cls in evaluate_cli.STAGES.items():
+        _check_help(_help_of(evaluate_cli.parser(), stage), cls)
+    with pytest.raises(AssertionError):  # the check sees a declaration that --help does not show
+        _check_help(_help_of(evaluate_cli.parser(), "grade"), _Toy)
+
+
+def test_evaluate_refuses_a_bad_value_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        evaluate_cli.main(["generate", "--model", "m", "--data-dir", "d", "--out", "o", "--runs", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m ebpo_verl.evaluate generate: error: argument --runs: '0' is invalid; "
+        "use null or a positive integer\n"
+    )
+
+
+def test_the_run_switches_help_is_the_declaration():
+    from ebpo_verl.recipes.__main__ import RUN_SWITCHES
+
+    shown = _normal(RUN_SWITCHES)
+    for f in spec.RunSwitches.declarations():
+        assert f" {f.name} {_normal(f.metadata['help'])}" in shown, f.name
+        if f.default is not None:
+            assert f"(default {f.default}" in shown, f.name
+    assert "GROUP_SIZE responses per prompt G (rollout.n); at least 2 (1 for spo) (default 4)" in shown
+    assert "NNODES nodes of the Ray cluster (default 4)" in shown and "GPUS_PER_NODE GPUs per node (default 8)" in shown
+
+
+def test_a_run_reads_its_defaults_from_the_declaration(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    run = spec.RunSpec.from_env("qwen3_8b", {})
+    d = spec.RunSwitches()
+    assert (run.algo, run.group_size, run.order, run.topics) == (d.ALGO, d.GROUP_SIZE, d.ORDER, d.TOPICS)
+    sh = run.shared
+    assert (sh.reward, sh.baselines, sh.keep_ckpts, sh.nnodes, sh.gpus_per_node) == (
+        d.REWARD, d.BASELINES, d.KEEP_CKPTS, d.NNODES, d.GPUS_PER_NODE,
+    )  # fmt: skip
+    assert (sh.project, sh.loggers, sh.paths.work) == (d.PROJECT, d.LOGGERS, str(tmp_path / "ebpo_runs"))
+    sc = run.schedule
+    assert (sc.test_freq, sc.save_freq, sc.val_n, ",".join(sc.val_sets)) == (
+        d.TEST_FREQ, d.SAVE_FREQ, d.VAL_N, d.VAL_SETS,
+    )  # fmt: skip
+    monkeypatch.setitem(spec.SWITCHES, "GROUP_SIZE", 8)  # one place: a changed declaration is the run's default
+    assert spec.RunSpec.from_env("qwen3_8b", {}).group_size == 8

@@ -76,9 +76,15 @@ def text(what: str) -> Rule:
     return Rule(lambda x: isinstance(x, str) and bool(x), what)
 
 
-def option(default: Any, help: str, *, choices: Sequence[Any] = (), rule: Rule | None = None) -> Any:
-    """The declaration of one option: its default, its help, the values it accepts (``choices`` and/or ``rule``)."""
-    return field(default=default, metadata={"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule})
+def option(
+    default: Any, help: str, *, choices: Sequence[Any] = (), rule: Rule | None = None, metavar: str | None = None
+) -> Any:
+    """The declaration of one option: its default (``MISSING``: required, keyword-only), its help, the values it
+    accepts (``choices`` and/or ``rule``; for a tuple default, each item), and on a command line its ``metavar``."""
+    metadata = {"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule, "metavar": metavar}
+    if default is MISSING:
+        return field(kw_only=True, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def resume_option(help: str) -> Any:
@@ -86,7 +92,7 @@ def resume_option(help: str) -> Any:
     return option("error", help, choices=("error", "reset", "keep"))
 
 
-def _word(value: Any) -> str:
+def word(value: Any) -> str:
     """A value as the user writes it on the command line (``null``, ``true``)."""
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
@@ -100,11 +106,14 @@ def _either(words: Sequence[str]) -> str:
 def allowed(f: Field) -> str:
     """What option ``f`` accepts, in words (``gaussian or beta_binomial``, ``auto or a float in [0, 1]``)."""
     rule = f.metadata["rule"]
-    return _either([*(_word(c) for c in f.metadata["choices"]), *([rule.text] if rule else [])])
+    return _either([*(word(c) for c in f.metadata["choices"]), *([rule.text] if rule else [])])
 
 
 def accepts(f: Field, value: Any) -> bool:
-    """Whether option ``f`` accepts ``value`` (a listed choice of the same type, or what its rule accepts)."""
+    """Whether option ``f`` accepts ``value`` (a listed choice of the same type, or what its rule accepts; for an
+    option whose default is a tuple, a non-empty tuple of such values)."""
+    if isinstance(f.default, tuple) and isinstance(value, tuple):
+        return bool(value) and all(accepts(_item(f), v) for v in value)
     if any(value == c and type(value) is type(c) for c in f.metadata["choices"]):
         return True
     rule = f.metadata["rule"]
@@ -125,6 +134,11 @@ def env_value(f: Field, variable: str, raw: str) -> Any:
     if not accepts(f, value):
         raise ValueError(f"{variable}={raw!r} is invalid; use {allowed(f)}")
     return value
+
+
+def _item(f: Field) -> Field:
+    """The declaration one item of a tuple option is checked by."""
+    return field(default=None, metadata=f.metadata)
 
 
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
