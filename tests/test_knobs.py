@@ -333,3 +333,23 @@ def test_a_run_reads_its_defaults_from_the_declaration(monkeypatch, tmp_path):
     )  # fmt: skip
     monkeypatch.setitem(spec.SWITCHES, "GROUP_SIZE", 8)  # one place: a changed declaration is the run's default
     assert spec.RunSpec.from_env("qwen3_8b", {}).group_size == 8
+
+
+def test_the_docs_option_tables_are_the_declarations(tmp_path, capsys):
+    from ebpo_verl import docs_tables
+
+    assert docs_tables.main(["--check"]) == 0, capsys.readouterr().err
+    for page in ("docs/evaluation.md", "docs/reproduction.md"):
+        (tmp_path / page).parent.mkdir(exist_ok=True)
+        text = (docs_tables.ROOT / page).read_text()
+        (tmp_path / page).write_text(text)
+    page = tmp_path / "docs/reproduction.md"
+    page.write_text(page.read_text().replace("| `GROUP_SIZE` | `4` |", "| `GROUP_SIZE` | `8` |"))
+    capsys.readouterr()
+    assert docs_tables.main(["--check", "--root", str(tmp_path)]) == 1  # the check sees a stale default
+    assert "docs/reproduction.md: option tables out of date" in capsys.readouterr().err
+    assert docs_tables.main(["--root", str(tmp_path)]) == 0
+    assert "| `GROUP_SIZE` | `4` | a positive integer |" in page.read_text()
+    for cls, table in ((spec.RunSwitches, "run-switches"), (evaluate_cli.GenerateOptions, "evaluate-generate")):
+        block = docs_tables.TABLES[table][1]()
+        assert len(block.splitlines()) == 2 + len(cls.declarations())

@@ -124,13 +124,20 @@ def parse(cls: type[OptionSection], prog: str, argv: Sequence[str] | None = None
     return parse_options(cls, parser.parse_args(sys.argv[1:] if argv is None else argv), parser)
 
 
-def options_table(cls: type[OptionSection], name: Callable[[str], str] = flag) -> str:
-    """A Markdown table of ``cls``'s options (name, default, allowed values, help), for a docs page."""
+def options_table(cls: type[OptionSection], name: Callable[[str], str] = flag, unset: str = "null") -> str:
+    """A Markdown table of ``cls``'s options (name, default, allowed values, help), for a docs page; ``unset``
+    names the value None (``unset`` for environment switches)."""
     rows = ["| option | default | allowed | what |", "|---|---|---|---|"]
     for f in fields(cls):
-        default = "(required)" if f.default is MISSING else f"`{_shown(f.default)}`"
-        rows.append(f"| `{name(f.name)}` | {default} | {allowed(f)} | {f.metadata['help']} |")
+        default = "(required)" if f.default is MISSING else f"`{_shown(f.default)}`".replace("`null`", unset)
+        accepted = allowed(f).replace("null", unset, 1) if None in f.metadata["choices"] else allowed(f)
+        rows.append(f"| `{name(f.name)}` | {default} | {_cell(accepted)} | {_cell(f.metadata['help'])} |")
     return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell: ``|`` and ``<`` escaped."""
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
 def switches_help(cls: type[OptionSection], after: Mapping[str, str] | None = None, width: int = 110) -> str:
