@@ -285,7 +285,7 @@ def _help_of(parser, *args: str) -> str:
 
 def _check_help(shown: str, cls: type) -> None:
     for f in cls.declarations():
-        assert f"{cli.flag(f.name)}" in shown and _normal(cli.help_text(f)) in shown, f.name
+        assert cli.flag_of(f) in shown and _normal(cli.help_text(f)) in shown, f.name
 
 
 def test_every_evaluate_help_shows_its_declarations():
@@ -353,3 +353,68 @@ def test_the_docs_option_tables_are_the_declarations(tmp_path, capsys):
     for cls, table in ((spec.RunSwitches, "run-switches"), (evaluate_cli.GenerateOptions, "evaluate-generate")):
         block = docs_tables.TABLES[table][1]()
         assert len(block.splitlines()) == 2 + len(cls.declarations())
+
+
+def _bench(name: str):
+    """``benchmarks/<name>.py`` as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    module_spec = importlib.util.spec_from_file_location(f"knobs_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # dataclasses read their module's namespace
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _commands():
+    """(name, how to run it with argv, its declaration) of every command line built from a declaration."""
+    from ebpo_verl.data import all as prepare_all
+    from ebpo_verl.data import amc23, label_topics, schema
+    from ebpo_verl.recipes import make_tables
+    from ebpo_verl.smoke import __main__ as smoke
+    from ebpo_verl.study import __main__ as study
+
+    yield "evaluate generate", lambda argv: evaluate_cli.main(["generate", *argv]), evaluate_cli.GenerateOptions
+    yield "evaluate grade", lambda argv: evaluate_cli.main(["grade", *argv]), evaluate_cli.GradeOptions
+    yield "data.all", prepare_all.main, prepare_all.PrepareAllOptions
+    yield "data.amc23", amc23.main, schema.PrepareOptions
+    yield "data.label_topics", label_topics.main, label_topics.LabelTopicsOptions
+    yield "study", study.main, study.StudyOptions
+    yield "make_tables", make_tables.main, make_tables.MakeTablesOptions
+    yield "smoke", lambda argv: smoke.parser().parse_args(argv), smoke.SmokeOptions
+    for name in ("bench_advantage", "bench_step_cost"):
+        module = _bench(name)
+        yield name, module.main, module.BenchOptions
+
+
+def test_every_converted_help_shows_its_declarations(monkeypatch):
+    seen = set()
+    for name, run, cls in _commands():
+        with pytest.raises(SystemExit) as exit_, contextlib.redirect_stdout(io.StringIO()) as out:
+            run(["--help"])
+        assert exit_.value.code == 0, name
+        _check_help(_normal(out.getvalue()), cls)
+        seen.add(name)
+    grading = _bench("bench_grading")
+    monkeypatch.setattr(sys, "argv", ["bench_grading.py", "--help"])
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+        grading.main()
+    _check_help(_normal(out.getvalue()), grading.BenchOptions)
+    assert len(seen) == 10
+
+
+def test_every_converted_command_refuses_a_bad_value_in_one_line(capsys):
+    """The first declared option that does not take the word ``no-such-value-0``, given it: one line, exit 2."""
+    from ebpo_verl.options.parsing import accepts
+
+    for name, run, cls in _commands():
+        f = next(
+            f
+            for f in cls.declarations()
+            if not accepts(f, "no-such-value-0") and f.metadata["choices"] != (True, False)
+        )
+        with pytest.raises(SystemExit) as exit_:
+            run([cli.flag_of(f), "no-such-value-0"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and "is invalid; use" in err, (name, err)

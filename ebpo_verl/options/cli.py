@@ -37,6 +37,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def flag_of(f: Field) -> str:
+    """The command-line flag of a declared option (its own ``flag``, else :func:`flag` of its name)."""
+    return f.metadata.get("flag") or flag(f.name)
+
+
 def _kind(cls: type, name: str) -> tuple[type, bool]:
     """(scalar type, many) of a field's annotation: ``int | None`` -> (int, False), ``tuple[str, ...]`` -> (str,
     True)."""
@@ -71,7 +76,8 @@ def converter(f: Field, scalar: type) -> Callable[[str], Any]:
 def help_text(f: Field) -> str:
     """An option's help with its declared default and the values it accepts (what ``--help`` shows)."""
     default = "required" if f.default is MISSING else f"default {_shown(f.default)}"
-    return f"{f.metadata['help']} ({default}; {allowed(f)})".replace("%", "%%")
+    accepted = "" if f.metadata["choices"] == (True, False) else f"; {allowed(f)}"  # a switch: --x / --no-x
+    return f"{f.metadata['help']} ({default}{accepted})".replace("%", "%%")
 
 
 def _metavar(f: Field) -> str:
@@ -103,7 +109,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> No
             kwargs["metavar"] = f.metadata.get("metavar") or _metavar(f)
             if many:
                 kwargs["nargs"] = "+"
-        parser.add_argument(flag(f.name), **kwargs)
+        parser.add_argument(flag_of(f), **kwargs)
 
 
 def parse_options(cls: type[OptionSection], namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
@@ -124,14 +130,15 @@ def parse(cls: type[OptionSection], prog: str, argv: Sequence[str] | None = None
     return parse_options(cls, parser.parse_args(sys.argv[1:] if argv is None else argv), parser)
 
 
-def options_table(cls: type[OptionSection], name: Callable[[str], str] = flag, unset: str = "null") -> str:
+def options_table(cls: type[OptionSection], name: Callable[[str], str] | None = None, unset: str = "null") -> str:
     """A Markdown table of ``cls``'s options (name, default, allowed values, help), for a docs page; ``unset``
     names the value None (``unset`` for environment switches)."""
     rows = ["| option | default | allowed | what |", "|---|---|---|---|"]
     for f in fields(cls):
         default = "(required)" if f.default is MISSING else f"`{_shown(f.default)}`".replace("`null`", unset)
         accepted = allowed(f).replace("null", unset, 1) if None in f.metadata["choices"] else allowed(f)
-        rows.append(f"| `{name(f.name)}` | {default} | {_cell(accepted)} | {_cell(f.metadata['help'])} |")
+        shown = name(f.name) if name else flag_of(f)
+        rows.append(f"| `{shown}` | {default} | {_cell(accepted)} | {_cell(f.metadata['help'])} |")
     return "\n".join(rows) + "\n"
 
 

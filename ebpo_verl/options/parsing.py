@@ -77,11 +77,19 @@ def text(what: str) -> Rule:
 
 
 def option(
-    default: Any, help: str, *, choices: Sequence[Any] = (), rule: Rule | None = None, metavar: str | None = None
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] = (),
+    rule: Rule | None = None,
+    metavar: str | None = None,
+    flag: str | None = None,
 ) -> Any:
     """The declaration of one option: its default (``MISSING``: required, keyword-only), its help, the values it
-    accepts (``choices`` and/or ``rule``; for a tuple default, each item), and on a command line its ``metavar``."""
+    accepts (``choices`` and/or ``rule``; for a tuple default, each item), and on a command line its ``metavar``
+    and ``flag`` (default ``--<name with dashes>``)."""
     metadata = {"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule, "metavar": metavar}
+    metadata["flag"] = flag
     if default is MISSING:
         return field(kw_only=True, metadata=metadata)
     return field(default=default, metadata=metadata)
