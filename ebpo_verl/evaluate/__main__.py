@@ -37,7 +37,6 @@ from ebpo_verl.evaluate.prompts import (
     TEMPERATURE,
     TOP_P,
     EvalInputError,
-    check_names,
     load_problems,
     runs_for,
 )
@@ -113,7 +112,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def generate(a: argparse.Namespace) -> None:
-    check_names(a.protocol, a.benchmarks)
     model, step_dir = resolve_model(a.model)
     problems = {b: load_problems(a.data_dir, b, a.protocol, a.limit) for b in dict.fromkeys(a.benchmarks)}
     runs = {b: a.runs or runs_for(a.protocol, b) for b in problems}
