@@ -80,14 +80,14 @@ class RewardOptions(OptionSection):
         return self.workers or min(8, os.cpu_count() or 1)
 
 
-def _valid(key: str, value: Any, where: str, fallback: Any) -> Any:
-    """``value`` if option ``key`` accepts it, else ``fallback`` with a RuntimeWarning naming ``where``: a bad
+def _valid(key: str, value: Any, fallback: Any) -> Any:
+    """``value`` if option ``key`` accepts it, else ``fallback`` with a RuntimeWarning naming it: a bad
     knob that reached a reward worker never hangs it (0 workers) nor scores right answers 0 (timeout <= 0)."""
     declared = next(f for f in RewardOptions.declarations() if f.name == key)
     if accepts(declared, value):
         return value
     warnings.warn(
-        f"ebpo_verl.reward: {where}={value!r} is invalid (use {allowed(declared)}); using {fallback!r}",
+        f"ebpo_verl.reward: {key}={value!r} is invalid (use {allowed(declared)}); using {fallback!r}",
         RuntimeWarning,
         stacklevel=3,
     )
@@ -431,7 +431,7 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
         if (gold, pred) in _VERDICTS:
             _VERDICTS.move_to_end((gold, pred))
             return _VERDICTS[(gold, pred)]
-    timeout = DEFAULT_TIMEOUT_S if timeout is None else _valid("timeout", timeout, "timeout", DEFAULT_TIMEOUT_S)
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else _valid("timeout", timeout, DEFAULT_TIMEOUT_S)
     verdict = _grade(gold, pred, time.monotonic() + timeout)
     if verdict is not None:  # an overrun is not cached: the next call may have a less loaded machine
         with _CACHE_LOCK:
@@ -478,7 +478,7 @@ def compute_score(
     None, NaN or empty (:func:`missing_ground_truth`) scores 0 whatever the response.
     """
     if workers is not None:
-        _POOL.resize(RewardOptions(workers=_valid("workers", workers, "workers", ENV_OPTIONS.workers)).pool_size)
+        _POOL.resize(RewardOptions(workers=_valid("workers", workers, ENV_OPTIONS.workers)).pool_size)
     pred = extract_answer(solution_str or "")
     if pred is None:
         return {"score": 0.0, "acc": False, "pred": ""}
