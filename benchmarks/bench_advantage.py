@@ -19,12 +19,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 from ebpo_verl.algos import registry
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.trainer.adapter import outcome_advantages
 
 DEFAULT_SHAPES = "512x16x4096,512x4x8192"
@@ -101,19 +105,24 @@ def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int
     )
 
 
+@dataclass(frozen=True)
+class BenchOptions(OptionSection):
+    """The benchmark's options, declared once."""
+
+    SECTION: ClassVar[str] = "bench_advantage"
+
+    device: str = option("cpu", "where the estimators run", choices=("cpu", "cuda"))
+    threads: int | None = option(None, "torch intra-op threads; null: torch's", choices=(None,), rule=ints(1))
+    shapes: str = option(DEFAULT_SHAPES, "comma-separated PxGxL", rule=text("shapes"))
+    repeats: int = option(11, "round-robin runs per shape (the median is reported)", rule=ints(1))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated PxGxL (default {DEFAULT_SHAPES})")
-    parser.add_argument("--repeats", type=int, default=11)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser, BenchOptions)
     args = parser.parse_args(argv)
     try:
         shapes = parse_shapes(args.shapes)
-        if args.repeats < 1:
-            raise ValueError(f"--repeats={args.repeats}: use at least 1")
-        if args.threads is not None and args.threads < 1:
-            raise ValueError(f"--threads={args.threads}: use at least 1")
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible to torch")
     except ValueError as err:

@@ -11,11 +11,14 @@ Responses are long filler text ending in a final answer (right, wrong, ``\\boxed
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ebpo_verl.evaluate.grading import grade_records
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import OptionSection, ints, option
 
 TRUTHS = ["42", "\\frac{3}{4}", "2\\sqrt{5}", "(1, 2)", "27", "\\pi/3", "x^2+1", "1000"]
 SAMPLES = {"paper": 500 * 16 + 30 * 16 + 30 * 16 + 40 * 16 + 674 * 4, "verl": 1274 * 16}
@@ -39,11 +42,18 @@ def make_items(n: int, chars: int, seed: int = 0) -> list[tuple[str, str, str]]:
     return items
 
 
+@dataclass(frozen=True)
+class BenchOptions(OptionSection):
+    """The benchmark's options, declared once."""
+
+    SECTION: ClassVar[str] = "bench_grading"
+
+    responses: int = option(2000, "responses graded per protocol", rule=ints(1))
+    chars: int = option(20000, "characters per response", rule=ints(1))
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--responses", type=int, default=2000)
-    p.add_argument("--chars", type=int, default=20000)
-    a = p.parse_args()
+    a = parse(BenchOptions, "bench_grading", description=__doc__.split("\n\n")[0])
     items = make_items(a.responses, a.chars)
     print(f"{a.responses} responses of ~{a.chars} characters")
     for protocol in ("paper", "verl"):

@@ -17,7 +17,6 @@ launcher of ``tests/test_tracking.py``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -27,8 +26,12 @@ import sys
 import tempfile
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke.runs import kill_tree
 from ebpo_verl.smoke.settings import device_overrides, ray_overrides, run_env, tiny_trainer_overrides
 
@@ -302,18 +305,32 @@ def figure(work: Path, files: dict, steps: int, out: Path) -> None:
     print(f"figure: {out}")
 
 
+FOLDER = text("a path")
+
+
+@dataclass(frozen=True)
+class BenchOptions(OptionSection):
+    """The benchmark's options, declared once."""
+
+    SECTION: ClassVar[str] = "bench_step_cost"
+
+    rounds: int = option(2, "interleaved rounds of the estimators", rule=ints(1))
+    steps: int = option(6, "training steps per run", rule=ints(1))
+    save_freq: int = option(3, "a checkpoint every N steps", rule=ints(1))
+    estimators: str = option(
+        "grpo,ebpo,dbb", "comma separated, grpo first: the ratios are against it", rule=text("names")
+    )
+    work_dir: str | None = option(None, "folder of the runs; null: a new temp folder", choices=(None,), rule=FOLDER)
+    figure: str | None = option(None, "instead: draw the ebpo/* curves to this PNG", choices=(None,), rule=FOLDER)
+    figure_steps: int = option(40, "steps of the run the figure draws", rule=ints(1))
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of grpo, ebpo, dbb")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--save-freq", type=int, default=3)
-    parser.add_argument("--estimators", default="grpo,ebpo,dbb", help="grpo first: the ratios are against it")
-    parser.add_argument("--work-dir", type=Path, default=None)
-    parser.add_argument("--figure", type=Path, default=None, help="instead: draw the ebpo/* curves to this PNG")
-    parser.add_argument("--figure-steps", type=int, default=40)
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    add_options(parser, BenchOptions)
     args = parser.parse_args(argv)
-    if args.save_freq < 1:
-        parser.error(f"--save-freq {args.save_freq}: a checkpoint every N >= 1 steps")
+    args.work_dir = Path(args.work_dir) if args.work_dir else None
+    args.figure = Path(args.figure) if args.figure else None
     kinds = {is_checkpoint_step(n, args.steps, args.save_freq) for n in range(2, args.steps + 1)}
     if not args.figure and (args.rounds < 1 or kinds != {True, False}):
         parser.error(f"--rounds {args.rounds} --steps {args.steps} --save-freq {args.save_freq}: the ratios need a "

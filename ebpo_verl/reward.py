@@ -38,17 +38,86 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("EBPO_REWARD_TIMEOUT", "5"))
-"""Bound on one parse+verify (seconds); override per call or with ``EBPO_REWARD_TIMEOUT``."""
+from ebpo_verl.options.parsing import OptionSection, Rule, accepts, allowed, env_value, ints, option, reals
+
+WORKERS_ENV = "EBPO_REWARD_WORKERS"
+TIMEOUT_ENV = "EBPO_REWARD_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class RewardOptions(OptionSection):
+    """The reward's knobs, declared once. Set by environment variable where ``ebpo-train`` starts (its pre-flight
+    checks them) or in ``reward.custom_reward_function.reward_kwargs``; the driver writes the resolved values into
+    ``reward_kwargs``, which verl passes to every :func:`compute_score` call in Ray's reward workers (whose
+    environment may differ from the driver's)."""
+
+    SECTION: ClassVar[str] = "reward.custom_reward_function.reward_kwargs"
+
+    workers: int | None = option(
+        None,
+        f"grading child processes of each reward process (env {WORKERS_ENV}); null: min(8, CPUs of its machine)",
+        choices=(None,),
+        rule=ints(1),
+    )
+    timeout: float = option(
+        5,
+        f"seconds one math-verify parse+verify may take before the answer scores 0 (env {TIMEOUT_ENV})",
+        rule=Rule(reals(0, open_low=True).test, "a number of seconds > 0"),
+    )
+
+    ENV: ClassVar[dict[str, str]] = {"workers": WORKERS_ENV, "timeout": TIMEOUT_ENV}
+
+    @property
+    def pool_size(self) -> int:
+        """Grading child processes: ``workers``, or min(8, CPUs of this machine)."""
+        return self.workers or min(8, os.cpu_count() or 1)
+
+
+def _valid(key: str, value: Any, fallback: Any) -> Any:
+    """``value`` if option ``key`` accepts it, else ``fallback`` with a RuntimeWarning naming it: a bad
+    knob that reached a reward worker never hangs it (0 workers) nor scores right answers 0 (timeout <= 0)."""
+    declared = next(f for f in RewardOptions.declarations() if f.name == key)
+    if accepts(declared, value):
+        return value
+    warnings.warn(
+        f"ebpo_verl.reward: {key}={value!r} is invalid (use {allowed(declared)}); using {fallback!r}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return fallback
+
+
+def options_from_env(env: Mapping[str, str]) -> RewardOptions:
+    """The knobs set in ``env`` (the declared defaults for the others), a bad value replaced by its default
+    with a warning (the driver's pre-flight refuses it: :meth:`RewardOptions.with_env`)."""
+    values = {}
+    for f in RewardOptions.declarations():
+        variable = RewardOptions.ENV[f.name]
+        try:
+            values[f.name] = f.default if not env.get(variable, "").strip() else env_value(f, variable, env[variable])
+        except ValueError as err:
+            warnings.warn(f"ebpo_verl.reward: {err}; using {f.default!r}", RuntimeWarning, stacklevel=2)
+            values[f.name] = f.default
+    return RewardOptions(**values)
+
+
+ENV_OPTIONS = options_from_env(os.environ)
+"""This process's knobs from its environment, read at import (a call's ``timeout``/``workers`` replace them)."""
+DEFAULT_TIMEOUT_S = float(ENV_OPTIONS.timeout)
+"""Bound on one parse+verify (seconds); a call's ``timeout`` (``reward_kwargs.timeout``) replaces it."""
 MAX_ANSWER_CHARS = 1000
 """Extracted answers longer than this score 0 without being parsed (no reference answer comes close)."""
 STARTUP_TIMEOUT_S = 120.0
 """How long a fresh worker may take to import sympy/math-verify before it counts as broken."""
-MAX_WORKERS = int(os.environ.get("EBPO_REWARD_WORKERS", str(min(8, os.cpu_count() or 1))))
+MAX_WORKERS = ENV_OPTIONS.pool_size
+"""Grading child processes at import (``EBPO_REWARD_WORKERS``); a call's ``workers`` resizes the pool."""
 
 _ANSWER_LINE_RE = re.compile(
     r"^[ \t>*#_-]*(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*:", re.IGNORECASE | re.MULTILINE
@@ -270,16 +339,24 @@ class _Worker:
 
 
 class _Pool:
-    """Up to ``MAX_WORKERS`` workers shared by all threads; a worker that overruns is killed and replaced."""
+    """Up to ``size`` workers shared by all threads; a worker that overruns is killed and replaced."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         self.lock = threading.Condition()
         self.idle: list[_Worker] = []
         self.count = 0
+        self.size = size
+
+    def resize(self, size: int) -> None:
+        """At most ``size`` workers from now on (idle ones above it stay until shutdown)."""
+        if size != self.size:
+            with self.lock:
+                self.size = size
+                self.lock.notify_all()
 
     def _checkout(self) -> _Worker:
         with self.lock:
-            while not self.idle and self.count >= MAX_WORKERS:
+            while not self.idle and self.count >= self.size:
                 self.lock.wait()
             if self.idle:  # prefer a child that has finished importing (replacements may still be)
                 ready = [i for i, w in enumerate(self.idle) if w.poll_ready()]
@@ -331,7 +408,7 @@ class _Pool:
             w.kill()
 
 
-_POOL = _Pool()
+_POOL = _Pool(MAX_WORKERS)
 atexit.register(_POOL.shutdown)
 _CACHE_SIZE = 1 << 16
 _VERDICTS: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (gold, pred) -> verdict, LRU
@@ -357,7 +434,7 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
         if (gold, pred) in _VERDICTS:
             _VERDICTS.move_to_end((gold, pred))
             return _VERDICTS[(gold, pred)]
-    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else _valid("timeout", timeout, DEFAULT_TIMEOUT_S)
     verdict = _grade(gold, pred, time.monotonic() + timeout)
     if verdict is not None:  # an overrun is not cached: the next call may have a less loaded machine
         with _CACHE_LOCK:
@@ -388,18 +465,23 @@ def compute_score(
     extra_info: dict | None = None,
     timeout: float | None = None,
     max_answer_chars: int = MAX_ANSWER_CHARS,
+    workers: int | None = None,
     **kwargs: Any,
 ) -> dict:
     """verl custom reward: ``{"score": 1.0|0.0, "acc": bool, "pred": str}``.
 
     Never raises on model output. math-verify's work on this answer is bounded by ``timeout`` (default
     ``DEFAULT_TIMEOUT_S``; an overrun scores 0 and its process is killed and replaced). The call can also wait
-    for a free grading process (each is held at most ``timeout`` per answer; ``EBPO_REWARD_WORKERS`` sets how
-    many) and, once per process start, for its import of math-verify (``warm_up`` does that ahead of time):
+    for a free grading process (each is held at most ``timeout`` per answer; ``workers``, else
+    ``EBPO_REWARD_WORKERS``, sets how many; ``ebpo-train`` passes both through ``reward_kwargs``; a bad value is
+    replaced by this process's own with a warning) and, once per process start, for its import of math-verify
+    (``warm_up`` does that ahead of time):
     load-dependent but bounded, never a hang. ``data_source``/``extra_info``/extra kwargs are accepted for
     verl's calling convention; grading is the same for every math data source. A ground truth that is
     None, NaN or empty (:func:`missing_ground_truth`) scores 0 whatever the response.
     """
+    if workers is not None:
+        _POOL.resize(RewardOptions(workers=_valid("workers", workers, ENV_OPTIONS.workers)).pool_size)
     pred = extract_answer(solution_str or "")
     if pred is None:
         return {"score": 0.0, "acc": False, "pred": ""}

@@ -85,8 +85,10 @@ def test_bad_inputs(data_dir, tmp_path, capsys):
     with pytest.raises(EvalInputError, match="does not exist; prepare it"):
         load_problems(tmp_path, "math500", "paper")
     args = ["generate", "--model", str(tmp_path), "--data-dir", str(data_dir), "--out", str(tmp_path / "g.jsonl")]
-    assert main(args + ["--benchmarks", "gsm8k"]) == 2
-    assert "unknown benchmark(s) ['gsm8k']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # refused by the option's declaration, before any work
+        main(args + ["--benchmarks", "gsm8k"])
+    assert exit_.value.code == 2
+    assert "argument --benchmarks: 'gsm8k' is invalid; use math500, aime2024" in capsys.readouterr().err
     assert main(args) == 2  # an empty folder is no model
     assert "neither a Hugging Face model folder" in capsys.readouterr().err
     assert (

@@ -29,7 +29,7 @@ def test_train_help_opens_with_what_the_entry_point_adds(capsys, monkeypatch):
         for line, f in zip(listed, cls.declarations(), strict=True):
             assert line.startswith(f"  {cls.SECTION}.{f.name}=") and line.endswith(f"  ({allowed(f)})")
     assert "  algorithm.ebpo.cluster_key=null  (null or a label name)" in out
-    assert "  trainer.step_timeout_s=3600  (null or a number of seconds (0: no watchdog))" in out
+    assert "  trainer.step_timeout_s=3600  (null or a number of seconds >= 0 (0: off))" in out
     text = "\n".join(out)
     assert "ebpo-train --cfg job" in text and "docs/estimator.md" in text and "ppo_trainer:" not in text
     assert "recipes run|table|eval --help" not in text  # no pointer to a command that fails

@@ -197,7 +197,7 @@ DRY_RUN_ERRORS = {
     ),
     "step-timeout": (
         ["trainer.step_timeout_s=abc"],
-        "trainer.step_timeout_s='abc' is invalid; use null or a number of seconds (0: no watchdog)",
+        "trainer.step_timeout_s='abc' is invalid; use null or a number of seconds >= 0 (0: off)",
     ),
     "curriculum-order": (
         [*CURRICULUM, "data.shuffle=false", "++data.curriculum.order=x"],

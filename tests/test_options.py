@@ -25,6 +25,7 @@ from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.algos.registry import stateful
 from ebpo_verl.ops.readme_block import replace_marked_block
 from ebpo_verl.options.parsing import OptionSection, accepts
+from ebpo_verl.reward import RewardOptions
 from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.config.generate import (
     ALL_SECTIONS,
@@ -186,7 +187,7 @@ def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config, par
     model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight does not look it up
     config = compose_config("algorithm.ebpo.cluster_key=topic", f"trainer.default_local_dir={tmp_path}", model)
     preflight(config, dry_run=True)
-    assert parses == PER_PROCESS  # the driver, before the first step
+    assert parses == {**PER_PROCESS, RewardOptions.SECTION: 1}  # the driver, before the first step (+ the reward's)
 
     parses.clear()
     options = RunOptions.from_config(config)  # EBPOTaskRunner.preflight, in the TaskRunner's process

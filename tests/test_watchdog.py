@@ -23,8 +23,7 @@ from ebpo_verl.trainer.watchdog import (
     StepWatchdogMixin,
     failures_reported,
     hang_bound_s,
-    init_timeout_s,
-    step_timeout_s,
+    timeouts,
 )
 
 STEP_S, INIT_S = 0.6, 0.8
@@ -36,20 +35,16 @@ JITTER_S = 0.5
 def test_timeout_sources(monkeypatch):
     monkeypatch.delenv(STEP_TIMEOUT_ENV, raising=False)
     monkeypatch.delenv(INIT_TIMEOUT_ENV, raising=False)
-    assert step_timeout_s(OmegaConf.create({"step_timeout_s": 3600})) == 3600.0
-    assert step_timeout_s(OmegaConf.create({"step_timeout_s": 0})) is None
-    assert step_timeout_s(OmegaConf.create({"step_timeout_s": None})) is None
-    assert step_timeout_s(OmegaConf.create({})) is None
-    assert init_timeout_s(OmegaConf.create({"step_timeout_s": 60, "init_timeout_s": 900})) == 900.0
-    assert init_timeout_s(OmegaConf.create({"step_timeout_s": 60, "init_timeout_s": 0})) is None
-    assert init_timeout_s(OmegaConf.create({"step_timeout_s": 60})) == 60.0  # a config without the key
+    both = OmegaConf.create({"step_timeout_s": 3600, "init_timeout_s": 900})
+    assert timeouts(both) == {"init": 900.0, "step": 3600.0}
+    assert timeouts(OmegaConf.create({"step_timeout_s": 0, "init_timeout_s": None})) == {"init": None, "step": None}
+    assert timeouts(OmegaConf.create({})) == {"init": 3600.0, "step": 3600.0}  # absent: the declared defaults
     monkeypatch.setenv(STEP_TIMEOUT_ENV, "120")
-    assert step_timeout_s(OmegaConf.create({"step_timeout_s": 3600})) == 120.0
     monkeypatch.setenv(INIT_TIMEOUT_ENV, "45")
-    assert init_timeout_s(OmegaConf.create({"init_timeout_s": 900})) == 45.0
+    assert timeouts(both) == {"init": 45.0, "step": 120.0}
     monkeypatch.setenv(STEP_TIMEOUT_ENV, "two minutes")
-    with pytest.raises(ValueError, match=r"EBPO_STEP_TIMEOUT_S='two minutes' is not a number of seconds"):
-        step_timeout_s(OmegaConf.create({}))
+    with pytest.raises(ValueError, match=r"EBPO_STEP_TIMEOUT_S='two minutes' is invalid; use null or a number of"):
+        timeouts(OmegaConf.create({}))
 
 
 class _Trainer:

@@ -8,13 +8,16 @@ failures are listed at the end, one ``python -m ebpo_verl.data.all: error: <name
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+from dataclasses import MISSING, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ebpo_verl.data import DATASETS
-from ebpo_verl.data.schema import TEMPLATES, DataPrepError, check_hub
+from ebpo_verl.data.schema import PATH, TEMPLATES, DataPrepError, check_hub
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import OptionSection, option
 
 LOCAL_FILES = {
     "dapo_math": "dapo_math_sample.jsonl",
@@ -69,25 +72,36 @@ class PrepareAllError(RuntimeError):
         self.failed = failed
 
 
-def main(argv: list[str] | None = None) -> dict[str, Path]:
-    parser = argparse.ArgumentParser(prog="python -m ebpo_verl.data.all", description=__doc__)
-    parser.add_argument("--out-dir", required=True)
-    parser.add_argument(
-        "--local-dir",
-        default=None,
-        help="folder holding the datasets' files: " + ", ".join(f"{f} ({n})" for n, f in LOCAL_FILES.items()),
+@dataclass(frozen=True)
+class PrepareAllOptions(OptionSection):
+    """The options of ``python -m ebpo_verl.data.all``, declared once."""
+
+    SECTION: ClassVar[str] = "all"
+
+    out_dir: str = option(MISSING, "folder for the parquet files", rule=PATH)
+    local_dir: str | None = option(
+        None,
+        "folder holding the datasets' files: "
+        + ", ".join(f"{f} ({n})" for n, f in LOCAL_FILES.items())
+        + "; null: the hub",
+        choices=(None,),
+        rule=PATH,
     )
-    parser.add_argument("--template", choices=TEMPLATES, default="dapo")
-    parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of failing")
-    parser.add_argument("--only", nargs="+", choices=DATASETS, default=list(DATASETS), help="subset to prepare")
-    args = parser.parse_args(argv)
+    template: str = option("dapo", "prompt template", choices=TEMPLATES)
+    skip_invalid: bool = option(False, "drop invalid rows instead of failing", choices=(True, False))
+    only: tuple[str, ...] = option(DATASETS, "subset to prepare", choices=DATASETS, metavar="NAME")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    prog = "python -m ebpo_verl.data.all"
+    args = parse(PrepareAllOptions, prog, argv, __doc__ or "")
     try:
         return prepare_all(args.out_dir, args.local_dir, args.template, args.skip_invalid, tuple(args.only))
     except PrepareAllError as e:
         for name, message in e.failed.items():
-            print(f"{parser.prog}: error: {name}: {message}", file=sys.stderr)
+            print(f"{prog}: error: {name}: {message}", file=sys.stderr)
     except DataPrepError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -11,14 +11,16 @@ seed the labels are deterministic (UMAP runs single-threaded with ``random_state
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections import Counter
+from dataclasses import MISSING, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from ebpo_verl.data.schema import (
+    PATH,
     bare_problem,
     check_chat_prompts,
     one_line_errors,
@@ -27,6 +29,8 @@ from ebpo_verl.data.schema import (
     write_parquet_atomic,
 )
 from ebpo_verl.ops.extras import require
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 
 UMAP_NEIGHBORS, UMAP_COMPONENTS, UMAP_METRIC = 15, 5, "cosine"
 
@@ -108,17 +112,25 @@ def label_topics(
     return out
 
 
+@dataclass(frozen=True)
+class LabelTopicsOptions(OptionSection):
+    """The options of ``python -m ebpo_verl.data.label_topics``, declared once."""
+
+    SECTION: ClassVar[str] = "label_topics"
+
+    in_path: str = option(MISSING, "parquet written by a ebpo_verl.data preparer", rule=PATH, flag="--in", metavar="IN")
+    out_path: str = option(MISSING, "the labelled parquet to write", rule=PATH, flag="--out", metavar="OUT")
+    k: int = option(10, "number of topics (paper: 10)", rule=ints(1))
+    seed: int = option(42, "seed of UMAP and k-means", rule=ints(0))
+    umap: bool = option(True, "UMAP before k-means", choices=(True, False))
+    batch_size: int = option(64, "sentences per embedding batch", rule=ints(1))
+    device: str = option("cpu", "torch device of the embedding model (cpu, cuda, ...)", rule=text("a device"))
+
+
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m ebpo_verl.data.label_topics", description=__doc__)
-    parser.add_argument("--in", dest="in_path", required=True, help="parquet written by a ebpo_verl.data preparer")
-    parser.add_argument("--out", dest="out_path", required=True)
-    parser.add_argument("--k", type=int, default=10, help="number of topics (paper: 10)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--umap", action=argparse.BooleanOptionalAction, default=True, help="UMAP before k-means")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, ...")
-    a = parser.parse_args(argv)
-    with one_line_errors(parser.prog):
+    prog = "python -m ebpo_verl.data.label_topics"
+    a = parse(LabelTopicsOptions, prog, argv, __doc__ or "")
+    with one_line_errors(prog):
         return label_topics(a.in_path, a.out_path, a.k, a.seed, a.umap, a.batch_size, a.device)
 
 

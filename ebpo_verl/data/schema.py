@@ -19,7 +19,6 @@ prompt and ground truth from them (OlympiadBench: ``question`` only and the firs
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -27,9 +26,9 @@ import numbers
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -38,6 +37,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.reward import missing_ground_truth
 
 DAPO_PREFIX = (
@@ -47,6 +48,7 @@ DAPO_PREFIX = (
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 BOXED_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 TEMPLATES = ("dapo", "boxed")
+PATH = text("a path")
 
 EXTRA_INFO_TYPE = pa.struct(
     [
@@ -471,21 +473,32 @@ class Dataset:
         return cli(self.name, self.prepare, argv)
 
 
+@dataclass(frozen=True)
+class PrepareOptions(OptionSection):
+    """The options of ``python -m ebpo_verl.data.<name>`` (one data set), declared once."""
+
+    SECTION: ClassVar[str] = "prepare"
+
+    out_dir: str = option(MISSING, "folder for <name>.parquet", rule=PATH)
+    local_path: str | None = option(
+        None,
+        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub",
+        choices=(None,),
+        rule=PATH,
+    )
+    template: str = option("dapo", "prompt template", choices=TEMPLATES)
+    skip_invalid: bool = option(False, "drop invalid rows instead of stopping", choices=(True, False))
+    revision: str | None = option(
+        None, "hub revision (commit/tag) to pin; null: main", choices=(None,), rule=text("a revision")
+    )
+    max_problem_chars: int = option(MAX_PROBLEM_CHARS, "longer problems are invalid rows", rule=ints(1))
+
+
 def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) -> Path:
-    """``python -m ebpo_verl.data.<name> --out-dir DIR [--local-path FILE] [--template T] [--skip-invalid]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m ebpo_verl.data.{name}", description=prepare.__doc__)
-    parser.add_argument("--out-dir", required=True, help=f"folder for {name}.parquet")
-    parser.add_argument(
-        "--local-path", default=None, help="local copy in the hub schema: a jsonl/json/parquet file or a dataset folder"
-    )
-    parser.add_argument("--template", choices=TEMPLATES, default="dapo", help="prompt template")
-    parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of stopping")
-    parser.add_argument("--revision", default=None, help="hub revision (commit/tag) to pin; default: main")
-    parser.add_argument(
-        "--max-problem-chars", type=int, default=MAX_PROBLEM_CHARS, help="longer problems are invalid rows"
-    )
-    args = parser.parse_args(argv)
-    with one_line_errors(parser.prog):
+    """``python -m ebpo_verl.data.<name>`` with the options of :class:`PrepareOptions`."""
+    prog = f"python -m ebpo_verl.data.{name}"
+    args = parse(PrepareOptions, prog, argv, prepare.__doc__ or "")
+    with one_line_errors(prog):
         return prepare(
             args.out_dir,
             local_path=args.local_path,

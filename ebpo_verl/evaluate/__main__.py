@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import MISSING, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from tqdm import tqdm
 
@@ -35,12 +37,13 @@ from ebpo_verl.evaluate.prompts import (
     TEMPERATURE,
     TOP_P,
     EvalInputError,
-    check_names,
     load_problems,
     runs_for,
 )
 from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
 from ebpo_verl.ops.provenance import provenance
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
@@ -50,8 +53,51 @@ DESCRIPTIONS = {
 }
 
 
+PATH = text("a path")
+
+
+@dataclass(frozen=True)
+class GenerateOptions(OptionSection):
+    """``generate``'s own options (the engine options: :func:`ebpo_verl.evaluate.engines.add_engine_args`)."""
+
+    SECTION: ClassVar[str] = "generate"
+
+    model: str = option(MISSING, "global_step_N folder, checkpoint root, HF folder or hub id", rule=text("a model"))
+    data_dir: str = option(MISSING, "folder with <benchmark>.parquet (ebpo_verl.data)", rule=PATH)
+    protocol: str = option("paper", "the evaluation protocol (see above)", choices=PROTOCOLS)
+    out: str = option(MISSING, "generations .jsonl (appended to; resumes)", rule=PATH)
+    benchmarks: tuple[str, ...] = option(BENCHMARKS, "benchmarks to sample", choices=BENCHMARKS, metavar="NAME")
+    limit: int | None = option(
+        None, "first N problems of each benchmark (tests); null: all", choices=(None,), rule=ints(1)
+    )
+    runs: int | None = option(None, "runs per benchmark; null: the protocol's", choices=(None,), rule=ints(1))
+    trust_checkpoint: bool = option(
+        False,
+        "merge a global_step_N checkpoint with verl's merger as it is, which unpickles its shards: runs code from the "
+        "file (off: shards read weights-only, anything but FSDP's tensor types refused; docs/evaluation.md#trust)",
+        choices=(True, False),
+    )
+
+
+@dataclass(frozen=True)
+class GradeOptions(OptionSection):
+    """``grade``'s options."""
+
+    SECTION: ClassVar[str] = "grade"
+
+    protocol: str = option(MISSING, "the protocol the generations were sampled under", choices=PROTOCOLS)
+    generations: str = option(MISSING, "generations .jsonl (from generate)", rule=PATH)
+    data_dir: str = option(MISSING, "folder with <benchmark>.parquet (ebpo_verl.data)", rule=PATH)
+    out: str = option(MISSING, "RESULTS.json", rule=PATH)
+    allow_partial: bool = option(False, "report incomplete benchmarks (complete: false)", choices=(True, False))
+
+
+STAGES = {"generate": GenerateOptions, "grade": GradeOptions}
+"""Each stage's declared options."""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="stage", required=True)
     g = sub.add_parser(
         "generate",
@@ -59,35 +105,13 @@ def parser() -> argparse.ArgumentParser:
         description="Append one JSON line per sample to --out; a re-run resumes. "
         + " | ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()),
     )
-    g.add_argument("--model", required=True, help="global_step_N folder, checkpoint root, HF folder or hub id")
-    g.add_argument("--data-dir", required=True, help="folder with <benchmark>.parquet (ebpo_verl.data)")
-    g.add_argument("--protocol", choices=PROTOCOLS, default="paper")
-    g.add_argument("--out", required=True, help="generations .jsonl (appended to; resumes)")
-    g.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), metavar="NAME")
-    g.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (tests)")
-    g.add_argument("--runs", type=int, default=None, help="runs per benchmark (default: the protocol's)")
-    g.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="merge a global_step_N checkpoint with verl's merger as it is, which unpickles its shards: runs code "
-        "from the file (default: shards read weights-only, anything but FSDP's tensor types refused; "
-        "docs/evaluation.md#trust)",
-    )
+    add_options(g, GenerateOptions)
     engines.add_engine_args(g, MAX_NEW_TOKENS)
-    r = sub.add_parser("grade", help="grade a generations file (CPU)")
-    r.add_argument("--protocol", choices=PROTOCOLS, required=True)
-    r.add_argument("--generations", required=True)
-    r.add_argument("--data-dir", required=True)
-    r.add_argument("--out", required=True, help="RESULTS.json")
-    r.add_argument("--allow-partial", action="store_true", help="report incomplete benchmarks (complete: false)")
+    add_options(sub.add_parser("grade", help="grade a generations file (CPU)"), GradeOptions)
     return p
 
 
 def generate(a: argparse.Namespace) -> None:
-    check_names(a.protocol, a.benchmarks)
-    for name in ("limit", "runs"):
-        if getattr(a, name) is not None and getattr(a, name) < 1:
-            raise EvalInputError(f"--{name} must be at least 1")
     model, step_dir = resolve_model(a.model)
     problems = {b: load_problems(a.data_dir, b, a.protocol, a.limit) for b in dict.fromkeys(a.benchmarks)}
     runs = {b: a.runs or runs_for(a.protocol, b) for b in problems}

@@ -12,6 +12,7 @@ of ebpo_verl (the bottom layer).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -80,9 +81,23 @@ def text(what: str) -> Rule:
     return Rule(lambda x: isinstance(x, str) and bool(x), what)
 
 
-def option(default: Any, help: str, *, choices: Sequence[Any] = (), rule: Rule | None = None) -> Any:
-    """The declaration of one option: its default, its help, the values it accepts (``choices`` and/or ``rule``)."""
-    return field(default=default, metadata={"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule})
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] = (),
+    rule: Rule | None = None,
+    metavar: str | None = None,
+    flag: str | None = None,
+) -> Any:
+    """The declaration of one option: its default (``MISSING``: required, keyword-only), its help, the values it
+    accepts (``choices`` and/or ``rule``; for a tuple default, each item), and on a command line its ``metavar``
+    and ``flag`` (default ``--<name with dashes>``)."""
+    metadata = {"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule, "metavar": metavar}
+    metadata["flag"] = flag
+    if default is MISSING:
+        return field(kw_only=True, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def resume_option(help: str) -> Any:
@@ -90,7 +105,7 @@ def resume_option(help: str) -> Any:
     return option("error", help, choices=("error", "reset", "keep"))
 
 
-def _word(value: Any) -> str:
+def word(value: Any) -> str:
     """A value as the user writes it on the command line (``null``, ``true``)."""
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
@@ -104,15 +119,39 @@ def _either(words: Sequence[str]) -> str:
 def allowed(f: Field) -> str:
     """What option ``f`` accepts, in words (``gaussian or beta_binomial``, ``auto or a float in [0, 1]``)."""
     rule = f.metadata["rule"]
-    return _either([*(_word(c) for c in f.metadata["choices"]), *([rule.text] if rule else [])])
+    return _either([*(word(c) for c in f.metadata["choices"]), *([rule.text] if rule else [])])
 
 
 def accepts(f: Field, value: Any) -> bool:
-    """Whether option ``f`` accepts ``value`` (a listed choice of the same type, or what its rule accepts)."""
+    """Whether option ``f`` accepts ``value`` (a listed choice of the same type, or what its rule accepts; for an
+    option whose default is a tuple, a non-empty tuple of such values)."""
+    if isinstance(f.default, tuple) and isinstance(value, tuple):
+        return bool(value) and all(accepts(_item(f), v) for v in value)
     if any(value == c and type(value) is type(c) for c in f.metadata["choices"]):
         return True
     rule = f.metadata["rule"]
     return rule is not None and rule.test(value)
+
+
+def env_value(f: Field, variable: str, raw: str) -> Any:
+    """The value of option ``f`` that ``variable=raw`` sets (an integer, a number, ``null`` or else the text),
+    checked by the option's rules; ValueError in one line naming the variable and what it accepts."""
+    word = raw.strip()
+    value: Any = None if word.lower() in ("null", "none") else word
+    for cast in (int, float):
+        if isinstance(value, str):
+            try:
+                value = cast(value)
+            except ValueError:
+                pass
+    if not accepts(f, value):
+        raise ValueError(f"{variable}={raw!r} is invalid; use {allowed(f)}")
+    return value
+
+
+def _item(f: Field) -> Field:
+    """The declaration one item of a tuple option is checked by."""
+    return field(default=None, metadata=f.metadata)
 
 
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
@@ -133,6 +172,8 @@ class OptionSection:
     """
 
     SECTION: ClassVar[str]
+    ENV: ClassVar[dict[str, str]] = {}
+    """Option -> the environment variable that replaces it when set to a non-empty value."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -176,3 +217,18 @@ class OptionSection:
         if unknown:
             raise ValueError(unknown_option_message(unknown[0], cls.SECTION, valid))
         return cls(**values)
+
+    @classmethod
+    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
+        """Option -> value for each variable of :attr:`ENV` set in ``env`` (checked: :func:`env_value`)."""
+        declared = {f.name: f for f in fields(cls)}
+        return {
+            key: env_value(declared[key], variable, env[variable])
+            for key, variable in cls.ENV.items()
+            if env.get(variable, "").strip()
+        }
+
+    def with_env(self: T, env: Mapping[str, str]) -> T:
+        """These options with each variable of :attr:`ENV` set in ``env`` replacing its option."""
+        replaced = self.env_values(env)
+        return dataclasses.replace(self, **replaced) if replaced else self

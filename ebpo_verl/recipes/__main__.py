@@ -12,8 +12,9 @@ import sys
 import textwrap
 
 from ebpo_verl.evaluate.prompts import BENCHMARKS
-from ebpo_verl.recipes.presets import ALIASES, ORDERS, PRESETS
-from ebpo_verl.recipes.spec import Model, RecipeError, model_tags
+from ebpo_verl.options.cli import switches_help
+from ebpo_verl.recipes.presets import ALIASES, PRESETS
+from ebpo_verl.recipes.spec import Model, RecipeError, RunSwitches, model_tags
 from ebpo_verl.recipes.tables import TABLES
 
 
@@ -23,35 +24,8 @@ def _algos() -> str:
 
 
 RUN_SWITCHES = f"""\
-Switches (environment variables; presets and their sources: ebpo_verl/recipes/presets.py):
-  ALGO          the preset (default ebpo):
-{textwrap.indent(_algos(), "  ")}
-  BASELINES     paper (default: each baseline as the authors ran it) | canonical (as its own paper and
-                verl's docs define it); docs/baselines.md
-  REWARD        paper (default: the authors' `Answer:` rule, +1/-1, ebpo_verl.paper_reward) |
-                math_verify (ebpo_verl.reward: math-verify, 1/0)
-  GROUP_SIZE    responses per prompt G (rollout.n), an integer >= 2 (>= 1 for spo)          default 4
-  ORDER         {" | ".join(ORDERS)}: topic (default) | naive (file order, EBPO-naive) | difficulty | random
-  TOPICS        labels for ORDER=topic: embed (default: all-MiniLM-L6-v2 + UMAP + k-means, K=10, seed 42) |
-                file (TRAIN_FILE carries extra_info.topic)
-  MODEL_PATH    HF id or local path of the policy                         default: the model config's
-  WORK_DIR      root of everything below (multi-node: a folder every node sees)      default ./ebpo_runs
-  DATA_DIR      prepared parquet files (prepared here when missing)                default WORK_DIR/data
-  DATA_LOCAL_DIR  ebpo_verl.data.all reads the datasets from files there instead of the hub
-  TRAIN_FILE    training parquet                      default: derived from DATA_DIR, ORDER and TOPICS
-  CKPT_DIR      checkpoints go to CKPT_DIR/EXPERIMENT                              default WORK_DIR/ckpt
-  KEEP_CKPTS    checkpoints kept per run (~12 bytes per parameter each)                        default 2
-  LOG_DIR       metrics go to LOG_DIR/EXPERIMENT/metrics.jsonl (append-only)       default WORK_DIR/logs
-  NNODES, GPUS_PER_NODE                                                                default 4 and 8
-  PROJECT       trainer.project_name                                                       default ebpo
-  EXPERIMENT    default <model>-<ALGO>-g<GROUP_SIZE>-<ORDER>-rw_<REWARD>-bl_<BASELINES>
-  TOTAL_STEPS   if set, trainer.total_training_steps (the run stops there)
-  TOTAL_EPOCHS  default TOTAL_STEPS when that is set, else 1 for ORDER=difficulty and 3 otherwise
-  TEST_FREQ, SAVE_FREQ  validation / checkpoint period in steps (-1: never)             default 10 and 10
-  VAL_SETS      validation sets, comma separated, of {" ".join(BENCHMARKS)}       default all
-  VAL_N         samples per validation problem                                               default 16
-  PYTHON        interpreter with ebpo-verl installed (the scripts start it)              default python3
-  LOGGERS       trainer.logger, e.g. [console,wandb]                                 default [console]
+Switches (environment variables; an empty one is unset; presets and their sources: ebpo_verl/recipes/presets.py):
+{switches_help(RunSwitches, {"ALGO": textwrap.indent(_algos(), "    ")})}
 Modes: DRY_RUN=1 lists the data preparation, runs the pre-flight (our checks, verl's validate_config at
 NNODES x GPUS_PER_NODE, steps per epoch when the training file exists), prints the composed config and
 exits without Ray, GPUs or any file written; PRINT_OVERRIDES=1 prints the Hydra overrides and exits.

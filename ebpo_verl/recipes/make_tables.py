@@ -43,7 +43,6 @@ empty for an untrained model) or the step of the selected validation.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -51,12 +50,15 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import OptionSection, option, text
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
 
 METRIC = re.compile(r"^(?:(?P<name>pass|maj)@(?P<k>[1-9]\d*)|avg@n)$")
@@ -537,22 +539,31 @@ def make_tables(
     return md
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ebpo_verl.recipes.make_tables", description=__doc__.split("\n\n")[0]
+@dataclass(frozen=True)
+class MakeTablesOptions(OptionSection):
+    """The options of ``python -m ebpo_verl.recipes.make_tables`` (besides the RUN arguments), declared once."""
+
+    SECTION: ClassVar[str] = "make_tables"
+
+    out: str = option(MISSING, "output directory", rule=text("a folder"))
+    table: str | None = option(
+        None, "lay the rows out as this table of the paper; null: one row per run", choices=(None, *sorted(PAPER))
     )
-    parser.add_argument("runs", nargs="*", metavar="RUN", help="[SECTION/METHOD=]metrics log or run directory")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--table", choices=sorted(PAPER), help="lay the rows out as this table of the paper")
-    parser.add_argument("--select", choices=SELECT, default="final", help="final (default) or best validation")
-    parser.add_argument(
-        "--metric",
-        nargs="+",
-        default=[DEFAULT_METRIC],
+    select: str = option("final", "which validation of a run the table reports", choices=SELECT)
+    metric: tuple[str, ...] = option(
+        (DEFAULT_METRIC,),
+        "pass@1, pass@K, maj@K, avg@n: one table per metric (RESULTS.json rows)",
+        rule=text("a metric"),
         metavar="M",
-        help="pass@1 (default), pass@K, maj@K, avg@n: one table per metric (RESULTS.json rows)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m ebpo_verl.recipes.make_tables", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="[SECTION/METHOD=]metrics log or run directory")
+    add_options(parser, MakeTablesOptions)
     args = parser.parse_args(argv)
+    args.out = Path(args.out)
     if not args.runs and not args.table:
         parser.error("give runs, or --table to print the paper's table with empty cells")
     try:

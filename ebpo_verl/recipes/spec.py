@@ -14,10 +14,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from omegaconf import OmegaConf
 
 from ebpo_verl.evaluate.prompts import BENCHMARKS
+from ebpo_verl.options.parsing import OptionSection, Rule, ints, option, text
 from ebpo_verl.recipes.presets import (
     ALIASES,
     MAX_RESPONSE,
@@ -35,7 +37,116 @@ from ebpo_verl.recipes.presets import (
 BASELINES = ("paper", "canonical")
 SCHEDULE_VARS = ("TOTAL_STEPS", "TOTAL_EPOCHS", "TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")
 MODELS_DIR = Path(__file__).with_name("models")
-RUN_DEFAULT_SCHEDULE = {"TEST_FREQ": "10", "SAVE_FREQ": "10", "VAL_SETS": ",".join(BENCHMARKS), "VAL_N": "16"}
+UNSET = (None,)
+"""The choice of a switch that may be left unset (its help says what it then is)."""
+PATH = text("a path")
+PERIOD = Rule(lambda x: x == -1 or (isinstance(x, int) and x >= 1), "a positive integer or -1 (never)")
+
+
+@dataclass(frozen=True)
+class RunSwitches(OptionSection):
+    """The switches of a training run (environment variables), each declared once with its default: ``run MODEL
+    --help`` lists them from here and :meth:`RunSpec.from_env` reads its defaults and choices here (its own checks
+    name the switch and the fix)."""
+
+    SECTION: ClassVar[str] = ""
+
+    ALGO: str = option("ebpo", "the preset", choices=tuple(PRESETS))
+    BASELINES: str = option(
+        "paper",
+        "paper: each baseline as the authors ran it | canonical: as its own paper and verl's docs define it "
+        "(docs/baselines.md)",
+        choices=BASELINES,
+    )
+    REWARD: str = option(
+        "paper",
+        "paper: the authors' `Answer:` rule, +1/-1 (ebpo_verl.paper_reward) | math_verify: ebpo_verl.reward, "
+        "math-verify, 1/0",
+        choices=tuple(REWARDS),
+    )
+    GROUP_SIZE: int = option(4, "responses per prompt G (rollout.n); at least 2 (1 for spo)", rule=ints(1))
+    ORDER: str = option(
+        "topic",
+        "topic | naive (file order, EBPO-naive) | difficulty (pass rates of the model) | random",
+        choices=tuple(ORDERS),
+    )
+    TOPICS: str = option(
+        "embed",
+        "labels for ORDER=topic: embed (all-MiniLM-L6-v2 + UMAP + k-means, K=10, seed 42) | file (TRAIN_FILE "
+        "carries extra_info.topic)",
+        choices=TOPICS,
+    )
+    MODEL_PATH: str | None = option(
+        None, "HF id or local path of the policy; unset: the model config's", choices=UNSET, rule=PATH
+    )
+    WORK_DIR: str = option("./ebpo_runs", "root of everything below (multi-node: a folder every node sees)", rule=PATH)
+    DATA_DIR: str | None = option(
+        None, "prepared parquet files (prepared when missing); unset: WORK_DIR/data", choices=UNSET, rule=PATH
+    )
+    DATA_LOCAL_DIR: str | None = option(
+        None, "ebpo_verl.data.all reads the datasets from files there instead of the hub", choices=UNSET, rule=PATH
+    )
+    TRAIN_FILE: str | None = option(
+        None, "training parquet; unset: derived from DATA_DIR, ORDER and TOPICS", choices=UNSET, rule=PATH
+    )
+    CKPT_DIR: str | None = option(
+        None, "checkpoints go to CKPT_DIR/EXPERIMENT; unset: WORK_DIR/ckpt", choices=UNSET, rule=PATH
+    )
+    KEEP_CKPTS: int = option(2, "checkpoints kept per run (~12 bytes per parameter each)", rule=ints(1))
+    LOG_DIR: str | None = option(
+        None,
+        "metrics go to LOG_DIR/EXPERIMENT/metrics.jsonl (append-only); unset: WORK_DIR/logs",
+        choices=UNSET,
+        rule=PATH,
+    )
+    NNODES: int = option(4, "nodes of the Ray cluster", rule=ints(1))
+    GPUS_PER_NODE: int = option(8, "GPUs per node", rule=ints(1))
+    PROJECT: str = option("ebpo", "trainer.project_name", rule=text("a name"))
+    EXPERIMENT: str | None = option(
+        None,
+        "unset: <model>-<ALGO>-g<GROUP_SIZE>-<ORDER>-rw_<REWARD>-bl_<BASELINES>",
+        choices=UNSET,
+        rule=text("a name"),
+    )
+    TOTAL_STEPS: int | None = option(
+        None, "trainer.total_training_steps (the run stops there); unset: no limit", choices=UNSET, rule=ints(1)
+    )
+    TOTAL_EPOCHS: int | None = option(
+        None,
+        "unset: TOTAL_STEPS when that is set, else 1 for ORDER=difficulty and 3 otherwise",
+        choices=UNSET,
+        rule=ints(1),
+    )
+    TEST_FREQ: int = option(10, "validation period in steps (-1: never)", rule=PERIOD)
+    SAVE_FREQ: int = option(10, "checkpoint period in steps (-1: never)", rule=PERIOD)
+    VAL_SETS: str = option(
+        ",".join(BENCHMARKS), f"validation sets, comma separated, of {' '.join(BENCHMARKS)}", rule=text("names")
+    )
+    VAL_N: int = option(16, "samples per validation problem", rule=ints(1))
+    PYTHON: str | None = option(
+        None,
+        "interpreter with ebpo-verl installed; unset: python3 in the scripts, else this one",
+        choices=UNSET,
+        rule=PATH,
+    )
+    LOGGERS: str = option("[console]", "trainer.logger, e.g. [console,wandb]", rule=text("a Hydra list"))
+
+
+SWITCHES = RunSwitches.defaults()
+"""Switch -> its declared default."""
+
+
+def default(name: str) -> str:
+    """A switch's declared default as the environment would carry it."""
+    return str(SWITCHES[name])
+
+
+def choices(name: str) -> tuple[str, ...]:
+    """The words a switch accepts (its declared choices)."""
+    return next(f.metadata["choices"] for f in RunSwitches.declarations() if f.name == name)
+
+
+RUN_DEFAULT_SCHEDULE = {name: default(name) for name in ("TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")}
 """Schedule of a single run when the environment sets none (TOTAL_STEPS / TOTAL_EPOCHS: see :class:`Schedule`)."""
 
 
@@ -136,7 +247,7 @@ class Paths:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Paths:
-        work = env.get("WORK_DIR") or os.path.join(os.getcwd(), "ebpo_runs")
+        work = env.get("WORK_DIR") or os.path.abspath(default("WORK_DIR"))
         return cls(
             work=work,
             data=env.get("DATA_DIR") or os.path.join(work, "data"),
@@ -161,17 +272,17 @@ class Shared:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Shared:
-        defaults = {"REWARD": "paper", "BASELINES": "paper", "KEEP_CKPTS": "2", "NNODES": "4", "GPUS_PER_NODE": "8"}
+        defaults = {name: default(name) for name in ("REWARD", "BASELINES", "KEEP_CKPTS", "NNODES", "GPUS_PER_NODE")}
         env = {**defaults, **{k: v for k, v in env.items() if v}}
         return cls(
-            reward=_choice("REWARD", env["REWARD"], tuple(REWARDS)),
-            baselines=_choice("BASELINES", env["BASELINES"], BASELINES),
+            reward=_choice("REWARD", env["REWARD"], choices("REWARD")),
+            baselines=_choice("BASELINES", env["BASELINES"], choices("BASELINES")),
             paths=Paths.from_env(env),
             keep_ckpts=_int(env, "KEEP_CKPTS", 1, "checkpoints kept per run"),
             nnodes=_int(env, "NNODES", 1, "nodes"),
             gpus_per_node=_int(env, "GPUS_PER_NODE", 1, "GPUs per node"),
-            project=env.get("PROJECT") or "ebpo",
-            loggers=env.get("LOGGERS") or "[console]",
+            project=env.get("PROJECT") or default("PROJECT"),
+            loggers=env.get("LOGGERS") or default("LOGGERS"),
             data_local_dir=env.get("DATA_LOCAL_DIR") or None,
         )
 
@@ -202,11 +313,11 @@ class RunSpec:
         """Read and check every switch (defaults: ALGO=ebpo, GROUP_SIZE=4, ORDER=topic, TOPICS=embed, ...)."""
         model = model if isinstance(model, Model) else Model.load(model)
         env = {k: v for k, v in env.items() if v}  # an empty switch is an unset one
-        algo = ALIASES.get(env.get("ALGO", "ebpo"), env.get("ALGO", "ebpo"))
-        _choice("ALGO", algo, tuple(PRESETS))
-        order = _choice("ORDER", env.get("ORDER", "topic"), tuple(ORDERS))
-        topics = _choice("TOPICS", env.get("TOPICS", "embed"), TOPICS)
-        env.setdefault("GROUP_SIZE", "4")
+        algo = ALIASES.get(env.get("ALGO", default("ALGO")), env.get("ALGO", default("ALGO")))
+        _choice("ALGO", algo, choices("ALGO"))
+        order = _choice("ORDER", env.get("ORDER", default("ORDER")), choices("ORDER"))
+        topics = _choice("TOPICS", env.get("TOPICS", default("TOPICS")), choices("TOPICS"))
+        env.setdefault("GROUP_SIZE", default("GROUP_SIZE"))
         if algo in SINGLE_STREAM:
             group = _int(env, "GROUP_SIZE", 1, "responses per prompt")
         else:

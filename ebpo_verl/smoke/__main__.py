@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke import cluster, limits, runs
 from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
 
@@ -45,19 +49,30 @@ def cleanup() -> None:
     print(f"[cpu_smoke] stopped: killed {killed} live runs, stopped the cluster if one was up", flush=True)
 
 
+@dataclass(frozen=True)
+class SmokeOptions(OptionSection):
+    """The smoke script's options, declared once."""
+
+    SECTION: ClassVar[str] = "smoke"
+
+    work_dir: str | None = option(
+        None, "output folder; null: a new temp folder", choices=(None,), rule=text("a folder")
+    )
+    run_timeout: int = option(900, "seconds allowed per training run", rule=ints(1))
+    deadline: int = option(DEFAULT_DEADLINE_S, "seconds allowed for everything", rule=ints(1))
+    vllm: bool = option(False, "also run C: resume A's step 2 with verl's vLLM rollout", choices=(True, False))
+    nodes: int = option(1, "2: the two-node run instead of A/K/K'/C", choices=(1, NODES))
+    faults: bool = option(False, "--nodes 2: kill, hang, kill the rollout at step 3", choices=(True, False))
+    step_timeout: int = option(120, "--faults: EBPO_STEP_TIMEOUT_S of the hang", rule=ints(1))
+    device: str = option("cpu", "cuda: actor and reference on the GPU (NCCL)", choices=DEVICES)
+    hold: bool = option(False, "start the cluster and a stand-in run, wait to be stopped", choices=(True, False))
+    stand_in: bool = option(False, "--hold without a Ray cluster", choices=(True, False))
+    print_limits: bool = option(False, "print the time limits and exit", choices=(True, False))
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ebpo_verl.smoke", description=__doc__.splitlines()[0])
-    p.add_argument("--work-dir", type=Path, default=None, help="output folder (default: a new temp folder)")
-    p.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per training run")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds allowed for everything")
-    p.add_argument("--vllm", action="store_true", help="also run C: resume A's step 2 with verl's vLLM rollout")
-    p.add_argument("--nodes", type=int, choices=(1, NODES), default=1, help="2: the two-node run instead of A/K/K'/C")
-    p.add_argument("--faults", action="store_true", help="--nodes 2: kill, hang, kill the rollout at step 3")
-    p.add_argument("--step-timeout", type=int, default=120, help="--faults: EBPO_STEP_TIMEOUT_S of the hang")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: actor and reference on the GPU (NCCL)")
-    p.add_argument("--hold", action="store_true", help="start the cluster and a stand-in run, wait to be stopped")
-    p.add_argument("--stand-in", action="store_true", help="--hold without a Ray cluster")
-    p.add_argument("--print-limits", action="store_true", help="print the time limits and exit")
+    p = OneLineParser(prog="python -m ebpo_verl.smoke", description=__doc__.splitlines()[0])
+    add_options(p, SmokeOptions)
     return p
 
 
@@ -72,6 +87,7 @@ def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = parser()
     args = p.parse_args(argv)
+    args.work_dir = Path(args.work_dir) if args.work_dir else None
     _validate(p, args)
     if args.print_limits:
         print(f"run-timeout {args.run_timeout} deadline {args.deadline}")

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.study.presets import ALL_ESTIMATORS, DEFAULT_LR, PRESETS, describe_presets
 
 PROG = "python -m ebpo_verl.study"
@@ -29,27 +32,37 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+@dataclass(frozen=True)
+class StudyOptions(OptionSection):
+    """The study's options (besides ``rl``/``mse``), declared once."""
+
+    SECTION: ClassVar[str] = "study"
+
+    preset: str = option("quick", "the study grid", choices=tuple(PRESETS))
+    out: str = option("results", "output directory", rule=text("a folder"))
+    workers: int | None = option(None, "processes for the RL runs; null: the preset's", choices=(None,), rule=ints(1))
+    estimators: str | None = option(
+        None,
+        "comma-separated estimators to run instead of the preset's (any name of the estimator registry or a study "
+        f"variant: {', '.join(ALL_ESTIMATORS)}); one without a preset rate trains at lr {DEFAULT_LR:g}; null: the "
+        "preset's",
+        choices=(None,),
+        rule=text("comma-separated estimator names"),
+    )
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=PROG,
         description=__doc__.replace("``", ""),  # the docstring's RST literals, as plain text
         epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("what", nargs="?", choices=["rl", "mse"], default="rl", help="the RL study or the MSE check")
-    parser.add_argument("--preset", choices=list(PRESETS), default="quick", help="the study grid (default quick)")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
-    parser.add_argument("--workers", type=int, default=None, help="processes for the RL runs (preset default)")
-    parser.add_argument(
-        "--estimators",
-        type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()),
-        default=None,
-        help="comma-separated estimators to run instead of the preset's (any name of the estimator registry or a "
-        f"study variant: {', '.join(ALL_ESTIMATORS)}); one without a preset rate trains at lr {DEFAULT_LR:g}",
-    )
+    add_options(parser, StudyOptions)
     args = parser.parse_args(argv)
-    if args.workers is not None and args.workers < 1:
-        parser.error(f"--workers must be >= 1, got {args.workers}")
+    args.out = Path(args.out)
+    args.estimators = tuple(e.strip() for e in args.estimators.split(",") if e.strip()) if args.estimators else None
     return args
 
 

@@ -20,9 +20,7 @@ Who parses, and how often (``tests/test_options.py`` counts it):
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -36,17 +34,20 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.options.parsing import OptionSection, Rule, is_real, option
+from ebpo_verl.options.parsing import OptionSection, Rule, option, reals
 
 STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
 INIT_TIMEOUT_ENV = "EBPO_INIT_TIMEOUT_S"
-"""Environment variable that overrides ``trainer.step_timeout_s`` (read in the driver; the driver writes the
-resolved value into the config for the Ray workers, which lack the variable)."""
+"""Environment variables that override ``trainer.step_timeout_s`` / ``trainer.init_timeout_s`` (read in the
+driver; the driver writes the resolved values into the config for the Ray workers, which lack the variables)."""
+SECONDS = Rule(reals(0).test, "a number of seconds >= 0 (0: off)")
+"""A watchdog timeout: 0 turns it off; a negative number is refused (it would turn it off too, silently)."""
 
 
 @dataclass(frozen=True)
 class TrainerOptions(OptionSection):
-    """The keys this package adds to verl's ``trainer`` section (the rest of ``trainer`` is verl's)."""
+    """The keys this package adds to verl's ``trainer`` section (the rest of ``trainer`` is verl's). An absent key
+    is its declared default, in the driver and in every worker alike."""
 
     SECTION: ClassVar[str] = "trainer"
 
@@ -64,7 +65,7 @@ class TrainerOptions(OptionSection):
         f"that did not answer; sized for an 8B step on 32 GPUs with long responses; env {STEP_TIMEOUT_ENV} "
         "overrides; 0 or null: off",
         choices=(None,),
-        rule=Rule(is_real, "a number of seconds (0: no watchdog)"),
+        rule=SECONDS,
     )
 
     init_timeout_s: float | None = option(
@@ -72,40 +73,25 @@ class TrainerOptions(OptionSection):
         "the same for model initialisation, the checkpoint load and the agent loop's start (the watchdog's init "
         f"phases); env {INIT_TIMEOUT_ENV} overrides; 0 or null: off",
         choices=(None,),
-        rule=Rule(is_real, "a number of seconds (0: not watched)"),
+        rule=SECONDS,
     )
 
     ENV: ClassVar[dict[str, str]] = {"step_timeout_s": STEP_TIMEOUT_ENV, "init_timeout_s": INIT_TIMEOUT_ENV}
-    """The environment variables that replace a key when set."""
 
     @classmethod
     def from_trainer(cls, trainer: Any, env: Mapping[str, str] | None = None) -> TrainerOptions:
-        """Our keys of a composed ``trainer`` node (absent keys: the defaults), each variable of :data:`ENV` set
+        """Our keys of a composed ``trainer`` node (absent keys: the defaults), each variable of :attr:`ENV` set
         in ``env`` (default: this process's) replacing its key; ValueError naming the key or the variable."""
         options = cls.from_mapping({key: trainer[key] for key in cls.keys() if key in trainer})
-        env = os.environ if env is None else env
-        replaced: dict[str, float] = {}
-        for key, variable in cls.ENV.items():
-            raw = env.get(variable, "").strip()
-            if not raw:
-                continue
-            try:
-                replaced[key] = float(raw)
-                if not math.isfinite(replaced[key]):
-                    raise ValueError(raw)
-            except ValueError:
-                raise ValueError(
-                    f"{variable}={raw!r} is not a number of seconds: set it to e.g. 3600, or 0 to disable"
-                ) from None
-        return dataclasses.replace(options, **replaced) if replaced else options
+        return options.with_env(os.environ if env is None else env)
 
     @staticmethod
     def _seconds(value: float | None) -> float | None:
-        return float(value) if value is not None and value > 0 else None
+        return float(value) if value else None
 
     @property
     def watchdog_timeout_s(self) -> float | None:
-        """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0, negative, null."""
+        """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0 or null."""
         return self._seconds(self.step_timeout_s)
 
     @property

@@ -73,22 +73,13 @@ class RunAbortedError(RuntimeError):
     """The run stopped because a worker died or a phase timed out; the message is the one line to print."""
 
 
-def step_timeout_s(trainer_config: Any) -> float | None:
-    """Seconds without progress in a training step's phases before the watchdog ends the run:
-    ``EBPO_STEP_TIMEOUT_S`` if set, else ``trainer.step_timeout_s``; None when 0, negative, null or absent (off).
-    Parsed by the option's one declaration (:class:`~ebpo_verl.trainer.run_options.TrainerOptions`); ValueError
-    naming the key or the variable."""
-    seconds = {STEP_TIMEOUT_KEY: trainer_config.get(STEP_TIMEOUT_KEY, None)}
-    return TrainerOptions.from_trainer(seconds).watchdog_timeout_s
-
-
-def init_timeout_s(trainer_config: Any) -> float | None:
-    """The same for the :data:`INIT_PHASES`: ``EBPO_INIT_TIMEOUT_S`` if set, else ``trainer.init_timeout_s``, else
-    (a config without that key, as stock verl's) the step timeout."""
-    if INIT_TIMEOUT_KEY not in trainer_config and not os.environ.get(INIT_TIMEOUT_ENV, "").strip():
-        return step_timeout_s(trainer_config)
-    keys = (STEP_TIMEOUT_KEY, INIT_TIMEOUT_KEY)
-    return TrainerOptions.from_trainer({k: trainer_config.get(k, None) for k in keys}).watchdog_init_timeout_s
+def timeouts(trainer_config: Any) -> dict[str, float | None]:
+    """``{"init": s, "step": s}`` (None: not watched) from the parsed
+    :class:`~ebpo_verl.trainer.run_options.TrainerOptions` of a ``trainer`` node: an absent key is its declared
+    default, ``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` replace their keys; ValueError naming the key or
+    the variable."""
+    options = TrainerOptions.from_trainer(trainer_config)
+    return {"init": options.watchdog_init_timeout_s, "step": options.watchdog_timeout_s}
 
 
 def _actor_errors(err: BaseException) -> Iterator[BaseException]:
@@ -404,8 +395,7 @@ class StepWatchdogMixin:
 
     def _started_watchdog(self) -> StepWatchdog:
         if self._watchdog is None:
-            trainer = self.config.trainer
-            self._watchdog = StepWatchdog({"init": init_timeout_s(trainer), "step": step_timeout_s(trainer)})
+            self._watchdog = StepWatchdog(timeouts(self.config.trainer))
             self._watchdog.start()
         return self._watchdog
 
@@ -533,17 +523,17 @@ def dist_timeout_worker_cls(base: type) -> type:
 @contextmanager
 def failures_reported(config: Any) -> Iterator[None]:
     """Around ``run_ppo`` in the driver: the timeouts resolved into ``trainer.step_timeout_s`` and
-    ``trainer.init_timeout_s`` (the env vars do not reach Ray's workers), and a :class:`RunAbortedError` of the
-    trainer as one line ``ebpo-train: error: ...`` and exit status 1."""
+    ``trainer.init_timeout_s``, the reward's knobs into its ``reward_kwargs`` (the env vars do not reach Ray's
+    workers), and a :class:`RunAbortedError` of the trainer as one line ``ebpo-train: error: ...`` and exit
+    status 1."""
     from omegaconf import open_dict
 
-    try:
-        timeouts = {INIT_TIMEOUT_KEY: init_timeout_s(config.trainer), STEP_TIMEOUT_KEY: step_timeout_s(config.trainer)}
-    except ValueError as err:
-        print(f"ebpo-train: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    from ebpo_verl.trainer.preflight.config import resolve_reward_options
+
+    resolve_reward_options(config)
+    seconds = timeouts(config.trainer)  # checked by the pre-flight (RunOptions.from_config) before this runs
     with open_dict(config):
-        config.trainer.update(timeouts)
+        config.trainer.update({INIT_TIMEOUT_KEY: seconds["init"], STEP_TIMEOUT_KEY: seconds["step"]})
     try:
         yield
     except RunAbortedError as err:

@@ -20,6 +20,7 @@ from ebpo_verl.trainer.preflight.config import (
     check_group_size,
     check_positive_ints,
     check_resume,
+    check_reward_options,
     check_shaped_rewards,
     check_stock_verl_methods,
     check_v1_trainer,
@@ -39,6 +40,7 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     check_stock_verl_methods,
     check_group_size,
     check_shaped_rewards,
+    check_reward_options,
 )
 """The checks that read only our options and the composed config (:func:`check_config`): add a config check here."""
 

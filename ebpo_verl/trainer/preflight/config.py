@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import sys
 import warnings
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from ebpo_verl.algos.ebpo import ignored_options_warning
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.reward import RewardOptions
 from ebpo_verl.trainer.run_options import RunOptions
 
 POSITIVE_INT_KEYS = (
@@ -28,6 +31,9 @@ SHAPED_REWARD_KEYS = {
     "reward.reward_model.enable": "scores with a learned reward model",
 }
 """Config switches that make the reward take more than two values (EBPO-BB needs 0/1 or -1/+1)."""
+OUR_REWARD = "pkg://ebpo_verl.reward"
+"""``reward.custom_reward_function.path`` of the reward whose knobs (:class:`~ebpo_verl.reward.RewardOptions`) the
+driver resolves into ``reward_kwargs``."""
 
 
 def check_positive_ints(config: Any) -> None:
@@ -177,3 +183,33 @@ def check_resume(config: Any, options: RunOptions, dry_run: bool) -> str | None:
         return check(config.trainer, options)
     except ValueError as err:
         raise EBPOConfigError(str(err)) from err
+
+
+def reward_options(config: Any) -> RewardOptions | None:
+    """The reward's knobs of a run graded by :data:`OUR_REWARD`: ``reward_kwargs.workers`` / ``.timeout`` (absent:
+    the declared defaults), each ``EBPO_REWARD_*`` variable set here replacing its key; None for another reward
+    (whose ``reward_kwargs`` are its own), the variables checked all the same. EBPOConfigError naming the key or
+    the variable."""
+    try:
+        RewardOptions().with_env(os.environ)
+        if OmegaConf.select(config, "reward.custom_reward_function.path") != OUR_REWARD:
+            return None
+        given = OmegaConf.select(config, RewardOptions.SECTION) or {}
+        ours = {key: given[key] for key in RewardOptions.keys() if key in given}
+        return RewardOptions.from_mapping(ours).with_env(os.environ)
+    except ValueError as err:
+        raise EBPOConfigError(str(err)) from err
+
+
+def check_reward_options(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """The reward's knobs are valid (:func:`reward_options`): a bad one stops here, not in a reward worker."""
+    reward_options(config)
+
+
+def resolve_reward_options(config: Any) -> None:
+    """In the driver, before Ray starts: the reward's resolved knobs written into ``reward_kwargs`` (verl passes
+    them to every ``compute_score`` call; the driver's environment does not reach Ray's reward workers)."""
+    resolved = reward_options(config)
+    if resolved is not None:
+        with open_dict(config):
+            OmegaConf.update(config, RewardOptions.SECTION, dataclasses.asdict(resolved), merge=True)

@@ -1,0 +1,164 @@
+"""Command lines and environment switches from option declarations: one :class:`~.parsing.OptionSection`
+dataclass declares a command's options (type, default, allowed values, help, with :func:`~.parsing.option`), and
+:func:`add_options` builds their argparse arguments from it: each ``--flag``'s help ends with the declared default
+and the allowed values, each value is converted by the field's type and checked by the same rules as a config
+value (:func:`~.parsing.accepts`), and a bad value is one line ``PROG: error: ...`` with exit status 2
+(:class:`OneLineParser`). :func:`options_table` renders the same declarations as a docs table.
+
+Why not jsonargparse / tyro / simple-parsing: the package already declares every config option with ``option()``
+(the Hydra YAML, ``ebpo-train --help`` and the README table come from it); building argparse from those same
+declarations is about a hundred lines, keeps one rule set for config keys, environment variables and flags, and
+adds no dependency to a package whose pins follow verl's. Imports nothing of ebpo_verl but :mod:`.parsing`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, fields
+from typing import Any, NoReturn
+
+from ebpo_verl.options.parsing import OptionSection, accepts, allowed, word
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose refusals are one line (``PROG: error: ...``, exit status 2), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of option ``name`` (``max_new_tokens`` -> ``--max-new-tokens``)."""
+    return "--" + name.replace("_", "-")
+
+
+def flag_of(f: Field) -> str:
+    """The command-line flag of a declared option (its own ``flag``, else :func:`flag` of its name)."""
+    return f.metadata.get("flag") or flag(f.name)
+
+
+def _kind(cls: type, name: str) -> tuple[type, bool]:
+    """(scalar type, many) of a field's annotation: ``int | None`` -> (int, False), ``tuple[str, ...]`` -> (str,
+    True)."""
+    hint = typing.get_type_hints(cls)[name]
+    many = typing.get_origin(hint) in (tuple, list)
+    if many:
+        hint = typing.get_args(hint)[0]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint, many
+
+
+def converter(f: Field, scalar: type) -> Callable[[str], Any]:
+    """The argparse ``type`` of option ``f``: ``null`` for None, else the scalar type, then the option's rules."""
+
+    def convert(text: str) -> Any:
+        value: Any = text
+        if text in ("null", "None") and accepts(f, None):
+            value = None
+        elif scalar in (int, float):
+            try:
+                value = scalar(text)
+            except ValueError:
+                pass
+        if not accepts(f, value):
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; use {allowed(f)}")
+        return value
+
+    return convert
+
+
+def help_text(f: Field) -> str:
+    """An option's help with its declared default and the values it accepts (what ``--help`` shows)."""
+    default = "required" if f.default is MISSING else f"default {_shown(f.default)}"
+    accepted = "" if f.metadata["choices"] == (True, False) else f"; {allowed(f)}"  # a switch: --x / --no-x
+    return f"{f.metadata['help']} ({default}{accepted})".replace("%", "%%")
+
+
+def _metavar(f: Field) -> str:
+    """``{a,b}`` for an option that takes only listed words, else its name in capitals."""
+    choices = f.metadata["choices"]
+    if choices and f.metadata["rule"] is None and not isinstance(f.default, tuple):
+        return "{" + ",".join(word(c) for c in choices) + "}"
+    return f.name.upper()
+
+
+def _shown(value: Any) -> str:
+    return " ".join(word(v) for v in value) if isinstance(value, tuple) else word(value)
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> None:
+    """One argument per option of ``cls``: ``--flag VALUE`` (``--flag V [V ...]`` for a tuple, ``--flag`` /
+    ``--no-flag`` for a bool), its default and help from the declaration."""
+    for f in fields(cls):
+        scalar, many = _kind(cls, f.name)
+        kwargs: dict[str, Any] = {"help": help_text(f), "dest": f.name}
+        if f.default is MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = f.default
+        if scalar is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = converter(f, scalar)
+            kwargs["metavar"] = f.metadata.get("metavar") or _metavar(f)
+            if many:
+                kwargs["nargs"] = "+"
+        parser.add_argument(flag_of(f), **kwargs)
+
+
+def parse_options(cls: type[OptionSection], namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """The ``cls`` object of parsed arguments (tuples for lists); a check between options that fails is the
+    parser's one-line error."""
+    values = {f.name: getattr(namespace, f.name) for f in fields(cls)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return cls(**values)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def parse(cls: type[OptionSection], prog: str, argv: Sequence[str] | None = None, description: str = "") -> Any:
+    """A command whose options are ``cls``: its parser built, ``argv`` (default: this process's) parsed."""
+    parser = OneLineParser(prog=prog, description=description)
+    add_options(parser, cls)
+    return parse_options(cls, parser.parse_args(sys.argv[1:] if argv is None else argv), parser)
+
+
+def options_table(cls: type[OptionSection], name: Callable[[str], str] | None = None, unset: str = "null") -> str:
+    """A Markdown table of ``cls``'s options (name, default, allowed values, help), for a docs page; ``unset``
+    names the value None (``unset`` for environment switches)."""
+    rows = ["| option | default | allowed | what |", "|---|---|---|---|"]
+    for f in fields(cls):
+        default = "(required)" if f.default is MISSING else f"`{_shown(f.default)}`".replace("`null`", unset)
+        accepted = allowed(f).replace("null", unset, 1) if None in f.metadata["choices"] else allowed(f)
+        shown = name(f.name) if name else flag_of(f)
+        rows.append(f"| `{shown}` | {default} | {_cell(accepted)} | {_cell(f.metadata['help'])} |")
+    return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell: ``|`` and ``<`` escaped."""
+    return text.replace("|", "\\|").replace("<", "&lt;")
+
+
+def switches_help(cls: type[OptionSection], after: Mapping[str, str] | None = None, width: int = 110) -> str:
+    """The ``--help`` lines of environment switches declared by ``cls`` (one field per variable; None: unset):
+    ``NAME  help (default X; one of a | b)``; ``after[name]``, when given, follows that switch's lines instead of
+    its list of words."""
+    after = after or {}
+    lines: list[str] = []
+    for f in fields(cls):
+        words = [word(c) for c in f.metadata["choices"] if c is not None]
+        notes = [f"default {_shown(f.default)}"] if f.default is not None else []
+        if words and f.metadata["rule"] is None and f.name not in after:
+            notes.append("one of " + " | ".join(words))
+        entry = f.metadata["help"] + (f" ({'; '.join(notes)})" if notes else "")
+        lines += textwrap.wrap(entry, width, initial_indent=f"  {f.name:<15}", subsequent_indent=" " * 17)
+        lines += [after[f.name]] if f.name in after else []
+    return "\n".join(lines)
