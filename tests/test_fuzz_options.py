@@ -19,6 +19,7 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.cpu.backend import WEIGHT_SYNC_TIMEOUT_ENV, weight_sync_timeout
 from ebpo_verl.options.parsing import accepts
+from ebpo_verl.reward import TIMEOUT_ENV, WORKERS_ENV, RewardOptions
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, TrainerOptions
 
 FUZZ = settings(
@@ -26,7 +27,9 @@ FUZZ = settings(
 )
 """200 examples per property, derandomized (the same examples every run)."""
 
-SECTIONS = (EBPOOptions, SPOOptions, DBBOptions, CurriculumOptions, TrainerOptions)
+SECTIONS = (EBPOOptions, SPOOptions, DBBOptions, CurriculumOptions, TrainerOptions, RewardOptions)
+CONFIG_ROOTS = ("algorithm.", "data.", "reward.", "trainer")
+"""Where the sections of the Hydra config live (the command lines' sections are fuzzed through their commands)."""
 values = (
     st.none()
     | st.booleans()
@@ -118,20 +121,39 @@ def test_fuzz_trainer_timeout_variables(step, init):
     try:
         options = TrainerOptions.from_trainer({}, env)
     except ValueError as err:
-        bad = [v for v, raw in env.items() if raw.strip() and not _finite(raw)]
+        bad = [v for v, raw in env.items() if raw.strip() and not _seconds(raw)]
         assert bad, err
         return _one_line(err, bad[0])
     for key, variable in TrainerOptions.ENV.items():
         raw = env[variable].strip()
         expected = float(raw) if raw else TrainerOptions().__getattribute__(key)
-        assert getattr(options, key) == expected and _finite(raw or "0")
+        assert getattr(options, key) == expected and _seconds(raw or "0")
 
 
-def _finite(raw: str) -> bool:
+def _seconds(raw: str) -> bool:
+    """A timeout the declaration accepts: a finite number of seconds >= 0 (0: off)."""
     try:
-        return math.isfinite(float(raw))
+        return math.isfinite(float(raw)) and float(raw) >= 0
     except ValueError:
         return False
+
+
+@FUZZ
+@given(workers=env_text, timeout=env_text)
+def test_fuzz_reward_variables(workers, timeout):
+    """EBPO_REWARD_WORKERS / EBPO_REWARD_TIMEOUT as the pre-flight reads them: an integer >= 1 and a number of
+    seconds > 0 are taken, blank leaves the default, anything else is refused naming the variable."""
+    env = {WORKERS_ENV: workers, TIMEOUT_ENV: timeout}
+    try:
+        options = RewardOptions().with_env(env)
+    except ValueError as err:
+        bad = [v for v in env if env[v].strip()]
+        assert bad, err
+        return _one_line(err, "EBPO_REWARD_")
+    if workers.strip():
+        assert options.workers >= 1 and float(workers) == options.workers
+    if timeout.strip():
+        assert options.timeout > 0 and math.isfinite(options.timeout) and float(timeout) == options.timeout
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "1e400"])
@@ -150,7 +172,7 @@ def test_fuzz_weight_sync_timeout_variable(raw, monkeypatch_session):
     try:
         seconds = weight_sync_timeout()
     except ValueError as err:
-        assert not (_finite(raw) and float(raw) > 0) or not raw.strip()
+        assert not (_seconds(raw) and float(raw) > 0) or not raw.strip()
         return _one_line(err, WEIGHT_SYNC_TIMEOUT_ENV)
     assert seconds == (float(raw) if raw.strip() else 300.0) and math.isfinite(seconds) and seconds > 0
 
@@ -194,5 +216,10 @@ def test_fuzz_every_options_section_is_fuzzed():
     from ebpo_verl.options.parsing import OptionSection
 
     declared = {spec.options_cls for spec in registry.estimators().values() if spec.options_cls is not None}
-    package = {cls for cls in OptionSection.__subclasses__() if cls.__module__.startswith("ebpo_verl.")}
+    package = {
+        cls
+        for cls in OptionSection.__subclasses__()
+        if cls.__module__.startswith("ebpo_verl.") and cls.SECTION.startswith(CONFIG_ROOTS)
+    }
+    assert {EBPOOptions, TrainerOptions, RewardOptions} <= package  # the check sees the config's sections
     assert declared | package <= set(SECTIONS), sorted(c.__name__ for c in (declared | package) - set(SECTIONS))
