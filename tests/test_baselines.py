@@ -654,11 +654,16 @@ def test_benchmark_times_the_baselines_against_grpo_vectorized():
 
 @pytest.mark.parametrize("name", ["shrinkage_js", "bnpo", "spo"])
 @pytest.mark.slow
-def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name):
+def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name, monkeypatch):
+    """The study runs each with its own object (the default instance stays untouched); spo's tracker is keyed by
+    the training problems' indices."""
     from ebpo_verl.study.policy import PolicyConfig, TinyPolicy
     from ebpo_verl.study.presets import PRESETS
-    from ebpo_verl.study.rl import ESTIMATORS, RLConfig, order_stream, run_rl
+    from ebpo_verl.study.rl import ESTIMATORS, Estimator, RLConfig, order_stream, run_rl
     from ebpo_verl.study.tasks import make_splits
+
+    started, start = [], Estimator.start
+    monkeypatch.setattr(Estimator, "start", lambda est: started.append(start(est)) or started[-1])
 
     assert name in ESTIMATORS and (name == "spo") == (name in PRESETS["full"].estimators)  # full: the issue's rows
     torch.manual_seed(0)
@@ -668,9 +673,11 @@ def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name):
     base_pass = np.zeros(len(train))
     out = run_rl(TinyPolicy(PolicyConfig()), train, held, base_pass, cfg)
     assert len(out["reward"]) == 4 and np.isfinite(out["grad_norm"]).all()
+    assert len(started) == 1 and DEFAULT_SPO.state.steps == 0
     if name == "spo":  # one tracker entry per training problem the run drew, by its index in the split
-        assert DEFAULT_SPO.state.steps == 4
-        assert DEFAULT_SPO.state.keys.tolist() == sorted({str(i) for i in order_stream(train, cfg, base_pass)})
+        tracker = started[0].state
+        assert tracker.steps == 4
+        assert tracker.keys.tolist() == sorted({str(i) for i in order_stream(train, cfg, base_pass)})
 
 
 def test_bnpo_paper_reward_maps_to_pass_rates_and_back():

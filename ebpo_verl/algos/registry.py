@@ -5,7 +5,10 @@ one-line summary and source, options section, estimator class or pure function, 
 across steps) its checkpoint file and per-row key. :data:`MODULES` lists those modules: adding an estimator is
 one new module plus one line there (or, out of tree, an entry point of group :data:`ENTRY_POINT_GROUP` naming a
 module with ``SPECS``). Everything else (verl registration, the stateful set, the options sections, the generated
-YAML, ``--help``, docs tables, the study's and the recipes' lists, the benchmark) reads :func:`estimators`.
+YAML, ``--help``, docs tables, the study's and the recipes' lists, the benchmark) reads :func:`estimators`; in tree,
+``python -m ebpo_verl.trainer.config.generate`` (and ``--readme README.md``, ``--docs docs``) then rewrites the
+generated files (tests/test_options.py and tests/test_registry.py fail until it has). An entry-point estimator's
+options are not in the committed YAML: ``ebpo-train`` sets them with ``++algorithm.<name>.<key>=...``.
 
 Imports neither verl nor Ray: the TRL integration reads it too.
 """
@@ -145,11 +148,6 @@ class EstimatorSpec:
         """The keyword of the per-row field in the registered verl function (``prompt_keys`` for a prompt key,
         ``labels`` for a label shared by prompts)."""
         return "prompt_keys" if self.unique_row_key else "labels"
-
-    @property
-    def docstring(self) -> str:
-        """The registered verl function's docstring: the summary and the source."""
-        return f"{self.summary} ({self.source}).\n\nRegistered by ebpo_verl from its estimator registry."
 
 
 def _specs_of(module_name: str) -> tuple[EstimatorSpec, ...]:

@@ -4,14 +4,16 @@
 and :data:`VERL_DEFAULTS` (the verl keys whose defaults ``ebpo-train`` changes), each declared once here or in its
 dataclass. ``python -m ebpo_verl.trainer.config.generate`` rewrites the file; ``--readme README.md`` rewrites the
 README's options table (between :data:`README_MARKERS`); ``tests/test_options.py`` fails when either differs from
-what this module generates.
+what this module generates. ``--docs docs`` rewrites the generated tables of ``docs/estimator.md`` and
+``docs/baselines.md`` (:data:`DOC_BLOCKS`: the estimators of the registry and their options), which the same test
+checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from ebpo_verl.trainer.run_options import TrainerOptions
 
 YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
 README_MARKERS = ("<!-- options:begin -->", "<!-- options:end -->")
+DOCS_MARKER = "<!-- generated:{}:{} -->"
+"""The markers of a generated block of docs/*.md (:data:`DOC_BLOCKS`): ``<!-- generated:NAME:begin -->`` ... ``end``."""
 VERL_CONFIG = "pkg://verl.trainer.config"
 
 
@@ -138,11 +142,66 @@ def options_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def option_table(cls: type[OptionSection]) -> str:
+    """One options section as a Markdown table: key, default, allowed values, help (from the declarations)."""
+    rows = ["| key | default | allowed | what |", "|---|---|---|---|"]
+    for f in cls.declarations():
+        rows.append(f"| `{f.name}` | `{_shown(f.default)}` | {_cell(allowed(f))} | {_cell(f.metadata['help'])} |")
+    return "\n".join(rows) + "\n"
+
+
+def estimators_table() -> str:
+    """Every estimator of the registry: name, verl name, what it is, source, options section, checkpointed state."""
+    rows = ["| name | `algorithm.adv_estimator` | what | source | options | state |", "|---|---|---|---|---|---|"]
+    for name, spec in registry.estimators().items():
+        options = f"`{spec.section}`" if spec.options_cls is not None else "none"
+        state = f"`{spec.state.file}`" if spec.state is not None else "none"
+        owner = "verl's own" if spec.builtin else f"`{spec.registered_name}`"
+        rows.append(f"| `{name}` | {owner} | {_cell(spec.summary)} | {_cell(spec.source)} | {options} | {state} |")
+    return "\n".join(rows) + "\n"
+
+
+def baseline_option_tables() -> str:
+    """The options tables of every estimator of ours with options but ``ebpo`` (whose table is docs/estimator.md's)."""
+    blocks = [
+        f"`{spec.section}` ({name}):\n\n{option_table(spec.options_cls)}"
+        for name, spec in registry.ours().items()
+        if spec.options_cls is not None and name != "ebpo"
+    ]
+    return "\n".join(blocks)
+
+
+DOC_BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    "estimator.md": {"ebpo-options": lambda: option_table(registry.get("ebpo").options_cls)},
+    "baselines.md": {"estimators": estimators_table, "estimator-options": baseline_option_tables},
+}
+"""The generated blocks of docs/*.md: page -> block name -> its text (``--docs DIR`` rewrites them)."""
+
+
+def docs_text(page: str, text: str) -> str:
+    """``text`` (docs page ``page``) with each of its :data:`DOC_BLOCKS` regenerated."""
+    from ebpo_verl.ops.readme_block import replace_marked_block
+
+    for name, block in DOC_BLOCKS[page].items():
+        text = replace_marked_block(text, DOCS_MARKER.format(name, "begin"), DOCS_MARKER.format(name, "end"), block())
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write ebpo_trainer.yaml from the option declarations.")
     parser.add_argument("--readme", type=Path, help="rewrite the options table of this README instead")
+    parser.add_argument("--docs", type=Path, help="rewrite the generated tables of this folder's docs pages instead")
     args = parser.parse_args(argv)
-    if args.readme:
+    if args.docs:
+        for page in DOC_BLOCKS:
+            path = args.docs / page
+            path.write_text(docs_text(page, path.read_text()))
+            print(f"wrote the generated tables of {path}")
+    elif args.readme:
         from ebpo_verl.ops.readme_block import replace_marked_block
 
         args.readme.write_text(replace_marked_block(args.readme.read_text(), *README_MARKERS, options_table()))

@@ -1,0 +1,435 @@
+"""The estimator registry (ebpo_verl/algos/registry.py): every list derives from it, the docs tables are generated
+from it, and a new estimator is one module plus one registry line.
+
+The acceptance test declares a toy stateful estimator (an exponential moving average of earlier batches' group
+means as the baseline) in ONE new module, added through the entry-point group ``ebpo_verl.estimators`` (a
+temporary ``*.dist-info`` with ``entry_points.txt`` in a folder on the path): no committed file changes, and
+verl's registry, ``ebpo-train --cfg job`` and ``--help``, the generated YAML and docs tables, the recipes' ALGO
+presets and dry run, the study and the trainer's checkpoints see it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from verl.protocol import DataProto
+
+from ebpo_verl.algos import registry
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.ops.readme_block import replace_marked_block
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+TOY_MODULE = '''\
+"""A toy stateful estimator: A_i = r_i - b, b an exponential moving average of earlier batches' mean group mean
+(the batch's own on the first step); b <- decay * b + (1 - decay) * mean group mean after each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
+
+
+@dataclass(frozen=True)
+class ToyOptions(OptionSection):
+    """Options of ``toy`` (``algorithm.toy.<key>``)."""
+
+    SECTION: ClassVar[str] = "algorithm.toy"
+
+    decay: float = option(0.5, "weight of the old average at each step", rule=reals(0.0, 1.0))
+    on_resume_mismatch: str = resume_option("a resume whose options differ from the checkpoint's: error, reset, keep")
+
+
+class ToyState:
+    """The running average and the number of steps it has seen."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.average, self.steps = 0.0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average, "steps": self.steps}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.average, self.steps = float(saved["average"]), int(saved["steps"])
+
+
+class ToyEstimator(Estimator):
+    state_cls = ToyState
+
+    def compute(self, batch: Batch) -> Advantages:
+        uids = np.asarray(batch.index, dtype=object)
+        valid = batch.valid.clone()
+        if batch.pad_prefix:
+            valid &= torch.tensor([not str(u).startswith(batch.pad_prefix) for u in uids])
+        scores, keep = batch.scores.double(), valid.numpy()
+        means = [float(scores[torch.from_numpy(keep & (uids == u))].mean()) for u in dict.fromkeys(uids[keep])]
+        mean = float(np.mean(means))
+        baseline = self.state.average if self.state.steps else mean
+        decay = self.options.decay
+        self.state.average, self.state.steps = decay * baseline + (1 - decay) * mean, self.state.steps + 1
+        advantages = torch.where(valid, scores - baseline, torch.zeros_like(scores)).to(batch.scores.dtype)
+        return Advantages(advantages, {"toy/baseline": baseline})
+
+
+SPECS = (
+    EstimatorSpec(
+        "toy",
+        "Toy: a moving average of earlier batches' group means as the baseline",
+        "tests/test_registry.py",
+        options_cls=ToyOptions,
+        estimator_cls=ToyEstimator,
+        state=StateSpec("toy_state.json", "TOY", "moving average"),
+    ),
+)
+'''
+
+
+def write_toy_site(folder: Path) -> Path:
+    """A folder holding the toy module and the one registry line: an entry point ``toy = ebpo_toy`` of group
+    ``ebpo_verl.estimators`` in a ``*.dist-info`` (what ``pip install`` of a plugin package would leave)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ebpo_toy.py").write_text(TOY_MODULE)
+    info = folder / "ebpo_toy-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ebpo-toy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\ntoy = ebpo_toy\n")
+    return folder
+
+
+def toy_env(site: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with the toy's folder and the checkout first on PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(site), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _reference_toy(batches: list[tuple[list[str], list[float]]], decay: float) -> list[np.ndarray]:
+    """The toy's advantages by hand: group means, their mean, the moving average."""
+    out, average = [], None
+    for uids, rewards in batches:
+        groups = {u: [r for v, r in zip(uids, rewards, strict=True) if v == u] for u in dict.fromkeys(uids)}
+        mean = float(np.mean([np.mean(g) for g in groups.values()]))
+        baseline = mean if average is None else average
+        out.append(np.asarray(rewards) - baseline)
+        average = decay * baseline + (1 - decay) * mean
+    return out
+
+
+# ------------------------------------------------------------------------------------ the registry itself
+
+
+def test_every_list_derives_from_the_registry():
+    from verl.trainer.ppo import core_algos
+
+    import ebpo_verl
+    from ebpo_verl.recipes.presets import PRESETS
+    from ebpo_verl.study.rl import ESTIMATORS as STUDY
+    from ebpo_verl.trainer import adapter
+    from ebpo_verl.trainer.config.generate import ALL_SECTIONS, SECTIONS
+
+    ebpo_verl.register()
+    ours = registry.ours()
+    assert list(ours) == ["ebpo", "shrinkage_js", "bnpo", "spo", "dbb"]
+    assert list(registry.stateful()) == ["ebpo", "spo", "dbb"]
+    for name, spec in registry.estimators().items():
+        assert core_algos.get_adv_estimator_fn(spec.registered_name) is not None
+        assert name in PRESETS and name in STUDY
+        if not spec.builtin:
+            fn = core_algos.get_adv_estimator_fn(name)
+            assert fn is adapter.ESTIMATORS[name] and fn.__doc__.startswith(spec.summary)
+    assert registry.get("reinforce_pp").registered_name == "reinforce_plus_plus_baseline"
+    assert set(STUDY) == {*registry.estimators(), "grpo_bn", "ebpo_batch", "ebpo_bb", "ebpo_topic"}
+    sections = [s.options_cls for s in ours.values() if s.options_cls is not None]
+    assert list(SECTIONS[:-1]) == sections and list(ALL_SECTIONS[: len(sections)]) == sections
+    assert set(adapter.DEFAULT_ESTIMATORS) == {n for n, s in ours.items() if s.estimator_cls is not None}
+
+
+def test_a_spec_refuses_what_cannot_work_and_get_names_the_closest():
+    from ebpo_verl.algos.baselines import SPOEstimator, SPOOptions, js_estimate
+
+    with pytest.raises(ValueError, match="declare exactly one of estimator_cls and function"):
+        EstimatorSpec("x", "s", "src", estimator_cls=SPOEstimator, function=js_estimate)
+    with pytest.raises(ValueError, match="declare exactly one"):
+        EstimatorSpec("x", "s", "src")
+    with pytest.raises(ValueError, match="a state needs an estimator_cls with a state_cls"):
+        EstimatorSpec("x", "s", "src", function=js_estimate, state=StateSpec("x.json", "X", "x"))
+    with pytest.raises(ValueError, match="row_key 'nope' is not one of its options"):
+        EstimatorSpec("x", "s", "src", options_cls=SPOOptions, estimator_cls=SPOEstimator, row_key="nope")
+    with pytest.raises(ValueError, match=r"unknown estimator 'ebp'; did you mean ebpo\? known: grpo, "):
+        registry.get("ebp")
+    with pytest.raises(ValueError, match="verl's own"):
+        registry.get("grpo").estimate()
+
+
+@pytest.mark.parametrize(("page", "block"), [(p, b) for p, blocks in [("estimator.md", ["ebpo-options"]),
+                         ("baselines.md", ["estimators", "estimator-options"])] for b in blocks])  # fmt: skip
+def test_the_docs_tables_are_the_generated_ones(page, block):
+    """docs/estimator.md and docs/baselines.md hold what ``generate --docs docs`` writes; a stale table is seen."""
+    from ebpo_verl.trainer.config.generate import DOC_BLOCKS, DOCS_MARKER, docs_text
+
+    text = (REPO_ROOT / "docs" / page).read_text()
+    assert docs_text(page, text) == text, f"docs/{page}: run python -m ebpo_verl.trainer.config.generate --docs docs"
+    begin, end = DOCS_MARKER.format(block, "begin"), DOCS_MARKER.format(block, "end")
+    stale = replace_marked_block(text, begin, end, DOC_BLOCKS[page][block]().replace("|---", "|--x", 1))
+    assert docs_text(page, stale) != stale
+    generated = DOC_BLOCKS[page][block]()
+    if block == "estimators":
+        assert all(f"| `{name}` |" in generated for name in registry.estimators())
+    elif block == "ebpo-options":
+        assert "| `shrinkage` | `auto` | auto or a float in [0, 1] |" in generated
+    else:
+        assert "`algorithm.dbb` (dbb)" in generated and "| `discount` | `0.75` | a float in (0, 1] |" in generated
+
+
+@pytest.mark.parametrize("name", ["ebpo_topic", "grpo_bn", "spo", "dbb", "bnpo", "shrinkage_js"])
+def test_the_studys_own_objects_equal_verls_registry_path(name):
+    """The study's estimate (its own object, as ebpo-train's) gives the advantages verl's registered function (the
+    default instance, options from the node) gives, bit for bit, over three steps with recurring prompts."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from ebpo_verl.study.rl import ESTIMATORS, _advantages
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+    est = ESTIMATORS[name]
+    fn = get_adv_estimator_fn(est.verl_name)
+    for default in DEFAULT_ESTIMATORS.values():
+        default.reset()
+    estimate = est.start()
+    config = OmegaConf.create({"adv_estimator": est.verl_name, est.spec.name: dict(est.overrides)})
+    rng = np.random.default_rng(3)
+    for step in range(3):
+        problems = np.repeat(rng.choice(5, size=4, replace=False), 3)
+        topics = np.array([["add", "sub"][p % 2] for p in problems], dtype=object)
+        rewards = torch.tensor(rng.integers(0, 2, size=12), dtype=torch.float32)
+        mask = torch.ones(12, 3, dtype=torch.bool)
+        index = np.array([f"{step}-{p}" for p in problems], dtype=object)
+        ours = _advantages(est, rewards, mask, index, topics, problems, None, estimate)
+        tlr = torch.zeros(12, 3)
+        tlr[:, -1] = rewards
+        kwarg = {est.spec.row_kwarg: topics if est.spec.row_kwarg == "labels" else problems}
+        theirs, _ = fn(token_level_rewards=tlr, response_mask=mask.float(), index=index, config=config, **kwarg)
+        assert torch.equal(ours, theirs), (name, step)
+
+
+# ------------------------------------------------------------------------ the toy: one module + one line
+
+TOY_CHECKS = """
+import contextlib, io, json, os, shutil, sys
+from pathlib import Path
+
+out, tmp, repo = {}, Path(sys.argv[1]), Path(sys.argv[2])
+
+def call(main, argv, env=None):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as err:
+            code = err.code
+    os.environ.clear(); os.environ.update(saved)
+    return {"rc": code or 0, "out": stdout.getvalue(), "err": stderr.getvalue()}
+
+import ebpo_verl
+from ebpo_verl.algos import registry
+from verl.trainer.ppo import core_algos
+from ebpo_verl.trainer import adapter
+from ebpo_verl.trainer.config import generate
+
+ebpo_verl.register()
+out["ours"] = list(registry.ours())
+out["stateful"] = list(registry.stateful())
+out["in_verl"] = core_algos.get_adv_estimator_fn("toy") is adapter.ESTIMATORS["toy"]
+out["doc"] = adapter.ESTIMATORS["toy"].__doc__.splitlines()[0]
+import torch, numpy as np
+fn = core_algos.get_adv_estimator_fn("toy")
+adv, _ = fn(torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1), np.array(["a", "a", "b", "b"], dtype=object))
+out["first_step"] = adv[:, 0].tolist()
+(tmp / "config").mkdir()
+(tmp / "config" / "ebpo_trainer.yaml").write_text(generate.config_yaml())
+out["yaml"] = (tmp / "config" / "ebpo_trainer.yaml").read_text()
+shutil.copytree(repo / "docs", tmp / "docs")
+out["generate_docs"] = call(generate.main, ["--docs", str(tmp / "docs")])
+out["baselines_md"] = (tmp / "docs" / "baselines.md").read_text()
+out["readme_table"] = generate.options_table()
+
+from ebpo_verl import main as train
+def ebpo_train(argv):
+    sys.argv = ["ebpo-train", *argv]
+    return train.main()
+out["help"] = call(ebpo_train, ["--help"])
+model = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"  # a hub id: the pre-flight checks its form, loads nothing
+out["cfg_ok"] = call(ebpo_train, ["--cfg", "job", "--package", "algorithm", model, "algorithm.adv_estimator=toy",
+                                  "++algorithm.toy.decay=0.25"])
+out["cfg_bad"] = call(ebpo_train, ["--cfg", "job", model, "algorithm.adv_estimator=toy", "++algorithm.toy.decay=2"])
+out["cfg_bad_key"] = call(ebpo_train, ["--cfg", "job", model, "algorithm.adv_estimator=toy", "++algorithm.toy.decy=1"])
+
+from ebpo_verl.recipes.__main__ import main as recipes
+from ebpo_verl.recipes.tables import COMPETITOR_ALGOS
+work = str(tmp / "work")
+recipe_env = {"WORK_DIR": work, "HOME": work, "ALGO": "toy"}
+out["recipe_help"] = call(recipes, ["run", "qwen3_8b", "--help"])
+out["recipe_overrides"] = call(recipes, ["run", "qwen3_8b"], {**recipe_env, "PRINT_OVERRIDES": "1"})
+out["recipe_dry_run"] = call(recipes, ["run", "qwen3_8b"], {**recipe_env, "DRY_RUN": "1"})
+out["competitors"] = list(COMPETITOR_ALGOS)
+from ebpo_verl.study.rl import ESTIMATORS
+out["study"] = list(ESTIMATORS)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """The toy's folder and what one fresh process that has it on PYTHONPATH observes (:data:`TOY_CHECKS`)."""
+    tmp = tmp_path_factory.mktemp("toy")
+    site = write_toy_site(tmp / "site")
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", TOY_CHECKS, str(tmp), str(REPO_ROOT)],
+        env=toy_env(site),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert after.stdout == status.stdout  # committed files untouched, nothing written into the checkout
+    return site, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_new_estimator_is_one_module_and_one_registry_line(toy_run):
+    _, seen = toy_run
+    assert seen["ours"][-1] == "toy" and seen["stateful"][-1] == "toy"
+    # registered in verl's registry, by a function made from its spec (docstring: summary and source)
+    assert (
+        seen["in_verl"] and seen["doc"].startswith("Toy: a moving average") and "tests/test_registry.py" in seen["doc"]
+    )
+    np.testing.assert_allclose(seen["first_step"], [0.25, -0.75, 0.25, 0.25])  # r - mean(0.5, 1.0): 1st step
+    # the generated YAML, docs tables and README table
+    assert "  toy:\n" in seen["yaml"] and "    decay: 0.5\n" in seen["yaml"]
+    assert seen["generate_docs"]["rc"] == 0
+    docs = seen["baselines_md"]
+    assert "| `toy` | `toy` | Toy: a moving average" in docs and "`toy_state.json`" in docs
+    assert "`algorithm.toy` (toy):" in docs and "| `decay` | `0.5` | a float in [0, 1] |" in docs
+    assert "| `algorithm.toy` | `decay=0.5`, `on_resume_mismatch=error` |" in seen["readme_table"]
+    # ebpo-train: --help, --cfg job accepts it and refuses a bad value or key in one line, exit 2
+    help_text = seen["help"]["out"]
+    assert seen["help"]["rc"] == 0 and "spo, dbb and toy (algorithm.adv_estimator" in help_text.replace("\n", " ")
+    assert "  algorithm.toy.decay=0.5  (a float in [0, 1])" in help_text
+    ok = seen["cfg_ok"]
+    assert ok["rc"] == 0 and "pre-flight: ok" in ok["err"] and "decay: 0.25" in ok["out"], ok["err"][-2000:]
+    for bad, what in ((seen["cfg_bad"], "algorithm.toy.decay=2"), (seen["cfg_bad_key"], "algorithm.toy.decy")):
+        assert bad["rc"] == 2 and bad["out"] == "", bad
+        assert bad["err"].count("\n") == 1 and bad["err"].startswith("ebpo-train: error: ") and what in bad["err"]
+    # the recipes: an ALGO preset, in the help, a dry run that passes its pre-flight, a competitor row
+    assert "  toy " in seen["recipe_help"]["out"] and "Toy: a moving average" in seen["recipe_help"]["out"]
+    assert "algorithm.adv_estimator=toy" in seen["recipe_overrides"]["out"].splitlines()
+    dry = seen["recipe_dry_run"]
+    assert dry["rc"] == 0 and "pre-flight: ok" in dry["out"] + dry["err"], (dry["err"] + dry["out"])[-2000:]
+    assert "adv_estimator: toy" in dry["out"]
+    assert seen["competitors"] == ["otb", "kl_cov", "dbb", "toy"] and "toy" in seen["study"]
+
+
+@pytest.mark.slow
+def test_the_study_runs_the_toy(toy_run, tmp_path):
+    """``python -m ebpo_verl.study --preset tiny --estimators toy``: its own object per run, in the report."""
+    site, _ = toy_run
+    result = subprocess.run(
+        [sys.executable, "-m", "ebpo_verl.study", "--preset", "tiny", "--estimators", "toy", "--out", str(tmp_path)],
+        env=toy_env(site),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
+    assert {r["config"]["estimator"] for r in runs} == {"toy"} and len(runs) == 2 * 2  # G in {4, 8} x 2 seeds
+    assert "toy" in (tmp_path / "study.md").read_text()
+
+
+# ------------------------------------------------------------ the toy's state through the trainer's checkpoints
+
+
+@pytest.fixture
+def toy_in_process(tmp_path, monkeypatch):
+    """The toy's entry point on this process's path, the registry read again; undone afterwards."""
+    monkeypatch.syspath_prepend(str(write_toy_site(tmp_path / "site")))
+    registry.estimators.cache_clear()
+    yield registry.get("toy")
+    sys.modules.pop("ebpo_toy", None)
+    registry.estimators.cache_clear()
+
+
+def _toy_step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
+    """One step of 4 prompts x 3 responses + a padding row through the trainer's estimator call."""
+    uids, rewards = [], []
+    for pid in next(trainer._data_iter).tolist():
+        gen = torch.Generator().manual_seed(1000 * step + pid)
+        rewards += (torch.rand(3, generator=gen) < (pid + 1) / 7).float().tolist()
+        uids += [f"{step}-{pid}"] * 3
+    mask = torch.ones(len(uids) + 1, 2)
+    mask[-1] = 0
+    tlr = torch.zeros(len(uids) + 1, 2)
+    tlr[:-1, 1] = torch.tensor(rewards)
+    index = np.array([*uids, "pad0"], dtype=object)
+    data = DataProto.from_dict(tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": index})
+    trainer.estimate_advantages(data, None, {})
+    return data.batch["advantages"][:, 0].clone(), uids, rewards
+
+
+def test_the_toys_state_is_checkpointed_and_resumed_exactly(toy_in_process, tmp_path, compose_config, stand_in_trainer):
+    """verl's trainer (EBPO's sync trainer class, no workers) saves the toy's state in every checkpoint and a resume
+    continues bit-identically to an uninterrupted run, which equals the hand computation."""
+    config = compose_config(
+        "algorithm.adv_estimator=toy",
+        "++algorithm.toy.decay=0.25",
+        "actor_rollout_ref.rollout.n=3",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    )
+    rows = [i % 6 for i in range(32)]
+    uninterrupted = stand_in_trainer.run(stand_in_trainer(config, rows, 4), range(1, 8), _toy_step)
+    reference = _reference_toy([(u, r) for _, u, r in uninterrupted], 0.25)
+    for (adv, _, _), expected in zip(uninterrupted, reference, strict=True):
+        np.testing.assert_allclose(adv[:-1].numpy(), expected, rtol=1e-6)
+        assert adv[-1] == 0
+    first = stand_in_trainer(config, rows, 4)
+    before = stand_in_trainer.run(first, range(1, 4), _toy_step)
+    first.global_steps = 3
+    first._save_checkpoint()
+    saved = json.loads((tmp_path / "ckpt" / "global_step_3" / "toy_state.json").read_text())
+    assert saved["global_step"] == 3 and saved["options"]["decay"] == 0.25 and saved["state"]["steps"] == 3
+    resumed = stand_in_trainer(config, rows, 4)
+    stand_in_trainer.run(resumed, range(90, 92), _toy_step)  # a different average before the load
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 3 and resumed.estimator.state.state_dict() == saved["state"]
+    resumed._data_iter = iter(resumed.train_dataloader)
+    after = stand_in_trainer.run(resumed, range(4, 8), _toy_step)
+    for (a, _, _), (b, _, _) in zip(before + after, uninterrupted, strict=True):
+        assert torch.equal(a, b)
+    changed = compose_config(
+        "algorithm.adv_estimator=toy", "++algorithm.toy.decay=0.5", f"trainer.default_local_dir={tmp_path / 'ckpt'}"
+    )
+    other = stand_in_trainer(changed, rows, 4)
+    other.global_steps = 3
+    with pytest.raises(ValueError, match=r"algorithm.toy differs .*\(decay: 0.25 -> 0.5\)"):
+        other._load_checkpoint()
