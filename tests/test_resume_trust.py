@@ -1,0 +1,193 @@
+"""A resume under ``ebpo-train`` unpickles data only (``ebpo_verl/trainer/checkpoint/trusted_load.py``, issue 38).
+
+One real run (the CPU trainer, world size 1: the smoke runs' tiny model and data, two steps, a checkpoint after
+each) writes the checkpoints; each case copies its ``global_step_1`` into a run folder of its own and resumes
+from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copied run folder would:
+
+- a callable planted in each kind of file verl's resume unpickles (model, optimizer and extra-state shards, read
+  in the worker; ``data.pt``, read in the trainer's process) is refused in one line naming the file, and its
+  marker file never appears;
+- with ``trainer.trust_checkpoint=true`` the planted file is unpickled as verl does (the marker appears) and the
+  run resumes (positive control);
+- an untouched checkpoint resumes exactly as before: the resumed step-2 ``ebpo/*`` metrics and EB state equal the
+  uninterrupted run's.
+
+World size 2 is covered at the file level: the allowlist is checked against shards verl's checkpoint manager
+writes at world size 2 (FSDP2, FSDP1 and HSDP).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ebpo_verl.compat.unpickling import ALLOWED, DATALOADER, EXTRA_STATE, MODEL, OPTIMIZER, allowed
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = {
+    MODEL: "actor/model_world_size_1_rank_0.pt",
+    OPTIMIZER: "actor/optim_world_size_1_rank_0.pt",
+    EXTRA_STATE: "actor/extra_state_world_size_1_rank_0.pt",
+    DATALOADER: "data.pt",
+}
+RUN_TIMEOUT_S = 600
+REFUSAL = (
+    "ebpo-train: error: {file} pickles posix.system, which is not a tensor or a type of this package's checkpoints, "
+    "so resuming from it would run code from the file (docs/training.md#trust); only if you trust this checkpoint "
+    "as you would trust code, set trainer.trust_checkpoint=true"
+)
+
+
+class Planted:
+    """Unpickling this runs ``touch MARKER``: what a tampered checkpoint file could carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def unsafe_globals(path: Path) -> set[str]:
+    """The globals a torch.save file pickles beyond torch's own allowlist, read without unpickling it."""
+    import torch
+
+    torch.serialization.clear_safe_globals()
+    return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+
+
+# ------------------------------------------------------------------------ the allowlist against real files
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_allowlist_is_what_real_checkpoints_hold(trained):
+    """Every global a real checkpoint file holds is allowed for its kind, and every name of the allowlist is held
+    by one (world size 1: the CPU trainer's files; Replicate: an HSDP run's, world size 2 below)."""
+    step = trained[0] / "ckpt_a" / "global_step_1"
+    held = {kind: unsafe_globals(step / name) for kind, name in FILES.items()}
+    for kind, names in held.items():
+        assert names <= set(allowed((kind,))), (kind, names - set(allowed((kind,))))
+    assert held[DATALOADER] == set()  # the dataloader's position: numbers, strings and containers
+    assert "numpy.ndarray" in held[EXTRA_STATE]  # numpy's RNG state
+    seen = set().union(*held.values())
+    assert set(ALLOWED) - seen == {"torch.distributed.tensor.placement_types.Replicate"}  # HSDP's (world size 2)
+
+
+# -------------------------------------------------------------------------------------- the trainer runs
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, dict]:
+    """(work folder, its prepared files) of a two-step CPU run ``a`` saving after each step (in ``ckpt_a``)."""
+    from ebpo_verl.smoke import settings
+
+    work = tmp_path_factory.mktemp("resume_trust")
+    files = settings.prepare(work)
+    code, log = _run(work, files, "a")
+    assert code == 0, log[-3000:]
+    return work, files
+
+
+def _run(work: Path, files: dict, name: str, *extra: str) -> tuple[int, str]:
+    """One ``python -m ebpo_verl.main`` run ``name`` (two steps, a checkpoint each; folder ``ckpt_<name>``)."""
+    from ebpo_verl.smoke.runs import Run
+
+    run = Run(work, files, name, ["trainer.save_freq=1", "trainer.test_freq=-1", *extra], steps=2)
+    code = run.wait(RUN_TIMEOUT_S)
+    return code, run.log.read_text(errors="replace")
+
+
+def _copied(trained, name: str) -> Path:
+    """Run ``name``'s folder holding a copy of the trained run's ``global_step_1`` as its latest checkpoint."""
+    work, _ = trained
+    folder = work / f"ckpt_{name}"
+    shutil.copytree(work / "ckpt_a" / "global_step_1", folder / "global_step_1")
+    (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    return folder / "global_step_1"
+
+
+def _plant(path: Path, marker: Path) -> None:
+    """``path`` (a torch.save dict) re-saved with one more entry that runs ``touch marker`` when unpickled."""
+    import torch
+
+    from ebpo_verl.compat.unpickling import only_globals
+
+    with only_globals(ALLOWED):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    state["planted"] = Planted(marker)
+    torch.save(state, path)
+    assert "posix.system" in unsafe_globals(path)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER])
+def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind):
+    work, _ = trained
+    name = "p" + kind.split()[0]
+    step = _copied(trained, name)
+    marker = work / f"MARKER-{name}"
+    _plant(step / FILES[kind], marker)
+    code, log = _run(*trained, name)
+    errors = [line for line in log.splitlines() if "ebpo-train: error" in line or "Traceback" in line]
+    assert code == 1 and errors == [REFUSAL.format(file=step / FILES[kind])], log[-4000:]
+    assert not marker.exists()  # the callable never ran
+    assert not (step.parent / "global_step_2").exists()  # nothing trained
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
+    """The switch's warning is literal: the planted callable (in the extra state, which verl reads by key) runs,
+    and the run resumes to its step 2."""
+    work, _ = trained
+    step = _copied(trained, "trusted")
+    marker = work / "MARKER-trusted"
+    _plant(step / FILES[EXTRA_STATE], marker)
+    code, log = _run(*trained, "trusted", "trainer.trust_checkpoint=true")
+    assert code == 0, log[-4000:]
+    assert marker.exists()
+    assert (step.parent / "global_step_2" / "ebpo_state.json").is_file()
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(trained):
+    """Resumed from the uninterrupted run's step 1, step 2's ``ebpo/*`` metrics and saved EB state equal it."""
+    from ebpo_verl.ops.metrics_log import read_metrics_log
+    from ebpo_verl.smoke.checks import saved_state
+
+    work, _ = trained
+    _copied(trained, "u")
+    code, log = _run(*trained, "u")
+    assert code == 0, log[-4000:]
+    assert "Resuming from" in log or "global_step_1" in log
+    a, u = read_metrics_log(work / "ckpt_a" / "metrics.jsonl"), read_metrics_log(work / "ckpt_u" / "metrics.jsonl")
+    assert sorted(u) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
+    keys = sorted(k for k in a[2] if k.startswith("ebpo/"))
+    assert keys and a[2]["ebpo/prompts_seen"] > a[1]["ebpo/prompts_seen"] > 0
+    for key in keys:  # equal up to the order of a float sum over the batch's groups
+        assert math.isclose(a[2][key], u[2][key], rel_tol=1e-12, abs_tol=1e-15), (key, a[2][key], u[2][key])
+    assert saved_state(work, "a", 2) == saved_state(work, "u", 2)
+
+
+def test_the_refusal_names_the_switch_of_the_options():
+    """The switch the refusal names is the option the trainer reads."""
+    from ebpo_verl.trainer.checkpoint.trusted_load import SWITCH
+    from ebpo_verl.trainer.run_options import TrainerOptions
+
+    key, value = SWITCH.split("=")
+    assert key == "trainer.trust_checkpoint" and value == "true"
+    assert TrainerOptions().trust_checkpoint is False
+    assert TrainerOptions.from_mapping({"trust_checkpoint": True}).trust_checkpoint is True
+    with pytest.raises(ValueError, match="trust_checkpoint"):
+        TrainerOptions.from_mapping({"trust_checkpoint": "yes"})
+
+
+def test_ebpo_train_help_lists_the_switch():
+    out = subprocess.run([sys.executable, "-m", "ebpo_verl.main", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
+    assert "trainer.trust_checkpoint" in out.stdout
