@@ -75,7 +75,8 @@ def test_the_allowlist_is_what_real_checkpoints_hold(trained):
     assert held[DATALOADER] == set()  # the dataloader's position: numbers, strings and containers
     assert "numpy.ndarray" in held[EXTRA_STATE]  # numpy's RNG state
     seen = set().union(*held.values())
-    assert set(ALLOWED) - seen == {"torch.distributed.tensor.placement_types.Replicate"}  # HSDP's (world size 2)
+    built = {"numpy.dtypes.UInt32DType"}  # the RNG array's dtype class: built, named by no global of the file
+    assert set(ALLOWED) - seen == {"torch.distributed.tensor.placement_types.Replicate", *built}  # + HSDP's
 
 
 # -------------------------------------------------------------------------------------- the trainer runs
@@ -191,3 +192,77 @@ def test_ebpo_train_help_lists_the_switch():
     out = subprocess.run([sys.executable, "-m", "ebpo_verl.main", "--help"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
     assert "trainer.trust_checkpoint" in out.stdout
+
+
+# ------------------------------------------------------------------- the loader patch, without a trainer
+def _saved(path: Path, value) -> Path:
+    import torch
+
+    torch.save(value, path)
+    return path
+
+
+def test_the_resume_load_allows_the_list_and_refuses_a_callable_before_it_runs(tmp_path):
+    """In the block, torch.load is weights-only with the resume's list (numpy's RNG state loads; verl's own
+    ``weights_only=False`` is overridden); a planted callable is refused in one line; after it, torch's load and
+    its safe globals are what they were."""
+    import numpy as np
+    import torch
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+
+    rng = _saved(tmp_path / "extra.pt", {"rng": {"numpy": np.random.get_state()}, "lr_scheduler": None})
+    marker = tmp_path / "MARKER"
+    planted = _saved(tmp_path / "planted.pt", {"rng": {}, "planted": Planted(marker)})
+    import torch.distributed.tensor  # noqa: F401 (its import registers DTensor's types: before the snapshot)
+
+    load, before = torch.load, torch.serialization.get_safe_globals()
+    with weights_only_resume():
+        state = torch.load(rng, weights_only=False)
+    assert np.array_equal(state["rng"]["numpy"][1], np.random.get_state()[1])
+    with pytest.raises(UntrustedCheckpointError) as err, weights_only_resume():
+        torch.load(planted, weights_only=False)
+    assert str(err.value) == REFUSAL.format(file=planted).removeprefix("ebpo-train: error: ")
+    assert not marker.exists()
+    assert torch.load is load and set(torch.serialization.get_safe_globals()) == set(before)
+    assert torch.load(planted, weights_only=False) is not None and marker.exists()  # the plant is real
+
+
+def test_the_resume_refuses_transfer_queue_state_in_its_block(tmp_path):
+    import transfer_queue
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+
+    stock = transfer_queue.load_checkpoint
+    with weights_only_resume(), pytest.raises(UntrustedCheckpointError, match="TransferQueue state.*pickle.load"):
+        transfer_queue.load_checkpoint(tmp_path / "transfer_queue")
+    assert transfer_queue.load_checkpoint is stock
+
+
+def test_worker_classes_load_weights_only_unless_trusted():
+    """Without the switch each worker class that loads checkpoints is replaced by a subclass whose registered
+    ``load_checkpoint`` dispatches as verl's (one to all); with it, verl's classes stay."""
+    import ray
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import TrustedLoadMixin
+    from ebpo_verl.trainer.run_options import RunOptions, TrainerOptions
+
+    class Base:
+        def _init_resource_pool_mgr(self):
+            mapping = {"actor": ActorRolloutRefWorker, "critic": TrainingWorker}
+            self.role_worker_mapping = {role: ray.remote(cls) for role, cls in mapping.items()}
+
+    class Trainer(TrustedLoadMixin, Base):
+        def __init__(self, trust: bool):
+            self.options = RunOptions("grpo", trainer=TrainerOptions(trust_checkpoint=trust))
+
+    for trust in (False, True):
+        trainer = Trainer(trust)
+        trainer._init_resource_pool_mgr()
+        mapping = trainer.role_worker_mapping
+        for stock, actor_cls in zip((ActorRolloutRefWorker, TrainingWorker), mapping.values(), strict=True):
+            cls = actor_cls.__ray_actor_class__
+            assert (cls is stock) == trust and issubclass(cls, stock)
+            assert getattr(cls.load_checkpoint, MAGIC_ATTR) == getattr(stock.load_checkpoint, MAGIC_ATTR)
