@@ -12,8 +12,9 @@ from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copie
 - an untouched checkpoint resumes exactly as before: the resumed step-2 ``ebpo/*`` metrics and EB state equal the
   uninterrupted run's.
 
-World size 2 is covered at the file level: the allowlist is checked against shards verl's checkpoint manager
-writes at world size 2 (FSDP2, FSDP1 and HSDP).
+World size 2 is not resumed here: its shards (FSDP2, FSDP1, HSDP, written by verl's checkpoint manager) were
+listed by hand when the allowlist was made (``ebpo_verl/compat/unpickling.py``), and ``tests/test_merge_trust.py``
+checks the model shards' types at world size 2.
 """
 
 from __future__ import annotations
@@ -165,7 +166,6 @@ def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(traine
     _copied(trained, "u")
     code, log = _run(*trained, "u")
     assert code == 0, log[-4000:]
-    assert "Resuming from" in log or "global_step_1" in log
     a, u = read_metrics_log(work / "ckpt_a" / "metrics.jsonl"), read_metrics_log(work / "ckpt_u" / "metrics.jsonl")
     assert sorted(u) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
     keys = sorted(k for k in a[2] if k.startswith("ebpo/"))
