@@ -12,9 +12,9 @@ from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copie
 - an untouched checkpoint resumes exactly as before: the resumed step-2 ``ebpo/*`` metrics and EB state equal the
   uninterrupted run's.
 
-World size 2 is not resumed here: its shards (FSDP2, FSDP1, HSDP, written by verl's checkpoint manager) were
-listed by hand when the allowlist was made (``ebpo_verl/compat/unpickling.py``), and ``tests/test_merge_trust.py``
-checks the model shards' types at world size 2.
+World size 2 is checked on the files, not by a resumed two-node run: verl's checkpoint manager writes model,
+optimizer and extra-state shards at world size 2 (FSDP2, FSDP1, HSDP; gloo on CPU), whose globals must be allowed
+for their kind and which must load under the resume's patch.
 """
 
 from __future__ import annotations
@@ -266,3 +266,78 @@ def test_worker_classes_load_weights_only_unless_trusted():
             cls = actor_cls.__ray_actor_class__
             assert (cls is stock) == trust and issubclass(cls, stock)
             assert getattr(cls.load_checkpoint, MAGIC_ATTR) == getattr(stock.load_checkpoint, MAGIC_ATTR)
+
+
+WRITER = """
+import os, sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def rank_main(rank, model_dir, out, port, version):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    shape, names = ((2, 1), ("ddp", "fsdp")) if version == "hsdp" else ((2,), ("fsdp",))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    if version == "fsdp1":  # as verl's FSDP1 workers wrap it: with the device mesh
+        model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"), use_orig_params=True)
+    else:
+        fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    ids = torch.tensor([[1, 2, 3]])
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    contents = ["model", "optimizer", "extra"]
+    manager = FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler,
+                                    processing_class=AutoTokenizer.from_pretrained(model_dir),
+                                    checkpoint_config={"save_contents": contents, "load_contents": contents})
+    manager.save_checkpoint(out, global_step=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    model_dir, out, port, version = sys.argv[1:]
+    mp.spawn(rank_main, args=(model_dir, out, port, version), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_world_size_2_shards_hold_only_listed_types_and_load_weights_only(tmp_path):
+    """verl's checkpoint manager at world size 2 (gloo on CPU) with FSDP2, FSDP1 and HSDP: every global of every
+    model, optimizer and extra-state shard is allowed for its kind, and each loads under the resume's patch."""
+    import socket
+
+    import torch
+
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
+    from ebpo_verl.trainer.checkpoint.trusted_load import weights_only_resume
+
+    build_model(tmp_path / "tiny", build_tokenizer(tmp_path / "tiny"))
+    (tmp_path / "writer.py").write_text(WRITER)
+    seen: set[str] = set()
+    for version in ("fsdp2", "fsdp1", "hsdp"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        actor = tmp_path / version / "actor"
+        cmd = [sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "tiny"), str(actor), port, version]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+        for kind, prefix in ((MODEL, "model"), (OPTIMIZER, "optim"), (EXTRA_STATE, "extra_state")):
+            shards = sorted(actor.glob(f"{prefix}_world_size_2_rank_*.pt"))
+            assert len(shards) == 2, (version, kind)
+            for shard in shards:
+                held = unsafe_globals(shard)
+                assert held <= set(allowed((kind,))), (version, shard.name, held - set(allowed((kind,))))
+                seen |= held
+                with weights_only_resume():
+                    assert isinstance(torch.load(shard, weights_only=False), dict)
+    assert "torch.distributed.tensor.placement_types.Replicate" in seen  # HSDP's placement
