@@ -30,6 +30,8 @@ TRAINER = "ebpo_verl.trainer.ray_trainer"
 WATCHDOG = "ebpo_verl.trainer.watchdog"
 BACKEND = "ebpo_verl.cpu.backend"
 MERGE = "ebpo_verl.evaluate.safe_merge"
+UNPICKLING = "ebpo_verl.compat.unpickling"
+TRUSTED_LOAD = "ebpo_verl.trainer.checkpoint.trusted_load"
 HOOK = "verl's v1 trainer has no public hook for it; verl's own trainer modes extend it by overriding it too"
 GRPO = "trl.trainer.grpo_trainer.GRPOTrainer"
 TRL = "ebpo_verl.integrations.trl"
@@ -108,15 +110,17 @@ CONTACTS: tuple[Contact, ...] = (
     _hook("_save_checkpoint", (TRAINER, WATCHDOG), "the estimator's state and the step's metrics saved", ("self",)),
     _hook(
         "_load_checkpoint",
-        (TRAINER, WATCHDOG),
-        "the estimator's state restored before the first step; the watchdog's 'load_checkpoint' phase",
+        (TRAINER, WATCHDOG, TRUSTED_LOAD),
+        "the estimator's state restored before the first step; the watchdog's 'load_checkpoint' phase; data.pt "
+        "loaded weights-only",
         ("self",),
     ),
     _hook(
         "_init_resource_pool_mgr",
-        (WATCHDOG,),
+        (WATCHDOG, TRUSTED_LOAD),
         "the actor/rollout/ref worker class swapped for one that opens its process group with "
-        "actor_rollout_ref.nccl_timeout (verl's v1 workers pass none)",
+        "actor_rollout_ref.nccl_timeout (verl's v1 workers pass none); each worker class that loads checkpoints "
+        "for one that loads them weights-only",
         ("self",),
     ),
     _hook("_compute_reward_colocate", (WATCHDOG,), "a watched phase", ("self", "batch", "metrics")),
@@ -256,7 +260,7 @@ CONTACTS: tuple[Contact, ...] = (
             "verl.utils.model.is_trl_available",
         )
     ),
-    # ---------------------------------------------------------------- the evaluation's checkpoint merge (torch)
+    # ----------------------------------------- checkpoints unpickled weights-only: the merge and the resume (torch)
     Contact(
         "verl.model_merger.__main__.main",
         ("call",),
@@ -268,16 +272,26 @@ CONTACTS: tuple[Contact, ...] = (
     Contact(
         "torch.load",
         ("patch",),
-        (MERGE,),
-        "verl's merger unpickles shards with weights_only=False: replaced by a weights-only load for the merge",
-        "a weights_only or load-function option of verl's merger (not in verl 0.9.1)",
+        (UNPICKLING,),
+        "verl's merger and verl's resume (FSDPCheckpointManager.load_checkpoint in each worker, data.pt in the "
+        "trainer) unpickle with weights_only=False: replaced by a weights-only load for the merge and the resume",
+        "a weights_only or load-function option of verl's merger and checkpoint manager (not in verl 0.9.1)",
         params=("f", "map_location", "pickle_module", "weights_only", "mmap", "pickle_load_args"),
+    ),
+    Contact(
+        "transfer_queue.load_checkpoint",
+        ("patch",),
+        (TRUSTED_LOAD,),
+        "an asynchronous mode's resume restores TransferQueue's state with pickle.load: refused unless "
+        "trainer.trust_checkpoint (no weights-only form exists)",
+        "a weights-only checkpoint format of TransferQueue (not in 0.1.11)",
+        params=("checkpoint_dir",),
     ),
     *(
         Contact(
             name,
             ("read",),
-            (MERGE,),
+            (UNPICKLING,),
             "a type that an FSDP2 shard pickles, allowed by the weights-only load (torch's safe globals)",
             "torch's own allowlist of DTensor types (torch.distributed.tensor registers DTensor only)",
         )
@@ -285,7 +299,6 @@ CONTACTS: tuple[Contact, ...] = (
             "torch.distributed.tensor._dtensor_spec.DTensorSpec",
             "torch.distributed.tensor._dtensor_spec.TensorMeta",
             "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
-            "torch.distributed.tensor.placement_types._StridedShard",
             "torch.distributed._mesh_layout._MeshLayout",
             "torch.distributed._mesh_layout._FlatLayout",
         )

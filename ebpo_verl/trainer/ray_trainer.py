@@ -59,6 +59,7 @@ from ebpo_verl.trainer.adapter import new_estimator, outcome_advantages, row_val
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
+from ebpo_verl.trainer.checkpoint.trusted_load import TrustedLoadMixin
 from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
 from ebpo_verl.trainer.preflight.data import check_row_keys
 from ebpo_verl.trainer.preflight.registry import check_registered
@@ -385,7 +386,8 @@ def purge_tensorboard(tracking, first_step: int) -> None:
 def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
     """The verl v1 trainer registered for ``trainer_mode``, with :class:`EBPOTrainerMixin` in front."""
     base = get_trainer_cls(trainer_mode)
-    bases = (StepWatchdogMixin, EBPOTrainerMixin, OTBSumPiSquaredMixin, base)  # the watchdog times all of a phase
+    # the watchdog times all of a phase; the resume loads data only (trainer.trust_checkpoint)
+    bases = (StepWatchdogMixin, TrustedLoadMixin, EBPOTrainerMixin, OTBSumPiSquaredMixin, base)
     return type(f"EBPO{base.__name__}", bases, {"__module__": __name__})
 
 

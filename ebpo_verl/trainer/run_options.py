@@ -75,6 +75,13 @@ class TrainerOptions(OptionSection):
         choices=(None,),
         rule=SECONDS,
     )
+    trust_checkpoint: bool = option(
+        False,
+        "a resume unpickles the checkpoint's files as verl does (weights_only=False), running any code they carry; "
+        "false: tensors and the types of this package's own checkpoints only, anything else refused in one line "
+        "(docs/training.md#trust)",
+        choices=(True, False),
+    )
 
     ENV: ClassVar[dict[str, str]] = {"step_timeout_s": STEP_TIMEOUT_ENV, "init_timeout_s": INIT_TIMEOUT_ENV}
 

@@ -1,0 +1,128 @@
+"""The one allowlist of what a checkpoint file of this package may pickle besides tensors, and the weights-only
+load that allows exactly that (:func:`weights_only_loads`).
+
+verl writes every checkpoint file with ``torch.save`` (a pickle) and reads it back with
+``torch.load(weights_only=False)``, which unpickles it and so runs any code it carries. Two readers of ours
+replace that load for their duration: the evaluation's merge (:mod:`ebpo_verl.evaluate.safe_merge`, model shards
+only) and a resume under ``ebpo-train`` (:mod:`ebpo_verl.trainer.checkpoint.trusted_load`, every file the resume
+reads). Both load ``weights_only=True`` with torch's safe globals set to exactly :data:`ALLOWED`'s types of the
+files they read; plain tensors, storages, dtypes, ``OrderedDict``, ``torch.Size``, ``torch.device`` and Python's
+containers and numbers are always allowed by torch. A file that pickles any other global is refused before that
+global is looked up: :class:`UntrustedPickle` names the file and what it carries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from ebpo_verl.compat.contact import patched
+
+MODEL = "model shard"
+OPTIMIZER = "optimizer shard"
+EXTRA_STATE = "extra state"
+DATALOADER = "dataloader state"
+RESUME_FILES = (MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER)
+"""What verl's resume unpickles: ``actor/model_world_size_W_rank_R.pt``, ``optim_...``, ``extra_state_...``
+(in each worker) and ``data.pt`` (in the trainer); the evaluation's merge reads the model shards only."""
+
+_FSDP = (MODEL, OPTIMIZER)
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "torch.distributed.tensor.DTensor": _FSDP,
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec": _FSDP,
+    "torch.distributed.tensor._dtensor_spec.TensorMeta": _FSDP,
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry": _FSDP,
+    "torch.distributed.tensor.placement_types.Shard": _FSDP,
+    "torch.distributed.tensor.placement_types.Replicate": _FSDP,
+    "torch.distributed.device_mesh.DeviceMesh": _FSDP,
+    "torch.distributed._mesh_layout._MeshLayout": _FSDP,
+    "torch.distributed._mesh_layout._FlatLayout": _FSDP,
+    "numpy._core.multiarray._reconstruct": (EXTRA_STATE,),
+    "numpy.ndarray": (EXTRA_STATE,),
+    "numpy.dtype": (EXTRA_STATE,),
+    "numpy.dtypes.UInt32DType": (EXTRA_STATE,),
+}
+"""Each global besides torch's own that the package's checkpoints pickle, with the files that hold it, as listed in
+real checkpoints (``tests/test_resume_trust.py`` reads them): the CPU trainer's (FSDP2, world size 1), and verl's
+``FSDPCheckpointManager``'s at world size 2 with FSDP2, FSDP1 (with a device mesh, as verl's workers wrap it) and
+HSDP (FSDP2 on a 2-D mesh, verl's ``fsdp_size`` below the world size: ``Replicate``). A sharded state dict holds a
+DTensor per parameter and per Adam moment, its spec, placement and device mesh (FSDP1's optimizer shard holds
+plain tensors); the extra state's RNG states hold numpy's Mersenne-Twister state (an ``ndarray`` of ``uint32``,
+whose dtype class ``UInt32DType`` is built, not named by a global of the file, and checked by the unpickler);
+the scheduler's state and ``data.pt`` (the dataloader's position) hold only numbers, strings and containers.
+Names that this torch or numpy lacks are skipped."""
+
+
+def allowed(files: Iterable[str]) -> tuple[str, ...]:
+    """The names of :data:`ALLOWED` that any of ``files`` (kinds of :data:`RESUME_FILES`) may hold."""
+    wanted = set(files)
+    return tuple(name for name, holders in ALLOWED.items() if wanted & set(holders))
+
+
+def resolve_types(names: Iterable[str]) -> list[Any]:
+    """The objects of ``names`` that this environment has (``module.attribute``), in order."""
+    import torch.distributed.tensor  # noqa: F401 (DTensor's modules, before their names are looked up)
+
+    found = []
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+class UntrustedPickle(Exception):
+    """A file pickles globals outside the allowlist: ``path`` and ``carried`` (their dotted names)."""
+
+    def __init__(self, path: Any, carried: list[str]) -> None:
+        super().__init__(f"{path} pickles {', '.join(carried)}")
+        self.path, self.carried = path, carried
+
+
+_LOAD = torch.load
+
+
+def weights_only_load(f: Any, *args: Any, weights_only: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` with ``weights_only=True`` whatever the caller asked; :class:`UntrustedPickle` when the file
+    pickles a global outside torch's safe globals (found without unpickling it), other errors as torch raises
+    them."""
+    try:
+        return _LOAD(f, *args, weights_only=True, **kwargs)
+    except pickle.UnpicklingError:
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(f)
+        except (ValueError, OSError, RuntimeError):  # not a torch.save zip file: a broken file, not a foreign one
+            unsafe = []
+        if not unsafe:
+            raise
+        raise UntrustedPickle(f, unsafe[:3]) from None
+
+
+@contextmanager
+def only_globals(names: Iterable[str]) -> Iterator[list[str]]:
+    """torch's weights-only safe globals are exactly ``names`` (those this environment has) for the block, not
+    what imports registered; then what they were. Yields the names found."""
+    found = resolve_types(names)
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(found)
+    try:
+        yield [f"{t.__module__}.{t.__qualname__}" for t in found]
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+
+
+@contextmanager
+def weights_only_loads(files: Iterable[str]) -> Iterator[None]:
+    """Every ``torch.load`` of this process in the block is :func:`weights_only_load` allowing :func:`allowed`
+    ``(files)``: the load replaced while the caller's block runs (verl calls ``torch.load`` by that name)."""
+    with only_globals(allowed(files)), patched("torch.load", weights_only_load):
+        yield

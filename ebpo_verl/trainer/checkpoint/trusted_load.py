@@ -1,0 +1,106 @@
+"""A resume under ``ebpo-train`` unpickles data only: tensors and the types of this package's own checkpoints.
+
+verl 0.9.1's resume reads ``global_step_N/actor/{model,optim,extra_state}_world_size_W_rank_R.pt`` in each actor
+(and critic) worker (``FSDPCheckpointManager.load_checkpoint``) and ``global_step_N/data.pt`` in the trainer's
+process (``PPOTrainer._load_checkpoint``), each with ``torch.load(weights_only=False)``: a tampered or foreign
+``global_step_N`` (``resume_mode=auto`` picks the newest one in the run folder) would run its code in every
+process. Unless ``trainer.trust_checkpoint=true``, :class:`TrustedLoadMixin` (in the trainer's bases):
+
+- replaces each worker class that loads checkpoints by :func:`weights_only_worker_cls`'s, whose
+  ``load_checkpoint`` runs verl's with every ``torch.load`` of the worker's process weights-only, allowing the
+  resume's part of :data:`ebpo_verl.compat.unpickling.ALLOWED`
+  (:func:`~ebpo_verl.compat.unpickling.weights_only_loads`);
+- runs verl's ``_load_checkpoint`` in the trainer's process the same way (``data.pt``), and refuses the
+  ``transfer_queue`` folder of an asynchronous mode's checkpoint, which TransferQueue unpickles with plain
+  ``pickle.load`` (no weights-only form exists).
+
+A file that pickles anything else is refused in the process that loads it, before the foreign global is looked
+up: :class:`UntrustedCheckpointError`, one line naming the file, what it carries and the switch, which the driver
+prints as ``ebpo-train: error: ...`` (exit status 1, :func:`ebpo_verl.trainer.watchdog.failures_reported`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ray
+
+from ebpo_verl.compat.contact import patched
+from ebpo_verl.compat.unpickling import RESUME_FILES, UntrustedPickle, weights_only_loads
+from ebpo_verl.trainer.watchdog import RunAbortedError
+
+SWITCH = "trainer.trust_checkpoint=true"
+ADVICE = f"(docs/training.md#trust); only if you trust this checkpoint as you would trust code, set {SWITCH}"
+
+
+class UntrustedCheckpointError(RunAbortedError):
+    """A checkpoint file that carries more than data: the message is the one line to print."""
+
+
+def refusal(err: UntrustedPickle) -> str:
+    return (
+        f"{err.path} pickles {', '.join(err.carried)}, which is not a tensor or a type of this package's "
+        f"checkpoints, so resuming from it would run code from the file {ADVICE}"
+    )
+
+
+def _refuse_transfer_queue(checkpoint_dir) -> None:
+    raise UntrustedCheckpointError(
+        f"{checkpoint_dir} holds TransferQueue state, which verl restores with plain pickle.load (no weights-only "
+        f"form), so resuming from it would run any code it carries {ADVICE}"
+    )
+
+
+@contextmanager
+def weights_only_resume() -> Iterator[None]:
+    """In the block, this process's ``torch.load`` is weights-only with the resume's allowlist and TransferQueue's
+    checkpoint load is refused; a foreign file raises :class:`UntrustedCheckpointError`."""
+    try:
+        with weights_only_loads(RESUME_FILES), patched("transfer_queue.load_checkpoint", _refuse_transfer_queue):
+            yield
+    except UntrustedPickle as err:
+        raise UntrustedCheckpointError(refusal(err)) from None
+
+
+@functools.cache
+def weights_only_worker_cls(base: type) -> type:
+    """``base`` (a verl worker with ``load_checkpoint``) whose checkpoint load is :func:`weights_only_resume`'s."""
+    from verl.single_controller.base.decorator import Dispatch, register
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # as verl's workers' load_checkpoint
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        with weights_only_resume():
+            return super(cls, self).load_checkpoint(local_path, hdfs_path, del_local_after_load)
+
+    cls = type(f"WeightsOnly{base.__name__}", (base,), {"load_checkpoint": load_checkpoint, "__module__": __name__})
+    return cls
+
+
+class TrustedLoadMixin:
+    """Goes in the trainer's bases before :class:`~ebpo_verl.trainer.ray_trainer.EBPOTrainerMixin` (whose
+    ``options`` it reads): the resume loads data only unless ``trainer.trust_checkpoint``."""
+
+    @property
+    def trusts_checkpoint(self) -> bool:
+        return bool(self.options.trainer.trust_checkpoint)
+
+    def _init_resource_pool_mgr(self) -> None:
+        super()._init_resource_pool_mgr()
+        if self.trusts_checkpoint:
+            return
+        mapping = self.role_worker_mapping
+        for role, actor_cls in list(mapping.items()):
+            worker_cls = getattr(actor_cls, "__ray_actor_class__", None)
+            if isinstance(worker_cls, type) and hasattr(worker_cls, "load_checkpoint"):
+                mapping[role] = ray.remote(weights_only_worker_cls(worker_cls))
+
+    def _load_checkpoint(self):
+        if self.trusts_checkpoint:
+            return super()._load_checkpoint()
+        try:
+            with weights_only_resume():
+                return super()._load_checkpoint()
+        except UntrustedCheckpointError as err:  # a worker's, raised here through Ray: its line, without Ray's
+            raise UntrustedCheckpointError(str(getattr(err, "cause", err))) from None

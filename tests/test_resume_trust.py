@@ -1,0 +1,343 @@
+"""A resume under ``ebpo-train`` unpickles data only (``ebpo_verl/trainer/checkpoint/trusted_load.py``, issue 38).
+
+One real run (the CPU trainer, world size 1: the smoke runs' tiny model and data, two steps, a checkpoint after
+each) writes the checkpoints; each case copies its ``global_step_1`` into a run folder of its own and resumes
+from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copied run folder would:
+
+- a callable planted in each kind of file verl's resume unpickles (model, optimizer and extra-state shards, read
+  in the worker; ``data.pt``, read in the trainer's process) is refused in one line naming the file, and its
+  marker file never appears;
+- with ``trainer.trust_checkpoint=true`` the planted file is unpickled as verl does (the marker appears) and the
+  run resumes (positive control);
+- an untouched checkpoint resumes exactly as before: the resumed step-2 ``ebpo/*`` metrics and EB state equal the
+  uninterrupted run's.
+
+World size 2 is checked on the files, not by a resumed two-node run: verl's checkpoint manager writes model,
+optimizer and extra-state shards at world size 2 (FSDP2, FSDP1, HSDP; gloo on CPU), whose globals must be allowed
+for their kind and which must load under the resume's patch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ebpo_verl.compat.unpickling import ALLOWED, DATALOADER, EXTRA_STATE, MODEL, OPTIMIZER, allowed
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = {
+    MODEL: "actor/model_world_size_1_rank_0.pt",
+    OPTIMIZER: "actor/optim_world_size_1_rank_0.pt",
+    EXTRA_STATE: "actor/extra_state_world_size_1_rank_0.pt",
+    DATALOADER: "data.pt",
+}
+RUN_TIMEOUT_S = 600
+REFUSAL = (
+    "ebpo-train: error: {file} pickles posix.system, which is not a tensor or a type of this package's checkpoints, "
+    "so resuming from it would run code from the file (docs/training.md#trust); only if you trust this checkpoint "
+    "as you would trust code, set trainer.trust_checkpoint=true"
+)
+
+
+class Planted:
+    """Unpickling this runs ``touch MARKER``: what a tampered checkpoint file could carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def unsafe_globals(path: Path) -> set[str]:
+    """The globals a torch.save file pickles beyond torch's own allowlist, read without unpickling it."""
+    import torch
+
+    torch.serialization.clear_safe_globals()
+    return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+
+
+# ------------------------------------------------------------------------ the allowlist against real files
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_allowlist_is_what_real_checkpoints_hold(trained):
+    """Every global a real checkpoint file holds is allowed for its kind, and every name of the allowlist is held
+    by one (world size 1: the CPU trainer's files; Replicate: an HSDP run's, world size 2 below)."""
+    step = trained[0] / "ckpt_a" / "global_step_1"
+    held = {kind: unsafe_globals(step / name) for kind, name in FILES.items()}
+    for kind, names in held.items():
+        assert names <= set(allowed((kind,))), (kind, names - set(allowed((kind,))))
+    assert held[DATALOADER] == set()  # the dataloader's position: numbers, strings and containers
+    assert "numpy.ndarray" in held[EXTRA_STATE]  # numpy's RNG state
+    seen = set().union(*held.values())
+    built = {"numpy.dtypes.UInt32DType"}  # the RNG array's dtype class: built, named by no global of the file
+    assert set(ALLOWED) - seen == {"torch.distributed.tensor.placement_types.Replicate", *built}  # + HSDP's
+
+
+# -------------------------------------------------------------------------------------- the trainer runs
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, dict]:
+    """(work folder, its prepared files) of a two-step CPU run ``a`` saving after each step (in ``ckpt_a``)."""
+    from ebpo_verl.smoke import settings
+
+    work = tmp_path_factory.mktemp("resume_trust")
+    files = settings.prepare(work)
+    code, log = _run(work, files, "a")
+    assert code == 0, log[-3000:]
+    return work, files
+
+
+def _run(work: Path, files: dict, name: str, *extra: str) -> tuple[int, str]:
+    """One ``python -m ebpo_verl.main`` run ``name`` (two steps, a checkpoint each; folder ``ckpt_<name>``)."""
+    from ebpo_verl.smoke.runs import Run
+
+    run = Run(work, files, name, ["trainer.save_freq=1", "trainer.test_freq=-1", *extra], steps=2)
+    code = run.wait(RUN_TIMEOUT_S)
+    return code, run.log.read_text(errors="replace")
+
+
+def _copied(trained, name: str) -> Path:
+    """Run ``name``'s folder holding a copy of the trained run's ``global_step_1`` as its latest checkpoint."""
+    work, _ = trained
+    folder = work / f"ckpt_{name}"
+    shutil.copytree(work / "ckpt_a" / "global_step_1", folder / "global_step_1")
+    (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    return folder / "global_step_1"
+
+
+def _plant(path: Path, marker: Path) -> None:
+    """``path`` (a torch.save dict) re-saved with one more entry that runs ``touch marker`` when unpickled."""
+    import torch
+
+    from ebpo_verl.compat.unpickling import only_globals
+
+    with only_globals(ALLOWED):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    state["planted"] = Planted(marker)
+    torch.save(state, path)
+    assert "posix.system" in unsafe_globals(path)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER])
+def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind):
+    work, _ = trained
+    name = "p" + kind.split()[0]
+    step = _copied(trained, name)
+    marker = work / f"MARKER-{name}"
+    _plant(step / FILES[kind], marker)
+    code, log = _run(*trained, name)
+    errors = [line for line in log.splitlines() if "ebpo-train: error" in line or "Traceback" in line]
+    assert code == 1 and errors == [REFUSAL.format(file=step / FILES[kind])], log[-4000:]
+    assert not marker.exists()  # the callable never ran
+    assert not (step.parent / "global_step_2").exists()  # nothing trained
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
+    """The switch's warning is literal: the planted callable (in the extra state, which verl reads by key) runs,
+    and the run resumes to its step 2."""
+    work, _ = trained
+    step = _copied(trained, "trusted")
+    marker = work / "MARKER-trusted"
+    _plant(step / FILES[EXTRA_STATE], marker)
+    code, log = _run(*trained, "trusted", "trainer.trust_checkpoint=true")
+    assert code == 0, log[-4000:]
+    assert marker.exists()
+    assert (step.parent / "global_step_2" / "ebpo_state.json").is_file()
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(trained):
+    """Resumed from the uninterrupted run's step 1, step 2's ``ebpo/*`` metrics and saved EB state equal it."""
+    from ebpo_verl.ops.metrics_log import read_metrics_log
+    from ebpo_verl.smoke.checks import saved_state
+
+    work, _ = trained
+    _copied(trained, "u")
+    code, log = _run(*trained, "u")
+    assert code == 0, log[-4000:]
+    a, u = read_metrics_log(work / "ckpt_a" / "metrics.jsonl"), read_metrics_log(work / "ckpt_u" / "metrics.jsonl")
+    assert sorted(u) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
+    keys = sorted(k for k in a[2] if k.startswith("ebpo/"))
+    assert keys and a[2]["ebpo/prompts_seen"] > a[1]["ebpo/prompts_seen"] > 0
+    for key in keys:  # equal up to the order of a float sum over the batch's groups
+        assert math.isclose(a[2][key], u[2][key], rel_tol=1e-12, abs_tol=1e-15), (key, a[2][key], u[2][key])
+    assert saved_state(work, "a", 2) == saved_state(work, "u", 2)
+
+
+def test_the_refusal_names_the_switch_of_the_options():
+    """The switch the refusal names is the option the trainer reads."""
+    from ebpo_verl.trainer.checkpoint.trusted_load import SWITCH
+    from ebpo_verl.trainer.run_options import TrainerOptions
+
+    key, value = SWITCH.split("=")
+    assert key == "trainer.trust_checkpoint" and value == "true"
+    assert TrainerOptions().trust_checkpoint is False
+    assert TrainerOptions.from_mapping({"trust_checkpoint": True}).trust_checkpoint is True
+    with pytest.raises(ValueError, match="trust_checkpoint"):
+        TrainerOptions.from_mapping({"trust_checkpoint": "yes"})
+
+
+def test_ebpo_train_help_lists_the_switch():
+    out = subprocess.run([sys.executable, "-m", "ebpo_verl.main", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
+    assert "trainer.trust_checkpoint" in out.stdout
+
+
+# ------------------------------------------------------------------- the loader patch, without a trainer
+def _saved(path: Path, value) -> Path:
+    import torch
+
+    torch.save(value, path)
+    return path
+
+
+def test_the_resume_load_allows_the_list_and_refuses_a_callable_before_it_runs(tmp_path):
+    """In the block, torch.load is weights-only with the resume's list (numpy's RNG state loads; verl's own
+    ``weights_only=False`` is overridden); a planted callable is refused in one line; after it, torch's load and
+    its safe globals are what they were."""
+    import numpy as np
+    import torch
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+
+    rng = _saved(tmp_path / "extra.pt", {"rng": {"numpy": np.random.get_state()}, "lr_scheduler": None})
+    marker = tmp_path / "MARKER"
+    planted = _saved(tmp_path / "planted.pt", {"rng": {}, "planted": Planted(marker)})
+    import torch.distributed.tensor  # noqa: F401 (its import registers DTensor's types: before the snapshot)
+
+    load, before = torch.load, torch.serialization.get_safe_globals()
+    with weights_only_resume():
+        state = torch.load(rng, weights_only=False)
+    assert np.array_equal(state["rng"]["numpy"][1], np.random.get_state()[1])
+    with pytest.raises(UntrustedCheckpointError) as err, weights_only_resume():
+        torch.load(planted, weights_only=False)
+    assert str(err.value) == REFUSAL.format(file=planted).removeprefix("ebpo-train: error: ")
+    assert not marker.exists()
+    assert torch.load is load and set(torch.serialization.get_safe_globals()) == set(before)
+    assert torch.load(planted, weights_only=False) is not None and marker.exists()  # the plant is real
+
+
+def test_the_resume_refuses_transfer_queue_state_in_its_block(tmp_path):
+    import transfer_queue
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+
+    stock = transfer_queue.load_checkpoint
+    with weights_only_resume(), pytest.raises(UntrustedCheckpointError, match="TransferQueue state.*pickle.load"):
+        transfer_queue.load_checkpoint(tmp_path / "transfer_queue")
+    assert transfer_queue.load_checkpoint is stock
+
+
+def test_worker_classes_load_weights_only_unless_trusted():
+    """Without the switch each worker class that loads checkpoints is replaced by a subclass whose registered
+    ``load_checkpoint`` dispatches as verl's (one to all); with it, verl's classes stay."""
+    import ray
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import TrustedLoadMixin
+    from ebpo_verl.trainer.run_options import RunOptions, TrainerOptions
+
+    class Base:
+        def _init_resource_pool_mgr(self):
+            mapping = {"actor": ActorRolloutRefWorker, "critic": TrainingWorker}
+            self.role_worker_mapping = {role: ray.remote(cls) for role, cls in mapping.items()}
+
+    class Trainer(TrustedLoadMixin, Base):
+        def __init__(self, trust: bool):
+            self.options = RunOptions("grpo", trainer=TrainerOptions(trust_checkpoint=trust))
+
+    for trust in (False, True):
+        trainer = Trainer(trust)
+        trainer._init_resource_pool_mgr()
+        mapping = trainer.role_worker_mapping
+        for stock, actor_cls in zip((ActorRolloutRefWorker, TrainingWorker), mapping.values(), strict=True):
+            cls = actor_cls.__ray_actor_class__
+            assert (cls is stock) == trust and issubclass(cls, stock)
+            assert getattr(cls.load_checkpoint, MAGIC_ATTR) == getattr(stock.load_checkpoint, MAGIC_ATTR)
+
+
+WRITER = """
+import os, sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def rank_main(rank, model_dir, out, port, version):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    shape, names = ((2, 1), ("ddp", "fsdp")) if version == "hsdp" else ((2,), ("fsdp",))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    if version == "fsdp1":  # as verl's FSDP1 workers wrap it: with the device mesh
+        model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"), use_orig_params=True)
+    else:
+        fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    ids = torch.tensor([[1, 2, 3]])
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    contents = ["model", "optimizer", "extra"]
+    manager = FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler,
+                                    processing_class=AutoTokenizer.from_pretrained(model_dir),
+                                    checkpoint_config={"save_contents": contents, "load_contents": contents})
+    manager.save_checkpoint(out, global_step=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    model_dir, out, port, version = sys.argv[1:]
+    mp.spawn(rank_main, args=(model_dir, out, port, version), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_world_size_2_shards_hold_only_listed_types_and_load_weights_only(tmp_path):
+    """verl's checkpoint manager at world size 2 (gloo on CPU) with FSDP2, FSDP1 and HSDP: every global of every
+    model, optimizer and extra-state shard is allowed for its kind, and each loads under the resume's patch."""
+    import socket
+
+    import torch
+
+    from ebpo_verl.cpu.tiny import build_model, build_tokenizer
+    from ebpo_verl.trainer.checkpoint.trusted_load import weights_only_resume
+
+    build_model(tmp_path / "tiny", build_tokenizer(tmp_path / "tiny"))
+    (tmp_path / "writer.py").write_text(WRITER)
+    seen: set[str] = set()
+    for version in ("fsdp2", "fsdp1", "hsdp"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        actor = tmp_path / version / "actor"
+        cmd = [sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "tiny"), str(actor), port, version]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+        for kind, prefix in ((MODEL, "model"), (OPTIMIZER, "optim"), (EXTRA_STATE, "extra_state")):
+            shards = sorted(actor.glob(f"{prefix}_world_size_2_rank_*.pt"))
+            assert len(shards) == 2, (version, kind)
+            for shard in shards:
+                held = unsafe_globals(shard)
+                assert held <= set(allowed((kind,))), (version, shard.name, held - set(allowed((kind,))))
+                seen |= held
+                with weights_only_resume():
+                    assert isinstance(torch.load(shard, weights_only=False), dict)
+    assert "torch.distributed.tensor.placement_types.Replicate" in seen  # HSDP's placement
