@@ -147,7 +147,14 @@ LAYERS = (
     {"ebpo_verl.trainer", "ebpo_verl.cpu"},
     {"ebpo_verl", "ebpo_verl.main", "ebpo_verl.evaluate", "ebpo_verl.integrations"},  # + the TRL integration
 )
-APPLICATIONS = ("ebpo_verl.recipes", "ebpo_verl.study", "ebpo_verl.smoke", "benchmarks", "scripts")
+APPLICATIONS = (
+    "ebpo_verl.recipes",
+    "ebpo_verl.study",
+    "ebpo_verl.smoke",
+    "ebpo_verl.docs_tables",
+    "benchmarks",
+    "scripts",
+)
 """Above the product: the paper's recipes (drive ebpo-train and the evaluation), the CPU study, the smoke runs and
 their campaign, the benchmarks and the scripts. They import the product; nothing of the product imports them."""
 # Outside packages the math may not import: it is torch and numpy only.
@@ -236,6 +243,8 @@ ALLOWED_STATE = {
     ("ebpo_verl.reward", "_POOL"): "cache of grading worker processes, at most MAX_WORKERS, shut at exit",
     ("ebpo_verl.trainer.run_options", "_LAST"): "cache: each estimator's last validated options, one per estimator",
     ("ebpo_verl.trainer.adapter", "DEFAULT_ESTIMATORS"): "the default instances of stock verl.trainer.main_ppo",
+    ("ebpo_verl.trainer.config.generate", "DOC_BLOCKS"): "a constant table of the docs' generated blocks (never "
+    "written)",
     ("ebpo_verl.trainer.adapter", "ESTIMATORS"): "the functions registered in verl, made once at import from the "
     "registry and never written",
 }

@@ -56,6 +56,7 @@ def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas(compose_confi
         "trainer.metrics_log_path",
         "trainer.step_timeout_s",
         "trainer.init_timeout_s",
+        "trainer.trust_checkpoint",
         "actor_rollout_ref.rollout.n",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",

@@ -165,7 +165,7 @@ CONTACTS: tuple[Contact, ...] = (
     Contact(
         "verl.trainer.main_ppo.TaskRunnerV1.__ray_actor_class__",
         ("read",),
-        (TRAINER, WATCHDOG),
+        (TRAINER, WATCHDOG, TRUSTED_LOAD),
         "TaskRunnerV1 is a Ray actor class: its plain class is subclassed by EBPOTaskRunner; the watchdog reads the "
         "plain class of verl's actor/rollout/ref worker the same way, to subclass it",
         "none: Ray keeps a decorated class's original only there; verl would have to export the plain classes",
