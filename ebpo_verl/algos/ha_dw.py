@@ -158,10 +158,13 @@ def compute_ha_dw_advantages(
     y = sorted_sum(x).item() / len(x)
     prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)
     mu = torch.zeros(len(g.keys), dtype=torch.float64).index_add_(0, g.row_group, x) / g.size
-    diff = (mu - prior).index_select(0, g.row_group)
+    diff = mu - prior
     centred = g.r - g.mean.index_select(0, g.row_group)
     a_hat = centred / (g.var.sqrt().index_select(0, g.row_group) + float(options.epsilon))
-    phi = float(options.lam_scale) * torch.exp(-torch.sign(a_hat) * torch.sign(diff) * diff.abs())
+    d = -torch.sign(a_hat) * torch.sign(diff).index_select(0, g.row_group)  # D_ij in {-1, 0, 1}
+    up, down = torch.exp(diff.abs()), torch.exp(-diff.abs())  # per prompt: exp(+-M_i)
+    weight = torch.where(d > 0, up.index_select(0, g.row_group), down.index_select(0, g.row_group))
+    phi = float(options.lam_scale) * torch.where(d == 0, torch.ones_like(weight), weight)
     step = state.steps + 1
     post, eta_t = next_anchor(float(prior), y, step, state.history, options)
     state.steps, state.anchor = step, post

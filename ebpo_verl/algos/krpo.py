@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, scatter_rows, unpadded
+from ebpo_verl.algos.grouping import Groups, group_rows, scatter_rows, sorted_sum, unpadded
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.options.parsing import OptionSection, is_int, is_missing, option, reals
 
@@ -112,24 +112,26 @@ def compute_krpo_advantages(
         return Advantages(scatter_rows(scores, g, g.r), {})
     sample = None if sample_index is None else _sample_ints(sample_index, g.rows.numpy())
     position = walk_positions(g, sample)
-    width = int(g.size.max().item())
-    grid = torch.zeros(len(g.keys), width, dtype=torch.float64)
-    grid[g.row_group, torch.from_numpy(position)] = g.r
+    group, width = g.row_group.numpy(), int(g.size.max().item())
+    grid = np.zeros((len(g.keys), width))
+    grid[group, position] = g.r.numpy()
     gains, variances = filter_gains(width, options)
-    x = torch.full((len(g.keys),), float(options.x0), dtype=torch.float64)
-    estimates = torch.empty_like(grid)
+    estimates = np.empty_like(grid)
+    x = np.full(len(g.keys), float(options.x0))
     for j in range(width):  # columns beyond a group's size are never read back
-        x = x + float(gains[j]) * (grid[:, j] - x)
+        x = x + gains[j] * (grid[:, j] - x)
         estimates[:, j] = x
-    x_row = estimates[g.row_group, torch.from_numpy(position)]
-    scale = torch.from_numpy(np.sqrt(variances)[position]) + float(options.epsilon)
-    adv = (g.r - x_row) / scale
-    return Advantages(scatter_rows(scores, g, adv), {"krpo/baseline_mean": x_row.mean().item()})
+    x_row = torch.from_numpy(estimates[group, position])
+    adv = (g.r - x_row) / torch.from_numpy(np.sqrt(variances)[position] + float(options.epsilon))
+    return Advantages(scatter_rows(scores, g, adv), {"krpo/baseline_mean": (sorted_sum(x_row) / len(x_row)).item()})
 
 
 def _sample_ints(sample_index: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The valid rows' sample indices as int64; a missing or non-integer one raises naming the row."""
     values = np.asarray(sample_index, dtype=object)[rows]
+    as_array = np.asarray(values.tolist())
+    if as_array.dtype.kind in "iu" and as_array.shape == values.shape:
+        return as_array.astype(np.int64)
     for row, value in zip(rows.tolist(), values.tolist(), strict=True):
         if is_missing(value) or not is_int(value):
             raise ValueError(f"krpo: row {row} has sample index {value!r}; expected an integer per valid row")
