@@ -14,7 +14,7 @@ from ebpo_verl.algos.baselines import compute_js_advantages
 from ebpo_verl.algos.ha_dw import HADWEstimator, HADWOptions
 from ebpo_verl.algos.jspo import JSPOEstimator, JSPOOptions, compute_jspo_advantages
 from ebpo_verl.algos.jspo_history import JSPOHistoryEstimator, JSPOHistoryOptions, decay
-from ebpo_verl.algos.krpo import KRPOEstimator, KRPOOptions, compute_krpo_advantages
+from ebpo_verl.algos.krpo import KRPOEstimator, KRPOOptions, compute_krpo_advantages, sample_indices
 from ebpo_verl.algos.running_norm import RunningNormEstimator, RunningNormOptions
 
 EPS = 1e-6
@@ -268,6 +268,17 @@ def test_krpo_walks_by_sample_index_whatever_the_row_order():
         call(KRPOEstimator(KRPOOptions()), uids, r)
     with pytest.raises(ValueError, match="same sample index"):
         call(KRPOEstimator(KRPOOptions()), ["a", "a"], [1.0, 0.0], row_values=np.array([0, 0], dtype=object))
+
+
+def test_krpo_sample_indices_from_verls_trajectory_keys():
+    keys = ["3f2a-uid_0_0", "3f2a-uid_11_0", "u_with_underscores_2_1", f"pad{'ab' * 16}_4_0"]
+    assert sample_indices(keys).tolist() == [0, 11, 2, 4]
+    assert (
+        KRPOEstimator(KRPOOptions()).reads_sample_index
+        and not KRPOEstimator(KRPOOptions(order="rows")).reads_sample_index
+    )
+    with pytest.raises(ValueError, match=r"trajectory key 'uid-7' is not verl's \{uid\}_\{session_id\}_\{index\}"):
+        sample_indices(["uid-7"])
 
 
 def test_krpo_options_reach_the_filter():

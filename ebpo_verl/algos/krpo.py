@@ -138,13 +138,31 @@ def _sample_ints(sample_index: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
+    """Each row's rollout sample index from verl's v1 trajectory key ``{uid}_{session_id}_{index}`` (session_id in
+    [0, n): the sample's index in its group; verl ``trainer/ppo/v1/replay_buffer.py``); object array of ints."""
+    out = np.empty(len(trajectory_keys), dtype=object)
+    for row, key in enumerate(trajectory_keys):
+        parts = str(key).rsplit("_", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            raise ValueError(f"krpo: trajectory key {key!r} is not verl's {{uid}}_{{session_id}}_{{index}}")
+        out[row] = int(parts[1])
+    return out
+
+
 class KRPOEstimator(Estimator):
     """The ``krpo`` estimator: its options and the last call's ``krpo/*`` diagnostics (no state: a fresh filter per
-    group per step). With ``order=sample_index``, ``row_values`` are the per-row rollout sample indices."""
+    group per step). With ``order=sample_index``, ``row_values`` are the per-row rollout sample indices
+    (:attr:`reads_sample_index`: the trainer passes :func:`sample_indices` of the step's trajectory keys)."""
+
+    @property
+    def reads_sample_index(self) -> bool:
+        """Whether the caller must pass each row's rollout sample index as ``row_values``."""
+        return self.options.order == "sample_index"
 
     def compute(self, batch: Batch) -> Advantages:
         sample_index = None
-        if self.options.order == "sample_index":
+        if self.reads_sample_index:
             if batch.row_values is None:
                 raise ValueError(
                     "adv_estimator=krpo with algorithm.krpo.order=sample_index needs each row's rollout sample "
