@@ -31,6 +31,7 @@ Switches (environment variables; presets and their sources: ebpo_verl/recipes/pr
   REWARD        paper (default: the authors' `Answer:` rule, +1/-1, ebpo_verl.paper_reward) |
                 math_verify (ebpo_verl.reward: math-verify, 1/0)
   GROUP_SIZE    responses per prompt G (rollout.n), an integer >= 2 (>= 1 for spo)          default 4
+  TRAIN_BATCH   prompts per step (data.train_batch_size); the rivals table: 2048 / G      default 512
   ORDER         {" | ".join(ORDERS)}: topic (default) | naive (file order, EBPO-naive) | difficulty | random
   TOPICS        labels for ORDER=topic: embed (default: all-MiniLM-L6-v2 + UMAP + k-means, K=10, seed 42) |
                 file (TRAIN_FILE carries extra_info.topic)

@@ -1,7 +1,7 @@
 """Tables of Pass@1 (or pass@K, maj@K, avg@n) from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
     python -m ebpo_verl.recipes.make_tables RUN... --out results/
-        [--table main|group_size|ordering|curriculum|grpo_bn] [--select final|best] [--metric M ...]
+        [--table main|group_size|ordering|curriculum|grpo_bn|rivals] [--select final|best] [--metric M ...]
 
 RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
 ``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
@@ -58,6 +58,7 @@ from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
+from ebpo_verl.recipes.tables import TABLES
 
 METRIC = re.compile(r"^(?:(?P<name>pass|maj)@(?P<k>[1-9]\d*)|avg@n)$")
 DEFAULT_METRIC = "pass@1"
@@ -497,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("runs", nargs="*", metavar="RUN", help="[SECTION/METHOD=]metrics log or run directory")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--table", choices=sorted(PAPER), help="lay the rows out as this table of the paper")
+    parser.add_argument("--table", choices=sorted(TABLES), help="lay the rows out as this table (the paper's, if any)")
     parser.add_argument("--select", choices=SELECT, default="final", help="final (default) or best validation")
     parser.add_argument(
         "--metric",
