@@ -3,8 +3,10 @@
 All estimators run in this process on the same inputs, round-robin (one call of each per round, so a busy machine
 slows them alike); prints the median time of each per shape and the ratios. Shapes (prompts x responses x
 tokens): 512x16x4096 and the paper's 512x4x8192 (docs/paper_notes.md#setup: batch 512 prompts, G=4, max response 8192).
-Target: ebpo <= 1.0x grpo_vectorized at every shape. The v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo``
-(stable prompt keys, tracker warm after the warm-up call) run in the same rounds, with their ratio to grpo_vectorized.
+Target: ebpo <= 1.0x grpo_vectorized at every shape. Every other estimator of the registry (:data:`BASELINES`:
+``shrinkage_js``, ``bnpo``, ``spo``, ``dbb``, and any added one; stable prompt keys, trackers warm after the
+warm-up call) runs in the same rounds, with its ratio to grpo_vectorized. Ours run as ``ebpo-train`` runs them: one
+object per estimator (``EstimatorSpec.new``) through ``ebpo_verl.trainer.adapter.outcome_advantages``.
 
     python benchmarks/bench_advantage.py [--device cpu|cuda] [--threads N] [--shapes 512x16x4096,512x4x8192]
         [--repeats 11]
@@ -20,14 +22,15 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
-from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+from ebpo_verl.algos import registry
+from ebpo_verl.trainer.adapter import outcome_advantages
 
 DEFAULT_SHAPES = "512x16x4096,512x4x8192"
 TARGET = 1.0
-BASELINES = ("shrinkage_js", "bnpo", "spo")
+BASELINES = tuple(name for name in registry.ours() if name != "ebpo")
+"""Every estimator of ours but ``ebpo``, in the registry's order."""
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -69,27 +72,29 @@ def round_robin_medians(fns: dict[str, Callable[[], object]], repeats: int, sync
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def ours(name: str, overrides: dict, rewards, mask, uids, fields: dict) -> Callable[[], object]:
+    """One call of a fresh estimator of ours (options: defaults + ``overrides``) on the inputs, with the per-row
+    field its options name (``fields``: ``topic`` labels, ``index`` prompt keys)."""
+    spec = registry.get(name)
+    options = spec.parse(overrides) if spec.options_cls is not None else None
+    estimate = spec.estimate(options)
+    key = spec.row_key_of(options) if options is not None else None
+    values = fields[key] if key else None
+    return lambda: outcome_advantages(estimate, rewards, mask, uids, values)
+
+
 def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int) -> dict[str, float]:
     rewards, mask, uids, labels = make_inputs(prompts, group, tokens, device)
-    ebpo = get_adv_estimator_fn("ebpo")
     grpo = get_adv_estimator_fn("grpo")
     grpo_vec = get_adv_estimator_fn("grpo_vectorized")
-    config = OmegaConf.create({"ebpo": {"cluster_key": "topic"}})
-    for default in DEFAULT_ESTIMATORS.values():
-        default.reset()
-    js, bnpo, spo = (get_adv_estimator_fn(name) for name in BASELINES)
-    keys = np.repeat(np.arange(prompts), group)  # spo's stable prompt keys (extra_info["index"])
+    fields = {"topic": labels, "index": np.repeat(np.arange(prompts), group)}  # extra_info fields per row
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     return round_robin_medians(
         {
-            "ebpo": lambda: ebpo(
-                token_level_rewards=rewards, response_mask=mask, index=uids, config=config, labels=labels
-            ),
+            "ebpo": ours("ebpo", {"cluster_key": "topic"}, rewards, mask, uids, fields),
             "grpo": lambda: grpo(rewards, mask, uids),
             "grpo_vectorized": lambda: grpo_vec(rewards, mask, uids),
-            "shrinkage_js": lambda: js(rewards, mask, uids),
-            "bnpo": lambda: bnpo(rewards, mask, uids),
-            "spo": lambda: spo(rewards, mask, uids, prompt_keys=keys),
+            **{name: ours(name, {}, rewards, mask, uids, fields) for name in BASELINES},
         },
         repeats,
         sync,

@@ -18,8 +18,8 @@ __all__ = ["__version__", "get_state", "register"]
 
 
 def register() -> None:
-    """Register the ``ebpo`` advantage estimator (and the baselines ``shrinkage_js``, ``bnpo``, ``spo``) with verl;
-    raises on any failure.
+    """Register every advantage estimator of ours (:func:`ebpo_verl.algos.registry.ours`: ``ebpo``, the baselines
+    ``shrinkage_js``, ``bnpo``, ``spo``, ``dbb``, any added one) with verl; raises on any failure.
 
     verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
     rollout. Idempotent.

@@ -18,6 +18,7 @@ import argparse
 import logging
 import re
 import sys
+import textwrap
 from typing import NoReturn
 
 import hydra
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
 from ebpo_verl.options.parsing import unknown_option_message
-from ebpo_verl.trainer.config.generate import ALL_SECTIONS, option_lines
+from ebpo_verl.trainer.config.generate import ALL_SECTIONS, estimator_names, option_lines
 from ebpo_verl.trainer.preflight import preflight
 
 CONFIG_MODULE = "ebpo_verl.trainer.config"
@@ -215,12 +216,16 @@ def usage() -> str:
     allowed values (from the declarations); Hydra's 1,100-line dump is ``--cfg job``'s."""
     return "\n".join([
         "usage: ebpo-train [--cfg job [--package KEY] [--resolve]] [key=value ...]   (= python -m ebpo_verl.main)",
-        "verl 0.9.1's main_ppo with EBPO (arXiv 2602.05165). What it adds to verl: the advantage estimators ebpo,",
-        "shrinkage_js, bnpo, spo and dbb (algorithm.adv_estimator, default ebpo); the package config (verl's",
-        "ppo_trainer plus the options below, the math-verify reward, the curriculum sampler data.curriculum.*); a",
-        "pre-flight before Ray starts (our checks, verl's validate_config at the configured world size, at least one",
-        "step per epoch; every refusal one line, exit 2); the EBPO statistics (SPO trackers, DBB posteriors) in each",
-        "checkpoint; an append-only metrics log (trainer.metrics_log_path).",
+        *textwrap.wrap(
+            "verl 0.9.1's main_ppo with EBPO (arXiv 2602.05165). What it adds to verl: the advantage estimators "
+            f"{estimator_names()} (algorithm.adv_estimator, default ebpo); the package config (verl's ppo_trainer "
+            "plus the options below, the math-verify reward, the curriculum sampler data.curriculum.*); a pre-flight "
+            "before Ray starts (our checks, verl's validate_config at the configured world size, at least one step per "
+            "epoch; every refusal one line, exit 2); the EBPO statistics (SPO trackers, DBB posteriors) in each "
+            "checkpoint; an append-only metrics log (trainer.metrics_log_path).",
+            110,
+            break_on_hyphens=False,
+        ),
         "",
         "Options (default, then allowed values; algorithm.<name>.* applies to adv_estimator=<name>;",
         "data.curriculum.* needs data.custom_cls=CurriculumDataset and is set with ++data.curriculum.<key>=...):",

@@ -27,13 +27,15 @@ from ebpo_verl.algos.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
+from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 from ebpo_verl.trainer.checkpoint.state import load_state
 from ebpo_verl.trainer.preflight import check_config
 from ebpo_verl.trainer.preflight.data import check_prompt_keys
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
-from ebpo_verl.trainer.run_options import SPO
+
+SPO = get("spo")
 
 EPS = 1e-6
 REPO = Path(__file__).resolve().parents[1]
@@ -448,7 +450,7 @@ def test_spo_resume_through_checkpoint_reproduces_the_uninterrupted_run(tmp_path
     first.global_steps = 3
     first._save_checkpoint()
     step_dir = tmp_path / "ckpt" / "global_step_3"
-    saved = json.loads((step_dir / SPO.state_file).read_text())
+    saved = json.loads((step_dir / SPO.state.file).read_text())
     assert saved["global_step"] == 3 and saved["state"]["steps"] == 3 and saved["options"]["prompt_key"] == "index"
     assert saved["state"]["keys"] == ["0", "1", "2", "3", "4", "5"]
 
@@ -488,7 +490,7 @@ def test_spo_state_file_of_another_step_or_options_or_corrupt_follows_the_resume
     stand_in_trainer.run(trainer, range(1, 3), _step)
     trainer.global_steps = 2
     trainer._save_checkpoint()
-    path = tmp_path / "ckpt" / "global_step_2" / SPO.state_file
+    path = tmp_path / "ckpt" / "global_step_2" / SPO.state.file
     with pytest.raises(ValueError, match="written at global step 2, not 5"):
         load_state(SPO, path.parent, SPOState(), SPOOptions(), 5)
     saved = SPOState()
@@ -532,9 +534,9 @@ def test_spo_state_file_of_another_step_or_options_or_corrupt_follows_the_resume
 )
 def test_spo_state_file_fields_are_validated(tmp_path, state, problem):
     payload = {"format": 1, "global_step": 2, "options": {}, "state": state}
-    (tmp_path / SPO.state_file).write_text(json.dumps(payload))
+    (tmp_path / SPO.state.file).write_text(json.dumps(payload))
     target = SPOState(steps=7)
-    with pytest.raises(ValueError, match=rf"{SPO.state_file} is unreadable: .*{re.escape(problem)}"):
+    with pytest.raises(ValueError, match=rf"{SPO.state.file} is unreadable: .*{re.escape(problem)}"):
         load_state(SPO, tmp_path, target, SPOOptions(), 2)
     assert target.steps == 0 and len(target.keys) == 0
 

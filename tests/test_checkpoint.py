@@ -15,11 +15,13 @@ from verl.protocol import DataProto
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
+from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.ray_trainer import uid_row_keys
-from ebpo_verl.trainer.run_options import DBB, EBPO, SPO
+
+EBPO, SPO, DBB = get("ebpo"), get("spo"), get("dbb")
 
 PROMPTS, GROUP, TOPICS = 4, 4, ("algebra", "geometry", "number_theory")
 
@@ -105,8 +107,8 @@ def test_checkpoint_resume_reproduces_uninterrupted_advantages(tmp_path, options
 
     step_dir = tmp_path / "ckpt" / "global_step_3"
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "3"
-    assert {p.name for p in step_dir.iterdir()} == {"actor", "data.pt", EBPO.state_file}
-    saved = json.loads((step_dir / EBPO.state_file).read_text())
+    assert {p.name for p in step_dir.iterdir()} == {"actor", "data.pt", EBPO.state.file}
+    saved = json.loads((step_dir / EBPO.state.file).read_text())
     assert saved["global_step"] == 3 and saved["state"]["prompts_seen"] == 3 * PROMPTS
 
     resumed = trainer_on(config)
@@ -130,7 +132,7 @@ def test_checkpoint_without_state_file_follows_on_resume_mismatch(tmp_path, trai
     _run(trainer, range(1, 3))
     trainer.global_steps = 2
     trainer._save_checkpoint()
-    (tmp_path / "ckpt" / "global_step_2" / EBPO.state_file).unlink()  # as a plain verl checkpoint
+    (tmp_path / "ckpt" / "global_step_2" / EBPO.state.file).unlink()  # as a plain verl checkpoint
     with pytest.raises(ValueError, match=r"has no ebpo_state.json .*on_resume_mismatch=reset to continue from step 2"):
         trainer_on(config)._load_checkpoint()
     for mode in ("reset", "keep"):
@@ -173,7 +175,7 @@ def test_checkpoint_state_file_round_trip_atomic_and_checked(tmp_path):
     state, options = _filled_state(), EBPOOptions()
     path = save_state(EBPO, tmp_path, state, options, global_step=4)
     save_state(EBPO, tmp_path, state, options, global_step=4)  # replaces in place
-    assert [p.name for p in tmp_path.iterdir()] == [EBPO.state_file]  # no temp file left behind
+    assert [p.name for p in tmp_path.iterdir()] == [EBPO.state.file]  # no temp file left behind
     restored = EBPOState()
     assert load_state(EBPO, tmp_path, restored, options, global_step=4)
     assert restored.state_dict() == state.state_dict()
@@ -401,10 +403,8 @@ LEGACY_STEPS = [
 
 
 def _legacy_estimator(entry):
-    from ebpo_verl.trainer.adapter import ESTIMATOR_CLASSES
-
     options = EBPOOptions(cluster_key="topic", min_cluster_prompts=2, decay=0.9) if entry is EBPO else None
-    return ESTIMATOR_CLASSES[entry.name](options or entry.options_cls())
+    return entry.new(options or entry.options_cls())
 
 
 def _legacy_step(estimator, entry, step: int, rewards: list[float], keys: list[str]):
@@ -421,7 +421,7 @@ def test_state_files_of_the_code_before_the_estimator_objects_load_and_resume_bi
     uninterrupted = _legacy_estimator(entry)
     for step, (rewards, keys) in enumerate(LEGACY_STEPS):
         _legacy_step(uninterrupted, entry, step, rewards, keys)
-    saved = json.loads((LEGACY / entry.state_file).read_text())
+    saved = json.loads((LEGACY / entry.state.file).read_text())
     assert saved["global_step"] == 2 and uninterrupted.state.state_dict() == saved["state"]
     resumed = _legacy_estimator(entry)
     assert load_state(entry, LEGACY, resumed.state, resumed.options, 2)

@@ -15,11 +15,13 @@ import torch
 from verl import DataProto
 
 from ebpo_verl.algos.dbb import DBBOptions, DBBState, compute_dbb_advantages
+from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.preflight import check_config
 from ebpo_verl.trainer.ray_trainer import uid_row_keys
-from ebpo_verl.trainer.run_options import DBB
+
+DBB = get("dbb")
 
 
 def _adv(rewards, keys, options, state, valid=None):
@@ -219,7 +221,7 @@ def test_trainer_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path, st
     before = stand_in_trainer.run(first, range(1, 4), _step)
     first.global_steps = 3
     first._save_checkpoint()
-    saved = json.loads((tmp_path / "ckpt" / "global_step_3" / DBB.state_file).read_text())
+    saved = json.loads((tmp_path / "ckpt" / "global_step_3" / DBB.state.file).read_text())
     assert saved["global_step"] == 3 and saved["options"]["discount"] == 0.5 and saved["state"]["steps"] == 3
     resumed = stand_in_trainer(config, DBB_ROWS, PROMPTS)
     stand_in_trainer.run(resumed, range(90, 92), _step)  # unrelated posteriors before the load

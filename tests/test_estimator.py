@@ -657,7 +657,7 @@ def test_registration_is_idempotent():
     ebpo_verl.register()
     ebpo_verl.register()
     importlib.reload(adapter)
-    assert get_adv_estimator_fn("ebpo") is adapter.compute_ebpo_outcome_advantage
+    assert get_adv_estimator_fn("ebpo") is adapter.ESTIMATORS["ebpo"]
 
 
 @pytest.mark.slow
@@ -778,8 +778,10 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
     import warnings
 
     from ebpo_verl.algos.ebpo_math import EBPOEstimator
+    from ebpo_verl.algos.registry import get
     from ebpo_verl.trainer.adapter import outcome_advantages
-    from ebpo_verl.trainer.run_options import EBPO
+
+    EBPO = get("ebpo")
 
     monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})  # a fresh process (plain verl main_ppo)
     fn = get_adv_estimator_fn("ebpo")

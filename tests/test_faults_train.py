@@ -24,6 +24,7 @@ import pytest
 
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_state import EBPOState
+from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.locking import LockHeldError
 from ebpo_verl.ops.metrics_log import read_metrics_log
@@ -33,7 +34,8 @@ from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics
 from ebpo_verl.trainer.preflight import preflight
 from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
-from ebpo_verl.trainer.run_options import EBPO
+
+EBPO = get("ebpo")
 
 
 @pytest.fixture

@@ -1,10 +1,13 @@
 """Dependencies point one way: no circle of imports between the modules of ``ebpo_verl/``, nor
-between their sub-packages. Every import statement counts, at module level or inside a function (a lazy import
-is still a dependency), read from the source with :mod:`ast`, nothing imported."""
+between their sub-packages; the layers point down and no module of the product imports an application. Every
+import statement counts, at module level or inside a function (a lazy import is still a dependency), read from the
+source with :mod:`ast`, nothing imported. The product holds no module-level mutable state but its listed caches
+and stock ``main_ppo``'s default instances."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -135,14 +138,18 @@ def test_no_circle_between_sub_packages():
     check(circles(by_unit), "sub-packages")
 
 
-# The layers from the bottom up (ebpo_verl/<unit>): a unit may import only the units of its own layer or below.
-# The applications (recipes, evaluate, study, smoke) and the entry points sit above all of these.
+# The layers of the product from the bottom up (ebpo_verl/<unit>): a unit may import only the units of its own
+# layer or below. The applications sit above them all.
 LAYERS = (
     {"ebpo_verl.options", "ebpo_verl.ops", "ebpo_verl.version", "ebpo_verl.compat"},
     {"ebpo_verl.algos"},
     {"ebpo_verl.reward", "ebpo_verl.paper_reward", "ebpo_verl.data"},  # the rewards and the data sets' schemas
     {"ebpo_verl.trainer", "ebpo_verl.cpu"},
+    {"ebpo_verl", "ebpo_verl.main", "ebpo_verl.evaluate"},  # the plugin's entry, ebpo-train, the evaluation
 )
+APPLICATIONS = ("ebpo_verl.recipes", "ebpo_verl.study", "ebpo_verl.smoke", "benchmarks", "scripts")
+"""Above the product: the paper's recipes (drive ebpo-train and the evaluation), the CPU study, the smoke runs and
+their campaign, the benchmarks and the scripts. They import the product; nothing of the product imports them."""
 # Outside packages the math may not import: it is torch and numpy only.
 MATH_UNITS = ("ebpo_verl.options", "ebpo_verl.algos")
 NOT_IN_MATH = ("verl", "ray", "vllm", "hydra", "omegaconf", "transformers")
@@ -183,5 +190,151 @@ def test_the_math_imports_no_verl_and_nothing_above_it():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert layer("ebpo_verl.algos") < layer("ebpo_verl.trainer") < layer("ebpo_verl.recipes")
+    assert layer("ebpo_verl.algos") < layer("ebpo_verl.trainer") < layer("ebpo_verl.main") < layer("ebpo_verl.recipes")
     assert {"ast", "pathlib"} <= third_party(Path(__file__))
+
+
+def test_every_unit_is_in_a_layer_or_an_application():
+    _, by_unit = graphs()
+    placed = set().union(*LAYERS) | set(APPLICATIONS)
+    assert not set(by_unit) - placed, f"place these in LAYERS or APPLICATIONS: {sorted(set(by_unit) - placed)}"
+    assert not set().union(*LAYERS) & set(APPLICATIONS)
+
+
+def application_imports(by_module: Mapping[str, Iterable[str]], raw: Mapping[str, set[str]]) -> list[str]:
+    """``module -> application`` for each import of an application by a module of the product (``raw``: the
+    top-level names each module imports, for ``benchmarks`` and ``scripts``, which are outside the package)."""
+    apps = tuple(APPLICATIONS)
+    product = [m for m in by_module if not m.startswith(apps)]
+    found = [f"{m} -> {t}" for m in product for t in sorted(by_module[m]) if t.startswith(apps)]
+    return found + [f"{m} -> {t}" for m in product for t in sorted(raw.get(m, set()) & set(apps))]
+
+
+def test_no_product_module_imports_an_application():
+    by_module, _ = graphs()
+    known = modules()
+    raw = {name: third_party(path) for name, path in known.items()}
+    assert by_module["ebpo_verl.recipes.driver"] & {"ebpo_verl.main"}  # the applications import the product
+    assert application_imports({"ebpo_verl.trainer.x": {"ebpo_verl.smoke.settings"}}, {"a": {"scripts"}}) == [
+        "ebpo_verl.trainer.x -> ebpo_verl.smoke.settings"
+    ]
+    assert application_imports({"ebpo_verl.ops.x": set()}, {"ebpo_verl.ops.x": {"benchmarks"}}) == [
+        "ebpo_verl.ops.x -> benchmarks"
+    ]
+    found = application_imports(by_module, raw)
+    assert not found, "the product imports an application: " + "; ".join(found)
+
+
+# ------------------------------------------------------------------------------------- module-level state
+MUTABLE_CALLS = frozenset({"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "bytearray"})
+MUTATORS = frozenset(
+    {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add", "discard"}
+    | {"sort", "reverse", "move_to_end", "appendleft", "popleft"}
+)
+ALLOWED_STATE = {
+    ("ebpo_verl.reward", "_VERDICTS"): "cache: math-verify verdicts by (gold, answer), LRU, at most _CACHE_SIZE",
+    ("ebpo_verl.reward", "_POOL"): "cache of grading worker processes, at most MAX_WORKERS, shut at exit",
+    ("ebpo_verl.trainer.run_options", "_LAST"): "cache: each estimator's last validated options, one per estimator",
+    ("ebpo_verl.trainer.adapter", "DEFAULT_ESTIMATORS"): "the default instances of stock verl.trainer.main_ppo",
+}
+"""The module-level mutable state the product may hold, with why (``functools.cache`` on a function of a few
+values, e.g. a trainer mode, is a cache too, and not counted)."""
+
+
+def _mutable_classes(trees: Iterable[ast.AST]) -> set[str]:
+    """Our classes whose instances can change: all but frozen dataclasses, named tuples and enums."""
+    out = set()
+    for node in (n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        frozen = any("frozen=True" in ast.unparse(d) for d in node.decorator_list)
+        if not frozen and not any(ast.unparse(b) in ("NamedTuple", "Enum", "str, Enum") for b in node.bases):
+            out.add(node.name)
+    return out
+
+
+def _call_name(node: ast.AST) -> str | None:
+    func = node.func if isinstance(node, ast.Call) else None
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _holds_state(value: ast.AST, classes: set[str]) -> bool:
+    """Whether ``value`` makes an instance of a mutable class of ours, or a container of objects made at import
+    (``{name: cls() for ...}``)."""
+    if _call_name(value) in classes:
+        return True
+    if isinstance(value, (ast.ListComp, ast.SetComp, ast.DictComp, ast.List, ast.Set, ast.Dict)):
+        return any(isinstance(n, ast.Call) and _call_name(n) not in ("tuple", "frozenset") for n in ast.walk(value))
+    return False
+
+
+def _written(trees: Iterable[ast.AST]) -> set[str]:
+    """Names whose items, attributes or contents some code changes (``x[k] = v``, ``del x[k]``, ``x.append(...)``,
+    ``x += ...``, ``x.a = v``), the name being ``x`` or ``module.x``."""
+    owners = []
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            owners += [t.value for t in node.targets if isinstance(t, (ast.Subscript, ast.Attribute))]
+        elif isinstance(node, ast.AugAssign):
+            owners.append(node.target.value if isinstance(node.target, (ast.Subscript, ast.Attribute)) else node.target)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            owners.append(node.func.value)
+    return {o.id if isinstance(o, ast.Name) else o.attr for o in owners if isinstance(o, (ast.Name, ast.Attribute))}
+
+
+def module_state(sources: Mapping[str, str], readers: Iterable[str] = ()) -> dict[tuple[str, str], int]:
+    """(module, name) -> line of each module-level binding of ``sources`` that holds mutable state: a container
+    (a display, a comprehension, a mutable built-in) that code of ``sources`` or ``readers`` writes into, an
+    instance of a mutable class of ours, or a container of objects made at import. ``__all__`` is not state."""
+    trees = {m: ast.parse(text) for m, text in sources.items()}
+    all_trees = [*trees.values(), *map(ast.parse, readers)]
+    classes, written = _mutable_classes(all_trees), _written(all_trees)
+    found = {}
+    for module, tree in trees.items():
+        for node in tree.body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            containers = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+            container = isinstance(node.value, containers) or _call_name(node.value) in MUTABLE_CALLS
+            for name in (n for n in names if n != "__all__"):
+                if (container and name in written) or _holds_state(node.value, classes):
+                    found[(module, name)] = node.lineno
+    return found
+
+
+def test_the_product_holds_no_module_level_state_but_the_listed():
+    known = modules()
+    product = {m: p.read_text(encoding="utf-8") for m, p in known.items() if not m.startswith(APPLICATIONS)}
+    readers = [p.read_text(encoding="utf-8") for m, p in known.items() if m.startswith(APPLICATIONS)]
+    readers += [p.read_text(encoding="utf-8") for d in ("benchmarks", "scripts") for p in (ROOT / d).glob("*.py")]
+    found = module_state(product, readers)
+    unlisted = sorted(f"{m}:{found[m, n]} {n}" for m, n in set(found) - set(ALLOWED_STATE))
+    assert not unlisted, f"module-level mutable state: {unlisted} (pass it in, or list it in ALLOWED_STATE, why)"
+    assert not set(ALLOWED_STATE) - set(found), f"listed but gone: {sorted(set(ALLOWED_STATE) - set(found))}"
+
+
+def test_the_state_check_sees_each_kind():
+    planted = {
+        "m": "import collections\n\nTABLE = {'a': 1}\nSEEN = []\nLRU = collections.OrderedDict()\n"
+        "POOL = Pool()\nMADE = {k: Pool() for k in 'ab'}\nKEYS = ('a',)\n__all__ = ['f']\n\n"
+        "class Pool:\n    pass\n\n\ndef f(x):\n    SEEN.append(x)\n    LRU[x] = 1\n",
+        "n": "from m import TABLE\n\nTABLE.update(b=2)\n",
+    }
+    assert module_state(planted) == {("m", "TABLE"): 3, ("m", "SEEN"): 4, ("m", "LRU"): 5, ("m", "POOL"): 6,
+                                     ("m", "MADE"): 7}  # fmt: skip
+    assert module_state({"m": planted["m"]}) == {("m", "SEEN"): 4, ("m", "LRU"): 5, ("m", "POOL"): 6, ("m", "MADE"): 7}
+
+
+def test_the_architecture_page_names_files_that_exist_and_every_layer():
+    """``docs/architecture.md``: each file or folder it names in backticks exists (from the repository root or
+    ``ebpo_verl/``), and its layer table names every unit of :data:`LAYERS` and :data:`APPLICATIONS`."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = {
+        t for t in re.findall(r"`([\w./<>-]+)`", page) if t.endswith((".py", ".md", ".yaml", "/")) and "<" not in t
+    }
+    assert len(named) > 30
+    missing = sorted(t for t in named if not (ROOT / t).exists() and not (ROOT / "ebpo_verl" / t).exists())
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+    units = {u.removeprefix("ebpo_verl.").replace(".", "/") for u in set().union(*LAYERS, APPLICATIONS)} - {"ebpo_verl"}
+    absent = sorted(u for u in units if f"`{u}/`" not in page and f"`{u}.py`" not in page)
+    assert not absent, f"docs/architecture.md's layers lack: {absent}"

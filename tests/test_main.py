@@ -17,10 +17,12 @@ from ebpo_verl.algos.baselines import SPOOptions, SPOState
 from ebpo_verl.algos.dbb import DBBOptions
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_state import EBPOState
+from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.preflight import check_config
-from ebpo_verl.trainer.run_options import EBPO, SPO
+
+EBPO, SPO = get("ebpo"), get("spo")
 
 REPO = Path(__file__).resolve().parents[1]
 HUB_MODEL = "actor_rollout_ref.model.path=Qwen/Qwen3-8B"

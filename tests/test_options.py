@@ -22,6 +22,7 @@ from ebpo_verl.algos.baselines import SPOOptions
 from ebpo_verl.algos.dbb import DBBOptions
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
+from ebpo_verl.algos.registry import stateful
 from ebpo_verl.ops.readme_block import replace_marked_block
 from ebpo_verl.options.parsing import OptionSection, accepts
 from ebpo_verl.trainer.adapter import ESTIMATORS
@@ -33,7 +34,7 @@ from ebpo_verl.trainer.config.generate import (
     config_yaml,
     options_table,
 )
-from ebpo_verl.trainer.run_options import STATEFUL, RunOptions, TrainerOptions
+from ebpo_verl.trainer.run_options import RunOptions, TrainerOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,9 +134,9 @@ def test_the_yaml_values_load_as_declared():
 
 
 def test_every_stateful_estimator_is_registered_checked_and_checkpointed():
-    files = [entry.state_file for entry in STATEFUL.values()]
+    files = [entry.state.file for entry in stateful().values()]
     assert len(set(files)) == len(files)
-    for name, entry in STATEFUL.items():
+    for name, entry in stateful().items():
         assert name in ESTIMATORS and entry.section == entry.options_cls.SECTION
         assert entry.row_key is None or entry.row_key in entry.option_keys
         assert "on_resume_mismatch" in entry.option_keys and "on_resume_mismatch" not in entry.resume_keys

@@ -22,8 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.options.parsing import unknown_option_message
-from ebpo_verl.trainer.run_options import StatefulEstimator
 
 VERL_SOURCES = {
     # method: sha256 (first 16 hex digits) of inspect.getsource in verl 0.9.1
@@ -55,8 +55,8 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
     monkeypatch.setattr("ebpo_verl.trainer.run_options._LAST", {})
     ebpo_verl.get_state().reset()
     parses = []
-    parse = StatefulEstimator.parse
-    monkeypatch.setattr(StatefulEstimator, "parse", lambda entry, node: parses.append(entry.name) or parse(entry, node))
+    parse = EstimatorSpec.parse
+    monkeypatch.setattr(EstimatorSpec, "parse", lambda entry, node: parses.append(entry.name) or parse(entry, node))
     fn = get_adv_estimator_fn("ebpo")
     rewards, mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1)
     uids = np.array(["a", "a", "b", "b"], dtype=object)

@@ -53,6 +53,7 @@ from ebpo_verl.algos.grouping import (
     unpadded,
 )
 from ebpo_verl.algos.jspo import compute_jspo_advantages
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
 
@@ -232,3 +233,36 @@ class SPOEstimator(Estimator):
         keys = require_prompt_keys(batch.row_values, "spo", "tracker", self.options.prompt_key)
         valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
         return compute_spo_advantages(batch.scores, keys, valid, self.options, self.state)
+
+
+def js_estimate(
+    scores: torch.Tensor, index: Any, valid: torch.Tensor, row_values: Any = None, pad_prefix: str | None = None
+) -> Advantages:
+    """``shrinkage_js`` as an estimator call (it reads no per-row field)."""
+    return compute_js_advantages(scores, index, valid, pad_prefix)
+
+
+SPECS = (
+    EstimatorSpec(
+        "shrinkage_js",
+        "James-Stein shrinkage: the leave-one-out group mean shrunk toward the leave-one-prompt-out batch mean",
+        "arXiv 2511.03710 (Zeng et al.), as the authors' fork runs it",
+        function=js_estimate,
+    ),
+    EstimatorSpec(
+        "bnpo",
+        "BNPO: (r - p_q) / f(p_q; alpha, beta), the Beta pdf fitted by moments to the batch's pass rates",
+        "arXiv 2506.02864 (Xiao et al.)",
+        estimator_cls=BNPOEstimator,
+    ),
+    EstimatorSpec(
+        "spo",
+        "SPO: a per-prompt Beta tracker's mean as baseline, batch-standardised (the fork's simplified form)",
+        "arXiv 2509.13232 (Xu & Ding)",
+        options_cls=SPOOptions,
+        estimator_cls=SPOEstimator,
+        state=StateSpec("spo_state.json", "SPO", "SPO trackers (baseline 0.5)", never_keep=("prompt_key",)),
+        row_key="prompt_key",
+        unique_row_key=True,
+    ),
+)

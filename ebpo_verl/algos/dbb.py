@@ -40,6 +40,7 @@ from ebpo_verl.algos.grouping import (
     sorted_sum,
     unpadded,
 )
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
 
@@ -151,3 +152,22 @@ class DBBEstimator(Estimator):
         keys = require_prompt_keys(batch.row_values, "dbb", "posterior", self.options.prompt_key)
         valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
         return compute_dbb_advantages(batch.scores, keys, valid, self.options, self.state)
+
+
+SPECS = (
+    EstimatorSpec(
+        "dbb",
+        "Discounted Beta-Bernoulli: a per-prompt discounted Beta posterior's mean as baseline (GRPO-DBB)",
+        "arXiv 2603.18444",
+        options_cls=DBBOptions,
+        estimator_cls=DBBEstimator,
+        state=StateSpec(
+            "dbb_state.json",
+            "DBB",
+            "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
+            never_keep=("prompt_key",),
+        ),
+        row_key="prompt_key",
+        unique_row_key=True,
+    ),
+)

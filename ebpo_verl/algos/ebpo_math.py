@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos.ebpo import EBPOOptions, ignored_keys, ignored_options_warning
 from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.grouping import factorize_keys, off_level_rows, padding_names, reward_levels, sorted_mean
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 
 
 @dataclass
@@ -509,3 +510,29 @@ def _diagnostics(
             diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
             diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
     return diag
+
+
+SPECS = (
+    EstimatorSpec(
+        "ebpo",
+        "EBPO: A_i = r_i - [(1 - S) mu_q + S mu_glob], the group mean shrunk toward running statistics, standardised",
+        "arXiv 2602.05165",
+        options_cls=EBPOOptions,
+        estimator_cls=EBPOEstimator,
+        state=StateSpec(
+            "ebpo_state.json",
+            "EBPO",
+            "empirical-Bayes statistics",
+            mode_keys=("stats_scope", "prior", "shrinkage", "norm", "cluster_key"),
+            ignored=ignored_keys,
+        ),
+        row_key="cluster_key",
+        study_variants={
+            "grpo_bn": {"shrinkage": 0.0},
+            "ebpo_batch": {"stats_scope": "batch"},
+            "ebpo_bb": {"prior": "beta_binomial"},
+            "ebpo_topic": {"cluster_key": "topic"},
+        },
+        warning=ignored_options_warning,
+    ),
+)

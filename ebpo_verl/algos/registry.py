@@ -73,6 +73,7 @@ class EstimatorSpec:
     state: its checkpointed state (None: none); row_key: the option naming the ``extra_info`` field read per row
         (None: none); unique_row_key: that field identifies a prompt (checked unique over the training rows).
     study_variants: extra study names -> option overrides (e.g. ``ebpo_bb``: ``{"prior": "beta_binomial"}``).
+    warning: options -> a message naming the options set that these options make the estimator ignore (None: none).
     """
 
     name: str
@@ -87,6 +88,7 @@ class EstimatorSpec:
     builtin: bool = False
     verl_name: str | None = None
     study_variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    warning: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.builtin and (self.estimator_cls is None) == (self.function is None):
@@ -135,6 +137,24 @@ class EstimatorSpec:
         if self.estimator_cls is None:
             return None
         return self.estimator_cls(self.parse(None) if options is None else options)
+
+    def estimate(self, options: Any = None) -> Callable[..., Advantages]:
+        """What one run calls each step, ``(scores, index, valid, row_values, pad_prefix) -> Advantages``: a fresh
+        object (:meth:`new`) or the pure function; ValueError for verl's own."""
+        if self.builtin:
+            raise ValueError(f"estimator {self.name!r} is verl's own: call it through verl's registry")
+        return self.function if self.function is not None else self.new(options)
+
+    @property
+    def row_kwarg(self) -> str:
+        """The keyword of the per-row field in the registered verl function (``prompt_keys`` for a prompt key,
+        ``labels`` for a label shared by prompts)."""
+        return "prompt_keys" if self.unique_row_key else "labels"
+
+    @property
+    def docstring(self) -> str:
+        """The registered verl function's docstring: the summary and the source."""
+        return f"{self.summary} ({self.source}).\n\nRegistered by ebpo_verl from its estimator registry."
 
 
 def _specs_of(module_name: str) -> tuple[EstimatorSpec, ...]:

@@ -1,10 +1,12 @@
 """Every private name of verl, Ray, Hydra, vLLM, torch and Python that this package reads, calls, writes, patches,
-overrides or copies, in one list (:data:`CONTACTS`), with why it is needed and what public API would replace it.
+overrides, copies or passes (a private keyword, also inside a Hydra override string), and every object of theirs it
+writes into, in one list (:data:`CONTACTS`), with why it is needed and what public API would replace it.
 
 ``docs/verl_contact.md`` is generated from it (``python -m ebpo_verl.compat.contact``).
 ``tests/test_contact_surface.py`` checks each entry against the installed packages (the name is there, a callable
 has the recorded parameters, an attribute set by the owner's methods is still set there), and derives the private
-names the source uses from its syntax tree: one that is not listed fails the test. A verl upgrade that moves one
+names the source uses from its syntax tree (every Python file we ship or run): one that is not listed fails the
+test. A verl upgrade that moves one
 of them is a red test naming the entry, not a crash in step 1.
 
 What is patched (an attribute of another package replaced, an entry of its registry written) goes through
@@ -39,7 +41,8 @@ class Contact:
     ``where`` our modules that use it; ``params`` a callable's parameter names as recorded; ``instance``: an
     attribute that the owner's methods set on its instances (not on the class); ``probe``: the dotted path the
     test checks when ``name`` is not reachable without a running cluster; ``checked_by``: tests of its behaviour;
-    ``scanned``: whether the source scan can see the use (a public name overridden is not a private name)."""
+    ``scanned``: whether the source scan can see the use (a public name overridden is not a private name);
+    ``keyword``: ``name`` is ``callable.keyword``, a private keyword our code passes to the callable."""
 
     name: str
     kinds: tuple[str, ...]
@@ -51,12 +54,19 @@ class Contact:
     probe: str | None = None
     checked_by: tuple[str, ...] = ()
     scanned: bool = True
+    keyword: bool = False
 
     @property
     def owner(self) -> str:
         """The package that owns the name (``python`` for the standard library)."""
         top = self.name.split(".")[0]
         return top if top in ("verl", "ray", "hydra", "vllm", "torch", "transformers") else "python"
+
+    @property
+    def shown(self) -> str:
+        """The name as the docs show it: ``ray.init(_temp_dir=...)`` for a keyword."""
+        callee, _, keyword = self.name.rpartition(".")
+        return f"{callee}({keyword}=...)" if self.keyword else self.name
 
 
 def _hook(method: str, where: tuple[str, ...], why: str, params: tuple[str, ...] = BATCH, **kw: Any) -> Contact:
@@ -138,9 +148,38 @@ CONTACTS: tuple[Contact, ...] = (
     Contact(
         "verl.trainer.main_ppo.TaskRunnerV1.__ray_actor_class__",
         ("read",),
+        (TRAINER, WATCHDOG),
+        "TaskRunnerV1 is a Ray actor class: its plain class is subclassed by EBPOTaskRunner; the watchdog reads the "
+        "plain class of verl's actor/rollout/ref worker the same way, to subclass it",
+        "none: Ray keeps a decorated class's original only there; verl would have to export the plain classes",
+    ),
+    Contact(
+        "verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY",
+        ("write",),
+        ("ebpo_verl.trainer.adapter",),
+        "when the adapter module runs again (a reload, a second import name), our previous copy of an estimator is "
+        "deleted from verl's registry before register_adv_est adds the new one, which refuses a taken name",
+        "an unregister or replace option of register_adv_est (not in verl 0.9.1)",
+        checked_by=("tests/test_contact_surface.py::test_verls_estimator_registry_refuses_a_taken_name_until_deleted",),
+    ),
+    Contact(
+        "verl.utils.tracking._TensorboardAdapter.writer",
+        ("read",),
         (TRAINER,),
-        "TaskRunnerV1 is a Ray actor class: its plain class is subclassed by EBPOTaskRunner",
-        "none: Ray keeps a decorated class's original only there; verl would have to export the plain class",
+        "a resumed run's TensorBoard purge event is written through verl's writer (Tracking.logger['tensorboard'])",
+        "a purge_step option of verl's TensorBoard backend (not in verl 0.9.1)",
+        instance=True,
+        scanned=False,
+    ),
+    Contact(
+        "torch.utils.tensorboard.writer.SummaryWriter._get_file_writer",
+        ("call",),
+        (TRAINER,),
+        "the purge event (SessionLog.START at the first retrained step) added to the open event file, as "
+        "SummaryWriter(purge_step=...) writes it",
+        "SummaryWriter(purge_step=...) when the writer is opened (verl 0.9.1 opens it without)",
+        params=("self",),
+        checked_by=("tests/test_tracking.py::test_a_retrained_step_shows_once_after_a_resume",),
     ),
     # ---------------------------------------------------------------------------------- Ray (the watchdog)
     Contact(
@@ -167,6 +206,17 @@ CONTACTS: tuple[Contact, ...] = (
         "the driver reads the TaskRunner's line",
         "none (goes with _internal_kv_put)",
         params=("key", "namespace"),
+    ),
+    Contact(
+        "ray.init._temp_dir",
+        ("call",),
+        ("ebpo_verl.smoke.settings",),
+        "the smoke runs and the step-cost benchmark start a private Ray instance with its files in their own folder, "
+        "through the Hydra override ray_kwargs.ray_init._temp_dir, which verl's run_ppo hands to ray.init",
+        "ray start --temp-dir for a cluster started beforehand; RAY_TMPDIR moves only the parent folder "
+        "($RAY_TMPDIR/ray)",
+        keyword=True,
+        checked_by=("tests/test_contact_surface.py::test_a_private_ray_init_keyword_in_an_override_reaches_ray_init",),
     ),
     Contact(
         "sys.argv",
@@ -357,8 +407,9 @@ def markdown() -> str:
         "",
         "Generated by `python -m ebpo_verl.compat.contact > docs/verl_contact.md` from",
         "`ebpo_verl/compat/contact.py` (`tests/test_contact_surface.py` keeps them equal). Every private name of",
-        "another package that ebpo-verl reads, calls, writes, patches, overrides or copies; each entry is checked",
-        "against the installed version by that test, which also fails on a private name the source uses unlisted.",
+        "another package that ebpo-verl reads, calls, writes, patches, overrides, copies or passes as a keyword, and",
+        "every object of theirs it writes into; each entry is checked against the installed version by that test,",
+        "which also fails on a private name that a Python file we ship or run uses unlisted.",
         f"{len(CONTACTS)} entries.",
     ]
     for owner in ("verl", "ray", "hydra", "vllm", "torch", "python"):
@@ -372,7 +423,7 @@ def markdown() -> str:
                 "|---|---|---|---|---|",
             ]
             lines += [
-                f"| `{c.name}` | {', '.join(c.kinds)} | {', '.join(w.removeprefix('ebpo_verl.') for w in c.where)} "
+                f"| `{c.shown}` | {', '.join(c.kinds)} | {', '.join(w.removeprefix('ebpo_verl.') for w in c.where)} "
                 f"| {c.why} | {c.public} |"
                 for c in rows
             ]

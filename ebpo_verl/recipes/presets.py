@@ -347,7 +347,23 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
-"""ALGO name -> preset (the ALGO switch of the recipes; the CPU study uses the same names)."""
+"""ALGO name -> preset (the ALGO switch of the recipes; the CPU study uses the same names). Each estimator of the
+registry without a preset here gets one (:func:`registry_presets`)."""
+
+
+def registry_presets(named: dict[str, Preset]) -> dict[str, Preset]:
+    """An ALGO for every estimator of the registry (:mod:`ebpo_verl.algos.registry`) that ``named`` lacks: its
+    ``algorithm.adv_estimator`` and nothing else changed, labelled by its name, described by its summary."""
+    from ebpo_verl.algos import registry
+
+    return {
+        name: Preset(name, name, spec.summary, (_s(_EST, spec.registered_name, spec.source),))
+        for name, spec in registry.estimators().items()
+        if name not in named
+    }
+
+
+PRESETS.update(registry_presets(PRESETS))
 
 ALIASES = {"js": "shrinkage_js"}
 """Earlier ALGO names, still accepted."""

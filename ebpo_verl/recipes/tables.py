@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ebpo_verl.algos import registry
 from ebpo_verl.recipes.presets import PRESETS, row_order
 from ebpo_verl.recipes.spec import Model
 
@@ -19,10 +20,11 @@ PAPER_SCHEDULE = {"TEST_FREQ": "5", "SAVE_FREQ": "10", "VAL_SETS": "aime2024", "
 
 MAIN_ALGOS = ("grpo", "drgrpo", "dapo", "entropy_mech", "ebpo")
 V2_ALGOS = ("reinforce_pp", "rloo", "spo", "bnpo", "shrinkage_js", "ebpo_bb")
-"""The v2 draft's extra Qwen3-8B rows of the main table (V2_ROWS=1)."""
-COMPETITOR_ALGOS = ("otb", "kl_cov", "dbb")
-"""Competitors the paper does not run (V2_ROWS=1): verl's Optimal Token Baseline and KL-Cov, and Discounted
-Beta-Bernoulli (DBB, ebpo_verl.algos.dbb), on Qwen3-8B in the main (G=4) and group-size (G=8/16/32) tables."""
+"""The v2 draft's extra Qwen3-8B rows of the main table (V2_ROWS=1): the rows that paper reports, a fact of it."""
+COMPETITOR_ALGOS = ("otb", "kl_cov", *(name for name in registry.ours() if name not in (*MAIN_ALGOS, *V2_ALGOS)))
+"""Competitors the paper does not run (V2_ROWS=1): verl's Optimal Token Baseline and KL-Cov, and every estimator of
+ours the paper does not run (from the registry: Discounted Beta-Bernoulli, ``dbb``, and any added one), on Qwen3-8B
+in the main (G=4) and group-size (G=8/16/32) tables."""
 GROUP_SIZES = (8, 16, 32)
 RIVAL_ALGOS = ("grpo", "rloo", "otb", "bnpo", "spo", "dbb", "jspo", "jspo_history", "ha_dw", "krpo", "running_norm",
                "ebpo")  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
-from ebpo_verl.study.presets import PRESETS, describe_presets
+from ebpo_verl.study.presets import ALL_ESTIMATORS, DEFAULT_LR, PRESETS, describe_presets
 
 PROG = "python -m ebpo_verl.study"
 
@@ -40,6 +40,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=list(PRESETS), default="quick", help="the study grid (default quick)")
     parser.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
     parser.add_argument("--workers", type=int, default=None, help="processes for the RL runs (preset default)")
+    parser.add_argument(
+        "--estimators",
+        type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()),
+        default=None,
+        help="comma-separated estimators to run instead of the preset's (any name of the estimator registry or a "
+        f"study variant: {', '.join(ALL_ESTIMATORS)}); one without a preset rate trains at lr {DEFAULT_LR:g}",
+    )
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
@@ -76,6 +83,8 @@ def _main(argv: list[str] | None) -> int:
 
     preset = PRESETS[args.preset]
     try:
+        if args.estimators:
+            preset = preset.with_estimators(args.estimators)
         preset.check_lrs()
         claim_out_dir(args.out, preset)
     except (StudyDirError, ValueError) as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,6 +14,8 @@ from ebpo_verl.study.tasks import LEVELS
 BASE_SEED = 0
 """The seed of the warm start (one "base model" shared by every run) and of the data splits."""
 ALL_ESTIMATORS = tuple(ESTIMATORS)
+DEFAULT_LR = 3e-4
+"""The learning rate of an estimator a preset has no rate for (``--estimators``): the tiny preset's, mid-grid."""
 LR_GRID = (7.5e-5, 1.5e-4, 3e-4, 6e-4)
 """Learning rates tried for every estimator. The first tuning run tried (1.5e-4, 3e-4, 6e-4) for the estimators
 whose advantages are standardised and (6e-4, 1.2e-3, 2.4e-3) for OTB, whose are not, and each chose its lowest
@@ -76,6 +79,19 @@ class Preset:
             raise ValueError(f"preset {self.name}: seeds={self.seeds}; a 95% interval needs at least 2")
         if any(lv not in LEVELS for lv in self.levels):
             raise ValueError(f"preset {self.name}: levels {self.levels}; choose from {LEVELS}")
+
+    def with_estimators(self, names: tuple[str, ...], lr: float = DEFAULT_LR) -> Preset:
+        """This grid with ``names`` instead of its estimators (the ordering table keeps those of its estimators
+        among them); an estimator the preset has no rate for runs at ``lr`` (a tuning preset: at every rate of
+        :data:`LR_GRID`). ValueError for a name the study does not know."""
+        rates = {e: self.lr.get(e, lr) for e in names} if self.lr else {}
+        return dataclasses.replace(
+            self,
+            estimators=names,
+            order_estimators=tuple(e for e in self.order_estimators if e in names),
+            lr=rates,
+            lr_grid=lr_grid(names) if self.tune else {},
+        )
 
     def cells(self) -> list[tuple[str, int, str]]:
         """(estimator, G, order) of every cell, sorted: the main table (random order) and the ordering table,

@@ -8,6 +8,7 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -73,7 +74,7 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "train_seen_gain": float(m["train_seen_gain"][0]),
         "train_unseen_gain": float(m["train_unseen_gain"][0]),
         "train_seen_fraction": float(m["train_seen_fraction"][0]),
-        **{k: float(np.mean(m[k])) for k in ("spo_frac_seen", "dbb_frac_seen") if k in m},
+        **{k: float(np.mean(v)) for k, v in m.items() if k.endswith("_frac_seen")},
         **{f"pass_at_{k}": run_pass_at_k(run, k) for k in COVERAGE_K if k > 1},
     }
 
@@ -170,15 +171,23 @@ STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okab
     "spo": ("#9467BD", "p", ":"),
     "dbb": ("#D55E00", "d", (0, (3, 1, 1, 1))),
 }
+DEFAULT_COLOURS = ("#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#3182BD", "#E6550D", "#31A354")
+DEFAULT_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 LEGEND_PT = 9
 FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
+
+
+def _default_style(est: str) -> tuple[str, str, Any]:
+    """A style for an estimator :data:`STYLES` does not name (one added to the registry): fixed by its name."""
+    h = sum(ord(c) * 31**i for i, c in enumerate(est))
+    return DEFAULT_COLOURS[h % len(DEFAULT_COLOURS)], DEFAULT_MARKERS[h // 8 % len(DEFAULT_MARKERS)], "--"
 
 
 def _style(est: str, k: int) -> dict:
     """A fixed colour, marker and line style per estimator (ebpo and ebpo_batch differ in all three; ebpo_batch's
     markers are hollow), and a width and drawing order per position ``k``, so lines that coincide (EBPO's
     zero-signal fraction is 0 in both variants) stay visible: earlier lines are wider and drawn below."""
-    color, marker, ls = STYLES[est]
+    color, marker, ls = STYLES.get(est) or _default_style(est)
     return {
         "color": color,
         "ls": ls,

@@ -4,12 +4,14 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
   1. take the next P = responses_per_step / G prompts of the ordered stream and sample G responses each
      (temperature 1);
   2. reward 1/0 by exact match, placed on the last response token (``token_level_rewards``);
-  3. advantages from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the registry training uses),
-     with a fresh uid per prompt per step as ``index``; ``otb`` (verl's ``optimal_token_baseline``) also gets
-     what verl's trainer passes it with ``actor.calculate_sum_pi_squared=True``: the sampled tokens'
-     ``old_log_probs`` and ``sum_pi_squared`` (sum over the vocabulary of the squared token probabilities at
-     every response position, from the pre-update model's logits via verl's
-     ``calculate_sum_pi_squared_from_logits``), with no rollout importance weights;
+  3. advantages: verl's own estimators from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the
+     registry training uses); ours (:mod:`ebpo_verl.algos.registry`) from the run's own estimator object
+     (``EstimatorSpec.new(options)``, the object ``ebpo-train``'s trainer makes), called as the trainer calls it
+     (:func:`ebpo_verl.trainer.adapter.outcome_advantages`); a fresh uid per prompt per step as ``index``;
+     ``otb`` (verl's ``optimal_token_baseline``) also gets what verl's trainer passes it with
+     ``actor.calculate_sum_pi_squared=True``: the sampled tokens' ``old_log_probs`` and ``sum_pi_squared`` (sum
+     over the vocabulary of the squared token probabilities at every response position, from the pre-update
+     model's logits via verl's ``calculate_sum_pi_squared_from_logits``), with no rollout importance weights;
   4. ``ppo_mini_batches`` gradient steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
      ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
      model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``,
@@ -23,7 +25,9 @@ Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (log-sof
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +41,8 @@ from verl.utils.torch_functional import (
 )
 from verl.workers.config.actor import ActorConfig
 
+from ebpo_verl.algos import registry
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
 from ebpo_verl.study.tasks import TOPICS, ProblemSet, verify
 
@@ -46,36 +52,39 @@ KL_PROBE = 32
 
 @dataclass(frozen=True)
 class Estimator:
-    """An advantage estimator of verl's registry, with the ``algorithm.ebpo`` options it is called with."""
+    """A study name: an estimator of the registry (:mod:`ebpo_verl.algos.registry`) with option overrides (its
+    ``study_variants``, e.g. ``ebpo_bb``: ``{"prior": "beta_binomial"}``)."""
 
-    verl_name: str
-    ebpo: dict = field(default_factory=dict)
+    spec: EstimatorSpec
+    overrides: dict = field(default_factory=dict)
 
     @property
-    def uses_labels(self) -> bool:
-        return self.ebpo.get("cluster_key") is not None
+    def verl_name(self) -> str:
+        return self.spec.registered_name
+
+    def start(self) -> Callable[..., Any] | None:
+        """A fresh estimate for one run: ours, a new object with the options (``spec.estimate``, as ``ebpo-train``
+        makes it) or the pure function; None for verl's own (called through verl's registry)."""
+        if self.spec.builtin:
+            return None
+        return self.spec.estimate(self.spec.parse(self.overrides) if self.spec.options_cls else None)
 
 
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": Estimator("grpo"),
-    "rloo": Estimator("rloo"),
-    "reinforce_pp": Estimator("reinforce_plus_plus_baseline"),
-    "grpo_bn": Estimator("ebpo", {"shrinkage": 0.0}),
-    "ebpo": Estimator("ebpo"),
-    "ebpo_batch": Estimator("ebpo", {"stats_scope": "batch"}),
-    "ebpo_bb": Estimator("ebpo", {"prior": "beta_binomial"}),
-    "ebpo_topic": Estimator("ebpo", {"cluster_key": "topic"}),
-    # the v2 draft's baselines (ebpo_verl.algos.baselines); spo's tracker is keyed by the training problem's index
-    "shrinkage_js": Estimator("shrinkage_js"),
-    "bnpo": Estimator("bnpo"),
-    "spo": Estimator("spo"),
-    # verl's Optimal Token Baseline (arXiv 2602.07078): a per-token baseline weighted by the path variance
-    "otb": Estimator("optimal_token_baseline"),
-    # Discounted Beta-Bernoulli (arXiv 2603.18444, ebpo_verl.algos.dbb): per-prompt posteriors keyed as spo's tracker
-    "dbb": Estimator("dbb"),
-}
-KEYED = ("spo", "dbb")
-"""verl names of the estimators that keep per-prompt state under a stable prompt key (the problem's index)."""
+def _study_estimators() -> dict[str, Estimator]:
+    """Every estimator of the registry under its name, then its study variants, in the registry's order."""
+    out: dict[str, Estimator] = {}
+    for name, spec in registry.estimators().items():
+        out[name] = Estimator(spec)
+        out.update({variant: Estimator(spec, dict(o)) for variant, o in spec.study_variants.items()})
+    return out
+
+
+ESTIMATORS: dict[str, Estimator] = _study_estimators()
+"""The study's names: verl's own (``otb`` is verl's Optimal Token Baseline, arXiv 2602.07078), ours and their
+variants (``grpo_bn``: EBPO with S = 0, ...)."""
+ROW_FIELDS = ("topic", "index")
+"""The ``extra_info`` fields a study row carries: its topic and the training problem's index (the stable prompt key
+``spo`` and ``dbb`` read, as the trainer passes ``extra_info.index``)."""
 SPLITS = ("test", "validation")
 
 
@@ -186,15 +195,21 @@ def _advantages(
     topics: np.ndarray,
     problem_ids: np.ndarray,
     otb_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    estimate: Callable[..., Any] | None = None,
 ) -> torch.Tensor:
-    """(bs, L) advantages from verl's registry; the outcome reward sits on the last response token. ``spo`` gets
-    each row's training-problem index as its stable prompt key (as the trainer passes ``extra_info.index``), as
-    does ``dbb``;
-    ``otb`` gets ``otb_inputs`` = (old_log_probs, sum_pi_squared), as verl's ``compute_advantage`` passes them."""
-    fn = get_adv_estimator_fn(est.verl_name)
+    """(bs, L) advantages; the outcome reward sits on the last response token. Ours: ``estimate`` (the run's,
+    :meth:`Estimator.start`) on the rows, with the per-row field its options name (``topic`` or the training
+    problem's ``index``). verl's own: its registered function; ``otb`` gets ``otb_inputs`` = (old_log_probs,
+    sum_pi_squared), as verl's ``compute_advantage`` passes them."""
     maskf = mask.float()
     tlr = torch.zeros_like(maskf)
     tlr[torch.arange(len(rewards)), mask.sum(dim=1) - 1] = rewards
+    if not est.spec.builtin:
+        from ebpo_verl.trainer.adapter import outcome_advantages
+
+        values = _row_values(est, getattr(estimate, "options", None), {"topic": topics, "index": problem_ids})
+        return outcome_advantages(estimate, tlr, maskf, index, values)[0]
+    fn = get_adv_estimator_fn(est.verl_name)
     if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config
         adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, norm_adv_by_std_in_grpo=True)
         return adv
@@ -213,24 +228,19 @@ def _advantages(
             rollout_is_weights=None,
         )
         return adv
-    config = OmegaConf.create({"adv_estimator": est.verl_name, "ebpo": dict(est.ebpo)})
-    extra = {"labels": list(topics)} if est.uses_labels else {}
-    if est.verl_name in KEYED:
-        extra["prompt_keys"] = problem_ids
-    adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, config=config, **extra)
+    config = OmegaConf.create({"adv_estimator": est.verl_name})
+    adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, config=config)
     return adv
 
 
-def _reset_package_state(est: Estimator) -> None:
-    """Register this package's estimators and clear their state (EBPO's statistics, SPO's and DBB's trackers)."""
-    if est.verl_name not in ("ebpo", "shrinkage_js", "bnpo", *KEYED):
-        return
-    import ebpo_verl
-    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-    ebpo_verl.register()
-    for default in DEFAULT_ESTIMATORS.values():  # verl's registry runs the process's default instances
-        default.reset()
+def _row_values(est: Estimator, options: Any, fields: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The per-row field the estimator's options name (None: it reads none); ValueError for one the study lacks."""
+    key = est.spec.row_key_of(options) if options is not None else None
+    if key is None:
+        return None
+    if key not in fields:
+        raise ValueError(f"{est.spec.section}.{est.spec.row_key}={key!r}: the study's rows carry only {ROW_FIELDS}")
+    return fields[key]
 
 
 @dataclass
@@ -266,26 +276,22 @@ STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
 
 
 def _log_signal(
-    log: dict, est: Estimator, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
+    log: dict, est: Estimator, diagnostics: dict, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
 ) -> None:
-    """The step's training signal: zero-signal and uniform groups, mean reward, EBPO's mean shrinkage and the
-    keyed trackers' share of prompts seen before."""
+    """The step's training signal: zero-signal and uniform groups, mean reward, and from the estimator's
+    ``diagnostics``: the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of prompts a per-prompt
+    tracker saw before (``<name>/frac_seen``, SPO's and DBB's)."""
     p = len(rewards) // g
     # a group gives no signal when every advantage of every response token is zero (OTB's vary by token)
     silent = ((adv.abs() < 1e-6) | ~mask).all(dim=1).view(p, g)
     log["zero_signal"].append(silent.all(dim=1).float().mean().item())
     log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
     log["reward"].append(rewards.mean().item())
-    if est.verl_name == "ebpo":
-        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-        diagnostics = DEFAULT_ESTIMATORS["ebpo"].diagnostics
-        log["shrinkage"].append(diagnostics.get("ebpo/shrinkage_mean", float("nan")))
-    if est.verl_name in KEYED:  # share of this step's prompts that the tracker saw at an earlier step
-        from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-        diagnostics = DEFAULT_ESTIMATORS[est.verl_name].diagnostics
-        log.setdefault(f"{est.verl_name}_frac_seen", []).append(diagnostics[f"{est.verl_name}/frac_seen"])
+    name = est.spec.name
+    if f"{name}/shrinkage_mean" in diagnostics:
+        log["shrinkage"].append(diagnostics[f"{name}/shrinkage_mean"])
+    if f"{name}/frac_seen" in diagnostics:  # share of this step's prompts that the tracker saw at an earlier step
+        log.setdefault(f"{name}_frac_seen", []).append(diagnostics[f"{name}/frac_seen"])
 
 
 def _update(
@@ -338,8 +344,10 @@ def _rl_step(
     step: int,
     gen: torch.Generator,
     log: dict,
+    estimate: Callable[..., Any] | None = None,
 ) -> None:
-    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages, update; logs it."""
+    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
+    ``estimate``), update; logs it."""
     p, g = len(batch_ids), cfg.group_size
     batch = train.subset(batch_ids)
     prompts = batch.prompts.repeat_interleave(g, dim=0)
@@ -347,8 +355,9 @@ def _rl_step(
     rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
     index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
     otb_inputs = (old_logp, sum_pi_squared(learner.model, prompts, responses)) if est.verl_name == OTB else None
-    adv = _advantages(est, rewards, mask, index, np.repeat(batch.topic, g), np.repeat(batch_ids, g), otb_inputs)
-    _log_signal(log, est, adv, mask, rewards, g)
+    topics, problem_ids = np.repeat(batch.topic, g), np.repeat(batch_ids, g)
+    adv = _advantages(est, rewards, mask, index, topics, problem_ids, otb_inputs, estimate)
+    _log_signal(log, est, getattr(estimate, "diagnostics", {}), adv, mask, rewards, g)
     for k, v in _update(learner, cfg, gen, prompts, responses, mask, old_logp, adv).items():
         log[k].append(v)
 
@@ -377,7 +386,7 @@ def run_rl(
     from) and its mean gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it
     did not."""
     est = ESTIMATORS[cfg.estimator]
-    _reset_package_state(est)
+    estimate = est.start()  # the run's own estimator object (ours), as ebpo-train's trainer makes one per run
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     learner = _Learner.start(base, cfg)
@@ -399,7 +408,7 @@ def run_rl(
     evaluate(0)
     p = cfg.prompts_per_step
     for step in range(1, cfg.steps + 1):
-        _rl_step(learner, est, cfg, train, stream[(step - 1) * p : step * p], step, gen, log)
+        _rl_step(learner, est, cfg, train, stream[(step - 1) * p : step * p], step, gen, log, estimate)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
     _final_gains(learner.model, train, base_pass, stream, log)

@@ -1,7 +1,5 @@
-"""verl glue: registers the ``ebpo`` advantage estimator (loaded by the ``verl.plugins`` entry point).
-
-The same module registers the v2 draft's baselines ``shrinkage_js``, ``bnpo`` and ``spo`` (math in
-:mod:`ebpo_verl.algos.baselines`) and Discounted Beta-Bernoulli ``dbb`` (math in :mod:`ebpo_verl.algos.dbb`).
+"""verl glue: registers every estimator of ours (:func:`ebpo_verl.algos.registry.ours`: ``ebpo``, ``shrinkage_js``,
+``bnpo``, ``spo``, ``dbb`` and any added one) in verl's registry (loaded by the ``verl.plugins`` entry point).
 
 An estimator with memory is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics),
 and verl hands a registered estimator only the batch tensors and its raw ``algorithm`` node. So there are two
@@ -10,10 +8,12 @@ ways in, both through :func:`outcome_advantages` (verl's tensors -> scores, padd
 - ``ebpo-train``: the trainer creates the run's object (:func:`new_estimator`), and its copy of verl's advantage
   step (``ebpo_verl.trainer.ray_trainer``, the one tested copy of a verl method) calls it directly with the step's
   tensors and per-row keys, where verl's ``compute_advantage`` would call the registered function. The call site
-  shows which object's state changes; nothing travels beside the call, and no more of verl is copied.
-- stock ``verl.trainer.main_ppo`` (no trainer of ours): the registered functions below use this process's
-  default instance, :data:`DEFAULT_ESTIMATORS` (one per estimator), whose options come from the node by value
-  (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated when the node's value is new or changed).
+  shows which object's state changes; nothing travels beside the call, and no more of verl is copied. The CPU
+  study does the same with its own objects.
+- stock ``verl.trainer.main_ppo`` (no trainer of ours): the registered functions (:func:`registered_function`, one
+  per estimator, made from its registry entry) use this process's default instance, :data:`DEFAULT_ESTIMATORS`,
+  whose options come from the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated
+  when the node's value is new or changed).
 """
 
 from __future__ import annotations
@@ -25,42 +25,38 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
-from ebpo_verl.algos.baselines import BNPOEstimator, SPOEstimator, compute_js_advantages
-from ebpo_verl.algos.dbb import DBBEstimator
-from ebpo_verl.algos.ebpo_math import EBPOEstimator
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.estimator import Advantages, Estimator
 from ebpo_verl.algos.grouping import factorize_keys
-from ebpo_verl.trainer.run_options import DBB, EBPO, SPO, RunOptions, StatefulEstimator, options_for_node
+from ebpo_verl.algos.registry import EstimatorSpec
+from ebpo_verl.trainer.run_options import RunOptions, options_for_node
 
-NAME = "ebpo"
 PAD_PREFIX = "pad"
 """verl's padding rows have uids starting with it."""
 
-ESTIMATOR_CLASSES: dict[str, type[Estimator]] = {
-    NAME: EBPOEstimator,
-    "bnpo": BNPOEstimator,
-    "spo": SPOEstimator,
-    "dbb": DBBEstimator,
+DEFAULT_ESTIMATORS: dict[str, Estimator] = {
+    name: spec.estimator_cls() for name, spec in registry.ours().items() if spec.estimator_cls is not None
 }
-"""The estimators that are objects (state, or diagnostics), by verl name; ``shrinkage_js`` is a pure function."""
-
-DEFAULT_ESTIMATORS: dict[str, Estimator] = {name: cls() for name, cls in ESTIMATOR_CLASSES.items()}
-"""The default instances: the estimators of stock ``verl.trainer.main_ppo`` in this process (and of any caller
-of verl's registry, such as the CPU study), their options set from verl's node on each call. ``ebpo-train``'s
-trainer never uses them: it owns its own (:func:`new_estimator`)."""
+"""The default instances (one per estimator of ours that is an object): the estimators of stock
+``verl.trainer.main_ppo`` in this process, their options set from verl's node on each call. ``ebpo-train``'s
+trainer and the CPU study never use them: they own their own (:func:`new_estimator`, ``EstimatorSpec.new``)."""
 
 
 def new_estimator(options: RunOptions) -> Estimator | None:
-    """A fresh estimator object for a run (None when ``options.adv_estimator`` is not one of ours with state or
-    diagnostics: verl's own step runs it)."""
-    cls = ESTIMATOR_CLASSES.get(options.adv_estimator)
-    return None if cls is None else cls(options.estimator)
+    """A fresh estimator object for a run (None when ``options.adv_estimator`` is not one of ours that is an object:
+    verl's own step runs it through the registered function)."""
+    spec = options.spec
+    return None if spec is None else spec.new(options.estimator)
 
 
-def default_estimator(entry: StatefulEstimator, config: Any) -> Estimator:
-    """The default instance of ``entry``, with the options of verl's ``algorithm.<name>`` node (None -> defaults)."""
-    estimator = DEFAULT_ESTIMATORS[entry.name]
-    estimator.options = options_for_node(entry, None if config is None else config.get(entry.name, None))
+def default_estimate(spec: EstimatorSpec, config: Any) -> Callable[..., Advantages]:
+    """What stock ``main_ppo``'s call of ``spec``'s registered function runs: the default instance with the options
+    of verl's ``algorithm.<name>`` node (None -> defaults), or the pure function."""
+    if spec.function is not None:
+        return spec.function
+    estimator = DEFAULT_ESTIMATORS[spec.name]
+    if spec.options_cls is not None:
+        estimator.options = options_for_node(spec, None if config is None else config.get(spec.name, None))
     return estimator
 
 
@@ -93,33 +89,6 @@ def outcome_advantages(
     return advantages, advantages, result.diagnostics
 
 
-def _js(scores: torch.Tensor, index: Any, valid: torch.Tensor, values: Any, pad_prefix: str) -> Advantages:
-    return compute_js_advantages(scores, index, valid, pad_prefix)
-
-
-def compute_ebpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any = None,
-    labels: np.ndarray | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """EBPO outcome advantage (arXiv 2602.05165): A_i = r_i - [(1 - S) mu_q + S mu_glob], batch-standardised.
-
-    The response score is ``token_level_rewards.sum(-1)``; the options are those of ``config.ebpo`` (``config``
-    is verl's ``algorithm`` node; None -> defaults); the running statistics are the default instance's
-    (``DEFAULT_ESTIMATORS["ebpo"]``, also ``ebpo_verl.get_state()``). Rows whose uid starts with ``pad`` or whose
-    response mask is all zero are padding: advantage 0, statistics untouched. ``labels`` (one per row) feed
-    per-cluster priors when ``algorithm.ebpo.cluster_key`` is set.
-    Returns (advantages, returns), both (bs, response_length).
-    """
-    advantages, returns, _ = outcome_advantages(
-        default_estimator(EBPO, config), token_level_rewards, response_mask, index, labels
-    )
-    return advantages, returns
-
-
 def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
     """(bs, L) rewards and an equal-shaped mask with L >= 1, else one ValueError naming both shapes."""
     shape, mask_shape = tuple(token_level_rewards.shape), tuple(response_mask.shape)
@@ -128,88 +97,6 @@ def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
             "advantage estimators need token_level_rewards and response_mask of one shape (bs, response_length) with "
             f"response_length >= 1; got {shape} and {mask_shape}"
         )
-
-
-def compute_shrinkage_js_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """James-Stein shrinkage baseline (Zeng et al., "Shrinking the Variance", arXiv 2511.03710), as the fork runs it.
-
-    A_ij = r_ij - [(1 - lambda_i) mu_i^{-j} + lambda_i mbar_{-i}], lambda_i = ((n-1)/n) v_{-i} / (v_{-i} + s_{-i}):
-    leave-one-out group mean shrunk toward the leave-one-prompt-out batch mean; no normalisation (details in
-    :mod:`ebpo_verl.algos.baselines`). Padding rows (uid ``pad*`` or an all-zero mask) get 0 and enter no statistic.
-    Returns (advantages, returns), both (bs, response_length).
-    """
-    advantages, returns, _ = outcome_advantages(_js, token_level_rewards, response_mask, index)
-    return advantages, returns
-
-
-def compute_bnpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BNPO (Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv 2506.02864).
-
-    A = (r - p_q) / max(eps, f(p_q; alpha, beta)), p_q the group mean reward and f the Beta pdf with
-    alpha = 1 + a/3, beta = 1 + b/3, (a, b) fitted by moments to the batch's p_q; eps = 1e-6. Padding rows get 0.
-    The ``bnpo/*`` diagnostics are the default instance's (``DEFAULT_ESTIMATORS["bnpo"].diagnostics``).
-    Returns (advantages, returns), both (bs, response_length).
-    """
-    estimator = DEFAULT_ESTIMATORS["bnpo"]
-    advantages, returns, _ = outcome_advantages(estimator, token_level_rewards, response_mask, index)
-    return advantages, returns
-
-
-def compute_spo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any = None,
-    prompt_keys: np.ndarray | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPO (Xu & Ding, "Single-stream Policy Optimization", arXiv 2509.13232), the fork's simplified form.
-
-    A = r - alpha_q / (alpha_q + beta_q) (0.5 for an unseen prompt), then (A - mean) / (std + eps) over the batch;
-    afterwards each prompt's tracker does alpha <- rho alpha + rbar, beta <- rho beta + (1 - rbar), starting
-    from (n0/2, n0/2). The tracker is the default instance's (``DEFAULT_ESTIMATORS["spo"]``), keyed by
-    ``prompt_keys`` (one stable key per row, e.g. ``extra_info["index"]``); verl's uids are fresh every step, so
-    without ``prompt_keys`` this raises rather than track nothing. Options: ``config.spo``.
-    Returns (advantages, returns), both (bs, response_length).
-    """
-    advantages, returns, _ = outcome_advantages(
-        default_estimator(SPO, config), token_level_rewards, response_mask, index, prompt_keys
-    )
-    return advantages, returns
-
-
-def compute_dbb_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any = None,
-    prompt_keys: np.ndarray | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Discounted Beta-Bernoulli reward estimation (DBB, arXiv 2603.18444), GRPO-DBB form.
-
-    Per prompt alpha <- lambda alpha + S, beta <- lambda beta + N - S from (1, 1) (Eq. 11), updated before the
-    advantage; A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)), p_hat = alpha / (alpha + beta) (Eqs. 12-13). The
-    posteriors are the default instance's (``DEFAULT_ESTIMATORS["dbb"]``), keyed by ``prompt_keys`` (a stable key
-    per row, as ``spo``'s); without them this raises. Options: ``config.dbb``. Returns (advantages, returns), both
-    (bs, response_length).
-    """
-    advantages, returns, _ = outcome_advantages(
-        default_estimator(DBB, config), token_level_rewards, response_mask, index, prompt_keys
-    )
-    return advantages, returns
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
@@ -224,18 +111,47 @@ def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
     return has
 
 
-ESTIMATORS = {
-    NAME: compute_ebpo_outcome_advantage,
-    "shrinkage_js": compute_shrinkage_js_outcome_advantage,
-    "bnpo": compute_bnpo_outcome_advantage,
-    "spo": compute_spo_outcome_advantage,
-    "dbb": compute_dbb_outcome_advantage,
+REGISTERED_DOC = """
+
+Args: ``token_level_rewards`` and ``response_mask`` (bs, response_length), the score of a response being its summed
+token rewards; ``index`` the rows' prompt uids (a uid starting with ``pad`` or an all-zero mask: padding, advantage
+0, no statistic touched); ``config`` verl's ``algorithm`` node (the options are its ``algorithm.<name>``, None ->
+defaults); ``{kwarg}`` one value per row of the ``extra_info`` field the options name (``{row_key}``).
+Returns (advantages, returns), both (bs, response_length): the row's advantage on each of its response tokens.
+Under stock ``main_ppo`` the state and diagnostics are this process's default instance's
+(``ebpo_verl.trainer.adapter.DEFAULT_ESTIMATORS``); ``ebpo-train`` calls the run's own object instead."""
+
+
+def registered_function(spec: EstimatorSpec) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``spec``'s function for verl's registry (stock ``main_ppo``'s way in), its docstring from the registry."""
+
+    def compute(
+        token_level_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        index: np.ndarray,
+        config: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        values = kwargs.get(spec.row_kwarg) if spec.row_key else None
+        estimate = default_estimate(spec, config)
+        advantages, returns, _ = outcome_advantages(estimate, token_level_rewards, response_mask, index, values)
+        return advantages, returns
+
+    compute.__name__ = compute.__qualname__ = f"compute_{spec.name}_outcome_advantage"
+    compute.__doc__ = f"{spec.summary} ({spec.source})." + REGISTERED_DOC.format(
+        kwarg=spec.row_kwarg if spec.row_key else "(no per-row field)", row_key=spec.row_key or "none"
+    )
+    return compute
+
+
+ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    spec.registered_name: registered_function(spec) for spec in registry.ours().values()
 }
-"""Every estimator this package registers, by its verl name."""
+"""Every estimator this package registers in verl, by its verl name."""
 
 
 def register() -> None:
-    """Register ``ebpo``, ``shrinkage_js``, ``bnpo``, ``spo`` and ``dbb`` in verl's estimator registry; idempotent."""
+    """Register every estimator of ours (:data:`ESTIMATORS`) in verl's estimator registry; idempotent."""
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
     for name, ours in ESTIMATORS.items():
         current = registry.get(name)

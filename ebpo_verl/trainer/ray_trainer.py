@@ -12,8 +12,8 @@ of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whic
   ``algorithm.spo.prompt_key``), this step's uid -> ``extra_info[field]`` map fetched from TransferQueue; the
   diagnostics it returns (``ebpo/*``, ``spo/*``, ``dbb/*``, ``bnpo/*``) go into the step's metrics, so every
   tracker backend logs them;
-- ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator object (one of
-  :data:`ebpo_verl.trainer.run_options.STATEFUL`) in ``global_step_N/<state_file>``
+- ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator object (one with a ``StateSpec`` in
+  :mod:`ebpo_verl.algos.registry`) in ``global_step_N/<state_file>``
   (:mod:`ebpo_verl.trainer.checkpoint.state`),
   restored in ``init()``, i.e. before the first advantage computation; every checkpoint also holds the step's
   training metrics (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`): verl validates between its tracker file and the
@@ -55,7 +55,7 @@ from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.ops.node_check import check_nodes
 from ebpo_verl.ops.provenance import run_provenance
 from ebpo_verl.options.parsing import is_missing
-from ebpo_verl.trainer.adapter import ESTIMATORS, new_estimator, outcome_advantages, row_values
+from ebpo_verl.trainer.adapter import new_estimator, outcome_advantages, row_values
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
@@ -281,7 +281,7 @@ class EBPOTrainerMixin:
 
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_info"])
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-        option = f"{self.options.stateful.section}.{self.options.stateful.row_key}"
+        option = f"{self.options.spec.section}.{self.options.spec.row_key}"
         return uid_row_keys(list(fetched["extra_info"]), list(fetched["uid"]), padding, key, option)
 
     # ---------------------------------------------------------- checkpoint
@@ -396,7 +396,7 @@ class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     def preflight(self, config: DictConfig) -> RunOptions:
         """What must run in this process: the run's options (parsed once here) and our estimator's registration."""
         options = RunOptions.from_config(config)
-        if options.adv_estimator in ESTIMATORS:
+        if options.spec is not None:
             check_registered(options.adv_estimator)
         return options
 

@@ -1,9 +1,9 @@
 """The run's options, parsed and validated once per process into one frozen :class:`RunOptions`.
 
 Each options section is one dataclass declaring its options once (:class:`~ebpo_verl.options.parsing.OptionSection`:
-:class:`~ebpo_verl.algos.ebpo.EBPOOptions` for ``algorithm.ebpo``, :class:`~ebpo_verl.algos.baselines.SPOOptions`,
-:class:`~ebpo_verl.algos.dbb.DBBOptions`, :class:`~ebpo_verl.algos.ordering.CurriculumOptions` for
-``data.curriculum``, :class:`TrainerOptions` for our keys of ``trainer``); ``trainer/config/ebpo_trainer.yaml`` is
+each estimator's ``algorithm.<name>``, named by its entry of the estimator registry :mod:`ebpo_verl.algos.registry`,
+:class:`~ebpo_verl.algos.ordering.CurriculumOptions` for ``data.curriculum``, :class:`TrainerOptions` for our keys
+of ``trainer``); ``trainer/config/ebpo_trainer.yaml`` is
 generated from them (:mod:`ebpo_verl.trainer.config.generate`; ``tests/test_options.py`` keeps it equal).
 
 Who parses, and how often (``tests/test_options.py`` counts it):
@@ -16,9 +16,6 @@ Who parses, and how often (``tests/test_options.py`` counts it):
 - stock ``verl.trainer.main_ppo`` (the estimator sees only the raw ``algorithm`` node):
   :func:`options_for_node` validates the node's value when it first sees it or it changes, and otherwise reuses
   the result.
-
-:data:`STATEFUL` lists the estimators whose running state lives across steps and in every checkpoint; everything
-that differs between them (options class, estimator class, state file, per-row key) is one entry there.
 """
 
 from __future__ import annotations
@@ -27,113 +24,18 @@ import dataclasses
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.algos.baselines import SPOEstimator, SPOOptions
-from ebpo_verl.algos.dbb import DBBEstimator, DBBOptions
-from ebpo_verl.algos.ebpo import EBPOOptions, ignored_keys, ignored_options_warning
-from ebpo_verl.algos.ebpo_math import EBPOEstimator
+from ebpo_verl.algos import registry
+from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import OptionSection, Rule, is_real, option
-
-
-def _nothing_ignored(options: Any) -> set[str]:
-    return set()
-
-
-@dataclass(frozen=True)
-class StatefulEstimator:
-    """An estimator with running state saved in every checkpoint (``global_step_N/<state_file>``).
-
-    name: ``algorithm.adv_estimator``; its options are ``algorithm.<name>``, parsed into ``options_cls``.
-    estimator_cls: the :class:`~ebpo_verl.algos.estimator.Estimator` whose ``state`` is saved (``reset``,
-        ``state_dict``, ``load_state_dict``).
-    label / what: the estimator's name and what starts fresh, in messages.
-    row_key: the option naming the ``extra_info`` field the estimator reads per row (None: none); the trainer
-        passes it as a per-step uid -> value map. unique_row_key: that field identifies a prompt (unique over
-        the training rows; a uid key would change every step); otherwise it is a label shared by prompts.
-    mode_keys / ignored: a resume ignores changes of the options ``ignored(options)`` while no mode key changed.
-    never_keep: options whose change a resume never continues under ``on_resume_mismatch=keep``.
-    """
-
-    name: str
-    options_cls: type
-    estimator_cls: type
-    state_file: str
-    label: str
-    what: str
-    row_key: str | None = None
-    unique_row_key: bool = False
-    mode_keys: tuple[str, ...] = ()
-    ignored: Callable[[Any], set[str]] = _nothing_ignored
-    never_keep: tuple[str, ...] = ()
-
-    @property
-    def section(self) -> str:
-        return f"algorithm.{self.name}"
-
-    @property
-    def state_cls(self) -> type:
-        return self.estimator_cls.state_cls
-
-    @property
-    def option_keys(self) -> tuple[str, ...]:
-        return self.options_cls.keys()
-
-    @property
-    def resume_keys(self) -> tuple[str, ...]:
-        """The options a resume compares with the checkpoint's (all but ``on_resume_mismatch`` itself)."""
-        return tuple(k for k in self.option_keys if k != "on_resume_mismatch")
-
-    def parse(self, node: Any) -> Any:
-        return self.options_cls.from_mapping(node)
-
-    def row_key_of(self, options: Any) -> str | None:
-        """The ``extra_info`` field these options make the estimator read per row (None: none)."""
-        return getattr(options, self.row_key) if self.row_key else None
-
-
-EBPO = StatefulEstimator(
-    "ebpo",
-    EBPOOptions,
-    EBPOEstimator,
-    "ebpo_state.json",
-    "EBPO",
-    "empirical-Bayes statistics",
-    row_key="cluster_key",
-    mode_keys=("stats_scope", "prior", "shrinkage", "norm", "cluster_key"),
-    ignored=ignored_keys,
-)
-SPO = StatefulEstimator(
-    "spo",
-    SPOOptions,
-    SPOEstimator,
-    "spo_state.json",
-    "SPO",
-    "SPO trackers (baseline 0.5)",
-    row_key="prompt_key",
-    unique_row_key=True,
-    never_keep=("prompt_key",),
-)
-DBB = StatefulEstimator(
-    "dbb",
-    DBBOptions,
-    DBBEstimator,
-    "dbb_state.json",
-    "DBB",
-    "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
-    row_key="prompt_key",
-    unique_row_key=True,
-    never_keep=("prompt_key",),
-)
-STATEFUL: dict[str, StatefulEstimator] = {e.name: e for e in (EBPO, SPO, DBB)}
-"""Every estimator with checkpointed state, by its verl name: the one place a new one is added."""
-
 
 STEP_TIMEOUT_ENV = "EBPO_STEP_TIMEOUT_S"
 INIT_TIMEOUT_ENV = "EBPO_INIT_TIMEOUT_S"
@@ -211,8 +113,8 @@ class TrainerOptions(OptionSection):
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The validated options of one run: the estimator's (``estimator``: the options of its :data:`STATEFUL`
-    entry, None for other estimators), the curriculum's and our ``trainer`` keys."""
+    """The validated options of one run: the estimator's (``estimator``: the options section of its registry entry,
+    None for an estimator without one), the curriculum's and our ``trainer`` keys."""
 
     adv_estimator: str
     estimator: Any = None
@@ -225,9 +127,12 @@ class RunOptions:
         from ebpo_verl.trainer.curriculum import validate_curriculum_config
 
         name = str(config.algorithm.adv_estimator)
+        sections = {key: spec for key, spec in registry.ours().items() if spec.options_cls is not None}
         try:  # every estimator section present is checked (a typo there is refused); the run's is kept
-            parsed = {key: e.parse(config.algorithm[key]) for key, e in STATEFUL.items() if key in config.algorithm}
-            estimator = (parsed[name] if name in parsed else STATEFUL[name].parse(None)) if name in STATEFUL else None
+            parsed = {
+                key: spec.parse(config.algorithm[key]) for key, spec in sections.items() if key in config.algorithm
+            }
+            estimator = (parsed[name] if name in parsed else sections[name].parse(None)) if name in sections else None
             curriculum = validate_curriculum_config(config.data)
             trainer = TrainerOptions.from_trainer(config.trainer)
         except (TypeError, ValueError) as err:
@@ -235,41 +140,44 @@ class RunOptions:
         return cls(name, estimator, curriculum, trainer)
 
     @property
-    def stateful(self) -> StatefulEstimator | None:
-        return STATEFUL.get(self.adv_estimator)
+    def spec(self) -> EstimatorSpec | None:
+        """The run's estimator when it is one of ours (None: verl's own)."""
+        return registry.ours().get(self.adv_estimator)
+
+    @property
+    def stateful(self) -> EstimatorSpec | None:
+        """The run's estimator when its state is saved in every checkpoint."""
+        spec = self.spec
+        return spec if spec is not None and spec.stateful else None
 
     @property
     def ebpo(self) -> EBPOOptions | None:
-        return self.estimator if self.adv_estimator == EBPO.name else None
-
-    @property
-    def spo(self) -> SPOOptions | None:
-        return self.estimator if self.adv_estimator == SPO.name else None
+        return self.estimator if self.adv_estimator == "ebpo" else None
 
     @property
     def row_key(self) -> str | None:
         """The ``extra_info`` field the estimator reads per row (``cluster_key``, ``prompt_key``), or None."""
-        entry = self.stateful
-        return entry.row_key_of(self.estimator) if entry else None
+        spec = self.spec
+        return spec.row_key_of(self.estimator) if spec else None
 
 
 _LAST: dict[str, tuple[str, Any]] = {}
 """Estimator name -> (the last node value its options came from, those options): one entry per estimator."""
 
 
-def options_for_node(entry: StatefulEstimator, node: Any) -> Any:
+def options_for_node(entry: EstimatorSpec, node: Any) -> Any:
     """``entry``'s options from a raw ``algorithm.<name>`` node (stock ``main_ppo``): validated when this process
     first sees the node and whenever its value changes, otherwise reused (an equal node built anew gives the same
-    object). The ``ebpo`` options a mode ignores are named in a warning when validated."""
+    object). The options the estimator's mode ignores (``entry.warning``) are named in a warning when validated."""
     value = _canonical(node)
     last = _LAST.get(entry.name)
     if last is not None and last[0] == value:
         return last[1]
     options = entry.parse(node)
     _LAST[entry.name] = (value, options)
-    message = ignored_options_warning(options) if entry is EBPO else None
+    message = entry.warning(options) if entry.warning is not None else None
     if message:
-        warnings.warn(f"EBPO: {message}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{entry.name.upper()}: {message}", RuntimeWarning, stacklevel=3)
     return options
 
 

@@ -1,7 +1,7 @@
 """What the package adds to verl's checkpoints, one job per module:
 
 - :mod:`.state`: an estimator's running state in ``global_step_N/<state_file>`` (``ebpo_state.json``,
-  ``spo_state.json``: one entry of :data:`ebpo_verl.trainer.run_options.STATEFUL` each), saved atomically before verl's
+  ``spo_state.json``: each estimator's ``StateSpec``, :mod:`ebpo_verl.algos.registry`), saved atomically before verl's
   tracker file and restored under ``on_resume_mismatch``;
 - :mod:`.resume`: the folders (where a step is saved, which one a run resumes from, verl's tracker file) and the
   pre-flight's resume check;

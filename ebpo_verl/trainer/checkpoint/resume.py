@@ -96,9 +96,9 @@ def check_resume(trainer: Any, options: RunOptions) -> str | None:
     notes = []
     entry, estimator = options.stateful, options.estimator
     if entry is not None:
-        if not Path(folder, entry.state_file).is_file() and estimator.on_resume_mismatch != "error":
+        if not Path(folder, entry.state.file).is_file() and estimator.on_resume_mismatch != "error":
             notes.append(
-                f"no {entry.state_file}: fresh {entry.what} from step {step}, "
+                f"no {entry.state.file}: fresh {entry.state.what} from step {step}, "
                 f"{entry.section}.on_resume_mismatch={estimator.on_resume_mismatch}"
             )
         with warnings.catch_warnings():

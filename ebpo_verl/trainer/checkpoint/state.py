@@ -5,8 +5,9 @@ so a checkpoint that verl would resume from always has it. Layout::
 
     {"format": 1, "global_step": N, "options": {<algorithm.<name> at save time>}, "state": <state.state_dict()>}
 
-Every estimator of :data:`ebpo_verl.trainer.run_options.STATEFUL` (``ebpo``: ``ebpo_state.json``, ``spo``:
-``spo_state.json``, ``dbb``: ``dbb_state.json``) goes the same way: the same validation, and the same
+Every estimator with a state (:func:`ebpo_verl.algos.registry.stateful`; ``ebpo``: ``ebpo_state.json``, ``spo``:
+``spo_state.json``, ``dbb``: ``dbb_state.json``; the file is its ``StateSpec``'s) goes the same way: the same
+validation, and the same
 ``on_resume_mismatch`` choice (:func:`_on_mismatch`) when the options differ, or when the file is missing (a plain
 verl checkpoint: ``error`` by default).
 """
@@ -20,16 +21,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.trainer.run_options import StatefulEstimator
 
 FORMAT = 1
 
 
-def save_state(
-    entry: StatefulEstimator, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int
-) -> Path:
-    """Write ``state`` (after ``global_step`` steps) and ``options`` to ``step_dir/<entry.state_file>``, atomically;
+def save_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int) -> Path:
+    """Write ``state`` (after ``global_step`` steps) and ``options`` to ``step_dir/<entry.state.file>``, atomically;
     returns the path."""
     payload = {
         "format": FORMAT,
@@ -37,15 +36,13 @@ def save_state(
         "options": dataclasses.asdict(options),
         "state": state.state_dict(),
     }
-    path = Path(step_dir) / entry.state_file
+    path = Path(step_dir) / entry.state.file
     atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path
 
 
-def load_state(
-    entry: StatefulEstimator, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int
-) -> bool:
-    """Restore ``state`` from ``step_dir/<entry.state_file>``; returns False when it starts fresh instead.
+def load_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int) -> bool:
+    """Restore ``state`` from ``step_dir/<entry.state.file>``; returns False when it starts fresh instead.
 
     Without the file (a checkpoint written by plain verl or by an older run) ``on_resume_mismatch=error`` raises,
     the others start fresh with a loud warning. A malformed file (bad JSON, a field of the wrong length or sign, a
@@ -53,15 +50,15 @@ def load_state(
     be silently wrong. Options that differ from the saved ones (:func:`changed_options`) follow
     ``options.on_resume_mismatch`` (:func:`_on_mismatch`).
     """
-    path = Path(step_dir) / entry.state_file
+    path = Path(step_dir) / entry.state.file
     state.reset()
     if not path.is_file():
         if options.on_resume_mismatch == "error":
             raise ValueError(missing_state_message(entry, step_dir, global_step))
         warnings.warn(
-            f"{entry.label}: no {entry.state_file} in checkpoint {step_dir}: on_resume_mismatch="
-            f"{options.on_resume_mismatch}: the {entry.what} start FRESH at step {global_step}, so advantages will "
-            "differ from an uninterrupted run",
+            f"{entry.state.label}: no {entry.state.file} in checkpoint {step_dir}: on_resume_mismatch="
+            f"{options.on_resume_mismatch}: the {entry.state.what} start FRESH at step {global_step}, so advantages "
+            "will differ from an uninterrupted run",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -71,7 +68,7 @@ def load_state(
     return True if not changed else _on_mismatch(entry, path, state, options, changed, global_step)
 
 
-def _read_state_file(entry: StatefulEstimator, path: Path, state: Any, global_step: int) -> dict[str, Any]:
+def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: int) -> dict[str, Any]:
     """Load the saved state of ``path`` into ``state`` (left reset on any problem: ValueError naming the file);
     returns the saved options."""
     try:
@@ -88,16 +85,19 @@ def _read_state_file(entry: StatefulEstimator, path: Path, state: Any, global_st
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:  # JSON errors are ValueErrors
         state.reset()
         raise ValueError(
-            f"{entry.label} state file {path} is unreadable: {err}. Delete it to resume with fresh {entry.what}."
+            f"{entry.state.label} state file {path} is unreadable: {err}. Delete it to resume with fresh "
+            f"{entry.state.what}."
         ) from err
     if saved_step != int(global_step):
         state.reset()
-        raise ValueError(f"{entry.label} state file {path} was written at global step {saved_step}, not {global_step}")
+        raise ValueError(
+            f"{entry.state.label} state file {path} was written at global step {saved_step}, not {global_step}"
+        )
     return saved_options
 
 
 def _on_mismatch(
-    entry: StatefulEstimator,
+    entry: EstimatorSpec,
     path: Path,
     state: Any,
     options: Any,
@@ -106,7 +106,7 @@ def _on_mismatch(
 ) -> bool:
     """The one resume-mismatch policy of every estimator: ``error`` raises ValueError listing each change and the
     ways out, ``reset`` starts fresh with a warning (False), ``keep`` continues with the saved state with a warning
-    (True; never for a change of an option in ``entry.never_keep``, which raises unless ``reset``)."""
+    (True; never for a change of an option in ``entry.state.never_keep``, which raises unless ``reset``)."""
     known = {k: v for k, v in changed.items() if v[1] is not _UNKNOWN}
     diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in known.items())
     unknown = {k: old for k, (old, new) in changed.items() if new is _UNKNOWN}
@@ -114,7 +114,7 @@ def _on_mismatch(
         extra = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
         diff = "; ".join(filter(None, [diff, f"option(s) unknown to this version of ebpo-verl: {extra}"]))
     mode = options.on_resume_mismatch
-    never_keep = any(k in known for k in entry.never_keep)
+    never_keep = any(k in known for k in entry.state.never_keep)
     if never_keep and mode == "keep":
         mode = "error"  # e.g. a changed prompt key: the saved keys would silently name other prompts
     section = entry.section
@@ -122,36 +122,40 @@ def _on_mismatch(
         state.reset()
         restore = " ".join(f"{section}.{k}={_override(old)}" for k, (old, _) in known.items())
         first = f"resume with the checkpoint's values ({restore}), or " if restore else ""
-        keep = "" if never_keep else f", or {section}.on_resume_mismatch=keep to continue with the saved {entry.what}"
+        keep = (
+            ""
+            if never_keep
+            else f", or {section}.on_resume_mismatch=keep to continue with the saved {entry.state.what}"
+        )
         raise ValueError(
             f"{section} differs from the checkpoint's options in {path} ({diff}). Either {first}set "
-            f"{section}.on_resume_mismatch=reset to start fresh {entry.what} under the new options{keep}."
+            f"{section}.on_resume_mismatch=reset to start fresh {entry.state.what} under the new options{keep}."
         )
     if mode == "reset":
         state.reset()
         warnings.warn(
-            f"{entry.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
-            f"{entry.what} start FRESH at step {global_step}",
+            f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
+            f"{entry.state.what} start FRESH at step {global_step}",
             RuntimeWarning,
             stacklevel=3,
         )
         return False
     warnings.warn(
-        f"{entry.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing "
-        f"with the saved {entry.what}",
+        f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing "
+        f"with the saved {entry.state.what}",
         RuntimeWarning,
         stacklevel=3,
     )
     return True
 
 
-def missing_state_message(entry: StatefulEstimator, step_dir: str | os.PathLike, global_step: int) -> str:
+def missing_state_message(entry: EstimatorSpec, step_dir: str | os.PathLike, global_step: int) -> str:
     """The refusal of a checkpoint without the state file under ``on_resume_mismatch=error``."""
     return (
-        f"checkpoint {step_dir} has no {entry.state_file} (written by plain verl, by a run with another estimator, "
-        f"or the file was deleted), so the {entry.what} of the first {global_step} steps cannot be restored. Resume "
-        f"from a checkpoint of this run, or set {entry.section}.on_resume_mismatch=reset to continue from step "
-        f"{global_step} with fresh {entry.what} (advantages will differ from an uninterrupted run)."
+        f"checkpoint {step_dir} has no {entry.state.file} (written by plain verl, by a run with another estimator, "
+        f"or the file was deleted), so the {entry.state.what} of the first {global_step} steps cannot be restored. "
+        f"Resume from a checkpoint of this run, or set {entry.section}.on_resume_mismatch=reset to continue from step "
+        f"{global_step} with fresh {entry.state.what} (advantages will differ from an uninterrupted run)."
     )
 
 
@@ -159,10 +163,10 @@ _UNKNOWN = object()
 """The "current value" of a saved option this version does not know."""
 
 
-def changed_options(entry: StatefulEstimator, saved: dict[str, Any], options: Any) -> dict[str, tuple[Any, Any]]:
+def changed_options(entry: EstimatorSpec, saved: dict[str, Any], options: Any) -> dict[str, tuple[Any, Any]]:
     """``key -> (saved, current)`` for each option that differs (a saved option absent from an older checkpoint:
     that option's default); a saved key this version does not know maps to ``(saved, _UNKNOWN)``. Never counted:
-    ``on_resume_mismatch`` itself, and, when no mode key (``entry.mode_keys``) changed, the options that mode
+    ``on_resume_mismatch`` itself, and, when no mode key (``entry.state.mode_keys``) changed, the options that mode
     ignores (``entry.ignored``: e.g. decay/merge with ``stats_scope=batch``, whose saved statistics are empty)."""
     defaults, current = dataclasses.asdict(entry.options_cls()), dataclasses.asdict(options)
     changed: dict[str, tuple[Any, Any]] = {k: (saved[k], _UNKNOWN) for k in sorted(set(saved) - set(current))}
@@ -170,8 +174,8 @@ def changed_options(entry: StatefulEstimator, saved: dict[str, Any], options: An
         old = saved.get(key, defaults[key])
         if old != current[key]:
             changed[key] = (old, current[key])
-    if not any(k in changed for k in entry.mode_keys):
-        for key in entry.ignored(options):
+    if not any(k in changed for k in entry.state.mode_keys):
+        for key in entry.state.ignored(options):
             changed.pop(key, None)
     return changed
 

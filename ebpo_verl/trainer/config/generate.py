@@ -18,12 +18,10 @@ from typing import Any
 
 import yaml
 
-from ebpo_verl.algos.baselines import SPOOptions
-from ebpo_verl.algos.dbb import DBBOptions
-from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.options.parsing import OptionSection, allowed
-from ebpo_verl.trainer.run_options import STATEFUL, TrainerOptions
+from ebpo_verl.trainer.run_options import TrainerOptions
 
 YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
 README_MARKERS = ("<!-- options:begin -->", "<!-- options:end -->")
@@ -51,11 +49,16 @@ VERL_DEFAULTS: tuple[VerlDefault, ...] = (
 )
 """New verl keys whose defaults we change go here."""
 
-SECTIONS: tuple[type[OptionSection], ...] = (*(entry.options_cls for entry in STATEFUL.values()), TrainerOptions)
+ESTIMATOR_SECTIONS: tuple[type[OptionSection], ...] = tuple(
+    spec.options_cls for spec in registry.ours().values() if spec.options_cls is not None
+)
+"""The options sections of the estimators, in the registry's order."""
+
+SECTIONS: tuple[type[OptionSection], ...] = (*ESTIMATOR_SECTIONS, TrainerOptions)
 """Our options sections that the config holds (``data.curriculum`` is not: the runs that use it add it,
 ``++data.curriculum.<key>``)."""
 
-ALL_SECTIONS: tuple[type[OptionSection], ...] = (EBPOOptions, SPOOptions, DBBOptions, CurriculumOptions, TrainerOptions)
+ALL_SECTIONS: tuple[type[OptionSection], ...] = (*ESTIMATOR_SECTIONS, CurriculumOptions, TrainerOptions)
 """Every options section of the package (``--help``, the README table)."""
 
 
@@ -119,6 +122,12 @@ def option_lines() -> list[str]:
         for cls in ALL_SECTIONS
         for f in cls.declarations()
     ]
+
+
+def estimator_names() -> str:
+    """The estimators of ours in prose, in the registry's order: ``ebpo, shrinkage_js, bnpo, spo and dbb``."""
+    names = list(registry.ours())
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
 
 def options_table() -> str:

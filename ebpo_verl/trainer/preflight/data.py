@@ -197,11 +197,12 @@ def _check_curriculum_labels(options: RunOptions, files: list[DataFile]) -> None
 def check_row_keys(extra_infos: Iterable[Mapping[str, Any] | None], options: RunOptions, source: str) -> None:
     """The training rows carry the field the estimator reads per row (:attr:`RunOptions.row_key`): a cluster
     label (``algorithm.ebpo.cluster_key``) or a prompt key unique over the rows (``algorithm.spo.prompt_key``)."""
-    entry, key = options.stateful, options.row_key
+    entry, key = options.spec, options.row_key
     if entry is None or not key:
         return
     if entry.unique_row_key:
-        check_prompt_keys(extra_infos, key, source, f"{entry.section}.{entry.row_key}", entry.label)
+        label = entry.state.label if entry.state else entry.name
+        check_prompt_keys(extra_infos, key, source, f"{entry.section}.{entry.row_key}", label)
     else:
         check_cluster_labels(extra_infos, key, source)
 
