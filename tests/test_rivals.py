@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
 
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.baselines import compute_js_advantages
 from ebpo_verl.algos.ha_dw import HADWEstimator, HADWOptions
 from ebpo_verl.algos.jspo import JSPOEstimator, JSPOOptions, compute_jspo_advantages
@@ -18,6 +26,7 @@ from ebpo_verl.algos.krpo import KRPOEstimator, KRPOOptions, compute_krpo_advant
 from ebpo_verl.algos.running_norm import RunningNormEstimator, RunningNormOptions
 
 EPS = 1e-6
+REPO = Path(__file__).resolve().parents[1]
 
 
 def groups_of(uids, rewards) -> dict[str, list[float]]:
@@ -428,3 +437,263 @@ def test_every_rival_is_declared_once_with_its_state_where_it_keeps_one():
     assert all(f"ebpo_verl.algos.{n}" in registry.MODULES for n in NAMES)
     for spec in specs.values():
         assert spec.new().options == spec.options_cls() and spec.source
+
+
+# ------------------------------------------------------------------------------ verl, ebpo-train, recipes, study
+
+NEW = {"jspo": {}, "jspo_history": {}, "ha_dw": {}, "krpo": {"order": "rows"}, "running_norm": {}}
+"""The five rivals and the options that let stock main_ppo's registered function run them (no per-row values)."""
+
+
+def test_import_verl_alone_registers_every_rival_through_the_plugin():
+    """What ``python -m verl.trainer.main_ppo algorithm.adv_estimator=<name>`` relies on: ``import verl`` loads the
+    ``verl.plugins`` entry point, and verl's registry then holds each rival (a fresh process, nothing else imported)."""
+    code = (
+        "import sys, verl\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        f"fns = [get_adv_estimator_fn(n) for n in {sorted(NEW)!r}]\n"
+        "print(' '.join(f.__module__ for f in fns), 'ebpo_verl' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ebpo_verl.trainer.adapter"] * len(NEW) + ["True"]
+
+
+def make_dataproto(uids, rewards, pad: int = 0, length: int = 5) -> DataProto:
+    """Reward on the last valid token of responses of length 1..length, plus ``pad`` padding rows (uid ``pad*``,
+    all-zero mask)."""
+    bs = len(uids)
+    lengths = np.concatenate([1 + np.arange(bs) % length, np.zeros(pad, dtype=int)])
+    mask = torch.from_numpy(np.arange(length)[None, :] < lengths[:, None]).float()
+    tlr = torch.zeros(bs + pad, length)
+    tlr[torch.arange(bs), torch.from_numpy(lengths[:bs] - 1)] = torch.as_tensor(rewards, dtype=torch.float32)
+    all_uids = np.concatenate([np.asarray(uids, dtype=object), np.array([f"pad{i}" for i in range(pad)], dtype=object)])
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": all_uids}
+    )
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_verls_compute_advantage_runs_each_rival_with_masks_and_padding(name):
+    """verl's contract: advantages (bs, L) equal to the math layer's value on every response token, 0 on masked
+    tokens and on padding rows, returns = advantages; the default instance's state is this process's."""
+    import ebpo_verl  # noqa: F401  (registers)
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+    uids, r = batch(np.random.default_rng(21), [4, 4, 4, 4])
+    config = OmegaConf.create({name: NEW[name]})
+    if name in DEFAULT_ESTIMATORS:
+        DEFAULT_ESTIMATORS[name].reset()
+    data = compute_advantage(make_dataproto(uids, r, pad=3), name, config=config)
+    adv, mask = data.batch["advantages"], data.batch["response_mask"]
+    assert adv.shape == mask.shape == (len(uids) + 3, 5)
+    torch.testing.assert_close(adv, adv[:, :1] * mask)
+    torch.testing.assert_close(data.batch["returns"], adv)
+    assert not adv[len(uids) :].any()
+    spec = registry.get(name)
+    want = call(spec.new(spec.parse(NEW[name])), uids, r.astype(np.float32).astype(np.float64))
+    np.testing.assert_allclose(adv[: len(uids), 0].numpy(), want, rtol=1e-5, atol=1e-6)
+    if name in DEFAULT_ESTIMATORS:
+        DEFAULT_ESTIMATORS[name].reset()
+
+
+def test_stock_main_ppo_refuses_the_inputs_it_cannot_give_in_one_line():
+    import ebpo_verl  # noqa: F401
+
+    data = make_dataproto(["a", "a"], [1.0, 0.0])
+    with pytest.raises(ValueError, match=r"^adv_estimator=krpo with algorithm.krpo.order=sample_index needs") as err:
+        compute_advantage(data, "krpo", config=OmegaConf.create({}))
+    assert "\n" not in str(err.value)
+    topic = OmegaConf.create({"running_norm": {"row_key": "topic"}})
+    with pytest.raises(ValueError, match=r"^adv_estimator=running_norm with algorithm.running_norm.row_key='topic'"):
+        compute_advantage(make_dataproto(["a", "a"], [1.0, 0.0]), "running_norm", config=topic)
+
+
+def _ebpo_train(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
+    from ebpo_verl import main as entry
+
+    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args, "actor_rollout_ref.model.path=org/model"])
+    monkeypatch.setenv("HOME", "/nonexistent-home")
+    try:
+        entry.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+BAD_OPTIONS = {
+    "jspo": ("form=author", "algorithm.jspo.form='author' is invalid; use paper or authors_code"),
+    "jspo_history": ("smoothing=1.5", "algorithm.jspo_history.smoothing=1.5 is invalid; use a float in [0, 1)"),
+    "ha_dw": ("lam_scale=-1", "algorithm.ha_dw.lam_scale=-1 is invalid; use a float > 0"),
+    "krpo": ("order=random", "algorithm.krpo.order='random' is invalid; use sample_index or rows"),
+    "running_norm": ("epsilon=0", "algorithm.running_norm.epsilon=0 is invalid; use a float > 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_OPTIONS))
+def test_ebpo_train_cfg_job_refuses_a_bad_value_of_each_new_option(monkeypatch, capsys, name):
+    code, out, err = _ebpo_train(monkeypatch, capsys, "--cfg", "job", f"algorithm.adv_estimator={name}")
+    assert code == 0, err  # the defaults pass the pre-flight
+    setting, message = BAD_OPTIONS[name]
+    code, out, err = _ebpo_train(
+        monkeypatch, capsys, "--cfg", "job", f"algorithm.adv_estimator={name}", f"algorithm.{name}.{setting}"
+    )
+    assert code == 2 and out == ""
+    [line] = [line for line in err.splitlines() if line.startswith("ebpo-train: error:")]
+    assert line.startswith(f"ebpo-train: error: {message}") and "Traceback" not in err
+
+
+def test_ebpo_train_refuses_shaped_rewards_for_ha_dw(monkeypatch, capsys):
+    code, _, err = _ebpo_train(
+        monkeypatch, capsys, "--cfg", "job", "algorithm.adv_estimator=ha_dw", "algorithm.use_kl_in_reward=true"
+    )
+    assert code == 2 and "algorithm.adv_estimator=ha_dw needs rewards in [0, 1] or the paper's -1/+1 (its anchor" in err
+
+
+# ---------------------------------------------------------------------- the trainer: resume and sample index
+
+
+ROWS = [i % 6 for i in range(8 * 4)]
+"""The stand-in trainer's prompt ids: 4 prompts per step, recurring."""
+
+
+def _trainer_step(trainer, step: int) -> torch.Tensor:
+    """One advantage step of the run's estimator as the trainer runs it (per-row topics from extra_info)."""
+    from ebpo_verl.trainer.ray_trainer import uid_row_keys
+
+    prompt_ids = next(trainer._data_iter).tolist()
+    rewards, uids, infos = [], [], []
+    for pid in prompt_ids:
+        gen = torch.Generator().manual_seed(1000 * step + pid)
+        rewards += (torch.rand(3, generator=gen) < (pid + 1) / 7).float().tolist()
+        uids += [f"fresh-{step}-{pid}"] * 3
+        infos += [{"index": pid, "topic": f"t{pid % 2}"}] * 3
+    data = make_dataproto(np.array(uids, dtype=object), rewards, pad=1)
+    key = trainer.options.row_key
+    keys = uid_row_keys(infos, uids, [False] * len(uids), key, "row key") if key else None
+    trainer.estimate_advantages(data, keys, {})
+    return data.batch["advantages"].clone()
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("jspo_history", ()),
+        ("ha_dw", ("algorithm.ha_dw.window=2",)),
+        ("running_norm", ("algorithm.running_norm.row_key=topic",)),
+    ],  # fmt: skip
+)
+def test_each_stateful_rival_resumes_exactly_through_the_trainers_checkpoint(
+    tmp_path, stand_in_trainer, compose_config, name, overrides
+):
+    """verl's v1 sync trainer (stand-in workers): save at step 3, a new trainer loads it and continues; every step's
+    advantages equal the uninterrupted run's, and a lost state would have changed them."""
+    spec = registry.get(name)
+    config = compose_config(f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=3",
+                            f"trainer.default_local_dir={tmp_path / 'ckpt'}", *overrides)  # fmt: skip
+    uninterrupted = stand_in_trainer.run(stand_in_trainer(config, ROWS, 4), range(1, 8), _trainer_step)
+    first = stand_in_trainer(config, ROWS, 4)
+    before = stand_in_trainer.run(first, range(1, 4), _trainer_step)
+    first.global_steps = 3
+    first._save_checkpoint()
+    saved = json.loads((tmp_path / "ckpt" / "global_step_3" / spec.state.file).read_text())
+    assert saved["state"] == first.estimator.state.state_dict() and saved["state"]["steps"] == 3
+    resumed = stand_in_trainer(config, ROWS, 4)
+    stand_in_trainer.run(resumed, range(90, 92), _trainer_step)  # other state before the load
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 3 and resumed.estimator.state.state_dict() == saved["state"]
+    resumed._data_iter = iter(resumed.train_dataloader)
+    after = stand_in_trainer.run(resumed, range(4, 8), _trainer_step)
+    for a, b in zip(before + after, uninterrupted, strict=True):
+        assert torch.equal(a, b)
+    fresh = stand_in_trainer(config, ROWS[12:], 4)  # the same steps 4..7 from an empty state
+    lost = stand_in_trainer.run(fresh, range(4, 8), _trainer_step)
+    assert any(not torch.equal(a, b) for a, b in zip(lost, after, strict=True))
+
+
+def test_the_trainer_walks_krpo_in_the_rollouts_order_read_from_verls_keys(stand_in_trainer, compose_config):
+    """After verl's length balancing the rows of a uid are out of order; the trainer reads each row's sample index
+    from its trajectory key ``{uid}_{session_id}_{index}`` and KRPO walks the group in that order."""
+    from types import SimpleNamespace
+
+    trainer = stand_in_trainer(compose_config("algorithm.adv_estimator=krpo"))
+    r = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    uids = np.array(["u-a"] * 4 + ["u-b"] * 4, dtype=object)
+    keys = [f"{u}_{j % 4}_0" for j, u in enumerate(uids)]
+    perm = np.array([5, 2, 7, 0, 3, 6, 1, 4])  # as _balance_batch reorders
+    seen = {}
+
+    def step(batch, metrics, extra, estimate):
+        data = make_dataproto(uids[perm], r[perm])
+        estimate(data)
+        seen["adv"] = data.batch["advantages"][:, 0].numpy()
+
+    trainer._advantage_step = step
+    trainer._compute_advantage(SimpleNamespace(keys=[keys[i] for i in perm]), {})
+    want = np.concatenate([reference_krpo(r[:4].tolist()), reference_krpo(r[4:].tolist())])
+    np.testing.assert_allclose(seen["adv"], want[perm], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- recipes, study
+
+
+def test_the_rivals_table_runs_every_rival_at_equal_samples():
+    from ebpo_verl.recipes import driver
+    from ebpo_verl.recipes.presets import PRESETS
+    from ebpo_verl.recipes.tables import TABLES
+
+    runs = driver.experiments(TABLES["rivals"], {"WORK_DIR": "/w"}, [])
+    assert len(runs) == len({e.name for e in runs}) == 36
+    for e in runs:
+        batch_size = e.spec.train_batch or 512
+        assert batch_size * e.spec.group_size == 2048 and e.spec.model.tag == "qwen3_8b"
+        last = [o for o in e.spec.overrides() if o.startswith("data.train_batch_size=")][-1]  # Hydra: the last wins
+        assert last == f"data.train_batch_size={batch_size}"
+    assert {e.spec.algo for e in runs} >= set(NEW) and {e.spec.group_size for e in runs} == {2, 4, 8}
+    for name in NEW:
+        settings = PRESETS[name].settings("paper")
+        assert settings[0].override == f"algorithm.adv_estimator={name}" and all(s.source for s in settings)
+    main_g4 = {e.name for e in driver.experiments(TABLES["main"], {"V2_ROWS": "1", "WORK_DIR": "/w"}, [])}
+    assert {e.name for e in runs if e.spec.group_size == 4 and e.spec.algo in NEW} <= main_g4  # shared runs
+    with pytest.raises(ValueError, match="TRAIN_BATCH is set per row by the table drivers"):
+        driver.experiments(TABLES["rivals"], {"WORK_DIR": "/w", "TRAIN_BATCH": "64"}, [])
+
+
+def test_the_rivals_table_lists_its_runs_from_the_command_line(tmp_path):
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "ebpo_verl.recipes", "table", "rivals", "--list"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 37 and "qwen3_8b-krpo-g2-random-b1024-rw_paper-bl_paper" in done.stdout
+
+
+@pytest.mark.slow
+def test_each_rival_run_passes_the_dry_runs_preflight(tmp_path):
+    """DRY_RUN=1 of one run per new preset (G = 2 with 1024 prompts: the table's batch switch too) exits 0 with
+    the pre-flight's ok (composition, our checks, verl's validate_config at 4 x 8 GPUs)."""
+    for name in NEW:
+        env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHONPATH": str(REPO), "DRY_RUN": "1", "ALGO": name,
+               "GROUP_SIZE": "2", "TRAIN_BATCH": "1024", "ORDER": "random"}  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "ebpo_verl.recipes", "run", "qwen3_8b"], env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+        assert "pre-flight: ok" in done.stderr + done.stdout, name
+        assert "data.train_batch_size: 1024" in done.stdout or "train_batch_size: 1024" in done.stdout, name
+
+
+def test_the_studys_rivals_preset_holds_every_estimator_at_three_group_sizes():
+    from ebpo_verl.study.presets import PRESETS
+    from ebpo_verl.study.rl import ESTIMATORS
+
+    p = PRESETS["rivals"]
+    want = {"grpo", "rloo", "otb", "ebpo", "spo", "dbb", "jspo", "bnpo", *NEW}
+    assert set(p.estimators) == want and p.group_sizes == (2, 4, 8) and p.seeds >= 6
+    assert p.tune and set(p.lr_grid) == want  # each at the rate it chose on the validation split
+    p.check_lrs()
+    assert p.n_runs() == len(want) * 3 * p.seeds + len(want) * len(p.lr_grid["grpo"]) * p.tune["seeds"]
+    assert ESTIMATORS["krpo"].overrides == {"order": "rows"}  # the study's rows are in sampling order

@@ -181,5 +181,8 @@ SPECS = (
         "arXiv 2505.07527 (KRPO); authors' code billhhh/KRPO_LLMs_RL train.py",
         options_cls=KRPOOptions,
         estimator_cls=KRPOEstimator,
+        # the CPU study samples a group's responses in order and passes no sample index: its rows are in the
+        # rollout's order, so the study's krpo walks them as given
+        study_variants={"krpo": {"order": "rows"}},
     ),
 )
