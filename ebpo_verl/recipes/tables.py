@@ -153,14 +153,15 @@ TABLES: dict[str, Table] = {
             "Main table (paper Table 1): Qwen3-8B, Qwen3-14B, LLaMA-3.1-8B-Instruct x GRPO, Dr.GRPO, DAPO,\n"
             "EntropyMech, EBPO; G=4. EBPO: topic order; baselines: shuffled (BASELINES=paper, as the authors ran\n"
             "them) or topic order (BASELINES=canonical). V2_ROWS=1 adds the v2 draft's rows (Qwen3-8B: REINFORCE++,\n"
-            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the competitors OTB, KL-Cov and DBB\n"
-            "(Qwen3-8B). 15 runs (25 with V2_ROWS) of 4 x 8 H200 each.",
+            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the competitors OTB, KL-Cov, DBB and the\n"
+            "rivals JSPO, JSPO-hist, HA-DW, KRPO, RunNorm (Qwen3-8B). 15 runs (30 with V2_ROWS) of 4 x 8 H200 each.",
             main_rows,
         ),
         Table(
             "group_size",
             "Group-size table (paper Table 2): Qwen3-8B, G = 8, 16, 32 x EBPO, GRPO, DAPO (V2_ROWS=1: also OTB,\n"
-            "KL-Cov and DBB). 9 runs (18 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384 responses per step).",
+            "KL-Cov, DBB and the five rivals). 9 runs (33 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384\n"
+            "responses per step).",
             group_size_rows,
         ),
         Table(
