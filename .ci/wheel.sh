@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The package as a user gets it: the built wheel installed (not editable, no extras) into a fresh venv, every
-# command run from a folder outside the checkout. Fails on the first command that fails.
+# The package as a user gets it: the built wheel installed (not editable) with its [verl] extra into a fresh venv,
+# and with its [trl] extra (no verl, no Ray) into a second one; every command run from a folder outside the
+# checkout. Fails on the first command that fails.
 #   bash .ci/wheel.sh                 build, install and check in a temp folder (removed at the end)
 #   bash .ci/wheel.sh build DIR       the wheel into DIR/dist (run it before anything else builds in the checkout)
-#   bash .ci/wheel.sh install DIR     a fresh venv DIR/venv with torch and that wheel (pip only: .ci/run runs it
-#                                     beside its own install and the suite, on the core pip leaves idle)
-#   bash .ci/wheel.sh check DIR       the checks, with that venv
+#   bash .ci/wheel.sh install DIR     fresh venvs DIR/venv ([verl]) and DIR/venv-trl ([trl]) with torch and that
+#                                     wheel (pip only: .ci/run runs it beside its own install and the suite, on the
+#                                     core pip leaves idle)
+#   bash .ci/wheel.sh check DIR       the checks, with those venvs
 # PYTHON: the interpreter that builds (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,23 +24,28 @@ else
   WORK=$(cd "$2" && pwd)
 fi
 V="$WORK/venv/bin/python"
+T="$WORK/venv-trl/bin/python"
 
 if [ "$phase" = all ] || [ "$phase" = build ]; then
   "${PYTHON:-python3}" -m pip wheel -q --no-deps -w "$WORK/dist" .
   say "built $(basename "$WORK"/dist/ebpo_verl-*.whl) in $((SECONDS - start)) s"
 fi
 if [ "$phase" = all ] || [ "$phase" = install ]; then
-  python3 -m venv --clear "$WORK/venv"
-  "$V" -m pip install -q --upgrade pip
-  "$V" -m pip install -q torch==2.13.0  # the CPU build, without its index: .ci/run says why
-  "$V" -c "import torch; v = torch.__version__; assert v == '2.13.0+cpu' and torch.version.cuda is None, v"
-  "$V" -m pip install -q -c .ci/constraints.txt "$WORK"/dist/ebpo_verl-*.whl
-  say "installed $(basename "$WORK"/dist/ebpo_verl-*.whl) (core, no extras) in $((SECONDS - start)) s"
+  wheel=$(echo "$WORK"/dist/ebpo_verl-*.whl)
+  for P in "$V" "$T"; do
+    python3 -m venv --clear "$(dirname "$(dirname "$P")")"
+    "$P" -m pip install -q --upgrade pip
+    "$P" -m pip install -q torch==2.13.0  # the CPU build, without its index: .ci/run says why
+    "$P" -c "import torch; v = torch.__version__; assert v == '2.13.0+cpu' and torch.version.cuda is None, v"
+  done
+  "$V" -m pip install -q -c .ci/constraints.txt "${wheel}[verl]"
+  "$T" -m pip install -q -c .ci/constraints.txt "${wheel}[trl]"
+  say "installed $(basename "$wheel") with [verl], and with [trl] in a second venv, in $((SECONDS - start)) s"
 fi
 if [ "$phase" != all ] && [ "$phase" != check ]; then
   exit 0
 fi
-[ -x "$V" ] || { say "no venv in $WORK: run 'bash .ci/wheel.sh install $WORK' first"; exit 1; }
+[ -x "$V" ] && [ -x "$T" ] || { say "no venvs in $WORK: run 'bash .ci/wheel.sh install $WORK' first"; exit 1; }
 
 mkdir "$WORK/outside"
 cd "$WORK/outside"
@@ -54,6 +61,7 @@ checkout = sys.argv[1]
 for pkg in (ebpo_verl,):
     assert "site-packages" in pkg.__file__ and not pkg.__file__.startswith(checkout), pkg.__file__
     names = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    names = [n for n in names if not n.startswith("ebpo_verl.integrations.")]  # [trl]: the second venv's check
     for name in names:
         importlib.import_module(name)  # the core install imports every module (extras are imported lazily)
     print(f"ci wheel: {len(names)} modules of {pkg.__name__} import from {pkg.__path__[0]}")
@@ -68,6 +76,15 @@ DRY_RUN=1 "$V" -m ebpo_verl.recipes table curriculum > table.out 2> table.log
 "$V" "$ROOT/.ci/check_planned.py" "$ROOT" list.tsv run.log table.log
 [ ! -e "$WORK_DIR" ] || { say "a dry run wrote $WORK_DIR"; exit 1; }
 say "--list and the dry runs ok ($((SECONDS - start)) s)"
+
+# [trl]: no verl, no Ray; the integration imports and finds its estimators; ebpo-train names [verl] in one line
+"$T" -c "import importlib.util as u; assert not any(map(u.find_spec, ('verl', 'ray', 'hydra'))); \
+from ebpo_verl.integrations.trl import lookup; [lookup(n) for n in ('ebpo', 'spo', 'dbb')]"
+rc=0; out=$("$WORK/venv-trl/bin/ebpo-train" 2>&1) || rc=$?
+if [ "$rc" != 2 ] || [ "$(wc -l <<< "$out")" != 1 ] || ! grep -qF "pip install 'ebpo-verl[verl]'" <<< "$out"; then
+  say "[trl] venv: ebpo-train exited $rc: $out"; exit 1
+fi
+say "[trl] venv: no verl or Ray, the TRL integration imports, ebpo-train names [verl] ($((SECONDS - start)) s)"
 
 # each command's --help: exit 0 and some text
 helps=(

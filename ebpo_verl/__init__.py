@@ -22,8 +22,11 @@ def register() -> None:
     ``shrinkage_js``, ``bnpo``, ``spo``, ``dbb``, any added one) with verl; raises on any failure.
 
     verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
-    rollout. Idempotent.
+    rollout. Idempotent. A plain install (without the ``verl`` extra) is refused in one line naming the extra.
     """
+    from ebpo_verl.ops.extras import require
+
+    require("verl", "the verl plugin (ebpo_verl.register)", "verl", "ray", "omegaconf")
     from ebpo_verl.trainer.adapter import register as _register
 
     _register()

@@ -21,13 +21,21 @@ import sys
 import textwrap
 from typing import NoReturn
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
-
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
-from ebpo_verl.options.parsing import unknown_option_message
-from ebpo_verl.trainer.config.generate import ALL_SECTIONS, estimator_names, option_lines
-from ebpo_verl.trainer.preflight import preflight
+from ebpo_verl.ops.extras import MissingExtraError, require
+
+try:
+    require("verl", "ebpo-train", "verl", "ray", "hydra", "omegaconf")
+except MissingExtraError as err:  # a plain install (the TRL users'): one line, not an ImportError's traceback
+    print(f"ebpo-train: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from ebpo_verl.options.parsing import unknown_option_message  # noqa: E402
+from ebpo_verl.trainer.config.generate import ALL_SECTIONS, estimator_names, option_lines  # noqa: E402
+from ebpo_verl.trainer.preflight import preflight  # noqa: E402
 
 CONFIG_MODULE = "ebpo_verl.trainer.config"
 CONFIG_NAME = "ebpo_trainer"

@@ -68,7 +68,8 @@ _EMPTY_BOX_RE = re.compile(r"^(?:\\boxed\s*\{\s*\}|\{\s*\})$")
 
 
 def missing_ground_truth(value: Any) -> str | None:
-    """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"``, ``"empty"``), or None when it can.
+    """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"``: also the text ``"nan"``, ``"empty"``), or
+    None when it can.
 
     Empty means nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``) or an
     empty box (``\\boxed{}``). Every grader here scores such a ground truth as wrong (an empty or ``None``
@@ -78,6 +79,8 @@ def missing_ground_truth(value: Any) -> str | None:
         return "None"
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
         return "NaN"
+    if isinstance(value, str) and value.strip().lower() == "nan":
+        return "NaN"  # a missing value written as text (pandas' str(float("nan")))
     text = clean_answer(str(value))
     if not text or _EMPTY_BOX_RE.match(text):
         return "empty"

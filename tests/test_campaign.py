@@ -143,18 +143,61 @@ def test_compare_metrics_within_tolerance_and_beyond():
     close = {
         1: {"actor/pg_loss": 0.5 + 1e-7, "critic/score/mean": 0.25, "timing_s/gen": 9.0, "rollout_corr/chi2_seq": 0.03}
     }
-    out = invariants.compare_metrics(ref, close, [1], set())
+    out = invariants.compare_metrics(ref, close, [1], None, set())
     assert out["compared_keys"] == 2 and out["exact_keys"] == 1 and out["beyond_tolerance"] == []
     assert out["max_abs_diff"]["actor/pg_loss"] == pytest.approx(1e-7)
-    flipped = {1: {"actor/pg_loss": 0.5, "critic/score/mean": 0.3125}}  # one of 16 responses flipped
-    with pytest.raises(AssertionError, match="critic/score/mean"):
-        invariants.compare_metrics(ref, flipped, [1], set())
-    # a flip the dumps show at the last step is reported, not raised; one at an earlier step only reported
-    assert invariants.compare_metrics(ref, flipped, [1], {1})["beyond_tolerance"] == ["step 1 critic/score/mean"]
-    two = {1: ref[1], 2: ref[1]}
-    assert invariants.compare_metrics(two, {1: flipped[1], 2: ref[1]}, [1, 2], set())["beyond_tolerance"] == [
-        "step 1 critic/score/mean"
-    ]
+    # the edge of the tolerance: 5e-3 x max(1, |0.5|) passes, a hair more fails
+    edge = {1: {**ref[1], "actor/pg_loss": 0.5 + 0.9999 * invariants.METRIC_TOL}}
+    assert invariants.compare_metrics(ref, edge, [1], None, set())["beyond_tolerance"] == []
+    with pytest.raises(AssertionError, match="actor/pg_loss"):
+        invariants.compare_metrics(ref, {1: {**ref[1], "actor/pg_loss": 0.5 + 1.01 * invariants.METRIC_TOL}}, [1],
+                                   None, set())  # fmt: skip
+
+
+STEPS5 = {s: {"actor/grad_norm": 2.0, "critic/score/mean": 0.25, "val-core/x/acc/mean@2": 0.5} for s in range(1, 6)}
+
+
+def _moved(step: int, key: str, value: float) -> dict[int, dict]:
+    got = json.loads(json.dumps(STEPS5), object_hook=lambda d: {int(k) if k.isdigit() else k: v for k, v in d.items()})
+    got[step][key] = value
+    return got
+
+
+def test_a_training_metric_moved_at_a_middle_step_fails_the_campaign():
+    """Step 3 of 5, no flip anywhere (or only from step 4 on): the grad norm moved by 1% fails; from the first
+    rollout flip on it is only listed."""
+    got = _moved(3, "actor/grad_norm", 2.02)
+    for first_flip in (None, 4, 5):
+        with pytest.raises(AssertionError, match=r"step 3 actor/grad_norm: campaign 2\.02 vs uninterrupted 2\.0"):
+            invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], first_flip, {1, 2, 3, 4, 5})
+    out = invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], 3, {1, 2, 3, 4, 5})
+    assert out["beyond_tolerance"] == ["step 3 actor/grad_norm (after the rollout flip at step 3)"]
+    assert out["training_steps_bound"] == [1, 2]
+
+
+def test_val_metrics_bind_where_the_validation_dumps_agree_and_a_flip_excuses_only_its_step():
+    got = _moved(3, "val-core/x/acc/mean@2", 0.5625)  # one of 16 validation responses flipped at step 3
+    with pytest.raises(AssertionError, match="step 3 val-core/x/acc/mean@2"):
+        invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], None, {1, 2, 3, 4, 5})
+    out = invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], None, {1, 2, 4, 5})  # step 3's dumps differ
+    assert out["beyond_tolerance"] == ["step 3 val-core/x/acc/mean@2 (validation responses differ or were not dumped)"]
+    assert out["val_steps_bound"] == [1, 2, 4, 5]
+    also = _moved(4, "val-core/x/acc/mean@2", 0.5625)
+    also[3]["val-core/x/acc/mean@2"] = 0.5625
+    with pytest.raises(
+        AssertionError, match="1 metrics beyond .* step 4 val-core"
+    ):  # step 3's flip excuses step 3 only
+        invariants.compare_metrics(STEPS5, also, [1, 2, 3, 4, 5], None, {1, 2, 4, 5})
+    # a rollout flip does not excuse val-* metrics whose dumps agree
+    with pytest.raises(AssertionError, match="step 4 val-core"):
+        invariants.compare_metrics(STEPS5, _moved(4, "val-core/x/acc/mean@2", 0.6), [1, 2, 3, 4, 5], 2, {4})
+
+
+def test_response_flips_name_the_outputs_that_flipped():
+    ref = [json.dumps({"input": p, "output": o}) for p, o in (("p1", "a"), ("p1", "b"), ("p2", "c"))]
+    camp = [json.dumps({"input": p, "output": o}) for p, o in (("p2", "c"), ("p1", "b"), ("p1", "z"))]
+    assert invariants.response_flips(ref[::-1], ref) == []
+    assert invariants.response_flips(camp, ref) == [{"input": "p1", "campaign": ["z"], "uninterrupted": ["a"]}]
 
 
 def test_responses_ignore_the_finishing_order():
@@ -280,6 +323,108 @@ def test_read_events_leaves_a_torn_last_line(tmp_path):
     assert campaign.read_events(tmp_path / "none.jsonl") == []
 
 
+def _tagged_setsid_sleeper(seconds: int = 120) -> subprocess.Popen:
+    """A process carrying the smoke scan's tag (as every process of an attempt does) in a session of its own, as a
+    process that called ``setsid`` is: a count by the attempt's session id would never see it."""
+    from ebpo_verl.smoke import scan
+
+    env = {**os.environ, scan.TAG_ENV: scan.TAG}
+    proc = subprocess.Popen(["setsid", sys.executable, "-c", f"import time; time.sleep({seconds})"], env=env)
+    deadline = time.monotonic() + 30
+    while os.getsid(proc.pid) != proc.pid and time.monotonic() < deadline:  # setsid has exec'd python
+        time.sleep(0.02)
+    assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+    return proc
+
+
+def test_a_leaked_setsid_process_fails_the_leak_check():
+    from ebpo_verl.smoke import scan
+
+    proc = _tagged_setsid_sleeper()
+    try:
+        sighting = campaign.Sighting(period=0.0)
+        sighting.sample()
+        leak = sighting.leak(proc.pid, grace=0.5)  # the leftover is killed, so the next attempt starts clean
+        assert leak["left"] == [(proc.pid, sys.executable)] and leak["trainer_seen"]
+        with pytest.raises(AssertionError, match=rf"attempt 3: 1 tagged processes left after it: \[\({proc.pid}, "):
+            invariants.check_leaks([("attempt 3", {**leak, "ray_seen": 1})])
+        assert proc.pid not in {p.pid for p in scan.tagged_processes()}  # killed (and reaped) by leak()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_leak_count_that_saw_nothing_fails():
+    clean = {"tagged_seen": 9, "ray_seen": 3, "trainer": 42, "trainer_seen": True, "left": []}
+    invariants.check_leaks([("attempt 1", clean)])
+    with pytest.raises(AssertionError, match=r"saw 3 Ray processes and not its trainer \(pid 42\)"):
+        invariants.check_leaks([("attempt 1", {**clean, "trainer_seen": False})])
+    with pytest.raises(AssertionError, match="saw 0 Ray processes"):
+        invariants.check_leaks([("attempt 1", {**clean, "ray_seen": 0})])
+    with pytest.raises(AssertionError, match="no tag-based leak count"):  # a report from before the count
+        invariants.check_leaks([("attempt 1", None)])
+
+
+def _landing_folder(out: Path, kill_t: float, landed: dict) -> list[dict]:
+    """A campaign folder whose one killed attempt ran STEP (below) and was killed at ``kill_t``."""
+    (out / "marker_camp.jsonl").write_text("".join(json.dumps(e) + "\n" for e in STEP))
+    target = {"phase": "update_actor", "step_offset": 1, "fraction": 0.25, "step": 3}
+    killed = {"killed": True, "marker_offset": 0, "target": target, "landed": landed, "kill_t": kill_t}
+    return [killed, {"killed": False, "marker_offset": (out / "marker_camp.jsonl").stat().st_size}]
+
+
+def test_check_landed_reads_the_marker_and_refuses_a_kill_that_landed_elsewhere(tmp_path):
+    at = {"phase": "update_actor", "step": 3, "seconds_in": 0.5}
+    assert campaign.check_landed(tmp_path, _landing_folder(tmp_path, 16.0, at)) == [
+        {"kill": 1, "landed": "update_actor", "step": 3}
+    ]
+    later = {"phase": "save", "step": 3, "seconds_in": 0.3}  # aimed at the update, landed in the save
+    with pytest.raises(AssertionError, match=r"kill 1 landed in save of step 3 \(0\.3s in\), not in update_actor"):
+        campaign.check_landed(tmp_path, _landing_folder(tmp_path, 18.0, later))
+    with pytest.raises(AssertionError, match="the marker says it landed in"):  # the report disagrees with the marker
+        campaign.check_landed(tmp_path, _landing_folder(tmp_path, 18.0, at))
+    with pytest.raises(AssertionError, match=r"not in validate of step 3"):  # the test's own expectation
+        campaign.check_landed(tmp_path, _landing_folder(tmp_path, 16.0, at), [("validate", 3)])
+
+
+SIGTERM_SUBJECT = """
+import sys, time
+from pathlib import Path
+from ebpo_verl.smoke import campaign, runs, scan
+# an attempt: a tree of processes, one of which left it (setsid + double fork), all carrying the tag
+escape = "setsid sh -c 'sleep 300 &' ; sleep 300 & wait"
+run = runs.Run(Path(sys.argv[1]), None, "attempt", [], command=["bash", "-c", escape])
+campaign._ACTIVE[:] = [run]
+campaign.install_signal_handlers()
+print(scan.TAG, run.proc.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_campaigns_sigterm_leaves_nothing(tmp_path):
+    from ebpo_verl.smoke import scan
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subject = subprocess.Popen([sys.executable, "-c", SIGTERM_SUBJECT, str(tmp_path)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    tag, driver = subject.stdout.readline().split()
+    try:
+        deadline = time.monotonic() + 30
+        while len(found := scan.tagged_processes(tag)) < 3 and time.monotonic() < deadline:  # bash, 2 sleeps
+            time.sleep(0.05)
+        escaped = [p for p in found if p.name() == "sleep" and p.ppid() != int(driver)]
+        assert len(found) == 3 and len(escaped) == 1, [(p.pid, p.name(), p.ppid()) for p in found]
+        assert os.getsid(escaped[0].pid) != int(driver)  # out of the attempt's session and tree
+        subject.send_signal(signal.SIGTERM)
+        _, err = subject.communicate(timeout=90)
+        assert subject.returncode == 1 and "stopped by SIGTERM; the running attempt was killed" in err
+        assert scan.tagged_processes(tag) == []
+    finally:
+        subject.kill()
+        for proc in scan.tagged_processes(tag):
+            proc.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_small_campaign_resumes_to_the_same_state(tmp_path):
@@ -302,6 +447,7 @@ def test_small_campaign_resumes_to_the_same_state(tmp_path):
     assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 4
     assert report["checks"]["metrics_log_steps"] == [1, 2, 3, 4]
     assert [a["killed"] for a in report["attempts"]] == [True, True, False]
-    assert [a["target"]["phase"] for a in report["attempts"][:2]] == ["rollout", "validate"]
-    assert all(a["left_processes"] == 0 for a in report["attempts"][:2])
+    landed = campaign.check_landed(out, report["attempts"], [("rollout", 2), ("validate", 2)])  # from the marker
+    assert [row["landed"] for row in landed] == ["rollout", "validate"]
+    invariants.check_leaks([(f"attempt {i}", a["leak"]) for i, a in enumerate(report["attempts"], 1)])
     assert {s["resumed_from"] for s in report["checks"]["eb_states"]} == {a["resumed_from"] for a in report["attempts"]}

@@ -66,7 +66,7 @@ from ebpo_verl.compat.contact import (
     swapped,
 )
 
-WATCHED = ("verl", "ray", "hydra", "vllm", "torch", "transformers")
+WATCHED = ("verl", "ray", "hydra", "vllm", "torch", "transformers", "trl", "accelerate")
 """Packages whose private names count, and whose items written into count (attribute patches count for any
 package)."""
 CONTACT_CALLS = frozenset({"listed", "patch", "patched", "swapped"})

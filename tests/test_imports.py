@@ -145,7 +145,7 @@ LAYERS = (
     {"ebpo_verl.algos"},
     {"ebpo_verl.reward", "ebpo_verl.paper_reward", "ebpo_verl.data"},  # the rewards and the data sets' schemas
     {"ebpo_verl.trainer", "ebpo_verl.cpu"},
-    {"ebpo_verl", "ebpo_verl.main", "ebpo_verl.evaluate"},  # the plugin's entry, ebpo-train, the evaluation
+    {"ebpo_verl", "ebpo_verl.main", "ebpo_verl.evaluate", "ebpo_verl.integrations"},  # + the TRL integration
 )
 APPLICATIONS = ("ebpo_verl.recipes", "ebpo_verl.study", "ebpo_verl.smoke", "benchmarks", "scripts")
 """Above the product: the paper's recipes (drive ebpo-train and the evaluation), the CPU study, the smoke runs and

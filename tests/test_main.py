@@ -173,7 +173,8 @@ def _parquet(path: Path, rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"x": list(range(rows)), "reward_model": [{"ground_truth": "1"}] * rows}), path)
+    prompt = [[{"role": "user", "content": f"{i} + 1?"}] for i in range(rows)]
+    pq.write_table(pa.table({"prompt": prompt, "reward_model": [{"ground_truth": "1"}] * rows}), path)
     return path
 
 

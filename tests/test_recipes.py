@@ -790,13 +790,13 @@ FIRST_PARTY = {"ebpo_verl"}
 
 def recipe_imports() -> set[str]:
     """Top-level modules imported anywhere (also lazily, in functions) by the recipe path's sources; the CPU-only
-    parts (ebpo_verl/study, ebpo_verl/cpu) are not on it."""
+    parts (ebpo_verl/study, ebpo_verl/cpu) and the TRL integration (ebpo_verl/integrations) are not on it."""
     import ast
 
     files = []
     for source in RECIPE_PATH_SOURCES:
         path = ROOT / source
-        tree = [p for p in path.rglob("*.py") if not {"study", "cpu"} & set(p.relative_to(ROOT).parts)]
+        tree = [p for p in path.rglob("*.py") if not {"study", "cpu", "integrations"} & set(p.relative_to(ROOT).parts)]
         files += [path] if path.is_file() else tree
     names = set()
     for file in files:

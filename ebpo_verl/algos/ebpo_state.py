@@ -15,13 +15,13 @@ STATE_VERSION = 1
 def _finite_float(x: Any, what: str, minimum: float | None = None) -> float:
     if not is_real(x) or (minimum is not None and x < minimum):
         bound = "" if minimum is None else f" >= {minimum:g}"
-        raise ValueError(f"{what} must be a finite number{bound}, got {x!r}")
+        raise ValueError(f"{what} must be a finite number{bound}, got {x!r:.60}")
     return float(x)
 
 
 def _count(x: Any, what: str) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {x!r}")
+        raise ValueError(f"{what} must be a non-negative integer, got {x!r:.60}")
     return x
 
 
@@ -58,7 +58,7 @@ class Moments:
     def from_json(cls, data: Any, what: str) -> Moments:
         """``[n, mean, m2]`` with n, m2 >= 0 and all three finite."""
         if not isinstance(data, (list, tuple)) or len(data) != 3:
-            raise ValueError(f"{what} must be a list [n, mean, m2], got {data!r}")
+            raise ValueError(f"{what} must be a list [n, mean, m2], got {data!r:.60}")
         n = _finite_float(data[0], f"{what} count", 0.0)
         return cls(n, _finite_float(data[1], f"{what} mean"), _finite_float(data[2], f"{what} m2", 0.0))
 
@@ -101,7 +101,7 @@ class PriorStats:
     @classmethod
     def from_json(cls, data: Any, what: str = "statistics") -> PriorStats:
         if not isinstance(data, Mapping) or set(data) != set(cls._PARTS):
-            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            got = sorted(map(str, data))[:8] if isinstance(data, Mapping) else type(data).__name__
             raise ValueError(f"EBPO state: {what} need exactly the parts {cls._PARTS}, got {got}")
         return cls(*(Moments.from_json(data[p], f"EBPO state: {what}.{p}") for p in cls._PARTS))
 
@@ -137,7 +137,7 @@ class EBPOState:
             raise ValueError(f"EBPO state must be a JSON object, got {type(state).__name__}")
         version = state.get("version")
         if version != STATE_VERSION:
-            raise ValueError(f"EBPO state version {version!r} is not supported (expected {STATE_VERSION})")
+            raise ValueError(f"EBPO state version {version!r:.60} is not supported (expected {STATE_VERSION})")
         missing = {"steps", "prompts_seen", "responses_seen", "global", "clusters"} - set(state)
         if missing:
             raise ValueError(f"EBPO state is missing key(s) {sorted(missing)}")
@@ -145,11 +145,11 @@ class EBPOState:
         global_stats = PriorStats.from_json(state["global"], "global")
         clusters = state["clusters"]
         if not isinstance(clusters, Mapping):
-            raise ValueError(f"EBPO state: clusters must be an object (label -> statistics), got {clusters!r}")
+            raise ValueError(f"EBPO state: clusters must be an object (label -> statistics), got {clusters!r:.60}")
         loaded = {}
         for label, stats in clusters.items():
             if not isinstance(label, str):
-                raise ValueError(f"EBPO state: cluster label {label!r} is not a string")
+                raise ValueError(f"EBPO state: cluster label {label!r:.60} is not a string")
             loaded[label] = PriorStats.from_json(stats, f"clusters[{label!r}]")
         self.steps, self.prompts_seen, self.responses_seen = counts
         self.global_stats = global_stats

@@ -84,13 +84,13 @@ class PromptTracker:
             raise ValueError(f"{what} must be a JSON object, got {type(state).__name__}")
         version = state.get("version")
         if version != TRACKER_VERSION:
-            raise ValueError(f"{what} version {version!r} is not supported (expected {TRACKER_VERSION})")
+            raise ValueError(f"{what} version {version!r:.60} is not supported (expected {TRACKER_VERSION})")
         missing = {"steps", "keys", "alpha", "beta"} - set(state)
         if missing:
             raise ValueError(f"{what} is missing key(s) {sorted(missing)}")
         steps = state["steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r} must be an integer >= 0")
+            raise ValueError(f"{what} steps={steps!r:.60} must be an integer >= 0")
         keys, alpha, beta = _columns(state, what)
         self.__init__(steps, keys, alpha, beta)
 
@@ -100,7 +100,7 @@ def _columns(state: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarra
     for name in ("keys", "alpha", "beta"):
         values = state[name]
         if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
-            raise ValueError(f"{what} {name} must be a flat list, got {str(values)[:60]}")
+            raise ValueError(f"{what} {name} must be a flat list, got {values!r:.60}")
     if not all(isinstance(k, str) for k in state["keys"]):
         raise ValueError(f"{what} keys must be strings")
     if not all(is_real(v) for v in state["alpha"] + state["beta"]):

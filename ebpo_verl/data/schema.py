@@ -22,13 +22,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import numbers
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -271,16 +274,64 @@ def pick(row: dict[str, Any], names: Iterable[str]) -> Any:
     return None
 
 
-def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None) -> str:
-    """A non-empty string from the first present column of ``names``; InvalidRowError otherwise."""
+MAX_PROBLEM_CHARS = 32_768
+"""Default of ``--max-problem-chars``: the longest problem text a preparer accepts (the paper's sets' longest, an
+OlympiadBench problem with its context, has 4,415 characters); a longer one is an invalid row."""
+
+
+def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None, numbers: bool = False) -> str:
+    """A non-empty string from the first present column of ``names``; InvalidRowError otherwise.
+
+    Only a string is text (a list, a dict or a number is refused, never written as ``['a', 'b']``); with
+    ``numbers`` a finite int or float is accepted too, as its ``str`` (AIME's integer answers, AMC's ``27.0``).
+    """
     value = pick(row, names)
     field = field or "/".join(names)
     if value is None:
         raise InvalidRowError(field, f"missing (looked for columns {list(names)})", columns=names)
-    text = str(value).strip()
+    return as_text(value, field, numbers)
+
+
+def optional_text(row: dict[str, Any], names: tuple[str, ...], field: str, numbers: bool = False) -> str | None:
+    """Like :func:`require_text` for an optional column: None when absent or blank, else checked text."""
+    value = pick(row, names)
+    if value is None or isinstance(value, str) and not value.strip():
+        return None
+    return as_text(value, field, numbers)
+
+
+def source_id(row: dict[str, Any], names: tuple[str, ...], i: int) -> str:
+    """The row's id from the first present column of ``names`` (a string or an integer), else its number ``i``."""
+    return optional_text(row, names, "id", numbers=True) or str(i)
+
+
+def as_text(value: Any, field: str, numbers: bool = False) -> str:
+    """``value`` stripped, when it is a non-empty string (or, with ``numbers``, a finite number); InvalidRowError
+    naming ``field`` and the type found otherwise."""
+    if numbers and _finite_number(value):
+        return str(value)
+    if not isinstance(value, str):
+        kinds = "a string or a number" if numbers else "a string"
+        raise InvalidRowError(field, f"expected {kinds}, got {type(value).__name__} {_preview(value)}")
+    text = value.strip()
     if not text:
         raise InvalidRowError(field, "empty")
     return text
+
+
+def _finite_number(value: Any) -> bool:
+    """A finite int or float, numpy's too (not a bool; an int too large for a float is not finite)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def build_rows(
@@ -292,6 +343,7 @@ def build_rows(
     skip_invalid: bool,
     source: str,
     dedupe: bool = False,
+    max_problem_chars: int = MAX_PROBLEM_CHARS,
 ) -> tuple[list[dict[str, Any]], int, int]:
     """Convert every source row; returns (verl rows, number skipped as invalid, number of duplicates).
 
@@ -299,7 +351,7 @@ def build_rows(
     unless ``skip_invalid``, which drops it. A field whose source columns the file lacks altogether is a schema
     mismatch of the whole file (expected vs found columns), raised even with ``skip_invalid``.
     With ``dedupe`` only the first row of each problem text
-    (whitespace-normalised) is kept.
+    (whitespace-normalised) is kept. A problem longer than ``max_problem_chars`` characters is an invalid row.
     """
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
@@ -308,6 +360,10 @@ def build_rows(
     for i, record in enumerate(tqdm(records, desc=f"{name}", unit="row", disable=len(records) < 2000)):
         try:
             ex = convert(record, i)
+            if len(ex.problem) > max_problem_chars:
+                raise InvalidRowError(
+                    "problem", f"{len(ex.problem)} characters, more than --max-problem-chars={max_problem_chars}"
+                )
         except InvalidRowError as e:
             if e.columns and not set(e.columns) & set(df.columns):
                 raise DataPrepError(
@@ -396,12 +452,13 @@ class Dataset:
         template: str = "dapo",
         skip_invalid: bool = False,
         revision: str | None = None,
+        max_problem_chars: int = MAX_PROBLEM_CHARS,
     ) -> Path:
         """Write ``out_dir/<name>.parquet`` from the hub (pinned id, optional ``revision``) or ``local_path``."""
         df = load_source(local_path, self.hub_id, self.hub_split, self.hub_config, revision)
         source = str(local_path or self.hub_id)
         rows, skipped, duplicates = build_rows(
-            self.name, df, self.convert, self.split, template, skip_invalid, source, self.dedupe
+            self.name, df, self.convert, self.split, template, skip_invalid, source, self.dedupe, max_problem_chars
         )
         if not rows:
             raise DataPrepError(f"{self.name}: no valid rows in {source}")
@@ -424,6 +481,9 @@ def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) 
     parser.add_argument("--template", choices=TEMPLATES, default="dapo", help="prompt template")
     parser.add_argument("--skip-invalid", action="store_true", help="drop invalid rows instead of stopping")
     parser.add_argument("--revision", default=None, help="hub revision (commit/tag) to pin; default: main")
+    parser.add_argument(
+        "--max-problem-chars", type=int, default=MAX_PROBLEM_CHARS, help="longer problems are invalid rows"
+    )
     args = parser.parse_args(argv)
     with one_line_errors(parser.prog):
         return prepare(
@@ -432,6 +492,7 @@ def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) 
             template=args.template,
             skip_invalid=args.skip_invalid,
             revision=args.revision,
+            max_problem_chars=args.max_problem_chars,
         )
 
 
@@ -472,8 +533,54 @@ def read_prepared(path: str | Path) -> pa.Table:
     return table
 
 
+CHAT_FORMAT = 'a list of {"role": ..., "content": ...} messages, e.g. [{"role": "user", "content": "..."}]'
+"""verl's chat format of a prompt, in messages (``python -m ebpo_verl.data`` writes it)."""
+
+
+def chat_prompt_problem(prompt: Any) -> str | None:
+    """Why ``prompt`` is not a prompt in verl's chat format (:data:`CHAT_FORMAT`: a non-empty list of messages,
+    each with a non-empty string ``role`` and a string ``content``), or None when it is one."""
+    if not isinstance(prompt, list | tuple | np.ndarray):
+        return f"a {type(prompt).__name__} ({_preview(prompt)}), not a list of chat messages"
+    if len(prompt) == 0:
+        return "an empty list of messages"
+    for j, message in enumerate(prompt):
+        if not isinstance(message, Mapping):
+            return f"message {j} is a {type(message).__name__}, not a {{role, content}} object"
+        if not isinstance(message.get("role"), str) or not message["role"]:
+            return f"message {j} has no role (a string such as 'user')"
+        if not isinstance(message.get("content"), str):
+            return f"message {j}'s content is a {type(message.get('content')).__name__}, not a string"
+    return None
+
+
+def check_chat_prompts(prompts: list[Any], source: str | Path, column: str = "prompt") -> None:
+    """DataPrepError naming ``source``, the first row (0-based) and the fix unless every one of ``prompts`` (the
+    file's ``column``) is in verl's chat format (:func:`chat_prompt_problem`)."""
+    bad = [(row, why) for row, prompt in enumerate(prompts) if (why := chat_prompt_problem(prompt))]
+    if bad:
+        row, why = bad[0]
+        raise DataPrepError(
+            f"{source}: row {row} (0-based; {len(bad)} of {len(prompts)} rows alike): {column} is {why}; verl needs "
+            f"{CHAT_FORMAT}: prepare the file with ebpo_verl.data or rewrite those prompts"
+        )
+
+
+def ground_truth_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a row's ground truth (:func:`~ebpo_verl.reward.missing_ground_truth`'s reasons, or
+    not text: a list or a dict would reach the grader as its ``str``), or None when it can."""
+    if value is not None and not isinstance(value, str) and not _finite_number(value) and not _is_nan(value):
+        return f"not text: {type(value).__name__}"
+    return missing_ground_truth(value)
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float | np.floating) and math.isnan(value)
+
+
 def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> None:
-    """Refuse rows whose ``reward_model.ground_truth`` is None, NaN or empty (no grader can score them).
+    """Refuse rows whose ``reward_model.ground_truth`` is None, NaN, empty (no grader can score them) or not text
+    (:func:`ground_truth_problem`).
 
     ``table``: a verl parquet's rows (a user's training or validation file as well as ours); only the
     ``reward_model`` column is read. Raises :class:`DataPrepError` naming ``source``, the first bad rows
@@ -486,12 +593,12 @@ def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> N
     bad = []
     for i, rm in enumerate(values):
         has = isinstance(rm, dict) and "ground_truth" in rm
-        why = missing_ground_truth(rm["ground_truth"]) if has else "no ground_truth key"
+        why = ground_truth_problem(rm["ground_truth"]) if has else "no ground_truth key"
         if why is not None:
             bad.append(f"{i} ({why})")
     if bad:
         raise DataPrepError(
-            f"{source}: reward_model.ground_truth is None, NaN or empty in {len(bad)} row(s), 0-based: "
+            f"{source}: reward_model.ground_truth is None, NaN, empty or not text in {len(bad)} row(s), 0-based: "
             f"{', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; give those rows an answer or drop them"
         )
 

@@ -43,14 +43,20 @@ def meta_path(path: str | Path) -> Path:
 def _parse(line: str, path: Path, lineno: int) -> dict[str, Any]:
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise EvalInputError(
-            f"{path}: line {lineno} is not valid JSON ({e.msg}); delete that line and re-run"
-        ) from None
-    bad = [k for k, t in FIELDS.items() if not isinstance(record, dict) or not isinstance(record.get(k), t)]
+    except (json.JSONDecodeError, RecursionError) as e:
+        why = getattr(e, "msg", "nested too deeply")
+        raise EvalInputError(f"{path}: line {lineno} is not valid JSON ({why}); delete that line and re-run") from None
+    bad = [k for k, t in FIELDS.items() if not isinstance(record, dict) or not _is(record.get(k), t)]
     if bad:
         raise EvalInputError(f"{path}: line {lineno} lacks or mistypes {bad}; delete that line and re-run")
     return record
+
+
+def _is(value: Any, kind: type) -> bool:
+    """``value`` is a ``kind``; an int is one >= 0 and not a bool (indices, sample numbers, token counts)."""
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, kind)
 
 
 def read_generations(path: str | Path) -> tuple[dict[Key, dict[str, Any]], int]:
@@ -89,9 +95,34 @@ def read_meta(path: str | Path) -> dict[str, Any] | None:
     if not mp.is_file():
         return None
     try:
-        return json.loads(mp.read_text())
-    except json.JSONDecodeError as e:
-        raise EvalInputError(f"{mp} is not valid JSON ({e.msg}); delete it with its generations file") from None
+        meta = json.loads(mp.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = getattr(e, "msg", None) or ("nested too deeply" if isinstance(e, RecursionError) else "not UTF-8")
+        raise EvalInputError(f"{mp} is not valid JSON ({why}); delete it with its generations file") from None
+    if why := _meta_problem(meta):
+        raise EvalInputError(
+            f"{mp} is not the settings of a generations file ({why}); delete it with its generations file"
+        )
+    return meta
+
+
+def _meta_problem(meta: Any) -> str | None:
+    """What is wrong with a parsed ``.meta.json`` (None when nothing): the keys grading and a resume read."""
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    if not isinstance(meta.get("protocol"), str) or not isinstance(meta.get("model"), str):
+        return "protocol and model must be strings"
+    if not isinstance(meta.get("benchmarks"), dict) or not isinstance(meta.get("provenance", []), list):
+        return "benchmarks must be an object and provenance a list"
+    for name, spec in meta["benchmarks"].items():
+        if not isinstance(spec, dict) or not _is(spec.get("runs"), int) or not spec["runs"]:
+            return f"benchmarks.{name:.40}.runs must be an integer >= 1"
+        if spec.get("limit") is not None and (not _is(spec["limit"], int) or not spec["limit"]):
+            return f"benchmarks.{name:.40}.limit must be null or an integer >= 1"
+        digests = spec.get("digests", {})
+        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+            return f"benchmarks.{name:.40}.digests must map problem indices to digests"
+    return None
 
 
 def problem_digest(prompt: Any, ground_truth: Any) -> str:

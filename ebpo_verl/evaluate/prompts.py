@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.data.schema import DAPO_PREFIX, DataPrepError, read_prepared
+from ebpo_verl.data.schema import CHAT_FORMAT, DAPO_PREFIX, DataPrepError, chat_prompt_problem, read_prepared
 from ebpo_verl.reward import missing_ground_truth
 
 BENCHMARKS = ("math500", "aime2024", "aime2025", "amc23", "olympiadbench")
@@ -72,24 +72,41 @@ def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: in
         rows: list[dict[str, Any]] = read_prepared(path).to_pylist()
     except DataPrepError as e:  # unreadable, not ebpo_verl.data columns, or a ground truth that is None/NaN/empty
         raise EvalInputError(str(e)) from None
-    problems = []
-    for i, row in enumerate(rows[:limit]):
-        info = row["extra_info"]
-        if protocol == "paper":
-            if info.get("raw_problem") is None or info.get("raw_answer") is None:
-                raise EvalInputError(
-                    f"{path} has no extra_info.raw_problem/raw_answer (written by an older ebpo_verl.data); "
-                    f"re-create it with python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
-                )
-            prompt: str | list[dict[str, str]] = paper_prompt(info["raw_problem"])
-            truth = info["raw_answer"]
-            if missing_ground_truth(truth) is not None:
-                raise EvalInputError(
-                    f"{path}: row {i} (0-based) has an empty extra_info.raw_answer, which nothing can match; "
-                    "give it the reference answer or drop the row"
-                )
-        else:
-            prompt = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
-            truth = row["reward_model"]["ground_truth"]
-        problems.append(Problem(benchmark, int(info["index"]), prompt, truth))
+    problems = [_problem(path, benchmark, protocol, i, row, data_dir) for i, row in enumerate(rows[:limit])]
+    seen: dict[int, int] = {}
+    for i, problem in enumerate(problems):
+        if (first := seen.setdefault(problem.index, i)) != i:
+            raise EvalInputError(
+                f"{path}: rows {first} and {i} (0-based) share extra_info.index {problem.index}, which keys the "
+                f"samples; re-create it with python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
+            )
     return problems
+
+
+def _problem(path: Path, benchmark: str, protocol: str, i: int, row: dict[str, Any], data_dir: str | Path) -> Problem:
+    """Row ``i`` of ``path`` as ``protocol`` prompts it; EvalInputError naming the row and the fix when a field
+    the protocol reads is missing or of the wrong type."""
+    remake = f"re-create it with python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
+    info = row["extra_info"] if isinstance(row["extra_info"], dict) else {}
+    index = info.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise EvalInputError(f"{path}: row {i} (0-based) has no extra_info.index (an integer >= 0); {remake}")
+    if protocol == "paper":
+        if info.get("raw_problem") is None or info.get("raw_answer") is None:
+            raise EvalInputError(
+                f"{path} has no extra_info.raw_problem/raw_answer (written by an older ebpo_verl.data); {remake}"
+            )
+        if not isinstance(info["raw_problem"], str) or not isinstance(info["raw_answer"], str):
+            raise EvalInputError(f"{path}: row {i} (0-based): extra_info.raw_problem/raw_answer are not text; {remake}")
+        if missing_ground_truth(info["raw_answer"]) is not None:
+            raise EvalInputError(
+                f"{path}: row {i} (0-based) has an empty extra_info.raw_answer, which nothing can match; "
+                "give it the reference answer or drop the row"
+            )
+        return Problem(benchmark, index, paper_prompt(info["raw_problem"]), info["raw_answer"])
+    if why := chat_prompt_problem(row["prompt"]):
+        raise EvalInputError(
+            f"{path}: row {i} (0-based): prompt is {why}; the verl protocol needs {CHAT_FORMAT}; {remake}"
+        )
+    prompt = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
+    return Problem(benchmark, index, prompt, row["reward_model"]["ground_truth"])

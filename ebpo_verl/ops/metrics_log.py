@@ -56,20 +56,22 @@ class MetricsLogError(ValueError):
 def _parse_lines(path: Path) -> list[tuple[int, dict[str, Any], str]]:
     """(step, data, raw line) of every record; a torn last line (a crash mid-write) is skipped with a warning."""
     records = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    lines = path.read_bytes().splitlines()
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
             step, data = record["step"], record["data"]
             if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
                 raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+            why = "nested too deeply" if isinstance(err, RecursionError) else " ".join(str(err).split())[:300]
             if number == len(lines):
-                warnings.warn(f"{path}:{number}: skipping a torn last line ({err})", stacklevel=3)
+                warnings.warn(f"{path}:{number}: skipping a torn last line ({why})", stacklevel=3)
                 continue
-            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {err}") from err
+            raise MetricsLogError(f"{path}:{number}: not a {{'step', 'data'}} metrics record: {why}") from err
         records.append((step, data, line))
     return records
 
@@ -132,7 +134,7 @@ class MetricsLog:
                 resumed_step,
                 aside,
             )
-        if text != self.path.read_text(encoding="utf-8"):  # lines moved aside, or a torn last line dropped
+        if text.encode("utf-8") != self.path.read_bytes():  # lines moved aside, or a torn last line dropped
             atomic_write_text(self.path, text)
 
     def _aside_path(self) -> Path:
@@ -177,7 +179,9 @@ def read_provenance(path: str | os.PathLike) -> list[dict[str, Any]]:
         if not isinstance(attempts, list) or not all(isinstance(a.get("provenance"), dict) for a in attempts):
             raise TypeError("attempts must be a list of {resumed_step, provenance}")
         for a in attempts:
-            a["resumed_step"] = int(a["resumed_step"])
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"{side}: not a provenance sidecar of a metrics log ({err}); delete it") from err
+            if isinstance(a["resumed_step"], bool) or not isinstance(a["resumed_step"], int):
+                raise TypeError(f"resumed_step {a['resumed_step']!r:.40} is not an integer")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else " ".join(str(err).split())[:300]
+        raise ValueError(f"{side}: not a provenance sidecar of a metrics log ({why}); delete it") from err
     return attempts

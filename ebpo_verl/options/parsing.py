@@ -25,8 +25,13 @@ T = TypeVar("T", bound="OptionSection")
 
 
 def is_real(x: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite int or float (not a bool; an int too large for a float is not finite)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def is_int(x: Any) -> bool:
@@ -113,6 +118,7 @@ def accepts(f: Field, value: Any) -> bool:
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:
     """The one error for a key that does not exist, with the closest valid key (and the valid keys if asked)."""
     where = f"{section}." if section else ""
+    key = key if key.isidentifier() else repr(key)  # a key with a newline or a space stays one line, visibly
     close = difflib.get_close_matches(key, valid, n=1)
     parts = [f"did you mean {where}{close[0]}?"] if close else []
     parts += [f"valid keys: {', '.join(valid)}"] if list_valid else []

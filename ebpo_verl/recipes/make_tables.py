@@ -179,10 +179,62 @@ def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, fl
 def results_provenance(path: Path) -> tuple[list[dict], list[dict]]:
     """(records, hardware records) of a RESULTS.json: its generate runs' provenance then its grading's, and the
     generate runs' (where the model ran); ([], []) for a file written before provenance was recorded."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    generation = [r for r in (data.get("generation") or {}).get("provenance", []) if isinstance(r, dict)]
+    data = load_results(path)
+    generation = data.get("generation")
+    generation = [r for r in generation.get("provenance", []) if isinstance(r, dict)] if generation else []
     grading = [data["provenance"]] if isinstance(data.get("provenance"), dict) else []
     return generation + grading, generation
+
+
+RESULT_COUNTS = ("runs", "problems", "problems_in_data", "samples", "n", "limit")
+"""A benchmark entry's counts in a RESULTS.json: integers >= 0 (or null)."""
+RESULT_PERCENTS = ("pass@1", "avg@n")
+"""Its single scores: percentages in [0, 100] (or null)."""
+
+
+def load_results(path: Path) -> dict:
+    """A RESULTS.json of ``python -m ebpo_verl.evaluate grade``, its structure checked: ``protocol`` paper or verl,
+    ``benchmarks`` an object of objects whose counts are integers >= 0 and whose scores (``pass@1``, ``avg@n``,
+    ``pass@k``/``maj@k`` by k) are percentages, ``complete`` a boolean, ``step`` an integer or null,
+    ``generation`` an object or null. MetricsLogError naming the file and the first bad field otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, not an object")
+        if data.get("protocol") not in ("paper", "verl") or not isinstance(data.get("benchmarks"), dict):
+            raise TypeError(
+                f"protocol {data.get('protocol')!r:.40} / benchmarks {type(data.get('benchmarks')).__name__}"
+            )
+        step, generation = data.get("step"), data.get("generation")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"step {step!r:.40} is not an integer")
+        if generation is not None and not (
+            isinstance(generation, dict) and isinstance(generation.get("provenance", []), list)
+        ):
+            raise TypeError("generation is not an object with a provenance list")
+        for bench, entry in data["benchmarks"].items():
+            _check_result_entry(bench, entry)
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else " ".join(str(err).split())
+        raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({why})") from err
+    return data
+
+
+def _check_result_entry(bench: str, entry: object) -> None:
+    if not isinstance(entry, dict):
+        raise TypeError(f"benchmarks.{bench:.40} is not an object")
+    for key in RESULT_COUNTS:
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not an integer >= 0")
+    if not all(isinstance(entry.get(name) or {}, dict) for name in ("pass@k", "maj@k")):
+        raise TypeError(f"benchmarks.{bench:.40}.pass@k/maj@k is not an object (k -> percentage)")
+    by_k = [(f"{name}.{k:.20}", v) for name in ("pass@k", "maj@k") for k, v in (entry.get(name) or {}).items()]
+    for key, value in [(k, entry.get(k)) for k in RESULT_PERCENTS] + by_k:
+        if value is not None and (_number(value) is None or not 0 <= value <= 100):
+            raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not a percentage")
+    if not isinstance(entry.get("complete", True), bool):
+        raise TypeError(f"benchmarks.{bench:.40}.complete is not true or false")
 
 
 def check_metric(metric: str) -> str:
@@ -203,32 +255,26 @@ def metric_value(entry: dict, metric: str) -> float | None:
 
 
 def read_results(path: Path, metric: str = DEFAULT_METRIC) -> tuple[str, dict[str, float], set[int], bool, int | None]:
-    """(protocol, benchmark -> ``metric``, runs used, complete, evaluated checkpoint step) of a RESULTS.json."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        protocol, benches = data["protocol"], data["benchmarks"]
-        if protocol not in ("paper", "verl") or not isinstance(benches, dict):
-            raise TypeError(f"protocol {protocol!r} / benchmarks {type(benches).__name__}")
-    except (ValueError, KeyError, TypeError) as err:
-        raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from err
+    """(protocol, benchmark -> ``metric``, runs used, complete, evaluated checkpoint step) of a RESULTS.json
+    (:func:`load_results`)."""
+    data = load_results(path)
+    protocol, benches = data["protocol"], data["benchmarks"]
     values = {b: metric_value(v, metric) for b, v in benches.items() if b in BENCHMARKS}
     scores = {b: value for b, value in values.items() if value is not None}
-    runs = {int(v["runs"]) for b, v in benches.items() if b in scores}
-    step = data.get("step")
-    step = step if isinstance(step, int) and not isinstance(step, bool) else None
-    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values()), step
+    runs = {v["runs"] for b, v in benches.items() if b in scores and v.get("runs") is not None}
+    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values()), data.get("step")
 
 
 def results_coverage(path: Path) -> dict[str, str]:
     """Benchmark -> what it covered, for the benchmarks of a RESULTS.json that are partial: ``--limit N`` (the
     first N problems: "4/30 problems") or graded with ``--allow-partial`` ("70/80 samples")."""
     out = {}
-    for bench, v in json.loads(path.read_text(encoding="utf-8"))["benchmarks"].items():
+    for bench, v in load_results(path)["benchmarks"].items():
         notes = []
-        if isinstance(v.get("problems_in_data"), int) and v.get("problems", 0) < v["problems_in_data"]:
-            notes.append(f"{v['problems']}/{v['problems_in_data']} problems")
+        if isinstance(v.get("problems_in_data"), int) and (v.get("problems") or 0) < v["problems_in_data"]:
+            notes.append(f"{v.get('problems') or 0}/{v['problems_in_data']} problems")
         if v.get("complete") is False:
-            notes.append(f"{v.get('samples')}/{v.get('problems', 0) * v.get('runs', 0)} samples")
+            notes.append(f"{v.get('samples')}/{(v.get('problems') or 0) * (v.get('runs') or 0)} samples")
         if notes and bench in BENCHMARKS:
             out[bench] = ", ".join(notes)
     return out

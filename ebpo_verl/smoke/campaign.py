@@ -17,7 +17,11 @@ campaign polls the marker and kills ``u`` times the phase's length in the refere
 checkpoint write; ``validate``). For ``after_save`` (after the checkpoint, before the step's log call) the trainer
 holds right after the save phase when the marker's ``.hold`` file names that step, and is killed there. Where
 the kill landed is read back from the marker events before the kill's time (the innermost open phase, or the
-phase last left), whatever was aimed at.
+phase last left), whatever was aimed at; the check reads it back at the kill's recorded time and fails unless it is
+the aimed phase and step.
+
+What is left of an attempt: its processes are found by the smoke scan's environment tag (:class:`Sighting`), sampled
+while it lives (the check fails unless that saw the trainer and a Ray process) and counted 30 s after the kill.
 """
 
 from __future__ import annotations
@@ -35,14 +39,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import psutil
 
 from ebpo_verl.smoke.invariants import (
     batch_groups,
+    check_leaks,
     check_state,
     check_steps_once,
     compare_metrics,
     expected_state,
-    responses,
+    response_flips,
 )
 
 MARKER_ENV = "EBPO_CAMPAIGN_MARKER"
@@ -179,22 +185,46 @@ def campaign_overrides(out: Path, run: str) -> list[str]:
     ]
 
 
-def _session_left(sid: int, seconds: float = 30.0) -> int:
-    """Processes of session ``sid`` (a killed attempt's driver session) still alive after up to ``seconds``."""
-    import psutil
+class Sighting:
+    """The processes of one run or attempt, found as the smoke scan finds them (:func:`ebpo_verl.smoke.scan.
+    tagged_processes`: every process the campaign starts carries :data:`~ebpo_verl.smoke.scan.TAG` in its
+    environment, inherited by Ray's raylet, workers and the trainer, also after a ``setsid`` or a double fork),
+    sampled every ``period`` seconds while it lives; :meth:`leak` counts those left after it. The attempts run
+    one at a time and each one's leftovers are killed before the next starts, so the tag names this attempt's."""
 
-    deadline = time.monotonic() + seconds
-    while True:
-        left = []
-        for proc in psutil.process_iter():
+    def __init__(self, period: float = 2.0) -> None:
+        self.period, self.due = period, 0.0
+        self.seen: dict[int, str] = {}
+        self.ray: set[int] = set()
+
+    def sample(self) -> None:
+        """Record the live tagged processes (at most once per period); an unreadable one raises (scan's rule)."""
+        from ebpo_verl.smoke import scan
+
+        if time.monotonic() < self.due:
+            return
+        self.due = time.monotonic() + self.period
+        for proc in scan.tagged_processes():
             try:
-                if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(proc.pid)
-            except (OSError, psutil.Error):
+                self.seen.setdefault(proc.pid, scan.title(proc)[:60])
+                if scan.is_ray(proc):
+                    self.ray.add(proc.pid)
+            except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
                 continue
-        if not left or time.monotonic() > deadline:
-            return len(left)
-        time.sleep(0.5)
+
+    def leak(self, trainer: int, grace: float = 30.0) -> dict[str, Any]:
+        """What the scan saw, and the tagged processes still alive up to ``grace`` s later (killed, so that the
+        next attempt starts clean)."""
+        from ebpo_verl.smoke import scan
+        from ebpo_verl.smoke.runs import kill_procs
+
+        deadline = time.monotonic() + grace
+        while (left := scan.tagged_processes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        described = scan.describe(left)
+        kill_procs(left, timeout=30)
+        return {"tagged_seen": len(self.seen), "ray_seen": len(self.ray), "trainer": trainer,
+                "trainer_seen": trainer in self.seen, "left": described}  # fmt: skip
 
 
 def _new_events(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
@@ -208,11 +238,17 @@ def _new_events(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
     return [json.loads(line) for line in complete.decode().splitlines() if line.strip()], pos + len(complete)
 
 
-def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], timeout: int) -> tuple[float, int]:
+def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], timeout: int,
+         sighting: Sighting) -> tuple[float, int]:  # fmt: skip
     """Poll the marker (every 5 ms) until the target point (see the module docstring): the time to kill at and the
-    trainer's pid (the process that writes the marker)."""
-    deadline, kill_at, trainer = time.monotonic() + timeout, None, 0
+    trainer's pid (the process that writes the marker). The tagged processes are sampled until the trainer's
+    first training phase (through verl's start and the model's initialisation: a minute here), never later."""
+    from ebpo_verl.trainer.watchdog import INIT_PHASES
+
+    deadline, kill_at, trainer, training = time.monotonic() + timeout, None, 0, False
     while kill_at is None or time.time() < kill_at:
+        if not training:
+            sighting.sample()
         if run.proc.poll() is not None:
             raise SystemExit(f"[campaign] the run ended (exit {run.proc.returncode}) before the kill at {target}; "
                              f"see {run.log}")  # fmt: skip
@@ -221,7 +257,7 @@ def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], t
             raise SystemExit(f"[campaign] no {target['phase']} at step {target['step']} within {timeout}s")
         events, pos = _new_events(marker, pos) if kill_at is None else ([], pos)
         for event in events:
-            trainer = event["pid"]
+            trainer, training = event["pid"], training or event["phase"] not in INIT_PHASES
             if event["step"] != target["step"] or kill_at is not None:
                 continue
             if target["phase"] == "after_save" and event["event"] == "hold":
@@ -256,18 +292,34 @@ def _start(out: Path, files: dict, name: str, total: int):
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    """SIGTERM/SIGINT of the campaign: kill the running attempt's process tree (its own session), then exit."""
+    """SIGTERM/SIGINT of the campaign: kill the running attempt's process tree (its own session), then every
+    process carrying the campaign's tag (one that left the tree: a ``setsid`` and double fork), then exit."""
+    from ebpo_verl.smoke import scan
+    from ebpo_verl.smoke.runs import kill_procs
+
     for run in _ACTIVE:
         run.kill()
+    kill_procs(scan.tagged_processes(), timeout=30)
     raise SystemExit(f"[campaign] stopped by {signal.Signals(signum).name}; the running attempt was killed")
 
 
-def _finish(run, timeout: int) -> float:
-    start = time.monotonic()
-    code = run.wait(timeout)
+def install_signal_handlers() -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_signal)
+
+
+def _finish(run, timeout: int, marker: Path, offset: int) -> tuple[float, dict[str, Any]]:
+    """Wait for ``run`` (sampling its tagged processes) to succeed: its seconds and its leak record."""
+    start, sighting = time.monotonic(), Sighting()
+    while run.proc.poll() is None and time.monotonic() - start < timeout:
+        sighting.sample()
+        time.sleep(0.5)
+    code = run.wait(max(1.0, timeout - (time.monotonic() - start)))
     if code != 0:
         raise SystemExit(f"[campaign] run {run.name} failed (exit {code}); last lines of {run.log}:\n{run.tail(60)}")
-    return round(time.monotonic() - start, 1)
+    wall = round(time.monotonic() - start, 1)
+    first = read_events(marker, offset)[:1]
+    return wall, sighting.leak(first[0]["pid"] if first else 0)
 
 
 def _utc(t: float) -> str:
@@ -297,17 +349,18 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
         else:
             hold.unlink(missing_ok=True)
         record = {"resumed_from": resumed, "marker_offset": _size(marker), "log_offset": _size(out / "camp.log")}
-        run, start = _start(out, files, "camp", total), time.monotonic()
+        run, start, sighting = _start(out, files, "camp", total), time.monotonic(), Sighting()
         if target is None:
-            attempts.append({**record, "killed": False, "wall_s": _finish(run, timeout)})
+            wall, leak = _finish(run, timeout, marker, record["marker_offset"])
+            attempts.append({**record, "killed": False, "wall_s": wall, "leak": leak})
             break
-        _, trainer = _aim(run, marker, record["marker_offset"], target, lengths, timeout)
+        _, trainer = _aim(run, marker, record["marker_offset"], target, lengths, timeout, sighting)
         kill_time = _kill(run, trainer)
         where = landing(read_events(marker, record["marker_offset"]), kill_time)
-        wall, left = round(time.monotonic() - start, 1), _session_left(run.proc.pid)
+        wall, leak = round(time.monotonic() - start, 1), sighting.leak(trainer)
         attempts.append(
-            {**record, "killed": True, "target": target, "landed": where, "kill_utc": _utc(kill_time),
-             "wall_s": wall, "left_processes": left}
+            {**record, "killed": True, "target": target, "landed": where, "kill_t": kill_time,
+             "kill_utc": _utc(kill_time), "wall_s": wall, "leak": leak, "left_processes": len(leak["left"])}
         )  # fmt: skip
         print(
             f"[campaign] kill {len(attempts)}: aimed at {target['phase']} of step {target['step']}, landed in "
@@ -338,13 +391,18 @@ def _topic_of(train_file: Path):
 
 def _dump(out: Path, run: str, step: int) -> list[str] | None:
     """The lines of ``run``'s rollout dump of ``step``, or None (not written, or torn by a kill)."""
-    smoke, path = _smoke(), out / f"rollouts_{run}" / f"{step}.jsonl"
+    smoke, lines = _smoke(), _parsed(out / f"rollouts_{run}" / f"{step}.jsonl")
+    return lines if lines and len(lines) == smoke.BATCH * smoke.N else None
+
+
+def _parsed(path: Path) -> list[str] | None:
+    """The lines of a dump, or None (not written, or torn by a kill: a line that is not JSON)."""
     lines = path.read_text().splitlines() if path.is_file() else []
     try:
-        complete = len([json.loads(line) for line in lines]) == smoke.BATCH * smoke.N
+        [json.loads(line) for line in lines]
     except ValueError:
-        complete = False
-    return lines if complete else None
+        return None
+    return lines or None
 
 
 def _saved_state(out: Path, step: int) -> dict[str, Any]:
@@ -398,11 +456,40 @@ def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: in
     return rows
 
 
-def check_campaign(out: Path, files: dict, attempts: list[dict], total: int) -> dict[str, Any]:
+def check_landed(out: Path, attempts: list[dict], want: list[tuple[str, int]] | None = None) -> list[dict]:
+    """Where each kill landed, read back from the campaign's marker at the kill's time (:func:`landing`): it must
+    be the phase and step the report lists and the ones aimed at (``want``: (phase, step) per kill; default the
+    targets). Raises naming the first kill that landed elsewhere."""
+    marker, rows = out / "marker_camp.jsonl", []
+    killed = [(i, a) for i, a in enumerate(attempts) if a["killed"]]
+    want = want if want is not None else [(a["target"]["phase"], a["target"]["step"]) for _, a in killed]
+    if len(want) != len(killed):
+        raise AssertionError(f"{len(killed)} kills, {len(want)} expected landings")
+    for (i, attempt), (phase, step) in zip(killed, want, strict=True):
+        if "kill_t" not in attempt:
+            raise AssertionError(f"kill {len(rows) + 1}: no kill time in the report (it predates it): its landing "
+                                 "cannot be read back from the marker")  # fmt: skip
+        nxt = attempts[i + 1]["marker_offset"] if i + 1 < len(attempts) else None
+        events = [json.loads(line) for line in _slice(marker, attempt["marker_offset"], nxt).splitlines()]
+        where = landing(events, attempt["kill_t"])
+        if where != attempt["landed"]:
+            raise AssertionError(f"kill {len(rows) + 1}: the marker says it landed in {where}, the report "
+                                 f"{attempt['landed']}")  # fmt: skip
+        if (where["phase"], where["step"]) != (phase, step):
+            raise AssertionError(f"kill {len(rows) + 1} landed in {where['phase']} of step {where['step']} "
+                                 f"({where['seconds_in']}s in), not in {phase} of step {step}")  # fmt: skip
+        rows.append({"kill": len(rows) + 1, "landed": where["phase"], "step": where["step"]})
+    return rows
+
+
+def check_campaign(out: Path, files: dict, report: dict[str, Any]) -> dict[str, Any]:
     """Every invariant (raises AssertionError on the first that fails); what was checked."""
     from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
 
-    smoke = _smoke()
+    smoke, attempts, total = _smoke(), report["attempts"], report["steps"]
+    runs = [("the uninterrupted run", report.get("reference_leak"))]
+    check_leaks(runs + [(f"attempt {i}", a.get("leak")) for i, a in enumerate(attempts, 1)])
+    landed = check_landed(out, attempts)
     log = out / "ckpt_camp" / "metrics.jsonl"
     training = [step for step, data in read_records(log) if "actor/grad_norm" in data]
     check_steps_once(training, total)
@@ -414,39 +501,51 @@ def check_campaign(out: Path, files: dict, attempts: list[dict], total: int) -> 
         assert got == ref, f"campaign step {step} trained rows {got}, the uninterrupted run {ref}"
     ref_metrics, camp = read_metrics_log(out / "ckpt_ref" / "metrics.jsonl"), read_metrics_log(log)
     no_val = [s for s in range(1, total + 1) if smoke.VAL_KEY not in camp[s]]
-    flipped = flips(out, total)
+    found = flips(out, total)
+    first = min((s for s, kinds in found["flipped"].items() if "rollout" in kinds), default=None)
+    compared = compare_metrics(ref_metrics, camp, list(range(1, total + 1)), first, set(found["validation_same"]))
     return {
+        "leaks": "every run's and attempt's processes seen by the tag scan; none left after it",
+        "landed": landed,
         "metrics_log_steps": training,
         "resumes": resumes,
         "eb_states": states,
         "curriculum_steps_compared": dumped,
         "steps_without_validation_logged": no_val,
-        "flipped_responses": flipped,
-        "vs_uninterrupted": compare_metrics(ref_metrics, camp, list(range(1, total + 1)), set(flipped)),
+        "first_rollout_flip": first,
+        "flipped_responses": found["flipped"],
+        "validation_same": found["validation_same"],
+        "vs_uninterrupted": compared,
     }
 
 
-def flips(out: Path, total: int) -> dict[int, str]:
-    """Steps whose sampled responses differ between the campaign and the uninterrupted run (training rollout,
-    or validation where verl dumped it), from the dumps both wrote."""
-    found = {}
+def flips(out: Path, total: int) -> dict[str, Any]:
+    """The responses that differ between the campaign's and the uninterrupted run's dumps, per step and kind
+    (training rollout, validation), each with the flipped outputs; and the steps whose validation dumps both exist
+    and agree (their ``val-*`` metrics must then agree)."""
+    flipped: dict[int, dict[str, list]] = {}
+    same = []
     for step in range(1, total + 1):
-        for kind, folder in (("rollout", "rollouts"), ("validation", "validation")):
-            paths = [out / f"{folder}_{run}" / f"{step}.jsonl" for run in ("camp", "ref")]
-            if not all(p.is_file() for p in paths):
+        for kind in ("rollout", "validation"):
+            if kind == "rollout":
+                dumps = [_dump(out, run, step) for run in ("camp", "ref")]
+            else:  # complete: as many lines as the uninterrupted run's
+                dumps = [_parsed(out / f"validation_{run}" / f"{step}.jsonl") for run in ("camp", "ref")]
+            if None in dumps or len(dumps[0]) != len(dumps[1]):
                 continue
-            camp, ref = (responses(p.read_text().splitlines()) for p in paths)
-            if camp != ref:
-                diff = sum(a != b for a, b in zip(camp, ref, strict=False)) + abs(len(camp) - len(ref))
-                found[step] = f"{kind}: {diff} of {len(ref)} responses differ"
-    return found
+            differ = response_flips(*dumps)
+            if differ:
+                flipped.setdefault(step, {})[kind] = differ
+            elif kind == "validation":
+                same.append(step)
+    return {"flipped": flipped, "validation_same": same}
 
 
 def _checked(report: dict[str, Any], out: Path, files: dict) -> dict[str, Any]:
     """``report`` with the checks of its attempts (``ok``, or ``failed`` naming the first invariant that failed)."""
     report = {k: v for k, v in report.items() if k not in ("checks", "ok", "failed")}
     try:
-        report["checks"] = check_campaign(out, files, report["attempts"], report["steps"])
+        report["checks"] = check_campaign(out, files, report)
         report["ok"] = report["kills_done"] == report["kills_drawn"]
     except AssertionError as err:
         report["ok"], report["failed"] = False, str(err)
@@ -456,12 +555,11 @@ def _checked(report: dict[str, Any], out: Path, files: dict) -> dict[str, Any]:
 def _campaign(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     total, start = args.steps or args.kills + 3, time.monotonic()
     files = _smoke().prepare(out)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _on_signal)
-    ref_wall = _finish(_start(out, files, "ref", total), args.run_timeout)
+    install_signal_handlers()
+    ref_wall, ref_leak = _finish(_start(out, files, "ref", total), args.run_timeout, out / "marker_ref.jsonl", 0)
     plan = plan_kills(args.seed, args.kills)
     report: dict[str, Any] = {"seed": args.seed, "kills_drawn": args.kills, "steps": total, "plan": plan,
-                              "reference_wall_s": ref_wall}  # fmt: skip
+                              "reference_wall_s": ref_wall, "reference_leak": ref_leak}  # fmt: skip
     report["attempts"] = run_attempts(out, files, plan, total, args.run_timeout)
     report["kills_done"] = sum(a["killed"] for a in report["attempts"])
     report["wall_s"] = round(time.monotonic() - start, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -107,30 +108,49 @@ def check_state(want: dict[str, Any], got: dict[str, Any], where: str) -> None:
                 raise AssertionError(f"{where}: EB {name} {part} [n, mean, M2] {g[part]} != recomputed {w[part]}")
 
 
-def compare_metrics(ref: dict[int, dict], got: dict[int, dict], steps: list[int], flipped: set[int]) -> dict:
+VAL_PREFIX = "val-"
+"""Validation metrics: compared only at steps whose validation dumps show the same responses in both runs."""
+
+
+def _beyond(got: float, want: float) -> bool:
+    return not abs(got - want) <= METRIC_TOL * max(1.0, abs(want))
+
+
+def compare_metrics(
+    ref: dict[int, dict], got: dict[int, dict], steps: list[int], first_flip: int | None, val_same: set[int]
+) -> dict:
     """Every metric both runs logged at ``steps`` (timings, throughput, memory and the rollout-vs-actor mismatch
-    diagnostics aside), campaign vs uninterrupted: the largest |difference| per key, and the (step, key) pairs
-    beyond ``METRIC_TOL * max(1, |reference|)``. Raises when one is at the last step, unless that step's sampled
-    responses differ between the runs (``flipped``: a token flipped, see the module's docs)."""
+    diagnostics aside), campaign vs uninterrupted, against ``METRIC_TOL * max(1, |reference|)``. A training
+    metric beyond it at a step before ``first_flip`` (the first step whose rollout responses differ between the
+    runs; None: none differs) fails, and so does a ``val-*`` metric beyond it at a step of ``val_same`` (both
+    validation dumps hold the same responses). The rest is listed, with why it is excused. Raises naming the
+    first ten failures; returns the largest |difference| per key and what was compared where."""
     worst: dict[str, float] = {}
-    over = []
+    failed, excused = [], []
     for step in steps:
         for key, want in ref[step].items():
             if key.startswith(SKIPPED_METRICS) or not isinstance(want, (int, float)) or key not in got[step]:
                 continue
-            diff = abs(float(got[step][key]) - float(want))
-            if not diff <= METRIC_TOL * max(1.0, abs(float(want))):
-                over.append((step, key, got[step][key], want))
-            worst[key] = max(worst.get(key, 0.0), diff)
-    final = [f"{key}: campaign {a!r} vs uninterrupted {b!r}" for step, key, a, b in over if step == steps[-1]]
-    if final and steps[-1] not in flipped:
-        raise AssertionError(f"step {steps[-1]}: {len(final)} metrics beyond {METRIC_TOL}: {'; '.join(final[:10])}")
+            a, b = float(got[step][key]), float(want)
+            worst[key] = max(worst.get(key, 0.0), abs(a - b))
+            if not _beyond(a, b):
+                continue
+            if key.startswith(VAL_PREFIX):
+                binding, why = step in val_same, "validation responses differ or were not dumped"
+            else:
+                binding, why = first_flip is None or step < first_flip, f"after the rollout flip at step {first_flip}"
+            (failed if binding else excused).append((step, key, a, b, why))
+    if failed:
+        shown = "; ".join(f"step {s} {k}: campaign {a!r} vs uninterrupted {b!r}" for s, k, a, b, _ in failed[:10])
+        raise AssertionError(f"{len(failed)} metrics beyond {METRIC_TOL} where the runs' responses agree: {shown}")
     top = sorted(worst.items(), key=lambda kv: -kv[1])
     return {
         "compared_keys": len(worst),
         "exact_keys": sum(v == 0.0 for v in worst.values()),
         "max_abs_diff": dict(top[:10]),
-        "beyond_tolerance": [f"step {step} {key}" for step, key, _, _ in over],
+        "training_steps_bound": [s for s in steps if first_flip is None or s < first_flip],
+        "val_steps_bound": sorted(val_same & set(steps)),
+        "beyond_tolerance": [f"step {s} {k} ({why})" for s, k, _, _, why in excused],
     }
 
 
@@ -141,3 +161,29 @@ def responses(lines: Iterable[str]) -> list[tuple[str, str]]:
         entry = json.loads(line)
         pairs.append((entry["input"], entry["output"]))
     return sorted(pairs)
+
+
+def response_flips(camp_lines: Iterable[str], ref_lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The responses that differ between the campaign's and the uninterrupted run's dumps of one step: per
+    input, the outputs only the campaign gave and those only the uninterrupted run gave (empty: the same)."""
+    camp, ref = Counter(responses(camp_lines)), Counter(responses(ref_lines))
+    found: dict[str, dict[str, list[str]]] = {}
+    for side, extra in (("campaign", camp - ref), ("uninterrupted", ref - camp)):
+        for (text, output), count in sorted(extra.items()):
+            found.setdefault(text, {"campaign": [], "uninterrupted": []})[side] += [output] * count
+    return [{"input": text, **outputs} for text, outputs in sorted(found.items())]
+
+
+def check_leaks(runs: list[tuple[str, dict[str, Any] | None]]) -> None:
+    """Each (name, leak record) of a run or attempt: its processes were seen by the environment-tag scan while it
+    lived (its trainer among them, and a Ray process), and none carrying the tag was left after it."""
+    for name, leak in runs:
+        if leak is None:
+            raise AssertionError(f"{name}: no tag-based leak count (the report predates it): nothing proves its "
+                                 "processes were seen, so 'none left' proves nothing")  # fmt: skip
+        if not leak["trainer_seen"] or leak["ray_seen"] < 1:
+            raise AssertionError(f"{name}: the tag scan saw {leak['ray_seen']} Ray processes and "
+                                 f"{'' if leak['trainer_seen'] else 'not '}its trainer (pid {leak['trainer']}) "
+                                 "while it ran: a count of none left would prove nothing")  # fmt: skip
+        if leak["left"]:
+            raise AssertionError(f"{name}: {len(leak['left'])} tagged processes left after it: {leak['left']}")

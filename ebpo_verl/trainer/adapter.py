@@ -29,6 +29,7 @@ from ebpo_verl.algos import registry
 from ebpo_verl.algos.estimator import Advantages, Estimator
 from ebpo_verl.algos.grouping import factorize_keys
 from ebpo_verl.algos.registry import EstimatorSpec
+from ebpo_verl.compat import trl_probe
 from ebpo_verl.trainer.run_options import RunOptions, options_for_node
 
 PAD_PREFIX = "pad"
@@ -170,3 +171,4 @@ def _same_definition(a: Any, b: Any) -> bool:
 
 
 register()
+trl_probe.install()  # verl's model building beside TRL 1.x (ebpo_verl.compat.trl_probe)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -90,6 +91,8 @@ class TrainerOptions(OptionSection):
                 continue
             try:
                 replaced[key] = float(raw)
+                if not math.isfinite(replaced[key]):
+                    raise ValueError(raw)
             except ValueError:
                 raise ValueError(
                     f"{variable}={raw!r} is not a number of seconds: set it to e.g. 3600, or 0 to disable"

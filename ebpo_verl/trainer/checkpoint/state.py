@@ -17,12 +17,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.errors import one_line
+from ebpo_verl.options.parsing import accepts
 
 FORMAT = 1
 
@@ -77,15 +80,17 @@ def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: 
             raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
         if payload.get("format") != FORMAT:
             raise ValueError(f"format {payload.get('format')!r} is not supported (expected {FORMAT})")
-        saved_step = int(payload["global_step"])
+        saved_step = payload["global_step"]
+        if isinstance(saved_step, bool) or not isinstance(saved_step, int) or saved_step < 0:
+            raise ValueError(f"global_step must be an integer >= 0, got {saved_step!r:.60}")
         saved_options = payload.get("options", {})
-        if not isinstance(saved_options, dict):
-            raise ValueError(f"options must be a JSON object, got {saved_options!r}")
+        _check_saved_options(entry, saved_options)
         state.load_state_dict(payload["state"])
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:  # JSON errors are ValueErrors
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as err:  # JSON's: ValueErrors
         state.reset()
+        why = "nested too deeply" if isinstance(err, RecursionError) else one_line(err)
         raise ValueError(
-            f"{entry.state.label} state file {path} is unreadable: {err}. Delete it to resume with fresh "
+            f"{entry.state.label} state file {path} is unreadable: {why}. Delete it to resume with fresh "
             f"{entry.state.what}."
         ) from err
     if saved_step != int(global_step):
@@ -94,6 +99,21 @@ def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: 
             f"{entry.state.label} state file {path} was written at global step {saved_step}, not {global_step}"
         )
     return saved_options
+
+
+def _check_saved_options(entry: EstimatorSpec, saved: Any) -> None:
+    """ValueError unless ``saved`` maps option names (identifiers) to values: for an option of this version, one it
+    accepts; for another (a newer version's), a JSON scalar."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"options must be a JSON object, got {saved!r:.60}")
+    declared = {f.name: f for f in entry.options_cls.declarations()}
+    for key, value in saved.items():
+        known = key in declared and accepts(declared[key], value)
+        if not key.isidentifier() or not known and (key in declared or not isinstance(value, _SCALARS)):
+            raise ValueError(f"options.{key!r:.40} = {value!r:.60} is not a value of {entry.section}.{key:.40}")
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def _on_mismatch(
@@ -182,4 +202,8 @@ def changed_options(entry: EstimatorSpec, saved: dict[str, Any], options: Any) -
 
 def _override(value: Any) -> str:
     """A value as a Hydra command-line override (None -> null)."""
-    return "null" if value is None else str(value)
+    if value is None:
+        return "null"
+    if isinstance(value, str) and not re.fullmatch(r"[\w.:/+-]+", value):
+        return json.dumps(value)  # quoted, escapes on one line
+    return str(value)

@@ -21,23 +21,25 @@ from ebpo_verl.trainer.run_options import RunOptions
 
 @dataclass(frozen=True)
 class DataFile:
-    """The columns of a verl data file the pre-flight reads: ``reward_model`` and ``extra_info``, one per row."""
+    """The columns of a verl data file the pre-flight reads: the prompt, ``reward_model`` and ``extra_info``, one
+    per row."""
 
     path: str
     rows: int
     reward_models: list[Any] | None  # None: the file has no reward_model column
     extra_infos: list[Mapping[str, Any]]
+    prompts: list[Any] | None = None  # None: the file has no prompt column (data.prompt_key)
 
 
-def read_data_file(path: str, key: str) -> DataFile:
+def read_data_file(path: str, key: str, prompt_key: str = "prompt") -> DataFile:
     """Read a verl data file as verl's ``RLHFDataset`` does (.parquet; .json as a list or as lines; .jsonl).
 
     ``key`` (``data.train_files``) names the setting in the errors: an unsupported format and an unreadable file
-    are refused.
+    are refused. ``prompt_key``: the prompt's column (``data.prompt_key``).
     """
     if not path.endswith((".parquet", ".json", ".jsonl")):
         raise EBPOConfigError(f"{key}: {path} has an unsupported format; verl reads .parquet, .json, .jsonl")
-    wanted = ("reward_model", "extra_info")
+    wanted = ("reward_model", "extra_info", prompt_key)
     try:
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq
@@ -59,7 +61,7 @@ def read_data_file(path: str, key: str) -> DataFile:
     except Exception as err:  # pyarrow / json raise their own types for a truncated or foreign file
         raise EBPOConfigError(f"{key}: {path} is not a readable verl data file ({one_line(err)})") from err
     infos = [info if isinstance(info, Mapping) else {} for info in columns.get("extra_info", [None] * rows)]
-    return DataFile(path, rows, columns.get("reward_model"), infos)
+    return DataFile(path, rows, columns.get("reward_model"), infos, columns.get(prompt_key))
 
 
 def _files(value: Any) -> list[str]:
@@ -91,6 +93,7 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
     remote files (``hdfs://``) are not read.
     """
     train, val = _files(config.data.get("train_files", None)), _files(config.data.get("val_files", None))
+    prompt_key = str(config.data.get("prompt_key", None) or "prompt")
     not_checked = None
     read: dict[str, list[DataFile]] = {"data.train_files": [], "data.val_files": []}
     for key, files in (("data.train_files", train), ("data.val_files", val)):
@@ -110,12 +113,13 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
                     else "prepare the data"
                 )
                 raise EBPOConfigError(f"{key}: {path} does not exist (or is not a file); {fix} or fix the path")
-            read[key].append(read_data_file(path, key))
+            read[key].append(read_data_file(path, key, prompt_key))
     line = f"steps per epoch not checked: data.train_files {not_checked}" if not_checked else None
     if line is None:
         line = _steps_per_epoch(config, read["data.train_files"])
     for key, data_files in read.items():
         for data in data_files:
+            _check_prompts(data, key, prompt_key)
             _check_ground_truths(data, key)
     if read["data.train_files"] and len(read["data.train_files"]) == len(train):  # the labels need every row
         _check_curriculum_labels(options, read["data.train_files"])
@@ -136,6 +140,21 @@ def _steps_per_epoch(config: Any, files: list[DataFile]) -> str:
             f"(verl drops the last partial batch). Use a larger training file or {batch_key}<={rows}."
         )
     return f"{rows} training rows ({detail}; before verl's overlong-prompt filter) -> {rows // batch} steps per epoch"
+
+
+def _check_prompts(data: DataFile, key: str, prompt_key: str) -> None:
+    """Every row's prompt is in verl's chat format (:func:`ebpo_verl.data.schema.check_chat_prompts`)."""
+    from ebpo_verl.data.schema import DataPrepError, check_chat_prompts
+
+    if data.prompts is None:
+        raise EBPOConfigError(
+            f"{key}: {data.path} has no {prompt_key!r} column (data.prompt_key={prompt_key}), which verl reads as "
+            "each row's chat prompt; prepare the file with ebpo_verl.data, or set data.prompt_key to its prompt column"
+        )
+    try:
+        check_chat_prompts(data.prompts, f"{key}: {data.path}", prompt_key)
+    except DataPrepError as err:
+        raise EBPOConfigError(str(err)) from err
 
 
 def _check_ground_truths(data: DataFile, key: str) -> None:

@@ -1,0 +1,281 @@
+"""Fuzzing the files the package reads back: a generations JSONL and its ``.meta.json`` (resume and grading), a
+RESULTS.json read by ``make_tables``, and ``metrics.jsonl`` with its provenance sidecar (read at resume). Each is
+read as written, or refused with one line naming the file; never another exception or a number changed on the
+way in, and a refused file is left as it was."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ebpo_verl.evaluate.generations import FIELDS, GenerationsFile, read_generations, read_meta
+from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.ops.metrics_log import MetricsLog, MetricsLogError, read_metrics_log, read_provenance
+from ebpo_verl.recipes import make_tables
+
+FUZZ = settings(
+    max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+)
+"""150 examples per property, derandomized (the same examples every run)."""
+
+scalars = (
+    st.none() | st.booleans() | st.integers(-3, 40) | st.integers(-(10**30), 10**30) | st.floats() | st.text(max_size=6)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=10,
+)
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _paths(child, (*prefix, key))
+
+
+def _replaced(node, path, value):
+    if not path:
+        return value
+    copy = dict(node) if isinstance(node, dict) else list(node)
+    copy[path[0]] = _replaced(node[path[0]], path[1:], value)
+    return copy
+
+
+def _mutation(valid) -> st.SearchStrategy:
+    """``valid`` with one part (the whole included) replaced by any JSON value."""
+    return st.tuples(st.sampled_from(list(_paths(valid))), json_values).map(lambda pv: _replaced(valid, *pv))
+
+
+def _one_line(err: BaseException, name: str) -> None:
+    message = str(err)
+    assert "\n" not in message and name in message and len(message) < 1500, message
+
+
+# -------------------------------------------------------------------------------------- generations and its meta
+
+LINE = {"benchmark": "math500", "index": 3, "sample": 0, "response": "2", "response_tokens": 1, "finish_reason": "stop"}
+META = {
+    "protocol": "verl",
+    "model": "org/model",
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "max_new_tokens": 16,
+    "seed": 0,
+    "benchmarks": {"math500": {"runs": 2, "limit": None, "problems": 1, "digests": {"3": "0123456789abcdef"}}},
+    "provenance": [{"command": "x"}],
+}
+
+
+def _valid_line(record) -> bool:
+    """The oracle: an object whose six fields have their types (ints >= 0 and not bools)."""
+    if not isinstance(record, dict):
+        return False
+    for key, kind in FIELDS.items():
+        value = record.get(key)
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            return False
+        if not isinstance(value, kind):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("text", [DEEP, '{"a": ' + DEEP + "}"])
+def test_fuzz_generations_deeply_nested_line(text, tmp_path):
+    # today: RecursionError from json.loads
+    path = tmp_path / "g.jsonl"
+    path.write_text(text + "\n" + json.dumps(LINE) + "\n")
+    with pytest.raises(EvalInputError) as err:
+        read_generations(path)
+    _one_line(err.value, "line 1 is not valid JSON (nested too deeply)")
+
+
+def test_fuzz_generations_bool_index_is_refused(tmp_path):
+    # today: "index": true was read as problem 1
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({**LINE, "index": True}) + "\n")
+    with pytest.raises(EvalInputError, match=r"line 1 lacks or mistypes \['index'\]"):
+        read_generations(path)
+
+
+@FUZZ
+@given(lines=st.lists(_mutation(LINE), min_size=1, max_size=3), torn=st.booleans())
+def test_fuzz_generations_lines(lines, torn, tmp_path_factory):
+    """Lines with any part replaced: read exactly as written, or one line naming the file and the line."""
+    path = tmp_path_factory.mktemp("gen") / "g.jsonl"
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    path.write_text(text[:-1] if torn else text)
+    try:
+        records, intact = read_generations(path)
+    except EvalInputError as err:
+        _one_line(err, str(path))
+        assert not all(_valid_line(line) for line in lines) or len({json.dumps(line) for line in lines}) < len(lines)
+        return
+    kept = lines[:-1] if torn and not _valid_line(lines[-1]) else lines
+    assert all(_valid_line(line) for line in kept)
+    assert list(records.values()) == kept and intact <= len(text)
+
+
+@FUZZ
+@given(meta=_mutation(META) | json_values)
+def test_fuzz_generations_meta(meta, tmp_path_factory):
+    """Any ``.meta.json``: grading and a resume read it or refuse it in one line; a refused meta and its
+    generations file are left untouched."""
+    folder = tmp_path_factory.mktemp("meta")
+    path = folder / "g.jsonl"
+    path.write_text(json.dumps(LINE) + "\n")
+    (folder / "g.jsonl.meta.json").write_text(json.dumps(meta))
+    try:
+        assert read_meta(path) == meta
+    except EvalInputError as err:
+        _one_line(err, "g.jsonl.meta.json")
+    try:
+        with GenerationsFile(path, META) as gen:
+            assert set(gen.done) == {("math500", 3, 0)}
+    except EvalInputError as err:
+        _one_line(err, "g.jsonl")
+        assert path.read_text() == json.dumps(LINE) + "\n"
+        assert json.loads((folder / "g.jsonl.meta.json").read_text()) == meta
+
+
+def test_fuzz_generations_meta_that_is_not_an_object(tmp_path):
+    # today: a meta that is a list passed read_meta and failed later with AttributeError/TypeError
+    path = tmp_path / "g.jsonl"
+    for meta in ([1, 2], {"protocol": "verl", "model": "m", "benchmarks": {"math500": {"runs": True}}}):
+        (tmp_path / "g.jsonl.meta.json").write_text(json.dumps(meta))
+        with pytest.raises(EvalInputError) as err:
+            read_meta(path)
+        _one_line(err.value, "is not the settings of a generations file")
+
+
+# ------------------------------------------------------------------------------------ RESULTS.json of make_tables
+
+BENCH = {"pass@1": 40.0, "runs": 16, "problems": 30, "samples": 480, "complete": True, "n": 16}
+RESULTS = {
+    "protocol": "paper",
+    "model": "m",
+    "step": 12,
+    "benchmarks": {"aime2024": {**BENCH, "pass@k": {"1": 40.0, "2": 50.0}}, "math500": dict(BENCH)},
+    "average": 40.0,
+    "generation": {"provenance": [{"command": "generate"}]},
+    "provenance": {"command": "grade"},
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"benchmarks": {"aime2024": [40.0]}},
+        {"benchmarks": {"aime2024": {**BENCH, "runs": "16"}}},
+        {"benchmarks": {"aime2024": {**BENCH, "pass@1": 140.0}}},
+        {"benchmarks": {"aime2024": {**BENCH, "pass@k": [1, 2]}}},
+        {"generation": ["x"]},
+    ],
+)
+def test_fuzz_results_json_structure(change, tmp_path):
+    # today: AttributeError / ValueError tracebacks, or a Pass@1 of 140 % in the table
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**RESULTS, **change}))
+    assert make_tables.main([f"A/x={path}", "--out", str(tmp_path / "o")]) == 1
+    with pytest.raises(MetricsLogError) as err:
+        make_tables.build_rows(None, [f"A/x={path}"], "final")
+    _one_line(err.value, "not a RESULTS.json")
+    assert not (tmp_path / "o").exists()
+
+
+@FUZZ
+@given(results=_mutation(RESULTS))
+def test_fuzz_results_json(results, tmp_path_factory):
+    """A RESULTS.json with any part replaced: a row whose numbers are the file's, or one refusal line."""
+    path = tmp_path_factory.mktemp("res") / "r.json"
+    path.write_text(json.dumps(results))
+    try:
+        [row] = make_tables.build_rows(None, [f"A/x={path}"], "final")
+    except MetricsLogError as err:
+        return _one_line(err, str(path))
+    for bench, score in row.scores.items():
+        given_score = results["benchmarks"][bench]["pass@1"]
+        assert score == given_score and 0 <= score <= 100 and math.isfinite(score)
+    assert row.protocol == results["protocol"] and row.step == results.get("step")
+
+
+# --------------------------------------------------------------------------- metrics.jsonl and its sidecar (resume)
+
+RECORD = {"step": 2, "data": {"val-core/aime2024/acc/mean@16": 0.25, "loss": 1.5}}
+
+
+def test_fuzz_metrics_log_bad_lines_are_one_line(tmp_path):
+    # today: a deeply nested line escaped as RecursionError, a non-UTF-8 byte as UnicodeDecodeError (whole file)
+    log = tmp_path / "metrics.jsonl"
+    for bad in (DEEP.encode(), b'{"step": 1, "data": {"x": "\xff"}}'):
+        log.write_bytes(bad + b"\n" + json.dumps(RECORD).encode() + b"\n")
+        with pytest.raises(MetricsLogError) as err:
+            MetricsLog(log, resumed_step=2, provenance={})
+        _one_line(err.value, f"{log}:1: not a {{'step', 'data'}} metrics record")
+        assert log.read_bytes().startswith(bad)  # left as it was
+
+
+def test_fuzz_metrics_sidecar_resumed_step_is_an_integer(tmp_path):
+    # today: "resumed_step": 1.9 was read as 1
+    side = tmp_path / "metrics.jsonl.provenance.json"
+    side.write_text(json.dumps({"attempts": [{"resumed_step": 1.9, "provenance": {}}]}))
+    with pytest.raises(ValueError) as err:
+        read_provenance(side)
+    _one_line(err.value, "resumed_step 1.9 is not an integer")
+
+
+def _valid_record(record) -> bool:
+    step = record.get("step") if isinstance(record, dict) else None
+    return isinstance(step, int) and not isinstance(step, bool) and isinstance(record.get("data"), dict)
+
+
+@FUZZ
+@given(records=st.lists(_mutation(RECORD), min_size=1, max_size=4), resumed=st.integers(0, 3))
+def test_fuzz_metrics_log_at_resume(records, resumed, tmp_path_factory):
+    """A log whose lines have any part replaced, opened at a resume: read as written (NaN kept), or refused in one
+    line naming the file and line with the log unchanged."""
+    log = tmp_path_factory.mktemp("log") / "metrics.jsonl"
+    text = "".join(json.dumps(record) + "\n" for record in records)
+    log.write_text(text)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an invalid last line is skipped as torn, with a warning
+            merged = read_metrics_log(log)
+    except MetricsLogError as err:
+        _one_line(err, str(log))
+        assert not all(_valid_record(r) for r in records[:-1])
+        with pytest.raises(MetricsLogError):
+            MetricsLog(log, resumed_step=resumed, provenance={})
+        assert log.read_text() == text
+        return
+    assert all(_valid_record(r) for r in records[:-1])
+    records = records if _valid_record(records[-1]) else records[:-1]
+    for step, data in merged.items():
+        for key, value in data.items():
+            last = [r["data"][key] for r in records if r["step"] == step and key in r["data"]][-1]
+            assert value == last or (isinstance(value, float) and math.isnan(value) and math.isnan(last))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        MetricsLog(log, resumed_step=resumed, provenance={})
+    kept = read_metrics_log(log)
+    assert all(step <= resumed for step in kept) and (resumed > 0 or not kept)  # later steps moved aside
+
+
+@FUZZ
+@given(sidecar=_mutation({"attempts": [{"resumed_step": 0, "provenance": {"command": "x"}}]}) | json_values)
+def test_fuzz_metrics_sidecar(sidecar, tmp_path_factory):
+    side = tmp_path_factory.mktemp("side") / "metrics.jsonl.provenance.json"
+    side.write_text(json.dumps(sidecar))
+    try:
+        attempts = read_provenance(side)
+    except ValueError as err:
+        return _one_line(err, str(side))
+    assert attempts == sidecar["attempts"]
+    assert all(type(a["resumed_step"]) is int and isinstance(a["provenance"], dict) for a in attempts)
