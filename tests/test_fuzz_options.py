@@ -13,9 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from ebpo_verl.algos.baselines import SPOOptions
-from ebpo_verl.algos.dbb import DBBOptions
-from ebpo_verl.algos.ebpo import EBPOOptions
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.cpu.backend import WEIGHT_SYNC_TIMEOUT_ENV, weight_sync_timeout
 from ebpo_verl.options.parsing import accepts
@@ -26,7 +24,12 @@ FUZZ = settings(
 )
 """200 examples per property, derandomized (the same examples every run)."""
 
-SECTIONS = (EBPOOptions, SPOOptions, DBBOptions, CurriculumOptions, TrainerOptions)
+SECTIONS = (
+    *(spec.options_cls for spec in registry.estimators().values() if spec.options_cls is not None),
+    CurriculumOptions,
+    TrainerOptions,
+)
+"""Every options section: each estimator's (the registry's), the curriculum's and the trainer's."""
 values = (
     st.none()
     | st.booleans()

@@ -95,9 +95,9 @@ class HADWState:
             raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
         steps, anchor, history = state.get("steps"), state.get("anchor"), state.get("history")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r} must be an integer >= 0")
+            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
         if not (anchor is None or is_real(anchor)):
-            raise ValueError(f"{what} anchor={anchor!r} must be null or a finite number")
+            raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
         if not isinstance(history, list) or not all(is_real(v) for v in history):
             raise ValueError(f"{what} history must be a list of finite numbers")
         self.steps, self.anchor = steps, None if anchor is None else float(anchor)

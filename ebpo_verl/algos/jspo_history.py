@@ -77,7 +77,7 @@ class JSPOHistoryState:
             raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
         steps = state.get("steps")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r} must be an integer >= 0")
+            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
         values = [state.get(k) for k in ("weight", "lam_sum", "mean_sum")]
         if not all(is_real(v) for v in values) or values[0] < 0 or values[1] < 0:
             raise ValueError(f"{what} weight/lam_sum/mean_sum must be finite numbers (weight, lam_sum >= 0)")

@@ -74,7 +74,7 @@ class RunningNormState:
             raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
         steps, domains = state.get("steps"), state.get("domains")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r} must be an integer >= 0")
+            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
         if not isinstance(domains, Mapping) or not all(isinstance(k, str) for k in domains):
             raise ValueError(f"{what} domains must be an object (domain name -> [count, mean, m2])")
         loaded = {name: Moments.from_json(value, f"{what} domains[{name!r}]") for name, value in domains.items()}
