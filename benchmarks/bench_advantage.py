@@ -84,6 +84,8 @@ def ours(name: str, overrides: dict, rewards, mask, uids, fields: dict) -> Calla
     estimate = spec.estimate(options)
     key = spec.row_key_of(options) if options is not None else None
     values = fields[key] if key else None
+    if getattr(estimate, "reads_sample_index", False):  # krpo: each row's index in its group, as ebpo-train passes
+        values = fields["sample_index"]
     return lambda: outcome_advantages(estimate, rewards, mask, uids, values)
 
 
@@ -92,6 +94,7 @@ def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int
     grpo = get_adv_estimator_fn("grpo")
     grpo_vec = get_adv_estimator_fn("grpo_vectorized")
     fields = {"topic": labels, "index": np.repeat(np.arange(prompts), group)}  # extra_info fields per row
+    fields["sample_index"] = np.tile(np.arange(group), prompts).astype(object)  # the rollout's order in a group
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     return round_robin_medians(
         {

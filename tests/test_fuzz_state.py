@@ -4,11 +4,14 @@ reset; never another exception, a silently truncated number or a half-loaded sta
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +38,7 @@ json_values = st.recursive(
 
 
 def _filled(name: str):
-    """A state with content: EBPO's from a real call, the trackers with three prompts."""
+    """A state with content: EBPO's from a real call, the trackers with three prompts, any other's from two calls."""
     entry = STATEFUL[name]
     state = entry.state_cls()
     if name == "ebpo":
@@ -44,10 +47,16 @@ def _filled(name: str):
         state.load_state_dict(
             {"version": 1, "steps": 2, "prompts_seen": 3, "responses_seen": 6, "global": stats, "clusters": {}}
         )
-    else:
+    elif name in ("spo", "dbb"):
         state.load_state_dict(
             {"version": 1, "steps": 2, "keys": ["a", "b", "c"], "alpha": [1.5, 2, 3], "beta": [1, 1, 2]}
         )
+    else:  # another estimator of the registry: its state after two calls on a small batch (default options)
+        estimator = entry.new()
+        for step in range(2):
+            uids = np.array([f"{step}a", f"{step}a", f"{step}b", f"{step}b"], dtype=object)
+            estimator(torch.tensor([1.0, 0.0, 1.0, 1.0]), uids, torch.ones(4, dtype=torch.bool))
+        state = estimator.state
     return entry, state
 
 
@@ -102,8 +111,12 @@ def test_fuzz_state_huge_integer_is_refused(name, tmp_path):
     payload = _saved_payload(name, tmp_path)
     if name == "ebpo":
         payload["state"]["global"]["rewards"][1] = 10**400
-    else:
+    elif name in ("spo", "dbb"):
         payload["state"]["alpha"][0] = 10**400
+    else:  # another estimator's: its first float
+        state = payload["state"]
+        path = next(p for p in _paths(state) if p and isinstance(functools.reduce(operator.getitem, p, state), float))
+        payload["state"] = _replaced(state, path, 10**400)
     _assert_refused(*_load(name, tmp_path, json.dumps(payload)), name)
 
 

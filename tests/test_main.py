@@ -20,6 +20,7 @@ from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import save_state
+from ebpo_verl.trainer.config.generate import ESTIMATOR_SECTIONS
 from ebpo_verl.trainer.preflight import check_config
 
 EBPO, SPO = get("ebpo"), get("spo")
@@ -46,7 +47,8 @@ def test_main_config_is_verl_ppo_trainer_plus_only_the_ebpo_deltas(compose_confi
 
     assert set(verl_cfg) - set(ours) == set()
     changed = {key for key in ours if key not in verl_cfg or ours[key] != verl_cfg[key]}
-    changed = {key for key in changed if not key.startswith(("algorithm.spo.", "algorithm.dbb."))}  # their own blocks
+    others = tuple(f"{cls.SECTION}." for cls in ESTIMATOR_SECTIONS if cls is not EBPOOptions)  # their own blocks
+    changed = {key for key in changed if not key.startswith(others)}
     assert ours_cfg.algorithm.dbb == OmegaConf.create(dataclasses.asdict(DBBOptions()))
     defaults = dataclasses.asdict(EBPOOptions())
     assert changed == {

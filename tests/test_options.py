@@ -29,6 +29,7 @@ from ebpo_verl.reward import RewardOptions
 from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.config.generate import (
     ALL_SECTIONS,
+    ESTIMATOR_SECTIONS,
     README_MARKERS,
     SECTIONS,
     VERL_DEFAULTS,
@@ -161,7 +162,8 @@ def _rows() -> DataProto:
     )
 
 
-PER_PROCESS = {"algorithm.ebpo": 1, "algorithm.spo": 1, "algorithm.dbb": 1, "data.curriculum": 1, "trainer": 1}
+PER_PROCESS = {**{cls.SECTION: 1 for cls in ESTIMATOR_SECTIONS}, "data.curriculum": 1, "trainer": 1}
+"""Every estimator's options section (the registry's), the curriculum's and the trainer's, each parsed once."""
 
 
 @pytest.fixture

@@ -576,8 +576,10 @@ def test_figure_styles_tell_estimators_apart():
     from ebpo_verl.study.report import LEGEND_PT, STYLES, _style
     from ebpo_verl.study.rl import ESTIMATORS
 
-    assert set(STYLES) == set(ESTIMATORS) and LEGEND_PT >= 9
+    assert set(STYLES) <= set(ESTIMATORS) and LEGEND_PT >= 9
     assert len({c for c, _, _ in STYLES.values()}) == len(STYLES) == len({m for _, m, _ in STYLES.values()})
+    styles = {e: _style(e, 0) for e in ESTIMATORS}  # the named ones and the default of an estimator added since
+    assert len({s["color"] for s in styles.values()}) == len(styles)
     a, b = _style("ebpo", 2), _style("ebpo_batch", 3)
     assert a["color"] != b["color"] and a["marker"] != b["marker"] and a["ls"] != b["ls"]
 

@@ -52,6 +52,7 @@ from ebpo_verl.algos.grouping import (
     standardise,
     unpadded,
 )
+from ebpo_verl.algos.jspo import compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
@@ -66,7 +67,8 @@ EPS = 1e-6
 def compute_js_advantages(
     scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None = None
 ) -> Advantages:
-    """James-Stein (leave-one-out) shrinkage advantages, shape ``(bs,)``; padding rows get 0; no diagnostics.
+    """James-Stein (leave-one-out) shrinkage advantages, shape ``(bs,)``; padding rows get 0; no diagnostics: the
+    ``jspo`` estimator's ``form=paper`` (:func:`ebpo_verl.algos.jspo.compute_jspo_advantages`, the one implementation).
 
     Args:
         scores: response rewards, shape (bs,).
@@ -74,33 +76,7 @@ def compute_js_advantages(
         valid: False for padding rows.
         pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
     """
-    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
-    n = len(g.keys)
-    if n == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
-    w = g.var / g.size
-    if n == 1:
-        lam = torch.zeros(1, dtype=torch.float64)
-        mbar = g.mean
-        mu_own = g.mean.index_select(0, g.row_group)
-    else:
-        # leave-one-out sums on means shifted by their average (the variance is shift-invariant; less cancellation)
-        shift = sorted_sum(g.mean) / n
-        c = g.mean - shift
-        others = (sorted_sum(c) - c) / (n - 1)  # mbar_i - shift
-        mbar = shift + others
-        s = ((sorted_sum(c * c) - c * c) - (n - 1) * others * others) / (n - 1)
-        s = s.clamp_min(0.0)
-        v = (sorted_sum(w) - w) / (n - 1)
-        total = v + s
-        lam = torch.where(total > EPS, ((n - 1) / n) * v / total.clamp_min(EPS), torch.zeros_like(total))
-        m_row = g.size.index_select(0, g.row_group)
-        mu_row = g.mean.index_select(0, g.row_group)
-        loo = (m_row * mu_row - g.r) / (m_row - 1).clamp_min(1.0)
-        mu_own = torch.where(m_row > 1, loo, mu_row)
-    lam_row = lam.index_select(0, g.row_group)
-    baseline = (1.0 - lam_row) * mu_own + lam_row * mbar.index_select(0, g.row_group)
-    return Advantages(scatter_rows(scores, g, g.r - baseline), {})
+    return Advantages(compute_jspo_advantages(scores, index, valid, "paper", pad_prefix).values, {})
 
 
 # ---------------------------------------------------------------------------------------------- bnpo

@@ -30,6 +30,11 @@ MODULES: tuple[str, ...] = (
     "ebpo_verl.algos.ebpo_math",
     "ebpo_verl.algos.baselines",
     "ebpo_verl.algos.dbb",
+    "ebpo_verl.algos.jspo",
+    "ebpo_verl.algos.jspo_history",
+    "ebpo_verl.algos.ha_dw",
+    "ebpo_verl.algos.krpo",
+    "ebpo_verl.algos.running_norm",
 )
 """The modules whose ``SPECS`` make the registry, in the order lists show them: add a new estimator's here."""
 

@@ -243,6 +243,8 @@ def experiments(table: Table, env: Mapping[str, str], overrides: Sequence[str]) 
     """The table's runs: each row's switches over the environment over the driver's schedule; the names carry
     ``-rw_<REWARD>-bl_<BASELINES>`` and the variant suffix of a non-default schedule or extra overrides."""
     env = {k: v for k, v in env.items() if v}
+    if "TRAIN_BATCH" in env:  # the run names would not show it: another batch under a shared run's name
+        raise RecipeError("TRAIN_BATCH is set per row by the table drivers (rivals: 2048 / G); unset it")
     defaults = table.schedule_defaults()
     shared = Shared.from_env(env)
     suffix = variant_suffix(schedule_items(env, defaults), overrides)

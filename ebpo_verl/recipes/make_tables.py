@@ -1,7 +1,7 @@
 """Tables of Pass@1 (or pass@K, maj@K, avg@n) from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
     python -m ebpo_verl.recipes.make_tables RUN... --out results/
-        [--table main|group_size|ordering|curriculum|grpo_bn] [--select final|best] [--metric M ...]
+        [--table main|group_size|ordering|curriculum|grpo_bn|rivals] [--select final|best] [--metric M ...]
 
 RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
 ``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
@@ -60,6 +60,7 @@ from ebpo_verl.ops.provenance import describe_hardware, short_commit
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, option, text
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
+from ebpo_verl.recipes.tables import TABLES
 
 METRIC = re.compile(r"^(?:(?P<name>pass|maj)@(?P<k>[1-9]\d*)|avg@n)$")
 DEFAULT_METRIC = "pass@1"
@@ -547,7 +548,9 @@ class MakeTablesOptions(OptionSection):
 
     out: str = option(MISSING, "output directory", rule=text("a folder"))
     table: str | None = option(
-        None, "lay the rows out as this table of the paper; null: one row per run", choices=(None, *sorted(PAPER))
+        None,
+        "lay the rows out as this table (the paper's, if any); null: one row per run",
+        choices=(None, *sorted(TABLES)),
     )
     select: str = option("final", "which validation of a run the table reports", choices=SELECT)
     metric: tuple[str, ...] = option(

@@ -158,6 +158,12 @@ _ENTROPY = "Entropy Mechanism, Cui et al. 2025 (arXiv 2505.22617)"
 _OTB = "Optimal Token Baseline (arXiv 2602.07078), verl 0.9.1 docs/algo/otb.md"
 _V2 = "the v2 draft's baselines (ebpo_verl.algos.baselines)"
 _DBB = "Discounted Beta-Bernoulli reward estimation (arXiv 2603.18444)"
+_JSPO = "JSPO, Zeng et al. (arXiv 2511.03710)"
+_JSPO_CODE = "JSPO authors' code (guanning03/JSPO-Official), math script"
+_HADW = "HA-DW (arXiv 2601.08521)"
+_KRPO = "KRPO (arXiv 2505.07527), authors' train.py"
+_ROLL = "ROLL's RunningMoments (alibaba/ROLL)"
+_RIVALS = "docs/rivals.md"
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -298,6 +304,46 @@ PRESETS: dict[str, Preset] = {
             "JS",
             "James-Stein shrinkage baseline",
             (_s(_EST, "shrinkage_js", f"{_V2}; arXiv 2511.03710"),),
+        ),
+        # the 2025-2026 rivals (docs/rivals.md); their options' defaults are their sources' values
+        Preset(
+            "jspo",
+            "JSPO",
+            "JSPO: James-Stein shrinkage baseline, the paper's formula (= shrinkage_js)",
+            (_s(_EST, "jspo", f"{_JSPO}; ebpo_verl.algos.jspo"), _s("algorithm.jspo.form", "paper", _JSPO)),
+        ),
+        Preset(
+            "jspo_history",
+            "JSPO-hist",
+            "JSPO's history variant: weight and batch mean smoothed across steps (authors' code)",
+            (
+                _s(_EST, "jspo_history", f"{_JSPO_CODE}; ebpo_verl.algos.jspo_history"),
+                _s("algorithm.jspo_history.smoothing", 0.99, f"{_JSPO_CODE}: c = 0.99"),
+            ),
+        ),
+        Preset(
+            "ha_dw",
+            "HA-DW",
+            "HA-DW: GRPO's advantage weighted by difficulty against a success-rate anchor",
+            (
+                _s(_EST, "ha_dw", f"{_HADW}; ebpo_verl.algos.ha_dw"),
+                _s("algorithm.ha_dw.lam_scale", 1.3, f"{_HADW}: best of the lam_scale ablation"),
+            ),
+        ),
+        Preset(
+            "krpo",
+            "KRPO",
+            "KRPO: a Kalman filter over each group's rewards, in the rollout's sample order",
+            (
+                _s(_EST, "krpo", f"{_KRPO}; ebpo_verl.algos.krpo"),
+                _s("algorithm.krpo.order", "sample_index", f"{_RIVALS}: verl reorders rows by length"),
+            ),
+        ),
+        Preset(
+            "running_norm",
+            "RunNorm",
+            "running reward normalisation: cumulative reward moments (one domain: DAPO-Math)",
+            (_s(_EST, "running_norm", f"{_ROLL}; ebpo_verl.algos.running_norm"),),
         ),
     )
 }

@@ -65,6 +65,12 @@ class RunSwitches(OptionSection):
         choices=tuple(REWARDS),
     )
     GROUP_SIZE: int = option(4, "responses per prompt G (rollout.n); at least 2 (1 for spo)", rule=ints(1))
+    TRAIN_BATCH: int | None = option(
+        None,
+        "prompts per step (data.train_batch_size); the rivals table: 2048 / G; unset: the shared setup's 512",
+        choices=UNSET,
+        rule=ints(1),
+    )
     ORDER: str = option(
         "topic",
         "topic | naive (file order, EBPO-naive) | difficulty (pass rates of the model) | random",
@@ -307,6 +313,8 @@ class RunSpec:
     experiment: str
     train_file: str | None
     extra: tuple[str, ...] = field(default=())
+    train_batch: int | None = None
+    """TRAIN_BATCH: prompts per step (data.train_batch_size) instead of the shared setup's 512."""
 
     @classmethod
     def from_env(cls, model: str | Model, env: Mapping[str, str], extra: Sequence[str] = ()) -> RunSpec:
@@ -325,10 +333,12 @@ class RunSpec:
         shared = Shared.from_env(env)
         schedule = Schedule.from_env({k: env[k] for k in SCHEDULE_VARS if k in env}, order)
         train_file = env.get("TRAIN_FILE") or None
+        train_batch = _int(env, "TRAIN_BATCH", 1, "prompts per step") if "TRAIN_BATCH" in env else None
         if order == "topic" and topics == "file" and not train_file:
             raise RecipeError(f"TOPICS={topics} needs TRAIN_FILE=<parquet whose extra_info carries 'topic'>")
         experiment = env.get("EXPERIMENT") or (
-            f"{model.tag}-{algo}-g{group}-{order}-rw_{shared.reward}-bl_{shared.baselines}"
+            f"{model.tag}-{algo}-g{group}-{order}{f'-b{train_batch}' if train_batch else ''}"
+            f"-rw_{shared.reward}-bl_{shared.baselines}"
         )
         spec = cls(
             model=model,
@@ -342,6 +352,7 @@ class RunSpec:
             experiment=experiment,
             train_file=train_file,
             extra=tuple(extra),
+            train_batch=train_batch,
         )
         spec.overrides()  # paths Hydra cannot take are refused here, once
         return spec
@@ -422,6 +433,7 @@ class RunSpec:
         if sc.total_steps:
             out.append(f"trainer.total_training_steps={sc.total_steps}")
         out += [s.override for s in self.settings()]
+        out += [f"data.train_batch_size={self.train_batch}"] if self.train_batch else []
         return out + list(self.model.overrides) + list(self.extra)
 
     def command(self) -> list[str]:

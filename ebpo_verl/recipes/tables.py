@@ -26,6 +26,12 @@ COMPETITOR_ALGOS = ("otb", "kl_cov", *(name for name in registry.ours() if name 
 ours the paper does not run (from the registry: Discounted Beta-Bernoulli, ``dbb``, and any added one), on Qwen3-8B
 in the main (G=4) and group-size (G=8/16/32) tables."""
 GROUP_SIZES = (8, 16, 32)
+RIVAL_ALGOS = ("grpo", "rloo", "otb", "bnpo", "spo", "dbb", "jspo", "jspo_history", "ha_dw", "krpo", "running_norm",
+               "ebpo")  # fmt: skip
+"""The rivals table's methods (docs/rivals.md): verl's and the package's baselines, the 2025-2026 rivals, EBPO."""
+EQUAL_SAMPLES = 2048
+"""Responses per step of the rivals table's equal-samples rows (the paper's 512 prompts x G = 4)."""
+RIVAL_GROUP_SIZES = (2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,21 @@ def curriculum_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
     ]  # fmt: skip
 
 
+def rivals_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
+    """Every rival at G = 2, 4, 8 on Qwen3-8B with 2048 / G prompts per step (G = 4: the main table's 512)."""
+    rows = []
+    for g in RIVAL_GROUP_SIZES:
+        batch = EQUAL_SAMPLES // g
+        for algo in RIVAL_ALGOS:
+            row = _preset_row(f"G={g} x {batch} prompts", "qwen3_8b", algo, g, baselines)
+            if g != 4:  # another batch than the shared setup's 512: its own run name
+                row = Row(
+                    row.section, row.method, row.model, f"{row.name}-b{batch}", {**row.env, "TRAIN_BATCH": str(batch)}
+                )
+            rows.append(row)
+    return rows
+
+
 @dataclass(frozen=True)
 class Table:
     """A paper table: its rows (from the environment: V2_ROWS, GPT_TOPIC_FILE, BASE_MODEL(_14B), BASELINES), the
@@ -132,14 +153,15 @@ TABLES: dict[str, Table] = {
             "Main table (paper Table 1): Qwen3-8B, Qwen3-14B, LLaMA-3.1-8B-Instruct x GRPO, Dr.GRPO, DAPO,\n"
             "EntropyMech, EBPO; G=4. EBPO: topic order; baselines: shuffled (BASELINES=paper, as the authors ran\n"
             "them) or topic order (BASELINES=canonical). V2_ROWS=1 adds the v2 draft's rows (Qwen3-8B: REINFORCE++,\n"
-            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the competitors OTB, KL-Cov and DBB\n"
-            "(Qwen3-8B). 15 runs (25 with V2_ROWS) of 4 x 8 H200 each.",
+            "RLOO, SPO, BNPO, JS, EBPO-BB; Qwen3-14B: EBPO-BB) and the competitors OTB, KL-Cov, DBB and the\n"
+            "rivals JSPO, JSPO-hist, HA-DW, KRPO, RunNorm (Qwen3-8B). 15 runs (30 with V2_ROWS) of 4 x 8 H200 each.",
             main_rows,
         ),
         Table(
             "group_size",
             "Group-size table (paper Table 2): Qwen3-8B, G = 8, 16, 32 x EBPO, GRPO, DAPO (V2_ROWS=1: also OTB,\n"
-            "KL-Cov and DBB). 9 runs (18 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384 responses per step).",
+            "KL-Cov, DBB and the five rivals). 9 runs (33 with V2_ROWS) of 4 x 8 H200 each (G=32 generates 16,384\n"
+            "responses per step).",
             group_size_rows,
         ),
         Table(
@@ -159,6 +181,14 @@ TABLES: dict[str, Table] = {
             "GRPO-diff and the authors' logged numbers. 6 runs of 4 x 8 H200 plus one pass-rate pass per model.",
             curriculum_rows,
             total_steps=None,
+        ),
+        Table(
+            "rivals",
+            "The rivals' table (docs/rivals.md): Qwen3-8B, GRPO, RLOO, OTB, BNPO, SPO, DBB, JSPO, JSPO-hist, HA-DW,\n"
+            "KRPO, RunNorm and EBPO at equal samples per step: 2048 responses as G = 2, 4, 8 x 1024, 512, 256\n"
+            "prompts (TRAIN_BATCH); the G = 4 rows are the main table's setting and share its runs. 36 runs of\n"
+            "4 x 8 H200 each.",
+            rivals_rows,
         ),
         Table(
             "grpo_bn",

@@ -127,6 +127,9 @@ class Preset:
 
 QUICK_ESTIMATORS = ("grpo", "ebpo", "otb", "dbb")
 FULL_ESTIMATORS = ("grpo", "grpo_bn", "ebpo", "ebpo_batch", "otb", "rloo", "spo", "dbb")
+RIVAL_ESTIMATORS = ("grpo", "rloo", "otb", "ebpo", "spo", "dbb", "jspo", "bnpo", "jspo_history", "ha_dw", "krpo",
+                    "running_norm")  # fmt: skip
+"""Every estimator of the package beside the 2025-2026 rivals (docs/rivals.md); jspo is shrinkage_js."""
 _TUNED = tuned_lrs()
 
 PRESETS: dict[str, Preset] = {
@@ -181,6 +184,19 @@ PRESETS: dict[str, Preset] = {
         lr_grid=lr_grid(FULL_ESTIMATORS),
         tune={"group_sizes": (4,), "seeds": 2},
     ),
+    # The rivals (issue 39, docs/rivals.md): every estimator of the package and the 2025-2026 rivals, each at the
+    # learning rate it chose on the validation split (4 rates x G = 4 x 2 seeds), then G in {2, 4, 8} x 6 seeds
+    # at 128 responses per step (128 / G prompts: the equal-samples view). 312 runs.
+    "rivals": Preset(
+        name="rivals",
+        estimators=RIVAL_ESTIMATORS,
+        group_sizes=(2, 4, 8),
+        seeds=6,
+        order_estimators=(),
+        order_group_size=4,
+        lr_grid=lr_grid(RIVAL_ESTIMATORS),
+        tune={"group_sizes": (4,), "seeds": 2},
+    ),
 }
 
 # Wall time of the whole command on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README
@@ -189,6 +205,7 @@ DURATION = {
     "tiny": "about 1 min",
     "tune": "about 5.5 min (measured: 5 min 31 s)",
     "quick": "about 5.5-6 min (measured: 5 min 39 s, 596 CPU-seconds)",
+    "rivals": "not measured: about 35 min on idle cores by the full preset's rate (312 runs), hours on shared ones",
     "full": "about 25 min (estimated from the tune run; measured: 66 min on cores shared with other jobs)",
 }
 

@@ -49,6 +49,7 @@ from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
+from ebpo_verl.algos.krpo import sample_indices
 from ebpo_verl.compat.contact import swapped
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
@@ -256,19 +257,30 @@ class EBPOTrainerMixin:
         if self.estimator is None:
             return super()._compute_advantage(batch, metrics)
         row_keys = self._row_keys(batch)
-        return self._advantage_step(batch, metrics, {}, lambda data: self.estimate_advantages(data, row_keys, metrics))
+        samples = sample_indices(batch.keys) if getattr(self.estimator, "reads_sample_index", False) else None
+        return self._advantage_step(
+            batch, metrics, {}, lambda data: self.estimate_advantages(data, row_keys, metrics, samples)
+        )
 
-    def estimate_advantages(self, data: DataProto, row_keys: Mapping[str, Any] | None, metrics: dict) -> None:
+    def estimate_advantages(
+        self,
+        data: DataProto,
+        row_keys: Mapping[str, Any] | None,
+        metrics: dict,
+        sample_index: np.ndarray | None = None,
+    ) -> None:
         """The run's estimator on what verl's ``compute_advantage`` hands a registered one (``token_level_rewards``,
-        ``response_mask``, uids) plus this step's uid -> row key map: ``advantages`` and ``returns`` into
-        ``data.batch``, the diagnostics into ``metrics`` (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
+        ``response_mask``, uids) plus this step's uid -> row key map, or, for an estimator that walks a group in the
+        rollout's order (``krpo``), each row's sample index (read from verl's trajectory keys, rows in the batch's
+        order): ``advantages`` and ``returns`` into ``data.batch``, the diagnostics into ``metrics``
+        (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
         uids = data.non_tensor_batch["uid"]
         advantages, returns, diagnostics = outcome_advantages(
             self.estimator,
             data.batch["token_level_rewards"],
             data.batch["response_mask"],
             uids,
-            row_values(row_keys, uids),
+            row_values(row_keys, uids) if sample_index is None else sample_index,
         )
         data.batch["advantages"], data.batch["returns"] = advantages, returns
         metrics.update(diagnostics)

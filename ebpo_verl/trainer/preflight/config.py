@@ -106,8 +106,16 @@ def check_group_size(config: Any, options: RunOptions, dry_run: bool) -> None:
         )
 
 
+PASS_RATE_ESTIMATORS = {
+    "bnpo": "it fits a Beta distribution to pass rates",
+    "ha_dw": "its anchor is a success rate",
+}
+"""Estimators that read rewards as pass rates (the step refuses other rewards), and why."""
+
+
 def check_shaped_rewards(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """EBPO-BB needs a two-level reward; ``bnpo`` rewards in [0, 1] or -1/+1: no switch may shape the reward."""
+    """EBPO-BB needs a two-level reward; ``bnpo`` and ``ha_dw`` rewards in [0, 1] or -1/+1: no switch may shape the
+    reward."""
     if options.ebpo is not None and options.ebpo.prior == "beta_binomial":
         for key, effect in SHAPED_REWARD_KEYS.items():
             if bool(OmegaConf.select(config, key, default=False)):
@@ -116,13 +124,14 @@ def check_shaped_rewards(config: Any, options: RunOptions, dry_run: bool) -> Non
                     f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use "
                     "algorithm.ebpo.prior=gaussian."
                 )
-    if options.adv_estimator == "bnpo":
+    why = PASS_RATE_ESTIMATORS.get(options.adv_estimator)
+    if why is not None:
         for key in ("algorithm.use_kl_in_reward", "reward.reward_kwargs.overlong_buffer_cfg.enable"):
             if bool(OmegaConf.select(config, key, default=False)):
                 raise EBPOConfigError(
-                    f"algorithm.adv_estimator=bnpo needs rewards in [0, 1] or the paper's -1/+1 (it fits a Beta "
-                    f"distribution to pass rates), but {key}=True {SHAPED_REWARD_KEYS[key]}, so rewards take other "
-                    f"values. Set {key}=False, or use another estimator."
+                    f"algorithm.adv_estimator={options.adv_estimator} needs rewards in [0, 1] or the paper's -1/+1 "
+                    f"({why}), but {key}=True {SHAPED_REWARD_KEYS[key]}, so rewards take other values. Set "
+                    f"{key}=False, or use another estimator."
                 )
 
 

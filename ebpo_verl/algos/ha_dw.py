@@ -1,0 +1,206 @@
+"""HA-DW: history-aware adaptive difficulty weighting of GRPO's advantage (torch / numpy, no verl import).
+
+"History-Aware Adaptive Difficulty Weighting", arXiv 2601.08521 (v2), Sec. 3. One global anchor C, the belief
+about the policy's current success rate, re-weights GRPO's advantage by each prompt's difficulty relative to it:
+with x the rewards as pass rates, mu_i prompt i's mean pass rate and C_prior the anchor after the last step,
+diff_i = mu_i - C_prior, A_hat_ij = (r_ij - mean_i r) / (std_i r + eps) (GRPO; unbiased std),
+D_ij = -sign(A_hat_ij) sign(diff_i), Phi_ij = lam_scale exp(D_ij |diff_i|) and A_ij = A_hat_ij Phi_ij: on hard
+prompts (mu_i < C) right answers weigh more and wrong ones less, the reverse on easy ones. Phi > 0 per row, so the
+clipped surrogate scales by it and it acts on the advantage alone. ``lam_scale`` (1.3, the paper's best of
+0.5 / 1.0 / 1.3 / 1.5 / 2.0) also rescales every advantage. All-correct and all-wrong groups stay 0 (A_hat = 0).
+
+Anchor update after the step, y_t the batch's mean pass rate: ``adaptive`` (the paper's main rule)
+C_post = (1 - eta_t) C_prior + eta_t y_t with eta_t = eta sigma_t, sigma_t the population std of the last
+``window`` posterior anchors; ``hard`` C_post = ((h - 1) / h) C_prior + y_t / h.
+
+Our choices (the paper leaves them unstated; all are options): eta = 1 with eta_t clipped to [0, 1] (an anchor in
+[0, 1] has sigma <= 0.5, so eta_t <= 0.5); window m = 8; h = 10; the initial anchor C0 = the first batch's mean
+pass rate (``anchor_init=null``; it is step 1's C_prior only); the warm-up: with identical buffered anchors
+sigma = 0 and the adaptive anchor would never move, so for the first m steps the anchor is the running mean of
+y_1..y_t (C_post = ((t - 1) / t) C_prior + y_t / t), after which the buffer holds m distinct values; the std
+epsilon is verl GRPO's 1e-6; a lone response gets A_hat = 0 (verl's GRPO gives it r).
+
+Rewards: the anchor is a success rate, so rewards in [0, 1] are pass rates as they are and the paper's -1/+1
+reward is mapped to (r + 1) / 2 (as ``bnpo``); other rewards are refused. Padding rows get 0 and enter nothing.
+The state (anchor, buffer, steps) is saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.grouping import Groups, group_rows, off_level_rows, reward_levels, scatter_rows, sorted_sum
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.options.parsing import OptionSection, ints, is_real, option, reals, resume_option
+
+UPDATES = ("adaptive", "hard")
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HADWOptions(OptionSection):
+    """Options of the ``ha_dw`` estimator (``algorithm.ha_dw.<key>``); constants the paper leaves unstated are
+    ours (module doc)."""
+
+    SECTION: ClassVar[str] = "algorithm.ha_dw"
+
+    lam_scale: float = option(
+        1.3, "Phi's scale (paper: 1.3 best of 0.5-2.0; it rescales every advantage)", rule=reals(0.0, open_low=True)
+    )
+    update: str = option(
+        "adaptive", "the anchor update: adaptive (eta_t = eta * std of the last window anchors) or hard (1/h)",
+        choices=UPDATES,
+    )  # fmt: skip
+    eta: float = option(1.0, "adaptive: eta_t = min(1, eta * sigma_t) (ours; unstated)", rule=reals(0.0))
+    window: int = option(
+        8, "adaptive: anchors in the std buffer, and warm-up steps of running mean (ours; unstated)", rule=ints(2)
+    )
+    hard_horizon: int = option(10, "hard: h in C = ((h-1)/h) C + y/h (ours; unstated)", rule=ints(1))
+    anchor_init: float | None = option(
+        None, "C0, step 1's anchor; null: the first batch's mean pass rate (ours; unstated)", choices=(None,),
+        rule=reals(0.0, 1.0),
+    )  # fmt: skip
+    epsilon: float = option(1e-6, "GRPO's std epsilon (verl's 1e-6)", rule=reals(0.0, open_low=True))
+    on_resume_mismatch: str = resume_option(
+        "a resume whose options differ from the checkpoint's: error, reset or keep, as algorithm.spo.on_resume_mismatch"
+    )
+
+
+@dataclass
+class HADWState:
+    """The anchor of one run (None before the first step), the buffer of its last posterior values, the steps."""
+
+    steps: int = 0
+    anchor: float | None = None
+    history: list[float] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
+        return {"version": STATE_VERSION, "steps": self.steps, "anchor": self.anchor, "history": list(self.history)}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
+        what = "ha_dw state"
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
+        steps, anchor, history = state.get("steps"), state.get("anchor"), state.get("history")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
+        if not (anchor is None or is_real(anchor)):
+            raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
+        if not isinstance(history, list) or not all(is_real(v) for v in history):
+            raise ValueError(f"{what} history must be a list of finite numbers")
+        self.steps, self.anchor = steps, None if anchor is None else float(anchor)
+        self.history = [float(v) for v in history]
+
+
+def pass_rates(g: Groups) -> torch.Tensor:
+    """The valid rows' rewards as pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2; others raise."""
+    r = g.r.numpy()
+    levels = reward_levels(r, fractions=True)
+    if levels is None:
+        bad = g.keys_of(off_level_rows(r, fractions=True))
+        raise ValueError(
+            f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
+            f"have rewards {torch.unique(g.r).tolist()[:8]}; use REWARD=math or REWARD=paper without shaping"
+        )
+    lo, span = levels
+    return (g.r - lo) / span
+
+
+def next_anchor(prior: float, y: float, step: int, history: list[float], options: HADWOptions) -> tuple[float, float]:
+    """(C_post, eta_t) after step ``step`` (1-based) with batch pass rate ``y``; ``history`` holds the last
+    ``window`` posterior anchors before this step (module doc: warm-up, adaptive, hard)."""
+    if options.update == "hard":
+        eta_t = 1.0 / options.hard_horizon
+    elif step <= options.window:
+        eta_t = 1.0 / step
+    else:
+        mean = sum(history) / len(history)
+        sigma = math.sqrt(sum((c - mean) ** 2 for c in history) / len(history))
+        eta_t = min(1.0, float(options.eta) * sigma)
+    return (1.0 - eta_t) * prior + eta_t * y, eta_t
+
+
+def compute_ha_dw_advantages(
+    scores: torch.Tensor,
+    index: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    options: HADWOptions,
+    state: HADWState,
+    pad_prefix: str | None = None,
+) -> Advantages:
+    """HA-DW advantages A_ij = A_hat_ij lam_scale exp(-sign(A_hat_ij) sign(diff_i) |diff_i|) (module doc), shape
+    ``(bs,)``; padding rows get 0. Then the anchor update; ``state`` changes in place; diagnostics ``ha_dw/*``.
+
+    Args:
+        scores: response rewards, shape (bs,).
+        index: per-response prompt uids (compared as strings).
+        valid: False for padding rows.
+        options: estimator options.
+        state: the anchor and its buffer.
+        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
+    """
+    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
+    if len(g.keys) == 0:
+        return Advantages(scatter_rows(scores, g, g.r), {})
+    x = pass_rates(g)
+    y = sorted_sum(x).item() / len(x)
+    prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)
+    mu = torch.zeros(len(g.keys), dtype=torch.float64).index_add_(0, g.row_group, x) / g.size
+    diff = mu - prior
+    centred = g.r - g.mean.index_select(0, g.row_group)
+    a_hat = centred / (g.var.sqrt().index_select(0, g.row_group) + float(options.epsilon))
+    d = -torch.sign(a_hat) * torch.sign(diff).index_select(0, g.row_group)  # D_ij in {-1, 0, 1}
+    up, down = torch.exp(diff.abs()), torch.exp(-diff.abs())  # per prompt: exp(+-M_i)
+    weight = torch.where(d > 0, up.index_select(0, g.row_group), down.index_select(0, g.row_group))
+    phi = float(options.lam_scale) * torch.where(d == 0, torch.ones_like(weight), weight)
+    step = state.steps + 1
+    post, eta_t = next_anchor(float(prior), y, step, state.history, options)
+    state.steps, state.anchor = step, post
+    state.history = [*state.history, post][-options.window :]
+    diagnostics = {
+        "ha_dw/anchor": float(prior),
+        "ha_dw/anchor_next": post,
+        "ha_dw/eta": eta_t,
+        "ha_dw/pass_rate": y,
+        "ha_dw/weight_mean": (sorted_sum(phi) / len(phi)).item(),
+    }
+    return Advantages(scatter_rows(scores, g, a_hat * phi), diagnostics)
+
+
+class HADWEstimator(Estimator):
+    """The ``ha_dw`` estimator of one run: options, the anchor (saved with every checkpoint) and the last call's
+    ``ha_dw/*`` diagnostics."""
+
+    state_cls = HADWState
+
+    def compute(self, batch: Batch) -> Advantages:
+        b = batch
+        return compute_ha_dw_advantages(b.scores, b.index, b.valid, self.options, self.state, b.pad_prefix)
+
+
+SPECS = (
+    EstimatorSpec(
+        "ha_dw",
+        "history-aware difficulty weighting of GRPO's advantage by a global success-rate anchor",
+        "arXiv 2601.08521 (HA-DW), Sec. 3; no official code",
+        options_cls=HADWOptions,
+        estimator_cls=HADWEstimator,
+        state=StateSpec(
+            "ha_dw_state.json",
+            "ha_dw",
+            "success-rate anchor (anchor_init, or the first batch's pass rate)",
+        ),
+    ),
+)

@@ -1,0 +1,161 @@
+"""Running reward normalisation: cumulative reward moments, globally or per data domain (torch / numpy, no verl
+import).
+
+As ROLL's ``RunningMoments`` (``alibaba/ROLL``, ``roll/utils/functionals.py``): one accumulator per domain (or one
+for the whole run), no decay, merged with each batch by the parallel (Chan et al.) update; each step updates with
+the current batch first, then A = (r - mean) / (std + 1e-6), std the Bessel-corrected standard deviation of every
+reward the domain's accumulator has seen (0 while it holds one reward). The domain of a row is
+``extra_info[row_key]`` (e.g. a topic or the data source); ``row_key=null`` is one global accumulator. We key the
+accumulators by the domain's value (ROLL's ``reward_norm`` appears to look one up under a literal key: not copied).
+Padding rows get 0 and enter no accumulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ebpo_verl.algos.ebpo_state import Moments
+from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum, unpadded
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+
+STATE_VERSION = 1
+GLOBAL = "(all)"
+"""The accumulator's name with ``row_key=null``."""
+
+
+@dataclass(frozen=True)
+class RunningNormOptions(OptionSection):
+    """Options of the ``running_norm`` estimator (``algorithm.running_norm.<key>``); defaults = ROLL's."""
+
+    SECTION: ClassVar[str] = "algorithm.running_norm"
+
+    row_key: str | None = option(
+        None,
+        "the extra_info field naming each row's domain (e.g. topic, data_source), one accumulator per value; "
+        "null: one global accumulator. A field needs ebpo-train (stock main_ppo passes no per-row fields)",
+        choices=(None,),
+        rule=text("an extra_info field name"),
+    )
+    epsilon: float = option(
+        1e-6, "added to the running std in the division (ROLL: 1e-6)", rule=reals(0.0, open_low=True)
+    )
+    on_resume_mismatch: str = resume_option(
+        "a resume whose options differ from the checkpoint's: error, reset or keep (never for a changed row_key), "
+        "as algorithm.spo.on_resume_mismatch"
+    )
+
+
+@dataclass
+class RunningNormState:
+    """The accumulators of one run: domain -> reward moments (count, mean, M2), and the number of calls."""
+
+    steps: int = 0
+    domains: dict[str, Moments] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
+        domains = {name: [m.n, m.mean, m.m2] for name, m in sorted(self.domains.items())}
+        return {"version": STATE_VERSION, "steps": self.steps, "domains": domains}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
+        what = "running_norm state"
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
+        steps, domains = state.get("steps"), state.get("domains")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
+        if not isinstance(domains, Mapping) or not all(isinstance(k, str) for k in domains):
+            raise ValueError(f"{what} domains must be an object (domain name -> [count, mean, m2])")
+        loaded = {name: Moments.from_json(value, f"{what} domains[{name!r}]") for name, value in domains.items()}
+        self.steps, self.domains = steps, loaded
+
+
+def compute_running_norm_advantages(
+    scores: torch.Tensor,
+    domains: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    options: RunningNormOptions,
+    state: RunningNormState,
+) -> Advantages:
+    """A = (r - mean_d) / (std_d + eps) with each domain d's running moments after merging this batch, shape
+    ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``running_norm/*``.
+
+    Args:
+        scores: response rewards, shape (bs,).
+        domains: per-row domain names (compared as strings; :data:`GLOBAL` for every row without ``row_key``).
+        valid: False for padding rows.
+        options: estimator options.
+        state: the accumulators.
+    """
+    what = "domain(s)" if options.row_key is None else f"domain(s) (extra_info[{options.row_key!r}])"
+    g = group_rows(scores, domains, valid, what)
+    if len(g.keys) == 0:
+        return Advantages(scatter_rows(scores, g, g.r), {})
+    means, stds = [], []
+    for k, name in enumerate(g.keys.tolist()):
+        size = float(g.size[k])
+        batch = Moments(size, float(g.mean[k]), float(g.var[k]) * (size - 1.0))
+        merged = state.domains.get(name, Moments()).merge(batch)
+        state.domains[name] = merged
+        means.append(merged.mean)
+        stds.append((merged.m2 / (merged.n - 1.0)) ** 0.5 if merged.n > 1.0 else 0.0)
+    state.steps += 1
+    mean, std = torch.tensor(means, dtype=torch.float64), torch.tensor(stds, dtype=torch.float64)
+    adv = (g.r - mean.index_select(0, g.row_group)) / (std.index_select(0, g.row_group) + float(options.epsilon))
+    diagnostics = {
+        "running_norm/mean": (sorted_sum(mean) / len(mean)).item(),
+        "running_norm/std": (sorted_sum(std) / len(std)).item(),
+        "running_norm/domains": float(len(state.domains)),
+    }
+    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+
+
+class RunningNormEstimator(Estimator):
+    """The ``running_norm`` estimator of one run: options, accumulators (saved with every checkpoint) and the last
+    call's diagnostics. With ``row_key``, ``row_values`` are the rows' domains; rows whose uid starts with
+    ``pad_prefix`` are padding."""
+
+    state_cls = RunningNormState
+
+    def compute(self, batch: Batch) -> Advantages:
+        if self.options.row_key is None:
+            domains = np.full(batch.scores.shape[0], GLOBAL, dtype=object)
+        else:
+            if batch.row_values is None:
+                raise ValueError(
+                    f"adv_estimator=running_norm with algorithm.running_norm.row_key={self.options.row_key!r} needs "
+                    "each row's extra_info field, which stock main_ppo does not pass: train with ebpo-train, or set "
+                    "algorithm.running_norm.row_key=null for one global accumulator"
+                )
+            domains = batch.row_values
+        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        return compute_running_norm_advantages(batch.scores, domains, valid, self.options, self.state)
+
+
+SPECS = (
+    EstimatorSpec(
+        "running_norm",
+        "running reward normalisation: cumulative reward moments, globally or per extra_info domain, no decay",
+        "ROLL (alibaba/ROLL) roll/utils/functionals.py RunningMoments",
+        options_cls=RunningNormOptions,
+        estimator_cls=RunningNormEstimator,
+        state=StateSpec(
+            "running_norm_state.json",
+            "running_norm",
+            "running reward moments (empty)",
+            never_keep=("row_key",),
+        ),
+        row_key="row_key",
+    ),
+)
