@@ -9,7 +9,7 @@ import pytest
 
 from ebpo_verl import main as entry
 from ebpo_verl.options.parsing import allowed
-from ebpo_verl.trainer.config.generate import ALL_SECTIONS
+from ebpo_verl.trainer.config.generate import ALL_SECTIONS, shown, shown_in_full
 
 
 def _help(monkeypatch, capsys, *args: str) -> list[str]:
@@ -20,17 +20,23 @@ def _help(monkeypatch, capsys, *args: str) -> list[str]:
 
 def test_train_help_opens_with_what_the_entry_point_adds(capsys, monkeypatch):
     """The first line is the usage; every option of every section is listed once with its declared default
-    (``null`` for None, as Hydra writes it) and allowed values; then ``--cfg job`` and the docs; a page."""
+    (``null`` for None, as Hydra writes it): a line each with its allowed values for the sections shown in full
+    (ebpo, curriculum, trainer), one line per other estimator; then ``--cfg job`` and the docs; a page."""
     out = _help(monkeypatch, capsys, "--help")
     assert out[0].startswith("usage: ebpo-train ") and len(out) < 60
+    text = "\n".join(out)
     for cls in ALL_SECTIONS:
+        if not shown_in_full(cls):
+            folded = " ".join(" ".join(out).split())
+            pairs = ", ".join(f"{f.name}={shown(f.default)}" for f in cls.declarations())
+            assert f"{cls.SECTION}: {pairs}" in folded
+            continue
         listed = [line for line in out if line.startswith(f"  {cls.SECTION}.")]
         assert len(listed) == len(cls.keys())
         for line, f in zip(listed, cls.declarations(), strict=True):
             assert line.startswith(f"  {cls.SECTION}.{f.name}=") and line.endswith(f"  ({allowed(f)})")
     assert "  algorithm.ebpo.cluster_key=null  (null or a label name)" in out
     assert "  trainer.step_timeout_s=3600  (null or a number of seconds >= 0 (0: off))" in out
-    text = "\n".join(out)
     assert "ebpo-train --cfg job" in text and "docs/estimator.md" in text and "ppo_trainer:" not in text
     assert "recipes run|table|eval --help" not in text  # no pointer to a command that fails
 

@@ -145,8 +145,9 @@ def test_every_list_derives_from_the_registry():
 
     ebpo_verl.register()
     ours = registry.ours()
-    assert list(ours) == ["ebpo", "shrinkage_js", "bnpo", "spo", "dbb"]
-    assert list(registry.stateful()) == ["ebpo", "spo", "dbb"]
+    rivals = ["jspo", "jspo_history", "ha_dw", "krpo", "running_norm"]
+    assert list(ours) == ["ebpo", "shrinkage_js", "bnpo", "spo", "dbb", *rivals]
+    assert list(registry.stateful()) == ["ebpo", "spo", "dbb", "jspo_history", "ha_dw", "running_norm"]
     for name, spec in registry.estimators().items():
         assert core_algos.get_adv_estimator_fn(spec.registered_name) is not None
         assert name in PRESETS and name in STUDY

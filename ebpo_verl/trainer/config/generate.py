@@ -115,17 +115,29 @@ def config_yaml() -> str:
     return "\n".join([*head, *_emit(_tree())]) + "\n"
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A default as the user writes it (``null``, ``true``)."""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def shown_in_full(cls: type[OptionSection]) -> bool:
+    """Whether ``--help`` and the README show a section option by option: the default estimator's (``ebpo``) and
+    the run's (curriculum, trainer); every other estimator's options fit one line (allowed values: its docs table,
+    ``docs/baselines.md``), so both stay short however many estimators the registry holds."""
+    return not cls.SECTION.startswith("algorithm.") or cls.SECTION == f"algorithm.{VERL_DEFAULTS[0].value}"
+
+
 def option_lines() -> list[str]:
-    """``--help``'s options: ``section.key=default  (allowed)`` per option of every section."""
-    return [
-        f"  {cls.SECTION}.{f.name}={_shown(f.default)}  ({allowed(f)})"
-        for cls in ALL_SECTIONS
-        for f in cls.declarations()
-    ]
+    """``--help``'s options: ``section.key=default  (allowed)`` per option of a section shown in full, and
+    ``section: key=default, ...`` for each other estimator's section."""
+    lines = []
+    for cls in ALL_SECTIONS:
+        if shown_in_full(cls):
+            lines += [f"  {cls.SECTION}.{f.name}={shown(f.default)}  ({allowed(f)})" for f in cls.declarations()]
+        else:
+            text = f"{cls.SECTION}: " + ", ".join(f"{f.name}={shown(f.default)}" for f in cls.declarations())
+            lines += textwrap.wrap(text, 118, initial_indent="  ", subsequent_indent="      ")
+    return lines
 
 
 def estimator_names() -> str:
@@ -135,10 +147,18 @@ def estimator_names() -> str:
 
 
 def options_table() -> str:
-    """The README's options table: every section with each option's default (allowed values: ``--help``)."""
+    """The README's options table: each section shown in full with its options' defaults, and one row naming the
+    other estimators' sections (their tables: ``docs/baselines.md``; allowed values: ``--help``)."""
     rows = ["| section | options (defaults) |", "|---|---|"]
+    others = [cls.SECTION for cls in ALL_SECTIONS if not shown_in_full(cls)]
     for cls in ALL_SECTIONS:
-        rows.append(f"| `{cls.SECTION}` | {', '.join(f'`{f.name}={_shown(f.default)}`' for f in cls.declarations())} |")
+        if shown_in_full(cls):
+            rows.append(
+                f"| `{cls.SECTION}` | {', '.join(f'`{f.name}={shown(f.default)}`' for f in cls.declarations())} |"
+            )
+        elif cls.SECTION == others[0]:
+            names = ", ".join(f"`{section.removeprefix('algorithm.')}`" for section in others)
+            rows.append(f"| `algorithm.<name>` | the other estimators' ({names}): [baselines.md](docs/baselines.md) |")
     return "\n".join(rows) + "\n"
 
 
@@ -150,7 +170,7 @@ def option_table(cls: type[OptionSection]) -> str:
     """One options section as a Markdown table: key, default, allowed values, help (from the declarations)."""
     rows = ["| key | default | allowed | what |", "|---|---|---|---|"]
     for f in cls.declarations():
-        rows.append(f"| `{f.name}` | `{_shown(f.default)}` | {_cell(allowed(f))} | {_cell(f.metadata['help'])} |")
+        rows.append(f"| `{f.name}` | `{shown(f.default)}` | {_cell(allowed(f))} | {_cell(f.metadata['help'])} |")
     return "\n".join(rows) + "\n"
 
 
