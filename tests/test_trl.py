@@ -94,7 +94,16 @@ def trainer(tiny, out: Path, estimator: str, options=None, steps: int = 2, cls=R
 
 
 KEYED = {"ebpo": None, "spo": {"prompt_key": "extra_info.index"}, "dbb": {"prompt_key": "extra_info.index"}}
-OURS = {**KEYED, "bnpo": None, "shrinkage_js": None}
+OURS = {
+    **KEYED,
+    "bnpo": None,
+    "shrinkage_js": None,
+    "jspo": None,
+    "jspo_history": None,
+    "ha_dw": None,
+    "krpo": {"order": "rows"},  # TRL passes no rollout sample index: the gathered order within each group
+    "running_norm": None,
+}
 
 
 @pytest.mark.slow
