@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 
@@ -24,14 +23,11 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
     return _unlink(sorted(p for p in paths if not p.endswith("(deleted)")))
 
 
-def _unlink(paths: list[str], inodes: dict[str, int] | None = None) -> list[str]:
-    """Unlink each path (when ``inodes`` gives its inode, only if it still has it); those unlinked (one gone
-    meanwhile is left out)."""
+def _unlink(paths: list[str]) -> list[str]:
+    """Unlink each path; those unlinked (one gone meanwhile is left out)."""
     unlinked = []
     for path in paths:
         try:
-            if inodes is not None and os.stat(path).st_ino != inodes[path]:
-                continue
             os.unlink(path)
             unlinked.append(path)
         except FileNotFoundError:
@@ -49,17 +45,6 @@ CLUSTER_PREFIXES = ("sem.mp-",)
 exit unless it is killed too): what a force-stopped Ray cluster leaves (:mod:`ebpo_verl.smoke.cluster`)."""
 
 
-PID_NS_INIT_INO = 0xEFFFFFFC
-"""The inode number of the kernel's initial PID namespace (``PROC_PID_INIT_INO`` in ``include/linux/proc_ns.h``):
-``/proc/self/ns/pid`` has it only in the machine's own PID namespace, whose ``/proc`` lists every process."""
-_GONE = (FileNotFoundError, ProcessLookupError)
-"""What reading ``/proc/PID`` raises once the process has exited (and been reaped): gone, so it holds nothing."""
-
-
-class Unreadable(Exception):
-    """A live process whose maps or descriptors could not be read: what it holds is unknown."""
-
-
 def _mapped(pid: str, needle: str) -> set[str]:
     """The paths of process ``pid``'s mappings whose line contains ``needle`` (empty when it is gone)."""
     try:
@@ -69,39 +54,29 @@ def _mapped(pid: str, needle: str) -> set[str]:
         return set()
 
 
-def _read_maps(pid: str) -> list[str]:
-    """The lines of ``/proc/PID/maps`` (the proc reader; a test replaces it to make a holder unreadable)."""
-    with open(f"/proc/{pid}/maps") as maps:
-        return maps.readlines()
-
-
 def _inodes(pid: str, folder: str, dev: int) -> set[int]:
-    """The inode numbers of the files of ``folder`` (on device ``dev``) that process ``pid`` maps or holds open;
-    empty when it exited meanwhile (it holds nothing now); :class:`Unreadable` when a live process could not be
-    read. By inode, not by name: glibc's ``sem_open`` maps a new named semaphore under a temporary name, links the
-    name to it and deletes the temporary one, so ``/proc/PID/maps`` shows a live semaphore as ``/dev/shm/sem.XXXXXX
+    """The inode numbers of the files of ``folder`` (on device ``dev``) that process ``pid`` maps or holds open.
+    By inode, not by name: glibc's ``sem_open`` maps a new named semaphore under a temporary name, links the name
+    to it and deletes the temporary one, so ``/proc/PID/maps`` shows a live semaphore as ``/dev/shm/sem.XXXXXX
     (deleted)``, never under its own name. Each descriptor is read on its own (one closed meanwhile must not hide
     the others: a segment just created is held before it is mapped)."""
     found: set[int] = set()
     try:
-        for line in _read_maps(pid):
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith(f"{folder}/"):
-                major, minor = (int(x, 16) for x in fields[3].split(":"))
-                if os.makedev(major, minor) == dev:
-                    found.add(int(fields[4]))
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith(f"{folder}/"):
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    if os.makedev(major, minor) == dev:
+                        found.add(int(fields[4]))
         fds = os.listdir(f"/proc/{pid}/fd")
-    except _GONE:
-        return set()
-    except OSError as err:
-        raise Unreadable(f"pid {pid}: {err}") from err
+    except OSError:
+        return found
     for fd in fds:
         try:
             st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except _GONE:  # closed meanwhile (or the process exited)
+        except OSError:
             continue
-        except OSError as err:
-            raise Unreadable(f"pid {pid} fd {fd}: {err}") from err
         if st.st_dev == dev:
             found.add(st.st_ino)
     return found
@@ -112,67 +87,25 @@ def inodes_by_path(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ("",)) -> 
     return {entry.path: entry.inode() for entry in os.scandir(shm) if entry.name.startswith(prefixes)}
 
 
-def holders(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> tuple[set[int], dict[int, str]]:
-    """The inode numbers of the ``shm`` files that a live process of ``/proc`` (not in ``exclude``) maps or holds
-    open, and the live processes that could not be read (pid -> why): what those hold is unknown."""
+def inodes_in_use(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> set[int]:
+    """The inode numbers of the ``shm`` files that a live process of this node (not in ``exclude``) maps or holds
+    open: all of them as root; another user's processes are not readable otherwise."""
     dev = os.stat(shm).st_dev
     used: set[int] = set()
-    unreadable: dict[int, str] = {}
     for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) not in exclude):
-        try:
-            used |= _inodes(pid, shm, dev)
-        except Unreadable as err:
-            unreadable[int(pid)] = str(err)
-    return used, unreadable
-
-
-def inodes_in_use(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> set[int]:
-    """:func:`holders`' inodes in use (the smoke scan's view; it fails on its own unreadable processes)."""
-    return holders(shm, exclude)[0]
-
-
-def blind_spot() -> str | None:
-    """Why a scan of ``/proc`` could miss a live holder of a ``/dev/shm`` file, or None when it sees them all.
-    The signals: the effective uid (only root may read every process's maps and descriptors); ``/proc/self``
-    naming this process (``/proc`` is mounted for this PID namespace); and ``/proc/self/ns/pid``'s inode equal to
-    :data:`PID_NS_INIT_INO` (this is the machine's initial PID namespace, whose ``/proc`` lists the processes of
-    every namespace). In a child namespace (a container) processes of the parent or of a sibling (a pod's other
-    containers, ``docker --ipc=shareable``) can share ``/dev/shm`` unseen, and no signal from inside rules that
-    out, so nothing is unlinked there (a container's own ``/dev/shm`` goes when it ends)."""
-    if os.geteuid() != 0:
-        return "not root: other users' processes cannot be read"
-    try:
-        own = os.readlink("/proc/self") == str(os.getpid())
-        ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError as err:
-        return f"/proc cannot be read: {err}"
-    if not own:
-        return "/proc belongs to another PID namespace (/proc/self is not this process)"
-    if ns != PID_NS_INIT_INO:
-        return f"a child PID namespace (/proc/self/ns/pid inode {ns}): a parent's processes are invisible"
-    return None
+        used |= _inodes(pid, shm, dev)
+    return used
 
 
 def unlink_orphaned_shm(shm: str = "/dev/shm", prefixes: tuple[str, ...] = ORPHAN_PREFIXES) -> list[str]:
     """Unlink the segments and semaphores of :data:`ORPHAN_PREFIXES` that no live process holds open or maps:
     what killed processes of earlier runs (or attempts) left in RAM. The driver calls it before and after a run
-    (on its own node). It unlinks nothing unless it can see every holder: nothing where :func:`blind_spot` names a
-    reason (not root, a child PID namespace), and nothing when any live process could not be read (one that exited
-    meanwhile holds nothing); then, if there were candidates, one line on stderr says what was kept and why. An
-    entry replaced between the scan and the unlink (another inode) is kept. Returns the unlinked paths."""
-    if not os.path.isdir(shm):
+    (on its own node). Without the rights to read every process (not root), nothing is unlinked: a name another
+    user's live process uses would look orphaned. Returns the unlinked paths."""
+    if os.geteuid() != 0 or not os.path.isdir(shm):
         return []
     candidates = inodes_by_path(shm, prefixes)
     if not candidates:
         return []
-    why = blind_spot()
-    if why is None:
-        used, unreadable = holders(shm)
-        if not unreadable:
-            return _unlink([path for path, inode in sorted(candidates.items()) if inode not in used], candidates)
-        pid, error = next(iter(sorted(unreadable.items())))
-        why = f"{len(unreadable)} live processes could not be read (pid {pid}: {error.split(': ', 1)[-1]})"
-    names = ", ".join(f"{prefix}*" for prefix in prefixes)
-    print(f"ebpo-verl: kept {len(candidates)} {shm} entries that may be orphaned ({names}): {why}, so a live holder "
-          "could be missed", file=sys.stderr)  # fmt: skip
-    return []
+    used = inodes_in_use(shm)
+    return _unlink(sorted(path for path, inode in candidates.items() if inode not in used))
