@@ -759,7 +759,7 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
             if e.row.method.startswith("EBPO") and "naive" not in e.name and table != "curriculum":
                 assert "++data.curriculum.order=topic" in printed, e.name
     main = {(e.row.section, e.row.method): e.name for e in driver.experiments(TABLES["main"], {"V2_ROWS": "1"}, [])}
-    assert len(main) == 25
+    assert len(main) == 30  # + REINFORCE++ ... DBB and the five rivals (jspo ... running_norm) on Qwen3-8B
     for method, algo in [("REINFORCE++", "reinforce_pp"), ("RLOO", "rloo"), ("SPO", "spo"), ("BNPO", "bnpo"),
                          ("JS", "shrinkage_js"), ("OTB", "otb"), ("KL-Cov", "kl_cov"), ("DBB", "dbb")]:  # fmt: skip
         assert main["Qwen3-8B", method] == f"qwen3_8b-{algo}-g4-random-rw_paper-bl_paper"

@@ -332,11 +332,12 @@ def test_a_new_estimator_is_one_module_and_one_registry_line(toy_run):
     docs = seen["baselines_md"]
     assert "| `toy` | `toy` | Toy: a moving average" in docs and "`toy_state.json`" in docs
     assert "`algorithm.toy` (toy):" in docs and "| `decay` | `0.5` | a float in [0, 1] |" in docs
-    assert "| `algorithm.toy` | `decay=0.5`, `on_resume_mismatch=error` |" in seen["readme_table"]
+    other_row = next(r for r in seen["readme_table"].splitlines() if r.startswith("| `algorithm.<name>` |"))
+    assert "`toy`" in other_row  # a non-default estimator's section: one row names each (tables: baselines.md)
     # ebpo-train: --help, --cfg job accepts it and refuses a bad value or key in one line, exit 2
     help_text = seen["help"]["out"]
-    assert seen["help"]["rc"] == 0 and "spo, dbb and toy (algorithm.adv_estimator" in help_text.replace("\n", " ")
-    assert "  algorithm.toy.decay=0.5  (a float in [0, 1])" in help_text
+    assert seen["help"]["rc"] == 0 and "running_norm and toy (algorithm.adv_estimator" in help_text.replace("\n", " ")
+    assert "  algorithm.toy: decay=0.5, on_resume_mismatch=error" in help_text
     ok = seen["cfg_ok"]
     assert ok["rc"] == 0 and "pre-flight: ok" in ok["err"] and "decay: 0.25" in ok["out"], ok["err"][-2000:]
     for bad, what in ((seen["cfg_bad"], "algorithm.toy.decay=2"), (seen["cfg_bad_key"], "algorithm.toy.decy")):
@@ -348,7 +349,8 @@ def test_a_new_estimator_is_one_module_and_one_registry_line(toy_run):
     dry = seen["recipe_dry_run"]
     assert dry["rc"] == 0 and "pre-flight: ok" in dry["out"] + dry["err"], (dry["err"] + dry["out"])[-2000:]
     assert "adv_estimator: toy" in dry["out"]
-    assert seen["competitors"] == ["otb", "kl_cov", "dbb", "toy"] and "toy" in seen["study"]
+    rivals = ["jspo", "jspo_history", "ha_dw", "krpo", "running_norm"]
+    assert seen["competitors"] == ["otb", "kl_cov", "dbb", *rivals, "toy"] and "toy" in seen["study"]
 
 
 @pytest.mark.slow
