@@ -765,7 +765,8 @@ def test_table_drivers_list_distinct_experiments_on_the_authors_schedule(tmp_pat
         assert main["Qwen3-8B", method] == f"qwen3_8b-{algo}-g4-random-rw_paper-bl_paper"
     assert main["Qwen3-14B", "EBPO-BB"] == "qwen3_14b-ebpo_bb-g4-topic-rw_paper-bl_paper"
     group = {(e.row.section, e.row.method) for e in driver.experiments(TABLES["group_size"], {"V2_ROWS": "1"}, [])}
-    assert {(f"G={g}", m) for g in (8, 16, 32) for m in ("OTB", "KL-Cov", "DBB")} <= group and len(group) == 33  # + OTB, KL-Cov, DBB and the five rivals at G=8/16/32
+    # V2_ROWS=1: + OTB, KL-Cov, DBB and the five rivals at G=8/16/32
+    assert {(f"G={g}", m) for g in (8, 16, 32) for m in ("OTB", "KL-Cov", "DBB")} <= group and len(group) == 33
     canonical = names("main", REWARD="math_verify", BASELINES="canonical", TOTAL_STEPS="50")
     assert "qwen3_8b-dapo-g4-topic-rw_math_verify-bl_canonical-v" in " ".join(canonical)
 
