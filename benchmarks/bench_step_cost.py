@@ -25,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
+from ebpo_verl.smoke import reward as smoke_reward
 from ebpo_verl.smoke.runs import kill_tree
 from ebpo_verl.smoke.settings import device_overrides, ray_overrides, run_env, tiny_trainer_overrides
 
@@ -41,11 +41,6 @@ FIXTURE = REPO / "tests" / "fixtures" / "hub" / "math500.jsonl"
 BATCH, N, PROMPTS = 8, 4, 16
 ENV = {**run_env("cpu"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # the smoke runs' environment
 ENTRIES = {"grpo": "verl.trainer.main_ppo", "ebpo": "ebpo_verl.main", "dbb": "ebpo_verl.main"}
-
-
-def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """Benchmark reward: the parity of the response's CRC-32 (deterministic; mixed groups from a random model)."""
-    return float(zlib.crc32(solution_str.encode("utf-8")) & 1)
 
 
 def prepare(work: Path) -> dict[str, str]:
@@ -79,7 +74,7 @@ def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, sa
         *tiny_trainer_overrides(files, BATCH, N),
         f"algorithm.adv_estimator={estimator}",
         "actor_rollout_ref.rollout.name=hf",
-        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        f"reward.custom_reward_function.path={Path(smoke_reward.__file__).resolve()}",
         "reward.custom_reward_function.name=parity_reward",
         f"trainer.logger={loggers}",
         "trainer.project_name=bench",

@@ -1,8 +1,10 @@
-"""The smoke runs' reward (verl loads this file by path: ``reward.custom_reward_function.path``)."""
+"""The smoke runs' and the step-cost benchmark's rewards (verl loads this file by path:
+``reward.custom_reward_function.path``, without registering it as a module: so nothing here may need that)."""
 
 from __future__ import annotations
 
 import hashlib
+import zlib
 
 
 def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
@@ -12,3 +14,9 @@ def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwarg
     degenerate (trivially equal) EB statistics; this pseudo-reward gives mixed groups."""
     passed = hashlib.sha256(solution_str.encode("utf-8")).digest()[0] % 2 == 1
     return {"score": float(passed), "acc": passed}
+
+
+def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """The step-cost benchmark's reward: the parity of the response's CRC-32 (deterministic; mixed groups from a
+    random model)."""
+    return float(zlib.crc32(solution_str.encode("utf-8")) & 1)
