@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from ebpo_verl import main as entry
-from ebpo_verl.options.parsing import allowed
-from ebpo_verl.trainer.config.generate import ALL_SECTIONS, shown, shown_in_full
+from ebpo_verl.options.parsing import allowed, shown
+from ebpo_verl.trainer.config.generate import ALL_SECTIONS, shown_in_full
 
 
 def _help(monkeypatch, capsys, *args: str) -> list[str]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, fields
 from typing import Any, NoReturn
 
-from ebpo_verl.options.parsing import OptionSection, accepts, allowed, word
+from ebpo_verl.options.parsing import OptionSection, accepts, allowed, shown, word
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -75,7 +75,7 @@ def converter(f: Field, scalar: type) -> Callable[[str], Any]:
 
 def help_text(f: Field) -> str:
     """An option's help with its declared default and the values it accepts (what ``--help`` shows)."""
-    default = "required" if f.default is MISSING else f"default {_shown(f.default)}"
+    default = "required" if f.default is MISSING else f"default {shown(f.default)}"
     accepted = "" if f.metadata["choices"] == (True, False) else f"; {allowed(f)}"  # a switch: --x / --no-x
     return f"{f.metadata['help']} ({default}{accepted})".replace("%", "%%")
 
@@ -86,10 +86,6 @@ def _metavar(f: Field) -> str:
     if choices and f.metadata["rule"] is None and not isinstance(f.default, tuple):
         return "{" + ",".join(word(c) for c in choices) + "}"
     return f.name.upper()
-
-
-def _shown(value: Any) -> str:
-    return " ".join(word(v) for v in value) if isinstance(value, tuple) else word(value)
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> None:
@@ -130,19 +126,22 @@ def parse(cls: type[OptionSection], prog: str, argv: Sequence[str] | None = None
     return parse_options(cls, parser.parse_args(sys.argv[1:] if argv is None else argv), parser)
 
 
-def options_table(cls: type[OptionSection], name: Callable[[str], str] | None = None, unset: str = "null") -> str:
-    """A Markdown table of ``cls``'s options (name, default, allowed values, help), for a docs page; ``unset``
-    names the value None (``unset`` for environment switches)."""
-    rows = ["| option | default | allowed | what |", "|---|---|---|---|"]
+def options_table(
+    cls: type[OptionSection], name: Callable[[str], str] | None = None, unset: str = "null", head: str = "option"
+) -> str:
+    """A Markdown table of ``cls``'s options (``head``: its name, default, allowed values, help), for a docs page;
+    ``name`` writes an option's name (default: its flag); ``unset`` names the value None (``unset`` for environment
+    switches)."""
+    rows = [f"| {head} | default | allowed | what |", "|---|---|---|---|"]
     for f in fields(cls):
-        default = "(required)" if f.default is MISSING else f"`{_shown(f.default)}`".replace("`null`", unset)
+        default = "(required)" if f.default is MISSING else f"`{shown(f.default)}`".replace("`null`", unset)
         accepted = allowed(f).replace("null", unset, 1) if None in f.metadata["choices"] else allowed(f)
-        shown = name(f.name) if name else flag_of(f)
-        rows.append(f"| `{shown}` | {default} | {_cell(accepted)} | {_cell(f.metadata['help'])} |")
+        written = name(f.name) if name else flag_of(f)
+        rows.append(f"| `{written}` | {default} | {cell(accepted)} | {cell(f.metadata['help'])} |")
     return "\n".join(rows) + "\n"
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
     """Text in a Markdown table cell: ``|`` and ``<`` escaped."""
     return text.replace("|", "\\|").replace("<", "&lt;")
 
@@ -155,7 +154,7 @@ def switches_help(cls: type[OptionSection], after: Mapping[str, str] | None = No
     lines: list[str] = []
     for f in fields(cls):
         words = [word(c) for c in f.metadata["choices"] if c is not None]
-        notes = [f"default {_shown(f.default)}"] if f.default is not None else []
+        notes = [f"default {shown(f.default)}"] if f.default is not None else []
         if words and f.metadata["rule"] is None and f.name not in after:
             notes.append("one of " + " | ".join(words))
         entry = f.metadata["help"] + (f" ({'; '.join(notes)})" if notes else "")

@@ -112,6 +112,11 @@ def word(value: Any) -> str:
     return str(value)
 
 
+def shown(value: Any) -> str:
+    """A default as the user writes it: :func:`word`, a list as its words separated by spaces."""
+    return " ".join(word(v) for v in value) if isinstance(value, tuple) else word(value)
+
+
 def _either(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 

@@ -22,7 +22,8 @@ import yaml
 
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.ordering import CurriculumOptions
-from ebpo_verl.options.parsing import OptionSection, allowed
+from ebpo_verl.options import cli
+from ebpo_verl.options.parsing import OptionSection, allowed, shown
 from ebpo_verl.trainer.run_options import TrainerOptions
 
 YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
@@ -115,11 +116,6 @@ def config_yaml() -> str:
     return "\n".join([*head, *_emit(_tree())]) + "\n"
 
 
-def shown(value: Any) -> str:
-    """A default as the user writes it (``null``, ``true``)."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def shown_in_full(cls: type[OptionSection]) -> bool:
     """Whether ``--help`` and the README show a section option by option: the default estimator's (``ebpo``) and
     the run's (curriculum, trainer); every other estimator's options fit one line (allowed values: its docs table,
@@ -162,16 +158,9 @@ def options_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def option_table(cls: type[OptionSection]) -> str:
     """One options section as a Markdown table: key, default, allowed values, help (from the declarations)."""
-    rows = ["| key | default | allowed | what |", "|---|---|---|---|"]
-    for f in cls.declarations():
-        rows.append(f"| `{f.name}` | `{shown(f.default)}` | {_cell(allowed(f))} | {_cell(f.metadata['help'])} |")
-    return "\n".join(rows) + "\n"
+    return cli.options_table(cls, name=str, head="key")
 
 
 def estimators_table() -> str:
@@ -181,7 +170,8 @@ def estimators_table() -> str:
         options = f"`{spec.section}`" if spec.options_cls is not None else "none"
         state = f"`{spec.state.file}`" if spec.state is not None else "none"
         owner = "verl's own" if spec.builtin else f"`{spec.registered_name}`"
-        rows.append(f"| `{name}` | {owner} | {_cell(spec.summary)} | {_cell(spec.source)} | {options} | {state} |")
+        what, source = cli.cell(spec.summary), cli.cell(spec.source)
+        rows.append(f"| `{name}` | {owner} | {what} | {source} | {options} | {state} |")
     return "\n".join(rows) + "\n"
 
 
