@@ -8,15 +8,21 @@ import sys
 from pathlib import Path
 
 from ebpo_verl.evaluate.__main__ import GenerateOptions, GradeOptions
+from ebpo_verl.evaluate.engines import EngineOptions
 from ebpo_verl.ops.readme_block import check_or_write, replace_marked_block
 from ebpo_verl.options.cli import OneLineParser, flag, options_table
 from ebpo_verl.recipes.spec import RunSwitches
+from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = {
     "evaluate-generate": ("docs/evaluation.md", lambda: options_table(GenerateOptions)),
     "evaluate-grade": ("docs/evaluation.md", lambda: options_table(GradeOptions)),
+    "engine": ("docs/evaluation.md", lambda: options_table(EngineOptions)),
     "run-switches": ("docs/reproduction.md", lambda: options_table(RunSwitches, name=str, unset="unset")),
+    "modes": ("docs/reproduction.md", lambda: options_table(Modes, name=str, unset="unset")),
+    "drive-switches": ("docs/reproduction.md", lambda: options_table(DriveSwitches, name=str, unset="unset")),
+    "eval-switches": ("docs/evaluation.md", lambda: options_table(EvalSwitches, name=str, unset="unset")),
 }
 """Table name -> (the page it is in, its text)."""
 COMMAND = "python -m ebpo_verl.docs_tables"

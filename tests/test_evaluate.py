@@ -367,11 +367,12 @@ def test_kill_group_stops_a_workers_grandchildren(tmp_path):
 def test_engine_setup_and_the_vllm_error_on_cpu(monkeypatch):
     """Without vLLM, --engine vllm stops with one line pointing at the install and --engine hf; with vLLM's CPU
     build and no GPU, --workers engines run, each bound to its own cores, eager, with a fixed KV cache."""
-    import argparse
     import importlib.util
 
-    p = argparse.ArgumentParser()
-    engines.add_engine_args(p, 20480)
+    from ebpo_verl.options.cli import OneLineParser, add_options
+
+    p = OneLineParser(prog="evaluate")
+    add_options(p, engines.EngineOptions)
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ValueError, match="vLLM is not installed.*--engine hf"):
             engines.engine_setup(p.parse_args([]), "m", 1.0, 1.0)
@@ -388,8 +389,21 @@ def test_engine_setup_and_the_vllm_error_on_cpu(monkeypatch):
             engines.engine_setup(p.parse_args(["--workers", "6"]), "m", 1.0, 1.0)
     spec, workers = engines.engine_setup(p.parse_args(["--engine", "hf", "--workers", "3"]), "m", 0.7, 0.9)
     assert (spec.engine, spec.temperature, spec.top_p, spec.max_new_tokens, workers) == ("hf", 0.7, 0.9, 20480, 3)
-    with pytest.raises(ValueError, match="--chunk-size must be at least 1"):
-        engines.engine_setup(p.parse_args(["--engine", "hf", "--chunk-size", "0"]), "m", 1.0, 1.0)
+
+
+def test_engine_options_refuse_a_bad_value_in_one_line(capsys):
+    """Each engine option is checked when parsed, by its declaration: a bad value is one line, exit 2."""
+    from ebpo_verl.evaluate.pass_rate import main as pass_rate
+
+    for argv, words in [
+        (["--chunk-size", "0"], "argument --chunk-size: '0' is invalid; use a positive integer"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: '1.5' is invalid; use a float in (0, 1]"),
+        (["--model", "m", "--pass-rates", "r"], "give exactly one of --model"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            pass_rate(["--in", "i.parquet", "--out", "o.parquet", *argv])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and words in err, err
 
 
 def test_model_resolution(tmp_path):

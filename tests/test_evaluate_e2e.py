@@ -92,7 +92,7 @@ def test_eval_sh_both_protocols_and_idempotent(setup, tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 0 and "already in" in again.stderr
     bad = subprocess.run(cmd, env={**env, "EVAL_PROTOCOL": "mine"}, capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and "unknown EVAL_PROTOCOL=mine" in bad.stderr
+    assert bad.returncode == 2 and "EVAL_PROTOCOL='mine' is invalid" in bad.stderr
 
 
 def test_pass_rate_estimation_with_hf_engine_resumes(setup, tmp_path):

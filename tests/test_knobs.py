@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from ebpo_verl import reward as R
 from ebpo_verl.evaluate import __main__ as evaluate_cli
-from ebpo_verl.options import cli
+from ebpo_verl.options import cli, parsing
 from ebpo_verl.options.parsing import OptionSection, ints, option, reals, text
 from ebpo_verl.recipes import spec
 from ebpo_verl.trainer import watchdog
@@ -315,6 +315,44 @@ def test_the_run_switches_help_is_the_declaration():
             assert f"(default {f.default}" in shown, f.name
     assert "GROUP_SIZE responses per prompt G (rollout.n); at least 2 (1 for spo) (default 4)" in shown
     assert "NNODES nodes of the Ray cluster (default 4)" in shown and "GPUS_PER_NODE GPUs per node (default 8)" in shown
+
+
+@pytest.mark.parametrize("command", ["run qwen3_8b", "table main", "eval"])
+def test_each_recipe_commands_switches_help_is_their_declaration(command):
+    """Every switch a recipe command reads is listed by its ``--help`` with its declared help and default."""
+    from ebpo_verl.recipes import switches
+    from ebpo_verl.recipes.__main__ import help_text
+
+    shown = _normal(help_text([*command.split(), "--help"]))
+    declared = {
+        "run qwen3_8b": (spec.RunSwitches, switches.Modes),
+        "table main": (switches.DriveSwitches, switches.Modes),
+        "eval": (switches.EvalSwitches,),
+    }[command]
+    for cls in declared:
+        for f in cls.declarations():
+            assert f" {f.name} {_normal(f.metadata['help'])}" in shown, f.name
+            if f.default is not None:
+                assert f"(default {parsing.shown(f.default)}" in shown, f.name
+
+
+def test_switches_read_from_the_environment_are_checked_in_one_line():
+    """An unset or empty variable is the declared default; a value is read as null, an integer, a number or text,
+    whichever the declaration accepts (a path of digits stays text); anything else is one line naming it."""
+    from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes
+
+    assert DriveSwitches.from_variables({}) == DriveSwitches() == DriveSwitches.from_variables({"FINAL_EVAL": " "})
+    assert DriveSwitches.from_variables({"FINAL_EVAL": "0", "SELECT": "best"}) == DriveSwitches(0, SELECT="best")
+    assert EvalSwitches.from_variables({"EVAL_DIR": "2024"}).EVAL_DIR == "2024"
+    assert Modes.from_variables({"PRINT_OVERRIDES": "1"}).dry and not Modes().dry
+    for cls, variable, raw, use in [
+        (Modes, "DRY_RUN", "yes", "0 or 1"),
+        (Modes, "SHOW_CONFIG", "1.0", "0 or 1"),
+        (DriveSwitches, "EVAL_PROTOCOL", "both,paper", "paper, verl or both"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            cls.from_variables({variable: raw})
+        assert str(err.value) == f"{variable}={raw!r} is invalid; use {use}"
 
 
 def test_a_run_reads_its_defaults_from_the_declaration(monkeypatch, tmp_path):

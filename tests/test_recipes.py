@@ -400,9 +400,10 @@ def test_bad_switches_are_refused_with_one_line(tmp_path):
             spec(tmp_path, **env)
         assert words in str(err.value) and "\n" not in str(err.value), env
     for name, env, words in [("main", {"REWARD": "x"}, "unknown REWARD=x"),
-                             ("main", {"EVAL_PROTOCOL": "vllm"}, "unknown EVAL_PROTOCOL"),
-                             ("main", {"FINAL_EVAL": "2"}, "unknown FINAL_EVAL=2"),
-                             ("grpo_bn", {"SELECT": "top"}, "unknown SELECT=top"),
+                             ("main", {"EVAL_PROTOCOL": "vllm"}, "EVAL_PROTOCOL='vllm' is invalid"),
+                             ("main", {"FINAL_EVAL": "2"}, "FINAL_EVAL='2' is invalid; use 0 or 1"),
+                             ("grpo_bn", {"SELECT": "top"}, "SELECT='top' is invalid; use final or best"),
+                             ("main", {"DRY_RUN": "yes"}, "DRY_RUN='yes' is invalid; use 0 or 1"),
                              ("main", {"METRICS": "pass@1 pass@k"}, "METRICS: unknown metric 'pass@k'"),
                              ("main", {"FINAL_EVAL": "0", "METRICS": "maj@4"}, "needs FINAL_EVAL=1")]:  # fmt: skip
         with pytest.raises(RecipeError, match=words):

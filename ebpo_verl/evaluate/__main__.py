@@ -32,7 +32,6 @@ from ebpo_verl.evaluate.grading import grade_file
 from ebpo_verl.evaluate.merge import merge_checkpoint, resolve_model
 from ebpo_verl.evaluate.prompts import (
     BENCHMARKS,
-    MAX_NEW_TOKENS,
     PROTOCOLS,
     TEMPERATURE,
     TOP_P,
@@ -58,7 +57,7 @@ PATH = text("a path")
 
 @dataclass(frozen=True)
 class GenerateOptions(OptionSection):
-    """``generate``'s own options (the engine options: :func:`ebpo_verl.evaluate.engines.add_engine_args`)."""
+    """``generate``'s own options (the engine options: :class:`ebpo_verl.evaluate.engines.EngineOptions`)."""
 
     SECTION: ClassVar[str] = "generate"
 
@@ -106,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
         + " | ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()),
     )
     add_options(g, GenerateOptions)
-    engines.add_engine_args(g, MAX_NEW_TOKENS)
+    add_options(g, engines.EngineOptions)
     add_options(sub.add_parser("grade", help="grade a generations file (CPU)"), GradeOptions)
     return p
 

@@ -39,10 +39,11 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.evaluate.prompts import MAX_NEW_TOKENS, EvalInputError
 from ebpo_verl.ops.shm import unlink_engine_shm
+from ebpo_verl.options.parsing import OptionSection, ints, option, reals
 
 Prompt = str | list[dict[str, str]]
 ENGINES = ("vllm", "hf")
@@ -419,32 +420,33 @@ def generate_all(
             p.join(timeout=30)
 
 
-def add_engine_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
-    """The engine options shared by evaluation and pass-rate estimation."""
-    p.add_argument("--engine", choices=ENGINES, default="vllm", help="vllm (GPU or vLLM's CPU build, default) or hf")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible; 0: vLLM on CPU)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per vLLM engine (default 1)")
-    p.add_argument("--workers", type=int, default=1, help="engines when there is no GPU (hf, vllm on CPU; default 1)")
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    p.add_argument("--max-model-len", type=int, default=None, help="model length (default: the model's)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--kv-cache-gib", type=int, default=4, help="vLLM on CPU: KV cache per engine in GiB (default 4)")
-    p.add_argument(
-        "--enforce-eager",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="vLLM without torch.compile/CUDA graphs (default: on CPU yes, on GPU no)",
+@dataclass(frozen=True)
+class EngineOptions(OptionSection):
+    """The engine options shared by evaluation and pass-rate estimation (``--engine``, ``--gpus``, ...)."""
+
+    SECTION: ClassVar[str] = "engine"
+
+    engine: str = option("vllm", "vllm (GPU or vLLM's CPU build) or hf", choices=ENGINES)
+    gpus: int | None = option(None, "GPUs to use; null: all visible; 0: vLLM on CPU", choices=(None,), rule=ints(0))
+    tensor_parallel_size: int = option(1, "GPUs per vLLM engine", rule=ints(1))
+    workers: int = option(1, "engines when there is no GPU (hf, vllm on CPU)", rule=ints(1))
+    max_new_tokens: int = option(MAX_NEW_TOKENS, "new tokens per response at most", rule=ints(1))
+    max_model_len: int | None = option(None, "model length; null: the model's", choices=(None,), rule=ints(1))
+    gpu_memory_utilization: float = option(0.9, "vLLM's share of each GPU's memory", rule=reals(0, 1, open_low=True))
+    kv_cache_gib: int = option(4, "vLLM on CPU: KV cache per engine in GiB", rule=ints(1))
+    enforce_eager: bool | None = option(
+        None,
+        "vLLM without torch.compile/CUDA graphs; null: on CPU yes, on GPU no",
+        choices=(True, False, None),
     )
-    p.add_argument("--chunk-size", type=int, default=1024, help="requests per generate call and per save")
-    p.add_argument("--batch-size", type=int, default=8, help="hf engine: prompts per generate call")
-    p.add_argument("--seed", type=int, default=0, help="run seed; each sample's seed derives from it and its key")
+    chunk_size: int = option(1024, "requests per generate call and per save", rule=ints(1))
+    batch_size: int = option(8, "hf engine: prompts per generate call", rule=ints(1))
+    seed: int = option(0, "run seed; each sample's seed derives from it and its key", rule=ints(0))
 
 
 def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
-    """(spec, number of workers) from the parsed engine options; ValueError on impossible settings."""
-    for name in ("tensor_parallel_size", "workers", "max_new_tokens", "chunk_size", "batch_size", "kv_cache_gib"):
-        if getattr(a, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    """(spec, number of workers) from the parsed engine options (:class:`EngineOptions`, each value checked when
+    parsed); ValueError on impossible settings."""
     cpu, envs = False, ()
     if a.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:

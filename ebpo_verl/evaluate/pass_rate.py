@@ -28,8 +28,9 @@ import json
 import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import pyarrow as pa
@@ -45,6 +46,8 @@ from ebpo_verl.data.schema import (
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
+from ebpo_verl.options.parsing import OptionSection, ints, option, reals, text
 from ebpo_verl.reward import compute_score
 
 
@@ -206,27 +209,59 @@ def write_with_rates(table: pa.Table, rates: list[float], out_path: str | Path, 
     return out
 
 
+PATH = text("a path")
+
+
+@dataclass(frozen=True)
+class PassRateOptions(OptionSection):
+    """The pass-rate command's own options (besides :class:`PassRateEngineOptions`)."""
+
+    SECTION: ClassVar[str] = "pass_rate"
+
+    in_path: str = option(MISSING, "prepared training parquet", rule=PATH, flag="--in")
+    out_path: str = option(MISSING, "the parquet written, with extra_info.pass_rate", rule=PATH, flag="--out")
+    model: str | None = option(
+        None, "model path to generate with; null: --pass-rates", choices=(None,), rule=text("a model")
+    )
+    pass_rates: str | None = option(
+        None, "merge rates from this .jsonl/.csv instead of generating", choices=(None,), rule=PATH
+    )
+    n: int = option(16, "rollouts per problem (paper: 16)", rule=ints(1))
+    temperature: float = option(1.0, "sampling temperature (paper: 1.0)", rule=reals(0))
+    top_p: float = option(1.0, "nucleus sampling's top-p", rule=reals(0, 1, open_low=True))
+    generations: str | None = option(
+        None, "samples file (.jsonl, resumable); null: OUT.generations.jsonl", choices=(None,), rule=PATH
+    )
+    save_rates: str | None = option(
+        None, "also write the computed rates (source_id, pass_rate) as .jsonl", choices=(None,), rule=PATH
+    )
+    difficulty_buckets: int | None = option(
+        None, "set extra_info.difficulty to the pass-rate bucket 1..K", choices=(None,), rule=ints(1)
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.model is None) == (self.pass_rates is None):
+            raise ValueError("give exactly one of --model (generate and grade) and --pass-rates (merge a file)")
+
+
+@dataclass(frozen=True)
+class PassRateEngineOptions(engines.EngineOptions):
+    """The engine options with this command's default length."""
+
+    max_new_tokens: int = option(8192, "new tokens per response at most", rule=ints(1))
+
+
 def main(argv: list[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m ebpo_verl.evaluate.pass_rate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--in", dest="in_path", required=True)
-    p.add_argument("--out", dest="out_path", required=True)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model path for vLLM generation")
-    src.add_argument("--pass-rates", help="merge rates from this .jsonl/.csv instead of generating")
-    p.add_argument("--n", type=int, default=16, help="rollouts per problem (paper: 16)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--generations", help="samples file (.jsonl, resumable); default: OUT.generations.jsonl")
-    engines.add_engine_args(p, max_new_tokens=8192)
-    p.add_argument("--save-rates", help="also write the computed rates (source_id, pass_rate) as .jsonl")
-    p.add_argument("--difficulty-buckets", type=int, default=None, help="set extra_info.difficulty to 1..K")
+    add_options(p, PassRateOptions)
+    add_options(p, PassRateEngineOptions)
     a = p.parse_args(argv)
-    if a.model and a.n < 1:
-        p.error("--n must be at least 1")
+    parse_options(PassRateOptions, a, p)
     # bad input (ValueError: rates, parquet, settings) and file errors (OSError, a full disk) are one line
     with one_line_errors(p.prog):
         table = read_prepared(a.in_path)

@@ -152,12 +152,13 @@ def switches_help(cls: type[OptionSection], after: Mapping[str, str] | None = No
     its list of words."""
     after = after or {}
     lines: list[str] = []
+    pad = max(15, *(len(f.name) + 1 for f in fields(cls)))
     for f in fields(cls):
         words = [word(c) for c in f.metadata["choices"] if c is not None]
         notes = [f"default {shown(f.default)}"] if f.default is not None else []
         if words and f.metadata["rule"] is None and f.name not in after:
             notes.append("one of " + " | ".join(words))
         entry = f.metadata["help"] + (f" ({'; '.join(notes)})" if notes else "")
-        lines += textwrap.wrap(entry, width, initial_indent=f"  {f.name:<15}", subsequent_indent=" " * 17)
+        lines += textwrap.wrap(entry, width, initial_indent=f"  {f.name:<{pad}}", subsequent_indent=" " * (pad + 2))
         lines += [after[f.name]] if f.name in after else []
     return "\n".join(lines)

@@ -139,19 +139,19 @@ def accepts(f: Field, value: Any) -> bool:
 
 
 def env_value(f: Field, variable: str, raw: str) -> Any:
-    """The value of option ``f`` that ``variable=raw`` sets (an integer, a number, ``null`` or else the text),
-    checked by the option's rules; ValueError in one line naming the variable and what it accepts."""
+    """The value of option ``f`` that ``variable=raw`` sets: the first of ``null``, an integer, a number and the text
+    itself that the option's rules accept; ValueError in one line naming the variable and what it accepts."""
     word = raw.strip()
-    value: Any = None if word.lower() in ("null", "none") else word
+    readings: list[Any] = [None] if word.lower() in ("null", "none") else []
     for cast in (int, float):
-        if isinstance(value, str):
-            try:
-                value = cast(value)
-            except ValueError:
-                pass
-    if not accepts(f, value):
-        raise ValueError(f"{variable}={raw!r} is invalid; use {allowed(f)}")
-    return value
+        try:
+            readings.append(cast(word))
+        except ValueError:
+            pass
+    for value in (*readings, word):
+        if accepts(f, value):
+            return value
+    raise ValueError(f"{variable}={raw!r} is invalid; use {allowed(f)}")
 
 
 def _item(f: Field) -> Field:
@@ -232,6 +232,13 @@ class OptionSection:
             for key, variable in cls.ENV.items()
             if env.get(variable, "").strip()
         }
+
+    @classmethod
+    def from_variables(cls: type[T], env: Mapping[str, str]) -> T:
+        """Switches: options named as environment variables; each one set (non-empty) in ``env`` read by
+        :func:`env_value`, the others their declared defaults (an unset and an empty variable are the same)."""
+        declared = fields(cls)  # type: ignore[arg-type]
+        return cls(**{f.name: env_value(f, f.name, env[f.name]) for f in declared if env.get(f.name, "").strip()})
 
     def with_env(self: T, env: Mapping[str, str]) -> T:
         """These options with each variable of :attr:`ENV` set in ``env`` replacing its option."""

@@ -15,6 +15,7 @@ from ebpo_verl.evaluate.prompts import BENCHMARKS
 from ebpo_verl.options.cli import switches_help
 from ebpo_verl.recipes.presets import ALIASES, PRESETS
 from ebpo_verl.recipes.spec import Model, RecipeError, RunSwitches, model_tags
+from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes
 from ebpo_verl.recipes.tables import TABLES
 
 
@@ -26,33 +27,27 @@ def _algos() -> str:
 RUN_SWITCHES = f"""\
 Switches (environment variables; an empty one is unset; presets and their sources: ebpo_verl/recipes/presets.py):
 {switches_help(RunSwitches, {"ALGO": textwrap.indent(_algos(), "    ")})}
-Modes: DRY_RUN=1 lists the data preparation, runs the pre-flight (our checks, verl's validate_config at
-NNODES x GPUS_PER_NODE, steps per epoch when the training file exists), prints the composed config and
-exits without Ray, GPUs or any file written; PRINT_OVERRIDES=1 prints the Hydra overrides and exits.
-Extra arguments are Hydra overrides, applied last. Evaluation: python -m ebpo_verl.recipes eval --help."""
+Modes:
+{switches_help(Modes)}
+A dry run's pre-flight is ours and verl's validate_config at NNODES x GPUS_PER_NODE, with the steps per epoch when
+the training file exists. Extra arguments are Hydra overrides, applied last. Evaluation: python -m
+ebpo_verl.recipes eval --help."""
 
-DRIVE_SWITCHES = """\
+DRIVE_SWITCHES = f"""\
 Table drivers: every run switch (run qwen3_8b --help) can be set and reaches each run; defaults
 REWARD=paper, BASELINES=paper and the authors' schedule (validation on AIME24 x 8 before training and
-every 5 steps, a checkpoint every 10, KEEP_CKPTS=2).
-  FINAL_EVAL    1 (default): evaluate each run's last checkpoint (recipes eval) and tabulate that; 0: tabulate
-                the training runs' own validations (LOG_DIR/<experiment>)
-  EVAL_PROTOCOL paper (default) | verl | both: the evaluation's protocol; one table per protocol
-  SELECT        final (default) | best: which validation of a run the table reports (FINAL_EVAL=0)
-  METRICS       pass@1 (default); e.g. "pass@1 pass@16 maj@16 avg@n": one table per metric (FINAL_EVAL=1;
-                make_tables --metric, docs/evaluation.md#coverage)
-  RESULTS_DIR   tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol>/<table>.md
-                                                                             default WORK_DIR/results
-  SHOW_CONFIG   1: a dry run also prints each run's composed config (stdout)
+every 5 steps, a checkpoint every 10, KEEP_CKPTS=2). Their own switches:
+{switches_help(DriveSwitches)}
+Modes (DRY_RUN=1 or PRINT_OVERRIDES=1: one block per untrained run, its switches, what its preset changes, the
+pre-flight's result, then the evaluation and table commands; runs, marks and writes nothing else):
+{switches_help(Modes)}
 `--list` prints the runs (section, method, experiment, results, command) and exits; other arguments are
 Hydra overrides for every training run (trainer.default_local_dir / experiment_name / metrics_log_path are
 refused: use CKPT_DIR / LOG_DIR). Names: <model>-<algo>-g<G>-<order>-rw_<REWARD>-bl_<BASELINES>, plus
 -v<hash> when a schedule switch differs from the driver's default or overrides are given (a hash of those,
 the overrides sorted by key: the same overrides in any order name the same run). A finished run
 (LOG_DIR/<name>/.done) is not trained again and an evaluation whose results exist is not repeated, so drivers
-share runs and can be restarted. DRY_RUN=1 (or PRINT_OVERRIDES=1) shows one block per untrained run (its
-switches, what its preset changes, the pre-flight's result) and the evaluation and table commands, and runs,
-marks and writes nothing else."""
+share runs and can be restarted."""
 
 EVAL_HELP = f"""\
 Pass@1 of a model on {", ".join(BENCHMARKS)}: generation (python -m ebpo_verl.evaluate generate), then
@@ -61,10 +56,9 @@ grading (... grade).
   (in a checkout: bash recipe/ebpo/eval.sh TARGET ...)
 TARGET: a verl checkpoint (.../<experiment>/global_step_N), a checkpoint root (its latest step), a local
 Hugging Face folder or a hub id.
-  EVAL_PROTOCOL  paper (default: the authors' raw prompt + Answer: grader) | verl (chat template +
-                 ebpo_verl.reward) | both
-  EVAL_DIR       default WORK_DIR/eval/<name> (<experiment>-step<N>, or the model folder's name)
+{switches_help(EvalSwitches)}
   WORK_DIR, DATA_DIR, DATA_LOCAL_DIR, PYTHON   as for the run scripts
+Protocols: paper (the authors' raw prompt + Answer: grader) | verl (chat template + ebpo_verl.reward).
 Writes EVAL_DIR/<protocol>/generations.jsonl and EVAL_DIR/results-<protocol>.json; a rerun resumes.
 Trust: a verl checkpoint TARGET is first merged with verl's merge logic, its .pt shards read with
 torch.load(weights_only=True) and only FSDP's tensor and placement types allowed: a shard carrying anything else

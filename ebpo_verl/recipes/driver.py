@@ -17,15 +17,18 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from omegaconf import OmegaConf
 
 from ebpo_verl.evaluate.merge import resolve_model
-from ebpo_verl.evaluate.prompts import BENCHMARKS, PROTOCOLS, EvalInputError
+from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError
 from ebpo_verl.ops.model_ref import model_reference_problem
+from ebpo_verl.options.parsing import OptionSection
 from ebpo_verl.recipes.make_tables import DEFAULT_METRIC, check_metric
 from ebpo_verl.recipes.presets import PRESETS, SHARED
 from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
+from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes, chosen_protocols
 from ebpo_verl.recipes.tables import TABLES, Row, Table
 
 RECIPES = "ebpo_verl.recipes"
@@ -44,8 +47,15 @@ def execute(command: Sequence[str], env: Mapping[str, str] | None = None) -> int
     return subprocess.run(list(command), env={**os.environ, **(env or {})}, check=False).returncode
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "0") == "1"
+S = TypeVar("S", bound=OptionSection)
+
+
+def switches(cls: type[S], env: Mapping[str, str]) -> S:
+    """The switches ``cls`` declares, read from ``env``; a bad value is a RecipeError in one line."""
+    try:
+        return cls.from_variables(env)
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------------------------- one run
@@ -108,11 +118,12 @@ def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
     """``run_<model>.sh``: PRINT_OVERRIDES=1 prints the overrides; DRY_RUN=1 lists the data preparation, runs the
     pre-flight (``python -m ebpo_verl.main --cfg job``) and prints the config; otherwise runs the pre-flight,
     prepares the missing data and replaces this process with the trainer (``os.execvp``: no return)."""
+    modes = switches(Modes, env)
     spec = RunSpec.from_env(model, env, args)
-    if _flag(env, "PRINT_OVERRIDES"):
+    if modes.PRINT_OVERRIDES:
         print("\n".join(spec.overrides()))
         return 0
-    dry = _flag(env, "DRY_RUN")
+    dry = bool(modes.DRY_RUN)
     if not dry:
         preflight_first(spec)
     prepare(spec, dry)
@@ -152,14 +163,6 @@ def eval_name(target: str) -> str:
     return path.name
 
 
-def protocols(value: str) -> list[str]:
-    if value == "both":
-        return list(PROTOCOLS)
-    if value not in PROTOCOLS:
-        raise RecipeError(f"unknown EVAL_PROTOCOL={value} ({', '.join(PROTOCOLS)} or both)")
-    return [value]
-
-
 def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     """``python -m ebpo_verl.recipes eval TARGET [generate args]`` (``eval.sh``): check TARGET, prepare missing
     benchmark files, then generate and grade per protocol."""
@@ -170,9 +173,10 @@ def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
         resolve_model(target)
     except EvalInputError as err:
         raise RecipeError(f"eval {err}") from None
-    chosen = protocols(env.get("EVAL_PROTOCOL") or "paper")
+    own = switches(EvalSwitches, env)
+    chosen = chosen_protocols(own.EVAL_PROTOCOL)
     paths = Shared.from_env(env).paths
-    out = env.get("EVAL_DIR") or os.path.join(paths.work, "eval", eval_name(target))
+    out = own.EVAL_DIR or os.path.join(paths.work, "eval", eval_name(target))
     missing = [b for b in BENCHMARKS if not os.path.isfile(os.path.join(paths.data, f"{b}.parquet"))]
     if missing:
         log(f"eval.sh: preparing {' '.join(missing)} in {paths.data}")
@@ -270,25 +274,20 @@ def differences(spec: RunSpec) -> str:
     return " ".join(changed)
 
 
-def table_switches(env: Mapping[str, str]) -> tuple[str, list[str], str, list[str]]:
-    """The table drivers' own switches, checked before anything runs: FINAL_EVAL, the protocols tabulated
-    (EVAL_PROTOCOL; ``train_val`` for FINAL_EVAL=0), SELECT and METRICS (make_tables' ``--metric``)."""
-    final_eval = env.get("FINAL_EVAL") or "1"
-    if final_eval not in ("0", "1"):
-        raise RecipeError(f"unknown FINAL_EVAL={final_eval} (one of: 0 1)")
-    chosen = protocols(env.get("EVAL_PROTOCOL") or "paper") if final_eval == "1" else ["train_val"]
-    select = env.get("SELECT") or "final"
-    if select not in ("final", "best"):
-        raise RecipeError(f"unknown SELECT={select} (one of: final best)")
-    metrics = list(dict.fromkeys((env.get("METRICS") or DEFAULT_METRIC).split()))
+def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], list[str]]:
+    """The table drivers' own switches, checked before anything runs, with the protocols tabulated
+    (``train_val`` for FINAL_EVAL=0) and the metrics (make_tables' ``--metric``)."""
+    own = switches(DriveSwitches, env)
+    chosen = chosen_protocols(own.EVAL_PROTOCOL) if own.FINAL_EVAL else ["train_val"]
+    metrics = list(dict.fromkeys(own.METRICS.split()))
     for metric in metrics:
         try:
             check_metric(metric)
         except ValueError as err:
             raise RecipeError(f"METRICS: {err}") from None
-    if final_eval == "0" and metrics != [DEFAULT_METRIC]:
+    if not own.FINAL_EVAL and metrics != [DEFAULT_METRIC]:
         raise RecipeError(f"METRICS={' '.join(metrics)} needs FINAL_EVAL=1: a run's own validations hold pass@1 only")
-    return final_eval, chosen, select, metrics
+    return own, chosen, metrics
 
 
 def drive(
@@ -303,7 +302,8 @@ def drive(
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)
     check_driver_overrides(overrides)
-    final_eval, chosen, select, metrics = table_switches(env)
+    own, chosen, metrics = table_switches(env)
+    modes = switches(Modes, env)
     runs = experiments(table, env, overrides)
     if listing:
         print("section\tmethod\texperiment\tresults\tcommand")
@@ -311,7 +311,7 @@ def drive(
             results = ",".join(e.result(p) for p in chosen)
             print(f"{e.row.section}\t{e.row.method}\t{e.name}\t{results}\t{e.command()}")
         return 0
-    dry = _flag(env, "DRY_RUN") or _flag(env, "PRINT_OVERRIDES")
+    dry = modes.dry
     run_one = run_one or _train
     untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
     for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
@@ -325,16 +325,16 @@ def drive(
         if os.path.isfile(done):
             log(f"== {e.name}: trained before, not run again")
         elif dry:
-            failed += _show(e, env)
+            failed += _show(e, modes)
         else:
             log(f"== {e.name}: {' '.join(e.words)}")
             if run_one(e.spec) != 0:
                 failed.append(f"{e.name} (training)")
                 continue
             Path(done).touch()
-        if final_eval != "1":
+        if not own.FINAL_EVAL:
             continue
-        command = ["env", f"EVAL_PROTOCOL={env.get('EVAL_PROTOCOL') or 'paper'}",
+        command = ["env", f"EVAL_PROTOCOL={own.EVAL_PROTOCOL}",
                    f"EVAL_DIR={os.path.join(e.spec.shared.paths.work, 'eval', e.name)}",
                    python(), "-m", RECIPES, "eval", e.spec.ckpt_dir]  # fmt: skip
         if all(os.path.isfile(e.result(p)) for p in chosen):
@@ -343,10 +343,10 @@ def drive(
             log(f"DRY_RUN: would evaluate: {shlex.join(command)}")
         elif execute(command) != 0:
             failed.append(f"{e.name} (evaluation)")
-    results = os.path.join(env.get("RESULTS_DIR") or os.path.join(runs[0].spec.shared.paths.work, "results"),
+    results = os.path.join(own.RESULTS_DIR or os.path.join(runs[0].spec.shared.paths.work, "results"),
                            f"rw_{runs[0].spec.shared.reward}-bl_{runs[0].spec.shared.baselines}")  # fmt: skip
     for protocol in chosen:
-        command = [python(), "-m", f"{RECIPES}.make_tables", "--table", name, "--select", select,
+        command = [python(), "-m", f"{RECIPES}.make_tables", "--table", name, "--select", own.SELECT,
                    "--out", os.path.join(results, protocol)]  # fmt: skip
         command += [f"{e.row.section}/{e.row.method}={e.result(protocol)}" for e in runs]
         command += ["--metric", *metrics] if metrics != [DEFAULT_METRIC] else []  # last: it takes every word after it
@@ -365,7 +365,7 @@ def _train(spec: RunSpec) -> int:
     return execute(spec.command())
 
 
-def _show(e: Experiment, env: Mapping[str, str]) -> list[str]:
+def _show(e: Experiment, modes: Modes) -> list[str]:
     """A dry run's block for one run; the failure to report, if its pre-flight refused it."""
     spec = e.spec
     log(f"== {e.name} ({e.row.section} / {e.row.method}), dry run")
@@ -373,11 +373,11 @@ def _show(e: Experiment, env: Mapping[str, str]) -> list[str]:
     log(f"   preset {spec.algo} (BASELINES={spec.shared.baselines}): {differences(spec) or 'the shared setup'}")
     for command in spec.preparation():
         log(f"   would prepare data: {shlex.join(command)}")
-    if _flag(env, "PRINT_OVERRIDES"):
+    if modes.PRINT_OVERRIDES:
         print("\n".join(spec.overrides()))
         return []
     passed, line, config = preflight_summary(spec)
     log(f"   pre-flight: {line}")
-    if passed and _flag(env, "SHOW_CONFIG"):
+    if passed and modes.SHOW_CONFIG:
         print(f"# {e.name}\n{config}")
     return [] if passed else [f"{e.name} (pre-flight)"]
