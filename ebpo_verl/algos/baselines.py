@@ -42,16 +42,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import (
-    Groups,
-    group_rows,
-    off_level_rows,
-    reward_levels,
-    scatter_rows,
-    sorted_sum,
-    standardise,
-    unpadded,
-)
+from ebpo_verl.algos.grouping import group_rows, pass_levels, scatter_rows, sorted_sum, standardise, unpadded
 from ebpo_verl.algos.jspo import compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
@@ -95,15 +86,8 @@ def bnpo_beta_parameters(pass_rates: torch.Tensor) -> tuple[float, float]:
     return 1.0 + a / 3.0, 1.0 + b / 3.0
 
 
-def _pass_levels(g: Groups) -> tuple[float, float]:
-    """(lowest level, span) mapping rewards to pass rates: [0, 1] -> (0, 1), the paper's -1/+1 -> (-1, 2)."""
-    r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is not None:
-        return levels
-    offenders = g.keys_of(off_level_rows(r, fractions=True))
-    values = torch.unique(g.r).tolist()
-    raise ValueError(
+def _bnpo_refusal(values: list[float], offenders: list[str]) -> str:
+    return (
         f"bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
         f"two-level -1/+1 reward, but this batch has reward values {values[:8]}{' ...' if len(values) > 8 else ''} "
         f"(uid(s) {offenders[:20]}). Such values come from a shaped or rescaled reward: "
@@ -126,7 +110,7 @@ def compute_bnpo_advantages(
     g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
     if len(g.keys) == 0:
         return Advantages(scatter_rows(scores, g, g.r), {})
-    lo, span = _pass_levels(g)
+    lo, span = pass_levels(g, _bnpo_refusal)
     if span != 1.0:  # -1/+1 -> pass indicator 0/1; group means and variances follow exactly (affine map)
         g.r, g.mean, g.var = (g.r - lo) / span, (g.mean - lo) / span, g.var / (span * span)
     alpha, beta = bnpo_beta_parameters(g.mean)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, off_level_rows, reward_levels, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, ints, is_real, option, reals, resume_option
 
@@ -106,16 +106,15 @@ class HADWState:
 
 def pass_rates(g: Groups) -> torch.Tensor:
     """The valid rows' rewards as pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2; others raise."""
-    r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is None:
-        bad = g.keys_of(off_level_rows(r, fractions=True))
-        raise ValueError(
-            f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
-            f"have rewards {torch.unique(g.r).tolist()[:8]}; use REWARD=math or REWARD=paper without shaping"
-        )
-    lo, span = levels
+    lo, span = pass_levels(g, _ha_dw_refusal)
     return (g.r - lo) / span
+
+
+def _ha_dw_refusal(values: list[float], bad: list[str]) -> str:
+    return (
+        f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
+        f"have rewards {values[:8]}; use REWARD=math or REWARD=paper without shaping"
+    )
 
 
 def next_anchor(prior: float, y: float, step: int, history: list[float], options: HADWOptions) -> tuple[float, float]:
