@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ebpo_verl.options.parsing import OptionSection, ints, option, reals, resume_option, text
+from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, reals, resume_option, text
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,10 @@ class EBPOOptions(OptionSection):
         "1.0 keeps all history; a value in (0, 1) down-weights the history by that factor every step",
         rule=reals(0.0, 1.0, open_low=True),
     )
-    cluster_key: str | None = option(
-        None,
+    cluster_key: str | None = nullable(
         "name of a per-prompt label (e.g. topic); one set of statistics per label, blended toward the global prior "
         "with weight min(1, prompts_in_label / min_cluster_prompts)",
-        choices=(None,),
-        rule=text("a label name"),
+        text("a label name"),
     )
     min_cluster_prompts: int = option(64, "prompts a label needs before its own prior is used unblended", rule=ints(0))
     epsilon: float = option(

@@ -38,7 +38,7 @@ import torch
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.options.parsing import OptionSection, ints, is_real, option, reals, resume_option
+from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
 
 UPDATES = ("adaptive", "hard")
 STATE_VERSION = 1
@@ -63,10 +63,9 @@ class HADWOptions(OptionSection):
         8, "adaptive: anchors in the std buffer, and warm-up steps of running mean (ours; unstated)", rule=ints(2)
     )
     hard_horizon: int = option(10, "hard: h in C = ((h-1)/h) C + y/h (ours; unstated)", rule=ints(1))
-    anchor_init: float | None = option(
-        None, "C0, step 1's anchor; null: the first batch's mean pass rate (ours; unstated)", choices=(None,),
-        rule=reals(0.0, 1.0),
-    )  # fmt: skip
+    anchor_init: float | None = nullable(
+        "C0, step 1's anchor; null: the first batch's mean pass rate (ours; unstated)", reals(0.0, 1.0)
+    )
     epsilon: float = option(1e-6, "GRPO's std epsilon (verl's 1e-6)", rule=reals(0.0, open_low=True))
     on_resume_mismatch: str = resume_option(
         "a resume whose options differ from the checkpoint's: error, reset or keep, as algorithm.spo.on_resume_mismatch"
