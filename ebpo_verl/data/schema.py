@@ -280,6 +280,12 @@ MAX_PROBLEM_CHARS = 32_768
 OlympiadBench problem with its context, has 4,415 characters); a longer one is an invalid row."""
 
 
+def verbatim(row: dict[str, Any], problem: tuple[str, ...], answer: tuple[str, ...]) -> dict[str, str]:
+    """An evaluation set's ``raw_problem`` and ``raw_answer``: the first present column of ``problem`` and of
+    ``answer``, unmodified (as ``str``)."""
+    return {"raw_problem": str(pick(row, problem)), "raw_answer": str(pick(row, answer))}
+
+
 def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None, numbers: bool = False) -> str:
     """A non-empty string from the first present column of ``names``; InvalidRowError otherwise.
 
