@@ -106,6 +106,13 @@ def option(
     return field(default=default, metadata=metadata)
 
 
+def one_of(**meanings: str) -> Any:
+    """The declaration of an option that takes one of the words of ``meanings`` (in order; the first is the
+    default), its help ``word (meaning) | ...`` (a word whose meaning is empty stands alone)."""
+    help = " | ".join(f"{word} ({meaning})" if meaning else word for word, meaning in meanings.items())
+    return option(next(iter(meanings)), help, choices=tuple(meanings))
+
+
 def nullable(help: str, rule: Rule) -> Any:
     """The declaration of an option whose default is null (``help`` says what null means) and that otherwise takes
     what ``rule`` accepts."""
