@@ -42,11 +42,11 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import group_rows, pass_levels, scatter_rows, sorted_sum, standardise, unpadded
+from ebpo_verl.algos.grouping import group_rows, pass_levels, scatter_rows, sorted_sum, standardise
 from ebpo_verl.algos.jspo import compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.algos.tracker import PromptTracker, prompt_key_option, require_prompt_keys
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -142,11 +142,9 @@ class SPOOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.spo"
 
-    prompt_key: str = option(
-        "index",
+    prompt_key: str = prompt_key_option(
         "the extra_info field that identifies a prompt across steps (default index, the row index ebpo_verl.data "
-        "writes; it must be unique per prompt over the training files)",
-        rule=text("an extra_info field name"),
+        "writes; it must be unique per prompt over the training files)"
     )
     rho: float = option(0.9, "the tracker's discount per update", rule=reals(0.0, 1.0, open_low=True, open_high=True))
     n0: float = option(
@@ -215,7 +213,7 @@ class SPOEstimator(Estimator):
 
     def compute(self, batch: Batch) -> Advantages:
         keys = require_prompt_keys(batch.row_values, "spo", "tracker", self.options.prompt_key)
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_spo_advantages(batch.scores, keys, valid, self.options, self.state)
 
 

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum, unpadded
+from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.algos.tracker import PromptTracker, prompt_key_option, require_prompt_keys
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,8 @@ class DBBOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.dbb"
 
-    prompt_key: str = option(
-        "index",
-        "the extra_info field that identifies a prompt across steps (unique per prompt; index)",
-        rule=text("an extra_info field name"),
+    prompt_key: str = prompt_key_option(
+        "the extra_info field that identifies a prompt across steps (unique per prompt; index)"
     )
     discount: float = option(
         0.75,
@@ -141,7 +139,7 @@ class DBBEstimator(Estimator):
 
     def compute(self, batch: Batch) -> Advantages:
         keys = require_prompt_keys(batch.row_values, "dbb", "posterior", self.options.prompt_key)
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_dbb_advantages(batch.scores, keys, valid, self.options, self.state)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from ebpo_verl.algos.ebpo_state import Moments
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum, unpadded
+from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
 
@@ -137,7 +137,7 @@ class RunningNormEstimator(Estimator):
                     "algorithm.running_norm.row_key=null for one global accumulator"
                 )
             domains = batch.row_values
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_running_norm_advantages(batch.scores, domains, valid, self.options, self.state)
 
 
