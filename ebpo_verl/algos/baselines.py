@@ -42,20 +42,11 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import (
-    Groups,
-    group_rows,
-    off_level_rows,
-    reward_levels,
-    scatter_rows,
-    sorted_sum,
-    standardise,
-    unpadded,
-)
+from ebpo_verl.algos.grouping import group_rows, pass_levels, scatter_rows, sorted_sum, standardise
 from ebpo_verl.algos.jspo import compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.algos.tracker import PromptTracker, prompt_key_option, require_prompt_keys
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -95,15 +86,8 @@ def bnpo_beta_parameters(pass_rates: torch.Tensor) -> tuple[float, float]:
     return 1.0 + a / 3.0, 1.0 + b / 3.0
 
 
-def _pass_levels(g: Groups) -> tuple[float, float]:
-    """(lowest level, span) mapping rewards to pass rates: [0, 1] -> (0, 1), the paper's -1/+1 -> (-1, 2)."""
-    r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is not None:
-        return levels
-    offenders = g.keys_of(off_level_rows(r, fractions=True))
-    values = torch.unique(g.r).tolist()
-    raise ValueError(
+def _bnpo_refusal(values: list[float], offenders: list[str]) -> str:
+    return (
         f"bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
         f"two-level -1/+1 reward, but this batch has reward values {values[:8]}{' ...' if len(values) > 8 else ''} "
         f"(uid(s) {offenders[:20]}). Such values come from a shaped or rescaled reward: "
@@ -126,7 +110,7 @@ def compute_bnpo_advantages(
     g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
     if len(g.keys) == 0:
         return Advantages(scatter_rows(scores, g, g.r), {})
-    lo, span = _pass_levels(g)
+    lo, span = pass_levels(g, _bnpo_refusal)
     if span != 1.0:  # -1/+1 -> pass indicator 0/1; group means and variances follow exactly (affine map)
         g.r, g.mean, g.var = (g.r - lo) / span, (g.mean - lo) / span, g.var / (span * span)
     alpha, beta = bnpo_beta_parameters(g.mean)
@@ -158,11 +142,9 @@ class SPOOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.spo"
 
-    prompt_key: str = option(
-        "index",
+    prompt_key: str = prompt_key_option(
         "the extra_info field that identifies a prompt across steps (default index, the row index ebpo_verl.data "
-        "writes; it must be unique per prompt over the training files)",
-        rule=text("an extra_info field name"),
+        "writes; it must be unique per prompt over the training files)"
     )
     rho: float = option(0.9, "the tracker's discount per update", rule=reals(0.0, 1.0, open_low=True, open_high=True))
     n0: float = option(
@@ -231,7 +213,7 @@ class SPOEstimator(Estimator):
 
     def compute(self, batch: Batch) -> Advantages:
         keys = require_prompt_keys(batch.row_values, "spo", "tracker", self.options.prompt_key)
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_spo_advantages(batch.scores, keys, valid, self.options, self.state)
 
 

@@ -31,18 +31,10 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import (
-    Groups,
-    group_rows,
-    off_level_rows,
-    reward_levels,
-    scatter_rows,
-    sorted_sum,
-    unpadded,
-)
+from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.algos.tracker import PromptTracker, require_prompt_keys
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.algos.tracker import PromptTracker, prompt_key_option, require_prompt_keys
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 
 @dataclass(frozen=True)
@@ -51,10 +43,8 @@ class DBBOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.dbb"
 
-    prompt_key: str = option(
-        "index",
-        "the extra_info field that identifies a prompt across steps (unique per prompt; index)",
-        rule=text("an extra_info field name"),
+    prompt_key: str = prompt_key_option(
+        "the extra_info field that identifies a prompt across steps (unique per prompt; index)"
     )
     discount: float = option(
         0.75,
@@ -84,15 +74,14 @@ class DBBState(PromptTracker):
 
 def _successes(g: Groups) -> tuple[torch.Tensor, float]:
     """Rewards as successes x in [0, 1] and the reward span (1, or 2 for the paper's -1/+1 reward)."""
-    r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is not None:
-        lo, span = levels
-        return (g.r if span == 1.0 else (g.r - lo) / span), span
-    bad = g.keys_of(off_level_rows(r, fractions=True))
-    raise ValueError(
+    lo, span = pass_levels(g, _dbb_refusal)
+    return (g.r if span == 1.0 else (g.r - lo) / span), span
+
+
+def _dbb_refusal(values: list[float], bad: list[str]) -> str:
+    return (
         f"dbb needs 0/1 rewards (a Beta-Bernoulli posterior counts successes; values in [0, 1] count as fractions) "
-        f"or the paper's -1/+1 reward; prompt key(s) {bad[:20]} have rewards {torch.unique(g.r).tolist()[:8]}. "
+        f"or the paper's -1/+1 reward; prompt key(s) {bad[:20]} have rewards {values[:8]}. "
         "Use REWARD=math or REWARD=paper without shaping (no use_kl_in_reward, no overlong/format penalty)."
     )
 
@@ -150,7 +139,7 @@ class DBBEstimator(Estimator):
 
     def compute(self, batch: Batch) -> Advantages:
         keys = require_prompt_keys(batch.row_values, "dbb", "posterior", self.options.prompt_key)
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_dbb_advantages(batch.scores, keys, valid, self.options, self.state)
 
 

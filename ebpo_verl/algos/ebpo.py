@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ebpo_verl.options.parsing import OptionSection, ints, option, reals, resume_option, text
+from ebpo_verl.options.parsing import OptionSection, ints, nullable, one_of, option, reals, resume_option, text
 
 
 @dataclass(frozen=True)
@@ -17,44 +17,33 @@ class EBPOOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.ebpo"
 
-    prior: str = option(
-        "gaussian",
-        "gaussian | beta_binomial (EBPO-BB of the v2 draft; needs a two-level reward, 0/1 or -1/+1; with "
-        "stats_scope=history always fitted on earlier batches only, Beta(1,1) warm-up; with stats_scope=batch "
-        "fitted on the current batch)",
-        choices=("gaussian", "beta_binomial"),
+    prior: str = one_of(
+        gaussian="",
+        beta_binomial="EBPO-BB of the v2 draft; needs a two-level reward, 0/1 or -1/+1; with stats_scope=history "
+        "always fitted on earlier batches only, Beta(1,1) warm-up; with stats_scope=batch fitted on the current batch",
     )
-    stats_scope: str = option(
-        "history",
-        "history (Welford statistics persist across steps) | batch (the authors' released code exactly: current "
-        "batch only, mu_glob = mean of the group means, no eps in the shrinkage denominator and S = 1 where it is "
-        "<= epsilon, norm=none still subtracts the batch mean)",
-        choices=("history", "batch"),
+    stats_scope: str = one_of(
+        history="Welford statistics persist across steps",
+        batch="the authors' released code exactly: current batch only, mu_glob = mean of the group means, no eps in "
+        "the shrinkage denominator and S = 1 where it is <= epsilon, norm=none still subtracts the batch mean",
     )
-    sigma2: str = option(
-        "total",
-        "total (population variance of all rewards seen) | within (running mean of per-prompt unbiased "
-        "within-group variances; groups of one contribute nothing)",
-        choices=("total", "within"),
+    sigma2: str = one_of(
+        total="population variance of all rewards seen",
+        within="running mean of per-prompt unbiased within-group variances; groups of one contribute nothing",
     )
-    tau2: str = option(
-        "raw",
-        "raw (population variance of the group means seen) | debiased (raw minus the expected sampling noise "
-        "sigma^2 * mean(1/G), floored at 0)",
-        choices=("raw", "debiased"),
+    tau2: str = one_of(
+        raw="population variance of the group means seen",
+        debiased="raw minus the expected sampling noise sigma^2 * mean(1/G), floored at 0",
     )
-    merge: str = option(
-        "before",
-        "before (merge the batch into the statistics, then compute its advantages) | after (use only earlier "
-        "batches; on the first step, with no history, the current batch)",
-        choices=("before", "after"),
+    merge: str = one_of(
+        before="merge the batch into the statistics, then compute its advantages",
+        after="use only earlier batches; on the first step, with no history, the current batch",
     )
-    norm: str = option(
-        "batch",
-        "batch ((A - mean_batch A) / (std_batch A + eps), unbiased std) | group (A / (sqrt((1-S) s_q^2 + S sigma^2) "
-        "+ eps); at S=0 this is verl's grpo for groups of two or more: a group of one gets 0, where grpo returns "
-        "its raw reward) | none",
-        choices=("batch", "group", "none"),
+    norm: str = one_of(
+        batch="(A - mean_batch A) / (std_batch A + eps), unbiased std",
+        group="A / (sqrt((1-S) s_q^2 + S sigma^2) + eps); at S=0 this is verl's grpo for groups of two or more: a "
+        "group of one gets 0, where grpo returns its raw reward",
+        none="",
     )
     shrinkage: str | float = option(
         "auto",
@@ -67,12 +56,10 @@ class EBPOOptions(OptionSection):
         "1.0 keeps all history; a value in (0, 1) down-weights the history by that factor every step",
         rule=reals(0.0, 1.0, open_low=True),
     )
-    cluster_key: str | None = option(
-        None,
+    cluster_key: str | None = nullable(
         "name of a per-prompt label (e.g. topic); one set of statistics per label, blended toward the global prior "
         "with weight min(1, prompts_in_label / min_cluster_prompts)",
-        choices=(None,),
-        rule=text("a label name"),
+        text("a label name"),
     )
     min_cluster_prompts: int = option(64, "prompts a label needs before its own prior is used unblended", rule=ints(0))
     epsilon: float = option(

@@ -15,6 +15,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
+from ebpo_verl.algos.grouping import unpadded
+
 
 class Batch(NamedTuple):
     """One step's inputs: ``scores`` (bs,), prompt uids ``index``, ``valid`` False for padding rows,
@@ -26,6 +28,11 @@ class Batch(NamedTuple):
     valid: torch.Tensor
     row_values: np.ndarray | None = None
     pad_prefix: str | None = None
+
+    def unpadded_valid(self) -> torch.Tensor:
+        """``valid`` on the CPU less the rows whose uid starts with ``pad_prefix`` (:func:`grouping.unpadded`), for
+        estimators that group by another key than the uid."""
+        return unpadded(self.valid, self.index, self.pad_prefix)
 
 
 class Advantages(NamedTuple):

@@ -8,7 +8,7 @@ the rows nor on the key strings (a resumed run sees fresh uids).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,17 @@ class Groups:
     def keys_of(self, rows: np.ndarray) -> list[str]:
         """Sorted distinct keys of the valid rows selected by the bool mask ``rows`` (for error messages)."""
         return sorted(set(self.keys[self.row_group.numpy()[rows]].tolist()))
+
+
+def pass_levels(g: Groups, refusal: Callable[[list[float], list[str]], str]) -> tuple[float, float]:
+    """(lowest level, span) of a reward read as pass rates: any value in [0, 1] -> (0, 1), the paper's -1/+1 ->
+    (-1, 2); any other reward raises ValueError(``refusal(its distinct values, the keys of the groups holding the
+    values off those levels)``), the estimator's own message."""
+    r = g.r.numpy()
+    levels = reward_levels(r, fractions=True)
+    if levels is not None:
+        return levels
+    raise ValueError(refusal(torch.unique(g.r).tolist(), g.keys_of(off_level_rows(r, fractions=True))))
 
 
 def group_rows(

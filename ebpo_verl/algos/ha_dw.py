@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, off_level_rows, reward_levels, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.options.parsing import OptionSection, ints, is_real, option, reals, resume_option
+from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
 
 UPDATES = ("adaptive", "hard")
 STATE_VERSION = 1
@@ -63,10 +63,9 @@ class HADWOptions(OptionSection):
         8, "adaptive: anchors in the std buffer, and warm-up steps of running mean (ours; unstated)", rule=ints(2)
     )
     hard_horizon: int = option(10, "hard: h in C = ((h-1)/h) C + y/h (ours; unstated)", rule=ints(1))
-    anchor_init: float | None = option(
-        None, "C0, step 1's anchor; null: the first batch's mean pass rate (ours; unstated)", choices=(None,),
-        rule=reals(0.0, 1.0),
-    )  # fmt: skip
+    anchor_init: float | None = nullable(
+        "C0, step 1's anchor; null: the first batch's mean pass rate (ours; unstated)", reals(0.0, 1.0)
+    )
     epsilon: float = option(1e-6, "GRPO's std epsilon (verl's 1e-6)", rule=reals(0.0, open_low=True))
     on_resume_mismatch: str = resume_option(
         "a resume whose options differ from the checkpoint's: error, reset or keep, as algorithm.spo.on_resume_mismatch"
@@ -106,16 +105,15 @@ class HADWState:
 
 def pass_rates(g: Groups) -> torch.Tensor:
     """The valid rows' rewards as pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2; others raise."""
-    r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is None:
-        bad = g.keys_of(off_level_rows(r, fractions=True))
-        raise ValueError(
-            f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
-            f"have rewards {torch.unique(g.r).tolist()[:8]}; use REWARD=math or REWARD=paper without shaping"
-        )
-    lo, span = levels
+    lo, span = pass_levels(g, _ha_dw_refusal)
     return (g.r - lo) / span
+
+
+def _ha_dw_refusal(values: list[float], bad: list[str]) -> str:
+    return (
+        f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
+        f"have rewards {values[:8]}; use REWARD=math or REWARD=paper without shaping"
+    )
 
 
 def next_anchor(prior: float, y: float, step: int, history: list[float], options: HADWOptions) -> tuple[float, float]:

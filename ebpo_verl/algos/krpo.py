@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, scatter_rows, sorted_sum, unpadded
+from ebpo_verl.algos.grouping import Groups, group_rows, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.options.parsing import OptionSection, is_int, is_missing, option, reals
 
@@ -170,7 +170,7 @@ class KRPOEstimator(Estimator):
                     "passes it, or set algorithm.krpo.order=rows to filter in the batch's row order"
                 )
             sample_index = batch.row_values
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_krpo_advantages(batch.scores, batch.index, valid, self.options, sample_index)
 
 

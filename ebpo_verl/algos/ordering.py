@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ebpo_verl.options.parsing import OptionSection, ints, is_missing, option, text
+from ebpo_verl.options.parsing import OptionSection, ints, is_missing, nullable, option, text
 
 ORDERS = ("native", "random", "topic", "difficulty")
 MISSING = ("error", "last")
@@ -55,25 +55,19 @@ class CurriculumOptions(OptionSection):
         "batches at the end of the epoch; null means true for topic",
         choices=(True, False, None),
     )
-    block_size: int | None = option(
-        None,
+    block_size: int | None = nullable(
         "topic only; chunk size (prompts) to interleave topics; with align, a multiple of data.train_batch_size; "
         "null: one block per topic",
-        choices=(None,),
-        rule=ints(1),
+        ints(1),
     )
     topic_key: str = option("topic", "extra_info field holding the topic label", rule=text("a non-empty string"))
-    difficulty_key: str | None = option(
-        None,
+    difficulty_key: str | None = nullable(
         "extra_info field holding the difficulty; null means pass_rate when any row has it (higher = easier), "
         "otherwise difficulty (lower = easier)",
-        choices=(None,),
-        rule=text("a non-empty string"),
+        text("a non-empty string"),
     )
     descending: bool = option(False, "difficulty only; hard -> easy instead", choices=(True, False))
-    seed: int | None = option(
-        None, "seed of every shuffle; null means data.seed (0 when that is null too)", choices=(None,), rule=ints(0)
-    )
+    seed: int | None = nullable("seed of every shuffle; null means data.seed (0 when that is null too)", ints(0))
     missing: str = option(
         "error", "error (a row without the label is refused) | last (such rows go to the end)", choices=MISSING
     )

@@ -21,9 +21,9 @@ import torch
 
 from ebpo_verl.algos.ebpo_state import Moments
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum, unpadded
+from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
 
 STATE_VERSION = 1
 GLOBAL = "(all)"
@@ -36,12 +36,10 @@ class RunningNormOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.running_norm"
 
-    row_key: str | None = option(
-        None,
+    row_key: str | None = nullable(
         "the extra_info field naming each row's domain (e.g. topic, data_source), one accumulator per value; "
         "null: one global accumulator. A field needs ebpo-train (stock main_ppo passes no per-row fields)",
-        choices=(None,),
-        rule=text("an extra_info field name"),
+        text("an extra_info field name"),
     )
     epsilon: float = option(
         1e-6, "added to the running std in the division (ROLL: 1e-6)", rule=reals(0.0, open_low=True)
@@ -139,7 +137,7 @@ class RunningNormEstimator(Estimator):
                     "algorithm.running_norm.row_key=null for one global accumulator"
                 )
             domains = batch.row_values
-        valid = unpadded(batch.valid, batch.index, batch.pad_prefix)
+        valid = batch.unpadded_valid()
         return compute_running_norm_advantages(batch.scores, domains, valid, self.options, self.state)
 
 

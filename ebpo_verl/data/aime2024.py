@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, pick, require_text, source_id
+from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, require_text, source_id, verbatim
 
 NAME = "aime2024"
 
@@ -32,8 +32,7 @@ def aime_example(row: dict[str, Any], i: int) -> Example:
         problem=require_text(row, ("problem", "Problem", "question"), field="problem"),
         answer=aime_answer(row),
         source_id=source_id(row, ("ID", "id", "problem_idx", "url"), i),
-        raw_problem=str(pick(row, ("problem", "Problem", "question"))),
-        raw_answer=str(pick(row, ("answer", "Answer"))),
+        **verbatim(row, ("problem", "Problem", "question"), ("answer", "Answer")),
     )
 
 

@@ -17,7 +17,7 @@ from typing import ClassVar
 from ebpo_verl.data import DATASETS
 from ebpo_verl.data.schema import PATH, TEMPLATES, DataPrepError, check_hub
 from ebpo_verl.options.cli import parse
-from ebpo_verl.options.parsing import OptionSection, option
+from ebpo_verl.options.parsing import OptionSection, nullable, option
 
 LOCAL_FILES = {
     "dapo_math": "dapo_math_sample.jsonl",
@@ -79,13 +79,11 @@ class PrepareAllOptions(OptionSection):
     SECTION: ClassVar[str] = "all"
 
     out_dir: str = option(MISSING, "folder for the parquet files", rule=PATH)
-    local_dir: str | None = option(
-        None,
+    local_dir: str | None = nullable(
         "folder holding the datasets' files: "
         + ", ".join(f"{f} ({n})" for n, f in LOCAL_FILES.items())
         + "; null: the hub",
-        choices=(None,),
-        rule=PATH,
+        PATH,
     )
     template: str = option("dapo", "prompt template", choices=TEMPLATES)
     skip_invalid: bool = option(False, "drop invalid rows instead of failing", choices=(True, False))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ebpo_verl.data.schema import Dataset, Example, pick, require_text, source_id
+from ebpo_verl.data.schema import Dataset, Example, require_text, source_id, verbatim
 
 NAME = "amc23"
 
@@ -27,8 +27,7 @@ def convert(row: dict[str, Any], i: int) -> Example:
         problem=require_text(row, ("problem", "question"), field="problem"),
         answer=canonical_number(require_text(row, ("answer",), numbers=True)),
         source_id=source_id(row, ("id", "unique_id"), i),
-        raw_problem=str(pick(row, ("problem", "question"))),
-        raw_answer=str(pick(row, ("answer",))),
+        **verbatim(row, ("problem", "question"), ("answer",)),
     )
 
 

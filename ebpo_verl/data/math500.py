@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ebpo_verl.data.math_train import parse_level
-from ebpo_verl.data.schema import Dataset, Example, optional_text, pick, require_text, source_id
+from ebpo_verl.data.schema import Dataset, Example, optional_text, pick, require_text, source_id, verbatim
 
 NAME = "math500"
 
@@ -20,8 +20,7 @@ def convert(row: dict[str, Any], i: int) -> Example:
         source_id=source_id(row, ("unique_id", "id"), i),
         topic=optional_text(row, ("subject", "type"), "subject"),
         difficulty=parse_level(pick(row, ("level",))),
-        raw_problem=str(pick(row, ("problem", "question"))),
-        raw_answer=str(pick(row, ("answer",))),
+        **verbatim(row, ("problem", "question"), ("answer",)),
     )
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import numbers
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,7 +37,7 @@ from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write
 from ebpo_verl.options.cli import parse
-from ebpo_verl.options.parsing import OptionSection, ints, option, text
+from ebpo_verl.options.parsing import OptionSection, ints, is_finite_number, nullable, option, text
 from ebpo_verl.reward import missing_ground_truth
 
 DAPO_PREFIX = (
@@ -281,6 +280,12 @@ MAX_PROBLEM_CHARS = 32_768
 OlympiadBench problem with its context, has 4,415 characters); a longer one is an invalid row."""
 
 
+def verbatim(row: dict[str, Any], problem: tuple[str, ...], answer: tuple[str, ...]) -> dict[str, str]:
+    """An evaluation set's ``raw_problem`` and ``raw_answer``: the first present column of ``problem`` and of
+    ``answer``, unmodified (as ``str``)."""
+    return {"raw_problem": str(pick(row, problem)), "raw_answer": str(pick(row, answer))}
+
+
 def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None, numbers: bool = False) -> str:
     """A non-empty string from the first present column of ``names``; InvalidRowError otherwise.
 
@@ -310,7 +315,7 @@ def source_id(row: dict[str, Any], names: tuple[str, ...], i: int) -> str:
 def as_text(value: Any, field: str, numbers: bool = False) -> str:
     """``value`` stripped, when it is a non-empty string (or, with ``numbers``, a finite number); InvalidRowError
     naming ``field`` and the type found otherwise."""
-    if numbers and _finite_number(value):
+    if numbers and is_finite_number(value):
         return str(value)
     if not isinstance(value, str):
         kinds = "a string or a number" if numbers else "a string"
@@ -319,16 +324,6 @@ def as_text(value: Any, field: str, numbers: bool = False) -> str:
     if not text:
         raise InvalidRowError(field, "empty")
     return text
-
-
-def _finite_number(value: Any) -> bool:
-    """A finite int or float, numpy's too (not a bool; an int too large for a float is not finite)."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def _preview(value: Any) -> str:
@@ -480,17 +475,12 @@ class PrepareOptions(OptionSection):
     SECTION: ClassVar[str] = "prepare"
 
     out_dir: str = option(MISSING, "folder for <name>.parquet", rule=PATH)
-    local_path: str | None = option(
-        None,
-        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub",
-        choices=(None,),
-        rule=PATH,
+    local_path: str | None = nullable(
+        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub", PATH
     )
     template: str = option("dapo", "prompt template", choices=TEMPLATES)
     skip_invalid: bool = option(False, "drop invalid rows instead of stopping", choices=(True, False))
-    revision: str | None = option(
-        None, "hub revision (commit/tag) to pin; null: main", choices=(None,), rule=text("a revision")
-    )
+    revision: str | None = nullable("hub revision (commit/tag) to pin; null: main", text("a revision"))
     max_problem_chars: int = option(MAX_PROBLEM_CHARS, "longer problems are invalid rows", rule=ints(1))
 
 
@@ -582,7 +572,7 @@ def check_chat_prompts(prompts: list[Any], source: str | Path, column: str = "pr
 def ground_truth_problem(value: Any) -> str | None:
     """Why ``value`` cannot be a row's ground truth (:func:`~ebpo_verl.reward.missing_ground_truth`'s reasons, or
     not text: a list or a dict would reach the grader as its ``str``), or None when it can."""
-    if value is not None and not isinstance(value, str) and not _finite_number(value) and not _is_nan(value):
+    if value is not None and not isinstance(value, str) and not is_finite_number(value) and not _is_nan(value):
         return f"not text: {type(value).__name__}"
     return missing_ground_truth(value)
 

@@ -83,6 +83,15 @@ class EngineSpec:
     worker_env: tuple[dict[str, str], ...] = field(default=())  # per worker: CUDA_VISIBLE_DEVICES or CPU binding
 
 
+VLLM_ARGS = ("model", "seed", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
+"""The fields of :class:`EngineSpec` that vLLM's ``LLM`` takes under the same name."""
+FROM_COMMAND_LINE = (
+    "max_new_tokens", "seed", "batch_size", "chunk_size", "gpu_memory_utilization", "max_model_len",
+    "tensor_parallel_size",
+)  # fmt: skip
+"""The fields of :class:`EngineSpec` that the engine options (:func:`add_engine_args`) set as they are."""
+
+
 class PromptTooLong(EvalInputError):
     """A prompt that leaves less than ``--max-new-tokens`` of room within the model length."""
 
@@ -148,14 +157,7 @@ class VLLMEngine:
         from vllm import LLM, SamplingParams
 
         self.spec, self.sampling_params = spec, SamplingParams
-        self.llm = LLM(
-            model=spec.model,
-            seed=spec.seed,
-            tensor_parallel_size=spec.tensor_parallel_size,
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            max_model_len=spec.max_model_len,
-            enforce_eager=spec.enforce_eager,
-        )
+        self.llm = LLM(**{name: getattr(spec, name) for name in VLLM_ARGS})
         unlink_engine_shm()  # no /dev/shm segment outlives the engine, however its process ends
         self.tokenizer = self.llm.get_tokenizer()
         self.model_len = int(self.llm.llm_engine.model_config.max_model_len)
@@ -475,14 +477,8 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         model=model,
         temperature=temperature,
         top_p=top_p,
-        max_new_tokens=a.max_new_tokens,
-        seed=a.seed,
-        batch_size=a.batch_size,
-        chunk_size=a.chunk_size,
-        gpu_memory_utilization=a.gpu_memory_utilization,
-        max_model_len=a.max_model_len,
-        tensor_parallel_size=a.tensor_parallel_size,
         enforce_eager=cpu if a.enforce_eager is None else a.enforce_eager,
         worker_env=envs,
+        **{name: getattr(a, name) for name in FROM_COMMAND_LINE},
     )
     return spec, workers

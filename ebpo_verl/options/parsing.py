@@ -6,7 +6,7 @@ An options section (``algorithm.ebpo``, ``algorithm.spo``, ``algorithm.dbb``, ``
 declaration come the checks (``__post_init__``: an invalid value raises however the object is built), the
 parsing of a config node (:meth:`OptionSection.from_mapping`, with one unknown-key message naming the closest
 key), the Hydra config ``ebpo-train`` composes (:mod:`ebpo_verl.trainer.config`), ``ebpo-train --help`` and the
-README's options table. Also the two value predicates the options and the data checks share. Imports nothing
+README's options table. Also the value predicates the options and the data checks share. Imports nothing
 of ebpo_verl (the bottom layer).
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
@@ -25,14 +26,19 @@ import pandas as pd
 T = TypeVar("T", bound="OptionSection")
 
 
-def is_real(x: Any) -> bool:
-    """A finite int or float (not a bool; an int too large for a float is not finite)."""
-    if not isinstance(x, (int, float)) or isinstance(x, bool):
+def is_finite_number(x: Any) -> bool:
+    """A finite real number, numpy's too (not a bool; an int too large for a float is not finite)."""
+    if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Real):
         return False
     try:
         return math.isfinite(x)
     except OverflowError:
         return False
+
+
+def is_real(x: Any) -> bool:
+    """A finite Python int or float (not a bool, not numpy's: what a parsed config holds)."""
+    return isinstance(x, int | float) and is_finite_number(x)
 
 
 def is_int(x: Any) -> bool:
@@ -98,6 +104,19 @@ def option(
     if default is MISSING:
         return field(kw_only=True, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def one_of(**meanings: str) -> Any:
+    """The declaration of an option that takes one of the words of ``meanings`` (in order; the first is the
+    default), its help ``word (meaning) | ...`` (a word whose meaning is empty stands alone)."""
+    help = " | ".join(f"{word} ({meaning})" if meaning else word for word, meaning in meanings.items())
+    return option(next(iter(meanings)), help, choices=tuple(meanings))
+
+
+def nullable(help: str, rule: Rule) -> Any:
+    """The declaration of an option whose default is null (``help`` says what null means) and that otherwise takes
+    what ``rule`` accepts."""
+    return option(None, help, choices=(None,), rule=rule)
 
 
 def resume_option(help: str) -> Any:

@@ -165,6 +165,14 @@ _KRPO = "KRPO (arXiv 2505.07527), authors' train.py"
 _ROLL = "ROLL's RunningMoments (alibaba/ROLL)"
 _RIVALS = "docs/rivals.md"
 
+
+def _module_preset(name: str, label: str, summary: str, source: str, **options: tuple[object, str]) -> Preset:
+    """The preset of an estimator of this package (module ``ebpo_verl.algos.<name>``): ``adv_estimator=<name>``,
+    cited with ``source`` and the module, then ``algorithm.<name>.<key>=value`` for each ``key=(value, source)``."""
+    estimator = _s(_EST, name, f"{source}; ebpo_verl.algos.{name}")
+    return Preset(name, label, summary, (estimator, *(_s(f"algorithm.{name}.{k}", *v) for k, v in options.items())))
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -289,14 +297,12 @@ PRESETS: dict[str, Preset] = {
             (_s(_EST, "reinforce_plus_plus_baseline", "REINFORCE++, Hu 2025 (arXiv 2501.03262)"),),
         ),
         Preset("spo", "SPO", "SPO's per-prompt Beta tracker", (_s(_EST, "spo", f"{_V2}; arXiv 2509.13232"),)),
-        Preset(
+        _module_preset(
             "dbb",
             "DBB",
             "Discounted Beta-Bernoulli per-prompt reward estimation (GRPO-DBB)",
-            (
-                _s(_EST, "dbb", f"{_DBB}; ebpo_verl.algos.dbb"),
-                _s("algorithm.dbb.discount", 0.75, f"{_DBB}, Sec. 4.2: lambda = 0.75 for Qwen3-8B"),
-            ),
+            _DBB,
+            discount=(0.75, f"{_DBB}, Sec. 4.2: lambda = 0.75 for Qwen3-8B"),
         ),
         Preset("bnpo", "BNPO", "BNPO's Beta normalisation", (_s(_EST, "bnpo", f"{_V2}; arXiv 2506.02864"),)),
         Preset(
@@ -306,44 +312,39 @@ PRESETS: dict[str, Preset] = {
             (_s(_EST, "shrinkage_js", f"{_V2}; arXiv 2511.03710"),),
         ),
         # the 2025-2026 rivals (docs/rivals.md); their options' defaults are their sources' values
-        Preset(
+        _module_preset(
             "jspo",
             "JSPO",
             "JSPO: James-Stein shrinkage baseline, the paper's formula (= shrinkage_js)",
-            (_s(_EST, "jspo", f"{_JSPO}; ebpo_verl.algos.jspo"), _s("algorithm.jspo.form", "paper", _JSPO)),
+            _JSPO,
+            form=("paper", _JSPO),
         ),
-        Preset(
+        _module_preset(
             "jspo_history",
             "JSPO-hist",
             "JSPO's history variant: weight and batch mean smoothed across steps (authors' code)",
-            (
-                _s(_EST, "jspo_history", f"{_JSPO_CODE}; ebpo_verl.algos.jspo_history"),
-                _s("algorithm.jspo_history.smoothing", 0.99, f"{_JSPO_CODE}: c = 0.99"),
-            ),
+            _JSPO_CODE,
+            smoothing=(0.99, f"{_JSPO_CODE}: c = 0.99"),
         ),
-        Preset(
+        _module_preset(
             "ha_dw",
             "HA-DW",
             "HA-DW: GRPO's advantage weighted by difficulty against a success-rate anchor",
-            (
-                _s(_EST, "ha_dw", f"{_HADW}; ebpo_verl.algos.ha_dw"),
-                _s("algorithm.ha_dw.lam_scale", 1.3, f"{_HADW}: best of the lam_scale ablation"),
-            ),
+            _HADW,
+            lam_scale=(1.3, f"{_HADW}: best of the lam_scale ablation"),
         ),
-        Preset(
+        _module_preset(
             "krpo",
             "KRPO",
             "KRPO: a Kalman filter over each group's rewards, in the rollout's sample order",
-            (
-                _s(_EST, "krpo", f"{_KRPO}; ebpo_verl.algos.krpo"),
-                _s("algorithm.krpo.order", "sample_index", f"{_RIVALS}: verl reorders rows by length"),
-            ),
+            _KRPO,
+            order=("sample_index", f"{_RIVALS}: verl reorders rows by length"),
         ),
-        Preset(
+        _module_preset(
             "running_norm",
             "RunNorm",
             "running reward normalisation: cumulative reward moments (one domain: DAPO-Math)",
-            (_s(_EST, "running_norm", f"{_ROLL}; ebpo_verl.algos.running_norm"),),
+            _ROLL,
         ),
     )
 }

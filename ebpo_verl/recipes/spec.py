@@ -19,7 +19,7 @@ from typing import ClassVar
 from omegaconf import OmegaConf
 
 from ebpo_verl.evaluate.prompts import BENCHMARKS
-from ebpo_verl.options.parsing import OptionSection, Rule, ints, option, text
+from ebpo_verl.options.parsing import OptionSection, Rule, ints, nullable, option, text
 from ebpo_verl.recipes.presets import (
     ALIASES,
     MAX_RESPONSE,
@@ -37,8 +37,6 @@ from ebpo_verl.recipes.presets import (
 BASELINES = ("paper", "canonical")
 SCHEDULE_VARS = ("TOTAL_STEPS", "TOTAL_EPOCHS", "TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")
 MODELS_DIR = Path(__file__).with_name("models")
-UNSET = (None,)
-"""The choice of a switch that may be left unset (its help says what it then is)."""
 PATH = text("a path")
 PERIOD = Rule(lambda x: x == -1 or (isinstance(x, int) and x >= 1), "a positive integer or -1 (never)")
 
@@ -65,11 +63,8 @@ class RunSwitches(OptionSection):
         choices=tuple(REWARDS),
     )
     GROUP_SIZE: int = option(4, "responses per prompt G (rollout.n); at least 2 (1 for spo)", rule=ints(1))
-    TRAIN_BATCH: int | None = option(
-        None,
-        "prompts per step (data.train_batch_size); the rivals table: 2048 / G; unset: the shared setup's 512",
-        choices=UNSET,
-        rule=ints(1),
+    TRAIN_BATCH: int | None = nullable(
+        "prompts per step (data.train_batch_size); the rivals table: 2048 / G; unset: the shared setup's 512", ints(1)
     )
     ORDER: str = option(
         "topic",
@@ -82,46 +77,27 @@ class RunSwitches(OptionSection):
         "carries extra_info.topic)",
         choices=TOPICS,
     )
-    MODEL_PATH: str | None = option(
-        None, "HF id or local path of the policy; unset: the model config's", choices=UNSET, rule=PATH
-    )
+    MODEL_PATH: str | None = nullable("HF id or local path of the policy; unset: the model config's", PATH)
     WORK_DIR: str = option("./ebpo_runs", "root of everything below (multi-node: a folder every node sees)", rule=PATH)
-    DATA_DIR: str | None = option(
-        None, "prepared parquet files (prepared when missing); unset: WORK_DIR/data", choices=UNSET, rule=PATH
+    DATA_DIR: str | None = nullable("prepared parquet files (prepared when missing); unset: WORK_DIR/data", PATH)
+    DATA_LOCAL_DIR: str | None = nullable(
+        "ebpo_verl.data.all reads the datasets from files there instead of the hub", PATH
     )
-    DATA_LOCAL_DIR: str | None = option(
-        None, "ebpo_verl.data.all reads the datasets from files there instead of the hub", choices=UNSET, rule=PATH
-    )
-    TRAIN_FILE: str | None = option(
-        None, "training parquet; unset: derived from DATA_DIR, ORDER and TOPICS", choices=UNSET, rule=PATH
-    )
-    CKPT_DIR: str | None = option(
-        None, "checkpoints go to CKPT_DIR/EXPERIMENT; unset: WORK_DIR/ckpt", choices=UNSET, rule=PATH
-    )
+    TRAIN_FILE: str | None = nullable("training parquet; unset: derived from DATA_DIR, ORDER and TOPICS", PATH)
+    CKPT_DIR: str | None = nullable("checkpoints go to CKPT_DIR/EXPERIMENT; unset: WORK_DIR/ckpt", PATH)
     KEEP_CKPTS: int = option(2, "checkpoints kept per run (~12 bytes per parameter each)", rule=ints(1))
-    LOG_DIR: str | None = option(
-        None,
-        "metrics go to LOG_DIR/EXPERIMENT/metrics.jsonl (append-only); unset: WORK_DIR/logs",
-        choices=UNSET,
-        rule=PATH,
+    LOG_DIR: str | None = nullable(
+        "metrics go to LOG_DIR/EXPERIMENT/metrics.jsonl (append-only); unset: WORK_DIR/logs", PATH
     )
     NNODES: int = option(4, "nodes of the Ray cluster", rule=ints(1))
     GPUS_PER_NODE: int = option(8, "GPUs per node", rule=ints(1))
     PROJECT: str = option("ebpo", "trainer.project_name", rule=text("a name"))
-    EXPERIMENT: str | None = option(
-        None,
-        "unset: <model>-<ALGO>-g<GROUP_SIZE>-<ORDER>-rw_<REWARD>-bl_<BASELINES>",
-        choices=UNSET,
-        rule=text("a name"),
+    EXPERIMENT: str | None = nullable(
+        "unset: <model>-<ALGO>-g<GROUP_SIZE>-<ORDER>-rw_<REWARD>-bl_<BASELINES>", text("a name")
     )
-    TOTAL_STEPS: int | None = option(
-        None, "trainer.total_training_steps (the run stops there); unset: no limit", choices=UNSET, rule=ints(1)
-    )
-    TOTAL_EPOCHS: int | None = option(
-        None,
-        "unset: TOTAL_STEPS when that is set, else 1 for ORDER=difficulty and 3 otherwise",
-        choices=UNSET,
-        rule=ints(1),
+    TOTAL_STEPS: int | None = nullable("trainer.total_training_steps (the run stops there); unset: no limit", ints(1))
+    TOTAL_EPOCHS: int | None = nullable(
+        "unset: TOTAL_STEPS when that is set, else 1 for ORDER=difficulty and 3 otherwise", ints(1)
     )
     TEST_FREQ: int = option(10, "validation period in steps (-1: never)", rule=PERIOD)
     SAVE_FREQ: int = option(10, "checkpoint period in steps (-1: never)", rule=PERIOD)
@@ -129,11 +105,8 @@ class RunSwitches(OptionSection):
         ",".join(BENCHMARKS), f"validation sets, comma separated, of {' '.join(BENCHMARKS)}", rule=text("names")
     )
     VAL_N: int = option(16, "samples per validation problem", rule=ints(1))
-    PYTHON: str | None = option(
-        None,
-        "interpreter with ebpo-verl installed; unset: python3 in the scripts, else this one",
-        choices=UNSET,
-        rule=PATH,
+    PYTHON: str | None = nullable(
+        "interpreter with ebpo-verl installed; unset: python3 in the scripts, else this one", PATH
     )
     LOGGERS: str = option("[console]", "trainer.logger, e.g. [console,wandb]", rule=text("a Hydra list"))
 

@@ -132,6 +132,22 @@ RIVAL_ESTIMATORS = ("grpo", "rloo", "otb", "ebpo", "spo", "dbb", "jspo", "bnpo",
 """Every estimator of the package beside the 2025-2026 rivals (docs/rivals.md); jspo is shrinkage_js."""
 _TUNED = tuned_lrs()
 
+
+def _tuned(name: str, estimators: tuple[str, ...], group_sizes: tuple[int, ...], seeds: int, tune_seeds: int) -> Preset:
+    """A main-table grid (no ordering table) that chooses its learning rates in the same command: every rate of
+    :data:`LR_GRID` at G = 4 x ``tune_seeds`` seeds on the validation split."""
+    return Preset(
+        name=name,
+        estimators=estimators,
+        group_sizes=group_sizes,
+        seeds=seeds,
+        order_estimators=(),
+        order_group_size=4,
+        lr_grid=lr_grid(estimators),
+        tune={"group_sizes": (4,), "seeds": tune_seeds},
+    )
+
+
 PRESETS: dict[str, Preset] = {
     # About a minute: the test suite's end-to-end run (two estimators, two group sizes, two seeds, 8 steps).
     "tiny": Preset(
@@ -150,16 +166,7 @@ PRESETS: dict[str, Preset] = {
     ),
     # The learning-rate choice of the quick preset: its estimators at every rate of their grid, G = 4, 3 seeds,
     # scored on the validation split; writes lr_tuning.json (committed as ebpo_verl/study/lr_tuning.json).
-    "tune": Preset(
-        name="tune",
-        estimators=QUICK_ESTIMATORS,
-        group_sizes=(),
-        seeds=3,
-        order_estimators=(),
-        order_group_size=4,
-        lr_grid=lr_grid(QUICK_ESTIMATORS),
-        tune={"group_sizes": (4,), "seeds": 3},
-    ),
+    "tune": _tuned("tune", QUICK_ESTIMATORS, group_sizes=(), seeds=3, tune_seeds=3),
     # The default: GRPO, EBPO, verl's Optimal Token Baseline and DBB at G in {2, 4, 8}, 4 seeds, each at the
     # learning rate the tune preset chose on the validation split (lr_tuning.json). 48 runs.
     "quick": Preset(
@@ -174,29 +181,11 @@ PRESETS: dict[str, Preset] = {
     # Everything: the eight estimators of the issue (GRPO, GRPO+BN, EBPO, EBPO as released, OTB, RLOO, SPO, DBB),
     # their learning rates chosen in the same command (4 rates x G = 4 x 2 seeds on the validation split), then
     # G in {2, 4, 8, 16} x 5 seeds on the test split. 224 runs.
-    "full": Preset(
-        name="full",
-        estimators=FULL_ESTIMATORS,
-        group_sizes=(2, 4, 8, 16),
-        seeds=5,
-        order_estimators=(),
-        order_group_size=4,
-        lr_grid=lr_grid(FULL_ESTIMATORS),
-        tune={"group_sizes": (4,), "seeds": 2},
-    ),
+    "full": _tuned("full", FULL_ESTIMATORS, group_sizes=(2, 4, 8, 16), seeds=5, tune_seeds=2),
     # The rivals (issue 39, docs/rivals.md): every estimator of the package and the 2025-2026 rivals, each at the
     # learning rate it chose on the validation split (4 rates x G = 4 x 2 seeds), then G in {2, 4, 8} x 6 seeds
     # at 128 responses per step (128 / G prompts: the equal-samples view). 312 runs.
-    "rivals": Preset(
-        name="rivals",
-        estimators=RIVAL_ESTIMATORS,
-        group_sizes=(2, 4, 8),
-        seeds=6,
-        order_estimators=(),
-        order_group_size=4,
-        lr_grid=lr_grid(RIVAL_ESTIMATORS),
-        tune={"group_sizes": (4,), "seeds": 2},
-    ),
+    "rivals": _tuned("rivals", RIVAL_ESTIMATORS, group_sizes=(2, 4, 8), seeds=6, tune_seeds=2),
 }
 
 # Wall time of the whole command on 2 otherwise idle cores (torch 2.13 CPU build), for ``--help`` and the README

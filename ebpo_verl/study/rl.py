@@ -209,27 +209,16 @@ def _advantages(
 
         values = _row_values(est, getattr(estimate, "options", None), {"topic": topics, "index": problem_ids})
         return outcome_advantages(estimate, tlr, maskf, index, values)[0]
-    fn = get_adv_estimator_fn(est.verl_name)
+    inputs: dict[str, Any] = {"token_level_rewards": tlr, "response_mask": maskf, "index": index}
     if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config
-        adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, norm_adv_by_std_in_grpo=True)
-        return adv
+        inputs["norm_adv_by_std_in_grpo"] = True
+    else:
+        inputs["config"] = OmegaConf.create({"adv_estimator": est.verl_name})
     if est.verl_name == OTB:
         if otb_inputs is None:
             raise ValueError("otb needs (old_log_probs, sum_pi_squared) of the sampled responses")
-        old_logp, spp = otb_inputs
-        config = OmegaConf.create({"adv_estimator": OTB})
-        adv, _ = fn(
-            token_level_rewards=tlr,
-            response_mask=maskf,
-            index=index,
-            config=config,
-            old_log_probs=old_logp,
-            sum_pi_squared=spp,
-            rollout_is_weights=None,
-        )
-        return adv
-    config = OmegaConf.create({"adv_estimator": est.verl_name})
-    adv, _ = fn(token_level_rewards=tlr, response_mask=maskf, index=index, config=config)
+        inputs.update(old_log_probs=otb_inputs[0], sum_pi_squared=otb_inputs[1], rollout_is_weights=None)
+    adv, _ = get_adv_estimator_fn(est.verl_name)(**inputs)
     return adv
 
 
