@@ -42,7 +42,7 @@ from ebpo_verl.evaluate.prompts import (
 from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
 from ebpo_verl.ops.provenance import provenance
 from ebpo_verl.options.cli import OneLineParser, add_options
-from ebpo_verl.options.parsing import OptionSection, ints, option, text
+from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, text
 
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
@@ -66,10 +66,8 @@ class GenerateOptions(OptionSection):
     protocol: str = option("paper", "the evaluation protocol (see above)", choices=PROTOCOLS)
     out: str = option(MISSING, "generations .jsonl (appended to; resumes)", rule=PATH)
     benchmarks: tuple[str, ...] = option(BENCHMARKS, "benchmarks to sample", choices=BENCHMARKS, metavar="NAME")
-    limit: int | None = option(
-        None, "first N problems of each benchmark (tests); null: all", choices=(None,), rule=ints(1)
-    )
-    runs: int | None = option(None, "runs per benchmark; null: the protocol's", choices=(None,), rule=ints(1))
+    limit: int | None = nullable("first N problems of each benchmark (tests); null: all", ints(1))
+    runs: int | None = nullable("runs per benchmark; null: the protocol's", ints(1))
     trust_checkpoint: bool = option(
         False,
         "merge a global_step_N checkpoint with verl's merger as it is, which unpickles its shards: runs code from the "

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from ebpo_verl.evaluate.prompts import MAX_NEW_TOKENS, EvalInputError
 from ebpo_verl.ops.shm import unlink_engine_shm
-from ebpo_verl.options.parsing import OptionSection, ints, option, reals
+from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, reals
 
 Prompt = str | list[dict[str, str]]
 ENGINES = ("vllm", "hf")
@@ -429,11 +429,11 @@ class EngineOptions(OptionSection):
     SECTION: ClassVar[str] = "engine"
 
     engine: str = option("vllm", "vllm (GPU or vLLM's CPU build) or hf", choices=ENGINES)
-    gpus: int | None = option(None, "GPUs to use; null: all visible; 0: vLLM on CPU", choices=(None,), rule=ints(0))
+    gpus: int | None = nullable("GPUs to use; null: all visible; 0: vLLM on CPU", ints(0))
     tensor_parallel_size: int = option(1, "GPUs per vLLM engine", rule=ints(1))
     workers: int = option(1, "engines when there is no GPU (hf, vllm on CPU)", rule=ints(1))
     max_new_tokens: int = option(MAX_NEW_TOKENS, "new tokens per response at most", rule=ints(1))
-    max_model_len: int | None = option(None, "model length; null: the model's", choices=(None,), rule=ints(1))
+    max_model_len: int | None = nullable("model length; null: the model's", ints(1))
     gpu_memory_utilization: float = option(0.9, "vLLM's share of each GPU's memory", rule=reals(0, 1, open_low=True))
     kv_cache_gib: int = option(4, "vLLM on CPU: KV cache per engine in GiB", rule=ints(1))
     enforce_eager: bool | None = option(

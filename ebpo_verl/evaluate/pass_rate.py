@@ -47,7 +47,7 @@ from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
-from ebpo_verl.options.parsing import OptionSection, ints, option, reals, text
+from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, reals, text
 from ebpo_verl.reward import compute_score
 
 
@@ -220,24 +220,14 @@ class PassRateOptions(OptionSection):
 
     in_path: str = option(MISSING, "prepared training parquet", rule=PATH, flag="--in")
     out_path: str = option(MISSING, "the parquet written, with extra_info.pass_rate", rule=PATH, flag="--out")
-    model: str | None = option(
-        None, "model path to generate with; null: --pass-rates", choices=(None,), rule=text("a model")
-    )
-    pass_rates: str | None = option(
-        None, "merge rates from this .jsonl/.csv instead of generating", choices=(None,), rule=PATH
-    )
+    model: str | None = nullable("model path to generate with; null: --pass-rates", text("a model"))
+    pass_rates: str | None = nullable("merge rates from this .jsonl/.csv instead of generating", PATH)
     n: int = option(16, "rollouts per problem (paper: 16)", rule=ints(1))
     temperature: float = option(1.0, "sampling temperature (paper: 1.0)", rule=reals(0))
     top_p: float = option(1.0, "nucleus sampling's top-p", rule=reals(0, 1, open_low=True))
-    generations: str | None = option(
-        None, "samples file (.jsonl, resumable); null: OUT.generations.jsonl", choices=(None,), rule=PATH
-    )
-    save_rates: str | None = option(
-        None, "also write the computed rates (source_id, pass_rate) as .jsonl", choices=(None,), rule=PATH
-    )
-    difficulty_buckets: int | None = option(
-        None, "set extra_info.difficulty to the pass-rate bucket 1..K", choices=(None,), rule=ints(1)
-    )
+    generations: str | None = nullable("samples file (.jsonl, resumable); null: OUT.generations.jsonl", PATH)
+    save_rates: str | None = nullable("also write the computed rates (source_id, pass_rate) as .jsonl", PATH)
+    difficulty_buckets: int | None = nullable("set extra_info.difficulty to the pass-rate bucket 1..K", ints(1))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ebpo_verl.evaluate.prompts import PROTOCOLS
-from ebpo_verl.options.parsing import OptionSection, option, text
+from ebpo_verl.options.parsing import OptionSection, nullable, option, text
 
 ON_OFF = (0, 1)
-UNSET = (None,)
 
 
 def _protocol() -> Any:
@@ -67,11 +66,9 @@ class DriveSwitches(OptionSection):
         "docs/evaluation.md#coverage)",
         rule=text("metrics separated by spaces"),
     )
-    RESULTS_DIR: str | None = option(
-        None,
+    RESULTS_DIR: str | None = nullable(
         "tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol>/<table>.md; unset: WORK_DIR/results",
-        choices=UNSET,
-        rule=text("a path"),
+        text("a path"),
     )
 
 
@@ -82,9 +79,7 @@ class EvalSwitches(OptionSection):
     SECTION: ClassVar[str] = ""
 
     EVAL_PROTOCOL: str = _protocol()
-    EVAL_DIR: str | None = option(
-        None,
+    EVAL_DIR: str | None = nullable(
         "where the generations and results go; unset: WORK_DIR/eval/<experiment>-step<N> (or the model folder's name)",
-        choices=UNSET,
-        rule=text("a path"),
+        text("a path"),
     )
