@@ -5,7 +5,8 @@ The acceptance test declares a toy stateful estimator (an exponential moving ave
 means as the baseline) in ONE new module, added through the entry-point group ``ebpo_verl.estimators`` (a
 temporary ``*.dist-info`` with ``entry_points.txt`` in a folder on the path): no committed file changes, and
 verl's registry, ``ebpo-train --cfg job`` and ``--help``, the generated YAML and docs tables, the recipes' ALGO
-presets and dry run, the study and the trainer's checkpoints see it.
+presets and dry run, the study and the trainer's checkpoints see it; a real ``ebpo-train`` run ships it to Ray's
+workers through ``runtime_env`` and resumes its state exactly.
 """
 
 from __future__ import annotations
