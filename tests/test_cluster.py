@@ -9,21 +9,24 @@ command:
 2. the rerun resumes from step 2; SIGSTOP of that worker inside a step-3 task; the step watchdog
    (``EBPO_STEP_TIMEOUT_S``) ends the run;
 3. the rerun resumes from step 2; SIGKILL of the second node's vLLM rollout server during step 3;
-4. the rerun resumes from step 2 and trains steps 3-4.
+4. the rerun resumes from step 2 and trains steps 3-4;
+5. copies of the step-2 checkpoint, each with a callable planted in one file (rank 1's model shard, unpickled by
+   the worker on the second node; ``data.pt``, by the trainer's process), are resumed with the same command.
 
 The script itself asserts (and fails naming the check): each faulted run exits non-zero with one line naming the
-killed/stopped process (its pid), within its bound (SIGKILL: 90 s after the kill; SIGSTOP: the step timeout +
-90 s), printed beside the bound; no process of a run is left on the cluster 30 s after it ends; the metrics log
-holds steps 1-4 once each; the node check ran on both nodes in every attempt; both checkpoints hold
+killed/stopped process (its pid), within its bound (SIGKILL: 90 s after the kill; SIGSTOP: the step timeout + 90 s),
+printed beside the bound; each planted resume exits non-zero with the one refusal line naming the planted file, its
+marker file never appears and it writes no step; no process of a run is left on the cluster 30 s after it ends; the
+metrics log holds steps 1-4 once each; the node check ran on both nodes in every attempt; both checkpoints hold
 ``actor/model_world_size_2_rank_{0,1}.pt`` and one ``ebpo_state.json``; the EB state at step 4 is the step-2 state
 merged with the batches of steps 3-4 in count, mean and M2 of every part, globally and per topic (recomputed with
 numpy from verl's rollout dump); the curriculum never repeats a block; ``evaluate generate --engine vllm`` merges
-the step-4 shards into the actor's own weights, writes benchmarks x problems x runs generations, and ``grade``
-of a copy with known answers planted equals the pass@1 recomputed from it; at the end the scans saw the Ray
-processes and vLLM's /dev/shm segments, and no process, /dev/shm entry made during the run, or temp folder is
-left. Each test below asserts the line the script prints for its part. A second, short script run (``--hold``:
-the cluster and a stand-in run) is sent SIGTERM: 30 s later nothing of it is left. A node whose ``ray start``
-fails is started again, its log's tail shown.
+the step-4 shards into the actor's own weights, writes benchmarks x problems x runs generations, and ``grade`` of a
+copy with known answers planted equals the pass@1 recomputed from it; at the end the scans saw the Ray processes and
+vLLM's /dev/shm segments, and no process, /dev/shm entry made during the run, or temp folder is left. Each test
+below asserts the line the script prints for its part. A second, short script run (``--hold``: the cluster and a
+stand-in run) is sent SIGTERM: 30 s later nothing of it is left. A node whose ``ray start`` fails is started again,
+its log's tail shown.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl.smoke import limits, scan
+from ebpo_verl.smoke import limits, planting, scan
 from tests.conftest import on_ci
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,9 +116,25 @@ def test_sigkill_of_a_rollout_server_ends_the_run_within_90s_in_one_line_naming_
 
 def test_no_process_of_a_failed_run_is_left_and_the_reruns_resume(cluster_run):
     gone = _lines(cluster_run, "[cpu_smoke] no process of the run is left")
-    assert len(gone) == 4, cluster_run.stdout[-6000:]  # after the kill, the hang, the rollout kill and the last run
+    # after the kill, the hang, the rollout kill, the last run and each planted resume
+    assert len(gone) == 4 + len(planting.NODE_PLANTS), cluster_run.stdout[-6000:]
     line = _lines(cluster_run, "[cpu_smoke] OK (two nodes)")[0]
     assert "4 attempts at world size 2, the reruns resumed from step 2" in line
+
+
+def test_a_callable_planted_in_a_world_size_2_checkpoint_is_refused_where_it_is_loaded(cluster_run):
+    """Rank 1's model shard (the second node's worker loads it) and ``data.pt`` (the trainer's process): one
+    resume each on the cluster, exit 1 with the one refusal line naming the file; the script checked that the
+    marker never appeared, no step was written and no process of the attempt was left."""
+    lines = _lines(cluster_run, "[cpu_smoke] planted callable refused at world size 2 in ")
+    assert [line.split(" in ")[1].split(" (")[0] for line in lines] == list(planting.NODE_PLANTS), lines
+    assert planting.NODE_PLANTS[0] == "actor/model_world_size_2_rank_1.pt"  # the second rank's
+    for name, line in zip(planting.NODE_PLANTS, lines, strict=True):
+        attempt = re.search(r"/(ckpt_planted_\w+)/global_step_2/", line).group(1)
+        file = re.search(r"ebpo-train: error: (\S+) pickles", line).group(1)
+        assert file.endswith(f"/{attempt}/global_step_2/{name}"), line
+        assert ", exit 1): " + planting.REFUSAL.format(file=file) + "; the marker never appeared" in line, line
+        assert "no global_step_3, no process of the attempt left" in line
 
 
 def test_two_ranks_two_shards_one_eb_state_and_the_eb_state_continues_in_every_moment_and_cluster(cluster_run):

@@ -12,16 +12,21 @@ from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copie
 - an untouched checkpoint resumes exactly as before: the resumed step-2 ``ebpo/*`` metrics and EB state equal the
   uninterrupted run's.
 
-World size 2 is checked on the files, not by a resumed two-node run: verl's checkpoint manager writes model,
-optimizer and extra-state shards at world size 2 (FSDP2, FSDP1, HSDP; gloo on CPU), whose globals must be allowed
-for their kind and which must load under the resume's patch.
+World size 2: verl's checkpoint manager writes model, optimizer and extra-state shards at world size 2 (FSDP2,
+FSDP1, HSDP; gloo on CPU), whose globals must be allowed for their kind and which must load under the resume's
+patch (below); and the two-node smoke (``cpu_smoke.sh --nodes 2 --faults``, tests/test_cluster.py) resumes its
+world-size-2 checkpoint on the cluster with a callable planted in rank 1's model shard (loaded by the worker on
+the second node) and in ``data.pt``: each refused in the one line below, its marker never made
+(``ebpo_verl/smoke/planting.py``, which plants for both).
+
+The heavy tests form their own xdist group (``resume_trust``): each run starts a Ray instance of its own (its own
+temp folder, ``RAY_ADDRESS`` dropped: ``ebpo_verl/smoke/runs.py``), so they run beside the cluster test's group.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from ebpo_verl.compat.unpickling import ALLOWED, DATALOADER, EXTRA_STATE, MODEL, OPTIMIZER, allowed
+from ebpo_verl.smoke.planting import REFUSAL, Planted, copied, plant, unsafe_globals
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {
@@ -38,33 +44,11 @@ FILES = {
     DATALOADER: "data.pt",
 }
 RUN_TIMEOUT_S = 600
-REFUSAL = (
-    "ebpo-train: error: {file} pickles posix.system, which is not a tensor or a type of this package's checkpoints, "
-    "so resuming from it would run code from the file (docs/training.md#trust); only if you trust this checkpoint "
-    "as you would trust code, set trainer.trust_checkpoint=true"
-)
-
-
-class Planted:
-    """Unpickling this runs ``touch MARKER``: what a tampered checkpoint file could carry."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def unsafe_globals(path: Path) -> set[str]:
-    """The globals a torch.save file pickles beyond torch's own allowlist, read without unpickling it."""
-    import torch
-
-    torch.serialization.clear_safe_globals()
-    return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+HEAVY = pytest.mark.heavy("resume_trust")  # an xdist group of its own: its runs use their own Ray instance
 
 
 # ------------------------------------------------------------------------ the allowlist against real files
-@pytest.mark.heavy
+@HEAVY
 @pytest.mark.slow
 def test_the_allowlist_is_what_real_checkpoints_hold(trained):
     """Every global a real checkpoint file holds is allowed for its kind, and every name of the allowlist is held
@@ -105,26 +89,10 @@ def _run(work: Path, files: dict, name: str, *extra: str) -> tuple[int, str]:
 def _copied(trained, name: str) -> Path:
     """Run ``name``'s folder holding a copy of the trained run's ``global_step_1`` as its latest checkpoint."""
     work, _ = trained
-    folder = work / f"ckpt_{name}"
-    shutil.copytree(work / "ckpt_a" / "global_step_1", folder / "global_step_1")
-    (folder / "latest_checkpointed_iteration.txt").write_text("1")
-    return folder / "global_step_1"
+    return copied(work / "ckpt_a" / "global_step_1", work / f"ckpt_{name}")
 
 
-def _plant(path: Path, marker: Path) -> None:
-    """``path`` (a torch.save dict) re-saved with one more entry that runs ``touch marker`` when unpickled."""
-    import torch
-
-    from ebpo_verl.compat.unpickling import only_globals
-
-    with only_globals(ALLOWED):
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    state["planted"] = Planted(marker)
-    torch.save(state, path)
-    assert "posix.system" in unsafe_globals(path)
-
-
-@pytest.mark.heavy
+@HEAVY
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER])
 def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind):
@@ -132,7 +100,7 @@ def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind)
     name = "p" + kind.split()[0]
     step = _copied(trained, name)
     marker = work / f"MARKER-{name}"
-    _plant(step / FILES[kind], marker)
+    plant(step / FILES[kind], marker)
     code, log = _run(*trained, name)
     errors = [line for line in log.splitlines() if "ebpo-train: error" in line or "Traceback" in line]
     assert code == 1 and errors == [REFUSAL.format(file=step / FILES[kind])], log[-4000:]
@@ -140,7 +108,7 @@ def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind)
     assert not (step.parent / "global_step_2").exists()  # nothing trained
 
 
-@pytest.mark.heavy
+@HEAVY
 @pytest.mark.slow
 def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
     """The switch's warning is literal: the planted callable (in the extra state, which verl reads by key) runs,
@@ -148,14 +116,14 @@ def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
     work, _ = trained
     step = _copied(trained, "trusted")
     marker = work / "MARKER-trusted"
-    _plant(step / FILES[EXTRA_STATE], marker)
+    plant(step / FILES[EXTRA_STATE], marker)
     code, log = _run(*trained, "trusted", "trainer.trust_checkpoint=true")
     assert code == 0, log[-4000:]
     assert marker.exists()
     assert (step.parent / "global_step_2" / "ebpo_state.json").is_file()
 
 
-@pytest.mark.heavy
+@HEAVY
 @pytest.mark.slow
 def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(trained):
     """Resumed from the uninterrupted run's step 1, step 2's ``ebpo/*`` metrics and saved EB state equal it."""

@@ -9,7 +9,8 @@ Qwen3 and tokenizer, prepares 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 pro
   with ``--vllm`` run C resumes A's step 2 with verl's vLLM rollout. ``--device cuda``: the same on a GPU.
 * ``--nodes 2 [--faults]``: a two-node Ray cluster, verl at world size 2 with vLLM; the faults (SIGKILL of a
   rank, SIGSTOP of it, SIGKILL of a rollout server) each end an attempt within their bound; the reruns resume;
-  then the evaluation of the last checkpoint.
+  resumes from copies of the step-2 checkpoint with a callable planted (rank 1's model shard, ``data.pt``) are
+  refused; then the evaluation of the last checkpoint.
 * ``--hold [--stand-in]``: start, then wait to be stopped (the SIGTERM test).
 
 Modules, importable by tests and by the random-kill campaign:
@@ -20,6 +21,7 @@ Modules, importable by tests and by the random-kill campaign:
 * :mod:`.cluster` -- :class:`.cluster.LocalCluster` (``ray start`` x 2, stop with leak checks);
 * :mod:`.faults` -- :class:`.faults.Fault` (inject with a deadline, check the end against its bound),
   :func:`.faults.bound_s`, :func:`.faults.check_end`;
+* :mod:`.planting` -- a callable planted in a checkpoint file (:func:`.planting.plant`), the refused resumes;
 * :mod:`.scan` -- leak scans that prove they see (:class:`.scan.Watch`);
 * :mod:`.checks`, :mod:`.continuation`, :mod:`.evaluation` -- what the runs must show;
 * :mod:`.limits` -- the nested time limits; :mod:`.flows` -- the flows above;

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ebpo_verl.smoke import checks, scan
+from ebpo_verl.smoke import checks, planting, scan
 from ebpo_verl.smoke.cluster import LocalCluster
 from ebpo_verl.smoke.evaluation import evaluate_checkpoint
 from ebpo_verl.smoke.faults import Fault
@@ -63,8 +63,9 @@ def node_faults(step_timeout: float) -> list[Fault]:
 def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:
     """``--nodes 2``: verl's trainer on a two-node cluster (two FSDP ranks, one vLLM replica each): steps 1-2,
     then a resume from step 2 through step 4; with ``faults``, each fault of :func:`node_faults` ends an attempt
-    at step 3, rerun with the same command. Then the checks, the evaluation of the last checkpoint, the cluster's
-    stop and leak checks."""
+    at step 3, rerun with the same command, and resumes from copies of the step-2 checkpoint with a callable
+    planted are refused (:func:`planting.refused_plants`). Then the checks, the evaluation of the last checkpoint,
+    the cluster's stop and leak checks."""
     cluster = LocalCluster(need_shm=True).start()
     options = {"rollout": "vllm", "cluster": cluster}
     injected = node_faults(step_timeout) if faults else []
@@ -77,6 +78,8 @@ def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeou
     train(work, files, "nodes", NODE_EXTRA, timeout, steps=NODE_STEPS, **options)  # resume_mode=auto
     cluster.wait_job_gone()
     checks.check_nodes_run(work, files, len(injected) + 1 if faults else 2, NODE_STEPS)
+    if faults:  # a copy of the step-2 checkpoint with a callable planted, resumed: refused where it is loaded
+        planting.refused_plants(work, files, timeout, NODE_EXTRA, NODE_STEPS, **options)
     evaluate_checkpoint(work, work / "ckpt_nodes" / f"global_step_{NODE_STEPS}", timeout)
     cluster.stop()
     for fault in injected:
