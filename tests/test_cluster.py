@@ -10,8 +10,8 @@ command:
    (``EBPO_STEP_TIMEOUT_S``) ends the run;
 3. the rerun resumes from step 2; SIGKILL of the second node's vLLM rollout server during step 3;
 4. the rerun resumes from step 2 and trains steps 3-4;
-5. copies of the step-2 checkpoint, each with a callable planted in one file (rank 1's model shard, unpickled by
-   the worker on the second node; ``data.pt``, by the trainer's process), are resumed with the same command.
+5. a copy of the step-2 checkpoint with a callable planted in rank 1's model shard (unpickled by the worker on
+   the second node) is resumed with the same command.
 
 The script itself asserts (and fails naming the check): each faulted run exits non-zero with one line naming the
 killed/stopped process (its pid), within its bound (SIGKILL: 90 s after the kill; SIGSTOP: the step timeout + 90 s),
@@ -123,9 +123,9 @@ def test_no_process_of_a_failed_run_is_left_and_the_reruns_resume(cluster_run):
 
 
 def test_a_callable_planted_in_a_world_size_2_checkpoint_is_refused_where_it_is_loaded(cluster_run):
-    """Rank 1's model shard (the second node's worker loads it) and ``data.pt`` (the trainer's process): one
-    resume each on the cluster, exit 1 with the one refusal line naming the file; the script checked that the
-    marker never appeared, no step was written and no process of the attempt was left."""
+    """Rank 1's model shard (the second node's worker loads it): a resume on the cluster, exit 1 with the one
+    refusal line naming the file; the script checked that the marker never appeared, no step was written and no
+    process of the attempt was left."""
     lines = _lines(cluster_run, "[cpu_smoke] planted callable refused at world size 2 in ")
     assert [line.split(" in ")[1].split(" (")[0] for line in lines] == list(planting.NODE_PLANTS), lines
     assert planting.NODE_PLANTS[0] == "actor/model_world_size_2_rank_1.pt"  # the second rank's

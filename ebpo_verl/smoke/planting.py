@@ -23,11 +23,13 @@ REFUSAL = (
     "as you would trust code, set trainer.trust_checkpoint=true"
 )
 """The one line ``ebpo-train`` prints for a planted file (written out here, not built from the trainer's text)."""
-NODE_PLANTS = (f"actor/model_world_size_{NODES}_rank_{NODES - 1}.pt", "data.pt")
+NODE_PLANTS = (f"actor/model_world_size_{NODES}_rank_{NODES - 1}.pt",)
 """Files of the two-node checkpoint planted, one resume each (3.5 min each on 2 cores shared with other sessions:
 the workers and both vLLM servers start before verl loads a checkpoint). Rank 1's model shard is the first
-file the second node's worker unpickles; its optimizer and extra-state shards go through the same patched load
-in that process, and every kind is planted in a real world-size-1 run by tests/test_resume_trust.py."""
+file the second node's worker unpickles: the refusal in a process the driver does not run. Its optimizer and
+extra-state shards go through the same patched load in that process, ``data.pt`` through the trainer's (rank
+independent), and every kind is planted in a real world-size-1 run by tests/test_resume_trust.py; a second
+two-node plant would add minutes to CI's critical path for no new code path."""
 
 
 class Planted:
