@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +174,44 @@ def test_report_command_refuses_in_one_line(tmp_path, capsys, config, says):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("python -m ebpo_verl.study: error: ") and says in err, err
     assert sorted(study.iterdir()) == before
+
+
+RIVALS = Path(__file__).resolve().parents[1] / "docs" / "study_rivals"
+
+
+def check_rivals_summary(summary: dict) -> None:
+    """Relations a complete rivals report's summary.json satisfies, computed independently of the code that wrote
+    it: the grid complete, the ranking sorted, each in-sample best the best cell of its row, each cross-fitted
+    best its cell where both folds chose one G, every paired mean the difference of the means (all seeds pair)."""
+    from ebpo_verl.study.presets import PRESETS
+
+    preset = PRESETS["rivals"]
+    gs, seeds = list(preset.group_sizes), preset.seeds
+    assert summary["preset"] == "rivals" and summary["n_runs"] == len(preset.cells()) * seeds
+    assert summary["tuning_runs"] == len(preset.tuning_cells()) * preset.tune["seeds"] and summary["wall_seconds"] > 0
+    cells = {(c["estimator"], c["group_size"]): c for c in summary["cells"]}
+    for k, key in ((1, "final_accuracy"), (64, "pass_at_64")):
+        rows = summary["equal_samples"][str(k)]["ranking"]
+        assert sorted(r["estimator"] for r in rows) == sorted(preset.estimators)
+        assert [r["best"][0] for r in rows] == sorted((r["best"][0] for r in rows), reverse=True)
+        for r in rows:
+            row = [cells[r["estimator"], g][key][0] for g in gs]
+            assert r["best"][2] == seeds and {r["g_chosen_on_even_seeds"], r["g_chosen_on_odd_seeds"]} <= set(gs)
+            assert r["in_sample"] == cells[r["estimator"], r["in_sample_g"]][key] and r["in_sample"][0] == max(row)
+            if r["g_chosen_on_even_seeds"] == r["g_chosen_on_odd_seeds"]:  # one G for every seed: that cell
+                assert r["best"] == pytest.approx(cells[r["estimator"], r["g_chosen_on_even_seeds"]][key], abs=2e-6)
+            assert r["vs_leader"]["diff"][0] == pytest.approx(rows[0]["best"][0] - r["best"][0], abs=3e-6)
+            assert r["vs_leader"]["diff"][2] == seeds
+        for p in summary["gain_over_grpo_pass_at_k"][str(k)]:
+            g, x = p["group_size"], p["estimator"]
+            assert p["diff"][2] == seeds
+            assert p["diff"][0] == pytest.approx(cells[x, g][key][0] - cells["grpo", g][key][0], abs=3e-6)
+
+
+def test_the_committed_rivals_report_is_consistent():
+    """docs/study_rivals/summary.json, once committed (the lead writes it with ``python -m ebpo_verl.study report
+    --study DIR --out docs/study_rivals``), satisfies :func:`check_rivals_summary`."""
+    path = RIVALS / "summary.json"
+    if not path.is_file():
+        pytest.skip(f"{path} is not committed yet: the rivals study's report has not landed")
+    check_rivals_summary(json.loads(path.read_text()))

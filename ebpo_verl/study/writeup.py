@@ -188,7 +188,6 @@ def _introduction(study: _Study, command: str, seconds: float, resumed: int, ori
 Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall time on this machine
 ({cpu:.0f} CPU-seconds for the warm start and the runs). {scope}{partial}
 {origin}
-
 ## Setup
 - Policy: a {base_info["params"]:,}-parameter causal transformer ({preset.policy.n_layer} layers,
   d={preset.policy.d_model}) that writes its answer token by token (least-significant digit first, then EOS).
