@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ebpo_verl.study.presets import PRESETS, Preset
+from ebpo_verl.study.report import study_provenance
 from ebpo_verl.study.runner import StudyDirError, code_fingerprint, grid, load_done, run_path, tuning_grid
 
 
@@ -55,7 +57,8 @@ class Timing:
 def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path], prog: str) -> Timing:
     """The wall time of the study in ``study``: its own ``summary.json`` (written by the invocation that finished
     it) when that covers these runs, else the span from its first file (``study_config.json``, written when it
-    started) to the last of ``files`` (its saved runs) by modification time."""
+    started) to the last of ``files`` (its saved runs) by modification time, with a provenance record of this
+    code started at that first file's time."""
     try:
         saved = json.loads((study / "summary.json").read_text())
         if saved.get("preset") == preset.name and saved.get("n_runs") == len(runs):
@@ -73,7 +76,9 @@ def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path
         "runs), so it is measured from its files: from study_config.json (written when it started) to the last "
         "saved run, by modification time, which includes any pause between invocations"
     )
-    return Timing(end - start, f"{prog} --preset {preset.name} --out {study}", 0, None, how)
+    command = f"{prog} --preset {preset.name} --out {study}"
+    record = study_provenance(preset, time.time() - start, command)  # started: when study_config.json was written
+    return Timing(end - start, command, 0, record, how)
 
 
 def _saved(study: Path, jobs: list) -> tuple[list[dict], list[Path]]:
@@ -116,7 +121,7 @@ def report_from_saved(study: Path, out: Path, command: str, prog: str, lr_grid_o
     timing = study_timing(study, preset, runs, files + tuning_files, prog)
     recorded = json.loads((study / "study_config.json").read_text()).get("code") or {}
     now = code_fingerprint()
-    same = "the same code" if recorded == now else "other code (the numbers are the saved runs')"
+    same = "the same code" if recorded == now else "other code (every number is the saved runs', made by the first)"
     origin = (
         f"\nThis report was written by `{command}` from the runs saved in `{study}`, without training: "
         f"{len(runs)} test runs and {len(tuning)} tuning runs; {timing.how}. The runs were made by ebpo-verl "
