@@ -174,8 +174,10 @@ ranking. So the seeds split by parity: the G with the highest held-out mean over
 seeds, and the G chosen on the odd seeds scores the even ones (ties: the smaller G); each seed's number comes
 from a G chosen without it. The rows are ranked by the mean of those numbers (95% t-interval, seeds in
 brackets); "leader - X" and "X - next" are paired by seed (mean ± 95% half-width, in brackets the seeds where the
-first is higher / the seeds both have). The last column is the G with the best mean over all seeds and that
-cell's own numbers: chosen on the numbers it shows, so optimistic. Figure: [{FIGURE}]({FIGURE})."""
+first is higher / the seeds both have); two runs of one seed at different G share the warm start and the seed
+but not the prompts of a step, so pairing removes less noise there than within a G. The last column is the G
+with the best mean over all seeds and that cell's own numbers: chosen on the numbers it shows, so optimistic.
+Figure: [{FIGURE}]({FIGURE})."""
     ]
     for view in views.values():
         parts.append(f"### Ranked by held-out {view['metric']}\n\n{ranking_table(view)}\n\n{ranking_verdict(view)}")
