@@ -133,10 +133,16 @@ def test_equal_samples_ranking_and_pairs_by_hand():
     assert a["vs_next"]["wins"] == 2 and b["vs_next"]["diff"] == [None, None, 0] and d["vs_next"] is None
     lines = ranking_table(view).splitlines()
     assert len(lines) == 2 + 4 and lines[2].startswith("| 1 | c | 2 / 2 | 0.500 ± 0.000 (4) | — |")
+    view["ranking"] = [c, b]  # b's interval of c - b (0.09 ± 0.025) lies above 0; a row that covers 0:
+    c["best"], b["vs_leader"]["diff"] = [0.5, 0.01, 4], [0.01, 0.02, 3]
+    assert ranking_verdict(view) == (
+        "Leader in pass@1: c, 0.500 ± 0.010 over 4 seeds. It covers 0 against b; no single winner."
+    )
+    view = equal_samples(_runs(RANKED), ["a", "b", "c", "d"], [2, 4])
     assert "| 3 | b | 2 / 4 | 0.410 ± 0.025 (3) | +0.090 ± 0.025 (3/3) | — |" in lines[4]
     assert ranking_verdict(view) == (
         "Leader in pass@1: c, 0.500 ± 0.000 over 4 seeds. Its paired 95% interval is above 0 against a, b; "
-        "it covers 0 against d."
+        "fewer than 2 seeds pair with d."
     )
 
 

@@ -109,22 +109,28 @@ def ranking_table(view: dict) -> str:
 
 
 def ranking_verdict(view: dict) -> str:
-    """Who leads, and which estimators the leader's paired 95% interval separates it from."""
+    """Who leads, which estimators the leader's paired 95% interval separates it from, which it does not, and which
+    pair with it on fewer than 2 seeds (no interval)."""
     rows = view["ranking"]
     if not rows or rows[0]["best"][2] == 0:
         return "No estimator has a cross-fitted value yet."
-    lead = rows[0]["estimator"]
-    ahead, level = [], []
+    sides: dict[str, list[str]] = {"ahead": [], "level": [], "unpaired": []}
     for r in rows[1:]:
         mean, half, n = r["vs_leader"]["diff"]
-        (ahead if n >= 2 and half is not None and mean - half > 0 else level).append(r["estimator"])
+        side = "unpaired" if n < 2 or half is None else "ahead" if mean - half > 0 else "level"
+        sides[side].append(r["estimator"])
     mean, half, n = rows[0]["best"]
     spread = f" ± {half:.3f}" if half is not None else ""
-    text = f"Leader in {view['metric']}: {lead}, {mean:.3f}{spread} over {n} seeds. "
-    if ahead:
-        text += f"Its paired 95% interval is above 0 against {', '.join(ahead)}"
-        return text + (f"; it covers 0 against {', '.join(level)}." if level else ".")
-    return text + "Its paired 95% interval covers 0 against every other estimator: no single winner."
+    text = f"Leader in {view['metric']}: {rows[0]['estimator']}, {mean:.3f}{spread} over {n} seeds."
+    said = [f"its paired 95% interval is above 0 against {', '.join(sides['ahead'])}"] if sides["ahead"] else []
+    if sides["level"]:
+        said.append(f"it covers 0 against {', '.join(sides['level'])}")
+    if sides["unpaired"]:
+        said.append(f"fewer than 2 seeds pair with {', '.join(sides['unpaired'])}")
+    if not sides["ahead"] and sides["level"]:
+        said.append("no single winner")
+    body = "; ".join(said)
+    return f"{text} {body[0].upper()}{body[1:]}." if said else text
 
 
 def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], path: Path, source: str) -> None:

@@ -171,7 +171,7 @@ def _introduction(study: _Study, command: str, seconds: float, resumed: int, ori
     """Title, command and cost, scope, and the Setup section."""
     preset, base_info, runs, ests, gs, og = study.preset, study.base_info, study.runs, study.ests, study.gs, study.og
     rl, orders, o_ests, clip = preset.rl, list(preset.orders), list(preset.order_estimators), study.clip
-    lr_text = ", ".join(f"{e} {runs_lr(runs, e):g}" for e in ests)
+    lr_text = ", ".join(f"{e} {lr:g}" if (lr := runs_lr(runs, e)) is not None else f"{e} (no run yet)" for e in ests)
     hist = base_info["pass_rate_histogram"]
     left_out = [e for e in ESTIMATORS if e not in ests]
     scope = f"Estimators: {', '.join(ests)}; G in {gs}; " + (
@@ -323,9 +323,9 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
 """
 
 
-def runs_lr(runs: list[dict], estimator: str) -> float:
-    """The learning rate of ``estimator``'s runs (one per estimator)."""
-    return next(r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator)
+def runs_lr(runs: list[dict], estimator: str) -> float | None:
+    """The learning rate of ``estimator``'s runs (one per estimator); None before any of them is saved."""
+    return next((r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator), None)
 
 
 def lr_section(lr_grid: dict) -> str:
