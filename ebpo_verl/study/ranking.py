@@ -133,6 +133,14 @@ def ranking_verdict(view: dict) -> str:
     return f"{text} {body[0].upper()}{body[1:]}." if said else text
 
 
+def _label(row: dict) -> str:
+    """A row's name on the figure: the estimator and the G chosen on each fold (or that it has no value)."""
+    if row["best"][2] == 0:
+        return f"{row['estimator']} (no run yet)"
+    chosen = [row["g_chosen_on_even_seeds"], row["g_chosen_on_odd_seeds"]]
+    return f"{row['estimator']} (G {'/'.join('-' if g is None else str(g) for g in chosen)})"
+
+
 def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], path: Path, source: str) -> None:
     """One panel per :func:`equal_samples` view: the estimators ranked (best on top), their cross-fitted best-G
     mean with its 95% t-interval over seeds, and each G's cell mean (over all seeds) as a grey digit."""
@@ -154,8 +162,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
                 continue
             style = _style(e, i)
             ax.errorbar(mean, y, xerr=half or 0.0, fmt=style["marker"], color=style["color"], ms=6, capsize=3)
-        ax.set_yticks(ys, [f"{r['estimator']} (G {r['g_chosen_on_even_seeds']}/{r['g_chosen_on_odd_seeds']})"
-                           for r in rows])  # fmt: skip
+        ax.set_yticks(ys, [_label(r) for r in rows])
         ax.set_xlabel(f"final held-out {view['metric']}")
         ax.set_title(f"best G per estimator, {view['metric']}", fontsize=10)
         ax.grid(alpha=0.3, axis="x")
