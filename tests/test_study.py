@@ -447,6 +447,48 @@ def test_interrupted_study_resumes(tiny_study, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_report_command_rewrites_the_report_from_saved_runs(tiny_study, tmp_path, monkeypatch):
+    """``report --study DIR --out DIR2`` trains nothing and writes nothing into DIR; it writes the study's own
+    summary.json (the same numbers, wall time and provenance, as the study recorded them), figures and report
+    (plus one paragraph naming where they come from). Without the study's summary.json, the wall time is the span
+    of its files: study_config.json to the last saved run."""
+    import shutil
+
+    from ebpo_verl.study import runner
+    from ebpo_verl.study.__main__ import main
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the report trains nothing")
+
+    monkeypatch.setattr(runner, "warm_start", no_training)
+    monkeypatch.setattr(runner, "run_rl", no_training)
+    before = {p: p.stat().st_mtime_ns for p in tiny_study.rglob("*")}
+    out = tmp_path / "report"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["report", "--study", str(tiny_study), "--out", str(out)]) == 0
+        assert {p: p.stat().st_mtime_ns for p in tiny_study.rglob("*")} == before
+        want, got = (json.loads((d / "summary.json").read_text()) for d in (tiny_study, out))
+        assert got == want and got["wall_seconds"] > 0
+        text = (out / "study.md").read_text()
+        origin = re.compile(r"\nThis report was written by `python -m ebpo_verl\.study report --study [^\n]*\n")
+        assert len(origin.findall(text)) == 1 and "the same code" in text and "the wall time is the one" in text
+        assert origin.sub("", text) == (tiny_study / "study.md").read_text()
+        assert {p.name for p in out.glob("*.png")} == {p.name for p in tiny_study.glob("*.png")}
+
+        copy = tmp_path / "copy"
+        shutil.copytree(tiny_study, copy)  # file times kept
+        (copy / "summary.json").unlink()
+        assert main(["report", "--study", str(copy), "--out", str(tmp_path / "again")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    span = max(p.stat().st_mtime for p in (copy / "runs").iterdir()) - (copy / "study_config.json").stat().st_mtime
+    assert again["wall_seconds"] == pytest.approx(span, abs=0.06) and again["cells"] == want["cells"]
+    assert "measured from its files" in (tmp_path / "again" / "study.md").read_text()
+
+
+@pytest.mark.slow
 def test_other_preset_in_same_dir_is_refused(tiny_study, capsys):
     from ebpo_verl.study.__main__ import main
 

@@ -2,7 +2,11 @@
 
 Every finished RL run is saved under DIR/runs/ at once, so rerunning the same command after an interruption
 resumes: saved runs (and the saved warm start) are reused, the rest run, and the report is written over all
-of them. A different preset or configuration in the same DIR is refused."""
+of them. A different preset or configuration in the same DIR is refused.
+
+``python -m ebpo_verl.study report --study DIR --out DIR2`` writes the report of the runs saved in DIR into DIR2
+without training and without writing into DIR: the preset is the one DIR records, and it works while the study
+runs (a partial report) and after the study's code has changed (the report names both versions)."""
 
 from __future__ import annotations
 
@@ -49,6 +53,13 @@ class StudyOptions(OptionSection):
         choices=(None,),
         rule=text("comma-separated estimator names"),
     )
+    study: str | None = option(
+        None,
+        "report: the study folder whose saved runs it reads (nothing is written there; its recorded preset is "
+        "used); null: --out",
+        choices=(None,),
+        rule=text("a folder"),
+    )
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +69,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", nargs="?", choices=["rl", "mse"], default="rl", help="the RL study or the MSE check")
+    parser.add_argument(
+        "what",
+        nargs="?",
+        choices=["rl", "mse", "report"],
+        default="rl",
+        help="the RL study, the MSE check, or the report of a study's saved runs (no training)",
+    )
     add_options(parser, StudyOptions)
     args = parser.parse_args(argv)
     args.out = Path(args.out)
@@ -87,6 +104,10 @@ def _main(argv: list[str] | None) -> int:
     from ebpo_verl.ops.provenance import code_version
 
     code_version()  # the commit and dirty state the study starts from (cached), not those when it ends
+    if args.what == "report":
+        from ebpo_verl.study.saved import report_from_saved
+
+        return report_from_saved(Path(args.study) if args.study else args.out, args.out, command, PROG, _lr_grid)
     if args.what == "mse":
         from ebpo_verl.study.mse import run_mse_study
 

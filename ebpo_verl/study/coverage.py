@@ -79,9 +79,17 @@ def draw(out: Path, runs: list[dict], estimators: list[str], group_sizes: list[i
     return "held-out pass@k of the final models against k (1 to 64), one panel per G; dotted: the warm start"
 
 
-def coverage_section(runs: list[dict], by_cell: dict, estimators: list[str], group_sizes: list[int], base_info: dict):
+def coverage_section(
+    runs: list[dict],
+    by_cell: dict,
+    estimators: list[str],
+    group_sizes: list[int],
+    base_info: dict,
+    seeds: int | None = None,
+):
     """The report's coverage section: pass@k per cell at the k > 1 of :data:`COVERAGE_K` and the paired
-    differences EBPO - X at each k (pass@1's are the section above)."""
+    differences EBPO - X at each k (pass@1's are the section above); a cell over fewer than ``seeds`` runs shows
+    (n/seeds)."""
     warm = warm_start_pass_at_k(base_info)
     warm_text = ", ".join(f"pass@{k} {warm[k]:.3f}" if warm[k] is not None else f"pass@{k} n/a" for k in warm)
     main = lambda r, c: (r, c, "random")  # noqa: E731
@@ -95,7 +103,7 @@ accuracy above). Warm start: {warm_text}. Figure: [{FIGURE}]({FIGURE})."""
         pairs = paired(runs, estimators, group_sizes, k=k)
         parts.append(f"""### pass@{k} (rows = estimator, columns = G; random order)
 
-{table(by_cell, estimators, group_sizes, main, f"pass_at_{k}", "G")}
+{table(by_cell, estimators, group_sizes, main, f"pass_at_{k}", "G", seeds=seeds)}
 
 EBPO - X in pass@{k}, paired by seed as above:
 

@@ -108,16 +108,25 @@ def _fmt(values, digits: int = 3, total: int | None = None) -> str:
 
 
 def table(
-    by_cell: dict, rows: list[str], cols: list, key, metric: str, col_name: str, digits: int = 3, censored=False
+    by_cell: dict,
+    rows: list[str],
+    cols: list,
+    key,
+    metric: str,
+    col_name: str,
+    digits: int = 3,
+    censored=False,
+    seeds: int | None = None,
 ) -> str:
-    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell."""
+    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell. A cell
+    over fewer finite values than its runs (``censored``) or than ``seeds`` shows ``(n/total)``."""
     head = "| estimator | " + " | ".join(f"{col_name}={c}" for c in cols) + " |"
     lines = [head, "|---" * (len(cols) + 1) + "|"]
     for r in rows:
         vals = []
         for c in cols:
             runs = by_cell.get(key(r, c), [])
-            total = len(runs) if censored else None
+            total = len(runs) if censored else seeds
             vals.append(_fmt([s[metric] for s in runs], digits, total) if runs else "—")
         lines.append(f"| {r} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
@@ -257,68 +266,122 @@ def curve_figure(
     _save(fig, path)
 
 
-def paired(
-    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str = "ebpo", k: int = 1
-) -> list[dict]:
-    """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
-    held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy; runs of the same seed share the warm start,
-    the data stream and the sampling seed), as [mean, 95% t half-width, n] over the seeds both ran, and ``wins``:
-    the seeds where ``reference`` is higher."""
-    final = {
+def final_values(runs: list[dict], k: int = 1) -> dict[tuple[str, int, int], float]:
+    """{(estimator, G, seed): final held-out pass@k} of the random-order runs (:func:`run_pass_at_k`)."""
+    return {
         (c["estimator"], c["group_size"], c["seed"]): run_pass_at_k(r, k)
         for r in runs
         if (c := r["config"])["order"] == "random"
     }
-    out = []
+
+
+def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
+    """The per-seed differences ``a[s] - b[s]`` over the seeds both have (runs of the same seed share the warm
+    start, and at one G the data stream and the sampling seed) as ``diff`` = [mean, 95% t half-width, n] (None
+    where undefined) and ``wins``: the seeds where ``a`` is higher; ``labels`` name the two sides."""
+    diff = [a[s] - b[s] for s in sorted(set(a) & set(b))]
+    mean, half, n = mean_ci(diff)
+    return {
+        **labels,
+        "diff": [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n],
+        "wins": int(sum(d > 0 for d in diff)),
+    }
+
+
+def _by_seed(final: dict, est: str, g: int) -> dict[int, float]:
+    return {s: v for (e, gg, s), v in final.items() if e == est and gg == g}
+
+
+def paired(
+    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str = "ebpo", k: int = 1
+) -> list[dict]:
+    """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
+    held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy) over the seeds both ran
+    (:func:`paired_record`: [mean, 95% t half-width, n] and ``wins``, the seeds where ``reference`` is higher)."""
     if reference not in estimators:
-        return out
-    for g in group_sizes:
-        for x in estimators:
-            if x == reference:
-                continue
-            seeds = sorted(s for (e, gg, s) in final if e == reference and gg == g and (x, g, s) in final)
-            diff = [final[reference, g, s] - final[x, g, s] for s in seeds]
-            mean, half, n = mean_ci(diff)
-            out.append({
-                "estimator": reference,
-                "baseline": x,
-                "group_size": g,
-                "diff": [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n],
-                "wins": int(sum(d > 0 for d in diff)),
-            })  # fmt: skip
-    return out
+        return []
+    final = final_values(runs, k)
+    return [
+        paired_record(
+            _by_seed(final, reference, g), _by_seed(final, x, g), estimator=reference, baseline=x, group_size=g
+        )
+        for g in group_sizes
+        for x in estimators
+        if x != reference
+    ]
 
 
-def paired_table(pairs: list[dict], group_sizes: list[int]) -> str:
-    """Markdown: rows = baseline X, columns = G, cells ``mean ± half-width (wins/n)`` of EBPO - X."""
-    xs = list(dict.fromkeys(p["baseline"] for p in pairs))
+def gains_over(
+    runs: list[dict], estimators: list[str], group_sizes: list[int], baseline: str = "grpo", k: int = 1
+) -> list[dict]:
+    """Per G and every other estimator X: the paired differences ``X - baseline`` of the final held-out pass@k
+    (:func:`paired` with the sides swapped: ``wins`` counts the seeds where X is higher)."""
+    if baseline not in estimators:
+        return []
+    final = final_values(runs, k)
+    return [
+        paired_record(_by_seed(final, x, g), _by_seed(final, baseline, g), estimator=x, baseline=baseline, group_size=g)
+        for g in group_sizes
+        for x in estimators
+        if x != baseline
+    ]
+
+
+def format_diff(p: dict) -> str:
+    """``+mean ± half (wins/n)`` of a :func:`paired_record`; "—" where no seed pairs."""
+    mean, half, n = p["diff"]
+    if n == 0:
+        return "—"
+    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" ({p['wins']}/{n})"
+
+
+def paired_table(pairs: list[dict], group_sizes: list[int], head: str = "EBPO - X", row: str = "baseline") -> str:
+    """Markdown: one row per value of the records' ``row`` field (the side that varies), columns = G, cells
+    ``mean ± half-width (wins/n)`` of the records' difference (``head`` names it)."""
+    xs = list(dict.fromkeys(p[row] for p in pairs))
     if not xs:
         return "(no pairs: the reference estimator is not in this preset)"
-    at = {(p["baseline"], p["group_size"]): p for p in pairs}
-    lines = ["| EBPO - X | " + " | ".join(f"G={g}" for g in group_sizes) + " |", "|---" * (len(group_sizes) + 1) + "|"]
+    at = {(p[row], p["group_size"]): p for p in pairs}
+    lines = [f"| {head} | " + " | ".join(f"G={g}" for g in group_sizes) + " |", "|---" * (len(group_sizes) + 1) + "|"]
     for x in xs:
-        cells = []
-        for g in group_sizes:
-            p = at.get((x, g))
-            if p is None or p["diff"][2] == 0:
-                cells.append("—")
-                continue
-            mean, half, n = p["diff"]
-            cells.append(f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" ({p['wins']}/{n})")
+        cells = [format_diff(at[x, g]) if (x, g) in at else "—" for g in group_sizes]
         lines.append(f"| {x} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _side(p: dict) -> str | None:
+    """Where a record's 95% interval lies: "ahead of" (above 0), "behind", "not separated from"; None if n < 2."""
+    mean, half, n = p["diff"]
+    if n < 2 or half is None:
+        return None
+    return "ahead of" if mean - half > 0 else "behind" if mean + half < 0 else "not separated from"
 
 
 def paired_verdict(pairs: list[dict]) -> str:
     """One sentence per G: where EBPO - X's 95% interval lies above 0, below 0, or covers it."""
     by_g: dict[int, list[str]] = defaultdict(list)
     for p in pairs:
-        mean, half, n = p["diff"]
-        if n < 2 or half is None:
-            continue
-        side = "ahead of" if mean - half > 0 else "behind" if mean + half < 0 else "not separated from"
-        by_g[p["group_size"]].append(f"{side} {p['baseline']} ({mean:+.3f} ± {half:.3f}, wins {p['wins']}/{n})")
+        if side := _side(p):
+            mean, half, n = p["diff"]
+            by_g[p["group_size"]].append(f"{side} {p['baseline']} ({mean:+.3f} ± {half:.3f}, wins {p['wins']}/{n})")
     return " ".join(f"G={g}: EBPO is {'; '.join(v)}." for g, v in sorted(by_g.items()))
+
+
+def gains_verdict(gains: list[dict]) -> str:
+    """One sentence per G for :func:`gains_over` records: the estimators whose 95% interval of X - baseline lies
+    above 0, those below, and how many cover 0."""
+    by_g: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for p in gains:
+        if side := _side(p):
+            by_g[p["group_size"]][side].append(f"{p['estimator']} {format_diff(p)}")
+    parts = []
+    for g, sides in sorted(by_g.items()):
+        base = gains[0]["baseline"]
+        said = [f"{side} {base}: {', '.join(sides[side])}" for side in ("ahead of", "behind") if sides[side]]
+        level = len(sides["not separated from"])
+        said.append(f"{level} not separated from it" if said else f"all {level} not separated from it")
+        parts.append(f"G={g}: " + "; ".join(said) + ".")
+    return " ".join(parts)
 
 
 def warm_start_pass_at_k(base_info: dict) -> dict[str, float | None]:

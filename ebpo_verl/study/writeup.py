@@ -11,14 +11,17 @@ from pathlib import Path
 import numpy as np
 
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.study import coverage
+from ebpo_verl.study import coverage, ranking
 from ebpo_verl.study.report import (
+    COVERAGE_K,
     CURVES,
     _mean,
     _with_source_lines,
     cells,
     curve_figure,
     dynamics_table,
+    gains_over,
+    gains_verdict,
     mean_ci,
     paired,
     paired_table,
@@ -76,28 +79,40 @@ def write_report(
     resumed: int = 0,
     lr_grid: dict | None = None,
     tuning_runs: int = 0,
+    record: dict | None = None,
+    origin: str = "",
 ) -> str:
     """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
-    held-out accuracy)."""
-    record = study_provenance(preset, seconds, command)
+    held-out accuracy). ``record``: the provenance of the study (default: this process's); ``origin``: a
+    paragraph on where the runs and the wall time come from (a report written from saved runs)."""
+    record = record or study_provenance(preset, seconds, command)
     study = _Study(preset, base_info, runs, cells(runs, base_info["heldout_accuracy"] + preset.target_gain),
                    source_line(preset.name, record))  # fmt: skip
     captions = _draw_figures(out, study)
-    headline = table(study.by_cell, study.ests, study.gs, _main_cell, "final_accuracy", "G")
+    headline = table(study.by_cell, study.ests, study.gs, _main_cell, "final_accuracy", "G", seeds=preset.seeds)
+    equal, views = _equal_samples(study)
     text = (
-        _introduction(study, command, seconds, resumed)
+        _introduction(study, command, seconds, resumed, origin)
         + _accuracy_sections(study, headline)
-        + coverage.coverage_section(runs, study.by_cell, study.ests, study.gs, base_info)
+        + equal
+        + coverage.coverage_section(runs, study.by_cell, study.ests, study.gs, base_info, preset.seeds)
         + _other_results(study, lr_grid)
         + _dynamics_and_limits(study, captions)
     )
+    data = summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs)
+    data["gain_over_grpo_pass_at_k"] = {str(k): gains_over(runs, study.ests, study.gs, k=k) for k in COVERAGE_K}
+    data["equal_samples"] = views
     atomic_write_text(out / "study.md", _with_source_lines(text, study.source))
-    atomic_write_text(
-        out / "summary.json",
-        json.dumps(summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs), indent=1)
-        + "\n",
-    )
+    atomic_write_text(out / "summary.json", json.dumps(data, indent=1) + "\n")
     return headline
+
+
+def _equal_samples(study: _Study) -> tuple[str, dict]:
+    """The equal-samples section and its views (none for a preset with one G)."""
+    if len(study.gs) < 2:
+        return "", {}
+    responses = study.preset.rl["responses_per_step"]
+    return ranking.section(study.runs, study.ests, study.gs, responses)
 
 
 def _draw_figures(out: Path, study: _Study) -> dict[str, str]:
@@ -138,28 +153,41 @@ def _draw_figures(out: Path, study: _Study) -> dict[str, str]:
         "kl.png": "k3 estimate of KL(old || new) over one step's update",
         "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
         coverage.FIGURE: coverage.draw(out, runs, ests, gs, study.base_info, study.source),
+        **_ranking_figure(out, study),
     }
 
 
-def _introduction(study: _Study, command: str, seconds: float, resumed: int) -> str:
+def _ranking_figure(out: Path, study: _Study) -> dict[str, str]:
+    """Draw the equal-samples ranking (a preset with two G or more); returns {file name: caption}."""
+    if len(study.gs) < 2:
+        return {}
+    views = [ranking.equal_samples(study.runs, study.ests, study.gs, k) for k in ranking.RANK_K]
+    ranking.ranking_figure(views, study.runs, study.gs, out / ranking.FIGURE, study.source)
+    ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
+    return {ranking.FIGURE: f"each estimator's cross-fitted best G ranked, by held-out {ks}, with 95% intervals"}
+
+
+def _introduction(study: _Study, command: str, seconds: float, resumed: int, origin: str = "") -> str:
     """Title, command and cost, scope, and the Setup section."""
     preset, base_info, runs, ests, gs, og = study.preset, study.base_info, study.runs, study.ests, study.gs, study.og
     rl, orders, o_ests, clip = preset.rl, list(preset.orders), list(preset.order_estimators), study.clip
-    lr_text = ", ".join(f"{e} {runs_lr(runs, e):g}" for e in ests)
+    lr_text = ", ".join(f"{e} {lr:g}" if (lr := runs_lr(runs, e)) is not None else f"{e} (no run yet)" for e in ests)
     hist = base_info["pass_rate_histogram"]
     left_out = [e for e in ESTIMATORS if e not in ests]
-    scope = (
-        f"Estimators: {', '.join(ests)}; G in {gs}; orders {orders} (ordering table at G={og} for {', '.join(o_ests)})."
+    scope = f"Estimators: {', '.join(ests)}; G in {gs}; " + (
+        f"orders {orders} (ordering table at G={og} for {', '.join(o_ests)})." if o_ests else "random stream order."
     )
     if left_out:
-        scope += f" Not in this preset (run `--preset full`): {', '.join(left_out)}."
+        scope += f" Not in this preset (`--estimators` runs any of them): {', '.join(left_out)}."
     cpu = base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs)
     resumed_note = f" ({resumed} of them reused from an earlier invocation of the same command)" if resumed else ""
+    want = len(preset.cells()) * preset.seeds
+    partial = f" **Partial: {len(runs)} of the grid's {want} runs are saved.**" if len(runs) < want else ""
     return f"""# EBPO small-scale RLVR study (preset `{preset.name}`)
 
 Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall time on this machine
-({cpu:.0f} CPU-seconds for the warm start and the runs). {scope}
-
+({cpu:.0f} CPU-seconds for the warm start and the runs). {scope}{partial}
+{origin}
 ## Setup
 - Policy: a {base_info["params"]:,}-parameter causal transformer ({preset.policy.n_layer} layers,
   d={preset.policy.d_model}) that writes its answer token by token (least-significant digit first, then EOS).
@@ -179,7 +207,8 @@ Command: `{command}` — {len(runs)} RL runs{resumed_note}, {seconds:.0f} s wall
   clipped updates below). Advantages from verl's registry (`get_adv_estimator_fn`).
 - Accuracy = exact pass@1 at temperature 1 (the product of the answer tokens' probabilities), averaged over
   the held-out prompts: no sampling noise in the evaluation. Every cell: seeds 0..{preset.seeds - 1} (the same seeds
-  for every estimator); mean ± half-width of the 95% t-interval over seeds.
+  for every estimator; a cell with fewer saved runs shows (n/{preset.seeds})); mean ± half-width of the 95%
+  t-interval over seeds.
 - Reproducibility: every run uses one torch thread and seeded generators, so rerunning the command on the same
   machine and torch build gives the same numbers. Another machine moves them by more than the printed digits:
   {CROSS_MACHINE}
@@ -198,7 +227,8 @@ def _accuracy_sections(study: _Study, headline: str) -> str:
     """Final held-out accuracy and its paired differences EBPO - X."""
     pairs = paired(study.runs, study.ests, study.gs)
     return f"""## Final held-out accuracy (rows = estimator, columns = G; random order)
-Warm start: {study.ws:.3f}.
+Warm start: {study.ws:.3f}. Each cell: mean ± 95% t-interval over {study.preset.seeds} seeds
+((n/{study.preset.seeds}) where fewer ran).
 
 {headline}
 
@@ -210,7 +240,23 @@ seed), mean ± 95% t-interval over the seeds, and in brackets the seeds in which
 
 {paired_verdict(pairs)}
 
-"""
+{_against_grpo(study)}"""
+
+
+def _against_grpo(study: _Study) -> str:
+    """Each estimator's paired gain over GRPO, X - GRPO, in final held-out pass@1 and pass@64 (none without GRPO)."""
+    if "grpo" not in study.ests:
+        return ""
+    parts = [
+        """## Paired differences against GRPO: X - GRPO
+Per G, X's run minus GRPO's run of the same seed, mean ± 95% t-interval over the seeds both ran, in brackets the
+seeds in which X ends higher / the seeds paired (pass@64 as in the coverage section below)."""
+    ]
+    for k in (1, 64):
+        gains = gains_over(study.runs, study.ests, study.gs, k=k)
+        parts.append(f"### pass@{k}\n\n{paired_table(gains, study.gs, 'X - GRPO', row='estimator')}\n\n"
+                     f"{gains_verdict(gains)}")  # fmt: skip
+    return "\n\n".join(parts) + "\n\n"
 
 
 def _other_results(study: _Study, lr_grid: dict | None) -> str:
@@ -277,9 +323,9 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
 """
 
 
-def runs_lr(runs: list[dict], estimator: str) -> float:
-    """The learning rate of ``estimator``'s runs (one per estimator)."""
-    return next(r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator)
+def runs_lr(runs: list[dict], estimator: str) -> float | None:
+    """The learning rate of ``estimator``'s runs (one per estimator); None before any of them is saved."""
+    return next((r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator), None)
 
 
 def lr_section(lr_grid: dict) -> str:

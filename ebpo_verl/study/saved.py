@@ -1,0 +1,136 @@
+"""The report of a study's saved runs, without training (``python -m ebpo_verl.study report --study DIR --out
+DIR2``): the preset DIR records, its warm start (loaded, not retrained), its saved tuning and test runs, and its
+wall time as the study recorded it (its ``summary.json``) or, failing that, from its files' times. Nothing is
+written into DIR."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ebpo_verl.study.presets import PRESETS, Preset
+from ebpo_verl.study.report import study_provenance
+from ebpo_verl.study.runner import StudyDirError, code_fingerprint, grid, load_done, run_path, tuning_grid
+
+
+def recorded_preset(study: Path) -> Preset:
+    """The preset whose configuration ``study/study_config.json`` records (its estimators as recorded);
+    StudyDirError when it is missing, unreadable, names no preset, or differs from that preset in this code."""
+    path = study / "study_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StudyDirError(f"{path} not found: --study must be a study's --out folder") from None
+    except (OSError, ValueError) as err:
+        raise StudyDirError(f"{path} is unreadable ({err})") from err
+    name = config.get("name") if isinstance(config, dict) else None
+    if name not in PRESETS:
+        raise StudyDirError(f"{path} names preset {name!r}, which this code does not have ({', '.join(PRESETS)})")
+    preset = PRESETS[name]
+    if config.get("estimators") != list(preset.estimators):
+        preset = preset.with_estimators(tuple(config.get("estimators") or ()))
+    want = preset.fingerprint()
+    keys = sorted(k for k in {*config, *want} if k != "code" and config.get(k) != want.get(k))
+    if keys:
+        raise StudyDirError(
+            f"{study} holds preset {name!r} with a configuration this code's preset does not have (differs in: "
+            f"{', '.join(keys)}); report it with the code that ran it"
+        )
+    return preset
+
+
+@dataclass
+class Timing:
+    """The study's wall time and command, and a sentence on where they come from."""
+
+    seconds: float
+    command: str
+    resumed: int
+    record: dict | None
+    how: str
+
+
+def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path], prog: str) -> Timing:
+    """The wall time of the study in ``study``: its own ``summary.json`` (written by the invocation that finished
+    it) when that covers these runs, else the span from its first file (``study_config.json``, written when it
+    started) to the last of ``files`` (its saved runs) by modification time, with a provenance record of this
+    code started at that first file's time."""
+    try:
+        saved = json.loads((study / "summary.json").read_text())
+        if saved.get("preset") == preset.name and saved.get("n_runs") == len(runs):
+            how = (
+                f"the wall time is the one the study's invocation recorded ({study / 'summary.json'}; "
+                f"{saved['resumed_runs']} runs reused from an earlier invocation)"
+            )
+            return Timing(saved["wall_seconds"], saved["command"], saved["resumed_runs"], saved["provenance"], how)
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    start = (study / "study_config.json").stat().st_mtime
+    end = max(p.stat().st_mtime for p in files)
+    how = (
+        f"the study has not recorded its wall time for these runs ({study / 'summary.json'} absent or for other "
+        "runs), so it is measured from its files: from study_config.json (written when it started) to the last "
+        "saved run, by modification time, which includes any pause between invocations"
+    )
+    command = f"{prog} --preset {preset.name} --out {study}"
+    record = study_provenance(preset, time.time() - start, command)  # started: when study_config.json was written
+    return Timing(end - start, command, 0, record, how)
+
+
+def _saved(study: Path, jobs: list) -> tuple[list[dict], list[Path]]:
+    """The saved runs of ``jobs`` in job order, and their files."""
+    done = load_done(study, jobs)
+    keyed = [(cfg, (cfg.estimator, cfg.group_size, cfg.order, cfg.seed, cfg.lr, cfg.split)) for cfg in jobs]
+    hits = [(cfg, done[key]) for cfg, key in keyed if key in done]
+    return [run for _, run in hits], [run_path(study, cfg) for cfg, _ in hits]
+
+
+def report_from_saved(study: Path, out: Path, command: str, prog: str, lr_grid_of: Callable) -> int:
+    """Write the report of the runs saved in ``study`` into ``out`` (``lr_grid_of(preset, tuning_runs)``: the
+    learning-rate grid as the study chose it); 2 with one error line when there is nothing to report."""
+    import torch
+
+    from ebpo_verl.study.runner import describe_base, prepare_base
+    from ebpo_verl.study.writeup import write_report
+
+    def refuse(problem: str) -> int:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return 2
+
+    try:
+        preset = recorded_preset(study)
+    except StudyDirError as err:
+        return refuse(str(err))
+    if not (study / "base_model.pt").is_file():
+        return refuse(f"{study} has no saved warm start (base_model.pt): the study has not started its runs")
+    tuning, tuning_files = _saved(study, tuning_grid(preset))
+    want = len(tuning_grid(preset))
+    if len(tuning) < want:
+        return refuse(f"{study}: {len(tuning)} of {want} tuning runs saved; no test run to report before they end")
+    lr_grid = lr_grid_of(preset, tuning)
+    lrs = {e: g["chosen"] for e, g in lr_grid.items()} if preset.tune else dict(preset.lr)
+    runs, files = _saved(study, grid(preset, lrs))
+    if not runs:
+        return refuse(f"{study} holds no test run of preset {preset.name} yet: nothing to report")
+    torch.set_num_threads(1)  # the warm start's evaluation as the study computed it
+    info = describe_base(prepare_base(preset, study))
+    timing = study_timing(study, preset, runs, files + tuning_files, prog)
+    recorded = json.loads((study / "study_config.json").read_text()).get("code") or {}
+    now = code_fingerprint()
+    same = "the same code" if recorded == now else "other code (every number is the saved runs', made by the first)"
+    origin = (
+        f"\nThis report was written by `{command}` from the runs saved in `{study}`, without training: "
+        f"{len(runs)} test runs and {len(tuning)} tuning runs; {timing.how}. The runs were made by ebpo-verl "
+        f"{recorded.get('version')} with study sources {str(recorded.get('source_sha256'))[:12]}; the report by "
+        f"{now['version']}, {now['source_sha256'][:12]}: {same}.\n"
+    )
+    headline = write_report(out, preset, info, runs, timing.seconds, timing.command, timing.resumed, lr_grid,
+                            len(tuning), record=timing.record, origin=origin)  # fmt: skip
+    print(f"Final held-out accuracy (rows = estimator, columns = G), warm start {info['heldout_accuracy']:.3f}:")
+    print(headline)
+    print(f"\n{len(runs)} runs of {len(grid(preset, lrs))}; report: {out / 'study.md'}")
+    return 0
