@@ -15,7 +15,6 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import ebpo_verl
 from ebpo_verl.algos.ebpo import EBPOOptions, ignored_options
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState, Moments
@@ -650,14 +649,20 @@ def test_ignored_options_lists_what_the_mode_does_not_read(opts, expected):
 
 
 def test_registration_is_idempotent():
-    import importlib
+    """Registering twice and reloading the adapter (which registers again) leaves verl's registry on the adapter's
+    functions. In a process of its own: a reload here would leave this process's other tests holding the old
+    module's default instances while verl calls the new one's."""
+    import subprocess
+    import sys
 
-    import ebpo_verl.trainer.adapter as adapter
-
-    ebpo_verl.register()
-    ebpo_verl.register()
-    importlib.reload(adapter)
-    assert get_adv_estimator_fn("ebpo") is adapter.ESTIMATORS["ebpo"]
+    check = (
+        "import importlib, ebpo_verl; import ebpo_verl.trainer.adapter as adapter\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        "ebpo_verl.register(); ebpo_verl.register(); importlib.reload(adapter)\n"
+        "assert get_adv_estimator_fn('ebpo') is adapter.ESTIMATORS['ebpo']\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.slow
