@@ -16,11 +16,11 @@ World size 2: verl's checkpoint manager writes model, optimizer and extra-state 
 FSDP1, HSDP; gloo on CPU), whose globals must be allowed for their kind and which must load under the resume's
 patch (below); and the two-node smoke (``cpu_smoke.sh --nodes 2 --faults``, tests/test_cluster.py) resumes its
 world-size-2 checkpoint on the cluster with a callable planted in rank 1's model shard (loaded by the worker on
-the second node) and in ``data.pt``: each refused in the one line below, its marker never made
-(``ebpo_verl/smoke/planting.py``, which plants for both).
+the second node): refused in the one line below, its marker never made (``ebpo_verl/smoke/planting.py``, which
+plants for both).
 
-The heavy tests form their own xdist group (``resume_trust``): each run starts a Ray instance of its own (its own
-temp folder, ``RAY_ADDRESS`` dropped: ``ebpo_verl/smoke/runs.py``), so they run beside the cluster test's group.
+The heavy tests run in the one heavy xdist group, one at a time: a run beside the smoke runs would leave what it
+makes in /dev/shm inside their leak checks' window.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ FILES = {
     DATALOADER: "data.pt",
 }
 RUN_TIMEOUT_S = 600
-HEAVY = pytest.mark.heavy("resume_trust")  # an xdist group of its own: its runs use their own Ray instance
+HEAVY = pytest.mark.heavy  # in the one heavy group: a run beside the smoke runs would land in their leak checks
 
 
 # ------------------------------------------------------------------------ the allowlist against real files

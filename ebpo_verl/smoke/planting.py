@@ -43,11 +43,15 @@ class Planted:
 
 
 def unsafe_globals(path: Path) -> set[str]:
-    """The globals a torch.save file pickles beyond torch's own allowlist, read without unpickling it."""
+    """The globals a torch.save file pickles beyond torch's own allowlist, read without unpickling it (with no safe
+    globals registered, then this process's registrations back: DTensor's, which importing torch.distributed.tensor
+    adds once, must outlive the call)."""
     import torch
 
-    torch.serialization.clear_safe_globals()
-    return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    from ebpo_verl.compat.unpickling import only_globals
+
+    with only_globals(()):
+        return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
 
 
 def plant(path: Path, marker: Path) -> None:
