@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from ebpo_verl.evaluate.prompts import PROTOCOLS
 from ebpo_verl.options.parsing import OptionSection, nullable, option, text
+from ebpo_verl.recipes.make_tables import DEFAULT_METRIC
 
 ON_OFF = (0, 1)
 
@@ -61,7 +62,7 @@ class DriveSwitches(OptionSection):
     SELECT: str = option("final", "which validation of a run the table reports (FINAL_EVAL=0)",
                          choices=("final", "best"))  # fmt: skip
     METRICS: str = option(
-        "pass@1",
+        DEFAULT_METRIC,
         'one table per metric, e.g. "pass@1 pass@16 maj@16 avg@n" (FINAL_EVAL=1; make_tables --metric, '
         "docs/evaluation.md#coverage)",
         rule=text("metrics separated by spaces"),
