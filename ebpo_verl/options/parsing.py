@@ -243,21 +243,21 @@ class OptionSection:
         return cls(**values)
 
     @classmethod
-    def env_values(cls, env: Mapping[str, str]) -> dict[str, Any]:
-        """Option -> value for each variable of :attr:`ENV` set in ``env`` (checked: :func:`env_value`)."""
+    def env_values(cls, env: Mapping[str, str], variables: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Option -> value for each variable of ``variables`` (option -> variable; default :attr:`ENV`) set, not
+        empty, in ``env`` (checked: :func:`env_value`)."""
         declared = {f.name: f for f in fields(cls)}
         return {
             key: env_value(declared[key], variable, env[variable])
-            for key, variable in cls.ENV.items()
+            for key, variable in (cls.ENV if variables is None else variables).items()
             if env.get(variable, "").strip()
         }
 
     @classmethod
     def from_variables(cls: type[T], env: Mapping[str, str]) -> T:
-        """Switches: options named as environment variables; each one set (non-empty) in ``env`` read by
-        :func:`env_value`, the others their declared defaults (an unset and an empty variable are the same)."""
-        declared = fields(cls)  # type: ignore[arg-type]
-        return cls(**{f.name: env_value(f, f.name, env[f.name]) for f in declared if env.get(f.name, "").strip()})
+        """Switches: options named as environment variables, each set one read by :meth:`env_values`, the others
+        their declared defaults (an unset and an empty variable are the same)."""
+        return cls(**cls.env_values(env, {name: name for name in cls.keys()}))
 
     def with_env(self: T, env: Mapping[str, str]) -> T:
         """These options with each variable of :attr:`ENV` set in ``env`` replacing its option."""
