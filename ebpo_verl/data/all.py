@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from ebpo_verl.data import DATASETS
-from ebpo_verl.data.schema import PATH, TEMPLATES, DataPrepError, check_hub
+from ebpo_verl.data.schema import TEMPLATES, DataPrepError, check_hub
 from ebpo_verl.options.cli import parse
-from ebpo_verl.options.parsing import OptionSection, nullable, option
+from ebpo_verl.options.parsing import PATH, OptionSection, nullable, option
 
 LOCAL_FILES = {
     "dapo_math": "dapo_math_sample.jsonl",

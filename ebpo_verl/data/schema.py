@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write
 from ebpo_verl.options.cli import parse
-from ebpo_verl.options.parsing import OptionSection, ints, is_finite_number, nullable, option, text
+from ebpo_verl.options.parsing import PATH, OptionSection, ints, is_finite_number, nullable, option, text
 from ebpo_verl.reward import missing_ground_truth
 
 DAPO_PREFIX = (
@@ -47,7 +47,6 @@ DAPO_PREFIX = (
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 BOXED_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 TEMPLATES = ("dapo", "boxed")
-PATH = text("a path")
 
 EXTRA_INFO_TYPE = pa.struct(
     [

@@ -42,7 +42,7 @@ from ebpo_verl.evaluate.prompts import (
 from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
 from ebpo_verl.ops.provenance import provenance
 from ebpo_verl.options.cli import OneLineParser, add_options
-from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, text
+from ebpo_verl.options.parsing import PATH, OptionSection, ints, nullable, option, text
 
 PROG = "python -m ebpo_verl.evaluate"
 DESCRIPTIONS = {
@@ -50,9 +50,6 @@ DESCRIPTIONS = {
     "match (docs/paper_notes.md#evaluation), 16 runs (OlympiadBench 4) unless --runs",
     "verl": "chat template + ebpo_verl.reward (math-verify), 16 runs unless --runs",
 }
-
-
-PATH = text("a path")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
-from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, reals, text
+from ebpo_verl.options.parsing import PATH, OptionSection, ints, nullable, option, reals, text
 from ebpo_verl.reward import compute_score
 
 
@@ -207,9 +207,6 @@ def write_with_rates(table: pa.Table, rates: list[float], out_path: str | Path, 
     )
     print("  buckets (1 = easiest): " + ", ".join(f"{b}={hist.get(b, 0)}" for b in range(1, k + 1)))
     return out
-
-
-PATH = text("a path")
 
 
 @dataclass(frozen=True)

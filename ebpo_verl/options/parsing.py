@@ -87,6 +87,10 @@ def text(what: str) -> Rule:
     return Rule(lambda x: isinstance(x, str) and bool(x), what)
 
 
+PATH = text("a path")
+"""The rule of an option that names a file or folder (a non-empty string)."""
+
+
 def option(
     default: Any,
     help: str,

@@ -19,7 +19,7 @@ from typing import ClassVar
 from omegaconf import OmegaConf
 
 from ebpo_verl.evaluate.prompts import BENCHMARKS
-from ebpo_verl.options.parsing import OptionSection, Rule, ints, nullable, option, text
+from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, nullable, option, text
 from ebpo_verl.recipes.presets import (
     ALIASES,
     MAX_RESPONSE,
@@ -37,7 +37,6 @@ from ebpo_verl.recipes.presets import (
 BASELINES = ("paper", "canonical")
 SCHEDULE_VARS = ("TOTAL_STEPS", "TOTAL_EPOCHS", "TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")
 MODELS_DIR = Path(__file__).with_name("models")
-PATH = text("a path")
 PERIOD = Rule(lambda x: x == -1 or (isinstance(x, int) and x >= 1), "a positive integer or -1 (never)")
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ebpo_verl.evaluate.prompts import PROTOCOLS
-from ebpo_verl.options.parsing import OptionSection, nullable, option, text
+from ebpo_verl.options.parsing import PATH, OptionSection, nullable, option, text
 from ebpo_verl.recipes.make_tables import DEFAULT_METRIC
 
 ON_OFF = (0, 1)
@@ -69,7 +69,7 @@ class DriveSwitches(OptionSection):
     )
     RESULTS_DIR: str | None = nullable(
         "tables go to RESULTS_DIR/rw_<REWARD>-bl_<BASELINES>/<protocol>/<table>.md; unset: WORK_DIR/results",
-        text("a path"),
+        PATH,
     )
 
 
@@ -82,5 +82,5 @@ class EvalSwitches(OptionSection):
     EVAL_PROTOCOL: str = _protocol()
     EVAL_DIR: str | None = nullable(
         "where the generations and results go; unset: WORK_DIR/eval/<experiment>-step<N> (or the model folder's name)",
-        text("a path"),
+        PATH,
     )
