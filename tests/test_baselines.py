@@ -27,6 +27,7 @@ from ebpo_verl.algos.baselines import (
     compute_js_advantages,
     compute_spo_advantages,
 )
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
@@ -158,7 +159,12 @@ def make_batch(rng: np.random.Generator, sizes: list[int], kind: str = "binary",
 
 def run(fn, uids, rewards, valid=None) -> np.ndarray:
     valid = torch.ones(len(uids), dtype=torch.bool) if valid is None else valid
-    return fn(torch.as_tensor(rewards, dtype=torch.float64), uids, valid).values.numpy()
+    return fn(Batch(torch.as_tensor(rewards, dtype=torch.float64), uids, valid)).values.numpy()
+
+
+def spo_step(scores: torch.Tensor, keys: np.ndarray, valid: torch.Tensor, state: SPOState) -> Advantages:
+    """One ``spo`` step with the default options on rows keyed by ``keys`` (the stable prompt keys, also the uids)."""
+    return compute_spo_advantages(Batch(scores, keys, valid, keys), SPOOptions(), state)
 
 
 EDGE_CASES = {
@@ -186,7 +192,7 @@ def test_edge_cases_match_the_reference(case, which):
 def test_integer_scores_give_float_advantages():
     uids = np.array(["a", "a", "a"])
     for fn in (compute_js_advantages, compute_bnpo_advantages):
-        got = fn(torch.tensor([1, 0, 0]), uids, torch.ones(3, dtype=torch.bool)).values
+        got = fn(Batch(torch.tensor([1, 0, 0]), uids, torch.ones(3, dtype=torch.bool))).values
         assert got.is_floating_point()
         np.testing.assert_allclose(got.numpy(), [2 / 3, -1 / 3, -1 / 3], rtol=1e-6)
 
@@ -249,9 +255,7 @@ def test_spo_matches_the_reference_over_steps_with_recurring_prompts(seed, kind)
         # the stable key: prompts drawn from a pool of 8, so they recur across steps (fresh uid strings every step)
         pool = {u: f"prompt-{rng.integers(8)}" for u in sorted(set(uids))}
         keys = np.array([pool[u] for u in uids], dtype=object)
-        got = compute_spo_advantages(
-            torch.as_tensor(r), keys, torch.ones(len(r), dtype=torch.bool), SPOOptions(), state
-        ).values
+        got = spo_step(torch.as_tensor(r), keys, torch.ones(len(r), dtype=torch.bool), state).values
         np.testing.assert_allclose(got.numpy(), ref.step(keys, list(r)), atol=1e-9, rtol=1e-9)
     assert state.keys.tolist() == sorted(ref.tracker)
     np.testing.assert_allclose(np.stack([state.alpha, state.beta], 1), [ref.tracker[k] for k in sorted(ref.tracker)])
@@ -262,7 +266,7 @@ def test_spo_first_update_and_baselines_by_hand():
     valid = torch.ones(6, dtype=torch.bool)
     keys = np.array(["7", "7", "7", "9", "9", "9"], dtype=object)
     r1 = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    a1 = compute_spo_advantages(r1, keys, valid, SPOOptions(), state)
+    a1 = spo_step(r1, keys, valid, state)
     x = r1.double() - 0.5  # unseen: baseline 0.5, then batch standardisation
     torch.testing.assert_close(a1.values.double(), (x - x.mean()) / (x.std() + EPS))
     # first update from (4, 4): alpha = 0.9 * 4 + rbar, beta = 0.9 * 4 + 1 - rbar
@@ -273,7 +277,7 @@ def test_spo_first_update_and_baselines_by_hand():
     # step 2: the baseline is the tracker BEFORE this step's update; prompt "8" is new
     keys2 = np.array(["9", "9", "8", "8", "7", "7"], dtype=object)
     r2 = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
-    a2 = compute_spo_advantages(r2, keys2, valid, SPOOptions(), state).values
+    a2 = spo_step(r2, keys2, valid, state).values
     b7, b9 = (3.6 + 2 / 3) / 8.2, 3.6 / 8.2
     x = r2.double() - torch.tensor([b9, b9, 0.5, 0.5, b7, b7], dtype=torch.float64)
     torch.testing.assert_close(a2.double(), (x - x.mean()) / (x.std() + EPS))
@@ -284,23 +288,17 @@ def test_spo_first_update_and_baselines_by_hand():
 def test_spo_padding_and_rewards_outside_unit_interval():
     state = SPOState()
     keys = np.array(["a", "a", None], dtype=object)
-    got = compute_spo_advantages(
-        torch.tensor([2.0, -1.0, 5.0]), keys, torch.tensor([True, True, False]), SPOOptions(), state
-    ).values
+    got = spo_step(torch.tensor([2.0, -1.0, 5.0]), keys, torch.tensor([True, True, False]), state).values
     assert got[2] == 0 and state.keys.tolist() == ["a"]
     np.testing.assert_allclose(state.alpha, [3.6 + 0.5])  # mean 0.5 inside [0, 1]
-    compute_spo_advantages(
-        torch.tensor([2.0, 3.0]), np.array(["a", "a"]), torch.ones(2, dtype=torch.bool), SPOOptions(), state
-    )
+    spo_step(torch.tensor([2.0, 3.0]), np.array(["a", "a"]), torch.ones(2, dtype=torch.bool), state)
     np.testing.assert_allclose([state.alpha[0], state.beta[0]], [0.9 * 4.1 + 1.0, 0.9 * 4.1])  # clamped to 1
     no_key = r"2 valid row\(s\) have no prompt key\(s\) \(extra_info\['index'\]\) \(None/NaN\); first rows: \[1, 2\]"
     with pytest.raises(ValueError, match=no_key):
         keys = np.array(["a", None, math.nan], dtype=object)
-        compute_spo_advantages(torch.ones(3), keys, torch.ones(3, dtype=torch.bool), SPOOptions(), state)
+        spo_step(torch.ones(3), keys, torch.ones(3, dtype=torch.bool), state)
     with pytest.raises(ValueError, match=r"non-finite .* \['b'\]"):
-        compute_spo_advantages(
-            torch.tensor([1.0, math.nan]), np.array(["a", "b"]), torch.ones(2, dtype=torch.bool), SPOOptions(), state
-        )
+        spo_step(torch.tensor([1.0, math.nan]), np.array(["a", "b"]), torch.ones(2, dtype=torch.bool), state)
 
 
 def test_spo_state_dict_round_trip_and_checks():
@@ -308,11 +306,10 @@ def test_spo_state_dict_round_trip_and_checks():
     rng = np.random.default_rng(5)
     for step in range(3):
         uids, r = make_batch(rng, [3, 2, 4], tag=str(step))
-        compute_spo_advantages(
+        spo_step(
             torch.as_tensor(r),
             np.array([u[-1] for u in uids]),
             torch.ones(len(r), dtype=torch.bool),
-            SPOOptions(),
             state,
         )
     snapshot = json.loads(json.dumps(state.state_dict()))
@@ -703,7 +700,7 @@ def test_bnpo_concentrated_batch_is_the_papers_formula_and_reports_max_abs_adv()
     uids = np.repeat([f"q{i}" for i in range(100)], 4).astype(object)
     r = np.tile([1.0, 1.0, 1.0, 0.0], 100)
     r[-4:] = [1.0, 0.0, 0.0, 0.0]
-    got = compute_bnpo_advantages(torch.as_tensor(r), uids, torch.ones(len(r), dtype=torch.bool))
+    got = compute_bnpo_advantages(Batch(torch.as_tensor(r), uids, torch.ones(len(r), dtype=torch.bool)))
     ref = reference_bnpo(uids, list(r))
     np.testing.assert_allclose(got.values.numpy(), ref, rtol=1e-9)
     assert 1e5 < np.abs(ref).max() < 1e6  # ~1.1e5: the fork's formula, kept as is

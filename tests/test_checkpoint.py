@@ -15,6 +15,7 @@ from verl.protocol import DataProto
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
+from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
@@ -166,7 +167,7 @@ def _filled_state() -> EBPOState:
     state = EBPOState()
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
     compute_ebpo_advantages(
-        scores, ["a", "a", "b", "b", "c", "c"], torch.ones(6, dtype=torch.bool), EBPOOptions(), state
+        Batch(scores, ["a", "a", "b", "b", "c", "c"], torch.ones(6, dtype=torch.bool)), EBPOOptions(), state
     )
     return state
 

@@ -15,6 +15,7 @@ import torch
 from verl import DataProto
 
 from ebpo_verl.algos.dbb import DBBOptions, DBBState, compute_dbb_advantages
+from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
@@ -27,7 +28,8 @@ DBB = get("dbb")
 def _adv(rewards, keys, options, state, valid=None):
     r = torch.tensor(rewards, dtype=torch.float32)
     v = torch.ones(len(r), dtype=torch.bool) if valid is None else torch.tensor(valid)
-    return compute_dbb_advantages(r, np.array(keys, dtype=object), v, options, state).values.numpy()
+    keys = np.array(keys, dtype=object)
+    return compute_dbb_advantages(Batch(r, keys, v, keys), options, state).values.numpy()
 
 
 class ReferenceDBB:
@@ -68,7 +70,8 @@ def test_two_visits_update_the_posterior_and_advantages_as_computed_by_hand():
     np.testing.assert_allclose(state.alpha, [2.75, 2.5])
     np.testing.assert_allclose(state.beta, [3.75, 0.5])
     r = torch.ones(4, dtype=torch.float32)
-    frac_seen = compute_dbb_advantages(r, np.array(["a"] * 4, dtype=object), r.bool(), opts, state).diagnostics
+    keys = np.array(["a"] * 4, dtype=object)
+    frac_seen = compute_dbb_advantages(Batch(r, keys, r.bool(), keys), opts, state).diagnostics
     assert state.steps == 3 and frac_seen["dbb/frac_seen"] == 1.0
 
 

@@ -18,6 +18,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from ebpo_verl.algos.ebpo import EBPOOptions, ignored_options
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState, Moments
+from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
 EPS = 1e-6
@@ -60,7 +61,7 @@ def ebpo_step(uids, rewards, state=None, labels=None, **opts):
     if state is None:
         DEFAULT.options = EBPOOptions(**opts)
         return DEFAULT(scores, uids, valid, labels)
-    return compute_ebpo_advantages(scores, uids, valid, EBPOOptions(**opts), state, labels=labels)
+    return compute_ebpo_advantages(Batch(scores, uids, valid, labels), EBPOOptions(**opts), state)
 
 
 def run_ebpo(uids, rewards, state=None, labels=None, **opts) -> np.ndarray:
@@ -515,9 +516,8 @@ def test_beta_binomial_refuses_other_rewards_naming_the_cause(rewards):
 def test_any_real_score_dtype_gives_float_advantages(dtype):
     uids = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
     rewards = [1, 0, 1, 0, 0, 1]
-    got = compute_ebpo_advantages(
-        torch.tensor(rewards).to(dtype), uids, torch.ones(6, dtype=torch.bool), EBPOOptions(), EBPOState()
-    ).values
+    batch = Batch(torch.tensor(rewards).to(dtype), uids, torch.ones(6, dtype=torch.bool))
+    got = compute_ebpo_advantages(batch, EBPOOptions(), EBPOState()).values
     assert got.dtype == (dtype if dtype.is_floating_point else torch.get_default_dtype())
     expected = run_ebpo(uids, np.array(rewards, dtype=np.float64), state=EBPOState())
     np.testing.assert_allclose(
@@ -530,7 +530,9 @@ def test_wrong_shapes_raise_a_clear_value_error():
     fn = get_adv_estimator_fn("ebpo")
     uids = np.array(["a", "a"], dtype=object)
     with pytest.raises(ValueError, match=r"scores must have shape \(bs,\).*\(2, 3\)"):
-        compute_ebpo_advantages(torch.zeros(2, 3), uids, torch.ones(2, dtype=torch.bool), EBPOOptions(), EBPOState())
+        compute_ebpo_advantages(
+            Batch(torch.zeros(2, 3), uids, torch.ones(2, dtype=torch.bool)), EBPOOptions(), EBPOState()
+        )
     with pytest.raises(ValueError, match=r"response_length >= 1.*\(2, 0\)"):
         fn(token_level_rewards=torch.zeros(2, 0), response_mask=torch.zeros(2, 0), index=uids)
     with pytest.raises(ValueError, match=r"one shape.*\(2, 3\) and \(2, 4\)"):
@@ -817,7 +819,7 @@ def test_advantage_beyond_the_output_dtype_is_an_overflow_error_not_inf():
     options = EBPOOptions(shrinkage=0.0, norm="none")
     uids = np.array(["big"] * 3, dtype=object)
     with pytest.raises(ValueError, match=r"estimator call 1 .*overflow \(advantages above the torch.float16 maximum"):
-        compute_ebpo_advantages(scores, uids, torch.ones(3, dtype=torch.bool), options, state)
+        compute_ebpo_advantages(Batch(scores, uids, torch.ones(3, dtype=torch.bool)), options, state)
     assert state.steps == 0
-    ok = compute_ebpo_advantages(scores.double(), uids, torch.ones(3, dtype=torch.bool), options, state).values
+    ok = compute_ebpo_advantages(Batch(scores.double(), uids, torch.ones(3, dtype=torch.bool)), options, state).values
     np.testing.assert_array_equal(ok.numpy(), [40000.0, 40000.0, -80000.0])

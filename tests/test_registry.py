@@ -180,6 +180,26 @@ def test_a_spec_refuses_what_cannot_work_and_get_names_the_closest():
         registry.get("grpo").estimate()
 
 
+def test_an_estimator_is_its_pure_function_bound_to_its_options_and_state():
+    from ebpo_verl.algos.dbb import DBBEstimator, DBBOptions, DBBState, compute_dbb_advantages
+    from ebpo_verl.algos.estimator import Batch, Estimator
+    from ebpo_verl.algos.krpo import KRPOEstimator, KRPOOptions, compute_krpo_advantages
+
+    uids = np.array(["a", "a", "b", "b", "pad1"], dtype=object)
+    keys = np.array(["k1", "k1", "k2", "k2", None], dtype=object)
+    valid = torch.ones(5, dtype=torch.bool)
+    dbb, state, krpo = DBBEstimator(DBBOptions()), DBBState(), KRPOEstimator(KRPOOptions(order="rows"))
+    for scores in (torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0]), torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0])):
+        got = dbb(scores, uids, valid, keys, "pad")
+        want = compute_dbb_advantages(Batch(scores, uids, valid, keys, "pad"), DBBOptions(), state)
+        assert torch.equal(got.values, want.values) and got.diagnostics == want.diagnostics
+        assert dbb.state.state_dict() == state.state_dict() and state.steps > 0
+        want = compute_krpo_advantages(Batch(scores, uids, valid, None, "pad"), KRPOOptions(order="rows")).values
+        assert torch.equal(krpo(scores, uids, valid, None, "pad").values, want) and want[-1] == 0 and want.any()
+    with pytest.raises(NotImplementedError, match="Estimator sets no pure_function and does not override compute"):
+        Estimator()(torch.ones(2), uids[:2], valid[:2])
+
+
 @pytest.mark.parametrize(("page", "block"), [(p, b) for p, blocks in [("estimator.md", ["ebpo-options"]),
                          ("baselines.md", ["estimators", "estimator-options"])] for b in blocks])  # fmt: skip
 def test_the_docs_tables_are_the_generated_ones(page, block):

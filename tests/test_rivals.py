@@ -19,6 +19,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.baselines import compute_js_advantages
+from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.algos.ha_dw import HADWEstimator, HADWOptions
 from ebpo_verl.algos.jspo import JSPOEstimator, JSPOOptions, compute_jspo_advantages
 from ebpo_verl.algos.jspo_history import JSPOHistoryEstimator, JSPOHistoryOptions, decay
@@ -101,12 +102,14 @@ def test_jspo_paper_is_bit_identical_to_shrinkage_js_and_authors_code_differs():
         uids, r = batch(rng, rng.integers(1, 9, size=rng.integers(1, 12)).tolist(), ["binary", "continuous"][t % 2])
         scores = torch.tensor(r, dtype=torch.float32 if t % 3 else torch.float64)
         valid = torch.from_numpy(rng.random(len(uids)) > 0.1)
-        js = compute_js_advantages(scores, uids, valid, "pad").values
-        assert torch.equal(compute_jspo_advantages(scores, uids, valid, "paper", "pad").values, js)
+        js = compute_js_advantages(Batch(scores, uids, valid, pad_prefix="pad")).values
+        paper = JSPOOptions(form="paper")
+        assert torch.equal(compute_jspo_advantages(Batch(scores, uids, valid, pad_prefix="pad"), paper).values, js)
         uids, r = batch(rng, rng.integers(2, 9, size=rng.integers(2, 12)).tolist())
         scores, valid = torch.tensor(r), torch.ones(len(uids), dtype=torch.bool)
-        js = compute_js_advantages(scores, uids, valid).values
-        differs += not torch.allclose(compute_jspo_advantages(scores, uids, valid, "authors_code").values, js)
+        js = compute_js_advantages(Batch(scores, uids, valid)).values
+        authors = compute_jspo_advantages(Batch(scores, uids, valid), JSPOOptions(form="authors_code")).values
+        differs += not torch.allclose(authors, js)
     assert differs > 20  # the check can see the (n-1)/n factor
 
 
@@ -292,8 +295,8 @@ def test_krpo_sample_indices_from_verls_trajectory_keys():
 
 def test_krpo_options_reach_the_filter():
     opts = KRPOOptions(process_noise=1e-3, measurement_noise=0.5, x0=0.3, p0=2.0, order="rows")
-    got = compute_krpo_advantages(torch.tensor([1.0, 0.0, 1.0]), np.array(["a"] * 3, dtype=object),
-                                  torch.ones(3, dtype=torch.bool), opts).values  # fmt: skip
+    batch = Batch(torch.tensor([1.0, 0.0, 1.0]), np.array(["a"] * 3, dtype=object), torch.ones(3, dtype=torch.bool))
+    got = compute_krpo_advantages(batch, opts).values
     np.testing.assert_allclose(got.numpy(), reference_krpo([1.0, 0.0, 1.0], 1e-3, 0.5, 0.3, 2.0), rtol=1e-6)
 
 

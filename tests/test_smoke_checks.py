@@ -21,6 +21,7 @@ import torch
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
+from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.cpu import backend
 from ebpo_verl.smoke import continuation, evaluation, faults, limits, scan, settings
 
@@ -174,7 +175,7 @@ def _train(state: EBPOState, options: EBPOOptions, rng, topics: list[str]) -> li
     scores = torch.tensor([x for _, g in groups for x in g])
     index = [f"p{i}" for i, (_, g) in enumerate(groups) for _ in g]
     labels = [topic for topic, g in groups for _ in g]
-    compute_ebpo_advantages(scores, index, torch.ones(len(index), dtype=torch.bool), options, state, labels)
+    compute_ebpo_advantages(Batch(scores, index, torch.ones(len(index), dtype=torch.bool), labels), options, state)
     return groups
 
 

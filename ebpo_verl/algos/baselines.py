@@ -34,7 +34,6 @@ sorted order, so results do not depend on the order of the rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,10 +41,10 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import group_rows, pass_levels, scatter_rows, sorted_sum, standardise
-from ebpo_verl.algos.jspo import compute_jspo_advantages
+from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum, standardise
+from ebpo_verl.algos.jspo import JSPOOptions, compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.algos.tracker import PromptTracker, prompt_key_option, require_prompt_keys
+from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 EPS = 1e-6
@@ -55,19 +54,11 @@ EPS = 1e-6
 # ------------------------------------------------------------------------------------- shrinkage_js
 
 
-def compute_js_advantages(
-    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None = None
-) -> Advantages:
-    """James-Stein (leave-one-out) shrinkage advantages, shape ``(bs,)``; padding rows get 0; no diagnostics: the
-    ``jspo`` estimator's ``form=paper`` (:func:`ebpo_verl.algos.jspo.compute_jspo_advantages`, the one implementation).
-
-    Args:
-        scores: response rewards, shape (bs,).
-        index: per-response prompt uids (compared as strings).
-        valid: False for padding rows.
-        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
-    """
-    return Advantages(compute_jspo_advantages(scores, index, valid, "paper", pad_prefix).values, {})
+def compute_js_advantages(batch: Batch) -> Advantages:
+    """James-Stein (leave-one-out) shrinkage advantages of ``batch``'s rows grouped by uid (``row_values`` not
+    read), shape ``(bs,)``; padding rows get 0; no diagnostics: the ``jspo`` estimator's ``form=paper``
+    (:func:`ebpo_verl.algos.jspo.compute_jspo_advantages`, the one implementation)."""
+    return Advantages(compute_jspo_advantages(batch, JSPOOptions(form="paper")).values, {})
 
 
 # ---------------------------------------------------------------------------------------------- bnpo
@@ -96,20 +87,19 @@ def _bnpo_refusal(values: list[float], offenders: list[str]) -> str:
     )
 
 
-def compute_bnpo_advantages(
-    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None = None
-) -> Advantages:
-    """BNPO advantages (r - p_q) / max(eps, Beta(alpha, beta) pdf at p_q), shape ``(bs,)``; padding rows get 0.
+def compute_bnpo_advantages(batch: Batch) -> Advantages:
+    """BNPO advantages (r - p_q) / max(eps, Beta(alpha, beta) pdf at p_q) of ``batch``'s rows grouped by uid
+    (``row_values`` not read), shape ``(bs,)``; padding rows get 0.
 
     Rewards in [0, 1] are used as they are. The paper's -1/+1 reward is first mapped to pass rates x = (r + 1)/2
     (as EBPO-BB does), the formula applied to x, and the advantage mapped back to reward units: 2 (x - p_q) / pdf
     = (r - (2 p_q - 1)) / pdf. Other rewards raise ValueError naming the cause. Diagnostics ``bnpo/alpha``,
     ``bnpo/beta`` and ``bnpo/max_abs_adv`` (1/pdf reaches ~1e6 on a concentrated batch,
-    docs/paper_notes.md#fork-baselines). Args as :func:`compute_js_advantages`.
+    docs/paper_notes.md#fork-baselines).
     """
-    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
+    g = batch.uid_groups()
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     lo, span = pass_levels(g, _bnpo_refusal)
     if span != 1.0:  # -1/+1 -> pass indicator 0/1; group means and variances follow exactly (affine map)
         g.r, g.mean, g.var = (g.r - lo) / span, (g.mean - lo) / span, g.var / (span * span)
@@ -123,14 +113,14 @@ def compute_bnpo_advantages(
         "bnpo/beta": beta,
         "bnpo/max_abs_adv": adv.abs().max().item() if adv.numel() else 0.0,
     }
-    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
 class BNPOEstimator(Estimator):
     """``bnpo`` with its diagnostics of the last call (no options, no state)."""
 
     def compute(self, batch: Batch) -> Advantages:
-        return compute_bnpo_advantages(batch.scores, batch.index, batch.valid, batch.pad_prefix)
+        return compute_bnpo_advantages(batch)
 
 
 # ----------------------------------------------------------------------------------------------- spo
@@ -168,26 +158,19 @@ class SPOState(PromptTracker):
     label = "SPO"
 
 
-def compute_spo_advantages(
-    scores: torch.Tensor,
-    prompt_keys: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: SPOOptions,
-    state: SPOState,
-) -> Advantages:
+def compute_spo_advantages(batch: Batch, options: SPOOptions, state: SPOState) -> Advantages:
     """SPO advantages, shape ``(bs,)``, batch-standardised (padding rows get 0), and the step's ``spo/*``
     diagnostics. Updates ``state`` in place.
 
     Args:
-        scores: response rewards, shape (bs,).
-        prompt_keys: per-response stable prompt keys (compared as strings; None/NaN only on padding rows).
-        valid: False for padding rows; they get advantage 0 and never touch the tracker.
+        batch: the rows grouped by their stable prompt keys, ``row_values`` (:func:`tracker.prompt_groups`);
+            padding rows get advantage 0 and never touch the tracker.
         options: estimator options.
         state: the tracker.
     """
-    g = group_rows(scores, prompt_keys, valid, f"prompt key(s) (extra_info[{options.prompt_key!r}])")
+    g = prompt_groups(batch, "spo", "tracker", options.prompt_key)
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     pos, found = state.lookup(g.keys)
     half = float(options.n0) / 2.0
     old_alpha, old_beta = state.counts(pos, found, (half, half))
@@ -201,27 +184,22 @@ def compute_spo_advantages(
         "spo/frac_seen": float(found.mean()),
         "spo/prompts_tracked": float(len(state.keys)),
     }
-    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
 class SPOEstimator(Estimator):
     """The ``spo`` estimator of one run: its options, its tracker (saved with every checkpoint) and the last step's
-    ``spo/*`` diagnostics. ``row_values`` are the stable prompt keys; rows whose uid starts with ``pad_prefix``
-    are padding."""
+    ``spo/*`` diagnostics. ``row_values`` are the stable prompt keys."""
 
     state_cls = SPOState
-
-    def compute(self, batch: Batch) -> Advantages:
-        keys = require_prompt_keys(batch.row_values, "spo", "tracker", self.options.prompt_key)
-        valid = batch.unpadded_valid()
-        return compute_spo_advantages(batch.scores, keys, valid, self.options, self.state)
+    pure_function = staticmethod(compute_spo_advantages)
 
 
 def js_estimate(
     scores: torch.Tensor, index: Any, valid: torch.Tensor, row_values: Any = None, pad_prefix: str | None = None
 ) -> Advantages:
     """``shrinkage_js`` as an estimator call (it reads no per-row field)."""
-    return compute_js_advantages(scores, index, valid, pad_prefix)
+    return compute_js_advantages(Batch(scores, index, valid, row_values, pad_prefix))
 
 
 SPECS = (

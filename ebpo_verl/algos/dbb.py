@@ -23,17 +23,16 @@ Prompts absent from a batch are not discounted (one discount per visit, as the p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.algos.tracker import PromptTracker, prompt_key_option, require_prompt_keys
+from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 
@@ -86,28 +85,20 @@ def _dbb_refusal(values: list[float], bad: list[str]) -> str:
     )
 
 
-def compute_dbb_advantages(
-    scores: torch.Tensor,
-    prompt_keys: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: DBBOptions,
-    state: DBBState,
-) -> Advantages:
+def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -> Advantages:
     """DBB advantages, shape ``(bs,)``, and the step's ``dbb/*`` diagnostics: each visited prompt's posterior is
     updated with this step's S and N (Eq. 11), then A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)) with
     p_hat = alpha / (alpha + beta) (Eqs. 12-13; ``normalize=False``: X_i - p_hat), in reward units. Padding rows
     (``valid`` False) get 0 and never touch the state; ``state`` is updated in place.
 
     Args:
-        scores: response rewards, shape (bs,).
-        prompt_keys: per-response stable prompt keys (compared as strings; None/NaN only on padding rows).
-        valid: False for padding rows.
+        batch: the rows grouped by their stable prompt keys, ``row_values`` (:func:`tracker.prompt_groups`).
         options: estimator options.
         state: the posteriors.
     """
-    g = group_rows(scores, prompt_keys, valid, f"prompt key(s) (extra_info[{options.prompt_key!r}])")
+    g = prompt_groups(batch, "dbb", "posterior", options.prompt_key)
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     x, span = _successes(g)
     pos, found = state.lookup(g.keys)
     old_alpha, old_beta = state.counts(pos, found, (float(options.prior_alpha), float(options.prior_beta)))
@@ -127,20 +118,15 @@ def compute_dbb_advantages(
         "dbb/prompts_tracked": float(len(state.keys)),
         "dbb/pseudo_count_mean": float(np.sort(alpha + beta).sum() / len(alpha)),
     }
-    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
 class DBBEstimator(Estimator):
     """The ``dbb`` estimator of one run: its options, its posteriors (saved with every checkpoint) and the last
-    step's ``dbb/*`` diagnostics. ``row_values`` are the stable prompt keys; rows whose uid starts with
-    ``pad_prefix`` are padding."""
+    step's ``dbb/*`` diagnostics. ``row_values`` are the stable prompt keys."""
 
     state_cls = DBBState
-
-    def compute(self, batch: Batch) -> Advantages:
-        keys = require_prompt_keys(batch.row_values, "dbb", "posterior", self.options.prompt_key)
-        valid = batch.unpadded_valid()
-        return compute_dbb_advantages(batch.scores, keys, valid, self.options, self.state)
+    pure_function = staticmethod(compute_dbb_advantages)
 
 
 SPECS = (

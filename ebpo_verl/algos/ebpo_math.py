@@ -293,28 +293,17 @@ def _normalised(
     return adv
 
 
-def compute_ebpo_advantages(
-    scores: torch.Tensor,
-    index: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: EBPOOptions,
-    state: EBPOState,
-    labels: Sequence[Any] | np.ndarray | None = None,
-    pad_prefix: str | None = None,
-) -> Advantages:
-    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``scores``; padding rows get 0) and the
-    step's ``ebpo/*`` diagnostics.
+def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState) -> Advantages:
+    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``batch.scores``; padding rows get 0) and
+    the step's ``ebpo/*`` diagnostics.
 
     Args:
-        scores: response rewards, shape (bs,), any real dtype (the result is floating: the dtype of ``scores``
-            when it is floating, else torch's default dtype).
-        index: per-response prompt uids (compared as strings).
-        valid: False for padding rows; they get advantage 0 and never touch the statistics.
+        batch: the rows grouped by uid ``index``; ``scores`` of any real dtype (the result is floating: the dtype
+            of ``scores`` when it is floating, else torch's default dtype); padding rows (``valid`` False or a uid
+            starting with ``pad_prefix``) get advantage 0 and never touch the statistics; ``row_values`` the
+            cluster labels (compared as strings; None/NaN = missing), required iff ``options.cluster_key``.
         options: estimator options.
         state: running statistics, updated in place (unless ``stats_scope="batch"``); left unchanged on error.
-        labels: per-response cluster labels (compared as strings; None/NaN = missing), required iff
-            ``options.cluster_key``.
-        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
 
     ``stats_scope="batch"`` is the released code (docs/paper_notes.md#released-code): sigma^2 = population variance
     of the batch's rewards, tau^2 = population variance of its group means, mu_glob = mean of the group means,
@@ -323,22 +312,22 @@ def compute_ebpo_advantages(
     With ``prior="beta_binomial"`` and -1/+1 rewards the posterior mean p_q of the pass rate is an expected
     reward of 2 p_q - 1: the statistics are kept in pass units and advantages mapped back to reward units.
     """
-    scores = _score_vector(scores)
+    scores = _score_vector(batch.scores)
     out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
-    rows = _valid_rows(scores, index, valid, pad_prefix)
+    rows = _valid_rows(scores, batch.index, batch.valid, batch.pad_prefix)
     lo, span = _reward_levels(rows, options)
     if rows.rows.size == 0:
         return Advantages(torch.zeros(rows.bs, dtype=out_dtype, device=scores.device), {})
     groups = _group_stats(rows, lo, span)
     n_groups = len(groups.g)
-    cluster_names, group_cluster = _group_clusters(rows, groups.row_group, n_groups, labels, options)
+    cluster_names, group_cluster = _group_clusters(rows, groups.row_group, n_groups, batch.row_values, options)
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
-    batch = np.concatenate(
+    tables = np.concatenate(
         _segment_tables(groups.x_sorted, groups.group_of_sorted, groups.g, groups.mu_q, groups.var_q, segmentations)
     )
-    stored, prior_table = _next_statistics(state, batch, cluster_names, options)
+    stored, prior_table = _next_statistics(state, tables, cluster_names, options)
     scopes = (_beta_priors if options.prior == "beta_binomial" else _gaussian_priors)(prior_table, options)
     if cluster_names is None:
         priors, group_prior = scopes, zeros_seg
@@ -349,8 +338,8 @@ def compute_ebpo_advantages(
     baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
     adv = span * (groups.x - baseline[groups.row_group])
     adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
-    _check_range(adv, batch, stored, state, rows, out_dtype)
-    _commit(state, batch[0], stored)
+    _check_range(adv, tables, stored, state, rows, out_dtype)
+    _commit(state, tables[0], stored)
     diagnostics = _diagnostics(state, scopes, shrink, groups, cluster_names, priors, group_cluster, lo, span)
     return Advantages(_scatter(adv, rows, scores.device, out_dtype), diagnostics)
 
@@ -385,10 +374,7 @@ class EBPOEstimator(Estimator):
     checkpoint) and the last step's ``ebpo/*`` diagnostics. ``row_values`` are the cluster labels."""
 
     state_cls = EBPOState
-
-    def compute(self, batch: Batch) -> Advantages:
-        scores, index, valid, labels, pad_prefix = batch
-        return compute_ebpo_advantages(scores, index, valid, self.options, self.state, labels, pad_prefix)
+    pure_function = staticmethod(compute_ebpo_advantages)
 
 
 def _overflow_error(

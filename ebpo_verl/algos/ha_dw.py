@@ -28,15 +28,14 @@ The state (anchor, buffer, steps) is saved with every checkpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, pass_levels, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
 
@@ -130,28 +129,18 @@ def next_anchor(prior: float, y: float, step: int, history: list[float], options
     return (1.0 - eta_t) * prior + eta_t * y, eta_t
 
 
-def compute_ha_dw_advantages(
-    scores: torch.Tensor,
-    index: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: HADWOptions,
-    state: HADWState,
-    pad_prefix: str | None = None,
-) -> Advantages:
+def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWState) -> Advantages:
     """HA-DW advantages A_ij = A_hat_ij lam_scale exp(-sign(A_hat_ij) sign(diff_i) |diff_i|) (module doc), shape
     ``(bs,)``; padding rows get 0. Then the anchor update; ``state`` changes in place; diagnostics ``ha_dw/*``.
 
     Args:
-        scores: response rewards, shape (bs,).
-        index: per-response prompt uids (compared as strings).
-        valid: False for padding rows.
+        batch: the rows grouped by uid (``row_values`` not read).
         options: estimator options.
         state: the anchor and its buffer.
-        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
     """
-    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
+    g = batch.uid_groups()
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     x = pass_rates(g)
     y = sorted_sum(x).item() / len(x)
     prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)
@@ -174,7 +163,7 @@ def compute_ha_dw_advantages(
         "ha_dw/pass_rate": y,
         "ha_dw/weight_mean": (sorted_sum(phi) / len(phi)).item(),
     }
-    return Advantages(scatter_rows(scores, g, a_hat * phi), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, a_hat * phi), diagnostics)
 
 
 class HADWEstimator(Estimator):
@@ -182,10 +171,7 @@ class HADWEstimator(Estimator):
     ``ha_dw/*`` diagnostics."""
 
     state_cls = HADWState
-
-    def compute(self, batch: Batch) -> Advantages:
-        b = batch
-        return compute_ha_dw_advantages(b.scores, b.index, b.valid, self.options, self.state, b.pad_prefix)
+    pure_function = staticmethod(compute_ha_dw_advantages)
 
 
 SPECS = (

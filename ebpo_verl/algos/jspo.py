@@ -22,15 +22,13 @@ runs in sorted order, so results do not depend on the order of the rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import Groups, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.options.parsing import OptionSection, option
 
@@ -80,28 +78,19 @@ def shrinkage_weight(v: torch.Tensor, s: torch.Tensor, n: int, form: str) -> tor
     return torch.where(total > EPS, ((n - 1) / n) * v / total.clamp_min(EPS), torch.zeros_like(total))
 
 
-def compute_jspo_advantages(
-    scores: torch.Tensor,
-    index: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    form: str = "paper",
-    pad_prefix: str | None = None,
-) -> Advantages:
+def compute_jspo_advantages(batch: Batch, options: JSPOOptions) -> Advantages:
     """JSPO advantages A_ij = r_ij - [(1 - lambda_i) mu_i^{-j} + lambda_i mbar_i] (arXiv 2511.03710, Sec. 3; the
     module doc), shape ``(bs,)``; padding rows get 0; diagnostic ``jspo/lambda_mean`` (0 when empty).
 
     Args:
-        scores: response rewards, shape (bs,).
-        index: per-response prompt uids (compared as strings).
-        valid: False for padding rows.
-        form: ``paper`` or ``authors_code``.
-        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
+        batch: the rows grouped by uid (``row_values`` not read).
+        options: estimator options (``form``: ``paper`` or ``authors_code``).
     """
-    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
+    g = batch.uid_groups()
     n = len(g.keys)
     if n == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
-    if form == "authors_code" and bool((g.size < 2).any()):
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
+    if options.form == "authors_code" and bool((g.size < 2).any()):
         lone = g.keys[(g.size < 2).numpy()].tolist()
         raise ValueError(
             f"jspo form=authors_code needs at least 2 responses per prompt (the authors' code requires G >= 2); "
@@ -113,18 +102,17 @@ def compute_jspo_advantages(
         mu_own = g.mean.index_select(0, g.row_group)
     else:
         mbar, v, s, mu_own = leave_one_out_parts(g)
-        lam = shrinkage_weight(v, s, n, form)
+        lam = shrinkage_weight(v, s, n, options.form)
     lam_row = lam.index_select(0, g.row_group)
     baseline = (1.0 - lam_row) * mu_own + lam_row * mbar.index_select(0, g.row_group)
     diagnostics = {"jspo/lambda_mean": (sorted_sum(lam) / n).item()}
-    return Advantages(scatter_rows(scores, g, g.r - baseline), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, g.r - baseline), diagnostics)
 
 
 class JSPOEstimator(Estimator):
     """The ``jspo`` estimator: its options (``form``) and the last call's ``jspo/lambda_mean`` (no state)."""
 
-    def compute(self, batch: Batch) -> Advantages:
-        return compute_jspo_advantages(batch.scores, batch.index, batch.valid, self.options.form, batch.pad_prefix)
+    pure_function = staticmethod(compute_jspo_advantages)
 
 
 SPECS = (

@@ -17,15 +17,12 @@ statistic.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
-import torch
-
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, is_real, option, reals, resume_option
 
@@ -91,28 +88,18 @@ def decay(step: int, smoothing: float) -> float:
     return min(math.sqrt(smoothing), MAX_DECAY_BASE) ** (HORIZON / (step - 1))
 
 
-def compute_jspo_history_advantages(
-    scores: torch.Tensor,
-    index: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: JSPOHistoryOptions,
-    state: JSPOHistoryState,
-    pad_prefix: str | None = None,
-) -> Advantages:
+def compute_jspo_history_advantages(batch: Batch, options: JSPOHistoryOptions, state: JSPOHistoryState) -> Advantages:
     """A_ij = r_ij - [(1 - lam) L_ij + lam rbar] with lam and rbar smoothed over the steps (module doc), shape
     ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``jspo_history/*``.
 
     Args:
-        scores: response rewards, shape (bs,).
-        index: per-response prompt uids (compared as strings).
-        valid: False for padding rows.
+        batch: the rows grouped by uid (``row_values`` not read).
         options: estimator options.
         state: the smoothed series.
-        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
     """
-    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
+    g = batch.uid_groups()
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     if bool((g.size < 2).any()):
         lone = g.keys[(g.size < 2).numpy()].tolist()
         raise ValueError(
@@ -140,7 +127,7 @@ def compute_jspo_history_advantages(
         "jspo_history/mean_step": rbar_t,
         "jspo_history/decay": a,
     }
-    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
 class JSPOHistoryEstimator(Estimator):
@@ -148,11 +135,7 @@ class JSPOHistoryEstimator(Estimator):
     last call's ``jspo_history/*`` diagnostics."""
 
     state_cls = JSPOHistoryState
-
-    def compute(self, batch: Batch) -> Advantages:
-        return compute_jspo_history_advantages(
-            batch.scores, batch.index, batch.valid, self.options, self.state, batch.pad_prefix
-        )
+    pure_function = staticmethod(compute_jspo_history_advantages)
 
 
 SPECS = (

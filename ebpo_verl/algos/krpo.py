@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import Groups, group_rows, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import Groups, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.options.parsing import OptionSection, is_int, is_missing, option, reals
 
@@ -87,29 +87,20 @@ def walk_positions(g: Groups, sample_index: np.ndarray | None) -> np.ndarray:
     return position
 
 
-def compute_krpo_advantages(
-    scores: torch.Tensor,
-    index: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: KRPOOptions,
-    sample_index: np.ndarray | None = None,
-    pad_prefix: str | None = None,
-) -> Advantages:
+def compute_krpo_advantages(batch: Batch, options: KRPOOptions) -> Advantages:
     """KRPO advantages A_j = (r_j - x_j) / (sqrt(P_j) + eps) of each group's filter (module doc), shape
     ``(bs,)``; padding rows get 0; diagnostic ``krpo/baseline_mean`` (the mean filtered estimate x_j).
 
     Args:
-        scores: response rewards, shape (bs,).
-        index: per-response prompt uids (compared as strings).
-        valid: False for padding rows.
+        batch: the rows grouped by uid ``index`` (padding: ``valid`` False or a uid starting with ``pad_prefix``);
+            with ``order=sample_index``, ``row_values`` are the rows' rollout sample indices (ints; any value on
+            padding rows), the walk's order, and required; with ``order=rows`` they are not read.
         options: estimator options.
-        sample_index: per-row rollout sample index (ints; any value on padding rows), the walk's order; None:
-            the row order.
-        pad_prefix: rows whose uid starts with it are padding too (verl's ``pad`` rows).
     """
-    g = group_rows(scores, index, valid, "uid(s)", pad_prefix)
+    sample_index = _sample_index(batch, options)
+    g = batch.uid_groups()
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     sample = None if sample_index is None else _sample_ints(sample_index, g.rows.numpy())
     position = walk_positions(g, sample)
     group, width = g.row_group.numpy(), int(g.size.max().item())
@@ -123,10 +114,25 @@ def compute_krpo_advantages(
         estimates[:, j] = x
     x_row = torch.from_numpy(estimates[group, position])
     adv = (g.r - x_row) / torch.from_numpy(np.sqrt(variances)[position] + float(options.epsilon))
-    return Advantages(scatter_rows(scores, g, adv), {"krpo/baseline_mean": (sorted_sum(x_row) / len(x_row)).item()})
+    baseline_mean = (sorted_sum(x_row) / len(x_row)).item()
+    return Advantages(scatter_rows(batch.scores, g, adv), {"krpo/baseline_mean": baseline_mean})
 
 
-def _sample_ints(sample_index: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _sample_index(batch: Batch, options: KRPOOptions) -> Sequence[Any] | np.ndarray | None:
+    """The rows' sample indices the walk follows (None: the row order, ``order=rows``); refused when
+    ``order=sample_index`` and the caller passed none."""
+    if options.order != "sample_index":
+        return None
+    if batch.row_values is None:
+        raise ValueError(
+            "adv_estimator=krpo with algorithm.krpo.order=sample_index needs each row's rollout sample "
+            "index (verl reorders rows by length before the advantage step): train with ebpo-train, which "
+            "passes it, or set algorithm.krpo.order=rows to filter in the batch's row order"
+        )
+    return batch.row_values
+
+
+def _sample_ints(sample_index: Sequence[Any] | np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The valid rows' sample indices as int64; a missing or non-integer one raises naming the row."""
     values = np.asarray(sample_index, dtype=object)[rows]
     as_array = np.asarray(values.tolist())
@@ -160,18 +166,7 @@ class KRPOEstimator(Estimator):
         """Whether the caller must pass each row's rollout sample index as ``row_values``."""
         return self.options.order == "sample_index"
 
-    def compute(self, batch: Batch) -> Advantages:
-        sample_index = None
-        if self.reads_sample_index:
-            if batch.row_values is None:
-                raise ValueError(
-                    "adv_estimator=krpo with algorithm.krpo.order=sample_index needs each row's rollout sample "
-                    "index (verl reorders rows by length before the advantage step): train with ebpo-train, which "
-                    "passes it, or set algorithm.krpo.order=rows to filter in the batch's row order"
-                )
-            sample_index = batch.row_values
-        valid = batch.unpadded_valid()
-        return compute_krpo_advantages(batch.scores, batch.index, valid, self.options, sample_index)
+    pure_function = staticmethod(compute_krpo_advantages)
 
 
 SPECS = (

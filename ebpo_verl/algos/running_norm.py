@@ -21,7 +21,7 @@ import torch
 
 from ebpo_verl.algos.ebpo_state import Moments
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import group_rows, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
 
@@ -79,32 +79,28 @@ class RunningNormState:
         self.steps, self.domains = steps, loaded
 
 
-def compute_running_norm_advantages(
-    scores: torch.Tensor,
-    domains: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    options: RunningNormOptions,
-    state: RunningNormState,
-) -> Advantages:
+def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, state: RunningNormState) -> Advantages:
     """A = (r - mean_d) / (std_d + eps) with each domain d's running moments after merging this batch, shape
     ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``running_norm/*``.
 
     Args:
-        scores: response rewards, shape (bs,).
-        domains: per-row domain names (compared as strings; :data:`GLOBAL` for every row without ``row_key``).
-        valid: False for padding rows.
+        batch: the rows grouped by domain: ``row_values`` (compared as strings; required with ``row_key``), or
+            :data:`GLOBAL` for every row without ``row_key``; padding rows: ``valid`` False or a uid starting
+            with ``pad_prefix``.
         options: estimator options.
         state: the accumulators.
     """
-    what = "domain(s)" if options.row_key is None else f"domain(s) (extra_info[{options.row_key!r}])"
-    g = group_rows(scores, domains, valid, what)
+    if options.row_key is None:
+        g = batch.key_groups(np.full(batch.scores.shape[0], GLOBAL, dtype=object), "domain(s)")
+    else:
+        g = batch.key_groups(_domains(batch, options.row_key), f"domain(s) (extra_info[{options.row_key!r}])")
     if len(g.keys) == 0:
-        return Advantages(scatter_rows(scores, g, g.r), {})
+        return Advantages(scatter_rows(batch.scores, g, g.r), {})
     means, stds = [], []
     for k, name in enumerate(g.keys.tolist()):
         size = float(g.size[k])
-        batch = Moments(size, float(g.mean[k]), float(g.var[k]) * (size - 1.0))
-        merged = state.domains.get(name, Moments()).merge(batch)
+        moments = Moments(size, float(g.mean[k]), float(g.var[k]) * (size - 1.0))
+        merged = state.domains.get(name, Moments()).merge(moments)
         state.domains[name] = merged
         means.append(merged.mean)
         stds.append((merged.m2 / (merged.n - 1.0)) ** 0.5 if merged.n > 1.0 else 0.0)
@@ -116,29 +112,26 @@ def compute_running_norm_advantages(
         "running_norm/std": (sorted_sum(std) / len(std)).item(),
         "running_norm/domains": float(len(state.domains)),
     }
-    return Advantages(scatter_rows(scores, g, adv), diagnostics)
+    return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
+
+
+def _domains(batch: Batch, row_key: str) -> Sequence[Any] | np.ndarray:
+    """The rows' domains (``row_values``); refused when the caller passed none."""
+    if batch.row_values is None:
+        raise ValueError(
+            f"adv_estimator=running_norm with algorithm.running_norm.row_key={row_key!r} needs "
+            "each row's extra_info field, which stock main_ppo does not pass: train with ebpo-train, or set "
+            "algorithm.running_norm.row_key=null for one global accumulator"
+        )
+    return batch.row_values
 
 
 class RunningNormEstimator(Estimator):
     """The ``running_norm`` estimator of one run: options, accumulators (saved with every checkpoint) and the last
-    call's diagnostics. With ``row_key``, ``row_values`` are the rows' domains; rows whose uid starts with
-    ``pad_prefix`` are padding."""
+    call's diagnostics. With ``row_key``, ``row_values`` are the rows' domains."""
 
     state_cls = RunningNormState
-
-    def compute(self, batch: Batch) -> Advantages:
-        if self.options.row_key is None:
-            domains = np.full(batch.scores.shape[0], GLOBAL, dtype=object)
-        else:
-            if batch.row_values is None:
-                raise ValueError(
-                    f"adv_estimator=running_norm with algorithm.running_norm.row_key={self.options.row_key!r} needs "
-                    "each row's extra_info field, which stock main_ppo does not pass: train with ebpo-train, or set "
-                    "algorithm.running_norm.row_key=null for one global accumulator"
-                )
-            domains = batch.row_values
-        valid = batch.unpadded_valid()
-        return compute_running_norm_advantages(batch.scores, domains, valid, self.options, self.state)
+    pure_function = staticmethod(compute_running_norm_advantages)
 
 
 SPECS = (

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ebpo_verl.algos.estimator import Batch
+from ebpo_verl.algos.grouping import Groups
 from ebpo_verl.options.parsing import is_real, option, text
 
 TRACKER_VERSION = 1
@@ -123,13 +125,15 @@ def prompt_key_option(help: str) -> Any:
     return option("index", help, rule=text("an extra_info field name"))
 
 
-def require_prompt_keys(row_values: np.ndarray | None, name: str, what: str, prompt_key: str) -> np.ndarray:
-    """The per-row stable prompt keys of a per-prompt estimator (``spo``, ``dbb``); without them ValueError: verl's
-    uids are fresh every step, so a uid-keyed ``what`` would never see a prompt twice."""
-    if row_values is None:
+def prompt_groups(batch: Batch, name: str, what: str, prompt_key: str) -> Groups:
+    """The valid rows of a per-prompt estimator (``spo``, ``dbb``) grouped by their stable prompt keys, the batch's
+    ``row_values`` (compared as strings; None/NaN only on padding rows; rows whose uid starts with ``pad_prefix``
+    are padding). Without them ValueError: verl's uids are fresh every step, so a uid-keyed ``what`` would never
+    see a prompt twice."""
+    if batch.row_values is None:
         raise ValueError(
             f"adv_estimator={name} needs a stable prompt key per row (verl's uid is drawn afresh every step, "
             f"so a uid-keyed {what} never sees a prompt twice): train with `python -m ebpo_verl.main`, which passes "
             f"extra_info[{prompt_key!r}] (algorithm.{name}.prompt_key), or pass prompt_keys=..."
         )
-    return row_values
+    return batch.key_groups(batch.row_values, f"prompt key(s) (extra_info[{prompt_key!r}])")

@@ -25,6 +25,7 @@ import torch
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
+from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.ops.atomic import atomic_write_text
 
 DISTRIBUTIONS: dict[str, tuple[float, float]] = {
@@ -84,7 +85,9 @@ def estimator_ratio(
         rewards = (rng.random((prompts_per_batch, g)) < theta[:, None]).astype(np.float64)
         scores = torch.from_numpy(rewards.reshape(-1))
         index = np.repeat([f"{step}-{i}" for i in range(prompts_per_batch)], g)
-        adv = compute_ebpo_advantages(scores, index, torch.ones(len(scores), dtype=torch.bool), opts, state).values
+        adv = compute_ebpo_advantages(
+            Batch(scores, index, torch.ones(len(scores), dtype=torch.bool)), opts, state
+        ).values
         baseline = (scores - adv).numpy().reshape(prompts_per_batch, g)[:, 0]
         if step > 0:
             err_v.append((baseline - theta) ** 2)
