@@ -106,6 +106,8 @@ print('ready', flush=True)
 sys.stdin.readline()
 if sys.argv[2] == 'clean':
     os.unlink('/dev/shm/' + name)
+if sys.argv[2] == 'unseen':  # made after the watch's last sample, and left
+    os.close(os.open('/dev/shm/' + name + '-late', os.O_CREAT | os.O_RDWR, 0o600))
 """
 
 
@@ -118,26 +120,36 @@ def _fake_ray_child(tag: str, name: str, mode: str) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize("mode", ["clean", "leak"])
-def test_watch_sees_the_run_and_fails_on_a_segment_left_behind(mode):
+@pytest.mark.parametrize("mode", ["clean", "leak", "unseen"])
+def test_watch_sees_the_run_unlinks_what_it_saw_held_and_fails_on_what_it_did_not(mode):
+    """clean: the child unlinks its segment. leak: it dies leaving the segment the watch saw it hold: the watch
+    unlinks it (its proof: seen held by its own process, now gone) and says so. unseen: it also leaves one made
+    after the last sample, never seen held: left in /dev/shm and reported, the check fails."""
     tag, name = f"test-{os.getpid()}-{mode}", f"ebpo-smoke-test-{os.getpid()}-{mode}"
     watch = scan.Watch("run x", need_shm=True, tag=tag, period=0.1)
     proc = _fake_ray_child(tag, name, mode)
     try:
         watch.sample()
         assert proc.pid in watch.ray_seen and watch.shm_seen == {name: "ray::Fake"}
+        assert watch.inodes_seen == {os.stat(f"/dev/shm/{name}").st_ino: "ray::Fake"}
         proc.stdin.write("\n")
         proc.stdin.flush()
         proc.wait(timeout=30)
-        if mode == "clean":
-            assert "saw 1 Ray processes and 1 /dev/shm segments" in watch.final(grace=5)
-        else:
-            with pytest.raises(AssertionError, match=f"{name}': 'ray::Fake'"):
+        if mode == "unseen":
+            with pytest.raises(AssertionError, match=rf"entries left \(name: holder seen\): \{{'{name}-late': '\?'\}}"):
                 watch.final(grace=5)
+            assert os.path.exists(f"/dev/shm/{name}-late") and not os.path.exists(f"/dev/shm/{name}")
+        else:
+            summary = watch.final(grace=5)
+            assert "saw 1 Ray processes and 1 /dev/shm segments" in summary
+            unlinked = [name] if mode == "leak" else []
+            assert f"{len(unlinked)} left by its killed processes unlinked: {unlinked})" in summary
+            assert not os.path.exists(f"/dev/shm/{name}")
     finally:
         proc.kill()
-        if os.path.exists(f"/dev/shm/{name}"):
-            os.unlink(f"/dev/shm/{name}")
+        for path in (f"/dev/shm/{name}", f"/dev/shm/{name}-late"):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_watch_fails_on_a_process_left_behind():

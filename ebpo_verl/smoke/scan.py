@@ -8,11 +8,14 @@ any entry that appeared since and that no live process outside the run holds is 
 created it (``sem.loky-*`` semaphores, ``psm_*`` segments, Ray's files). Only one heavy run at a time
 (``flock /tmp/heavy.lock``) makes "appeared since" mean "made by this run".
 
-A :class:`Watch` samples both every 2 s while runs are alive; :meth:`Watch.final` fails if it never saw a Ray
-process (or, in a vLLM run, a ``/dev/shm`` segment): a scan that sees nothing proves nothing. Errors are not
-swallowed: only a process that vanished between listing and reading (``psutil.NoSuchProcess``, a missing
-``/proc`` entry) is skipped, and one older than the script (it cannot be the script's) that may not be read
-(a container's init); an unreadable process the script could have made is an error.
+A :class:`Watch` samples both every 2 s while runs are alive (and the script samples right before it kills one);
+:meth:`Watch.final` fails if it never saw a Ray process (or, in a vLLM run, a ``/dev/shm`` segment): a scan that
+sees nothing proves nothing. Once every tagged process is gone, it unlinks the entries made since the snapshot
+that it saw those processes hold (by inode), and only those (:func:`ebpo_verl.ops.shm.unlink_orphaned_shm` with
+``seen``): what its own killed processes left. Any other new entry is a leftover and fails the check. Errors are
+not swallowed: only a process that vanished between listing and reading (``psutil.NoSuchProcess``, a missing
+``/proc`` entry) is skipped, and one older than the script (it cannot be the script's) that may not be read (a
+container's init); an unreadable process the script could have made is an error.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.ops.shm import inodes_by_path, inodes_in_use
+from ebpo_verl.ops.shm import held_files, inodes_by_path, inodes_in_use, unlink_orphaned_shm
 
 TAG_ENV = "EBPO_SMOKE_TAG"
 TAG = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -68,26 +71,10 @@ def tagged_processes(tag: str = TAG) -> list[psutil.Process]:
     return out
 
 
-def shm_paths(pid: int) -> set[str]:
-    """``/dev/shm`` paths a process maps or holds open (``(deleted)`` ones included); empty if it vanished."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            found = {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/" in line}
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except _VANISHED:
-        return set()
-    except PermissionError:
-        if _older(psutil.Process(pid)):
-            return set()
-        raise
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except _VANISHED:
-            continue
-        if target.startswith("/dev/shm/"):
-            found.add(target)
-    return found
+def shm_held(pid: int) -> dict[int, str]:
+    """``/dev/shm`` files a process maps or holds open: inode -> path (``(deleted)`` ones included); empty if it
+    vanished (:func:`ebpo_verl.ops.shm.held_files`; a live one that cannot be read raises)."""
+    return held_files(str(pid), str(SHM), os.stat(SHM).st_dev)
 
 
 def shm_names() -> set[str]:
@@ -152,6 +139,7 @@ class Watch:
         self.before = shm_names()
         self.ray_seen: set[int] = set()
         self.shm_seen: dict[str, str] = {}  # name -> title of the first tagged process seen holding it
+        self.inodes_seen: dict[int, str] = {}  # the same by inode (a live semaphore is mapped under another name)
         self.titles: dict[int, str] = {}  # pid -> title of every tagged process seen
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -170,9 +158,18 @@ class Watch:
                 holder = self.titles.setdefault(proc.pid, title(proc)[:60])
             except _VANISHED:
                 continue
-            for path in shm_paths(proc.pid):
+            for inode, path in shm_held(proc.pid).items():
                 self.shm_seen.setdefault(Path(path.removesuffix(" (deleted)")).name, holder)
+                self.inodes_seen.setdefault(inode, holder)
         return procs
+
+    def sample_now(self) -> None:
+        """One sample, right before the script kills processes (an entry made since the last periodic sample is seen
+        held too); an error is kept for :meth:`final`, so that the kill still happens."""
+        try:
+            self.sample()
+        except Exception as err:  # noqa: BLE001  (re-raised by final())
+            self.error = self.error or err
 
     def _loop(self) -> None:
         try:
@@ -197,10 +194,20 @@ class Watch:
             raise AssertionError(f"[cpu_smoke] {self.what}: the leak scan failed: {self.error!r}") from self.error
         seen = check_sighted(self.what, len(self.ray_seen), len(self.shm_seen), self.need_shm)
         procs = self.wait_gone(grace)
+        removed = [] if procs else self.unlink_seen()
         mine = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
         shm = leftover_shm(self.before, shm_names(), held_by_others(mine), self.shm_seen, self.titles)
         check_none_left(self.what, procs, shm)
         return (
             f"{seen}; none is left, and no /dev/shm entry made since its start is left (of "
-            f"{len(self.shm_seen)} seen held by its processes)"
+            f"{len(self.shm_seen)} seen held by its processes; {len(removed)} left by its killed processes "
+            f"unlinked: {removed})"
         )
+
+    def unlink_seen(self) -> list[str]:
+        """Once every tagged process is gone: unlink the ``/dev/shm`` entries made since the snapshot that the
+        scans saw a tagged process hold while it lived (what its killed processes left); their names. An entry
+        never seen held is left to the leak check."""
+        made = {path: inode for path, inode in inodes_by_path(str(SHM)).items() if Path(path).name not in self.before}
+        mine = {path: inode for path, inode in made.items() if inode in self.inodes_seen}
+        return [Path(path).name for path in unlink_orphaned_shm(str(SHM), ("",), seen=mine)]
