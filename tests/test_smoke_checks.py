@@ -143,11 +143,42 @@ def test_watch_sees_the_run_unlinks_what_it_saw_held_and_fails_on_what_it_did_no
             summary = watch.final(grace=5)
             assert "saw 1 Ray processes and 1 /dev/shm segments" in summary
             unlinked = [name] if mode == "leak" else []
-            assert f"{len(unlinked)} left by its killed processes unlinked: {unlinked})" in summary
+            assert f"{len(unlinked)} left by its killed processes unlinked: {unlinked}; 0 made since" in summary
             assert not os.path.exists(f"/dev/shm/{name}")
     finally:
         proc.kill()
         for path in (f"/dev/shm/{name}", f"/dev/shm/{name}-late"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_an_entry_an_untagged_process_held_and_left_is_neither_unlinked_nor_counted():
+    """A concurrent run's process (no tag) makes an entry, the watch samples it held, the process dies leaving it:
+    not the run's, so the leak check passes and the entry stays. Without that sample it is a leftover (the check
+    can see it)."""
+    tag, name = f"test-{os.getpid()}-foreign", f"ebpo-smoke-test-{os.getpid()}-foreign"
+    watch = scan.Watch("run x", need_shm=False, tag=tag, period=0.1)
+    blind = scan.Watch("run x", need_shm=False, tag=tag)  # never samples the other process
+    own = _fake_ray_child(tag, f"{name}-own", "clean")
+    other = _fake_ray_child(f"{tag}-not", name, "leak")
+    try:
+        watch.sample()
+        assert other.pid not in watch.ray_seen and watch.shm_seen == {f"{name}-own": "ray::Fake"}
+        assert os.stat(f"/dev/shm/{name}").st_ino in watch.inodes_foreign
+        blind.ray_seen.add(own.pid)  # the sighting proof, without a sample of the other process
+        for proc in (own, other):
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(timeout=30)
+        summary = watch.final(grace=5)
+        assert "1 made since and seen held only by other processes, not its own, left alone" in summary
+        assert os.path.exists(f"/dev/shm/{name}")
+        with pytest.raises(AssertionError, match=rf"entries left \(name: holder seen\): \{{'{name}': '\?'\}}"):
+            blind.final(grace=5)
+    finally:
+        for proc in (own, other):
+            proc.kill()
+        for path in (f"/dev/shm/{name}", f"/dev/shm/{name}-own"):
             if os.path.exists(path):
                 os.unlink(path)
 
@@ -170,7 +201,7 @@ def test_a_scan_error_is_not_swallowed(monkeypatch):
     def denied(tag):
         raise PermissionError("/proc/1/environ")
 
-    monkeypatch.setattr(scan, "tagged_processes", denied)
+    monkeypatch.setattr(scan, "split_processes", denied)
     watch = scan.Watch("run x", need_shm=False, period=0.05).start()
     time.sleep(0.3)
     with pytest.raises(AssertionError, match="the leak scan failed: PermissionError"):
