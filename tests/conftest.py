@@ -26,10 +26,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # pytest-xdist (`-n 2 --dist loadgroup`, the README's command): the heavy tests (marked `heavy`, or using a Ray
 # instance of the pytest process) run on one worker, one at a time -- verl trainer launches, vLLM engines and Ray
-# each use every core and GBs of memory, and the smoke runs' leak checks count what appears in /dev/shm while they
-# run, so no other trainer run may overlap them -- while the other worker runs the rest; the vLLM evaluation tests
-# form a second such group (`heavy("vllm")`). A test using an expensive module fixture runs on one worker with the
-# fixture's other tests, which builds it once.
+# each use every core and GBs of memory -- while the other worker runs the rest. `heavy("name")` forms another such
+# group, which the other worker may run beside the first: the vLLM evaluation tests ("vllm") and the resume runs
+# ("resume_trust": no timed bound, so sharing the cores only slows them; the smoke runs' leak checks leave to them
+# what their processes were seen holding), which keeps the two workers' loads level (CI's time). A test using an
+# expensive module fixture runs on one worker with the fixture's other tests, which builds it once.
 HEAVY_FIXTURES = ("ray_local", "two_node_cluster")
 SHARED_FIXTURES = ("tiny_study",)
 

@@ -460,7 +460,7 @@ def test_the_toys_state_is_checkpointed_and_resumed_exactly(toy_in_process, tmp_
         other._load_checkpoint()
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy("resume_trust")  # beside test_resume_trust.py, on the other xdist worker
 @pytest.mark.slow
 def test_the_toy_trains_and_resumes_exactly_through_ebpo_train_on_rays_workers(tmp_path):
     """A real ``ebpo-train`` run (the CPU trainer, the smoke runs' tiny model) with ``algorithm.adv_estimator=toy``:

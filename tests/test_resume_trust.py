@@ -19,8 +19,9 @@ world-size-2 checkpoint on the cluster with a callable planted in rank 1's model
 the second node): refused in the one line below, its marker never made (``ebpo_verl/smoke/planting.py``, which
 plants for both).
 
-The heavy tests run in the one heavy xdist group, one at a time: a run beside the smoke runs would leave what it
-makes in /dev/shm inside their leak checks' window.
+The heavy tests form their own xdist group (``resume_trust``): each run starts a Ray instance of its own (its own
+temp folder, ``RAY_ADDRESS`` dropped: ``ebpo_verl/smoke/runs.py``), so they run beside the cluster test's group;
+the smoke runs' leak checks leave what these runs' processes were seen holding to them (``ebpo_verl/smoke/scan.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ FILES = {
     DATALOADER: "data.pt",
 }
 RUN_TIMEOUT_S = 600
-HEAVY = pytest.mark.heavy  # in the one heavy group: a run beside the smoke runs would land in their leak checks
+HEAVY = pytest.mark.heavy("resume_trust")  # an xdist group of its own: its runs use their own Ray instance
 
 
 # ------------------------------------------------------------------------ the allowlist against real files

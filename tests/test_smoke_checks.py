@@ -107,6 +107,8 @@ print('ready', flush=True)
 sys.stdin.readline()
 if sys.argv[2] == 'clean':
     os.unlink('/dev/shm/' + name)
+if sys.argv[2] == 'unseen':  # made after the watch's last sample, and left
+    os.close(os.open('/dev/shm/' + name + '-late', os.O_CREAT | os.O_RDWR, 0o600))
 """
 
 
@@ -119,26 +121,67 @@ def _fake_ray_child(tag: str, name: str, mode: str) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize("mode", ["clean", "leak"])
-def test_watch_sees_the_run_and_fails_on_a_segment_left_behind(mode):
+@pytest.mark.parametrize("mode", ["clean", "leak", "unseen"])
+def test_watch_sees_the_run_unlinks_what_it_saw_held_and_fails_on_what_it_did_not(mode):
+    """clean: the child unlinks its segment. leak: it dies leaving the segment the watch saw it hold: the watch
+    unlinks it (its proof: seen held by its own process, now gone) and says so. unseen: it also leaves one made
+    after the last sample, never seen held: left in /dev/shm and reported, the check fails."""
     tag, name = f"test-{os.getpid()}-{mode}", f"ebpo-smoke-test-{os.getpid()}-{mode}"
     watch = scan.Watch("run x", need_shm=True, tag=tag, period=0.1)
     proc = _fake_ray_child(tag, name, mode)
     try:
         watch.sample()
         assert proc.pid in watch.ray_seen and watch.shm_seen == {name: "ray::Fake"}
+        assert watch.inodes_seen == {os.stat(f"/dev/shm/{name}").st_ino: "ray::Fake"}
         proc.stdin.write("\n")
         proc.stdin.flush()
         proc.wait(timeout=30)
-        if mode == "clean":
-            assert "saw 1 Ray processes and 1 /dev/shm segments" in watch.final(grace=5)
-        else:
-            with pytest.raises(AssertionError, match=f"{name}': 'ray::Fake'"):
+        if mode == "unseen":
+            with pytest.raises(AssertionError, match=rf"entries left \(name: holder seen\): \{{'{name}-late': '\?'\}}"):
                 watch.final(grace=5)
+            assert os.path.exists(f"/dev/shm/{name}-late") and not os.path.exists(f"/dev/shm/{name}")
+        else:
+            summary = watch.final(grace=5)
+            assert "saw 1 Ray processes and 1 /dev/shm segments" in summary
+            unlinked = [name] if mode == "leak" else []
+            assert f"{len(unlinked)} left by its killed processes unlinked: {unlinked}; 0 made since" in summary
+            assert not os.path.exists(f"/dev/shm/{name}")
     finally:
         proc.kill()
-        if os.path.exists(f"/dev/shm/{name}"):
-            os.unlink(f"/dev/shm/{name}")
+        for path in (f"/dev/shm/{name}", f"/dev/shm/{name}-late"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_an_entry_an_untagged_process_held_and_left_is_neither_unlinked_nor_counted():
+    """A concurrent run's process (no tag) makes an entry, the watch samples it held, the process dies leaving it:
+    not the run's, so the leak check passes and the entry stays. Without that sample it is a leftover (the check
+    can see it)."""
+    tag, name = f"test-{os.getpid()}-foreign", f"ebpo-smoke-test-{os.getpid()}-foreign"
+    watch = scan.Watch("run x", need_shm=False, tag=tag, period=0.1)
+    blind = scan.Watch("run x", need_shm=False, tag=tag)  # never samples the other process
+    own = _fake_ray_child(tag, f"{name}-own", "clean")
+    other = _fake_ray_child(f"{tag}-not", name, "leak")
+    try:
+        watch.sample()
+        assert other.pid not in watch.ray_seen and watch.shm_seen == {f"{name}-own": "ray::Fake"}
+        assert os.stat(f"/dev/shm/{name}").st_ino in watch.inodes_foreign
+        blind.ray_seen.add(own.pid)  # the sighting proof, without a sample of the other process
+        for proc in (own, other):
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(timeout=30)
+        summary = watch.final(grace=5)
+        assert "1 made since and seen held only by other processes, not its own, left alone" in summary
+        assert os.path.exists(f"/dev/shm/{name}")
+        with pytest.raises(AssertionError, match=rf"entries left \(name: holder seen\): \{{'{name}': '\?'\}}"):
+            blind.final(grace=5)
+    finally:
+        for proc in (own, other):
+            proc.kill()
+        for path in (f"/dev/shm/{name}", f"/dev/shm/{name}-own"):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_watch_fails_on_a_process_left_behind():
@@ -159,7 +202,7 @@ def test_a_scan_error_is_not_swallowed(monkeypatch):
     def denied(tag):
         raise PermissionError("/proc/1/environ")
 
-    monkeypatch.setattr(scan, "tagged_processes", denied)
+    monkeypatch.setattr(scan, "split_processes", denied)
     watch = scan.Watch("run x", need_shm=False, period=0.05).start()
     time.sleep(0.3)
     with pytest.raises(AssertionError, match="the leak scan failed: PermissionError"):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.ops.shm import CLUSTER_PREFIXES, unlink_orphaned_shm
 from ebpo_verl.smoke import limits, scan
 from ebpo_verl.smoke.runs import kill_procs
 from ebpo_verl.smoke.settings import NODES, run_env
@@ -238,6 +237,7 @@ class LocalCluster:
         deadline = time.monotonic() + STOP_GRACE_S
         while scan.tagged_processes() and time.monotonic() < deadline:
             time.sleep(0.5)
+        self.watch.sample_now()  # what they hold right before the SIGKILL: the watch unlinks it once they are gone
         left = scan.tagged_processes()
         names = sorted({name for _, name in scan.describe(left)})
         kill_procs(left, timeout=30)
@@ -247,8 +247,3 @@ class LocalCluster:
         if left:
             print(f"[cpu_smoke] SIGKILLed {len(left)} processes that outlived SIGTERM by {STOP_GRACE_S}s: {names}",
                   flush=True)  # fmt: skip
-            # what the processes this script itself SIGKILLed left (a user's `ray stop` leaves the same): removed
-            # with the package's own clean-up, named, before the leak check looks at everything else
-            if unlinked := unlink_orphaned_shm(prefixes=CLUSTER_PREFIXES):
-                print(f"[cpu_smoke] unlinked what they left in /dev/shm: {[Path(p).name for p in unlinked]}",
-                      flush=True)  # fmt: skip

@@ -91,6 +91,7 @@ class Fault:
                 break
             time.sleep(0.05)
         self.pid, self.title = target.pid, " ".join(target.cmdline()[:1])
+        cluster.watch.sample_now()  # what the run holds at the fault: the watch unlinks it once the run is gone
         os.kill(self.pid, self.signal)
         self.injected_at = time.monotonic()
         print(f"[cpu_smoke] {signal.Signals(self.signal).name} -> pid {self.pid} ({self.title}) on the second node "

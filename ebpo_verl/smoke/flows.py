@@ -28,7 +28,7 @@ def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -
     leak checks (every run's processes gone, no new /dev/shm entry left, the scans saw the runs)."""
     watch = scan.Watch("the one-node runs", need_shm=vllm).start()
     train(work, files, "a", [], timeout, watch=watch, device=device)
-    run, killed, _ = run_killed(work, files, timeout, device)
+    run, killed, _ = run_killed(work, files, timeout, device, watch)
     if left := watch.wait_gone(30):
         raise AssertionError(f"[cpu_smoke] run k: 30 s after its kill its processes are still there: {left}")
     logged = checks.check_kill_landed(work, run.proc.pid)

@@ -76,10 +76,11 @@ class Run:
         if self.ray_tmp:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
-    def kill(self) -> int:
+    def kill(self, watch: scan.Watch | None = None) -> int:
         """SIGKILL to the driver, every process below it (a local Ray instance's raylet and workers, the
-        TaskRunner) and its process group (:func:`kill_tree`); the number of processes killed."""
-        killed = kill_tree(self.proc.pid)
+        TaskRunner) and its process group (:func:`kill_tree`; ``watch`` samples them stopped, right before); the
+        number of processes killed."""
+        killed = kill_tree(self.proc.pid, watch=watch)
         self.proc.wait(timeout=60)
         self._done()
         return killed
@@ -98,13 +99,21 @@ def kill_procs(procs: list[psutil.Process], timeout: float = 60.0) -> None:
     psutil.wait_procs(procs, timeout=timeout)
 
 
-def kill_tree(pid: int, timeout: float = 60.0) -> int:
+def kill_tree(pid: int, timeout: float = 60.0, watch: scan.Watch | None = None) -> int:
     """SIGKILL process ``pid``, every process below it and the process group it leads (a run starts in a session of
-    its own); waits up to ``timeout`` s for them. The number of processes found in the tree."""
+    its own); waits up to ``timeout`` s for them. With ``watch``, the tree is first stopped (SIGSTOP) and sampled:
+    what it holds at the kill is seen held, however briefly it existed. The number of processes found in the tree."""
     try:
         tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         tree = []
+    if watch is not None:
+        for proc in tree:
+            try:
+                proc.suspend()
+            except psutil.NoSuchProcess:
+                pass
+        watch.sample_now()
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -203,11 +212,14 @@ def refused_second_run(work: Path, files: dict, run: Run, timeout: float, device
     return errors[0]
 
 
-def run_killed(work: Path, files: dict, timeout: float, device: str = "cpu") -> tuple[Run, int, str]:
+def run_killed(
+    work: Path, files: dict, timeout: float, device: str = "cpu", watch: scan.Watch | None = None
+) -> tuple[Run, int, str]:
     """Run K (A's settings, its own folder ``ckpt_k``, resumed from A's step-2 checkpoint): refuses a second run
     on its folder, trains step 3 and is SIGKILLed with its whole process tree while verl validates it (once it
     wrote the step-3 tracker file, before the step-3 log call). Returns (the run, processes killed, the refusal
-    line); :func:`checks.check_kill_landed` checks where it landed."""
+    line; ``watch`` sees what its tree holds at the kill); :func:`checks.check_kill_landed` checks where it
+    landed."""
     from ebpo_verl.trainer.checkpoint.resume import TRACKER_FILE
 
     tracker = work / "ckpt_k" / TRACKER_FILE
@@ -222,6 +234,6 @@ def run_killed(work: Path, files: dict, timeout: float, device: str = "cpu") -> 
             timeout,
         )
     finally:
-        killed = run.kill()
+        killed = run.kill(watch)
     print(f"[cpu_smoke] second run refused (exit 2, before its pre-flight and Ray): {refusal}", flush=True)
     return run, killed, refusal

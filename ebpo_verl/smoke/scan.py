@@ -4,15 +4,18 @@ Every process the script starts (``ray start``, each run's driver, the evaluatio
 :data:`TAG` in its environment, and every process below it inherits it (Ray's raylets, GCS, workers, vLLM's
 engines, joblib/loky helpers, also after a ``setsid`` or a double fork): :func:`tagged_processes` finds them by
 their environment, not by their session. ``/dev/shm`` is compared with a snapshot taken before the first run:
-any entry that appeared since and that no live process outside the run holds is the run's leftover, whatever
-created it (``sem.loky-*`` semaphores, ``psm_*`` segments, Ray's files). Only one heavy run at a time
-(``flock /tmp/heavy.lock``) makes "appeared since" mean "made by this run".
+any entry that appeared since, that no live process outside the run holds and that the scans never saw held only
+by processes outside the run (a concurrent test's) is the run's leftover, whatever created it (``sem.loky-*``
+semaphores, ``psm_*`` segments, Ray's files).
 
-A :class:`Watch` samples both every 2 s while runs are alive; :meth:`Watch.final` fails if it never saw a Ray
-process (or, in a vLLM run, a ``/dev/shm`` segment): a scan that sees nothing proves nothing. Errors are not
-swallowed: only a process that vanished between listing and reading (``psutil.NoSuchProcess``, a missing
-``/proc`` entry) is skipped, and one older than the script (it cannot be the script's) that may not be read
-(a container's init); an unreadable process the script could have made is an error.
+A :class:`Watch` samples both every 2 s while runs are alive (and the script samples right before it kills one);
+:meth:`Watch.final` fails if it never saw a Ray process (or, in a vLLM run, a ``/dev/shm`` segment): a scan that
+sees nothing proves nothing. Once every tagged process is gone, it unlinks the entries made since the snapshot
+that it saw those processes hold (by inode), and only those (:func:`ebpo_verl.ops.shm.unlink_orphaned_shm` with
+``seen``): what its own killed processes left. Any other new entry is a leftover and fails the check. Errors are
+not swallowed: only a process that vanished between listing and reading (``psutil.NoSuchProcess``, a missing
+``/proc`` entry) is skipped, and one older than the script (it cannot be the script's) that may not be read (a
+container's init); an unreadable process the script could have made is an error.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.ops.shm import inodes_by_path, inodes_in_use
+from ebpo_verl.ops.shm import Unreadable, held_files, inodes_by_path, inodes_in_use, unlink_orphaned_shm
 
 TAG_ENV = "EBPO_SMOKE_TAG"
 TAG = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -51,43 +54,35 @@ def is_ray(proc: psutil.Process) -> bool:
     return proc.name() in RAY_NAMES or title(proc).startswith("ray::")
 
 
-def tagged_processes(tag: str = TAG) -> list[psutil.Process]:
-    """Live (non-zombie) processes of this user whose environment carries ``TAG_ENV=tag``."""
-    uid, out = os.getuid(), []
+def split_processes(tag: str = TAG) -> tuple[list[psutil.Process], list[int]]:
+    """Live (non-zombie) processes of this user: those whose environment carries ``TAG_ENV=tag``, and the pids of
+    the others (this process left out)."""
+    uid, me, tagged, others = os.getuid(), os.getpid(), [], []
     for proc in psutil.process_iter():
         try:
             if proc.uids().real != uid or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             if proc.environ().get(TAG_ENV) == tag:
-                out.append(proc)
+                tagged.append(proc)
+            elif proc.pid != me:
+                others.append(proc.pid)
         except _VANISHED:
             continue
         except psutil.AccessDenied:
             if not _older(proc):
                 raise
-    return out
+    return tagged, others
 
 
-def shm_paths(pid: int) -> set[str]:
-    """``/dev/shm`` paths a process maps or holds open (``(deleted)`` ones included); empty if it vanished."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            found = {line.split(None, 5)[-1].strip() for line in maps if " /dev/shm/" in line}
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except _VANISHED:
-        return set()
-    except PermissionError:
-        if _older(psutil.Process(pid)):
-            return set()
-        raise
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except _VANISHED:
-            continue
-        if target.startswith("/dev/shm/"):
-            found.add(target)
-    return found
+def tagged_processes(tag: str = TAG) -> list[psutil.Process]:
+    """Live (non-zombie) processes of this user whose environment carries ``TAG_ENV=tag``."""
+    return split_processes(tag)[0]
+
+
+def shm_held(pid: int) -> dict[int, str]:
+    """``/dev/shm`` files a process maps or holds open: inode -> path (``(deleted)`` ones included); empty if it
+    vanished (:func:`ebpo_verl.ops.shm.held_files`; a live one that cannot be read raises)."""
+    return held_files(str(pid), str(SHM), os.stat(SHM).st_dev)
 
 
 def shm_names() -> set[str]:
@@ -152,7 +147,9 @@ class Watch:
         self.before = shm_names()
         self.ray_seen: set[int] = set()
         self.shm_seen: dict[str, str] = {}  # name -> title of the first tagged process seen holding it
+        self.inodes_seen: dict[int, str] = {}  # the same by inode (a live semaphore is mapped under another name)
         self.titles: dict[int, str] = {}  # pid -> title of every tagged process seen
+        self.inodes_foreign: dict[int, str] = {}  # inode -> path, held by a live process of this user not tagged
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -162,7 +159,12 @@ class Watch:
         return self
 
     def sample(self) -> list[psutil.Process]:
-        procs = tagged_processes(self.tag)
+        procs, others = split_processes(self.tag)
+        for pid in others:
+            try:
+                self.inodes_foreign.update(shm_held(pid))
+            except Unreadable:  # what it holds stays unattributed: a leak if nobody else is seen holding it
+                continue
         for proc in procs:
             try:
                 if is_ray(proc):
@@ -170,9 +172,18 @@ class Watch:
                 holder = self.titles.setdefault(proc.pid, title(proc)[:60])
             except _VANISHED:
                 continue
-            for path in shm_paths(proc.pid):
+            for inode, path in shm_held(proc.pid).items():
                 self.shm_seen.setdefault(Path(path.removesuffix(" (deleted)")).name, holder)
+                self.inodes_seen.setdefault(inode, holder)
         return procs
+
+    def sample_now(self) -> None:
+        """One sample, right before the script kills processes (an entry made since the last periodic sample is seen
+        held too); an error is kept for :meth:`final`, so that the kill still happens."""
+        try:
+            self.sample()
+        except Exception as err:  # noqa: BLE001  (re-raised by final())
+            self.error = self.error or err
 
     def _loop(self) -> None:
         try:
@@ -197,10 +208,32 @@ class Watch:
             raise AssertionError(f"[cpu_smoke] {self.what}: the leak scan failed: {self.error!r}") from self.error
         seen = check_sighted(self.what, len(self.ray_seen), len(self.shm_seen), self.need_shm)
         procs = self.wait_gone(grace)
+        removed = [] if procs else self.unlink_seen()
         mine = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
-        shm = leftover_shm(self.before, shm_names(), held_by_others(mine), self.shm_seen, self.titles)
+        foreign = self.foreign()
+        shm = leftover_shm(self.before, shm_names(), held_by_others(mine) | foreign, self.shm_seen, self.titles)
         check_none_left(self.what, procs, shm)
         return (
             f"{seen}; none is left, and no /dev/shm entry made since its start is left (of "
-            f"{len(self.shm_seen)} seen held by its processes)"
+            f"{len(self.shm_seen)} seen held by its processes; {len(removed)} left by its killed processes "
+            f"unlinked: {removed}; {len(foreign)} made since and seen held only by other processes, not its own, "
+            "left alone)"
         )
+
+    def foreign(self) -> set[str]:
+        """Entries made since the snapshot that the scans saw only processes outside the run hold (a concurrent
+        test's or user's): not this run's, so neither unlinked nor counted as its leftovers."""
+        made = inodes_by_path(str(SHM))
+        return {
+            Path(path).name
+            for path, inode in made.items()
+            if Path(path).name not in self.before and inode in self.inodes_foreign and inode not in self.inodes_seen
+        }
+
+    def unlink_seen(self) -> list[str]:
+        """Once every tagged process is gone: unlink the ``/dev/shm`` entries made since the snapshot that the
+        scans saw a tagged process hold while it lived (what its killed processes left); their names. An entry
+        never seen held is left to the leak check."""
+        made = {path: inode for path, inode in inodes_by_path(str(SHM)).items() if Path(path).name not in self.before}
+        mine = {path: inode for path, inode in made.items() if inode in self.inodes_seen}
+        return [Path(path).name for path in unlink_orphaned_shm(str(SHM), ("",), seen=mine)]
