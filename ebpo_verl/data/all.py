@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from ebpo_verl.data import DATASETS
-from ebpo_verl.data.schema import TEMPLATES, DataPrepError, check_hub
+from ebpo_verl.data.schema import TEMPLATES
+from ebpo_verl.data.sources import DataPrepError, check_hub
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, nullable, option
 
