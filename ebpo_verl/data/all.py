@@ -91,8 +91,7 @@ class PrepareAllOptions(OptionSection):
     only: tuple[str, ...] = option(DATASETS, "subset to prepare", choices=DATASETS, metavar="NAME")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Path]:
-    prog = "python -m ebpo_verl.data.all"
+def main(argv: list[str] | None = None, prog: str = "python -m ebpo_verl.data.all") -> dict[str, Path]:
     args = parse(PrepareAllOptions, prog, argv, __doc__ or "")
     try:
         return prepare_all(args.out_dir, args.local_dir, args.template, args.skip_invalid, tuple(args.only))

@@ -24,7 +24,7 @@ import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -278,6 +278,22 @@ def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int,
 
 
 @dataclass(frozen=True)
+class PrepareOptions(OptionSection):
+    """The options of ``python -m ebpo_verl.data.<name>`` (one data set), declared once."""
+
+    SECTION: ClassVar[str] = "prepare"
+
+    out_dir: str = option(MISSING, "folder for <name>.parquet", rule=PATH)
+    local_path: str | None = nullable(
+        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub", PATH
+    )
+    template: str = option("dapo", "prompt template", choices=TEMPLATES)
+    skip_invalid: bool = option(False, "drop invalid rows instead of stopping", choices=(True, False))
+    revision: str | None = nullable("hub revision (commit/tag) to pin; null: main", text("a revision"))
+    max_problem_chars: int = option(MAX_PROBLEM_CHARS, "longer problems are invalid rows", rule=ints(1))
+
+
+@dataclass(frozen=True)
 class Dataset:
     """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
 
@@ -313,40 +329,13 @@ class Dataset:
         print(summarize(self.name, len(df), rows, skipped, duplicates, out))
         return out
 
-    def main(self, argv: list[str] | None = None) -> Path:
-        """``python -m ebpo_verl.data.<name>``."""
-        return cli(self.name, self.prepare, argv)
-
-
-@dataclass(frozen=True)
-class PrepareOptions(OptionSection):
-    """The options of ``python -m ebpo_verl.data.<name>`` (one data set), declared once."""
-
-    SECTION: ClassVar[str] = "prepare"
-
-    out_dir: str = option(MISSING, "folder for <name>.parquet", rule=PATH)
-    local_path: str | None = nullable(
-        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub", PATH
-    )
-    template: str = option("dapo", "prompt template", choices=TEMPLATES)
-    skip_invalid: bool = option(False, "drop invalid rows instead of stopping", choices=(True, False))
-    revision: str | None = nullable("hub revision (commit/tag) to pin; null: main", text("a revision"))
-    max_problem_chars: int = option(MAX_PROBLEM_CHARS, "longer problems are invalid rows", rule=ints(1))
-
-
-def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) -> Path:
-    """``python -m ebpo_verl.data.<name>`` with the options of :class:`PrepareOptions`."""
-    prog = f"python -m ebpo_verl.data.{name}"
-    args = parse(PrepareOptions, prog, argv, prepare.__doc__ or "")
-    with one_line_errors(prog):
-        return prepare(
-            args.out_dir,
-            local_path=args.local_path,
-            template=args.template,
-            skip_invalid=args.skip_invalid,
-            revision=args.revision,
-            max_problem_chars=args.max_problem_chars,
-        )
+    def main(self, argv: list[str] | None = None, prog: str | None = None) -> Path:
+        """The command line ``prog`` (default ``python -m ebpo_verl.data.<name>``; ``data_prep/<name>.py`` passes its
+        own): :class:`PrepareOptions` parsed, then :meth:`prepare`; bad input is one error line, exit status 2."""
+        prog = prog or f"python -m ebpo_verl.data.{self.name}"
+        args = parse(PrepareOptions, prog, argv, self.prepare.__doc__ or "")
+        with one_line_errors(prog):
+            return self.prepare(**asdict(args))
 
 
 @contextlib.contextmanager

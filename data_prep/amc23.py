@@ -1,0 +1,10 @@
+"""AMC 2023 (40 problems), an evaluation set: ``<out-dir>/amc23.parquet`` in verl's schema.
+
+    python data_prep/amc23.py --out-dir ~/data/ebpo [--local-path FILE] [--template dapo|boxed]
+
+``--help`` lists every option; the conversion is :mod:`ebpo_verl.data.amc23`."""
+
+from ebpo_verl.data.amc23 import main
+
+if __name__ == "__main__":
+    main(prog="python data_prep/amc23.py")
