@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ebpo_verl.data.sources import DataPrepError, load_source
+from ebpo_verl.data.sources import DataPrepError, load_hub, read_local
 from ebpo_verl.ops.atomic import atomic_write
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, is_finite_number, nullable, option, text
@@ -318,7 +318,10 @@ class Dataset:
         max_problem_chars: int = MAX_PROBLEM_CHARS,
     ) -> Path:
         """Write ``out_dir/<name>.parquet`` from the hub (pinned id, optional ``revision``) or ``local_path``."""
-        df = load_source(local_path, self.hub_id, self.hub_split, self.hub_config, revision)
+        if local_path is not None:
+            df = read_local(local_path, self.hub_split)
+        else:
+            df = load_hub(self.hub_id, self.hub_split, self.hub_config, revision)
         source = str(local_path or self.hub_id)
         rows, skipped, duplicates = build_rows(
             self.name, df, self.convert, self.split, template, skip_invalid, source, self.dedupe, max_problem_chars

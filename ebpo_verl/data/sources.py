@@ -141,16 +141,3 @@ def load_hub(repo_id: str, split: str, config: str | None = None, revision: str 
 
     ds = datasets.load_dataset(repo_id, config, split=split, revision=revision)
     return ds.to_pandas()
-
-
-def load_source(
-    local_path: str | Path | None,
-    repo_id: str,
-    split: str,
-    config: str | None = None,
-    revision: str | None = None,
-) -> pd.DataFrame:
-    """``local_path`` when given, else the pinned hub dataset."""
-    if local_path is not None:
-        return read_local(local_path, split)
-    return load_hub(repo_id, split, config, revision)
