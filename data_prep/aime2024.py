@@ -1,8 +1,6 @@
 """AIME 2024 (30 problems), an evaluation set: ``<out-dir>/aime2024.parquet`` in verl's schema.
 
-    python data_prep/aime2024.py --out-dir ~/data/ebpo [--local-path FILE] [--template dapo|boxed]
-
-``--help`` lists every option; the conversion is :mod:`ebpo_verl.data.aime2024`."""
+``--help`` lists the options; the logic is :mod:`ebpo_verl.data.aime2024` (docs/data.md)."""
 
 from ebpo_verl.data.aime2024 import main
 

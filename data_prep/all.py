@@ -1,8 +1,6 @@
-"""Every dataset of the paper at once (what the recipes run), one ``<name>.parquet`` each in verl's schema.
+"""Every dataset of the paper (what the recipes run), one ``<out-dir>/<name>.parquet`` each in verl's schema.
 
-    python data_prep/all.py --out-dir ~/data/ebpo [--local-dir ../shared/data] [--only math500 amc23]
-
-``--help`` lists every option and the file names ``--local-dir`` expects; the logic is :mod:`ebpo_verl.data.all`."""
+``--help`` lists the options; the logic is :mod:`ebpo_verl.data.all` (docs/data.md)."""
 
 from ebpo_verl.data.all import main
 

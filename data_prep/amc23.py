@@ -1,8 +1,6 @@
 """AMC 2023 (40 problems), an evaluation set: ``<out-dir>/amc23.parquet`` in verl's schema.
 
-    python data_prep/amc23.py --out-dir ~/data/ebpo [--local-path FILE] [--template dapo|boxed]
-
-``--help`` lists every option; the conversion is :mod:`ebpo_verl.data.amc23`."""
+``--help`` lists the options; the logic is :mod:`ebpo_verl.data.amc23` (docs/data.md)."""
 
 from ebpo_verl.data.amc23 import main
 

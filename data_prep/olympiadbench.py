@@ -1,8 +1,6 @@
 """OlympiadBench (674 open-ended competition problems), an evaluation set: ``olympiadbench.parquet`` in verl's schema.
 
-    python data_prep/olympiadbench.py --out-dir ~/data/ebpo [--local-path FILE] [--template dapo|boxed]
-
-``--help`` lists every option; the conversion is :mod:`ebpo_verl.data.olympiadbench`."""
+``--help`` lists the options; the logic is :mod:`ebpo_verl.data.olympiadbench` (docs/data.md)."""
 
 from ebpo_verl.data.olympiadbench import main
 
