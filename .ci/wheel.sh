@@ -102,6 +102,9 @@ helps=(
 # shellcheck disable=SC2016
 printf '%s\n' "${helps[@]}" | xargs -P 2 -I{} sh -c 'out=$("$0" -m {}) && [ -n "$out" ] || { echo "ci wheel: python -m {} failed or printed nothing"; exit 255; }' "$V"
 out=$(ebpo-train --help) && [ "${out%%$'\n'*}" != "" ] || { say "ebpo-train --help failed"; exit 1; }
+# data_prep/ installed as the wheel's docs: its scripts run from there
+out=$("$V" "$WORK/venv/share/doc/ebpo-verl/data_prep/all.py" --help) && [ -n "$out" ] \
+  || { say "data_prep/all.py --help failed"; exit 1; }
 say "${#helps[@]} + 1 --help commands ok ($((SECONDS - start)) s)"
 wait "$study_pid" || { tail -20 study.log; say "study --preset tiny failed"; exit 1; }
 say "study --preset tiny: $(find study -type f | wc -l) files; $((SECONDS - start)) s in all"

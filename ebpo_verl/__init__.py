@@ -1,8 +1,9 @@
 """EBPO (Empirical-Bayes Policy Optimization) for verl 0.9.1.
 
 Han et al., "EBPO: Empirical Bayes Shrinkage for Stabilizing Group-Relative Policy Optimization",
-arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos` (torch only); the verl glue in
-:mod:`ebpo_verl.trainer.adapter`, which verl loads through the ``verl.plugins`` entry point.
+arXiv 2602.05165. The math lives in :mod:`ebpo_verl.algos` (torch only; the estimators' list is
+:mod:`ebpo_verl.algos.registry`), the verl glue in :mod:`ebpo_verl.trainer` (verl loads its ``adapter`` through the
+``verl.plugins`` entry point), TRL's in :mod:`ebpo_verl.integrations.trl`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ __all__ = ["__version__", "get_state", "register"]
 
 
 def register() -> None:
-    """Register every advantage estimator of ours (:func:`ebpo_verl.algos.registry.ours`: ``ebpo``, the baselines
-    ``shrinkage_js``, ``bnpo``, ``spo``, ``dbb``, any added one) with verl; raises on any failure.
+    """Register every advantage estimator of ours (:func:`ebpo_verl.algos.registry.ours`) with verl; raises on
+    any failure.
 
     verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
     rollout. Idempotent. A plain install (without the ``verl`` extra) is refused in one line naming the extra.

@@ -30,7 +30,7 @@ cannot be told from the source, e.g. ``?._update_actor`` in a mixin):
   that verl hands to a callable as keywords are named after it (:data:`ROUTES`).
 
 Files scanned: every module we ship or run (:data:`SOURCES`: ``ebpo_verl/`` with ``ebpo_verl/data/``,
-``benchmarks/``, ``scripts/``).
+``benchmarks/``, ``scripts/``, ``data_prep/``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from ebpo_verl.compat.contact import (
     PPO,
     Contact,
     entry,
+    listed,
     markdown,
     patch,
     resolve,
@@ -419,8 +420,8 @@ def package_sources(root: Path) -> Iterator[tuple[str, str]]:
 
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("ebpo_verl", "benchmarks", "scripts")
-"""Every folder of Python we ship or run (the package with its data preparation, the benchmarks, the scripts)."""
+SOURCES = ("ebpo_verl", "benchmarks", "scripts", "data_prep")
+"""Every folder of Python we ship or run (the package, the benchmarks, the scripts, the datasets' scripts)."""
 
 
 def shipped_sources() -> list[tuple[str, str]]:
@@ -795,6 +796,142 @@ def test_a_private_ray_init_keyword_in_an_override_reaches_ray_init(compose_conf
     with pytest.raises(Started):
         main_ppo.run_ppo(compose_config(*ray_overrides(str(tmp_path))), main_ppo.TaskRunnerV1)
     assert seen["_temp_dir"] == str(tmp_path) and seen["include_dashboard"] is False
+
+
+def test_every_listed_private_name_is_named_by_a_test():
+    """Each private name of the list is named by a test of its behaviour: its entry's ``checked_by`` (whose tests
+    :func:`entry_problem` finds) or a test file that names it (its last private segment)."""
+    tests = "\n".join(path.read_text(encoding="utf-8") for path in sorted((REPO / "tests").glob("test_*.py")))
+    unnamed = [
+        c.name
+        for c in CONTACTS
+        if (private := [p for p in c.name.split(".") if _private(p)])
+        and not c.checked_by
+        and not re.search(rf"\b{re.escape(private[-1])}\b", tests)
+    ]
+    assert unnamed == [], f"private names no test names (add a test, or the entry's checked_by): {unnamed}"
+
+
+def test_verl_accumulates_moe_metrics_into_the_accumulator_our_saved_metrics_swap_out():
+    """``_rollout_moe_lb_metrics_accumulator``: verl's ``__init__`` makes it and ``_compute_metrics`` hands it to
+    both accumulating calls; ``_training_metrics`` (the metrics saved with a checkpoint) runs ``_compute_metrics``
+    on a copy, so the step's own call later accumulates once, into the unchanged object."""
+    import copy
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.metric_utils import RolloutMoELoadBalanceMetricsAccumulator
+
+    from ebpo_verl.trainer.ray_trainer import EBPOTrainerMixin
+
+    name = "_rollout_moe_lb_metrics_accumulator"
+    trainer = resolve(PPO)
+    compute = ast.parse(textwrap.dedent(inspect.getsource(trainer._compute_metrics)))
+    passed = [
+        k
+        for k in ast.walk(compute)
+        if isinstance(k, ast.keyword) and k.arg == "accumulator" and ast.unparse(k.value) == f"self.{name}"
+    ]
+    assert len(passed) == 2
+    assert f"self.{name} = RolloutMoELoadBalanceMetricsAccumulator(" in inspect.getsource(trainer.__init__)
+
+    accumulator = RolloutMoELoadBalanceMetricsAccumulator()
+    accumulator.routed_experts_retry_after_step = 3
+    before = copy.deepcopy(vars(accumulator))
+
+    def compute_metrics(batch, metrics, timing_raw, global_steps, epoch):  # accumulates, as verl's does
+        fake.seen.append(fake._rollout_moe_lb_metrics_accumulator)
+        fake._rollout_moe_lb_metrics_accumulator.routed_experts_retry_after_step += 10
+        metrics["training/global_step"] = global_steps
+
+    fake = SimpleNamespace(
+        _step_output=("batch", {"actor/loss": 0.5}),
+        _rollout_moe_lb_metrics_accumulator=accumulator,
+        _compute_metrics=compute_metrics,
+        global_steps=4,
+        steps_per_epoch=2,
+        timing_raw={},
+        seen=[],
+    )
+    saved = EBPOTrainerMixin._training_metrics(fake)
+    assert saved == {"actor/loss": 0.5, "training/global_step": 4}
+    assert fake._rollout_moe_lb_metrics_accumulator is accumulator and vars(accumulator) == before
+    assert fake.seen[0] is not accumulator and fake.seen[0].routed_experts_retry_after_step == 13
+
+
+def test_the_cpu_backend_writes_its_rollout_classes_into_verls_rollout_registry():
+    """``_ROLLOUT_REGISTRY``: after the CPU backend registers, verl's ``get_rollout_class`` finds our ``hf`` and
+    ``vllm`` worker-side classes there; every other entry is verl's own (read from verl's source)."""
+    from verl.workers.rollout import base
+
+    from ebpo_verl.cpu import backend
+
+    assignment = next(
+        node
+        for node in ast.parse(inspect.getsource(base)).body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "_ROLLOUT_REGISTRY"
+    )
+    verls = ast.literal_eval(assignment.value)
+    ours = {
+        ("hf", "async"): f"{backend.__name__}.HFServerAdapter",
+        ("vllm", "async"): f"{backend.__name__}.VLLMServerAdapter",
+    }
+    backend.register()
+    assert listed("verl.workers.rollout.base._ROLLOUT_REGISTRY") is base._ROLLOUT_REGISTRY
+    assert base._ROLLOUT_REGISTRY == {**verls, **ours}
+    assert base.get_rollout_class("hf", "async") is backend.HFServerAdapter
+
+
+def test_verls_weight_sender_creates_its_socket_in_the_method_we_override():
+    """``BucketedWeightSender._init_socket``: verl's sender creates ``self.socket`` there and calls it before it
+    sends, so the CPU backend's override (which sets the socket's timeouts after ``super()._init_socket()``) covers
+    every send. Read from verl's file: its package needs vLLM to import (the override's behaviour, with vLLM:
+    ``tests/test_cpu_smoke.py::test_vllm_weight_sync_fails_instead_of_hanging``)."""
+    import verl
+
+    path = Path(verl.__file__).parent / "workers" / "rollout" / "vllm_rollout" / "bucketed_weight_transfer.py"
+    sender = next(
+        n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "BucketedWeightSender"
+    )
+    methods = {m.name: m for m in sender.body if isinstance(m, ast.AsyncFunctionDef | ast.FunctionDef)}
+    init_socket, send = methods["_init_socket"], methods["async_send_weights"]
+    assert [a.arg for a in init_socket.args.args] == ["self"]
+    assert any(
+        isinstance(t, ast.Attribute) and ast.unparse(t) == "self.socket"
+        for n in ast.walk(init_socket)
+        for t in getattr(n, "targets", [])
+    )
+    calls = [ast.unparse(n.func) for n in ast.walk(send) if isinstance(n, ast.Call)]
+    assert "self._init_socket" in calls and calls.index("self._init_socket") < min(
+        i for i, c in enumerate(calls) if c.startswith("self.socket.")
+    )
+    from ebpo_verl.cpu import backend
+
+    bound = ast.parse(textwrap.dedent(inspect.getsource(backend.bound_vllm_weight_sync)))
+    ours = next(n for n in ast.walk(bound) if isinstance(n, ast.FunctionDef) and n.name == "_init_socket")
+    assert [ast.unparse(statement) for statement in ours.body][:3] == [
+        "super()._init_socket()",
+        "self.socket.setsockopt(zmq.RCVTIMEO, int(weight_sync_timeout() * 1000))",
+        "self.socket.setsockopt(zmq.SNDTIMEO, int(weight_sync_timeout() * 1000))",
+    ]
+
+
+def test_the_watchdog_leaves_its_line_in_rays_store_and_the_driver_reads_it(monkeypatch):
+    """``_internal_kv_put`` / ``_internal_kv_get``: the TaskRunner's line goes into Ray's key-value store under this
+    job's key and the driver reads that key back (Ray's store replaced by a dict: no cluster)."""
+    import ray
+    from ray.experimental import internal_kv
+
+    from ebpo_verl.trainer import watchdog
+
+    store: dict[str, bytes] = {}
+    monkeypatch.setattr(internal_kv, "_internal_kv_put", lambda key, value: store.__setitem__(key, value.encode()))
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key: store.get(key))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(get_job_id=lambda: "07000000"))
+    assert watchdog.recorded_abort() is None
+    watchdog.record_abort("step 3: the actor died")
+    assert store == {"ebpo_verl:abort:07000000": b"step 3: the actor died"}
+    assert watchdog.recorded_abort() == "step 3: the actor died"
 
 
 # -------------------------------------------------------------------------------------- the docs and the helpers

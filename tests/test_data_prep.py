@@ -6,6 +6,7 @@ the variants, the 675-row release) are checked with ``shared_data`` and skip on 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ebpo_verl.data import aime2024, aime2025, amc23, dapo_math, math500, math_train, olympiadbench, schema
+from ebpo_verl.data import DATASETS, aime2024, aime2025, amc23, dapo_math, math500, math_train, olympiadbench, schema
 from ebpo_verl.data.all import LOCAL_FILES, prepare_all
 
 
@@ -489,3 +490,55 @@ def test_fixture_rows_mirror_the_real_files(shared_data):
         for column, kinds in ours.items():  # no value type the real file lacks (a column null there: any)
             if theirs[column] != {"NoneType"}:
                 assert kinds - {"NoneType"} <= theirs[column], (name, column, kinds, theirs[column])
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_prep(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``python data_prep/<name>.py ARGS`` as a user runs it in a checkout (this checkout's package first)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, f"data_prep/{name}.py", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_data_prep_is_one_thin_script_per_command_shipped_in_the_wheel():
+    """data_prep/ holds a script per dataset, ``all`` and ``label_topics``, each calling its ebpo_verl.data
+    command line (nothing more: the logic stays in the package, which never imports data_prep); the wheel installs
+    them as documentation (pyproject's data-files)."""
+    scripts = sorted((REPO / "data_prep").glob("*.py"))
+    assert sorted(p.stem for p in scripts) == sorted([*DATASETS, "all", "label_topics"])
+    for path in scripts:
+        code = " ".join(path.read_text().split('"""')[2].split())  # what follows the docstring
+        run = f'if __name__ == "__main__": main(prog="python data_prep/{path.name}")'
+        want = f"from ebpo_verl.data.{path.stem} import main {run}"
+        assert code == want, path
+    package = [
+        p for p in (REPO / "ebpo_verl").rglob("*.py") if re.search(r"^\s*(from|import) data_prep", p.read_text(), re.M)
+    ]
+    assert package == []
+    assert '\n"share/doc/ebpo-verl/data_prep" = ["data_prep/*.py"]\n' in (REPO / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_data_prep_script_writes_what_the_package_writes(name, shared_data, prepared, tmp_path):
+    """``python data_prep/<name>.py`` on the dataset's file in ../shared/data writes the same table as
+    ebpo_verl.data (``prepared``, made from those files)."""
+    run = _data_prep(
+        name, "--out-dir", str(tmp_path), "--local-path", str(shared_data / LOCAL_FILES[name]), "--skip-invalid"
+    )
+    assert run.returncode == 0, run.stderr
+    pd.testing.assert_frame_equal(_read(tmp_path / f"{name}.parquet"), _read(prepared[name]))
+
+
+def test_data_prep_all_writes_the_sets_and_names_itself_in_errors(shared_data, prepared, tmp_path):
+    run = _data_prep("all", "--out-dir", str(tmp_path), "--local-dir", str(shared_data), "--only", "amc23", "aime2024")
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["aime2024.parquet", "amc23.parquet"]
+    for name in ("amc23", "aime2024"):
+        pd.testing.assert_frame_equal(_read(tmp_path / f"{name}.parquet"), _read(prepared[name]))
+    run = _data_prep("all", "--out-dir", str(tmp_path), "--local-dir", str(tmp_path / "nowhere"))
+    assert (run.returncode, run.stderr.splitlines()) == (
+        2,
+        [f"python data_prep/all.py: error: --local-dir {tmp_path / 'nowhere'} does not exist or is not a folder"],
+    )

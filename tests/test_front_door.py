@@ -3,7 +3,9 @@ listing every option with its default and allowed values (from the declarations)
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +46,13 @@ def test_train_help_opens_with_what_the_entry_point_adds(capsys, monkeypatch):
 @pytest.mark.parametrize("args", [("-h",), ("--cfg", "job", "--help"), ("trainer.total_epochs=1", "--help")])
 def test_every_level_answers_help(capsys, monkeypatch, args):
     assert _help(monkeypatch, capsys, *args)[0].startswith("usage: ebpo-train ")
+
+
+def test_readme_and_data_page_run_data_prep_scripts_that_exist():
+    """The README (its layout and the CPU evaluation) and docs/data.md send a user to the top-level data_prep/
+    folder: every ``data_prep/<name>.py`` they run is there."""
+    root = Path(__file__).resolve().parents[1]
+    for page in ("README.md", "docs/data.md"):
+        named = set(re.findall(r"data_prep/(\w+)\.py", (root / page).read_text()))
+        assert named and all((root / "data_prep" / f"{name}.py").is_file() for name in named), (page, named)
+    assert "`data_prep/`" in (root / "README.md").read_text()

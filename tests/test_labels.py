@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -178,22 +180,18 @@ def test_vllm_engine_without_vllm_gives_clear_error(small_parquet, tmp_path, cap
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-LABEL_UNDER_UMASK_022 = """
-import os, sys
-os.umask(0o022)
-from ebpo_verl.data.label_topics import main
-main(sys.argv[1:])
-"""
-
-
 @pytest.mark.slow
-def test_label_topics_output_is_0644_under_umask_022(small_parquet, tmp_path):
+def test_label_topics_script_output_is_0644_under_umask_022(small_parquet, tmp_path):
+    """``python data_prep/label_topics.py`` (the command line of :mod:`ebpo_verl.data.label_topics`) labels the
+    file, written with the mode of an ordinary file under the umask."""
+    repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "labelled.parquet"
-    args = ["--in", str(small_parquet), "--out", str(out), "--k", "3", "--no-umap"]
-    run = subprocess.run([sys.executable, "-c", LABEL_UNDER_UMASK_022, *args], capture_output=True, text=True)
+    command = [sys.executable, "data_prep/label_topics.py", "--in", str(small_parquet), "--out", str(out), "--k", "3"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([*command, "--no-umap"], cwd=repo, env=env, umask=0o022, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert oct(out.stat().st_mode & 0o777) == "0o644"
-    assert len(pd.read_parquet(out)) == 40
+    assert len(pd.read_parquet(out)) == 40 and "label_topics: 40 rows, k=3" in run.stdout
 
 
 def test_label_topics_bad_input_is_one_line_exit_2(small_parquet, tmp_path, capsys):

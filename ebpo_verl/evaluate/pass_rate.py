@@ -38,11 +38,11 @@ from tqdm import tqdm
 
 from ebpo_verl.data.schema import (
     one_line_errors,
-    read_jsonl_records,
     read_prepared,
     with_extra_info,
     write_parquet_atomic,
 )
+from ebpo_verl.data.sources import read_jsonl_records
 from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
 from ebpo_verl.ops.atomic import atomic_write_text

@@ -74,7 +74,7 @@ def prepare(spec: RunSpec, dry: bool) -> None:
     check_user_paths(spec)
     commands = spec.preparation()
     if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "ebpo_verl.data.all"] for c in commands):
-        from ebpo_verl.data.schema import DataPrepError, check_hub
+        from ebpo_verl.data.sources import DataPrepError, check_hub
 
         try:
             check_hub(fix="set DATA_LOCAL_DIR to a folder with the dataset files (docs/data.md)")

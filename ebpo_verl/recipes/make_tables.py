@@ -178,10 +178,9 @@ def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, fl
     return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
 
 
-def results_provenance(path: Path) -> tuple[list[dict], list[dict]]:
+def results_provenance(data: dict) -> tuple[list[dict], list[dict]]:
     """(records, hardware records) of a RESULTS.json: its generate runs' provenance then its grading's, and the
     generate runs' (where the model ran); ([], []) for a file written before provenance was recorded."""
-    data = load_results(path)
     generation = data.get("generation")
     generation = [r for r in generation.get("provenance", []) if isinstance(r, dict)] if generation else []
     grading = [data["provenance"]] if isinstance(data.get("provenance"), dict) else []
@@ -256,22 +255,17 @@ def metric_value(entry: dict, metric: str) -> float | None:
     return _number(by_k.get(match["k"])) if isinstance(by_k, dict) else None
 
 
-def read_results(path: Path, metric: str = DEFAULT_METRIC) -> tuple[str, dict[str, float], set[int], bool, int | None]:
-    """(protocol, benchmark -> ``metric``, runs used, complete, evaluated checkpoint step) of a RESULTS.json
-    (:func:`load_results`)."""
-    data = load_results(path)
-    protocol, benches = data["protocol"], data["benchmarks"]
-    values = {b: metric_value(v, metric) for b, v in benches.items() if b in BENCHMARKS}
-    scores = {b: value for b, value in values.items() if value is not None}
-    runs = {v["runs"] for b, v in benches.items() if b in scores and v.get("runs") is not None}
-    return protocol, scores, runs, all(v.get("complete", True) for v in benches.values()), data.get("step")
+def scores_of(data: dict, metric: str) -> dict[str, float]:
+    """Benchmark -> ``metric`` of a RESULTS.json's benchmarks that have it."""
+    values = {b: metric_value(v, metric) for b, v in data["benchmarks"].items() if b in BENCHMARKS}
+    return {b: value for b, value in values.items() if value is not None}
 
 
-def results_coverage(path: Path) -> dict[str, str]:
+def results_coverage(data: dict) -> dict[str, str]:
     """Benchmark -> what it covered, for the benchmarks of a RESULTS.json that are partial: ``--limit N`` (the
     first N problems: "4/30 problems") or graded with ``--allow-partial`` ("70/80 samples")."""
     out = {}
-    for bench, v in load_results(path)["benchmarks"].items():
+    for bench, v in data["benchmarks"].items():
         notes = []
         if isinstance(v.get("problems_in_data"), int) and (v.get("problems") or 0) < v["problems_in_data"]:
             notes.append(f"{v.get('problems') or 0}/{v['problems_in_data']} problems")
@@ -286,14 +280,17 @@ def fill(row: Row, path: str, how: str) -> None:
     """Read the run or RESULTS.json at ``path`` into ``row`` (or say why it stays empty)."""
     row.source = path
     if path.endswith(".json") and Path(path).is_file():
-        row.protocol, row.scores, row.ks, complete, row.step = read_results(Path(path), row.metric)
-        evaluated = read_results(Path(path))[1]  # pass@1: the benchmarks that were evaluated
+        data = load_results(Path(path))
+        benches = data["benchmarks"]
+        row.protocol, row.step, row.scores = data["protocol"], data.get("step"), scores_of(data, row.metric)
+        row.ks = {v["runs"] for b, v in benches.items() if b in row.scores and v.get("runs") is not None}
+        evaluated = scores_of(data, DEFAULT_METRIC)  # pass@1: the benchmarks that were evaluated
         row.absent = [b for b in BENCHMARKS if b in evaluated and b not in row.scores]
         if evaluated and not row.scores:
             row.missing = f"no {row.metric} in the results"
-        row.records, row.hardware_records = results_provenance(Path(path))
-        row.coverage = results_coverage(Path(path))
-        if not complete:
+        row.records, row.hardware_records = results_provenance(data)
+        row.coverage = results_coverage(data)
+        if not all(v.get("complete", True) for v in benches.values()):
             row.missing = "incomplete: graded with --allow-partial"
         return
     if path.endswith(".json"):

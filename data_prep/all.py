@@ -1,0 +1,8 @@
+"""Every dataset of the paper (what the recipes run), one ``<out-dir>/<name>.parquet`` each in verl's schema.
+
+``--help`` lists the options; the logic is :mod:`ebpo_verl.data.all` (docs/data.md)."""
+
+from ebpo_verl.data.all import main
+
+if __name__ == "__main__":
+    main(prog="python data_prep/all.py")
