@@ -167,12 +167,14 @@ def test_ebpo_train_help_lists_the_switch():
 def _saved(path: Path, value) -> Path:
     import torch
 
+    path.parent.mkdir(exist_ok=True)
     torch.save(value, path)
     return path
 
 
 def test_the_resume_load_allows_the_list_and_refuses_a_callable_before_it_runs(tmp_path):
-    """In the block, torch.load is weights-only with the resume's list (numpy's RNG state loads; verl's own
+    """In the block, torch.load is weights-only with the resume's list (numpy's RNG state loads from an extra state
+    file (``tests/test_allowlists.py``: each kind's own list); verl's own
     ``weights_only=False`` is overridden); a planted callable is refused in one line; after it, torch's load and
     its safe globals are what they were."""
     import numpy as np
@@ -180,9 +182,10 @@ def test_the_resume_load_allows_the_list_and_refuses_a_callable_before_it_runs(t
 
     from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
 
-    rng = _saved(tmp_path / "extra.pt", {"rng": {"numpy": np.random.get_state()}, "lr_scheduler": None})
+    extra = FILES[EXTRA_STATE].removeprefix("actor/")
+    rng = _saved(tmp_path / extra, {"rng": {"numpy": np.random.get_state()}, "lr_scheduler": None})
     marker = tmp_path / "MARKER"
-    planted = _saved(tmp_path / "planted.pt", {"rng": {}, "planted": Planted(marker)})
+    planted = _saved(tmp_path / "planted" / extra, {"rng": {}, "planted": Planted(marker)})
     import torch.distributed.tensor  # noqa: F401 (its import registers DTensor's types: before the snapshot)
 
     load, before = torch.load, torch.serialization.get_safe_globals()

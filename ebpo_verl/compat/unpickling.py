@@ -5,16 +5,22 @@ verl writes every checkpoint file with ``torch.save`` (a pickle) and reads it ba
 ``torch.load(weights_only=False)``, which unpickles it and so runs any code it carries. Two readers of ours
 replace that load for their duration: the evaluation's merge (:mod:`ebpo_verl.evaluate.safe_merge`, model shards
 only) and a resume under ``ebpo-train`` (:mod:`ebpo_verl.trainer.checkpoint.trusted_load`, every file the resume
-reads). Both load ``weights_only=True`` with torch's safe globals set to exactly :data:`ALLOWED`'s types of the
-files they read; plain tensors, storages, dtypes, ``OrderedDict``, ``torch.Size``, ``torch.device`` and Python's
-containers and numbers are always allowed by torch. A file that pickles any other global is refused before that
-global is looked up: :class:`UntrustedPickle` names the file and what it carries.
+reads). Both load ``weights_only=True``, each file with exactly its kind's part of :data:`ALLOWED`: the kind
+is read from the file's name (:data:`KIND_FILES`), and a file of no kind of the reader (another name, a stream)
+may hold none of it. Plain tensors, storages, dtypes, ``OrderedDict``, ``torch.Size``, ``torch.device`` and
+Python's containers and numbers are always allowed by torch. A file that pickles any other global is refused
+before that global is looked up: :class:`UntrustedPickle` names the file and what it carries.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import pickle
+import pickletools
+import re
+import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +36,14 @@ DATALOADER = "dataloader state"
 RESUME_FILES = (MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER)
 """What verl's resume unpickles: ``actor/model_world_size_W_rank_R.pt``, ``optim_...``, ``extra_state_...``
 (in each worker) and ``data.pt`` (in the trainer); the evaluation's merge reads the model shards only."""
+KIND_FILES: dict[str, re.Pattern[str]] = {
+    MODEL: re.compile(r"model_world_size_\d+_rank_\d+\.pt"),
+    OPTIMIZER: re.compile(r"optim_world_size_\d+_rank_\d+\.pt"),
+    EXTRA_STATE: re.compile(r"extra_state_world_size_\d+_rank_\d+\.pt"),
+    DATALOADER: re.compile(r"data\.pt"),
+}
+"""Each kind's file names, as verl 0.9.1 writes them (``FSDPCheckpointManager.save_checkpoint``, the v1 trainer's
+``_save_checkpoint``)."""
 
 _FSDP = (MODEL, OPTIMIZER)
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -56,6 +70,14 @@ plain tensors); the extra state's RNG states hold numpy's Mersenne-Twister state
 whose dtype class ``UInt32DType`` is built, not named by a global of the file, and checked by the unpickler);
 the scheduler's state and ``data.pt`` (the dataloader's position) hold only numbers, strings and containers.
 Names that this torch or numpy lacks are skipped."""
+
+
+def file_kind(f: Any) -> str | None:
+    """The kind of :data:`KIND_FILES` whose name ``f`` (a path) has; None for another name or a stream."""
+    if not isinstance(f, str | os.PathLike):
+        return None
+    name = os.path.basename(os.fspath(f))
+    return next((kind for kind, pattern in KIND_FILES.items() if pattern.fullmatch(name)), None)
 
 
 def allowed(files: Iterable[str]) -> tuple[str, ...]:
@@ -86,13 +108,39 @@ class UntrustedPickle(Exception):
         self.path, self.carried = path, carried
 
 
+def pickled_globals(f: Any) -> set[str]:
+    """The globals (``module.name``) that the pickle of ``torch.save`` file ``f`` names, read without unpickling it;
+    a stream is read from where it stands and put back there. :class:`pickle.UnpicklingError` when ``f`` is not a
+    ``torch.save`` zip archive (torch's legacy format, a broken file), whose globals this cannot list."""
+    where = None if isinstance(f, str | os.PathLike) else f.tell()
+    try:
+        with zipfile.ZipFile(f) as archive:
+            record = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
+            data = archive.read(record)
+    except (zipfile.BadZipFile, StopIteration) as err:
+        raise pickle.UnpicklingError(
+            f"{f} is not a torch.save zip archive, so what it pickles cannot be checked"
+        ) from err
+    finally:
+        if where is not None:
+            f.seek(where)
+    return {str(arg).replace(" ", ".") for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
+
+
 _LOAD = torch.load
 
 
-def weights_only_load(f: Any, *args: Any, weights_only: Any = None, **kwargs: Any) -> Any:
-    """``torch.load`` with ``weights_only=True`` whatever the caller asked; :class:`UntrustedPickle` when the file
-    pickles a global outside torch's safe globals (found without unpickling it), other errors as torch raises
-    them."""
+def weights_only_load(f: Any, *args: Any, kinds: Iterable[str], weights_only: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` with ``weights_only=True`` whatever the caller asked, for a reader of files of ``kinds``:
+    :class:`UntrustedPickle` when the file pickles a name of :data:`ALLOWED` that its kind (:func:`file_kind`,
+    among ``kinds``) may not hold, or a global outside torch's safe globals (found without unpickling it); other
+    errors as torch raises them."""
+    kind = file_kind(f)
+    foreign = sorted(
+        name for name in pickled_globals(f) if name in ALLOWED and (kind not in kinds or kind not in ALLOWED[name])
+    )
+    if foreign:
+        raise UntrustedPickle(f, foreign[:3])
     try:
         return _LOAD(f, *args, weights_only=True, **kwargs)
     except pickle.UnpicklingError:
@@ -122,7 +170,11 @@ def only_globals(names: Iterable[str]) -> Iterator[list[str]]:
 
 @contextmanager
 def weights_only_loads(files: Iterable[str]) -> Iterator[None]:
-    """Every ``torch.load`` of this process in the block is :func:`weights_only_load` allowing :func:`allowed`
-    ``(files)``: the load replaced while the caller's block runs (verl calls ``torch.load`` by that name)."""
-    with only_globals(allowed(files)), patched("torch.load", weights_only_load):
+    """Every ``torch.load`` of this process in the block is :func:`weights_only_load` for ``files`` (kinds of
+    :data:`RESUME_FILES`): each file loads with its own kind's part of :data:`ALLOWED`, checked by name before the
+    load, and torch's safe globals are the union, :func:`allowed` ``(files)``, which torch checks while it unpickles
+    (a type built rather than named, as numpy's dtype classes); the load replaced while the caller's block runs
+    (verl calls ``torch.load`` by that name), the safe globals set once for it (verl's merger loads in threads)."""
+    load = functools.partial(weights_only_load, kinds=tuple(files))
+    with only_globals(allowed(files)), patched("torch.load", load):
         yield

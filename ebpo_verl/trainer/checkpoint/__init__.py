@@ -8,4 +8,6 @@
 - :mod:`.step_metrics`: the step's training metrics saved with its checkpoint (logged on resume if the run died
   before verl's log call);
 - :mod:`.run_lock`: one training process per checkpoint folder and metrics log.
+- :mod:`.trusted_load`: a resume loads data only unless ``trainer.trust_checkpoint``: each file weights-only with
+  its kind's allowlist (:mod:`ebpo_verl.compat.unpickling`), a strategy whose loader cannot be (Megatron's) refused.
 """

@@ -7,12 +7,16 @@ process (``PPOTrainer._load_checkpoint``), each with ``torch.load(weights_only=F
 process. Unless ``trainer.trust_checkpoint=true``, :class:`TrustedLoadMixin` (in the trainer's bases):
 
 - replaces each worker class that loads checkpoints by :func:`weights_only_worker_cls`'s, whose
-  ``load_checkpoint`` runs verl's with every ``torch.load`` of the worker's process weights-only, allowing the
-  resume's part of :data:`ebpo_verl.compat.unpickling.ALLOWED`
-  (:func:`~ebpo_verl.compat.unpickling.weights_only_loads`);
+  ``load_checkpoint`` runs verl's with every ``torch.load`` of the worker's process weights-only, each file
+  allowed its own kind's part of :data:`ebpo_verl.compat.unpickling.ALLOWED` (a model shard DTensor types, the
+  extra state numpy's RNG state: :func:`~ebpo_verl.compat.unpickling.weights_only_loads`);
 - runs verl's ``_load_checkpoint`` in the trainer's process the same way (``data.pt``), and refuses the
   ``transfer_queue`` folder of an asynchronous mode's checkpoint, which TransferQueue unpickles with plain
-  ``pickle.load`` (no weights-only form exists).
+  ``pickle.load`` (no weights-only form exists);
+- refuses a resume whose actor or critic trains with a strategy other than :data:`CHECKED_STRATEGIES`
+  (:func:`check_strategies`, also run by the pre-flight): Megatron's checkpoint is torch distributed
+  checkpointing, whose metadata is read with plain ``pickle.load``, and the other engines' files were never
+  listed.
 
 A file that pickles anything else is refused in the process that loads it, before the foreign global is looked
 up: :class:`UntrustedCheckpointError`, one line naming the file, what it carries and the switch, which the driver
@@ -22,13 +26,16 @@ prints as ``ebpo-train: error: ...`` (exit status 1, :func:`ebpo_verl.trainer.wa
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ray
 
 from ebpo_verl.compat.contact import patched
 from ebpo_verl.compat.unpickling import RESUME_FILES, UntrustedPickle, weights_only_loads
+from ebpo_verl.trainer.checkpoint.resume import resume_folder
 from ebpo_verl.trainer.watchdog import RunAbortedError
 
 SWITCH = "trainer.trust_checkpoint=true"
@@ -51,6 +58,37 @@ def _refuse_transfer_queue(checkpoint_dir) -> None:
         f"{checkpoint_dir} holds TransferQueue state, which verl restores with plain pickle.load (no weights-only "
         f"form), so resuming from it would run any code it carries {ADVICE}"
     )
+
+
+CHECKED_STRATEGIES = ("fsdp", "fsdp2")
+"""The training strategies whose resume loads data only: verl's ``FSDPCheckpointManager`` reads their files with
+``torch.load``, by the names :data:`~ebpo_verl.compat.unpickling.KIND_FILES` lists."""
+
+
+def check_strategies(config: Any) -> None:
+    """:class:`UntrustedCheckpointError` when a run of ``config`` (verl's job config, not trusting its checkpoint)
+    resumes (:func:`~ebpo_verl.trainer.checkpoint.resume.resume_folder`) with an actor or critic whose strategy is
+    not one of :data:`CHECKED_STRATEGIES`, e.g. ``megatron``."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Disabled critic")  # need_critic's note for every non-GAE run
+        critic = need_critic(config)
+    keys = ["actor_rollout_ref.actor.strategy"] + (["critic.strategy"] if critic else [])
+    unchecked = [
+        f"{key}={value}"
+        for key in keys
+        if (value := str(OmegaConf.select(config, key, default="fsdp"))) not in CHECKED_STRATEGIES
+    ]
+    found = resume_folder(config.trainer) if unchecked else None
+    if found is not None:
+        raise UntrustedCheckpointError(
+            f"{' and '.join(unchecked)} resumes from {found[0]} with a loader that this package cannot restrict to "
+            f"data (Megatron's is torch distributed checkpointing, whose metadata is read with plain pickle.load; "
+            f"only {' and '.join(CHECKED_STRATEGIES)} checkpoints load weights-only), so resuming would run any code "
+            f"the checkpoint carries {ADVICE}"
+        )
 
 
 @contextmanager
@@ -99,6 +137,7 @@ class TrustedLoadMixin:
     def _load_checkpoint(self):
         if self.trusts_checkpoint:
             return super()._load_checkpoint()
+        check_strategies(self.config)
         try:
             with weights_only_resume():
                 return super()._load_checkpoint()

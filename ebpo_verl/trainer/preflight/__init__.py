@@ -6,7 +6,8 @@ parsed once),
 then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
 :mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches` (each rank's share
 of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row checks),
-:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every refusal is an
+:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner), :mod:`.trust` (a resume that
+cannot load weights-only). Every refusal is an
 :class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the offending key/value/file and the fix.
 """
 
@@ -30,6 +31,7 @@ from ebpo_verl.trainer.preflight.config import (
 )
 from ebpo_verl.trainer.preflight.data import check_data, check_model_path
 from ebpo_verl.trainer.preflight.registry import check_estimator_name
+from ebpo_verl.trainer.preflight.trust import check_resume_trust
 from ebpo_verl.trainer.run_options import RunOptions
 
 Check = Callable[[Any, RunOptions, bool], "str | None"]
@@ -47,11 +49,17 @@ CONFIG_CHECKS: tuple[Check, ...] = (
 WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_versions)
 """Printed on stderr (``ebpo-train: warning: ...``), never refusing."""
 
-RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_batch_division, check_model_path, check_data)
-"""After the resume check (a resume that cannot work stops before verl's check and the data are read): verl's
-``validate_config`` at the configured world size, each rank's share of every batch (:mod:`.batches`), the model
-path, the data files. Their lines open the log line, the resume's
-closes it."""
+RUN_CHECKS: tuple[Check, ...] = (
+    check_resume_trust,
+    check_verl_config,
+    check_batch_division,
+    check_model_path,
+    check_data,
+)
+"""After the resume check (a resume that cannot work stops before verl's check and the data are read): a resume
+that cannot load weights-only (:mod:`.trust`), verl's ``validate_config`` at the configured world size, each
+rank's share of every batch (:mod:`.batches`), the model path, the data files. Their lines open the log line, the
+resume's closes it."""
 
 
 def check_config(config: Any) -> RunOptions:
