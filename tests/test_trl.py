@@ -119,7 +119,7 @@ def options_of(name: str) -> dict | None:
     return options or None
 
 
-def verl_advantages(name: str, rewards: torch.Tensor, keys) -> torch.Tensor:
+def verl_advantages(name: str, rewards: torch.Tensor, keys: np.ndarray | None) -> torch.Tensor:
     """verl's registered function of ``name`` on one step: float32 scores as the last token's reward, a uid per
     group of 2, ``name``'s options in ``algorithm.<name>``, the prompt keys as the per-row field."""
     from omegaconf import OmegaConf
@@ -178,9 +178,12 @@ def test_advantages_equal_verls_registered_function(runs, name):
     assert sum(used.abs().sum() for used in t.used) > 0  # the check sees non-trivial advantages
     if registry.get(name).stateful:
         assert t.estimator.state.state_dict() == DEFAULT_ESTIMATORS[name].state.state_dict()
+    rewards, keys = t.steps[0]  # the diagnostics TRL logged are the package estimator's, by name
+    index = np.asarray([f"uid{i // 2}" for i in range(len(rewards))], dtype=object)
     fresh = new_estimator(lookup(name), parse_options(lookup(name), options_of(name)))
-    logged = [k for k in t.state.log_history[1] if k.split("/")[0] == name]
-    assert sorted(logged) == sorted(fresh.diagnostics), t.state.log_history[1]
+    diagnostics = fresh(rewards[:, 0], index, torch.ones(len(rewards), dtype=torch.bool), keys).diagnostics
+    logged = [k for k in t.state.log_history[0] if k.split("/")[0] == name]
+    assert sorted(logged) == sorted(diagnostics), t.state.log_history[0]
 
 
 @pytest.mark.slow
@@ -437,24 +440,36 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig
 from ebpo_verl.integrations.trl import EstimatorGRPOTrainer
 
+class Recorded(EstimatorGRPOTrainer):
+    def estimate(self, rewards_per_func, keys, train):
+        values = super().estimate(rewards_per_func, keys, train)
+        self.steps.append({"rewards": rewards_per_func[:, 0].tolist(), "keys": keys.tolist()})
+        return values
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.steps[-1]["local"] = output["advantages"].tolist()
+        return output
+
 out, model = Path(sys.argv[1]), sys.argv[2]
 def reward(completions, extra_info, **kw):
     return [0.0 if e["index"] < 2 else float(sum(map(ord, c)) % 2) for c, e in zip(completions, extra_info)]
 rows = [{"prompt": f"What is {i} + 1?", "extra_info": {"index": i}} for i in range(8)]
 args = GRPOConfig(output_dir=str(out / "run"), per_device_train_batch_size=2, num_generations=2, max_steps=2,
                   max_completion_length=6, save_strategy="steps", save_steps=2, report_to=[], use_cpu=True, seed=0)
-t = EstimatorGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=AutoTokenizer.from_pretrained(model), estimator="spo",
-                         estimator_options={"prompt_key": "extra_info.index"})
+t = Recorded(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+             processing_class=AutoTokenizer.from_pretrained(model), estimator="spo",
+             estimator_options={"prompt_key": "extra_info.index"})
+t.steps = []
 t.train()
-state = {"world": t.accelerator.num_processes, "state": t.estimator.state.state_dict()}
+state = {"world": t.accelerator.num_processes, "state": t.estimator.state.state_dict(), "steps": t.steps}
 (out / f"state{t.accelerator.process_index}.json").write_text(json.dumps(state))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_two_processes_on_gloo_end_with_the_same_state(tiny, tmp_path):
+def test_two_processes_on_gloo_each_take_their_slice_and_end_with_the_same_state(tiny, tmp_path):
     import os
     import subprocess
     import sys
@@ -473,6 +488,18 @@ def test_two_processes_on_gloo_end_with_the_same_state(tiny, tmp_path):
     assert len(ranks[0]["state"]["keys"]) == 4  # 2 steps x 2 prompts, one from each rank: both were gathered
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / "spo_state.json").read_text())
     assert saved["state"] == ranks[0]["state"]
+    reset_verls_estimators()
+    distinct = 0  # steps where the two ranks' slices differ: a rank taking the other's rows would be seen
+    for step, (a, b) in enumerate(zip(ranks[0]["steps"], ranks[1]["steps"], strict=True)):
+        assert (a["rewards"], a["keys"]) == (b["rewards"], b["keys"]), step  # the same gathered rewards and keys
+        keys = np.asarray(a["keys"], dtype=object)
+        expected = verl_advantages("spo", torch.tensor(a["rewards"], dtype=torch.float64), keys)
+        assert len(a["local"]) == len(b["local"]) == len(expected) // 2 == 2
+        for rank, slice_ in ((0, a["local"]), (1, b["local"])):  # each rank trains on its own rows' advantages
+            want = expected[2 * rank : 2 * rank + 2]
+            torch.testing.assert_close(torch.tensor(slice_), want, rtol=1e-6, atol=1e-6, msg=f"{step} rank {rank}")
+        distinct += not torch.equal(expected[:2], expected[2:])
+    assert distinct > 0
 
 
 def test_without_the_verl_extra_ebpo_train_and_register_name_it_in_one_line():
