@@ -304,7 +304,15 @@ def test_two_iterations_per_block_resume_exactly_from_inside_a_block(tiny, tmp_p
         lost.train(resume_from_checkpoint=str(checkpoint))
 
 
-def test_a_bad_block_file_is_refused_in_one_line(tmp_path):
+class Planted:
+    """Unpickling it would call ``Path.touch`` on ``<cwd>/planted``."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path("planted"),))
+
+
+def test_a_bad_block_file_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     settings = {"gradient_accumulation_steps": 2, "steps_per_generation": 3, "num_iterations": 1, "processes": 1}
     with pytest.raises(ValueError, match="trl_block.json is missing: resume from a checkpoint written by"):
         load_block(str(tmp_path), settings, 0, "cpu")
@@ -326,6 +334,10 @@ def test_a_bad_block_file_is_refused_in_one_line(tmp_path):
     torch.save({"not": "a block"}, tmp_path / BUFFER_FILE.format(0))
     with pytest.raises(ValueError, match="is malformed: expected a list of steps_per_generation=3 batches"):
         load_block(str(tmp_path), settings, 0, "cpu")
+    torch.save([Planted()] * 3, tmp_path / BUFFER_FILE.format(0))
+    with pytest.raises(ValueError, match="is not a weights-only block of tensors") as err:
+        load_block(str(tmp_path), settings, 0, "cpu")
+    assert "\n" not in str(err.value) and not (tmp_path / "planted").exists()
     torch.save([{"x": torch.ones(1)}] * 3, tmp_path / BUFFER_FILE.format(0))
     micro, block = load_block(str(tmp_path), settings, 0, "cpu")
     assert micro == 7 and torch.equal(block[2]["x"], torch.ones(1))

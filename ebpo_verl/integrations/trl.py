@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -185,7 +186,10 @@ def load_block(folder: str, settings: dict[str, int], rank: int, device: Any) ->
             f"{buffer} is missing: the checkpoint lies inside a generation block (micro-step {micro}) and the "
             "block's completions are needed to continue it; resume from a checkpoint at a block's end"
         )
-    block = torch.load(buffer, map_location=device, weights_only=True)
+    try:
+        block = torch.load(buffer, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ValueError(f"{buffer} is not a weights-only block of tensors ({one_line(err)})") from None
     if not isinstance(block, list) or len(block) != settings["steps_per_generation"]:
         expected = settings["steps_per_generation"]
         raise ValueError(f"{buffer} is malformed: expected a list of steps_per_generation={expected} batches")
