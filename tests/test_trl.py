@@ -1,14 +1,18 @@
 """The TRL integration (ebpo_verl.integrations.trl): TRL's GRPOTrainer on the package's tiny model, on CPU.
 
-The advantages TRL trains with are checked against a fresh package estimator fed the same rewards and prompt keys
-(the verl path's call: float32 scores, one uid per group); a resume from a mid-run checkpoint against the
-uninterrupted run; an all-fail group against TRL's own advantage (0); evaluate() against the state it must keep.
+The advantages TRL trains with are checked, for every estimator of the registry, against verl's registered function
+(``get_adv_estimator_fn``) fed the same rewards and prompt keys (float32 scores, one uid per group); a resume of
+every stateful estimator, and resumes from saves inside TRL's generation blocks (accumulation with an epoch's
+shorter last update, epoch saves, a fractional ``save_steps``, the final save, ``num_iterations`` 2), against the
+uninterrupted run, micro-step by micro-step; an all-fail group against TRL's own advantage (0); evaluate() against
+the state it must keep; two processes on gloo, each rank's slice.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +27,12 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from ebpo_verl.algos import registry  # noqa: E402
 from ebpo_verl.cpu.tiny import build_model, build_tokenizer  # noqa: E402
 from ebpo_verl.integrations.trl import (  # noqa: E402
+    BLOCK_FILE,
+    BUFFER_FILE,
     EstimatorMixin,
+    block_settings,
     check_column,
+    load_block,
     lookup,
     new_estimator,
     on_boundary,
@@ -55,7 +63,7 @@ class Recorded(EstimatorMixin, Spy):
     """The integration, recording each step's gathered rewards, keys and the advantages that reach the loss."""
 
     def __init__(self, *args, **kwargs):
-        self.trl_advantages, self.steps, self.used = [], [], []
+        self.trl_advantages, self.steps, self.used, self.micro = [], [], [], []
         super().__init__(*args, **kwargs)
 
     def estimate(self, rewards_per_func, keys, train):
@@ -68,6 +76,12 @@ class Recorded(EstimatorMixin, Spy):
         output = super()._generate_and_score_completions(inputs)
         self.used.append(output["advantages"].clone())
         return output
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training:  # the slice of the block each training micro-step takes to the loss
+            self.micro.append(inputs["advantages"].clone())
+        return inputs
 
 
 @pytest.fixture(scope="module")
@@ -82,48 +96,251 @@ def dataset(rows: int = ROWS) -> Dataset:
     return Dataset.from_list([{"prompt": f"What is {i} + 1?", "extra_info": {"index": i}} for i in range(rows)])
 
 
-def trainer(tiny, out: Path, estimator: str, options=None, steps: int = 2, cls=Recorded, **config) -> GRPOTrainer:
+def trainer(tiny, out: Path, estimator: str, options=None, steps: int = 2, cls=Recorded, rows: int = ROWS, **config):
     path, tokenizer = tiny
     settings = dict(per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=steps)
     settings.update(report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, seed=0)
     settings.update(config)
     args = GRPOConfig(output_dir=str(out), **settings)
     kw = {} if cls is Spy else {"estimator": estimator, "estimator_options": options}
-    data = dataset()
+    data = dataset(rows)
     return cls(model=str(path), reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, **kw)
 
 
-KEYED = {"ebpo": None, "spo": {"prompt_key": "extra_info.index"}, "dbb": {"prompt_key": "extra_info.index"}}
-OURS = {
-    **KEYED,
-    "bnpo": None,
-    "shrinkage_js": None,
-    "jspo": None,
-    "jspo_history": None,
-    "ha_dw": None,
-    "krpo": {"order": "rows"},  # TRL passes no rollout sample index: the gathered order within each group
-    "running_norm": None,
-}
+OVERRIDES = {"krpo": {"order": "rows"}}  # TRL passes no rollout sample index: the gathered order within each group
+
+
+def options_of(name: str) -> dict | None:
+    """The options a test runs ``name`` with: a prompt key where the estimator tracks prompts (``extra_info.index``),
+    the OVERRIDES; None (the defaults) otherwise."""
+    spec = registry.get(name)
+    options = {spec.row_key: "extra_info.index"} if spec.unique_row_key else {}
+    options.update(OVERRIDES.get(name, {}))
+    return options or None
+
+
+def verl_advantages(name: str, rewards: torch.Tensor, keys: np.ndarray | None) -> torch.Tensor:
+    """verl's registered function of ``name`` on one step: float32 scores as the last token's reward, a uid per
+    group of 2, ``name``'s options in ``algorithm.<name>``, the prompt keys as the per-row field."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    spec = registry.get(name)
+    rows = len(rewards)
+    token_rewards = torch.zeros(rows, 3)
+    token_rewards[:, -1] = rewards.to(torch.float32)
+    index = np.asarray([f"uid{i // 2}" for i in range(rows)], dtype=object)
+    node = {"adv_estimator": spec.registered_name}
+    if spec.options_cls is not None:
+        node[name] = options_of(name) or {}
+    row = {spec.row_kwarg: keys} if keys is not None else {}
+    fn = get_adv_estimator_fn(spec.registered_name)
+    advantages, _ = fn(token_rewards, torch.ones(rows, 3), index, config=OmegaConf.create(node), **row)
+    return advantages[:, 0]
+
+
+def reset_verls_estimators() -> None:
+    """verl's per-process estimator objects (behind its registered functions) back to a fresh state."""
+    import ebpo_verl
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+    ebpo_verl.register()
+    for default in DEFAULT_ESTIMATORS.values():
+        default.reset()
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, tmp_path_factory):
+    """``runs(name)``: a 2-step run of ``name`` (checkpoints 1 and 2 for a stateful one), trained once per module."""
+    done: dict[str, GRPOTrainer] = {}
+
+    def run(name: str) -> GRPOTrainer:
+        if name not in done:
+            save = {"save_strategy": "steps", "save_steps": 1} if registry.get(name).stateful else {}
+            done[name] = trainer(tiny, tmp_path_factory.mktemp(name), name, options_of(name), steps=2, **save)
+            done[name].train()
+        return done[name]
+
+    return run
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(OURS))
-def test_advantages_equal_the_package_estimator_on_the_same_rewards(tiny, tmp_path, name):
-    assert set(OURS) == set(registry.ours())  # every estimator of the package's own is covered
-    t = trainer(tiny, tmp_path, name, OURS[name], steps=2)
-    t.train()
-    fresh = new_estimator(lookup(name), parse_options(lookup(name), OURS[name]))
+@pytest.mark.parametrize("name", list(registry.ours()))
+def test_advantages_equal_verls_registered_function(runs, name):
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+
+    t = runs(name)
+    reset_verls_estimators()
     assert len(t.steps) == len(t.used) == 2
     for step, ((rewards, keys), used) in enumerate(zip(t.steps, t.used, strict=True)):
-        scores = rewards[:, 0].to(torch.float32)  # one reward function, weight 1: verl's summed token rewards
-        index = np.asarray([f"uid{i // 2}" for i in range(len(scores))], dtype=object)
-        expected = fresh(scores, index, torch.ones(len(scores), dtype=torch.bool), keys).values
-        torch.testing.assert_close(used, expected.to(torch.float32), rtol=1e-6, atol=1e-6, msg=f"step {step + 1}")
+        expected = verl_advantages(name, rewards[:, 0], keys)  # one reward function, weight 1
+        torch.testing.assert_close(used, expected, rtol=1e-6, atol=1e-6, msg=f"step {step + 1}")
     assert sum(used.abs().sum() for used in t.used) > 0  # the check sees non-trivial advantages
-    if fresh.state is not None:
-        assert t.estimator.state.state_dict() == fresh.state.state_dict()
-    logged = [k for k in t.state.log_history[1] if k.split("/")[0] == name]
-    assert sorted(logged) == sorted(fresh.diagnostics), t.state.log_history[1]
+    if registry.get(name).stateful:
+        assert t.estimator.state.state_dict() == DEFAULT_ESTIMATORS[name].state.state_dict()
+    rewards, keys = t.steps[0]  # the diagnostics TRL logged are the package estimator's, by name
+    index = np.asarray([f"uid{i // 2}" for i in range(len(rewards))], dtype=object)
+    fresh = new_estimator(lookup(name), parse_options(lookup(name), options_of(name)))
+    diagnostics = fresh(rewards[:, 0], index, torch.ones(len(rewards), dtype=torch.bool), keys).diagnostics
+    logged = [k for k in t.state.log_history[0] if k.split("/")[0] == name]
+    assert sorted(logged) == sorted(diagnostics), t.state.log_history[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(registry.stateful()))
+def test_resume_from_step_1_equals_the_uninterrupted_run(tiny, tmp_path, runs, name):
+    full = runs(name)
+    checkpoint = Path(full.args.output_dir) / "checkpoint-1"
+    saved = json.loads((checkpoint / registry.get(name).state.file).read_text())
+    assert saved["global_step"] == 1 and saved["state"] != full.estimator.state.state_dict()
+    resumed = trainer(tiny, tmp_path, name, options_of(name), steps=2)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert len(resumed.used) == 1
+    torch.testing.assert_close(resumed.used[0], full.used[1], rtol=0, atol=0)
+    assert resumed.estimator.state.state_dict() == full.estimator.state.state_dict()
+
+
+@pytest.mark.slow
+def test_a_missing_state_file_is_refused_or_starts_fresh_as_the_option_says(tiny, tmp_path, runs):
+    full = runs("ebpo")
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(Path(full.args.output_dir) / "checkpoint-1", checkpoint)
+    (checkpoint / "ebpo_state.json").unlink()
+    refused = trainer(tiny, tmp_path / "refused", "ebpo", steps=2)
+    with pytest.raises(ValueError, match="has no ebpo_state.json") as err:
+        refused.train(resume_from_checkpoint=str(checkpoint))
+    assert "\n" not in str(err.value) and refused.used == []
+    fresh = trainer(tiny, tmp_path / "fresh", "ebpo", {"on_resume_mismatch": "reset"}, steps=2)
+    with pytest.warns(RuntimeWarning, match="no ebpo_state.json .* start FRESH at step 1"):
+        fresh.train(resume_from_checkpoint=str(checkpoint))
+    alone = new_estimator(lookup("ebpo"), parse_options(lookup("ebpo"), None))  # step 2's rewards only
+    (rewards, keys), used = fresh.steps[0], fresh.used[0]
+    valid = torch.ones(len(rewards), dtype=torch.bool)
+    index = np.asarray([f"uid{i // 2}" for i in range(len(rewards))], dtype=object)
+    expected = alone(rewards[:, 0].to(torch.float32), index, valid, keys).values
+    torch.testing.assert_close(used, expected.to(torch.float32), rtol=1e-6, atol=1e-6)
+    assert fresh.estimator.state.state_dict() == alone.state.state_dict() != full.estimator.state.state_dict()
+    changed = trainer(tiny, tmp_path / "changed", "ebpo", {"prior": "beta_binomial"}, steps=2)
+    with pytest.raises(ValueError, match=r"differs from the checkpoint's options .*prior"):
+        changed.train(resume_from_checkpoint=str(Path(full.args.output_dir) / "checkpoint-1"))
+
+
+# Generation blocks: 3 prompts x 2 completions generated once per epoch (steps_per_generation 3, a block of 3
+# micro-batches of 2), accumulation 2: each epoch is an update of 2 micro-batches and a shorter one of 1, so optimizer
+# step s ends micro-step 3 * (s // 2) + 2 * (s % 2), not 2 * s. A constant learning rate, so that runs of different
+# max_steps share their first steps; TRL's prompt order unshuffled, as its sampler draws one order per epoch from a
+# generator that a resume does not advance past the skipped epochs (docs/trl.md, Limits).
+BLOCKS = dict(rows=3, per_device_train_batch_size=2, gradient_accumulation_steps=2, steps_per_generation=3,
+              lr_scheduler_type="constant", shuffle_dataset=False)  # fmt: skip
+
+
+def micro_step(checkpoint: Path) -> int:
+    return json.loads((checkpoint / BLOCK_FILE).read_text())["micro_step"]
+
+
+def assert_resumes_exactly(full: GRPOTrainer, resumed: GRPOTrainer, micro: int) -> None:
+    """``resumed`` (from ``full``'s micro-step ``micro``) took the same advantages to every later micro-step and
+    ended with the same state."""
+    assert len(resumed.micro) == len(full.micro) - micro > 0
+    for i, (a, b) in enumerate(zip(full.micro[micro:], resumed.micro, strict=True)):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"micro-step {micro + i + 1}")
+    assert resumed.estimator.state.state_dict() == full.estimator.state.state_dict()
+
+
+@pytest.fixture(scope="module")
+def blocks_full(tiny, tmp_path_factory):
+    """6 steps (3 epochs, 9 micro-steps, 3 blocks) saved at a fractional save_steps=0.5: steps 3 and 6."""
+    t = trainer(tiny, tmp_path_factory.mktemp("blocks"), "ebpo", steps=6, save_strategy="steps", save_steps=0.5,
+                **BLOCKS)  # fmt: skip
+    t.train()
+    return t
+
+
+@pytest.mark.slow
+def test_a_save_inside_a_block_of_an_uneven_epoch_resumes_exactly(tiny, tmp_path, blocks_full):
+    full, out = blocks_full, Path(blocks_full.args.output_dir)
+    assert len(full.micro) == 9 and len(full.used) == 3
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]  # 0.5 x 6 steps
+    assert (micro_step(out / "checkpoint-3"), micro_step(out / "checkpoint-6")) == (5, 9)  # not 2 x 3 = 6
+    assert (out / "checkpoint-3" / BUFFER_FILE.format(0)).is_file()  # inside block 2: its completions are kept
+    assert not (out / "checkpoint-6" / BUFFER_FILE.format(0)).exists()  # a block's end: TRL generates anew
+    resumed = trainer(tiny, tmp_path, "ebpo", steps=6, **BLOCKS)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    assert len(resumed.used) == 1  # block 3 only: block 2 is continued, not regenerated
+    assert_resumes_exactly(full, resumed, 5)
+
+
+@pytest.mark.slow
+def test_epoch_saves_and_the_final_save_resume_exactly(tiny, tmp_path, blocks_full):
+    short = trainer(tiny, tmp_path / "short", "ebpo", steps=5, save_strategy="epoch", **BLOCKS)
+    short.train()
+    out = tmp_path / "short"
+    assert [micro_step(out / f"checkpoint-{s}") for s in (2, 4, 5)] == [3, 6, 8]  # epoch ends; the final save
+    assert all(torch.equal(a, b) for a, b in zip(short.micro, blocks_full.micro[:8], strict=True))
+    for step, micro in ((4, 6), (5, 8)):
+        resumed = trainer(tiny, tmp_path / f"resumed{step}", "ebpo", steps=6, **BLOCKS)
+        resumed.train(resume_from_checkpoint=str(out / f"checkpoint-{step}"))
+        assert_resumes_exactly(blocks_full, resumed, micro)
+
+
+@pytest.mark.slow
+def test_two_iterations_per_block_resume_exactly_from_inside_a_block(tiny, tmp_path):
+    iterations = dict(num_iterations=2, save_strategy="steps", save_steps=1, lr_scheduler_type="constant")
+    full = trainer(tiny, tmp_path / "full", "ebpo", steps=4, **iterations)
+    full.train()
+    checkpoint = tmp_path / "full" / "checkpoint-3"
+    assert len(full.used) == 2 and micro_step(checkpoint) == 3
+    resumed = trainer(tiny, tmp_path / "resumed", "ebpo", steps=4, **iterations)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.used == []  # the second pass over block 2, from the saved block
+    assert_resumes_exactly(full, resumed, 3)
+    changed = trainer(tiny, tmp_path / "changed", "ebpo", steps=4, **{**iterations, "num_iterations": 3})
+    with pytest.raises(ValueError, match=r"trl_block.json: num_iterations 2 -> 3 since the save") as err:
+        changed.train(resume_from_checkpoint=str(checkpoint))
+    assert "\n" not in str(err.value)
+    (checkpoint / BUFFER_FILE.format(0)).unlink()
+    lost = trainer(tiny, tmp_path / "lost", "ebpo", steps=4, **iterations)
+    with pytest.raises(ValueError, match=r"trl_block_rank0.pt is missing: the checkpoint lies inside a generation"):
+        lost.train(resume_from_checkpoint=str(checkpoint))
+
+
+class Planted:
+    """Unpickling it would call ``Path.touch`` on ``<cwd>/planted``."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path("planted"),))
+
+
+def test_a_bad_block_file_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = {"gradient_accumulation_steps": 2, "steps_per_generation": 3, "num_iterations": 1, "processes": 1}
+    with pytest.raises(ValueError, match="trl_block.json is missing: resume from a checkpoint written by"):
+        load_block(str(tmp_path), settings, 0, "cpu")
+    for text, expected in (
+        ("{", "is not valid JSON"),
+        ("[" * 100000, "is not valid JSON"),
+        (json.dumps({**settings, "micro_step": 4.0}), "is malformed: expected non-negative integers"),
+        (json.dumps({**settings, "micro_step": -1}), "is malformed"),
+        (json.dumps({**settings, "micro_step": True}), "is malformed"),
+        (json.dumps(settings), "is malformed"),
+    ):
+        (tmp_path / BLOCK_FILE).write_text(text)
+        with pytest.raises(ValueError, match=expected) as err:
+            load_block(str(tmp_path), settings, 0, "cpu")
+        assert "\n" not in str(err.value)
+    (tmp_path / BLOCK_FILE).write_text(json.dumps({**settings, "micro_step": 6}))
+    assert load_block(str(tmp_path), settings, 0, "cpu") == (6, None)  # a block's end: nothing else is read
+    (tmp_path / BLOCK_FILE).write_text(json.dumps({**settings, "micro_step": 7}))
+    torch.save({"not": "a block"}, tmp_path / BUFFER_FILE.format(0))
+    with pytest.raises(ValueError, match="is malformed: expected a list of steps_per_generation=3 batches"):
+        load_block(str(tmp_path), settings, 0, "cpu")
+    torch.save([Planted()] * 3, tmp_path / BUFFER_FILE.format(0))
+    with pytest.raises(ValueError, match="is not a weights-only block of tensors") as err:
+        load_block(str(tmp_path), settings, 0, "cpu")
+    assert "\n" not in str(err.value) and not (tmp_path / "planted").exists()
+    torch.save([{"x": torch.ones(1)}] * 3, tmp_path / BUFFER_FILE.format(0))
+    micro, block = load_block(str(tmp_path), settings, 0, "cpu")
+    assert micro == 7 and torch.equal(block[2]["x"], torch.ones(1))
 
 
 @pytest.mark.slow
@@ -136,24 +353,6 @@ def test_all_fail_group_gets_an_ebpo_advantage_where_trl_gives_zero(tiny, tmp_pa
     rows = failed.repeat_interleave(2)
     assert torch.all(trl[rows] == 0)
     assert torch.all(used[rows] < 0)  # shrunk towards the batch's success rate: below the group's 0 reward
-
-
-@pytest.mark.slow
-def test_resume_from_step_2_equals_the_uninterrupted_run(tiny, tmp_path):
-    full = trainer(tiny, tmp_path / "full", "ebpo", steps=4, save_strategy="steps", save_steps=2)
-    full.train()
-    checkpoint = tmp_path / "full" / "checkpoint-2"
-    saved = json.loads((checkpoint / "ebpo_state.json").read_text())
-    assert saved["global_step"] == 2 and saved["state"] != full.estimator.state.state_dict()
-    resumed = trainer(tiny, tmp_path / "resumed", "ebpo", steps=4, save_strategy="steps", save_steps=2)
-    resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert len(resumed.used) == 2
-    for a, b in zip(full.used[2:], resumed.used, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert resumed.estimator.state.state_dict() == full.estimator.state.state_dict()
-    changed = trainer(tiny, tmp_path / "changed", "ebpo", {"prior": "beta_binomial"}, steps=4)
-    with pytest.raises(ValueError, match=r"differs from the checkpoint's options .*prior"):
-        changed.train(resume_from_checkpoint=str(checkpoint))
 
 
 @pytest.mark.slow
@@ -198,18 +397,23 @@ def test_row_columns_top_level_or_dotted_and_unique():
         check_column(dataset(), "index", True, "spo.prompt_key")
 
 
-def test_generation_boundaries():
+def test_generation_boundaries_count_trls_micro_steps():
     args = GRPOConfig(output_dir="unused", gradient_accumulation_steps=2, num_iterations=3, report_to=[], use_cpu=True)
     assert args.steps_per_generation == 2  # TRL's default: one generation per optimizer step, reused 3 times
-    assert [on_boundary(s, args) for s in range(1, 7)] == [False, False, True, False, False, True]
+    settings = block_settings(args, 1)
+    assert settings == {
+        "gradient_accumulation_steps": 2,
+        "steps_per_generation": 2,
+        "num_iterations": 3,
+        "processes": 1,
+    }
+    assert [m for m in range(1, 19) if on_boundary(m, settings)] == [6, 12, 18]  # every 6 micro-batches
 
 
 @pytest.mark.slow
 def test_the_trainer_refuses_what_it_cannot_replace(tiny, tmp_path):
     with pytest.raises(ValueError, match="use multi_objective_aggregation='sum_then_normalize'"):
         trainer(tiny, tmp_path, "ebpo", multi_objective_aggregation="normalize_then_sum")
-    with pytest.raises(ValueError, match="save_steps=1 is not a multiple of the generation block"):
-        trainer(tiny, tmp_path, "ebpo", save_strategy="steps", save_steps=1, num_iterations=2)
     with pytest.raises(ValueError, match="spo.prompt_key='index': row 0"):
         trainer(tiny, tmp_path, "spo")
 
@@ -248,24 +452,36 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig
 from ebpo_verl.integrations.trl import EstimatorGRPOTrainer
 
+class Recorded(EstimatorGRPOTrainer):
+    def estimate(self, rewards_per_func, keys, train):
+        values = super().estimate(rewards_per_func, keys, train)
+        self.steps.append({"rewards": rewards_per_func[:, 0].tolist(), "keys": keys.tolist()})
+        return values
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.steps[-1]["local"] = output["advantages"].tolist()
+        return output
+
 out, model = Path(sys.argv[1]), sys.argv[2]
 def reward(completions, extra_info, **kw):
     return [0.0 if e["index"] < 2 else float(sum(map(ord, c)) % 2) for c, e in zip(completions, extra_info)]
 rows = [{"prompt": f"What is {i} + 1?", "extra_info": {"index": i}} for i in range(8)]
 args = GRPOConfig(output_dir=str(out / "run"), per_device_train_batch_size=2, num_generations=2, max_steps=2,
                   max_completion_length=6, save_strategy="steps", save_steps=2, report_to=[], use_cpu=True, seed=0)
-t = EstimatorGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=AutoTokenizer.from_pretrained(model), estimator="spo",
-                         estimator_options={"prompt_key": "extra_info.index"})
+t = Recorded(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+             processing_class=AutoTokenizer.from_pretrained(model), estimator="spo",
+             estimator_options={"prompt_key": "extra_info.index"})
+t.steps = []
 t.train()
-state = {"world": t.accelerator.num_processes, "state": t.estimator.state.state_dict()}
+state = {"world": t.accelerator.num_processes, "state": t.estimator.state.state_dict(), "steps": t.steps}
 (out / f"state{t.accelerator.process_index}.json").write_text(json.dumps(state))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_two_processes_on_gloo_end_with_the_same_state(tiny, tmp_path):
+def test_two_processes_on_gloo_each_take_their_slice_and_end_with_the_same_state(tiny, tmp_path):
     import os
     import subprocess
     import sys
@@ -284,6 +500,18 @@ def test_two_processes_on_gloo_end_with_the_same_state(tiny, tmp_path):
     assert len(ranks[0]["state"]["keys"]) == 4  # 2 steps x 2 prompts, one from each rank: both were gathered
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / "spo_state.json").read_text())
     assert saved["state"] == ranks[0]["state"]
+    reset_verls_estimators()
+    distinct = 0  # steps where the two ranks' slices differ: a rank taking the other's rows would be seen
+    for step, (a, b) in enumerate(zip(ranks[0]["steps"], ranks[1]["steps"], strict=True)):
+        assert (a["rewards"], a["keys"]) == (b["rewards"], b["keys"]), step  # the same gathered rewards and keys
+        keys = np.asarray(a["keys"], dtype=object)
+        expected = verl_advantages("spo", torch.tensor(a["rewards"], dtype=torch.float64), keys)
+        assert len(a["local"]) == len(b["local"]) == len(expected) // 2 == 2
+        for rank, slice_ in ((0, a["local"]), (1, b["local"])):  # each rank trains on its own rows' advantages
+            want = expected[2 * rank : 2 * rank + 2]
+            torch.testing.assert_close(torch.tensor(slice_), want, rtol=1e-6, atol=1e-6, msg=f"{step} rank {rank}")
+        distinct += not torch.equal(expected[:2], expected[2:])
+    assert distinct > 0
 
 
 def test_without_the_verl_extra_ebpo_train_and_register_name_it_in_one_line():
@@ -310,7 +538,7 @@ def test_without_the_verl_extra_ebpo_train_and_register_name_it_in_one_line():
 
 @pytest.mark.slow
 def test_an_evaluation_set_without_the_prompt_key_is_refused_in_one_line(tiny, tmp_path):
-    t = trainer(tiny, tmp_path, "spo", KEYED["spo"], per_device_eval_batch_size=4)
+    t = trainer(tiny, tmp_path, "spo", options_of("spo"), per_device_eval_batch_size=4)
     with pytest.raises(ValueError, match=r"evaluation batch has no column 'extra_info.index' \(spo.prompt_key\)"):
         t.evaluate(eval_dataset=Dataset.from_list([{"prompt": f"What is {i} + 1?"} for i in range(4)]))
     assert t.estimator.state.state_dict()["keys"] == []

@@ -37,8 +37,9 @@ GRPO = "trl.trainer.grpo_trainer.GRPOTrainer"
 TRL = "ebpo_verl.integrations.trl"
 TRL_HOOK = "TRL 1.16's GRPOTrainer has no advantage hook (its maintainers point to overriding this; a hook PR is open)"
 TRL_TESTS = (
-    "tests/test_trl.py::test_advantages_equal_the_package_estimator_on_the_same_rewards",
-    "tests/test_trl.py::test_resume_from_step_2_equals_the_uninterrupted_run",
+    "tests/test_trl.py::test_advantages_equal_verls_registered_function",
+    "tests/test_trl.py::test_resume_from_step_1_equals_the_uninterrupted_run",
+    "tests/test_trl.py::test_a_save_inside_a_block_of_an_uneven_epoch_resumes_exactly",
 )
 BATCH = ("self", "batch", "metrics")
 TRACKING_TEST = "tests/test_tracking.py::test_a_retrained_step_shows_once_after_a_resume"
@@ -406,6 +407,20 @@ CONTACTS: tuple[Contact, ...] = (
     _trl("_get_output_dir", ("call",), "the run folder the checkpoint is saved under", ("self", "trial")),
     _trl("_metrics", ("write",), "the estimator's diagnostics logged as TRL logs its rewards", None, instance=True),
     _trl("_logs", ("write",), "TRL's logged advantages table gets the estimator's advantages", None, instance=True),
+    _trl(
+        "_step",
+        ("read", "write"),
+        "TRL's micro-step counter, saved and restored: it places the generation blocks",
+        None,
+        instance=True,
+    ),
+    _trl(
+        "_buffered_inputs",
+        ("read", "write"),
+        "the generated block, saved by a save inside it and restored",
+        None,
+        instance=True,
+    ),
 )
 """The contact surface: every entry is checked by ``tests/test_contact_surface.py``."""
 

@@ -14,7 +14,9 @@ written into each checkpoint folder (by the saving process only) and restored on
 from __future__ import annotations
 
 import copy
+import json
 import os
+import pickle
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +30,8 @@ from trl import GRPOTrainer
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.registry import EstimatorSpec
+from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
+from ebpo_verl.ops.errors import one_line
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 
 
@@ -117,11 +121,79 @@ def check_column(dataset: Any, column: str, unique: bool, option: str) -> None:
         seen[key] = i
 
 
-def on_boundary(global_step: int, args: Any) -> bool:
-    """Whether optimizer step ``global_step`` ends a generation block (TRL generates once per ``steps_per_generation
-    x num_iterations`` micro-steps and regenerates a partly used block on resume)."""
-    micro = global_step * args.gradient_accumulation_steps
-    return micro % (args.steps_per_generation * args.num_iterations) == 0
+def on_boundary(micro_step: int, settings: Mapping[str, int]) -> bool:
+    """Whether TRL's micro-step counter (``GRPOTrainer._step``, the training micro-batches so far) is at a
+    generation block's end (:func:`block_settings`): TRL generates when it is a multiple of ``steps_per_generation x
+    num_iterations``. The counter, not ``global_step x gradient_accumulation_steps``: Transformers ends an epoch
+    whose micro-batches are not a multiple of the accumulation with a shorter update."""
+    return micro_step % (settings["steps_per_generation"] * settings["num_iterations"]) == 0
+
+
+BLOCK_FILE = "trl_block.json"
+"""TRL's micro-step counter and block settings at a save, in every checkpoint folder the mixin writes."""
+BUFFER_FILE = "trl_block_rank{}.pt"
+"""A process's generated block (TRL's ``_buffered_inputs``), written by every process at a save inside a block."""
+BLOCK_SETTINGS = ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")
+
+
+def block_settings(args: Any, processes: int) -> dict[str, int]:
+    """The settings that place TRL's blocks and its data position: a resume must keep them."""
+    return {**{name: int(getattr(args, name)) for name in BLOCK_SETTINGS}, "processes": int(processes)}
+
+
+def save_block(folder: str, micro_step: int, buffered: Any, settings: dict[str, int], rank: int, writer: bool) -> None:
+    """Into checkpoint ``folder``: TRL's counter (``writer``: the saving process) and, inside a block, this process's
+    generated block, so that a resume continues the block instead of regenerating it."""
+    os.makedirs(folder, exist_ok=True)
+    if not on_boundary(micro_step, settings):
+        atomic_write(os.path.join(folder, BUFFER_FILE.format(rank)), lambda tmp: torch.save(buffered, tmp))
+    if writer:
+        text = json.dumps({"micro_step": int(micro_step), **settings}, sort_keys=True) + "\n"
+        atomic_write_text(os.path.join(folder, BLOCK_FILE), text)
+
+
+def load_block(folder: str, settings: dict[str, int], rank: int, device: Any) -> tuple[int, list[Any] | None]:
+    """TRL's counter at the save in ``folder`` and, when it lies inside a block, this process's generated block
+    (None at a boundary: TRL generates anew). ValueError in one line for a missing or malformed file or a changed
+    block setting."""
+    path = os.path.join(folder, BLOCK_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(
+            f"{path} is missing: resume from a checkpoint written by ebpo-verl's TRL integration (it records TRL's "
+            "micro-step counter, which places the generation blocks)"
+        ) from None
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{path} is not valid JSON ({one_line(err)}): resume from an intact checkpoint") from None
+    keys = {"micro_step", *settings}
+    counts = isinstance(saved, dict) and set(saved) == keys and all(type(v) is int and v >= 0 for v in saved.values())
+    if not counts:
+        raise ValueError(f"{path} is malformed: expected non-negative integers {', '.join(sorted(keys))}")
+    changed = [f"{k} {saved[k]} -> {v}" for k, v in settings.items() if saved[k] != v]
+    if changed:
+        raise ValueError(
+            f"{path}: {', '.join(changed)} since the save: TRL's data position and generation blocks would not line "
+            "up with the saved ones; resume with the saved settings"
+        )
+    micro = saved["micro_step"]
+    if on_boundary(micro, settings):
+        return micro, None
+    buffer = os.path.join(folder, BUFFER_FILE.format(rank))
+    if not os.path.isfile(buffer):
+        raise ValueError(
+            f"{buffer} is missing: the checkpoint lies inside a generation block (micro-step {micro}) and the "
+            "block's completions are needed to continue it; resume from a checkpoint at a block's end"
+        )
+    try:
+        block = torch.load(buffer, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ValueError(f"{buffer} is not a weights-only block of tensors ({one_line(err)})") from None
+    if not isinstance(block, list) or len(block) != settings["steps_per_generation"]:
+        expected = settings["steps_per_generation"]
+        raise ValueError(f"{buffer} is malformed: expected a list of steps_per_generation={expected} batches")
+    return micro, block
 
 
 class EstimatorMixin:
@@ -135,7 +207,6 @@ class EstimatorMixin:
         self.estimator_options = parse_options(self.estimator_spec, estimator_options)
         self.estimator = new_estimator(self.estimator_spec, self.estimator_options)
         self._gathered: tuple[torch.Tensor, np.ndarray | None] | None = None
-        self._block_state: Any = None
         super().__init__(*args, **kwargs)
         self._check_setup(estimator)
 
@@ -150,13 +221,6 @@ class EstimatorMixin:
         self.row_column = self.estimator_spec.row_key_of(self.estimator_options)
         if self.row_column is not None:
             check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, f"{name}.{key}")
-        steps = self.args.save_steps
-        if self.args.save_strategy == "steps" and steps >= 1 and not on_boundary(int(steps), self.args):
-            raise ValueError(
-                f"save_steps={steps} is not a multiple of the generation block (steps_per_generation x num_iterations "
-                "/ gradient_accumulation_steps optimizer steps): a checkpoint inside a block is regenerated on resume "
-                "and the estimator's state would differ; choose save_steps on a block boundary"
-            )
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], *args: Any, **kwargs: Any) -> torch.Tensor:
         """TRL's gathered ``rewards_per_func``, kept with the row column gathered in the same process order."""
@@ -204,8 +268,6 @@ class EstimatorMixin:
         scores = torch.where(valid, (values * weights).nansum(dim=1), torch.zeros((), dtype=torch.float64))
         group = self.num_generations if train else self.num_generations_eval
         index = np.asarray([f"group{i // group}" for i in range(len(scores))], dtype=object)
-        if train and self.estimator.state is not None:
-            self._block_state = copy.deepcopy(self.estimator.state)
         estimator = self.estimator if train else copy.deepcopy(self.estimator)
         result = estimator(scores, index, valid, keys)
         metrics = self._metrics["train" if train else "eval"]
@@ -214,26 +276,27 @@ class EstimatorMixin:
         return result.values.to(torch.float64)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """The estimator's state into the checkpoint folder (saving process only), before TRL writes the rest."""
-        if self.estimator_spec.stateful and self.args.should_save:
-            step = self.state.global_step
-            state = self.estimator.state
-            if not on_boundary(step, self.args):
-                warnings.warn(
-                    f"checkpoint at step {step} lies inside a generation block: it holds the estimator's state from "
-                    "the block's start, and TRL regenerates the block on resume",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                state = self._block_state if self._block_state is not None else state
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
-            save_state(self.estimator_spec, folder, state, self.estimator_options, step)
+        """Before TRL writes the rest: TRL's micro-step counter (and, inside a generation block, each process's
+        generated block) and the estimator's state, which then includes every block TRL has generated."""
+        step = self.state.global_step
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        settings = block_settings(self.args, self.accelerator.num_processes)
+        rank, writer = self.accelerator.process_index, self.args.should_save
+        save_block(folder, self._step, self._buffered_inputs, settings, rank, writer)
+        if self.estimator_spec.stateful and writer:
+            save_state(self.estimator_spec, folder, self.estimator.state, self.estimator_options, step)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """TRL's restore, then the estimator's state from ``checkpoint`` (every rank reads the same file)."""
+        """TRL's restore, then TRL's counter and block and the estimator's state from ``checkpoint`` (every rank reads
+        the same files, and its own block)."""
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and self.estimator_spec.stateful:
+        if checkpoint is None:
+            return
+        settings = block_settings(self.args, self.accelerator.num_processes)
+        device = self.accelerator.device
+        self._step, self._buffered_inputs = load_block(checkpoint, settings, self.accelerator.process_index, device)
+        if self.estimator_spec.stateful:
             step = self.state.global_step
             load_state(self.estimator_spec, checkpoint, self.estimator.state, self.estimator_options, step)
 
