@@ -373,24 +373,39 @@ def test_a_run_reads_its_defaults_from_the_declaration(monkeypatch, tmp_path):
     assert spec.RunSpec.from_env("qwen3_8b", {}).group_size == 8
 
 
-def test_the_docs_option_tables_are_the_declarations(tmp_path, capsys):
+def test_one_docs_command_writes_every_generated_block(tmp_path, capsys):
+    """``python -m ebpo_verl.docs_tables --check`` passes on the checkout; on a copy, a stale default in any table is
+    seen by ``--check`` and rewritten by the command; every generated block of README.md and docs/*.md is one of
+    its blocks, in the one marker style."""
+    import re
+
     from ebpo_verl import docs_tables
+    from ebpo_verl.ops.readme_block import markers
 
     assert docs_tables.main(["--check"]) == 0, capsys.readouterr().err
-    for page in ("docs/evaluation.md", "docs/reproduction.md"):
-        (tmp_path / page).parent.mkdir(exist_ok=True)
-        text = (docs_tables.ROOT / page).read_text()
-        (tmp_path / page).write_text(text)
+    pages = docs_tables.pages(docs_tables.DocsOptions(), docs_tables.ROOT)
+    for rel in [docs_tables.YAML, *pages, "docs/study_quick.json"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((docs_tables.ROOT / rel).read_text())
     page = tmp_path / "docs/reproduction.md"
     page.write_text(page.read_text().replace("| `GROUP_SIZE` | `4` |", "| `GROUP_SIZE` | `8` |"))
     capsys.readouterr()
     assert docs_tables.main(["--check", "--root", str(tmp_path)]) == 1  # the check sees a stale default
-    assert "docs/reproduction.md: option tables out of date" in capsys.readouterr().err
+    assert "docs/reproduction.md: generated blocks out of date" in capsys.readouterr().err
     assert docs_tables.main(["--root", str(tmp_path)]) == 0
     assert "| `GROUP_SIZE` | `4` | a positive integer |" in page.read_text()
-    for cls, table in ((spec.RunSwitches, "run-switches"), (evaluate_cli.GenerateOptions, "evaluate-generate")):
-        block = docs_tables.TABLES[table][1]()
-        assert len(block.splitlines()) == 2 + len(cls.declarations())
+    for cls, where, table in (
+        (spec.RunSwitches, "docs/reproduction.md", "run-switches"),
+        (evaluate_cli.GenerateOptions, "docs/evaluation.md", "evaluate-generate"),
+    ):
+        assert len(pages[where][table]().splitlines()) == 2 + len(cls.declarations())
+    root = docs_tables.ROOT
+    for md in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        rel, text = str(md.relative_to(root)), md.read_text()
+        found = re.findall(r"^<!-- (/?[a-z]+:\S+) -->$", text, re.M)  # every marker-like comment line
+        names = {re.fullmatch(r"generated:([a-z0-9-]+):(begin|end)", m)[1] for m in found}  # one style (no None)
+        assert names == set(pages.get(rel, {})), rel
+        assert all(text.count(m) == 1 for n in names for m in markers(n))
 
 
 def _bench(name: str):
