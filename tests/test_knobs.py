@@ -421,10 +421,13 @@ def _bench(name: str):
 
 def _commands():
     """(name, how to run it with argv, its declaration) of every command line built from a declaration."""
+    from ebpo_verl import docs_tables
     from ebpo_verl.data import all as prepare_all
     from ebpo_verl.data import amc23, label_topics, schema
-    from ebpo_verl.recipes import make_tables
+    from ebpo_verl.integrations import trl_example
+    from ebpo_verl.recipes import make_tables, plot_dynamics, plot_pass_at_k
     from ebpo_verl.smoke import __main__ as smoke
+    from ebpo_verl.smoke import campaign
     from ebpo_verl.study import __main__ as study
 
     yield "evaluate generate", lambda argv: evaluate_cli.main(["generate", *argv]), evaluate_cli.GenerateOptions
@@ -435,6 +438,11 @@ def _commands():
     yield "study", study.main, study.StudyOptions
     yield "make_tables", make_tables.main, make_tables.MakeTablesOptions
     yield "smoke", lambda argv: smoke.parser().parse_args(argv), smoke.SmokeOptions
+    yield "smoke.campaign", campaign.main, campaign.CampaignOptions
+    yield "docs_tables", docs_tables.main, docs_tables.DocsOptions
+    yield "recipes.plot_dynamics", plot_dynamics.main, plot_dynamics.PlotOptions
+    yield "recipes.plot_pass_at_k", plot_pass_at_k.main, plot_pass_at_k.PassAtKOptions
+    yield "integrations.trl_example", trl_example.main, trl_example.ExampleOptions
     for name in ("bench_advantage", "bench_step_cost"):
         module = _bench(name)
         yield name, module.main, module.BenchOptions
@@ -453,7 +461,7 @@ def test_every_converted_help_shows_its_declarations(monkeypatch):
     with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
         grading.main()
     _check_help(_normal(out.getvalue()), grading.BenchOptions)
-    assert len(seen) == 10
+    assert len(seen) == 15
 
 
 def test_every_converted_command_refuses_a_bad_value_in_one_line(capsys):
