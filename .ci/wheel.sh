@@ -95,7 +95,7 @@ helps=(
   "ebpo_verl.recipes table grpo_bn --help" "ebpo_verl.main --help"
   "ebpo_verl.evaluate --help" "ebpo_verl.evaluate generate --help" "ebpo_verl.evaluate grade --help"
   "ebpo_verl.evaluate.pass_rate --help" "ebpo_verl.recipes.make_tables --help"
-  "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.recipes.status_table --help"
+  "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.docs_tables --help"
   "ebpo_verl.study --help" "ebpo_verl.data.all --help" "ebpo_verl.data.label_topics --help"
 )
 # two at a time (the study holds one core until it ends); the single quotes are sh -c's script, expanded there

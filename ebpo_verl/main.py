@@ -14,7 +14,6 @@ to ``hydra.main``, which composes once itself.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import sys
@@ -247,45 +246,46 @@ def usage() -> str:
     ])  # fmt: skip
 
 
-def arguments(argv: list[str]) -> argparse.Namespace:
-    """The command line: Hydra's documented flags (the ones :func:`main` handles, the rest for ``hydra.main``)."""
-    parser = argparse.ArgumentParser(prog="ebpo-train", add_help=False)
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--help", "-h", action="store_true")
-    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
-    parser.add_argument("--package", "-p")
-    parser.add_argument("--resolve", action="store_true")
-    parser.add_argument("--config-name", "-cn")
-    for flag in ("--hydra-help", "--version", "--run/-r", "--multirun/-m"):
-        parser.add_argument(*flag.split("/"), action="store_true")
-    parser.add_argument("--experimental-rerun")
-    parser.add_argument("--shell-completion", "-sc", action="store_true")
-    parser.add_argument("--config-path", "-cp")
-    parser.add_argument("--config-dir", "-cd")
-    parser.add_argument("--info", "-i", nargs="?", const="all")
-    try:
-        return parser.parse_intermixed_args(argv)
-    except SystemExit:
-        _fail(f"cannot parse the command line {' '.join(argv)!r}: see ebpo-train --help")
+OUR_FLAGS = {"--help": "help", "-h": "help", "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package",
+             "--resolve": "resolve", "--config-name": "config_name", "-cn": "config_name"}  # fmt: skip
+"""The flags :func:`main` handles itself (``--cfg`` only with ``job``); every other flag is Hydra's own."""
+
+
+def arguments(argv: list[str]) -> tuple[dict[str, str | bool], list[str]] | None:
+    """(our flags, the overrides) of the command line; None when it is Hydra's own (a flag not in
+    :data:`OUR_FLAGS`, ``--cfg hydra|all``), which ``hydra.main`` then parses itself."""
+    flags: dict[str, str | bool] = {}
+    overrides: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        flag, given, value = arg.partition("=")
+        if not arg.startswith("-"):
+            overrides.append(arg)
+        elif flag not in OUR_FLAGS:
+            return None
+        elif OUR_FLAGS[flag] in ("help", "resolve"):
+            flags[OUR_FLAGS[flag]] = True
+        else:
+            flags[OUR_FLAGS[flag]] = value if given else next(args, "")
+            if not flags[OUR_FLAGS[flag]]:
+                _fail(f"{flag} needs a value: see ebpo-train --help")
+    return None if flags.get("cfg", "job") != "job" else (flags, overrides)
 
 
 def main() -> None:
     """Console script ``ebpo-train``: ``--help``, ``--cfg job`` (pre-flight + config), a run, or Hydra's own
     commands (through ``hydra.main``)."""
-    args = arguments(sys.argv[1:])
-    if args.help:
-        print(usage())
-        return
-    hydra_only = (
-        args.hydra_help or args.version or args.multirun or args.experimental_rerun or args.shell_completion
-        or args.info or args.config_path or args.config_dir or args.cfg in ("hydra", "all")
-    )  # fmt: skip
-    if hydra_only:
+    parsed = arguments(sys.argv[1:])
+    if parsed is None:
         hydra_train()
-    elif args.cfg == "job":
-        show_job(args.overrides, args.config_name, args.package, args.resolve)
+        return
+    flags, overrides = parsed
+    if flags.get("help"):
+        print(usage())
+    elif flags.get("cfg"):
+        show_job(overrides, flags.get("config_name"), flags.get("package"), bool(flags.get("resolve")))
     else:
-        train(args.overrides, args.config_name)
+        train(overrides, flags.get("config_name"))
 
 
 if __name__ == "__main__":

@@ -40,12 +40,11 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ebpo_verl.options.parsing import OptionSection, Rule, accepts, allowed, env_value, ints, option, reals
+from ebpo_verl.options.parsing import OptionSection, Rule, accepts, allowed, ints, option, reals
 
 WORKERS_ENV = "EBPO_REWARD_WORKERS"
 TIMEOUT_ENV = "EBPO_REWARD_TIMEOUT"
@@ -53,22 +52,27 @@ TIMEOUT_ENV = "EBPO_REWARD_TIMEOUT"
 
 @dataclass(frozen=True)
 class RewardOptions(OptionSection):
-    """The reward's knobs, declared once. Set by environment variable where ``ebpo-train`` starts (its pre-flight
-    checks them) or in ``reward.custom_reward_function.reward_kwargs``; the driver writes the resolved values into
-    ``reward_kwargs``, which verl passes to every :func:`compute_score` call in Ray's reward workers (whose
-    environment may differ from the driver's)."""
+    """The reward's knobs, declared once. Set in ``reward.custom_reward_function.reward_kwargs`` or, under
+    ``ebpo-train``, by environment variable where it starts: its driver resolves both once, before Ray starts (the
+    pre-flight refuses a bad value in one line), and writes the result into ``reward_kwargs``, which verl passes to
+    every :func:`compute_score` call in Ray's reward workers. This module reads no environment: a reward process
+    that stock verl starts gets only its ``reward_kwargs``; there a missing knob is its declared default and a bad
+    one is replaced by that default with a RuntimeWarning (:func:`_valid`), so a bad knob never hangs a worker
+    (0 processes) nor scores right answers 0 (timeout <= 0)."""
 
     SECTION: ClassVar[str] = "reward.custom_reward_function.reward_kwargs"
 
     workers: int | None = option(
         None,
-        f"grading child processes of each reward process (env {WORKERS_ENV}); null: min(8, CPUs of its machine)",
+        f"grading child processes of each reward process (env {WORKERS_ENV}, read by ebpo-train); null: min(8, "
+        "CPUs of its machine)",
         choices=(None,),
         rule=ints(1),
     )
     timeout: float = option(
         5,
-        f"seconds one math-verify parse+verify may take before the answer scores 0 (env {TIMEOUT_ENV})",
+        f"seconds one math-verify parse+verify may take before the answer scores 0 (env {TIMEOUT_ENV}, read by "
+        "ebpo-train)",
         rule=Rule(reals(0, open_low=True).test, "a number of seconds > 0"),
     )
 
@@ -80,44 +84,31 @@ class RewardOptions(OptionSection):
         return self.workers or min(8, os.cpu_count() or 1)
 
 
-def _valid(key: str, value: Any, fallback: Any) -> Any:
-    """``value`` if option ``key`` accepts it, else ``fallback`` with a RuntimeWarning naming it: a bad
-    knob that reached a reward worker never hangs it (0 workers) nor scores right answers 0 (timeout <= 0)."""
+DEFAULTS = RewardOptions()
+"""The knobs of a call that passes none (a reward process that stock verl starts without ``reward_kwargs``)."""
+
+
+def _valid(key: str, value: Any) -> Any:
+    """``value`` if option ``key`` accepts it, else its declared default with a RuntimeWarning naming it."""
     declared = next(f for f in RewardOptions.declarations() if f.name == key)
     if accepts(declared, value):
         return value
     warnings.warn(
-        f"ebpo_verl.reward: {key}={value!r} is invalid (use {allowed(declared)}); using {fallback!r}",
+        f"ebpo_verl.reward: {key}={value!r} is invalid (use {allowed(declared)}); using {declared.default!r}",
         RuntimeWarning,
         stacklevel=3,
     )
-    return fallback
+    return declared.default
 
 
-def options_from_env(env: Mapping[str, str]) -> RewardOptions:
-    """The knobs set in ``env`` (the declared defaults for the others), a bad value replaced by its default
-    with a warning (the driver's pre-flight refuses it: :meth:`RewardOptions.with_env`)."""
-    values = {}
-    for f in RewardOptions.declarations():
-        variable = RewardOptions.ENV[f.name]
-        try:
-            values[f.name] = f.default if not env.get(variable, "").strip() else env_value(f, variable, env[variable])
-        except ValueError as err:
-            warnings.warn(f"ebpo_verl.reward: {err}; using {f.default!r}", RuntimeWarning, stacklevel=2)
-            values[f.name] = f.default
-    return RewardOptions(**values)
-
-
-ENV_OPTIONS = options_from_env(os.environ)
-"""This process's knobs from its environment, read at import (a call's ``timeout``/``workers`` replace them)."""
-DEFAULT_TIMEOUT_S = float(ENV_OPTIONS.timeout)
+DEFAULT_TIMEOUT_S = float(DEFAULTS.timeout)
 """Bound on one parse+verify (seconds); a call's ``timeout`` (``reward_kwargs.timeout``) replaces it."""
 MAX_ANSWER_CHARS = 1000
 """Extracted answers longer than this score 0 without being parsed (no reference answer comes close)."""
 STARTUP_TIMEOUT_S = 120.0
 """How long a fresh worker may take to import sympy/math-verify before it counts as broken."""
-MAX_WORKERS = ENV_OPTIONS.pool_size
-"""Grading child processes at import (``EBPO_REWARD_WORKERS``); a call's ``workers`` resizes the pool."""
+MAX_WORKERS = DEFAULTS.pool_size
+"""Grading child processes at import (the declared default); a call's ``workers`` resizes the pool."""
 
 _ANSWER_LINE_RE = re.compile(
     r"^[ \t>*#_-]*(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*:", re.IGNORECASE | re.MULTILINE
@@ -434,7 +425,7 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
         if (gold, pred) in _VERDICTS:
             _VERDICTS.move_to_end((gold, pred))
             return _VERDICTS[(gold, pred)]
-    timeout = DEFAULT_TIMEOUT_S if timeout is None else _valid("timeout", timeout, DEFAULT_TIMEOUT_S)
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else _valid("timeout", timeout)
     verdict = _grade(gold, pred, time.monotonic() + timeout)
     if verdict is not None:  # an overrun is not cached: the next call may have a less loaded machine
         with _CACHE_LOCK:
@@ -472,16 +463,16 @@ def compute_score(
 
     Never raises on model output. math-verify's work on this answer is bounded by ``timeout`` (default
     ``DEFAULT_TIMEOUT_S``; an overrun scores 0 and its process is killed and replaced). The call can also wait
-    for a free grading process (each is held at most ``timeout`` per answer; ``workers``, else
-    ``EBPO_REWARD_WORKERS``, sets how many; ``ebpo-train`` passes both through ``reward_kwargs``; a bad value is
-    replaced by this process's own with a warning) and, once per process start, for its import of math-verify
+    for a free grading process (each is held at most ``timeout`` per answer; ``workers`` sets how many;
+    ``ebpo-train`` passes both through ``reward_kwargs``; a missing or bad value is the declared default, a bad one
+    with a warning: :class:`RewardOptions`) and, once per process start, for its import of math-verify
     (``warm_up`` does that ahead of time):
     load-dependent but bounded, never a hang. ``data_source``/``extra_info``/extra kwargs are accepted for
     verl's calling convention; grading is the same for every math data source. A ground truth that is
     None, NaN or empty (:func:`missing_ground_truth`) scores 0 whatever the response.
     """
     if workers is not None:
-        _POOL.resize(RewardOptions(workers=_valid("workers", workers, ENV_OPTIONS.workers)).pool_size)
+        _POOL.resize(RewardOptions(workers=_valid("workers", workers)).pool_size)
     pred = extract_answer(solution_str or "")
     if pred is None:
         return {"score": 0.0, "acc": False, "pred": ""}

@@ -287,7 +287,7 @@ def test_vllm_weight_sync_fails_instead_of_hanging(tmp_path, monkeypatch):
     assert get_rollout_class("vllm", "async") is vllm_rollout.ServerAdapter
     from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer
 
-    monkeypatch.setenv(cpu_backend.WEIGHT_SYNC_TIMEOUT_ENV, "1.5")
+    monkeypatch.setenv("EBPO_WEIGHT_SYNC_TIMEOUT_S", "1.5")
     platform = cpu_backend.CpuPlatform()  # what VERL_PLATFORM=cpu gives verl's sender in a CPU run
     monkeypatch.setattr(bucketed_weight_transfer, "get_torch_device", lambda: platform.device_module)
     monkeypatch.setattr(bucketed_weight_transfer, "is_support_ipc", platform.is_ipc_supported)

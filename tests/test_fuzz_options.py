@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.ordering import CurriculumOptions
-from ebpo_verl.cpu.backend import WEIGHT_SYNC_TIMEOUT_ENV, weight_sync_timeout
+from ebpo_verl.cpu.backend import weight_sync_timeout
 from ebpo_verl.options.parsing import accepts
 from ebpo_verl.reward import TIMEOUT_ENV, WORKERS_ENV, RewardOptions
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, TrainerOptions
@@ -173,7 +173,7 @@ def test_fuzz_timeout_variable_not_finite_names_the_variable(raw):
 @given(raw=env_text.filter(lambda text: "\x00" not in text))  # an environment cannot hold a NUL
 def test_fuzz_weight_sync_timeout_variable(raw, monkeypatch_session):
     """EBPO_WEIGHT_SYNC_TIMEOUT_S (the CPU backend's weight sync): a positive finite number, else one line."""
-    monkeypatch_session.setenv(WEIGHT_SYNC_TIMEOUT_ENV, raw)
+    monkeypatch_session.setenv(WEIGHT_SYNC_TIMEOUT_ENV := "EBPO_WEIGHT_SYNC_TIMEOUT_S", raw)
     try:
         seconds = weight_sync_timeout()
     except ValueError as err:

@@ -243,8 +243,6 @@ ALLOWED_STATE = {
     ("ebpo_verl.reward", "_POOL"): "cache of grading worker processes, at most MAX_WORKERS, shut at exit",
     ("ebpo_verl.trainer.run_options", "_LAST"): "cache: each estimator's last validated options, one per estimator",
     ("ebpo_verl.trainer.adapter", "DEFAULT_ESTIMATORS"): "the default instances of stock verl.trainer.main_ppo",
-    ("ebpo_verl.trainer.config.generate", "DOC_BLOCKS"): "a constant table of the docs' generated blocks (never "
-    "written)",
     ("ebpo_verl.trainer.adapter", "ESTIMATORS"): "the functions registered in verl, made once at import from the "
     "registry and never written",
 }

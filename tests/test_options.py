@@ -30,7 +30,6 @@ from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.config.generate import (
     ALL_SECTIONS,
     ESTIMATOR_SECTIONS,
-    README_MARKERS,
     SECTIONS,
     VERL_DEFAULTS,
     config_yaml,
@@ -43,8 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_config_file_is_the_generated_one(config_dir):
-    """``ebpo_trainer.yaml`` is exactly what the declarations generate (regenerate: python -m
-    ebpo_verl.trainer.config.generate)."""
+    """``ebpo_trainer.yaml`` is exactly what the declarations generate (regenerate: python -m ebpo_verl.docs_tables)."""
     assert (config_dir / "ebpo_trainer.yaml").read_text() == config_yaml()
 
 
@@ -118,9 +116,9 @@ def test_one_unknown_key_message_for_every_section():
 
 
 def test_the_readme_table_is_the_generated_one():
-    """README.md's options table is what ``python -m ebpo_verl.trainer.config.generate --readme README.md`` writes."""
+    """README.md's options table is what ``python -m ebpo_verl.docs_tables`` writes."""
     readme = (REPO_ROOT / "README.md").read_text()
-    assert replace_marked_block(readme, *README_MARKERS, options_table()) == readme
+    assert replace_marked_block(readme, "options", options_table()) == readme
     rows = options_table().splitlines()[2:]
     full = [cls for cls in ALL_SECTIONS if shown_in_full(cls)]
     assert [cls.SECTION for cls in full] == ["algorithm.ebpo", "data.curriculum", "trainer"]

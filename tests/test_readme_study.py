@@ -1,17 +1,19 @@
-"""scripts/readme_study_tables.py: the README's CPU-study tables are generated from the committed study summary."""
+"""ebpo_verl.study.readme_tables: the README's CPU-study tables are generated (by the docs command) from the committed
+study summary."""
 
 from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from ebpo_verl import docs_tables
+from ebpo_verl.ops.readme_block import markers
+from ebpo_verl.study import readme_tables as rst
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import readme_study_tables as rst  # noqa: E402
 
 NEVER = [None, None, 0]
 HAND = {  # two estimators at G=2 and 4; numbers chosen so rounding is visible
@@ -87,50 +89,71 @@ def test_render_hand_example():
 
 
 def test_readme_matches_committed_quick_summary():
-    """The README's quick-preset block is exactly what the script renders from docs/study_quick.json."""
+    """The README's quick-preset block is exactly what the docs command renders from docs/study_quick.json."""
     summary = json.loads((ROOT / "docs" / "study_quick.json").read_text())
     text = (ROOT / "README.md").read_text()
-    begin, end = "<!-- study:quick:begin -->\n", "<!-- study:quick:end -->"
+    begin, end = (f"{m}\n" for m in markers("study-quick"))
     assert text.count(begin) == 1 and text.count(end) == 1
     assert text.split(begin, 1)[1].split(end, 1)[0] == rst.render(summary)
-    assert rst.main(["--check"]) == 0
     assert summary["preset"] == "quick" and summary["resumed_runs"] == 0 and summary["n_runs"] == 48  # one invocation
 
 
+def _checkout(root: Path, readme: str) -> Path:
+    """The files the docs command writes, copied under ``root``, with ``readme`` as the README."""
+    for rel in [docs_tables.YAML, *docs_tables.pages(docs_tables.DocsOptions(), ROOT)]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text((ROOT / rel).read_text())
+    old = (ROOT / "README.md").read_text()
+    (root / "README.md").write_text(old.replace("<!-- generated:study-quick:", "<!-- generated:study-x:") + readme)
+    return root
+
+
+HAND_BEGIN, HAND_END = markers("study-hand")
+
+
 def test_check_and_rewrite(tmp_path, capsys):
-    readme = tmp_path / "README.md"
     summary = tmp_path / "s.json"
     summary.write_text(json.dumps(HAND))
-    readme.write_text("intro\n<!-- study:hand:begin -->\nold numbers\n<!-- study:hand:end -->\nrest\n")
-    spec = f"hand={summary}"
-    assert rst.main(["--readme", str(readme), "--check", spec]) == 1
-    assert "out of date" in capsys.readouterr().err
+    readme = _checkout(tmp_path, f"intro\n{HAND_BEGIN}\nold numbers\n{HAND_END}\nrest\n") / "README.md"
+    before = readme.read_text()
+    args = ["--root", str(tmp_path), "--study", f"hand={summary}"]
+    assert docs_tables.main([*args, "--check"]) == 1
+    assert "README.md: generated blocks out of date" in capsys.readouterr().err
     assert "old numbers" in readme.read_text()  # --check writes nothing
-    assert rst.main(["--readme", str(readme), spec]) == 0
-    assert readme.read_text() == f"intro\n<!-- study:hand:begin -->\n{HAND_BLOCK}<!-- study:hand:end -->\nrest\n"
+    assert docs_tables.main(args) == 0
+    assert readme.read_text() == before.replace("old numbers\n", HAND_BLOCK)
     assert oct(readme.stat().st_mode & 0o777) == "0o644"
-    assert rst.main(["--readme", str(readme), "--check", spec]) == 0
+    assert docs_tables.main([*args, "--check"]) == 0
 
 
 @pytest.mark.parametrize(
     ("readme_text", "summary", "spec", "message"),
     [
-        ("no markers\n", HAND, "hand={s}", "needs exactly one <!-- study:hand:begin -->"),
-        ("<!-- study:hand:begin -->\nx\n<!-- study:hand:end -->\n", None, "hand={s}", "no study summary at"),
-        ("<!-- study:hand:begin -->\nx\n<!-- study:hand:end -->\n", "[1]", "hand={s}", "is not a study summary"),
-        ("<!-- study:hand:begin -->\nx\n<!-- study:hand:end -->\n", {"preset": "p"}, "hand={s}", "lacks field"),
-        ("<!-- study:hand:begin -->\nx\n<!-- study:hand:end -->\n", HAND, "{s}", "bad spec"),
+        ("no markers\n", HAND, "hand={s}", f"needs exactly one {HAND_BEGIN}"),
+        (f"{HAND_BEGIN}\nx\n{HAND_END}\n", None, "hand={s}", "no study summary at"),
+        (f"{HAND_BEGIN}\nx\n{HAND_END}\n", "[1]", "hand={s}", "is not a study summary"),
+        (f"{HAND_BEGIN}\nx\n{HAND_END}\n", {"preset": "p"}, "hand={s}", "lacks field"),
+        (f"{HAND_BEGIN}\nx\n{HAND_END}\n", HAND, "{s}", "use NAME=SUMMARY"),
     ],
 )
 def test_bad_input_one_line_exit_2(tmp_path, capsys, readme_text, summary, spec, message):
-    readme, path = tmp_path / "README.md", tmp_path / "s.json"
-    readme.write_text(readme_text)
+    readme, path = _checkout(tmp_path, readme_text) / "README.md", tmp_path / "s.json"
+    before = readme.read_text()
     if summary is not None:
         path.write_text(summary if isinstance(summary, str) else json.dumps(summary))
-    assert rst.main(["--readme", str(readme), spec.format(s=path)]) == 2
+    with pytest.raises(SystemExit) if spec == "{s}" else _no_exit() as exit_:
+        assert docs_tables.main(["--root", str(tmp_path), "--study", spec.format(s=path)]) == 2
+    if spec == "{s}":
+        assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("readme_study_tables: error: ") and message in err and len(err.splitlines()) == 1
-    assert readme.read_text() == readme_text
+    assert err.startswith("python -m ebpo_verl.docs_tables: error: ") and message in err, err
+    assert len(err.splitlines()) == 1 and readme.read_text() == before
+
+
+def _no_exit():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def test_missing_cell_is_named():

@@ -203,15 +203,15 @@ def test_an_estimator_is_its_pure_function_bound_to_its_options_and_state():
 @pytest.mark.parametrize(("page", "block"), [(p, b) for p, blocks in [("estimator.md", ["ebpo-options"]),
                          ("baselines.md", ["estimators", "estimator-options"])] for b in blocks])  # fmt: skip
 def test_the_docs_tables_are_the_generated_ones(page, block):
-    """docs/estimator.md and docs/baselines.md hold what ``generate --docs docs`` writes; a stale table is seen."""
-    from ebpo_verl.trainer.config.generate import DOC_BLOCKS, DOCS_MARKER, docs_text
+    """docs/estimator.md and docs/baselines.md hold what the docs command writes; a stale table is seen."""
+    from ebpo_verl.docs_tables import DocsOptions, pages, updated
 
+    blocks = pages(DocsOptions(), REPO_ROOT)[f"docs/{page}"]
     text = (REPO_ROOT / "docs" / page).read_text()
-    assert docs_text(page, text) == text, f"docs/{page}: run python -m ebpo_verl.trainer.config.generate --docs docs"
-    begin, end = DOCS_MARKER.format(block, "begin"), DOCS_MARKER.format(block, "end")
-    stale = replace_marked_block(text, begin, end, DOC_BLOCKS[page][block]().replace("|---", "|--x", 1))
-    assert docs_text(page, stale) != stale
-    generated = DOC_BLOCKS[page][block]()
+    assert updated(page, text, blocks) == text, f"docs/{page}: run python -m ebpo_verl.docs_tables"
+    stale = replace_marked_block(text, block, blocks[block]().replace("|---", "|--x", 1))
+    assert updated(page, stale, blocks) != stale
+    generated = blocks[block]()
     if block == "estimators":
         assert all(f"| `{name}` |" in generated for name in registry.estimators())
     elif block == "ebpo-options":

@@ -22,7 +22,6 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
-from ebpo_verl.cpu import backend
 from ebpo_verl.smoke import continuation, evaluation, faults, limits, scan, settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,7 +316,6 @@ def test_device_cuda_overrides():
     assert f"{env}.VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend" in cuda  # registers the hf rollout
     assert "actor_rollout_ref.rollout.name=hf" in cuda and "actor_rollout_ref.actor.strategy=fsdp2" in cuda
     assert f"{env}.EBPO_HF_ROLLOUT_DEVICE=cuda" in cuda  # the hf rollout's model on the same GPU
-    assert settings.HF_DEVICE_ENV == backend.HF_DEVICE_ENV
     assert set(cpu) - set(cuda) == {"trainer.device=cpu", f"{env}.VERL_PLATFORM=cpu"}
     assert settings.run_env("cpu")["VERL_PLATFORM"] == "cpu" and "VERL_PLATFORM" not in settings.run_env("cuda")
 

@@ -519,11 +519,7 @@ def test_help_lists_presets_with_sizes(capsys):
 def test_summary_matches_runs_and_report(tiny_study):
     """summary.json (what the README is generated from) holds the report's numbers, recomputed here from the
     per-run accuracies: mean and half-width of the 95% t-interval over seeds."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from readme_study_tables import render
+    from ebpo_verl.study.readme_tables import render
 
     summary = json.loads((tiny_study / "summary.json").read_text())
     runs = json.loads((tiny_study / "runs.json").read_text())["runs"]

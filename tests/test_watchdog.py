@@ -450,3 +450,16 @@ def test_the_composed_config_carries_the_timeout():
         config = compose("ebpo_trainer", overrides=[s.override for s in GPU_FAULTS if "env_vars" not in s.key])
     assert [s.override for s in GPU_FAULTS if "nccl_timeout" in s.key] == ["actor_rollout_ref.nccl_timeout=600"]
     assert config.actor_rollout_ref.nccl_timeout == 600
+
+
+def test_the_table_of_phases_wraps_methods_verl_has():
+    """Each row of :data:`watchdog.PHASES` names a method of verl's v1 trainer, which the mixin wraps under its own
+    name; with ``init`` (written by hand) they are every phase the stand-in sees recorded."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    for dotted in watchdog.PHASES:
+        owner, name = dotted.rsplit(".", 1)
+        assert owner == f"{PPOTrainer.__module__}.{PPOTrainer.__qualname__}" and callable(getattr(PPOTrainer, name))
+        assert vars(StepWatchdogMixin)[name].__qualname__ == f"StepWatchdogMixin.{name}"
+    recorded = {phase for phase, *_ in PHASES.values()} - {"after_init", "after_weight_sync"}
+    assert {*watchdog.PHASES.values(), "init"} == recorded and len(watchdog.PHASES) == len(set(watchdog.PHASES))

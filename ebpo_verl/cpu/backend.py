@@ -38,7 +38,6 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import math
 import os
 import sys
 import threading
@@ -47,6 +46,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ebpo_verl.compat.contact import listed, patch
+from ebpo_verl.cpu.switches import BackendSwitches
 
 
 def vllm_cpu_version_alias() -> None:
@@ -90,8 +90,6 @@ from ebpo_verl.ops.shm import unlink_engine_shm  # noqa: E402
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
-HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"
-"""Device of the ``hf`` rollout server's model (default ``cpu``; the smoke run's ``--device cuda`` sets ``cuda``)."""
 VLLM_CPU_GEMM = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 """vLLM's CPU linear layers' repacking, patched by :func:`keep_vllm_cpu_linear_weights`."""
 WEIGHT_SENDER = "verl.workers.rollout.vllm_rollout.vllm_rollout.BucketedWeightSender"
@@ -312,7 +310,7 @@ class HFRolloutServer:
         self.config = omega_conf_to_dataclass(config)
         self.replica_rank = replica_rank
         path = copy_to_local(model_config["path"], use_shm=model_config.get("use_shm", False))
-        self.device = torch.device(os.environ.get(HF_DEVICE_ENV, "cpu"))
+        self.device = torch.device(BackendSwitches.from_variables(os.environ).EBPO_HF_ROLLOUT_DEVICE)
         self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).to(self.device).eval()
         self.eos_token_id = self.model.generation_config.eos_token_id or self.model.config.eos_token_id
         self.pad_token_id = self.model.config.pad_token_id
@@ -519,20 +517,10 @@ def keep_vllm_cpu_linear_weights() -> None:
     patch(VLLM_CPU_GEMM, dispatch)
 
 
-WEIGHT_SYNC_TIMEOUT_ENV = "EBPO_WEIGHT_SYNC_TIMEOUT_S"
-
-
 def weight_sync_timeout() -> float:
     """Seconds verl's weight sender waits for vLLM's acknowledgement of a bucket (``EBPO_WEIGHT_SYNC_TIMEOUT_S``,
-    default 300; ValueError naming the variable unless it is a finite number > 0)."""
-    raw = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "").strip()
-    try:
-        seconds = float(raw or "300")
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{WEIGHT_SYNC_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0: set it to e.g. 300")
-    return seconds
+    :class:`~ebpo_verl.cpu.switches.BackendSwitches`; ValueError naming the variable unless a number > 0)."""
+    return float(BackendSwitches.from_variables(os.environ).EBPO_WEIGHT_SYNC_TIMEOUT_S)
 
 
 def bound_vllm_weight_sync() -> type:
@@ -562,7 +550,7 @@ def bound_vllm_weight_sync() -> type:
                     raise RuntimeError(
                         f"vLLM rollout: a weight bucket was not acknowledged within {weight_sync_timeout():g}s: the "
                         "weight load inside vLLM failed or hangs (see the vLLM server's log lines above); set "
-                        f"{WEIGHT_SYNC_TIMEOUT_ENV} to allow longer"
+                        f"EBPO_WEIGHT_SYNC_TIMEOUT_S to allow longer"
                     ) from None
 
         patch(WEIGHT_SENDER, BoundedWeightSender)

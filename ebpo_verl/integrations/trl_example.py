@@ -8,11 +8,16 @@ with the same EBPO state as the uninterrupted run. A minute or two on one core. 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import PATH, OptionSection, Rule, is_int, option
+
+PROG = "python -m ebpo_verl.integrations.trl_example"
 
 SHOWN = ("ebpo/shrinkage_mean", "ebpo/mu_glob", "ebpo/sigma2", "ebpo/tau2", "ebpo/frac_zero_var_groups")
 
@@ -56,29 +61,41 @@ def build_trainer(out: Path, steps: int, model_dir: Path) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class ExampleOptions(OptionSection):
+    """The example's command line."""
+
+    SECTION: ClassVar[str] = ""
+
+    out: str = option(MISSING, "a new or empty folder for the model and the run", rule=PATH)
+    steps: int = option(4, "training steps, an even number >= 4", rule=Rule(is_int, "an integer"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.steps < 4 or self.steps % 2:
+            raise ValueError(f"--steps must be an even number >= 4, not {self.steps}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ebpo_verl.integrations.trl_example", description=__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="a new or empty folder for the model and the run")
-    parser.add_argument("--steps", type=int, default=4, help="training steps, an even number >= 4 (default 4)")
-    opts = parser.parse_args(argv)
-    if opts.steps < 4 or opts.steps % 2:
-        parser.error(f"--steps must be an even number >= 4, not {opts.steps}")
-    if opts.out.exists() and any(opts.out.iterdir()):
-        parser.error(f"--out {opts.out} is not empty: name a new folder")
+    opts = parse(ExampleOptions, PROG, argv, __doc__.split("\n\n")[0])
+    out = Path(opts.out)
+    if out.exists() and any(out.iterdir()):
+        print(f"{PROG}: error: --out {out} is not empty: name a new folder", file=sys.stderr)
+        sys.exit(2)
     from ebpo_verl.cpu.tiny import build_model, build_tokenizer
 
-    model_dir = opts.out / "model"
+    model_dir = out / "model"
     build_model(model_dir, build_tokenizer(model_dir))
-    trainer = build_trainer(opts.out, opts.steps, model_dir)
+    trainer = build_trainer(out, opts.steps, model_dir)
     trainer.train()
     for logs in trainer.state.log_history:
         if SHOWN[0] in logs:
             print(f"step {logs['step']}: " + "  ".join(f"{k}={logs[k]:.4g}" for k in SHOWN if k in logs))
     final = trainer.estimator.state.state_dict()
-    resumed = build_trainer(opts.out / "resumed", opts.steps, model_dir)
-    resumed.train(resume_from_checkpoint=str(opts.out / "run" / "checkpoint-2"))
+    resumed = build_trainer(out / "resumed", opts.steps, model_dir)
+    resumed.train(resume_from_checkpoint=str(out / "run" / "checkpoint-2"))
     same = resumed.estimator.state.state_dict() == final
-    print(f"saved: {opts.out / 'run' / 'checkpoint-2' / 'ebpo_state.json'}")
+    print(f"saved: {out / 'run' / 'checkpoint-2' / 'ebpo_state.json'}")
     verdict = "equals" if same else "DIFFERS FROM"
     print(f"resumed from step 2 to {opts.steps}: EBPO state {verdict} the uninterrupted run's")
     print(json.dumps({k: v for k, v in final.items() if not isinstance(v, dict)}, sort_keys=True))

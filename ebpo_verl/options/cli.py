@@ -90,8 +90,17 @@ def _metavar(f: Field) -> str:
 
 def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> None:
     """One argument per option of ``cls``: ``--flag VALUE`` (``--flag V [V ...]`` for a tuple, ``--flag`` /
-    ``--no-flag`` for a bool), its default and help from the declaration."""
+    ``--no-flag`` for a bool), its default and help from the declaration; an option whose ``flag`` is a word
+    without dashes (``RUN``) is a positional argument of that name."""
     for f in fields(cls):
+        if not flag_of(f).startswith("-"):
+            scalar, many = _kind(cls, f.name)
+            optional = f.default is not MISSING
+            nargs = ("*" if optional else "+") if many else ("?" if optional else None)
+            kw = {"default": f.default} if optional else {}
+            parser.add_argument(f.name, metavar=flag_of(f), nargs=nargs, type=converter(f, scalar),
+                                help=help_text(f), **kw)  # fmt: skip
+            continue
         scalar, many = _kind(cls, f.name)
         kwargs: dict[str, Any] = {"help": help_text(f), "dest": f.name}
         if f.default is MISSING:

@@ -99,12 +99,14 @@ def option(
     rule: Rule | None = None,
     metavar: str | None = None,
     flag: str | None = None,
+    many: bool | None = None,
 ) -> Any:
     """The declaration of one option: its default (``MISSING``: required, keyword-only), its help, the values it
-    accepts (``choices`` and/or ``rule``; for a tuple default, each item), and on a command line its ``metavar``
-    and ``flag`` (default ``--<name with dashes>``)."""
+    accepts (``choices`` and/or ``rule``; for a tuple, each item: ``many``, default whether the default is a
+    tuple), and on a command line its ``metavar`` and ``flag`` (default ``--<name with dashes>``; a word without
+    dashes: a positional argument)."""
     metadata = {"help": " ".join(help.split()), "choices": tuple(choices), "rule": rule, "metavar": metavar}
-    metadata["flag"] = flag
+    metadata |= {"flag": flag, "many": isinstance(default, tuple) if many is None else many}
     if default is MISSING:
         return field(kw_only=True, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -153,7 +155,7 @@ def allowed(f: Field) -> str:
 def accepts(f: Field, value: Any) -> bool:
     """Whether option ``f`` accepts ``value`` (a listed choice of the same type, or what its rule accepts; for an
     option whose default is a tuple, a non-empty tuple of such values)."""
-    if isinstance(f.default, tuple) and isinstance(value, tuple):
+    if f.metadata.get("many", isinstance(f.default, tuple)) and isinstance(value, tuple):
         return bool(value) and all(accepts(_item(f), v) for v in value)
     if any(value == c and type(value) is type(c) for c in f.metadata["choices"]):
         return True
@@ -179,7 +181,7 @@ def env_value(f: Field, variable: str, raw: str) -> Any:
 
 def _item(f: Field) -> Field:
     """The declaration one item of a tuple option is checked by."""
-    return field(default=None, metadata=f.metadata)
+    return field(default=None, metadata={**f.metadata, "many": False})
 
 
 def unknown_option_message(key: str, section: str, valid: Sequence[str], *, list_valid: bool = True) -> str:

@@ -14,12 +14,13 @@ report that EBPO keeps a higher gradient norm, a bounded per-step KL and a highe
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 import tempfile
+from dataclasses import MISSING, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import matplotlib
 
@@ -29,6 +30,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ebpo_verl.ops.metrics_log import MetricsLogError, read_provenance  # noqa: E402
 from ebpo_verl.ops.provenance import describe_hardware, short_commit  # noqa: E402
+from ebpo_verl.options.cli import parse  # noqa: E402
+from ebpo_verl.options.parsing import PATH, OptionSection, ints, option  # noqa: E402
 from ebpo_verl.recipes.make_tables import log_files, parse_spec, read_run  # noqa: E402
 
 CORE: dict[str, str] = {
@@ -160,16 +163,21 @@ def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
     return [*written, out / "dynamics.png"]
 
 
+@dataclass(frozen=True)
+class PlotOptions(OptionSection):
+    """``plot_dynamics``' command line."""
+
+    SECTION: ClassVar[str] = ""
+
+    runs: tuple[str, ...] = option(MISSING, "[LABEL=]metrics log or run directory", rule=PATH, flag="RUN", many=True)
+    out: str = option(MISSING, "output directory", rule=PATH)
+    smooth: int = option(1, "moving-average window in steps (1: raw)", rule=ints(1))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ebpo_verl.recipes.plot_dynamics", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="[LABEL=]metrics log or run directory")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--smooth", type=int, default=1, help="moving-average window in steps (default 1: raw)")
-    args = parser.parse_args(argv)
+    o = parse(PlotOptions, "python -m ebpo_verl.recipes.plot_dynamics", argv, __doc__.split("\n\n")[0])
     try:
-        paths = plot_dynamics(args.runs, args.out, args.smooth)
+        paths = plot_dynamics(list(o.runs), Path(o.out), o.smooth)
     except (MetricsLogError, ValueError, OSError) as err:
         print(f"plot_dynamics: error: {err}", file=sys.stderr)
         return 1

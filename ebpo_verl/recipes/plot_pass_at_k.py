@@ -11,12 +11,12 @@ protocol). Runs under different protocols can share a figure; the legend names e
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
+from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import matplotlib
 
@@ -24,6 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
+from ebpo_verl.options.cli import parse  # noqa: E402
+from ebpo_verl.options.parsing import PATH, OptionSection, option  # noqa: E402
 from ebpo_verl.recipes.paper import BENCHMARKS  # noqa: E402
 
 METRICS = ("pass@k", "maj@k")
@@ -111,19 +113,27 @@ def draw(runs: dict[str, dict[str, Any]], metric: str) -> plt.Figure:
     return fig
 
 
+@dataclass(frozen=True)
+class PassAtKOptions(OptionSection):
+    """``plot_pass_at_k``'s command line."""
+
+    SECTION: ClassVar[str] = ""
+
+    runs: tuple[str, ...] = option(MISSING, "[LABEL=]RESULTS.json of evaluate grade", rule=PATH, flag="RESULTS",
+                                   many=True)  # fmt: skip
+    out: str = option(MISSING, "the PNG to write", rule=PATH)
+    metric: str = option("pass@k", "what is plotted", choices=METRICS)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ebpo_verl.recipes.plot_pass_at_k", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", metavar="RESULTS", help="[LABEL=]RESULTS.json of evaluate grade")
-    p.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    p.add_argument("--metric", choices=METRICS, default="pass@k")
-    a = p.parse_args(argv)
+    a = parse(PassAtKOptions, "python -m ebpo_verl.recipes.plot_pass_at_k", argv, __doc__.split("\n\n")[0])
     try:
         fig = draw(load_runs(a.runs, a.metric), a.metric)
     except ResultsError as err:
         print(f"plot_pass_at_k: error: {err}", file=sys.stderr)
         return 1
     try:
-        atomic_write(a.out, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+        atomic_write(Path(a.out), lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
     finally:
         plt.close(fig)
     print(f"-> {a.out}")

@@ -26,21 +26,23 @@ while it lives (the check fails unless that saw the trainer and a Ray process) a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import signal
 import sys
 import time
+from dataclasses import MISSING, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import psutil
 
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option
 from ebpo_verl.smoke.invariants import (
     batch_groups,
     check_leaks,
@@ -160,29 +162,18 @@ def _smoke() -> SimpleNamespace:
     batch and group sizes, the validation key and the rows of a step."""
     from ebpo_verl.smoke import checks, runs, settings
 
-    return SimpleNamespace(
-        Run=runs.Run,
-        prepare=settings.prepare,
-        BATCH=settings.BATCH,
-        N=settings.N,
-        VAL_KEY=settings.VAL_KEY,
-        step_rows=checks.step_rows,
-    )
+    return SimpleNamespace(Run=runs.Run, prepare=settings.prepare, BATCH=settings.BATCH, N=settings.N,
+                           VAL_KEY=settings.VAL_KEY, step_rows=checks.step_rows)  # fmt: skip
 
 
 def campaign_overrides(out: Path, run: str) -> list[str]:
     """What the campaign changes in run A's configuration for ``run`` (``ref`` or ``camp``; every attempt of a run
     gets the same): a checkpoint and a validation (dumped) every step, the topic prior, the marker."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-    return [
-        "trainer.save_freq=1",
-        "trainer.test_freq=1",
-        "trainer.resume_mode=auto",
-        "algorithm.ebpo.cluster_key=topic",
-        f"trainer.validation_data_dir={out / f'validation_{run}'}",
-        f"{env}.VERL_USE_EXTERNAL_MODULES='ebpo_verl.cpu.backend,{MODULE}'",
-        f"{env}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}",
-    ]
+    return ["trainer.save_freq=1", "trainer.test_freq=1", "trainer.resume_mode=auto",
+            "algorithm.ebpo.cluster_key=topic", f"trainer.validation_data_dir={out / f'validation_{run}'}",
+            f"{env}.VERL_USE_EXTERNAL_MODULES='ebpo_verl.cpu.backend,{MODULE}'",
+            f"{env}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}"]  # fmt: skip
 
 
 class Sighting:
@@ -552,7 +543,7 @@ def _checked(report: dict[str, Any], out: Path, files: dict) -> dict[str, Any]:
     return report
 
 
-def _campaign(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def _campaign(args: CampaignOptions, out: Path) -> dict[str, Any]:
     total, start = args.steps or args.kills + 3, time.monotonic()
     files = _smoke().prepare(out)
     install_signal_handlers()
@@ -567,26 +558,36 @@ def _campaign(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return _checked(report, out, files)
 
 
+@dataclass(frozen=True)
+class CampaignOptions(OptionSection):
+    """The campaign's command line."""
+
+    SECTION: ClassVar[str] = ""
+
+    kills: int | None = nullable("number of kills K", ints(1))
+    seed: int | None = nullable("seed of the kill points", Rule(is_int, "an integer"))
+    out: str = option(MISSING, "a new or empty folder for the runs and the report", rule=PATH)
+    steps: int | None = nullable("training steps (null: kills + 3)", ints(1))
+    run_timeout: int = option(900, "seconds allowed per attempt", rule=ints(1))
+    recheck: bool = option(False, "only rerun the checks on a finished campaign's --out", choices=(True, False))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        report = Path(self.out).resolve() / "campaign_report.json"
+        if self.recheck and not report.is_file():
+            raise ValueError(f"--recheck: {report} not found; pass a finished campaign's --out")
+        if not self.recheck and (self.kills is None or self.seed is None):
+            raise ValueError("give --kills K (K >= 1) and --seed S")
+        if not self.recheck and report.parent.exists() and any(report.parent.iterdir()):
+            raise ValueError(f"--out {report.parent} is not empty; pass a new or empty folder")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=None, help="number of kills (K >= 1)")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the kill points")
-    parser.add_argument("--out", type=Path, required=True, help="a new or empty folder for the runs and the report")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: kills + 3)")
-    parser.add_argument("--run-timeout", type=int, default=900, help="seconds allowed per attempt")
-    parser.add_argument("--recheck", action="store_true", help="only rerun the checks on a finished campaign's --out")
-    args = parser.parse_args(argv)
-    out = args.out.resolve()
+    args = parse(CampaignOptions, f"python -m {MODULE}", argv, __doc__.splitlines()[0])
+    out = Path(args.out).resolve()
     if args.recheck:
-        if not (out / "campaign_report.json").is_file():
-            parser.error(f"--recheck: {out / 'campaign_report.json'} not found; pass a finished campaign's --out")
-        saved = json.loads((out / "campaign_report.json").read_text())
-        report = _checked(saved, out, {"train": out / "train.parquet"})
+        report = _checked(json.loads((out / "campaign_report.json").read_text()), out, {"train": out / "train.parquet"})
     else:
-        if args.kills is None or args.kills < 1 or args.seed is None:
-            parser.error("give --kills K (K >= 1) and --seed S")
-        if out.exists() and any(out.iterdir()):
-            parser.error(f"--out {out} is not empty; pass a new or empty folder")
         out.mkdir(parents=True, exist_ok=True)
         report = _campaign(args, out)
     (out / "campaign_report.json").write_text(json.dumps(report, indent=1) + "\n")

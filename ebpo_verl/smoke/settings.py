@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ebpo_verl.cpu.switches import BackendSwitches
 from ebpo_verl.smoke import reward
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,6 @@ VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
 DEVICES = ("cpu", "cuda")
 BACKEND = "ebpo_verl.cpu.backend"
-HF_DEVICE_ENV = "EBPO_HF_ROLLOUT_DEVICE"  # ebpo_verl.cpu.backend.HF_DEVICE_ENV (not imported: it loads torch)
 RUN_ENV = {
     "VERL_USE_EXTERNAL_MODULES": BACKEND,
     "TOKENIZERS_PARALLELISM": "false",
@@ -117,7 +117,8 @@ def device_overrides(device: str) -> list[str]:
     out = [f"trainer.device={device}", f"{env}.VERL_USE_EXTERNAL_MODULES={BACKEND}"]
     if device == "cpu":
         return [*out, f"{env}.VERL_PLATFORM=cpu"]
-    return [*out, f"{env}.{HF_DEVICE_ENV}=cuda"]
+    gpu = BackendSwitches(EBPO_HF_ROLLOUT_DEVICE="cuda")
+    return [*out, *(f"{env}.{k}={v}" for k, v in vars(gpu).items() if v != BackendSwitches.defaults()[k])]
 
 
 def ray_overrides(ray_tmp: str, cluster: str | None = None) -> list[str]:

@@ -442,7 +442,7 @@ def summary(
     learning-rate grid (``lr_grid``: per estimator the rates tried, their validation scores, the choice and its
     source), the paired differences (``paired``, :func:`paired`), the warm start's held-out pass@k and the paired
     differences of the final held-out pass@k at each k of :data:`COVERAGE_K` (``paired_pass_at_k``, keyed by k;
-    its "1" is ``paired``). ``scripts/readme_study_tables.py`` reads it."""
+    its "1" is ``paired``). :mod:`ebpo_verl.study.readme_tables` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
     by_cell = cells(runs, target)
 

@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -434,10 +434,6 @@ class StepWatchdogMixin:
             if isinstance(worker_cls, type) and issubclass(worker_cls, ActorRolloutRefWorker):
                 mapping[role] = ray.remote(dist_timeout_worker_cls(worker_cls))
 
-    def _load_checkpoint(self):
-        with self._phase("load_checkpoint"):
-            return super()._load_checkpoint()
-
     def fit(self, agent_loop_manager):
         watchdog = self._started_watchdog()
         try:
@@ -446,49 +442,38 @@ class StepWatchdogMixin:
         finally:
             watchdog.stop()
 
-    def step(self, metrics: dict, timing_raw: dict):
-        with self._phase("rollout"):
-            return super().step(metrics, timing_raw)
 
-    def _compute_reward_colocate(self, batch, metrics=None):
-        with self._phase("reward"):
-            return super()._compute_reward_colocate(batch, metrics=metrics)
+PHASES: dict[str, str] = {
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint": "load_checkpoint",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer.step": "rollout",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_reward_colocate": "reward",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_old_log_prob": "old_log_prob",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_ref_log_prob": "ref_log_prob",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_values": "values",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage": "advantage",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_critic": "update_critic",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor": "update_actor",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._save_checkpoint": "save",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer.on_step_end": "weight_sync",
+    "verl.trainer.ppo.v1.trainer_base.PPOTrainer._validate": "validate",
+}
+"""verl's trainer method -> the phase :class:`StepWatchdogMixin` records around it (``step``: generation, until a
+nested phase starts; ``on_step_end``: the weight sync)."""
 
-    def _compute_old_log_prob(self, batch, metrics: dict):
-        with self._phase("old_log_prob"):
-            return super()._compute_old_log_prob(batch, metrics)
 
-    def _compute_ref_log_prob(self, batch, metrics: dict):
-        with self._phase("ref_log_prob"):
-            return super()._compute_ref_log_prob(batch, metrics)
+def _watched(method: str, phase: str) -> Callable[..., Any]:
+    """verl's ``method``, called through the mixin's next base inside :meth:`StepWatchdogMixin._phase`."""
 
-    def _compute_values(self, batch, metrics: dict):
-        with self._phase("values"):
-            return super()._compute_values(batch, metrics)
+    def watched(self: StepWatchdogMixin, *args: Any, **kwargs: Any) -> Any:
+        with self._phase(phase):
+            return getattr(super(StepWatchdogMixin, self), method)(*args, **kwargs)
 
-    def _compute_advantage(self, batch, metrics: dict):
-        with self._phase("advantage"):
-            return super()._compute_advantage(batch, metrics)
+    watched.__name__, watched.__qualname__ = method, f"StepWatchdogMixin.{method}"
+    return watched
 
-    def _update_critic(self, batch, metrics: dict):
-        with self._phase("update_critic"):
-            return super()._update_critic(batch, metrics)
 
-    def _update_actor(self, batch, metrics: dict):
-        with self._phase("update_actor"):
-            return super()._update_actor(batch, metrics)
-
-    def _save_checkpoint(self) -> None:
-        with self._phase("save"):
-            return super()._save_checkpoint()
-
-    def on_step_end(self):
-        with self._phase("weight_sync"):
-            return super().on_step_end()
-
-    def _validate(self, *args, **kwargs):
-        with self._phase("validate"):
-            return super()._validate(*args, **kwargs)
+for _method, _name in PHASES.items():
+    setattr(StepWatchdogMixin, _method.rsplit(".", 1)[1], _watched(_method.rsplit(".", 1)[1], _name))
 
 
 DIST_TIMEOUT_KEY = "nccl_timeout"

@@ -1,19 +1,16 @@
-"""Everything derived from the option declarations: the package's Hydra config, the ``--help`` list, the README table.
+"""Everything derived from the option declarations: the package's Hydra config, the ``--help`` list, the docs tables.
 
 ``ebpo_trainer.yaml`` is verl's ``ppo_trainer`` plus :data:`SECTIONS` (our options sections, from their dataclasses)
 and :data:`VERL_DEFAULTS` (the verl keys whose defaults ``ebpo-train`` changes), each declared once here or in its
-dataclass. ``python -m ebpo_verl.trainer.config.generate`` rewrites the file; ``--readme README.md`` rewrites the
-README's options table (between :data:`README_MARKERS`); ``tests/test_options.py`` fails when either differs from
-what this module generates. ``--docs docs`` rewrites the generated tables of ``docs/estimator.md`` and
-``docs/baselines.md`` (:data:`DOC_BLOCKS`: the estimators of the registry and their options), which the same test
-checks.
+dataclass. The docs command (``python -m ebpo_verl.docs_tables``, whose ``--check`` the tests run) writes the file,
+the README's options table and the estimator tables of ``docs/estimator.md`` and ``docs/baselines.md`` from the
+functions here.
 """
 
 from __future__ import annotations
 
-import argparse
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +24,6 @@ from ebpo_verl.options.parsing import OptionSection, allowed, shown
 from ebpo_verl.trainer.run_options import TrainerOptions
 
 YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
-README_MARKERS = ("<!-- options:begin -->", "<!-- options:end -->")
-DOCS_MARKER = "<!-- generated:{}:{} -->"
-"""The markers of a generated block of docs/*.md (:data:`DOC_BLOCKS`): ``<!-- generated:NAME:begin -->`` ... ``end``."""
 VERL_CONFIG = "pkg://verl.trainer.config"
 
 
@@ -103,7 +97,7 @@ def _emit(tree: dict[str, Any], depth: int = 0) -> Iterator[str]:
 def config_yaml() -> str:
     """The text of ``ebpo_trainer.yaml``."""
     head = [
-        "# GENERATED from the option declarations by `python -m ebpo_verl.trainer.config.generate`: do not edit.",
+        "# GENERATED from the option declarations by `python -m ebpo_verl.docs_tables`: do not edit.",
         "# verl's own ppo_trainer.yaml (from the installed wheel) plus our options and the verl defaults we change;",
         "# used by `python -m ebpo_verl.main` / `ebpo-train` (`ebpo-train --help` lists the options).",
         "hydra:",
@@ -183,44 +177,3 @@ def baseline_option_tables() -> str:
         if spec.options_cls is not None and name != "ebpo"
     ]
     return "\n".join(blocks)
-
-
-DOC_BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
-    "estimator.md": {"ebpo-options": lambda: option_table(registry.get("ebpo").options_cls)},
-    "baselines.md": {"estimators": estimators_table, "estimator-options": baseline_option_tables},
-}
-"""The generated blocks of docs/*.md: page -> block name -> its text (``--docs DIR`` rewrites them)."""
-
-
-def docs_text(page: str, text: str) -> str:
-    """``text`` (docs page ``page``) with each of its :data:`DOC_BLOCKS` regenerated."""
-    from ebpo_verl.ops.readme_block import replace_marked_block
-
-    for name, block in DOC_BLOCKS[page].items():
-        text = replace_marked_block(text, DOCS_MARKER.format(name, "begin"), DOCS_MARKER.format(name, "end"), block())
-    return text
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write ebpo_trainer.yaml from the option declarations.")
-    parser.add_argument("--readme", type=Path, help="rewrite the options table of this README instead")
-    parser.add_argument("--docs", type=Path, help="rewrite the generated tables of this folder's docs pages instead")
-    args = parser.parse_args(argv)
-    if args.docs:
-        for page in DOC_BLOCKS:
-            path = args.docs / page
-            path.write_text(docs_text(page, path.read_text()))
-            print(f"wrote the generated tables of {path}")
-    elif args.readme:
-        from ebpo_verl.ops.readme_block import replace_marked_block
-
-        args.readme.write_text(replace_marked_block(args.readme.read_text(), *README_MARKERS, options_table()))
-        print(f"wrote the options table of {args.readme}")
-    else:
-        YAML_PATH.write_text(config_yaml())
-        print(f"wrote {YAML_PATH}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -196,16 +196,15 @@ def check_resume(config: Any, options: RunOptions, dry_run: bool) -> str | None:
 
 def reward_options(config: Any) -> RewardOptions | None:
     """The reward's knobs of a run graded by :data:`OUR_REWARD`: ``reward_kwargs.workers`` / ``.timeout`` (absent:
-    the declared defaults), each ``EBPO_REWARD_*`` variable set here replacing its key; None for another reward
-    (whose ``reward_kwargs`` are its own), the variables checked all the same. EBPOConfigError naming the key or
-    the variable."""
+    the declared defaults), each ``EBPO_REWARD_*`` variable set here replacing its key (the environment read once,
+    here); None for another reward (whose ``reward_kwargs`` are its own), the variables checked all the same.
+    EBPOConfigError naming the key or the variable."""
     try:
-        RewardOptions().with_env(os.environ)
+        from_env = RewardOptions.env_values(os.environ)
         if OmegaConf.select(config, "reward.custom_reward_function.path") != OUR_REWARD:
             return None
         given = OmegaConf.select(config, RewardOptions.SECTION) or {}
-        ours = {key: given[key] for key in RewardOptions.keys() if key in given}
-        return RewardOptions.from_mapping(ours).with_env(os.environ)
+        return RewardOptions.from_mapping({**{k: given[k] for k in RewardOptions.keys() if k in given}, **from_env})
     except ValueError as err:
         raise EBPOConfigError(str(err)) from err
 

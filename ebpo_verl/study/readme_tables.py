@@ -1,28 +1,16 @@
-"""Write the README's CPU-study tables from the study's machine-readable summary.
-
-    python scripts/readme_study_tables.py [--readme README.md] [--check] [NAME=SUMMARY ...]
-
-SUMMARY is the ``summary.json`` that ``python -m ebpo_verl.study`` writes into its output folder (the committed
-copies are docs/study_<preset>.json; default: ``quick=docs/study_quick.json``). The text between
-``<!-- study:NAME:begin -->`` and ``<!-- study:NAME:end -->`` in the README is replaced by NAME's tables.
-``--check`` changes nothing and exits 1 when the README differs from what would be written (0 when it matches).
-Bad input (a missing file or marker, a summary without the expected fields) is one error line and exit 2.
+"""The README's CPU-study tables, rendered from the study's machine-readable summary (the ``summary.json`` that
+``python -m ebpo_verl.study`` writes; the committed copies are ``docs/study_<preset>.json``). The docs command
+(``python -m ebpo_verl.docs_tables``) writes them into the README's ``study-<preset>`` block. Bad input (a missing
+file, a summary without the expected fields) is :class:`ReadmeTableError`, one line naming the fix.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
-import sys
 import textwrap
 from pathlib import Path
 
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
-from ebpo_verl.ops.readme_block import check_or_write, replace_marked_block
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SPECS = ("quick=docs/study_quick.json",)
 
 
 class ReadmeTableError(ValueError):
@@ -160,52 +148,3 @@ def load_summary(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ReadmeTableError(f"{path} is not a study summary (a JSON object from summary.json)")
     return data
-
-
-def replace_block(text: str, name: str, block: str) -> str:
-    """``text`` with the part between NAME's begin and end markers replaced by ``block``."""
-    begin, end = f"<!-- study:{name}:begin -->", f"<!-- study:{name}:end -->"
-    try:
-        return replace_marked_block(text, begin, end, block)
-    except ValueError as err:
-        raise ReadmeTableError(f"the README {err}") from None
-
-
-def parse_spec(spec: str) -> tuple[str, Path]:
-    name, sep, path = spec.partition("=")
-    if not sep or not re.fullmatch(r"[a-z0-9_]+", name) or not path:
-        raise ReadmeTableError(f"bad spec {spec!r}: use NAME=SUMMARY, e.g. quick=docs/study_quick.json")
-    return name, Path(path) if Path(path).is_absolute() else ROOT / path
-
-
-def updated_readme(readme: Path, specs: list[str]) -> tuple[str, str]:
-    """(current text, text with every NAME block regenerated)."""
-    try:
-        text = readme.read_text()
-    except OSError as err:
-        raise ReadmeTableError(f"cannot read {readme}: {err.strerror}") from err
-    new = text
-    for spec in specs:
-        name, path = parse_spec(spec)
-        new = replace_block(new, name, render(load_summary(path)))
-    return text, new
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("specs", nargs="*", metavar="NAME=SUMMARY", help=f"default: {' '.join(DEFAULT_SPECS)}")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README is out of date; write nothing")
-    args = parser.parse_args(argv)
-    try:
-        text, new = updated_readme(args.readme, args.specs or list(DEFAULT_SPECS))
-    except ReadmeTableError as err:
-        print(f"readme_study_tables: error: {err}", file=sys.stderr)
-        return 2
-    return check_or_write(args.readme, text, new, args.check, "study tables", "python scripts/readme_study_tables.py")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
