@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ebpo_verl.study.report import _save, _style, final_values, format_diff, mean_ci, paired_record
+from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, paired_record
 
 FIGURE = "ranking.png"
 RANK_K = (1, 64)
@@ -51,10 +51,6 @@ def cross_fitted(
     return per_seed, chosen
 
 
-def _stat(values) -> list:
-    return [None if not np.isfinite(x) else round(x, 6) for x in mean_ci(values)[:2]] + [mean_ci(values)[2]]
-
-
 def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int], k: int = 1) -> dict:
     """The ranking of the estimators' cross-fitted best-G final held-out pass@k (random order), best first (ties
     and empty rows by name, empty last). Each row: ``best`` [mean, 95% t half-width, n] over the seeds
@@ -69,11 +65,11 @@ def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int
         g_all = choose_g(cell, group_sizes, sorted({s for _, s in cell}))
         rows.append({
             "estimator": e,
-            "best": _stat(list(per_seed[e].values())),
+            "best": ci_record(list(per_seed[e].values())),
             "g_chosen_on_even_seeds": chosen[0],
             "g_chosen_on_odd_seeds": chosen[1],
             "in_sample_g": g_all,
-            "in_sample": _stat([v for (g, _), v in cell.items() if g == g_all]),
+            "in_sample": ci_record([v for (g, _), v in cell.items() if g == g_all]),
         })  # fmt: skip
     rows.sort(key=lambda r: (r["best"][0] is None, -(r["best"][0] or 0.0), r["estimator"]))
     for i, r in enumerate(rows):

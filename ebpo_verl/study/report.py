@@ -90,6 +90,12 @@ def mean_ci(values) -> tuple[float, float, int]:
     return float(x.mean()), float(half), len(x)
 
 
+def ci_record(values) -> list:
+    """:func:`mean_ci` as the JSON files hold it: [mean, half-width, n], rounded to 6 decimals, None where NaN."""
+    mean, half, n = mean_ci(values)
+    return [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n]
+
+
 def cells(runs: list[dict], target: float) -> dict[tuple, list[dict[str, float]]]:
     """Run summaries grouped by (estimator, group_size, order)."""
     out: dict[tuple, list] = defaultdict(list)
@@ -280,12 +286,7 @@ def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
     start, and at one G the data stream and the sampling seed) as ``diff`` = [mean, 95% t half-width, n] (None
     where undefined) and ``wins``: the seeds where ``a`` is higher; ``labels`` name the two sides."""
     diff = [a[s] - b[s] for s in sorted(set(a) & set(b))]
-    mean, half, n = mean_ci(diff)
-    return {
-        **labels,
-        "diff": [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n],
-        "wins": int(sum(d > 0 for d in diff)),
-    }
+    return {**labels, "diff": ci_record(diff), "wins": int(sum(d > 0 for d in diff))}
 
 
 def _by_seed(final: dict, est: str, g: int) -> dict[int, float]:
@@ -298,17 +299,7 @@ def paired(
     """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
     held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy) over the seeds both ran
     (:func:`paired_record`: [mean, 95% t half-width, n] and ``wins``, the seeds where ``reference`` is higher)."""
-    if reference not in estimators:
-        return []
-    final = final_values(runs, k)
-    return [
-        paired_record(
-            _by_seed(final, reference, g), _by_seed(final, x, g), estimator=reference, baseline=x, group_size=g
-        )
-        for g in group_sizes
-        for x in estimators
-        if x != reference
-    ]
+    return _against(runs, estimators, group_sizes, reference, k, reference_first=True)
 
 
 def gains_over(
@@ -316,15 +307,26 @@ def gains_over(
 ) -> list[dict]:
     """Per G and every other estimator X: the paired differences ``X - baseline`` of the final held-out pass@k
     (:func:`paired` with the sides swapped: ``wins`` counts the seeds where X is higher)."""
-    if baseline not in estimators:
+    return _against(runs, estimators, group_sizes, baseline, k, reference_first=False)
+
+
+def _against(
+    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str, k: int, reference_first: bool
+) -> list[dict]:
+    """Per G and every other estimator X, the :func:`paired_record` of ``reference - X`` (``reference_first``) or
+    of ``X - reference``; none where ``reference`` is not among the estimators."""
+    if reference not in estimators:
         return []
     final = final_values(runs, k)
-    return [
-        paired_record(_by_seed(final, x, g), _by_seed(final, baseline, g), estimator=x, baseline=baseline, group_size=g)
-        for g in group_sizes
-        for x in estimators
-        if x != baseline
-    ]
+    records = []
+    for g in group_sizes:
+        for x in estimators:
+            if x != reference:
+                a, b = (reference, x) if reference_first else (x, reference)
+                records.append(
+                    paired_record(_by_seed(final, a, g), _by_seed(final, b, g), estimator=a, baseline=b, group_size=g)
+                )
+    return records
 
 
 def format_diff(p: dict) -> str:
@@ -445,10 +447,6 @@ def summary(
     its "1" is ``paired``). ``scripts/readme_study_tables.py`` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
     by_cell = cells(runs, target)
-
-    def stat(values):
-        return [None if not np.isfinite(x) else round(x, 6) for x in mean_ci(values)[:2]] + [mean_ci(values)[2]]
-
     lrs = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]): r["config"]["lr"] for r in runs}
     return {
         "preset": preset.name,
@@ -481,7 +479,7 @@ def summary(
                 "group_size": g,
                 "order": o,
                 "lr": lrs[e, g, o],
-                **{k: stat([s[k] for s in sums]) for k in sums[0]},
+                **{k: ci_record([s[k] for s in sums]) for k in sums[0]},
             }
             for (e, g, o), sums in sorted(by_cell.items())
         ],

@@ -88,9 +88,9 @@ def write_report(
     record = record or study_provenance(preset, seconds, command)
     study = _Study(preset, base_info, runs, cells(runs, base_info["heldout_accuracy"] + preset.target_gain),
                    source_line(preset.name, record))  # fmt: skip
-    captions = _draw_figures(out, study)
-    headline = table(study.by_cell, study.ests, study.gs, _main_cell, "final_accuracy", "G", seeds=preset.seeds)
     equal, views = _equal_samples(study)
+    captions = _draw_figures(out, study, views)
+    headline = table(study.by_cell, study.ests, study.gs, _main_cell, "final_accuracy", "G", seeds=preset.seeds)
     text = (
         _introduction(study, command, seconds, resumed, origin)
         + _accuracy_sections(study, headline)
@@ -115,36 +115,19 @@ def _equal_samples(study: _Study) -> tuple[str, dict]:
     return ranking.section(study.runs, study.ests, study.gs, responses)
 
 
-def _draw_figures(out: Path, study: _Study) -> dict[str, str]:
-    """Every figure of the report; returns {file name: caption}."""
+def _draw_figures(out: Path, study: _Study, views: dict) -> dict[str, str]:
+    """Every figure of the report (the ranking's from the equal-samples ``views``, where there are some); returns
+    {file name: caption}."""
     runs, ests, gs, ws, og, clip = study.runs, study.ests, study.gs, study.ws, study.og, study.clip
     warm = (ws, f"warm start {ws:.3f}")
     lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
-    for metric, (fname, _) in CURVES.items():
-        curve_figure(
-            runs,
-            metric,
-            gs,
-            ests,
-            out / fname,
-            by="group_size",
-            fixed={"order": "random"},
-            hline=lines.get(metric),
-            source=study.source,
-        )
-    o_ests = list(study.preset.order_estimators)
-    curve_figure(
-        runs,
-        "accuracy",
-        list(study.preset.orders),
-        o_ests,
-        out / "ordering_curves.png",
-        by="order",
-        fixed={"group_size": og},
-        hline=warm,
-        source=study.source,
-    )
-    return {
+    by_g = [(metric, gs, ests, fname, "group_size", {"order": "random"}, lines.get(metric))
+            for metric, (fname, _) in CURVES.items()]  # fmt: skip
+    by_order = ("accuracy", list(study.preset.orders), list(study.preset.order_estimators), "ordering_curves.png",
+                "order", {"group_size": og}, warm)  # fmt: skip
+    for metric, groups, rows, fname, by, fixed, hline in [*by_g, by_order]:
+        curve_figure(runs, metric, groups, rows, out / fname, by=by, fixed=fixed, hline=hline, source=study.source)
+    captions = {
         "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
         "zero_signal.png": "fraction of groups whose advantages are all zero, per step",
         "grad_norm.png": f"gradient norm before clipping, per step; dotted: the clip value {clip:g} (a norm above "
@@ -153,18 +136,12 @@ def _draw_figures(out: Path, study: _Study) -> dict[str, str]:
         "kl.png": "k3 estimate of KL(old || new) over one step's update",
         "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
         coverage.FIGURE: coverage.draw(out, runs, ests, gs, study.base_info, study.source),
-        **_ranking_figure(out, study),
     }
-
-
-def _ranking_figure(out: Path, study: _Study) -> dict[str, str]:
-    """Draw the equal-samples ranking (a preset with two G or more); returns {file name: caption}."""
-    if len(study.gs) < 2:
-        return {}
-    views = [ranking.equal_samples(study.runs, study.ests, study.gs, k) for k in ranking.RANK_K]
-    ranking.ranking_figure(views, study.runs, study.gs, out / ranking.FIGURE, study.source)
-    ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
-    return {ranking.FIGURE: f"each estimator's cross-fitted best G ranked, by held-out {ks}, with 95% intervals"}
+    if views:
+        ranking.ranking_figure(list(views.values()), runs, gs, out / ranking.FIGURE, study.source)
+        ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
+        captions[ranking.FIGURE] = f"each estimator's cross-fitted best G ranked, by held-out {ks}, with 95% intervals"
+    return captions
 
 
 def _introduction(study: _Study, command: str, seconds: float, resumed: int, origin: str = "") -> str:
