@@ -105,6 +105,13 @@ def cells(runs: list[dict], target: float) -> dict[tuple, list[dict[str, float]]
     return out
 
 
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the ``head`` cells, the separator row, then each row's cells."""
+    lines = ["| " + " | ".join(cells) + " |" for cells in [head, *rows]]
+    lines.insert(1, "|---" * len(head) + "|")
+    return "\n".join(lines)
+
+
 def _fmt(values, digits: int = 3, total: int | None = None) -> str:
     mean, half, n = mean_ci(values)
     if n == 0:
@@ -126,16 +133,15 @@ def table(
 ) -> str:
     """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell. A cell
     over fewer finite values than its runs (``censored``) or than ``seeds`` shows ``(n/total)``."""
-    head = "| estimator | " + " | ".join(f"{col_name}={c}" for c in cols) + " |"
-    lines = [head, "|---" * (len(cols) + 1) + "|"]
+    lines = []
     for r in rows:
         vals = []
         for c in cols:
             runs = by_cell.get(key(r, c), [])
             total = len(runs) if censored else seeds
             vals.append(_fmt([s[metric] for s in runs], digits, total) if runs else "—")
-        lines.append(f"| {r} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
+        lines.append([r, *vals])
+    return md_table(["estimator", *(f"{col_name}={c}" for c in cols)], lines)
 
 
 def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random") -> str:
@@ -148,11 +154,11 @@ def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random"
         ("kl_ref_final", "KL to warm start"),
         ("shrinkage", "mean S"),
     ]
-    lines = ["| estimator | " + " | ".join(n for _, n in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    body = []
     for r in rows:
         runs = by_cell.get((r, g, order), [])
-        lines.append(f"| {r} | " + " | ".join(_fmt([s[k] for s in runs], 4) for k, _ in cols) + " |")
-    return "\n".join(lines)
+        body.append([r, *(_fmt([s[k] for s in runs], 4) for k, _ in cols)])
+    return md_table(["estimator", *(n for _, n in cols)], body)
 
 
 def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -344,11 +350,8 @@ def paired_table(pairs: list[dict], group_sizes: list[int], head: str = "EBPO - 
     if not xs:
         return "(no pairs: the reference estimator is not in this preset)"
     at = {(p[row], p["group_size"]): p for p in pairs}
-    lines = [f"| {head} | " + " | ".join(f"G={g}" for g in group_sizes) + " |", "|---" * (len(group_sizes) + 1) + "|"]
-    for x in xs:
-        cells = [format_diff(at[x, g]) if (x, g) in at else "—" for g in group_sizes]
-        lines.append(f"| {x} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    body = [[x, *(format_diff(at[x, g]) if (x, g) in at else "—" for g in group_sizes)] for x in xs]
+    return md_table([head, *(f"G={g}" for g in group_sizes)], body)
 
 
 def _side(p: dict) -> str | None:

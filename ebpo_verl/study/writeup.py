@@ -22,6 +22,7 @@ from ebpo_verl.study.report import (
     dynamics_table,
     gains_over,
     gains_verdict,
+    md_table,
     mean_ci,
     paired,
     paired_table,
@@ -309,15 +310,16 @@ def lr_section(lr_grid: dict) -> str:
     """The learning-rate grid: per estimator the rates tried, the validation score of each, the choice."""
     if not lr_grid:
         return "Fixed learning rates (no grid recorded for this preset)."
-    lines = ["| estimator | rates tried: mean validation accuracy over the run | chosen |", "|---|---|---|"]
+    rows = []
     for e, g in lr_grid.items():
         scores = ", ".join(
             f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))
             for v, s in zip(g["values"], g["validation"], strict=True)
         )
-        lines.append(f"| {e} | {scores} | {g['chosen']:g} |")
-    sources = sorted({g.get("source", "") for g in lr_grid.values()})
-    return "\n".join(lines) + "\n\nWhere the rates come from (never from the test split): " + "; ".join(sources) + "."
+        rows.append([e, scores, f"{g['chosen']:g}"])
+    head = ["estimator", "rates tried: mean validation accuracy over the run", "chosen"]
+    sources = "; ".join(sorted({g.get("source", "") for g in lr_grid.values()}))
+    return md_table(head, rows) + f"\n\nWhere the rates come from (never from the test split): {sources}."
 
 
 def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, rl: dict) -> str:
@@ -332,15 +334,12 @@ def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, 
         return " / ".join("n/a" if not np.isfinite(x) else f"{x:+.3f}" for x in (*parts, held))
 
     seen = {g: _mean(by_cell, (ests[0], g, "random"), "train_seen_fraction") for g in gs}
-    head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |"
-    rows = [f"| {e} | " + " | ".join(cell(e, g) for g in gs) + " |" for e in ests]
+    rows = md_table(["estimator", *(f"G={g}" for g in gs)], [[e, *(cell(e, g) for g in gs)] for e in ests])
     return f"""## Why every estimator ends below the warm start at G = {", ".join(map(str, below))}
 Change of exact pass@1 from the warm start to the final model, mean over seeds: on the RL prompts the run
 trained on / on the RL prompts it never saw / on the held-out prompts.
 
-{head}
-{"|---" * (len(gs) + 1)}|
-{chr(10).join(rows)}
+{rows}
 
 A step holds {rl["responses_per_step"]}/G prompts, so in {rl["steps"]} steps a run sees
 {", ".join(f"{100 * seen[g]:.0f}% (G={g})" for g in gs)} of the RL prompts. What the runs show: they raise the
