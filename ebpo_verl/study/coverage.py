@@ -92,7 +92,6 @@ def coverage_section(
     (n/seeds)."""
     warm = warm_start_pass_at_k(base_info)
     warm_text = ", ".join(f"pass@{k} {warm[k]:.3f}" if warm[k] is not None else f"pass@{k} n/a" for k in warm)
-    main = lambda r, c: (r, c, "random")  # noqa: E731
     parts = [
         f"""## Coverage: held-out pass@k (k = {", ".join(map(str, COVERAGE_K))})
 pass@k is the mean over the held-out prompts of 1 - (1 - p)^k, p the prompt's exact success probability at
@@ -103,7 +102,7 @@ accuracy above). Warm start: {warm_text}. Figure: [{FIGURE}]({FIGURE})."""
         pairs = paired(runs, estimators, group_sizes, k=k)
         parts.append(f"""### pass@{k} (rows = estimator, columns = G; random order)
 
-{table(by_cell, estimators, group_sizes, main, f"pass_at_{k}", "G", seeds=seeds)}
+{table(by_cell, estimators, group_sizes, f"pass_at_{k}", "G", seeds=seeds)}
 
 EBPO - X in pass@{k}, paired by seed as above:
 

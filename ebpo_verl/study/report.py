@@ -124,20 +124,21 @@ def table(
     by_cell: dict,
     rows: list[str],
     cols: list,
-    key,
     metric: str,
     col_name: str,
     digits: int = 3,
     censored=False,
     seeds: int | None = None,
+    key=None,
 ) -> str:
-    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell. A cell
-    over fewer finite values than its runs (``censored``) or than ``seeds`` shows ``(n/total)``."""
+    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell (default:
+    the random-order cell of G = col). A cell over fewer finite values than its runs (``censored``) or than
+    ``seeds`` shows ``(n/total)``."""
     lines = []
     for r in rows:
         vals = []
         for c in cols:
-            runs = by_cell.get(key(r, c), [])
+            runs = by_cell.get(key(r, c) if key else (r, c, "random"), [])
             total = len(runs) if censored else seeds
             vals.append(_fmt([s[metric] for s in runs], digits, total) if runs else "—")
         lines.append([r, *vals])

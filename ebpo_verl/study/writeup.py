@@ -37,37 +37,20 @@ from ebpo_verl.study.rl import ESTIMATORS
 
 @dataclass
 class _Study:
-    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells."""
+    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells, the
+    preset's estimators (``ests``) and G (``gs``), the warm start's held-out accuracy (``ws``), the ordering
+    table's G (``og``) and the runs' gradient clip (``clip``)."""
 
     preset: object
     base_info: dict
     runs: list[dict]
     by_cell: dict
     source: str
-
-    @property
-    def ests(self) -> list[str]:
-        return list(self.preset.estimators)
-
-    @property
-    def gs(self) -> list[int]:
-        return list(self.preset.group_sizes)
-
-    @property
-    def ws(self) -> float:
-        return self.base_info["heldout_accuracy"]
-
-    @property
-    def og(self) -> int:
-        return self.preset.order_group_size
-
-    @property
-    def clip(self) -> float:
-        return self.runs[0]["config"]["grad_clip"]
-
-
-def _main_cell(r: str, c: int) -> tuple:
-    return r, c, "random"
+    ests: list[str]
+    gs: list[int]
+    ws: float
+    og: int
+    clip: float
 
 
 def write_report(
@@ -87,11 +70,13 @@ def write_report(
     held-out accuracy). ``record``: the provenance of the study (default: this process's); ``origin``: a
     paragraph on where the runs and the wall time come from (a report written from saved runs)."""
     record = record or study_provenance(preset, seconds, command)
-    study = _Study(preset, base_info, runs, cells(runs, base_info["heldout_accuracy"] + preset.target_gain),
-                   source_line(preset.name, record))  # fmt: skip
+    ws = base_info["heldout_accuracy"]
+    study = _Study(preset, base_info, runs, cells(runs, ws + preset.target_gain), source_line(preset.name, record),
+                   list(preset.estimators), list(preset.group_sizes), ws, preset.order_group_size,
+                   runs[0]["config"]["grad_clip"])  # fmt: skip
     equal, views = _equal_samples(study)
     captions = _draw_figures(out, study, views)
-    headline = table(study.by_cell, study.ests, study.gs, _main_cell, "final_accuracy", "G", seeds=preset.seeds)
+    headline = table(study.by_cell, study.ests, study.gs, "final_accuracy", "G", seeds=preset.seeds)
     text = (
         _introduction(study, command, seconds, resumed, origin)
         + _accuracy_sections(study, headline)
@@ -245,7 +230,7 @@ def _other_results(study: _Study, lr_grid: dict | None) -> str:
     probe = study.base_info["probe_accuracy"]
     order_section = (
         f"## Stream order (G = {og}): final held-out accuracy\n\n"
-        f"{table(by_cell, o_ests, orders, lambda r, c: (r, og, c), 'final_accuracy', 'order')}\n"
+        f"{table(by_cell, o_ests, orders, 'final_accuracy', 'order', key=lambda r, c: (r, og, c))}\n"
         if o_ests
         else ""
     )
@@ -256,16 +241,16 @@ def _other_results(study: _Study, lr_grid: dict | None) -> str:
 Mean over the seeds that reached it (count in brackets when not all did);
 sampled responses = steps x {rl["responses_per_step"]}.
 
-{table(by_cell, ests, gs, _main_cell, "steps_to_target", "G", 1, censored=True)}
+{table(by_cell, ests, gs, "steps_to_target", "G", 1, censored=True)}
 
 ## Fraction of groups with zero advantage signal (mean over training)
 
-{table(by_cell, ests, gs, _main_cell, "zero_signal", "G")}
+{table(by_cell, ests, gs, "zero_signal", "G")}
 
 ## Final accuracy on a fixed sample of the RL training prompts
 Warm start: {probe:.3f}. These prompts belong to the RL stream, so a run may have trained on them.
 
-{table(by_cell, ests, gs, _main_cell, "probe_final_accuracy", "G")}
+{table(by_cell, ests, gs, "probe_final_accuracy", "G")}
 
 {_below_warm_start(by_cell, ests, gs, study.ws, rl)}
 {spo_note(by_cell, ests, gs)}
