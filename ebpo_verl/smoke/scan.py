@@ -39,11 +39,6 @@ _VANISHED = (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError)
 STARTED = psutil.Process().create_time()
 
 
-def _older(proc: psutil.Process) -> bool:
-    """Started before this script (so not made by it)."""
-    return proc.create_time() < STARTED
-
-
 def title(proc: psutil.Process) -> str:
     """A process's title (Ray's workers rename themselves ``ray::...``), or its name."""
     cmd = proc.cmdline()
@@ -69,7 +64,7 @@ def split_processes(tag: str = TAG) -> tuple[list[psutil.Process], list[int]]:
         except _VANISHED:
             continue
         except psutil.AccessDenied:
-            if not _older(proc):
+            if proc.create_time() >= STARTED:  # not older than this script: it could be one of its own
                 raise
     return tagged, others
 
