@@ -245,11 +245,6 @@ class CurriculumDataset(RLHFDataset):
             self._layout_cache = (epoch, layout)
         return self._layout_cache[1]
 
-    @property
-    def epoch(self) -> int:
-        """The epoch of the last position served."""
-        return self._epoch
-
     def set_epoch(self, epoch: int) -> None:
         """Make the next position served start epoch ``epoch`` (for trainers that skip restoring data.pt)."""
         self._epoch, self._last_position = int(epoch), None
