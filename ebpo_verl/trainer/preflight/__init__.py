@@ -2,10 +2,11 @@
 
 :func:`preflight` runs in the driver before Ray starts, for a real run and for ``--cfg job`` alike: the
 estimator's name in verl's registry, the run's options (:class:`~ebpo_verl.trainer.run_options.RunOptions`,
-parsed once), then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that
-order. Modules: :mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches`
-(each rank's share of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row
-checks), :mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every refusal is an
+parsed once),
+then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
+:mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches` (each rank's share
+of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row checks),
+:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every refusal is an
 :class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the offending key/value/file and the fix.
 """
 
@@ -49,7 +50,8 @@ WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_versions)
 RUN_CHECKS: tuple[Check, ...] = (check_verl_config, check_batch_division, check_model_path, check_data)
 """After the resume check (a resume that cannot work stops before verl's check and the data are read): verl's
 ``validate_config`` at the configured world size, each rank's share of every batch (:mod:`.batches`), the model
-path, the data files. Their lines open the log line, the resume's closes it."""
+path, the data files. Their lines open the log line, the resume's
+closes it."""
 
 
 def check_config(config: Any) -> RunOptions:
