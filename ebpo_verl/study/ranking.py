@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, paired_record
+from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, md_table, paired_record
 
 FIGURE = "ranking.png"
 RANK_K = (1, 64)
@@ -90,18 +90,16 @@ def _cell(stat: list) -> str:
 def ranking_table(view: dict) -> str:
     """Markdown: the ranking of :func:`equal_samples`, one row per estimator."""
     m = view["metric"]
-    lines = [
-        f"| rank | estimator | G chosen on even / odd seeds | best-G {m}, cross-fitted (seeds) | leader - X | "
-        f"X - next | in-sample best G: {m} (seeds) |",
-        "|---" * 7 + "|",
-    ]
+    head = ["rank", "estimator", "G chosen on even / odd seeds", f"best-G {m}, cross-fitted (seeds)", "leader - X",
+            "X - next", f"in-sample best G: {m} (seeds)"]  # fmt: skip
+    rows = []
     for i, r in enumerate(view["ranking"], 1):
         lead = "—" if i == 1 else format_diff(r["vs_leader"])
         nxt = format_diff(r["vs_next"]) if r["vs_next"] else "—"
         chosen = f"{r['g_chosen_on_even_seeds'] or '—'} / {r['g_chosen_on_odd_seeds'] or '—'}"
         in_sample = f"G={r['in_sample_g']}: {_cell(r['in_sample'])}" if r["in_sample_g"] else "—"
-        lines.append(f"| {i} | {r['estimator']} | {chosen} | {_cell(r['best'])} | {lead} | {nxt} | {in_sample} |")
-    return "\n".join(lines)
+        rows.append([str(i), r["estimator"], chosen, _cell(r["best"]), lead, nxt, in_sample])
+    return md_table(head, rows)
 
 
 def ranking_verdict(view: dict) -> str:
