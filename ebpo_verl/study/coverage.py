@@ -28,12 +28,12 @@ FIGURE_K = tuple(2**i for i in range(7))
 FIGURE = "pass_at_k.png"
 
 
-def coverage_figure(
-    runs: list[dict], estimators: list[str], group_sizes: list[int], warm: list[float] | None, path: Path, source: str
-) -> None:
-    """One panel per G (random order): final held-out pass@k against k (log scale), one line per estimator (mean
-    over seeds, 95% t-interval error bars, shifted apart along k), and ``warm`` (the warm start's pass@k at
-    :data:`FIGURE_K`) dotted; ``source`` is printed under the figure."""
+def draw(out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str):
+    """Draw :data:`FIGURE` into ``out``: one panel per G (random order), final held-out pass@k against k (log
+    scale), one line per estimator (mean over seeds, 95% t-interval error bars, shifted apart along k), the warm
+    start's pass@k dotted, ``source`` under the figure. Returns its caption for the report's list of figures."""
+    probs = base_info.get("heldout_pass")
+    warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
     ks = np.asarray(FIGURE_K, dtype=float)
     fig, axes = plt.subplots(1, len(group_sizes), figsize=(3.8 * len(group_sizes), 3.4), sharey=True, squeeze=False)
     seeds = set()
@@ -68,14 +68,7 @@ def coverage_figure(
         "1 - (1 - p)^k); error bars: 95% t-intervals over seeds (shifted apart along k); dotted: the warm start."
     )
     fig.text(0.5, -0.02, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8.5)
-    _save(fig, path)
-
-
-def draw(out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str):
-    """Draw :data:`FIGURE` into ``out``; returns its caption for the report's list of figures."""
-    probs = base_info.get("heldout_pass")
-    warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
-    coverage_figure(runs, estimators, group_sizes, warm, out / FIGURE, source)
+    _save(fig, out / FIGURE)
     return "held-out pass@k of the final models against k (1 to 64), one panel per G; dotted: the warm start"
 
 
