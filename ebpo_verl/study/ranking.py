@@ -170,7 +170,10 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
 
 
 def section(runs: list[dict], estimators: list[str], group_sizes: list[int], responses: int) -> tuple[str, dict]:
-    """The report's equal-samples section at each k of :data:`RANK_K` and the views (for ``summary.json``)."""
+    """The report's equal-samples section at each k of :data:`RANK_K` and the views (for ``summary.json``); none
+    for a preset with one G."""
+    if len(group_sizes) < 2:
+        return "", {}
     views = {str(k): equal_samples(runs, estimators, group_sizes, k) for k in RANK_K}
     parts = [
         f"""## Equal samples per step: each estimator's best G

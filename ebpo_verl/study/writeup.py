@@ -74,7 +74,7 @@ def write_report(
     study = _Study(preset, base_info, runs, cells(runs, ws + preset.target_gain), source_line(preset.name, record),
                    list(preset.estimators), list(preset.group_sizes), ws, preset.order_group_size,
                    runs[0]["config"]["grad_clip"])  # fmt: skip
-    equal, views = _equal_samples(study)
+    equal, views = ranking.section(runs, study.ests, study.gs, preset.rl["responses_per_step"])
     captions = _draw_figures(out, study, views)
     headline = table(study.by_cell, study.ests, study.gs, "final_accuracy", "G", seeds=preset.seeds)
     text = (
@@ -91,14 +91,6 @@ def write_report(
     atomic_write_text(out / "study.md", _with_source_lines(text, study.source))
     atomic_write_text(out / "summary.json", json.dumps(data, indent=1) + "\n")
     return headline
-
-
-def _equal_samples(study: _Study) -> tuple[str, dict]:
-    """The equal-samples section and its views (none for a preset with one G)."""
-    if len(study.gs) < 2:
-        return "", {}
-    responses = study.preset.rl["responses_per_step"]
-    return ranking.section(study.runs, study.ests, study.gs, responses)
 
 
 def _draw_figures(out: Path, study: _Study, views: dict) -> dict[str, str]:
