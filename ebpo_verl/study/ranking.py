@@ -144,8 +144,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
         final = final_values(runs, view["k"])
         rows = view["ranking"]
         ys = np.arange(len(rows))[::-1]
-        for y, i_r in zip(ys, enumerate(rows), strict=True):
-            i, r = i_r
+        for y, (i, r) in zip(ys, enumerate(rows), strict=True):
             e = r["estimator"]
             for g in group_sizes:
                 cell = [v for (x, gg, _), v in final.items() if x == e and gg == g and np.isfinite(v)]
