@@ -34,13 +34,17 @@ class DiskFullError(OSError):
         return (type(self), (self.strerror,))
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest existing ancestor (the root at the latest)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def _free_space(path: Path) -> str:
     """``"12.3 MiB free"`` on the file system that holds ``path`` (its nearest existing folder)."""
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
     try:
-        free = float(shutil.disk_usage(folder).free)
+        free = float(shutil.disk_usage(_nearest_existing(path.parent)).free)
     except OSError:
         return "free space unknown"
     if free < 1024:
@@ -104,9 +108,7 @@ def unwritable_reason(target: Path, *, folder: bool = False) -> str | None:
     removing a probe file (``os.access`` says yes to root even where ``chattr +i`` refuses); None: it can. A
     missing folder is judged by its nearest existing parent; nothing is left behind either way."""
     target = Path(target)
-    where = target if folder else target.parent
-    while not where.exists() and where != where.parent:
-        where = where.parent
+    where = _nearest_existing(target if folder else target.parent)
     if not where.is_dir():
         return f"{where} is not a folder"
     probe = where / f".write-probe-{secrets.token_hex(6)}"

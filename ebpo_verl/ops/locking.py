@@ -34,11 +34,8 @@ def _holder(path: Path) -> str:
 
 @contextmanager
 def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
-    """Hold an exclusive lock on ``path`` (created if absent) inside the block; yields ``path``.
-
-    ``what`` names the guarded output in the refusal: ``LockHeldError("<what> is in use by pid P on H,
-    started T (lock file <path>); wait for that process to end or stop it, or use another output")``.
-    """
+    """Hold an exclusive lock on ``path`` (created if absent) inside the block; yields ``path``. ``what`` names the
+    guarded output in the :class:`LockHeldError` another process gets."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:

@@ -45,10 +45,6 @@ def _to_json(value: Any) -> Any:
     return str(value)
 
 
-def _encode(step: int, data: dict[str, Any]) -> str:
-    return json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True)
-
-
 class MetricsLogError(ValueError):
     """A metrics log line that is not a ``{"step": int, "data": {...}}`` record (the message names file:line)."""
 
@@ -146,7 +142,7 @@ class MetricsLog:
         return aside
 
     def log(self, data: dict[str, Any], step: int) -> None:
-        line = _encode(step, data) + "\n"
+        line = json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()

@@ -43,12 +43,8 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def _local(path: str) -> bool:
-    return "://" not in path
-
-
 def _unique(paths: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in paths if _local(p)))
+    return tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in paths if "://" not in p))
 
 
 def run_paths(config: Any) -> RunPaths:
@@ -93,10 +89,6 @@ def check_here(file_sizes: Mapping[str, int], dir_markers: Mapping[str, str]) ->
     return problems
 
 
-def _node_task(file_sizes: Mapping[str, int], dir_markers: Mapping[str, str]) -> list[str]:
-    return check_here(file_sizes, dir_markers)
-
-
 def _describe(node: Mapping[str, Any]) -> str:
     return f"node {node.get('NodeManagerAddress', '?')} (id {str(node.get('NodeID', '?'))[:8]})"
 
@@ -126,7 +118,7 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
                 raise NodeCheckError(f"{driver}: {folder}: cannot create or write ({err.strerror or err})") from err
             markers[folder] = token
         nodes = [node for node in ray.nodes() if node.get("Alive")]
-        task = ray.remote(num_cpus=0, max_retries=0)(_node_task)
+        task = ray.remote(num_cpus=0, max_retries=0)(check_here)
         refs = {
             task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
                 file_sizes, markers

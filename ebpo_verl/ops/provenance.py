@@ -191,17 +191,6 @@ def describe_hardware(record: dict[str, Any] | None) -> str:
     return "unknown"
 
 
-def describe(record: dict[str, Any] | None) -> str:
-    """One line for under a table: commit, hardware and library versions."""
-    if not record:
-        return "provenance: not recorded"
-    libs = ", ".join(f"{k} {record.get(k)}" for k in ("verl", "vllm", "torch", "transformers") if record.get(k))
-    return (
-        f"ebpo-verl {(record.get('ebpo_verl') or {}).get('version', '?')} commit {short_commit(record)}; "
-        f"{describe_hardware(record)}; {libs}; python {record.get('python', '?')}; started {record.get('started')}"
-    )
-
-
 LAUNCH_COMMAND_KEY = "launch_command"
 """``trainer.launch_command``: the driver's command line, which ``ebpo_verl.main`` puts into the config because
 the trainer runs in a Ray actor whose own argv is Ray's worker."""

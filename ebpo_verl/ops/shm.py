@@ -21,7 +21,12 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
 
     paths: set[str] = set()
     for child in psutil.Process().children(recursive=True):
-        paths |= _mapped(str(child.pid), " /dev/shm/psm_")
+        try:
+            paths |= {
+                line.split(None, 5)[-1].strip() for line in _read_maps(str(child.pid)) if " /dev/shm/psm_" in line
+            }
+        except OSError:  # gone meanwhile: it maps nothing
+            continue
     return _unlink(sorted(p for p in paths if not p.endswith("(deleted)")))
 
 
@@ -55,15 +60,6 @@ _GONE = (FileNotFoundError, ProcessLookupError)
 
 class Unreadable(Exception):
     """A live process whose maps or descriptors could not be read: what it holds is unknown."""
-
-
-def _mapped(pid: str, needle: str) -> set[str]:
-    """The paths of process ``pid``'s mappings whose line contains ``needle`` (empty when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            return {line.split(None, 5)[-1].strip() for line in maps if needle in line}
-    except OSError:
-        return set()
 
 
 def _read_maps(pid: str) -> list[str]:
@@ -122,11 +118,6 @@ def holders(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> tup
         except Unreadable as err:
             unreadable[int(pid)] = str(err)
     return used, unreadable
-
-
-def inodes_in_use(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> set[int]:
-    """:func:`holders`' inodes in use (the smoke scan's view; it fails on its own unreadable processes)."""
-    return holders(shm, exclude)[0]
 
 
 def blind_spot() -> str | None:

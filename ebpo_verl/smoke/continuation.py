@@ -44,10 +44,6 @@ def scope_parts(groups: list[list[float]]) -> dict[str, tuple[float, float, floa
     }
 
 
-def _close(got: float, want: float) -> bool:
-    return bool(np.isclose(got, want, rtol=REL, atol=ABS))
-
-
 def compare_scope(what: str, saved: dict | None, after: dict | None, groups: list[list[float]]) -> list[str]:
     """Mismatches of one scope (``saved``/``after``: ``{part: [n, mean, M2]}``, None when absent)."""
     if after is None:
@@ -58,7 +54,7 @@ def compare_scope(what: str, saved: dict | None, after: dict | None, groups: lis
         want = pooled(tuple(saved[part]) if saved else (0.0, 0.0, 0.0), batch[part])
         got = after[part]
         for label, g, w in zip(("count", "mean", "M2"), got, want, strict=True):
-            if not _close(g, w):
+            if not np.isclose(g, w, rtol=REL, atol=ABS):
                 out.append(f"{what}.{part} {label}: resumed {g!r} != saved + batches {w!r}")
     return out
 

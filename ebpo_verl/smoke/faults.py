@@ -40,12 +40,6 @@ def check_end(what: str, after_s: float, bound: float) -> str:
     return text
 
 
-def attempt_errors(text: str) -> tuple[str, list[str]]:
-    """The last attempt's part of an appended run log and its ``ebpo-train: error:`` lines."""
-    attempt = text[text.rfind("pre-flight: ok") :]
-    return attempt, [line for line in attempt.splitlines() if line.startswith("ebpo-train: error:")]
-
-
 class Fault:
     """``sig`` (SIGKILL: a dead process, SIGSTOP: a hung one) to ``target`` (:data:`TARGETS`) on the second
     node once step ``step`` has begun. The run must then exit non-zero within :func:`bound_s`, with one line
@@ -99,7 +93,9 @@ class Fault:
 
     def check(self, returncode: int, log: Path, ended_at: float) -> None:
         """Exit non-zero, one error line naming the process, ended within the bound; prints the measured time."""
-        attempt, errors = attempt_errors(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        attempt = text[text.rfind("pre-flight: ok") :]  # the last attempt's part of the appended log
+        errors = [line for line in attempt.splitlines() if line.startswith("ebpo-train: error:")]
         want = "a worker died" if self.signal == signal.SIGKILL else f"step {self.step} timed out"
         problems = ["the run exited 0"] if returncode == 0 else []
         if len(errors) != 1 or want not in errors[0] or f"pid {self.pid}," not in errors[0]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from ebpo_verl.ops.shm import Unreadable, held_files, inodes_by_path, inodes_in_use, unlink_orphaned_shm
+from ebpo_verl.ops.shm import Unreadable, held_files, holders, inodes_by_path, unlink_orphaned_shm
 
 TAG_ENV = "EBPO_SMOKE_TAG"
 TAG = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -37,11 +37,6 @@ SHM = Path("/dev/shm")
 RAY_NAMES = ("raylet", "gcs_server")
 _VANISHED = (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError)
 STARTED = psutil.Process().create_time()
-
-
-def _older(proc: psutil.Process) -> bool:
-    """Started before this script (so not made by it)."""
-    return proc.create_time() < STARTED
 
 
 def title(proc: psutil.Process) -> str:
@@ -69,7 +64,7 @@ def split_processes(tag: str = TAG) -> tuple[list[psutil.Process], list[int]]:
         except _VANISHED:
             continue
         except psutil.AccessDenied:
-            if not _older(proc):
+            if proc.create_time() >= STARTED:  # not older than this script: it could be one of its own
                 raise
     return tagged, others
 
@@ -91,8 +86,8 @@ def shm_names() -> set[str]:
 
 def held_by_others(exclude: set[int]) -> set[str]:
     """``/dev/shm`` names that a live process not in ``exclude`` maps or holds open (another user's run), matched by
-    inode (:func:`ebpo_verl.ops.shm.inodes_in_use`: a live semaphore is mapped under another, deleted name)."""
-    used = inodes_in_use(str(SHM), frozenset(exclude))
+    inode (:func:`ebpo_verl.ops.shm.holders`: a live semaphore is mapped under another, deleted name)."""
+    used = holders(str(SHM), frozenset(exclude))[0]
     return {Path(path).name for path, inode in inodes_by_path(str(SHM)).items() if inode in used}
 
 

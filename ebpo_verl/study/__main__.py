@@ -83,20 +83,15 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _out_problem(out: Path) -> str | None:
-    """Why ``out`` cannot hold the study (tried up front: one line, nothing written); None: created, writable."""
-    problem = unwritable_reason(out, folder=True)
-    if problem is None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            problem = f"cannot create it: {err.strerror}"
-    return problem
-
-
 def _main(argv: list[str] | None) -> int:
     args = _arguments(argv)
-    if problem := _out_problem(args.out):
+    problem = unwritable_reason(args.out, folder=True)  # tried up front: one line, nothing written
+    if problem is None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problem = f"cannot create it: {err.strerror}"
+    if problem:
         print(f"{PROG}: error: --out {args.out}: {problem}", file=sys.stderr)
         return 2
     command = " ".join([PROG, *(argv if argv is not None else sys.argv[1:])])

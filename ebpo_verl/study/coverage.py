@@ -28,12 +28,12 @@ FIGURE_K = tuple(2**i for i in range(7))
 FIGURE = "pass_at_k.png"
 
 
-def coverage_figure(
-    runs: list[dict], estimators: list[str], group_sizes: list[int], warm: list[float] | None, path: Path, source: str
-) -> None:
-    """One panel per G (random order): final held-out pass@k against k (log scale), one line per estimator (mean
-    over seeds, 95% t-interval error bars, shifted apart along k), and ``warm`` (the warm start's pass@k at
-    :data:`FIGURE_K`) dotted; ``source`` is printed under the figure."""
+def draw(out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str):
+    """Draw :data:`FIGURE` into ``out``: one panel per G (random order), final held-out pass@k against k (log
+    scale), one line per estimator (mean over seeds, 95% t-interval error bars, shifted apart along k), the warm
+    start's pass@k dotted, ``source`` under the figure. Returns its caption for the report's list of figures."""
+    probs = base_info.get("heldout_pass")
+    warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
     ks = np.asarray(FIGURE_K, dtype=float)
     fig, axes = plt.subplots(1, len(group_sizes), figsize=(3.8 * len(group_sizes), 3.4), sharey=True, squeeze=False)
     seeds = set()
@@ -68,14 +68,7 @@ def coverage_figure(
         "1 - (1 - p)^k); error bars: 95% t-intervals over seeds (shifted apart along k); dotted: the warm start."
     )
     fig.text(0.5, -0.02, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8.5)
-    _save(fig, path)
-
-
-def draw(out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str):
-    """Draw :data:`FIGURE` into ``out``; returns its caption for the report's list of figures."""
-    probs = base_info.get("heldout_pass")
-    warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
-    coverage_figure(runs, estimators, group_sizes, warm, out / FIGURE, source)
+    _save(fig, out / FIGURE)
     return "held-out pass@k of the final models against k (1 to 64), one panel per G; dotted: the warm start"
 
 
@@ -92,7 +85,6 @@ def coverage_section(
     (n/seeds)."""
     warm = warm_start_pass_at_k(base_info)
     warm_text = ", ".join(f"pass@{k} {warm[k]:.3f}" if warm[k] is not None else f"pass@{k} n/a" for k in warm)
-    main = lambda r, c: (r, c, "random")  # noqa: E731
     parts = [
         f"""## Coverage: held-out pass@k (k = {", ".join(map(str, COVERAGE_K))})
 pass@k is the mean over the held-out prompts of 1 - (1 - p)^k, p the prompt's exact success probability at
@@ -103,7 +95,7 @@ accuracy above). Warm start: {warm_text}. Figure: [{FIGURE}]({FIGURE})."""
         pairs = paired(runs, estimators, group_sizes, k=k)
         parts.append(f"""### pass@{k} (rows = estimator, columns = G; random order)
 
-{table(by_cell, estimators, group_sizes, main, f"pass_at_{k}", "G", seeds=seeds)}
+{table(by_cell, estimators, group_sizes, f"pass_at_{k}", "G", seeds=seeds)}
 
 EBPO - X in pass@{k}, paired by seed as above:
 

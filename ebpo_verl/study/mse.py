@@ -27,6 +27,7 @@ from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.study.report import md_table
 
 DISTRIBUTIONS: dict[str, tuple[float, float]] = {
     "uniform Beta(1,1)": (1.0, 1.0),
@@ -112,19 +113,13 @@ def mse_table(n_prompts: int = 400_000, batches: int = 40, prompts_per_batch: in
 
 def format_table(rows: list[dict]) -> str:
     est = list(ESTIMATOR_VARIANTS)
-    lines = [
-        "| difficulty distribution | G | S | closed form 1-S | empirical MSE ratio | rel. error | "
-        + " | ".join(est)
-        + " |",
-        "|---" * (6 + len(est)) + "|",
-    ]
+    head = ["difficulty distribution", "G", "S", "closed form 1-S", "empirical MSE ratio", "rel. error", *est]
+    body = []
     for r in rows:
         rel = r["empirical"] / r["closed_form"] - 1
-        lines.append(
-            f"| {r['distribution']} | {r['G']} | {r['S']:.3f} | {r['closed_form']:.4f} | {r['empirical']:.4f} | "
-            f"{100 * rel:+.2f}% | " + " | ".join(f"{r[e]:.4f} ({r[e + ' se']:.4f})" for e in est) + " |"
-        )
-    return "\n".join(lines)
+        cells = [r["distribution"], str(r["G"]), f"{r['S']:.3f}", f"{r['closed_form']:.4f}", f"{r['empirical']:.4f}"]
+        body.append([*cells, f"{100 * rel:+.2f}%", *(f"{r[e]:.4f} ({r[e + ' se']:.4f})" for e in est)])
+    return md_table(head, body)
 
 
 def findings(rows: list[dict]) -> str:

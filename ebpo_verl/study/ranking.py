@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ebpo_verl.study.report import _save, _style, final_values, format_diff, mean_ci, paired_record
+from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, md_table, paired_record
 
 FIGURE = "ranking.png"
 RANK_K = (1, 64)
@@ -51,10 +51,6 @@ def cross_fitted(
     return per_seed, chosen
 
 
-def _stat(values) -> list:
-    return [None if not np.isfinite(x) else round(x, 6) for x in mean_ci(values)[:2]] + [mean_ci(values)[2]]
-
-
 def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int], k: int = 1) -> dict:
     """The ranking of the estimators' cross-fitted best-G final held-out pass@k (random order), best first (ties
     and empty rows by name, empty last). Each row: ``best`` [mean, 95% t half-width, n] over the seeds
@@ -69,11 +65,11 @@ def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int
         g_all = choose_g(cell, group_sizes, sorted({s for _, s in cell}))
         rows.append({
             "estimator": e,
-            "best": _stat(list(per_seed[e].values())),
+            "best": ci_record(list(per_seed[e].values())),
             "g_chosen_on_even_seeds": chosen[0],
             "g_chosen_on_odd_seeds": chosen[1],
             "in_sample_g": g_all,
-            "in_sample": _stat([v for (g, _), v in cell.items() if g == g_all]),
+            "in_sample": ci_record([v for (g, _), v in cell.items() if g == g_all]),
         })  # fmt: skip
     rows.sort(key=lambda r: (r["best"][0] is None, -(r["best"][0] or 0.0), r["estimator"]))
     for i, r in enumerate(rows):
@@ -94,18 +90,16 @@ def _cell(stat: list) -> str:
 def ranking_table(view: dict) -> str:
     """Markdown: the ranking of :func:`equal_samples`, one row per estimator."""
     m = view["metric"]
-    lines = [
-        f"| rank | estimator | G chosen on even / odd seeds | best-G {m}, cross-fitted (seeds) | leader - X | "
-        f"X - next | in-sample best G: {m} (seeds) |",
-        "|---" * 7 + "|",
-    ]
+    head = ["rank", "estimator", "G chosen on even / odd seeds", f"best-G {m}, cross-fitted (seeds)", "leader - X",
+            "X - next", f"in-sample best G: {m} (seeds)"]  # fmt: skip
+    rows = []
     for i, r in enumerate(view["ranking"], 1):
         lead = "—" if i == 1 else format_diff(r["vs_leader"])
         nxt = format_diff(r["vs_next"]) if r["vs_next"] else "—"
         chosen = f"{r['g_chosen_on_even_seeds'] or '—'} / {r['g_chosen_on_odd_seeds'] or '—'}"
         in_sample = f"G={r['in_sample_g']}: {_cell(r['in_sample'])}" if r["in_sample_g"] else "—"
-        lines.append(f"| {i} | {r['estimator']} | {chosen} | {_cell(r['best'])} | {lead} | {nxt} | {in_sample} |")
-    return "\n".join(lines)
+        rows.append([str(i), r["estimator"], chosen, _cell(r["best"]), lead, nxt, in_sample])
+    return md_table(head, rows)
 
 
 def ranking_verdict(view: dict) -> str:
@@ -150,8 +144,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
         final = final_values(runs, view["k"])
         rows = view["ranking"]
         ys = np.arange(len(rows))[::-1]
-        for y, i_r in zip(ys, enumerate(rows), strict=True):
-            i, r = i_r
+        for y, (i, r) in zip(ys, enumerate(rows), strict=True):
             e = r["estimator"]
             for g in group_sizes:
                 cell = [v for (x, gg, _), v in final.items() if x == e and gg == g and np.isfinite(v)]
@@ -176,7 +169,10 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
 
 
 def section(runs: list[dict], estimators: list[str], group_sizes: list[int], responses: int) -> tuple[str, dict]:
-    """The report's equal-samples section at each k of :data:`RANK_K` and the views (for ``summary.json``)."""
+    """The report's equal-samples section at each k of :data:`RANK_K` and the views (for ``summary.json``); none
+    for a preset with one G."""
+    if len(group_sizes) < 2:
+        return "", {}
     views = {str(k): equal_samples(runs, estimators, group_sizes, k) for k in RANK_K}
     parts = [
         f"""## Equal samples per step: each estimator's best G

@@ -90,6 +90,12 @@ def mean_ci(values) -> tuple[float, float, int]:
     return float(x.mean()), float(half), len(x)
 
 
+def ci_record(values) -> list:
+    """:func:`mean_ci` as the JSON files hold it: [mean, half-width, n], rounded to 6 decimals, None where NaN."""
+    mean, half, n = mean_ci(values)
+    return [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n]
+
+
 def cells(runs: list[dict], target: float) -> dict[tuple, list[dict[str, float]]]:
     """Run summaries grouped by (estimator, group_size, order)."""
     out: dict[tuple, list] = defaultdict(list)
@@ -97,6 +103,13 @@ def cells(runs: list[dict], target: float) -> dict[tuple, list[dict[str, float]]
         c = run["config"]
         out[(c["estimator"], c["group_size"], c["order"])].append(summarize_run(run, target))
     return out
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the ``head`` cells, the separator row, then each row's cells."""
+    lines = ["| " + " | ".join(cells) + " |" for cells in [head, *rows]]
+    lines.insert(1, "|---" * len(head) + "|")
+    return "\n".join(lines)
 
 
 def _fmt(values, digits: int = 3, total: int | None = None) -> str:
@@ -111,25 +124,25 @@ def table(
     by_cell: dict,
     rows: list[str],
     cols: list,
-    key,
     metric: str,
     col_name: str,
     digits: int = 3,
     censored=False,
     seeds: int | None = None,
+    key=None,
 ) -> str:
-    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell. A cell
-    over fewer finite values than its runs (``censored``) or than ``seeds`` shows ``(n/total)``."""
-    head = "| estimator | " + " | ".join(f"{col_name}={c}" for c in cols) + " |"
-    lines = [head, "|---" * (len(cols) + 1) + "|"]
+    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell (default:
+    the random-order cell of G = col). A cell over fewer finite values than its runs (``censored``) or than
+    ``seeds`` shows ``(n/total)``."""
+    lines = []
     for r in rows:
         vals = []
         for c in cols:
-            runs = by_cell.get(key(r, c), [])
+            runs = by_cell.get(key(r, c) if key else (r, c, "random"), [])
             total = len(runs) if censored else seeds
             vals.append(_fmt([s[metric] for s in runs], digits, total) if runs else "—")
-        lines.append(f"| {r} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
+        lines.append([r, *vals])
+    return md_table(["estimator", *(f"{col_name}={c}" for c in cols)], lines)
 
 
 def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random") -> str:
@@ -142,11 +155,11 @@ def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random"
         ("kl_ref_final", "KL to warm start"),
         ("shrinkage", "mean S"),
     ]
-    lines = ["| estimator | " + " | ".join(n for _, n in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    body = []
     for r in rows:
         runs = by_cell.get((r, g, order), [])
-        lines.append(f"| {r} | " + " | ".join(_fmt([s[k] for s in runs], 4) for k, _ in cols) + " |")
-    return "\n".join(lines)
+        body.append([r, *(_fmt([s[k] for s in runs], 4) for k, _ in cols)])
+    return md_table(["estimator", *(n for _, n in cols)], body)
 
 
 def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -280,12 +293,7 @@ def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
     start, and at one G the data stream and the sampling seed) as ``diff`` = [mean, 95% t half-width, n] (None
     where undefined) and ``wins``: the seeds where ``a`` is higher; ``labels`` name the two sides."""
     diff = [a[s] - b[s] for s in sorted(set(a) & set(b))]
-    mean, half, n = mean_ci(diff)
-    return {
-        **labels,
-        "diff": [None if not np.isfinite(v) else round(v, 6) for v in (mean, half)] + [n],
-        "wins": int(sum(d > 0 for d in diff)),
-    }
+    return {**labels, "diff": ci_record(diff), "wins": int(sum(d > 0 for d in diff))}
 
 
 def _by_seed(final: dict, est: str, g: int) -> dict[int, float]:
@@ -298,17 +306,7 @@ def paired(
     """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
     held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy) over the seeds both ran
     (:func:`paired_record`: [mean, 95% t half-width, n] and ``wins``, the seeds where ``reference`` is higher)."""
-    if reference not in estimators:
-        return []
-    final = final_values(runs, k)
-    return [
-        paired_record(
-            _by_seed(final, reference, g), _by_seed(final, x, g), estimator=reference, baseline=x, group_size=g
-        )
-        for g in group_sizes
-        for x in estimators
-        if x != reference
-    ]
+    return _against(runs, estimators, group_sizes, reference, k, reference_first=True)
 
 
 def gains_over(
@@ -316,15 +314,26 @@ def gains_over(
 ) -> list[dict]:
     """Per G and every other estimator X: the paired differences ``X - baseline`` of the final held-out pass@k
     (:func:`paired` with the sides swapped: ``wins`` counts the seeds where X is higher)."""
-    if baseline not in estimators:
+    return _against(runs, estimators, group_sizes, baseline, k, reference_first=False)
+
+
+def _against(
+    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str, k: int, reference_first: bool
+) -> list[dict]:
+    """Per G and every other estimator X, the :func:`paired_record` of ``reference - X`` (``reference_first``) or
+    of ``X - reference``; none where ``reference`` is not among the estimators."""
+    if reference not in estimators:
         return []
     final = final_values(runs, k)
-    return [
-        paired_record(_by_seed(final, x, g), _by_seed(final, baseline, g), estimator=x, baseline=baseline, group_size=g)
-        for g in group_sizes
-        for x in estimators
-        if x != baseline
-    ]
+    records = []
+    for g in group_sizes:
+        for x in estimators:
+            if x != reference:
+                a, b = (reference, x) if reference_first else (x, reference)
+                records.append(
+                    paired_record(_by_seed(final, a, g), _by_seed(final, b, g), estimator=a, baseline=b, group_size=g)
+                )
+    return records
 
 
 def format_diff(p: dict) -> str:
@@ -342,11 +351,8 @@ def paired_table(pairs: list[dict], group_sizes: list[int], head: str = "EBPO - 
     if not xs:
         return "(no pairs: the reference estimator is not in this preset)"
     at = {(p[row], p["group_size"]): p for p in pairs}
-    lines = [f"| {head} | " + " | ".join(f"G={g}" for g in group_sizes) + " |", "|---" * (len(group_sizes) + 1) + "|"]
-    for x in xs:
-        cells = [format_diff(at[x, g]) if (x, g) in at else "—" for g in group_sizes]
-        lines.append(f"| {x} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    body = [[x, *(format_diff(at[x, g]) if (x, g) in at else "—" for g in group_sizes)] for x in xs]
+    return md_table([head, *(f"G={g}" for g in group_sizes)], body)
 
 
 def _side(p: dict) -> str | None:
@@ -445,10 +451,6 @@ def summary(
     its "1" is ``paired``). :mod:`ebpo_verl.study.readme_tables` reads it."""
     target = base_info["heldout_accuracy"] + preset.target_gain
     by_cell = cells(runs, target)
-
-    def stat(values):
-        return [None if not np.isfinite(x) else round(x, 6) for x in mean_ci(values)[:2]] + [mean_ci(values)[2]]
-
     lrs = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]): r["config"]["lr"] for r in runs}
     return {
         "preset": preset.name,
@@ -481,7 +483,7 @@ def summary(
                 "group_size": g,
                 "order": o,
                 "lr": lrs[e, g, o],
-                **{k: stat([s[k] for s in sums]) for k in sums[0]},
+                **{k: ci_record([s[k] for s in sums]) for k in sums[0]},
             }
             for (e, g, o), sums in sorted(by_cell.items())
         ],

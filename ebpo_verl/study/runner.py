@@ -49,7 +49,12 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
-    saved = _load_base_info(out) if out is not None else None
+    saved = None
+    if out is not None and (out / "base_model.pt").is_file():
+        try:
+            saved = json.loads((out / "base.json").read_text())
+        except (OSError, ValueError):
+            pass  # no usable record: trained again
     if saved is not None:
         model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
@@ -74,15 +79,6 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         atomic_write(out / "base_model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
     return base
-
-
-def _load_base_info(out: Path) -> dict | None:
-    if not (out / "base_model.pt").is_file():
-        return None
-    try:
-        return json.loads((out / "base.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
@@ -287,6 +283,5 @@ def describe_base(base: Base) -> dict:
 
 
 def write_json(path: Path, data) -> None:
-    """Write atomically (temp file + os.replace) so a crash never leaves half a file; a full disk is one line
-    (:class:`ebpo_verl.ops.atomic.DiskFullError`)."""
+    """``data`` as indented JSON, written atomically (:func:`ebpo_verl.ops.atomic.atomic_write_text`)."""
     atomic_write_text(path, json.dumps(data, indent=1))

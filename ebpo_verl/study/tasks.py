@@ -59,16 +59,11 @@ class ProblemSet:
         return torch.arange(ANSWER_LEN).unsqueeze(0) <= eos_pos
 
 
-def _operand_range(level: int) -> tuple[int, int]:
-    return (0 if level == 1 else 10 ** (level - 1)), 10**level - 1
-
-
 def all_problems(topic: str, level: int) -> np.ndarray:
     """Every problem of a topic and level as rows (a, b, answer); 810,000 rows for 3-digit addition."""
     if topic not in OPS or level not in LEVELS:
         raise ValueError(f"unknown task ({topic!r}, {level}); topics {TOPICS}, levels {LEVELS}")
-    lo, hi = _operand_range(level)
-    a_vals = np.arange(lo, hi + 1)
+    a_vals = np.arange(0 if level == 1 else 10 ** (level - 1), 10**level)  # the operands with ``level`` digits
     b_vals = a_vals if topic in ("add", "sub") else np.arange(2, 10)
     a, b = (x.ravel() for x in np.meshgrid(a_vals, b_vals, indexing="ij"))
     if topic == "sub":

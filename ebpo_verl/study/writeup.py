@@ -22,6 +22,7 @@ from ebpo_verl.study.report import (
     dynamics_table,
     gains_over,
     gains_verdict,
+    md_table,
     mean_ci,
     paired,
     paired_table,
@@ -36,37 +37,20 @@ from ebpo_verl.study.rl import ESTIMATORS
 
 @dataclass
 class _Study:
-    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells."""
+    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells, the
+    preset's estimators (``ests``) and G (``gs``), the warm start's held-out accuracy (``ws``), the ordering
+    table's G (``og``) and the runs' gradient clip (``clip``)."""
 
     preset: object
     base_info: dict
     runs: list[dict]
     by_cell: dict
     source: str
-
-    @property
-    def ests(self) -> list[str]:
-        return list(self.preset.estimators)
-
-    @property
-    def gs(self) -> list[int]:
-        return list(self.preset.group_sizes)
-
-    @property
-    def ws(self) -> float:
-        return self.base_info["heldout_accuracy"]
-
-    @property
-    def og(self) -> int:
-        return self.preset.order_group_size
-
-    @property
-    def clip(self) -> float:
-        return self.runs[0]["config"]["grad_clip"]
-
-
-def _main_cell(r: str, c: int) -> tuple:
-    return r, c, "random"
+    ests: list[str]
+    gs: list[int]
+    ws: float
+    og: int
+    clip: float
 
 
 def write_report(
@@ -86,11 +70,13 @@ def write_report(
     held-out accuracy). ``record``: the provenance of the study (default: this process's); ``origin``: a
     paragraph on where the runs and the wall time come from (a report written from saved runs)."""
     record = record or study_provenance(preset, seconds, command)
-    study = _Study(preset, base_info, runs, cells(runs, base_info["heldout_accuracy"] + preset.target_gain),
-                   source_line(preset.name, record))  # fmt: skip
-    captions = _draw_figures(out, study)
-    headline = table(study.by_cell, study.ests, study.gs, _main_cell, "final_accuracy", "G", seeds=preset.seeds)
-    equal, views = _equal_samples(study)
+    ws = base_info["heldout_accuracy"]
+    study = _Study(preset, base_info, runs, cells(runs, ws + preset.target_gain), source_line(preset.name, record),
+                   list(preset.estimators), list(preset.group_sizes), ws, preset.order_group_size,
+                   runs[0]["config"]["grad_clip"])  # fmt: skip
+    equal, views = ranking.section(runs, study.ests, study.gs, preset.rl["responses_per_step"])
+    captions = _draw_figures(out, study, views)
+    headline = table(study.by_cell, study.ests, study.gs, "final_accuracy", "G", seeds=preset.seeds)
     text = (
         _introduction(study, command, seconds, resumed, origin)
         + _accuracy_sections(study, headline)
@@ -107,44 +93,19 @@ def write_report(
     return headline
 
 
-def _equal_samples(study: _Study) -> tuple[str, dict]:
-    """The equal-samples section and its views (none for a preset with one G)."""
-    if len(study.gs) < 2:
-        return "", {}
-    responses = study.preset.rl["responses_per_step"]
-    return ranking.section(study.runs, study.ests, study.gs, responses)
-
-
-def _draw_figures(out: Path, study: _Study) -> dict[str, str]:
-    """Every figure of the report; returns {file name: caption}."""
+def _draw_figures(out: Path, study: _Study, views: dict) -> dict[str, str]:
+    """Every figure of the report (the ranking's from the equal-samples ``views``, where there are some); returns
+    {file name: caption}."""
     runs, ests, gs, ws, og, clip = study.runs, study.ests, study.gs, study.ws, study.og, study.clip
     warm = (ws, f"warm start {ws:.3f}")
     lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
-    for metric, (fname, _) in CURVES.items():
-        curve_figure(
-            runs,
-            metric,
-            gs,
-            ests,
-            out / fname,
-            by="group_size",
-            fixed={"order": "random"},
-            hline=lines.get(metric),
-            source=study.source,
-        )
-    o_ests = list(study.preset.order_estimators)
-    curve_figure(
-        runs,
-        "accuracy",
-        list(study.preset.orders),
-        o_ests,
-        out / "ordering_curves.png",
-        by="order",
-        fixed={"group_size": og},
-        hline=warm,
-        source=study.source,
-    )
-    return {
+    by_g = [(metric, gs, ests, fname, "group_size", {"order": "random"}, lines.get(metric))
+            for metric, (fname, _) in CURVES.items()]  # fmt: skip
+    by_order = ("accuracy", list(study.preset.orders), list(study.preset.order_estimators), "ordering_curves.png",
+                "order", {"group_size": og}, warm)  # fmt: skip
+    for metric, groups, rows, fname, by, fixed, hline in [*by_g, by_order]:
+        curve_figure(runs, metric, groups, rows, out / fname, by=by, fixed=fixed, hline=hline, source=study.source)
+    captions = {
         "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
         "zero_signal.png": "fraction of groups whose advantages are all zero, per step",
         "grad_norm.png": f"gradient norm before clipping, per step; dotted: the clip value {clip:g} (a norm above "
@@ -153,18 +114,12 @@ def _draw_figures(out: Path, study: _Study) -> dict[str, str]:
         "kl.png": "k3 estimate of KL(old || new) over one step's update",
         "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
         coverage.FIGURE: coverage.draw(out, runs, ests, gs, study.base_info, study.source),
-        **_ranking_figure(out, study),
     }
-
-
-def _ranking_figure(out: Path, study: _Study) -> dict[str, str]:
-    """Draw the equal-samples ranking (a preset with two G or more); returns {file name: caption}."""
-    if len(study.gs) < 2:
-        return {}
-    views = [ranking.equal_samples(study.runs, study.ests, study.gs, k) for k in ranking.RANK_K]
-    ranking.ranking_figure(views, study.runs, study.gs, out / ranking.FIGURE, study.source)
-    ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
-    return {ranking.FIGURE: f"each estimator's cross-fitted best G ranked, by held-out {ks}, with 95% intervals"}
+    if views:
+        ranking.ranking_figure(list(views.values()), runs, gs, out / ranking.FIGURE, study.source)
+        ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
+        captions[ranking.FIGURE] = f"each estimator's cross-fitted best G ranked, by held-out {ks}, with 95% intervals"
+    return captions
 
 
 def _introduction(study: _Study, command: str, seconds: float, resumed: int, origin: str = "") -> str:
@@ -267,7 +222,7 @@ def _other_results(study: _Study, lr_grid: dict | None) -> str:
     probe = study.base_info["probe_accuracy"]
     order_section = (
         f"## Stream order (G = {og}): final held-out accuracy\n\n"
-        f"{table(by_cell, o_ests, orders, lambda r, c: (r, og, c), 'final_accuracy', 'order')}\n"
+        f"{table(by_cell, o_ests, orders, 'final_accuracy', 'order', key=lambda r, c: (r, og, c))}\n"
         if o_ests
         else ""
     )
@@ -278,16 +233,16 @@ def _other_results(study: _Study, lr_grid: dict | None) -> str:
 Mean over the seeds that reached it (count in brackets when not all did);
 sampled responses = steps x {rl["responses_per_step"]}.
 
-{table(by_cell, ests, gs, _main_cell, "steps_to_target", "G", 1, censored=True)}
+{table(by_cell, ests, gs, "steps_to_target", "G", 1, censored=True)}
 
 ## Fraction of groups with zero advantage signal (mean over training)
 
-{table(by_cell, ests, gs, _main_cell, "zero_signal", "G")}
+{table(by_cell, ests, gs, "zero_signal", "G")}
 
 ## Final accuracy on a fixed sample of the RL training prompts
 Warm start: {probe:.3f}. These prompts belong to the RL stream, so a run may have trained on them.
 
-{table(by_cell, ests, gs, _main_cell, "probe_final_accuracy", "G")}
+{table(by_cell, ests, gs, "probe_final_accuracy", "G")}
 
 {_below_warm_start(by_cell, ests, gs, study.ws, rl)}
 {spo_note(by_cell, ests, gs)}
@@ -332,15 +287,16 @@ def lr_section(lr_grid: dict) -> str:
     """The learning-rate grid: per estimator the rates tried, the validation score of each, the choice."""
     if not lr_grid:
         return "Fixed learning rates (no grid recorded for this preset)."
-    lines = ["| estimator | rates tried: mean validation accuracy over the run | chosen |", "|---|---|---|"]
+    rows = []
     for e, g in lr_grid.items():
         scores = ", ".join(
             f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))
             for v, s in zip(g["values"], g["validation"], strict=True)
         )
-        lines.append(f"| {e} | {scores} | {g['chosen']:g} |")
-    sources = sorted({g.get("source", "") for g in lr_grid.values()})
-    return "\n".join(lines) + "\n\nWhere the rates come from (never from the test split): " + "; ".join(sources) + "."
+        rows.append([e, scores, f"{g['chosen']:g}"])
+    head = ["estimator", "rates tried: mean validation accuracy over the run", "chosen"]
+    sources = "; ".join(sorted({g.get("source", "") for g in lr_grid.values()}))
+    return md_table(head, rows) + f"\n\nWhere the rates come from (never from the test split): {sources}."
 
 
 def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, rl: dict) -> str:
@@ -355,15 +311,12 @@ def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, 
         return " / ".join("n/a" if not np.isfinite(x) else f"{x:+.3f}" for x in (*parts, held))
 
     seen = {g: _mean(by_cell, (ests[0], g, "random"), "train_seen_fraction") for g in gs}
-    head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |"
-    rows = [f"| {e} | " + " | ".join(cell(e, g) for g in gs) + " |" for e in ests]
+    rows = md_table(["estimator", *(f"G={g}" for g in gs)], [[e, *(cell(e, g) for g in gs)] for e in ests])
     return f"""## Why every estimator ends below the warm start at G = {", ".join(map(str, below))}
 Change of exact pass@1 from the warm start to the final model, mean over seeds: on the RL prompts the run
 trained on / on the RL prompts it never saw / on the held-out prompts.
 
-{head}
-{"|---" * (len(gs) + 1)}|
-{chr(10).join(rows)}
+{rows}
 
 A step holds {rl["responses_per_step"]}/G prompts, so in {rl["steps"]} steps a run sees
 {", ".join(f"{100 * seen[g]:.0f}% (G={g})" for g in gs)} of the RL prompts. What the runs show: they raise the

@@ -62,12 +62,8 @@ def _options_mapping(data_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions:
-    """Options of ``data.curriculum``, checked against the rest of the data config; ValueError if unusable.
-
-    Any order but ``random`` requires ``data.shuffle=False``: the dataset fixes the order, and verl's
-    ``RandomSampler`` (``shuffle=True``) would scramble it. An epoch-dependent order read through the
-    sampler (``random`` without shuffle, ``topic``, ``difficulty``) requires ``data.dataloader_num_workers=0``.
-    """
+    """Options of ``data.curriculum``, checked against ``data.shuffle``, ``data.dataloader_num_workers`` and
+    ``data.train_batch_size`` (each refusal says why); ValueError if unusable."""
     opts = CurriculumOptions.from_mapping(_options_mapping(data_config))
     shuffle = bool(data_config.get("shuffle", False))
     if shuffle and opts.order != "random":
@@ -97,12 +93,9 @@ def parse_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions
 
 
 def validate_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOptions:
-    """The ``data.curriculum`` options, refused (ValueError) before any rollout when the curriculum cannot work.
-
-    Checks the ``data.curriculum`` options and their fit with ``data.shuffle``,
-    ``data.dataloader_num_workers`` and ``data.train_batch_size`` (see :func:`parse_curriculum_config`), and
-    that a non-native order is not silently ignored because ``data.custom_cls`` selects another class.
-    """
+    """The ``data.curriculum`` options, refused (ValueError) before any rollout when the curriculum cannot work:
+    :func:`parse_curriculum_config`'s checks, and a curriculum set while ``data.custom_cls`` selects another class
+    (verl would ignore it)."""
     custom = data_config.get("custom_cls", None) or {}
     path, name = custom.get("path", None), custom.get("name", None)
     ours = False
@@ -251,11 +244,6 @@ class CurriculumDataset(RLHFDataset):
                 )
             self._layout_cache = (epoch, layout)
         return self._layout_cache[1]
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the last position served."""
-        return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next position served start epoch ``epoch`` (for trainers that skip restoring data.pt)."""

@@ -39,8 +39,8 @@ def _divisor_at_most(total: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(total, limit)) + 1) if total % d == 0)
 
 
-def _mini_batch_that_divides(mini: int, n: int, ranks: int, batch: int) -> int:
-    """The nearest ``ppo_mini_batch_size`` (prompts) whose responses divide over ``ranks``, preferring <= ``batch``."""
+def _mini_batch_that_divides(mini: int, n: int, ranks: int) -> int:
+    """The nearest ``ppo_mini_batch_size`` (prompts) whose responses divide over ``ranks``, preferring a smaller one."""
     step = ranks // math.gcd(ranks, n)  # mini x n is a multiple of ranks iff mini is a multiple of this
     below, above = (mini // step) * step, -(-mini // step) * step
     return below if below >= 1 else above
@@ -49,7 +49,7 @@ def _mini_batch_that_divides(mini: int, n: int, ranks: int, batch: int) -> int:
 def batch_division_problems(config: Any) -> list[str]:
     """Every batch-size setting of ``config`` that does not divide over its ranks and replicas, one message each
     (the key, the numbers, what verl would do, and a value that works). Empty when all divide."""
-    strategy = str(config[ACTOR.split(".")[0]].actor.get("strategy", "fsdp"))
+    strategy = str(config.actor_rollout_ref.actor.get("strategy", "fsdp"))
     if strategy == "megatron":
         return []
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
@@ -85,7 +85,7 @@ def batch_division_problems(config: Any) -> list[str]:
         problems.append(
             f"{ACTOR}.ppo_mini_batch_size={mini} x {ROLLOUT}.n={n} = {mini_responses} responses per mini-batch do "
             f"not divide over the {ranks} data-parallel ranks ({where}, / ulysses {sp}): verl's update would stop "
-            f"at its first step; set {ACTOR}.ppo_mini_batch_size={_mini_batch_that_divides(mini, n, ranks, batch)}"
+            f"at its first step; set {ACTOR}.ppo_mini_batch_size={_mini_batch_that_divides(mini, n, ranks)}"
         )
         return problems
 
@@ -102,7 +102,9 @@ def batch_division_problems(config: Any) -> list[str]:
          f"the {log_prob_share} responses each rank gets per step (data.train_batch_size={batch} x n={n}, padded to "
          f"a multiple of {multiple}, / {ranks} ranks)"),
     ]  # fmt: skip
-    if _uses_reference_policy(config):
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    if need_reference_policy(config):
         ref = config.actor_rollout_ref.ref
         checks.append((f"{REF}.log_prob_micro_batch_size_per_gpu", ref.get("log_prob_micro_batch_size_per_gpu"),
                        ref.get("log_prob_use_dynamic_bsz", False), log_prob_share, checks[1][4]))  # fmt: skip
@@ -116,12 +118,6 @@ def batch_division_problems(config: Any) -> list[str]:
                 f"{key}={_divisor_at_most(share, int(micro))}"
             )
     return problems
-
-
-def _uses_reference_policy(config: Any) -> bool:
-    from verl.trainer.ppo.utils import need_reference_policy
-
-    return bool(need_reference_policy(config))
 
 
 def check_batch_division(config: Any, options: Any = None, dry_run: bool = False) -> None:

@@ -107,11 +107,7 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
                         key == "data.train_files" and f"{path} does not exist on this machine"
                     )
                     continue
-                fix = (
-                    "prepare the data (python -m ebpo_verl.data.all)"
-                    if key == "data.train_files"
-                    else "prepare the data"
-                )
+                fix = "prepare the data" + (" (python -m ebpo_verl.data.all)" if key == "data.train_files" else "")
                 raise EBPOConfigError(f"{key}: {path} does not exist (or is not a file); {fix} or fix the path")
             read[key].append(read_data_file(path, key, prompt_key))
     line = f"steps per epoch not checked: data.train_files {not_checked}" if not_checked else None
@@ -226,23 +222,28 @@ def check_row_keys(extra_infos: Iterable[Mapping[str, Any] | None], options: Run
         check_cluster_labels(extra_infos, key, source)
 
 
-def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluster_key: str, source: str) -> None:
-    """Every training row must carry ``extra_info[cluster_key]`` (not null); else list what the rows do have.
-
-    Args:
-        extra_infos: the ``extra_info`` of each training row, in dataset order.
-        cluster_key: ``algorithm.ebpo.cluster_key``.
-        source: where the rows come from (the data files), for the message.
-    """
+def _scan(extra_infos: Iterable[Mapping[str, Any] | None], key: str) -> tuple[int, set[str], list[int], dict]:
+    """Over the rows: how many, the ``extra_info`` keys seen, the rows without ``key`` (missing or null), and the
+    rows of each value of ``key`` (as a string), in row order."""
     existing: set[str] = set()
     missing: list[int] = []
+    rows_of: dict[str, list[int]] = {}
     rows = 0
     for row, info in enumerate(extra_infos):
         rows += 1
         info = info or {}
         existing.update(str(k) for k in info)
-        if is_missing(info.get(cluster_key)):
+        if is_missing(value := info.get(key)):
             missing.append(row)
+        else:
+            rows_of.setdefault(str(value), []).append(row)
+    return rows, existing, missing, rows_of
+
+
+def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluster_key: str, source: str) -> None:
+    """Every training row must carry ``extra_info[cluster_key]`` (``algorithm.ebpo.cluster_key``, not null); else
+    list what the rows do have. ``source``: where the rows come from (the data files), for the message."""
+    rows, existing, missing, _ = _scan(extra_infos, cluster_key)
     if not missing:
         return
     if cluster_key not in existing:
@@ -270,24 +271,7 @@ def check_prompt_keys(
     verl's uid is drawn afresh every step, so the tracker refuses to fall back to it; a key shared by two rows
     would merge two prompts' trackers (several training files each number ``index`` from 0).
     """
-    existing: set[str] = set()
-    missing: list[int] = []
-    first_row: dict[str, int] = {}
-    duplicates: list[tuple[str, int, int]] = []
-    rows = 0
-    for row, info in enumerate(extra_infos):
-        rows += 1
-        info = info or {}
-        existing.update(str(k) for k in info)
-        value = info.get(prompt_key)
-        if is_missing(value):
-            missing.append(row)
-            continue
-        key = str(value)
-        if key in first_row:
-            duplicates.append((key, first_row[key], row))
-        else:
-            first_row[key] = row
+    rows, existing, missing, rows_of = _scan(extra_infos, prompt_key)
     if missing and prompt_key not in existing:
         raise EBPOConfigError(
             f"{option}={prompt_key!r} is not a key of extra_info in the training data ({source}); "
@@ -299,11 +283,12 @@ def check_prompt_keys(
             f"extra_info[{prompt_key!r}] ({option}) is missing or null in {len(missing)} of {rows} "
             f"training rows ({source}); first rows: {missing[:10]}. Every prompt needs a key: fix the data."
         )
-    if duplicates:
-        key, a, b = duplicates[0]
+    repeats = [(at[1], key, at[0]) for key, at in rows_of.items() if len(at) > 1]
+    if repeats:
+        b, key, a = min(repeats)  # the first row that repeats an earlier row's key
         raise EBPOConfigError(
             f"extra_info[{prompt_key!r}] ({option}) is not unique in the training data ({source}): "
-            f"{len(duplicates)} row(s) repeat an earlier row's key (first: {key!r} at rows {a} and {b}), which would "
-            f"merge their {label} trackers. Several training files each number `index` from 0: set "
-            f"{option} to a field unique across them."
+            f"{sum(len(at) - 1 for at in rows_of.values())} row(s) repeat an earlier row's key (first: {key!r} at "
+            f"rows {a} and {b}), which would merge their {label} trackers. Several training files each number "
+            f"`index` from 0: set {option} to a field unique across them."
         )
