@@ -501,11 +501,6 @@ trajectory_keys = st.tuples(st.text(min_size=1, max_size=8), st.integers(0, 64),
 ) | st.sampled_from(["uid_²_0", "uid_3_x", "_3_0", "uid_3", "uid__0", "uid_3_", f"uid_{'1' * 5000}_0", "u_٣_0"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sample_indices reads int('²') (a ValueError not naming the key), takes uid_3_x and _3_0; to be fixed "
-    "where the parser moves (ebpo_verl/trainer/)",
-)
 @FUZZ
 @given(keys=st.lists(trajectory_keys | st.text(max_size=10), min_size=1, max_size=4))
 def test_fuzz_krpo_sample_indices(keys):
