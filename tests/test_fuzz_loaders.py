@@ -17,7 +17,6 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import HypothesisException
 
 from ebpo_verl import paper_reward, reward
 from ebpo_verl.evaluate import answers
@@ -25,13 +24,12 @@ from ebpo_verl.ops import locking
 from ebpo_verl.study import runner, saved
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS
 from ebpo_verl.trainer.checkpoint import resume, step_metrics
+from tests.fuzzing import fails_on_mutant
 
 FUZZ = settings(
     max_examples=100, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 """100 examples per property, derandomized; every health check on but ``too_slow`` (shared cores)."""
-MUTANT = settings(FUZZ, max_examples=50, phases=["explicit", "generate"])
-"""A property run against a refuse-everything mutant: no shrinking, only to see it fail."""
 
 scalars = st.none() | st.booleans() | st.integers(-3, 40) | st.integers(-(10**30), 10**30) | st.floats()
 scalars = scalars | st.text(max_size=6)
@@ -66,23 +64,6 @@ def _mutation(valid) -> st.SearchStrategy:
 def _one_line(err: BaseException, name: str) -> None:
     message = str(err)
     assert "\n" not in message and name in message and len(message) < 1500, message
-
-
-def _refuse_all(*args, **kwargs):
-    raise ValueError("mutant: refuses everything")
-
-
-def _fails_on_mutant(test, monkeypatch, target, attribute: str, mutant=_refuse_all, **fixtures) -> None:
-    """``test`` (a property) run with ``target.attribute`` replaced by ``mutant`` must fail."""
-    monkeypatch.setattr(target, attribute, mutant)
-    inner = test.hypothesis.inner_test
-    try:
-        MUTANT(given(**test.hypothesis._given_kwargs)(inner))(**fixtures)
-    except HypothesisException:  # a broken property (a health check, a bad strategy) is not a failing one
-        raise
-    except Exception:  # noqa: BLE001 (the property failed: what it is for)
-        return
-    raise AssertionError(f"{test.__name__} passes with {target.__name__}.{attribute} refusing everything")
 
 
 def _is_int(value) -> bool:
@@ -169,7 +150,7 @@ def test_fuzz_step_metrics_refusals(text, found, tmp_path):
 
 def test_fuzz_step_metrics_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
     for test in (test_fuzz_step_metrics_round_trip, test_fuzz_step_metrics_file):
-        _fails_on_mutant(test, monkeypatch, step_metrics, "load_step_metrics", tmp_path_factory=tmp_path_factory)
+        fails_on_mutant(test, monkeypatch, step_metrics, "load_step_metrics", tmp_path_factory=tmp_path_factory)
 
 
 # ------------------------------------------------------------------ latest_checkpointed_iteration.txt (resume)
@@ -220,7 +201,7 @@ def test_fuzz_tracker_file_absent_or_not_utf8(tmp_path):
 
 
 def test_fuzz_tracker_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
-    _fails_on_mutant(test_fuzz_tracker_file, monkeypatch, resume, "tracked_step", tmp_path_factory=tmp_path_factory)
+    fails_on_mutant(test_fuzz_tracker_file, monkeypatch, resume, "tracked_step", tmp_path_factory=tmp_path_factory)
 
 
 # ------------------------------------------------------------------------------------- the run lock's holder
@@ -278,7 +259,7 @@ def test_fuzz_run_lock_names_this_process(tmp_path):
 
 
 def test_fuzz_run_lock_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
-    _fails_on_mutant(
+    fails_on_mutant(
         test_fuzz_run_lock_holder,
         monkeypatch,
         locking,
@@ -406,8 +387,8 @@ def test_fuzz_study_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_fa
         return original(study, preset, runs, files, prog)
 
     original = saved.study_timing
-    _fails_on_mutant(test_fuzz_study_config, monkeypatch, saved, "recorded_preset", tmp_path_factory=tmp_path_factory)
-    _fails_on_mutant(
+    fails_on_mutant(test_fuzz_study_config, monkeypatch, saved, "recorded_preset", tmp_path_factory=tmp_path_factory)
+    fails_on_mutant(
         test_fuzz_study_summary, monkeypatch, saved, "study_timing", no_summary, tmp_path_factory=tmp_path_factory
     )
 
@@ -473,9 +454,9 @@ def _no_answer(*args, **kwargs):
 
 
 def test_fuzz_extraction_properties_fail_on_a_refusing_extractor(monkeypatch):
-    _fails_on_mutant(test_fuzz_extract_answer, monkeypatch, reward, "extract_answer", _no_answer)
-    _fails_on_mutant(test_fuzz_extract_eval_answer, monkeypatch, paper_reward, "extract_eval_answer", _no_answer)
-    _fails_on_mutant(test_fuzz_answer_classes_paper, monkeypatch, answers, "_paper_key", _no_answer)
+    fails_on_mutant(test_fuzz_extract_answer, monkeypatch, reward, "extract_answer", _no_answer)
+    fails_on_mutant(test_fuzz_extract_eval_answer, monkeypatch, paper_reward, "extract_eval_answer", _no_answer)
+    fails_on_mutant(test_fuzz_answer_classes_paper, monkeypatch, answers, "_paper_key", _no_answer)
 
 
 # --------------------------------------------------------------------------------- KRPO's sample indices
@@ -520,7 +501,7 @@ def test_fuzz_krpo_property_fails_on_a_refusing_parser(monkeypatch):
     import importlib
 
     module = importlib.import_module(SAMPLE_INDICES[0])
-    _fails_on_mutant(test_fuzz_krpo_sample_indices, monkeypatch, module, SAMPLE_INDICES[1])
+    fails_on_mutant(test_fuzz_krpo_sample_indices, monkeypatch, module, SAMPLE_INDICES[1])
 
 
 def _saved_run(cfg) -> dict:
@@ -553,6 +534,6 @@ def test_fuzz_study_saved_run(run, raw, tmp_path_factory):
 
 def test_fuzz_study_saved_run_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
     mutant = lambda out, jobs: {}  # noqa: E731 (nothing ever reused)
-    _fails_on_mutant(
+    fails_on_mutant(
         test_fuzz_study_saved_run, monkeypatch, runner, "load_done", mutant, tmp_path_factory=tmp_path_factory
     )
