@@ -17,6 +17,16 @@ def refuse_all(*args: Any, **kwargs: Any) -> None:
     raise ValueError("mutant: refuses everything")
 
 
+def refusing(error: type[Exception], message) -> Any:
+    """A loader that refuses everything with the refusal the real one gives (``error``, one line
+    ``message(*arguments)``), so that a property fails on its oracle, not on the message's form."""
+
+    def mutant(*args: Any, **kwargs: Any) -> None:
+        raise error(message(*args, **kwargs))
+
+    return mutant
+
+
 def fails_on_mutant(test, monkeypatch, target: Any, attribute: str, mutant=refuse_all, **arguments: Any) -> None:
     """``test`` (a ``@given`` property; ``arguments``: its other parameters) run with ``target.attribute`` (a module's
     attribute, or a key of a namespace dict such as a test module's ``globals()``) replaced by ``mutant`` must fail:

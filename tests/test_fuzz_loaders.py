@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +25,7 @@ from ebpo_verl.ops import locking
 from ebpo_verl.study import runner, saved
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS
 from ebpo_verl.trainer.checkpoint import resume, step_metrics
-from tests.fuzzing import fails_on_mutant
+from tests.fuzzing import fails_on_mutant, refusing
 
 FUZZ = settings(
     max_examples=100, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -150,7 +151,10 @@ def test_fuzz_step_metrics_refusals(text, found, tmp_path):
 
 def test_fuzz_step_metrics_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
     for test in (test_fuzz_step_metrics_round_trip, test_fuzz_step_metrics_file):
-        fails_on_mutant(test, monkeypatch, step_metrics, "load_step_metrics", tmp_path_factory=tmp_path_factory)
+        mutant = refusing(
+            ValueError, lambda d, s: f"step metrics file {Path(d) / step_metrics.STEP_METRICS_FILE} mutant"
+        )
+        fails_on_mutant(test, monkeypatch, step_metrics, "load_step_metrics", mutant, tmp_path_factory=tmp_path_factory)
 
 
 # ------------------------------------------------------------------ latest_checkpointed_iteration.txt (resume)
@@ -201,7 +205,10 @@ def test_fuzz_tracker_file_absent_or_not_utf8(tmp_path):
 
 
 def test_fuzz_tracker_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
-    fails_on_mutant(test_fuzz_tracker_file, monkeypatch, resume, "tracked_step", tmp_path_factory=tmp_path_factory)
+    mutant = refusing(ValueError, lambda base: f"checkpoint tracker {Path(base) / resume.TRACKER_FILE} mutant")
+    fails_on_mutant(
+        test_fuzz_tracker_file, monkeypatch, resume, "tracked_step", mutant, tmp_path_factory=tmp_path_factory
+    )
 
 
 # ------------------------------------------------------------------------------------- the run lock's holder
@@ -387,7 +394,10 @@ def test_fuzz_study_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_fa
         return original(study, preset, runs, files, prog)
 
     original = saved.study_timing
-    fails_on_mutant(test_fuzz_study_config, monkeypatch, saved, "recorded_preset", tmp_path_factory=tmp_path_factory)
+    mutant = refusing(runner.StudyDirError, lambda study: f"{study} mutant")
+    fails_on_mutant(
+        test_fuzz_study_config, monkeypatch, saved, "recorded_preset", mutant, tmp_path_factory=tmp_path_factory
+    )
     fails_on_mutant(
         test_fuzz_study_summary, monkeypatch, saved, "study_timing", no_summary, tmp_path_factory=tmp_path_factory
     )
@@ -501,7 +511,8 @@ def test_fuzz_krpo_property_fails_on_a_refusing_parser(monkeypatch):
     import importlib
 
     module = importlib.import_module(SAMPLE_INDICES[0])
-    fails_on_mutant(test_fuzz_krpo_sample_indices, monkeypatch, module, SAMPLE_INDICES[1])
+    mutant = refusing(ValueError, lambda keys: "krpo: trajectory key mutant")
+    fails_on_mutant(test_fuzz_krpo_sample_indices, monkeypatch, module, SAMPLE_INDICES[1], mutant)
 
 
 def _saved_run(cfg) -> dict:

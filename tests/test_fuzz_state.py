@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ebpo_verl.algos import registry
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
-from tests.fuzzing import fails_on_mutant
+from tests.fuzzing import fails_on_mutant, refusing
 
 FUZZ = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -222,7 +222,10 @@ def test_fuzz_state_file_any_text(name, text, tmp_path_factory):
 def test_fuzz_state_properties_fail_on_a_refusing_loader(monkeypatch, tmp_path_factory):
     """Each property fails when the resume's loader refuses every file (they cannot pass by refusing)."""
     for test in (test_fuzz_state_file_mutations, test_fuzz_state_file_any_text):
-        fails_on_mutant(test, monkeypatch, globals(), "load_state", name="ebpo", tmp_path_factory=tmp_path_factory)
+        mutant = refusing(ValueError, lambda entry, *args, **kwargs: f"{entry.state.file}: mutant")
+        fails_on_mutant(
+            test, monkeypatch, globals(), "load_state", mutant, name="ebpo", tmp_path_factory=tmp_path_factory
+        )
 
 
 @FUZZ
