@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ebpo_verl.data import aime2024, amc23, dapo_math, math500, math_train, olympiadbench
@@ -24,9 +25,9 @@ from ebpo_verl.trainer.preflight.data import check_data
 from ebpo_verl.trainer.run_options import RunOptions
 
 FUZZ = settings(
-    max_examples=120, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    max_examples=120, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-"""120 examples per property, derandomized (the same examples every run)."""
+"""120 examples per property, derandomized (the same examples every run); every health check on but too_slow."""
 
 USER = [{"role": "user", "content": "What is 1 + 1?"}]
 scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.floats() | st.text(max_size=6)
@@ -207,24 +208,52 @@ def _strings_in(value) -> list[str]:
     return []
 
 
+words = st.text(alphabet="abcdefghijklmnopqrs0123456789 +", min_size=1, max_size=10).filter(str.strip)
+
+
+def _valid_record(name: str) -> st.SearchStrategy:
+    """A source row the dataset's converter takes: text in every column, in each dataset's shape."""
+    shapes = {
+        "math500": {"problem": words, "answer": words, "subject": words, "level": st.just("Level 3"),
+                    "unique_id": words},
+        "aime2024": {"Problem": words, "Answer": st.integers(0, 999).map(str), "ID": words},
+        "amc23": {"question": words, "answer": words, "id": words},
+        "olympiadbench": {"question": words, "final_answer": st.lists(words, min_size=1, max_size=2),
+                          "context": words, "unit": words, "subfield": words, "id": words},
+        "math_train": {"problem": words, "solution": words.map(lambda w: f"so \\boxed{{{w}}}"), "type": words,
+                       "level": st.just("Level 2")},
+        "dapo_math": {"prompt": words.map(lambda w: [{"role": "user", "content": w}]),
+                      "reward_model": words.map(lambda w: {"ground_truth": w}), "extra_info": st.just({"index": 0})},
+    }  # fmt: skip
+    return st.fixed_dictionaries(shapes[name])
+
+
 @pytest.mark.parametrize("name", list(CONVERTERS))
 @FUZZ
 @given(data=st.data())
 def test_fuzz_data_prep_rows(name, data):
-    """Any values in a dataset's columns: a row is converted or refused with one line naming the row; an accepted
-    problem is made of the source's strings (never the repr of a list, a dict or None)."""
+    """Valid source rows with any values put into some of their columns: the rows left as they were are always
+    converted, and a refusal is one line naming a row that was changed; an accepted problem is made of the source's
+    strings (never the repr of a list, a dict or None)."""
     import pandas as pd
 
     convert, columns = CONVERTERS[name]
-    records = data.draw(
-        st.lists(st.fixed_dictionaries({}, optional={c: field_values for c in columns}), min_size=1, max_size=3)
-    )
+    valid = data.draw(st.lists(_valid_record(name), min_size=1, max_size=3), label="valid rows")
+    changes = data.draw(
+        st.lists(st.dictionaries(st.sampled_from(columns), field_values, max_size=2), min_size=len(valid),
+                 max_size=len(valid)), label="changes",
+    )  # fmt: skip
+    records = [{**row, **change} for row, change in zip(valid, changes, strict=True)]
+    changed = {i for i, change in enumerate(changes) if change}
     df = pd.DataFrame.from_records(records, columns=list(columns))
     df = df.astype(object).where(df.notna(), None)
     try:
         rows, skipped, _ = build_rows(name, df, convert, "test", "boxed", False, "source.jsonl")
     except DataPrepError as err:
-        return _one_line(str(err), name, "source.jsonl")
+        _one_line(str(err), name, "source.jsonl")
+        refused = re.search(r"invalid row (\d+) \(0-based\)", str(err))
+        assert refused and int(refused.group(1)) in changed, (err, changed)
+        return
     assert skipped == 0 and len(rows) == len(records)
     for record, row in zip(records, rows, strict=True):
         [message] = row["prompt"]
@@ -273,19 +302,22 @@ def test_fuzz_evaluate_repeated_index_is_refused(tmp_path):
 
 
 @FUZZ
-@given(prompt=prompts, index=json_values, truth=ground_truths)
+@given(prompt=prompts, index=st.integers(0, 50) | json_values, truth=st.just("2") | ground_truths)
 def test_fuzz_evaluate_verl_rows(prompt, index, truth, tmp_path_factory):
     """Any prompt, index and ground truth in a prepared parquet: read as they are, or one EvalInputError line."""
     row = {"data_source": "math500", "prompt": prompt, "ability": "math", "reward_model": {"ground_truth": truth}}
     try:
         data_dir = _prepared(tmp_path_factory.mktemp("eval"), [{**row, "extra_info": {"index": index}}])
     except (pa.ArrowException, OverflowError):
-        assume(False)  # a row pyarrow cannot write is not a parquet anyone can hand us
+        return  # a row pyarrow cannot write is not a parquet anyone can hand us
+    valid = _is_chat(prompt) and _is_answer(truth) and isinstance(index, int) and not isinstance(index, bool)
+    valid = valid and index >= 0
     try:
         [problem] = load_problems(data_dir, "math500", "verl")
     except EvalInputError as err:
+        assert not valid, err
         return _one_line(str(err), "math500.parquet")
-    assert _is_chat(prompt) and _is_answer(truth)
+    assert valid
     assert problem.prompt == [{"role": m["role"], "content": m["content"]} for m in prompt]
     assert problem.index == index and type(index) is int and problem.ground_truth == truth
 
@@ -300,3 +332,18 @@ def test_fuzz_label_topics_refuses_a_string_prompt(tmp_path):
         label_topics(tmp_path / "in.parquet", tmp_path / "out.parquet")
     _one_line(str(err.value), "in.parquet: row 0 (0-based; 1 of 1 rows alike): prompt is a str")
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_fuzz_data_properties_fail_on_a_refusing_loader(monkeypatch, tmp_path_factory, job):
+    """Each property fails when its loader refuses everything (with the refusal the real one gives)."""
+    from tests.fuzzing import fails_on_mutant, refusing
+
+    mutant = refusing(EBPOConfigError, lambda config, *a, **k: f"data.train_files: {config.data.train_files}: mutant")
+    fails_on_mutant(test_fuzz_preflight_rows, monkeypatch, globals(), "check_data", mutant,
+                    tmp_path_factory=tmp_path_factory, job=job)  # fmt: skip
+    mutant = refusing(DataPrepError, lambda name, df, convert, split, template, skip, source, *a: (
+        f"{name}: invalid row 0 (0-based) of {source}: field problem: mutant"))  # fmt: skip
+    fails_on_mutant(test_fuzz_data_prep_rows, monkeypatch, globals(), "build_rows", mutant, name="math500")
+    mutant = refusing(EvalInputError, lambda data_dir, *a: f"{data_dir}/math500.parquet: mutant")
+    fails_on_mutant(test_fuzz_evaluate_verl_rows, monkeypatch, globals(), "load_problems", mutant,
+                    tmp_path_factory=tmp_path_factory)  # fmt: skip

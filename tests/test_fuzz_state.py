@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ebpo_verl.algos import registry
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
+from tests.fuzzing import fails_on_mutant, refusing
 
 FUZZ = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -73,9 +74,14 @@ def _load(name: str, folder, text: str, step: int = 4):
 
 
 def _saved_payload(name: str, tmp_path) -> dict:
-    entry, state = _filled(name)
-    path = save_state(entry, tmp_path, state, entry.options_cls(), global_step=4)
-    return json.loads(path.read_text())
+    """The file a resume of ``name``'s filled state reads (a copy: made once per estimator)."""
+    if name not in _SAVED:
+        entry, state = _filled(name)
+        _SAVED[name] = save_state(entry, tmp_path, state, entry.options_cls(), global_step=4).read_text()
+    return json.loads(_SAVED[name])
+
+
+_SAVED: dict[str, str] = {}
 
 
 def _assert_refused(result, state, name: str) -> None:
@@ -145,37 +151,81 @@ def _floats(node):
     return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else node
 
 
+def _restores(name: str, doc, saved_options: dict) -> bool | None:
+    """The oracle: whether a resume must restore ``doc`` (True) or refuse it (False); None when its options differ
+    from the saved ones (refused or restored as ``on_resume_mismatch`` says). A valid file: an object with format 1,
+    global_step the integer 4, the saved options and a state its state class loads (checked by the class alone)."""
+    if not isinstance(doc, dict) or not {"format", "global_step", "state"} <= doc.keys() or doc["format"] != 1:
+        return False
+    step = doc["global_step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step != 4:
+        return False
+    if json.dumps(doc.get("options", {}), sort_keys=True) != json.dumps(saved_options, sort_keys=True):
+        return None
+    try:
+        STATEFUL[name].state_cls().load_state_dict(doc["state"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def _check_load(name: str, folder, text: str, doc, saved_options: dict) -> None:
+    """Load ``text`` (``doc`` parsed; a non-JSON text: no document) and check the outcome both ways."""
+    result, state = _load(name, folder, text)
+    must = False if doc is _NOT_JSON else _restores(name, doc, saved_options)
+    if isinstance(result, ValueError):
+        assert must is not True, result  # a valid file is restored, never refused
+        return _assert_refused(result, state, name)
+    assert isinstance(result, bool) and must is not False, (result, doc)
+    # accepted: the state holds exactly what the file says (a number is never rounded or truncated)
+    expected = STATEFUL[name].state_cls()
+    if result:
+        expected.load_state_dict(doc["state"])
+        assert _floats(state.state_dict()) == _floats(doc["state"])
+    assert state.state_dict() == expected.state_dict()
+
+
+_NOT_JSON = object()
+
+
 @pytest.mark.parametrize("name", ENTRIES)
 @FUZZ
 @given(data=st.data())
 def test_fuzz_state_file_mutations(name, data, tmp_path_factory):
-    """One part of a valid file replaced by any JSON value: restored exactly as that state, or refused."""
+    """One part of a valid file replaced by any JSON value (or none: the file as saved): restored exactly when
+    the oracle says it is valid, refused in one line when it says not."""
     folder = tmp_path_factory.mktemp("state")
     payload = _saved_payload(name, folder)
-    paths = list(_paths(payload))
-    path = data.draw(st.sampled_from(paths), label="path")
-    mutated = _replaced(payload, path, data.draw(json_values, label="value"))
-    result, state = _load(name, folder, json.dumps(mutated))
-    if isinstance(result, ValueError):
-        return _assert_refused(result, state, name)
-    assert isinstance(result, bool)
-    # accepted: the state holds exactly what the file says (a number is never rounded or truncated)
-    expected = STATEFUL[name].state_cls()
-    if result:
-        expected.load_state_dict(mutated["state"])
-        assert mutated["global_step"] == 4 and type(mutated["global_step"]) is int
-        assert _floats(state.state_dict()) == _floats(mutated["state"])
-    assert state.state_dict() == expected.state_dict()
+    path = data.draw(st.none() | st.sampled_from(list(_paths(payload))), label="path")
+    mutated = payload if path is None else _replaced(payload, path, data.draw(json_values, label="value"))
+    _check_load(name, folder, json.dumps(mutated), mutated, payload["options"])
+
+
+def _parsed(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
 
 
 @pytest.mark.parametrize("name", ENTRIES)
 @FUZZ
-@given(text=st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
+@given(text=st.none() | st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
 def test_fuzz_state_file_any_text(name, text, tmp_path_factory):
-    """Any text as the file: refused with one line (a valid file by chance restores)."""
-    result, state = _load(name, tmp_path_factory.mktemp("state"), text)
-    if not isinstance(result, bool):
-        _assert_refused(result, state, name)
+    """Any text as the file (or none: the file as saved): refused with one line unless it is a valid file."""
+    folder = tmp_path_factory.mktemp("state")
+    payload = _saved_payload(name, folder)
+    text = json.dumps(payload) if text is None else text
+    _check_load(name, folder, text, _parsed(text), payload["options"])
+
+
+def test_fuzz_state_properties_fail_on_a_refusing_loader(monkeypatch, tmp_path_factory):
+    """Each property fails when the resume's loader refuses every file (they cannot pass by refusing)."""
+    for test in (test_fuzz_state_file_mutations, test_fuzz_state_file_any_text):
+        mutant = refusing(ValueError, lambda entry, *args, **kwargs: f"{entry.state.file}: mutant")
+        fails_on_mutant(
+            test, monkeypatch, globals(), "load_state", mutant, name="ebpo", tmp_path_factory=tmp_path_factory
+        )
 
 
 @FUZZ

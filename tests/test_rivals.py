@@ -95,16 +95,27 @@ def test_jspo_matches_the_papers_formula_by_a_plain_loop(form, kind):
         np.testing.assert_allclose(got, reference_jspo(uids, r, form), rtol=1e-9, atol=1e-9)
 
 
-def test_jspo_paper_is_bit_identical_to_shrinkage_js_and_authors_code_differs():
+def test_shrinkage_js_matches_the_papers_formula_by_a_plain_loop_and_authors_code_differs():
+    """compute_js_advantages (the ``shrinkage_js`` baseline) against the plain loop of the paper form, padding rows
+    (valid False, or a uid starting with "pad") left out of every group and given 0; the authors' form differs."""
     rng = np.random.default_rng(7)
     differs = 0
     for t in range(200):
         uids, r = batch(rng, rng.integers(1, 9, size=rng.integers(1, 12)).tolist(), ["binary", "continuous"][t % 2])
-        scores = torch.tensor(r, dtype=torch.float32 if t % 3 else torch.float64)
-        valid = torch.from_numpy(rng.random(len(uids)) > 0.1)
-        js = compute_js_advantages(Batch(scores, uids, valid, pad_prefix="pad")).values
-        paper = JSPOOptions(form="paper")
-        assert torch.equal(compute_jspo_advantages(Batch(scores, uids, valid, pad_prefix="pad"), paper).values, js)
+        valid = rng.random(len(uids)) > 0.1
+        uids = np.where(rng.random(len(uids)) < 0.05, "pad" + uids.astype(str), uids).astype(object)
+        dtype = torch.float32 if t % 3 else torch.float64
+        got = compute_js_advantages(
+            Batch(torch.tensor(r, dtype=dtype), uids, torch.from_numpy(valid), pad_prefix="pad")
+        )
+        kept = valid & ~np.char.startswith(uids.astype(str), "pad")
+        want = np.zeros(len(uids))
+        if kept.any():
+            want[kept] = reference_jspo(uids[kept], r[kept].astype(np.float32 if t % 3 else np.float64), "paper")
+        assert got.values.dtype == dtype and not got.values[~kept].any()
+        np.testing.assert_allclose(
+            got.values.double().numpy(), want, rtol=1e-5 if t % 3 else 1e-9, atol=1e-6 if t % 3 else 1e-9
+        )
         uids, r = batch(rng, rng.integers(2, 9, size=rng.integers(2, 12)).tolist())
         scores, valid = torch.tensor(r), torch.ones(len(uids), dtype=torch.bool)
         js = compute_js_advantages(Batch(scores, uids, valid)).values

@@ -18,6 +18,7 @@ no per-row values). Padding rows get 0 and are not walked.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -144,15 +145,20 @@ def _sample_ints(sample_index: Sequence[Any] | np.ndarray, rows: np.ndarray) -> 
     return values.astype(np.int64)
 
 
+_TRAJECTORY_KEY = re.compile(r".+_([0-9]{1,18})_[0-9]{1,18}", re.DOTALL)
+"""A non-empty uid, then the session id and the index in ASCII digits (``"²".isdigit()`` is true, ``int("²")``
+fails)."""
+
+
 def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
     """Each row's rollout sample index from verl's v1 trajectory key ``{uid}_{session_id}_{index}`` (session_id in
     [0, n): the sample's index in its group; verl ``trainer/ppo/v1/replay_buffer.py``); object array of ints."""
     out = np.empty(len(trajectory_keys), dtype=object)
     for row, key in enumerate(trajectory_keys):
-        parts = str(key).rsplit("_", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
-            raise ValueError(f"krpo: trajectory key {key!r} is not verl's {{uid}}_{{session_id}}_{{index}}")
-        out[row] = int(parts[1])
+        match = _TRAJECTORY_KEY.fullmatch(str(key))
+        if match is None:
+            raise ValueError(f"krpo: trajectory key {key!r:.200} is not verl's {{uid}}_{{session_id}}_{{index}}")
+        out[row] = int(match.group(1))
     return out
 
 

@@ -17,10 +17,12 @@ PARTS = ("rewards", "group_means", "within_var", "inv_group_size")
 REL_TOL = 1e-9
 """Recomputed EB state vs the saved one: the saved one merges with Chan et al.'s formula, the check with raw power
 sums (another rounding; they agree to a few ulps here); M2 is compared relative to n * mean^2 + M2."""
-METRIC_TOL = 5e-3
-"""Campaign vs uninterrupted run, per metric: |a - b| <= METRIC_TOL * max(1, |b|). Measured (K=8, seed 8): at most
-5.5e-4 relative (the rollout-actor probability correlation; the grad norm 4.5e-4), everything else within 1.3e-6
-or exact, apart from a flipped response (a validation score at step 1 moved by 1/16)."""
+METRIC_TOL = 1e-3
+"""Campaign vs uninterrupted run, per metric: |a - b| <= METRIC_TOL * max(1, |b|). Measured spread where the runs'
+responses agree (the resumed run sums the same batch in another order): K=8 seed 8, at most 5.5e-4 (the
+rollout-actor probability correlation; the grad norm 4.5e-4; the rest within 1.3e-6 or exact); K=8 seed 19
+(docs/campaign_k8_seed19.json), 592 bound values, 531 identical, at most 5.9e-4 (step 7's actor/grad_norm). The
+tolerance is 1.7x the largest of them (docs/training_faults.md)."""
 SKIPPED_METRICS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "rollout_corr/")
 """Timings, throughput and memory use (they differ between any two runs), and verl's rollout-vs-actor mismatch
 diagnostics (perplexity ratios, chi^2 of two nearly equal sets of log-probabilities): measured here, they move by

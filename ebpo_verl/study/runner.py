@@ -187,10 +187,10 @@ def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
             run = json.loads(path.read_text())
         except FileNotFoundError:
             continue
-        except (OSError, ValueError) as err:
-            print(f"study: {path} is unreadable ({err}): running it again")
+        except (OSError, ValueError, RecursionError) as err:  # JSON's errors, a non-UTF-8 byte: ValueErrors
+            print(f"study: {path} is unreadable ({type(err).__name__}): running it again")
             continue
-        if run.get("config") == asdict(cfg):
+        if isinstance(run, dict) and run.get("config") == asdict(cfg):
             done[_key(asdict(cfg))] = run
     return done
 

@@ -6,13 +6,16 @@ written into DIR."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ebpo_verl.study.presets import PRESETS, Preset
+from ebpo_verl.ops.errors import one_line
+from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS, Preset
 from ebpo_verl.study.report import study_provenance
 from ebpo_verl.study.runner import StudyDirError, code_fingerprint, grid, load_done, run_path, tuning_grid
 
@@ -25,14 +28,26 @@ def recorded_preset(study: Path) -> Preset:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise StudyDirError(f"{path} not found: --study must be a study's --out folder") from None
-    except (OSError, ValueError) as err:
-        raise StudyDirError(f"{path} is unreadable ({err})") from err
+    except (OSError, ValueError, RecursionError) as err:  # JSON's errors and a non-UTF-8 byte: ValueErrors
+        why = "nested too deeply" if isinstance(err, RecursionError) else one_line(err)
+        raise StudyDirError(f"{path} is unreadable ({why})") from err
     name = config.get("name") if isinstance(config, dict) else None
-    if name not in PRESETS:
-        raise StudyDirError(f"{path} names preset {name!r}, which this code does not have ({', '.join(PRESETS)})")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise StudyDirError(f"{path} names preset {name!r:.80}, which this code does not have ({', '.join(PRESETS)})")
+    estimators = config.get("estimators")
+    if (
+        not isinstance(estimators, list)
+        or not estimators
+        or not all(isinstance(e, str) and e in ALL_ESTIMATORS for e in estimators)
+        or len(set(estimators)) < len(estimators)
+    ):
+        raise StudyDirError(
+            f"{path} records estimators {estimators!r:.200}, not a list of distinct estimators of the study "
+            f"({', '.join(ALL_ESTIMATORS)})"
+        )
     preset = PRESETS[name]
-    if config.get("estimators") != list(preset.estimators):
-        preset = preset.with_estimators(tuple(config.get("estimators") or ()))
+    if estimators != list(preset.estimators):
+        preset = preset.with_estimators(tuple(estimators))
     want = preset.fingerprint()
     keys = sorted(k for k in {*config, *want} if k != "code" and config.get(k) != want.get(k))
     if keys:
@@ -61,14 +76,14 @@ def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path
     code started at that first file's time."""
     try:
         saved = json.loads((study / "summary.json").read_text())
-        if saved.get("preset") == preset.name and saved.get("n_runs") == len(runs):
-            how = (
-                f"the wall time is the one the study's invocation recorded ({study / 'summary.json'}; "
-                f"{saved['resumed_runs']} runs reused from an earlier invocation)"
-            )
-            return Timing(saved["wall_seconds"], saved["command"], saved["resumed_runs"], saved["provenance"], how)
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
+    except (OSError, ValueError, RecursionError):  # none, or unreadable: measured from the files below
+        saved = None
+    if _records(saved, preset, len(runs)):
+        how = (
+            f"the wall time is the one the study's invocation recorded ({study / 'summary.json'}; "
+            f"{saved['resumed_runs']} runs reused from an earlier invocation)"
+        )
+        return Timing(saved["wall_seconds"], saved["command"], saved["resumed_runs"], saved["provenance"], how)
     start = (study / "study_config.json").stat().st_mtime
     end = max(p.stat().st_mtime for p in files)
     how = (
@@ -79,6 +94,25 @@ def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path
     command = f"{prog} --preset {preset.name} --out {study}"
     record = study_provenance(preset, time.time() - start, command)  # started: when study_config.json was written
     return Timing(end - start, command, 0, record, how)
+
+
+def _records(summary: Any, preset: Preset, n_runs: int) -> bool:
+    """Whether ``summary`` (a study's summary.json) records the wall time of ``preset``'s ``n_runs`` runs: their
+    preset and count, a wall time >= 0, a command, a count of reused runs in 0..n_runs and a provenance record."""
+    if not isinstance(summary, dict) or summary.get("preset") != preset.name or summary.get("n_runs") != n_runs:
+        return False
+    seconds, resumed = summary.get("wall_seconds"), summary.get("resumed_runs")
+    return (
+        isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and seconds >= 0
+        and isinstance(summary.get("command"), str)
+        and isinstance(resumed, int)
+        and not isinstance(resumed, bool)
+        and 0 <= resumed <= n_runs
+        and isinstance(summary.get("provenance"), dict)
+    )
 
 
 def _saved(study: Path, jobs: list) -> tuple[list[dict], list[Path]]:

@@ -43,10 +43,10 @@ def tracked_step(base: str | os.PathLike) -> int | None:
             f"checkpoint tracker {tracker} is unreadable ({err}); delete it to start from scratch"
         ) from err
     steps = (p.name.removeprefix("global_step_") for p in Path(base).glob("global_step_*") if p.is_dir())
-    found = sorted(int(n) for n in steps if n.isdigit())
+    found = sorted(int(n) for n in steps if _step_number(n))
     have = f"checkpoints here: {', '.join(f'global_step_{n}' for n in found)}" if found else "no global_step_* here"
     value = text.strip()
-    if not value.isdigit() or int(value) < 1:
+    if not _step_number(value) or int(value) < 1:
         what = "is empty" if not value else f"holds {value[:40]!r}, not a step number"
         raise ValueError(
             f"checkpoint tracker {tracker} {what} (a crash while verl wrote it?); {have}. Write the step of the last "
@@ -60,6 +60,12 @@ def tracked_step(base: str | os.PathLike) -> int | None:
             "or delete it to start from scratch."
         )
     return step
+
+
+def _step_number(text: str) -> bool:
+    """Whether ``text`` is a step number as verl writes it: ASCII digits (``"²".isdigit()`` is true, ``int("²")``
+    fails), at most 18 of them (Python's int() refuses over 4300)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def resume_folder(trainer: Any) -> tuple[str, int] | None:

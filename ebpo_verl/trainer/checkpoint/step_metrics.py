@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.errors import one_line
 
 STEP_METRICS_FILE = "ebpo_step_metrics.json"
 FORMAT = 1
@@ -37,25 +38,35 @@ def save_step_metrics(step_dir: str | os.PathLike, metrics: dict[str, Any], glob
 
 def load_step_metrics(step_dir: str | os.PathLike, global_step: int) -> dict[str, float | int] | None:
     """The training metrics :func:`save_step_metrics` saved in ``step_dir`` for ``global_step``; None when the
-    checkpoint has none (written before this file existed). A malformed file or one of another step raises
-    ValueError naming it."""
+    checkpoint has none (written before this file existed). Anything but what it writes (a JSON object of exactly
+    ``format`` 1, ``global_step`` an integer >= 0 and ``metrics`` an object of numbers) or a file of another step
+    raises one ValueError line naming the file."""
     path = Path(step_dir) / STEP_METRICS_FILE
     if not path.is_file():
         return None
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
-        if payload["format"] != FORMAT:
-            raise ValueError(f"format {payload['format']!r} is not supported (expected {FORMAT})")
-        saved_step, metrics = int(payload["global_step"]), payload["metrics"]
+        if not isinstance(payload, dict) or set(payload) != {"format", "global_step", "metrics"}:
+            raise ValueError("expected a JSON object of exactly format, global_step and metrics")
+        if not _is_int(payload["format"]) or payload["format"] != FORMAT:
+            raise ValueError(f"format {payload['format']!r:.60} is not supported (expected {FORMAT})")
+        saved_step, metrics = payload["global_step"], payload["metrics"]
+        if not _is_int(saved_step) or saved_step < 0:
+            raise ValueError(f"global_step must be an integer >= 0, got {saved_step!r:.60}")
         if not isinstance(metrics, dict) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
         ):
             raise ValueError("metrics must be a JSON object of numbers")
-    except (ValueError, KeyError, TypeError, OSError) as err:
-        raise ValueError(f"step metrics file {path} is unreadable: {err}; delete it to resume without it") from err
+    except (ValueError, OSError, RecursionError) as err:  # JSON's errors and a non-UTF-8 byte: ValueErrors
+        why = "nested too deeply" if isinstance(err, RecursionError) else one_line(err)
+        raise ValueError(f"step metrics file {path} is unreadable: {why}; delete it to resume without it") from err
     if saved_step != int(global_step):
         raise ValueError(f"step metrics file {path} was written at global step {saved_step}, not {global_step}")
     return metrics
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def unlogged_step_metrics(saved: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
