@@ -36,11 +36,11 @@ DATALOADER = "dataloader state"
 RESUME_FILES = (MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER)
 """What verl's resume unpickles: ``actor/model_world_size_W_rank_R.pt``, ``optim_...``, ``extra_state_...``
 (in each worker) and ``data.pt`` (in the trainer); the evaluation's merge reads the model shards only."""
-KIND_FILES: dict[str, re.Pattern[str]] = {
-    MODEL: re.compile(r"model_world_size_\d+_rank_\d+\.pt"),
-    OPTIMIZER: re.compile(r"optim_world_size_\d+_rank_\d+\.pt"),
-    EXTRA_STATE: re.compile(r"extra_state_world_size_\d+_rank_\d+\.pt"),
-    DATALOADER: re.compile(r"data\.pt"),
+KIND_FILES: dict[str, str] = {
+    MODEL: r"model_world_size_\d+_rank_\d+\.pt",
+    OPTIMIZER: r"optim_world_size_\d+_rank_\d+\.pt",
+    EXTRA_STATE: r"extra_state_world_size_\d+_rank_\d+\.pt",
+    DATALOADER: r"data\.pt",
 }
 """Each kind's file names, as verl 0.9.1 writes them (``FSDPCheckpointManager.save_checkpoint``, the v1 trainer's
 ``_save_checkpoint``)."""
@@ -77,7 +77,7 @@ def file_kind(f: Any) -> str | None:
     if not isinstance(f, str | os.PathLike):
         return None
     name = os.path.basename(os.fspath(f))
-    return next((kind for kind, pattern in KIND_FILES.items() if pattern.fullmatch(name)), None)
+    return next((kind for kind, pattern in KIND_FILES.items() if re.fullmatch(pattern, name)), None)
 
 
 def allowed(files: Iterable[str]) -> tuple[str, ...]:
