@@ -26,7 +26,6 @@ from ebpo_verl.integrations.trl import (  # noqa: E402
     EstimatorMixin,
     check_column,
     lookup,
-    new_estimator,
     on_boundary,
     parse_options,
     row_field,
@@ -101,7 +100,7 @@ OURS = {
     "jspo": None,
     "jspo_history": None,
     "ha_dw": None,
-    "krpo": {"order": "rows"},  # TRL passes no rollout sample index: the gathered order within each group
+    "krpo": None,  # the sample index: each completion's place in its group (TRL's are in sample order)
     "running_norm": None,
 }
 
@@ -112,13 +111,16 @@ def test_advantages_equal_the_package_estimator_on_the_same_rewards(tiny, tmp_pa
     assert set(OURS) == set(registry.ours())  # every estimator of the package's own is covered
     t = trainer(tiny, tmp_path, name, OURS[name], steps=2)
     t.train()
-    fresh = new_estimator(lookup(name), parse_options(lookup(name), OURS[name]))
+    fresh = registry.new_estimator(lookup(name), parse_options(lookup(name), OURS[name]))
     assert len(t.steps) == len(t.used) == 2
     for step, ((rewards, keys), used) in enumerate(zip(t.steps, t.used, strict=True)):
         scores = rewards[:, 0].to(torch.float32)  # one reward function, weight 1: verl's summed token rewards
         index = np.asarray([f"uid{i // 2}" for i in range(len(scores))], dtype=object)
         expected = fresh(scores, index, torch.ones(len(scores), dtype=torch.bool), keys).values
         torch.testing.assert_close(used, expected.to(torch.float32), rtol=1e-6, atol=1e-6, msg=f"step {step + 1}")
+        if name == "krpo":  # with its defaults krpo walks each group in TRL's order: the hand-ordered reference
+            rows = registry.new_estimator("krpo", {"order": "rows"})(scores, index, torch.ones(len(scores)).bool())
+            torch.testing.assert_close(used, rows.values.to(torch.float32), rtol=1e-6, atol=1e-6)
     assert sum(used.abs().sum() for used in t.used) > 0  # the check sees non-trivial advantages
     if fresh.state is not None:
         assert t.estimator.state.state_dict() == fresh.state.state_dict()

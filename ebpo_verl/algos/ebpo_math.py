@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.algos.ebpo import EBPOOptions, ignored_keys, ignored_options_warning
+from ebpo_verl.algos.ebpo import EBPOOptions, group_size_need, ignored_keys, ignored_options_warning
 from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import factorize_keys, off_level_rows, padding_names, reward_levels, sorted_mean
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 
@@ -369,14 +369,6 @@ def _scatter(adv: np.ndarray, rows: _Rows, device: torch.device, dtype: torch.dt
     return torch.from_numpy(full).to(device=device, dtype=dtype)
 
 
-class EBPOEstimator(Estimator):
-    """The ``ebpo`` estimator of one run: its options, its running statistics (:class:`EBPOState`, saved with every
-    checkpoint) and the last step's ``ebpo/*`` diagnostics. ``row_values`` are the cluster labels."""
-
-    state_cls = EBPOState
-    pure_function = staticmethod(compute_ebpo_advantages)
-
-
 def _overflow_error(
     call: int, r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]], what: str = "non-finite"
 ) -> ValueError:
@@ -503,22 +495,21 @@ SPECS = (
         "ebpo",
         "EBPO: A_i = r_i - [(1 - S) mu_q + S mu_glob], the group mean shrunk toward running statistics, standardised",
         "arXiv 2602.05165",
+        compute=compute_ebpo_advantages,
         options_cls=EBPOOptions,
-        estimator_cls=EBPOEstimator,
         state=StateSpec(
+            EBPOState,
             "ebpo_state.json",
             "EBPO",
             "empirical-Bayes statistics",
             mode_keys=("stats_scope", "prior", "shrinkage", "norm", "cluster_key"),
             ignored=ignored_keys,
         ),
-        row_key="cluster_key",
-        study_variants={
-            "grpo_bn": {"shrinkage": 0.0},
-            "ebpo_batch": {"stats_scope": "batch"},
-            "ebpo_bb": {"prior": "beta_binomial"},
-            "ebpo_topic": {"cluster_key": "topic"},
-        },
+        row_input="cluster_key",
+        pass_rates=lambda o: (
+            "prior=beta_binomial needs a two-level reward, 0/1 or -1/+1" if o.prior == "beta_binomial" else None
+        ),
+        min_group=group_size_need,
         warning=ignored_options_warning,
     ),
 )
