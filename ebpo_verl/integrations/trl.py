@@ -139,20 +139,20 @@ class EstimatorMixin:
         keys = registry.row_values(
             self.estimator_spec,
             self.estimator_options,
-            lambda column: self._gathered_column(inputs),
+            lambda column: self._gathered_column(inputs, column),
             lambda: np.arange(len(rewards_per_func)) % group,
         )
         self._gathered = (rewards_per_func, keys)
         return rewards_per_func
 
-    def _gathered_column(self, inputs: list[dict[str, Any]]) -> np.ndarray:
-        """The row column of every process's rows, gathered in process order."""
+    def _gathered_column(self, inputs: list[dict[str, Any]], column: str) -> np.ndarray:
+        """``column`` of every process's rows, gathered in process order."""
         try:
-            local = [row_field(x, self.row_column) for x in inputs]
+            local = [row_field(x, column) for x in inputs]
         except KeyError:
             raise ValueError(
                 f"a row of this {'training' if self.model.training else 'evaluation'} batch has no column "
-                f"{self.row_column!r} ({self.estimator_spec.name}.{self.estimator_spec.row_key}): every dataset "
+                f"{column!r} ({self.estimator_spec.name}.{self.estimator_spec.row_key}): every dataset "
                 "the trainer reads needs it"
             ) from None
         return np.asarray(gather_object(local), dtype=object)
