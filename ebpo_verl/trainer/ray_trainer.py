@@ -10,9 +10,10 @@ of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whic
   of verl's step (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it directly
   (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and what its spec's ``row_input`` reads
   per row (``registry.row_values``): an ``extra_info`` field (``algorithm.ebpo.cluster_key``,
-  ``algorithm.spo.prompt_key``, ...) from this step's uid -> value map fetched from TransferQueue, or the rollout
-  sample index parsed from verl's trajectory keys (:func:`sample_indices`, ``krpo``); the diagnostics it returns
-  (``ebpo/*``, ``spo/*``, ...) go into the step's metrics, so every tracker backend logs them;
+  ``algorithm.spo.prompt_key``, ...) from this step's uid -> value map (``extra_info`` fetched from TransferQueue
+  with the step's other fields, in one call), or the rollout sample index parsed from verl's trajectory keys
+  (:func:`sample_indices`, ``krpo``); the diagnostics it returns (``ebpo/*``, ``spo/*``, ...) go into the step's
+  metrics, so every tracker backend logs them;
 - ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator object (one with a ``StateSpec`` in
   :mod:`ebpo_verl.algos.registry`) in ``global_step_N/<state_file>``
   (:mod:`ebpo_verl.trainer.checkpoint.state`),
@@ -40,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from omegaconf import DictConfig
 from tensordict import TensorDict
 from verl.protocol import DataProto
@@ -193,8 +195,9 @@ class OTBSumPiSquaredMixin:
         self, batch, metrics: dict, extra: Mapping[str, str], estimate: Callable[[DataProto], None] | None = None
     ):
         """verl 0.9.1's ``PPOTrainer._compute_advantage`` with the TransferQueue fields ``extra`` (name -> name in
-        the batch) fetched as well; with ``estimate``, that call sets the batch's advantages and returns where
-        verl's ``compute_advantage`` would call the registered estimator function."""
+        the batch; a non-tensor field, such as ``extra_info``, goes to ``non_tensor_batch``) fetched in the same
+        call; with ``estimate``, that call sets the batch's advantages and returns where verl's
+        ``compute_advantage`` would call the registered estimator function."""
         import transfer_queue as tq
 
         algo = self.config.algorithm
@@ -206,7 +209,11 @@ class OTBSumPiSquaredMixin:
         data.batch["token_level_scores"] = data.batch["rm_scores"]
         data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
         for name, renamed in extra.items():
-            data.batch[renamed] = data.batch.pop(name)
+            value = data.batch.pop(name)
+            if isinstance(value, torch.Tensor):
+                data.batch[renamed] = value
+            else:  # a NonTensorStack: one object per row
+                data.non_tensor_batch[renamed] = np.array(value.tolist(), dtype=object)
 
         if algo.use_kl_in_reward:
             data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
@@ -270,11 +277,14 @@ class EBPOTrainerMixin:
     def _compute_advantage(self, batch, metrics: dict):
         if self.estimator is None:
             return super()._compute_advantage(batch, metrics)
-        row_keys = self._row_keys(batch)
         samples = sample_indices(batch.keys) if self.estimator.spec.reads_sample_index else None
-        return self._advantage_step(
-            batch, metrics, {}, lambda data: self.estimate_advantages(data, row_keys, metrics, samples)
-        )
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        extra = {"extra_info": "extra_info"} if self.options.row_key else {}  # fetched with the step's fields
+
+        def estimate(data: DataProto) -> None:
+            self.estimate_advantages(data, self._row_keys(data, padding), metrics, samples)
+
+        return self._advantage_step(batch, metrics, extra, estimate)
 
     def estimate_advantages(
         self,
@@ -299,17 +309,14 @@ class EBPOTrainerMixin:
         data.batch["advantages"], data.batch["returns"] = advantages, returns
         metrics.update(diagnostics)
 
-    def _row_keys(self, batch) -> dict[str, Any] | None:
-        """This step's uid -> ``extra_info[row_key]`` (None when the estimator reads no per-row field)."""
+    def _row_keys(self, data: DataProto, padding: Sequence[bool]) -> dict[str, Any] | None:
+        """This step's uid -> ``extra_info[row_key]`` from its rows (None when the estimator reads no field)."""
         key = self.options.row_key
         if not key:
             return None
-        import transfer_queue as tq
-
-        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_info"])
-        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         option = f"{self.options.spec.section}.{self.options.spec.row_key}"
-        return uid_row_keys(list(fetched["extra_info"]), list(fetched["uid"]), padding, key, option)
+        infos = data.non_tensor_batch.pop("extra_info")
+        return uid_row_keys(list(infos), list(data.non_tensor_batch["uid"]), padding, key, option)
 
     # ---------------------------------------------------------- checkpoint
     def step(self, metrics: dict, timing_raw: dict):
