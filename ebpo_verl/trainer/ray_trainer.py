@@ -278,11 +278,10 @@ class EBPOTrainerMixin:
         if self.estimator is None:
             return super()._compute_advantage(batch, metrics)
         samples = sample_indices(batch.keys) if self.estimator.spec.reads_sample_index else None
-        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         extra = {"extra_info": "extra_info"} if self.options.row_key else {}  # fetched with the step's fields
 
         def estimate(data: DataProto) -> None:
-            self.estimate_advantages(data, self._row_keys(data, padding), metrics, samples)
+            self.estimate_advantages(data, self._row_keys(data, batch), metrics, samples)
 
         return self._advantage_step(batch, metrics, extra, estimate)
 
@@ -309,11 +308,13 @@ class EBPOTrainerMixin:
         data.batch["advantages"], data.batch["returns"] = advantages, returns
         metrics.update(diagnostics)
 
-    def _row_keys(self, data: DataProto, padding: Sequence[bool]) -> dict[str, Any] | None:
-        """This step's uid -> ``extra_info[row_key]`` from its rows (None when the estimator reads no field)."""
+    def _row_keys(self, data: DataProto, batch) -> dict[str, Any] | None:
+        """This step's uid -> ``extra_info[row_key]`` from its rows, ``batch``'s tags flagging padding (None when the
+        estimator reads no field)."""
         key = self.options.row_key
         if not key:
             return None
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         option = f"{self.options.spec.section}.{self.options.spec.row_key}"
         infos = data.non_tensor_batch.pop("extra_info")
         return uid_row_keys(list(infos), list(data.non_tensor_batch["uid"]), padding, key, option)
