@@ -79,13 +79,8 @@ def round_robin_medians(fns: dict[str, Callable[[], object]], repeats: int, sync
 def ours(name: str, overrides: dict, rewards, mask, uids, fields: dict) -> Callable[[], object]:
     """One call of a fresh estimator of ours (options: defaults + ``overrides``) on the inputs, with the per-row
     field its options name (``fields``: ``topic`` labels, ``index`` prompt keys)."""
-    spec = registry.get(name)
-    options = spec.parse(overrides) if spec.options_cls is not None else None
-    estimate = spec.estimate(options)
-    key = spec.row_key_of(options) if options is not None else None
-    values = fields[key] if key else None
-    if getattr(estimate, "reads_sample_index", False):  # krpo: each row's index in its group, as ebpo-train passes
-        values = fields["sample_index"]
+    estimate = registry.new_estimator(name, overrides)
+    values = registry.row_values(estimate.spec, estimate.options, fields.__getitem__, lambda: fields["sample_index"])
     return lambda: outcome_advantages(estimate, rewards, mask, uids, values)
 
 

@@ -187,8 +187,9 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
     import numpy as np
     import torch
 
+    from ebpo_verl.algos import registry
     from ebpo_verl.main import compose
-    from ebpo_verl.trainer.adapter import new_estimator, outcome_advantages, row_values
+    from ebpo_verl.trainer.adapter import outcome_advantages, row_values
     from ebpo_verl.trainer.checkpoint.state import save_state
     from ebpo_verl.trainer.run_options import RunOptions
 
@@ -196,15 +197,19 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
     rng = np.random.default_rng(0)
     for name, prompts, steps in (("ebpo", 512, 50), ("dbb", 40_000, 1)):
         options = RunOptions.from_config(compose([f"algorithm.adv_estimator={name}"]))
-        entry, estimator = options.stateful, new_estimator(options)  # the run's estimator, as the trainer's
+        entry = options.stateful
+        estimator = registry.new_estimator(entry, options.estimator)  # the run's estimator, as the trainer's
         index = np.repeat(np.arange(prompts), 16)
         uids = np.array([f"u{i}" for i in index], dtype=object)
-        rows = {f"u{i}": int(i) for i in range(prompts)} if options.row_key else None
+        rows = {f"u{i}": int(i) for i in range(prompts)}
+        values = registry.row_values(
+            entry, options.estimator, lambda key, r=rows, u=uids: row_values(r, u), lambda: None
+        )
         rewards = torch.zeros(len(index), 4)
         mask = torch.ones_like(rewards)
         for _ in range(steps):
             rewards[:, -1] = torch.from_numpy(rng.integers(0, 2, len(index))).float()
-            outcome_advantages(estimator, rewards, mask, uids, row_values(rows, uids))
+            outcome_advantages(estimator, rewards, mask, uids, values)
         path = save_state(entry, tmp, estimator.state, options.estimator, steps)
         label = f"{name} state save, {path.stat().st_size / 1024:.0f} KiB file (ms)"
         state, saved = estimator.state, options.estimator

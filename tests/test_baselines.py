@@ -654,13 +654,14 @@ def test_benchmark_times_the_baselines_against_grpo_vectorized():
 def test_study_runs_the_baselines_with_problem_indices_as_spo_keys(name, monkeypatch):
     """The study runs each with its own object (the default instance stays untouched); spo's tracker is keyed by
     the training problems' indices."""
+    from ebpo_verl.algos import registry
     from ebpo_verl.study.policy import PolicyConfig, TinyPolicy
     from ebpo_verl.study.presets import PRESETS
-    from ebpo_verl.study.rl import ESTIMATORS, Estimator, RLConfig, order_stream, run_rl
+    from ebpo_verl.study.rl import ESTIMATORS, RLConfig, order_stream, run_rl
     from ebpo_verl.study.tasks import make_splits
 
-    started, start = [], Estimator.start
-    monkeypatch.setattr(Estimator, "start", lambda est: started.append(start(est)) or started[-1])
+    started, new = [], registry.new_estimator
+    monkeypatch.setattr(registry, "new_estimator", lambda *a: started.append(new(*a)) or started[-1])
 
     assert name in ESTIMATORS and (name == "spo") == (name in PRESETS["full"].estimators)  # full: the issue's rows
     torch.manual_seed(0)

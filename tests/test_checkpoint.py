@@ -12,6 +12,7 @@ import pytest
 import torch
 from verl.protocol import DataProto
 
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
@@ -405,7 +406,7 @@ LEGACY_STEPS = [
 
 def _legacy_estimator(entry):
     options = EBPOOptions(cluster_key="topic", min_cluster_prompts=2, decay=0.9) if entry is EBPO else None
-    return entry.new(options or entry.options_cls())
+    return registry.new_estimator(entry, options)
 
 
 def _legacy_step(estimator, entry, step: int, rewards: list[float], keys: list[str]):

@@ -15,6 +15,7 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.ebpo import EBPOOptions, ignored_options
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState, Moments
@@ -745,7 +746,9 @@ def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override, _compose
     from ebpo_verl.trainer.preflight import check_config
 
     key = override.lstrip("+").split("=")[0]
-    with pytest.raises(EBPOConfigError, match=rf"prior=beta_binomial needs a two-level reward.*{key}=True"):
+    with pytest.raises(
+        EBPOConfigError, match=rf"adv_estimator=ebpo needs .*prior=beta_binomial needs a two-level reward.*{key}=True"
+    ):
         check_config(_composed("algorithm.ebpo.prior=beta_binomial", override))
     assert check_config(_composed(override)).ebpo is not None  # the Gaussian prior takes any reward
 
@@ -784,7 +787,6 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
     object): never, as its driver's pre-flight named them."""
     import warnings
 
-    from ebpo_verl.algos.ebpo_math import EBPOEstimator
     from ebpo_verl.algos.registry import get
     from ebpo_verl.trainer.adapter import outcome_advantages
 
@@ -808,7 +810,7 @@ def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatc
     options = EBPO.parse(config.ebpo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome_advantages(EBPOEstimator(options), rewards, mask, uids)
+        outcome_advantages(registry.new_estimator("ebpo", options), rewards, mask, uids)
     assert not [w for w in caught if "have no effect" in str(w.message)]
 
 

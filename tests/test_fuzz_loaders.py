@@ -473,7 +473,7 @@ def test_fuzz_extraction_properties_fail_on_a_refusing_extractor(monkeypatch):
 
 # --------------------------------------------------------------------------------- KRPO's sample indices
 
-SAMPLE_INDICES = ("ebpo_verl.algos.krpo", "sample_indices")
+SAMPLE_INDICES = ("ebpo_verl.trainer.ray_trainer", "sample_indices")
 """Where the parser of verl's trajectory keys lives (the one place to update when it moves)."""
 
 

@@ -53,7 +53,7 @@ def _filled(name: str):
             {"version": 1, "steps": 2, "keys": ["a", "b", "c"], "alpha": [1.5, 2, 3], "beta": [1, 1, 2]}
         )
     else:  # another estimator of the registry: its state after two calls on a small batch (default options)
-        estimator = entry.new()
+        estimator = registry.new_estimator(entry)
         for step in range(2):
             uids = np.array([f"{step}a", f"{step}a", f"{step}b", f"{step}b"], dtype=object)
             estimator(torch.tensor([1.0, 0.0, 1.0, 1.0]), uids, torch.ones(4, dtype=torch.bool))

@@ -29,78 +29,18 @@ from ebpo_verl.ops.readme_block import replace_marked_block
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-TOY_MODULE = '''\
-"""A toy stateful estimator: A_i = r_i - b, b an exponential moving average of earlier batches' mean group mean
-(the batch's own on the first step); b <- decay * b + (1 - decay) * mean group mean after each step."""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import numpy as np
-import torch
-
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
+ARCHITECTURE = REPO_ROOT / "docs" / "architecture.md"
 
 
-@dataclass(frozen=True)
-class ToyOptions(OptionSection):
-    """Options of ``toy`` (``algorithm.toy.<key>``)."""
-
-    SECTION: ClassVar[str] = "algorithm.toy"
-
-    decay: float = option(0.5, "weight of the old average at each step", rule=reals(0.0, 1.0))
-    on_resume_mismatch: str = resume_option("a resume whose options differ from the checkpoint's: error, reset, keep")
+def toy_module() -> str:
+    """The toy estimator's module exactly as docs/architecture.md shows it (its one ``python`` block)."""
+    text = ARCHITECTURE.read_text()
+    blocks = text.split("```python\n")[1:]
+    assert len(blocks) == 1, "docs/architecture.md: expected one python block, the toy estimator"
+    return blocks[0].split("```")[0]
 
 
-class ToyState:
-    """The running average and the number of steps it has seen."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.average, self.steps = 0.0, 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"average": self.average, "steps": self.steps}
-
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.average, self.steps = float(saved["average"]), int(saved["steps"])
-
-
-class ToyEstimator(Estimator):
-    state_cls = ToyState
-
-    def compute(self, batch: Batch) -> Advantages:
-        uids = np.asarray(batch.index, dtype=object)
-        valid = batch.valid.clone()
-        if batch.pad_prefix:
-            valid &= torch.tensor([not str(u).startswith(batch.pad_prefix) for u in uids])
-        scores, keep = batch.scores.double(), valid.numpy()
-        means = [float(scores[torch.from_numpy(keep & (uids == u))].mean()) for u in dict.fromkeys(uids[keep])]
-        mean = float(np.mean(means))
-        baseline = self.state.average if self.state.steps else mean
-        decay = self.options.decay
-        self.state.average, self.state.steps = decay * baseline + (1 - decay) * mean, self.state.steps + 1
-        advantages = torch.where(valid, scores - baseline, torch.zeros_like(scores)).to(batch.scores.dtype)
-        return Advantages(advantages, {"toy/baseline": baseline})
-
-
-SPECS = (
-    EstimatorSpec(
-        "toy",
-        "Toy: a moving average of earlier batches' group means as the baseline",
-        "tests/test_registry.py",
-        options_cls=ToyOptions,
-        estimator_cls=ToyEstimator,
-        state=StateSpec("toy_state.json", "TOY", "moving average"),
-    ),
-)
-'''
+TOY_MODULE = toy_module()
 
 
 def write_toy_site(folder: Path) -> Path:
@@ -160,35 +100,136 @@ def test_every_list_derives_from_the_registry():
     assert set(STUDY) == {*registry.estimators(), "grpo_bn", "ebpo_batch", "ebpo_bb", "ebpo_topic"}
     sections = [s.options_cls for s in ours.values() if s.options_cls is not None]
     assert list(SECTIONS[:-1]) == sections and list(ALL_SECTIONS[: len(sections)]) == sections
-    assert set(adapter.DEFAULT_ESTIMATORS) == {n for n, s in ours.items() if s.estimator_cls is not None}
+    assert set(adapter.DEFAULT_ESTIMATORS) == set(ours)
+
+
+class _BrokenState:
+    def __init__(self) -> None:
+        self.values = {1.5}  # a set: not JSON
+
+    def reset(self) -> None: ...
+
+    def state_dict(self) -> dict:
+        return {"values": self.values}
+
+    def load_state_dict(self, saved: dict) -> None: ...
 
 
 def test_a_spec_refuses_what_cannot_work_and_get_names_the_closest():
-    from ebpo_verl.algos.baselines import SPOEstimator, SPOOptions, js_estimate
+    from ebpo_verl.algos.baselines import SPOOptions, SPOState, compute_bnpo_advantages, compute_spo_advantages
 
-    with pytest.raises(ValueError, match="declare exactly one of estimator_cls and function"):
-        EstimatorSpec("x", "s", "src", estimator_cls=SPOEstimator, function=js_estimate)
-    with pytest.raises(ValueError, match="declare exactly one"):
-        EstimatorSpec("x", "s", "src")
-    with pytest.raises(ValueError, match="a state needs an estimator_cls with a state_cls"):
-        EstimatorSpec("x", "s", "src", function=js_estimate, state=StateSpec("x.json", "X", "x"))
-    with pytest.raises(ValueError, match="row_key 'nope' is not one of its options"):
-        EstimatorSpec("x", "s", "src", options_cls=SPOOptions, estimator_cls=SPOEstimator, row_key="nope")
+    def refused(match: str, **kw) -> None:
+        with pytest.raises(ValueError, match=match) as err:
+            EstimatorSpec("x", "s", "src", **kw)
+        assert "\n" not in str(err.value) and str(err.value).startswith("estimator 'x': ")
+
+    refused("declare compute=compute_x_advantages")
+    # options (or a state) that the function cannot take would never reach the math
+    refused(
+        r"compute_bnpo_advantages must take \(batch, options\)", compute=compute_bnpo_advantages, options_cls=SPOOptions
+    )
+    state = StateSpec(SPOState, "x.json", "X", "x")
+    refused(
+        r"must take \(batch, options, state\)", compute=compute_bnpo_advantages, options_cls=SPOOptions, state=state
+    )
+    refused(r"compute_spo_advantages must take \(batch\)", compute=compute_spo_advantages)
+    refused("row_input 'nope' is neither 'sample_index' nor one of its options",
+            compute=compute_spo_advantages, options_cls=SPOOptions, state=state, row_input="nope")  # fmt: skip
+    for cls, match in (
+        (int, "state class int lacks state_dict, load_state_dict, reset"),
+        (_BrokenState, "state class _BrokenState fails the State contract's JSON round trip"),
+    ):
+        spo = {"compute": compute_spo_advantages, "options_cls": SPOOptions}
+        refused(match, **spo, state=StateSpec(cls, "x.json", "X", "x"))  # fmt: skip
     with pytest.raises(ValueError, match=r"unknown estimator 'ebp'; did you mean ebpo\? known: grpo, "):
         registry.get("ebp")
     with pytest.raises(ValueError, match="verl's own"):
-        registry.get("grpo").estimate()
+        registry.new_estimator("grpo")
+
+
+def test_the_old_form_from_an_entry_point_is_refused_naming_the_new_one(tmp_path, monkeypatch):
+    old = TOY_MODULE.replace("compute=compute_toy_advantages", "function=compute_toy_advantages")
+    (tmp_path / "ebpo_old_toy.py").write_text(old)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TypeError) as err:
+        registry._specs_of("ebpo_old_toy")
+    message = str(err.value)
+    assert "\n" not in message and "old form (function= / estimator_cls=" in message
+    assert "EstimatorSpec(name, summary, source, compute=compute_<name>_advantages" in message
+    sys.modules.pop("ebpo_old_toy", None)
+
+
+def test_every_registered_estimator_declares_every_fact():
+    """Walks the registry: each estimator of ours runs through the one factory on a batch with its row input, and
+    each fact holds as declared: pass rates (its step refuses a shaped reward, the pre-flight every shaped-reward
+    switch, in one line naming estimator and switch), n >= 2 (the pre-flight refuses n = 1), state, row input."""
+    from omegaconf import OmegaConf
+
+    from ebpo_verl.algos.estimator import State
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight.config import SHAPED_REWARD_KEYS, check_group_size, check_shaped_rewards
+    from ebpo_verl.trainer.run_options import RunOptions
+
+    uids, valid = np.array(["a", "a", "b", "b"], dtype=object), torch.ones(4, dtype=torch.bool)
+    keys = np.array([0, 0, 1, 1], dtype=object)  # a prompt key, a label or a domain: constant per uid
+    facts = {}
+    for name, spec in registry.ours().items():
+        est = registry.new_estimator(spec)
+        assert est.options == spec.parse(None) and (est.state is None) == (spec.state is None)
+        if spec.state is not None:
+            assert isinstance(est.state, State) and spec.state.file == f"{name}_state.json"
+        values = registry.row_values(spec, est.options, lambda key, k=keys: k, lambda: np.array([0, 1, 0, 1]))
+        result = est(torch.tensor([1.0, 0.0, 1.0, 1.0]), uids, valid, values)
+        assert result.values.shape == (4,) and torch.isfinite(result.values).all()
+        run = RunOptions(name, est.options)
+        why = spec.pass_rates(est.options)
+        if why:  # the step refuses a shaped reward
+            with pytest.raises(ValueError):
+                registry.new_estimator(spec)(torch.tensor([1.0, 0.0, 0.5, 1.3]), uids, valid, values)
+        for key in SHAPED_REWARD_KEYS:
+            config = OmegaConf.create({})
+            OmegaConf.update(config, key, True, force_add=True)
+            if why:
+                with pytest.raises(EBPOConfigError, match=f"adv_estimator={name} needs .*{key}=True") as err:
+                    check_shaped_rewards(config, run, False)
+                assert "\n" not in str(err.value)
+            else:
+                check_shaped_rewards(config, run, False)
+        one = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 1}}})
+        group = spec.min_group(est.options)
+        if group:
+            with pytest.raises(EBPOConfigError, match=f"rollout.n=1 but algorithm.adv_estimator={name} needs at"):
+                check_group_size(one, run, False)
+        else:
+            check_group_size(one, run, False)
+        facts[name] = (bool(why), bool(group), spec.stateful, spec.row_input, spec.warning is not None)
+    assert facts == {
+        "ebpo": (False, True, True, "cluster_key", True),
+        "shrinkage_js": (False, False, False, None, False),
+        "bnpo": (True, False, False, None, False),
+        "spo": (False, False, True, "prompt_key", False),
+        "dbb": (True, False, True, "prompt_key", False),
+        "jspo": (False, False, False, None, False),
+        "jspo_history": (False, True, True, None, False),
+        "ha_dw": (True, False, True, None, False),
+        "krpo": (False, False, False, registry.SAMPLE_INDEX, False),
+        "running_norm": (False, False, True, "row_key", False),
+    }
+    ebpo, jspo = registry.get("ebpo"), registry.get("jspo")
+    assert ebpo.pass_rates(ebpo.parse({"prior": "beta_binomial"})) and not ebpo.min_group(ebpo.parse({"shrinkage": 1}))
+    assert jspo.min_group(jspo.parse({"form": "authors_code"}))
 
 
 def test_an_estimator_is_its_pure_function_bound_to_its_options_and_state():
-    from ebpo_verl.algos.dbb import DBBEstimator, DBBOptions, DBBState, compute_dbb_advantages
-    from ebpo_verl.algos.estimator import Batch, Estimator
-    from ebpo_verl.algos.krpo import KRPOEstimator, KRPOOptions, compute_krpo_advantages
+    from ebpo_verl.algos.dbb import DBBOptions, DBBState, compute_dbb_advantages
+    from ebpo_verl.algos.estimator import Batch
+    from ebpo_verl.algos.krpo import KRPOOptions, compute_krpo_advantages
 
     uids = np.array(["a", "a", "b", "b", "pad1"], dtype=object)
     keys = np.array(["k1", "k1", "k2", "k2", None], dtype=object)
     valid = torch.ones(5, dtype=torch.bool)
-    dbb, state, krpo = DBBEstimator(DBBOptions()), DBBState(), KRPOEstimator(KRPOOptions(order="rows"))
+    dbb, state = registry.new_estimator("dbb", DBBOptions()), DBBState()
+    krpo = registry.new_estimator("krpo", {"order": "rows"})
     for scores in (torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0]), torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0])):
         got = dbb(scores, uids, valid, keys, "pad")
         want = compute_dbb_advantages(Batch(scores, uids, valid, keys, "pad"), DBBOptions(), state)
@@ -196,8 +237,8 @@ def test_an_estimator_is_its_pure_function_bound_to_its_options_and_state():
         assert dbb.state.state_dict() == state.state_dict() and state.steps > 0
         want = compute_krpo_advantages(Batch(scores, uids, valid, None, "pad"), KRPOOptions(order="rows")).values
         assert torch.equal(krpo(scores, uids, valid, None, "pad").values, want) and want[-1] == 0 and want.any()
-    with pytest.raises(NotImplementedError, match="Estimator sets no pure_function and does not override compute"):
-        Estimator()(torch.ones(2), uids[:2], valid[:2])
+    with pytest.raises(ValueError, match="estimator bnpo has no options"):
+        registry.new_estimator("bnpo", {"x": 1})
 
 
 @pytest.mark.parametrize(("page", "block"), [(p, b) for p, blocks in [("estimator.md", ["ebpo-options"]),
@@ -234,7 +275,7 @@ def test_the_studys_own_objects_equal_verls_registry_path(name):
     fn = get_adv_estimator_fn(est.verl_name)
     for default in DEFAULT_ESTIMATORS.values():
         default.reset()
-    estimate = est.start()
+    estimate = registry.new_estimator(est.spec, est.overrides)
     config = OmegaConf.create({"adv_estimator": est.verl_name, est.spec.name: dict(est.overrides)})
     rng = np.random.default_rng(3)
     for step in range(3):
@@ -344,9 +385,7 @@ def test_a_new_estimator_is_one_module_and_one_registry_line(toy_run):
     _, seen = toy_run
     assert seen["ours"][-1] == "toy" and seen["stateful"][-1] == "toy"
     # registered in verl's registry, by a function made from its spec (docstring: summary and source)
-    assert (
-        seen["in_verl"] and seen["doc"].startswith("Toy: a moving average") and "tests/test_registry.py" in seen["doc"]
-    )
+    assert seen["in_verl"] and seen["doc"].startswith("Toy: a moving average") and "docs/architecture.md" in seen["doc"]
     np.testing.assert_allclose(seen["first_step"], [0.25, -0.75, 0.25, 0.25])  # r - mean(0.5, 1.0): 1st step
     # the generated YAML, docs tables and README table
     assert "  toy:\n" in seen["yaml"] and "    decay: 0.5\n" in seen["yaml"]

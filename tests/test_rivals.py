@@ -20,11 +20,13 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.baselines import compute_js_advantages
 from ebpo_verl.algos.estimator import Batch
-from ebpo_verl.algos.ha_dw import HADWEstimator, HADWOptions
-from ebpo_verl.algos.jspo import JSPOEstimator, JSPOOptions, compute_jspo_advantages
-from ebpo_verl.algos.jspo_history import JSPOHistoryEstimator, JSPOHistoryOptions, decay
-from ebpo_verl.algos.krpo import KRPOEstimator, KRPOOptions, compute_krpo_advantages, sample_indices
-from ebpo_verl.algos.running_norm import RunningNormEstimator, RunningNormOptions
+from ebpo_verl.algos.ha_dw import HADWOptions
+from ebpo_verl.algos.jspo import JSPOOptions, compute_jspo_advantages
+from ebpo_verl.algos.jspo_history import JSPOHistoryOptions, decay
+from ebpo_verl.algos.krpo import KRPOOptions, compute_krpo_advantages
+from ebpo_verl.algos.registry import new_estimator
+from ebpo_verl.algos.running_norm import RunningNormOptions
+from ebpo_verl.trainer.ray_trainer import sample_indices
 
 EPS = 1e-6
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +93,7 @@ def test_jspo_matches_the_papers_formula_by_a_plain_loop(form, kind):
     for _ in range(40):
         sizes = rng.integers(2 if form == "authors_code" else 1, 9, size=rng.integers(1, 10)).tolist()
         uids, r = batch(rng, sizes, kind)
-        got = call(JSPOEstimator(JSPOOptions(form=form)), uids, r)
+        got = call(new_estimator("jspo", JSPOOptions(form=form)), uids, r)
         np.testing.assert_allclose(got, reference_jspo(uids, r, form), rtol=1e-9, atol=1e-9)
 
 
@@ -125,7 +127,7 @@ def test_shrinkage_js_matches_the_papers_formula_by_a_plain_loop_and_authors_cod
 
 
 def test_jspo_edge_cases_all_correct_all_wrong_one_prompt_lone_response():
-    est = JSPOEstimator(JSPOOptions())
+    est = new_estimator("jspo", JSPOOptions())
     uids = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
     r = [1.0] * 4 + [0.0] * 4 + [1.0, 0.0, 0.0, 0.0]
     got = call(est, uids, r)
@@ -136,7 +138,7 @@ def test_jspo_edge_cases_all_correct_all_wrong_one_prompt_lone_response():
     assert np.all(got[:4] > 0) and np.all(got[4:8] < 0)  # all-wrong group b is pushed down, not zero
     np.testing.assert_allclose(call(est, ["a"] * 3, [1.0, 0.0, 0.0]), [2 / 3, -1 / 3, -1 / 3])  # n = 1: RLOO
     with pytest.raises(ValueError, match=r"authors_code needs at least 2 responses.*\['b'\]"):
-        call(JSPOEstimator(JSPOOptions(form="authors_code")), ["a", "a", "b"], [1.0, 0.0, 1.0])
+        call(new_estimator("jspo", JSPOOptions(form="authors_code")), ["a", "a", "b"], [1.0, 0.0, 1.0])
 
 
 # --------------------------------------------------------------------------------------------------- jspo_history
@@ -155,7 +157,7 @@ def test_jspo_history_weights_are_the_authors_schedule():
 def test_jspo_history_matches_a_plain_loop_over_steps():
     rng = np.random.default_rng(3)
     for c in (0.0, 0.5, 0.99):
-        est = JSPOHistoryEstimator(JSPOHistoryOptions(smoothing=c))
+        est = new_estimator("jspo_history", JSPOHistoryOptions(smoothing=c))
         num_lam = num_mean = den = 0.0
         for t in range(1, 13):
             uids, r = batch(rng, rng.integers(2, 7, size=rng.integers(1, 8)).tolist(), tag=f"s{t}-")
@@ -173,7 +175,7 @@ def test_jspo_history_matches_a_plain_loop_over_steps():
 
 
 def test_jspo_history_all_correct_all_wrong_and_lone_response():
-    est = JSPOHistoryEstimator(JSPOHistoryOptions())
+    est = new_estimator("jspo_history", JSPOHistoryOptions())
     np.testing.assert_array_equal(call(est, ["a"] * 4 + ["b"] * 4, [1.0] * 4 + [0.0] * 4), 0.0)  # v = 0: lam = 0
     got = call(est, ["a"] * 4 + ["b"] * 4, [1.0] * 4 + [1.0, 0.0, 0.0, 0.0])
     lam = est.diagnostics["jspo_history/lambda"]
@@ -225,14 +227,14 @@ def test_ha_dw_anchor_recursion_matches_a_plain_loop(opts):
         if t % 5 == 0:
             r = np.where(rng.random(len(r)) < 0.8, 1.0, 0.0) if t % 4 != 3 else r  # an easy batch moves the anchor
         steps.append((uids, r))
-    est = HADWEstimator(opts)
+    est = new_estimator("ha_dw", opts)
     for (uids, r), want in zip(steps, reference_ha_dw(steps, opts), strict=True):
         np.testing.assert_allclose(call(est, uids, r), want, rtol=1e-9, atol=1e-12)
     assert est.state.steps == 15 and len(est.state.history) == min(15, opts.window)
 
 
 def test_ha_dw_weights_by_difficulty_and_keeps_uniform_groups_zero():
-    est = HADWEstimator(HADWOptions(anchor_init=0.5))
+    est = new_estimator("ha_dw", HADWOptions(anchor_init=0.5))
     uids = ["hard"] * 4 + ["easy"] * 4 + ["right"] * 4 + ["wrong"] * 4
     r = [1.0, 0.0, 0.0, 0.0] + [1.0, 1.0, 1.0, 0.0] + [1.0] * 4 + [0.0] * 4
     got = call(est, uids, r)
@@ -247,7 +249,7 @@ def test_ha_dw_weights_by_difficulty_and_keeps_uniform_groups_zero():
 @pytest.mark.parametrize("rewards", [[0.0, 2.0, 1.0, 0.0], [-1.0, 0.0, 1.0, 1.0]])
 def test_ha_dw_refuses_rewards_that_are_not_pass_rates(rewards):
     with pytest.raises(ValueError, match=r"^ha_dw's anchor is a success rate.*\['a'\]"):
-        call(HADWEstimator(HADWOptions()), ["a"] * 4, rewards)
+        call(new_estimator("ha_dw", HADWOptions()), ["a"] * 4, rewards)
 
 
 # ----------------------------------------------------------------------------------------------------------- krpo
@@ -265,7 +267,7 @@ def reference_krpo(rewards: list[float], q=1e-5, r_noise=1e-2, x=0.0, p=1.0) -> 
 
 
 def test_krpo_worked_example_and_uniform_groups():
-    est = KRPOEstimator(KRPOOptions(order="rows"))
+    est = new_estimator("krpo", KRPOOptions(order="rows"))
     got = call(est, ["a"] * 8, [1, 0, 0, 1, 0, 0, 0, 0])
     want = [0.0995, -7.048, -5.751, 10.015, -8.900, -8.098, -7.468, -6.954]
     np.testing.assert_allclose(got, want, atol=0.005)
@@ -283,23 +285,20 @@ def test_krpo_walks_by_sample_index_whatever_the_row_order():
     r = rng.integers(0, 2, len(uids)).astype(float)
     want = np.concatenate([reference_krpo(r[uids == f"u{i}"].tolist()) for i in range(len(sizes))])
     perm = rng.permutation(len(uids))  # as verl's length balancing reorders the rows
-    got = call(KRPOEstimator(KRPOOptions()), uids[perm], r[perm], row_values=sample[perm])
+    got = call(new_estimator("krpo", KRPOOptions()), uids[perm], r[perm], row_values=sample[perm])
     np.testing.assert_allclose(got, want[perm], rtol=1e-12)
-    by_rows = call(KRPOEstimator(KRPOOptions(order="rows")), uids[perm], r[perm])
+    by_rows = call(new_estimator("krpo", KRPOOptions(order="rows")), uids[perm], r[perm])
     assert not np.allclose(by_rows, want[perm])  # the row order gives other numbers: the order matters
     with pytest.raises(ValueError, match="order=sample_index needs each row's rollout sample index"):
-        call(KRPOEstimator(KRPOOptions()), uids, r)
+        call(new_estimator("krpo", KRPOOptions()), uids, r)
     with pytest.raises(ValueError, match="same sample index"):
-        call(KRPOEstimator(KRPOOptions()), ["a", "a"], [1.0, 0.0], row_values=np.array([0, 0], dtype=object))
+        call(new_estimator("krpo", KRPOOptions()), ["a", "a"], [1.0, 0.0], row_values=np.array([0, 0], dtype=object))
 
 
 def test_krpo_sample_indices_from_verls_trajectory_keys():
     keys = ["3f2a-uid_0_0", "3f2a-uid_11_0", "u_with_underscores_2_1", f"pad{'ab' * 16}_4_0"]
     assert sample_indices(keys).tolist() == [0, 11, 2, 4]
-    assert (
-        KRPOEstimator(KRPOOptions()).reads_sample_index
-        and not KRPOEstimator(KRPOOptions(order="rows")).reads_sample_index
-    )
+    assert registry.get("krpo").reads_sample_index and registry.get("krpo").row_input == registry.SAMPLE_INDEX
     with pytest.raises(ValueError, match=r"trajectory key 'uid-7' is not verl's \{uid\}_\{session_id\}_\{index\}"):
         sample_indices(["uid-7"])
 
@@ -317,7 +316,7 @@ def test_krpo_options_reach_the_filter():
 def test_running_norm_moments_over_concatenated_batches_global_and_per_key():
     rng = np.random.default_rng(9)
     for row_key in (None, "topic"):
-        est = RunningNormEstimator(RunningNormOptions(row_key=row_key))
+        est = new_estimator("running_norm", RunningNormOptions(row_key=row_key))
         seen: dict[str, list[float]] = {}
         for t in range(6):
             uids, r = batch(rng, [4] * int(rng.integers(1, 6)), "continuous", tag=f"s{t}-")
@@ -333,11 +332,11 @@ def test_running_norm_moments_over_concatenated_batches_global_and_per_key():
 
 
 def test_running_norm_uniform_first_batch_and_the_per_key_form_needs_row_values():
-    est = RunningNormEstimator(RunningNormOptions())
+    est = new_estimator("running_norm", RunningNormOptions())
     np.testing.assert_array_equal(call(est, ["a"] * 4, [1.0] * 4), 0.0)  # all-correct: std 0, A = 0
     np.testing.assert_allclose(call(est, ["b"] * 4, [0.0] * 4), -0.5 / (math.sqrt(8 / 28) + 1e-6))  # then all-wrong
     with pytest.raises(ValueError, match=r"^adv_estimator=running_norm with algorithm.running_norm.row_key='topic'"):
-        call(RunningNormEstimator(RunningNormOptions(row_key="topic")), ["a"], [1.0])
+        call(new_estimator("running_norm", RunningNormOptions(row_key="topic")), ["a"], [1.0])
 
 
 # ------------------------------------------------------------------------------------------------- every estimator
@@ -345,11 +344,11 @@ def test_running_norm_uniform_first_batch_and_the_per_key_form_needs_row_values(
 
 def make(name: str):
     return {
-        "jspo": lambda: JSPOEstimator(JSPOOptions()),
-        "jspo_history": lambda: JSPOHistoryEstimator(JSPOHistoryOptions()),
-        "ha_dw": lambda: HADWEstimator(HADWOptions()),
-        "krpo": lambda: KRPOEstimator(KRPOOptions()),
-        "running_norm": lambda: RunningNormEstimator(RunningNormOptions(row_key="topic")),
+        "jspo": lambda: new_estimator("jspo", JSPOOptions()),
+        "jspo_history": lambda: new_estimator("jspo_history", JSPOHistoryOptions()),
+        "ha_dw": lambda: new_estimator("ha_dw", HADWOptions()),
+        "krpo": lambda: new_estimator("krpo", KRPOOptions()),
+        "running_norm": lambda: new_estimator("running_norm", RunningNormOptions(row_key="topic")),
     }[name]()
 
 
@@ -450,7 +449,7 @@ def test_every_rival_is_declared_once_with_its_state_where_it_keeps_one():
     assert specs["running_norm"].row_key == "row_key" and not specs["running_norm"].unique_row_key
     assert all(f"ebpo_verl.algos.{n}" in registry.MODULES for n in NAMES)
     for spec in specs.values():
-        assert spec.new().options == spec.options_cls() and spec.source
+        assert new_estimator(spec).options == spec.options_cls() and spec.source
 
 
 # ------------------------------------------------------------------------------ verl, ebpo-train, recipes, study
@@ -506,7 +505,7 @@ def test_verls_compute_advantage_runs_each_rival_with_masks_and_padding(name):
     torch.testing.assert_close(data.batch["returns"], adv)
     assert not adv[len(uids) :].any()
     spec = registry.get(name)
-    want = call(spec.new(spec.parse(NEW[name])), uids, r.astype(np.float32).astype(np.float64))
+    want = call(new_estimator(spec, NEW[name]), uids, r.astype(np.float32).astype(np.float64))
     np.testing.assert_allclose(adv[: len(uids), 0].numpy(), want, rtol=1e-5, atol=1e-6)
     if name in DEFAULT_ESTIMATORS:
         DEFAULT_ESTIMATORS[name].reset()
@@ -710,4 +709,4 @@ def test_the_studys_rivals_preset_holds_every_estimator_at_three_group_sizes():
     assert p.tune and set(p.lr_grid) == want  # each at the rate it chose on the validation split
     p.check_lrs()
     assert p.n_runs() == len(want) * 3 * p.seeds + len(want) * len(p.lr_grid["grpo"]) * p.tune["seeds"]
-    assert ESTIMATORS["krpo"].overrides == {"order": "rows"}  # the study's rows are in sampling order
+    assert ESTIMATORS["krpo"].overrides == {}  # the study passes each row's place in its group: the sample order

@@ -34,7 +34,6 @@ from ebpo_verl.integrations.trl import (  # noqa: E402
     check_column,
     load_block,
     lookup,
-    new_estimator,
     on_boundary,
     parse_options,
     row_field,
@@ -107,15 +106,17 @@ def trainer(tiny, out: Path, estimator: str, options=None, steps: int = 2, cls=R
     return cls(model=str(path), reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, **kw)
 
 
-OVERRIDES = {"krpo": {"order": "rows"}}  # TRL passes no rollout sample index: the gathered order within each group
+VERL_OVERRIDES = {"krpo": {"order": "rows"}}
+"""Stock verl passes no rollout sample index, so its ``krpo`` walks the rows as given; TRL's ``krpo`` runs with its
+defaults (each completion's place in its group, the same walk): equal, as the test below checks."""
 
 
-def options_of(name: str) -> dict | None:
+def options_of(name: str, verl: bool = False) -> dict | None:
     """The options a test runs ``name`` with: a prompt key where the estimator tracks prompts (``extra_info.index``),
-    the OVERRIDES; None (the defaults) otherwise."""
+    with ``verl`` the VERL_OVERRIDES; None (the defaults) otherwise."""
     spec = registry.get(name)
     options = {spec.row_key: "extra_info.index"} if spec.unique_row_key else {}
-    options.update(OVERRIDES.get(name, {}))
+    options.update(VERL_OVERRIDES.get(name, {}) if verl else {})
     return options or None
 
 
@@ -132,7 +133,7 @@ def verl_advantages(name: str, rewards: torch.Tensor, keys: np.ndarray | None) -
     index = np.asarray([f"uid{i // 2}" for i in range(rows)], dtype=object)
     node = {"adv_estimator": spec.registered_name}
     if spec.options_cls is not None:
-        node[name] = options_of(name) or {}
+        node[name] = options_of(name, verl=True) or {}
     row = {spec.row_kwarg: keys} if keys is not None else {}
     fn = get_adv_estimator_fn(spec.registered_name)
     advantages, _ = fn(token_rewards, torch.ones(rows, 3), index, config=OmegaConf.create(node), **row)
@@ -180,7 +181,7 @@ def test_advantages_equal_verls_registered_function(runs, name):
         assert t.estimator.state.state_dict() == DEFAULT_ESTIMATORS[name].state.state_dict()
     rewards, keys = t.steps[0]  # the diagnostics TRL logged are the package estimator's, by name
     index = np.asarray([f"uid{i // 2}" for i in range(len(rewards))], dtype=object)
-    fresh = new_estimator(lookup(name), parse_options(lookup(name), options_of(name)))
+    fresh = registry.new_estimator(lookup(name), options_of(name, verl=True))
     diagnostics = fresh(rewards[:, 0], index, torch.ones(len(rewards), dtype=torch.bool), keys).diagnostics
     logged = [k for k in t.state.log_history[0] if k.split("/")[0] == name]
     assert sorted(logged) == sorted(diagnostics), t.state.log_history[0]
@@ -213,7 +214,7 @@ def test_a_missing_state_file_is_refused_or_starts_fresh_as_the_option_says(tiny
     fresh = trainer(tiny, tmp_path / "fresh", "ebpo", {"on_resume_mismatch": "reset"}, steps=2)
     with pytest.warns(RuntimeWarning, match="no ebpo_state.json .* start FRESH at step 1"):
         fresh.train(resume_from_checkpoint=str(checkpoint))
-    alone = new_estimator(lookup("ebpo"), parse_options(lookup("ebpo"), None))  # step 2's rewards only
+    alone = registry.new_estimator("ebpo")  # step 2's rewards only
     (rewards, keys), used = fresh.steps[0], fresh.used[0]
     valid = torch.ones(len(rewards), dtype=torch.bool)
     index = np.asarray([f"uid{i // 2}" for i in range(len(rewards))], dtype=object)

@@ -35,15 +35,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum, standardise
 from ebpo_verl.algos.jspo import JSPOOptions, compute_jspo_advantages
-from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
 from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
@@ -116,13 +116,6 @@ def compute_bnpo_advantages(batch: Batch) -> Advantages:
     return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
-class BNPOEstimator(Estimator):
-    """``bnpo`` with its diagnostics of the last call (no options, no state)."""
-
-    def compute(self, batch: Batch) -> Advantages:
-        return compute_bnpo_advantages(batch)
-
-
 # ----------------------------------------------------------------------------------------------- spo
 
 
@@ -187,42 +180,28 @@ def compute_spo_advantages(batch: Batch, options: SPOOptions, state: SPOState) -
     return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
-class SPOEstimator(Estimator):
-    """The ``spo`` estimator of one run: its options, its tracker (saved with every checkpoint) and the last step's
-    ``spo/*`` diagnostics. ``row_values`` are the stable prompt keys."""
-
-    state_cls = SPOState
-    pure_function = staticmethod(compute_spo_advantages)
-
-
-def js_estimate(
-    scores: torch.Tensor, index: Any, valid: torch.Tensor, row_values: Any = None, pad_prefix: str | None = None
-) -> Advantages:
-    """``shrinkage_js`` as an estimator call (it reads no per-row field)."""
-    return compute_js_advantages(Batch(scores, index, valid, row_values, pad_prefix))
-
-
 SPECS = (
     EstimatorSpec(
         "shrinkage_js",
         "James-Stein shrinkage: the leave-one-out group mean shrunk toward the leave-one-prompt-out batch mean",
         "arXiv 2511.03710 (Zeng et al.), as the authors' fork runs it",
-        function=js_estimate,
+        compute=compute_js_advantages,
     ),
     EstimatorSpec(
         "bnpo",
         "BNPO: (r - p_q) / f(p_q; alpha, beta), the Beta pdf fitted by moments to the batch's pass rates",
         "arXiv 2506.02864 (Xiao et al.)",
-        estimator_cls=BNPOEstimator,
+        compute=compute_bnpo_advantages,
+        pass_rates=always("it fits a Beta distribution to pass rates"),
     ),
     EstimatorSpec(
         "spo",
         "SPO: a per-prompt Beta tracker's mean as baseline, batch-standardised (the fork's simplified form)",
         "arXiv 2509.13232 (Xu & Ding)",
+        compute=compute_spo_advantages,
         options_cls=SPOOptions,
-        estimator_cls=SPOEstimator,
-        state=StateSpec("spo_state.json", "SPO", "SPO trackers (baseline 0.5)", never_keep=("prompt_key",)),
-        row_key="prompt_key",
+        state=StateSpec(SPOState, "spo_state.json", "SPO", "SPO trackers (baseline 0.5)", never_keep=("prompt_key",)),
+        row_input="prompt_key",
         unique_row_key=True,
     ),
 )

@@ -29,9 +29,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
-from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
 from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
@@ -121,28 +121,22 @@ def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -
     return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
-class DBBEstimator(Estimator):
-    """The ``dbb`` estimator of one run: its options, its posteriors (saved with every checkpoint) and the last
-    step's ``dbb/*`` diagnostics. ``row_values`` are the stable prompt keys."""
-
-    state_cls = DBBState
-    pure_function = staticmethod(compute_dbb_advantages)
-
-
 SPECS = (
     EstimatorSpec(
         "dbb",
         "Discounted Beta-Bernoulli: a per-prompt discounted Beta posterior's mean as baseline (GRPO-DBB)",
         "arXiv 2603.18444",
+        compute=compute_dbb_advantages,
         options_cls=DBBOptions,
-        estimator_cls=DBBEstimator,
         state=StateSpec(
+            DBBState,
             "dbb_state.json",
             "DBB",
             "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
             never_keep=("prompt_key",),
         ),
-        row_key="prompt_key",
+        row_input="prompt_key",
         unique_row_key=True,
+        pass_rates=always("a Beta-Bernoulli posterior counts successes"),
     ),
 )

@@ -107,6 +107,18 @@ def ignored_options(options: EBPOOptions) -> list[str]:
     ]
 
 
+def group_size_need(options: EBPOOptions) -> str | None:
+    """Why these options need ``rollout.n >= 2`` (None: they do not: a fixed shrinkage above 0)."""
+    if options.fixed_shrinkage == 0:
+        return "shrinkage=0 makes the group mean the baseline, so one response gets advantage 0"
+    if options.fixed_shrinkage is None:
+        return (
+            "shrinkage=auto estimates the within-group variance; or fix it, e.g. algorithm.ebpo.shrinkage=1.0 for "
+            "a global-mean baseline"
+        )
+    return None
+
+
 def ignored_options_warning(options: EBPOOptions) -> str | None:
     """One line naming the options set away from their defaults that the chosen mode ignores (None: none)."""
     ignored = ignored_options(options)

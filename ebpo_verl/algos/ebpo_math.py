@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebpo_verl.algos.ebpo import EBPOOptions, ignored_keys, ignored_options_warning
+from ebpo_verl.algos.ebpo import EBPOOptions, group_size_need, ignored_keys, ignored_options_warning
 from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
-from ebpo_verl.algos.grouping import factorize_keys, off_level_rows, padding_names, reward_levels, sorted_mean
+from ebpo_verl.algos.estimator import Advantages, Batch
+from ebpo_verl.algos.grouping import Groups, factorize_keys, off_level_rows, reward_levels, scatter_rows, sorted_mean
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 
 
@@ -152,68 +152,20 @@ def _score_vector(scores: torch.Tensor) -> torch.Tensor:
     return scores
 
 
-def _to_host(scores: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Scores (float64) and the valid flags on the host, in one device-to-host copy."""
-    if scores.device.type == "cpu" and valid.device.type == "cpu":
-        return scores.detach().to(torch.float64).numpy(), valid.detach().numpy().astype(bool, copy=False)
-    if valid.device == scores.device:
-        both = torch.stack([scores.detach().to(torch.float64), valid.detach().to(torch.float64)]).cpu().numpy()
-        return both[0], both[1] != 0
-    return scores.detach().to(torch.float64).cpu().numpy(), valid.detach().cpu().numpy().astype(bool)
-
-
-@dataclass
-class _Rows:
-    """The valid rows of a batch on the host: their positions, rewards (float64) and uid codes."""
-
-    bs: int
-    rows: np.ndarray  # positions of the valid rows
-    r: np.ndarray  # their rewards
-    codes: np.ndarray  # their uid codes
-    uid_names: np.ndarray  # names of the uid codes
-
-    def uids(self, mask: np.ndarray) -> list[str]:
-        """Sorted distinct uids of the (valid) rows selected by ``mask``, for error messages."""
-        return sorted(set(self.uid_names[self.codes[mask]].tolist()))
-
-
-def _valid_rows(
-    scores: torch.Tensor, index: Sequence[Any] | np.ndarray, valid: torch.Tensor, pad_prefix: str | None
-) -> _Rows:
-    """Step 1: the shapes checked, the valid rows (``valid`` and no uid starting with ``pad_prefix``) on the host."""
-    bs = scores.shape[0]
-    uid_arr = np.asarray(index, dtype=object)
-    valid = torch.as_tensor(valid)
-    if uid_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
-        raise ValueError(f"index {uid_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
-    r_all, valid_np = _to_host(scores, valid)
-    uid_codes, uid_names = factorize_keys(uid_arr)
-    if pad_prefix is not None:
-        is_pad = padding_names(uid_names, pad_prefix)
-        if is_pad is not None:
-            valid_np = valid_np & ~is_pad[uid_codes]
-    if valid_np.all():
-        return _Rows(bs, np.arange(bs), r_all, uid_codes, uid_names)
-    rows = np.flatnonzero(valid_np)
-    return _Rows(bs, rows, r_all[rows], uid_codes[rows], uid_names)
-
-
-def _reward_levels(rows: _Rows, options: EBPOOptions) -> tuple[float, float]:
-    """Step 2: finite rewards, and (lowest level, span) of the reward: (0, 1) except for EBPO-BB on the paper's
-    -1/+1 reward, (-1, 2); EBPO-BB refuses any reward that is not two-level."""
-    bad = ~np.isfinite(rows.r)
-    if bad.any():
-        raise ValueError(f"non-finite (NaN/inf) rewards for uid(s) {rows.uids(bad)[:20]}: check the reward function")
+def _reward_levels(g: Groups, options: EBPOOptions) -> tuple[float, float]:
+    """Step 2: (lowest level, span) of the reward: (0, 1) except for EBPO-BB on the paper's -1/+1 reward, (-1, 2);
+    EBPO-BB refuses any reward that is not two-level."""
+    r = g.r.numpy()
     if options.prior != "beta_binomial":
         return 0.0, 1.0
-    levels = reward_levels(rows.r, fractions=False)
+    levels = reward_levels(r, fractions=False)
     if levels is not None:
         return levels
-    values = np.unique(rows.r)
+    values = np.unique(r)
     raise ValueError(
         f"prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward "
         f"values {values[:8].tolist()}{' ...' if len(values) > 8 else ''} "
-        f"(uid(s) {rows.uids(off_level_rows(rows.r, fractions=False))[:20]}). Other values "
+        f"(uid(s) {g.keys_of(off_level_rows(r, fractions=False))[:20]}). Other values "
         "come from a shaped reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
         "penalty or partial credit adds levels. Use prior=gaussian, or a plain two-level reward."
     )
@@ -235,14 +187,10 @@ class _GroupStats:
     group_of_sorted: np.ndarray
 
 
-def _group_stats(rows: _Rows, lo: float, span: float) -> _GroupStats:
-    """Step 3: the group moments, summed in value order (independent of the row order and of the uid strings)."""
-    if rows.rows.size == rows.bs:  # factorize's codes are already 0..n-1
-        row_group, n_groups = rows.codes, len(rows.uid_names)
-    else:
-        used = np.bincount(rows.codes, minlength=len(rows.uid_names)) > 0
-        row_group, n_groups = (np.cumsum(used) - 1)[rows.codes], int(used.sum())
-    r = rows.r
+def _group_stats(uid_groups: Groups, lo: float, span: float) -> _GroupStats:
+    """Step 3: the group moments of x (the pass indicator for EBPO-BB), summed in value order (independent of the row
+    order and of the uid strings)."""
+    row_group, n_groups, r = uid_groups.row_group.numpy(), len(uid_groups.keys), uid_groups.r.numpy()
     x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
     order = np.argsort(x, kind="stable")
     x_sorted, group_of_sorted = x[order], row_group[order]
@@ -314,13 +262,13 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     """
     scores = _score_vector(batch.scores)
     out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
-    rows = _valid_rows(scores, batch.index, batch.valid, batch.pad_prefix)
-    lo, span = _reward_levels(rows, options)
-    if rows.rows.size == 0:
-        return Advantages(torch.zeros(rows.bs, dtype=out_dtype, device=scores.device), {})
-    groups = _group_stats(rows, lo, span)
+    uid_groups = batch._replace(scores=scores, valid=torch.as_tensor(batch.valid)).uid_groups()
+    lo, span = _reward_levels(uid_groups, options)
+    if len(uid_groups.keys) == 0:
+        return Advantages(scatter_rows(scores, uid_groups, uid_groups.r), {})
+    groups = _group_stats(uid_groups, lo, span)
     n_groups = len(groups.g)
-    cluster_names, group_cluster = _group_clusters(rows, groups.row_group, n_groups, batch.row_values, options)
+    cluster_names, group_cluster = _group_clusters(uid_groups, scores.shape[0], batch.row_values, options)
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
@@ -338,10 +286,10 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
     adv = span * (groups.x - baseline[groups.row_group])
     adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
-    _check_range(adv, tables, stored, state, rows, out_dtype)
+    _check_range(adv, tables, stored, state, uid_groups, out_dtype)
     _commit(state, tables[0], stored)
     diagnostics = _diagnostics(state, scopes, shrink, groups, cluster_names, priors, group_cluster, lo, span)
-    return Advantages(_scatter(adv, rows, scores.device, out_dtype), diagnostics)
+    return Advantages(scatter_rows(scores, uid_groups, torch.from_numpy(adv)), diagnostics)
 
 
 def _check_range(
@@ -349,32 +297,14 @@ def _check_range(
     batch: np.ndarray,
     stored: tuple[PriorStats, dict[str, PriorStats], bool] | None,
     state: EBPOState,
-    rows: _Rows,
+    g: Groups,
     out_dtype: torch.dtype,
 ) -> None:
     """Step 8: the advantages and statistics are finite and the advantages fit ``out_dtype`` (before any commit)."""
     if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
-        raise _overflow_error(state.steps + 1, rows.r, rows.uids)
+        raise _overflow_error(state.steps + 1, g.r.numpy(), g.keys_of)
     if out_dtype != torch.float64 and adv.size and np.abs(adv).max() > torch.finfo(out_dtype).max:
-        raise _overflow_error(state.steps + 1, rows.r, rows.uids, f"advantages above the {out_dtype} maximum")
-
-
-def _scatter(adv: np.ndarray, rows: _Rows, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The valid rows' advantages at their batch positions, 0 elsewhere, on ``device``."""
-    if rows.rows.size == rows.bs:
-        full = adv
-    else:
-        full = np.zeros(rows.bs)
-        full[rows.rows] = adv
-    return torch.from_numpy(full).to(device=device, dtype=dtype)
-
-
-class EBPOEstimator(Estimator):
-    """The ``ebpo`` estimator of one run: its options, its running statistics (:class:`EBPOState`, saved with every
-    checkpoint) and the last step's ``ebpo/*`` diagnostics. ``row_values`` are the cluster labels."""
-
-    state_cls = EBPOState
-    pure_function = staticmethod(compute_ebpo_advantages)
+        raise _overflow_error(state.steps + 1, g.r.numpy(), g.keys_of, f"advantages above the {out_dtype} maximum")
 
 
 def _overflow_error(
@@ -393,13 +323,10 @@ def _overflow_error(
 
 
 def _group_clusters(
-    rows: _Rows,
-    row_group: np.ndarray,
-    n_groups: int,
-    labels: Sequence[Any] | np.ndarray | None,
-    options: EBPOOptions,
+    g: Groups, bs: int, labels: Sequence[Any] | np.ndarray | None, options: EBPOOptions
 ) -> tuple[list[str] | None, np.ndarray]:
     """Cluster id per group from per-row labels; every row of a group must carry the same label."""
+    row_group, n_groups = g.row_group.numpy(), len(g.keys)
     if options.cluster_key is None:
         return None, np.zeros(n_groups, dtype=np.int64)
     if labels is None:
@@ -408,18 +335,18 @@ def _group_clusters(
             "`python -m ebpo_verl.main` (it passes extra_info[cluster_key]) or unset cluster_key"
         )
     label_arr = np.asarray(labels, dtype=object)
-    if label_arr.shape != (rows.bs,):
-        raise ValueError(f"labels have shape {label_arr.shape}, expected ({rows.bs},) (one per response)")
-    row_cluster, names = factorize_keys(label_arr[rows.rows], missing=True)
+    if label_arr.shape != (bs,):
+        raise ValueError(f"labels have shape {label_arr.shape}, expected ({bs},) (one per response)")
+    row_cluster, names = factorize_keys(label_arr[g.rows.numpy()], missing=True)
     missing = row_cluster < 0
     if missing.any():
-        offenders = rows.uids(missing)
+        offenders = g.keys_of(missing)
         raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {offenders[:20]}")
     group_cluster = np.full(n_groups, -1, dtype=np.int64)
     group_cluster[row_group] = row_cluster
     inconsistent = group_cluster[row_group] != row_cluster
     if inconsistent.any():
-        offenders = rows.uids(inconsistent)
+        offenders = g.keys_of(inconsistent)
         raise ValueError(f"uid(s) {offenders[:20]} carry more than one {options.cluster_key!r} label")
     return names.tolist(), group_cluster
 
@@ -503,22 +430,21 @@ SPECS = (
         "ebpo",
         "EBPO: A_i = r_i - [(1 - S) mu_q + S mu_glob], the group mean shrunk toward running statistics, standardised",
         "arXiv 2602.05165",
+        compute=compute_ebpo_advantages,
         options_cls=EBPOOptions,
-        estimator_cls=EBPOEstimator,
         state=StateSpec(
+            EBPOState,
             "ebpo_state.json",
             "EBPO",
             "empirical-Bayes statistics",
             mode_keys=("stats_scope", "prior", "shrinkage", "norm", "cluster_key"),
             ignored=ignored_keys,
         ),
-        row_key="cluster_key",
-        study_variants={
-            "grpo_bn": {"shrinkage": 0.0},
-            "ebpo_batch": {"stats_scope": "batch"},
-            "ebpo_bb": {"prior": "beta_binomial"},
-            "ebpo_topic": {"cluster_key": "topic"},
-        },
+        row_input="cluster_key",
+        pass_rates=lambda o: (
+            "prior=beta_binomial needs a two-level reward, 0/1 or -1/+1" if o.prior == "beta_binomial" else None
+        ),
+        min_group=group_size_need,
         warning=ignored_options_warning,
     ),
 )

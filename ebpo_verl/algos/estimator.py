@@ -1,18 +1,19 @@
-"""What an estimator with memory is: an object holding its options, its state and its last diagnostics.
+"""What an estimator is: a pure function of one batch, and the one object that binds it to a run's options and state.
 
 verl's ``core_algos`` estimators are pure functions of one batch. EBPO's running statistics, SPO's tracker and
 DBB's posteriors live across steps, and BNPO reports a diagnostic of every call; rather than module-level
-singletons that every caller reaches sideways, each is an :class:`Estimator` instance that its owner creates and
-keeps: the trainer (one per run, saved with every checkpoint), a study run, a test. The math stays in pure
-functions ``compute_<name>_advantages(batch, options, state)`` (the parts the estimator has: a :class:`Batch`,
-its options section, its state) that return :class:`Advantages`, in the style of ``core_algos``; the object only
-binds them to one options value and one state, so whoever calls it shows which state it changes.
+singletons that every caller reaches sideways, each run owns one :class:`Estimator` (made by
+:func:`ebpo_verl.algos.registry.new_estimator`, the one factory): the trainer (one per run, saved with every
+checkpoint), TRL's trainer, a study run, a test. The math stays in pure functions
+``compute_<name>_advantages(batch, options[, state])`` that return :class:`Advantages`, in the style of
+``core_algos``; the object only binds one to one options value and one :class:`State`, so whoever calls it shows
+which state it changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -22,8 +23,8 @@ from ebpo_verl.algos.grouping import Groups, group_rows, unpadded
 
 class Batch(NamedTuple):
     """One step's inputs: ``scores`` (bs,), prompt uids ``index`` (compared as strings), ``valid`` False for
-    padding rows, ``row_values`` the per-row field the options name (cluster label, stable prompt key, sample
-    index; None: none), ``pad_prefix`` uids that are padding too (None: none)."""
+    padding rows, ``row_values`` what the estimator reads per row (its spec's ``row_input``: an ``extra_info``
+    field or the rollout sample index; None: none), ``pad_prefix`` uids that are padding too (None: none)."""
 
     scores: torch.Tensor
     index: Sequence[Any] | np.ndarray
@@ -49,20 +50,29 @@ class Advantages(NamedTuple):
     diagnostics: dict[str, float]
 
 
+@runtime_checkable
+class State(Protocol):
+    """The contract of an estimator's running state (its spec's ``StateSpec.cls``), checked at registration: a
+    fresh ``cls()`` is the state of a new run; ``state_dict()`` a JSON-serialisable snapshot (floats round-trip
+    exactly), ``load_state_dict(d)`` restores one (a bad field raises ValueError naming it, leaving the state
+    unchanged), ``reset()`` makes it fresh again. The math changes it in place."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class Estimator:
-    """Base of the estimators with memory: ``options``, ``state`` (None for a stateless one), ``diagnostics`` of
-    the last call. Calling it computes one step's advantages, updating ``state`` in place.
+    """One run's estimator: its ``spec`` (:class:`~ebpo_verl.algos.registry.EstimatorSpec`), ``options`` (None
+    without an options section), ``state`` (None for a stateless one) and ``diagnostics`` of the last call.
+    Calling it runs ``spec.compute`` on one batch, updating ``state`` in place. Made by
+    :func:`ebpo_verl.algos.registry.new_estimator`."""
 
-    Subclasses set ``state_cls`` (None: no state) and ``pure_function``, the math they bind (as a staticmethod):
-    ``(batch, options, state) -> Advantages``, or ``(batch, options)`` without a state; or override :meth:`compute`.
-    """
-
-    state_cls: ClassVar[type | None] = None
-    pure_function: ClassVar[Callable[..., Advantages] | None] = None
-
-    def __init__(self, options: Any = None) -> None:
-        self.options = options
-        self.state = self.state_cls() if self.state_cls is not None else None
+    def __init__(self, spec: Any, options: Any = None) -> None:
+        self.spec, self.options = spec, options
+        self.state: State | None = spec.state.cls() if spec.state is not None else None
         self.diagnostics: dict[str, float] = {}
 
     def __call__(
@@ -74,17 +84,13 @@ class Estimator:
         pad_prefix: str | None = None,
     ) -> Advantages:
         """Advantages of one batch (the arguments of :class:`Batch`); ``diagnostics`` then holds the step's."""
-        result = self.compute(Batch(scores, index, valid, row_values, pad_prefix))
+        parts = (self.options,) if self.spec.options_cls is not None else ()
+        result = self.spec.compute(Batch(scores, index, valid, row_values, pad_prefix), *parts, *self._state())
         self.diagnostics = result.diagnostics
         return result
 
-    def compute(self, batch: Batch) -> Advantages:
-        """One step on ``batch`` with ``options``, updating ``state``: ``pure_function`` of them."""
-        if self.pure_function is None:
-            raise NotImplementedError(f"{type(self).__name__} sets no pure_function and does not override compute")
-        if self.state is None:
-            return self.pure_function(batch, self.options)
-        return self.pure_function(batch, self.options, self.state)
+    def _state(self) -> tuple[State, ...]:
+        return () if self.state is None else (self.state,)
 
     def reset(self) -> None:
         """Forget the state and the diagnostics (a fresh run)."""

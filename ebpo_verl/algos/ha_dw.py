@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
-from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
 from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
 
 UPDATES = ("adaptive", "hard")
@@ -166,25 +166,19 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     return Advantages(scatter_rows(batch.scores, g, a_hat * phi), diagnostics)
 
 
-class HADWEstimator(Estimator):
-    """The ``ha_dw`` estimator of one run: options, the anchor (saved with every checkpoint) and the last call's
-    ``ha_dw/*`` diagnostics."""
-
-    state_cls = HADWState
-    pure_function = staticmethod(compute_ha_dw_advantages)
-
-
 SPECS = (
     EstimatorSpec(
         "ha_dw",
         "history-aware difficulty weighting of GRPO's advantage by a global success-rate anchor",
         "arXiv 2601.08521 (HA-DW), Sec. 3; no official code",
+        compute=compute_ha_dw_advantages,
         options_cls=HADWOptions,
-        estimator_cls=HADWEstimator,
         state=StateSpec(
+            HADWState,
             "ha_dw_state.json",
             "ha_dw",
             "success-rate anchor (anchor_init, or the first batch's pass rate)",
         ),
+        pass_rates=always("its anchor is a success rate"),
     ),
 )

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.options.parsing import OptionSection, option
@@ -109,18 +109,13 @@ def compute_jspo_advantages(batch: Batch, options: JSPOOptions) -> Advantages:
     return Advantages(scatter_rows(batch.scores, g, g.r - baseline), diagnostics)
 
 
-class JSPOEstimator(Estimator):
-    """The ``jspo`` estimator: its options (``form``) and the last call's ``jspo/lambda_mean`` (no state)."""
-
-    pure_function = staticmethod(compute_jspo_advantages)
-
-
 SPECS = (
     EstimatorSpec(
         "jspo",
         "James-Stein shrinkage baseline: leave-one-out group mean shrunk toward the other prompts' mean",
         "arXiv 2511.03710 (JSPO); authors' code guanning03/JSPO-Official",
+        compute=compute_jspo_advantages,
         options_cls=JSPOOptions,
-        estimator_cls=JSPOEstimator,
+        min_group=lambda options: "form=authors_code requires G >= 2" if options.form == "authors_code" else None,
     ),
 )

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
-from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
 from ebpo_verl.options.parsing import OptionSection, is_real, option, reals, resume_option
 
 EPS = 1e-6
@@ -130,21 +130,16 @@ def compute_jspo_history_advantages(batch: Batch, options: JSPOHistoryOptions, s
     return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
 
 
-class JSPOHistoryEstimator(Estimator):
-    """The ``jspo_history`` estimator of one run: options, the smoothed series (saved with every checkpoint) and the
-    last call's ``jspo_history/*`` diagnostics."""
-
-    state_cls = JSPOHistoryState
-    pure_function = staticmethod(compute_jspo_history_advantages)
-
-
 SPECS = (
     EstimatorSpec(
         "jspo_history",
         "JSPO's history variant: the James-Stein weight and batch mean smoothed across steps",
         "JSPO authors' code guanning03/JSPO-Official (jspo_plus_plus; not in arXiv 2511.03710)",
+        compute=compute_jspo_history_advantages,
         options_cls=JSPOHistoryOptions,
-        estimator_cls=JSPOHistoryEstimator,
-        state=StateSpec("jspo_history_state.json", "jspo_history", "smoothed James-Stein weight and batch mean"),
+        state=StateSpec(
+            JSPOHistoryState, "jspo_history_state.json", "jspo_history", "smoothed James-Stein weight and batch mean"
+        ),
+        min_group=always("a leave-one-out mean needs G >= 2"),
     ),
 )

@@ -10,25 +10,23 @@ P0 = 1, Q = 1e-5, R = 1e-2. The advantages are about 10x GRPO's scale; an all-ze
 The result depends on the order of a group's responses, and verl reorders the batch's rows by sequence length
 (``_balance_batch``) before the advantage step, so the row order within a uid is correlated with response length
 and hence with correctness. ``order=sample_index`` (default) walks each group by the rollout's sample index,
-which the caller passes as the per-row values (``ebpo-train`` reads it from verl's row key
-``{uid}_{session_id}_{index}``: the session id is the sample's index in [0, n)); without them it is refused.
+which every caller passes as the per-row values (the spec's ``row_input``: ``ebpo-train`` reads it from verl's
+trajectory keys, TRL and the CPU study from each completion's place in its group); without them it is refused.
 ``order=rows`` walks the rows of each uid in the order the batch gives them (stock ``main_ppo``, which passes
 no per-row values). Padding rows get 0 and are not walked.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, scatter_rows, sorted_sum
-from ebpo_verl.algos.registry import EstimatorSpec
+from ebpo_verl.algos.registry import SAMPLE_INDEX, EstimatorSpec
 from ebpo_verl.options.parsing import OptionSection, is_int, is_missing, option, reals
 
 ORDERS = ("sample_index", "rows")
@@ -98,12 +96,10 @@ def compute_krpo_advantages(batch: Batch, options: KRPOOptions) -> Advantages:
             padding rows), the walk's order, and required; with ``order=rows`` they are not read.
         options: estimator options.
     """
-    sample_index = _sample_index(batch, options)
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
-    sample = None if sample_index is None else _sample_ints(sample_index, g.rows.numpy())
-    position = walk_positions(g, sample)
+    position = walk_positions(g, _sample_ints(batch, options, g.rows.numpy()))
     group, width = g.row_group.numpy(), int(g.size.max().item())
     grid = np.zeros((len(g.keys), width))
     grid[group, position] = g.r.numpy()
@@ -119,9 +115,9 @@ def compute_krpo_advantages(batch: Batch, options: KRPOOptions) -> Advantages:
     return Advantages(scatter_rows(batch.scores, g, adv), {"krpo/baseline_mean": baseline_mean})
 
 
-def _sample_index(batch: Batch, options: KRPOOptions) -> Sequence[Any] | np.ndarray | None:
-    """The rows' sample indices the walk follows (None: the row order, ``order=rows``); refused when
-    ``order=sample_index`` and the caller passed none."""
+def _sample_ints(batch: Batch, options: KRPOOptions, rows: np.ndarray) -> np.ndarray | None:
+    """The valid rows' sample indices as int64 (None: walk the row order, ``order=rows``); refused when
+    ``order=sample_index`` and the caller passed none, or one is missing or not an integer (naming the row)."""
     if options.order != "sample_index":
         return None
     if batch.row_values is None:
@@ -130,12 +126,7 @@ def _sample_index(batch: Batch, options: KRPOOptions) -> Sequence[Any] | np.ndar
             "index (verl reorders rows by length before the advantage step): train with ebpo-train, which "
             "passes it, or set algorithm.krpo.order=rows to filter in the batch's row order"
         )
-    return batch.row_values
-
-
-def _sample_ints(sample_index: Sequence[Any] | np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The valid rows' sample indices as int64; a missing or non-integer one raises naming the row."""
-    values = np.asarray(sample_index, dtype=object)[rows]
+    values = np.asarray(batch.row_values, dtype=object)[rows]
     as_array = np.asarray(values.tolist())
     if as_array.dtype.kind in "iu" and as_array.shape == values.shape:
         return as_array.astype(np.int64)
@@ -145,45 +136,13 @@ def _sample_ints(sample_index: Sequence[Any] | np.ndarray, rows: np.ndarray) -> 
     return values.astype(np.int64)
 
 
-_TRAJECTORY_KEY = re.compile(r".+_([0-9]{1,18})_[0-9]{1,18}", re.DOTALL)
-"""A non-empty uid, then the session id and the index in ASCII digits (``"²".isdigit()`` is true, ``int("²")``
-fails)."""
-
-
-def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
-    """Each row's rollout sample index from verl's v1 trajectory key ``{uid}_{session_id}_{index}`` (session_id in
-    [0, n): the sample's index in its group; verl ``trainer/ppo/v1/replay_buffer.py``); object array of ints."""
-    out = np.empty(len(trajectory_keys), dtype=object)
-    for row, key in enumerate(trajectory_keys):
-        match = _TRAJECTORY_KEY.fullmatch(str(key))
-        if match is None:
-            raise ValueError(f"krpo: trajectory key {key!r:.200} is not verl's {{uid}}_{{session_id}}_{{index}}")
-        out[row] = int(match.group(1))
-    return out
-
-
-class KRPOEstimator(Estimator):
-    """The ``krpo`` estimator: its options and the last call's ``krpo/*`` diagnostics (no state: a fresh filter per
-    group per step). With ``order=sample_index``, ``row_values`` are the per-row rollout sample indices
-    (:attr:`reads_sample_index`: the trainer passes :func:`sample_indices` of the step's trajectory keys)."""
-
-    @property
-    def reads_sample_index(self) -> bool:
-        """Whether the caller must pass each row's rollout sample index as ``row_values``."""
-        return self.options.order == "sample_index"
-
-    pure_function = staticmethod(compute_krpo_advantages)
-
-
 SPECS = (
     EstimatorSpec(
         "krpo",
         "Kalman-filter baseline: a fresh scalar filter walks each group's rewards (not cross-step)",
         "arXiv 2505.07527 (KRPO); authors' code billhhh/KRPO_LLMs_RL train.py",
+        compute=compute_krpo_advantages,
         options_cls=KRPOOptions,
-        estimator_cls=KRPOEstimator,
-        # the CPU study samples a group's responses in order and passes no sample index: its rows are in the
-        # rollout's order, so the study's krpo walks them as given
-        study_variants={"krpo": {"order": "rows"}},
+        row_input=SAMPLE_INDEX,
     ),
 )

@@ -1,14 +1,17 @@
 """The one estimator registry: every advantage estimator the package knows, each declared once beside its math.
 
-An estimator module (``ebpo_verl.algos.<name>``) ends with ``SPECS = (EstimatorSpec(...), ...)``: its verl name,
-one-line summary and source, options section, estimator class or pure function, and (when it keeps state
-across steps) its checkpoint file and per-row key. :data:`MODULES` lists those modules: adding an estimator is
-one new module plus one line there (or, out of tree, an entry point of group :data:`ENTRY_POINT_GROUP` naming a
-module with ``SPECS``). Everything else (verl registration, the stateful set, the options sections, the generated
-YAML, ``--help``, docs tables, the study's and the recipes' lists, the benchmark) reads :func:`estimators`; in tree,
-``python -m ebpo_verl.trainer.config.generate`` (and ``--readme README.md``, ``--docs docs``) then rewrites the
-generated files (tests/test_options.py and tests/test_registry.py fail until it has). An entry-point estimator's
-options are not in the committed YAML: ``ebpo-train`` sets them with ``++algorithm.<name>.<key>=...``.
+An estimator module (``ebpo_verl.algos.<name>``) is its pure ``compute_<name>_advantages(batch, options[, state])``
+and one declaration, ``SPECS = (EstimatorSpec(...), ...)``: its verl name, one-line summary and source, the
+function, its options section, its state (:class:`StateSpec`: the class and its checkpoint file), what it reads
+per row (``row_input``) and its facts (``pass_rates``, ``min_group``, ``warning``). :data:`MODULES` lists those
+modules: adding an estimator is one new module plus one line there (or, out of tree, an entry point of group
+:data:`ENTRY_POINT_GROUP` naming a module with ``SPECS``). Everything else (verl registration, the stateful set,
+the options sections, the generated YAML, ``--help``, docs tables, the pre-flight, the study's and the recipes'
+lists, the benchmark, TRL) reads :func:`estimators`, and every caller makes its object with :func:`new_estimator`;
+in tree, ``python -m ebpo_verl.trainer.config.generate`` (and ``--readme README.md``, ``--docs docs``) then
+rewrites the generated files (tests/test_options.py and tests/test_registry.py fail until it has). An
+entry-point estimator's options are not in the committed YAML: ``ebpo-train`` sets them with
+``++algorithm.<name>.<key>=...``.
 
 Imports neither verl nor Ray: the TRL integration reads it too.
 """
@@ -18,8 +21,10 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -41,20 +46,40 @@ MODULES: tuple[str, ...] = (
 ENTRY_POINT_GROUP = "ebpo_verl.estimators"
 """Installed packages add estimators by an entry point of this group naming a module that defines ``SPECS``."""
 
+SAMPLE_INDEX = "sample_index"
+"""``row_input`` of an estimator that reads each row's rollout sample index (its place in its group's sampling)."""
+
+NEW_FORM = (
+    "EstimatorSpec(name, summary, source, compute=compute_<name>_advantages, options_cls=<OptionSection or None>, "
+    "state=StateSpec(<state class>, '<file>.json', label, what) or None, row_input=...)"
+)
+"""The declaration, as the one-line refusal of the old form names it (docs/architecture.md#adding-an-estimator)."""
+
 
 def _nothing_ignored(options: Any) -> set[str]:
     return set()
+
+
+def _no_requirement(options: Any) -> str | None:
+    return None
+
+
+def always(why: str) -> Callable[[Any], str]:
+    """A fact that holds whatever the options (``pass_rates=always("...")``)."""
+    return lambda options: why
 
 
 @dataclass(frozen=True)
 class StateSpec:
     """An estimator's running state, saved in every checkpoint as ``global_step_N/<file>``.
 
+    cls: the state class (:class:`~ebpo_verl.algos.estimator.State`; ``cls()`` is a fresh run's).
     label / what: the estimator's name and what starts fresh, in messages.
     mode_keys / ignored: a resume ignores changes of the options ``ignored(options)`` while no mode key changed.
     never_keep: options whose change a resume never continues under ``on_resume_mismatch=keep``.
     """
 
+    cls: type
     file: str
     label: str
     what: str
@@ -69,37 +94,36 @@ class EstimatorSpec:
 
     name: ``algorithm.adv_estimator`` (for ``builtin`` ones, the package's short name; ``verl_name`` is verl's).
     summary: one line for ``--help`` and the docs; source: the paper (arXiv id) or code it follows.
+    compute: its pure ``compute_<name>_advantages(batch, options, state) -> Advantages``, without ``options``
+        when ``options_cls`` is None and without ``state`` when ``state`` is None; verl's own (``builtin``) have none.
     options_cls: its options section ``algorithm.<name>`` (an ``OptionSection``; None: no options).
-    estimator_cls: an :class:`~ebpo_verl.algos.estimator.Estimator` (state or diagnostics), or ``function``: a
-        pure ``(scores, index, valid, row_values, pad_prefix) -> Advantages``; exactly one for ours, neither for
-        verl's own (``builtin``).
-    state: its checkpointed state (None: none); row_key: the option naming the ``extra_info`` field read per row
-        (None: none); unique_row_key: that field identifies a prompt (checked unique over the training rows).
-    study_variants: extra study names -> option overrides (e.g. ``ebpo_bb``: ``{"prior": "beta_binomial"}``).
+    state: its checkpointed state (None: stateless).
+    row_input: what it reads per row besides uid and reward: None (nothing), :data:`SAMPLE_INDEX` (the rollout
+        sample index), or the name of the option naming an ``extra_info`` field (null value: nothing);
+        unique_row_key: that field identifies a prompt (checked unique over the training rows).
+    pass_rates: options -> why it reads rewards as pass rates (its step refuses other rewards, so no shaped
+        reward), or None; min_group: options -> why it needs ``rollout.n >= 2``, or None.
     warning: options -> a message naming the options set that these options make the estimator ignore (None: none).
     """
 
     name: str
     summary: str
     source: str
+    compute: Callable[..., Advantages] | None = None
     options_cls: type | None = None
-    estimator_cls: type[Estimator] | None = None
-    function: Callable[..., Advantages] | None = None
     state: StateSpec | None = None
-    row_key: str | None = None
+    row_input: str | None = None
     unique_row_key: bool = False
+    pass_rates: Callable[[Any], str | None] = _no_requirement
+    min_group: Callable[[Any], str | None] = _no_requirement
+    warning: Callable[[Any], str | None] | None = None
     builtin: bool = False
     verl_name: str | None = None
-    study_variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    warning: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
-        if not self.builtin and (self.estimator_cls is None) == (self.function is None):
-            raise ValueError(f"estimator {self.name!r}: declare exactly one of estimator_cls and function")
-        if self.state is not None and (self.estimator_cls is None or self.estimator_cls.state_cls is None):
-            raise ValueError(f"estimator {self.name!r}: a state needs an estimator_cls with a state_cls")
-        if self.row_key is not None and (self.options_cls is None or self.row_key not in self.options_cls.keys()):
-            raise ValueError(f"estimator {self.name!r}: row_key {self.row_key!r} is not one of its options")
+        problem = _declaration_problem(self)
+        if problem:
+            raise ValueError(f"estimator {self.name!r}: {problem}")
 
     @property
     def registered_name(self) -> str:
@@ -116,7 +140,7 @@ class EstimatorSpec:
 
     @property
     def state_cls(self) -> type | None:
-        return None if self.estimator_cls is None else self.estimator_cls.state_cls
+        return None if self.state is None else self.state.cls
 
     @property
     def option_keys(self) -> tuple[str, ...]:
@@ -127,26 +151,36 @@ class EstimatorSpec:
         """The options a resume compares with the checkpoint's (all but ``on_resume_mismatch`` itself)."""
         return tuple(k for k in self.option_keys if k != "on_resume_mismatch")
 
+    @property
+    def row_key(self) -> str | None:
+        """The option naming the ``extra_info`` field read per row (None: it reads none)."""
+        return None if self.row_input in (None, SAMPLE_INDEX) else self.row_input
+
+    @property
+    def reads_sample_index(self) -> bool:
+        return self.row_input == SAMPLE_INDEX
+
     def parse(self, node: Any) -> Any:
         """The options of a config node (None -> defaults); None for an estimator without options."""
         return None if self.options_cls is None else self.options_cls.from_mapping(node)
 
+    def options_of(self, options: Any) -> Any:
+        """``options`` as this estimator's options dataclass: an instance as is, a mapping validated by
+        ``from_mapping`` (one-line ValueError naming the key), None the defaults; None without an options section."""
+        cls = self.options_cls
+        if cls is None:
+            if options:  # None or an empty mapping
+                raise ValueError(f"estimator {self.name} has no options: pass None")
+            return None
+        if isinstance(options, cls):
+            return options
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"options must be a {cls.__name__}, a mapping or None, not {type(options).__name__}")
+        return cls.from_mapping(options)
+
     def row_key_of(self, options: Any) -> str | None:
         """The ``extra_info`` field these options make the estimator read per row (None: none)."""
         return getattr(options, self.row_key) if self.row_key else None
-
-    def new(self, options: Any = None) -> Estimator | None:
-        """A fresh estimator object with ``options`` (None: the defaults); None for a pure function or verl's own."""
-        if self.estimator_cls is None:
-            return None
-        return self.estimator_cls(self.parse(None) if options is None else options)
-
-    def estimate(self, options: Any = None) -> Callable[..., Advantages]:
-        """What one run calls each step, ``(scores, index, valid, row_values, pad_prefix) -> Advantages``: a fresh
-        object (:meth:`new`) or the pure function; ValueError for verl's own."""
-        if self.builtin:
-            raise ValueError(f"estimator {self.name!r} is verl's own: call it through verl's registry")
-        return self.function if self.function is not None else self.new(options)
 
     @property
     def row_kwarg(self) -> str:
@@ -155,8 +189,75 @@ class EstimatorSpec:
         return "prompt_keys" if self.unique_row_key else "labels"
 
 
+def _declaration_problem(spec: EstimatorSpec) -> str | None:
+    """What makes a declaration unusable (one line), or None: its function cannot take the parts it declares
+    (options that would never reach the math), a row input that is not one of its options, a state class that
+    breaks the :class:`~ebpo_verl.algos.estimator.State` contract."""
+    if spec.builtin:
+        return "verl's own estimators declare no compute" if spec.compute is not None else None
+    if spec.compute is None:
+        return f"declare compute=compute_{spec.name}_advantages"
+    parts = ["batch"] + ["options"] * (spec.options_cls is not None) + ["state"] * (spec.state is not None)
+    try:
+        inspect.signature(spec.compute).bind(*parts)
+    except TypeError:
+        return (
+            f"{spec.compute.__name__} must take ({', '.join(parts)}) as declared by options_cls and state "
+            "(options or a state it cannot take would never reach the math)"
+        )
+    if spec.row_key is not None and spec.row_key not in spec.option_keys:
+        return f"row_input {spec.row_input!r} is neither {SAMPLE_INDEX!r} nor one of its options"
+    return None if spec.state is None else _state_problem(spec.state.cls)
+
+
+def _state_problem(cls: type) -> str | None:
+    """A fresh ``cls()`` must have state_dict / load_state_dict / reset and survive a JSON round trip."""
+    missing = [m for m in ("state_dict", "load_state_dict", "reset") if not callable(getattr(cls, m, None))]
+    if missing:
+        return f"state class {cls.__name__} lacks {', '.join(missing)} (the State contract)"
+    try:
+        fresh = cls()
+        saved = json.loads(json.dumps(fresh.state_dict()))
+        restored = cls()
+        restored.load_state_dict(saved)
+        restored.reset()
+        same = restored.state_dict() == fresh.state_dict()
+    except Exception as err:  # noqa: BLE001 - any failure breaks the contract; named in the one line
+        return f"state class {cls.__name__} fails the State contract's JSON round trip: {err}"
+    return None if same else f"state class {cls.__name__}: a fresh state does not survive its JSON round trip"
+
+
+def new_estimator(spec: EstimatorSpec | str, options: Any = None) -> Estimator:
+    """The one factory: a fresh :class:`~ebpo_verl.algos.estimator.Estimator` of ``spec`` (or the registered name)
+    with ``options``: its options dataclass as is, a mapping validated by ``from_mapping`` (one-line ValueError
+    naming the key), None the defaults. ValueError for verl's own and for options of an estimator without any."""
+    spec = get(spec) if isinstance(spec, str) else spec
+    if spec.builtin:
+        raise ValueError(f"estimator {spec.name!r} is verl's own: call it through verl's registry")
+    return Estimator(spec, spec.options_of(options))
+
+
+def row_values(
+    spec: EstimatorSpec, options: Any, extra_info: Callable[[str], Any], sample_index: Callable[[], Any]
+) -> Any:
+    """The one resolver of what ``spec`` with ``options`` reads per row: None, the caller's ``sample_index()``
+    (each row's place in its group's sampling) or its ``extra_info(field)`` of the field the options name."""
+    if spec.reads_sample_index:
+        return sample_index()
+    key = spec.row_key_of(options)
+    return None if key is None else extra_info(key)
+
+
 def _specs_of(module_name: str) -> tuple[EstimatorSpec, ...]:
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except TypeError as err:
+        if "'function'" in str(err) or "'estimator_cls'" in str(err):
+            raise TypeError(
+                f"estimator module {module_name} declares the old form (function= / estimator_cls=, an Estimator "
+                f"subclass); declare {NEW_FORM}"
+            ) from None
+        raise
     specs = getattr(module, "SPECS", None)
     if not isinstance(specs, tuple) or not all(isinstance(s, EstimatorSpec) for s in specs):
         raise TypeError(f"estimator module {module_name} must define SPECS, a tuple of EstimatorSpec")

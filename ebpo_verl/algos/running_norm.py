@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.ebpo_state import Moments
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
+from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
@@ -126,27 +126,20 @@ def _domains(batch: Batch, row_key: str) -> Sequence[Any] | np.ndarray:
     return batch.row_values
 
 
-class RunningNormEstimator(Estimator):
-    """The ``running_norm`` estimator of one run: options, accumulators (saved with every checkpoint) and the last
-    call's diagnostics. With ``row_key``, ``row_values`` are the rows' domains."""
-
-    state_cls = RunningNormState
-    pure_function = staticmethod(compute_running_norm_advantages)
-
-
 SPECS = (
     EstimatorSpec(
         "running_norm",
         "running reward normalisation: cumulative reward moments, globally or per extra_info domain, no decay",
         "ROLL (alibaba/ROLL) roll/utils/functionals.py RunningMoments",
+        compute=compute_running_norm_advantages,
         options_cls=RunningNormOptions,
-        estimator_cls=RunningNormEstimator,
         state=StateSpec(
+            RunningNormState,
             "running_norm_state.json",
             "running_norm",
             "running reward moments (empty)",
             never_keep=("row_key",),
         ),
-        row_key="row_key",
+        row_input="row_key",
     ),
 )

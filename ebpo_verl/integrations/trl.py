@@ -18,7 +18,7 @@ import json
 import os
 import pickle
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,23 +28,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ebpo_verl.algos import registry
-from ebpo_verl.algos.estimator import Advantages, Batch, Estimator
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
 from ebpo_verl.ops.errors import one_line
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
-
-
-class FunctionEstimator(Estimator):
-    """A registered pure estimator function (``EstimatorSpec.function``: ``shrinkage_js``) as a stateless
-    :class:`~ebpo_verl.algos.estimator.Estimator`."""
-
-    def __init__(self, function: Callable[..., Advantages]) -> None:
-        super().__init__(None)
-        self.function = function
-
-    def compute(self, batch: Batch) -> Advantages:
-        return self.function(*batch)
 
 
 def lookup(name: str) -> EstimatorSpec:
@@ -62,28 +49,13 @@ def lookup(name: str) -> EstimatorSpec:
 def parse_options(spec: EstimatorSpec, options: Any) -> Any:
     """``options`` as the estimator's options dataclass: an instance as is, a mapping validated by its
     ``from_mapping`` (one-line ValueError naming the key), None the defaults; None for an estimator without
-    options. The options the estimator's mode ignores are named in a warning, as under verl."""
-    cls = spec.options_cls
-    if cls is None:
-        if options is not None:
-            raise ValueError(f"estimator {spec.name} has no options: pass estimator_options=None")
-        return None
-    if not isinstance(options, cls):
-        if options is not None and not isinstance(options, Mapping):
-            raise TypeError(
-                f"estimator_options must be a {cls.__name__}, a mapping or None, not {type(options).__name__}"
-            )
-        options = cls.from_mapping(options)
+    options (:meth:`EstimatorSpec.options_of`). The options the estimator's mode ignores are named in a warning,
+    as under verl."""
+    options = spec.options_of(options)
     message = spec.warning(options) if spec.warning is not None else None
     if message:
         warnings.warn(f"{spec.name.upper()}: {message}", RuntimeWarning, stacklevel=3)
     return options
-
-
-def new_estimator(spec: EstimatorSpec, options: Any) -> Estimator:
-    """A fresh estimator of ``spec`` with ``options`` (a pure function wrapped, without state)."""
-    estimator = spec.new(options)
-    return estimator if estimator is not None else FunctionEstimator(spec.function)
 
 
 def row_field(row: Mapping[str, Any], column: str) -> Any:
@@ -198,14 +170,15 @@ def load_block(folder: str, settings: dict[str, int], rank: int, device: Any) ->
 
 class EstimatorMixin:
     """Put before ``GRPOTrainer`` (or a subclass of it): ``class T(EstimatorMixin, GRPOTrainer)``. Keywords:
-    ``estimator`` (one of the package's registered estimators: ``ebpo``, ``spo``, ``dbb``, ``bnpo``,
-    ``shrinkage_js``) and ``estimator_options`` (that estimator's options dataclass, e.g. ``EBPOOptions(...)``, or a
-    mapping of its keys; None: the defaults)."""
+    ``estimator`` (any of the package's registered estimators, :func:`ebpo_verl.algos.registry.ours`) and
+    ``estimator_options`` (that estimator's options dataclass, e.g. ``EBPOOptions(...)``, or a mapping of its keys;
+    None: the defaults). What it reads per row (``registry.row_values``): the dataset column its options name, or
+    each completion's sample index, its place in its group (TRL's completions of a prompt come in sample order)."""
 
     def __init__(self, *args: Any, estimator: str = "ebpo", estimator_options: Any = None, **kwargs: Any) -> None:
         self.estimator_spec = lookup(estimator)
         self.estimator_options = parse_options(self.estimator_spec, estimator_options)
-        self.estimator = new_estimator(self.estimator_spec, self.estimator_options)
+        self.estimator = registry.new_estimator(self.estimator_spec, self.estimator_options)
         self._gathered: tuple[torch.Tensor, np.ndarray | None] | None = None
         super().__init__(*args, **kwargs)
         self._check_setup(estimator)
@@ -223,21 +196,30 @@ class EstimatorMixin:
             check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, f"{name}.{key}")
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], *args: Any, **kwargs: Any) -> torch.Tensor:
-        """TRL's gathered ``rewards_per_func``, kept with the row column gathered in the same process order."""
+        """TRL's gathered ``rewards_per_func``, kept with what the estimator reads per row: the row column gathered in
+        the same process order, or each completion's place in its group."""
         rewards_per_func = super()._calculate_rewards(inputs, *args, **kwargs)
-        keys = None
-        if self.row_column is not None:
-            try:
-                local = [row_field(x, self.row_column) for x in inputs]
-            except KeyError:
-                raise ValueError(
-                    f"a row of this {'training' if self.model.training else 'evaluation'} batch has no column "
-                    f"{self.row_column!r} ({self.estimator_spec.name}.{self.estimator_spec.row_key}): every dataset "
-                    "the trainer reads needs it"
-                ) from None
-            keys = np.asarray(gather_object(local), dtype=object)
+        group = self.num_generations if self.model.training else self.num_generations_eval
+        keys = registry.row_values(
+            self.estimator_spec,
+            self.estimator_options,
+            lambda column: self._gathered_column(inputs, column),
+            lambda: np.arange(len(rewards_per_func)) % group,
+        )
         self._gathered = (rewards_per_func, keys)
         return rewards_per_func
+
+    def _gathered_column(self, inputs: list[dict[str, Any]], column: str) -> np.ndarray:
+        """``column`` of every process's rows, gathered in process order."""
+        try:
+            local = [row_field(x, column) for x in inputs]
+        except KeyError:
+            raise ValueError(
+                f"a row of this {'training' if self.model.training else 'evaluation'} batch has no column "
+                f"{column!r} ({self.estimator_spec.name}.{self.estimator_spec.row_key}): every dataset "
+                "the trainer reads needs it"
+            ) from None
+        return np.asarray(gather_object(local), dtype=object)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's step, then this process's slice of the estimator's advantages in place of TRL's."""

@@ -6,8 +6,10 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
   2. reward 1/0 by exact match, placed on the last response token (``token_level_rewards``);
   3. advantages: verl's own estimators from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the
      registry training uses); ours (:mod:`ebpo_verl.algos.registry`) from the run's own estimator object
-     (``EstimatorSpec.new(options)``, the object ``ebpo-train``'s trainer makes), called as the trainer calls it
-     (:func:`ebpo_verl.trainer.adapter.outcome_advantages`); a fresh uid per prompt per step as ``index``;
+     (``registry.new_estimator``, as ``ebpo-train``'s trainer makes it), called as the trainer calls it
+     (:func:`ebpo_verl.trainer.adapter.outcome_advantages`) with what it reads per row
+     (``registry.row_values``: a row's topic, its problem's index, or its place in its group, the sample order);
+     a fresh uid per prompt per step as ``index``;
      ``otb`` (verl's ``optimal_token_baseline``) also gets what verl's trainer passes it with
      ``actor.calculate_sum_pi_squared=True``: the sampled tokens' ``old_log_probs`` and ``sum_pi_squared`` (sum
      over the vocabulary of the squared token probabilities at every response position, from the pre-update
@@ -25,7 +27,6 @@ Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (log-sof
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ from verl.utils.torch_functional import (
 from verl.workers.config.actor import ActorConfig
 
 from ebpo_verl.algos import registry
+from ebpo_verl.algos.estimator import Estimator
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
 from ebpo_verl.study.tasks import TOPICS, ProblemSet, verify
@@ -51,9 +53,9 @@ KL_PROBE = 32
 
 
 @dataclass(frozen=True)
-class Estimator:
-    """A study name: an estimator of the registry (:mod:`ebpo_verl.algos.registry`) with option overrides (its
-    ``study_variants``, e.g. ``ebpo_bb``: ``{"prior": "beta_binomial"}``)."""
+class Variant:
+    """A study name: an estimator of the registry (:mod:`ebpo_verl.algos.registry`) with option overrides
+    (:data:`VARIANTS`, e.g. ``ebpo_bb``: ``{"prior": "beta_binomial"}``)."""
 
     spec: EstimatorSpec
     overrides: dict = field(default_factory=dict)
@@ -62,24 +64,26 @@ class Estimator:
     def verl_name(self) -> str:
         return self.spec.registered_name
 
-    def start(self) -> Callable[..., Any] | None:
-        """A fresh estimate for one run: ours, a new object with the options (``spec.estimate``, as ``ebpo-train``
-        makes it) or the pure function; None for verl's own (called through verl's registry)."""
-        if self.spec.builtin:
-            return None
-        return self.spec.estimate(self.spec.parse(self.overrides) if self.spec.options_cls else None)
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo_bn": ("ebpo", {"shrinkage": 0.0}),
+    "ebpo_batch": ("ebpo", {"stats_scope": "batch"}),
+    "ebpo_bb": ("ebpo", {"prior": "beta_binomial"}),
+    "ebpo_topic": ("ebpo", {"cluster_key": "topic"}),
+}
+"""The study's extra names: study name -> (registered estimator, option overrides), listed after that estimator."""
 
 
-def _study_estimators() -> dict[str, Estimator]:
+def _study_estimators() -> dict[str, Variant]:
     """Every estimator of the registry under its name, then its study variants, in the registry's order."""
-    out: dict[str, Estimator] = {}
+    out: dict[str, Variant] = {}
     for name, spec in registry.estimators().items():
-        out[name] = Estimator(spec)
-        out.update({variant: Estimator(spec, dict(o)) for variant, o in spec.study_variants.items()})
+        out[name] = Variant(spec)
+        out.update({v: Variant(spec, dict(o)) for v, (base, o) in VARIANTS.items() if base == name})
     return out
 
 
-ESTIMATORS: dict[str, Estimator] = _study_estimators()
+ESTIMATORS: dict[str, Variant] = _study_estimators()
 """The study's names: verl's own (``otb`` is verl's Optimal Token Baseline, arXiv 2602.07078), ours and their
 variants (``grpo_bn``: EBPO with S = 0, ...)."""
 ROW_FIELDS = ("topic", "index")
@@ -188,26 +192,31 @@ def sum_pi_squared(model: TinyPolicy, prompts: torch.Tensor, responses: torch.Te
 
 
 def _advantages(
-    est: Estimator,
+    est: Variant,
     rewards: torch.Tensor,
     mask: torch.Tensor,
     index: np.ndarray,
     topics: np.ndarray,
     problem_ids: np.ndarray,
     otb_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
-    estimate: Callable[..., Any] | None = None,
+    estimate: Estimator | None = None,
 ) -> torch.Tensor:
-    """(bs, L) advantages; the outcome reward sits on the last response token. Ours: ``estimate`` (the run's,
-    :meth:`Estimator.start`) on the rows, with the per-row field its options name (``topic`` or the training
-    problem's ``index``). verl's own: its registered function; ``otb`` gets ``otb_inputs`` = (old_log_probs,
-    sum_pi_squared), as verl's ``compute_advantage`` passes them."""
+    """(bs, L) advantages; the outcome reward sits on the last response token. Ours: ``estimate`` (the run's
+    object) on the rows, with what it reads per row (the ``topic`` or the training problem's ``index`` its options
+    name, or the sample index: rows come in sampling order, G per prompt). verl's own: its registered function;
+    ``otb`` gets ``otb_inputs`` = (old_log_probs, sum_pi_squared), as verl's ``compute_advantage`` passes them."""
     maskf = mask.float()
     tlr = torch.zeros_like(maskf)
     tlr[torch.arange(len(rewards)), mask.sum(dim=1) - 1] = rewards
     if not est.spec.builtin:
         from ebpo_verl.trainer.adapter import outcome_advantages
 
-        values = _row_values(est, getattr(estimate, "options", None), {"topic": topics, "index": problem_ids})
+        fields = {"topic": topics, "index": problem_ids}
+        group = len(index) // len(set(index.tolist()))  # rows in sampling order, G per prompt
+        sample_index = np.arange(len(index)) % group
+        values = registry.row_values(
+            est.spec, estimate.options, lambda key: _study_field(est, fields, key), lambda: sample_index
+        )
         return outcome_advantages(estimate, tlr, maskf, index, values)[0]
     inputs: dict[str, Any] = {"token_level_rewards": tlr, "response_mask": maskf, "index": index}
     if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config
@@ -222,11 +231,8 @@ def _advantages(
     return adv
 
 
-def _row_values(est: Estimator, options: Any, fields: dict[str, np.ndarray]) -> np.ndarray | None:
-    """The per-row field the estimator's options name (None: it reads none); ValueError for one the study lacks."""
-    key = est.spec.row_key_of(options) if options is not None else None
-    if key is None:
-        return None
+def _study_field(est: Variant, fields: dict[str, np.ndarray], key: str) -> np.ndarray:
+    """The study rows' ``extra_info`` field ``key``; ValueError for one the study lacks."""
     if key not in fields:
         raise ValueError(f"{est.spec.section}.{est.spec.row_key}={key!r}: the study's rows carry only {ROW_FIELDS}")
     return fields[key]
@@ -265,7 +271,7 @@ STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
 
 
 def _log_signal(
-    log: dict, est: Estimator, diagnostics: dict, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
+    log: dict, est: Variant, diagnostics: dict, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
 ) -> None:
     """The step's training signal: zero-signal and uniform groups, mean reward, and from the estimator's
     ``diagnostics``: the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of prompts a per-prompt
@@ -326,14 +332,14 @@ def _update(
 
 def _rl_step(
     learner: _Learner,
-    est: Estimator,
+    est: Variant,
     cfg: RLConfig,
     train: ProblemSet,
     batch_ids: np.ndarray,
     step: int,
     gen: torch.Generator,
     log: dict,
-    estimate: Callable[..., Any] | None = None,
+    estimate: Estimator | None = None,
 ) -> None:
     """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
     ``estimate``), update; logs it."""
@@ -375,7 +381,8 @@ def run_rl(
     from) and its mean gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it
     did not."""
     est = ESTIMATORS[cfg.estimator]
-    estimate = est.start()  # the run's own estimator object (ours), as ebpo-train's trainer makes one per run
+    # the run's own estimator object (ours), as ebpo-train's trainer makes one per run
+    estimate = None if est.spec.builtin else registry.new_estimator(est.spec, est.overrides)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     learner = _Learner.start(base, cfg)

@@ -1,11 +1,12 @@
 """verl glue: registers every estimator of ours (:func:`ebpo_verl.algos.registry.ours`: ``ebpo``, ``shrinkage_js``,
 ``bnpo``, ``spo``, ``dbb`` and any added one) in verl's registry (loaded by the ``verl.plugins`` entry point).
 
-An estimator with memory is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics),
-and verl hands a registered estimator only the batch tensors and its raw ``algorithm`` node. So there are two
-ways in, both through :func:`outcome_advantages` (verl's tensors -> scores, padding, broadcast):
+Every estimator of ours is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics,
+made by :func:`ebpo_verl.algos.registry.new_estimator`), and verl hands a registered estimator only the batch
+tensors and its raw ``algorithm`` node. So there are two ways in, both through :func:`outcome_advantages` (verl's
+tensors -> scores, padding, broadcast):
 
-- ``ebpo-train``: the trainer creates the run's object (:func:`new_estimator`), and its copy of verl's advantage
+- ``ebpo-train``: the trainer creates the run's object, and its copy of verl's advantage
   step (``ebpo_verl.trainer.ray_trainer``, the one tested copy of a verl method) calls it directly with the step's
   tensors and per-row keys, where verl's ``compute_advantage`` would call the registered function. The call site
   shows which object's state changes; nothing travels beside the call, and no more of verl is copied. The CPU
@@ -30,31 +31,22 @@ from ebpo_verl.algos.estimator import Advantages, Estimator
 from ebpo_verl.algos.grouping import factorize_keys
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.compat import trl_probe
-from ebpo_verl.trainer.run_options import RunOptions, options_for_node
+from ebpo_verl.trainer.run_options import options_for_node
 
 PAD_PREFIX = "pad"
 """verl's padding rows have uids starting with it."""
 
 DEFAULT_ESTIMATORS: dict[str, Estimator] = {
-    name: spec.estimator_cls() for name, spec in registry.ours().items() if spec.estimator_cls is not None
+    name: registry.new_estimator(spec) for name, spec in registry.ours().items()
 }
-"""The default instances (one per estimator of ours that is an object): the estimators of stock
-``verl.trainer.main_ppo`` in this process, their options set from verl's node on each call. ``ebpo-train``'s
-trainer and the CPU study never use them: they own their own (:func:`new_estimator`, ``EstimatorSpec.new``)."""
+"""The default instances (one per estimator of ours): the estimators of stock ``verl.trainer.main_ppo`` in this
+process, their options set from verl's node on each call. ``ebpo-train``'s trainer, TRL and the CPU study never
+use them: they own their own (``registry.new_estimator``)."""
 
 
-def new_estimator(options: RunOptions) -> Estimator | None:
-    """A fresh estimator object for a run (None when ``options.adv_estimator`` is not one of ours that is an object:
-    verl's own step runs it through the registered function)."""
-    spec = options.spec
-    return None if spec is None else spec.new(options.estimator)
-
-
-def default_estimate(spec: EstimatorSpec, config: Any) -> Callable[..., Advantages]:
+def default_estimate(spec: EstimatorSpec, config: Any) -> Estimator:
     """What stock ``main_ppo``'s call of ``spec``'s registered function runs: the default instance with the options
-    of verl's ``algorithm.<name>`` node (None -> defaults), or the pure function."""
-    if spec.function is not None:
-        return spec.function
+    of verl's ``algorithm.<name>`` node (None -> defaults)."""
     estimator = DEFAULT_ESTIMATORS[spec.name]
     if spec.options_cls is not None:
         estimator.options = options_for_node(spec, None if config is None else config.get(spec.name, None))

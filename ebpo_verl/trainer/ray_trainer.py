@@ -5,13 +5,15 @@ verl's ``compute_advantage`` calls an estimator with rewards, masks and uids onl
 of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer
 ``trainer.v1.trainer_mode`` selects (sync / colocate_async / separate_async), every method through ``super()``:
 
-- ``_compute_advantage``: for an estimator of ours that is an object (``ebpo``, ``spo``, ``dbb``, ``bnpo``), the
-  trainer owns it (``self.estimator``, made from the run's validated options) and the copy of verl's step
-  (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it directly (:meth:`EBPOTrainerMixin.estimate_advantages`)
-  with the step's tensors and, when it reads a per-row field (``algorithm.ebpo.cluster_key``,
-  ``algorithm.spo.prompt_key``), this step's uid -> ``extra_info[field]`` map fetched from TransferQueue; the
-  diagnostics it returns (``ebpo/*``, ``spo/*``, ``dbb/*``, ``bnpo/*``) go into the step's metrics, so every
-  tracker backend logs them;
+- ``_compute_advantage``: for an estimator of ours (any of :func:`ebpo_verl.algos.registry.ours`), the trainer
+  owns it (``self.estimator``, made by ``registry.new_estimator`` from the run's validated options) and the copy
+  of verl's step (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it directly
+  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and what its spec's ``row_input`` reads
+  per row (``registry.row_values``): an ``extra_info`` field (``algorithm.ebpo.cluster_key``,
+  ``algorithm.spo.prompt_key``, ...) from this step's uid -> value map (``extra_info`` fetched from TransferQueue
+  with the step's other fields, in one call), or the rollout sample index parsed from verl's trajectory keys
+  (:func:`sample_indices`, ``krpo``); the diagnostics it returns (``ebpo/*``, ``spo/*``, ...) go into the step's
+  metrics, so every tracker backend logs them;
 - ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator object (one with a ``StateSpec`` in
   :mod:`ebpo_verl.algos.registry`) in ``global_step_N/<state_file>``
   (:mod:`ebpo_verl.trainer.checkpoint.state`),
@@ -33,12 +35,14 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import ray
+import torch
 from omegaconf import DictConfig
 from tensordict import TensorDict
 from verl.protocol import DataProto
@@ -49,14 +53,14 @@ from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from ebpo_verl.algos.krpo import sample_indices
+from ebpo_verl.algos import registry
 from ebpo_verl.compat.contact import swapped
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.ops.node_check import check_nodes
 from ebpo_verl.ops.provenance import run_provenance
 from ebpo_verl.options.parsing import is_missing
-from ebpo_verl.trainer.adapter import new_estimator, outcome_advantages, row_values
+from ebpo_verl.trainer.adapter import outcome_advantages, row_values
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
@@ -105,6 +109,23 @@ def uid_row_keys(
                 f"uid {uid} carries more than one extra_info[{key!r}] ({option}): {values[uid]!r}, {value!r}"
             )
     return values
+
+
+_TRAJECTORY_KEY = re.compile(r".+_([0-9]{1,18})_[0-9]{1,18}", re.DOTALL)
+"""A non-empty uid, then the session id and the index in ASCII digits (``"²".isdigit()`` is true, ``int("²")``
+fails)."""
+
+
+def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
+    """Each row's rollout sample index from verl's v1 trajectory key ``{uid}_{session_id}_{index}`` (session_id in
+    [0, n): the sample's index in its group; verl ``trainer/ppo/v1/replay_buffer.py``); object array of ints."""
+    out = np.empty(len(trajectory_keys), dtype=object)
+    for row, key in enumerate(trajectory_keys):
+        match = _TRAJECTORY_KEY.fullmatch(str(key))
+        if match is None:
+            raise ValueError(f"krpo: trajectory key {key!r:.200} is not verl's {{uid}}_{{session_id}}_{{index}}")
+        out[row] = int(match.group(1))
+    return out
 
 
 def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
@@ -180,8 +201,9 @@ class OTBSumPiSquaredMixin:
         self, batch, metrics: dict, extra: Mapping[str, str], estimate: Callable[[DataProto], None] | None = None
     ):
         """verl 0.9.1's ``PPOTrainer._compute_advantage`` with the TransferQueue fields ``extra`` (name -> name in
-        the batch) fetched as well; with ``estimate``, that call sets the batch's advantages and returns where
-        verl's ``compute_advantage`` would call the registered estimator function."""
+        the batch; a non-tensor field, such as ``extra_info``, goes to ``non_tensor_batch``) fetched in the same
+        call; with ``estimate``, that call sets the batch's advantages and returns where verl's
+        ``compute_advantage`` would call the registered estimator function."""
         import transfer_queue as tq
 
         algo = self.config.algorithm
@@ -193,7 +215,11 @@ class OTBSumPiSquaredMixin:
         data.batch["token_level_scores"] = data.batch["rm_scores"]
         data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
         for name, renamed in extra.items():
-            data.batch[renamed] = data.batch.pop(name)
+            value = data.batch.pop(name)
+            if isinstance(value, torch.Tensor):
+                data.batch[renamed] = value
+            else:  # a NonTensorStack: one object per row
+                data.non_tensor_batch[renamed] = np.array(value.tolist(), dtype=object)
 
         if algo.use_kl_in_reward:
             data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
@@ -243,7 +269,8 @@ class EBPOTrainerMixin:
     def __init__(self, config: DictConfig, options: RunOptions | None = None):
         super().__init__(config)
         self.options = options if options is not None else RunOptions.from_config(config)
-        self.estimator = new_estimator(self.options)
+        spec = self.options.spec
+        self.estimator = None if spec is None else registry.new_estimator(spec, self.options.estimator)
 
     # ---------------------------------------------------------------- data
     def _init_dataloader(self) -> None:
@@ -256,11 +283,13 @@ class EBPOTrainerMixin:
     def _compute_advantage(self, batch, metrics: dict):
         if self.estimator is None:
             return super()._compute_advantage(batch, metrics)
-        row_keys = self._row_keys(batch)
-        samples = sample_indices(batch.keys) if getattr(self.estimator, "reads_sample_index", False) else None
-        return self._advantage_step(
-            batch, metrics, {}, lambda data: self.estimate_advantages(data, row_keys, metrics, samples)
-        )
+        samples = sample_indices(batch.keys) if self.estimator.spec.reads_sample_index else None
+        extra = {"extra_info": "extra_info"} if self.options.row_key else {}  # fetched with the step's fields
+
+        def estimate(data: DataProto) -> None:
+            self.estimate_advantages(data, self._row_keys(data, batch), metrics, samples)
+
+        return self._advantage_step(batch, metrics, extra, estimate)
 
     def estimate_advantages(
         self,
@@ -275,27 +304,26 @@ class EBPOTrainerMixin:
         order): ``advantages`` and ``returns`` into ``data.batch``, the diagnostics into ``metrics``
         (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
         uids = data.non_tensor_batch["uid"]
+        est = self.estimator
+        values = registry.row_values(
+            est.spec, est.options, lambda key: row_values(row_keys, uids), lambda: sample_index
+        )
         advantages, returns, diagnostics = outcome_advantages(
-            self.estimator,
-            data.batch["token_level_rewards"],
-            data.batch["response_mask"],
-            uids,
-            row_values(row_keys, uids) if sample_index is None else sample_index,
+            est, data.batch["token_level_rewards"], data.batch["response_mask"], uids, values
         )
         data.batch["advantages"], data.batch["returns"] = advantages, returns
         metrics.update(diagnostics)
 
-    def _row_keys(self, batch) -> dict[str, Any] | None:
-        """This step's uid -> ``extra_info[row_key]`` (None when the estimator reads no per-row field)."""
+    def _row_keys(self, data: DataProto, batch) -> dict[str, Any] | None:
+        """This step's uid -> ``extra_info[row_key]`` from its rows, ``batch``'s tags flagging padding (None when the
+        estimator reads no field)."""
         key = self.options.row_key
         if not key:
             return None
-        import transfer_queue as tq
-
-        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_info"])
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         option = f"{self.options.spec.section}.{self.options.spec.row_key}"
-        return uid_row_keys(list(fetched["extra_info"]), list(fetched["uid"]), padding, key, option)
+        infos = data.non_tensor_batch.pop("extra_info")
+        return uid_row_keys(list(infos), list(data.non_tensor_batch["uid"]), padding, key, option)
 
     # ---------------------------------------------------------- checkpoint
     def step(self, metrics: dict, timing_raw: dict):

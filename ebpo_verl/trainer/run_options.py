@@ -11,7 +11,7 @@ Who parses, and how often (``tests/test_options.py`` counts it):
 - ``ebpo-train``'s driver: :func:`ebpo_verl.trainer.preflight.preflight` builds ``RunOptions.from_config`` once and
   every check reads that object;
 - the TaskRunner (another process): ``EBPOTaskRunner.run`` builds it once and passes it to the trainer, which
-  creates the run's estimator object with ``RunOptions.estimator`` (``ebpo_verl.trainer.adapter.new_estimator``):
+  creates the run's estimator object with ``RunOptions.estimator`` (``ebpo_verl.algos.registry.new_estimator``):
   no parse per step;
 - stock ``verl.trainer.main_ppo`` (the estimator sees only the raw ``algorithm`` node):
   :func:`options_for_node` validates the node's value when it first sees it or it changes, and otherwise reuses

@@ -87,52 +87,30 @@ def check_stock_verl_methods(config: Any, options: RunOptions, dry_run: bool) ->
 
 
 def check_group_size(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """EBPO's group-mean baseline (``shrinkage`` 0 or ``auto``) needs ``actor_rollout_ref.rollout.n >= 2``."""
-    ebpo = options.ebpo
-    n = int(config.actor_rollout_ref.rollout.n)
-    if ebpo is None or n >= 2:
-        return
-    if ebpo.fixed_shrinkage == 0:
+    """An estimator whose spec needs ``actor_rollout_ref.rollout.n >= 2`` (``min_group``: EBPO's group-mean baseline,
+    ``jspo_history``, ``jspo`` form=authors_code) gets it."""
+    spec, n = options.spec, int(config.actor_rollout_ref.rollout.n)
+    why = spec.min_group(options.estimator) if spec is not None and n < 2 else None
+    if why:
         raise EBPOConfigError(
-            f"actor_rollout_ref.rollout.n={n} with algorithm.ebpo.shrinkage=0: the baseline is the group mean, "
-            "which for one response is the response itself, so every advantage is 0. Set "
-            "actor_rollout_ref.rollout.n>=2."
+            f"actor_rollout_ref.rollout.n={n} but algorithm.adv_estimator={spec.name} needs at least 2 responses per "
+            f"prompt ({why}). Set actor_rollout_ref.rollout.n>=2."
         )
-    if ebpo.fixed_shrinkage is None:
-        raise EBPOConfigError(
-            f"actor_rollout_ref.rollout.n={n} but algorithm.ebpo.shrinkage=auto needs at least 2 responses per "
-            "prompt to estimate the within-group variance. Set actor_rollout_ref.rollout.n>=2, or fix the "
-            "shrinkage (e.g. algorithm.ebpo.shrinkage=1.0 for a global-mean baseline)."
-        )
-
-
-PASS_RATE_ESTIMATORS = {
-    "bnpo": "it fits a Beta distribution to pass rates",
-    "ha_dw": "its anchor is a success rate",
-}
-"""Estimators that read rewards as pass rates (the step refuses other rewards), and why."""
 
 
 def check_shaped_rewards(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """EBPO-BB needs a two-level reward; ``bnpo`` and ``ha_dw`` rewards in [0, 1] or -1/+1: no switch may shape the
-    reward."""
-    if options.ebpo is not None and options.ebpo.prior == "beta_binomial":
-        for key, effect in SHAPED_REWARD_KEYS.items():
-            if bool(OmegaConf.select(config, key, default=False)):
-                raise EBPOConfigError(
-                    f"algorithm.ebpo.prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but "
-                    f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use "
-                    "algorithm.ebpo.prior=gaussian."
-                )
-    why = PASS_RATE_ESTIMATORS.get(options.adv_estimator)
-    if why is not None:
-        for key in ("algorithm.use_kl_in_reward", "reward.reward_kwargs.overlong_buffer_cfg.enable"):
-            if bool(OmegaConf.select(config, key, default=False)):
-                raise EBPOConfigError(
-                    f"algorithm.adv_estimator={options.adv_estimator} needs rewards in [0, 1] or the paper's -1/+1 "
-                    f"({why}), but {key}=True {SHAPED_REWARD_KEYS[key]}, so rewards take other values. Set "
-                    f"{key}=False, or use another estimator."
-                )
+    """An estimator that reads rewards as pass rates (its spec's ``pass_rates``: ``bnpo``, ``dbb``, ``ha_dw``,
+    EBPO-BB) refuses every switch that shapes the reward (:data:`SHAPED_REWARD_KEYS`)."""
+    spec = options.spec
+    why = spec.pass_rates(options.estimator) if spec is not None else None
+    if not why:
+        return
+    for key, effect in SHAPED_REWARD_KEYS.items():
+        if bool(OmegaConf.select(config, key, default=False)):
+            raise EBPOConfigError(
+                f"algorithm.adv_estimator={spec.name} needs rewards in [0, 1] or the paper's -1/+1 ({why}), but "
+                f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use another estimator."
+            )
 
 
 def warn_ignored_options(config: Any, options: RunOptions, dry_run: bool) -> None:
