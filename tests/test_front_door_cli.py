@@ -103,8 +103,53 @@ def test_make_tables_refuses_a_run_that_does_not_exist(tmp_path):
 def test_every_level_of_the_recipes_command_answers_help(args, shows, capsys):
     from ebpo_verl.recipes.__main__ import main
 
-    assert main(args) == 0
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 0
     assert shows in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "python -m ebpo_verl.recipes: error: the following arguments are required: COMMAND"),
+        (["train"], "python -m ebpo_verl.recipes: error: argument COMMAND: invalid choice: 'train'"),
+        (["run", "qwen3_9b"], "python -m ebpo_verl.recipes run: error: argument MODEL: invalid choice: 'qwen3_9b'"),
+        (["table"], "python -m ebpo_verl.recipes table: error: the following arguments are required: NAME"),
+        (["eval"], "python -m ebpo_verl.recipes eval: error: the following arguments are required: TARGET"),
+        (["eval", ""], "python -m ebpo_verl.recipes eval: error: argument TARGET: '' is invalid; use a path"),
+        (["table", "main", "--list=yes"], "python -m ebpo_verl.recipes table main: error: argument --list/--no-list"),
+    ],
+)
+def test_a_bad_recipes_command_line_is_one_line(args, says, capsys):
+    from ebpo_verl.recipes.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(says) and err.count("\n") == 1, err
+
+
+def test_recipes_pass_what_they_do_not_declare_through(monkeypatch):
+    """Hydra overrides reach the run / table driver, generate's flags the evaluation, in their order; --list is the
+    table's own flag wherever it stands."""
+    from ebpo_verl.recipes import __main__ as recipes
+    from ebpo_verl.recipes import driver
+
+    seen = []
+    monkeypatch.setattr(driver, "run", lambda name, args, env: seen.append(("run", name, args)) or 0)
+    monkeypatch.setattr(driver, "drive", lambda name, args, env: seen.append(("table", name, args)) or 0)
+    monkeypatch.setattr(driver, "evaluate", lambda target, args, env: seen.append(("eval", target, args)) or 0)
+    assert recipes.main(["run", "qwen3_8b", "trainer.save_freq=5", "+x.y=1"]) == 0
+    assert recipes.main(["table", "main", "a=1", "--list", "b=2"]) == 0
+    assert recipes.main(["table", "ordering", "a=1"]) == 0
+    assert recipes.main(["eval", "ckpt/run", "--engine", "hf", "--limit", "2", "--trust-checkpoint"]) == 0
+    assert seen == [
+        ("run", "qwen3_8b", ["trainer.save_freq=5", "+x.y=1"]),
+        ("table", "main", ["--list", "a=1", "b=2"]),
+        ("table", "ordering", ["a=1"]),
+        ("eval", "ckpt/run", ["--engine", "hf", "--limit", "2", "--trust-checkpoint"]),
+    ]
 
 
 @pytest.fixture

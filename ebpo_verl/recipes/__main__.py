@@ -1,22 +1,29 @@
 """``python -m ebpo_verl.recipes run MODEL | table NAME | eval TARGET [args]``: the recipes' command line (from an
 installed package; in a checkout, ``recipe/ebpo/*.sh`` exec it).
 
-Switches are environment variables (``--help`` of each command lists them); every refusal is one line
-``ebpo recipe: ...`` on stderr with exit status 2.
+Switches are environment variables (``--help`` of each command lists them). A refused command line is one line
+``python -m ebpo_verl.recipes ...: error: ...``, a refused switch or target one line ``ebpo recipe: ...``, on
+stderr with exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import textwrap
+from dataclasses import MISSING, dataclass
+from typing import ClassVar
 
 from ebpo_verl.evaluate.prompts import BENCHMARKS
-from ebpo_verl.options.cli import switches_help
+from ebpo_verl.options.cli import OneLineParser, add_options, parse_options, switches_help
+from ebpo_verl.options.parsing import PATH, OptionSection, option
 from ebpo_verl.recipes.presets import ALIASES, PRESETS
 from ebpo_verl.recipes.spec import Model, RecipeError, RunSwitches, model_tags
 from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes
 from ebpo_verl.recipes.tables import TABLES
+
+PROG = "python -m ebpo_verl.recipes"
 
 
 def _algos() -> str:
@@ -67,18 +74,11 @@ the shards: it runs code from the file; pass it only for checkpoints you trust a
 Face folder or hub id loads safetensors without unpickling (docs/evaluation.md#trust)."""
 
 
-def usage(command: str, name: str) -> str:
+def about(command: str, name: str) -> str:
+    """The --help of ``run MODEL`` / ``table NAME`` after its usage line: what it is, its script, its switches."""
     if command == "run":
-        model = Model.load(name)
-        lines = f"  python -m ebpo_verl.recipes run {name} [hydra overrides]   (or bash recipe/ebpo/run_{name}.sh)"
-        return f"{model.description}\n{lines}\n\n{RUN_SWITCHES}"
-    if command == "table":
-        usage_line = (
-            f"  python -m ebpo_verl.recipes table {name} [--help | --list | hydra overrides for every run]\n"
-            f"  (in a checkout: bash recipe/ebpo/table_{name}.sh ...)"
-        )
-        return f"{TABLES[name].about}\n{usage_line}\n\n{DRIVE_SWITCHES}"
-    return EVAL_HELP
+        return f"{Model.load(name).description}\n(in a checkout: bash recipe/ebpo/run_{name}.sh ...)\n\n{RUN_SWITCHES}"
+    return f"{TABLES[name].about}\n(in a checkout: bash recipe/ebpo/table_{name}.sh ...)\n\n{DRIVE_SWITCHES}"
 
 
 TOP_HELP = """\
@@ -90,59 +90,63 @@ The recipes' commands (each answers --help):
 In a checkout, recipe/ebpo/*.sh exec these commands."""
 
 
-def _is_help(arg: str) -> bool:
-    return arg in ("-h", "--help")
+@dataclass(frozen=True)
+class TableOptions(OptionSection):
+    """``table NAME``'s own option; its other arguments are Hydra overrides for every training run."""
+
+    SECTION: ClassVar[str] = "table"
+    listing: bool = option(
+        False, "print the runs (section, method, experiment, results, command) and exit", choices=(True, False),
+        flag="--list",
+    )  # fmt: skip
 
 
-def help_text(argv: list[str]) -> str | None:
-    """The help that ``argv`` asks for at whichever level it stops (None: it asks for none). ``run --help``
-    and ``table --help`` list the models / tables; ``run MODEL --help`` the run's switches."""
-    commands = {"run": model_tags(), "table": list(TABLES)}
-    if not argv or not any(_is_help(a) for a in argv):
-        return None
-    if _is_help(argv[0]) or argv[0] not in (*commands, "eval"):
-        return TOP_HELP.format(models=" ".join(commands["run"]), tables=" ".join(commands["table"]))
-    command, rest = argv[0], argv[1:]
-    if command == "eval":
-        return EVAL_HELP
-    if _is_help(rest[0]):
-        what = "MODEL" if command == "run" else "NAME"
-        return (
-            f"usage: python -m ebpo_verl.recipes {command} {what} [args]; {what} one of: "
-            f"{' '.join(commands[command])}\n{command} {what} --help lists its switches"
-        )
-    if rest[0] not in commands[command]:
-        return None  # refused below, naming the choices
-    return usage(command, rest[0])
+@dataclass(frozen=True)
+class EvalOptions(OptionSection):
+    """``eval TARGET``; its other arguments go to ``python -m ebpo_verl.evaluate generate``."""
+
+    SECTION: ClassVar[str] = "eval"
+    target: str = option(
+        MISSING, "a verl checkpoint, a checkpoint root, a local Hugging Face folder or a hub id", rule=PATH,
+        flag="TARGET",
+    )  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> OneLineParser:
+    """The command line: ``run MODEL`` and ``table NAME`` (one parser per model / table, whose --help is its
+    switches) and ``eval``; what a command does not declare passes through (Hydra overrides, generate args)."""
+    own = {"formatter_class": argparse.RawDescriptionHelpFormatter, "allow_abbrev": False}
+    models, tables = model_tags(), list(TABLES)
+    top = OneLineParser(prog=PROG, description=TOP_HELP.format(models=" ".join(models), tables=" ".join(tables)), **own)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
+    for command, what, names in (("run", "MODEL", models), ("table", "NAME", tables)):
+        choose = f"{what} one of: {' '.join(names)}\n{command} {what} --help lists its switches"
+        level = commands.add_parser(command, description=choose, **own)
+        choices = level.add_subparsers(dest="name", required=True, metavar=what, parser_class=OneLineParser)
+        for name in names:
+            args = "[hydra overrides]" if command == "run" else "[--list] [hydra overrides for every run]"
+            leaf = choices.add_parser(name, usage=f"{PROG} {command} {name} {args}", description=about(command, name),
+                                      **own)  # fmt: skip
+            if command == "table":
+                add_options(leaf, TableOptions)
+    evaluate = commands.add_parser("eval", usage=f"{PROG} eval TARGET [generate args]", description=EVAL_HELP, **own)
+    add_options(evaluate, EvalOptions)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int | None:
     from ebpo_verl.recipes import driver
 
-    argv = sys.argv[1:] if argv is None else argv
-    commands = {"run": model_tags(), "table": list(TABLES), "eval": None}
-    text = help_text(argv)
-    if text is not None:
-        print(text)
-        return 0
-    if len(argv) < 2 and not (argv and argv[0] == "eval") or argv[0] not in commands:
-        print(
-            "usage: python -m ebpo_verl.recipes {run MODEL | table NAME | eval TARGET} [args] (--help at any level)",
-            file=sys.stderr,
-        )
-        return 2
-    command, rest = argv[0], argv[1:]
-    name = rest[0] if command != "eval" else ""
-    args = rest[1:] if command != "eval" else rest
+    top = parser()
+    args, passed = top.parse_known_args(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ)
     try:
-        if commands[command] is not None and name not in commands[command]:
-            raise RecipeError(f"unknown {command} {name!r} (one of: {' '.join(commands[command])})")
-        env = dict(os.environ)
-        if command == "run":
-            return driver.run(name, args, env)
-        if command == "table":
-            return driver.drive(name, args, env)
-        return driver.evaluate(args[0] if args else "", args[1:], env)
+        if args.command == "run":
+            return driver.run(args.name, passed, env)
+        if args.command == "table":
+            listing = parse_options(TableOptions, args, top).listing
+            return driver.drive(args.name, ["--list", *passed] if listing else passed, env)
+        return driver.evaluate(parse_options(EvalOptions, args, top).target, passed, env)
     except RecipeError as err:
         print(f"ebpo recipe: {err}", file=sys.stderr)
         return 2
