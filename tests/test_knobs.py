@@ -430,7 +430,7 @@ def _commands():
     from ebpo_verl.recipes import __main__ as recipes
     from ebpo_verl.recipes import make_tables, plot_dynamics, plot_pass_at_k
     from ebpo_verl.smoke import __main__ as smoke
-    from ebpo_verl.smoke import campaign
+    from ebpo_verl.smoke import campaign, selfcheck
     from ebpo_verl.study import __main__ as study
 
     yield "evaluate generate", lambda argv: evaluate_cli.main(["generate", *argv]), evaluate_cli.GenerateOptions
@@ -442,6 +442,7 @@ def _commands():
     yield "make_tables", make_tables.main, make_tables.MakeTablesOptions
     yield "smoke", lambda argv: smoke.parser().parse_args(argv), smoke.SmokeOptions
     yield "smoke.campaign", campaign.main, campaign.CampaignOptions
+    yield "smoke.selfcheck", selfcheck.main, selfcheck.SelfCheckOptions
     yield "docs_tables", docs_tables.main, docs_tables.DocsOptions
     yield "recipes.plot_dynamics", plot_dynamics.main, plot_dynamics.PlotOptions
     yield "recipes.plot_pass_at_k", plot_pass_at_k.main, plot_pass_at_k.PassAtKOptions
@@ -466,7 +467,7 @@ def test_every_converted_help_shows_its_declarations(monkeypatch):
     with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
         grading.main()
     _check_help(_normal(out.getvalue()), grading.BenchOptions)
-    assert len(seen) == 17
+    assert len(seen) == 18
 
 
 def test_every_converted_command_refuses_a_bad_value_in_one_line(capsys):

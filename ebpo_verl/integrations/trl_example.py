@@ -27,8 +27,18 @@ def sum_reward(completions: list[str], answer: list[int], **kwargs: Any) -> list
     return [float(str(a) in c) for c, a in zip(completions, answer, strict=True)]
 
 
-def build_trainer(out: Path, steps: int, model_dir: Path) -> Any:
-    """TRL's GRPOTrainer with EBPO's advantages: 2 prompts x G = 2 completions per step, a checkpoint every 2."""
+def build_trainer(
+    out: Path,
+    steps: int,
+    model_dir: Path,
+    estimator: str = "ebpo",
+    options: Any = None,
+    device: str = "cpu",
+    save_steps: int = 2,
+) -> Any:
+    """TRL's GRPOTrainer with ``estimator``'s advantages (``options``: its options, None the defaults; EBPO's
+    spelled out for ``ebpo``) on ``device``: 2 prompts x G = 2 completions per step, a checkpoint every
+    ``save_steps``. Each row has a unique ``index`` column, for the estimators that track prompts."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig
@@ -36,7 +46,7 @@ def build_trainer(out: Path, steps: int, model_dir: Path) -> Any:
     from ebpo_verl.algos.ebpo import EBPOOptions
     from ebpo_verl.integrations.trl import EstimatorGRPOTrainer
 
-    rows = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a in range(4) for b in range(4)]
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": a + b, "index": 4 * a + b} for a in range(4) for b in range(4)]
     args = GRPOConfig(
         output_dir=str(out / "run"),
         per_device_train_batch_size=4,
@@ -44,20 +54,22 @@ def build_trainer(out: Path, steps: int, model_dir: Path) -> Any:
         max_completion_length=8,
         max_steps=steps,
         save_strategy="steps",
-        save_steps=2,
+        save_steps=save_steps,
         logging_steps=1,
         report_to=[],
-        use_cpu=True,
+        use_cpu=device == "cpu",
         seed=0,
     )
+    if estimator == "ebpo" and options is None:
+        options = EBPOOptions()  # the defaults; any field of EBPOOptions, validated as under verl
     return EstimatorGRPOTrainer(
         model=str(model_dir),
         reward_funcs=sum_reward,
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        estimator="ebpo",
-        estimator_options=EBPOOptions(),  # the defaults; any field of EBPOOptions, validated as under verl
+        estimator=estimator,
+        estimator_options=options,
     )
 
 
