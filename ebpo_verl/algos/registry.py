@@ -8,7 +8,7 @@ modules: adding an estimator is one new module plus one line there (or, out of t
 :data:`ENTRY_POINT_GROUP` naming a module with ``SPECS``). Everything else (verl registration, the stateful set,
 the options sections, the generated YAML, ``--help``, docs tables, the pre-flight, the study's and the recipes'
 lists, the benchmark, TRL) reads :func:`estimators`, and every caller makes its object with :func:`new_estimator`;
-in tree, ``python -m ebpo_verl.trainer.config.generate`` (and ``--readme README.md``, ``--docs docs``) then
+in tree, ``python -m ebpo_verl.docs_tables`` (the one docs command) then
 rewrites the generated files (tests/test_options.py and tests/test_registry.py fail until it has). An
 entry-point estimator's options are not in the committed YAML: ``ebpo-train`` sets them with
 ``++algorithm.<name>.<key>=...``.
