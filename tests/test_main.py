@@ -87,7 +87,10 @@ def test_main_overrides_reach_the_options(compose_config):
 
 CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
 ERRORS = {
-    "group-size": (["actor_rollout_ref.rollout.n=1"], "rollout.n=1 but algorithm.ebpo.shrinkage=auto needs at least 2"),
+    "group-size": (
+        ["actor_rollout_ref.rollout.n=1"],
+        "rollout.n=1 but algorithm.adv_estimator=ebpo needs at least 2 responses per prompt (shrinkage=auto",
+    ),
     "unknown-key": (
         ["actor_rollout_ref.rollout.n=4", "+algorithm.ebpo.shrinkage_floor=0.1"],
         "unknown option algorithm.ebpo.shrinkage_floor; did you mean algorithm.ebpo.shrinkage? valid keys: prior, ",
@@ -230,7 +233,10 @@ DRY_RUN_ERRORS = {
         ["actor_rollout_ref.rollout.n=abc"],
         "actor_rollout_ref.rollout.n='abc' is invalid; use a positive integer",
     ),
-    "n=1": (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n=1 but algorithm.ebpo.shrinkage=auto"),
+    "n=1": (
+        ["actor_rollout_ref.rollout.n=1"],
+        "actor_rollout_ref.rollout.n=1 but algorithm.adv_estimator=ebpo needs at least 2",
+    ),
     "batch=0": (["data.train_batch_size=0"], "data.train_batch_size=0 is invalid; use a positive integer"),
     "typo": (
         ["algorithm.ebpo.shrinkge=0.5"],
