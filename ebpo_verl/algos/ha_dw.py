@@ -65,7 +65,7 @@ class HADWOptions(OptionSection):
 
     form: str = option(
         "paper",
-        "paper: the anchor recursion of arXiv 2601.08521 (below); authors_code: yangfengkai/HA-DW's weight "
+        "paper: arXiv 2601.08521's anchor recursion (the other options); authors_code: yangfengkai/HA-DW's weight "
         "1.5 exp(-sign(mu_g - mu_hist) sign(r - mu_g) |mu_g - mu_hist|), mu_hist the mean of the last 10 batch means",
         choices=FORMS,
     )
