@@ -116,18 +116,18 @@ class HADWState:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
         steps, anchor, history = state.get("steps"), state.get("anchor"), state.get("history")
-        batch_means = state.get("batch_means", [])
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
         if not (anchor is None or is_real(anchor)):
             raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
         if not isinstance(history, list) or not all(is_real(v) for v in history):
             raise ValueError(f"{what} history must be a list of finite numbers")
-        if not isinstance(batch_means, list) or len(batch_means) > AUTHORS_WINDOW or not all(map(is_real, batch_means)):
-            raise ValueError(f"{what} batch_means must be a list of at most {AUTHORS_WINDOW} finite numbers")
+        means = state.get("batch_means", [0.0])  # absent: none kept (empty is never written)
+        if not (isinstance(means, list) and 0 < len(means) <= AUTHORS_WINDOW and all(map(is_real, means))):
+            raise ValueError(f"{what} batch_means must be absent or a list of 1 to {AUTHORS_WINDOW} finite numbers")
         self.steps, self.anchor = steps, None if anchor is None else float(anchor)
         self.history = [float(v) for v in history]
-        self.batch_means = [float(v) for v in batch_means]
+        self.batch_means = [float(v) for v in state.get("batch_means", [])]
 
 
 def pass_rates(g: Groups) -> torch.Tensor:
