@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,101 @@ def test_ha_dw_weights_by_difficulty_and_keeps_uniform_groups_zero():
 def test_ha_dw_refuses_rewards_that_are_not_pass_rates(rewards):
     with pytest.raises(ValueError, match=r"^ha_dw's anchor is a success rate.*\['a'\]"):
         call(new_estimator("ha_dw", HADWOptions()), ["a"] * 4, rewards)
+
+
+def reference_ha_dw_authors(steps) -> list[list[float]]:
+    """The authors' code's HA-DW by plain loops (../shared/RIVALS_NOTES.md): a deque of the last 10 batch-mean
+    rewards, the current one included; scale 1.5 exp(-sign(mu_g - mu_hist) sign(r - mu_g) |mu_g - mu_hist|) times
+    GRPO's (r - mu_g) / (std_g + 1e-6); a lone response has mu_g = 0, std_g = 1 (verl's GRPO)."""
+    window, out = deque(maxlen=10), []
+    for uids, r in steps:
+        window.append(sum(r) / len(r))
+        mu_hist = sum(window) / len(window)
+        groups, adv = groups_of(uids, r), []
+        for k, v in zip(uids, r, strict=True):
+            g = groups[k]
+            mu, std = (float(np.mean(g)), float(np.std(g, ddof=1))) if len(g) > 1 else (0.0, 1.0)
+            d = mu - mu_hist
+            adv.append(1.5 * math.exp(-np.sign(d) * np.sign(v - mu) * abs(d)) * (v - mu) / (std + EPS))
+        out.append(adv)
+    return out
+
+
+def authors_steps(seed: int, count: int):
+    """``count`` steps of groups of varying size and success (a lone response, all-right / all-wrong groups; an
+    easy and a hard stretch move the mean), with 0/1, -1/+1 and continuous rewards."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for t in range(count):
+        sizes = [int(m) for m in rng.integers(1, 9, int(rng.integers(2, 6)))]
+        uids, r = batch(rng, sizes, ("binary", "binary", "pm1", "continuous")[t % 4], tag=f"s{t}-")
+        if t in (3, 4, 5):
+            r = np.where(rng.random(len(r)) < 0.9, 1.0, 0.0)  # an easy stretch
+        elif t in (12, 13):
+            r = np.where(rng.random(len(r)) < 0.1, 1.0, 0.0)  # a hard one
+        steps.append((uids, r))
+    return steps
+
+
+def test_ha_dw_authors_code_matches_a_plain_loop_past_a_full_window():
+    steps = authors_steps(5, 16)
+    assert any(min(np.unique(u, return_counts=True)[1]) == 1 for u, _ in steps)  # lone responses occur
+    est = new_estimator("ha_dw", HADWOptions(form="authors_code"))
+    for t, ((uids, r), want) in enumerate(zip(steps, reference_ha_dw_authors(steps), strict=True), start=1):
+        np.testing.assert_allclose(call(est, uids, r), want, rtol=1e-9, atol=1e-12)
+        assert len(est.state.batch_means) == min(t, 10) and est.state.steps == t
+    assert est.state.anchor is None and est.state.history == []  # the paper's anchor is not read or kept
+
+
+def test_ha_dw_authors_code_worked_example():
+    est = new_estimator("ha_dw", HADWOptions(form="authors_code"))
+    call(est, ["a"] * 4, [1.0, 1.0, 1.0, 1.0])  # batch mean 1
+    got = call(est, ["h"] * 4 + ["e"] * 4, [1.0, 0.0, 0.0, 0.0] + [1.0, 1.0, 1.0, 0.0])  # batch mean 0.5
+    m, a_hat = 0.75, 0.75 / (0.5 + EPS)  # mu_hist: mean of (1, 0.5); |A_hat| of the lone right / wrong answer
+    np.testing.assert_allclose(got[0], a_hat * 1.5 * math.exp(m - 0.25), rtol=1e-12)  # hard (0.25): right up
+    np.testing.assert_allclose(got[1], -a_hat / 3 * 1.5 * math.exp(0.25 - m), rtol=1e-12)  # hard: wrong down
+    np.testing.assert_allclose(got[7], -a_hat * 1.5, rtol=1e-12)  # mu_g = mu_hist: sign 0, the bare 1.5
+    assert est.state.batch_means == [1.0, 0.5]
+
+
+def test_ha_dw_authors_code_window_resumes_mid_window_and_is_saved_only_when_used():
+    steps = authors_steps(6, 15)
+    whole, first = (new_estimator("ha_dw", HADWOptions(form="authors_code")) for _ in range(2))
+    for uids, r in steps[:6]:
+        call(whole, uids, r)
+        call(first, uids, r)
+    saved = json.loads(json.dumps(first.state.state_dict()))
+    assert len(saved["batch_means"]) == 6
+    resumed, fresh = (new_estimator("ha_dw", HADWOptions(form="authors_code")) for _ in range(2))
+    resumed.state.load_state_dict(saved)
+    for uids, r in steps[6:]:  # past the 10th step: the restored means leave the window in order
+        want = call(whole, uids, r)
+        np.testing.assert_array_equal(call(resumed, uids, r), want)
+        assert not np.array_equal(call(fresh, uids, r), want)  # an empty window (the authors' resume) differs
+    assert resumed.state.state_dict() == whole.state.state_dict()
+    paper = new_estimator("ha_dw", HADWOptions())
+    call(paper, *steps[0])
+    assert "batch_means" not in paper.state.state_dict()  # the paper form's snapshot keeps its old fields
+
+
+def test_ha_dw_loads_a_snapshot_from_before_the_window_and_refuses_a_bad_window():
+    old = {"version": 1, "steps": 3, "anchor": 0.25, "history": [0.5, 0.375, 0.25]}  # as every older checkpoint
+    est = new_estimator("ha_dw", HADWOptions())
+    est.state.load_state_dict(old)
+    assert est.state.state_dict() == old and est.state.batch_means == []
+    for bad in ([0.5] * 11, [float("nan")], "0.5", [], None):  # [] is never written: a snapshot restores exactly
+        with pytest.raises(ValueError, match=r"^ha_dw state batch_means must be absent or a list of 1 to 10 finite"):
+            est.state.load_state_dict({**old, "batch_means": bad})
+        assert est.state.state_dict() == old
+
+
+def test_ha_dw_authors_code_takes_raw_rewards():
+    est = new_estimator("ha_dw", HADWOptions(form="authors_code"))
+    got = call(est, ["a"] * 4, [0.0, 2.0, 1.0, 0.0])  # refused by the paper form (its anchor is a success rate)
+    mu, std = 0.75, float(np.std([0.0, 2.0, 1.0, 0.0], ddof=1))
+    np.testing.assert_allclose(got, 1.5 * (np.array([0.0, 2.0, 1.0, 0.0]) - mu) / (std + EPS), rtol=1e-12)
+    spec = registry.get("ha_dw")
+    assert spec.pass_rates(HADWOptions()) and spec.pass_rates(HADWOptions(form="authors_code")) is None
 
 
 # ----------------------------------------------------------------------------------------------------------- krpo
@@ -597,6 +693,7 @@ def _trainer_step(trainer, step: int) -> torch.Tensor:
     [
         ("jspo_history", ()),
         ("ha_dw", ("algorithm.ha_dw.window=2",)),
+        ("ha_dw", ("algorithm.ha_dw.form=authors_code",)),  # its window of batch means (the authors' code drops it)
         ("running_norm", ("algorithm.running_norm.row_key=topic",)),
     ],  # fmt: skip
 )

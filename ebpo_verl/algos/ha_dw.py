@@ -23,6 +23,14 @@ epsilon is verl GRPO's 1e-6; a lone response gets A_hat = 0 (verl's GRPO gives i
 Rewards: the anchor is a success rate, so rewards in [0, 1] are pass rates as they are and the paper's -1/+1
 reward is mapped to (r + 1) / 2 (as ``bnpo``); other rewards are refused. Padding rows get 0 and enter nothing.
 The state (anchor, buffer, steps) is saved with every checkpoint.
+
+``form=authors_code`` is the authors' code instead (``yangfengkai/HA-DW``, ``verl/trainer/ppo/core_algos.py``,
+``compute_ha_dw_outcome_advantage``), not the paper's anchor recursion: a window of the last 10 batch-mean rewards,
+the current batch's included, mu_hist its mean; with mu_g the group's mean reward,
+A_ij = 1.5 exp(-sign(mu_g - mu_hist) sign(r_ij - mu_g) |mu_g - mu_hist|) (r_ij - mu_g) / (std_g + epsilon)
+(unbiased std). Raw rewards (no pass-rate mapping or refusal); ``lam_scale``, ``update`` and the anchor options
+are not read; a lone response gets mu_g = 0 and std_g = 1 as in that code (and verl's GRPO), so A = 1.5 e^.. r.
+Their ``hist_var`` is unused and omitted; their window is not checkpointed, ours is (``batch_means`` in the state).
 """
 
 from __future__ import annotations
@@ -36,11 +44,16 @@ import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
-from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
 
 UPDATES = ("adaptive", "hard")
+FORMS = ("paper", "authors_code")
 STATE_VERSION = 1
+AUTHORS_WINDOW = 10
+"""authors_code: batch-mean rewards kept (the authors' k)."""
+AUTHORS_SCALE = 1.5
+"""authors_code: the fixed scale of their weight."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,12 @@ class HADWOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.ha_dw"
 
+    form: str = option(
+        "paper",
+        "paper: arXiv 2601.08521's anchor recursion (the other options); authors_code: yangfengkai/HA-DW's weight "
+        "1.5 exp(-sign(mu_g - mu_hist) sign(r - mu_g) |mu_g - mu_hist|), mu_hist the mean of the last 10 batch means",
+        choices=FORMS,
+    )
     lam_scale: float = option(
         1.3, "Phi's scale (paper: 1.3 best of 0.5-2.0; it rescales every advantage)", rule=reals(0.0, open_low=True)
     )
@@ -73,21 +92,26 @@ class HADWOptions(OptionSection):
 
 @dataclass
 class HADWState:
-    """The anchor of one run (None before the first step), the buffer of its last posterior values, the steps."""
+    """The anchor of one run (None before the first step), the buffer of its last posterior values, the steps;
+    ``form=authors_code``: ``batch_means``, the last batch-mean rewards (empty under ``paper``)."""
 
     steps: int = 0
     anchor: float | None = None
     history: list[float] = field(default_factory=list)
+    batch_means: list[float] = field(default_factory=list)
 
     def reset(self) -> None:
         self.__init__()
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {"version": STATE_VERSION, "steps": self.steps, "anchor": self.anchor, "history": list(self.history)}
+        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``); ``batch_means`` only when
+        non-empty, so a ``paper`` form's snapshot is what it was before ``authors_code`` existed."""
+        out = {"version": STATE_VERSION, "steps": self.steps, "anchor": self.anchor, "history": list(self.history)}
+        return {**out, "batch_means": list(self.batch_means)} if self.batch_means else out
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
+        """Restore a :meth:`state_dict` (one without ``batch_means``, as every older one, has none); a bad field raises
+        ValueError naming it, leaving this state unchanged."""
         what = "ha_dw state"
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
@@ -98,8 +122,12 @@ class HADWState:
             raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
         if not isinstance(history, list) or not all(is_real(v) for v in history):
             raise ValueError(f"{what} history must be a list of finite numbers")
+        means = state.get("batch_means", [0.0])  # absent: none kept (empty is never written)
+        if not (isinstance(means, list) and 0 < len(means) <= AUTHORS_WINDOW and all(map(is_real, means))):
+            raise ValueError(f"{what} batch_means must be absent or a list of 1 to {AUTHORS_WINDOW} finite numbers")
         self.steps, self.anchor = steps, None if anchor is None else float(anchor)
         self.history = [float(v) for v in history]
+        self.batch_means = [float(v) for v in state.get("batch_means", [])]
 
 
 def pass_rates(g: Groups) -> torch.Tensor:
@@ -129,18 +157,41 @@ def next_anchor(prior: float, y: float, step: int, history: list[float], options
     return (1.0 - eta_t) * prior + eta_t * y, eta_t
 
 
+def authors_code_advantages(g: Groups, epsilon: float, state: HADWState) -> tuple[torch.Tensor, dict[str, float]]:
+    """``form=authors_code`` (module doc): the valid rows' advantages and diagnostics; the current batch's mean
+    reward enters ``state.batch_means`` first, then mu_hist is the window's mean."""
+    state.batch_means = [*state.batch_means, sorted_sum(g.r).item() / len(g.r)][-AUTHORS_WINDOW:]
+    state.steps += 1
+    mu_hist = sum(state.batch_means) / len(state.batch_means)
+    lone = g.size == 1
+    mu = torch.where(lone, torch.zeros_like(g.mean), g.mean).index_select(0, g.row_group)
+    std = torch.where(lone, torch.ones_like(g.var), g.var.sqrt()).index_select(0, g.row_group)
+    diff = mu - mu_hist
+    scale = AUTHORS_SCALE * torch.exp(-torch.sign(diff) * torch.sign(g.r - mu) * diff.abs())
+    diagnostics = {
+        "ha_dw/history_mean": mu_hist,
+        "ha_dw/batch_mean": state.batch_means[-1],
+        "ha_dw/weight_mean": (sorted_sum(scale) / len(scale)).item(),
+    }
+    return scale * (g.r - mu) / (std + epsilon), diagnostics
+
+
 def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWState) -> Advantages:
     """HA-DW advantages A_ij = A_hat_ij lam_scale exp(-sign(A_hat_ij) sign(diff_i) |diff_i|) (module doc), shape
     ``(bs,)``; padding rows get 0. Then the anchor update; ``state`` changes in place; diagnostics ``ha_dw/*``.
+    ``form=authors_code``: the authors' weight and window instead (module doc).
 
     Args:
         batch: the rows grouped by uid (``row_values`` not read).
         options: estimator options.
-        state: the anchor and its buffer.
+        state: the anchor and its buffer, or (authors_code) the window of batch means.
     """
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
+    if options.form == "authors_code":
+        adv, diagnostics = authors_code_advantages(g, float(options.epsilon), state)
+        return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
     x = pass_rates(g)
     y = sorted_sum(x).item() / len(x)
     prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)
@@ -170,7 +221,7 @@ SPECS = (
     EstimatorSpec(
         "ha_dw",
         "history-aware difficulty weighting of GRPO's advantage by a global success-rate anchor",
-        "arXiv 2601.08521 (HA-DW), Sec. 3; no official code",
+        "arXiv 2601.08521 (HA-DW), Sec. 3; authors' code yangfengkai/HA-DW (form=authors_code)",
         compute=compute_ha_dw_advantages,
         options_cls=HADWOptions,
         state=StateSpec(
@@ -179,6 +230,6 @@ SPECS = (
             "ha_dw",
             "success-rate anchor (anchor_init, or the first batch's pass rate)",
         ),
-        pass_rates=always("its anchor is a success rate"),
+        pass_rates=lambda options: "its anchor is a success rate" if options.form == "paper" else None,
     ),
 )
