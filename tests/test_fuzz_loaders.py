@@ -5,8 +5,8 @@ refuses everything, and must fail there (a property that passes by refusing ever
 
 Loaders: a checkpoint's ``ebpo_step_metrics.json`` and verl's ``latest_checkpointed_iteration.txt`` as a resume
 reads them, the run lock's holder record, a study's ``study_config.json`` and ``summary.json`` and saved runs,
-answer extraction from model output (``reward``, ``paper_reward``, ``evaluate.answers``) and KRPO's sample
-indices from verl's trajectory keys."""
+answer extraction from model output (``reward``, ``paper_reward``, ``evaluate.answers``), KRPO's sample
+indices from verl's trajectory keys and the report ``campaign --recheck`` reads."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from ebpo_verl import paper_reward, reward
 from ebpo_verl.evaluate import answers
 from ebpo_verl.ops import locking
+from ebpo_verl.smoke import campaign
 from ebpo_verl.study import runner, saved
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS
 from ebpo_verl.trainer.checkpoint import resume, step_metrics
@@ -550,3 +551,158 @@ def test_fuzz_study_saved_run_property_fails_on_a_refusing_loader(monkeypatch, t
     fails_on_mutant(
         test_fuzz_study_saved_run, monkeypatch, runner, "load_done", mutant, tmp_path_factory=tmp_path_factory
     )
+
+
+# ------------------------------------------------------------------------------- campaign --recheck's report
+
+counts = st.integers(0, 10**6) | st.integers(0, 10**30)
+leaks = st.none() | st.fixed_dictionaries(
+    {"tagged_seen": counts, "ray_seen": counts, "trainer": st.integers(-(10**6), 10**6), "trainer_seen": st.booleans(),
+     "left": st.lists(st.text(max_size=5), max_size=2)}
+)  # fmt: skip
+targets = st.fixed_dictionaries(
+    {"phase": st.sampled_from(campaign.PHASES), "step_offset": st.sampled_from([1, 2]),
+     "fraction": st.floats(0.1, 0.9), "step": st.integers(-3, 20)}
+)  # fmt: skip
+landings = st.fixed_dictionaries(
+    {"phase": st.text(max_size=12), "step": st.none() | st.integers(0, 20), "seconds_in": st.none() | st.floats(0, 99)}
+)
+
+
+def _attempts(killed: bool) -> st.SearchStrategy:
+    """Attempts as :func:`campaign.run_attempts` writes them (``kill_t`` and ``leak`` optional: older reports)."""
+    fields = {"resumed_from": counts, "marker_offset": counts, "log_offset": counts, "killed": st.just(killed),
+              "wall_s": st.floats(0, 1e4)}  # fmt: skip
+    killed_fields = {"target": targets, "landed": landings, "kill_utc": st.text(max_size=5)}
+    optional = {"leak": leaks, **({"kill_t": st.floats(0, 2e9) | st.integers(0, 10**30)} if killed else {})}
+    return st.fixed_dictionaries({**fields, **(killed_fields if killed else {})}, optional=optional)
+
+
+reports = st.fixed_dictionaries(
+    {"seed": st.integers(-(10**30), 10**30), "kills_drawn": counts, "steps": counts, "kills_done": counts,
+     "plan": st.lists(targets, max_size=3),
+     "attempts": st.tuples(st.lists(_attempts(True), max_size=3), _attempts(False)).map(lambda p: [*p[0], p[1]])},
+    optional={"reference_leak": leaks, "reference_wall_s": st.floats(0, 1e4), "checks": json_values,
+              "ok": st.booleans(), "failed": st.text(max_size=5)},
+)  # fmt: skip
+"""Well-formed reports (the fields ``_campaign`` and ``_checked`` write; older reports lack the optional ones)."""
+
+
+def _valid_report(report) -> bool:
+    """The oracle: every field the recheck's checks read, with its JSON type (integers never bools or floats)."""
+
+    def count(value) -> bool:
+        return _is_int(value) and value >= 0
+
+    def leak(value) -> bool:
+        return value is None or (
+            isinstance(value, dict)
+            and isinstance(value.get("trainer_seen"), bool)
+            and count(value.get("ray_seen"))
+            and _is_int(value.get("trainer"))
+            and isinstance(value.get("left"), list)
+        )
+
+    def attempt(a) -> bool:
+        if not isinstance(a, dict) or not all(count(a.get(k)) for k in ("resumed_from", "marker_offset", "log_offset")):
+            return False
+        if not isinstance(a.get("killed"), bool) or not leak(a.get("leak")):
+            return False
+        target, kill_t = a.get("target"), a.get("kill_t", 0.0)
+        return not a["killed"] or (
+            isinstance(target, dict)
+            and isinstance(target.get("phase"), str)
+            and target["phase"] != ""
+            and _is_int(target.get("step"))
+            and isinstance(a.get("landed"), dict)
+            and isinstance(kill_t, int | float)
+            and not isinstance(kill_t, bool)
+            and abs(kill_t) < math.inf  # NaN and the infinities (1e400 reads as inf) fail; a 31-digit int passes
+        )
+
+    return (
+        isinstance(report, dict)
+        and _is_int(report.get("seed"))
+        and all(count(report.get(k)) for k in ("kills_drawn", "steps", "kills_done"))
+        and isinstance(report.get("plan"), list)
+        and isinstance(report.get("attempts"), list)
+        and len(report["attempts"]) > 0
+        and all(attempt(a) for a in report["attempts"])
+        and leak(report.get("reference_leak"))
+    )
+
+
+def _write_report(folder: Path, report) -> Path:
+    path = folder / "campaign_report.json"
+    path.write_text(json.dumps(report, indent=1))
+    return path
+
+
+@FUZZ
+@given(report=reports)
+def test_fuzz_campaign_report_round_trip(report, tmp_path_factory):
+    """A well-formed report is read back exactly as written (NaN in its free-form ``checks`` kept)."""
+    path = _write_report(tmp_path_factory.mktemp("camp"), report)
+    try:
+        loaded = campaign.load_report(path)
+    except SystemExit as err:
+        raise AssertionError(f"a well-formed report was refused: {err}") from None
+    assert _valid_report(report) and json.dumps(loaded) == json.dumps(report)
+
+
+@FUZZ
+@given(report=reports.flatmap(_mutation) | json_values)
+def test_fuzz_campaign_report(report, tmp_path_factory):
+    """Any part of a well-formed report replaced: read back when the oracle says valid, else one line naming it."""
+    path = _write_report(tmp_path_factory.mktemp("camp"), report)
+    try:
+        loaded = campaign.load_report(path)
+    except SystemExit as err:
+        assert not _valid_report(report), err
+        return _one_line(err, f"[campaign] --recheck: {path} is not a campaign report: ")
+    assert _valid_report(report) and json.dumps(loaded) == json.dumps(report)
+
+
+KILLED = {"resumed_from": 0, "marker_offset": 0, "log_offset": 0, "killed": True, "landed": {"phase": "save"},
+          "target": {"phase": "save", "step": 1}, "kill_t": 1.5, "leak": None}  # fmt: skip
+REPORT = {"seed": 8, "kills_drawn": 1, "steps": 4, "kills_done": 1, "plan": [],
+          "attempts": [KILLED, {"resumed_from": 1, "marker_offset": 9, "log_offset": 9, "killed": False}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ('{"seed": ' + DEEP + "}", "nested too deeply"),
+        (b'{"seed": 8, "\xff": 1}', "can't decode byte 0xff"),
+        (json.dumps(REPORT).replace('"kill_t": 1.5', '"kill_t": 1e400'), "attempt 1: kill_t must be a finite number"),
+        (json.dumps(REPORT).replace('"kill_t": 1.5', '"kill_t": NaN'), "attempt 1: kill_t must be a finite number"),
+        (
+            json.dumps(REPORT).replace('"steps": 4', '"steps": 4.0'),
+            "the report: steps must be an integer >= 0, not 4.0",
+        ),
+        (json.dumps(REPORT).replace('"kills_done": 1', '"kills_done": true'), "kills_done must be an integer >= 0"),
+        (json.dumps(REPORT).replace('"marker_offset": 9', '"marker_offset": -9'), "attempt 2: marker_offset must"),
+        (json.dumps({**REPORT, "attempts": []}), "attempts must be a non-empty list, not []"),
+        (
+            json.dumps({**REPORT, "attempts": [{**KILLED, "target": ["save", 1]}]}),
+            "attempt 1: target must be an object",
+        ),
+        (json.dumps({**REPORT, "reference_leak": {"left": []}}), "reference_leak: trainer_seen must be true or false"),
+        (json.dumps([REPORT]), "the report is not an object"),
+    ],
+)
+def test_fuzz_campaign_report_refusals(text, found, tmp_path):
+    # before load_report: a deep file escaped as RecursionError, 1e400 as inf into the checks, a float offset or a
+    # list target as TypeError tracebacks, an empty attempts list as IndexError; --recheck exits with the line
+    path = tmp_path / "campaign_report.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SystemExit) as err:
+        campaign.main(["--out", str(tmp_path), "--recheck"])
+    _one_line(err.value, f"[campaign] --recheck: {path} is not a campaign report: ")
+    assert found in str(err.value)
+
+
+def test_fuzz_campaign_report_properties_fail_on_a_refusing_loader(monkeypatch, tmp_path_factory):
+    mutant = refusing(SystemExit, lambda path: f"[campaign] --recheck: {path} is not a campaign report: mutant")
+    for test in (test_fuzz_campaign_report_round_trip, test_fuzz_campaign_report):
+        fails_on_mutant(test, monkeypatch, campaign, "load_report", mutant, tmp_path_factory=tmp_path_factory)

@@ -123,18 +123,46 @@ def test_fuzz_generations_lines(lines, torn, tmp_path_factory):
     assert list(records.values()) == kept and intact <= len(text)
 
 
+def _valid_meta(meta) -> bool:
+    """The oracle: strings protocol and model, a provenance list (or none), and benchmarks an object of objects
+    with runs an integer >= 1, limit null or one, and digests (or none) an object of strings."""
+
+    def positive(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    def spec(s) -> bool:
+        digests = s.get("digests", {}) if isinstance(s, dict) else None
+        return (
+            isinstance(digests, dict)
+            and all(isinstance(d, str) for d in digests.values())
+            and positive(s.get("runs"))
+            and (s.get("limit") is None or positive(s["limit"]))
+        )
+
+    return (
+        isinstance(meta, dict)
+        and isinstance(meta.get("protocol"), str)
+        and isinstance(meta.get("model"), str)
+        and isinstance(meta.get("provenance", []), list)
+        and isinstance(meta.get("benchmarks"), dict)
+        and all(spec(s) for s in meta["benchmarks"].values())
+    )
+
+
 @FUZZ
-@given(meta=_mutation(META) | json_values)
+@given(meta=st.just(META) | _mutation(META) | json_values)
 def test_fuzz_generations_meta(meta, tmp_path_factory):
-    """Any ``.meta.json``: grading and a resume read it or refuse it in one line; a refused meta and its
-    generations file are left untouched."""
+    """Any ``.meta.json``: grading and a resume read it exactly when the oracle says valid, else refuse it in one
+    line; a refused meta and its generations file are left untouched."""
     folder = tmp_path_factory.mktemp("meta")
     path = folder / "g.jsonl"
     path.write_text(json.dumps(LINE) + "\n")
     (folder / "g.jsonl.meta.json").write_text(json.dumps(meta))
     try:
-        assert read_meta(path) == meta
+        read = read_meta(path)
+        assert _valid_meta(meta) and json.dumps(read) == json.dumps(meta)  # NaN compares equal as text
     except EvalInputError as err:
+        assert not _valid_meta(meta), err
         _one_line(err, "g.jsonl.meta.json")
     try:
         with GenerationsFile(path, META) as gen:
@@ -142,7 +170,7 @@ def test_fuzz_generations_meta(meta, tmp_path_factory):
     except EvalInputError as err:
         _one_line(err, "g.jsonl")
         assert path.read_text() == json.dumps(LINE) + "\n"
-        assert json.loads((folder / "g.jsonl.meta.json").read_text()) == meta
+        assert (folder / "g.jsonl.meta.json").read_text() == json.dumps(meta)
 
 
 def test_fuzz_generations_meta_that_is_not_an_object(tmp_path):
@@ -190,16 +218,68 @@ def test_fuzz_results_json_structure(change, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def _valid_results(data) -> bool:
+    """The oracle: protocol paper or verl, step null or an integer, generation null or an object whose provenance
+    (or none) is a list, and benchmarks an object of objects whose counts are null or integers >= 0, whose scores
+    (pass@1, avg@n, and each k of pass@k/maj@k, objects or null) are null or numbers in [0, 100], and whose
+    complete (or none) is a boolean."""
+
+    def integer(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def percent(value) -> bool:  # no float(): a 400-digit integer is simply > 100
+        return value is None or (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 100)
+
+    def entry(e) -> bool:
+        counts = ("runs", "problems", "problems_in_data", "samples", "n", "limit")
+        by_k = [e.get(name) for name in ("pass@k", "maj@k")] if isinstance(e, dict) else [0]
+        return (
+            all(k is None or (isinstance(k, dict) and all(percent(v) for v in k.values())) for k in by_k)
+            and all(e.get(c) is None or (integer(e[c]) and e[c] >= 0) for c in counts)
+            and percent(e.get("pass@1"))
+            and percent(e.get("avg@n"))
+            and isinstance(e.get("complete", True), bool)
+        )
+
+    generation = data.get("generation") if isinstance(data, dict) else None
+    return (
+        isinstance(data, dict)
+        and data.get("protocol") in ("paper", "verl")
+        and (data.get("step") is None or integer(data["step"]))
+        and (
+            generation is None or (isinstance(generation, dict) and isinstance(generation.get("provenance", []), list))
+        )
+        and isinstance(data.get("benchmarks"), dict)
+        and all(entry(e) for e in data["benchmarks"].values())
+    )
+
+
+def test_fuzz_results_json_refusals_found_by_the_oracle(tmp_path):
+    # before: a 400-digit pass@1 escaped as OverflowError; a pass@k of 0, "", [] or false was read as none
+    path = tmp_path / "r.json"
+    for bad, found in [('"pass@1": ' + "9" * 400, "int too large"), ('"pass@k": 0', "pass@k/maj@k is not an object"),
+                       ('"maj@k": []', "pass@k/maj@k is not an object")]:  # fmt: skip
+        path.write_text('{"protocol": "paper", "benchmarks": {"aime2024": {' + bad + "}}}")
+        with pytest.raises(MetricsLogError) as err:
+            make_tables.load_results(path)
+        _one_line(err.value, f"{path}: not a RESULTS.json")
+        assert found in str(err.value)
+
+
 @FUZZ
-@given(results=_mutation(RESULTS))
+@given(results=st.just(RESULTS) | _mutation(RESULTS) | json_values)
 def test_fuzz_results_json(results, tmp_path_factory):
-    """A RESULTS.json with any part replaced: a row whose numbers are the file's, or one refusal line."""
+    """A RESULTS.json with any part replaced: read exactly when the oracle says valid, and then a row whose
+    numbers are the file's; else one refusal line naming it."""
     path = tmp_path_factory.mktemp("res") / "r.json"
     path.write_text(json.dumps(results))
     try:
+        data = make_tables.load_results(path)
         [row] = make_tables.build_rows(None, [f"A/x={path}"], "final")
     except MetricsLogError as err:
+        assert not _valid_results(results), err
         return _one_line(err, str(path))
+    assert _valid_results(results) and json.dumps(data) == json.dumps(results)
     for bench, score in row.scores.items():
         given_score = results["benchmarks"][bench]["pass@1"]
         assert score == given_score and 0 <= score <= 100 and math.isfinite(score)
@@ -311,4 +391,10 @@ def test_fuzz_logs_properties_fail_on_a_refusing_reader(monkeypatch, tmp_path_fa
                     tmp_path_factory=tmp_path_factory)  # fmt: skip
     mutant = refusing(ValueError, lambda path: f"{path}: mutant")
     fails_on_mutant(test_fuzz_metrics_sidecar, monkeypatch, globals(), "read_provenance", mutant,
+                    tmp_path_factory=tmp_path_factory)  # fmt: skip
+    mutant = refusing(EvalInputError, lambda path: f"{path}.meta.json: mutant")
+    fails_on_mutant(test_fuzz_generations_meta, monkeypatch, globals(), "read_meta", mutant,
+                    tmp_path_factory=tmp_path_factory)  # fmt: skip
+    mutant = refusing(MetricsLogError, lambda path: f"{path}: not a RESULTS.json (mutant)")
+    fails_on_mutant(test_fuzz_results_json, monkeypatch, make_tables, "load_results", mutant,
                     tmp_path_factory=tmp_path_factory)  # fmt: skip

@@ -215,7 +215,7 @@ def load_results(path: Path) -> dict:
             raise TypeError("generation is not an object with a provenance list")
         for bench, entry in data["benchmarks"].items():
             _check_result_entry(bench, entry)
-    except (ValueError, KeyError, TypeError, RecursionError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as err:  # Overflow: a 400-digit score
         why = "nested too deeply" if isinstance(err, RecursionError) else " ".join(str(err).split())
         raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({why})") from err
     return data
@@ -228,7 +228,7 @@ def _check_result_entry(bench: str, entry: object) -> None:
         value = entry.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not an integer >= 0")
-    if not all(isinstance(entry.get(name) or {}, dict) for name in ("pass@k", "maj@k")):
+    if not all(entry.get(name) is None or isinstance(entry[name], dict) for name in ("pass@k", "maj@k")):
         raise TypeError(f"benchmarks.{bench:.40}.pass@k/maj@k is not an object (k -> percentage)")
     by_k = [(f"{name}.{k:.20}", v) for name in ("pass@k", "maj@k") for k, v in (entry.get(name) or {}).items()]
     for key, value in [(k, entry.get(k)) for k in RESULT_PERCENTS] + by_k:

@@ -1,24 +1,23 @@
 """A random-kill campaign: SIGKILL verl's trainer at seeded points of a step's phases, rerun, check nothing is lost.
 
 ``python -m ebpo_verl.smoke.campaign --kills K --seed S --out DIR`` runs the one-node CPU smoke configuration (run A
-of the smoke harness, :mod:`ebpo_verl.smoke`: its tiny model, data and reward, with a checkpoint and a validation
-every step and a per-topic prior, ``algorithm.ebpo.cluster_key=topic``) first uninterrupted (the reference), then as a
-campaign: K attempts, each SIGKILLed with its whole process tree at a drawn point, each followed by a rerun of the
-same command (``resume_mode=auto``), and a last rerun to the end. It then checks the invariants of a run that loses
-nothing and writes the report (``DIR/campaign_report.json``, also printed); ``--out DIR --recheck`` reruns the checks
-on a finished campaign's folder. docs/training_faults.md has the invariants and a K=8 run.
+of :mod:`ebpo_verl.smoke`: its tiny model, data and reward, with a checkpoint and a validation every step and a
+per-topic prior, ``algorithm.ebpo.cluster_key=topic``) uninterrupted (the reference), then as a campaign: K attempts,
+each SIGKILLed with its whole process tree at a drawn point and rerun (``resume_mode=auto``), and a last rerun to
+the end. It checks the invariants of a run that loses nothing and writes the report (``DIR/campaign_report.json``,
+also printed); ``--out DIR --recheck`` reruns the checks on a finished campaign's folder (:func:`load_report`).
+docs/training_faults.md has the invariants and a K=8 run.
 
-Where a kill lands. Importing this module in verl's processes (it is added to ``VERL_USE_EXTERNAL_MODULES``)
-with ``EBPO_CAMPAIGN_MARKER`` set wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.trainer.watchdog`
-records the trainer's phase there) so that the trainer appends ``{t, event, step, phase}`` to that marker file.
-Each kill is drawn from the seed as (phase, step of the attempt, fraction ``u`` of the phase's length): the
-campaign polls the marker and kills ``u`` times the phase's length in the reference run after the phase began
-(``rollout``: generation, up to the first nested phase; ``old_log_prob``; ``update_actor``; ``save``, the
-checkpoint write; ``validate``). For ``after_save`` (after the checkpoint, before the step's log call) the trainer
-holds right after the save phase when the marker's ``.hold`` file names that step, and is killed there. Where
-the kill landed is read back from the marker events before the kill's time (the innermost open phase, or the
-phase last left), whatever was aimed at; the check reads it back at the kill's recorded time and fails unless it is
-the aimed phase and step.
+Where a kill lands. Imported in verl's processes (through ``VERL_USE_EXTERNAL_MODULES``) with ``EBPO_CAMPAIGN_MARKER``
+set, this module wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.trainer.watchdog` records the
+trainer's phase there) so that the trainer appends ``{t, event, step, phase}`` to that marker file. Each kill is
+drawn from the seed as (phase, step of the attempt, fraction ``u`` of the phase's length): the campaign polls the
+marker and kills ``u`` times the phase's length in the reference run after the phase began (``rollout``:
+generation, up to the first nested phase; ``old_log_prob``; ``update_actor``; ``save``, the checkpoint write;
+``validate``). For ``after_save`` (after the checkpoint, before the step's log call) the trainer holds right after
+the save phase when the marker's ``.hold`` file names that step, and is killed there. Where the kill landed (the
+innermost open phase, or the phase last left) is read back from the marker at the kill's recorded time; the check
+fails unless it is the aimed phase and step.
 
 What is left of an attempt: its processes are found by the smoke scan's environment tag (:class:`Sighting`), sampled
 while it lives (the check fails unless that saw the trainer and a Ray process) and counted 30 s after the kill.
@@ -26,6 +25,7 @@ while it lives (the check fails unless that saw the trainer and a Ray process) a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -41,8 +41,9 @@ from typing import Any, ClassVar
 import numpy as np
 import psutil
 
+from ebpo_verl.ops.errors import one_line
 from ebpo_verl.options.cli import parse
-from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option
+from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option, reals, text
 from ebpo_verl.smoke.invariants import (
     batch_groups,
     check_leaks,
@@ -76,8 +77,7 @@ def _hold_step(path: str) -> int | None:
 
 
 def install_marker(path: str) -> None:
-    """Wrap :class:`ebpo_verl.trainer.watchdog.StepWatchdog`'s ``enter``/``leave`` to append phase events to
-    ``path``."""
+    """Wrap :class:`~ebpo_verl.trainer.watchdog.StepWatchdog`'s ``enter``/``leave`` to append events to ``path``."""
     from ebpo_verl.trainer.watchdog import StepWatchdog
 
     enter, leave = StepWatchdog.enter, StepWatchdog.leave
@@ -116,12 +116,7 @@ def plan_kills(seed: int, kills: int) -> list[dict[str, Any]]:
 
 def read_events(path: Path, offset: int = 0) -> list[dict[str, Any]]:
     """The marker's events from byte ``offset`` on (a torn last line is left for the next read)."""
-    if not path.is_file():
-        return []
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        lines = handle.read().decode().split("\n")
-    return [json.loads(line) for line in lines[:-1] if line.strip()]
+    return _new_events(path, offset)[0]
 
 
 def segment_lengths(events: list[dict[str, Any]]) -> dict[str, float]:
@@ -146,20 +141,19 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
             stack.pop()
     if last is None:
         return {"phase": "init", "step": None, "seconds_in": None}
+    since_last = {"step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
     if last["event"] == "hold" or (not stack and last["phase"] in ("save", "weight_sync")):
-        return {"phase": "after_save", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
-    if not stack:
-        return {"phase": f"after {last['phase']}", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
-    top = stack[-1]
-    if top["phase"] == "rollout" and last["event"] == "leave":  # inside the step, between two nested phases
-        return {"phase": f"after {last['phase']}", "step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
-    return {"phase": top["phase"], "step": top["step"], "seconds_in": round(kill_time - top["t"], 3)}
+        return {"phase": "after_save", **since_last}
+    if not stack or (
+        stack[-1]["phase"] == "rollout" and last["event"] == "leave"
+    ):  # or inside the step, between nested phases
+        return {"phase": f"after {last['phase']}", **since_last}
+    return {"phase": stack[-1]["phase"], "step": stack[-1]["step"], "seconds_in": round(kill_time - stack[-1]["t"], 3)}
 
 
 # ------------------------------------------------------------------------------------- the runs
 def _smoke() -> SimpleNamespace:
-    """What the campaign takes from the smoke harness: its tiny model and data (``prepare``), :class:`Run`, the
-    batch and group sizes, the validation key and the rows of a step."""
+    """The smoke harness's parts the campaign uses: prepare (model, data), Run, BATCH, N, VAL_KEY, step_rows."""
     from ebpo_verl.smoke import checks, runs, settings
 
     return SimpleNamespace(Run=runs.Run, prepare=settings.prepare, BATCH=settings.BATCH, N=settings.N,
@@ -167,8 +161,7 @@ def _smoke() -> SimpleNamespace:
 
 
 def campaign_overrides(out: Path, run: str) -> list[str]:
-    """What the campaign changes in run A's configuration for ``run`` (``ref`` or ``camp``; every attempt of a run
-    gets the same): a checkpoint and a validation (dumped) every step, the topic prior, the marker."""
+    """Run A's configuration changed for ``run`` (``ref``/``camp``): save, validate every step, topic prior, marker."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return ["trainer.save_freq=1", "trainer.test_freq=1", "trainer.resume_mode=auto",
             "algorithm.ebpo.cluster_key=topic", f"trainer.validation_data_dir={out / f'validation_{run}'}",
@@ -177,11 +170,10 @@ def campaign_overrides(out: Path, run: str) -> list[str]:
 
 
 class Sighting:
-    """The processes of one run or attempt, found as the smoke scan finds them (:func:`ebpo_verl.smoke.scan.
-    tagged_processes`: every process the campaign starts carries :data:`~ebpo_verl.smoke.scan.TAG` in its
-    environment, inherited by Ray's raylet, workers and the trainer, also after a ``setsid`` or a double fork),
-    sampled every ``period`` seconds while it lives; :meth:`leak` counts those left after it. The attempts run
-    one at a time and each one's leftovers are killed before the next starts, so the tag names this attempt's."""
+    """The processes of one run or attempt, found as :func:`ebpo_verl.smoke.scan.tagged_processes` finds them (each
+    process the campaign starts carries the scan's ``TAG`` in its environment, inherited by Ray's raylet, workers and
+    the trainer, also after a ``setsid`` or double fork), sampled every ``period`` s while it lives; :meth:`leak`
+    counts those left after it. Attempts run one at a time, each one's leftovers killed before the next."""
 
     def __init__(self, period: float = 2.0) -> None:
         self.period, self.due = period, 0.0
@@ -206,34 +198,28 @@ class Sighting:
     def leak(self, trainer: int, grace: float = 30.0) -> dict[str, Any]:
         """What the scan saw, and the tagged processes still alive up to ``grace`` s later (killed, so that the
         next attempt starts clean)."""
-        from ebpo_verl.smoke import scan
-        from ebpo_verl.smoke.runs import kill_procs
+        from ebpo_verl.smoke import runs, scan
 
         deadline = time.monotonic() + grace
         while (left := scan.tagged_processes()) and time.monotonic() < deadline:
             time.sleep(0.5)
         described = scan.describe(left)
-        kill_procs(left, timeout=30)
+        runs.kill_procs(left, timeout=30)
         return {"tagged_seen": len(self.seen), "ray_seen": len(self.ray), "trainer": trainer,
                 "trainer_seen": trainer in self.seen, "left": described}  # fmt: skip
 
 
 def _new_events(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
     """The marker's complete lines from byte ``pos`` on, and the byte after the last of them."""
-    if not path.is_file():
-        return [], pos
-    with open(path, "rb") as handle:
-        handle.seek(pos)
-        data = handle.read()
+    data = path.read_bytes()[pos:] if path.is_file() else b""
     complete = data[: data.rfind(b"\n") + 1]
     return [json.loads(line) for line in complete.decode().splitlines() if line.strip()], pos + len(complete)
 
 
 def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], timeout: int,
          sighting: Sighting) -> tuple[float, int]:  # fmt: skip
-    """Poll the marker (every 5 ms) until the target point (see the module docstring): the time to kill at and the
-    trainer's pid (the process that writes the marker). The tagged processes are sampled until the trainer's
-    first training phase (through verl's start and the model's initialisation: a minute here), never later."""
+    """Poll the marker (every 5 ms) until the target point (module docstring): the time to kill at and the trainer's
+    pid (the marker's writer). Tagged processes are sampled until its first training phase (a minute in), not later."""
     from ebpo_verl.trainer.watchdog import INIT_PHASES
 
     deadline, kill_at, trainer, training = time.monotonic() + timeout, None, 0, False
@@ -263,10 +249,8 @@ def _kill(run, trainer: int) -> float:
     """SIGKILL the trainer process first (the time taken right after: nothing it writes comes later), then the
     attempt's whole process tree (:meth:`Run.kill`)."""
     if trainer > 0:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(trainer, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     killed = time.time()
     run.kill()
     return killed
@@ -283,14 +267,12 @@ def _start(out: Path, files: dict, name: str, total: int):
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    """SIGTERM/SIGINT of the campaign: kill the running attempt's process tree (its own session), then every
-    process carrying the campaign's tag (one that left the tree: a ``setsid`` and double fork), then exit."""
-    from ebpo_verl.smoke import scan
-    from ebpo_verl.smoke.runs import kill_procs
+    """SIGTERM/SIGINT: kill the running attempt's process tree, then every process with the tag (one that left it)."""
+    from ebpo_verl.smoke import runs, scan
 
     for run in _ACTIVE:
         run.kill()
-    kill_procs(scan.tagged_processes(), timeout=30)
+    runs.kill_procs(scan.tagged_processes(), timeout=30)
     raise SystemExit(f"[campaign] stopped by {signal.Signals(signum).name}; the running attempt was killed")
 
 
@@ -308,8 +290,7 @@ def _finish(run, timeout: int, marker: Path, offset: int) -> tuple[float, dict[s
     code = run.wait(max(1.0, timeout - (time.monotonic() - start)))
     if code != 0:
         raise SystemExit(f"[campaign] run {run.name} failed (exit {code}); last lines of {run.log}:\n{run.tail(60)}")
-    wall = round(time.monotonic() - start, 1)
-    first = read_events(marker, offset)[:1]
+    wall, first = round(time.monotonic() - start, 1), read_events(marker, offset)[:1]
     return wall, sighting.leak(first[0]["pid"] if first else 0)
 
 
@@ -325,7 +306,7 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
     """The killed attempts and the last rerun (``killed: False``) of the campaign run ``camp``."""
     from ebpo_verl.trainer.checkpoint.resume import tracked_step
 
-    marker = out / "marker_camp.jsonl"
+    marker, hold = out / "marker_camp.jsonl", out / "marker_camp.jsonl.hold"
     lengths = segment_lengths(read_events(out / "marker_ref.jsonl"))
     attempts: list[dict[str, Any]] = []
     for drawn in [*plan, None]:
@@ -334,7 +315,6 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
             print(f"[campaign] the run reached step {total} before kill {len(attempts) + 1}", flush=True)
             continue
         target = None if drawn is None else {**drawn, "step": min(resumed + drawn["step_offset"], total)}
-        hold = Path(f"{marker}.hold")
         if target and target["phase"] == "after_save":
             hold.write_text(str(target["step"]))
         else:
@@ -353,12 +333,10 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
             {**record, "killed": True, "target": target, "landed": where, "kill_t": kill_time,
              "kill_utc": _utc(kill_time), "wall_s": wall, "leak": leak, "left_processes": len(leak["left"])}
         )  # fmt: skip
-        print(
-            f"[campaign] kill {len(attempts)}: aimed at {target['phase']} of step {target['step']}, landed in "
-            f"{where['phase']} of step {where['step']} ({where['seconds_in']}s in) at {_utc(kill_time)}",
-            flush=True,
-        )
-    Path(f"{marker}.hold").unlink(missing_ok=True)
+        print(f"[campaign] kill {len(attempts)}: aimed at {target['phase']} of step {target['step']}, landed in "
+              f"{where['phase']} of step {where['step']} ({where['seconds_in']}s in) at {_utc(kill_time)}",
+              flush=True)  # fmt: skip
+    hold.unlink(missing_ok=True)
     return attempts
 
 
@@ -404,8 +382,10 @@ def _saved_state(out: Path, step: int) -> dict[str, Any]:
     return saved["state"]
 
 
-def _slice(path: Path, start: int, end: int | None) -> str:
-    return path.read_bytes()[start:end].decode(errors="replace")
+def _during(path: Path, attempts: list[dict], i: int, offset: str) -> str:
+    """What ``path`` got during attempt ``i``: from its ``offset`` (a key of the attempt) to the next attempt's."""
+    end = attempts[i + 1][offset] if i + 1 < len(attempts) else None
+    return path.read_bytes()[attempts[i][offset] : end].decode(errors="replace")
 
 
 def check_attempts(out: Path, attempts: list[dict]) -> list[dict[str, Any]]:
@@ -413,10 +393,8 @@ def check_attempts(out: Path, attempts: list[dict]) -> list[dict[str, Any]]:
     marker, log, ckpt = out / "marker_camp.jsonl", out / "camp.log", out / "ckpt_camp"
     rows = []
     for i, attempt in enumerate(attempts):
-        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
-        text = _slice(log, attempt["log_offset"], nxt and nxt["log_offset"])
-        lines = _slice(marker, attempt["marker_offset"], nxt and nxt["marker_offset"]).splitlines()
-        events = [json.loads(line) for line in lines]
+        text = _during(log, attempts, i, "log_offset")
+        events = [json.loads(line) for line in _during(marker, attempts, i, "marker_offset").splitlines()]
         c = attempt["resumed_from"]
         said = text.count(f"resumes from {ckpt / f'global_step_{c}'}")
         assert c == 0 or said == 1, f"attempt {i + 1}: said {said} times that it resumes from step {c}, expected once"
@@ -441,9 +419,8 @@ def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: in
         if source == "campaign":
             got, ref = (smoke.step_rows(out, run, c + 1, files["train"]) for run in ("camp", "ref"))
             assert got == ref, f"step {c + 1} after the resume from step {c} trained rows {got}, uninterrupted {ref}"
-        position = "rows" if source == "campaign" else "topic (the EB clusters)"
         rows.append({"resumed_from": c, "step": c + 1, "batch_from": source, "clusters": sorted(want["clusters"]),
-                     "curriculum_checked": position})  # fmt: skip
+                     "curriculum_checked": "rows" if source == "campaign" else "topic (the EB clusters)"})  # fmt: skip
     return rows
 
 
@@ -460,8 +437,7 @@ def check_landed(out: Path, attempts: list[dict], want: list[tuple[str, int]] | 
         if "kill_t" not in attempt:
             raise AssertionError(f"kill {len(rows) + 1}: no kill time in the report (it predates it): its landing "
                                  "cannot be read back from the marker")  # fmt: skip
-        nxt = attempts[i + 1]["marker_offset"] if i + 1 < len(attempts) else None
-        events = [json.loads(line) for line in _slice(marker, attempt["marker_offset"], nxt).splitlines()]
+        events = [json.loads(line) for line in _during(marker, attempts, i, "marker_offset").splitlines()]
         where = landing(events, attempt["kill_t"])
         if where != attempt["landed"]:
             raise AssertionError(f"kill {len(rows) + 1}: the marker says it landed in {where}, the report "
@@ -495,19 +471,11 @@ def check_campaign(out: Path, files: dict, report: dict[str, Any]) -> dict[str, 
     found = flips(out, total)
     first = min((s for s, kinds in found["flipped"].items() if "rollout" in kinds), default=None)
     compared = compare_metrics(ref_metrics, camp, list(range(1, total + 1)), first, set(found["validation_same"]))
-    return {
-        "leaks": "every run's and attempt's processes seen by the tag scan; none left after it",
-        "landed": landed,
-        "metrics_log_steps": training,
-        "resumes": resumes,
-        "eb_states": states,
-        "curriculum_steps_compared": dumped,
-        "steps_without_validation_logged": no_val,
-        "first_rollout_flip": first,
-        "flipped_responses": found["flipped"],
-        "validation_same": found["validation_same"],
-        "vs_uninterrupted": compared,
-    }
+    return {"leaks": "every run's and attempt's processes seen by the tag scan; none left after it", "landed": landed,
+            "metrics_log_steps": training, "resumes": resumes, "eb_states": states, "curriculum_steps_compared": dumped,
+            "steps_without_validation_logged": no_val, "first_rollout_flip": first,
+            "flipped_responses": found["flipped"], "validation_same": found["validation_same"],
+            "vs_uninterrupted": compared}  # fmt: skip
 
 
 def flips(out: Path, total: int) -> dict[str, Any]:
@@ -517,11 +485,9 @@ def flips(out: Path, total: int) -> dict[str, Any]:
     flipped: dict[int, dict[str, list]] = {}
     same = []
     for step in range(1, total + 1):
-        for kind in ("rollout", "validation"):
-            if kind == "rollout":
-                dumps = [_dump(out, run, step) for run in ("camp", "ref")]
-            else:  # complete: as many lines as the uninterrupted run's
-                dumps = [_parsed(out / f"validation_{run}" / f"{step}.jsonl") for run in ("camp", "ref")]
+        for kind in ("rollout", "validation"):  # a validation dump is complete with as many lines as the other
+            dumps = [_dump(out, run, step) if kind == "rollout" else
+                     _parsed(out / f"validation_{run}" / f"{step}.jsonl") for run in ("camp", "ref")]  # fmt: skip
             if None in dumps or len(dumps[0]) != len(dumps[1]):
                 continue
             differ = response_flips(*dumps)
@@ -543,8 +509,45 @@ def _checked(report: dict[str, Any], out: Path, files: dict) -> dict[str, Any]:
     return report
 
 
+_INT, _COUNT, _BOOL = Rule(is_int, "an integer"), ints(0), Rule(lambda x: isinstance(x, bool), "true or false")
+_LIST, _OBJECT = Rule(lambda x: isinstance(x, list), "a list"), Rule(lambda x: isinstance(x, dict), "an object")
+
+
+def _require(obj: Any, where: str, **rules: Rule) -> None:
+    """ValueError naming ``where`` unless ``obj`` is an object whose fields ``rules`` names pass those rules."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is not an object")
+    for key, rule in rules.items():
+        if key not in obj or not rule.test(obj[key]):
+            raise ValueError(f"{where}: {key} must be {rule.text}" + (f", not {obj[key]!r:.60}" if key in obj else ""))
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """A finished campaign's report; SystemExit (one line) unless UTF-8 JSON with each field the checks read, typed
+    as :func:`_campaign` writes it (integers JSON integers >= 0 but ``seed``; ``kill_t`` and the leaks optional)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        _require(report, "the report", seed=_INT, kills_drawn=_COUNT, steps=_COUNT, kills_done=_COUNT, plan=_LIST,
+                 attempts=Rule(lambda x: isinstance(x, list) and x != [], "a non-empty list"))  # fmt: skip
+        leaks = [("reference_leak", report.get("reference_leak"))]
+        for i, attempt in enumerate(report["attempts"], 1):
+            where = f"attempt {i}"
+            _require(attempt, where, resumed_from=_COUNT, marker_offset=_COUNT, log_offset=_COUNT, killed=_BOOL)
+            if attempt["killed"]:
+                _require({"kill_t": 0.0, **attempt}, where, target=_OBJECT, landed=_OBJECT, kill_t=reals())
+                _require(attempt["target"], f"{where}'s target", phase=text("a string"), step=_INT)
+            leaks.append((f"{where}'s leak", attempt.get("leak")))
+        for where, leak in (pair for pair in leaks if pair[1] is not None):
+            _require(leak, where, trainer_seen=_BOOL, ray_seen=_COUNT, trainer=_INT, left=_LIST)
+    except (OSError, ValueError, RecursionError) as err:  # JSON's errors and a non-UTF-8 byte are ValueErrors
+        why = "nested too deeply" if isinstance(err, RecursionError) else one_line(err)
+        raise SystemExit(f"[campaign] --recheck: {path} is not a campaign report: {why}") from err
+    return report
+
+
 def _campaign(args: CampaignOptions, out: Path) -> dict[str, Any]:
     total, start = args.steps or args.kills + 3, time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
     files = _smoke().prepare(out)
     install_signal_handlers()
     ref_wall, ref_leak = _finish(_start(out, files, "ref", total), args.run_timeout, out / "marker_ref.jsonl", 0)
@@ -585,11 +588,8 @@ class CampaignOptions(OptionSection):
 def main(argv: list[str] | None = None) -> int:
     args = parse(CampaignOptions, f"python -m {MODULE}", argv, __doc__.splitlines()[0])
     out = Path(args.out).resolve()
-    if args.recheck:
-        report = _checked(json.loads((out / "campaign_report.json").read_text()), out, {"train": out / "train.parquet"})
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        report = _campaign(args, out)
+    report = (_checked(load_report(out / "campaign_report.json"), out, {"train": out / "train.parquet"})
+              if args.recheck else _campaign(args, out))  # fmt: skip
     (out / "campaign_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1), flush=True)
     print(f"[campaign] {'OK' if report['ok'] else 'FAILED'}: report {out / 'campaign_report.json'}", flush=True)
