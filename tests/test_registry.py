@@ -316,6 +316,7 @@ import ebpo_verl
 from ebpo_verl.algos import registry
 from verl.trainer.ppo import core_algos
 from ebpo_verl.trainer import adapter
+from ebpo_verl import docs_tables
 from ebpo_verl.trainer.config import generate
 
 ebpo_verl.register()
@@ -327,11 +328,11 @@ import torch, numpy as np
 fn = core_algos.get_adv_estimator_fn("toy")
 adv, _ = fn(torch.tensor([[1.0], [0.0], [1.0], [1.0]]), torch.ones(4, 1), np.array(["a", "a", "b", "b"], dtype=object))
 out["first_step"] = adv[:, 0].tolist()
-(tmp / "config").mkdir()
-(tmp / "config" / "ebpo_trainer.yaml").write_text(generate.config_yaml())
-out["yaml"] = (tmp / "config" / "ebpo_trainer.yaml").read_text()
-shutil.copytree(repo / "docs", tmp / "docs")
-out["generate_docs"] = call(generate.main, ["--docs", str(tmp / "docs")])
+for part in ("README.md", "docs", "recipe", docs_tables.YAML):  # a copy of the pages the docs command writes
+    (tmp / part).parent.mkdir(parents=True, exist_ok=True)
+    (shutil.copytree if (repo / part).is_dir() else shutil.copy)(repo / part, tmp / part)
+out["generate_docs"] = call(docs_tables.main, ["--root", str(tmp)])
+out["yaml"] = (tmp / docs_tables.YAML).read_text()
 out["baselines_md"] = (tmp / "docs" / "baselines.md").read_text()
 out["readme_table"] = generate.options_table()
 
