@@ -125,7 +125,8 @@ def test_fuzz_generations_lines(lines, torn, tmp_path_factory):
 
 def _valid_meta(meta) -> bool:
     """The oracle: strings protocol and model, a provenance list (or none), and benchmarks an object of objects
-    with runs an integer >= 1, limit null or one, and digests (or none) an object of strings."""
+    with runs an integer >= 1, limit null or one, and digests (or none) an object of strings keyed by problem
+    indices (ASCII decimal digits)."""
 
     def positive(value) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -134,7 +135,7 @@ def _valid_meta(meta) -> bool:
         digests = s.get("digests", {}) if isinstance(s, dict) else None
         return (
             isinstance(digests, dict)
-            and all(isinstance(d, str) for d in digests.values())
+            and all(k.isascii() and k.isdigit() and isinstance(d, str) for k, d in digests.items())
             and positive(s.get("runs"))
             and (s.get("limit") is None or positive(s["limit"]))
         )
@@ -176,7 +177,8 @@ def test_fuzz_generations_meta(meta, tmp_path_factory):
 def test_fuzz_generations_meta_that_is_not_an_object(tmp_path):
     # today: a meta that is a list passed read_meta and failed later with AttributeError/TypeError
     path = tmp_path / "g.jsonl"
-    for meta in ([1, 2], {"protocol": "verl", "model": "m", "benchmarks": {"math500": {"runs": True}}}):
+    digest_key = {"protocol": "verl", "model": "m", "benchmarks": {"math500": {"runs": 1, "digests": {"": "ab"}}}}
+    for meta in ([1, 2], {"protocol": "verl", "model": "m", "benchmarks": {"math500": {"runs": True}}}, digest_key):
         (tmp_path / "g.jsonl.meta.json").write_text(json.dumps(meta))
         with pytest.raises(EvalInputError) as err:
             read_meta(path)

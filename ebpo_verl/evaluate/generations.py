@@ -120,7 +120,9 @@ def _meta_problem(meta: Any) -> str | None:
         if spec.get("limit") is not None and (not _is(spec["limit"], int) or not spec["limit"]):
             return f"benchmarks.{name:.40}.limit must be null or an integer >= 1"
         digests = spec.get("digests", {})
-        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        if not isinstance(digests, dict) or not all(
+            k.isascii() and k.isdigit() and isinstance(v, str) for k, v in digests.items()
+        ):
             return f"benchmarks.{name:.40}.digests must map problem indices to digests"
     return None
 
