@@ -1,12 +1,43 @@
-"""What the fuzz properties share: running a property against a mutant of its loader (one that refuses
-everything) to show that the property fails there, so that it cannot pass by refusing."""
+"""What the fuzz properties share: mutations of a valid JSON document, the one-line check of a refusal, and running
+a property against a mutant of its loader (one that refuses everything) to show that the property fails there, so
+that it cannot pass by refusing."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
+
+
+def paths(node: Any, prefix: tuple = ()) -> Any:
+    """Every path (tuple of keys / indices) into a JSON document, the root included."""
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from paths(child, (*prefix, key))
+
+
+def replaced(node: Any, path: tuple, value: Any) -> Any:
+    """A copy of ``node`` with the part at ``path`` replaced by ``value``."""
+    if not path:
+        return value
+    copy = dict(node) if isinstance(node, dict) else list(node)
+    copy[path[0]] = replaced(node[path[0]], path[1:], value)
+    return copy
+
+
+def mutation(values: st.SearchStrategy, valid: Any) -> st.SearchStrategy:
+    """``valid`` with one part (the whole included) replaced by a value drawn from ``values``."""
+    return st.tuples(st.sampled_from(list(paths(valid))), values).map(lambda pv: replaced(valid, *pv))
+
+
+def one_line(err: BaseException, name: str) -> None:
+    """A refusal: one line naming ``name``, not a dump."""
+    message = str(err)
+    assert "\n" not in message and name in message and len(message) < 1500, message
+
 
 MUTANT = settings(max_examples=50, derandomize=True, database=None, deadline=None, phases=["explicit", "generate"])
 """A property run against a mutant: 50 derandomized examples, no shrinking (only to see it fail)."""

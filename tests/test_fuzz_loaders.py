@@ -10,6 +10,7 @@ indices from verl's trajectory keys and the report ``campaign --recheck`` reads.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -26,7 +27,7 @@ from ebpo_verl.smoke import campaign
 from ebpo_verl.study import runner, saved
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS
 from ebpo_verl.trainer.checkpoint import resume, step_metrics
-from tests.fuzzing import fails_on_mutant, refusing
+from tests.fuzzing import fails_on_mutant, mutation, one_line, refusing
 
 FUZZ = settings(
     max_examples=100, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -43,31 +44,6 @@ json_values = st.recursive(
 DEEP = "[" * 100_000 + "]" * 100_000
 DEEPISH = "[" * 3000 + "]" * 3000
 """Deeper than json.loads can go (RecursionError), short enough for Hypothesis to print."""
-
-
-def _paths(node, prefix=()):
-    yield prefix
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, child in items:
-        yield from _paths(child, (*prefix, key))
-
-
-def _replaced(node, path, value):
-    if not path:
-        return value
-    copy = dict(node) if isinstance(node, dict) else list(node)
-    copy[path[0]] = _replaced(node[path[0]], path[1:], value)
-    return copy
-
-
-def _mutation(valid) -> st.SearchStrategy:
-    """``valid`` with one part (the whole included) replaced by any JSON value."""
-    return st.tuples(st.sampled_from(list(_paths(valid))), json_values).map(lambda pv: _replaced(valid, *pv))
-
-
-def _one_line(err: BaseException, name: str) -> None:
-    message = str(err)
-    assert "\n" not in message and name in message and len(message) < 1500, message
 
 
 def _is_int(value) -> bool:
@@ -112,7 +88,7 @@ def test_fuzz_step_metrics_round_trip(metrics, tmp_path_factory):
 
 
 @FUZZ
-@given(payload=st.just(METRICS) | _mutation(METRICS) | json_values)
+@given(payload=st.just(METRICS) | mutation(json_values, METRICS) | json_values)
 def test_fuzz_step_metrics_file(payload, tmp_path_factory):
     """Any part of a valid file replaced: loaded exactly when the oracle says valid, else one line naming it."""
     folder = tmp_path_factory.mktemp("step")
@@ -120,7 +96,7 @@ def test_fuzz_step_metrics_file(payload, tmp_path_factory):
     try:
         loaded = step_metrics.load_step_metrics(folder, STEP)
     except ValueError as err:
-        _one_line(err, str(folder / step_metrics.STEP_METRICS_FILE))
+        one_line(err, str(folder / step_metrics.STEP_METRICS_FILE))
         assert not _valid_step_metrics(payload), err
         return
     assert _valid_step_metrics(payload)
@@ -148,7 +124,7 @@ def test_fuzz_step_metrics_refusals(text, found, tmp_path):
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ValueError) as err:
         step_metrics.load_step_metrics(tmp_path, STEP)
-    _one_line(err.value, f"step metrics file {path} is unreadable: ")
+    one_line(err.value, f"step metrics file {path} is unreadable: ")
     assert found in str(err.value) and "delete it to resume without it" in str(err.value)
 
 
@@ -193,7 +169,7 @@ def test_fuzz_tracker_file(text, folders, tmp_path_factory):
     try:
         step = resume.tracked_step(base)
     except ValueError as err:
-        _one_line(err, str(base / resume.TRACKER_FILE))
+        one_line(err, str(base / resume.TRACKER_FILE))
         assert _tracked(text, made) is None, err
         return
     assert step == _tracked(text, made) and step is not None
@@ -204,7 +180,7 @@ def test_fuzz_tracker_file_absent_or_not_utf8(tmp_path):
     (tmp_path / resume.TRACKER_FILE).write_bytes(b"\xff3")
     with pytest.raises(ValueError) as err:
         resume.tracked_step(tmp_path)
-    _one_line(err.value, f"checkpoint tracker {tmp_path / resume.TRACKER_FILE} is unreadable")
+    one_line(err.value, f"checkpoint tracker {tmp_path / resume.TRACKER_FILE} is unreadable")
 
 
 def test_fuzz_tracker_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):
@@ -232,7 +208,7 @@ def _named(info) -> str | None:
     return f"pid {pid} on {host}, started {started}"
 
 
-holder_records = _mutation(HOLDER) | st.fixed_dictionaries(
+holder_records = mutation(json_values, HOLDER) | st.fixed_dictionaries(
     {"pid": st.integers(1, 2**22), "host": st.text(min_size=1, max_size=12), "started": st.text(max_size=25)}
 )
 
@@ -250,7 +226,7 @@ def test_fuzz_run_lock_holder(record, raw, tmp_path_factory):
             locking.exclusive_lock(lock, what="trainer.default_local_dir X"),
         ):
             pass
-    _one_line(err.value, f"(lock file {lock})")
+    one_line(err.value, f"(lock file {lock})")
     named = _named(record) if raw is None else None
     assert f"in use by {named or UNKNOWN} (lock file" in str(err.value)
 
@@ -304,7 +280,7 @@ def _recorded(config):
 
 
 study_configs = (
-    st.sampled_from(sorted(PRESETS)).flatmap(lambda name: _mutation(_config(name)))
+    st.sampled_from(sorted(PRESETS)).flatmap(lambda name: mutation(json_values, _config(name)))
     | st.tuples(
         st.sampled_from(sorted(PRESETS)), st.lists(st.sampled_from(STUDY_ESTIMATORS), min_size=1, unique=True)
     ).map(lambda ne: _config(*ne))
@@ -321,7 +297,7 @@ def test_fuzz_study_config(config, tmp_path_factory):
     try:
         preset = saved.recorded_preset(study)
     except runner.StudyDirError as err:
-        _one_line(err, str(study))
+        one_line(err, str(study))
         assert not _recorded(config), err
         return
     assert _recorded(config)
@@ -333,7 +309,7 @@ def test_fuzz_study_config_deeply_nested(tmp_path):
     (tmp_path / "study_config.json").write_text('{"name": ' + DEEP + "}")
     with pytest.raises(runner.StudyDirError) as err:
         saved.recorded_preset(tmp_path)
-    _one_line(err.value, f"{tmp_path / 'study_config.json'} is unreadable (nested too deeply)")
+    one_line(err.value, f"{tmp_path / 'study_config.json'} is unreadable (nested too deeply)")
 
 
 SUMMARY = {
@@ -367,7 +343,7 @@ def _summary_used(summary) -> bool:
 
 @FUZZ
 @given(
-    summary=st.just(SUMMARY) | _mutation(SUMMARY) | json_values,
+    summary=st.just(SUMMARY) | mutation(json_values, SUMMARY) | json_values,
     raw=st.none() | st.sampled_from([DEEPISH, "", "{", "\xff"]),
 )
 def test_fuzz_study_summary(summary, raw, tmp_path_factory):
@@ -505,7 +481,7 @@ def test_fuzz_krpo_sample_indices(keys):
     except ValueError as err:
         bad = [k for k in keys if _session(k) is None]
         assert bad, err
-        _one_line(err, "trajectory key")
+        one_line(err, "trajectory key")
         return
     assert got.tolist() == [_session(k) for k in keys]
 
@@ -529,7 +505,7 @@ QUICK_JOB = runner.grid(PRESETS["quick"], dict.fromkeys(PRESETS["quick"].estimat
 
 @FUZZ
 @given(
-    run=st.just(_saved_run(QUICK_JOB)) | _mutation(_saved_run(QUICK_JOB)) | json_values,
+    run=st.just(_saved_run(QUICK_JOB)) | mutation(json_values, _saved_run(QUICK_JOB)) | json_values,
     raw=st.none() | st.sampled_from([DEEPISH, "", "{", "\xff"]),
 )
 def test_fuzz_study_saved_run(run, raw, tmp_path_factory):
@@ -651,7 +627,7 @@ def test_fuzz_campaign_report_round_trip(report, tmp_path_factory):
 
 
 @FUZZ
-@given(report=reports.flatmap(_mutation) | json_values)
+@given(report=reports.flatmap(functools.partial(mutation, json_values)) | json_values)
 def test_fuzz_campaign_report(report, tmp_path_factory):
     """Any part of a well-formed report replaced: read back when the oracle says valid, else one line naming it."""
     path = _write_report(tmp_path_factory.mktemp("camp"), report)
@@ -659,7 +635,7 @@ def test_fuzz_campaign_report(report, tmp_path_factory):
         loaded = campaign.load_report(path)
     except SystemExit as err:
         assert not _valid_report(report), err
-        return _one_line(err, f"[campaign] --recheck: {path} is not a campaign report: ")
+        return one_line(err, f"[campaign] --recheck: {path} is not a campaign report: ")
     assert _valid_report(report) and json.dumps(loaded) == json.dumps(report)
 
 
@@ -698,7 +674,7 @@ def test_fuzz_campaign_report_refusals(text, found, tmp_path):
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SystemExit) as err:
         campaign.main(["--out", str(tmp_path), "--recheck"])
-    _one_line(err.value, f"[campaign] --recheck: {path} is not a campaign report: ")
+    one_line(err.value, f"[campaign] --recheck: {path} is not a campaign report: ")
     assert found in str(err.value)
 
 

@@ -17,6 +17,7 @@ from ebpo_verl.evaluate.generations import FIELDS, GenerationsFile, read_generat
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.ops.metrics_log import MetricsLog, MetricsLogError, read_metrics_log, read_provenance
 from ebpo_verl.recipes import make_tables
+from tests.fuzzing import mutation, one_line
 
 FUZZ = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -32,31 +33,6 @@ json_values = st.recursive(
     max_leaves=10,
 )
 DEEP = "[" * 100_000 + "]" * 100_000
-
-
-def _paths(node, prefix=()):
-    yield prefix
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, child in items:
-        yield from _paths(child, (*prefix, key))
-
-
-def _replaced(node, path, value):
-    if not path:
-        return value
-    copy = dict(node) if isinstance(node, dict) else list(node)
-    copy[path[0]] = _replaced(node[path[0]], path[1:], value)
-    return copy
-
-
-def _mutation(valid) -> st.SearchStrategy:
-    """``valid`` with one part (the whole included) replaced by any JSON value."""
-    return st.tuples(st.sampled_from(list(_paths(valid))), json_values).map(lambda pv: _replaced(valid, *pv))
-
-
-def _one_line(err: BaseException, name: str) -> None:
-    message = str(err)
-    assert "\n" not in message and name in message and len(message) < 1500, message
 
 
 # -------------------------------------------------------------------------------------- generations and its meta
@@ -94,7 +70,7 @@ def test_fuzz_generations_deeply_nested_line(text, tmp_path):
     path.write_text(text + "\n" + json.dumps(LINE) + "\n")
     with pytest.raises(EvalInputError) as err:
         read_generations(path)
-    _one_line(err.value, "line 1 is not valid JSON (nested too deeply)")
+    one_line(err.value, "line 1 is not valid JSON (nested too deeply)")
 
 
 def test_fuzz_generations_bool_index_is_refused(tmp_path):
@@ -106,7 +82,7 @@ def test_fuzz_generations_bool_index_is_refused(tmp_path):
 
 
 @FUZZ
-@given(lines=st.just([LINE]) | st.lists(_mutation(LINE), min_size=1, max_size=3), torn=st.booleans())
+@given(lines=st.just([LINE]) | st.lists(mutation(json_values, LINE), min_size=1, max_size=3), torn=st.booleans())
 def test_fuzz_generations_lines(lines, torn, tmp_path_factory):
     """Lines with any part replaced: read exactly as written, or one line naming the file and the line."""
     path = tmp_path_factory.mktemp("gen") / "g.jsonl"
@@ -115,7 +91,7 @@ def test_fuzz_generations_lines(lines, torn, tmp_path_factory):
     try:
         records, intact = read_generations(path)
     except EvalInputError as err:
-        _one_line(err, str(path))
+        one_line(err, str(path))
         assert not all(_valid_line(line) for line in lines) or len({json.dumps(line) for line in lines}) < len(lines)
         return
     kept = lines[:-1] if torn and not _valid_line(lines[-1]) else lines
@@ -151,7 +127,7 @@ def _valid_meta(meta) -> bool:
 
 
 @FUZZ
-@given(meta=st.just(META) | _mutation(META) | json_values)
+@given(meta=st.just(META) | mutation(json_values, META) | json_values)
 def test_fuzz_generations_meta(meta, tmp_path_factory):
     """Any ``.meta.json``: grading and a resume read it exactly when the oracle says valid, else refuse it in one
     line; a refused meta and its generations file are left untouched."""
@@ -164,12 +140,12 @@ def test_fuzz_generations_meta(meta, tmp_path_factory):
         assert _valid_meta(meta) and json.dumps(read) == json.dumps(meta)  # NaN compares equal as text
     except EvalInputError as err:
         assert not _valid_meta(meta), err
-        _one_line(err, "g.jsonl.meta.json")
+        one_line(err, "g.jsonl.meta.json")
     try:
         with GenerationsFile(path, META) as gen:
             assert set(gen.done) == {("math500", 3, 0)}
     except EvalInputError as err:
-        _one_line(err, "g.jsonl")
+        one_line(err, "g.jsonl")
         assert path.read_text() == json.dumps(LINE) + "\n"
         assert (folder / "g.jsonl.meta.json").read_text() == json.dumps(meta)
 
@@ -182,7 +158,7 @@ def test_fuzz_generations_meta_that_is_not_an_object(tmp_path):
         (tmp_path / "g.jsonl.meta.json").write_text(json.dumps(meta))
         with pytest.raises(EvalInputError) as err:
             read_meta(path)
-        _one_line(err.value, "is not the settings of a generations file")
+        one_line(err.value, "is not the settings of a generations file")
 
 
 # ------------------------------------------------------------------------------------ RESULTS.json of make_tables
@@ -216,7 +192,7 @@ def test_fuzz_results_json_structure(change, tmp_path):
     assert make_tables.main([f"A/x={path}", "--out", str(tmp_path / "o")]) == 1
     with pytest.raises(MetricsLogError) as err:
         make_tables.build_rows(None, [f"A/x={path}"], "final")
-    _one_line(err.value, "not a RESULTS.json")
+    one_line(err.value, "not a RESULTS.json")
     assert not (tmp_path / "o").exists()
 
 
@@ -264,12 +240,12 @@ def test_fuzz_results_json_refusals_found_by_the_oracle(tmp_path):
         path.write_text('{"protocol": "paper", "benchmarks": {"aime2024": {' + bad + "}}}")
         with pytest.raises(MetricsLogError) as err:
             make_tables.load_results(path)
-        _one_line(err.value, f"{path}: not a RESULTS.json")
+        one_line(err.value, f"{path}: not a RESULTS.json")
         assert found in str(err.value)
 
 
 @FUZZ
-@given(results=st.just(RESULTS) | _mutation(RESULTS) | json_values)
+@given(results=st.just(RESULTS) | mutation(json_values, RESULTS) | json_values)
 def test_fuzz_results_json(results, tmp_path_factory):
     """A RESULTS.json with any part replaced: read exactly when the oracle says valid, and then a row whose
     numbers are the file's; else one refusal line naming it."""
@@ -280,7 +256,7 @@ def test_fuzz_results_json(results, tmp_path_factory):
         [row] = make_tables.build_rows(None, [f"A/x={path}"], "final")
     except MetricsLogError as err:
         assert not _valid_results(results), err
-        return _one_line(err, str(path))
+        return one_line(err, str(path))
     assert _valid_results(results) and json.dumps(data) == json.dumps(results)
     for bench, score in row.scores.items():
         given_score = results["benchmarks"][bench]["pass@1"]
@@ -300,7 +276,7 @@ def test_fuzz_metrics_log_bad_lines_are_one_line(tmp_path):
         log.write_bytes(bad + b"\n" + json.dumps(RECORD).encode() + b"\n")
         with pytest.raises(MetricsLogError) as err:
             MetricsLog(log, resumed_step=2, provenance={})
-        _one_line(err.value, f"{log}:1: not a {{'step', 'data'}} metrics record")
+        one_line(err.value, f"{log}:1: not a {{'step', 'data'}} metrics record")
         assert log.read_bytes().startswith(bad)  # left as it was
 
 
@@ -310,7 +286,7 @@ def test_fuzz_metrics_sidecar_resumed_step_is_an_integer(tmp_path):
     side.write_text(json.dumps({"attempts": [{"resumed_step": 1.9, "provenance": {}}]}))
     with pytest.raises(ValueError) as err:
         read_provenance(side)
-    _one_line(err.value, "resumed_step 1.9 is not an integer")
+    one_line(err.value, "resumed_step 1.9 is not an integer")
 
 
 def _valid_record(record) -> bool:
@@ -319,7 +295,7 @@ def _valid_record(record) -> bool:
 
 
 @FUZZ
-@given(records=st.lists(_mutation(RECORD), min_size=1, max_size=4), resumed=st.integers(0, 3))
+@given(records=st.lists(mutation(json_values, RECORD), min_size=1, max_size=4), resumed=st.integers(0, 3))
 def test_fuzz_metrics_log_at_resume(records, resumed, tmp_path_factory):
     """A log whose lines have any part replaced, opened at a resume: read as written (NaN kept), or refused in one
     line naming the file and line with the log unchanged."""
@@ -331,7 +307,7 @@ def test_fuzz_metrics_log_at_resume(records, resumed, tmp_path_factory):
             warnings.simplefilter("ignore")  # an invalid last line is skipped as torn, with a warning
             merged = read_metrics_log(log)
     except MetricsLogError as err:
-        _one_line(err, str(log))
+        one_line(err, str(log))
         assert not all(_valid_record(r) for r in records[:-1])
         with pytest.raises(MetricsLogError):
             MetricsLog(log, resumed_step=resumed, provenance={})
@@ -367,7 +343,7 @@ SIDECAR = {"attempts": [{"resumed_step": 0, "provenance": {"command": "x"}}]}
 
 
 @FUZZ
-@given(sidecar=st.just(SIDECAR) | _mutation(SIDECAR) | json_values)
+@given(sidecar=st.just(SIDECAR) | mutation(json_values, SIDECAR) | json_values)
 def test_fuzz_metrics_sidecar(sidecar, tmp_path_factory):
     """Any sidecar: its attempts exactly when the oracle says valid, else one line naming it."""
     side = tmp_path_factory.mktemp("side") / "metrics.jsonl.provenance.json"
@@ -376,7 +352,7 @@ def test_fuzz_metrics_sidecar(sidecar, tmp_path_factory):
         attempts = read_provenance(side)
     except ValueError as err:
         assert not _valid_sidecar(sidecar), err
-        return _one_line(err, str(side))
+        return one_line(err, str(side))
     assert _valid_sidecar(sidecar) and attempts == sidecar["attempts"]
     assert all(type(a["resumed_step"]) is int and isinstance(a["provenance"], dict) for a in attempts)
 

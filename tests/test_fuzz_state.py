@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ebpo_verl.algos import registry
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
-from tests.fuzzing import fails_on_mutant, refusing
+from tests.fuzzing import fails_on_mutant, paths, refusing, replaced
 
 FUZZ = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -121,25 +121,9 @@ def test_fuzz_state_huge_integer_is_refused(name, tmp_path):
         payload["state"]["alpha"][0] = 10**400
     else:  # another estimator's: its first float
         state = payload["state"]
-        path = next(p for p in _paths(state) if p and isinstance(functools.reduce(operator.getitem, p, state), float))
-        payload["state"] = _replaced(state, path, 10**400)
+        path = next(p for p in paths(state) if p and isinstance(functools.reduce(operator.getitem, p, state), float))
+        payload["state"] = replaced(state, path, 10**400)
     _assert_refused(*_load(name, tmp_path, json.dumps(payload)), name)
-
-
-def _paths(node, prefix=()):
-    """Every path (tuple of keys / indices) into a JSON document, the root included."""
-    yield prefix
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, child in items:
-        yield from _paths(child, (*prefix, key))
-
-
-def _replaced(node, path, value):
-    if not path:
-        return value
-    copy = dict(node) if isinstance(node, dict) else list(node)
-    copy[path[0]] = _replaced(node[path[0]], path[1:], value)
-    return copy
 
 
 def _floats(node):
@@ -196,8 +180,8 @@ def test_fuzz_state_file_mutations(name, data, tmp_path_factory):
     the oracle says it is valid, refused in one line when it says not."""
     folder = tmp_path_factory.mktemp("state")
     payload = _saved_payload(name, folder)
-    path = data.draw(st.none() | st.sampled_from(list(_paths(payload))), label="path")
-    mutated = payload if path is None else _replaced(payload, path, data.draw(json_values, label="value"))
+    path = data.draw(st.none() | st.sampled_from(list(paths(payload))), label="path")
+    mutated = payload if path is None else replaced(payload, path, data.draw(json_values, label="value"))
     _check_load(name, folder, json.dumps(mutated), mutated, payload["options"])
 
 
