@@ -23,6 +23,7 @@ import functools
 import importlib
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -177,6 +178,13 @@ class EstimatorSpec:
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a {cls.__name__}, a mapping or None, not {type(options).__name__}")
         return cls.from_mapping(options)
+
+    def warn_ignored(self, options: Any, stacklevel: int = 2) -> None:
+        """A RuntimeWarning naming the options set that ``options`` make this estimator ignore (:attr:`warning`),
+        if any; ``stacklevel`` as in :func:`warnings.warn`, counted from the caller."""
+        message = self.warning(options) if self.warning is not None else None
+        if message:
+            warnings.warn(f"{self.name.upper()}: {message}", RuntimeWarning, stacklevel=stacklevel + 1)
 
     def row_key_of(self, options: Any) -> str | None:
         """The ``extra_info`` field these options make the estimator read per row (None: none)."""

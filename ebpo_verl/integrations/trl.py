@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import pickle
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,9 +51,7 @@ def parse_options(spec: EstimatorSpec, options: Any) -> Any:
     options (:meth:`EstimatorSpec.options_of`). The options the estimator's mode ignores are named in a warning,
     as under verl."""
     options = spec.options_of(options)
-    message = spec.warning(options) if spec.warning is not None else None
-    if message:
-        warnings.warn(f"{spec.name.upper()}: {message}", RuntimeWarning, stacklevel=3)
+    spec.warn_ignored(options, stacklevel=3)
     return options
 
 

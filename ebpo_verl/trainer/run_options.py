@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -171,9 +170,7 @@ def options_for_node(entry: EstimatorSpec, node: Any) -> Any:
         return last[1]
     options = entry.parse(node)
     _LAST[entry.name] = (value, options)
-    message = entry.warning(options) if entry.warning is not None else None
-    if message:
-        warnings.warn(f"{entry.name.upper()}: {message}", RuntimeWarning, stacklevel=3)
+    entry.warn_ignored(options, stacklevel=3)
     return options
 
 
