@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -486,6 +487,27 @@ def test_report_command_rewrites_the_report_from_saved_runs(tiny_study, tmp_path
     span = max(p.stat().st_mtime for p in (copy / "runs").iterdir()) - (copy / "study_config.json").stat().st_mtime
     assert again["wall_seconds"] == pytest.approx(span, abs=0.06) and again["cells"] == want["cells"]
     assert "measured from its files" in (tmp_path / "again" / "study.md").read_text()
+
+
+def test_the_report_prints_the_wall_time_summary_json_keeps(tiny_study, tmp_path, monkeypatch):
+    """A wall time of 35.46 s is kept as 35.5 in summary.json; study.md prints that value (36 s), so a report
+    rewritten later from summary.json prints the same seconds (study.md said 35 s and the rewrite 36 s)."""
+    from ebpo_verl.study import saved
+    from ebpo_verl.study.__main__ import main
+
+    measured = saved.study_timing
+
+    def timing(*args, **kwargs):
+        return dataclasses.replace(measured(*args, **kwargs), seconds=35.46)
+
+    monkeypatch.setattr(saved, "study_timing", timing)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["report", "--study", str(tiny_study), "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "summary.json").read_text())["wall_seconds"] == 35.5
+    assert re.findall(r"RL runs[^,]*, (\d+) s wall time", (tmp_path / "study.md").read_text()) == ["36"]
 
 
 @pytest.mark.slow

@@ -68,7 +68,9 @@ def write_report(
 ) -> str:
     """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
     held-out accuracy). ``record``: the provenance of the study (default: this process's); ``origin``: a
-    paragraph on where the runs and the wall time come from (a report written from saved runs)."""
+    paragraph on where the runs and the wall time come from (a report written from saved runs). The wall time is
+    rounded once, as summary.json keeps it, so a report rewritten from summary.json prints the same seconds."""
+    seconds = round(seconds, 1)
     record = record or study_provenance(preset, seconds, command)
     ws = base_info["heldout_accuracy"]
     study = _Study(preset, base_info, runs, cells(runs, ws + preset.target_gain), source_line(preset.name, record),
