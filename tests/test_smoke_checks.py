@@ -22,7 +22,7 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
-from ebpo_verl.smoke import continuation, evaluation, faults, limits, scan, settings
+from ebpo_verl.smoke import evaluation, faults, invariants, limits, scan, settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -228,24 +228,17 @@ def test_continuation_holds_for_the_estimator_and_fails_on_one_moment_of_one_clu
     saved = json.loads(json.dumps(state.state_dict()))
     batches = [_train(state, options, rng, ["geometry", "number_theory", "algebra", "geometry"]) for _ in range(2)]
     after = json.loads(json.dumps(state.state_dict()))
-    assert "4 parts in the global scope and 4 clusters" in continuation.check_continues(saved, after, batches)
+    assert "4 parts in the global scope and 4 clusters" in invariants.check_continues(saved, after, batches)
     broken = json.loads(json.dumps(after))
     broken["clusters"]["geometry"]["within_var"][2] *= 1.0 + 1e-6
     with pytest.raises(AssertionError, match=r"cluster 'geometry'.within_var M2"):
-        continuation.check_continues(saved, broken, batches)
+        invariants.check_continues(saved, broken, batches)
     broken = json.loads(json.dumps(after))
     broken["global"]["rewards"][2] += 0.25
     with pytest.raises(AssertionError, match=r"global.rewards M2"):
-        continuation.check_continues(saved, broken, batches)
+        invariants.check_continues(saved, broken, batches)
     with pytest.raises(AssertionError, match="EB steps 1 \\+ 1 != 3"):
-        continuation.check_continues(saved, after, batches[:1])
-
-
-def test_pooled_moments_equal_those_of_the_union():
-    a, b = [0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0, 1.0]
-    want = continuation.moments(a + b)
-    got = continuation.pooled(continuation.moments(a), continuation.moments(b))
-    assert np.allclose(got, want) and want[0] == 8 and np.isclose(want[2], 8 * np.var(a + b))
+        invariants.check_continues(saved, after, batches[:1])
 
 
 # -- evaluation --------------------------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ import time
 from dataclasses import MISSING, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +43,7 @@ import psutil
 from ebpo_verl.ops.errors import one_line
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option, reals, text
+from ebpo_verl.smoke import checks, runs, scan, settings
 from ebpo_verl.smoke.invariants import (
     batch_groups,
     check_leaks,
@@ -152,14 +152,6 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------- the runs
-def _smoke() -> SimpleNamespace:
-    """The smoke harness's parts the campaign uses: prepare (model, data), Run, BATCH, N, VAL_KEY, step_rows."""
-    from ebpo_verl.smoke import checks, runs, settings
-
-    return SimpleNamespace(Run=runs.Run, prepare=settings.prepare, BATCH=settings.BATCH, N=settings.N,
-                           VAL_KEY=settings.VAL_KEY, step_rows=checks.step_rows)  # fmt: skip
-
-
 def campaign_overrides(out: Path, run: str) -> list[str]:
     """Run A's configuration changed for ``run`` (``ref``/``camp``): save, validate every step, topic prior, marker."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
@@ -182,8 +174,6 @@ class Sighting:
 
     def sample(self) -> None:
         """Record the live tagged processes (at most once per period); an unreadable one raises (scan's rule)."""
-        from ebpo_verl.smoke import scan
-
         if time.monotonic() < self.due:
             return
         self.due = time.monotonic() + self.period
@@ -198,8 +188,6 @@ class Sighting:
     def leak(self, trainer: int, grace: float = 30.0) -> dict[str, Any]:
         """What the scan saw, and the tagged processes still alive up to ``grace`` s later (killed, so that the
         next attempt starts clean)."""
-        from ebpo_verl.smoke import runs, scan
-
         deadline = time.monotonic() + grace
         while (left := scan.tagged_processes()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -256,22 +244,18 @@ def _kill(run, trainer: int) -> float:
     return killed
 
 
-_ACTIVE: list = []
-"""The attempt now running (a :class:`Run`), for the SIGTERM/SIGINT handler."""
+_ACTIVE = runs.LIVE
+"""The attempt now running (a :class:`~ebpo_verl.smoke.runs.Run` lists itself while it lives), for the
+SIGTERM/SIGINT handler."""
 
 
-def _start(out: Path, files: dict, name: str, total: int):
-    run = _smoke().Run(out, files, name, campaign_overrides(out, name), steps=total)
-    _ACTIVE[:] = [run]
-    return run
+def _start(out: Path, files: dict, name: str, total: int) -> runs.Run:
+    return runs.Run(out, files, name, campaign_overrides(out, name), steps=total)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     """SIGTERM/SIGINT: kill the running attempt's process tree, then every process with the tag (one that left it)."""
-    from ebpo_verl.smoke import runs, scan
-
-    for run in _ACTIVE:
-        run.kill()
+    runs.kill_all()
     runs.kill_procs(scan.tagged_processes(), timeout=30)
     raise SystemExit(f"[campaign] stopped by {signal.Signals(signum).name}; the running attempt was killed")
 
@@ -341,45 +325,16 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
 
 
 # ------------------------------------------------------------------------------------ the checks
-def _topic_of(train_file: Path):
-    """``label_of(rollout input text)``: the topic of the one training problem the text contains."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(train_file)
-    prompts, infos = table.column("prompt").to_pylist(), table.column("extra_info").to_pylist()
-    pairs = [(p[0]["content"], e["topic"]) for p, e in zip(prompts, infos, strict=True)]
-
-    def label_of(text: str) -> str:
-        hits = {topic for problem, topic in pairs if problem in text}
-        if len(hits) != 1:
-            raise AssertionError(f"a rollout input matches topics {sorted(hits)}: {text[:120]!r}")
-        return hits.pop()
-
-    return label_of
-
-
 def _dump(out: Path, run: str, step: int) -> list[str] | None:
     """The lines of ``run``'s rollout dump of ``step``, or None (not written, or torn by a kill)."""
-    smoke, lines = _smoke(), _parsed(out / f"rollouts_{run}" / f"{step}.jsonl")
-    return lines if lines and len(lines) == smoke.BATCH * smoke.N else None
-
-
-def _parsed(path: Path) -> list[str] | None:
-    """The lines of a dump, or None (not written, or torn by a kill: a line that is not JSON)."""
-    lines = path.read_text().splitlines() if path.is_file() else []
-    try:
-        [json.loads(line) for line in lines]
-    except ValueError:
-        return None
-    return lines or None
+    lines = checks.dump_lines(out / f"rollouts_{run}" / f"{step}.jsonl")
+    return lines if lines and len(lines) == settings.BATCH * settings.N else None
 
 
 def _saved_state(out: Path, step: int) -> dict[str, Any]:
     if step == 0:
         return {"steps": 0, "prompts_seen": 0, "responses_seen": 0, "global": None, "clusters": {}}
-    saved = json.loads((out / "ckpt_camp" / f"global_step_{step}" / "ebpo_state.json").read_text())
-    assert saved["global_step"] == step, f"global_step_{step}/ebpo_state.json: global_step {saved['global_step']}"
-    return saved["state"]
+    return checks.saved_state(out, "camp", step)
 
 
 def _during(path: Path, attempts: list[dict], i: int, offset: str) -> str:
@@ -409,7 +364,7 @@ def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: in
     """At each resume from step c: the saved EB state of step c+1 equals step c's merged with step c+1's batch
     (verl's dump of the campaign run, or the uninterrupted run's when the kill cut the step after its checkpoint
     and before the dump); and step c+1 trained on the uninterrupted run's prompts (the curriculum's position)."""
-    smoke, label_of, rows = _smoke(), _topic_of(files["train"]), []
+    label_of, rows = checks.topic_of(files["train"]), []
     for c in sorted({a["resumed_from"] for a in attempts if a["resumed_from"] < total}):
         lines, source = _dump(out, "camp", c + 1), "campaign"
         if lines is None:
@@ -417,7 +372,7 @@ def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: in
         want = expected_state(_saved_state(out, c), batch_groups(lines, label_of))
         check_state(want, _saved_state(out, c + 1), f"resume from step {c}, step {c + 1}")
         if source == "campaign":
-            got, ref = (smoke.step_rows(out, run, c + 1, files["train"]) for run in ("camp", "ref"))
+            got, ref = (checks.step_rows(out, run, c + 1, files["train"]) for run in ("camp", "ref"))
             assert got == ref, f"step {c + 1} after the resume from step {c} trained rows {got}, uninterrupted {ref}"
         rows.append({"resumed_from": c, "step": c + 1, "batch_from": source, "clusters": sorted(want["clusters"]),
                      "curriculum_checked": "rows" if source == "campaign" else "topic (the EB clusters)"})  # fmt: skip
@@ -453,9 +408,9 @@ def check_campaign(out: Path, files: dict, report: dict[str, Any]) -> dict[str, 
     """Every invariant (raises AssertionError on the first that fails); what was checked."""
     from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
 
-    smoke, attempts, total = _smoke(), report["attempts"], report["steps"]
-    runs = [("the uninterrupted run", report.get("reference_leak"))]
-    check_leaks(runs + [(f"attempt {i}", a.get("leak")) for i, a in enumerate(attempts, 1)])
+    attempts, total = report["attempts"], report["steps"]
+    leaks = [("the uninterrupted run", report.get("reference_leak"))]
+    check_leaks(leaks + [(f"attempt {i}", a.get("leak")) for i, a in enumerate(attempts, 1)])
     landed = check_landed(out, attempts)
     log = out / "ckpt_camp" / "metrics.jsonl"
     training = [step for step, data in read_records(log) if "actor/grad_norm" in data]
@@ -464,10 +419,10 @@ def check_campaign(out: Path, files: dict, report: dict[str, Any]) -> dict[str, 
     states = check_resumed_states(out, files, attempts, total)
     dumped = [s for s in range(1, total + 1) if _dump(out, "camp", s) is not None]
     for step in dumped:  # the curriculum's position at every step the campaign dumped
-        got, ref = (smoke.step_rows(out, run, step, files["train"]) for run in ("camp", "ref"))
+        got, ref = (checks.step_rows(out, run, step, files["train"]) for run in ("camp", "ref"))
         assert got == ref, f"campaign step {step} trained rows {got}, the uninterrupted run {ref}"
     ref_metrics, camp = read_metrics_log(out / "ckpt_ref" / "metrics.jsonl"), read_metrics_log(log)
-    no_val = [s for s in range(1, total + 1) if smoke.VAL_KEY not in camp[s]]
+    no_val = [s for s in range(1, total + 1) if settings.VAL_KEY not in camp[s]]
     found = flips(out, total)
     first = min((s for s, kinds in found["flipped"].items() if "rollout" in kinds), default=None)
     compared = compare_metrics(ref_metrics, camp, list(range(1, total + 1)), first, set(found["validation_same"]))
@@ -486,8 +441,8 @@ def flips(out: Path, total: int) -> dict[str, Any]:
     same = []
     for step in range(1, total + 1):
         for kind in ("rollout", "validation"):  # a validation dump is complete with as many lines as the other
-            dumps = [_dump(out, run, step) if kind == "rollout" else
-                     _parsed(out / f"validation_{run}" / f"{step}.jsonl") for run in ("camp", "ref")]  # fmt: skip
+            val = [checks.dump_lines(out / f"validation_{run}" / f"{step}.jsonl") for run in ("camp", "ref")]
+            dumps = [_dump(out, run, step) for run in ("camp", "ref")] if kind == "rollout" else val
             if None in dumps or len(dumps[0]) != len(dumps[1]):
                 continue
             differ = response_flips(*dumps)
@@ -548,7 +503,7 @@ def load_report(path: Path) -> dict[str, Any]:
 def _campaign(args: CampaignOptions, out: Path) -> dict[str, Any]:
     total, start = args.steps or args.kills + 3, time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    files = _smoke().prepare(out)
+    files = settings.prepare(out)
     install_signal_handlers()
     ref_wall, ref_leak = _finish(_start(out, files, "ref", total), args.run_timeout, out / "marker_ref.jsonl", 0)
     plan = plan_kills(args.seed, args.kills)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ebpo_verl.smoke.continuation import check_continues
+from ebpo_verl.smoke.invariants import batch_groups, check_continues
 from ebpo_verl.smoke.settings import BATCH, EBPO_KEYS, K_STEPS, NODES, SAVE_FREQ, STEPS, VAL_KEY, VLLM_STEPS, N
 
 
@@ -43,24 +45,51 @@ def saved_state(work: Path, run: str, step: int) -> dict:
     return saved["state"]
 
 
-def _train_rows(train_file: Path) -> tuple[list[str], list[str]]:
+def _train_rows(train_file: Path) -> list[tuple[str, str]]:
+    """(problem text, topic) of each row of the training parquet."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(train_file)
-    problems = [p[0]["content"] for p in table.column("prompt").to_pylist()]
-    return problems, [e["topic"] for e in table.column("extra_info").to_pylist()]
+    prompts, infos = table.column("prompt").to_pylist(), table.column("extra_info").to_pylist()
+    return [(p[0]["content"], e["topic"]) for p, e in zip(prompts, infos, strict=True)]
 
 
-def _dump(work: Path, run: str, step: int) -> list[dict]:
-    return [json.loads(line) for line in (work / f"rollouts_{run}" / f"{step}.jsonl").read_text().splitlines()]
+def topic_of(train_file: Path) -> Callable[[str], str]:
+    """``label_of(rollout input text)``: the topic of the one training problem the text contains."""
+    pairs = _train_rows(train_file)
+
+    def label_of(text: str) -> str:
+        hits = {topic for problem, topic in pairs if problem in text}
+        if len(hits) != 1:
+            raise AssertionError(f"a rollout input matches topics {sorted(hits)}: {text[:120]!r}")
+        return hits.pop()
+
+    return label_of
+
+
+def dump_lines(path: Path) -> list[str] | None:
+    """The lines of a verl rollout or validation dump, or None (not written, or torn by a kill: a line that is not
+    JSON)."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    try:
+        [json.loads(line) for line in lines]
+    except ValueError:
+        return None
+    return lines or None
+
+
+def _dump(work: Path, run: str, step: int) -> list[str]:
+    lines = dump_lines(work / f"rollouts_{run}" / f"{step}.jsonl")
+    assert lines is not None, f"run {run} step {step}: no complete rollout dump"
+    return lines
 
 
 def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
     """Rows of the training parquet used at ``step`` (from verl's rollout dump), sorted, one per prompt group."""
-    problems, _ = _train_rows(train_file)
+    problems = [problem for problem, _ in _train_rows(train_file)]
     rows = []
-    for entry in _dump(work, run, step):
-        hits = [i for i, p in enumerate(problems) if p in entry["input"]]
+    for line in _dump(work, run, step):
+        hits = [i for i, p in enumerate(problems) if p in json.loads(line)["input"]]
         if len(hits) != 1:
             raise AssertionError(f"run {run} step {step}: a rollout input matches {len(hits)} training rows")
         rows.append(hits[0])
@@ -69,26 +98,16 @@ def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
     return sorted(set(rows))
 
 
-def dump_groups(work: Path, run: str, step: int, train_file: Path | None = None) -> list[tuple[str | None, list]]:
+def dump_groups(work: Path, run: str, step: int, train_file: Path | None = None) -> list[tuple[str | None, Any]]:
     """The rewards verl computed at ``step`` (its rollout dump), one (topic or None, rewards) per prompt; the
-    topic (the two-node run's ``cluster_key``) from the training row the prompt came from."""
-    problems, topics = _train_rows(train_file) if train_file else ([], [])
-    groups: dict[str, list[float]] = {}
-    for entry in _dump(work, run, step):
-        groups.setdefault(entry["input"], []).append(float(entry["score"]))
-    out = []
-    for text, scores in groups.items():
-        label = next((topics[i] for i, p in enumerate(problems) if p in text), None) if train_file else None
-        assert label is not None or not train_file, f"run {run} step {step}: no training row for a prompt"
-        out.append((label, scores))
-    return out
+    topic (the two-node run's ``cluster_key``) from the training row the prompt came from (:func:`topic_of`)."""
+    return batch_groups(_dump(work, run, step), topic_of(train_file) if train_file else lambda _text: None)
 
 
 def topic_block(work: Path, files: dict, run: str, step: int) -> str:
     """The one curriculum topic of ``run``'s training batch at ``step``."""
-    _, topics = _train_rows(files["train"])
-    rows = step_rows(work, run, step, files["train"])
-    step_topics = {topics[r] for r in rows}
+    pairs, rows = _train_rows(files["train"]), step_rows(work, run, step, files["train"])
+    step_topics = {pairs[r][1] for r in rows}
     assert len(step_topics) == 1, f"run {run} step {step} mixes topics {sorted(step_topics)} (rows {rows})"
     return step_topics.pop()
 

@@ -1,7 +1,9 @@
-"""The invariants a random-kill campaign (:mod:`ebpo_verl.smoke.campaign`) checks on its final state, each
-computed independently of the trainer: every step logged once, the EB state recomputed from the rollout dumps with
-numpy power sums (not the package's Chan merge), the metrics against the uninterrupted run's, the responses as a
-sorted multiset. docs/training_faults.md lists them with a K=8 run."""
+"""The invariants the smoke runs (:func:`check_continues`) and a random-kill campaign
+(:mod:`ebpo_verl.smoke.campaign`) check, each computed independently of the trainer: every step logged once, the EB
+state recomputed from verl's rollout dumps with numpy power sums (not the package's Chan merge; for the global scope
+and every cluster, the count, mean and M2 of the rewards, of the group means, of the unbiased within-group variances
+of groups of two or more and of 1/G), the metrics against the uninterrupted run's, the responses as a sorted
+multiset. docs/training_faults.md lists them with a K=8 run."""
 
 from __future__ import annotations
 
@@ -108,6 +110,37 @@ def check_state(want: dict[str, Any], got: dict[str, Any], where: str) -> None:
         for part in PARTS:
             if not _close(w[part], g[part]):
                 raise AssertionError(f"{where}: EB {name} {part} [n, mean, M2] {g[part]} != recomputed {w[part]}")
+
+
+def check_continues(saved: dict, after: dict, batches: list[list[tuple[str | None, Any]]]) -> str:
+    """``after`` (a saved EB state) is ``saved`` plus exactly ``batches``: one per resumed step, each a list of
+    (cluster label or None, the prompt's rewards), recomputed as :func:`expected_state` does and compared with
+    ``np.isclose`` (relative :data:`REL_TOL`). Raises AssertionError listing every mismatch."""
+    groups = [(label, np.asarray(r, dtype=np.float64)) for batch in batches for label, r in batch]
+    labels = {label for label, _ in groups if label is not None}
+    problems = []
+    if after["steps"] != saved["steps"] + len(batches):
+        problems.append(f"EB steps {saved['steps']} + {len(batches)} != {after['steps']}")
+    if after["prompts_seen"] != saved["prompts_seen"] + len(groups):
+        problems.append(f"prompts_seen {saved['prompts_seen']} + {len(groups)} != {after['prompts_seen']}")
+    scopes = [("global", saved["global"], after["global"], [g for _, g in groups])]
+    if set(after["clusters"]) != set(saved["clusters"]) | labels:
+        problems.append(f"clusters {sorted(after['clusters'])} != saved {sorted(saved['clusters'])} + {sorted(labels)}")
+    for label in sorted(set(saved["clusters"]) | labels):
+        mine = [g for lab, g in groups if lab == label]
+        scopes.append((f"cluster {label!r}", saved["clusters"].get(label), after["clusters"].get(label), mine))
+    for what, before, now, mine in scopes:
+        if now is None:
+            problems.append(f"{what}: missing from the resumed state")
+            continue
+        want = _scope_update(before, mine) if mine else before or {p: [0.0, 0.0, 0.0] for p in PARTS}
+        for part in PARTS:
+            for name, g, w in zip(("count", "mean", "M2"), now[part], want[part], strict=True):
+                if not np.isclose(g, w, rtol=REL_TOL, atol=1e-12):
+                    problems.append(f"{what}.{part} {name}: resumed {g!r} != saved + batches {w!r}")
+    if problems:
+        raise AssertionError("[cpu_smoke] the resumed EB state does not continue the saved one: " + "; ".join(problems))
+    return f"count, mean, M2 of 4 parts in the global scope and {len(after['clusters'])} clusters"
 
 
 VAL_PREFIX = "val-"
