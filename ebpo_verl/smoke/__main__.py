@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke import cluster, limits, runs
 from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
@@ -69,6 +69,13 @@ class SmokeOptions(OptionSection):
     stand_in: bool = option(False, "--hold without a Ray cluster", choices=(True, False))
     print_limits: bool = option(False, "print the time limits and exit", choices=(True, False))
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.faults and self.nodes != NODES:
+            raise ValueError("--faults needs --nodes 2")
+        if self.device == "cuda" and (self.nodes != 1 or self.vllm):
+            raise ValueError("--device cuda runs the one-node flow with the HF rollout; drop --nodes 2 / --vllm")
+
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ebpo_verl.smoke", description=__doc__.splitlines()[0])
@@ -76,25 +83,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.faults and args.nodes != NODES:
-        p.error("--faults needs --nodes 2")
-    if args.device == "cuda" and (args.nodes != 1 or args.vllm):
-        p.error("--device cuda runs the one-node flow with the HF rollout; drop --nodes 2 / --vllm")
-    limits.check_order(args.run_timeout, args.deadline)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = parser()
-    args = p.parse_args(argv)
-    args.work_dir = Path(args.work_dir) if args.work_dir else None
-    _validate(p, args)
+    args = parse_options(SmokeOptions, p.parse_args(argv), p)
+    limits.check_order(args.run_timeout, args.deadline)
     if args.print_limits:
         print(f"run-timeout {args.run_timeout} deadline {args.deadline}")
         return
     limits.set_deadline(args.deadline)
     install_handlers()
-    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="ebpo-cpu-smoke-"))).resolve()
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="ebpo-cpu-smoke-")).resolve()
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)

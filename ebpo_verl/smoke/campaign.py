@@ -249,10 +249,6 @@ _ACTIVE = runs.LIVE
 SIGTERM/SIGINT handler."""
 
 
-def _start(out: Path, files: dict, name: str, total: int) -> runs.Run:
-    return runs.Run(out, files, name, campaign_overrides(out, name), steps=total)
-
-
 def _on_signal(signum: int, frame: Any) -> None:
     """SIGTERM/SIGINT: kill the running attempt's process tree, then every process with the tag (one that left it)."""
     runs.kill_all()
@@ -304,7 +300,8 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
         else:
             hold.unlink(missing_ok=True)
         record = {"resumed_from": resumed, "marker_offset": _size(marker), "log_offset": _size(out / "camp.log")}
-        run, start, sighting = _start(out, files, "camp", total), time.monotonic(), Sighting()
+        run = runs.Run(out, files, "camp", campaign_overrides(out, "camp"), steps=total)
+        start, sighting = time.monotonic(), Sighting()
         if target is None:
             wall, leak = _finish(run, timeout, marker, record["marker_offset"])
             attempts.append({**record, "killed": False, "wall_s": wall, "leak": leak})
@@ -505,7 +502,8 @@ def _campaign(args: CampaignOptions, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     files = settings.prepare(out)
     install_signal_handlers()
-    ref_wall, ref_leak = _finish(_start(out, files, "ref", total), args.run_timeout, out / "marker_ref.jsonl", 0)
+    ref = runs.Run(out, files, "ref", campaign_overrides(out, "ref"), steps=total)
+    ref_wall, ref_leak = _finish(ref, args.run_timeout, out / "marker_ref.jsonl", 0)
     plan = plan_kills(args.seed, args.kills)
     report: dict[str, Any] = {"seed": args.seed, "kills_drawn": args.kills, "steps": total, "plan": plan,
                               "reference_wall_s": ref_wall, "reference_leak": ref_leak}  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -179,16 +180,13 @@ class LocalCluster:
         busy for a run (``ray::<Class>``), vLLM engines (``VLLM::...``); a raylet keeps idle ``ray::IDLE``
         workers."""
         nodes = {proc.pid for proc in self.procs}
-        out = []
-        for proc in scan.tagged_processes():
-            try:
-                name = scan.title(proc)
-            except psutil.NoSuchProcess:
-                continue
-            in_node = _session(proc) in nodes
-            if not in_node or "VLLM" in name or (name.startswith("ray::") and name.split()[0] not in NODE_TITLES):
-                out.append(proc)
-        return out
+        return [
+            proc
+            for proc, name in scan.titled(scan.tagged_processes())
+            if _session(proc) not in nodes
+            or "VLLM" in name
+            or (name.startswith("ray::") and name.split()[0] not in NODE_TITLES)
+        ]
 
     def wait_job_gone(self, seconds: float = 30.0) -> None:
         """After a run ended: within ``seconds`` no process of it is left on the cluster, else raise."""
@@ -202,14 +200,8 @@ class LocalCluster:
     def worker_node_process(self, prefix: str) -> psutil.Process | None:
         """The one live process of the second node (its ``ray start`` session) whose title starts with
         ``prefix``, or None."""
-        node_session = self.procs[1].pid
-        for proc in scan.tagged_processes():
-            try:
-                if _session(proc) == node_session and scan.title(proc).startswith(prefix):
-                    return proc
-            except psutil.NoSuchProcess:
-                continue
-        return None
+        found = scan.titled(scan.tagged_processes())
+        return next((p for p, name in found if _session(p) == self.procs[1].pid and name.startswith(prefix)), None)
 
     def stop(self) -> None:
         """SIGTERM to the two ``ray start`` sessions, then (after :data:`STOP_GRACE_S`) SIGKILL to whatever of the
@@ -230,10 +222,8 @@ class LocalCluster:
         """SIGTERM to the ``ray start`` sessions, SIGKILL to every tagged process left after the grace, the temp
         folder removed."""
         for proc in reversed(self.procs):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + STOP_GRACE_S
         while scan.tagged_processes() and time.monotonic() < deadline:
             time.sleep(0.5)

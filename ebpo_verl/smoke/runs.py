@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -92,10 +93,8 @@ class Run:
 def kill_procs(procs: list[psutil.Process], timeout: float = 60.0) -> None:
     """SIGKILL each of ``procs`` (gone already is fine) and wait up to ``timeout`` s for them."""
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(procs, timeout=timeout)
 
 
@@ -109,15 +108,11 @@ def kill_tree(pid: int, timeout: float = 60.0, watch: scan.Watch | None = None) 
         tree = []
     if watch is not None:
         for proc in tree:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.suspend()
-            except psutil.NoSuchProcess:
-                pass
         watch.sample_now()
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     kill_procs(tree, timeout)
     return len(tree)
 

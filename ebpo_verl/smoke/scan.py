@@ -1,21 +1,16 @@
 """Finding what a smoke run left behind, whoever made it, with scans that prove they see something.
 
-Every process the script starts (``ray start``, each run's driver, the evaluation) gets :data:`TAG_ENV` =
-:data:`TAG` in its environment, and every process below it inherits it (Ray's raylets, GCS, workers, vLLM's
-engines, joblib/loky helpers, also after a ``setsid`` or a double fork): :func:`tagged_processes` finds them by
-their environment, not by their session. ``/dev/shm`` is compared with a snapshot taken before the first run:
-any entry that appeared since, that no live process outside the run holds and that the scans never saw held only
-by processes outside the run (a concurrent test's) is the run's leftover, whatever created it (``sem.loky-*``
-semaphores, ``psm_*`` segments, Ray's files).
+Every process the script starts gets :data:`TAG_ENV` = :data:`TAG` in its environment, inherited by every process
+below it (Ray's raylets, GCS, workers, vLLM's engines, loky helpers, also after a ``setsid`` or a double fork):
+:func:`tagged_processes` finds them by environment, not by session. A ``/dev/shm`` entry made since the snapshot
+taken before the first run, that no live process outside the run holds and that the scans never saw held only by
+processes outside the run (a concurrent test's), is the run's leftover, whatever created it.
 
-A :class:`Watch` samples both every 2 s while runs are alive (and the script samples right before it kills one);
+A :class:`Watch` samples both every 2 s while runs are alive (and right before the script kills one);
 :meth:`Watch.final` fails if it never saw a Ray process (or, in a vLLM run, a ``/dev/shm`` segment): a scan that
-sees nothing proves nothing. Once every tagged process is gone, it unlinks the entries made since the snapshot
-that it saw those processes hold (by inode), and only those (:func:`ebpo_verl.ops.shm.unlink_orphaned_shm` with
-``seen``): what its own killed processes left. Any other new entry is a leftover and fails the check. Errors are
-not swallowed: only a process that vanished between listing and reading (``psutil.NoSuchProcess``, a missing
-``/proc`` entry) is skipped, and one older than the script (it cannot be the script's) that may not be read (a
-container's init); an unreadable process the script could have made is an error.
+sees nothing proves nothing. Once every tagged process is gone it unlinks the new entries it saw those processes
+hold (by inode), and only those; any other new entry fails the check. Only a process that vanished between listing
+and reading is skipped, and an unreadable one older than the script (a container's init); any other error raises.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -91,14 +87,17 @@ def held_by_others(exclude: set[int]) -> set[str]:
     return {Path(path).name for path, inode in inodes_by_path(str(SHM)).items() if inode in used}
 
 
-def describe(procs: list[psutil.Process]) -> list[tuple[int, str]]:
-    out = []
+def titled(procs: list[psutil.Process]) -> Iterator[tuple[psutil.Process, str]]:
+    """(process, :func:`title`) of each of ``procs`` still there."""
     for proc in procs:
         try:
-            out.append((proc.pid, title(proc)[:80]))
+            yield proc, title(proc)
         except _VANISHED:
             continue
-    return out
+
+
+def describe(procs: list[psutil.Process]) -> list[tuple[int, str]]:
+    return [(proc.pid, name[:80]) for proc, name in titled(procs)]
 
 
 def creator(name: str, titles: dict[int, str]) -> str:
@@ -203,10 +202,15 @@ class Watch:
             raise AssertionError(f"[cpu_smoke] {self.what}: the leak scan failed: {self.error!r}") from self.error
         seen = check_sighted(self.what, len(self.ray_seen), len(self.shm_seen), self.need_shm)
         procs = self.wait_gone(grace)
-        removed = [] if procs else self.unlink_seen()
-        mine = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
-        foreign = self.foreign()
-        shm = leftover_shm(self.before, shm_names(), held_by_others(mine) | foreign, self.shm_seen, self.titles)
+        made = {path: inode for path, inode in inodes_by_path(str(SHM)).items() if Path(path).name not in self.before}
+        # the entries its own processes were seen holding are unlinked once they are gone (what its killed ones left);
+        # those seen held only by processes outside the run (a concurrent test's or user's) are neither unlinked nor
+        # counted as its leftovers; an entry never seen held is left to the leak check
+        mine = {path: inode for path, inode in made.items() if inode in self.inodes_seen}
+        removed = [] if procs else [Path(p).name for p in unlink_orphaned_shm(str(SHM), ("",), seen=mine)]
+        foreign = {Path(p).name for p, i in made.items() if i in self.inodes_foreign and i not in self.inodes_seen}
+        alive = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
+        shm = leftover_shm(self.before, shm_names(), held_by_others(alive) | foreign, self.shm_seen, self.titles)
         check_none_left(self.what, procs, shm)
         return (
             f"{seen}; none is left, and no /dev/shm entry made since its start is left (of "
@@ -214,21 +218,3 @@ class Watch:
             f"unlinked: {removed}; {len(foreign)} made since and seen held only by other processes, not its own, "
             "left alone)"
         )
-
-    def foreign(self) -> set[str]:
-        """Entries made since the snapshot that the scans saw only processes outside the run hold (a concurrent
-        test's or user's): not this run's, so neither unlinked nor counted as its leftovers."""
-        made = inodes_by_path(str(SHM))
-        return {
-            Path(path).name
-            for path, inode in made.items()
-            if Path(path).name not in self.before and inode in self.inodes_foreign and inode not in self.inodes_seen
-        }
-
-    def unlink_seen(self) -> list[str]:
-        """Once every tagged process is gone: unlink the ``/dev/shm`` entries made since the snapshot that the
-        scans saw a tagged process hold while it lived (what its killed processes left); their names. An entry
-        never seen held is left to the leak check."""
-        made = {path: inode for path, inode in inodes_by_path(str(SHM)).items() if Path(path).name not in self.before}
-        mine = {path: inode for path, inode in made.items() if inode in self.inodes_seen}
-        return [Path(path).name for path in unlink_orphaned_shm(str(SHM), ("",), seen=mine)]

@@ -14,17 +14,10 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # the real MATH-500/AMC23 copies beside the repository, else (a clone without them) the tests' made-up rows
 DATA = SHARED_DATA if SHARED_DATA.is_dir() else REPO / "tests" / "fixtures" / "hub"
 STEPS, SAVE_FREQ, BATCH, N, VAL_N, TOPICS = 3, 2, 4, 4, 2, 6
-EBPO_KEYS = (
-    "ebpo/shrinkage_mean",
-    "ebpo/shrinkage_min",
-    "ebpo/shrinkage_max",
-    "ebpo/mu_glob",
-    "ebpo/sigma2",
-    "ebpo/tau2",
-    "ebpo/prompts_seen",
-    "ebpo/frac_zero_var_groups",
-    "ebpo/frac_all_fail",
-    "ebpo/frac_all_pass",
+EBPO_KEYS = tuple(
+    f"ebpo/{name}"
+    for name in "shrinkage_mean shrinkage_min shrinkage_max mu_glob sigma2 tau2 prompts_seen frac_zero_var_groups "
+    "frac_all_fail frac_all_pass".split()
 )
 VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
 TEST_FREQ = SAVE_FREQ  # one node: validation at step 2 and at the last step
