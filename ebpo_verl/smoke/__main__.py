@@ -19,9 +19,6 @@ from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke import cluster, limits, runs
 from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
 
-DEFAULT_DEADLINE_S = 1380
-"""The script's own overall limit when run directly (cpu_smoke.sh passes its ``timeout`` minus the margin)."""
-
 
 class Stopped(SystemExit):
     """The script received SIGTERM or SIGINT."""
@@ -59,7 +56,7 @@ class SmokeOptions(OptionSection):
         None, "output folder; null: a new temp folder", choices=(None,), rule=text("a folder")
     )
     run_timeout: int = option(900, "seconds allowed per training run", rule=ints(1))
-    deadline: int = option(DEFAULT_DEADLINE_S, "seconds allowed for everything", rule=ints(1))
+    deadline: int = option(1380, "seconds allowed for everything", rule=ints(1))  # cpu_smoke.sh: its timeout - margin
     vllm: bool = option(False, "also run C: resume A's step 2 with verl's vLLM rollout", choices=(True, False))
     nodes: int = option(1, "2: the two-node run instead of A/K/K'/C", choices=(1, NODES))
     faults: bool = option(False, "--nodes 2: kill, hang, kill the rollout at step 3", choices=(True, False))

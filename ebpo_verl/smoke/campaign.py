@@ -1,23 +1,20 @@
 """A random-kill campaign: SIGKILL verl's trainer at seeded points of a step's phases, rerun, check nothing is lost.
 
 ``python -m ebpo_verl.smoke.campaign --kills K --seed S --out DIR`` runs the one-node CPU smoke configuration (run A
-of :mod:`ebpo_verl.smoke`: its tiny model, data and reward, with a checkpoint and a validation every step and a
-per-topic prior, ``algorithm.ebpo.cluster_key=topic``) uninterrupted (the reference), then as a campaign: K attempts,
-each SIGKILLed with its whole process tree at a drawn point and rerun (``resume_mode=auto``), and a last rerun to
-the end. It checks the invariants of a run that loses nothing and writes the report (``DIR/campaign_report.json``,
-also printed); ``--out DIR --recheck`` reruns the checks on a finished campaign's folder (:func:`load_report`).
-docs/training_faults.md has the invariants and a K=8 run.
+of :mod:`ebpo_verl.smoke`, with a checkpoint and a validation every step and a per-topic prior) uninterrupted (the
+reference), then K attempts, each SIGKILLed with its whole process tree at a drawn point and rerun
+(``resume_mode=auto``), and a last rerun to the end; it checks the invariants of a run that loses nothing and writes
+``DIR/campaign_report.json`` (also printed). ``--out DIR --recheck`` reruns the checks on a finished campaign's
+folder (:func:`load_report`). docs/training_faults.md has the invariants and a K=8 run.
 
-Where a kill lands. Imported in verl's processes (through ``VERL_USE_EXTERNAL_MODULES``) with ``EBPO_CAMPAIGN_MARKER``
-set, this module wraps the step watchdog's ``enter``/``leave`` (:mod:`ebpo_verl.trainer.watchdog` records the
-trainer's phase there) so that the trainer appends ``{t, event, step, phase}`` to that marker file. Each kill is
-drawn from the seed as (phase, step of the attempt, fraction ``u`` of the phase's length): the campaign polls the
-marker and kills ``u`` times the phase's length in the reference run after the phase began (``rollout``:
-generation, up to the first nested phase; ``old_log_prob``; ``update_actor``; ``save``, the checkpoint write;
-``validate``). For ``after_save`` (after the checkpoint, before the step's log call) the trainer holds right after
-the save phase when the marker's ``.hold`` file names that step, and is killed there. Where the kill landed (the
-innermost open phase, or the phase last left) is read back from the marker at the kill's recorded time; the check
-fails unless it is the aimed phase and step.
+Where a kill lands. Imported in verl's processes (``VERL_USE_EXTERNAL_MODULES``) with ``EBPO_CAMPAIGN_MARKER`` set,
+this module wraps the step watchdog's ``enter``/``leave`` so that the trainer appends ``{t, event, step, phase}`` to
+that marker file. Each kill is drawn from the seed as (phase, step of the attempt, fraction ``u``): the campaign
+polls the marker and kills ``u`` times the phase's length in the reference run after the phase began (``rollout``:
+generation, up to the first nested phase; ``old_log_prob``; ``update_actor``; ``save``; ``validate``). For
+``after_save`` (after the checkpoint, before the step's log call) the trainer holds after the save when the marker's
+``.hold`` file names that step, and is killed there. Where the kill landed (the innermost open phase, or the phase
+last left) is read back from the marker at the kill's time; the check fails unless it is the aimed phase and step.
 
 What is left of an attempt: its processes are found by the smoke scan's environment tag (:class:`Sighting`), sampled
 while it lives (the check fails unless that saw the trainer and a Ray process) and counted 30 s after the kill.

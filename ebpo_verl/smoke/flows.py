@@ -69,15 +69,11 @@ def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeou
     cluster = LocalCluster(need_shm=True).start()
     options = {"rollout": "vllm", "cluster": cluster}
     injected = node_faults(step_timeout) if faults else []
-    for fault in injected:
-        train(work, files, "nodes", NODE_EXTRA, timeout, fault=fault, steps=NODE_STEPS, **options)
+    attempts = [(fault, NODE_STEPS) for fault in injected] or [(None, SAVE_FREQ)]
+    for fault, steps in [*attempts, (None, NODE_STEPS)]:  # the last one resumes (resume_mode=auto) to the end
+        train(work, files, "nodes", NODE_EXTRA, timeout, fault=fault, steps=steps, **options)
         cluster.wait_job_gone()
-    if not faults:
-        train(work, files, "nodes", NODE_EXTRA, timeout, steps=SAVE_FREQ, **options)
-        cluster.wait_job_gone()
-    train(work, files, "nodes", NODE_EXTRA, timeout, steps=NODE_STEPS, **options)  # resume_mode=auto
-    cluster.wait_job_gone()
-    checks.check_nodes_run(work, files, len(injected) + 1 if faults else 2, NODE_STEPS)
+    checks.check_nodes_run(work, files, len(attempts) + 1, NODE_STEPS)
     if faults:  # a copy of the step-2 checkpoint with a callable planted, resumed: refused where it is loaded
         planting.refused_plants(work, files, timeout, NODE_EXTRA, NODE_STEPS, **options)
     evaluate_checkpoint(work, work / "ckpt_nodes" / f"global_step_{NODE_STEPS}", timeout)

@@ -80,13 +80,6 @@ def shm_names() -> set[str]:
     return {entry.name for entry in os.scandir(SHM)}
 
 
-def held_by_others(exclude: set[int]) -> set[str]:
-    """``/dev/shm`` names that a live process not in ``exclude`` maps or holds open (another user's run), matched by
-    inode (:func:`ebpo_verl.ops.shm.holders`: a live semaphore is mapped under another, deleted name)."""
-    used = holders(str(SHM), frozenset(exclude))[0]
-    return {Path(path).name for path, inode in inodes_by_path(str(SHM)).items() if inode in used}
-
-
 def titled(procs: list[psutil.Process]) -> Iterator[tuple[psutil.Process, str]]:
     """(process, :func:`title`) of each of ``procs`` still there."""
     for proc in procs:
@@ -209,8 +202,10 @@ class Watch:
         mine = {path: inode for path, inode in made.items() if inode in self.inodes_seen}
         removed = [] if procs else [Path(p).name for p in unlink_orphaned_shm(str(SHM), ("",), seen=mine)]
         foreign = {Path(p).name for p, i in made.items() if i in self.inodes_foreign and i not in self.inodes_seen}
-        alive = {p.pid for p in tagged_processes(self.tag)} | {os.getpid()}
-        shm = leftover_shm(self.before, shm_names(), held_by_others(alive) | foreign, self.shm_seen, self.titles)
+        # held by a live process outside the run, matched by inode (a live semaphore is mapped under another name)
+        used = holders(str(SHM), frozenset({p.pid for p in tagged_processes(self.tag)} | {os.getpid()}))[0]
+        held = {Path(path).name for path, inode in inodes_by_path(str(SHM)).items() if inode in used} | foreign
+        shm = leftover_shm(self.before, shm_names(), held, self.shm_seen, self.titles)
         check_none_left(self.what, procs, shm)
         return (
             f"{seen}; none is left, and no /dev/shm entry made since its start is left (of "
