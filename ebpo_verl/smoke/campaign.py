@@ -141,9 +141,7 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
     since_last = {"step": last["step"], "seconds_in": round(kill_time - last["t"], 3)}
     if last["event"] == "hold" or (not stack and last["phase"] in ("save", "weight_sync")):
         return {"phase": "after_save", **since_last}
-    if not stack or (
-        stack[-1]["phase"] == "rollout" and last["event"] == "leave"
-    ):  # or inside the step, between nested phases
+    if not stack or (stack[-1]["phase"] == "rollout" and last["event"] == "leave"):  # or between nested phases
         return {"phase": f"after {last['phase']}", **since_last}
     return {"phase": stack[-1]["phase"], "step": stack[-1]["step"], "seconds_in": round(kill_time - stack[-1]["t"], 3)}
 
@@ -159,10 +157,9 @@ def campaign_overrides(out: Path, run: str) -> list[str]:
 
 
 class Sighting:
-    """The processes of one run or attempt, found as :func:`ebpo_verl.smoke.scan.tagged_processes` finds them (each
-    process the campaign starts carries the scan's ``TAG`` in its environment, inherited by Ray's raylet, workers and
-    the trainer, also after a ``setsid`` or double fork), sampled every ``period`` s while it lives; :meth:`leak`
-    counts those left after it. Attempts run one at a time, each one's leftovers killed before the next."""
+    """The processes of one run or attempt (:func:`ebpo_verl.smoke.scan.tagged_processes`: by the environment tag
+    every process of it inherits), sampled every ``period`` s while it lives; :meth:`leak` counts those left after
+    it. Attempts run one at a time, each one's leftovers killed before the next."""
 
     def __init__(self, period: float = 2.0) -> None:
         self.period, self.due = period, 0.0

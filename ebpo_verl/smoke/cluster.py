@@ -100,12 +100,10 @@ def _log_tail(log: Path, temp: Path, lines: int = 12) -> str:
 
 class LocalCluster:
     """``ray start --head`` and ``ray start --address=<head>`` (``--block``, each in a session of its own), each
-    node with one ``GPU`` resource (verl's bookkeeping: one FSDP rank and one rollout replica) and its own ports.
-
-    Not discoverable: its temp folder (a fresh ``/tmp/ebpo-rc-*``) holds its address file, so a plain
-    ``ray.init()`` elsewhere on the machine never attaches to it, and the runs pass its address explicitly.
-    :meth:`stop` ends exactly its processes and the runs' (found by :data:`scan.TAG`, never ``ray stop``) and
-    raises if a process, a new ``/dev/shm`` entry or the temp folder is left, or if its scans saw nothing."""
+    node with one ``GPU`` resource (one FSDP rank and one rollout replica) and its own ports; its address file in
+    its own temp folder, so no plain ``ray.init()`` attaches to it. :meth:`stop` ends exactly its processes and the
+    runs' (by :data:`scan.TAG`, never ``ray stop``) and raises if a process, a new ``/dev/shm`` entry or the temp
+    folder is left, or if its scans saw nothing."""
 
     def __init__(self, need_shm: bool = True) -> None:
         self.temp = tempfile.mkdtemp(prefix="ebpo-rc-", dir="/tmp")  # short: Ray's socket paths fit 107 bytes
@@ -224,9 +222,7 @@ class LocalCluster:
         for proc in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while scan.tagged_processes() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        self.watch.wait_gone(STOP_GRACE_S)
         self.watch.sample_now()  # what they hold right before the SIGKILL: the watch unlinks it once they are gone
         left = scan.tagged_processes()
         names = sorted({name for _, name in scan.describe(left)})

@@ -61,11 +61,10 @@ def node_faults(step_timeout: float) -> list[Fault]:
 
 
 def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:
-    """``--nodes 2``: verl's trainer on a two-node cluster (two FSDP ranks, one vLLM replica each): steps 1-2,
-    then a resume from step 2 through step 4; with ``faults``, each fault of :func:`node_faults` ends an attempt
-    at step 3, rerun with the same command, and resumes from copies of the step-2 checkpoint with a callable
-    planted are refused (:func:`planting.refused_plants`). Then the checks, the evaluation of the last checkpoint,
-    the cluster's stop and leak checks."""
+    """``--nodes 2``: verl's trainer on a two-node cluster (two FSDP ranks, one vLLM replica each): steps 1-2 (with
+    ``faults``: each fault of :func:`node_faults` ends an attempt at step 3), a resume from step 2 through step 4,
+    the checks, (``faults``) resumes from planted step-2 copies refused (:func:`planting.refused_plants`), the
+    evaluation of the last checkpoint, the cluster's stop and leak checks."""
     cluster = LocalCluster(need_shm=True).start()
     options = {"rollout": "vllm", "cluster": cluster}
     injected = node_faults(step_timeout) if faults else []

@@ -211,10 +211,9 @@ def run_killed(
     work: Path, files: dict, timeout: float, device: str = "cpu", watch: scan.Watch | None = None
 ) -> tuple[Run, int, str]:
     """Run K (A's settings, its own folder ``ckpt_k``, resumed from A's step-2 checkpoint): refuses a second run
-    on its folder, trains step 3 and is SIGKILLed with its whole process tree while verl validates it (once it
-    wrote the step-3 tracker file, before the step-3 log call). Returns (the run, processes killed, the refusal
-    line; ``watch`` sees what its tree holds at the kill); :func:`checks.check_kill_landed` checks where it
-    landed."""
+    on its folder, trains step 3 and is SIGKILLed with its whole process tree once it wrote the step-3 tracker file
+    (before the step-3 log call; ``watch`` sees what its tree holds at the kill). Returns (the run, processes killed,
+    the refusal line)."""
     from ebpo_verl.trainer.checkpoint.resume import TRACKER_FILE
 
     tracker = work / "ckpt_k" / TRACKER_FILE

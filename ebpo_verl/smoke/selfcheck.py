@@ -2,19 +2,15 @@
 
 Four checks, one line each, then a JSON summary (printed, and written to ``--out``/selfcheck.json):
 
-- ``estimators``: every registered estimator of ours, over three steps of one fixed batch sequence (all-fail,
-  all-pass and mixed groups, a padding row), gives on the device the advantages, diagnostics and state it gives
-  on the CPU, within :data:`REL_TOL` relative in float32;
-- ``trl``: TRL's ``GRPOTrainer`` (:mod:`ebpo_verl.integrations.trl_example`'s tiny run) trains on the device with
-  every estimator, 2 steps with a checkpoint at step 1; each stateful one resumed from step 1 ends with the
-  uninterrupted run's state;
-- ``train``: ``ebpo-train`` with FSDP2 on the device: the smoke's one-node flow (a run, a run killed after its
-  step-3 checkpoint, its resume; the exact-resume and leak checks of :func:`ebpo_verl.smoke.flows.one_node`);
-- ``vllm``: vLLM generates from the tiny model on the device (skipped, with the reason, when vLLM is not
-  installed).
+- ``estimators``: every estimator of ours, over three steps of fixed batches (all-fail, all-pass and mixed groups,
+  a padding row), gives on the device the advantages, diagnostics and state it gives on the CPU (:data:`REL_TOL`);
+- ``trl``: TRL's ``GRPOTrainer`` (:mod:`ebpo_verl.integrations.trl_example`) trains 2 steps on the device with every
+  estimator; each stateful one resumed from step 1 ends with the uninterrupted run's state;
+- ``train``: ``ebpo-train`` with FSDP2 on the device, the smoke's one-node flow (:func:`.flows.one_node`);
+- ``vllm``: vLLM generates from the tiny model on the device (skipped, with the reason, without vLLM).
 
 ``--device cpu`` is the form CI runs (``--skip train``: the CPU smoke test runs the same flow). Exit 1 when a
-check fails, 0 otherwise; a skipped check is reported with its reason.
+check fails, 0 otherwise.
 """
 
 from __future__ import annotations
