@@ -187,11 +187,7 @@ def compare_metrics(
 
 def responses(lines: Iterable[str]) -> list[tuple[str, str]]:
     """The sorted (input, output) pairs of a rollout or validation dump (its order is the finishing order)."""
-    pairs = []
-    for line in lines:
-        entry = json.loads(line)
-        pairs.append((entry["input"], entry["output"]))
-    return sorted(pairs)
+    return sorted((entry["input"], entry["output"]) for entry in map(json.loads, lines))
 
 
 def response_flips(camp_lines: Iterable[str], ref_lines: Iterable[str]) -> list[dict[str, Any]]:
