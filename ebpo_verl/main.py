@@ -18,6 +18,8 @@ import logging
 import re
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
@@ -45,6 +47,20 @@ HYDRA_LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 def _fail(message: str) -> NoReturn:
     print(f"ebpo-train: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """A refusal inside the block (a config problem, OmegaConf's error, a held run lock): one line
+    ``ebpo-train: error: ...`` on stderr and exit status 2."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ebpo_verl.ops.locking import LockHeldError
+
+    try:
+        yield
+    except (EBPOConfigError, LockHeldError, OmegaConfBaseException) as err:
+        _fail(one_line(err))
 
 
 def _report(lines: list[str]) -> None:
@@ -126,19 +142,13 @@ def dry_run(overrides: list[str], config_name: str | None = None) -> tuple[DictC
 def show_job(overrides: list[str], config_name: str | None = None, package: str | None = None, resolve=False) -> None:
     """``--cfg job``: :func:`dry_run`, the pre-flight's line on stderr, the config (or ``package`` of it) on
     stdout; a refusal -> one line and exit status 2."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
+    with _refusals():
         config, lines = dry_run(overrides, config_name)
         shown = config if package in (None, "_global_") else OmegaConf.select(config, package)
         if shown is None:
             raise EBPOConfigError(f"package '{package}' not found in config")
         if resolve and OmegaConf.is_config(shown):
             OmegaConf.resolve(shown)
-    except EBPOConfigError as err:
-        _fail(str(err))
-    except OmegaConfBaseException as err:
-        _fail(one_line(err))
     _report(lines)
     if not OmegaConf.is_config(shown):
         print(shown)
@@ -148,31 +158,19 @@ def show_job(overrides: list[str], config_name: str | None = None, package: str 
     sys.stdout.write(OmegaConf.to_yaml(shown))
 
 
-def _run_outputs(config: DictConfig):
-    """The run's locks (:func:`~ebpo_verl.trainer.checkpoint.run_lock.hold_run_outputs`): one training process per
-    checkpoint folder and metrics log; a second one is refused at once, before the pre-flight (one line naming the
-    holder). A folder the locks created is removed again if the run leaves it empty (a refused run)."""
-    from ebpo_verl.ops.locking import LockHeldError
+def _preflight_and_run(config: DictConfig) -> None:
+    """Holding the run's locks (:func:`~ebpo_verl.trainer.checkpoint.run_lock.hold_run_outputs`: one training
+    process per checkpoint folder and metrics log, a second one refused at once, naming the holder; a folder the
+    locks created is removed again if the run leaves it empty): the pre-flight (a refusal: one line, exit 2), then
+    training on the Ray cluster (local, or ``RAY_ADDRESS`` / ``ray_kwargs``). verl's trainer modules are imported
+    only after the pre-flight."""
     from ebpo_verl.trainer.checkpoint.run_lock import hold_run_outputs
 
-    try:
-        return hold_run_outputs(config.trainer)
-    except LockHeldError as err:
-        _fail(str(err))
-
-
-def _preflight_and_run(config: DictConfig) -> None:
-    """Holding the run's outputs: the pre-flight (a refusal: one line, exit 2), then training on the Ray cluster
-    (local, or ``RAY_ADDRESS`` / ``ray_kwargs``). verl's trainer modules are imported only after the pre-flight."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    with _run_outputs(config):
-        try:
+    with _refusals():
+        outputs = hold_run_outputs(config.trainer)
+    with outputs:
+        with _refusals():
             _report(preflight(config, dry_run=False))
-        except EBPOConfigError as err:
-            _fail(str(err))
-        except OmegaConfBaseException as err:
-            _fail(one_line(err))
         _launch(config)
 
 
@@ -204,10 +202,8 @@ def _launch(config: DictConfig) -> None:
 def train(overrides: list[str], config_name: str | None = None) -> None:
     """A run: the one composition, then :func:`_preflight_and_run` with the console logging that Hydra's job
     logging gave a run. A refusal is one line with exit status 2 and leaves nothing behind (no Hydra run folder)."""
-    try:
+    with _refusals():
         config = compose(overrides, config_name)
-    except EBPOConfigError as err:
-        _fail(str(err))
     logging.basicConfig(level=logging.INFO, format=HYDRA_LOG_FORMAT, stream=sys.stdout)
     _preflight_and_run(config)
 

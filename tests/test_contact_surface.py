@@ -1,4 +1,4 @@
-"""The contact surface with verl, Ray, Hydra and vLLM (``ebpo_verl/compat/contact.py``, issue 32 item 4).
+"""The contact surface with verl, Ray, Hydra and vLLM (``ebpo_verl/compat/contacts.toml``, issue 32 item 4).
 
 Each listed entry is checked against the installed packages: the name is still there, a callable still has the
 recorded parameters, an attribute that the owner's methods set is still set there, the tests of the copied method
@@ -503,7 +503,7 @@ def entry_problem(contact: Contact) -> str | None:
 def failure_message(contact: Contact, problem: str) -> str:
     return (
         f"contact {contact.name} ({', '.join(contact.kinds)} in {', '.join(contact.where)}): {problem}. "
-        f"Needed for: {contact.why}. Public replacement: {contact.public}. Update ebpo_verl/compat/contact.py "
+        f"Needed for: {contact.why}. Public replacement: {contact.public}. Update ebpo_verl/compat/contacts.toml "
         "and the code that uses it."
     )
 
@@ -595,11 +595,11 @@ def test_every_private_name_the_source_uses_is_listed(package_uses):
     seen = [c for c in CONTACTS if c.scanned and any(_covers(c, u) for u in package_uses)]
     assert len(seen) >= 39, f"the scan sees {len(seen)} of the listed entries in our code"  # all that it can see
     missing = unlisted(package_uses)
-    assert not missing, "private names of other packages used but not in ebpo_verl/compat/contact.py: " + "; ".join(
+    assert not missing, "private names of other packages used but not in ebpo_verl/compat/contacts.toml: " + "; ".join(
         missing
     )
     stale = unused(package_uses)
-    assert not stale, "listed in ebpo_verl/compat/contact.py but no longer used there: " + "; ".join(stale)
+    assert not stale, "listed in ebpo_verl/compat/contacts.toml but no longer used there: " + "; ".join(stale)
 
 
 def test_dropped_names_are_not_used_again(package_uses):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ebpo_verl
-from ebpo_verl.trainer.ray_trainer import SUM_PI_SQUARED, ebpo_trainer_cls, response_sum_pi_squared
+from ebpo_verl.trainer.ray_trainer import SUM_PI_SQUARED, ebpo_trainer_cls
 
 REPO = Path(__file__).resolve().parents[1]
 OTB = ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"]
@@ -51,7 +51,7 @@ def test_response_slice_of_sum_pi_squared_matches_the_model_logits():
     logp_nested = torch.nested.nested_tensor_from_jagged(logprobs_from_logits(packed_logits, rolled), cu)
     mask = torch.nested.as_nested_tensor([torch.ones(r, dtype=torch.int64) for r in responses], layout=torch.jagged)
 
-    got = response_sum_pi_squared(spp_nested, mask).unbind()
+    got = response_from_nested(spp_nested, mask).unbind()  # the trainer's slice (_compute_old_log_prob)
     logp = response_from_nested(logp_nested, mask).unbind()
     for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         probs = torch.softmax(logits[i].double(), dim=-1)

@@ -101,43 +101,30 @@ WEIGHT_SENDER = "verl.workers.rollout.vllm_rollout.vllm_rollout.BucketedWeightSe
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _none(*args: Any, **kwargs: Any) -> None:
+    """A device call with nothing to do on a CPU (caches, allocator, profiler, device selection)."""
+
+
+def _zero(*args: Any, **kwargs: Any) -> int:
+    """A device memory counter: nothing is allocated on a device."""
+    return 0
+
+
+def _seed(*args: Any) -> None:
+    """Seed torch's (CPU) generator with the last argument (``manual_seed(seed)``, a method's ``(self, seed)``)."""
+    torch.manual_seed(args[-1])
+
+
 class _CpuDeviceModule:
-    """Stand-in for ``torch.cuda`` on CPU: ``torch.cpu`` plus no-op memory and RNG helpers verl calls."""
+    """Stand-in for ``torch.cuda`` on CPU: ``torch.cpu`` (availability, device, count, synchronize) plus the
+    memory and RNG helpers verl calls."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cpu, name)
 
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def current_device() -> str:
-        return "cpu"
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def set_device(device: Any) -> None:
-        return None
-
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        return None
-
-    @staticmethod
-    def empty_cache() -> None:
-        return None
-
-    @staticmethod
-    def ipc_collect() -> None:
-        return None
-
-    @staticmethod
-    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
-        return None
+    empty_cache = ipc_collect = set_per_process_memory_fraction = staticmethod(_none)
+    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = staticmethod(_zero)
+    manual_seed = manual_seed_all = staticmethod(_seed)
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -145,20 +132,8 @@ class _CpuDeviceModule:
         return vm.available, vm.total
 
     @staticmethod
-    def memory_allocated(device: Any = None) -> int:
-        return 0
-
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
-
-    @staticmethod
     def get_device_name(device: Any = None) -> str:
         return "cpu"
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
 
     @staticmethod
     def get_rng_state(device: Any = None) -> torch.Tensor:
@@ -177,13 +152,10 @@ class CpuPlatform(PlatformBase):
     with ``num_gpus`` equal to the number of training processes; nothing ever runs on a GPU.
     """
 
-    @property
-    def device_name(self) -> str:
-        return "cpu"
-
-    @property
-    def vendor_name(self) -> str:
-        return "cpu"
+    device_name = vendor_name = property(lambda self: "cpu")
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _none
+    manual_seed = manual_seed_all = _seed
+    cudart = _none
 
     @property
     def device_module(self) -> Any:
@@ -202,24 +174,6 @@ class CpuPlatform(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def set_device(self, device_index: int) -> None:
-        return None
-
-    def synchronize(self, device_index: int | None = None) -> None:
-        return None
-
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None:
-        return None
-
-    def empty_cache(self) -> None:
-        return None
-
     def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
@@ -235,12 +189,6 @@ class CpuPlatform(PlatformBase):
     def nvtx_range(self, msg: str):
         yield
 
-    def profiler_start(self) -> None:
-        return None
-
-    def profiler_stop(self) -> None:
-        return None
-
     def ray_resource_name(self) -> str:
         return "GPU"
 
@@ -249,9 +197,6 @@ class CpuPlatform(PlatformBase):
 
     def is_ipc_supported(self) -> bool:
         return False
-
-    def cudart(self) -> Any:
-        return None
 
 
 def _init_gloo_process_group() -> None:
@@ -291,6 +236,10 @@ def _server_actor_name(replica_rank: int) -> str:
 def _request_seed(global_steps: int | None, prompt_ids: list[int], params: dict[str, Any], k: int) -> int:
     key = json.dumps([global_steps, prompt_ids, sorted(params.items()), k], default=str)
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+async def _nothing_to_do(self: Any, *args: Any, **kwargs: Any) -> None:
+    """A rollout control call (wake up, sleep, KV cache, profiler) with nothing to do for a CPU model."""
 
 
 class HFRolloutServer:
@@ -413,32 +362,11 @@ class HFRolloutServer:
         )
 
     # Control methods called by verl on every server; a CPU model has no KV cache or device memory to manage.
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        return None
-
-    async def sleep(self) -> None:
-        return None
-
-    async def clear_kv_cache(self) -> None:
-        return None
-
-    async def release_kv_cache(self) -> None:
-        return None
-
-    async def resume_kv_cache(self) -> None:
-        return None
+    wake_up = sleep = clear_kv_cache = release_kv_cache = resume_kv_cache = _nothing_to_do
+    resume_generation = start_profile = stop_profile = _nothing_to_do
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
         return {"aborted_count": 0, "request_ids": []}
-
-    async def resume_generation(self) -> None:
-        return None
-
-    async def start_profile(self, **kwargs: Any) -> None:
-        return None
-
-    async def stop_profile(self) -> None:
-        return None
 
 
 class HFReplica(RolloutReplica):
@@ -473,11 +401,7 @@ class HFServerAdapter(BaseRollout):
             self._server = ray.get_actor(_server_actor_name(self.replica_rank))
         return self._server
 
-    async def resume(self, tags: list[str]) -> None:
-        return None
-
-    async def release(self) -> None:
-        return None
+    resume = release = _nothing_to_do
 
     async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kw):
         if wire_format != "named_tensors":

@@ -93,28 +93,19 @@ def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> No
     ``--no-flag`` for a bool), its default and help from the declaration; an option whose ``flag`` is a word
     without dashes (``RUN``) is a positional argument of that name."""
     for f in fields(cls):
-        if not flag_of(f).startswith("-"):
-            scalar, many = _kind(cls, f.name)
-            optional = f.default is not MISSING
-            nargs = ("*" if optional else "+") if many else ("?" if optional else None)
-            kw = {"default": f.default} if optional else {}
-            parser.add_argument(f.name, metavar=flag_of(f), nargs=nargs, type=converter(f, scalar),
-                                help=help_text(f), **kw)  # fmt: skip
-            continue
         scalar, many = _kind(cls, f.name)
-        kwargs: dict[str, Any] = {"help": help_text(f), "dest": f.name}
-        if f.default is MISSING:
-            kwargs["required"] = True
+        optional = f.default is not MISSING
+        kwargs: dict[str, Any] = {"help": help_text(f), **({"default": f.default} if optional else {})}
+        if not flag_of(f).startswith("-"):  # a positional argument
+            nargs = ("*" if optional else "+") if many else ("?" if optional else None)
+            parser.add_argument(f.name, metavar=flag_of(f), nargs=nargs, type=converter(f, scalar), **kwargs)
+        elif scalar is bool:
+            action = argparse.BooleanOptionalAction
+            parser.add_argument(flag_of(f), dest=f.name, required=not optional, action=action, **kwargs)
         else:
-            kwargs["default"] = f.default
-        if scalar is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = converter(f, scalar)
-            kwargs["metavar"] = f.metadata.get("metavar") or _metavar(f)
-            if many:
-                kwargs["nargs"] = "+"
-        parser.add_argument(flag_of(f), **kwargs)
+            metavar, nargs = f.metadata.get("metavar") or _metavar(f), "+" if many else None
+            parser.add_argument(flag_of(f), dest=f.name, required=not optional, type=converter(f, scalar),
+                                metavar=metavar, nargs=nargs, **kwargs)  # fmt: skip
 
 
 def parse_options(cls: type[OptionSection], namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:

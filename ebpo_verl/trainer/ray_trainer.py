@@ -143,13 +143,6 @@ def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
     return frame["extra_info"]
 
 
-def response_sum_pi_squared(sum_pi_squared: Any, response_mask: Any) -> Any:
-    """The response tokens' part of the actor's per-position sum of squared probabilities (nested, whole
-    sequences): position t holds the distribution that produced token t + 1, so response token j of a sequence
-    with prompt length P reads position P + j - 1, the slice verl takes of the log-probs (``old_log_probs``)."""
-    return response_from_nested(sum_pi_squared, response_mask)
-
-
 class OTBSumPiSquaredMixin:
     """verl's Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline``) on the v1 trainer.
 
@@ -185,7 +178,9 @@ class OTBSumPiSquaredMixin:
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["sum_pi_squared", "response_mask"]
         )
-        spp = response_sum_pi_squared(data["sum_pi_squared"], data["response_mask"])
+        # the response tokens' part: position t holds the distribution that produced token t + 1, so response token
+        # j of a sequence with prompt length P reads position P + j - 1, the slice verl takes of the log-probs
+        spp = response_from_nested(data["sum_pi_squared"], data["response_mask"])
         return tq.kv_batch_put(
             keys=batch.keys,
             partition_id=batch.partition_id,

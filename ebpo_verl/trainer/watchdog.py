@@ -189,51 +189,45 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
-def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
-    """This job's live actors that are stopped, or inside a task (their process title names a method), with
-    a word on their state; one Ray task per node reads the process states."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    by_node: dict[str, list[dict]] = {}
-    for info in job_actors("ALIVE"):
-        if info.get("Pid") and info["Pid"] != exclude_pid:
-            by_node.setdefault(info["Address"]["NodeID"], []).append(info)
-    probe = ray.remote(num_cpus=0, max_retries=0)(_process_states)
-    refs = {
-        node: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-            [info["Pid"] for info in infos]
-        )
-        for node, infos in by_node.items()
-    }
-    stuck = []
-    for node, ref in refs.items():
-        try:
-            states = ray.get(ref, timeout=PROBE_S)
-        except ray.exceptions.RayError:
-            states = {}
-        for info in by_node[node]:
-            status, title = states.get(info["Pid"], ("unknown", ""))
-            if status == "stopped":
-                stuck.append((info, "process stopped"))
-            elif status in ("disk-sleep", "zombie"):
-                stuck.append((info, f"process {status}"))
-            elif "." in title.split("::", 1)[-1] and title.startswith("ray::"):
-                stuck.append((info, f"still in {title.split('.', 1)[1]}"))
-    stuck.sort(key=lambda item: item[1] != "process stopped")
-    return stuck
-
-
-def _kill_on_nodes(infos: list[dict]) -> None:
+def _on_nodes(task: Callable[[list[int]], Any], infos: list[dict]) -> dict[str, Any]:
+    """``task(pids)`` as a Ray task on each node of the actors ``infos``, with their pids: node id -> its ref."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     by_node: dict[str, list[int]] = {}
     for info in infos:
         by_node.setdefault(info["Address"]["NodeID"], []).append(info["Pid"])
-    kill = ray.remote(num_cpus=0, max_retries=0)(_kill)
-    refs = [
-        kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(pids)
+    remote = ray.remote(num_cpus=0, max_retries=0)(task)
+    return {
+        node: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(pids)
         for node, pids in by_node.items()
-    ]
+    }
+
+
+def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
+    """This job's live actors that are stopped, or inside a task (their process title names a method), with
+    a word on their state; one Ray task per node reads the process states."""
+    alive = [info for info in job_actors("ALIVE") if info.get("Pid") and info["Pid"] != exclude_pid]
+    states: dict[int, tuple[str, str]] = {}
+    for ref in _on_nodes(_process_states, alive).values():
+        try:
+            states.update(ray.get(ref, timeout=PROBE_S))
+        except ray.exceptions.RayError:
+            pass
+    stuck = []
+    for info in alive:
+        status, title = states.get(info["Pid"], ("unknown", ""))
+        if status == "stopped":
+            stuck.append((info, "process stopped"))
+        elif status in ("disk-sleep", "zombie"):
+            stuck.append((info, f"process {status}"))
+        elif "." in title.split("::", 1)[-1] and title.startswith("ray::"):
+            stuck.append((info, f"still in {title.split('.', 1)[1]}"))
+    stuck.sort(key=lambda item: item[1] != "process stopped")
+    return stuck
+
+
+def _kill_on_nodes(infos: list[dict]) -> None:
+    refs = list(_on_nodes(_kill, infos).values())
     ray.wait(refs, num_returns=len(refs), timeout=PROBE_S)
 
 
