@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ebpo_verl.evaluate.prompts import MAX_NEW_TOKENS, EvalInputError
 from ebpo_verl.ops.shm import unlink_engine_shm
 from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, reals
@@ -119,20 +121,14 @@ def render(tokenizer: Any, prompt: Prompt) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
-def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the chat-templated prompt with the generation prompt, as verl's rollout builds them."""
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
-
-
 def vllm_input(tokenizer: Any, prompt: Prompt) -> str | dict[str, list[int]]:
-    """What ``LLM.generate`` gets: a raw string unchanged, chat messages as ``{"prompt_token_ids": ...}``
-    (vLLM's ``TokensPrompt``), so that no BOS is added on top of the template's own."""
+    """What ``LLM.generate`` gets: a raw string unchanged, chat messages as ``{"prompt_token_ids": ...}`` (vLLM's
+    ``TokensPrompt``: the chat template with the generation prompt, tokenized as verl's rollout does), so that no
+    BOS is added on top of the template's own."""
     if isinstance(prompt, str):
         return prompt
-    return {"prompt_token_ids": chat_token_ids(tokenizer, prompt)}
+    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
+    return {"prompt_token_ids": [int(i) for i in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]}
 
 
 def sampling_kwargs(spec: EngineSpec, seed: int | None = None) -> dict[str, Any]:
@@ -143,11 +139,8 @@ def sampling_kwargs(spec: EngineSpec, seed: int | None = None) -> dict[str, Any]
 
 def collect_vllm(outputs: Sequence[Any]) -> list[Completion]:
     """Completions from ``LLM.generate``'s ``RequestOutput`` list (same order as the prompts)."""
-    result = []
-    for out in outputs:
-        c = out.outputs[0]
-        result.append(Completion(c.text, len(c.token_ids), str(c.finish_reason or "unknown")))
-    return result
+    firsts = [out.outputs[0] for out in outputs]
+    return [Completion(c.text, len(c.token_ids), str(c.finish_reason or "unknown")) for c in firsts]
 
 
 class VLLMEngine:
@@ -248,23 +241,14 @@ class HFEngine:
         return result
 
 
-def make_engine(spec: EngineSpec) -> VLLMEngine | HFEngine:
-    if spec.engine == "vllm":
-        return VLLMEngine(spec)
-    if spec.engine == "hf":
-        return HFEngine(spec)
-    raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
-
-
 def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[tuple[Request, Completion]]], None]):
     """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``; every
     prompt's length is checked (:func:`check_room`) before the first sample."""
-    engine = make_engine(spec)
-    checked = set()
-    for r in requests:
-        if r.key[:2] not in checked:
-            checked.add(r.key[:2])
-            check_room(r.key, engine.prompt_tokens(r.prompt), spec.max_new_tokens, engine.model_len)
+    if spec.engine not in ENGINES:
+        raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
+    engine = VLLMEngine(spec) if spec.engine == "vllm" else HFEngine(spec)
+    for r in {r.key[:2]: r for r in requests}.values():  # each problem once, in order (its samples share a prompt)
+        check_room(r.key, engine.prompt_tokens(r.prompt), spec.max_new_tokens, engine.model_len)
     for start in range(0, len(requests), spec.chunk_size):
         chunk = requests[start : start + spec.chunk_size]
         emit(list(zip(chunk, engine.generate(chunk), strict=True)))
@@ -343,16 +327,9 @@ def device_groups(workers: int, tensor_parallel_size: int, visible: str | None) 
 def core_groups(workers: int, cores: Sequence[int]) -> list[str]:
     """``VLLM_CPU_OMP_THREADS_BIND`` of each CPU worker: ``cores`` split into ``workers`` consecutive groups of
     near-equal size (comma lists, e.g. ``"0,1"``)."""
-    cores = sorted(cores)
     if workers > len(cores):
         raise ValueError(f"--workers {workers} needs a core per engine, but this process may use {len(cores)} core(s)")
-    size, extra = divmod(len(cores), workers)
-    groups, start = [], 0
-    for w in range(workers):
-        end = start + size + (w < extra)
-        groups.append(",".join(map(str, cores[start:end])))
-        start = end
-    return groups
+    return [",".join(map(str, group)) for group in np.array_split(sorted(cores), workers)]
 
 
 def visible_gpus() -> int:

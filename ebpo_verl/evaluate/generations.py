@@ -16,11 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
+from tqdm import tqdm
+
+from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.ops.atomic import atomic_write_text, reporting_full_disk
 from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
@@ -256,3 +260,37 @@ class GenerationsFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def generate_into(
+    path: str | Path,
+    meta: dict[str, Any],
+    wanted: list[engines.Request],
+    spec: engines.EngineSpec,
+    workers: int,
+    before: Callable[[], object] = lambda: None,
+) -> tuple[dict[Key, dict[str, Any]], int]:
+    """Generate the samples of ``wanted`` that generations file ``path`` (settings ``meta``) lacks, appending each
+    chunk as it finishes (:func:`ebpo_verl.evaluate.engines.generate_all`, a progress bar per benchmark); ``before``
+    runs first when any is lacking. Returns (every sample of the file by key, number generated now)."""
+    with GenerationsFile(path, meta) as gen:
+        todo = [r for r in wanted if r.key not in gen.done]
+        if todo:
+            before()
+            total, left = Counter(r.key[0] for r in wanted), Counter(r.key[0] for r in todo)
+            bars = {
+                b: tqdm(total=n, initial=n - left[b], desc=b, unit="sample", position=i)
+                for i, (b, n) in enumerate(total.items())
+            }
+
+            def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
+                gen.append(sample_records(pairs))
+                for r, _ in pairs:
+                    bars[r.key[0]].update(1)
+
+            try:
+                engines.generate_all(spec, todo, workers, on_chunk)
+            finally:
+                for bar in bars.values():
+                    bar.close()
+    return gen.done, len(todo)

@@ -27,14 +27,12 @@ import argparse
 import json
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
 import pyarrow as pa
-from tqdm import tqdm
 
 from ebpo_verl.data.schema import (
     one_line_errors,
@@ -44,11 +42,11 @@ from ebpo_verl.data.schema import (
 )
 from ebpo_verl.data.sources import read_jsonl_records
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
+from ebpo_verl.evaluate.generations import generate_into, problem_digest
+from ebpo_verl.evaluate.grading import grade_records
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, nullable, option, reals, text
-from ebpo_verl.reward import compute_score
 
 
 def bucket(pass_rate: float, k: int) -> int:
@@ -62,14 +60,10 @@ def bucket(pass_rate: float, k: int) -> int:
 def grade(
     responses: list[list[str]], ground_truths: list[str], data_sources: list[str], workers: int = 8
 ) -> list[float]:
-    """Pass rate per problem: the mean ``compute_score`` of its responses."""
-
-    def one(i: int) -> float:
-        scores = [compute_score(data_sources[i], r, ground_truths[i])["score"] for r in responses[i]]
-        return sum(scores) / len(scores) if scores else float("nan")
-
-    with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(one, range(len(responses))))
+    """Pass rate per problem: the mean ``compute_score`` of its responses (``verl`` protocol's grader)."""
+    items = [(src, r, gt) for rs, gt, src in zip(responses, ground_truths, data_sources, strict=True) for r in rs]
+    verdicts = iter(grade_records("verl", items, workers))
+    return [sum(next(verdicts) for _ in rs) / len(rs) for rs in responses]
 
 
 def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> list[list[str]]:
@@ -90,25 +84,8 @@ def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> li
     }
     name = Path(a.in_path).name
     spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)
-    with GenerationsFile(gen_path, meta) as gen:
-        todo = [
-            engines.Request((name, i, s), prompts[i])
-            for i in range(len(prompts))
-            for s in range(a.n)
-            if (name, i, s) not in gen.done
-        ]
-        if todo:
-            bar = tqdm(total=len(prompts) * a.n, initial=len(prompts) * a.n - len(todo), desc=name, unit="sample")
-
-            def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
-                gen.append(sample_records(pairs))
-                bar.update(len(pairs))
-
-            try:
-                engines.generate_all(spec, todo, workers, on_chunk)
-            finally:
-                bar.close()
-        done = gen.done
+    wanted = [engines.Request((name, i, s), prompts[i]) for i in range(len(prompts)) for s in range(a.n)]
+    done, _ = generate_into(gen_path, meta, wanted, spec, workers)
     return [[done[(name, i, s)]["response"] for s in range(a.n)] for i in range(len(prompts))]
 
 
