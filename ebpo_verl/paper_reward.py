@@ -48,10 +48,7 @@ def compute_score(
 
 def normalize_eval_answer(answer: str) -> str:
     """The evaluation normaliser: text after the last ``=``, a trailing ``.0`` dropped, then Minerva's rules."""
-    answer = answer.split("=")[-1]
-    if answer.endswith(".0"):
-        answer = answer[:-2]
-    return normalize_final_answer(answer)
+    return normalize_final_answer(answer.split("=")[-1].removesuffix(".0"))
 
 
 def extract_eval_answer(response: str) -> str | None:

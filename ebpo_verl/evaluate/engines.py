@@ -7,19 +7,11 @@
   (``VLLM_CPU_OMP_THREADS_BIND``), a fixed KV cache (``--kv-cache-gib``) and, by default, eager mode.
 * ``hf``: Hugging Face ``generate`` on CPU (or one device), for tests with a tiny local model.
 
-Seeds: every sample gets its own seed, :func:`sample_seed` of (``--seed``, benchmark, index, sample), given to
-vLLM per request (``SamplingParams(seed=...)``) and to the HF engine as one ``torch.Generator`` per sample
-(:class:`SeededSampler`). A sample is therefore the same whatever the number of engines, the chunking and how
-often a run resumes, and a resumed run never repeats the samples it already has.
-
-Lengths: a prompt whose tokens plus ``--max-new-tokens`` exceed the model length is an error
-(:class:`PromptTooLong`, naming both numbers) before anything is generated, never a silently shortened sample.
-
-Prompts (:func:`vllm_input`): a raw string (protocol ``paper``) goes to vLLM as is, tokenized by vLLM with the
-tokenizer's special tokens, as the authors' eval script did; chat messages (protocol ``verl``) go as token ids
-from ``apply_chat_template(tokenize=True)``, as verl's rollout sends them -- a rendered string would be
-tokenized again with a second BOS on LLaMA, whose template already starts with one. The vLLM layer only builds
-``SamplingParams``, calls ``LLM.generate`` and reads the outputs with :func:`collect_vllm`.
+Seeds: every sample has its own seed, :func:`sample_seed` of (``--seed``, benchmark, index, sample), given to vLLM
+per request and to the HF engine as a ``torch.Generator`` per sample (:class:`SeededSampler`): a sample is the same
+whatever the number of engines, the chunking and the resumes. A prompt whose tokens plus ``--max-new-tokens``
+exceed the model length is an error (:class:`PromptTooLong`) before anything is generated. Prompts:
+:func:`vllm_input`.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -87,11 +79,6 @@ class EngineSpec:
 
 VLLM_ARGS = ("model", "seed", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
 """The fields of :class:`EngineSpec` that vLLM's ``LLM`` takes under the same name."""
-FROM_COMMAND_LINE = (
-    "max_new_tokens", "seed", "batch_size", "chunk_size", "gpu_memory_utilization", "max_model_len",
-    "tensor_parallel_size",
-)  # fmt: skip
-"""The fields of :class:`EngineSpec` that the engine options (:func:`add_engine_args`) set as they are."""
 
 
 class PromptTooLong(EvalInputError):
@@ -209,10 +196,8 @@ class HFEngine:
         return len(self.tokenizer(render(self.tokenizer, prompt), add_special_tokens=False)["input_ids"])
 
     def generate(self, requests: list[Request]) -> list[Completion]:
-        out: list[Completion] = []
-        for start in range(0, len(requests), self.spec.batch_size):
-            out.extend(self._batch(requests[start : start + self.spec.batch_size]))
-        return out
+        size = self.spec.batch_size
+        return [c for start in range(0, len(requests), size) for c in self._batch(requests[start : start + size])]
 
     def _batch(self, requests: list[Request]) -> list[Completion]:
         from transformers import LogitsProcessorList
@@ -426,6 +411,7 @@ class EngineOptions(OptionSection):
 def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
     """(spec, number of workers) from the parsed engine options (:class:`EngineOptions`, each value checked when
     parsed); ValueError on impossible settings."""
+    same = {f.name for f in fields(EngineOptions)} - {"engine", "enforce_eager"}
     cpu, envs = False, ()
     if a.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
@@ -456,6 +442,6 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         top_p=top_p,
         enforce_eager=cpu if a.enforce_eager is None else a.enforce_eager,
         worker_env=envs,
-        **{name: getattr(a, name) for name in FROM_COMMAND_LINE},
+        **{f.name: getattr(a, f.name) for f in fields(EngineSpec) if f.name in same},  # the options taken as they are
     )
     return spec, workers
