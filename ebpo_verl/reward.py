@@ -127,9 +127,8 @@ def missing_ground_truth(value: Any) -> str | None:
     """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"``: also the text ``"nan"``, ``"empty"``), or
     None when it can.
 
-    Empty means nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``) or an
-    empty box (``\\boxed{}``). Every grader here scores such a ground truth as wrong (an empty or ``None``
-    answer must never match it); the data checks refuse rows that have one.
+    Empty: nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``), or an empty box
+    (``\\boxed{}``). Every grader here scores such a ground truth as wrong; the data checks refuse it.
     """
     if value is None:
         return "None"
@@ -153,10 +152,9 @@ def last_boxed(text: str) -> str | None:
 def last_boxed_span(text: str) -> tuple[int, int] | None:
     """(start, end) of the content of the last balanced ``\\boxed{...}`` in ``text``, else None.
 
-    The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``).
-    One left-to-right pass over the braces only, so it is linear in ``len(text)`` even for 10^4 nested
-    braces or a megabyte of unbalanced ``\\boxed{``. "Last" means the one that closes last; for nested
-    boxes that is the outermost.
+    The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``). One pass over the braces,
+    linear in ``len(text)`` (10^4 nested braces, a megabyte of unbalanced ``\\boxed{``). "Last": the one that closes
+    last (for nested boxes the outermost).
     """
     stack: list[int | None] = []  # content start for boxed openers, None for plain braces
     best: tuple[int, int] | None = None

@@ -12,9 +12,8 @@ that train/val file lists concatenate)::
                          "topic": str | None, "difficulty": int | None,
                          "raw_problem": str | None, "raw_answer": str | None}
 
-``raw_problem`` / ``raw_answer`` (evaluation sets only, else None) are the problem text and reference answer
-as the source gives them, untemplated: the paper's evaluation protocol (``ebpo_verl.evaluate``) builds its
-prompt and ground truth from them (OlympiadBench: ``question`` only and the first element of ``final_answer``).
+``raw_problem`` / ``raw_answer`` (evaluation sets only, else None): the source's untemplated problem and reference
+answer, from which the paper's evaluation protocol (``ebpo_verl.evaluate``) builds its prompt and ground truth.
 """
 
 from __future__ import annotations
@@ -222,21 +221,14 @@ def build_rows(
                 duplicates += 1
                 continue
             seen.add(key)
+        info = {f.name: getattr(ex, f.name, None) for f in EXTRA_INFO_TYPE} | {"index": len(rows), "split": split}
         rows.append(
             {
                 "data_source": name,
                 "prompt": apply_template(ex.problem, template),
                 "ability": "math",
                 "reward_model": {"ground_truth": ex.answer, "style": "rule"},
-                "extra_info": {
-                    "index": len(rows),
-                    "split": split,
-                    "source_id": ex.source_id,
-                    "topic": ex.topic,
-                    "difficulty": ex.difficulty,
-                    "raw_problem": ex.raw_problem,
-                    "raw_answer": ex.raw_answer,
-                },
+                "extra_info": info,
             }
         )
     if skip_invalid and skipped:
@@ -411,13 +403,9 @@ def ground_truth_problem(value: Any) -> str | None:
 
 
 def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> None:
-    """Refuse rows whose ``reward_model.ground_truth`` is None, NaN, empty (no grader can score them) or not text
-    (:func:`ground_truth_problem`).
-
-    ``table``: a verl parquet's rows (a user's training or validation file as well as ours); only the
-    ``reward_model`` column is read. Raises :class:`DataPrepError` naming ``source``, the first bad rows
-    (0-based) and the key.
-    """
+    """Refuse rows of ``table`` (any verl parquet's rows; only ``reward_model`` is read) whose
+    ``reward_model.ground_truth`` is None, NaN, empty or not text (:func:`ground_truth_problem`): a
+    :class:`DataPrepError` naming ``source``, the first bad rows (0-based) and the key."""
     frame = isinstance(table, pd.DataFrame)
     if "reward_model" not in (list(table.columns) if frame else table.column_names):
         raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see ebpo_verl.data.schema)")

@@ -78,9 +78,7 @@ def benchmark_coverage(problems: Sequence[Sequence[Sample]]) -> dict[str, Any]:
     if len(sizes) != 1:
         raise ValueError(f"every problem needs the same number of samples (found {sorted(sizes)})")
     (n,) = sizes
-    out: dict[str, Any] = {"n": n}
-    for name in ("pass@k", "maj@k"):
-        out[name], out[f"{name}_stderr"] = {}, {}
+    out: dict[str, Any] = {"n": n, "pass@k": {}, "pass@k_stderr": {}, "maj@k": {}, "maj@k_stderr": {}}
     for k in ks_for(n):
         for name, per_problem in (
             ("pass@k", [pass_at_k(n, sum(ok for _, ok in p), k) for p in problems]),

@@ -412,7 +412,7 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
     """(spec, number of workers) from the parsed engine options (:class:`EngineOptions`, each value checked when
     parsed); ValueError on impossible settings."""
     same = {f.name for f in fields(EngineOptions)} - {"engine", "enforce_eager"}
-    cpu, envs = False, ()
+    cpu, envs, workers = False, (), a.workers
     if a.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(
@@ -422,7 +422,6 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         gpus = visible_gpus() if a.gpus is None else a.gpus
         cpu = gpus == 0
         if cpu:
-            workers = a.workers
             cores = core_groups(workers, sorted(os.sched_getaffinity(0)))
             envs = tuple({"VLLM_CPU_OMP_THREADS_BIND": c, "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib)} for c in cores)
         elif gpus < a.tensor_parallel_size:
@@ -433,8 +432,6 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
                 {"CUDA_VISIBLE_DEVICES": g}
                 for g in device_groups(workers, a.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
             )
-    else:
-        workers = a.workers
     spec = EngineSpec(
         engine=a.engine,
         model=model,

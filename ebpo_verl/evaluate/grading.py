@@ -49,11 +49,7 @@ def summarize(
 ) -> dict[str, Any]:
     """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, its standard error over the
     runs, and response statistics."""
-    per_run = []
-    for s in range(runs):
-        got = [verdicts[k] for k in verdicts if k[1] == s]
-        if got:
-            per_run.append(sum(got) / len(got))
+    per_run = [sum(got) / len(got) for s in range(runs) if (got := [v for k, v in verdicts.items() if k[1] == s])]
     n = len(records)
     return {
         "pass@1": 100.0 * sum(per_run) / len(per_run) if per_run else None,

@@ -120,8 +120,8 @@ def _rate(record: dict[str, Any], where: str, csv: bool) -> float:
     return n_correct / n
 
 
-def read_rates(path: str | Path) -> pd.DataFrame:
-    """The rates file as a frame with columns (key column, pass_rate). Every error is a ValueError of one line
+def read_rates(path: str | Path) -> tuple[str, dict[str, float]]:
+    """The rates file as (key column, pass rate by key). Every error is a ValueError of one line
     naming the file and line: an unreadable line, a missing key, a rate that is missing, quoted (JSON), not a
     number or outside [0, 1], ``n < 1``, a repeated key."""
     path = Path(path)
@@ -140,7 +140,7 @@ def read_rates(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path}: needs a 'source_id' or 'index' column (found {sorted(columns)})")
     if "pass_rate" not in columns and not {"n_correct", "n"} <= columns:
         raise ValueError(f"{path}: needs 'pass_rate' (or 'n_correct' and 'n') columns")
-    ids, rates, first_line = [], [], {}
+    rates, first_line = {}, {}
     for line, record in records:
         where = f"{path}, line {line}"
         value = record.get(key)
@@ -150,25 +150,23 @@ def read_rates(path: str | Path) -> pd.DataFrame:
         if ident in first_line:
             raise ValueError(f"{where}: {key} {ident} repeats line {first_line[ident]}")
         first_line[ident] = line
-        ids.append(ident)
-        rates.append(_rate(record, where, path.suffix == ".csv"))
-    return pd.DataFrame({key: ids, "pass_rate": rates})
+        rates[ident] = _rate(record, where, path.suffix == ".csv")
+    return key, rates
 
 
-def merge_rates(table: pa.Table, rates: pd.DataFrame, source: str) -> list[float]:
-    """The rate of each row of ``table``; errors name ids missing on either side."""
-    key = rates.columns[0]
+def merge_rates(table: pa.Table, key: str, by_id: dict[str, float], source: str) -> list[float]:
+    """The rate of each row of ``table`` (``by_id``: rates by ``extra_info.<key>``); errors name ids missing on
+    either side."""
     ids = [str(e[key]) for e in table.column("extra_info").to_pylist()]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{key} is not unique in the parquet; use the other key column in {source}")
-    by_id = dict(zip(rates[key], rates["pass_rate"], strict=True))
     unknown = sorted(set(by_id) - set(ids))
     if unknown:
         raise ValueError(f"{source}: {len(unknown)} {key}(s) not in the parquet, e.g. {unknown[:10]}")
     missing = [i for i in ids if i not in by_id]
     if missing:
         raise ValueError(f"{source}: no pass_rate for {len(missing)} row(s), {key} e.g. {missing[:10]}")
-    return [float(by_id[i]) for i in ids]
+    return [by_id[i] for i in ids]
 
 
 def write_with_rates(table: pa.Table, rates: list[float], out_path: str | Path, buckets: int | None) -> Path:
@@ -230,7 +228,7 @@ def main(argv: list[str] | None = None) -> Path:
     with one_line_errors(p.prog):
         table = read_prepared(a.in_path)
         if a.pass_rates:
-            rates = merge_rates(table, read_rates(a.pass_rates), a.pass_rates)
+            rates = merge_rates(table, *read_rates(a.pass_rates), a.pass_rates)
         else:
             responses = generate(a, table, a.generations or f"{a.out_path}.generations.jsonl")
             gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
