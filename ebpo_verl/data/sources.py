@@ -138,5 +138,4 @@ def load_hub(repo_id: str, split: str, config: str | None = None, revision: str 
     """The hub copy via ``datasets`` (needs network access to huggingface.co)."""
     import datasets
 
-    ds = datasets.load_dataset(repo_id, config, split=split, revision=revision)
-    return ds.to_pandas()
+    return datasets.load_dataset(repo_id, config, split=split, revision=revision).to_pandas()

@@ -91,16 +91,6 @@ def sample_seed(seed: int, key: tuple[str, int, int]) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def check_room(key: tuple[str, int, int], prompt_tokens: int, max_new_tokens: int, model_len: int) -> None:
-    """PromptTooLong unless ``prompt_tokens + max_new_tokens`` fits ``model_len``."""
-    if prompt_tokens + max_new_tokens > model_len:
-        raise PromptTooLong(
-            f"{key[0]} problem {key[1]}: its prompt has {prompt_tokens} tokens, so --max-new-tokens {max_new_tokens} "
-            f"needs a model length of {prompt_tokens + max_new_tokens}, but the model length is {model_len}; "
-            "lower --max-new-tokens or raise --max-model-len (up to what the model supports)"
-        )
-
-
 def render(tokenizer: Any, prompt: Prompt) -> str:
     """The text fed to the model: a raw string unchanged, chat messages via the chat template."""
     if isinstance(prompt, str):
@@ -228,12 +218,19 @@ class HFEngine:
 
 def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[tuple[Request, Completion]]], None]):
     """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``; every
-    prompt's length is checked (:func:`check_room`) before the first sample."""
+    prompt's length is checked before the first sample (:class:`PromptTooLong` when it leaves less than
+    ``max_new_tokens`` within the model length)."""
     if spec.engine not in ENGINES:
         raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
     engine = VLLMEngine(spec) if spec.engine == "vllm" else HFEngine(spec)
     for r in {r.key[:2]: r for r in requests}.values():  # each problem once, in order (its samples share a prompt)
-        check_room(r.key, engine.prompt_tokens(r.prompt), spec.max_new_tokens, engine.model_len)
+        tokens, new = engine.prompt_tokens(r.prompt), spec.max_new_tokens
+        if tokens + new > engine.model_len:
+            raise PromptTooLong(
+                f"{r.key[0]} problem {r.key[1]}: its prompt has {tokens} tokens, so --max-new-tokens {new} needs a "
+                f"model length of {tokens + new}, but the model length is {engine.model_len}; "
+                "lower --max-new-tokens or raise --max-model-len (up to what the model supports)"
+            )
     for start in range(0, len(requests), spec.chunk_size):
         chunk = requests[start : start + spec.chunk_size]
         emit(list(zip(chunk, engine.generate(chunk), strict=True)))
