@@ -1,12 +1,10 @@
 """Rule-based math reward for verl: answer extraction plus ``math-verify`` equivalence, time-bounded.
 
 ``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``,
-``name=compute_score``). verl 0.9.1's reward managers call it through ``loop.run_in_executor``, i.e. in a
-worker thread, where math-verify's ``signal.alarm`` timeouts cannot run (``signal`` only works in the main
-thread) and where sympy can spin for minutes on adversarial LaTeX such as ``10^{10^{10^{10}}}``. So the
-parse/verify step runs in a small pool of child processes (each calls math-verify on its own main thread);
-the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0. Answer extraction is
-plain linear-time string scanning in the caller.
+``name=compute_score``). verl 0.9.1 calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts
+cannot run and sympy can spin for minutes on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a
+pool of child processes: the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0.
+Answer extraction is linear-time string scanning in the caller.
 
 Extraction: the answer the response states LAST, in either convention:
   - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at the start of a line,

@@ -70,11 +70,8 @@ SCHEMA = pa.schema(
 
 
 class InvalidRowError(ValueError):
-    """A source row that cannot become a training/evaluation example.
-
-    ``columns``: the source columns the field is read from, when it is missing; if the file has none of them
-    the whole file, not the row, is wrong (see :func:`build_rows`).
-    """
+    """A source row that cannot become a training/evaluation example. ``columns``: those the missing field is read
+    from; a file with none of them is wrong as a whole (:func:`build_rows`)."""
 
     def __init__(self, field: str, reason: str, columns: tuple[str, ...] = ()):
         super().__init__(f"{field}: {reason}")

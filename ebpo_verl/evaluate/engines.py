@@ -240,11 +240,9 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _die_with_parent(parent: int) -> None:
-    """End this worker's process group (itself and e.g. vLLM's engine-core child) as soon as ``parent`` dies,
-    however it dies (SIGKILL included): Linux sends SIGTERM on the parent's death (``PR_SET_PDEATHSIG``), whose
-    handler SIGKILLs the group, and a watchdog thread does the same on noticing the parent gone (a handler
-    waits for the main thread, which may sit in C code). SIGKILL also skips the queue's exit-time flush,
-    which would block with nobody reading."""
+    """SIGKILL this worker's process group (itself and e.g. vLLM's engine-core child) as soon as ``parent`` dies,
+    however it dies: on Linux's ``PR_SET_PDEATHSIG`` SIGTERM, and from a watchdog thread (a signal handler waits
+    for the main thread, which may sit in C code). SIGKILL also skips the queue's blocking exit-time flush."""
 
     def end_group(*_: object) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
