@@ -93,16 +93,14 @@ def _number(value: Any, name: str, where: str, csv: bool) -> float:
     """``value`` of field ``name`` as a float; ValueError naming ``where`` (file and line) otherwise."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or (csv and value == ""):
         raise ValueError(f"{where}: {name} is missing")
-    if isinstance(value, str) and csv:
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{where}: {name} {value!r} is not a number") from None
-    if isinstance(value, str):
+    if isinstance(value, str) and not csv:
         raise ValueError(f"{where}: {name} is the string {value!r}, not a number; write it without quotes")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: {name} {value!r} is not a number")
-    return float(value)
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):  # a CSV value is always a str
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{where}: {name} {value!r} is not a number") from None
 
 
 def _rate(record: dict[str, Any], where: str, csv: bool) -> float:
