@@ -19,7 +19,7 @@ from ebpo_verl.reward import missing_ground_truth
 
 BENCHMARKS = ("math500", "aime2024", "aime2025", "amc23", "olympiadbench")
 PROTOCOLS = ("paper", "verl")
-PAPER_RUNS = {**dict.fromkeys(BENCHMARKS, 16), "olympiadbench": 4}
+PAPER_RUNS = {"math500": 16, "aime2024": 16, "aime2025": 16, "amc23": 16, "olympiadbench": 4}
 VERL_RUNS = 16
 MAX_NEW_TOKENS = 20480
 TEMPERATURE = 1.0
