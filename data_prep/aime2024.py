@@ -1,6 +1,4 @@
-"""AIME 2024 (30 problems), an evaluation set: ``<out-dir>/aime2024.parquet`` in verl's schema.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.aime2024` (docs/data.md)."""
+"""AIME 2024 (30 problems), an evaluation set: ``<out-dir>/aime2024.parquet`` (--help; docs/data.md)."""
 
 from ebpo_verl.data.aime2024 import main
 

@@ -1,6 +1,4 @@
-"""AIME 2025 (30 problems), an evaluation set: ``<out-dir>/aime2025.parquet`` in verl's schema.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.aime2025` (docs/data.md)."""
+"""AIME 2025 (30 problems), an evaluation set: ``<out-dir>/aime2025.parquet`` (--help; docs/data.md)."""
 
 from ebpo_verl.data.aime2025 import main
 

@@ -1,6 +1,4 @@
-"""Every dataset of the paper (what the recipes run), one ``<out-dir>/<name>.parquet`` each in verl's schema.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.all` (docs/data.md)."""
+"""Every dataset of the paper (what the recipes run), one ``<out-dir>/<name>.parquet`` each (--help; docs/data.md)."""
 
 from ebpo_verl.data.all import main
 

@@ -1,6 +1,4 @@
-"""AMC 2023 (40 problems), an evaluation set: ``<out-dir>/amc23.parquet`` in verl's schema.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.amc23` (docs/data.md)."""
+"""AMC 2023 (40 problems), an evaluation set: ``<out-dir>/amc23.parquet`` in verl's schema (--help; docs/data.md)."""
 
 from ebpo_verl.data.amc23 import main
 

@@ -1,6 +1,4 @@
-"""DAPO-Math-17k (de-duplicated by problem), the training set: ``<out-dir>/dapo_math.parquet`` in verl's schema.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.dapo_math` (docs/data.md)."""
+"""DAPO-Math-17k (de-duplicated), the training set: ``<out-dir>/dapo_math.parquet`` (--help; docs/data.md)."""
 
 from ebpo_verl.data.dapo_math import main
 

@@ -1,6 +1,4 @@
-"""The topic labels of ORDER=topic TOPICS=embed: ``extra_info.topic`` of a prepared parquet set to its cluster.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.label_topics` (docs/data.md)."""
+"""Topic labels of ORDER=topic TOPICS=embed: ``extra_info.topic`` set to a cluster (--help; docs/data.md)."""
 
 from ebpo_verl.data.label_topics import main
 

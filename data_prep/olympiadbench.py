@@ -1,6 +1,4 @@
-"""OlympiadBench (674 open-ended competition problems), an evaluation set: ``olympiadbench.parquet`` in verl's schema.
-
-``--help`` lists the options; the logic is :mod:`ebpo_verl.data.olympiadbench` (docs/data.md)."""
+"""OlympiadBench (674 open-ended problems), an evaluation set: ``olympiadbench.parquet`` (--help; docs/data.md)."""
 
 from ebpo_verl.data.olympiadbench import main
 

@@ -10,9 +10,6 @@ Neither falls back to ``\\boxed{}`` (verl 0.9.1's ``math_dapo.compute_score`` do
 * Evaluation (``grade_eval``): with two or more matches the SECOND-TO-LAST is graded, and the normaliser
   drops a trailing ``.0`` right after keeping the text after the last ``=`` (so AMC23's ``27.0`` equals
   ``27``).
-
-Recipes use the training rule with ``reward.custom_reward_function.path=pkg://ebpo_verl.paper_reward``
-and ``reward.custom_reward_function.name=compute_score``.
 """
 
 from __future__ import annotations
@@ -48,10 +45,7 @@ def compute_score(
 
 def normalize_eval_answer(answer: str) -> str:
     """The evaluation normaliser: text after the last ``=``, a trailing ``.0`` dropped, then Minerva's rules."""
-    answer = answer.split("=")[-1]
-    if answer.endswith(".0"):
-        answer = answer[:-2]
-    return normalize_final_answer(answer)
+    return normalize_final_answer(answer.split("=")[-1].removesuffix(".0"))
 
 
 def extract_eval_answer(response: str) -> str | None:

@@ -1,12 +1,10 @@
 """Rule-based math reward for verl: answer extraction plus ``math-verify`` equivalence, time-bounded.
 
 ``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``,
-``name=compute_score``). verl 0.9.1's reward managers call it through ``loop.run_in_executor``, i.e. in a
-worker thread, where math-verify's ``signal.alarm`` timeouts cannot run (``signal`` only works in the main
-thread) and where sympy can spin for minutes on adversarial LaTeX such as ``10^{10^{10^{10}}}``. So the
-parse/verify step runs in a small pool of child processes (each calls math-verify on its own main thread);
-the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0. Answer extraction is
-plain linear-time string scanning in the caller.
+``name=compute_score``). verl 0.9.1 calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts
+cannot run and sympy can spin for minutes on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a
+pool of child processes: the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0.
+Answer extraction is linear-time string scanning in the caller.
 
 Extraction: the answer the response states LAST, in either convention:
   - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at the start of a line,
@@ -53,12 +51,10 @@ TIMEOUT_ENV = "EBPO_REWARD_TIMEOUT"
 @dataclass(frozen=True)
 class RewardOptions(OptionSection):
     """The reward's knobs, declared once. Set in ``reward.custom_reward_function.reward_kwargs`` or, under
-    ``ebpo-train``, by environment variable where it starts: its driver resolves both once, before Ray starts (the
-    pre-flight refuses a bad value in one line), and writes the result into ``reward_kwargs``, which verl passes to
-    every :func:`compute_score` call in Ray's reward workers. This module reads no environment: a reward process
-    that stock verl starts gets only its ``reward_kwargs``; there a missing knob is its declared default and a bad
-    one is replaced by that default with a RuntimeWarning (:func:`_valid`), so a bad knob never hangs a worker
-    (0 processes) nor scores right answers 0 (timeout <= 0)."""
+    ``ebpo-train``, by environment variable: its driver resolves both once, before Ray starts (the pre-flight
+    refuses a bad value in one line), into ``reward_kwargs``, which verl passes to every :func:`compute_score` call.
+    This module reads no environment: in a reward process that stock verl starts, a missing knob is its default and
+    a bad one that default with a RuntimeWarning (:func:`_valid`), never a hung worker or right answers scored 0."""
 
     SECTION: ClassVar[str] = "reward.custom_reward_function.reward_kwargs"
 
@@ -101,8 +97,6 @@ def _valid(key: str, value: Any) -> Any:
     return declared.default
 
 
-DEFAULT_TIMEOUT_S = float(DEFAULTS.timeout)
-"""Bound on one parse+verify (seconds); a call's ``timeout`` (``reward_kwargs.timeout``) replaces it."""
 MAX_ANSWER_CHARS = 1000
 """Extracted answers longer than this score 0 without being parsed (no reference answer comes close)."""
 STARTUP_TIMEOUT_S = 120.0
@@ -131,9 +125,8 @@ def missing_ground_truth(value: Any) -> str | None:
     """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"``: also the text ``"nan"``, ``"empty"``), or
     None when it can.
 
-    Empty means nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``) or an
-    empty box (``\\boxed{}``). Every grader here scores such a ground truth as wrong (an empty or ``None``
-    answer must never match it); the data checks refuse rows that have one.
+    Empty: nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``), or an empty box
+    (``\\boxed{}``). Every grader here scores such a ground truth as wrong; the data checks refuse it.
     """
     if value is None:
         return "None"
@@ -157,10 +150,9 @@ def last_boxed(text: str) -> str | None:
 def last_boxed_span(text: str) -> tuple[int, int] | None:
     """(start, end) of the content of the last balanced ``\\boxed{...}`` in ``text``, else None.
 
-    The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``).
-    One left-to-right pass over the braces only, so it is linear in ``len(text)`` even for 10^4 nested
-    braces or a megabyte of unbalanced ``\\boxed{``. "Last" means the one that closes last; for nested
-    boxes that is the outermost.
+    The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``). One pass over the braces,
+    linear in ``len(text)`` (10^4 nested braces, a megabyte of unbalanced ``\\boxed{``). "Last": the one that closes
+    last (for nested boxes the outermost).
     """
     stack: list[int | None] = []  # content start for boxed openers, None for plain braces
     best: tuple[int, int] | None = None
@@ -310,10 +302,9 @@ class _Worker:
 
     def ask(self, gold: str, pred: str, timeout: float) -> bool | None:
         """True/False from math-verify, or None when the child overran ``timeout`` or died."""
+        self.ready = self.ready or self._readline(time.monotonic() + STARTUP_TIMEOUT_S) == b"ready"
         if not self.ready:
-            if self._readline(time.monotonic() + STARTUP_TIMEOUT_S) != b"ready":
-                return None
-            self.ready = True
+            return None
         deadline = time.monotonic() + timeout
         try:
             self.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
@@ -353,6 +344,10 @@ class _Pool:
                 ready = [i for i, w in enumerate(self.idle) if w.poll_ready()]
                 return self.idle.pop(ready[-1] if ready else -1)
             self.count += 1
+        return self._start()
+
+    def _start(self) -> _Worker:
+        """A new worker for a counted slot; the slot is freed when it cannot start."""
         try:
             return _Worker()
         except Exception:
@@ -364,13 +359,7 @@ class _Pool:
     def _release(self, worker: _Worker, healthy: bool) -> None:
         if not healthy:  # replace it now, so the next caller finds a child already importing
             worker.kill()
-            try:
-                worker = _Worker()
-            except Exception:
-                with self.lock:
-                    self.count -= 1
-                    self.lock.notify()
-                raise
+            worker = self._start()
         with self.lock:
             self.idle.append(worker)
             self.lock.notify()
@@ -384,12 +373,6 @@ class _Pool:
         finally:
             self._release(worker, healthy=result is not None)
         return result
-
-    def warm_up(self, n: int = 1) -> None:
-        """Start ``n`` workers and wait until they have imported math-verify (optional; tests use it)."""
-        workers = [self._checkout() for _ in range(n)]
-        for w in workers:
-            self._release(w, healthy=w.ask("1", "1", STARTUP_TIMEOUT_S) is not None)
 
     def shutdown(self) -> None:
         with self.lock:
@@ -407,8 +390,10 @@ _CACHE_LOCK = threading.Lock()
 
 
 def warm_up(n: int = 1) -> None:
-    """Start ``n`` grading workers ahead of time so that the first calls do not pay the import cost."""
-    _POOL.warm_up(n)
+    """Start ``n`` grading workers ahead of time and wait until they have imported math-verify, so that the first
+    calls do not pay the import cost."""
+    for w in [_POOL._checkout() for _ in range(n)]:
+        _POOL._release(w, healthy=w.ask("1", "1", STARTUP_TIMEOUT_S) is not None)
 
 
 def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer_chars: int = MAX_ANSWER_CHARS) -> bool:
@@ -425,7 +410,7 @@ def is_equivalent(gold: str, pred: str, timeout: float | None = None, max_answer
         if (gold, pred) in _VERDICTS:
             _VERDICTS.move_to_end((gold, pred))
             return _VERDICTS[(gold, pred)]
-    timeout = DEFAULT_TIMEOUT_S if timeout is None else _valid("timeout", timeout)
+    timeout = float(DEFAULTS.timeout) if timeout is None else _valid("timeout", timeout)
     verdict = _grade(gold, pred, time.monotonic() + timeout)
     if verdict is not None:  # an overrun is not cached: the next call may have a less loaded machine
         with _CACHE_LOCK:
@@ -461,14 +446,11 @@ def compute_score(
 ) -> dict:
     """verl custom reward: ``{"score": 1.0|0.0, "acc": bool, "pred": str}``.
 
-    Never raises on model output. math-verify's work on this answer is bounded by ``timeout`` (default
-    ``DEFAULT_TIMEOUT_S``; an overrun scores 0 and its process is killed and replaced). The call can also wait
-    for a free grading process (each is held at most ``timeout`` per answer; ``workers`` sets how many;
-    ``ebpo-train`` passes both through ``reward_kwargs``; a missing or bad value is the declared default, a bad one
-    with a warning: :class:`RewardOptions`) and, once per process start, for its import of math-verify
-    (``warm_up`` does that ahead of time):
-    load-dependent but bounded, never a hang. ``data_source``/``extra_info``/extra kwargs are accepted for
-    verl's calling convention; grading is the same for every math data source. A ground truth that is
+    Never raises on model output. math-verify's work on this answer is bounded by ``timeout`` (an overrun scores 0;
+    its process is killed and replaced); the call may also wait for one of ``workers`` grading processes and, once
+    per process start, for its import of math-verify (:func:`warm_up`): bounded, never a hang. Both knobs come
+    through ``reward_kwargs`` (:class:`RewardOptions`: missing or bad is the default, bad with a warning).
+    ``data_source``/``extra_info``/extra kwargs are accepted for verl's calling convention. A ground truth that is
     None, NaN or empty (:func:`missing_ground_truth`) scores 0 whatever the response.
     """
     if workers is not None:

@@ -11,8 +11,6 @@ from typing import Any
 
 from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, require_text, source_id, verbatim
 
-NAME = "aime2024"
-
 
 def aime_answer(row: dict[str, Any]) -> str:
     """The integer answer as a canonical string (``"025"`` -> ``"25"``); invalid unless 0-999."""
@@ -36,7 +34,7 @@ def aime_example(row: dict[str, Any], i: int) -> Example:
     )
 
 
-DATASET = Dataset(NAME, "Maxwell-Jia/AIME_2024", "train", aime_example, split="test")
+DATASET = Dataset("aime2024", "Maxwell-Jia/AIME_2024", "train", aime_example, split="test")
 prepare = DATASET.prepare
 main = DATASET.main
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 from ebpo_verl.data.aime2024 import aime_example
 from ebpo_verl.data.schema import Dataset
 
-NAME = "aime2025"
-
-
-DATASET = Dataset(NAME, "yentinglin/aime_2025", "train", aime_example, split="test")
+DATASET = Dataset("aime2025", "yentinglin/aime_2025", "train", aime_example, split="test")
 prepare = DATASET.prepare
 main = DATASET.main
 

@@ -10,8 +10,6 @@ from typing import Any
 
 from ebpo_verl.data.schema import Dataset, Example, require_text, source_id, verbatim
 
-NAME = "amc23"
-
 
 def canonical_number(text: str) -> str:
     """``"27.0"`` -> ``"27"``; non-integral or non-numeric answers unchanged."""
@@ -31,7 +29,7 @@ def convert(row: dict[str, Any], i: int) -> Example:
     )
 
 
-DATASET = Dataset(NAME, "math-ai/amc23", "test", convert, split="test")
+DATASET = Dataset("amc23", "math-ai/amc23", "test", convert, split="test")
 prepare = DATASET.prepare
 main = DATASET.main
 

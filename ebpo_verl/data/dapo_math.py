@@ -14,8 +14,6 @@ import numpy as np
 
 from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, as_text, source_id, strip_dapo_wrapper
 
-NAME = "dapo_math"
-
 
 def convert(row: dict[str, Any], i: int) -> Example:
     prompt = row.get("prompt")
@@ -41,7 +39,7 @@ def convert(row: dict[str, Any], i: int) -> Example:
     return Example(problem=problem, answer=answer, source_id=row_id)
 
 
-DATASET = Dataset(NAME, "BytedTsinghua-SIA/DAPO-Math-17k", "train", convert, split="train", dedupe=True)
+DATASET = Dataset("dapo_math", "BytedTsinghua-SIA/DAPO-Math-17k", "train", convert, split="train", dedupe=True)
 prepare = DATASET.prepare
 main = DATASET.main
 

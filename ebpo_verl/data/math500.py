@@ -10,8 +10,6 @@ from typing import Any
 from ebpo_verl.data.math_train import parse_level
 from ebpo_verl.data.schema import Dataset, Example, optional_text, pick, require_text, source_id, verbatim
 
-NAME = "math500"
-
 
 def convert(row: dict[str, Any], i: int) -> Example:
     return Example(
@@ -24,7 +22,7 @@ def convert(row: dict[str, Any], i: int) -> Example:
     )
 
 
-DATASET = Dataset(NAME, "HuggingFaceH4/MATH-500", "test", convert, split="test")
+DATASET = Dataset("math500", "HuggingFaceH4/MATH-500", "test", convert, split="test")
 prepare = DATASET.prepare
 main = DATASET.main
 

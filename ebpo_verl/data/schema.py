@@ -12,9 +12,8 @@ that train/val file lists concatenate)::
                          "topic": str | None, "difficulty": int | None,
                          "raw_problem": str | None, "raw_answer": str | None}
 
-``raw_problem`` / ``raw_answer`` (evaluation sets only, else None) are the problem text and reference answer
-as the source gives them, untemplated: the paper's evaluation protocol (``ebpo_verl.evaluate``) builds its
-prompt and ground truth from them (OlympiadBench: ``question`` only and the first element of ``final_answer``).
+``raw_problem`` / ``raw_answer`` (evaluation sets only, else None): the source's untemplated problem and reference
+answer, from which the paper's evaluation protocol (``ebpo_verl.evaluate``) builds its prompt and ground truth.
 """
 
 from __future__ import annotations
@@ -71,11 +70,8 @@ SCHEMA = pa.schema(
 
 
 class InvalidRowError(ValueError):
-    """A source row that cannot become a training/evaluation example.
-
-    ``columns``: the source columns the field is read from, when it is missing; if the file has none of them
-    the whole file, not the row, is wrong (see :func:`build_rows`).
-    """
+    """A source row that cannot become a training/evaluation example. ``columns``: those the missing field is read
+    from; a file with none of them is wrong as a whole (:func:`build_rows`)."""
 
     def __init__(self, field: str, reason: str, columns: tuple[str, ...] = ()):
         super().__init__(f"{field}: {reason}")
@@ -97,23 +93,15 @@ class Example:
 
 def apply_template(problem: str, template: str) -> list[dict[str, str]]:
     """The single user message for ``problem`` under ``template`` ("dapo" or "boxed")."""
-    if template == "dapo":
-        content = DAPO_PREFIX + problem + DAPO_SUFFIX
-    elif template == "boxed":
-        content = problem + BOXED_SUFFIX
-    else:
+    if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
-    return [{"content": content, "role": "user"}]
+    prefix, suffix = {"dapo": (DAPO_PREFIX, DAPO_SUFFIX), "boxed": ("", BOXED_SUFFIX)}[template]
+    return [{"content": prefix + problem + suffix, "role": "user"}]
 
 
 def strip_dapo_wrapper(content: str) -> str:
     """The bare problem inside a DAPO-Math-17k prompt (text without the wrapper is returned unchanged)."""
-    text = content.strip()
-    if text.startswith(DAPO_PREFIX.strip()):
-        text = text[len(DAPO_PREFIX.strip()) :]
-    if text.endswith(DAPO_SUFFIX.strip()):
-        text = text[: -len(DAPO_SUFFIX.strip())]
-    return text.strip()
+    return content.strip().removeprefix(DAPO_PREFIX.strip()).removesuffix(DAPO_SUFFIX.strip()).strip()
 
 
 def pick(row: dict[str, Any], names: Iterable[str]) -> Any:
@@ -230,21 +218,14 @@ def build_rows(
                 duplicates += 1
                 continue
             seen.add(key)
+        info = {f.name: getattr(ex, f.name, None) for f in EXTRA_INFO_TYPE} | {"index": len(rows), "split": split}
         rows.append(
             {
                 "data_source": name,
                 "prompt": apply_template(ex.problem, template),
                 "ability": "math",
                 "reward_model": {"ground_truth": ex.answer, "style": "rule"},
-                "extra_info": {
-                    "index": len(rows),
-                    "split": split,
-                    "source_id": ex.source_id,
-                    "topic": ex.topic,
-                    "difficulty": ex.difficulty,
-                    "raw_problem": ex.raw_problem,
-                    "raw_answer": ex.raw_answer,
-                },
+                "extra_info": info,
             }
         )
     if skip_invalid and skipped:
@@ -270,10 +251,9 @@ def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int,
         f"{name}: {rows_in} rows in, {len(rows)} rows out, {skipped} invalid skipped, "
         f"{duplicates} duplicate problems removed -> {out}"
     ]
-    if any(t is not None for t in topics):
-        lines.append("  per topic: " + ", ".join(f"{t}={n}" for t, n in sorted(topics.items(), key=str)))
-    if any(lv is not None for lv in levels):
-        lines.append("  per level: " + ", ".join(f"{lv}={n}" for lv, n in sorted(levels.items(), key=str)))
+    for what, counts in (("topic", topics), ("level", levels)):
+        if any(v is not None for v in counts):
+            lines.append(f"  per {what}: " + ", ".join(f"{v}={n}" for v, n in sorted(counts.items(), key=str)))
     return "\n".join(lines)
 
 
@@ -355,8 +335,7 @@ def one_line_errors(prog: str) -> Iterator[None]:
 
 def bare_problem(content: str) -> str:
     """The problem inside a prompt written with either template (or none)."""
-    text = strip_dapo_wrapper(content)
-    return text[: -len(BOXED_SUFFIX.strip())].strip() if text.endswith(BOXED_SUFFIX.strip()) else text
+    return strip_dapo_wrapper(content).removesuffix(BOXED_SUFFIX.strip()).strip()
 
 
 def read_prepared(path: str | Path) -> pa.Table:
@@ -414,23 +393,16 @@ def check_chat_prompts(prompts: list[Any], source: str | Path, column: str = "pr
 def ground_truth_problem(value: Any) -> str | None:
     """Why ``value`` cannot be a row's ground truth (:func:`~ebpo_verl.reward.missing_ground_truth`'s reasons, or
     not text: a list or a dict would reach the grader as its ``str``), or None when it can."""
-    if value is not None and not isinstance(value, str) and not is_finite_number(value) and not _is_nan(value):
+    nan = isinstance(value, float | np.floating) and math.isnan(value)
+    if value is not None and not isinstance(value, str) and not is_finite_number(value) and not nan:
         return f"not text: {type(value).__name__}"
     return missing_ground_truth(value)
 
 
-def _is_nan(value: Any) -> bool:
-    return isinstance(value, float | np.floating) and math.isnan(value)
-
-
 def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> None:
-    """Refuse rows whose ``reward_model.ground_truth`` is None, NaN, empty (no grader can score them) or not text
-    (:func:`ground_truth_problem`).
-
-    ``table``: a verl parquet's rows (a user's training or validation file as well as ours); only the
-    ``reward_model`` column is read. Raises :class:`DataPrepError` naming ``source``, the first bad rows
-    (0-based) and the key.
-    """
+    """Refuse rows of ``table`` (any verl parquet's rows; only ``reward_model`` is read) whose
+    ``reward_model.ground_truth`` is None, NaN, empty or not text (:func:`ground_truth_problem`): a
+    :class:`DataPrepError` naming ``source``, the first bad rows (0-based) and the key."""
     frame = isinstance(table, pd.DataFrame)
     if "reward_model" not in (list(table.columns) if frame else table.column_names):
         raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see ebpo_verl.data.schema)")
@@ -453,8 +425,7 @@ def with_extra_info(table: pa.Table, updates: list[dict[str, Any]], new_fields: 
     if len(updates) != table.num_rows:
         raise ValueError(f"{len(updates)} updates for {table.num_rows} rows")
     info_type = table.schema.field("extra_info").type
-    fields = [info_type.field(i) for i in range(info_type.num_fields)]
-    fields += [pa.field(n, t) for n, t in new_fields.items() if info_type.get_field_index(n) < 0]
+    fields = [*info_type, *(pa.field(n, t) for n, t in new_fields.items() if info_type.get_field_index(n) < 0)]
     schema = table.schema.set(table.schema.get_field_index("extra_info"), pa.field("extra_info", pa.struct(fields)))
     rows = table.to_pylist()
     for row, upd in zip(rows, updates, strict=True):

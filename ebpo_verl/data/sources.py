@@ -25,10 +25,9 @@ LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
 def read_local(path: str | Path, split: str) -> pd.DataFrame:
     """A local copy in the hub schema: a ``.jsonl``, ``.json`` (records list) or ``.parquet`` file, or a dataset
     folder as the hub serves it (e.g. ``huggingface-cli download --repo-type dataset ID --local-dir DIR``): the
-    files of its ``split`` split (told by file names, as ``datasets`` infers splits), or of its only split.
-
-    Values keep their types (``"025"`` stays a string); a stray pandas ``__index_level_0__`` column is
-    dropped. Unreadable input raises :class:`DataPrepError` naming the file (and line, for JSON).
+    files of its ``split`` split (told by file names, as ``datasets`` infers splits), or of its only split. Values keep
+    their types (``"025"`` stays a string); a stray pandas ``__index_level_0__`` column is dropped. Unreadable input
+    raises :class:`DataPrepError` naming the file (and line, for JSON).
     """
     path = Path(path)
     if path.is_dir():
@@ -139,5 +138,4 @@ def load_hub(repo_id: str, split: str, config: str | None = None, revision: str 
     """The hub copy via ``datasets`` (needs network access to huggingface.co)."""
     import datasets
 
-    ds = datasets.load_dataset(repo_id, config, split=split, revision=revision)
-    return ds.to_pandas()
+    return datasets.load_dataset(repo_id, config, split=split, revision=revision).to_pandas()

@@ -24,10 +24,8 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tqdm import tqdm
-
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
+from ebpo_verl.evaluate.generations import generate_into, problem_digest
 from ebpo_verl.evaluate.grading import grade_file
 from ebpo_verl.evaluate.merge import merge_checkpoint, resolve_model
 from ebpo_verl.evaluate.prompts import (
@@ -134,36 +132,15 @@ def generate(a: argparse.Namespace) -> None:
     how = DESCRIPTIONS[a.protocol].split(", 16 runs")[0]
     counts = ", ".join(f"{b} {n}" for b, n in runs.items())
     print(f"evaluate: protocol {a.protocol} ({how}); runs per problem: {counts}; model {model}", file=sys.stderr)
-    with GenerationsFile(a.out, meta) as gen:
-        todo = [
-            engines.Request((b, p.index, s), p.prompt)
-            for b, ps in problems.items()
-            for p in ps
-            for s in range(runs[b])
-            if (b, p.index, s) not in gen.done
-        ]
-        total = {b: len(ps) * runs[b] for b, ps in problems.items()}
-        if not todo:
-            print(f"evaluate: all {sum(total.values())} samples already in {a.out}", file=sys.stderr)
-            return
-        if step_dir is not None:
-            merge_checkpoint(step_dir, trust=a.trust_checkpoint)
-        bars = {
-            b: tqdm(total=n, initial=n - sum(r.key[0] == b for r in todo), desc=b, unit="sample", position=i)
-            for i, (b, n) in enumerate(total.items())
-        }
-
-        def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
-            gen.append(sample_records(pairs))
-            for r, _ in pairs:
-                bars[r.key[0]].update(1)
-
-        try:
-            engines.generate_all(spec, todo, workers, on_chunk)
-        finally:
-            for bar in bars.values():
-                bar.close()
-    print(f"evaluate: {len(todo)} new samples -> {a.out} (protocol {a.protocol})", file=sys.stderr)
+    wanted = [
+        engines.Request((b, p.index, s), p.prompt) for b, ps in problems.items() for p in ps for s in range(runs[b])
+    ]
+    merge = (lambda: merge_checkpoint(step_dir, trust=a.trust_checkpoint)) if step_dir else (lambda: None)
+    _, new = generate_into(a.out, meta, wanted, spec, workers, merge)
+    if not new:
+        print(f"evaluate: all {len(wanted)} samples already in {a.out}", file=sys.stderr)
+    else:
+        print(f"evaluate: {new} new samples -> {a.out} (protocol {a.protocol})", file=sys.stderr)
 
 
 def grade(a: argparse.Namespace) -> None:
@@ -178,16 +155,17 @@ def grade(a: argparse.Namespace) -> None:
         score = "-" if b["pass@1"] is None else f"{b['pass@1']:.2f}"
         se = "" if b["pass@1_stderr"] is None else f" +- {b['pass@1_stderr']:.2f}"
         print(f"  {name:14s} pass@1 {score:>6s}{se:9s} ({b['problems']} problems x {b['runs']} runs){flag}")
-        for metric in ("pass@k", "maj@k"):
-            if b.get(metric):
-                print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in b[metric].items()))
+        _print_at_k(b.get("pass@k"), b.get("maj@k"))
     if results["average"] is not None:
         print(f"  {'average':14s} pass@1 {results['average']:6.2f}")
-        for metric in ("pass@k", "maj@k"):
-            if results[f"average_{metric}"]:
-                values = results[f"average_{metric}"].items()
-                print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in values))
+        _print_at_k(results["average_pass@k"], results["average_maj@k"])
     print(f"-> {Path(a.out)}")
+
+
+def _print_at_k(pass_at_k: dict[str, float] | None, maj_at_k: dict[str, float] | None) -> None:
+    for metric, values in (("pass@k", pass_at_k), ("maj@k", maj_at_k)):
+        if values:
+            print(f"  {'':14s} {metric} " + "  ".join(f"{k}: {v:.2f}" for k, v in values.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

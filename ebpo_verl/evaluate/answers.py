@@ -1,13 +1,11 @@
 """Which samples of a problem give the same answer, under each protocol's own equivalence (for maj@k).
 
-``paper``: the answer the paper's rule grades (:func:`ebpo_verl.paper_reward.extract_eval_answer`) after its
-normalisation (:func:`~ebpo_verl.paper_reward.normalize_eval_answer`); two samples agree when the normalised
-strings are equal (the rule compares exactly that string with the ground truth's). ``verl``: the answer
-:func:`ebpo_verl.reward.extract_answer` extracts; two samples agree when the text is the same or math-verify
-(:func:`ebpo_verl.reward.is_equivalent`, the training reward's comparison, time-bounded) says they are equal. As
-math-verify's equality need not be transitive, the classes are built greedily in sample order: a sample joins
-the first class whose first sample's answer it equals, else starts a new class. A sample without an answer (or
-an empty one) belongs to no class (None).
+``paper``: two samples agree when the answers the paper's rule grades
+(:func:`ebpo_verl.paper_reward.extract_eval_answer`) are equal after its normalisation (``normalize_eval_answer``).
+``verl``: when the answers :func:`ebpo_verl.reward.extract_answer` extracts are the same text or
+:func:`ebpo_verl.reward.is_equivalent` says so.
+As that need not be transitive, classes are built greedily in sample order (:func:`group`). A sample without an
+answer (or an empty one) belongs to no class (None).
 """
 
 from __future__ import annotations
@@ -22,12 +20,6 @@ def _paper_key(response: str) -> str | None:
     answer = extract_eval_answer(response)
     key = None if answer is None else normalize_eval_answer(answer).strip()
     return key or None
-
-
-def _verl_key(response: str) -> str | None:
-    from ebpo_verl.reward import extract_answer
-
-    return extract_answer(response or "") or None
 
 
 def group(answers: Sequence[str | None], same: Callable[[str, str], bool]) -> list[int | None]:
@@ -51,10 +43,10 @@ def answer_classes(protocol: str, problems: Sequence[Sequence[str]], workers: in
     """Per problem, the class id of each of its responses (in sample order) under ``protocol``."""
     if protocol == "paper":
         return [group([_paper_key(r) for r in responses], lambda a, b: False) for responses in problems]
-    from ebpo_verl.reward import is_equivalent
+    from ebpo_verl.reward import extract_answer, is_equivalent
 
     def one(responses: Sequence[str]) -> list[int | None]:
-        return group([_verl_key(r) for r in responses], is_equivalent)
+        return group([extract_answer(r or "") or None for r in responses], is_equivalent)
 
     with ThreadPoolExecutor(workers) as ex:  # threads overlap math-verify's child processes
         return list(ex.map(one, problems))

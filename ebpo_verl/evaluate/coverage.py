@@ -42,15 +42,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def class_correct(samples: Sequence[Sample]) -> dict[Any, bool]:
-    """Each answer class's verdict: that of its first sample."""
-    out: dict[Any, bool] = {}
-    for cls, correct in samples:
-        if cls is not None and cls not in out:
-            out[cls] = bool(correct)
-    return out
-
-
 def block_vote(classes: Sequence[Any], correct: dict[Any, bool]) -> float:
     """Majority vote of one block: 1 or 0, or for a tie the fraction of the tied largest classes that are correct;
     0 when no sample of the block states an answer."""
@@ -67,7 +58,7 @@ def maj_at_k(samples: Sequence[Sample], k: int) -> float:
     n = len(samples)
     if not 1 <= k <= n:
         raise ValueError(f"maj@k needs 1 <= k <= n (n={n}, k={k})")
-    correct = class_correct(samples)
+    correct = {cls: bool(ok) for cls, ok in reversed(samples) if cls is not None}  # a class's first sample's verdict
     blocks = [[cls for cls, _ in samples[b * k : (b + 1) * k]] for b in range(n // k)]
     return sum(block_vote(block, correct) for block in blocks) / len(blocks)
 
@@ -87,9 +78,7 @@ def benchmark_coverage(problems: Sequence[Sequence[Sample]]) -> dict[str, Any]:
     if len(sizes) != 1:
         raise ValueError(f"every problem needs the same number of samples (found {sorted(sizes)})")
     (n,) = sizes
-    out: dict[str, Any] = {"n": n}
-    for name in ("pass@k", "maj@k"):
-        out[name], out[f"{name}_stderr"] = {}, {}
+    out: dict[str, Any] = {"n": n, "pass@k": {}, "pass@k_stderr": {}, "maj@k": {}, "maj@k_stderr": {}}
     for k in ks_for(n):
         for name, per_problem in (
             ("pass@k", [pass_at_k(n, sum(ok for _, ok in p), k) for p in problems]),

@@ -7,19 +7,11 @@
   (``VLLM_CPU_OMP_THREADS_BIND``), a fixed KV cache (``--kv-cache-gib``) and, by default, eager mode.
 * ``hf``: Hugging Face ``generate`` on CPU (or one device), for tests with a tiny local model.
 
-Seeds: every sample gets its own seed, :func:`sample_seed` of (``--seed``, benchmark, index, sample), given to
-vLLM per request (``SamplingParams(seed=...)``) and to the HF engine as one ``torch.Generator`` per sample
-(:class:`SeededSampler`). A sample is therefore the same whatever the number of engines, the chunking and how
-often a run resumes, and a resumed run never repeats the samples it already has.
-
-Lengths: a prompt whose tokens plus ``--max-new-tokens`` exceed the model length is an error
-(:class:`PromptTooLong`, naming both numbers) before anything is generated, never a silently shortened sample.
-
-Prompts (:func:`vllm_input`): a raw string (protocol ``paper``) goes to vLLM as is, tokenized by vLLM with the
-tokenizer's special tokens, as the authors' eval script did; chat messages (protocol ``verl``) go as token ids
-from ``apply_chat_template(tokenize=True)``, as verl's rollout sends them -- a rendered string would be
-tokenized again with a second BOS on LLaMA, whose template already starts with one. The vLLM layer only builds
-``SamplingParams``, calls ``LLM.generate`` and reads the outputs with :func:`collect_vllm`.
+Seeds: every sample has its own seed, :func:`sample_seed` of (``--seed``, benchmark, index, sample), given to vLLM
+per request and to the HF engine as a ``torch.Generator`` per sample (:class:`SeededSampler`): a sample is the same
+whatever the number of engines, the chunking and the resumes. A prompt whose tokens plus ``--max-new-tokens``
+exceed the model length is an error (:class:`PromptTooLong`) before anything is generated. Prompts:
+:func:`vllm_input`.
 """
 
 from __future__ import annotations
@@ -38,8 +30,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+import numpy as np
 
 from ebpo_verl.evaluate.prompts import MAX_NEW_TOKENS, EvalInputError
 from ebpo_verl.ops.shm import unlink_engine_shm
@@ -85,11 +79,6 @@ class EngineSpec:
 
 VLLM_ARGS = ("model", "seed", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
 """The fields of :class:`EngineSpec` that vLLM's ``LLM`` takes under the same name."""
-FROM_COMMAND_LINE = (
-    "max_new_tokens", "seed", "batch_size", "chunk_size", "gpu_memory_utilization", "max_model_len",
-    "tensor_parallel_size",
-)  # fmt: skip
-"""The fields of :class:`EngineSpec` that the engine options (:func:`add_engine_args`) set as they are."""
 
 
 class PromptTooLong(EvalInputError):
@@ -102,16 +91,6 @@ def sample_seed(seed: int, key: tuple[str, int, int]) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def check_room(key: tuple[str, int, int], prompt_tokens: int, max_new_tokens: int, model_len: int) -> None:
-    """PromptTooLong unless ``prompt_tokens + max_new_tokens`` fits ``model_len``."""
-    if prompt_tokens + max_new_tokens > model_len:
-        raise PromptTooLong(
-            f"{key[0]} problem {key[1]}: its prompt has {prompt_tokens} tokens, so --max-new-tokens {max_new_tokens} "
-            f"needs a model length of {prompt_tokens + max_new_tokens}, but the model length is {model_len}; "
-            "lower --max-new-tokens or raise --max-model-len (up to what the model supports)"
-        )
-
-
 def render(tokenizer: Any, prompt: Prompt) -> str:
     """The text fed to the model: a raw string unchanged, chat messages via the chat template."""
     if isinstance(prompt, str):
@@ -119,20 +98,14 @@ def render(tokenizer: Any, prompt: Prompt) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
-def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the chat-templated prompt with the generation prompt, as verl's rollout builds them."""
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
-
-
 def vllm_input(tokenizer: Any, prompt: Prompt) -> str | dict[str, list[int]]:
-    """What ``LLM.generate`` gets: a raw string unchanged, chat messages as ``{"prompt_token_ids": ...}``
-    (vLLM's ``TokensPrompt``), so that no BOS is added on top of the template's own."""
+    """What ``LLM.generate`` gets: a raw string unchanged, chat messages as ``{"prompt_token_ids": ...}`` (vLLM's
+    ``TokensPrompt``: the chat template with the generation prompt, tokenized as verl's rollout does), so that no
+    BOS is added on top of the template's own."""
     if isinstance(prompt, str):
         return prompt
-    return {"prompt_token_ids": chat_token_ids(tokenizer, prompt)}
+    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
+    return {"prompt_token_ids": [int(i) for i in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]}
 
 
 def sampling_kwargs(spec: EngineSpec, seed: int | None = None) -> dict[str, Any]:
@@ -143,11 +116,8 @@ def sampling_kwargs(spec: EngineSpec, seed: int | None = None) -> dict[str, Any]
 
 def collect_vllm(outputs: Sequence[Any]) -> list[Completion]:
     """Completions from ``LLM.generate``'s ``RequestOutput`` list (same order as the prompts)."""
-    result = []
-    for out in outputs:
-        c = out.outputs[0]
-        result.append(Completion(c.text, len(c.token_ids), str(c.finish_reason or "unknown")))
-    return result
+    firsts = [out.outputs[0] for out in outputs]
+    return [Completion(c.text, len(c.token_ids), str(c.finish_reason or "unknown")) for c in firsts]
 
 
 class VLLMEngine:
@@ -216,10 +186,8 @@ class HFEngine:
         return len(self.tokenizer(render(self.tokenizer, prompt), add_special_tokens=False)["input_ids"])
 
     def generate(self, requests: list[Request]) -> list[Completion]:
-        out: list[Completion] = []
-        for start in range(0, len(requests), self.spec.batch_size):
-            out.extend(self._batch(requests[start : start + self.spec.batch_size]))
-        return out
+        size = self.spec.batch_size
+        return [c for start in range(0, len(requests), size) for c in self._batch(requests[start : start + size])]
 
     def _batch(self, requests: list[Request]) -> list[Completion]:
         from transformers import LogitsProcessorList
@@ -248,23 +216,21 @@ class HFEngine:
         return result
 
 
-def make_engine(spec: EngineSpec) -> VLLMEngine | HFEngine:
-    if spec.engine == "vllm":
-        return VLLMEngine(spec)
-    if spec.engine == "hf":
-        return HFEngine(spec)
-    raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
-
-
 def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[tuple[Request, Completion]]], None]):
     """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``; every
-    prompt's length is checked (:func:`check_room`) before the first sample."""
-    engine = make_engine(spec)
-    checked = set()
-    for r in requests:
-        if r.key[:2] not in checked:
-            checked.add(r.key[:2])
-            check_room(r.key, engine.prompt_tokens(r.prompt), spec.max_new_tokens, engine.model_len)
+    prompt's length is checked before the first sample (:class:`PromptTooLong` when it leaves less than
+    ``max_new_tokens`` within the model length)."""
+    if spec.engine not in ENGINES:
+        raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
+    engine = VLLMEngine(spec) if spec.engine == "vllm" else HFEngine(spec)
+    for r in {r.key[:2]: r for r in requests}.values():  # each problem once, in order (its samples share a prompt)
+        tokens, new = engine.prompt_tokens(r.prompt), spec.max_new_tokens
+        if tokens + new > engine.model_len:
+            raise PromptTooLong(
+                f"{r.key[0]} problem {r.key[1]}: its prompt has {tokens} tokens, so --max-new-tokens {new} needs a "
+                f"model length of {tokens + new}, but the model length is {engine.model_len}; "
+                "lower --max-new-tokens or raise --max-model-len (up to what the model supports)"
+            )
     for start in range(0, len(requests), spec.chunk_size):
         chunk = requests[start : start + spec.chunk_size]
         emit(list(zip(chunk, engine.generate(chunk), strict=True)))
@@ -274,11 +240,9 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _die_with_parent(parent: int) -> None:
-    """End this worker's process group (itself and e.g. vLLM's engine-core child) as soon as ``parent`` dies,
-    however it dies (SIGKILL included): Linux sends SIGTERM on the parent's death (``PR_SET_PDEATHSIG``), whose
-    handler SIGKILLs the group, and a watchdog thread does the same on noticing the parent gone (a handler
-    waits for the main thread, which may sit in C code). SIGKILL also skips the queue's exit-time flush,
-    which would block with nobody reading."""
+    """SIGKILL this worker's process group (itself and e.g. vLLM's engine-core child) as soon as ``parent`` dies,
+    however it dies: on Linux's ``PR_SET_PDEATHSIG`` SIGTERM, and from a watchdog thread (a signal handler waits
+    for the main thread, which may sit in C code). SIGKILL also skips the queue's blocking exit-time flush."""
 
     def end_group(*_: object) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
@@ -343,16 +307,9 @@ def device_groups(workers: int, tensor_parallel_size: int, visible: str | None) 
 def core_groups(workers: int, cores: Sequence[int]) -> list[str]:
     """``VLLM_CPU_OMP_THREADS_BIND`` of each CPU worker: ``cores`` split into ``workers`` consecutive groups of
     near-equal size (comma lists, e.g. ``"0,1"``)."""
-    cores = sorted(cores)
     if workers > len(cores):
         raise ValueError(f"--workers {workers} needs a core per engine, but this process may use {len(cores)} core(s)")
-    size, extra = divmod(len(cores), workers)
-    groups, start = [], 0
-    for w in range(workers):
-        end = start + size + (w < extra)
-        groups.append(",".join(map(str, cores[start:end])))
-        start = end
-    return groups
+    return [",".join(map(str, group)) for group in np.array_split(sorted(cores), workers)]
 
 
 def visible_gpus() -> int:
@@ -449,7 +406,8 @@ class EngineOptions(OptionSection):
 def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
     """(spec, number of workers) from the parsed engine options (:class:`EngineOptions`, each value checked when
     parsed); ValueError on impossible settings."""
-    cpu, envs = False, ()
+    same = {f.name for f in fields(EngineOptions)} - {"engine", "enforce_eager"}
+    cpu, envs, workers = False, (), a.workers
     if a.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(
@@ -459,7 +417,6 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         gpus = visible_gpus() if a.gpus is None else a.gpus
         cpu = gpus == 0
         if cpu:
-            workers = a.workers
             cores = core_groups(workers, sorted(os.sched_getaffinity(0)))
             envs = tuple({"VLLM_CPU_OMP_THREADS_BIND": c, "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib)} for c in cores)
         elif gpus < a.tensor_parallel_size:
@@ -470,8 +427,6 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
                 {"CUDA_VISIBLE_DEVICES": g}
                 for g in device_groups(workers, a.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
             )
-    else:
-        workers = a.workers
     spec = EngineSpec(
         engine=a.engine,
         model=model,
@@ -479,6 +434,6 @@ def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: f
         top_p=top_p,
         enforce_eager=cpu if a.enforce_eager is None else a.enforce_eager,
         worker_env=envs,
-        **{name: getattr(a, name) for name in FROM_COMMAND_LINE},
+        **{f.name: getattr(a, f.name) for f in fields(EngineSpec) if f.name in same},  # the options taken as they are
     )
     return spec, workers

@@ -1,14 +1,11 @@
 """The generations file: one JSON line per sample, appended as samples finish, resumable after a crash.
 
 Line: ``{"benchmark", "index", "sample", "response", "response_tokens", "finish_reason"}``. A sidecar
-``<file>.meta.json`` (written atomically before the first line) records what produced the lines (protocol,
-model, sampling, rows and runs per benchmark). A re-run must match the protocol, model and sampling, and the
-rows and runs of every benchmark both runs name, and their problems (per-problem digests of prompt and ground
-truth, :func:`problem_digest`); benchmarks new to the file are added to the stored settings
-(aime2024 first, then aime2024 + math500 resumes aime2024 and adds math500). Other mismatches are refused
-instead of mixing.
-A torn last line (a crash mid-write) is dropped and its sample generated again; an unreadable line anywhere
-else is an error naming the line.
+``<file>.meta.json`` (written atomically before the first line) records what produced the lines. A re-run must
+match its protocol, model and sampling, and for every benchmark both name the rows, runs and problems
+(:func:`problem_digest`); new benchmarks are added (aime2024, then aime2024 + math500, resumes aime2024 and adds
+math500); any other mismatch is refused. A torn last line (a crash mid-write) is dropped and its sample generated
+again; an unreadable line anywhere else is an error naming the line.
 """
 
 from __future__ import annotations
@@ -16,11 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
+from tqdm import tqdm
+
+from ebpo_verl.evaluate import engines
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.ops.atomic import atomic_write_text, reporting_full_disk
 from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
@@ -28,12 +29,6 @@ from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
 Key = tuple[str, int, int]
 """(benchmark, index, sample)."""
 FIELDS = {"benchmark": str, "index": int, "sample": int, "response": str, "response_tokens": int, "finish_reason": str}
-
-
-def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1)
 
 
 def meta_path(path: str | Path) -> Path:
@@ -135,12 +130,6 @@ def problem_digest(prompt: Any, ground_truth: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
-def first_difference(stored: dict[str, str], current: dict[str, str]) -> int | None:
-    """The smallest problem index whose digest differs between two ``digests`` maps (absent counts), or None."""
-    diff = [int(i) for i in set(stored) | set(current) if stored.get(i) != current.get(i)]
-    return min(diff) if diff else None
-
-
 def problems_differ(
     path: str | Path, bench: str, stored: dict[str, Any], current: dict[str, str], data: str = "the data"
 ) -> str | None:
@@ -152,9 +141,11 @@ def problems_differ(
             f"{path} records no problem digests for {bench} (written by an older version), so its samples cannot "
             "be checked against the data; generate again into another --out"
         )
-    i = first_difference(stored["digests"], current)
-    if i is None:
+    old = stored["digests"]
+    diff = [int(i) for i in set(old) | set(current) if old.get(i) != current.get(i)]  # an absent digest differs
+    if not diff:
         return None
+    i = min(diff)
     return (
         f"{path} was generated from other {bench} problems than {data} holds now: problem index {i} differs "
         "(prompt or ground truth; re-prepared data or other rows?); use the data it was generated from, or "
@@ -196,7 +187,7 @@ def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-class GenerationsFile:
+class GenerationsFile(ExitStack):
     """Append-only writer that resumes ``path``: ``done`` holds the samples already there.
 
     One writer at a time: the instance holds an exclusive lock on ``<path>.lock`` (:mod:`ebpo_verl.ops.locking`)
@@ -204,16 +195,16 @@ class GenerationsFile:
     """
 
     def __init__(self, path: str | Path, meta: dict[str, Any]):
+        super().__init__()
         self.path = Path(path)
-        self._lock = ExitStack()
         try:
-            self._lock.enter_context(exclusive_lock(f"{self.path}.lock", what=f"generations file {self.path}"))
+            self.enter_context(exclusive_lock(f"{self.path}.lock", what=f"generations file {self.path}"))
         except LockHeldError as e:
             raise EvalInputError(str(e)) from None
         try:
             self._open(meta)
         except BaseException:
-            self._lock.close()
+            self.close()
             raise
 
     def _open(self, meta: dict[str, Any]) -> None:
@@ -228,10 +219,11 @@ class GenerationsFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if merged != old:
             atomic_write_text(meta_path(self.path), json.dumps(merged, indent=1, sort_keys=True) + "\n")
-        self._fh: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._fh: IO[str] = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.callback(self._close_file)
         if self._fh.tell() != intact:  # drop a torn last line
             self._fh.truncate(intact)
-        if intact and _last_byte(self.path) != b"\n":  # a complete last line without its newline
+        if intact and os.pread(self._fh.fileno(), 1, intact - 1) != b"\n":  # a complete last line without its newline
             self._fh.write("\n")
 
     def append(self, records: list[dict[str, Any]]) -> None:
@@ -244,15 +236,40 @@ class GenerationsFile:
         for r in records:
             self.done[(r["benchmark"], r["index"], r["sample"])] = r
 
-    def close(self) -> None:
-        try:
-            with reporting_full_disk(self.path):  # flushes what a failed append left in the buffer
-                self._fh.close()
-        finally:
-            self._lock.close()
+    def _close_file(self) -> None:
+        with reporting_full_disk(self.path):  # flushes what a failed append left in the buffer
+            self._fh.close()
 
-    def __enter__(self) -> GenerationsFile:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def generate_into(
+    path: str | Path,
+    meta: dict[str, Any],
+    wanted: list[engines.Request],
+    spec: engines.EngineSpec,
+    workers: int,
+    before: Callable[[], object] = lambda: None,
+) -> tuple[dict[Key, dict[str, Any]], int]:
+    """Generate the samples of ``wanted`` that generations file ``path`` (settings ``meta``) lacks, appending each
+    chunk as it finishes (:func:`ebpo_verl.evaluate.engines.generate_all`, a progress bar per benchmark); ``before``
+    runs first when any is lacking. Returns (every sample of the file by key, number generated now)."""
+    with GenerationsFile(path, meta) as gen:
+        todo = [r for r in wanted if r.key not in gen.done]
+        if todo:
+            before()
+            total, left = Counter(r.key[0] for r in wanted), Counter(r.key[0] for r in todo)
+            bars = {
+                b: tqdm(total=n, initial=n - left[b], desc=b, unit="sample", position=i)
+                for i, (b, n) in enumerate(total.items())
+            }
+
+            def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
+                gen.append(sample_records(pairs))
+                for r, _ in pairs:
+                    bars[r.key[0]].update(1)
+
+            try:
+                engines.generate_all(spec, todo, workers, on_chunk)
+            finally:
+                for bar in bars.values():
+                    bar.close()
+    return gen.done, len(todo)

@@ -1,15 +1,12 @@
 """Grading a generations file into RESULTS.json, for either protocol.
 
 ``paper`` grades with :func:`ebpo_verl.paper_reward.grade_eval` (docs/paper_notes.md#evaluation), ``verl`` with
-:func:`ebpo_verl.reward.compute_score` (math-verify, as the training validation). Pass@1 of a benchmark is
-the mean over its runs of the run's accuracy over all problems (same section: "each run samples every problem
-once and the reported number is the mean accuracy over the runs"); with every sample present this equals
-the mean over all samples. A benchmark with missing samples is an error, or with ``allow_partial`` is
-reported over the samples present and flagged ``"complete": false``; ``"limit"`` and ``"problems_in_data"``
-say whether a ``--limit`` run covered only the first problems (:mod:`ebpo_verl.recipes.make_tables` marks both). The
-ground truths come from ``--data-dir``, so its problems must be those the samples were generated from: a
-benchmark whose problem digests (prompt and ground truth, stored in the meta) differ is refused, naming the
-first differing index.
+:func:`ebpo_verl.reward.compute_score`. Pass@1 of a benchmark is the mean over its runs of the run's accuracy over
+all problems (same section), which with every sample present is the mean over all samples. Missing samples are an
+error, or with ``allow_partial`` reported over the samples present with ``"complete": false``; ``"limit"`` and
+``"problems_in_data"`` tell a ``--limit`` run. The ground truths come from ``--data-dir``: a benchmark whose problem
+digests (prompt and ground truth, stored in the meta) differ from the generated ones is refused, naming the first
+differing index.
 
 Beside pass@1, every complete benchmark gets pass@k and maj@k for k = 1, 2, 4, ..., n and avg@n, each with its
 standard error over problems (:mod:`ebpo_verl.evaluate.coverage`; maj@k groups answers by the protocol's own
@@ -22,7 +19,6 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,24 +31,17 @@ from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, 
 from ebpo_verl.ops.provenance import provenance
 
 
-def grader(protocol: str) -> Callable[[str, str, str], bool]:
-    """``(benchmark, response, ground_truth) -> correct`` for ``protocol``."""
+def grade_records(protocol: str, items: list[tuple[str, str, str]], workers: int = 8) -> list[bool]:
+    """Verdicts of ``protocol``'s grader for (benchmark, response, ground truth) triples; ``verl``: in threads, which
+    overlap math-verify's child processes."""
     if protocol == "paper":
         from ebpo_verl.paper_reward import grade_eval
 
-        return lambda benchmark, response, truth: grade_eval(response, truth)
+        return [grade_eval(response, truth) for _, response, truth in items]
     from ebpo_verl.reward import compute_score
 
-    return lambda benchmark, response, truth: compute_score(benchmark, response, truth)["score"] > 0
-
-
-def grade_records(protocol: str, items: list[tuple[str, str, str]], workers: int = 8) -> list[bool]:
-    """Verdicts for (benchmark, response, ground truth) triples; threads overlap math-verify's child processes."""
-    grade = grader(protocol)
-    if protocol == "paper" or len(items) < 2:
-        return [grade(*it) for it in items]
     with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(lambda it: grade(*it), items))
+        return list(ex.map(lambda it: compute_score(*it)["score"] > 0, items))
 
 
 def summarize(
@@ -60,11 +49,7 @@ def summarize(
 ) -> dict[str, Any]:
     """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, its standard error over the
     runs, and response statistics."""
-    per_run = []
-    for s in range(runs):
-        got = [verdicts[k] for k in verdicts if k[1] == s]
-        if got:
-            per_run.append(sum(got) / len(got))
+    per_run = [sum(got) / len(got) for s in range(runs) if (got := [v for k, v in verdicts.items() if k[1] == s])]
     n = len(records)
     return {
         "pass@1": 100.0 * sum(per_run) / len(per_run) if per_run else None,

@@ -5,13 +5,10 @@ fsdp --local_dir global_step_N/actor --target_dir ...``) into ``global_step_N/hu
 temporary folder renamed into place (so a crash leaves no half-merged model), and reused afterwards; the
 merged folder loads on any number of GPUs (the authors evaluated merged folders too: docs/paper_notes.md#authors-runs).
 
-Trust: verl's merger reads the FSDP shards with ``torch.load(..., weights_only=False)`` (verl 0.9.1,
-``verl/model_merger/fsdp_model_merger.py``), which unpickles them and so runs any code a checkpoint from
-elsewhere carries. By default the merge runs through :mod:`ebpo_verl.evaluate.safe_merge` instead: verl's merge
-logic with every shard read weights-only and only FSDP's tensor, placement and device-mesh types allowed; a shard
-carrying anything else is refused with one line naming the file. ``trust=True`` (``--trust-checkpoint``: runs
-code from the file) runs verl's merger as it is (docs/evaluation.md#trust). This package's own loads of ``.pt``
-files use ``weights_only=True``.
+Trust: verl's merger unpickles the FSDP shards (runs any code a checkpoint carries), so by default the merge runs
+through :mod:`ebpo_verl.evaluate.safe_merge` (shards read weights-only, a shard carrying anything but FSDP's types
+refused in one line naming the file); ``trust=True`` (``--trust-checkpoint``) runs verl's merger as it is
+(docs/evaluation.md#trust).
 """
 
 from __future__ import annotations

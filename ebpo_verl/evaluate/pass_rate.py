@@ -27,14 +27,12 @@ import argparse
 import json
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
 import pyarrow as pa
-from tqdm import tqdm
 
 from ebpo_verl.data.schema import (
     one_line_errors,
@@ -44,11 +42,11 @@ from ebpo_verl.data.schema import (
 )
 from ebpo_verl.data.sources import read_jsonl_records
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import GenerationsFile, problem_digest, sample_records
+from ebpo_verl.evaluate.generations import generate_into, problem_digest
+from ebpo_verl.evaluate.grading import grade_records
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, nullable, option, reals, text
-from ebpo_verl.reward import compute_score
 
 
 def bucket(pass_rate: float, k: int) -> int:
@@ -62,14 +60,10 @@ def bucket(pass_rate: float, k: int) -> int:
 def grade(
     responses: list[list[str]], ground_truths: list[str], data_sources: list[str], workers: int = 8
 ) -> list[float]:
-    """Pass rate per problem: the mean ``compute_score`` of its responses."""
-
-    def one(i: int) -> float:
-        scores = [compute_score(data_sources[i], r, ground_truths[i])["score"] for r in responses[i]]
-        return sum(scores) / len(scores) if scores else float("nan")
-
-    with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(one, range(len(responses))))
+    """Pass rate per problem: the mean ``compute_score`` of its responses (``verl`` protocol's grader)."""
+    items = [(src, r, gt) for rs, gt, src in zip(responses, ground_truths, data_sources, strict=True) for r in rs]
+    verdicts = iter(grade_records("verl", items, workers))
+    return [sum(next(verdicts) for _ in rs) / len(rs) for rs in responses]
 
 
 def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> list[list[str]]:
@@ -90,25 +84,8 @@ def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> li
     }
     name = Path(a.in_path).name
     spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)
-    with GenerationsFile(gen_path, meta) as gen:
-        todo = [
-            engines.Request((name, i, s), prompts[i])
-            for i in range(len(prompts))
-            for s in range(a.n)
-            if (name, i, s) not in gen.done
-        ]
-        if todo:
-            bar = tqdm(total=len(prompts) * a.n, initial=len(prompts) * a.n - len(todo), desc=name, unit="sample")
-
-            def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
-                gen.append(sample_records(pairs))
-                bar.update(len(pairs))
-
-            try:
-                engines.generate_all(spec, todo, workers, on_chunk)
-            finally:
-                bar.close()
-        done = gen.done
+    wanted = [engines.Request((name, i, s), prompts[i]) for i in range(len(prompts)) for s in range(a.n)]
+    done, _ = generate_into(gen_path, meta, wanted, spec, workers)
     return [[done[(name, i, s)]["response"] for s in range(a.n)] for i in range(len(prompts))]
 
 
@@ -116,16 +93,14 @@ def _number(value: Any, name: str, where: str, csv: bool) -> float:
     """``value`` of field ``name`` as a float; ValueError naming ``where`` (file and line) otherwise."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or (csv and value == ""):
         raise ValueError(f"{where}: {name} is missing")
-    if isinstance(value, str) and csv:
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{where}: {name} {value!r} is not a number") from None
-    if isinstance(value, str):
+    if isinstance(value, str) and not csv:
         raise ValueError(f"{where}: {name} is the string {value!r}, not a number; write it without quotes")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: {name} {value!r} is not a number")
-    return float(value)
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):  # a CSV value is always a str
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{where}: {name} {value!r} is not a number") from None
 
 
 def _rate(record: dict[str, Any], where: str, csv: bool) -> float:
@@ -143,8 +118,8 @@ def _rate(record: dict[str, Any], where: str, csv: bool) -> float:
     return n_correct / n
 
 
-def read_rates(path: str | Path) -> pd.DataFrame:
-    """The rates file as a frame with columns (key column, pass_rate). Every error is a ValueError of one line
+def read_rates(path: str | Path) -> tuple[str, dict[str, float]]:
+    """The rates file as (key column, pass rate by key). Every error is a ValueError of one line
     naming the file and line: an unreadable line, a missing key, a rate that is missing, quoted (JSON), not a
     number or outside [0, 1], ``n < 1``, a repeated key."""
     path = Path(path)
@@ -163,7 +138,7 @@ def read_rates(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path}: needs a 'source_id' or 'index' column (found {sorted(columns)})")
     if "pass_rate" not in columns and not {"n_correct", "n"} <= columns:
         raise ValueError(f"{path}: needs 'pass_rate' (or 'n_correct' and 'n') columns")
-    ids, rates, first_line = [], [], {}
+    rates, first_line = {}, {}
     for line, record in records:
         where = f"{path}, line {line}"
         value = record.get(key)
@@ -173,25 +148,23 @@ def read_rates(path: str | Path) -> pd.DataFrame:
         if ident in first_line:
             raise ValueError(f"{where}: {key} {ident} repeats line {first_line[ident]}")
         first_line[ident] = line
-        ids.append(ident)
-        rates.append(_rate(record, where, path.suffix == ".csv"))
-    return pd.DataFrame({key: ids, "pass_rate": rates})
+        rates[ident] = _rate(record, where, path.suffix == ".csv")
+    return key, rates
 
 
-def merge_rates(table: pa.Table, rates: pd.DataFrame, source: str) -> list[float]:
-    """The rate of each row of ``table``; errors name ids missing on either side."""
-    key = rates.columns[0]
+def merge_rates(table: pa.Table, key: str, by_id: dict[str, float], source: str) -> list[float]:
+    """The rate of each row of ``table`` (``by_id``: rates by ``extra_info.<key>``); errors name ids missing on
+    either side."""
     ids = [str(e[key]) for e in table.column("extra_info").to_pylist()]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{key} is not unique in the parquet; use the other key column in {source}")
-    by_id = dict(zip(rates[key], rates["pass_rate"], strict=True))
     unknown = sorted(set(by_id) - set(ids))
     if unknown:
         raise ValueError(f"{source}: {len(unknown)} {key}(s) not in the parquet, e.g. {unknown[:10]}")
     missing = [i for i in ids if i not in by_id]
     if missing:
         raise ValueError(f"{source}: no pass_rate for {len(missing)} row(s), {key} e.g. {missing[:10]}")
-    return [float(by_id[i]) for i in ids]
+    return [by_id[i] for i in ids]
 
 
 def write_with_rates(table: pa.Table, rates: list[float], out_path: str | Path, buckets: int | None) -> Path:
@@ -253,7 +226,7 @@ def main(argv: list[str] | None = None) -> Path:
     with one_line_errors(p.prog):
         table = read_prepared(a.in_path)
         if a.pass_rates:
-            rates = merge_rates(table, read_rates(a.pass_rates), a.pass_rates)
+            rates = merge_rates(table, *read_rates(a.pass_rates), a.pass_rates)
         else:
             responses = generate(a, table, a.generations or f"{a.out_path}.generations.jsonl")
             gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]

@@ -40,11 +40,6 @@ class Problem:
     ground_truth: str
 
 
-def paper_prompt(problem: str) -> str:
-    """The authors' raw evaluation prompt: DAPO instruction, blank line, problem (no chat template)."""
-    return DAPO_PREFIX + problem
-
-
 def runs_for(protocol: str, benchmark: str) -> int:
     """Runs (samples per problem) of ``benchmark`` under ``protocol``."""
     return PAPER_RUNS[benchmark] if protocol == "paper" else VERL_RUNS
@@ -63,30 +58,29 @@ def load_problems(data_dir: str | Path, benchmark: str, protocol: str, limit: in
     """The first ``limit`` (all when None) rows of ``data_dir/<benchmark>.parquet`` as ``protocol`` prompts them."""
     check_names(protocol, [benchmark])
     path = Path(data_dir) / f"{benchmark}.parquet"
+    remake = f"python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
     if not path.is_file():
-        raise EvalInputError(
-            f"{path} does not exist; prepare it with "
-            f"python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
-        )
+        raise EvalInputError(f"{path} does not exist; prepare it with {remake}")
     try:
         rows: list[dict[str, Any]] = read_prepared(path).to_pylist()
     except DataPrepError as e:  # unreadable, not ebpo_verl.data columns, or a ground truth that is None/NaN/empty
         raise EvalInputError(str(e)) from None
-    problems = [_problem(path, benchmark, protocol, i, row, data_dir) for i, row in enumerate(rows[:limit])]
+    problems = [
+        _problem(path, benchmark, protocol, i, row, f"re-create it with {remake}") for i, row in enumerate(rows[:limit])
+    ]
     seen: dict[int, int] = {}
     for i, problem in enumerate(problems):
         if (first := seen.setdefault(problem.index, i)) != i:
             raise EvalInputError(
                 f"{path}: rows {first} and {i} (0-based) share extra_info.index {problem.index}, which keys the "
-                f"samples; re-create it with python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
+                f"samples; re-create it with {remake}"
             )
     return problems
 
 
-def _problem(path: Path, benchmark: str, protocol: str, i: int, row: dict[str, Any], data_dir: str | Path) -> Problem:
-    """Row ``i`` of ``path`` as ``protocol`` prompts it; EvalInputError naming the row and the fix when a field
-    the protocol reads is missing or of the wrong type."""
-    remake = f"re-create it with python -m ebpo_verl.data.all --out-dir {data_dir} --only {benchmark}"
+def _problem(path: Path, benchmark: str, protocol: str, i: int, row: dict[str, Any], remake: str) -> Problem:
+    """Row ``i`` of ``path`` as ``protocol`` prompts it; EvalInputError naming the row and the fix (``remake``) when
+    a field the protocol reads is missing or of the wrong type."""
     info = row["extra_info"] if isinstance(row["extra_info"], dict) else {}
     index = info.get("index")
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
@@ -103,7 +97,7 @@ def _problem(path: Path, benchmark: str, protocol: str, i: int, row: dict[str, A
                 f"{path}: row {i} (0-based) has an empty extra_info.raw_answer, which nothing can match; "
                 "give it the reference answer or drop the row"
             )
-        return Problem(benchmark, index, paper_prompt(info["raw_problem"]), info["raw_answer"])
+        return Problem(benchmark, index, DAPO_PREFIX + info["raw_problem"], info["raw_answer"])  # raw, no template
     if why := chat_prompt_problem(row["prompt"]):
         raise EvalInputError(
             f"{path}: row {i} (0-based): prompt is {why}; the verl protocol needs {CHAT_FORMAT}; {remake}"

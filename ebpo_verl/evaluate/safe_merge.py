@@ -2,15 +2,12 @@
 
     python -m ebpo_verl.evaluate.safe_merge --local_dir STEP/actor --target_dir OUT
 
-verl 0.9.1's merger (``verl/model_merger/fsdp_model_merger.py``) reads ``model_world_size_W_rank_R.pt`` with
-``torch.load(..., weights_only=False)``, which unpickles the file and so runs any code it carries. This entry
-point, run in a process of its own by :func:`ebpo_verl.evaluate.merge.merge_checkpoint`, leaves verl's merge logic
-as it is and replaces ``torch.load`` for the duration of the merge
-(:func:`~ebpo_verl.compat.unpickling.weights_only_loads`): weights only, with the allowlist reduced to exactly
-:data:`FSDP_TYPES`, the DTensor, placement and device-mesh types an FSDP sharded state dict holds (the model
-shards' part of the one allowlist, :data:`ebpo_verl.compat.unpickling.ALLOWED`). A shard that pickles anything
-else is refused before it is unpickled: exit status :data:`~ebpo_verl.evaluate.merge.REFUSED` and one line naming
-the file, what it carries and ``--trust-checkpoint``.
+verl 0.9.1's merger reads ``model_world_size_W_rank_R.pt`` with ``torch.load(..., weights_only=False)``, which runs
+any code the file carries. This entry point (run in its own process by
+:func:`ebpo_verl.evaluate.merge.merge_checkpoint`) keeps verl's merge logic and, for the merge, loads weights only
+with the allowlist reduced to :data:`FSDP_TYPES` (:func:`~ebpo_verl.compat.unpickling.weights_only_loads`). A shard
+that pickles anything else is refused before it is unpickled: exit status :data:`~ebpo_verl.evaluate.merge.REFUSED`
+and one line naming the file, what it carries and ``--trust-checkpoint``.
 """
 
 from __future__ import annotations
