@@ -5,20 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from ebpo_verl.study.report import (
     COVERAGE_K,
-    LEGEND_PT,
-    _save,
-    _style,
+    REFERENCE,
+    finish,
     mean_ci,
+    mean_line,
     paired,
     paired_table,
     paired_verdict,
+    panels,
     pass_at_k,
     run_pass_at_k,
+    select,
     table,
     warm_start_pass_at_k,
 )
@@ -35,40 +36,30 @@ def draw(out: Path, runs: list[dict], estimators: list[str], group_sizes: list[i
     probs = base_info.get("heldout_pass")
     warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
     ks = np.asarray(FIGURE_K, dtype=float)
-    fig, axes = plt.subplots(1, len(group_sizes), figsize=(3.8 * len(group_sizes), 3.4), sharey=True, squeeze=False)
+    fig, axes = panels(len(group_sizes))
     seeds = set()
     for ax, g in zip(axes[0], group_sizes, strict=True):
         if warm is not None:
-            ax.plot(ks, warm, color="0.45", lw=1, ls=(0, (1, 1)), label="warm start", zorder=1)
+            ax.plot(ks, warm, label="warm start", **REFERENCE)
         for i, est in enumerate(estimators):
-            sel = [r for r in runs if (r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"])
-                   == (est, g, "random")]  # fmt: skip
+            sel = select(runs, estimator=est, group_size=g, order="random")
             if not sel:
                 continue
             seeds.add(len(sel))
-            stats = [mean_ci([run_pass_at_k(r, k) for r in sel]) for k in FIGURE_K]
-            mean = np.asarray([s[0] for s in stats])
-            half = np.nan_to_num(np.asarray([s[1] for s in stats]))
-            style = _style(est, i)
-            ax.plot(ks, mean, label=est, **style)
+            mean, half, _ = np.asarray([mean_ci([run_pass_at_k(r, k) for r in sel]) for k in FIGURE_K]).T
             dodge = 2.0 ** ((i - (len(estimators) - 1) / 2) * 0.05)
-            low = np.minimum(half, mean)  # pass@k lies in [0, 1]: bars stop there
-            ax.errorbar(ks * dodge, mean, yerr=[low, np.minimum(half, 1.0 - mean)], fmt="none",
-                        ecolor=style["color"], elinewidth=1.1, capsize=2.5, zorder=style["zorder"])  # fmt: skip
+            mean_line(ax, est, i, ks, mean, np.nan_to_num(half), np.arange(len(ks)), ks * dodge, 1.0)  # in [0, 1]
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [f"{k:g}" for k in ks])
         ax.set_title(f"G = {g}", fontsize=10)
         ax.set_xlabel("k (samples per prompt)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out pass@k")
-    axes[0][-1].legend(fontsize=LEGEND_PT, loc="upper left", bbox_to_anchor=(1.02, 1))
     n = "/".join(str(x) for x in sorted(seeds))
     note = (
         f"Final models; lines: mean over {n} seeds of the exact pass@k (mean over held-out prompts of "
         "1 - (1 - p)^k); error bars: 95% t-intervals over seeds (shifted apart along k); dotted: the warm start."
     )
-    fig.text(0.5, -0.02, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8.5)
-    _save(fig, out / FIGURE)
+    finish(fig, axes, "held-out pass@k", note, source, out / FIGURE)
     return "held-out pass@k of the final models against k (1 to 64), one panel per G; dotted: the warm start"
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ebpo_verl.study.tasks import ANSWER_LEN, EOS, PAD, PROMPT_LEN, VOCAB_SIZE
+from ebpo_verl.study.tasks import ANSWER_LEN, EOS, PAD, PROMPT_LEN, VOCAB_SIZE, ProblemSet
 
 KV: TypeAlias = tuple[torch.Tensor, torch.Tensor]
 
@@ -111,9 +111,9 @@ def sample(
 
 
 @torch.no_grad()
-def exact_pass_at_1(model: TinyPolicy, prompts: torch.Tensor, targets: torch.Tensor, target_mask: torch.Tensor):
+def exact_pass_at_1(model: TinyPolicy, problems: ProblemSet) -> torch.Tensor:
     """Probability that one temperature-1 sample is exactly the target: the product of the teacher-forced
     probabilities of the answer tokens and EOS. Exact pass@1, with no sampling noise. Returns (N,) float."""
-    logp = torch.log_softmax(model.response_logits(prompts, targets), dim=-1)
-    tok = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return torch.exp((tok * target_mask).sum(dim=1))
+    logp = torch.log_softmax(model.response_logits(problems.prompts, problems.targets), dim=-1)
+    tok = logp.gather(-1, problems.targets.unsqueeze(-1)).squeeze(-1)
+    return torch.exp((tok * problems.target_mask).sum(dim=1))

@@ -24,11 +24,6 @@ LR_TUNING_FILE = Path(__file__).with_name("lr_tuning.json")
 """The tuning run whose chosen learning rates the fixed-lr presets use (``--preset tune`` writes it)."""
 
 
-def lr_grid(estimators: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
-    """The learning rates tried per estimator."""
-    return {e: LR_GRID for e in estimators}
-
-
 def tuned_lrs() -> dict[str, float]:
     """Each estimator's chosen learning rate in :data:`LR_TUNING_FILE` (empty when there is none)."""
     try:
@@ -90,7 +85,7 @@ class Preset:
             estimators=names,
             order_estimators=tuple(e for e in self.order_estimators if e in names),
             lr=rates,
-            lr_grid=lr_grid(names) if self.tune else {},
+            lr_grid=dict.fromkeys(names, LR_GRID) if self.tune else {},
         )
 
     def cells(self) -> list[tuple[str, int, str]]:
@@ -143,7 +138,7 @@ def _tuned(name: str, estimators: tuple[str, ...], group_sizes: tuple[int, ...],
         seeds=seeds,
         order_estimators=(),
         order_group_size=4,
-        lr_grid=lr_grid(estimators),
+        lr_grid=dict.fromkeys(estimators, LR_GRID),
         tune={"group_sizes": (4,), "seeds": tune_seeds},
     )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, md_table, paired_record
+from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, md_table, paired_record, pm
 
 FIGURE = "ranking.png"
 RANK_K = (1, 64)
@@ -26,11 +26,7 @@ FOLDS = (0, 1)
 def choose_g(values: dict[tuple[int, int], float], group_sizes: list[int], seeds: list[int]) -> int | None:
     """The G with the highest mean of ``values[G, seed]`` over those of ``seeds`` it has (the smaller G on a
     tie); None where no G has a value on these seeds."""
-    means = {}
-    for g in group_sizes:
-        got = [values[g, s] for s in seeds if (g, s) in values]
-        if got:
-            means[g] = float(np.mean(got))
+    means = {g: float(np.mean(got)) for g in group_sizes if (got := [values[g, s] for s in seeds if (g, s) in values])}
     return max(means, key=lambda g: (means[g], -g)) if means else None
 
 
@@ -43,11 +39,7 @@ def cross_fitted(
     values = {(g, s): v for (e, g, s), v in final.items() if e == estimator and np.isfinite(v)}
     seeds = sorted({s for _, s in values})
     chosen = {f: choose_g(values, group_sizes, [s for s in seeds if s % 2 == f]) for f in FOLDS}
-    per_seed = {}
-    for s in seeds:
-        g = chosen[1 - s % 2]
-        if g is not None and (g, s) in values:
-            per_seed[s] = values[g, s]
+    per_seed = {s: values[g, s] for s in seeds if (g := chosen[1 - s % 2]) is not None and (g, s) in values}
     return per_seed, chosen
 
 
@@ -82,9 +74,7 @@ def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int
 
 def _cell(stat: list) -> str:
     mean, half, n = stat
-    if n == 0:
-        return "—"
-    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" ({n})"
+    return "—" if n == 0 else pm(mean, half) + f" ({n})"
 
 
 def ranking_table(view: dict) -> str:

@@ -24,12 +24,14 @@ def _cell(summary: dict, estimator: str, g: int) -> dict:
     raise ReadmeTableError(f"summary of preset {summary['preset']!r} has no cell ({estimator}, G={g}, random)")
 
 
-def _ci(stat: list) -> str:
-    """[mean, half-width, n] -> "0.354 ± 0.006" (the half-width omitted when there is none)."""
+def _ci(stat: list, sign: str = "") -> str:
+    """[mean, half-width, n] -> "0.354 ± 0.006" (the half-width omitted when there is none; "n/a" without a mean)."""
     mean, half, _ = stat
-    if mean is None:
-        return "n/a"
-    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
+    return "n/a" if mean is None else f"{mean:{sign}.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
+def _head(first: str, gs: list[int]) -> str:
+    return f"| {first} | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
 
 
 def _duration(seconds: float) -> str:
@@ -52,16 +54,12 @@ def provenance_line(summary: dict) -> str:
 def _paired(summary: dict, gs: list[int]) -> str:
     """EBPO - X per G: "+0.012 ± 0.010 (4/5)" (mean ± 95% half-width, seeds EBPO won / seeds)."""
     at = {(p["baseline"], p["group_size"]): p for p in summary["paired"]}
-    rows = []
-    for x in dict.fromkeys(p["baseline"] for p in summary["paired"]):
-        cells = []
-        for g in gs:
-            p = at.get((x, g))
-            mean, half, n = p["diff"] if p else (None, None, 0)
-            cells.append("n/a" if mean is None else f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
-                         + f" ({p['wins']}/{n})")  # fmt: skip
-        rows.append(f"| {x} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+
+    def cell(p: dict | None) -> str:
+        return "n/a" if p is None or p["diff"][0] is None else f"{_ci(p['diff'], '+')} ({p['wins']}/{p['diff'][2]})"
+
+    xs = dict.fromkeys(p["baseline"] for p in summary["paired"])
+    return "\n".join(f"| {x} | " + " | ".join(cell(at.get((x, g))) for g in gs) + " |" for x in xs)
 
 
 def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
@@ -89,13 +87,11 @@ def render(summary: dict) -> str:
     (steps to the target, gradient norms, pass@8 and the intervals of pass@k: study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
-        head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
         lr = {c["estimator"]: c["lr"] for c in summary["cells"]}
         accuracy = [
             f"| {e} ({lr[e]:g}) | " + " | ".join(_ci(_cell(summary, e, g)["final_accuracy"]) for g in gs) + " |"
             for e in ests
         ]
-        paired_head = "| EBPO - X | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
 
         zero = "; ".join(f"{e} " + " / ".join(f"{100 * _cell(summary, e, g)['zero_signal'][0]:.0f}%" for g in gs)
                          for e in ests)  # fmt: skip
@@ -118,13 +114,13 @@ def render(summary: dict) -> str:
 {summary["seeds"]} seeds (warm start {summary["warm_start_heldout_accuracy"]:.3f}; each estimator at the learning
 rate chosen on the validation split):
 
-{head.replace("estimator", "estimator (lr)", 1)}
+{_head("estimator (lr)", gs)}
 {chr(10).join(accuracy)}
 
 Paired difference EBPO - X of the final held-out accuracy (same seeds), mean ± 95% t-interval, and the seeds
 in which EBPO ends higher:
 
-{paired_head}
+{_head("EBPO - X", gs)}
 {_paired(summary, gs)}
 
 {_coverage(summary, gs)}

@@ -1,27 +1,19 @@
 """Warm-start SFT and the RL loop: verl's advantage estimators and PPO-clip loss on a tiny policy.
 
 One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
-  1. take the next P = responses_per_step / G prompts of the ordered stream and sample G responses each
-     (temperature 1);
-  2. reward 1/0 by exact match, placed on the last response token (``token_level_rewards``);
-  3. advantages: verl's own estimators from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the
-     registry training uses); ours (:mod:`ebpo_verl.algos.registry`) from the run's own estimator object
-     (``registry.new_estimator``, as ``ebpo-train``'s trainer makes it), called as the trainer calls it
-     (:func:`ebpo_verl.trainer.adapter.outcome_advantages`) with what it reads per row
-     (``registry.row_values``: a row's topic, its problem's index, or its place in its group, the sample order);
-     a fresh uid per prompt per step as ``index``;
-     ``otb`` (verl's ``optimal_token_baseline``) also gets what verl's trainer passes it with
-     ``actor.calculate_sum_pi_squared=True``: the sampled tokens' ``old_log_probs`` and ``sum_pi_squared`` (sum
-     over the vocabulary of the squared token probabilities at every response position, from the pre-update
-     model's logits via verl's ``calculate_sum_pi_squared_from_logits``), with no rollout importance weights;
-  4. ``ppo_mini_batches`` gradient steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
-     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
-     model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``,
-     and ``clipped``, the fraction of the step's mini-batch updates whose norm exceeded ``grad_clip``).
+  1. sample G responses (temperature 1) for each of the next P = responses_per_step / G prompts of the stream;
+  2. reward 1/0 by exact match, on the last response token (``token_level_rewards``);
+  3. advantages: verl's own estimators from ``get_adv_estimator_fn(name)``; ours from the run's estimator object
+     (``registry.new_estimator``), called as the trainer calls it (``trainer.adapter.outcome_advantages``) with
+     what it reads per row (``registry.row_values``); a fresh uid per prompt per step as ``index``; ``otb`` also
+     gets ``old_log_probs`` and ``sum_pi_squared`` (verl's ``calculate_sum_pi_squared_from_logits`` on the
+     pre-update logits), as with ``actor.calculate_sum_pi_squared=True``, without rollout importance weights;
+  4. ``ppo_mini_batches`` AdamW (``foreach``) steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
+     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm start,
+     gradients clipped at ``grad_clip`` (the pre-clip norm and the share of clipped updates are logged).
 
-Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (log-softmax and gather: the value
-``logprobs_from_logits`` computes, without its CPU fallback's loop over rows); the RL runs' AdamW takes its
-``foreach`` path.
+Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (the value ``logprobs_from_logits``
+computes, without its CPU fallback's loop over rows).
 """
 
 from __future__ import annotations
@@ -74,18 +66,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 """The study's extra names: study name -> (registered estimator, option overrides), listed after that estimator."""
 
 
-def _study_estimators() -> dict[str, Variant]:
-    """Every estimator of the registry under its name, then its study variants, in the registry's order."""
-    out: dict[str, Variant] = {}
-    for name, spec in registry.estimators().items():
-        out[name] = Variant(spec)
-        out.update({v: Variant(spec, dict(o)) for v, (base, o) in VARIANTS.items() if base == name})
-    return out
-
-
-ESTIMATORS: dict[str, Variant] = _study_estimators()
-"""The study's names: verl's own (``otb`` is verl's Optimal Token Baseline, arXiv 2602.07078), ours and their
-variants (``grpo_bn``: EBPO with S = 0, ...)."""
+ESTIMATORS: dict[str, Variant] = {
+    name: Variant(spec, dict(VARIANTS[name][1]) if name in VARIANTS else {})
+    for base, spec in registry.estimators().items()
+    for name in (base, *(v for v, (b, _) in VARIANTS.items() if b == base))
+}
+"""The study's names in the registry's order, each followed by its variants: verl's own (``otb`` is verl's Optimal
+Token Baseline, arXiv 2602.07078), ours and their variants (``grpo_bn``: EBPO with S = 0, ...)."""
 ROW_FIELDS = ("topic", "index")
 """The ``extra_info`` fields a study row carries: its topic and the training problem's index (the stable prompt key
 ``spo`` and ``dbb`` read, as the trainer passes ``extra_info.index``)."""
@@ -270,37 +257,41 @@ STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
 """What every RL step logs."""
 
 
-def _log_signal(
-    log: dict, est: Variant, diagnostics: dict, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
+def _rl_step(
+    learner: _Learner,
+    est: Variant,
+    cfg: RLConfig,
+    train: ProblemSet,
+    batch_ids: np.ndarray,
+    step: int,
+    gen: torch.Generator,
+    log: dict,
+    estimate: Estimator | None = None,
 ) -> None:
-    """The step's training signal: zero-signal and uniform groups, mean reward, and from the estimator's
-    ``diagnostics``: the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of prompts a per-prompt
-    tracker saw before (``<name>/frac_seen``, SPO's and DBB's)."""
-    p = len(rewards) // g
+    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
+    ``estimate``), ``ppo_mini_batches`` updates. Logs the :data:`STEP_KEYS`, and from the estimator's diagnostics
+    the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of the step's prompts a per-prompt tracker
+    saw at an earlier step (``<name>/frac_seen``, SPO's and DBB's)."""
+    p, g = len(batch_ids), cfg.group_size
+    batch = train.subset(batch_ids)
+    prompts = batch.prompts.repeat_interleave(g, dim=0)
+    responses, mask, old_logp = sample(learner.model, batch.prompts, g, gen)
+    rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
+    index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
+    otb_inputs = (old_logp, sum_pi_squared(learner.model, prompts, responses)) if est.verl_name == OTB else None
+    topics, problem_ids = np.repeat(batch.topic, g), np.repeat(batch_ids, g)
+    adv = _advantages(est, rewards, mask, index, topics, problem_ids, otb_inputs, estimate)
     # a group gives no signal when every advantage of every response token is zero (OTB's vary by token)
     silent = ((adv.abs() < 1e-6) | ~mask).all(dim=1).view(p, g)
     log["zero_signal"].append(silent.all(dim=1).float().mean().item())
     log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
     log["reward"].append(rewards.mean().item())
-    name = est.spec.name
+    diagnostics, name = getattr(estimate, "diagnostics", {}), est.spec.name
     if f"{name}/shrinkage_mean" in diagnostics:
         log["shrinkage"].append(diagnostics[f"{name}/shrinkage_mean"])
-    if f"{name}/frac_seen" in diagnostics:  # share of this step's prompts that the tracker saw at an earlier step
+    if f"{name}/frac_seen" in diagnostics:
         log.setdefault(f"{name}_frac_seen", []).append(diagnostics[f"{name}/frac_seen"])
-
-
-def _update(
-    learner: _Learner,
-    cfg: RLConfig,
-    gen: torch.Generator,
-    prompts: torch.Tensor,
-    responses: torch.Tensor,
-    mask: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-) -> dict[str, float]:
-    """``cfg.ppo_mini_batches`` PPO-clip + KL updates on the step's responses; returns the means of the
-    :data:`UPDATE_KEYS` over the mini-batches and ``step_kl``."""
+    # cfg.ppo_mini_batches PPO-clip + KL updates; the step logs the means of the UPDATE_KEYS over them
     maskf = mask.float()
     with torch.no_grad():
         ref_logp = logprobs_from_logits_naive(learner.ref.response_logits(prompts, responses), responses)
@@ -325,46 +316,9 @@ def _update(
         new_logp = logprobs_from_logits_naive(
             learner.model.response_logits(prompts[rows], responses[rows]), responses[rows]
         )
-    out = {k: float(np.mean(v)) for k, v in stats.items()}
-    out["step_kl"] = masked_mean(kl_penalty(old_logp[rows], new_logp, "low_var_kl"), maskf[rows]).item()
-    return out
-
-
-def _rl_step(
-    learner: _Learner,
-    est: Variant,
-    cfg: RLConfig,
-    train: ProblemSet,
-    batch_ids: np.ndarray,
-    step: int,
-    gen: torch.Generator,
-    log: dict,
-    estimate: Estimator | None = None,
-) -> None:
-    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
-    ``estimate``), update; logs it."""
-    p, g = len(batch_ids), cfg.group_size
-    batch = train.subset(batch_ids)
-    prompts = batch.prompts.repeat_interleave(g, dim=0)
-    responses, mask, old_logp = sample(learner.model, batch.prompts, g, gen)
-    rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
-    index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
-    otb_inputs = (old_logp, sum_pi_squared(learner.model, prompts, responses)) if est.verl_name == OTB else None
-    topics, problem_ids = np.repeat(batch.topic, g), np.repeat(batch_ids, g)
-    adv = _advantages(est, rewards, mask, index, topics, problem_ids, otb_inputs, estimate)
-    _log_signal(log, est, getattr(estimate, "diagnostics", {}), adv, mask, rewards, g)
-    for k, v in _update(learner, cfg, gen, prompts, responses, mask, old_logp, adv).items():
-        log[k].append(v)
-
-
-def _final_gains(model: TinyPolicy, train: ProblemSet, base_pass: np.ndarray, stream: np.ndarray, log: dict) -> None:
-    """Where the final model gained: on the RL prompts it trained on and on those it never saw (vs the warm start)."""
-    gain = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy() - base_pass
-    seen = np.zeros(len(train), dtype=bool)
-    seen[stream] = True
-    log["train_seen_gain"] = [float(gain[seen].mean())]
-    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
-    log["train_seen_fraction"] = [float(seen.mean())]
+    for k, v in stats.items():
+        log[k].append(float(np.mean(v)))
+    log["step_kl"].append(masked_mean(kl_penalty(old_logp[rows], new_logp, "low_var_kl"), maskf[rows]).item())
 
 
 def run_rl(
@@ -393,12 +347,12 @@ def run_rl(
 
     def evaluate(step: int) -> None:
         log["eval_step"].append(step)
-        p_heldout = exact_pass_at_1(learner.model, heldout.prompts, heldout.targets, heldout.target_mask)
+        p_heldout = exact_pass_at_1(learner.model, heldout)
         log["accuracy"].append(p_heldout.mean().item())
         if step == cfg.steps:  # only the final values are reported
             log["heldout_pass_final"] = p_heldout.tolist()
             if probe is not None:
-                acc = exact_pass_at_1(learner.model, probe.prompts, probe.targets, probe.target_mask).mean().item()
+                acc = exact_pass_at_1(learner.model, probe).mean().item()
                 log["probe_accuracy"].append(acc)
 
     evaluate(0)
@@ -407,5 +361,9 @@ def run_rl(
         _rl_step(learner, est, cfg, train, stream[(step - 1) * p : step * p], step, gen, log, estimate)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
-    _final_gains(learner.model, train, base_pass, stream, log)
+    gain = exact_pass_at_1(learner.model, train).numpy() - base_pass  # on the RL prompts it saw / never saw
+    seen = np.isin(np.arange(len(train)), stream)
+    log["train_seen_gain"] = [float(gain[seen].mean())]
+    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
+    log["train_seen_fraction"] = [float(seen.mean())]
     return {k: np.asarray(v, dtype=float) for k, v in log.items()}

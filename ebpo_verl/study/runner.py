@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, n_params
-from ebpo_verl.study.presets import BASE_SEED, Preset
+from ebpo_verl.study.presets import BASE_SEED, LR_TUNING_FILE, Preset, tuned_lrs
 from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
 
@@ -64,17 +64,8 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         sft_seconds, sft_cpu = time.perf_counter() - t0, time.process_time() - c0
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
-    base = Base(
-        model=model,
-        train=train,
-        heldout=heldout,
-        val=splits["val"],
-        probe=probe,
-        train_pass=exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy(),
-        heldout_pass=exact_pass_at_1(model, heldout.prompts, heldout.targets, heldout.target_mask).numpy(),
-        sft_seconds=sft_seconds,
-        sft_cpu_seconds=sft_cpu,
-    )
+    base = Base(model, train, heldout, splits["val"], probe, exact_pass_at_1(model, train).numpy(),
+                exact_pass_at_1(model, heldout).numpy(), sft_seconds, sft_cpu)  # fmt: skip
     if out is not None and saved is None:
         atomic_write(out / "base_model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
@@ -107,21 +98,44 @@ def choose_lrs(runs: list[dict]) -> dict[str, dict]:
     A run's score is its mean validation accuracy over the evaluations after step 0 (the area under its learning
     curve): it rewards reaching an accuracy sooner as well as ending there, the sample efficiency the study is
     about, and it averages a dozen evaluations instead of resting on the last one."""
-    from ebpo_verl.study.report import mean_ci
+    from ebpo_verl.study.report import ci_record
 
     by: dict[str, dict[float, list[float]]] = {}
     for run in runs:
         c = run["config"]
         score = float(np.mean(run["metrics"]["accuracy"][1:]))
         by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(score)
-    out = {}
-    for est, scores in sorted(by.items()):
-        values = sorted(scores)
-        stats = [[round(x, 6) if np.isfinite(x) else None for x in mean_ci(scores[v])[:2]] + [len(scores[v])]
-                 for v in values]  # fmt: skip
-        best = max(values, key=lambda v: (float(np.mean(scores[v])), -v))
-        out[est] = {"values": values, "validation": stats, "chosen": best}
-    return out
+    return {
+        est: {
+            "values": sorted(scores),
+            "validation": [ci_record(scores[v]) for v in sorted(scores)],
+            "chosen": max(scores, key=lambda v: (float(np.mean(scores[v])), -v)),
+        }
+        for est, scores in sorted(by.items())
+    }
+
+
+def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
+    """Each estimator's rates, their validation scores, its choice and their ``source``: a tuning preset's from
+    this run's ``tuning`` runs (:func:`choose_lrs`); else the preset's fixed rates, with the committed tuning run's
+    grid (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when they are its choice, each entry naming that run
+    (preset, commit, start) as its source, or each rate alone, fixed by the preset (tiny)."""
+    from ebpo_verl.ops.provenance import short_commit
+
+    if preset.tune:
+        return {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
+    lrs = preset.lr
+    if any(tuned_lrs().get(e) != lr for e, lr in lrs.items()):
+        fixed = {"validation": [[None, None, 0]], "source": "fixed by the preset, not tuned"}
+        return {e: {"values": [lr], "chosen": lr, **fixed} for e, lr in lrs.items()}
+    record = json.loads(LR_TUNING_FILE.read_text())
+    prov = record["provenance"]
+    source = (
+        f"ebpo_verl/study/{LR_TUNING_FILE.name}: preset {record['preset']} (validation split, G in "
+        f"{record['tune']['group_sizes']}, {record['tune']['seeds']} seeds), commit {short_commit(prov)}, "
+        f"started {prov.get('started')}"
+    )
+    return {e: {**record["lr_grid"][e], "source": source} for e in lrs}
 
 
 class StudyDirError(ValueError):
@@ -198,10 +212,6 @@ def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
 _BASE: Base | None = None  # set in the parent before forking; read by the workers
 
 
-def _init_worker() -> None:
-    torch.set_num_threads(1)
-
-
 def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, float]:
     assert _BASE is not None
     t0, c0 = time.perf_counter(), time.process_time()
@@ -224,30 +234,26 @@ def run_grid(
     if done:
         print(f"resuming: {len(done)} of {len(jobs)} runs already saved in {out / 'runs'}", flush=True)
     (out / "runs").mkdir(exist_ok=True)
-    results = list(done.values())
     workers = max(1, min(workers or preset.workers, len(todo) or 1))
     what = "lr tuning runs" if jobs and jobs[0].split == "validation" else "RL runs"
     bar = tqdm(total=len(jobs), initial=len(done), desc=f"{what} ({preset.name}, {workers} proc)", unit="run")
-    if workers == 1:
-        _init_worker()
-        it = map(_run_one, todo)
-        pool = None
-    else:
-        pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
-        it = pool.imap_unordered(_run_one, todo)
+    pool = (
+        mp.get_context("fork").Pool(workers, initializer=torch.set_num_threads, initargs=(1,)) if workers > 1 else None
+    )
+    if pool is None:  # the runs in this process, one torch thread each as in the workers
+        torch.set_num_threads(1)
     try:
-        for cfg, metrics, seconds, cpu in it:
-            run = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu}
+        for cfg, metrics, seconds, cpu in pool.imap_unordered(_run_one, todo) if pool else map(_run_one, todo):
+            run = done[_key(asdict(cfg))] = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds,
+                                              "cpu_seconds": cpu}  # fmt: skip
             write_json(run_path(out, cfg), run)
-            results.append(run)
             bar.update()
     finally:
         bar.close()
         if pool is not None:
             pool.terminate()
             pool.join()
-    position = {_key(asdict(c)): i for i, c in enumerate(jobs)}
-    return sorted(results, key=lambda r: position[_key(r["config"])]), len(done)
+    return [done[_key(asdict(cfg))] for cfg in jobs], len(jobs) - len(todo)
 
 
 def _key(config: dict) -> tuple:
@@ -264,7 +270,7 @@ def describe_base(base: Base) -> dict:
         "sft_cpu_seconds": base.sft_cpu_seconds,
         "heldout_accuracy": float(base.heldout_pass.mean()),
         "heldout_pass": base.heldout_pass.tolist(),  # per prompt: the warm start's pass@k (report.pass_at_k)
-        "probe_accuracy": float(exact_pass_at_1(base.model, probe.prompts, probe.targets, probe.target_mask).mean()),
+        "probe_accuracy": float(exact_pass_at_1(base.model, probe).mean()),
         "train_accuracy": float(p.mean()),
         "frac_train_below_0.05": float((p < 0.05).mean()),
         "frac_train_above_0.95": float((p > 0.95).mean()),

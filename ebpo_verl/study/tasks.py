@@ -55,8 +55,7 @@ class ProblemSet:
     @property
     def target_mask(self) -> torch.Tensor:
         """(N, 5) bool: answer digits and the EOS that ends them."""
-        eos_pos = (self.targets == EOS).int().argmax(dim=1, keepdim=True)
-        return torch.arange(ANSWER_LEN).unsqueeze(0) <= eos_pos
+        return torch.arange(ANSWER_LEN) <= (self.targets == EOS).int().argmax(dim=1, keepdim=True)
 
 
 def all_problems(topic: str, level: int) -> np.ndarray:
@@ -144,21 +143,15 @@ def make_splits(
                 parts[name].append(
                     (prompts, targets, np.full(len(rows), topic), np.full(len(rows), level), rows[:, 2], wrong)
                 )
-    return {
-        name: ProblemSet(
-            prompts=torch.from_numpy(np.concatenate([p[0] for p in ps])).long(),
-            targets=torch.from_numpy(np.concatenate([p[1] for p in ps])).long(),
-            topic=np.concatenate([p[2] for p in ps]),
-            level=np.concatenate([p[3] for p in ps]).astype(np.int64),
-            answer=np.concatenate([p[4] for p in ps]).astype(np.int64),
-            misconception=torch.from_numpy(np.concatenate([p[5] for p in ps])).long(),
-        )
-        for name, ps in parts.items()
-    }
+    splits = {}
+    for name, ps in parts.items():
+        prompts, targets, topic, level, answer, wrong = (np.concatenate(field) for field in zip(*ps, strict=True))
+        ids = [torch.from_numpy(x).long() for x in (prompts, targets, wrong)]
+        splits[name] = ProblemSet(*ids[:2], topic, level.astype(np.int64), answer.astype(np.int64), ids[2])
+    return splits
 
 
 def verify(responses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Reward 1.0 iff a response is exactly the answer digits followed by EOS; (bs, 5) -> (bs,) float."""
-    eos_pos = (targets == EOS).int().argmax(dim=1, keepdim=True)
-    relevant = torch.arange(targets.shape[1]).unsqueeze(0) <= eos_pos
+    relevant = torch.arange(targets.shape[1]) <= (targets == EOS).int().argmax(dim=1, keepdim=True)
     return ((responses == targets) | ~relevant).all(dim=1).float()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.study import coverage, ranking
@@ -18,19 +19,20 @@ from ebpo_verl.study.report import (
     _mean,
     _with_source_lines,
     cells,
+    ci_record,
     curve_figure,
     dynamics_table,
-    gains_over,
     gains_verdict,
     md_table,
     mean_ci,
     paired,
     paired_table,
     paired_verdict,
+    pm,
     source_line,
     study_provenance,
-    summary,
     table,
+    warm_start_pass_at_k,
 )
 from ebpo_verl.study.rl import ESTIMATORS
 
@@ -87,9 +89,37 @@ def write_report(
         + _other_results(study, lr_grid)
         + _dynamics_and_limits(study, captions)
     )
-    data = summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs)
-    data["gain_over_grpo_pass_at_k"] = {str(k): gains_over(runs, study.ests, study.gs, k=k) for k in COVERAGE_K}
-    data["equal_samples"] = views
+    ests, gs, by_cell = study.ests, study.gs, study.by_cell
+    lrs = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]): r["config"]["lr"] for r in runs}
+    data = {  # the machine-readable summary (NaN as null); readme_tables reads it
+        "preset": preset.name,
+        "command": command,
+        "n_runs": len(runs),
+        "tuning_runs": tuning_runs,
+        "resumed_runs": resumed,
+        "wall_seconds": seconds,
+        "cpu_seconds": round(base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs), 1),
+        "torch": torch.__version__,
+        "torch_threads_per_run": 1,
+        "seeds": preset.seeds,
+        "steps": preset.rl["steps"],
+        "responses_per_step": preset.rl["responses_per_step"],
+        "grad_clip": preset.rl["grad_clip"],
+        "estimators": ests,
+        "group_sizes": gs,
+        "warm_start_heldout_accuracy": round(ws, 6),
+        "target_gain": preset.target_gain,
+        "provenance": record,
+        "lr_grid": lr_grid or {},
+        "paired": paired(runs, ests, gs),
+        "warm_start_heldout_pass_at_k": warm_start_pass_at_k(base_info),
+        "paired_pass_at_k": {str(k): paired(runs, ests, gs, k=k) for k in COVERAGE_K},
+        "cells": [{"estimator": e, "group_size": g, "order": o, "lr": lrs[e, g, o],
+                   **{k: ci_record([s[k] for s in sums]) for k in sums[0]}}
+                  for (e, g, o), sums in sorted(by_cell.items())],
+        "gain_over_grpo_pass_at_k": {str(k): paired(runs, ests, gs, "grpo", k, True) for k in COVERAGE_K},
+        "equal_samples": views,
+    }  # fmt: skip
     atomic_write_text(out / "study.md", _with_source_lines(text, study.source))
     atomic_write_text(out / "summary.json", json.dumps(data, indent=1) + "\n")
     return headline
@@ -101,22 +131,14 @@ def _draw_figures(out: Path, study: _Study, views: dict) -> dict[str, str]:
     runs, ests, gs, ws, og, clip = study.runs, study.ests, study.gs, study.ws, study.og, study.clip
     warm = (ws, f"warm start {ws:.3f}")
     lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
-    by_g = [(metric, gs, ests, fname, "group_size", {"order": "random"}, lines.get(metric))
-            for metric, (fname, _) in CURVES.items()]  # fmt: skip
-    by_order = ("accuracy", list(study.preset.orders), list(study.preset.order_estimators), "ordering_curves.png",
-                "order", {"group_size": og}, warm)  # fmt: skip
-    for metric, groups, rows, fname, by, fixed, hline in [*by_g, by_order]:
-        curve_figure(runs, metric, groups, rows, out / fname, by=by, fixed=fixed, hline=hline, source=study.source)
-    captions = {
-        "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
-        "zero_signal.png": "fraction of groups whose advantages are all zero, per step",
-        "grad_norm.png": f"gradient norm before clipping, per step; dotted: the clip value {clip:g} (a norm above "
-        "it is scaled down to it)",
-        "entropy.png": "token-mean policy entropy of the sampled responses, per step",
-        "kl.png": "k3 estimate of KL(old || new) over one step's update",
-        "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
-        coverage.FIGURE: coverage.draw(out, runs, ests, gs, study.base_info, study.source),
-    }
+    for metric, (fname, _, _) in CURVES.items():
+        curve_figure(runs, metric, gs, ests, out / fname, "group_size", {"order": "random"}, lines.get(metric),
+                     study.source)  # fmt: skip
+    curve_figure(runs, "accuracy", list(study.preset.orders), list(study.preset.order_estimators),
+                 out / "ordering_curves.png", "order", {"group_size": og}, warm, study.source)  # fmt: skip
+    captions = {fname: caption.format(clip=clip) for fname, _, caption in CURVES.values()}
+    captions["ordering_curves.png"] = f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start"
+    captions[coverage.FIGURE] = coverage.draw(out, runs, ests, gs, study.base_info, study.source)
     if views:
         ranking.ranking_figure(list(views.values()), runs, gs, out / ranking.FIGURE, study.source)
         ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
@@ -128,7 +150,8 @@ def _introduction(study: _Study, command: str, seconds: float, resumed: int, ori
     """Title, command and cost, scope, and the Setup section."""
     preset, base_info, runs, ests, gs, og = study.preset, study.base_info, study.runs, study.ests, study.gs, study.og
     rl, orders, o_ests, clip = preset.rl, list(preset.orders), list(preset.order_estimators), study.clip
-    lr_text = ", ".join(f"{e} {lr:g}" if (lr := runs_lr(runs, e)) is not None else f"{e} (no run yet)" for e in ests)
+    lr = {r["config"]["estimator"]: r["config"]["lr"] for r in runs}  # one rate per estimator
+    lr_text = ", ".join(f"{e} {lr[e]:g}" if e in lr else f"{e} (no run yet)" for e in ests)
     hist = base_info["pass_rate_histogram"]
     left_out = [e for e in ESTIMATORS if e not in ests]
     scope = f"Estimators: {', '.join(ests)}; G in {gs}; " + (
@@ -210,7 +233,7 @@ Per G, X's run minus GRPO's run of the same seed, mean ± 95% t-interval over th
 seeds in which X ends higher / the seeds paired (pass@64 as in the coverage section below)."""
     ]
     for k in (1, 64):
-        gains = gains_over(study.runs, study.ests, study.gs, k=k)
+        gains = paired(study.runs, study.ests, study.gs, "grpo", k, gains=True)
         parts.append(f"### pass@{k}\n\n{paired_table(gains, study.gs, 'X - GRPO', row='estimator')}\n\n"
                      f"{gains_verdict(gains)}")  # fmt: skip
     return "\n\n".join(parts) + "\n\n"
@@ -280,21 +303,14 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
 """
 
 
-def runs_lr(runs: list[dict], estimator: str) -> float | None:
-    """The learning rate of ``estimator``'s runs (one per estimator); None before any of them is saved."""
-    return next((r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator), None)
-
-
 def lr_section(lr_grid: dict) -> str:
     """The learning-rate grid: per estimator the rates tried, the validation score of each, the choice."""
     if not lr_grid:
         return "Fixed learning rates (no grid recorded for this preset)."
     rows = []
     for e, g in lr_grid.items():
-        scores = ", ".join(
-            f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))
-            for v, s in zip(g["values"], g["validation"], strict=True)
-        )
+        scores = ", ".join(f"{v:g}: " + ("n/a" if s[0] is None else pm(s[0], s[1]))
+                           for v, s in zip(g["values"], g["validation"], strict=True))  # fmt: skip
         rows.append([e, scores, f"{g['chosen']:g}"])
     head = ["estimator", "rates tried: mean validation accuracy over the run", "chosen"]
     sources = "; ".join(sorted({g.get("source", "") for g in lr_grid.values()}))
