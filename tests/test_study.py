@@ -17,7 +17,7 @@ from scipy import stats as sps
 
 from ebpo_verl.study.mse import DISTRIBUTIONS, GROUP_SIZES, beta_moments, closed_form_shrinkage, simulate
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
-from ebpo_verl.study.presets import PRESETS
+from ebpo_verl.study.presets import LR_GRID, PRESETS
 from ebpo_verl.study.rl import RLConfig, run_rl
 from ebpo_verl.study.tasks import EOS, PAD, decode, encode, make_splits, misconceived, verify
 
@@ -892,7 +892,7 @@ def test_the_committed_full_run_is_its_runs():
     test = [r for r in runs if r["config"]["split"] == "test"]
     tuning = [r for r in runs if r["config"]["split"] == "validation"]
     assert len(test) == len(full.cells()) * full.seeds
-    assert len(tuning) == len(full.tuning_cells()) * full.tune["seeds"]
+    assert len(tuning) == len(full.estimators) * len(full.tune["group_sizes"]) * len(LR_GRID) * full.tune["seeds"]
 
     def t_interval(x: list[float]) -> list[float]:
         n = len(x)

@@ -69,13 +69,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "what",
-        nargs="?",
-        choices=["rl", "mse", "report"],
-        default="rl",
-        help="the RL study, the MSE check, or the report of a study's saved runs (no training)",
-    )
+    what = "the RL study, the MSE check, or the report of a study's saved runs (no training)"
+    parser.add_argument("what", nargs="?", choices=["rl", "mse", "report"], default="rl", help=what)
     add_options(parser, StudyOptions)
     args = parser.parse_args(argv)
     args.out = Path(args.out)
@@ -127,7 +122,7 @@ def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -
     """The warm start, the tuning grid, then the preset's grid and report (a tuning preset: its choice, written
     to ``lr_tuning.json`` with its grid and provenance)."""
     from ebpo_verl.study.report import study_provenance
-    from ebpo_verl.study.runner import describe_base, grid, lr_grid_of, prepare_base, run_grid, tuning_grid, write_json
+    from ebpo_verl.study.runner import describe_base, grid, lr_grid_of, prepare_base, run_grid, write_json
     from ebpo_verl.study.writeup import write_report
 
     torch.set_num_threads(1)
@@ -135,7 +130,7 @@ def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -
     base = prepare_base(preset, args.out)
     info = describe_base(base)
     print(f"warm start ready: held-out pass@1 {info['heldout_accuracy']:.3f}")
-    tuning, resumed = run_grid(preset, base, args.out, tuning_grid(preset), args.workers)
+    tuning, resumed = run_grid(preset, base, args.out, preset.tuning_runs(), args.workers)
     lr_grid = lr_grid_of(preset, tuning)
     if not preset.group_sizes:  # a tuning preset: its choice is the output
         seconds = time.perf_counter() - t0

@@ -1,18 +1,15 @@
 """Beta-Bernoulli check of the paper's MSE theorem.
 
-Prompt difficulty theta_q ~ Beta(a, b); G responses with rewards r ~ Bernoulli(theta_q). With the population
-moments mu = E[theta], tau^2 = Var(theta) and sigma^2 = E[theta (1 - theta)] (the expected within-prompt
-variance), the shrinkage S = (sigma^2 / G) / (sigma^2 / G + tau^2) and the baseline
-V_q = (1 - S) mean_q + S mu satisfy
+Prompt difficulty theta_q ~ Beta(a, b); G responses with rewards r ~ Bernoulli(theta_q). With mu = E[theta],
+tau^2 = Var(theta) and sigma^2 = E[theta (1 - theta)] (the expected within-prompt variance), the shrinkage
+S = (sigma^2 / G) / (sigma^2 / G + tau^2) and the baseline V_q = (1 - S) mean_q + S mu satisfy
 
-    MSE(V_q) / MSE(mean_q) = 1 - S       (MSE(mean_q) = sigma^2 / G, since E[(mean_q - theta)^2 | theta] =
-                                          theta (1 - theta) / G and the cross term vanishes).
+    MSE(V_q) / MSE(mean_q) = 1 - S       (MSE(mean_q) = sigma^2 / G; the cross term vanishes).
 
-The simulation draws prompts, computes both squared errors against the true theta_q and reports the empirical
-ratio next to 1 - S. With a Beta prior that baseline is the posterior mean E[theta_q | rewards] (conjugacy), so
-1 - S is the smallest MSE ratio any baseline can reach. The same kind of stream also goes through the real
-estimator (``compute_ebpo_advantages`` with ``norm="none"``, so V_q = r - A) with its running statistics, whose
-S is estimated from the data (and so misses the optimum in a direction that depends on the options).
+The simulation reports the empirical ratio next to 1 - S; with a Beta prior V_q is the posterior mean (conjugacy),
+so 1 - S is the smallest ratio any baseline reaches. The same stream also goes through the real estimator
+(``compute_ebpo_advantages``, ``norm="none"``: V_q = r - A) with its running statistics, whose S is estimated
+from the data (and so misses the optimum in a direction that depends on the options).
 """
 
 from __future__ import annotations

@@ -77,21 +77,14 @@ class TinyPolicy(nn.Module):
         return self(ids)[:, prompts.shape[1] - 1 :]
 
 
-def n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 @torch.no_grad()
 def sample(
     model: TinyPolicy, prompts: torch.Tensor, group_size: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample ``group_size`` responses per prompt at temperature 1, with a key/value cache.
-
-    Returns (responses, response_mask, log_probs), each (len(prompts) * group_size, ANSWER_LEN), rows grouped by
-    prompt. Tokens after the first EOS are PAD and masked out; a response without EOS keeps all its tokens (and
-    is wrong by construction of the verifier). ``log_probs`` are the sampled tokens' log-probabilities under the
-    sampling policy (verl's ``old_log_prob``).
-    """
+    """Sample ``group_size`` responses per prompt at temperature 1, with a key/value cache. Returns (responses,
+    response_mask, log_probs), each (len(prompts) * group_size, ANSWER_LEN), rows grouped by prompt; tokens after
+    the first EOS are PAD and masked out (a response without EOS is wrong); ``log_probs``: the sampled tokens'
+    log-probabilities under the sampling policy (verl's ``old_log_prob``)."""
     logits, cache = model.step(prompts, None)  # the prompt once per group, then copied G times
     logits = logits[:, -1].repeat_interleave(group_size, dim=0)
     cache = [(k.repeat_interleave(group_size, dim=0), v.repeat_interleave(group_size, dim=0)) for k, v in cache]

@@ -1,8 +1,6 @@
-"""The README's CPU-study tables, rendered from the study's machine-readable summary (the ``summary.json`` that
-``python -m ebpo_verl.study`` writes; the committed copies are ``docs/study_<preset>.json``). The docs command
-(``python -m ebpo_verl.docs_tables``) writes them into the README's ``study-<preset>`` block. Bad input (a missing
-file, a summary without the expected fields) is :class:`ReadmeTableError`, one line naming the fix.
-"""
+"""The README's CPU-study tables, rendered from a study's ``summary.json`` (committed as ``docs/study_<preset>.json``)
+into the README's ``study-<preset>`` block by ``python -m ebpo_verl.docs_tables``. Bad input (a missing file, a
+summary without the expected fields) is :class:`ReadmeTableError`, one line naming the fix."""
 
 from __future__ import annotations
 
@@ -51,27 +49,22 @@ def provenance_line(summary: dict) -> str:
     )
 
 
-def _paired(summary: dict, gs: list[int]) -> str:
-    """EBPO - X per G: "+0.012 ± 0.010 (4/5)" (mean ± 95% half-width, seeds EBPO won / seeds)."""
-    at = {(p["baseline"], p["group_size"]): p for p in summary["paired"]}
+def _by_baseline(pairs: list[dict], gs: list[int], spread: bool) -> dict[str, list[str]]:
+    """Per X, its EBPO - X records per G: "+0.012 ± 0.010 (4/5)" (mean, with ``spread`` ± the 95% half-width,
+    seeds EBPO won / seeds); "n/a" where none."""
+    at = {(p["baseline"], p["group_size"]): p for p in pairs}
 
     def cell(p: dict | None) -> str:
-        return "n/a" if p is None or p["diff"][0] is None else f"{_ci(p['diff'], '+')} ({p['wins']}/{p['diff'][2]})"
+        if p is None or p["diff"][0] is None:
+            return "n/a"
+        return (_ci(p["diff"], "+") if spread else f"{p['diff'][0]:+.3f}") + f" ({p['wins']}/{p['diff'][2]})"
 
-    xs = dict.fromkeys(p["baseline"] for p in summary["paired"])
-    return "\n".join(f"| {x} | " + " | ".join(cell(at.get((x, g))) for g in gs) + " |" for x in xs)
+    return {x: [cell(at.get((x, g))) for g in gs] for x in dict.fromkeys(p["baseline"] for p in pairs)}
 
 
 def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
     """One line: EBPO - X in final held-out pass@k per G, "+0.012 (4/4)" (mean, seeds EBPO won / seeds)."""
-    pairs = summary["paired_pass_at_k"][k]
-    at = {(p["baseline"], p["group_size"]): p for p in pairs}
-
-    def cell(p: dict | None) -> str:
-        return "n/a" if p is None or p["diff"][0] is None else f"{p['diff'][0]:+.3f} ({p['wins']}/{p['diff'][2]})"
-
-    xs = dict.fromkeys(p["baseline"] for p in pairs)
-    parts = [f"{x} " + " / ".join(cell(at.get((x, g))) for g in gs) for x in xs]
+    parts = [f"{x} " + " / ".join(c) for x, c in _by_baseline(summary["paired_pass_at_k"][k], gs, False).items()]
     warm = summary["warm_start_heldout_pass_at_k"][k]
     line = (
         f"Coverage, EBPO - X in held-out pass@{k} (warm start {warm:.3f}), G = {' / '.join(map(str, gs))}: "
@@ -103,6 +96,7 @@ def render(summary: dict) -> str:
             width=115,
             break_on_hyphens=False,
         )
+        paired = [f"| {x} | " + " | ".join(c) + " |" for x, c in _by_baseline(summary["paired"], gs, True).items()]
         resumed = summary["resumed_runs"]
         timing = (
             f"{_duration(summary['wall_seconds'])} wall time"
@@ -121,7 +115,7 @@ Paired difference EBPO - X of the final held-out accuracy (same seeds), mean ± 
 in which EBPO ends higher:
 
 {_head("EBPO - X", gs)}
-{_paired(summary, gs)}
+{chr(10).join(paired)}
 
 {_coverage(summary, gs)}
 

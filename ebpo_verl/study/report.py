@@ -4,7 +4,6 @@ PNG figures; the report (its text and summary.json) is :mod:`ebpo_verl.study.wri
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from collections import defaultdict
@@ -17,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from ebpo_verl.ops.atomic import reporting_full_disk  # noqa: E402
+from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
 from ebpo_verl.ops.provenance import describe_hardware, provenance, short_commit  # noqa: E402
 
 CURVES = {  # metric -> (figure file, y label, caption in the report's list of figures; {clip}: the gradient clip)
@@ -162,11 +161,10 @@ def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp.png")
-    with reporting_full_disk(path):
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    try:  # atomically: a full disk is a DiskFullError and leaves no file
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    finally:
         plt.close(fig)
-        os.replace(tmp, path)
 
 
 STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okabe-Ito) for the quick preset's five
@@ -192,9 +190,8 @@ FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
 
 def _style(est: str, k: int) -> dict:
     """A fixed colour, marker and line style per estimator (ebpo and ebpo_batch differ in all three; ebpo_batch's
-    markers are hollow), and a width and drawing order per position ``k``, so lines that coincide (EBPO's
-    zero-signal fraction is 0 in both variants) stay visible: earlier lines are wider and drawn below. An estimator
-    :data:`STYLES` does not name (one added to the registry) gets one fixed by its name."""
+    markers are hollow; one :data:`STYLES` lacks gets one fixed by its name), and a width and drawing order per
+    position ``k``, so lines that coincide stay visible: earlier lines are wider and drawn below."""
     h = sum(ord(c) * 31**i for i, c in enumerate(est))
     default = DEFAULT_COLOURS[h % len(DEFAULT_COLOURS)], DEFAULT_MARKERS[h // 8 % len(DEFAULT_MARKERS)], "--"
     color, marker, ls = STYLES.get(est) or default
@@ -220,10 +217,9 @@ def curve_figure(
     hline: tuple[float, str] | None = None,
     source: str = "",
 ) -> None:
-    """One panel per ``groups`` value of config key ``by`` (G or order), one line per estimator (mean over seeds)
-    with 95% t-interval error bars at its markers, the estimators' bars shifted apart along x so that they do
-    not merge, among the runs whose config matches ``fixed`` (e.g. the order, or G). ``hline`` = (y, label)
-    draws a reference line; ``source`` (the preset and provenance) is printed under the figure."""
+    """One panel per ``groups`` value of config key ``by`` (G or order) among the runs matching ``fixed``, one line per
+    estimator (mean over seeds) with 95% t-interval error bars at its markers, shifted apart along x; ``hline`` = (y,
+    label) draws a reference line; ``source`` (the preset and provenance) is printed under the figure."""
     fig, axes = panels(len(groups))
     seeds = set()
     for ax, grp in zip(axes[0], groups, strict=True):
@@ -286,28 +282,20 @@ def finish(fig, axes, ylabel: str, note: str, source: str, path: Path) -> None:
 
 def final_values(runs: list[dict], k: int = 1) -> dict[tuple[str, int, int], float]:
     """{(estimator, G, seed): final held-out pass@k} of the random-order runs (:func:`run_pass_at_k`)."""
-    return {
-        (c["estimator"], c["group_size"], c["seed"]): run_pass_at_k(r, k)
-        for r in runs
-        if (c := r["config"])["order"] == "random"
-    }
+    return {(c["estimator"], c["group_size"], c["seed"]): run_pass_at_k(r, k)
+            for r in runs if (c := r["config"])["order"] == "random"}  # fmt: skip
 
 
 def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
-    """The per-seed differences ``a[s] - b[s]`` over the seeds both have (runs of the same seed share the warm
-    start, and at one G the data stream and the sampling seed) as ``diff`` = [mean, 95% t half-width, n] (None
-    where undefined) and ``wins``: the seeds where ``a`` is higher; ``labels`` name the two sides."""
+    """The per-seed differences ``a[s] - b[s]`` over the seeds both have (same warm start; at one G the same data
+    and sampling seed): ``diff`` = [mean, 95% t half-width, n] (None where undefined), ``wins`` (the seeds where ``a``
+    is higher) and the ``labels`` naming the two sides."""
     diff = [a[s] - b[s] for s in sorted(set(a) & set(b))]
     return {**labels, "diff": ci_record(diff), "wins": int(sum(d > 0 for d in diff))}
 
 
 def paired(
-    runs: list[dict],
-    estimators: list[str],
-    group_sizes: list[int],
-    reference: str = "ebpo",
-    k: int = 1,
-    gains: bool = False,
+    runs: list[dict], estimators: list[str], gs: list[int], reference: str = "ebpo", k: int = 1, gains: bool = False
 ) -> list[dict]:
     """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
     held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy) over the seeds both ran
@@ -320,9 +308,7 @@ def paired(
     def by_seed(est: str, g: int) -> dict[int, float]:
         return {s: v for (e, gg, s), v in final.items() if e == est and gg == g}
 
-    sides = [
-        ((x, reference) if gains else (reference, x), g) for g in group_sizes for x in estimators if x != reference
-    ]
+    sides = [((x, reference) if gains else (reference, x), g) for g in gs for x in estimators if x != reference]
     return [paired_record(by_seed(a, g), by_seed(b, g), estimator=a, baseline=b, group_size=g) for (a, b), g in sides]
 
 
@@ -389,7 +375,7 @@ def warm_start_pass_at_k(base_info: dict) -> dict[str, float | None]:
 
 
 def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
-    return mean_ci([s[metric] for s in by_cell.get(cell, [])])[0]
+    return mean_ci([s.get(metric, math.nan) for s in by_cell.get(cell, [])])[0]
 
 
 def study_provenance(preset, seconds: float, command: str) -> dict:
@@ -412,3 +398,44 @@ def source_line(preset_name: str, record: dict) -> str:
 def _with_source_lines(text: str, line: str) -> str:
     """``text`` with ``line`` (in italics) after every markdown table."""
     return re.sub(r"^(\|.*)$(?!\n\|)", lambda m: f"{m[1]}\n\n*Source: {line}.*", text, flags=re.M)
+
+
+FIGURE_K = tuple(2**i for i in range(7))
+"""The k of the pass@k-vs-k figure: 1, 2, 4, ..., 64."""
+PASS_AT_K_FIGURE = "pass_at_k.png"
+
+
+def pass_at_k_figure(
+    out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str
+):
+    """Draw :data:`PASS_AT_K_FIGURE` into ``out``: per G (random order) final held-out pass@k against k (log scale),
+    per estimator the mean over seeds with 95% t-interval error bars (shifted apart along k), the warm start dotted,
+    ``source`` under it. Returns its caption for the report's list of figures."""
+    probs = base_info.get("heldout_pass")
+    warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
+    ks = np.asarray(FIGURE_K, dtype=float)
+    fig, axes = panels(len(group_sizes))
+    seeds = set()
+    for ax, g in zip(axes[0], group_sizes, strict=True):
+        if warm is not None:
+            ax.plot(ks, warm, label="warm start", **REFERENCE)
+        for i, est in enumerate(estimators):
+            sel = select(runs, estimator=est, group_size=g, order="random")
+            if not sel:
+                continue
+            seeds.add(len(sel))
+            mean, half, _ = np.asarray([mean_ci([run_pass_at_k(r, k) for r in sel]) for k in FIGURE_K]).T
+            dodge = 2.0 ** ((i - (len(estimators) - 1) / 2) * 0.05)
+            mean_line(ax, est, i, ks, mean, np.nan_to_num(half), np.arange(len(ks)), ks * dodge, 1.0)  # in [0, 1]
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [f"{k:g}" for k in ks])
+        ax.set_title(f"G = {g}", fontsize=10)
+        ax.set_xlabel("k (samples per prompt)")
+        ax.grid(alpha=0.3)
+    n = "/".join(str(x) for x in sorted(seeds))
+    note = (
+        f"Final models; lines: mean over {n} seeds of the exact pass@k (mean over held-out prompts of "
+        "1 - (1 - p)^k); error bars: 95% t-intervals over seeds (shifted apart along k); dotted: the warm start."
+    )
+    finish(fig, axes, "held-out pass@k", note, source, out / PASS_AT_K_FIGURE)
+    return "held-out pass@k of the final models against k (1 to 64), one panel per G; dotted: the warm start"

@@ -1,12 +1,10 @@
-"""Run a preset's grid: one warm-started base model, then every (estimator, G, order, seed) RL run.
-
-Runs are independent and deterministic for their seed (one torch thread each, a seeded generator, fresh EBPO
-statistics), so they are spread over ``preset.workers`` forked processes and come back in any order. Every run
-is saved as soon as it ends, so a rerun of the same command resumes (see ``run_grid``).
-"""
+"""Run a preset's grid: one warm-started base model, then every (estimator, G, order, seed) RL run. Runs are
+deterministic for their seed (one torch thread, seeded generators, fresh estimator state), so they spread over
+``preset.workers`` forked processes; each is saved when it ends, so a rerun resumes (``run_grid``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -19,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
-from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, n_params
+from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1
 from ebpo_verl.study.presets import BASE_SEED, LR_TUNING_FILE, Preset, tuned_lrs
 from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
@@ -43,18 +41,15 @@ class Base:
 
 
 def prepare_base(preset: Preset, out: Path | None = None) -> Base:
-    """Data splits and the supervised warm start (``preset.sft_steps`` steps). With ``out``, a warm start saved
-    there by an earlier invocation (``base_model.pt`` + ``base.json``) is loaded instead of retrained, and a new
-    one is saved there."""
+    """Data splits and the supervised warm start (``preset.sft_steps`` steps); with ``out``, the one saved there
+    (``base_model.pt`` + ``base.json``) is loaded instead of retrained, or a new one saved there."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
     saved = None
     if out is not None and (out / "base_model.pt").is_file():
-        try:
+        with contextlib.suppress(OSError, ValueError):  # no usable record: trained again
             saved = json.loads((out / "base.json").read_text())
-        except (OSError, ValueError):
-            pass  # no usable record: trained again
     if saved is not None:
         model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
@@ -81,23 +76,11 @@ def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
     ]
 
 
-def tuning_grid(preset: Preset) -> list[RLConfig]:
-    """The learning-rate tuning runs (validation split; none without ``preset.tune``)."""
-    seeds = preset.tune["seeds"] if preset.tune else 0
-    return [
-        RLConfig(estimator=e, group_size=g, seed=s, lr=lr, split="validation", **preset.rl)
-        for e, g, lr in preset.tuning_cells()
-        for s in range(seeds)
-    ]
-
-
 def choose_lrs(runs: list[dict]) -> dict[str, dict]:
     """Per estimator, from its tuning runs: the rates tried, each rate's validation score [mean, half-width, n]
-    over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie).
-
-    A run's score is its mean validation accuracy over the evaluations after step 0 (the area under its learning
-    curve): it rewards reaching an accuracy sooner as well as ending there, the sample efficiency the study is
-    about, and it averages a dozen evaluations instead of resting on the last one."""
+    over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie). A run's score is
+    its mean validation accuracy after step 0 (the area under its learning curve): it rewards reaching an accuracy
+    sooner as well as ending there, and averages a dozen evaluations instead of resting on the last one."""
     from ebpo_verl.study.report import ci_record
 
     by: dict[str, dict[float, list[float]]] = {}
@@ -159,8 +142,7 @@ def code_fingerprint() -> dict[str, str]:
 
 def claim_out_dir(out: Path, preset: Preset) -> None:
     """Record the preset's configuration and the code (:func:`code_fingerprint`) in ``out/study_config.json``, or
-    check that the ones there are the same (so that a rerun resumes the same study and never mixes runs of two
-    configurations or of two versions of the code)."""
+    check that the ones there are the same (a rerun never mixes runs of two configurations or two code versions)."""
     path, want = out / "study_config.json", {**preset.fingerprint(), "code": code_fingerprint()}
     if not path.exists():
         write_json(path, want)
@@ -223,10 +205,9 @@ def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, fl
 def run_grid(
     preset: Preset, base: Base, out: Path, jobs: list[RLConfig], workers: int | None = None
 ) -> tuple[list[dict], int]:
-    """All runs of the preset, each as {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
-    "cpu_seconds": CPU time of its process (what a dedicated core would need)}, and how many of them were
-    already saved. Each finished run is saved at once (atomically) as ``out/runs/<cell>-s<seed>.json``, and
-    saved runs are not run again, so an interrupted study resumes where it stopped."""
+    """The runs ``jobs`` in order, each {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
+    "cpu_seconds": its process's CPU time}, and how many were already saved. Each finished run is saved at once
+    (atomically, :func:`run_path`) and saved runs are not run again, so an interrupted study resumes."""
     global _BASE
     _BASE = base
     done = load_done(out, jobs)
@@ -263,9 +244,9 @@ def _key(config: dict) -> tuple:
 def describe_base(base: Base) -> dict:
     """Facts about the warm-started model for the report (pass-rate spread, parameter count, the exact success
     probability of every held-out prompt)."""
-    p, probe = base.train_pass, base.probe
+    p, probe, held = base.train_pass, base.probe, base.heldout
     return {
-        "params": n_params(base.model),
+        "params": sum(p.numel() for p in base.model.parameters()),
         "sft_seconds": base.sft_seconds,
         "sft_cpu_seconds": base.sft_cpu_seconds,
         "heldout_accuracy": float(base.heldout_pass.mean()),
@@ -276,13 +257,11 @@ def describe_base(base: Base) -> dict:
         "frac_train_above_0.95": float((p > 0.95).mean()),
         "pass_rate_histogram": np.histogram(p, bins=np.linspace(0, 1, 11))[0].tolist(),
         "heldout_by_cell": {
-            f"{t}/{lv}": float(base.heldout_pass[(base.heldout.topic == t) & (base.heldout.level == lv)].mean())
-            for t in np.unique(base.heldout.topic)
-            for lv in np.unique(base.heldout.level)
-        },
-        "n_train": len(base.train),
-        "n_heldout": len(base.heldout),
-        "n_val": len(base.val),
+            f"{t}/{lv}": float(base.heldout_pass[(held.topic == t) & (held.level == lv)].mean())
+            for t in np.unique(held.topic)
+            for lv in np.unique(held.level)
+        },  # fmt: skip
+        **{f"n_{split}": len(getattr(base, split)) for split in ("train", "heldout", "val")},
         "frac_level1_train": float((base.train.level == 1).mean()),
         "frac_level1_heldout": float((base.heldout.level == 1).mean()),
     }

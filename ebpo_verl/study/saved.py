@@ -1,7 +1,6 @@
-"""The report of a study's saved runs, without training (``python -m ebpo_verl.study report --study DIR --out
-DIR2``): the preset DIR records, its warm start (loaded, not retrained), its saved tuning and test runs, and its
-wall time as the study recorded it (its ``summary.json``) or, failing that, from its files' times. Nothing is
-written into DIR."""
+"""The report of a study's saved runs without training (``python -m ebpo_verl.study report --study DIR --out DIR2``):
+the preset DIR records, its warm start (loaded), its saved runs, and its wall time as its ``summary.json`` recorded
+it or else from its files' times. Nothing is written into DIR."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from ebpo_verl.ops.errors import one_line
 from ebpo_verl.options.parsing import is_int, is_real
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS, Preset
 from ebpo_verl.study.report import study_provenance
-from ebpo_verl.study.runner import StudyDirError, _key, code_fingerprint, grid, load_done, run_path, tuning_grid
+from ebpo_verl.study.runner import StudyDirError, _key, code_fingerprint, grid, load_done, run_path
 
 
 def recorded_preset(study: Path) -> Preset:
@@ -65,10 +64,9 @@ class Timing:
 
 
 def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path], prog: str) -> Timing:
-    """The wall time of the study in ``study``: its own ``summary.json`` (written by the invocation that finished
-    it) when that covers these runs, else the span from its first file (``study_config.json``, written when it
-    started) to the last of ``files`` (its saved runs) by modification time, with a provenance record of this
-    code started at that first file's time."""
+    """The wall time of the study in ``study``: its own ``summary.json`` when that covers these runs, else the span from
+    its first file (``study_config.json``, written when it started) to the last of ``files`` (its saved runs) by
+    modification time, with a provenance record of this code started at that first file's time."""
     try:
         saved = json.loads((study / "summary.json").read_text())
     except (OSError, ValueError, RecursionError):  # none, or unreadable: measured from the files below
@@ -126,8 +124,8 @@ def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
         return refuse(str(err))
     if not (study / "base_model.pt").is_file():
         return refuse(f"{study} has no saved warm start (base_model.pt): the study has not started its runs")
-    tuning, tuning_files = _saved(study, tuning_grid(preset))
-    want = len(tuning_grid(preset))
+    tuning, tuning_files = _saved(study, preset.tuning_runs())
+    want = len(preset.tuning_runs())
     if len(tuning) < want:
         return refuse(f"{study}: {len(tuning)} of {want} tuning runs saved; no test run to report before they end")
     lr_grid = lr_grid_of(preset, tuning)
