@@ -35,12 +35,10 @@ def tuned_lrs() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Preset:
-    """A study grid. The main table crosses ``estimators`` x ``group_sizes`` (random order); the ordering table
-    crosses ``order_estimators`` x ``orders`` at G = ``order_group_size``. Every cell runs seeds 0..seeds-1.
-
-    Learning rates: with ``tune`` ({"group_sizes": [...], "seeds": n}) the preset first runs every estimator at
-    every rate of ``lr_grid`` at those G and seeds, scored on the validation split, and the main grid uses each
-    estimator's best rate; without it, ``lr`` gives each estimator's rate (the values a tuning run chose)."""
+    """A study grid: the main table crosses ``estimators`` x ``group_sizes`` (random order), the ordering table
+    ``order_estimators`` x ``orders`` at G = ``order_group_size``; every cell runs seeds 0..seeds-1. Learning rates:
+    with ``tune`` ({"group_sizes": [...], "seeds": n}) every estimator first runs at every rate of ``lr_grid`` at
+    those G and seeds on the validation split and the main grid takes each one's best; without, ``lr`` gives them."""
 
     name: str
     estimators: tuple[str, ...]
