@@ -17,7 +17,7 @@ from scipy import stats as sps
 
 from ebpo_verl.study.mse import DISTRIBUTIONS, GROUP_SIZES, beta_moments, closed_form_shrinkage, simulate
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
-from ebpo_verl.study.presets import PRESETS
+from ebpo_verl.study.presets import LR_GRID, PRESETS
 from ebpo_verl.study.rl import RLConfig, run_rl
 from ebpo_verl.study.tasks import EOS, PAD, decode, encode, make_splits, misconceived, verify
 
@@ -94,7 +94,7 @@ def test_exact_pass_at_1_matches_sampling_frequency():
     torch.manual_seed(3)
     model = TinyPolicy(TINY.policy)
     data = make_splits({"heldout": 1}, seed=0, topics=("mod",), levels=(1,))["heldout"]
-    exact = exact_pass_at_1(model, data.prompts, data.targets, data.target_mask)
+    exact = exact_pass_at_1(model, data)
     n = 20000
     responses, _, _ = sample(model, data.prompts, n, torch.Generator().manual_seed(0))
     freq = verify(responses, data.targets.repeat_interleave(n, 0)).view(len(data), n).mean(1)
@@ -254,7 +254,7 @@ def test_runs_are_deterministic(tiny_study, one_thread):
     runs = json.loads((tiny_study / "runs.json").read_text())["runs"]
     first = runs[0]
     splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
-    train_pass = exact_pass_at_1(base, splits["train"].prompts, splits["train"].targets, splits["train"].target_mask)
+    train_pass = exact_pass_at_1(base, splits["train"])
     cfg = RLConfig(**first["config"])
     again = run_rl(base, splits["train"], splits["heldout"], train_pass.numpy(), cfg)
     assert np.allclose(again["accuracy"], first["metrics"]["accuracy"], atol=1e-6)
@@ -274,8 +274,8 @@ def test_warm_start_above_chance(tiny_study):
     splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     held = splits["heldout"]
     torch.manual_seed(0)
-    untrained = exact_pass_at_1(TinyPolicy(TINY.policy), held.prompts, held.targets, held.target_mask).mean().item()
-    warm = exact_pass_at_1(_tiny_base(tiny_study), held.prompts, held.targets, held.target_mask)
+    untrained = exact_pass_at_1(TinyPolicy(TINY.policy), held).mean().item()
+    warm = exact_pass_at_1(_tiny_base(tiny_study), held)
     assert warm.mean().item() == pytest.approx(info["heldout_accuracy"], abs=1e-6)
     assert untrained < 0.01 and warm.mean().item() > 0.2
     assert (warm < 0.1).float().mean() > 0.05 and (warm > 0.8).float().mean() > 0.1  # hard and easy prompts
@@ -294,7 +294,7 @@ def test_grpo_learns_addition(tiny_study, one_thread):
     splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     train = splits["train"].subset(np.flatnonzero(splits["train"].topic == "add"))
     held = splits["heldout"].subset(np.flatnonzero(splits["heldout"].topic == "add"))
-    train_pass = exact_pass_at_1(base, train.prompts, train.targets, train.target_mask).numpy()
+    train_pass = exact_pass_at_1(base, train).numpy()
     gains = []
     for seed in (0, 1):
         cfg = RLConfig("grpo", 8, seed=seed, steps=40, responses_per_step=128, eval_every=10)
@@ -379,7 +379,7 @@ def test_otb_trains_through_run_rl(one_thread):
     model = TinyPolicy()
     splits = make_splits({"heldout": 16, "train": 64, "sft": 8}, seed=0, topics=("add",))
     train, held = splits["train"], splits["heldout"]
-    base_pass = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy()
+    base_pass = exact_pass_at_1(model, train).numpy()
     cfg = RLConfig("otb", 4, seed=0, steps=2, responses_per_step=32, eval_every=2)
     out = run_rl(model, train, held, base_pass, cfg)
     assert all(np.isfinite(out[k]).all() for k in ("grad_norm", "entropy", "accuracy", "zero_signal"))
@@ -654,7 +654,7 @@ def test_spo_frac_seen_counts_recurring_prompts(tiny_study, one_thread):
     splits = make_splits(TINY.split_sizes, seed=0, topics=TINY.topics, levels=TINY.levels)
     for n_train in (len(splits["train"]), 12):  # the whole split (< 1 epoch) and 12 prompts (recurring)
         train = splits["train"].subset(np.arange(n_train))
-        train_pass = exact_pass_at_1(base, train.prompts, train.targets, train.target_mask).numpy()
+        train_pass = exact_pass_at_1(base, train).numpy()
         cfg = RLConfig("spo", 8, seed=0, steps=4, responses_per_step=64, eval_every=4)
         got = run_rl(base, train, splits["heldout"], train_pass, cfg)["spo_frac_seen"]
         stream, p = order_stream(train, cfg, train_pass), cfg.prompts_per_step
@@ -892,7 +892,7 @@ def test_the_committed_full_run_is_its_runs():
     test = [r for r in runs if r["config"]["split"] == "test"]
     tuning = [r for r in runs if r["config"]["split"] == "validation"]
     assert len(test) == len(full.cells()) * full.seeds
-    assert len(tuning) == len(full.tuning_cells()) * full.tune["seeds"]
+    assert len(tuning) == len(full.estimators) * len(full.tune["group_sizes"]) * len(LR_GRID) * full.tune["seeds"]
 
     def t_interval(x: list[float]) -> list[float]:
         n = len(x)

@@ -32,11 +32,11 @@ def _half(d: list[float], t: float) -> float:
 
 def test_gains_over_grpo_and_paired_against_grpo_by_hand():
     """X - GRPO over the seeds both ran (X lacks seed 2): the two seeds' differences by hand; ``paired`` with
-    reference grpo is the same record with the sign and the wins swapped."""
-    from ebpo_verl.study.report import gains_over, gains_verdict, paired
+    reference grpo without ``gains`` is the same record with the sign and the wins swapped."""
+    from ebpo_verl.study.report import gains_verdict, paired
 
     runs = _runs({("grpo", 2): [0.40, 0.42, 0.40], ("x", 2): [0.45, 0.40, None], ("ebpo", 2): [0.50, 0.52, 0.47]})
-    gains = {p["estimator"]: p for p in gains_over(runs, ["grpo", "x", "ebpo"], [2])}
+    gains = {p["estimator"]: p for p in paired(runs, ["grpo", "x", "ebpo"], [2], "grpo", gains=True)}
     assert set(gains) == {"x", "ebpo"} and gains["x"]["baseline"] == "grpo"
     assert gains["x"]["diff"] == pytest.approx([0.015, T2 * 0.035, 2], abs=1e-6)  # sd of (0.05, -0.02) = 0.07/sqrt2
     assert gains["x"]["wins"] == 1
@@ -51,12 +51,12 @@ def test_gains_over_grpo_and_paired_against_grpo_by_hand():
     # ebpo's interval (0.09 ± 0.037) lies above 0, x's covers it
     text = gains_verdict(list(gains.values()))
     assert text.startswith("G=2: ahead of grpo: ebpo +0.090 ± ") and text.endswith("; 1 not separated from it.")
-    assert gains_over(runs, ["x", "ebpo"], [2]) == []  # no GRPO in the preset: no gains
+    assert paired(runs, ["x", "ebpo"], [2], "grpo", gains=True) == []  # no GRPO in the preset: no gains
 
 
 def test_gains_over_at_pass_64_by_hand():
     """X - GRPO in pass@64 from the per-prompt probabilities: 1 - (1 - p)^64 averaged over prompts, per seed."""
-    from ebpo_verl.study.report import gains_over
+    from ebpo_verl.study.report import paired
 
     runs = [_run("grpo", 4, 0, 0.25, [0.5, 0.0]), _run("grpo", 4, 1, 0.5, [0.5, 0.5])]
     runs += [_run("x", 4, 0, 0.3, [0.1, 0.01]), _run("x", 4, 1, 0.3, [0.0, 0.5])]
@@ -64,7 +64,7 @@ def test_gains_over_at_pass_64_by_hand():
         ((1 - 0.9**64) + (1 - 0.99**64)) / 2 - (1 - 0.5**64) / 2,
         (1 - 0.5**64) / 2 - (1 - 0.5**64),
     ]
-    (rec,) = gains_over(runs, ["grpo", "x"], [4], k=64)
+    (rec,) = paired(runs, ["grpo", "x"], [4], "grpo", k=64, gains=True)
     assert rec["diff"] == pytest.approx([sum(d) / 2, _half(d, T2), 2], abs=1e-6)
     assert rec["wins"] == 1 and d[0] > 0 > d[1]
 
@@ -194,7 +194,10 @@ def check_rivals_summary(summary: dict) -> None:
     preset = PRESETS["rivals"]
     gs, seeds = list(preset.group_sizes), preset.seeds
     assert summary["preset"] == "rivals" and summary["n_runs"] == len(preset.cells()) * seeds
-    assert summary["tuning_runs"] == len(preset.tuning_cells()) * preset.tune["seeds"] and summary["wall_seconds"] > 0
+    tuning = (
+        len(preset.estimators) * len(preset.tune["group_sizes"]) * len(preset.lr_grid["grpo"]) * preset.tune["seeds"]
+    )
+    assert summary["tuning_runs"] == tuning and summary["wall_seconds"] > 0
     cells = {(c["estimator"], c["group_size"]): c for c in summary["cells"]}
     for k, key in ((1, "final_accuracy"), (64, "pass_at_64")):
         rows = summary["equal_samples"][str(k)]["ranking"]

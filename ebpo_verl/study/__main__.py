@@ -69,13 +69,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "what",
-        nargs="?",
-        choices=["rl", "mse", "report"],
-        default="rl",
-        help="the RL study, the MSE check, or the report of a study's saved runs (no training)",
-    )
+    what = "the RL study, the MSE check, or the report of a study's saved runs (no training)"
+    parser.add_argument("what", nargs="?", choices=["rl", "mse", "report"], default="rl", help=what)
     add_options(parser, StudyOptions)
     args = parser.parse_args(argv)
     args.out = Path(args.out)
@@ -102,7 +97,7 @@ def _main(argv: list[str] | None) -> int:
     if args.what == "report":
         from ebpo_verl.study.saved import report_from_saved
 
-        return report_from_saved(Path(args.study) if args.study else args.out, args.out, command, PROG, _lr_grid)
+        return report_from_saved(Path(args.study) if args.study else args.out, args.out, command, PROG)
     if args.what == "mse":
         from ebpo_verl.study.mse import run_mse_study
 
@@ -124,8 +119,10 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -> None:
-    """The warm start, the tuning grid, then the preset's grid and report (a tuning preset: its choice)."""
-    from ebpo_verl.study.runner import describe_base, grid, prepare_base, run_grid, tuning_grid, write_json
+    """The warm start, the tuning grid, then the preset's grid and report (a tuning preset: its choice, written
+    to ``lr_tuning.json`` with its grid and provenance)."""
+    from ebpo_verl.study.report import study_provenance
+    from ebpo_verl.study.runner import describe_base, grid, lr_grid_of, prepare_base, run_grid, write_json
     from ebpo_verl.study.writeup import write_report
 
     torch.set_num_threads(1)
@@ -133,12 +130,28 @@ def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -
     base = prepare_base(preset, args.out)
     info = describe_base(base)
     print(f"warm start ready: held-out pass@1 {info['heldout_accuracy']:.3f}")
-    tuning, resumed = run_grid(preset, base, args.out, tuning_grid(preset), args.workers)
-    lr_grid = _lr_grid(preset, tuning)
+    tuning, resumed = run_grid(preset, base, args.out, preset.tuning_runs(), args.workers)
+    lr_grid = lr_grid_of(preset, tuning)
     if not preset.group_sizes:  # a tuning preset: its choice is the output
-        _write_tuning(args, preset, info, tuning, lr_grid, command, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        write_json(args.out / "lr_tuning.json", {
+            "preset": preset.name,
+            "command": command,
+            "n_runs": len(tuning),
+            "wall_seconds": round(seconds, 1),
+            "cpu_seconds": round(info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in tuning), 1),
+            "tune": preset.tune,
+            "steps": preset.rl["steps"],
+            "split": "validation",
+            "lr_grid": {e: {k: v for k, v in g.items() if k != "source"} for e, g in lr_grid.items()},
+            "provenance": study_provenance(preset, seconds, command),
+        })  # fmt: skip
+        write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": tuning})
+        for e, g in lr_grid.items():
+            print(f"{e}: lr {g['chosen']:g} (validation {[v[0] for v in g['validation']]} at {g['values']})")
+        print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {args.out / 'lr_tuning.json'}")
         return
-    lrs = {e: g["chosen"] for e, g in lr_grid.items()} if preset.tune else dict(preset.lr)
+    lrs = {e: g["chosen"] for e, g in lr_grid.items()}
     runs, resumed_main = run_grid(preset, base, args.out, grid(preset, lrs), args.workers)
     resumed += resumed_main
     seconds = time.perf_counter() - t0
@@ -147,64 +160,6 @@ def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -
     print(f"\nFinal held-out accuracy (rows = estimator, columns = G), warm start {info['heldout_accuracy']:.3f}:")
     print(headline)
     print(f"\n{len(runs)} runs ({resumed} resumed) in {seconds:.0f} s; report: {args.out / 'study.md'}")
-
-
-def _lr_grid(preset: Any, tuning: list[dict]) -> dict[str, dict]:
-    """Each estimator's rates and choice: this run's tuning (a tuning preset), else the recorded one."""
-    from ebpo_verl.study.runner import choose_lrs
-
-    if preset.tune:
-        return {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
-    return recorded_lr_grid(preset.lr)
-
-
-def _write_tuning(
-    args: argparse.Namespace, preset: Any, info: dict, tuning: list[dict], lr_grid: dict, command: str, seconds: float
-) -> None:
-    """A tuning preset's output: ``lr_tuning.json`` (the choice, its grid and provenance) and ``runs.json``."""
-    from ebpo_verl.study.report import study_provenance
-    from ebpo_verl.study.runner import write_json
-
-    record = {
-        "preset": preset.name,
-        "command": command,
-        "n_runs": len(tuning),
-        "wall_seconds": round(seconds, 1),
-        "cpu_seconds": round(info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in tuning), 1),
-        "tune": preset.tune,
-        "steps": preset.rl["steps"],
-        "split": "validation",
-        "lr_grid": {e: {k: v for k, v in g.items() if k != "source"} for e, g in lr_grid.items()},
-        "provenance": study_provenance(preset, seconds, command),
-    }
-    write_json(args.out / "lr_tuning.json", record)
-    write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": tuning})
-    for e, g in lr_grid.items():
-        print(f"{e}: lr {g['chosen']:g} (validation {[v[0] for v in g['validation']]} at {g['values']})")
-    print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {args.out / 'lr_tuning.json'}")
-
-
-def recorded_lr_grid(lrs: dict[str, float]) -> dict[str, dict]:
-    """Where the fixed rates ``lrs`` come from: the committed tuning run's grid
-    (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when they are its choice, each estimator's entry naming
-    that run (preset, commit, start) as its source; else each rate alone, fixed by the preset (tiny)."""
-    import json
-
-    from ebpo_verl.ops.provenance import short_commit
-    from ebpo_verl.study.presets import LR_TUNING_FILE, tuned_lrs
-
-    tuned = tuned_lrs()
-    if any(tuned.get(e) != lr for e, lr in lrs.items()):
-        fixed = {"validation": [[None, None, 0]], "source": "fixed by the preset, not tuned"}
-        return {e: {"values": [lr], "chosen": lr, **fixed} for e, lr in lrs.items()}
-    record = json.loads(LR_TUNING_FILE.read_text())
-    prov = record["provenance"]
-    source = (
-        f"ebpo_verl/study/{LR_TUNING_FILE.name}: preset {record['preset']} (validation split, G in "
-        f"{record['tune']['group_sizes']}, {record['tune']['seeds']} seeds), commit {short_commit(prov)}, "
-        f"started {prov.get('started')}"
-    )
-    return {e: {**record["lr_grid"][e], "source": source} for e in lrs}
 
 
 if __name__ == "__main__":

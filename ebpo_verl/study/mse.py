@@ -1,18 +1,15 @@
 """Beta-Bernoulli check of the paper's MSE theorem.
 
-Prompt difficulty theta_q ~ Beta(a, b); G responses with rewards r ~ Bernoulli(theta_q). With the population
-moments mu = E[theta], tau^2 = Var(theta) and sigma^2 = E[theta (1 - theta)] (the expected within-prompt
-variance), the shrinkage S = (sigma^2 / G) / (sigma^2 / G + tau^2) and the baseline
-V_q = (1 - S) mean_q + S mu satisfy
+Prompt difficulty theta_q ~ Beta(a, b); G responses with rewards r ~ Bernoulli(theta_q). With mu = E[theta],
+tau^2 = Var(theta) and sigma^2 = E[theta (1 - theta)] (the expected within-prompt variance), the shrinkage
+S = (sigma^2 / G) / (sigma^2 / G + tau^2) and the baseline V_q = (1 - S) mean_q + S mu satisfy
 
-    MSE(V_q) / MSE(mean_q) = 1 - S       (MSE(mean_q) = sigma^2 / G, since E[(mean_q - theta)^2 | theta] =
-                                          theta (1 - theta) / G and the cross term vanishes).
+    MSE(V_q) / MSE(mean_q) = 1 - S       (MSE(mean_q) = sigma^2 / G; the cross term vanishes).
 
-The simulation draws prompts, computes both squared errors against the true theta_q and reports the empirical
-ratio next to 1 - S. With a Beta prior that baseline is the posterior mean E[theta_q | rewards] (conjugacy), so
-1 - S is the smallest MSE ratio any baseline can reach. The same kind of stream also goes through the real
-estimator (``compute_ebpo_advantages`` with ``norm="none"``, so V_q = r - A) with its running statistics, whose
-S is estimated from the data (and so misses the optimum in a direction that depends on the options).
+The simulation reports the empirical ratio next to 1 - S; with a Beta prior V_q is the posterior mean (conjugacy),
+so 1 - S is the smallest ratio any baseline reaches. The same stream also goes through the real estimator
+(``compute_ebpo_advantages``, ``norm="none"``: V_q = r - A) with its running statistics, whose S is estimated
+from the data (and so misses the optimum in a direction that depends on the options).
 """
 
 from __future__ import annotations
@@ -98,30 +95,6 @@ def estimator_ratio(
     return ratio, float(np.std(ev - ratio * em, ddof=1) / np.sqrt(len(ev)) / em.mean())
 
 
-def mse_table(n_prompts: int = 400_000, batches: int = 40, prompts_per_batch: int = 256, seed: int = 0) -> list[dict]:
-    rows = []
-    for k, (name, (a, b)) in enumerate(DISTRIBUTIONS.items()):
-        for g in GROUP_SIZES:
-            row = {"distribution": name, "G": g, **simulate(a, b, g, n_prompts, seed + 100 * k + g)}
-            for label, opts in ESTIMATOR_VARIANTS.items():
-                row[label], row[label + " se"] = estimator_ratio(
-                    a, b, g, batches, prompts_per_batch, seed + 100 * k + g, opts
-                )
-            rows.append(row)
-    return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    est = list(ESTIMATOR_VARIANTS)
-    head = ["difficulty distribution", "G", "S", "closed form 1-S", "empirical MSE ratio", "rel. error", *est]
-    body = []
-    for r in rows:
-        rel = r["empirical"] / r["closed_form"] - 1
-        cells = [r["distribution"], str(r["G"]), f"{r['S']:.3f}", f"{r['closed_form']:.4f}", f"{r['empirical']:.4f}"]
-        body.append([*cells, f"{100 * rel:+.2f}%", *(f"{r[e]:.4f} ({r[e + ' se']:.4f})" for e in est)])
-    return md_table(head, body)
-
-
 def findings(rows: list[dict]) -> str:
     """What the estimator columns show, counted from the rows: ratios above 1 and below the optimum 1 - S."""
     est = list(ESTIMATOR_VARIANTS)
@@ -153,11 +126,26 @@ def findings(rows: list[dict]) -> str:
     return text
 
 
-def run_mse_study(out: Path, command: str, **kwargs) -> str:
-    """Write ``mse.md`` into ``out`` and return its table."""
-    rows = mse_table(**kwargs)
-    text = format_table(rows)
-    n = (kwargs.get("batches", 40) - 1) * kwargs.get("prompts_per_batch", 256)
+def run_mse_study(
+    out: Path, command: str, n_prompts: int = 400_000, batches: int = 40, prompts_per_batch: int = 256, seed: int = 0
+) -> str:
+    """Write ``mse.md`` into ``out`` and return its table: per distribution and G, :func:`simulate` with
+    ``n_prompts`` prompts and :func:`estimator_ratio` of every :data:`ESTIMATOR_VARIANTS` over ``batches``."""
+    rows, est = [], list(ESTIMATOR_VARIANTS)
+    for k, (name, (a, b)) in enumerate(DISTRIBUTIONS.items()):
+        for g in GROUP_SIZES:
+            row = {"distribution": name, "G": g, **simulate(a, b, g, n_prompts, seed + 100 * k + g)}
+            for label, opts in ESTIMATOR_VARIANTS.items():
+                ratio = estimator_ratio(a, b, g, batches, prompts_per_batch, seed + 100 * k + g, opts)
+                row[label], row[label + " se"] = ratio
+            rows.append(row)
+    head = ["difficulty distribution", "G", "S", "closed form 1-S", "empirical MSE ratio", "rel. error", *est]
+    text = md_table(head, [
+        [r["distribution"], str(r["G"]), f"{r['S']:.3f}", f"{r['closed_form']:.4f}", f"{r['empirical']:.4f}",
+         f"{100 * (r['empirical'] / r['closed_form'] - 1):+.2f}%", *(f"{r[e]:.4f} ({r[e + ' se']:.4f})" for e in est)]
+        for r in rows
+    ])  # fmt: skip
+    n = (batches - 1) * prompts_per_batch
     doc = f"""# Beta-Bernoulli check of the MSE theorem
 
 Command: `{command}`

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ebpo_verl.study.policy import PolicyConfig
-from ebpo_verl.study.rl import ESTIMATORS, ORDERS
+from ebpo_verl.study.rl import ESTIMATORS, ORDERS, RLConfig
 from ebpo_verl.study.tasks import LEVELS
 
 BASE_SEED = 0
@@ -24,11 +24,6 @@ LR_TUNING_FILE = Path(__file__).with_name("lr_tuning.json")
 """The tuning run whose chosen learning rates the fixed-lr presets use (``--preset tune`` writes it)."""
 
 
-def lr_grid(estimators: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
-    """The learning rates tried per estimator."""
-    return {e: LR_GRID for e in estimators}
-
-
 def tuned_lrs() -> dict[str, float]:
     """Each estimator's chosen learning rate in :data:`LR_TUNING_FILE` (empty when there is none)."""
     try:
@@ -40,12 +35,10 @@ def tuned_lrs() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Preset:
-    """A study grid. The main table crosses ``estimators`` x ``group_sizes`` (random order); the ordering table
-    crosses ``order_estimators`` x ``orders`` at G = ``order_group_size``. Every cell runs seeds 0..seeds-1.
-
-    Learning rates: with ``tune`` ({"group_sizes": [...], "seeds": n}) the preset first runs every estimator at
-    every rate of ``lr_grid`` at those G and seeds, scored on the validation split, and the main grid uses each
-    estimator's best rate; without it, ``lr`` gives each estimator's rate (the values a tuning run chose)."""
+    """A study grid: the main table crosses ``estimators`` x ``group_sizes`` (random order), the ordering table
+    ``order_estimators`` x ``orders`` at G = ``order_group_size``; every cell runs seeds 0..seeds-1. Learning rates:
+    with ``tune`` ({"group_sizes": [...], "seeds": n}) every estimator first runs at every rate of ``lr_grid`` at
+    those G and seeds on the validation split and the main grid takes each one's best; without, ``lr`` gives them."""
 
     name: str
     estimators: tuple[str, ...]
@@ -81,21 +74,15 @@ class Preset:
             raise ValueError(f"preset {self.name}: levels {self.levels}; choose from {LEVELS}")
 
     def with_estimators(self, names: tuple[str, ...], lr: float = DEFAULT_LR) -> Preset:
-        """This grid with ``names`` instead of its estimators (the ordering table keeps those of its estimators
-        among them); an estimator the preset has no rate for runs at ``lr`` (a tuning preset: at every rate of
-        :data:`LR_GRID`). ValueError for a name the study does not know."""
+        """This grid with ``names`` as its estimators (the ordering table keeps those among them), one without a rate at
+        ``lr`` (a tuning preset: every rate of :data:`LR_GRID`). ValueError for a name the study does not know."""
         rates = {e: self.lr.get(e, lr) for e in names} if self.lr else {}
-        return dataclasses.replace(
-            self,
-            estimators=names,
-            order_estimators=tuple(e for e in self.order_estimators if e in names),
-            lr=rates,
-            lr_grid=lr_grid(names) if self.tune else {},
-        )
+        order = tuple(e for e in self.order_estimators if e in names)
+        grid = dict.fromkeys(names, LR_GRID) if self.tune else {}
+        return dataclasses.replace(self, estimators=names, order_estimators=order, lr=rates, lr_grid=grid)
 
     def cells(self) -> list[tuple[str, int, str]]:
-        """(estimator, G, order) of every cell, sorted: the main table (random order) and the ordering table,
-        without duplicates. Each cell runs seeds 0..seeds-1."""
+        """(estimator, G, order) of every cell, sorted, without duplicates: the main table and the ordering table."""
         cells = {(e, g, "random") for e in self.estimators for g in self.group_sizes}
         cells |= {(e, self.order_group_size, o) for e in self.order_estimators for o in self.orders}
         return sorted(cells)
@@ -108,16 +95,16 @@ class Preset:
             what = "lr_grid" if self.tune else f"tuned lr in {LR_TUNING_FILE} (run --preset tune, then copy its file)"
             raise ValueError(f"preset {self.name}: no {what} for {missing}")
 
-    def tuning_cells(self) -> list[tuple[str, int, float]]:
-        """(estimator, G, lr) of every tuning cell (none without ``tune``); each runs ``tune["seeds"]`` seeds."""
-        if not self.tune:
-            return []
-        ests = sorted({*self.estimators, *self.order_estimators})
-        return [(e, g, lr) for e in ests for g in self.tune["group_sizes"] for lr in self.lr_grid[e]]
+    def tuning_runs(self) -> list[RLConfig]:
+        """The learning-rate tuning runs (validation split; none without ``tune``): every estimator at every rate
+        of its ``lr_grid`` at each G and seed of ``tune``."""
+        ests = sorted({*self.estimators, *self.order_estimators}) if self.tune else []
+        return [RLConfig(estimator=e, group_size=g, seed=s, lr=lr, split="validation", **self.rl)
+                for e in ests for g in self.tune["group_sizes"] for lr in self.lr_grid[e]
+                for s in range(self.tune["seeds"])]  # fmt: skip
 
     def n_runs(self) -> int:
-        tuning = len(self.tuning_cells()) * (self.tune["seeds"] if self.tune else 0)
-        return len(self.cells()) * self.seeds + tuning
+        return len(self.cells()) * self.seeds + len(self.tuning_runs())
 
     def fingerprint(self) -> dict:
         """Everything that decides the results (``workers`` does not: each run is deterministic for its seed),
@@ -143,7 +130,7 @@ def _tuned(name: str, estimators: tuple[str, ...], group_sizes: tuple[int, ...],
         seeds=seeds,
         order_estimators=(),
         order_group_size=4,
-        lr_grid=lr_grid(estimators),
+        lr_grid=dict.fromkeys(estimators, LR_GRID),
         tune={"group_sizes": (4,), "seeds": tune_seeds},
     )
 

@@ -1,12 +1,10 @@
-"""The equal-samples view: every G of a preset spends the same responses per step (``responses_per_step`` / G
-prompts), so each estimator's best G is its best use of a fixed sample budget. Each estimator's G is chosen by
-2-fold cross-fitting over seeds, the bests are ranked and paired by seed; the report's section and its ranking
-figure.
+"""The equal-samples view: every G spends the same responses per step (``responses_per_step`` / G prompts), so an
+estimator's best G is its best use of a fixed sample budget. Each estimator's G is chosen by 2-fold cross-fitting
+over seeds; the bests are ranked and paired by seed (the report's section and its ranking figure).
 
-Why cross-fitting: the presets tune the learning rate on the validation split at one G only, so no validation
-score exists per G, and the G with the best held-out mean over the same seeds carries the luck of those seeds
-(the winner's curse) into the ranking. Here the seeds split by parity (fold 0: even seeds, fold 1: odd); the G
-chosen on one fold's seeds scores the other fold's seeds, so no seed's number took part in choosing its own G."""
+Why cross-fitting: the learning rate is tuned at one G only, so no validation score exists per G, and the G with
+the best held-out mean over the same seeds carries their luck (the winner's curse) into the ranking. The seeds
+split by parity; the G chosen on one fold's seeds scores the other fold's, so no seed's number chose its own G."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ebpo_verl.study.report import _save, _style, ci_record, final_values, format_diff, md_table, paired_record
+from ebpo_verl.study import report
 
 FIGURE = "ranking.png"
 RANK_K = (1, 64)
@@ -26,38 +24,28 @@ FOLDS = (0, 1)
 def choose_g(values: dict[tuple[int, int], float], group_sizes: list[int], seeds: list[int]) -> int | None:
     """The G with the highest mean of ``values[G, seed]`` over those of ``seeds`` it has (the smaller G on a
     tie); None where no G has a value on these seeds."""
-    means = {}
-    for g in group_sizes:
-        got = [values[g, s] for s in seeds if (g, s) in values]
-        if got:
-            means[g] = float(np.mean(got))
+    means = {g: float(np.mean(got)) for g in group_sizes if (got := [values[g, s] for s in seeds if (g, s) in values])}
     return max(means, key=lambda g: (means[g], -g)) if means else None
 
 
 def cross_fitted(
     final: dict[tuple[str, int, int], float], estimator: str, group_sizes: list[int]
 ) -> tuple[dict[int, float], dict[int, int | None]]:
-    """One estimator's best-G value per seed: seed s takes the G chosen (:func:`choose_g`) on the seeds of the
-    other fold (parity 1 - s % 2); a seed whose fold-mate's G it did not run has no value. Returns
-    ({seed: value}, {fold: G chosen on that fold's seeds})."""
+    """One estimator's best-G value per seed: seed s takes the G chosen (:func:`choose_g`) on the other fold's seeds
+    (parity 1 - s % 2), none if it did not run it. Returns ({seed: value}, {fold: G chosen on that fold's seeds})."""
     values = {(g, s): v for (e, g, s), v in final.items() if e == estimator and np.isfinite(v)}
     seeds = sorted({s for _, s in values})
     chosen = {f: choose_g(values, group_sizes, [s for s in seeds if s % 2 == f]) for f in FOLDS}
-    per_seed = {}
-    for s in seeds:
-        g = chosen[1 - s % 2]
-        if g is not None and (g, s) in values:
-            per_seed[s] = values[g, s]
+    per_seed = {s: values[g, s] for s in seeds if (g := chosen[1 - s % 2]) is not None and (g, s) in values}
     return per_seed, chosen
 
 
 def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int], k: int = 1) -> dict:
     """The ranking of the estimators' cross-fitted best-G final held-out pass@k (random order), best first (ties
     and empty rows by name, empty last). Each row: ``best`` [mean, 95% t half-width, n] over the seeds
-    (:func:`cross_fitted`), the G chosen on each fold, the in-sample best G (chosen on all seeds) with its own
-    cell's statistics (optimistic: chosen on the numbers it shows), and paired differences by seed
-    (:func:`~ebpo_verl.study.report.paired_record`): ``vs_leader`` = leader - X, ``vs_next`` = X - the next row."""
-    final = final_values(runs, k)
+    (:func:`cross_fitted`), the G chosen on each fold, the in-sample best G (chosen on all seeds, so optimistic) with
+    its cell's statistics, and paired differences by seed: ``vs_leader`` = leader - X, ``vs_next`` = X - next row."""
+    final = report.final_values(runs, k)
     rows, per_seed = [], {}
     for e in estimators:
         per_seed[e], chosen = cross_fitted(final, e, group_sizes)
@@ -65,26 +53,24 @@ def equal_samples(runs: list[dict], estimators: list[str], group_sizes: list[int
         g_all = choose_g(cell, group_sizes, sorted({s for _, s in cell}))
         rows.append({
             "estimator": e,
-            "best": ci_record(list(per_seed[e].values())),
+            "best": report.ci_record(list(per_seed[e].values())),
             "g_chosen_on_even_seeds": chosen[0],
             "g_chosen_on_odd_seeds": chosen[1],
             "in_sample_g": g_all,
-            "in_sample": ci_record([v for (g, _), v in cell.items() if g == g_all]),
+            "in_sample": report.ci_record([v for (g, _), v in cell.items() if g == g_all]),
         })  # fmt: skip
     rows.sort(key=lambda r: (r["best"][0] is None, -(r["best"][0] or 0.0), r["estimator"]))
     for i, r in enumerate(rows):
         lead, e = rows[0]["estimator"], r["estimator"]
-        r["vs_leader"] = paired_record(per_seed[lead], per_seed[e], estimator=lead, baseline=e)
+        r["vs_leader"] = report.paired_record(per_seed[lead], per_seed[e], estimator=lead, baseline=e)
         nxt = rows[i + 1]["estimator"] if i + 1 < len(rows) else None
-        r["vs_next"] = paired_record(per_seed[e], per_seed[nxt], estimator=e, baseline=nxt) if nxt else None
+        r["vs_next"] = report.paired_record(per_seed[e], per_seed[nxt], estimator=e, baseline=nxt) if nxt else None
     return {"k": k, "metric": f"pass@{k}", "folds": "seed % 2", "ranking": rows}
 
 
 def _cell(stat: list) -> str:
     mean, half, n = stat
-    if n == 0:
-        return "—"
-    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" ({n})"
+    return "—" if n == 0 else report.pm(mean, half) + f" ({n})"
 
 
 def ranking_table(view: dict) -> str:
@@ -94,12 +80,12 @@ def ranking_table(view: dict) -> str:
             "X - next", f"in-sample best G: {m} (seeds)"]  # fmt: skip
     rows = []
     for i, r in enumerate(view["ranking"], 1):
-        lead = "—" if i == 1 else format_diff(r["vs_leader"])
-        nxt = format_diff(r["vs_next"]) if r["vs_next"] else "—"
+        lead = "—" if i == 1 else report.format_diff(r["vs_leader"])
+        nxt = report.format_diff(r["vs_next"]) if r["vs_next"] else "—"
         chosen = f"{r['g_chosen_on_even_seeds'] or '—'} / {r['g_chosen_on_odd_seeds'] or '—'}"
         in_sample = f"G={r['in_sample_g']}: {_cell(r['in_sample'])}" if r["in_sample_g"] else "—"
         rows.append([str(i), r["estimator"], chosen, _cell(r["best"]), lead, nxt, in_sample])
-    return md_table(head, rows)
+    return report.md_table(head, rows)
 
 
 def ranking_verdict(view: dict) -> str:
@@ -110,12 +96,9 @@ def ranking_verdict(view: dict) -> str:
         return "No estimator has a cross-fitted value yet."
     sides: dict[str, list[str]] = {"ahead": [], "level": [], "unpaired": []}
     for r in rows[1:]:
-        mean, half, n = r["vs_leader"]["diff"]
-        side = "unpaired" if n < 2 or half is None else "ahead" if mean - half > 0 else "level"
-        sides[side].append(r["estimator"])
+        sides[{None: "unpaired", "ahead of": "ahead"}.get(report._side(r["vs_leader"]), "level")].append(r["estimator"])
     mean, half, n = rows[0]["best"]
-    spread = f" ± {half:.3f}" if half is not None else ""
-    text = f"Leader in {view['metric']}: {rows[0]['estimator']}, {mean:.3f}{spread} over {n} seeds."
+    text = f"Leader in {view['metric']}: {rows[0]['estimator']}, {report.pm(mean, half)} over {n} seeds."
     said = [f"its paired 95% interval is above 0 against {', '.join(sides['ahead'])}"] if sides["ahead"] else []
     if sides["level"]:
         said.append(f"it covers 0 against {', '.join(sides['level'])}")
@@ -141,7 +124,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
     n = max(len(v["ranking"]) for v in views)
     fig, axes = plt.subplots(1, len(views), figsize=(5.2 * len(views), 0.42 * n + 1.4), squeeze=False)
     for ax, view in zip(axes[0], views, strict=True):
-        final = final_values(runs, view["k"])
+        final = report.final_values(runs, view["k"])
         rows = view["ranking"]
         ys = np.arange(len(rows))[::-1]
         for y, (i, r) in zip(ys, enumerate(rows), strict=True):
@@ -153,7 +136,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
             mean, half, _ = r["best"]
             if mean is None:
                 continue
-            style = _style(e, i)
+            style = report._style(e, i)
             ax.errorbar(mean, y, xerr=half or 0.0, fmt=style["marker"], color=style["color"], ms=6, capsize=3)
         ax.set_yticks(ys, [_label(r) for r in rows])
         ax.set_xlabel(f"final held-out {view['metric']}")
@@ -165,7 +148,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
     )
     fig.text(0.5, -0.01, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    report._save(fig, path)
 
 
 def section(runs: list[dict], estimators: list[str], group_sizes: list[int], responses: int) -> tuple[str, dict]:

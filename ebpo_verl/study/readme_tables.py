@@ -1,8 +1,6 @@
-"""The README's CPU-study tables, rendered from the study's machine-readable summary (the ``summary.json`` that
-``python -m ebpo_verl.study`` writes; the committed copies are ``docs/study_<preset>.json``). The docs command
-(``python -m ebpo_verl.docs_tables``) writes them into the README's ``study-<preset>`` block. Bad input (a missing
-file, a summary without the expected fields) is :class:`ReadmeTableError`, one line naming the fix.
-"""
+"""The README's CPU-study tables, rendered from a study's ``summary.json`` (committed as ``docs/study_<preset>.json``)
+into the README's ``study-<preset>`` block by ``python -m ebpo_verl.docs_tables``. Bad input (a missing file, a
+summary without the expected fields) is :class:`ReadmeTableError`, one line naming the fix."""
 
 from __future__ import annotations
 
@@ -24,12 +22,14 @@ def _cell(summary: dict, estimator: str, g: int) -> dict:
     raise ReadmeTableError(f"summary of preset {summary['preset']!r} has no cell ({estimator}, G={g}, random)")
 
 
-def _ci(stat: list) -> str:
-    """[mean, half-width, n] -> "0.354 ± 0.006" (the half-width omitted when there is none)."""
+def _ci(stat: list, sign: str = "") -> str:
+    """[mean, half-width, n] -> "0.354 ± 0.006" (the half-width omitted when there is none; "n/a" without a mean)."""
     mean, half, _ = stat
-    if mean is None:
-        return "n/a"
-    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
+    return "n/a" if mean is None else f"{mean:{sign}.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
+def _head(first: str, gs: list[int]) -> str:
+    return f"| {first} | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
 
 
 def _duration(seconds: float) -> str:
@@ -49,31 +49,22 @@ def provenance_line(summary: dict) -> str:
     )
 
 
-def _paired(summary: dict, gs: list[int]) -> str:
-    """EBPO - X per G: "+0.012 ± 0.010 (4/5)" (mean ± 95% half-width, seeds EBPO won / seeds)."""
-    at = {(p["baseline"], p["group_size"]): p for p in summary["paired"]}
-    rows = []
-    for x in dict.fromkeys(p["baseline"] for p in summary["paired"]):
-        cells = []
-        for g in gs:
-            p = at.get((x, g))
-            mean, half, n = p["diff"] if p else (None, None, 0)
-            cells.append("n/a" if mean is None else f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
-                         + f" ({p['wins']}/{n})")  # fmt: skip
-        rows.append(f"| {x} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+def _by_baseline(pairs: list[dict], gs: list[int], spread: bool) -> dict[str, list[str]]:
+    """Per X, its EBPO - X records per G: "+0.012 ± 0.010 (4/5)" (mean, with ``spread`` ± the 95% half-width,
+    seeds EBPO won / seeds); "n/a" where none."""
+    at = {(p["baseline"], p["group_size"]): p for p in pairs}
+
+    def cell(p: dict | None) -> str:
+        if p is None or p["diff"][0] is None:
+            return "n/a"
+        return (_ci(p["diff"], "+") if spread else f"{p['diff'][0]:+.3f}") + f" ({p['wins']}/{p['diff'][2]})"
+
+    return {x: [cell(at.get((x, g))) for g in gs] for x in dict.fromkeys(p["baseline"] for p in pairs)}
 
 
 def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
     """One line: EBPO - X in final held-out pass@k per G, "+0.012 (4/4)" (mean, seeds EBPO won / seeds)."""
-    pairs = summary["paired_pass_at_k"][k]
-    at = {(p["baseline"], p["group_size"]): p for p in pairs}
-
-    def cell(p: dict | None) -> str:
-        return "n/a" if p is None or p["diff"][0] is None else f"{p['diff'][0]:+.3f} ({p['wins']}/{p['diff'][2]})"
-
-    xs = dict.fromkeys(p["baseline"] for p in pairs)
-    parts = [f"{x} " + " / ".join(cell(at.get((x, g))) for g in gs) for x in xs]
+    parts = [f"{x} " + " / ".join(c) for x, c in _by_baseline(summary["paired_pass_at_k"][k], gs, False).items()]
     warm = summary["warm_start_heldout_pass_at_k"][k]
     line = (
         f"Coverage, EBPO - X in held-out pass@{k} (warm start {warm:.3f}), G = {' / '.join(map(str, gs))}: "
@@ -89,13 +80,11 @@ def render(summary: dict) -> str:
     (steps to the target, gradient norms, pass@8 and the intervals of pass@k: study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
-        head = "| estimator | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
         lr = {c["estimator"]: c["lr"] for c in summary["cells"]}
         accuracy = [
             f"| {e} ({lr[e]:g}) | " + " | ".join(_ci(_cell(summary, e, g)["final_accuracy"]) for g in gs) + " |"
             for e in ests
         ]
-        paired_head = "| EBPO - X | " + " | ".join(f"G={g}" for g in gs) + " |\n" + "|---" * (len(gs) + 1) + "|"
 
         zero = "; ".join(f"{e} " + " / ".join(f"{100 * _cell(summary, e, g)['zero_signal'][0]:.0f}%" for g in gs)
                          for e in ests)  # fmt: skip
@@ -107,6 +96,7 @@ def render(summary: dict) -> str:
             width=115,
             break_on_hyphens=False,
         )
+        paired = [f"| {x} | " + " | ".join(c) + " |" for x, c in _by_baseline(summary["paired"], gs, True).items()]
         resumed = summary["resumed_runs"]
         timing = (
             f"{_duration(summary['wall_seconds'])} wall time"
@@ -118,14 +108,14 @@ def render(summary: dict) -> str:
 {summary["seeds"]} seeds (warm start {summary["warm_start_heldout_accuracy"]:.3f}; each estimator at the learning
 rate chosen on the validation split):
 
-{head.replace("estimator", "estimator (lr)", 1)}
+{_head("estimator (lr)", gs)}
 {chr(10).join(accuracy)}
 
 Paired difference EBPO - X of the final held-out accuracy (same seeds), mean ± 95% t-interval, and the seeds
 in which EBPO ends higher:
 
-{paired_head}
-{_paired(summary, gs)}
+{_head("EBPO - X", gs)}
+{chr(10).join(paired)}
 
 {_coverage(summary, gs)}
 

@@ -1,33 +1,35 @@
-"""Per-run summaries, cell statistics (mean and 95% t-interval over seeds), markdown tables, PNG figures and the
-machine-readable summary; the report's text is :mod:`ebpo_verl.study.writeup`."""
+"""Per-run summaries, cell statistics (mean and 95% t-interval over seeds), paired differences, markdown tables and
+PNG figures; the report (its text and summary.json) is :mod:`ebpo_verl.study.writeup`."""
 
 from __future__ import annotations
 
 import math
-import os
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from ebpo_verl.ops.atomic import reporting_full_disk  # noqa: E402
+from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
 from ebpo_verl.ops.provenance import describe_hardware, provenance, short_commit  # noqa: E402
 
-CURVES = {  # metric -> (figure file, y label)
-    "accuracy": ("learning_curves.png", "held-out exact pass@1"),
-    "zero_signal": ("zero_signal.png", "fraction of groups with zero advantage"),
-    "grad_norm": ("grad_norm.png", "gradient norm (pre-clip)"),
-    "entropy": ("entropy.png", "policy entropy (token mean)"),
-    "step_kl": ("kl.png", "per-step KL(old || new), k3"),
-}
+CURVES = {  # metric -> (figure file, y label, caption in the report's list of figures; {clip}: the gradient clip)
+    "accuracy": ("learning_curves.png", "held-out exact pass@1",
+                 "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start"),
+    "zero_signal": ("zero_signal.png", "fraction of groups with zero advantage",
+                    "fraction of groups whose advantages are all zero, per step"),
+    "grad_norm": ("grad_norm.png", "gradient norm (pre-clip)", "gradient norm before clipping, per step; dotted: the "
+                  "clip value {clip:g} (a norm above it is scaled down to it)"),
+    "entropy": ("entropy.png", "policy entropy (token mean)",
+                "token-mean policy entropy of the sampled responses, per step"),
+    "step_kl": ("kl.png", "per-step KL(old || new), k3", "k3 estimate of KL(old || new) over one step's update"),
+}  # fmt: skip
 
 
 COVERAGE_K = (1, 8, 64)
@@ -63,17 +65,12 @@ def summarize_run(run: dict, target: float) -> dict[str, float]:
         "probe_final_accuracy": float(m["probe_accuracy"][-1]) if m["probe_accuracy"] else math.nan,
         "steps_to_target": to_target,
         "responses_to_target": to_target * cfg["responses_per_step"],
-        "zero_signal": float(np.mean(m["zero_signal"])),
-        "uniform_groups": float(np.mean(m["uniform_groups"])),
-        "grad_norm": float(np.mean(m["grad_norm"])),
-        "clipped": float(np.mean(m["clipped"])),
+        **{k: float(np.mean(m[k])) for k in ("zero_signal", "uniform_groups", "grad_norm", "clipped")},
         "entropy_final": float(np.mean(m["entropy"][-5:])),
         "step_kl": float(np.mean(m["step_kl"])),
         "kl_ref_final": float(m["kl_ref"][-1]),
         "shrinkage": float(np.mean(m["shrinkage"])) if m["shrinkage"] else math.nan,
-        "train_seen_gain": float(m["train_seen_gain"][0]),
-        "train_unseen_gain": float(m["train_unseen_gain"][0]),
-        "train_seen_fraction": float(m["train_seen_fraction"][0]),
+        **{k: float(m[k][0]) for k in ("train_seen_gain", "train_unseen_gain", "train_seen_fraction")},
         **{k: float(np.mean(v)) for k, v in m.items() if k.endswith("_frac_seen")},
         **{f"pass_at_{k}": run_pass_at_k(run, k) for k in COVERAGE_K if k > 1},
     }
@@ -84,9 +81,7 @@ def mean_ci(values) -> tuple[float, float, int]:
     x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
     if len(x) == 0:
         return math.nan, math.nan, 0
-    if len(x) == 1:
-        return float(x[0]), math.nan, 1
-    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else math.nan
     return float(x.mean()), float(half), len(x)
 
 
@@ -112,12 +107,16 @@ def md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def pm(mean: float, half: float | None, digits: int = 3, sign: str = "") -> str:
+    """``mean ± half`` (``sign`` "+": the mean signed); the half-width left out where None or NaN."""
+    return f"{mean:{sign}.{digits}f}" + (f" ± {half:.{digits}f}" if half is not None and np.isfinite(half) else "")
+
+
 def _fmt(values, digits: int = 3, total: int | None = None) -> str:
     mean, half, n = mean_ci(values)
     if n == 0:
         return f"never (0/{total})" if total else "n/a"
-    text = f"{mean:.{digits}f}" + (f" ± {half:.{digits}f}" if np.isfinite(half) else "")
-    return text + (f" ({n}/{total})" if total is not None and n < total else "")
+    return pm(mean, half, digits) + (f" ({n}/{total})" if total is not None and n < total else "")
 
 
 def table(
@@ -134,32 +133,23 @@ def table(
     """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell (default:
     the random-order cell of G = col). A cell over fewer finite values than its runs (``censored``) or than
     ``seeds`` shows ``(n/total)``."""
-    lines = []
-    for r in rows:
-        vals = []
-        for c in cols:
-            runs = by_cell.get(key(r, c) if key else (r, c, "random"), [])
-            total = len(runs) if censored else seeds
-            vals.append(_fmt([s[metric] for s in runs], digits, total) if runs else "—")
-        lines.append([r, *vals])
-    return md_table(["estimator", *(f"{col_name}={c}" for c in cols)], lines)
+
+    def cell(runs: list[dict]) -> str:
+        return _fmt([s[metric] for s in runs], digits, len(runs) if censored else seeds) if runs else "—"
+
+    body = [[r, *(cell(by_cell.get(key(r, c) if key else (r, c, "random"), [])) for c in cols)] for r in rows]
+    return md_table(["estimator", *(f"{col_name}={c}" for c in cols)], body)
+
+
+DYNAMICS = {"zero_signal": "zero-signal groups", "grad_norm": "grad norm (pre-clip)", "clipped": "updates clipped",
+            "entropy_final": "final entropy", "step_kl": "per-step KL", "kl_ref_final": "KL to warm start",
+            "shrinkage": "mean S"}  # fmt: skip
+"""The training-dynamics table's columns: run summary -> heading."""
 
 
 def dynamics_table(by_cell: dict, rows: list[str], g: int, order: str = "random") -> str:
-    cols = [
-        ("zero_signal", "zero-signal groups"),
-        ("grad_norm", "grad norm (pre-clip)"),
-        ("clipped", "updates clipped"),
-        ("entropy_final", "final entropy"),
-        ("step_kl", "per-step KL"),
-        ("kl_ref_final", "KL to warm start"),
-        ("shrinkage", "mean S"),
-    ]
-    body = []
-    for r in rows:
-        runs = by_cell.get((r, g, order), [])
-        body.append([r, *(_fmt([s[k] for s in runs], 4) for k, _ in cols)])
-    return md_table(["estimator", *(n for _, n in cols)], body)
+    body = [[r, *(_fmt([s[k] for s in by_cell.get((r, g, order), [])], 4) for k in DYNAMICS)] for r in rows]
+    return md_table(["estimator", *DYNAMICS.values()], body)
 
 
 def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,11 +161,10 @@ def _curve_stats(runs: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray,
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp.png")
-    with reporting_full_disk(path):
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    try:  # atomically: a full disk is a DiskFullError and leaves no file
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    finally:
         plt.close(fig)
-        os.replace(tmp, path)
 
 
 STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okabe-Ito) for the quick preset's five
@@ -199,17 +188,13 @@ LEGEND_PT = 9
 FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
 
 
-def _default_style(est: str) -> tuple[str, str, Any]:
-    """A style for an estimator :data:`STYLES` does not name (one added to the registry): fixed by its name."""
-    h = sum(ord(c) * 31**i for i, c in enumerate(est))
-    return DEFAULT_COLOURS[h % len(DEFAULT_COLOURS)], DEFAULT_MARKERS[h // 8 % len(DEFAULT_MARKERS)], "--"
-
-
 def _style(est: str, k: int) -> dict:
     """A fixed colour, marker and line style per estimator (ebpo and ebpo_batch differ in all three; ebpo_batch's
-    markers are hollow), and a width and drawing order per position ``k``, so lines that coincide (EBPO's
-    zero-signal fraction is 0 in both variants) stay visible: earlier lines are wider and drawn below."""
-    color, marker, ls = STYLES.get(est) or _default_style(est)
+    markers are hollow; one :data:`STYLES` lacks gets one fixed by its name), and a width and drawing order per
+    position ``k``, so lines that coincide stay visible: earlier lines are wider and drawn below."""
+    h = sum(ord(c) * 31**i for i, c in enumerate(est))
+    default = DEFAULT_COLOURS[h % len(DEFAULT_COLOURS)], DEFAULT_MARKERS[h // 8 % len(DEFAULT_MARKERS)], "--"
+    color, marker, ls = STYLES.get(est) or default
     return {
         "color": color,
         "ls": ls,
@@ -232,116 +217,105 @@ def curve_figure(
     hline: tuple[float, str] | None = None,
     source: str = "",
 ) -> None:
-    """One panel per ``groups`` value of config key ``by`` (G or order), one line per estimator (mean over seeds)
-    with 95% t-interval error bars at its markers, the estimators' bars shifted apart along x so that they do
-    not merge, among the runs whose config matches ``fixed`` (e.g. the order, or G). ``hline`` = (y, label)
-    draws a reference line; ``source`` (the preset and provenance) is printed under the figure."""
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.8 * len(groups), 3.4), sharey=True, squeeze=False)
+    """One panel per ``groups`` value of config key ``by`` (G or order) among the runs matching ``fixed``, one line per
+    estimator (mean over seeds) with 95% t-interval error bars at its markers, shifted apart along x; ``hline`` = (y,
+    label) draws a reference line; ``source`` (the preset and provenance) is printed under the figure."""
+    fig, axes = panels(len(groups))
     seeds = set()
     for ax, grp in zip(axes[0], groups, strict=True):
         if hline is not None:
-            ax.axhline(hline[0], color="0.45", lw=1, ls=(0, (1, 1)), label=hline[1], zorder=1)
+            ax.axhline(hline[0], label=hline[1], **REFERENCE)
         for k, est in enumerate(estimators):
-            want = {"estimator": est, by: grp, **fixed}
-            sel = [r for r in runs if all(r["config"][key] == v for key, v in want.items())]
+            sel = select(runs, estimator=est, **{by: grp}, **fixed)
             if not sel:
                 continue
             seeds.add(len(sel))
             xs, mean, half = _curve_stats(sel, metric)
-            style = _style(est, k)
             every = max(1, len(xs) // 6)
             at = np.arange(k % every, len(xs), every)
-            ax.plot(xs, mean, label=est, markevery=list(at), **style)
             dodge = (k - (len(estimators) - 1) / 2) * 0.012 * (xs[-1] - xs[0])
-            low = np.minimum(half, mean)[at]  # every plotted quantity is >= 0: bars stop at 0 (and a fraction at 1)
-            high = np.minimum(half, 1.0 - mean)[at] if metric in FRACTIONS else half[at]
-            ax.errorbar(
-                xs[at] + dodge,
-                mean[at],
-                yerr=[low, high],
-                fmt="none",
-                ecolor=style["color"],
-                elinewidth=1.1,
-                capsize=2.5,
-                zorder=style["zorder"],
-            )
+            mean_line(ax, est, k, xs, mean, half, at, xs[at] + dodge, 1.0 if metric in FRACTIONS else None)
         ax.set_title(f"{'G' if by == 'group_size' else 'order'} = {grp}", fontsize=10)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     low, top = axes[0][0].get_ylim()  # shared y; every quantity is >= 0: a line at 0 must not sit on the spine
     if -0.03 * (top - low) < low <= 0:
         axes[0][0].set_ylim(-0.04 * top, top)
-    axes[0][0].set_ylabel(CURVES[metric][1])
-    axes[0][-1].legend(fontsize=LEGEND_PT, loc="upper left", bbox_to_anchor=(1.02, 1))
     n = "/".join(str(x) for x in sorted(seeds))
     note = f"Lines: mean over {n} seeds; error bars: 95% t-intervals over seeds (shifted apart along x)."
+    finish(fig, axes, CURVES[metric][1], note, source, path)
+
+
+REFERENCE = {"color": "0.45", "lw": 1, "ls": (0, (1, 1)), "zorder": 1}
+"""The style of a figure's dotted reference line (the warm start, the clip value)."""
+
+
+def select(runs: list[dict], **config) -> list[dict]:
+    """The runs whose config has the given values."""
+    return [r for r in runs if all(r["config"][key] == v for key, v in config.items())]
+
+
+def panels(n: int):
+    """A figure of ``n`` panels side by side with a shared y axis: (figure, axes[0][i])."""
+    return plt.subplots(1, n, figsize=(3.8 * n, 3.4), sharey=True, squeeze=False)
+
+
+def mean_line(ax, est: str, k: int, xs, mean, half, at, x_bars, top: float | None) -> None:
+    """Estimator ``est``'s mean line (the ``k``-th: :func:`_style`), markers at the indices ``at``, and there its
+    95% error bars, drawn at ``x_bars`` (shifted apart), stopped at 0 and at ``top`` (None: not stopped)."""
+    style = _style(est, k)
+    ax.plot(xs, mean, label=est, markevery=list(at), **style)
+    low = np.minimum(half, mean)[at]  # every plotted quantity is >= 0: bars stop at 0
+    high = (half if top is None else np.minimum(half, top - mean))[at]
+    ax.errorbar(x_bars, mean[at], yerr=[low, high], fmt="none", ecolor=style["color"], elinewidth=1.1, capsize=2.5,
+                zorder=style["zorder"])  # fmt: skip
+
+
+def finish(fig, axes, ylabel: str, note: str, source: str, path: Path) -> None:
+    """Label a :func:`panels` figure's y axis, put the legend right of it and ``note`` and ``source`` under it,
+    and save it to ``path``."""
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=LEGEND_PT, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.text(0.5, -0.02, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8.5)
     _save(fig, path)
 
 
 def final_values(runs: list[dict], k: int = 1) -> dict[tuple[str, int, int], float]:
     """{(estimator, G, seed): final held-out pass@k} of the random-order runs (:func:`run_pass_at_k`)."""
-    return {
-        (c["estimator"], c["group_size"], c["seed"]): run_pass_at_k(r, k)
-        for r in runs
-        if (c := r["config"])["order"] == "random"
-    }
+    return {(c["estimator"], c["group_size"], c["seed"]): run_pass_at_k(r, k)
+            for r in runs if (c := r["config"])["order"] == "random"}  # fmt: skip
 
 
 def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
-    """The per-seed differences ``a[s] - b[s]`` over the seeds both have (runs of the same seed share the warm
-    start, and at one G the data stream and the sampling seed) as ``diff`` = [mean, 95% t half-width, n] (None
-    where undefined) and ``wins``: the seeds where ``a`` is higher; ``labels`` name the two sides."""
+    """The per-seed differences ``a[s] - b[s]`` over the seeds both have (same warm start; at one G the same data
+    and sampling seed): ``diff`` = [mean, 95% t half-width, n] (None where undefined), ``wins`` (the seeds where ``a``
+    is higher) and the ``labels`` naming the two sides."""
     diff = [a[s] - b[s] for s in sorted(set(a) & set(b))]
     return {**labels, "diff": ci_record(diff), "wins": int(sum(d > 0 for d in diff))}
 
 
-def _by_seed(final: dict, est: str, g: int) -> dict[int, float]:
-    return {s: v for (e, gg, s), v in final.items() if e == est and gg == g}
-
-
 def paired(
-    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str = "ebpo", k: int = 1
+    runs: list[dict], estimators: list[str], gs: list[int], reference: str = "ebpo", k: int = 1, gains: bool = False
 ) -> list[dict]:
     """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
     held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy) over the seeds both ran
-    (:func:`paired_record`: [mean, 95% t half-width, n] and ``wins``, the seeds where ``reference`` is higher)."""
-    return _against(runs, estimators, group_sizes, reference, k, reference_first=True)
-
-
-def gains_over(
-    runs: list[dict], estimators: list[str], group_sizes: list[int], baseline: str = "grpo", k: int = 1
-) -> list[dict]:
-    """Per G and every other estimator X: the paired differences ``X - baseline`` of the final held-out pass@k
-    (:func:`paired` with the sides swapped: ``wins`` counts the seeds where X is higher)."""
-    return _against(runs, estimators, group_sizes, baseline, k, reference_first=False)
-
-
-def _against(
-    runs: list[dict], estimators: list[str], group_sizes: list[int], reference: str, k: int, reference_first: bool
-) -> list[dict]:
-    """Per G and every other estimator X, the :func:`paired_record` of ``reference - X`` (``reference_first``) or
-    of ``X - reference``; none where ``reference`` is not among the estimators."""
+    (:func:`paired_record`: [mean, 95% t half-width, n] and ``wins``, the seeds where the first side is higher);
+    ``gains``: ``X - reference`` instead (each estimator's gain over a baseline). None without ``reference``."""
     if reference not in estimators:
         return []
     final = final_values(runs, k)
-    records = []
-    for g in group_sizes:
-        for x in estimators:
-            if x != reference:
-                a, b = (reference, x) if reference_first else (x, reference)
-                records.append(
-                    paired_record(_by_seed(final, a, g), _by_seed(final, b, g), estimator=a, baseline=b, group_size=g)
-                )
-    return records
+
+    def by_seed(est: str, g: int) -> dict[int, float]:
+        return {s: v for (e, gg, s), v in final.items() if e == est and gg == g}
+
+    sides = [((x, reference) if gains else (reference, x), g) for g in gs for x in estimators if x != reference]
+    return [paired_record(by_seed(a, g), by_seed(b, g), estimator=a, baseline=b, group_size=g) for (a, b), g in sides]
 
 
 def format_diff(p: dict) -> str:
     """``+mean ± half (wins/n)`` of a :func:`paired_record`; "—" where no seed pairs."""
     mean, half, n = p["diff"]
-    if n == 0:
-        return "—"
-    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" ({p['wins']}/{n})"
+    return "—" if n == 0 else pm(mean, half, sign="+") + f" ({p['wins']}/{n})"
 
 
 def paired_table(pairs: list[dict], group_sizes: list[int], head: str = "EBPO - X", row: str = "baseline") -> str:
@@ -374,8 +348,8 @@ def paired_verdict(pairs: list[dict]) -> str:
 
 
 def gains_verdict(gains: list[dict]) -> str:
-    """One sentence per G for :func:`gains_over` records: the estimators whose 95% interval of X - baseline lies
-    above 0, those below, and how many cover 0."""
+    """One sentence per G for ``paired(..., gains=True)`` records: the estimators whose 95% interval of X - baseline
+    lies above 0, those below, and how many cover 0."""
     by_g: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for p in gains:
         if side := _side(p):
@@ -401,7 +375,7 @@ def warm_start_pass_at_k(base_info: dict) -> dict[str, float | None]:
 
 
 def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
-    return mean_ci([s[metric] for s in by_cell.get(cell, [])])[0]
+    return mean_ci([s.get(metric, math.nan) for s in by_cell.get(cell, [])])[0]
 
 
 def study_provenance(preset, seconds: float, command: str) -> dict:
@@ -423,68 +397,45 @@ def source_line(preset_name: str, record: dict) -> str:
 
 def _with_source_lines(text: str, line: str) -> str:
     """``text`` with ``line`` (in italics) after every markdown table."""
-    out, lines = [], text.split("\n")
-    for i, ln in enumerate(lines):
-        out.append(ln)
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if ln.startswith("|") and not nxt.startswith("|"):
-            out += ["", f"*Source: {line}.*"]
-    return "\n".join(out)
+    return re.sub(r"^(\|.*)$(?!\n\|)", lambda m: f"{m[1]}\n\n*Source: {line}.*", text, flags=re.M)
 
 
-def summary(
-    preset,
-    base_info: dict,
-    runs: list[dict],
-    seconds: float,
-    command: str,
-    resumed: int,
-    record: dict | None = None,
-    lr_grid: dict | None = None,
-    tuning_runs: int = 0,
-) -> dict:
-    """The study's machine-readable summary (``summary.json``): what ran, its provenance, mean / 95%
-    half-width / n over seeds of every per-run scalar in every cell (NaN as null) with the cell's ``lr``, the
-    learning-rate grid (``lr_grid``: per estimator the rates tried, their validation scores, the choice and its
-    source), the paired differences (``paired``, :func:`paired`), the warm start's held-out pass@k and the paired
-    differences of the final held-out pass@k at each k of :data:`COVERAGE_K` (``paired_pass_at_k``, keyed by k;
-    its "1" is ``paired``). :mod:`ebpo_verl.study.readme_tables` reads it."""
-    target = base_info["heldout_accuracy"] + preset.target_gain
-    by_cell = cells(runs, target)
-    lrs = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]): r["config"]["lr"] for r in runs}
-    return {
-        "preset": preset.name,
-        "command": command,
-        "n_runs": len(runs),
-        "tuning_runs": tuning_runs,
-        "resumed_runs": resumed,
-        "wall_seconds": round(seconds, 1),
-        "cpu_seconds": round(base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs), 1),
-        "torch": torch.__version__,
-        "torch_threads_per_run": 1,
-        "seeds": preset.seeds,
-        "steps": preset.rl["steps"],
-        "responses_per_step": preset.rl["responses_per_step"],
-        "grad_clip": preset.rl["grad_clip"],
-        "estimators": list(preset.estimators),
-        "group_sizes": list(preset.group_sizes),
-        "warm_start_heldout_accuracy": round(base_info["heldout_accuracy"], 6),
-        "target_gain": preset.target_gain,
-        "provenance": record if record is not None else study_provenance(preset, seconds, command),
-        "lr_grid": lr_grid or {},
-        "paired": paired(runs, list(preset.estimators), list(preset.group_sizes)),
-        "warm_start_heldout_pass_at_k": warm_start_pass_at_k(base_info),
-        "paired_pass_at_k": {
-            str(k): paired(runs, list(preset.estimators), list(preset.group_sizes), k=k) for k in COVERAGE_K
-        },
-        "cells": [
-            {
-                "estimator": e,
-                "group_size": g,
-                "order": o,
-                "lr": lrs[e, g, o],
-                **{k: ci_record([s[k] for s in sums]) for k in sums[0]},
-            }
-            for (e, g, o), sums in sorted(by_cell.items())
-        ],
-    }
+FIGURE_K = tuple(2**i for i in range(7))
+"""The k of the pass@k-vs-k figure: 1, 2, 4, ..., 64."""
+PASS_AT_K_FIGURE = "pass_at_k.png"
+
+
+def pass_at_k_figure(
+    out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str
+):
+    """Draw :data:`PASS_AT_K_FIGURE` into ``out``: per G (random order) final held-out pass@k against k (log scale),
+    per estimator the mean over seeds with 95% t-interval error bars (shifted apart along k), the warm start dotted,
+    ``source`` under it. Returns its caption for the report's list of figures."""
+    probs = base_info.get("heldout_pass")
+    warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
+    ks = np.asarray(FIGURE_K, dtype=float)
+    fig, axes = panels(len(group_sizes))
+    seeds = set()
+    for ax, g in zip(axes[0], group_sizes, strict=True):
+        if warm is not None:
+            ax.plot(ks, warm, label="warm start", **REFERENCE)
+        for i, est in enumerate(estimators):
+            sel = select(runs, estimator=est, group_size=g, order="random")
+            if not sel:
+                continue
+            seeds.add(len(sel))
+            mean, half, _ = np.asarray([mean_ci([run_pass_at_k(r, k) for r in sel]) for k in FIGURE_K]).T
+            dodge = 2.0 ** ((i - (len(estimators) - 1) / 2) * 0.05)
+            mean_line(ax, est, i, ks, mean, np.nan_to_num(half), np.arange(len(ks)), ks * dodge, 1.0)  # in [0, 1]
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [f"{k:g}" for k in ks])
+        ax.set_title(f"G = {g}", fontsize=10)
+        ax.set_xlabel("k (samples per prompt)")
+        ax.grid(alpha=0.3)
+    n = "/".join(str(x) for x in sorted(seeds))
+    note = (
+        f"Final models; lines: mean over {n} seeds of the exact pass@k (mean over held-out prompts of "
+        "1 - (1 - p)^k); error bars: 95% t-intervals over seeds (shifted apart along k); dotted: the warm start."
+    )
+    finish(fig, axes, "held-out pass@k", note, source, out / PASS_AT_K_FIGURE)
+    return "held-out pass@k of the final models against k (1 to 64), one panel per G; dotted: the warm start"

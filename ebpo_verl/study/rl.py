@@ -1,27 +1,19 @@
 """Warm-start SFT and the RL loop: verl's advantage estimators and PPO-clip loss on a tiny policy.
 
 One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
-  1. take the next P = responses_per_step / G prompts of the ordered stream and sample G responses each
-     (temperature 1);
-  2. reward 1/0 by exact match, placed on the last response token (``token_level_rewards``);
-  3. advantages: verl's own estimators from ``verl.trainer.ppo.core_algos.get_adv_estimator_fn(name)`` (the
-     registry training uses); ours (:mod:`ebpo_verl.algos.registry`) from the run's own estimator object
-     (``registry.new_estimator``, as ``ebpo-train``'s trainer makes it), called as the trainer calls it
-     (:func:`ebpo_verl.trainer.adapter.outcome_advantages`) with what it reads per row
-     (``registry.row_values``: a row's topic, its problem's index, or its place in its group, the sample order);
-     a fresh uid per prompt per step as ``index``;
-     ``otb`` (verl's ``optimal_token_baseline``) also gets what verl's trainer passes it with
-     ``actor.calculate_sum_pi_squared=True``: the sampled tokens' ``old_log_probs`` and ``sum_pi_squared`` (sum
-     over the vocabulary of the squared token probabilities at every response position, from the pre-update
-     model's logits via verl's ``calculate_sum_pi_squared_from_logits``), with no rollout importance weights;
-  4. ``ppo_mini_batches`` gradient steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
-     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm-started
-     model; gradients clipped at ``grad_clip`` (the pre-clip norm is logged, as verl logs ``actor/grad_norm``,
-     and ``clipped``, the fraction of the step's mini-batch updates whose norm exceeded ``grad_clip``).
+  1. sample G responses (temperature 1) for each of the next P = responses_per_step / G prompts of the stream;
+  2. reward 1/0 by exact match, on the last response token (``token_level_rewards``);
+  3. advantages: verl's own estimators from ``get_adv_estimator_fn(name)``; ours from the run's estimator object
+     (``registry.new_estimator``), called as the trainer calls it (``trainer.adapter.outcome_advantages``) with
+     what it reads per row (``registry.row_values``); a fresh uid per prompt per step as ``index``; ``otb`` also
+     gets ``old_log_probs`` and ``sum_pi_squared`` (verl's ``calculate_sum_pi_squared_from_logits`` on the
+     pre-update logits), as with ``actor.calculate_sum_pi_squared=True``, without rollout importance weights;
+  4. ``ppo_mini_batches`` AdamW (``foreach``) steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
+     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm start,
+     gradients clipped at ``grad_clip`` (the pre-clip norm and the share of clipped updates are logged).
 
-Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (log-softmax and gather: the value
-``logprobs_from_logits`` computes, without its CPU fallback's loop over rows); the RL runs' AdamW takes its
-``foreach`` path.
+Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (the value ``logprobs_from_logits``
+computes, without its CPU fallback's loop over rows).
 """
 
 from __future__ import annotations
@@ -74,21 +66,15 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 """The study's extra names: study name -> (registered estimator, option overrides), listed after that estimator."""
 
 
-def _study_estimators() -> dict[str, Variant]:
-    """Every estimator of the registry under its name, then its study variants, in the registry's order."""
-    out: dict[str, Variant] = {}
-    for name, spec in registry.estimators().items():
-        out[name] = Variant(spec)
-        out.update({v: Variant(spec, dict(o)) for v, (base, o) in VARIANTS.items() if base == name})
-    return out
-
-
-ESTIMATORS: dict[str, Variant] = _study_estimators()
-"""The study's names: verl's own (``otb`` is verl's Optimal Token Baseline, arXiv 2602.07078), ours and their
-variants (``grpo_bn``: EBPO with S = 0, ...)."""
+ESTIMATORS: dict[str, Variant] = {
+    name: Variant(spec, dict(VARIANTS[name][1]) if name in VARIANTS else {})
+    for base, spec in registry.estimators().items()
+    for name in (base, *(v for v, (b, _) in VARIANTS.items() if b == base))
+}
+"""The study's names in the registry's order, each followed by its variants: verl's own (``otb`` is verl's Optimal
+Token Baseline, arXiv 2602.07078), ours and their variants (``grpo_bn``: EBPO with S = 0, ...)."""
 ROW_FIELDS = ("topic", "index")
-"""The ``extra_info`` fields a study row carries: its topic and the training problem's index (the stable prompt key
-``spo`` and ``dbb`` read, as the trainer passes ``extra_info.index``)."""
+"""The ``extra_info`` fields a study row carries: its topic and its problem's index (``spo``'s and ``dbb``'s key)."""
 SPLITS = ("test", "validation")
 
 
@@ -112,12 +98,9 @@ class RLConfig:
     split: str = "test"  # the held-out split the accuracy is measured on: test, or validation (lr tuning)
 
     def __post_init__(self):
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {self.estimator!r}; choose from {sorted(ESTIMATORS)}")
-        if self.split not in SPLITS:
-            raise ValueError(f"unknown split {self.split!r}; choose from {SPLITS}")
-        if self.order not in ORDERS:
-            raise ValueError(f"unknown order {self.order!r}; choose from {ORDERS}")
+        for what, allowed in (("estimator", sorted(ESTIMATORS)), ("split", SPLITS), ("order", ORDERS)):
+            if getattr(self, what) not in allowed:
+                raise ValueError(f"unknown {what} {getattr(self, what)!r}; choose from {allowed}")
         if self.group_size < 2 or self.responses_per_step % self.group_size:
             raise ValueError(
                 f"group_size {self.group_size} must be >= 2 and divide responses_per_step {self.responses_per_step}"
@@ -128,24 +111,16 @@ class RLConfig:
         return self.responses_per_step // self.group_size
 
 
-def warm_start(
-    model: TinyPolicy,
-    data: ProblemSet,
-    steps: int,
-    seed: int,
-    batch_size: int = 128,
-    lr: float = 3e-3,
-    misconception: float = 0.0,
-) -> list[float]:
-    """Supervised warm start (cross-entropy on answer tokens + EOS); returns the loss per step.
+def warm_start(model: TinyPolicy, data: ProblemSet, steps: int, seed: int, misconception: float = 0.0) -> None:
+    """Supervised warm start: ``steps`` AdamW steps (lr 3e-3, cosine decay) of token-mean cross-entropy on the answer
+    tokens + EOS of 128 prompts each, a fraction ``misconception`` of them with the misconceived answer.
 
     Kept short on purpose: easy cells are learnt, hard ones stay near zero, so per-prompt pass rates spread
     over 0..1 like a base model's on a hard math set."""
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    g, batch_size = torch.Generator().manual_seed(seed), 128
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     tmask = data.target_mask.float()
-    losses = []
     for _ in range(steps):
         idx = torch.randint(len(data), (batch_size,), generator=g)
         targets = data.targets[idx]
@@ -159,17 +134,12 @@ def warm_start(
         loss.backward()
         opt.step()
         sched.step()
-        losses.append(loss.item())
-    return losses
 
 
 def order_stream(train: ProblemSet, cfg: RLConfig, base_pass: np.ndarray) -> np.ndarray:
-    """Indices of the prompts the run trains on, in order: ``steps * prompts_per_step`` of them.
-
-    random: a seeded shuffle; topic: the same draw sorted by topic (topics in a seeded order), so consecutive
-    batches share a topic; difficulty: sorted easy -> hard by the warm-started model's pass rate (the paper's
-    curriculum). Prompts repeat only when the stream is longer than the training split.
-    """
+    """Indices of the ``steps * prompts_per_step`` prompts the run trains on, in order. random: a seeded shuffle;
+    topic: the same draw sorted by topic (in a seeded order), so consecutive batches share a topic; difficulty:
+    easy -> hard by the warm start's pass rate (the paper's curriculum). Prompts repeat only past the split's end."""
     rng = np.random.default_rng(cfg.seed)
     n = cfg.steps * cfg.prompts_per_step
     draw = np.concatenate([rng.permutation(len(train)) for _ in range(-(-n // len(train)))])[:n]
@@ -201,10 +171,10 @@ def _advantages(
     otb_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
     estimate: Estimator | None = None,
 ) -> torch.Tensor:
-    """(bs, L) advantages; the outcome reward sits on the last response token. Ours: ``estimate`` (the run's
-    object) on the rows, with what it reads per row (the ``topic`` or the training problem's ``index`` its options
-    name, or the sample index: rows come in sampling order, G per prompt). verl's own: its registered function;
-    ``otb`` gets ``otb_inputs`` = (old_log_probs, sum_pi_squared), as verl's ``compute_advantage`` passes them."""
+    """(bs, L) advantages, the outcome reward on the last response token. Ours: ``estimate`` (the run's object)
+    with what it reads per row (the ``topic`` or problem ``index`` its options name, or the sample index: G rows per
+    prompt in sampling order); verl's own: its registered function, ``otb`` with ``otb_inputs`` = (old_log_probs,
+    sum_pi_squared)."""
     maskf = mask.float()
     tlr = torch.zeros_like(maskf)
     tlr[torch.arange(len(rewards)), mask.sum(dim=1) - 1] = rewards
@@ -212,11 +182,16 @@ def _advantages(
         from ebpo_verl.trainer.adapter import outcome_advantages
 
         fields = {"topic": topics, "index": problem_ids}
+
+        def field(key: str) -> np.ndarray:  # the rows' extra_info field ``key``
+            if key not in fields:
+                raise ValueError(
+                    f"{est.spec.section}.{est.spec.row_key}={key!r}: the study's rows carry only {ROW_FIELDS}"
+                )
+            return fields[key]
+
         group = len(index) // len(set(index.tolist()))  # rows in sampling order, G per prompt
-        sample_index = np.arange(len(index)) % group
-        values = registry.row_values(
-            est.spec, estimate.options, lambda key: _study_field(est, fields, key), lambda: sample_index
-        )
+        values = registry.row_values(est.spec, estimate.options, field, lambda: np.arange(len(index)) % group)
         return outcome_advantages(estimate, tlr, maskf, index, values)[0]
     inputs: dict[str, Any] = {"token_level_rewards": tlr, "response_mask": maskf, "index": index}
     if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config
@@ -231,76 +206,74 @@ def _advantages(
     return adv
 
 
-def _study_field(est: Variant, fields: dict[str, np.ndarray], key: str) -> np.ndarray:
-    """The study rows' ``extra_info`` field ``key``; ValueError for one the study lacks."""
-    if key not in fields:
-        raise ValueError(f"{est.spec.section}.{est.spec.row_key}={key!r}: the study's rows carry only {ROW_FIELDS}")
-    return fields[key]
-
-
 @dataclass
 class _Learner:
-    """The trained model, the frozen reference, the optimizer and verl's PPO-clip loss with its actor config."""
+    """One run's state: its estimator (``est``; ours: the run's object ``estimate``), the trained model, the frozen
+    reference, the optimizer, the actor config of verl's PPO-clip loss and the sampling generator."""
 
+    est: Variant
+    estimate: Estimator | None
     model: TinyPolicy
     ref: TinyPolicy
     opt: torch.optim.Optimizer
-    loss_fn: object
     actor_cfg: ActorConfig
+    gen: torch.Generator
 
     @classmethod
     def start(cls, base: TinyPolicy, cfg: RLConfig) -> _Learner:
-        """A trainable copy of ``base`` (``base`` itself is the frozen reference) with AdamW at ``cfg.lr``."""
-        model, ref = copy.deepcopy(base), base
-        ref.eval()
+        """``cfg``'s estimator (ours: a new object, as ebpo-train's trainer makes one per run), a trainable copy
+        of ``base`` (``base`` itself is the frozen reference) with AdamW at ``cfg.lr``, generators seeded by
+        ``cfg.seed``."""
+        est = ESTIMATORS[cfg.estimator]
+        estimate = None if est.spec.builtin else registry.new_estimator(est.spec, est.overrides)
+        torch.manual_seed(cfg.seed)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        model = copy.deepcopy(base)
         actor_cfg = ActorConfig(
             strategy="fsdp",
             rollout_n=cfg.group_size,
-            ppo_micro_batch_size_per_gpu=cfg.responses_per_step,
             clip_ratio=cfg.clip_ratio,
+            ppo_micro_batch_size_per_gpu=cfg.responses_per_step,
             use_torch_compile=False,
         )
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=True)
-        return cls(model, ref, opt, get_policy_loss_fn("vanilla"), actor_cfg)
+        return cls(est, estimate, model, base.eval(), opt, actor_cfg, gen)
 
 
+POLICY_LOSS = get_policy_loss_fn("vanilla")
+"""verl's PPO-clip loss (``compute_policy_loss_vanilla``)."""
 UPDATE_KEYS = ("grad_norm", "clipped", "entropy", "kl_ref", "clipfrac")
 """What each mini-batch update logs (the step logs their means)."""
 STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
 """What every RL step logs."""
 
 
-def _log_signal(
-    log: dict, est: Variant, diagnostics: dict, adv: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int
-) -> None:
-    """The step's training signal: zero-signal and uniform groups, mean reward, and from the estimator's
-    ``diagnostics``: the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of prompts a per-prompt
-    tracker saw before (``<name>/frac_seen``, SPO's and DBB's)."""
-    p = len(rewards) // g
+def _rl_step(learner: _Learner, cfg: RLConfig, train: ProblemSet, batch_ids: np.ndarray, step: int, log: dict) -> None:
+    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
+    ``estimate``), ``ppo_mini_batches`` updates. Logs the :data:`STEP_KEYS`, and from the estimator's diagnostics
+    the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of the step's prompts a per-prompt tracker
+    saw at an earlier step (``<name>/frac_seen``, SPO's and DBB's)."""
+    p, g = len(batch_ids), cfg.group_size
+    est, estimate, gen = learner.est, learner.estimate, learner.gen
+    batch = train.subset(batch_ids)
+    prompts = batch.prompts.repeat_interleave(g, dim=0)
+    responses, mask, old_logp = sample(learner.model, batch.prompts, g, gen)
+    rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
+    index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
+    otb_inputs = (old_logp, sum_pi_squared(learner.model, prompts, responses)) if est.verl_name == OTB else None
+    topics, problem_ids = np.repeat(batch.topic, g), np.repeat(batch_ids, g)
+    adv = _advantages(est, rewards, mask, index, topics, problem_ids, otb_inputs, estimate)
     # a group gives no signal when every advantage of every response token is zero (OTB's vary by token)
     silent = ((adv.abs() < 1e-6) | ~mask).all(dim=1).view(p, g)
     log["zero_signal"].append(silent.all(dim=1).float().mean().item())
     log["uniform_groups"].append((rewards.view(p, g).std(dim=1) == 0).float().mean().item())
     log["reward"].append(rewards.mean().item())
-    name = est.spec.name
+    diagnostics, name = getattr(estimate, "diagnostics", {}), est.spec.name
     if f"{name}/shrinkage_mean" in diagnostics:
         log["shrinkage"].append(diagnostics[f"{name}/shrinkage_mean"])
-    if f"{name}/frac_seen" in diagnostics:  # share of this step's prompts that the tracker saw at an earlier step
+    if f"{name}/frac_seen" in diagnostics:
         log.setdefault(f"{name}_frac_seen", []).append(diagnostics[f"{name}/frac_seen"])
-
-
-def _update(
-    learner: _Learner,
-    cfg: RLConfig,
-    gen: torch.Generator,
-    prompts: torch.Tensor,
-    responses: torch.Tensor,
-    mask: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-) -> dict[str, float]:
-    """``cfg.ppo_mini_batches`` PPO-clip + KL updates on the step's responses; returns the means of the
-    :data:`UPDATE_KEYS` over the mini-batches and ``step_kl``."""
+    # cfg.ppo_mini_batches PPO-clip + KL updates; the step logs the means of the UPDATE_KEYS over them
     maskf = mask.float()
     with torch.no_grad():
         ref_logp = logprobs_from_logits_naive(learner.ref.response_logits(prompts, responses), responses)
@@ -308,7 +281,7 @@ def _update(
     for mb in torch.randperm(len(responses), generator=gen).chunk(cfg.ppo_mini_batches):
         logits = learner.model.response_logits(prompts[mb], responses[mb])
         logp = logprobs_from_logits_naive(logits, responses[mb])
-        pg_loss, pg_metrics = learner.loss_fn(
+        pg_loss, pg_metrics = POLICY_LOSS(
             old_logp[mb], logp, adv[mb], maskf[mb], loss_agg_mode="token-mean", config=learner.actor_cfg
         )
         kl_loss = agg_loss(kl_penalty(logp, ref_logp[mb], "low_var_kl"), maskf[mb], "token-mean")
@@ -325,46 +298,9 @@ def _update(
         new_logp = logprobs_from_logits_naive(
             learner.model.response_logits(prompts[rows], responses[rows]), responses[rows]
         )
-    out = {k: float(np.mean(v)) for k, v in stats.items()}
-    out["step_kl"] = masked_mean(kl_penalty(old_logp[rows], new_logp, "low_var_kl"), maskf[rows]).item()
-    return out
-
-
-def _rl_step(
-    learner: _Learner,
-    est: Variant,
-    cfg: RLConfig,
-    train: ProblemSet,
-    batch_ids: np.ndarray,
-    step: int,
-    gen: torch.Generator,
-    log: dict,
-    estimate: Estimator | None = None,
-) -> None:
-    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
-    ``estimate``), update; logs it."""
-    p, g = len(batch_ids), cfg.group_size
-    batch = train.subset(batch_ids)
-    prompts = batch.prompts.repeat_interleave(g, dim=0)
-    responses, mask, old_logp = sample(learner.model, batch.prompts, g, gen)
-    rewards = verify(responses, batch.targets.repeat_interleave(g, dim=0))
-    index = np.array([f"{step}-{i}" for i in range(p) for _ in range(g)], dtype=object)
-    otb_inputs = (old_logp, sum_pi_squared(learner.model, prompts, responses)) if est.verl_name == OTB else None
-    topics, problem_ids = np.repeat(batch.topic, g), np.repeat(batch_ids, g)
-    adv = _advantages(est, rewards, mask, index, topics, problem_ids, otb_inputs, estimate)
-    _log_signal(log, est, getattr(estimate, "diagnostics", {}), adv, mask, rewards, g)
-    for k, v in _update(learner, cfg, gen, prompts, responses, mask, old_logp, adv).items():
-        log[k].append(v)
-
-
-def _final_gains(model: TinyPolicy, train: ProblemSet, base_pass: np.ndarray, stream: np.ndarray, log: dict) -> None:
-    """Where the final model gained: on the RL prompts it trained on and on those it never saw (vs the warm start)."""
-    gain = exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy() - base_pass
-    seen = np.zeros(len(train), dtype=bool)
-    seen[stream] = True
-    log["train_seen_gain"] = [float(gain[seen].mean())]
-    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
-    log["train_seen_fraction"] = [float(seen.mean())]
+    for k, v in stats.items():
+        log[k].append(float(np.mean(v)))
+    log["step_kl"].append(masked_mean(kl_penalty(old_logp[rows], new_logp, "low_var_kl"), maskf[rows]).item())
 
 
 def run_rl(
@@ -375,16 +311,10 @@ def run_rl(
     cfg: RLConfig,
     probe: ProblemSet | None = None,
 ) -> dict[str, np.ndarray]:
-    """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curve (exact pass@1 on
-    ``heldout``; on ``probe``, a fixed sample of the training split, when given, at the last step), the final
-    model's exact success probability on every held-out prompt (``heldout_pass_final``, what pass@k is computed
-    from) and its mean gain in exact pass@1 over ``base_pass`` on the training prompts it saw and on those it
-    did not."""
-    est = ESTIMATORS[cfg.estimator]
-    # the run's own estimator object (ours), as ebpo-train's trainer makes one per run
-    estimate = None if est.spec.builtin else registry.new_estimator(est.spec, est.overrides)
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curve (exact pass@1 on ``heldout``;
+    on ``probe``, a fixed sample of the training split, at the last step), the final model's exact success probability
+    per held-out prompt (``heldout_pass_final``, for pass@k) and its mean pass@1 gain over ``base_pass`` on the
+    training prompts it saw and on those it did not."""
     learner = _Learner.start(base, cfg)
     stream = order_stream(train, cfg, base_pass)
     log: dict[str, list[float]] = {
@@ -393,19 +323,23 @@ def run_rl(
 
     def evaluate(step: int) -> None:
         log["eval_step"].append(step)
-        p_heldout = exact_pass_at_1(learner.model, heldout.prompts, heldout.targets, heldout.target_mask)
+        p_heldout = exact_pass_at_1(learner.model, heldout)
         log["accuracy"].append(p_heldout.mean().item())
         if step == cfg.steps:  # only the final values are reported
             log["heldout_pass_final"] = p_heldout.tolist()
             if probe is not None:
-                acc = exact_pass_at_1(learner.model, probe.prompts, probe.targets, probe.target_mask).mean().item()
+                acc = exact_pass_at_1(learner.model, probe).mean().item()
                 log["probe_accuracy"].append(acc)
 
     evaluate(0)
     p = cfg.prompts_per_step
     for step in range(1, cfg.steps + 1):
-        _rl_step(learner, est, cfg, train, stream[(step - 1) * p : step * p], step, gen, log, estimate)
+        _rl_step(learner, cfg, train, stream[(step - 1) * p : step * p], step, log)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
-    _final_gains(learner.model, train, base_pass, stream, log)
+    gain = exact_pass_at_1(learner.model, train).numpy() - base_pass  # on the RL prompts it saw / never saw
+    seen = np.isin(np.arange(len(train)), stream)
+    log["train_seen_gain"] = [float(gain[seen].mean())]
+    log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
+    log["train_seen_fraction"] = [float(seen.mean())]
     return {k: np.asarray(v, dtype=float) for k, v in log.items()}

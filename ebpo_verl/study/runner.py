@@ -1,12 +1,10 @@
-"""Run a preset's grid: one warm-started base model, then every (estimator, G, order, seed) RL run.
-
-Runs are independent and deterministic for their seed (one torch thread each, a seeded generator, fresh EBPO
-statistics), so they are spread over ``preset.workers`` forked processes and come back in any order. Every run
-is saved as soon as it ends, so a rerun of the same command resumes (see ``run_grid``).
-"""
+"""Run a preset's grid: one warm-started base model, then every (estimator, G, order, seed) RL run. Runs are
+deterministic for their seed (one torch thread, seeded generators, fresh estimator state), so they spread over
+``preset.workers`` forked processes; each is saved when it ends, so a rerun resumes (``run_grid``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -19,8 +17,8 @@ import torch
 from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
-from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, n_params
-from ebpo_verl.study.presets import BASE_SEED, Preset
+from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1
+from ebpo_verl.study.presets import BASE_SEED, LR_TUNING_FILE, Preset, tuned_lrs
 from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
 
@@ -43,18 +41,15 @@ class Base:
 
 
 def prepare_base(preset: Preset, out: Path | None = None) -> Base:
-    """Data splits and the supervised warm start (``preset.sft_steps`` steps). With ``out``, a warm start saved
-    there by an earlier invocation (``base_model.pt`` + ``base.json``) is loaded instead of retrained, and a new
-    one is saved there."""
+    """Data splits and the supervised warm start (``preset.sft_steps`` steps); with ``out``, the one saved there
+    (``base_model.pt`` + ``base.json``) is loaded instead of retrained, or a new one saved there."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
     saved = None
     if out is not None and (out / "base_model.pt").is_file():
-        try:
+        with contextlib.suppress(OSError, ValueError):  # no usable record: trained again
             saved = json.loads((out / "base.json").read_text())
-        except (OSError, ValueError):
-            pass  # no usable record: trained again
     if saved is not None:
         model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
@@ -64,17 +59,8 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
         sft_seconds, sft_cpu = time.perf_counter() - t0, time.process_time() - c0
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
-    base = Base(
-        model=model,
-        train=train,
-        heldout=heldout,
-        val=splits["val"],
-        probe=probe,
-        train_pass=exact_pass_at_1(model, train.prompts, train.targets, train.target_mask).numpy(),
-        heldout_pass=exact_pass_at_1(model, heldout.prompts, heldout.targets, heldout.target_mask).numpy(),
-        sft_seconds=sft_seconds,
-        sft_cpu_seconds=sft_cpu,
-    )
+    base = Base(model, train, heldout, splits["val"], probe, exact_pass_at_1(model, train).numpy(),
+                exact_pass_at_1(model, heldout).numpy(), sft_seconds, sft_cpu)  # fmt: skip
     if out is not None and saved is None:
         atomic_write(out / "base_model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
@@ -90,38 +76,49 @@ def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
     ]
 
 
-def tuning_grid(preset: Preset) -> list[RLConfig]:
-    """The learning-rate tuning runs (validation split; none without ``preset.tune``)."""
-    seeds = preset.tune["seeds"] if preset.tune else 0
-    return [
-        RLConfig(estimator=e, group_size=g, seed=s, lr=lr, split="validation", **preset.rl)
-        for e, g, lr in preset.tuning_cells()
-        for s in range(seeds)
-    ]
-
-
 def choose_lrs(runs: list[dict]) -> dict[str, dict]:
     """Per estimator, from its tuning runs: the rates tried, each rate's validation score [mean, half-width, n]
-    over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie).
-
-    A run's score is its mean validation accuracy over the evaluations after step 0 (the area under its learning
-    curve): it rewards reaching an accuracy sooner as well as ending there, the sample efficiency the study is
-    about, and it averages a dozen evaluations instead of resting on the last one."""
-    from ebpo_verl.study.report import mean_ci
+    over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie). A run's score is
+    its mean validation accuracy after step 0 (the area under its learning curve): it rewards reaching an accuracy
+    sooner as well as ending there, and averages a dozen evaluations instead of resting on the last one."""
+    from ebpo_verl.study.report import ci_record
 
     by: dict[str, dict[float, list[float]]] = {}
     for run in runs:
         c = run["config"]
         score = float(np.mean(run["metrics"]["accuracy"][1:]))
         by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(score)
-    out = {}
-    for est, scores in sorted(by.items()):
-        values = sorted(scores)
-        stats = [[round(x, 6) if np.isfinite(x) else None for x in mean_ci(scores[v])[:2]] + [len(scores[v])]
-                 for v in values]  # fmt: skip
-        best = max(values, key=lambda v: (float(np.mean(scores[v])), -v))
-        out[est] = {"values": values, "validation": stats, "chosen": best}
-    return out
+    return {
+        est: {
+            "values": sorted(scores),
+            "validation": [ci_record(scores[v]) for v in sorted(scores)],
+            "chosen": max(scores, key=lambda v: (float(np.mean(scores[v])), -v)),
+        }
+        for est, scores in sorted(by.items())
+    }
+
+
+def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
+    """Each estimator's rates, their validation scores, its choice and their ``source``: a tuning preset's from
+    this run's ``tuning`` runs (:func:`choose_lrs`); else the preset's fixed rates, with the committed tuning run's
+    grid (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when they are its choice, each entry naming that run
+    (preset, commit, start) as its source, or each rate alone, fixed by the preset (tiny)."""
+    from ebpo_verl.ops.provenance import short_commit
+
+    if preset.tune:
+        return {e: {**v, "source": "this run (validation split)"} for e, v in choose_lrs(tuning).items()}
+    lrs = preset.lr
+    if any(tuned_lrs().get(e) != lr for e, lr in lrs.items()):
+        fixed = {"validation": [[None, None, 0]], "source": "fixed by the preset, not tuned"}
+        return {e: {"values": [lr], "chosen": lr, **fixed} for e, lr in lrs.items()}
+    record = json.loads(LR_TUNING_FILE.read_text())
+    prov = record["provenance"]
+    source = (
+        f"ebpo_verl/study/{LR_TUNING_FILE.name}: preset {record['preset']} (validation split, G in "
+        f"{record['tune']['group_sizes']}, {record['tune']['seeds']} seeds), commit {short_commit(prov)}, "
+        f"started {prov.get('started')}"
+    )
+    return {e: {**record["lr_grid"][e], "source": source} for e in lrs}
 
 
 class StudyDirError(ValueError):
@@ -145,8 +142,7 @@ def code_fingerprint() -> dict[str, str]:
 
 def claim_out_dir(out: Path, preset: Preset) -> None:
     """Record the preset's configuration and the code (:func:`code_fingerprint`) in ``out/study_config.json``, or
-    check that the ones there are the same (so that a rerun resumes the same study and never mixes runs of two
-    configurations or of two versions of the code)."""
+    check that the ones there are the same (a rerun never mixes runs of two configurations or two code versions)."""
     path, want = out / "study_config.json", {**preset.fingerprint(), "code": code_fingerprint()}
     if not path.exists():
         write_json(path, want)
@@ -198,10 +194,6 @@ def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
 _BASE: Base | None = None  # set in the parent before forking; read by the workers
 
 
-def _init_worker() -> None:
-    torch.set_num_threads(1)
-
-
 def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, float]:
     assert _BASE is not None
     t0, c0 = time.perf_counter(), time.process_time()
@@ -213,10 +205,9 @@ def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, fl
 def run_grid(
     preset: Preset, base: Base, out: Path, jobs: list[RLConfig], workers: int | None = None
 ) -> tuple[list[dict], int]:
-    """All runs of the preset, each as {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
-    "cpu_seconds": CPU time of its process (what a dedicated core would need)}, and how many of them were
-    already saved. Each finished run is saved at once (atomically) as ``out/runs/<cell>-s<seed>.json``, and
-    saved runs are not run again, so an interrupted study resumes where it stopped."""
+    """The runs ``jobs`` in order, each {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
+    "cpu_seconds": its process's CPU time}, and how many were already saved. Each finished run is saved at once
+    (atomically, :func:`run_path`) and saved runs are not run again, so an interrupted study resumes."""
     global _BASE
     _BASE = base
     done = load_done(out, jobs)
@@ -224,30 +215,26 @@ def run_grid(
     if done:
         print(f"resuming: {len(done)} of {len(jobs)} runs already saved in {out / 'runs'}", flush=True)
     (out / "runs").mkdir(exist_ok=True)
-    results = list(done.values())
     workers = max(1, min(workers or preset.workers, len(todo) or 1))
     what = "lr tuning runs" if jobs and jobs[0].split == "validation" else "RL runs"
     bar = tqdm(total=len(jobs), initial=len(done), desc=f"{what} ({preset.name}, {workers} proc)", unit="run")
-    if workers == 1:
-        _init_worker()
-        it = map(_run_one, todo)
-        pool = None
-    else:
-        pool = mp.get_context("fork").Pool(workers, initializer=_init_worker)
-        it = pool.imap_unordered(_run_one, todo)
+    pool = (
+        mp.get_context("fork").Pool(workers, initializer=torch.set_num_threads, initargs=(1,)) if workers > 1 else None
+    )
+    if pool is None:  # the runs in this process, one torch thread each as in the workers
+        torch.set_num_threads(1)
     try:
-        for cfg, metrics, seconds, cpu in it:
-            run = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu}
+        for cfg, metrics, seconds, cpu in pool.imap_unordered(_run_one, todo) if pool else map(_run_one, todo):
+            run = done[_key(asdict(cfg))] = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds,
+                                              "cpu_seconds": cpu}  # fmt: skip
             write_json(run_path(out, cfg), run)
-            results.append(run)
             bar.update()
     finally:
         bar.close()
         if pool is not None:
             pool.terminate()
             pool.join()
-    position = {_key(asdict(c)): i for i, c in enumerate(jobs)}
-    return sorted(results, key=lambda r: position[_key(r["config"])]), len(done)
+    return [done[_key(asdict(cfg))] for cfg in jobs], len(jobs) - len(todo)
 
 
 def _key(config: dict) -> tuple:
@@ -257,26 +244,24 @@ def _key(config: dict) -> tuple:
 def describe_base(base: Base) -> dict:
     """Facts about the warm-started model for the report (pass-rate spread, parameter count, the exact success
     probability of every held-out prompt)."""
-    p, probe = base.train_pass, base.probe
+    p, probe, held = base.train_pass, base.probe, base.heldout
     return {
-        "params": n_params(base.model),
+        "params": sum(p.numel() for p in base.model.parameters()),
         "sft_seconds": base.sft_seconds,
         "sft_cpu_seconds": base.sft_cpu_seconds,
         "heldout_accuracy": float(base.heldout_pass.mean()),
         "heldout_pass": base.heldout_pass.tolist(),  # per prompt: the warm start's pass@k (report.pass_at_k)
-        "probe_accuracy": float(exact_pass_at_1(base.model, probe.prompts, probe.targets, probe.target_mask).mean()),
+        "probe_accuracy": float(exact_pass_at_1(base.model, probe).mean()),
         "train_accuracy": float(p.mean()),
         "frac_train_below_0.05": float((p < 0.05).mean()),
         "frac_train_above_0.95": float((p > 0.95).mean()),
         "pass_rate_histogram": np.histogram(p, bins=np.linspace(0, 1, 11))[0].tolist(),
         "heldout_by_cell": {
-            f"{t}/{lv}": float(base.heldout_pass[(base.heldout.topic == t) & (base.heldout.level == lv)].mean())
-            for t in np.unique(base.heldout.topic)
-            for lv in np.unique(base.heldout.level)
-        },
-        "n_train": len(base.train),
-        "n_heldout": len(base.heldout),
-        "n_val": len(base.val),
+            f"{t}/{lv}": float(base.heldout_pass[(held.topic == t) & (held.level == lv)].mean())
+            for t in np.unique(held.topic)
+            for lv in np.unique(held.level)
+        },  # fmt: skip
+        **{f"n_{split}": len(getattr(base, split)) for split in ("train", "heldout", "val")},
         "frac_level1_train": float((base.train.level == 1).mean()),
         "frac_level1_heldout": float((base.heldout.level == 1).mean()),
     }

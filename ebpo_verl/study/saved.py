@@ -1,23 +1,21 @@
-"""The report of a study's saved runs, without training (``python -m ebpo_verl.study report --study DIR --out
-DIR2``): the preset DIR records, its warm start (loaded, not retrained), its saved tuning and test runs, and its
-wall time as the study recorded it (its ``summary.json``) or, failing that, from its files' times. Nothing is
-written into DIR."""
+"""The report of a study's saved runs without training (``python -m ebpo_verl.study report --study DIR --out DIR2``):
+the preset DIR records, its warm start (loaded), its saved runs, and its wall time as its ``summary.json`` recorded
+it or else from its files' times. Nothing is written into DIR."""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ebpo_verl.ops.errors import one_line
+from ebpo_verl.options.parsing import is_int, is_real
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS, Preset
 from ebpo_verl.study.report import study_provenance
-from ebpo_verl.study.runner import StudyDirError, code_fingerprint, grid, load_done, run_path, tuning_grid
+from ebpo_verl.study.runner import StudyDirError, _key, code_fingerprint, grid, load_done, run_path
 
 
 def recorded_preset(study: Path) -> Preset:
@@ -35,12 +33,8 @@ def recorded_preset(study: Path) -> Preset:
     if not isinstance(name, str) or name not in PRESETS:
         raise StudyDirError(f"{path} names preset {name!r:.80}, which this code does not have ({', '.join(PRESETS)})")
     estimators = config.get("estimators")
-    if (
-        not isinstance(estimators, list)
-        or not estimators
-        or not all(isinstance(e, str) and e in ALL_ESTIMATORS for e in estimators)
-        or len(set(estimators)) < len(estimators)
-    ):
+    if not (isinstance(estimators, list) and estimators and all(isinstance(e, str) and e in ALL_ESTIMATORS
+            for e in estimators) and len(set(estimators)) == len(estimators)):  # fmt: skip
         raise StudyDirError(
             f"{path} records estimators {estimators!r:.200}, not a list of distinct estimators of the study "
             f"({', '.join(ALL_ESTIMATORS)})"
@@ -70,10 +64,9 @@ class Timing:
 
 
 def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path], prog: str) -> Timing:
-    """The wall time of the study in ``study``: its own ``summary.json`` (written by the invocation that finished
-    it) when that covers these runs, else the span from its first file (``study_config.json``, written when it
-    started) to the last of ``files`` (its saved runs) by modification time, with a provenance record of this
-    code started at that first file's time."""
+    """The wall time of the study in ``study``: its own ``summary.json`` when that covers these runs, else the span from
+    its first file (``study_config.json``, written when it started) to the last of ``files`` (its saved runs) by
+    modification time, with a provenance record of this code started at that first file's time."""
     try:
         saved = json.loads((study / "summary.json").read_text())
     except (OSError, ValueError, RecursionError):  # none, or unreadable: measured from the files below
@@ -102,33 +95,23 @@ def _records(summary: Any, preset: Preset, n_runs: int) -> bool:
     if not isinstance(summary, dict) or summary.get("preset") != preset.name or summary.get("n_runs") != n_runs:
         return False
     seconds, resumed = summary.get("wall_seconds"), summary.get("resumed_runs")
-    return (
-        isinstance(seconds, int | float)
-        and not isinstance(seconds, bool)
-        and math.isfinite(seconds)
-        and seconds >= 0
-        and isinstance(summary.get("command"), str)
-        and isinstance(resumed, int)
-        and not isinstance(resumed, bool)
-        and 0 <= resumed <= n_runs
-        and isinstance(summary.get("provenance"), dict)
-    )
+    sane = is_real(seconds) and seconds >= 0 and is_int(resumed) and 0 <= resumed <= n_runs
+    return sane and isinstance(summary.get("command"), str) and isinstance(summary.get("provenance"), dict)
 
 
 def _saved(study: Path, jobs: list) -> tuple[list[dict], list[Path]]:
     """The saved runs of ``jobs`` in job order, and their files."""
     done = load_done(study, jobs)
-    keyed = [(cfg, (cfg.estimator, cfg.group_size, cfg.order, cfg.seed, cfg.lr, cfg.split)) for cfg in jobs]
-    hits = [(cfg, done[key]) for cfg, key in keyed if key in done]
-    return [run for _, run in hits], [run_path(study, cfg) for cfg, _ in hits]
+    hits = [cfg for cfg in jobs if _key(asdict(cfg)) in done]
+    return [done[_key(asdict(cfg))] for cfg in hits], [run_path(study, cfg) for cfg in hits]
 
 
-def report_from_saved(study: Path, out: Path, command: str, prog: str, lr_grid_of: Callable) -> int:
-    """Write the report of the runs saved in ``study`` into ``out`` (``lr_grid_of(preset, tuning_runs)``: the
-    learning-rate grid as the study chose it); 2 with one error line when there is nothing to report."""
+def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
+    """Write the report of the runs saved in ``study`` into ``out`` (the learning-rate grid as the study chose
+    it); 2 with one error line when there is nothing to report."""
     import torch
 
-    from ebpo_verl.study.runner import describe_base, prepare_base
+    from ebpo_verl.study.runner import describe_base, lr_grid_of, prepare_base
     from ebpo_verl.study.writeup import write_report
 
     def refuse(problem: str) -> int:
@@ -141,12 +124,12 @@ def report_from_saved(study: Path, out: Path, command: str, prog: str, lr_grid_o
         return refuse(str(err))
     if not (study / "base_model.pt").is_file():
         return refuse(f"{study} has no saved warm start (base_model.pt): the study has not started its runs")
-    tuning, tuning_files = _saved(study, tuning_grid(preset))
-    want = len(tuning_grid(preset))
+    tuning, tuning_files = _saved(study, preset.tuning_runs())
+    want = len(preset.tuning_runs())
     if len(tuning) < want:
         return refuse(f"{study}: {len(tuning)} of {want} tuning runs saved; no test run to report before they end")
     lr_grid = lr_grid_of(preset, tuning)
-    lrs = {e: g["chosen"] for e, g in lr_grid.items()} if preset.tune else dict(preset.lr)
+    lrs = {e: g["chosen"] for e, g in lr_grid.items()}
     runs, files = _saved(study, grid(preset, lrs))
     if not runs:
         return refuse(f"{study} holds no test run of preset {preset.name} yet: nothing to report")

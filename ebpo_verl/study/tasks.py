@@ -1,19 +1,14 @@
 """Arithmetic tasks with verifiable integer answers: four topics x three difficulty levels.
 
-A prompt is ``BOS aaa OP bbb =`` with both operands zero-padded to three digits, so every prompt has the same
-length (9 tokens) and positions line up without padding. The answer is the decimal result without leading
-zeros followed by EOS; a response earns reward 1 iff it is exactly that string (the verifier is an exact
-integer match, so no parser is needed).
-
-Topics (``level`` = number of digits of the first operand):
-  add  a + b, both operands with ``level`` digits
-  sub  a - b, both with ``level`` digits and a >= b
-  mul  a * b, b in 2..9
-  mod  a % b, b in 2..9
+A prompt is ``BOS aaa OP bbb =``, both operands zero-padded to three digits (every prompt is 9 tokens). The
+answer is the result without leading zeros, then EOS; reward 1 iff a response is exactly that (no parser).
+Topics (``level`` = digits of the first operand): add a + b and sub a - b (a >= b), both operands with ``level``
+digits; mul a * b and mod a % b, b in 2..9.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,15 +43,13 @@ class ProblemSet:
     def subset(self, idx: np.ndarray | list[int]) -> ProblemSet:
         idx = np.asarray(idx, dtype=np.int64)
         t = torch.from_numpy(idx)
-        return ProblemSet(
-            self.prompts[t], self.targets[t], self.topic[idx], self.level[idx], self.answer[idx], self.misconception[t]
-        )
+        return ProblemSet(self.prompts[t], self.targets[t], self.topic[idx], self.level[idx], self.answer[idx],
+                          self.misconception[t])  # fmt: skip
 
     @property
     def target_mask(self) -> torch.Tensor:
         """(N, 5) bool: answer digits and the EOS that ends them."""
-        eos_pos = (self.targets == EOS).int().argmax(dim=1, keepdim=True)
-        return torch.arange(ANSWER_LEN).unsqueeze(0) <= eos_pos
+        return torch.arange(ANSWER_LEN) <= (self.targets == EOS).int().argmax(dim=1, keepdim=True)
 
 
 def all_problems(topic: str, level: int) -> np.ndarray:
@@ -112,12 +105,8 @@ def encode(topic: str, a: np.ndarray, b: np.ndarray, answer: np.ndarray) -> tupl
 
 def decode(tokens: torch.Tensor | list[int]) -> str:
     """Readable text of token ids (stops at the first EOS or PAD)."""
-    out = []
-    for t in tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens:
-        if t in (EOS, PAD):
-            break
-        out.append(_SYMBOLS[t])
-    return "".join(out)
+    ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+    return "".join(_SYMBOLS[t] for t in itertools.takewhile(lambda t: t not in (EOS, PAD), ids))
 
 
 def make_splits(
@@ -144,21 +133,15 @@ def make_splits(
                 parts[name].append(
                     (prompts, targets, np.full(len(rows), topic), np.full(len(rows), level), rows[:, 2], wrong)
                 )
-    return {
-        name: ProblemSet(
-            prompts=torch.from_numpy(np.concatenate([p[0] for p in ps])).long(),
-            targets=torch.from_numpy(np.concatenate([p[1] for p in ps])).long(),
-            topic=np.concatenate([p[2] for p in ps]),
-            level=np.concatenate([p[3] for p in ps]).astype(np.int64),
-            answer=np.concatenate([p[4] for p in ps]).astype(np.int64),
-            misconception=torch.from_numpy(np.concatenate([p[5] for p in ps])).long(),
-        )
-        for name, ps in parts.items()
-    }
+    splits = {}
+    for name, ps in parts.items():
+        prompts, targets, topic, level, answer, wrong = (np.concatenate(field) for field in zip(*ps, strict=True))
+        ids = [torch.from_numpy(x).long() for x in (prompts, targets, wrong)]
+        splits[name] = ProblemSet(*ids[:2], topic, level.astype(np.int64), answer.astype(np.int64), ids[2])
+    return splits
 
 
 def verify(responses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Reward 1.0 iff a response is exactly the answer digits followed by EOS; (bs, 5) -> (bs,) float."""
-    eos_pos = (targets == EOS).int().argmax(dim=1, keepdim=True)
-    relevant = torch.arange(targets.shape[1]).unsqueeze(0) <= eos_pos
+    relevant = torch.arange(targets.shape[1]) <= (targets == EOS).int().argmax(dim=1, keepdim=True)
     return ((responses == targets) | ~relevant).all(dim=1).float()

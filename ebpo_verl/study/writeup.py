@@ -4,42 +4,21 @@ other results, dynamics and limits), ``summary.json`` and the figures."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.study import coverage, ranking
-from ebpo_verl.study.report import (
-    COVERAGE_K,
-    CURVES,
-    _mean,
-    _with_source_lines,
-    cells,
-    curve_figure,
-    dynamics_table,
-    gains_over,
-    gains_verdict,
-    md_table,
-    mean_ci,
-    paired,
-    paired_table,
-    paired_verdict,
-    source_line,
-    study_provenance,
-    summary,
-    table,
-)
+from ebpo_verl.study import ranking, report
 from ebpo_verl.study.rl import ESTIMATORS
 
 
 @dataclass
 class _Study:
-    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells, the
-    preset's estimators (``ests``) and G (``gs``), the warm start's held-out accuracy (``ws``), the ordering
-    table's G (``og``) and the runs' gradient clip (``clip``)."""
+    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells, the source
+    line, the estimators, the G, the warm start's held-out accuracy, the ordering table's G and the gradient clip."""
 
     preset: object
     base_info: dict
@@ -67,30 +46,57 @@ def write_report(
     origin: str = "",
 ) -> str:
     """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
-    held-out accuracy). ``record``: the provenance of the study (default: this process's); ``origin``: a
-    paragraph on where the runs and the wall time come from (a report written from saved runs). The wall time is
-    rounded once, as summary.json keeps it, so a report rewritten from summary.json prints the same seconds."""
+    held-out accuracy). ``record``: the study's provenance (default: this process's); ``origin``: a paragraph on where
+    the runs and wall time come from (a report from saved runs). The wall time is rounded once (as summary.json)."""
     seconds = round(seconds, 1)
-    record = record or study_provenance(preset, seconds, command)
+    record = record or report.study_provenance(preset, seconds, command)
     ws = base_info["heldout_accuracy"]
-    study = _Study(preset, base_info, runs, cells(runs, ws + preset.target_gain), source_line(preset.name, record),
-                   list(preset.estimators), list(preset.group_sizes), ws, preset.order_group_size,
-                   runs[0]["config"]["grad_clip"])  # fmt: skip
+    study = _Study(preset, base_info, runs, report.cells(runs, ws + preset.target_gain),
+                   report.source_line(preset.name, record), list(preset.estimators), list(preset.group_sizes), ws,
+                   preset.order_group_size, runs[0]["config"]["grad_clip"])  # fmt: skip
     equal, views = ranking.section(runs, study.ests, study.gs, preset.rl["responses_per_step"])
     captions = _draw_figures(out, study, views)
-    headline = table(study.by_cell, study.ests, study.gs, "final_accuracy", "G", seeds=preset.seeds)
+    headline = report.table(study.by_cell, study.ests, study.gs, "final_accuracy", "G", seeds=preset.seeds)
     text = (
         _introduction(study, command, seconds, resumed, origin)
         + _accuracy_sections(study, headline)
         + equal
-        + coverage.coverage_section(runs, study.by_cell, study.ests, study.gs, base_info, preset.seeds)
+        + coverage_section(runs, study.by_cell, study.ests, study.gs, base_info, preset.seeds)
         + _other_results(study, lr_grid)
         + _dynamics_and_limits(study, captions)
     )
-    data = summary(preset, base_info, runs, seconds, command, resumed, record, lr_grid, tuning_runs)
-    data["gain_over_grpo_pass_at_k"] = {str(k): gains_over(runs, study.ests, study.gs, k=k) for k in COVERAGE_K}
-    data["equal_samples"] = views
-    atomic_write_text(out / "study.md", _with_source_lines(text, study.source))
+    ests, gs, by_cell = study.ests, study.gs, study.by_cell
+    lrs = {(r["config"]["estimator"], r["config"]["group_size"], r["config"]["order"]): r["config"]["lr"] for r in runs}
+    data = {  # the machine-readable summary (NaN as null); readme_tables reads it
+        "preset": preset.name,
+        "command": command,
+        "n_runs": len(runs),
+        "tuning_runs": tuning_runs,
+        "resumed_runs": resumed,
+        "wall_seconds": seconds,
+        "cpu_seconds": round(base_info["sft_cpu_seconds"] + sum(r["cpu_seconds"] for r in runs), 1),
+        "torch": torch.__version__,
+        "torch_threads_per_run": 1,
+        "seeds": preset.seeds,
+        "steps": preset.rl["steps"],
+        "responses_per_step": preset.rl["responses_per_step"],
+        "grad_clip": preset.rl["grad_clip"],
+        "estimators": ests,
+        "group_sizes": gs,
+        "warm_start_heldout_accuracy": round(ws, 6),
+        "target_gain": preset.target_gain,
+        "provenance": record,
+        "lr_grid": lr_grid or {},
+        "paired": report.paired(runs, ests, gs),
+        "warm_start_heldout_pass_at_k": report.warm_start_pass_at_k(base_info),
+        "paired_pass_at_k": {str(k): report.paired(runs, ests, gs, k=k) for k in report.COVERAGE_K},
+        "cells": [{"estimator": e, "group_size": g, "order": o, "lr": lrs[e, g, o],
+                   **{k: report.ci_record([s[k] for s in sums]) for k in sums[0]}}
+                  for (e, g, o), sums in sorted(by_cell.items())],
+        "gain_over_grpo_pass_at_k": {str(k): report.paired(runs, ests, gs, "grpo", k, True) for k in report.COVERAGE_K},
+        "equal_samples": views,
+    }  # fmt: skip
+    atomic_write_text(out / "study.md", report._with_source_lines(text, study.source))
     atomic_write_text(out / "summary.json", json.dumps(data, indent=1) + "\n")
     return headline
 
@@ -101,22 +107,14 @@ def _draw_figures(out: Path, study: _Study, views: dict) -> dict[str, str]:
     runs, ests, gs, ws, og, clip = study.runs, study.ests, study.gs, study.ws, study.og, study.clip
     warm = (ws, f"warm start {ws:.3f}")
     lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
-    by_g = [(metric, gs, ests, fname, "group_size", {"order": "random"}, lines.get(metric))
-            for metric, (fname, _) in CURVES.items()]  # fmt: skip
-    by_order = ("accuracy", list(study.preset.orders), list(study.preset.order_estimators), "ordering_curves.png",
-                "order", {"group_size": og}, warm)  # fmt: skip
-    for metric, groups, rows, fname, by, fixed, hline in [*by_g, by_order]:
-        curve_figure(runs, metric, groups, rows, out / fname, by=by, fixed=fixed, hline=hline, source=study.source)
-    captions = {
-        "learning_curves.png": "held-out exact pass@1 over RL steps, one panel per G; dotted: the warm start",
-        "zero_signal.png": "fraction of groups whose advantages are all zero, per step",
-        "grad_norm.png": f"gradient norm before clipping, per step; dotted: the clip value {clip:g} (a norm above "
-        "it is scaled down to it)",
-        "entropy.png": "token-mean policy entropy of the sampled responses, per step",
-        "kl.png": "k3 estimate of KL(old || new) over one step's update",
-        "ordering_curves.png": f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start",
-        coverage.FIGURE: coverage.draw(out, runs, ests, gs, study.base_info, study.source),
-    }
+    for metric, (fname, _, _) in report.CURVES.items():
+        report.curve_figure(runs, metric, gs, ests, out / fname, "group_size", {"order": "random"}, lines.get(metric),
+                     study.source)  # fmt: skip
+    report.curve_figure(runs, "accuracy", list(study.preset.orders), list(study.preset.order_estimators),
+                 out / "ordering_curves.png", "order", {"group_size": og}, warm, study.source)  # fmt: skip
+    captions = {fname: caption.format(clip=clip) for fname, _, caption in report.CURVES.values()}
+    captions["ordering_curves.png"] = f"held-out exact pass@1 at G={og} by stream order; dotted: the warm start"
+    captions[report.PASS_AT_K_FIGURE] = report.pass_at_k_figure(out, runs, ests, gs, study.base_info, study.source)
     if views:
         ranking.ranking_figure(list(views.values()), runs, gs, out / ranking.FIGURE, study.source)
         ks = " and ".join(f"pass@{k}" for k in ranking.RANK_K)
@@ -128,7 +126,8 @@ def _introduction(study: _Study, command: str, seconds: float, resumed: int, ori
     """Title, command and cost, scope, and the Setup section."""
     preset, base_info, runs, ests, gs, og = study.preset, study.base_info, study.runs, study.ests, study.gs, study.og
     rl, orders, o_ests, clip = preset.rl, list(preset.orders), list(preset.order_estimators), study.clip
-    lr_text = ", ".join(f"{e} {lr:g}" if (lr := runs_lr(runs, e)) is not None else f"{e} (no run yet)" for e in ests)
+    lr = {r["config"]["estimator"]: r["config"]["lr"] for r in runs}  # one rate per estimator
+    lr_text = ", ".join(f"{e} {lr[e]:g}" if e in lr else f"{e} (no run yet)" for e in ests)
     hist = base_info["pass_rate_histogram"]
     left_out = [e for e in ESTIMATORS if e not in ests]
     scope = f"Estimators: {', '.join(ests)}; G in {gs}; " + (
@@ -182,7 +181,7 @@ CROSS_MACHINE = """the quick preset on two 2-core AMD EPYC machines with the sam
 
 def _accuracy_sections(study: _Study, headline: str) -> str:
     """Final held-out accuracy and its paired differences EBPO - X."""
-    pairs = paired(study.runs, study.ests, study.gs)
+    pairs = report.paired(study.runs, study.ests, study.gs)
     return f"""## Final held-out accuracy (rows = estimator, columns = G; random order)
 Warm start: {study.ws:.3f}. Each cell: mean ± 95% t-interval over {study.preset.seeds} seeds
 ((n/{study.preset.seeds}) where fewer ran).
@@ -193,9 +192,9 @@ Warm start: {study.ws:.3f}. Each cell: mean ± 95% t-interval over {study.preset
 Per G, the difference between EBPO's run and X's run of the same seed (same warm start, data stream and sampling
 seed), mean ± 95% t-interval over the seeds, and in brackets the seeds in which EBPO ends higher.
 
-{paired_table(pairs, study.gs)}
+{report.paired_table(pairs, study.gs)}
 
-{paired_verdict(pairs)}
+{report.paired_verdict(pairs)}
 
 {_against_grpo(study)}"""
 
@@ -210,9 +209,9 @@ Per G, X's run minus GRPO's run of the same seed, mean ± 95% t-interval over th
 seeds in which X ends higher / the seeds paired (pass@64 as in the coverage section below)."""
     ]
     for k in (1, 64):
-        gains = gains_over(study.runs, study.ests, study.gs, k=k)
-        parts.append(f"### pass@{k}\n\n{paired_table(gains, study.gs, 'X - GRPO', row='estimator')}\n\n"
-                     f"{gains_verdict(gains)}")  # fmt: skip
+        gains = report.paired(study.runs, study.ests, study.gs, "grpo", k, gains=True)
+        parts.append(f"### pass@{k}\n\n{report.paired_table(gains, study.gs, 'X - GRPO', row='estimator')}\n\n"
+                     f"{report.gains_verdict(gains)}")  # fmt: skip
     return "\n\n".join(parts) + "\n\n"
 
 
@@ -224,7 +223,7 @@ def _other_results(study: _Study, lr_grid: dict | None) -> str:
     probe = study.base_info["probe_accuracy"]
     order_section = (
         f"## Stream order (G = {og}): final held-out accuracy\n\n"
-        f"{table(by_cell, o_ests, orders, 'final_accuracy', 'order', key=lambda r, c: (r, og, c))}\n"
+        f"{report.table(by_cell, o_ests, orders, 'final_accuracy', 'order', key=lambda r, c: (r, og, c))}\n"
         if o_ests
         else ""
     )
@@ -235,16 +234,16 @@ def _other_results(study: _Study, lr_grid: dict | None) -> str:
 Mean over the seeds that reached it (count in brackets when not all did);
 sampled responses = steps x {rl["responses_per_step"]}.
 
-{table(by_cell, ests, gs, "steps_to_target", "G", 1, censored=True)}
+{report.table(by_cell, ests, gs, "steps_to_target", "G", 1, censored=True)}
 
 ## Fraction of groups with zero advantage signal (mean over training)
 
-{table(by_cell, ests, gs, "zero_signal", "G")}
+{report.table(by_cell, ests, gs, "zero_signal", "G")}
 
 ## Final accuracy on a fixed sample of the RL training prompts
 Warm start: {probe:.3f}. These prompts belong to the RL stream, so a run may have trained on them.
 
-{table(by_cell, ests, gs, "probe_final_accuracy", "G")}
+{report.table(by_cell, ests, gs, "probe_final_accuracy", "G")}
 
 {_below_warm_start(by_cell, ests, gs, study.ws, rl)}
 {spo_note(by_cell, ests, gs)}
@@ -257,7 +256,7 @@ def _dynamics_and_limits(study: _Study, captions: dict[str, str]) -> str:
     preset, by_cell, ests, og = study.preset, study.by_cell, study.ests, study.og
     return f"""## Training dynamics at G = {og} (random order)
 
-{dynamics_table(by_cell, ests, og)}
+{report.dynamics_table(by_cell, ests, og)}
 
 {_gradient_note(by_cell, ests, study.gs, og, study.clip)}
 
@@ -280,40 +279,33 @@ apart along x so that the estimators' intervals stay distinguishable; each figur
 """
 
 
-def runs_lr(runs: list[dict], estimator: str) -> float | None:
-    """The learning rate of ``estimator``'s runs (one per estimator); None before any of them is saved."""
-    return next((r["config"]["lr"] for r in runs if r["config"]["estimator"] == estimator), None)
-
-
 def lr_section(lr_grid: dict) -> str:
     """The learning-rate grid: per estimator the rates tried, the validation score of each, the choice."""
     if not lr_grid:
         return "Fixed learning rates (no grid recorded for this preset)."
     rows = []
     for e, g in lr_grid.items():
-        scores = ", ".join(
-            f"{v:g}: " + ("n/a" if s[0] is None else f"{s[0]:.3f}" + (f" ± {s[1]:.3f}" if s[1] is not None else ""))
-            for v, s in zip(g["values"], g["validation"], strict=True)
-        )
+        scores = ", ".join(f"{v:g}: " + ("n/a" if s[0] is None else report.pm(s[0], s[1]))
+                           for v, s in zip(g["values"], g["validation"], strict=True))  # fmt: skip
         rows.append([e, scores, f"{g['chosen']:g}"])
     head = ["estimator", "rates tried: mean validation accuracy over the run", "chosen"]
     sources = "; ".join(sorted({g.get("source", "") for g in lr_grid.values()}))
-    return md_table(head, rows) + f"\n\nWhere the rates come from (never from the test split): {sources}."
+    return report.md_table(head, rows) + f"\n\nWhere the rates come from (never from the test split): {sources}."
 
 
 def _below_warm_start(by_cell: dict, ests: list[str], gs: list[int], ws: float, rl: dict) -> str:
     """Where the final model gained, for the G at which every estimator ends below the warm start."""
-    below = [g for g in gs if all(_mean(by_cell, (e, g, "random"), "final_accuracy") < ws for e in ests)]
+    below = [g for g in gs if all(report._mean(by_cell, (e, g, "random"), "final_accuracy") < ws for e in ests)]
     if not below:
         return ""
 
     def cell(e: str, g: int) -> str:
-        parts = [_mean(by_cell, (e, g, "random"), k) for k in ("train_seen_gain", "train_unseen_gain")]
-        held = _mean(by_cell, (e, g, "random"), "final_accuracy") - ws
+        parts = [report._mean(by_cell, (e, g, "random"), k) for k in ("train_seen_gain", "train_unseen_gain")]
+        held = report._mean(by_cell, (e, g, "random"), "final_accuracy") - ws
         return " / ".join("n/a" if not np.isfinite(x) else f"{x:+.3f}" for x in (*parts, held))
 
-    seen = {g: _mean(by_cell, (ests[0], g, "random"), "train_seen_fraction") for g in gs}
-    rows = md_table(["estimator", *(f"G={g}" for g in gs)], [[e, *(cell(e, g) for g in gs)] for e in ests])
+    seen = {g: report._mean(by_cell, (ests[0], g, "random"), "train_seen_fraction") for g in gs}
+    rows = report.md_table(["estimator", *(f"G={g}" for g in gs)], [[e, *(cell(e, g) for g in gs)] for e in ests])
     return f"""## Why every estimator ends below the warm start at G = {", ".join(map(str, below))}
 Change of exact pass@1 from the warm start to the final model, mean over seeds: on the RL prompts the run
 trained on / on the RL prompts it never saw / on the held-out prompts.
@@ -334,9 +326,7 @@ def spo_note(by_cell: dict, ests: list[str], gs: list[int]) -> str:
     """How often SPO's tracker had seen a step's prompts before: where never, its baseline stays 0.5."""
     if "spo" not in ests:
         return ""
-    seen = {
-        g: mean_ci([s.get("spo_frac_seen", math.nan) for s in by_cell.get(("spo", g, "random"), [])])[0] for g in gs
-    }
+    seen = {g: report._mean(by_cell, ("spo", g, "random"), "spo_frac_seen") for g in gs}
     never = [g for g in gs if seen[g] == 0.0]
     text = (
         "## SPO's tracker: how often a prompt recurs\nShare of a step's prompts that the tracker had seen at an "
@@ -356,14 +346,15 @@ def spo_note(by_cell: dict, ests: list[str], gs: list[int]) -> str:
 
 def _gradient_note(by_cell: dict, ests: list[str], gs: list[int], og: int, clip: float) -> str:
     """How often updates were clipped, and where GRPO+BN's gradient norm is above EBPO's."""
-    clipped = ", ".join(f"{e} {100 * _mean(by_cell, (e, og, 'random'), 'clipped'):.0f}%" for e in ests)
+    clipped = ", ".join(f"{e} {100 * report._mean(by_cell, (e, og, 'random'), 'clipped'):.0f}%" for e in ests)
     text = (
         f"Share of mini-batch updates whose pre-clip gradient norm exceeded the clip value {clip:g} at G={og}: "
         f"{clipped}. A clipped update is scaled down to norm {clip:g}, so a higher pre-clip gradient norm "
         "overstates the size of the applied update."
     )
     if {"grpo", "grpo_bn", "ebpo"} <= set(ests):
-        norm = {(e, g): _mean(by_cell, (e, g, "random"), "grad_norm") for e in ("grpo", "grpo_bn", "ebpo") for g in gs}
+        three = ("grpo", "grpo_bn", "ebpo")
+        norm = {(e, g): report._mean(by_cell, (e, g, "random"), "grad_norm") for e in three for g in gs}
         higher = [g for g in gs if norm["grpo_bn", g] > norm["ebpo", g] > norm["grpo", g]]
         if higher:
             text += (
@@ -373,3 +364,36 @@ def _gradient_note(by_cell: dict, ests: list[str], gs: list[int], og: int, clip:
                 "norm comes with the batch standardisation, not with the shrinkage."
             )
     return text
+
+
+def coverage_section(
+    runs: list[dict], by_cell: dict, ests: list[str], gs: list[int], base_info: dict, seeds: int | None = None
+) -> str:
+    """The report's coverage section: pass@k per cell at the k > 1 of :data:`COVERAGE_K` and the paired
+    differences EBPO - X at each k (pass@1's are the section above); a cell over fewer than ``seeds`` runs shows
+    (n/seeds)."""
+    warm = report.warm_start_pass_at_k(base_info)
+    warm_text = ", ".join(f"pass@{k} {warm[k]:.3f}" if warm[k] is not None else f"pass@{k} n/a" for k in warm)
+    parts = [
+        f"""## Coverage: held-out pass@k (k = {", ".join(map(str, report.COVERAGE_K))})
+pass@k is the mean over the held-out prompts of 1 - (1 - p)^k, p the prompt's exact success probability at
+temperature 1: the chance that at least one of k independent samples is right, exact as pass@1 is (pass@1 is the
+accuracy above). Warm start: {warm_text}. Figure: [{report.PASS_AT_K_FIGURE}]({report.PASS_AT_K_FIGURE})."""
+    ]
+    for k in (k for k in report.COVERAGE_K if k > 1):
+        pairs = report.paired(runs, ests, gs, k=k)
+        parts.append(f"""### pass@{k} (rows = estimator, columns = G; random order)
+
+{report.table(by_cell, ests, gs, f"pass_at_{k}", "G", seeds=seeds)}
+
+EBPO - X in pass@{k}, paired by seed as above:
+
+{report.paired_table(pairs, gs)}
+
+{report.paired_verdict(pairs)}""")
+    parts.append(
+        "What this measures: whether a final policy still puts probability on the right answer of prompts it\n"
+        "rarely solves (pass@64 counts a prompt with p = 0.05 as 96% solved). It compares the estimators' coverage\n"
+        "on this testbed only: one warm start, a ~10^5-parameter model, answers of a few tokens."
+    )
+    return "\n\n".join(parts) + "\n\n"
