@@ -22,6 +22,12 @@ _LABELS = {
 BENCHMARKS: dict[str, str] = {name: _LABELS[name] for name in NAMES}
 """verl data_source of each benchmark (``ebpo_verl.evaluate.prompts.BENCHMARKS``) -> column label."""
 
+
+def _per_benchmark(*scores: float, avg: float) -> dict[str, float]:
+    """The numbers of a row the paper prints per benchmark, in :data:`BENCHMARKS` order, and their average."""
+    return {**dict(zip(BENCHMARKS, scores, strict=True)), "avg": avg}
+
+
 PAPER: dict[str, dict[str, dict[str, dict[str, float]]]] = {
     # Main table (v1/v3), plus the v2 draft's REINFORCE++, RLOO, SPO and EBPO-BB rows.
     "main": {
@@ -30,14 +36,7 @@ PAPER: dict[str, dict[str, dict[str, dict[str, float]]]] = {
             "Dr.GRPO": {"avg": 56.27},
             "DAPO": {"avg": 52.63},
             "EntropyMech": {"avg": 49.18},
-            "EBPO": {
-                "math500": 76.80,
-                "aime2024": 56.04,
-                "aime2025": 47.92,
-                "amc23": 86.25,
-                "olympiadbench": 54.93,
-                "avg": 64.39,
-            },
+            "EBPO": _per_benchmark(76.80, 56.04, 47.92, 86.25, 54.93, avg=64.39),
             "REINFORCE++": {"avg": 63.13},
             "RLOO": {"avg": 62.20},
             "SPO": {"avg": 62.37},
@@ -88,56 +87,14 @@ PAPER: dict[str, dict[str, dict[str, dict[str, float]]]] = {
     # (docs/paper_notes.md#logged-numbers; PAPER_LABEL says so in the tables).
     "curriculum": {
         "Qwen3-8B-Base": {
-            "EBPO-diff": {
-                "math500": 54.41,
-                "aime2024": 10.42,
-                "aime2025": 9.58,
-                "amc23": 40.63,
-                "olympiadbench": 25.56,
-                "avg": 28.12,
-            },
-            "GRPO-diff": {
-                "math500": 54.90,
-                "aime2024": 9.38,
-                "aime2025": 9.17,
-                "amc23": 36.41,
-                "olympiadbench": 25.22,
-                "avg": 27.01,
-            },
-            "Dr.GRPO-diff": {
-                "math500": 55.56,
-                "aime2024": 12.92,
-                "aime2025": 9.58,
-                "amc23": 37.19,
-                "olympiadbench": 24.15,
-                "avg": 27.88,
-            },
-            "DAPO-diff": {
-                "math500": 53.74,
-                "aime2024": 8.96,
-                "aime2025": 7.92,
-                "amc23": 37.03,
-                "olympiadbench": 23.33,
-                "avg": 26.19,
-            },
+            "EBPO-diff": _per_benchmark(54.41, 10.42, 9.58, 40.63, 25.56, avg=28.12),
+            "GRPO-diff": _per_benchmark(54.90, 9.38, 9.17, 36.41, 25.22, avg=27.01),
+            "Dr.GRPO-diff": _per_benchmark(55.56, 12.92, 9.58, 37.19, 24.15, avg=27.88),
+            "DAPO-diff": _per_benchmark(53.74, 8.96, 7.92, 37.03, 23.33, avg=26.19),
         },
         "Qwen3-14B-Base": {
-            "EBPO-diff": {
-                "math500": 63.80,
-                "aime2024": 12.08,
-                "aime2025": 13.96,
-                "amc23": 51.72,
-                "olympiadbench": 30.97,
-                "avg": 34.51,
-            },
-            "GRPO-diff": {
-                "math500": 60.06,
-                "aime2024": 11.04,
-                "aime2025": 10.83,
-                "amc23": 43.28,
-                "olympiadbench": 28.12,
-                "avg": 30.67,
-            },
+            "EBPO-diff": _per_benchmark(63.80, 12.08, 13.96, 51.72, 30.97, avg=34.51),
+            "GRPO-diff": _per_benchmark(60.06, 11.04, 10.83, 43.28, 28.12, avg=30.67),
         },
     },
 }
