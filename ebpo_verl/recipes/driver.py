@@ -27,7 +27,7 @@ from ebpo_verl.ops.model_ref import model_reference_problem
 from ebpo_verl.options.parsing import OptionSection
 from ebpo_verl.recipes.make_tables import DEFAULT_METRIC, check_metric
 from ebpo_verl.recipes.presets import PRESETS, SHARED
-from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
+from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, data_command, python, variant_suffix
 from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes, chosen_protocols
 from ebpo_verl.recipes.tables import TABLES, Row, Table
 
@@ -141,13 +141,10 @@ def _dry_run(spec: RunSpec) -> int:
 
     show_job(spec.overrides())  # the pre-flight and the config on stdout; a refusal exits 2 with one line
     sh = spec.shared
-    where = f"our checks, verl's validate_config at {sh.nnodes} x {sh.gpus_per_node} GPUs"
-    if os.path.isfile(spec.train_path):
-        log(f"DRY_RUN: pre-flight passed ({where}, steps per epoch of {spec.train_path}); nothing was prepared, "
-            "written or started")  # fmt: skip
-    else:
-        log(f"DRY_RUN: pre-flight passed ({where}; steps per epoch not checked: {spec.train_path} is not prepared "
-            "yet); nothing was prepared, written or started")  # fmt: skip
+    steps = (f", steps per epoch of {spec.train_path}" if os.path.isfile(spec.train_path)
+             else f"; steps per epoch not checked: {spec.train_path} is not prepared yet")  # fmt: skip
+    log(f"DRY_RUN: pre-flight passed (our checks, verl's validate_config at {sh.nnodes} x {sh.gpus_per_node} GPUs"
+        f"{steps}); nothing was prepared, written or started")  # fmt: skip
     return 0
 
 
@@ -175,13 +172,13 @@ def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
         raise RecipeError(f"eval {err}") from None
     own = switches(EvalSwitches, env)
     chosen = chosen_protocols(own.EVAL_PROTOCOL)
-    paths = Shared.from_env(env).paths
+    shared = Shared.from_env(env)
+    paths = shared.paths
     out = own.EVAL_DIR or os.path.join(paths.work, "eval", eval_name(target))
     missing = [b for b in BENCHMARKS if not os.path.isfile(os.path.join(paths.data, f"{b}.parquet"))]
     if missing:
         log(f"eval.sh: preparing {' '.join(missing)} in {paths.data}")
-        local = ["--local-dir", env["DATA_LOCAL_DIR"]] if env.get("DATA_LOCAL_DIR") else []
-        if execute([python(), "-m", "ebpo_verl.data.all", "--out-dir", paths.data, "--only", *missing, *local]):
+        if execute(data_command(paths.data, missing, shared.data_local_dir)):
             raise RecipeError("data preparation failed")
     for protocol in chosen:
         log(f"eval.sh: {target}, protocol {protocol} -> {out}")

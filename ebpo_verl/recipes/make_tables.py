@@ -1,18 +1,14 @@
 """Tables of Pass@1 (or pass@K, maj@K, avg@n) from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
-    python -m ebpo_verl.recipes.make_tables RUN... --out results/
-        [--table main|group_size|ordering|curriculum|grpo_bn|rivals] [--select final|best] [--metric M ...]
+    python -m ebpo_verl.recipes.make_tables RUN... --out results/ [--table NAME] [--select final|best] [--metric M ...]
 
 RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
 ``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
 append-only ``trainer.metrics_log_path`` log also uses) or a run directory (its ``metrics.jsonl``, else every
 ``*.jsonl`` in it, in natural name order, as successive attempts), optionally labelled ``SECTION/METHOD=RUN``
-(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``.
-
-Reading a run: lines are taken in order; a line whose step is not after the previous line's step starts a new
-attempt (a restart from a checkpoint), which supersedes the earlier attempt's steps after its first step; lines
-of the same step are merged, later keys winning. A torn last line (a crash mid-write) is skipped with a warning;
-any other malformed line is an error naming the file and line.
+(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``. A run's
+attempts (restarts from a checkpoint) are resolved by :func:`ebpo_verl.ops.metrics_log.merge_attempts`; a torn last
+line is skipped with a warning, any other malformed line is an error naming the file and line.
 
 Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x 100 for the benchmarks math500, aime2024, aime2025,
 amc23, olympiadbench. ``final`` takes the last validation of the run; ``best`` the validation with the highest
@@ -31,14 +27,13 @@ graded before these keys existed; a note under the table names them), and so doe
 pass@1 only, and the paper's numbers (pass@1) are shown only in the pass@1 table.
 
 Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` for pass@1, ``<out>/<table>-<metric>.md``/``.csv`` for
-another metric (written atomically). With ``--table``, every row of the
-paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
-extra labelled runs; "Paper Avg" and "Δ Avg" compare with the paper; rows for which the paper prints
-per-benchmark numbers (or differences) get a "(paper)" row below them. The curriculum table's reference rows
-are the authors' own eval logs of their step-34 checkpoints (labelled "(authors' logs, step 34)"; the paper
-prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the paper figure's
-difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json ``step``,
-empty for an untrained model) or the step of the selected validation.
+another metric (written atomically). With ``--table`` (a table of :data:`.tables.TABLES`), every row of the paper's
+table is listed (a run that is missing or has no validation yet leaves its cells empty), then any extra labelled
+runs; rows for which the paper prints per-benchmark numbers (or differences) get a "(paper)" row below them. The
+curriculum table's reference rows are the authors' own eval logs of their step-34 checkpoints (labelled "(authors'
+logs, step 34)"; the paper prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the
+paper figure's difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json
+``step``, empty for an untrained model) or the step of the selected validation.
 """
 
 from __future__ import annotations
