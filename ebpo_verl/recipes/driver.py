@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -42,9 +42,9 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def execute(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-    """Run one command (inheriting this process's environment, plus ``env``); its exit status."""
-    return subprocess.run(list(command), env={**os.environ, **(env or {})}, check=False).returncode
+def execute(command: Sequence[str]) -> int:
+    """Run one command (inheriting this process's environment); its exit status."""
+    return subprocess.run(list(command), check=False).returncode
 
 
 S = TypeVar("S", bound=OptionSection)
@@ -287,14 +287,12 @@ def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], li
     return own, chosen, metrics
 
 
-def drive(
-    name: str, args: Sequence[str], env: Mapping[str, str], run_one: Callable[[RunSpec], int] | None = None
-) -> int:
-    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train,
-    then train (unless ``LOG_DIR/<run>/.done``),
-    evaluate (unless its results exist; FINAL_EVAL=1), then tabulate. DRY_RUN=1 (or PRINT_OVERRIDES=1) shows
-    one block per run (name, what differs from the shared setup, the pre-flight's result; SHOW_CONFIG=1 adds
-    the composed config) and the evaluation and table commands, and runs, marks and writes nothing."""
+def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
+    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train, then
+    train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then tabulate.
+    DRY_RUN=1 (or PRINT_OVERRIDES=1) shows one block per run (name, what differs from the shared setup, the
+    pre-flight's result; SHOW_CONFIG=1 adds the composed config) and the evaluation and table commands, and runs,
+    marks and writes nothing."""
     table = TABLES[name]
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)
@@ -309,7 +307,6 @@ def drive(
             print(f"{e.row.section}\t{e.row.method}\t{e.name}\t{results}\t{e.command()}")
         return 0
     dry = modes.dry
-    run_one = run_one or _train
     untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
     for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
         try:
@@ -325,7 +322,7 @@ def drive(
             failed += _show(e, modes)
         else:
             log(f"== {e.name}: {' '.join(e.words)}")
-            if run_one(e.spec) != 0:
+            if _train(e.spec) != 0:
                 failed.append(f"{e.name} (training)")
                 continue
             Path(done).touch()

@@ -407,7 +407,8 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
                 emit(["", f"{row.method} ({label})", *cells, "", "", "", "", "", REFERENCE])
     missing = [r for r in rows if r.missing]
     if missing:
-        lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
+        why = [f"{r.section}/{r.method} ({r.missing}{f': {r.source}' if r.source else ''})" for r in missing]
+        lines += ["", "Empty rows: " + "; ".join(why) + "."]
     absent = [r for r in rows if r.absent]
     if absent:
         lines += [
@@ -486,10 +487,6 @@ def _paper_avg(row: Row) -> tuple[float | None, float | None]:
 
 def _fmt_step(row: Row) -> str:
     return "" if row.step is None else str(row.step)
-
-
-def _why(row: Row) -> str:
-    return f"{row.missing}: {row.source}" if row.source else row.missing
 
 
 def render_csv(rows: list[Row], contrasts: list[Row]) -> str:

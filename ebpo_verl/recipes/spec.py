@@ -134,7 +134,8 @@ class RecipeError(ValueError):
 
 @dataclass(frozen=True)
 class Model:
-    """A model config file (``ebpo_verl/recipes/models/<tag>.yaml``): default path, table label, layout."""
+    """A model config file (``ebpo_verl/recipes/models/<tag>.yaml``): its ``tag``, default ``path``, table ``label``
+    and ``overrides`` (the model's layout); its ``#`` comment lines are the ``run <tag> --help`` description."""
 
     tag: str
     path: str
