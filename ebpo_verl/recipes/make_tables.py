@@ -90,7 +90,8 @@ def read_run(path: str | os.PathLike) -> dict[int, dict]:
     return merge_attempts(record for file in log_files(Path(path)) for record in read_records(file))
 
 
-def _number(value) -> float | None:
+def finite_number(value) -> float | None:
+    """``value`` as a float if it is a finite int or float (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
@@ -101,7 +102,7 @@ def val_scores(metrics: dict) -> tuple[dict[str, float], set[int]]:
     best: dict[str, tuple[int, float]] = {}
     for key, value in metrics.items():
         match = VAL_KEY.match(key)
-        number = _number(value)
+        number = finite_number(value)
         if match is None or number is None or match["bench"] not in BENCHMARKS:
             continue
         k = int(match["k"])
@@ -227,7 +228,7 @@ def _check_result_entry(bench: str, entry: object) -> None:
         raise TypeError(f"benchmarks.{bench:.40}.pass@k/maj@k is not an object (k -> percentage)")
     by_k = [(f"{name}.{k:.20}", v) for name in ("pass@k", "maj@k") for k, v in (entry.get(name) or {}).items()]
     for key, value in [(k, entry.get(k)) for k in RESULT_PERCENTS] + by_k:
-        if value is not None and (_number(value) is None or not 0 <= value <= 100):
+        if value is not None and (finite_number(value) is None or not 0 <= value <= 100):
             raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not a percentage")
     if not isinstance(entry.get("complete", True), bool):
         raise TypeError(f"benchmarks.{bench:.40}.complete is not true or false")
@@ -243,11 +244,11 @@ def metric_value(entry: dict, metric: str) -> float | None:
     """A benchmark entry's value of ``metric`` (None when it lacks it)."""
     match = METRIC.match(metric)
     if metric == DEFAULT_METRIC or match is None:
-        return _number(entry.get("pass@1"))
+        return finite_number(entry.get("pass@1"))
     if match["name"] is None:
-        return _number(entry.get("avg@n"))
+        return finite_number(entry.get("avg@n"))
     by_k = entry.get(f"{match['name']}@k")
-    return _number(by_k.get(match["k"])) if isinstance(by_k, dict) else None
+    return finite_number(by_k.get(match["k"])) if isinstance(by_k, dict) else None
 
 
 def scores_of(data: dict, metric: str) -> dict[str, float]:

@@ -14,7 +14,6 @@ report that EBPO keeps a higher gradient norm, a bounded per-step KL and a highe
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import MISSING, dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from ebpo_verl.ops.metrics_log import MetricsLogError, read_provenance  # noqa: 
 from ebpo_verl.ops.provenance import describe_hardware, short_commit  # noqa: E402
 from ebpo_verl.options.cli import parse  # noqa: E402
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, option  # noqa: E402
-from ebpo_verl.recipes.make_tables import log_files, parse_spec, read_run  # noqa: E402
+from ebpo_verl.recipes.make_tables import finite_number, log_files, parse_spec, read_run  # noqa: E402
 
 CORE: dict[str, str] = {
     "actor/grad_norm": "gradient norm",
@@ -44,13 +43,8 @@ CORE: dict[str, str] = {
 
 def series(run: dict[int, dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of ``key`` over the run's training steps; non-numeric and non-finite values dropped."""
-    steps, values = [], []
-    for step, data in run.items():
-        value = data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            steps.append(step)
-            values.append(float(value))
-    return steps, values
+    points = [(step, finite_number(data.get(key))) for step, data in run.items()]
+    return [step for step, v in points if v is not None], [v for _, v in points if v is not None]
 
 
 def smooth(values: list[float], window: int) -> list[float]:
