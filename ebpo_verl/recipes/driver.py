@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -27,7 +27,7 @@ from ebpo_verl.ops.model_ref import model_reference_problem
 from ebpo_verl.options.parsing import OptionSection
 from ebpo_verl.recipes.make_tables import DEFAULT_METRIC, check_metric
 from ebpo_verl.recipes.presets import PRESETS, SHARED
-from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, python, variant_suffix
+from ebpo_verl.recipes.spec import SCHEDULE_VARS, RecipeError, RunSpec, Shared, data_command, python, variant_suffix
 from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes, chosen_protocols
 from ebpo_verl.recipes.tables import TABLES, Row, Table
 
@@ -42,9 +42,9 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def execute(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-    """Run one command (inheriting this process's environment, plus ``env``); its exit status."""
-    return subprocess.run(list(command), env={**os.environ, **(env or {})}, check=False).returncode
+def execute(command: Sequence[str]) -> int:
+    """Run one command (inheriting this process's environment); its exit status."""
+    return subprocess.run(list(command), check=False).returncode
 
 
 S = TypeVar("S", bound=OptionSection)
@@ -141,13 +141,10 @@ def _dry_run(spec: RunSpec) -> int:
 
     show_job(spec.overrides())  # the pre-flight and the config on stdout; a refusal exits 2 with one line
     sh = spec.shared
-    where = f"our checks, verl's validate_config at {sh.nnodes} x {sh.gpus_per_node} GPUs"
-    if os.path.isfile(spec.train_path):
-        log(f"DRY_RUN: pre-flight passed ({where}, steps per epoch of {spec.train_path}); nothing was prepared, "
-            "written or started")  # fmt: skip
-    else:
-        log(f"DRY_RUN: pre-flight passed ({where}; steps per epoch not checked: {spec.train_path} is not prepared "
-            "yet); nothing was prepared, written or started")  # fmt: skip
+    steps = (f", steps per epoch of {spec.train_path}" if os.path.isfile(spec.train_path)
+             else f"; steps per epoch not checked: {spec.train_path} is not prepared yet")  # fmt: skip
+    log(f"DRY_RUN: pre-flight passed (our checks, verl's validate_config at {sh.nnodes} x {sh.gpus_per_node} GPUs"
+        f"{steps}); nothing was prepared, written or started")  # fmt: skip
     return 0
 
 
@@ -175,13 +172,13 @@ def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
         raise RecipeError(f"eval {err}") from None
     own = switches(EvalSwitches, env)
     chosen = chosen_protocols(own.EVAL_PROTOCOL)
-    paths = Shared.from_env(env).paths
+    shared = Shared.from_env(env)
+    paths = shared.paths
     out = own.EVAL_DIR or os.path.join(paths.work, "eval", eval_name(target))
     missing = [b for b in BENCHMARKS if not os.path.isfile(os.path.join(paths.data, f"{b}.parquet"))]
     if missing:
         log(f"eval.sh: preparing {' '.join(missing)} in {paths.data}")
-        local = ["--local-dir", env["DATA_LOCAL_DIR"]] if env.get("DATA_LOCAL_DIR") else []
-        if execute([python(), "-m", "ebpo_verl.data.all", "--out-dir", paths.data, "--only", *missing, *local]):
+        if execute(data_command(paths.data, missing, shared.data_local_dir)):
             raise RecipeError("data preparation failed")
     for protocol in chosen:
         log(f"eval.sh: {target}, protocol {protocol} -> {out}")
@@ -290,14 +287,12 @@ def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], li
     return own, chosen, metrics
 
 
-def drive(
-    name: str, args: Sequence[str], env: Mapping[str, str], run_one: Callable[[RunSpec], int] | None = None
-) -> int:
-    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train,
-    then train (unless ``LOG_DIR/<run>/.done``),
-    evaluate (unless its results exist; FINAL_EVAL=1), then tabulate. DRY_RUN=1 (or PRINT_OVERRIDES=1) shows
-    one block per run (name, what differs from the shared setup, the pre-flight's result; SHOW_CONFIG=1 adds
-    the composed config) and the evaluation and table commands, and runs, marks and writes nothing."""
+def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
+    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train, then
+    train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then tabulate.
+    DRY_RUN=1 (or PRINT_OVERRIDES=1) shows one block per run (name, what differs from the shared setup, the
+    pre-flight's result; SHOW_CONFIG=1 adds the composed config) and the evaluation and table commands, and runs,
+    marks and writes nothing."""
     table = TABLES[name]
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)
@@ -312,7 +307,6 @@ def drive(
             print(f"{e.row.section}\t{e.row.method}\t{e.name}\t{results}\t{e.command()}")
         return 0
     dry = modes.dry
-    run_one = run_one or _train
     untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
     for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
         try:
@@ -328,7 +322,7 @@ def drive(
             failed += _show(e, modes)
         else:
             log(f"== {e.name}: {' '.join(e.words)}")
-            if run_one(e.spec) != 0:
+            if _train(e.spec) != 0:
                 failed.append(f"{e.name} (training)")
                 continue
             Path(done).touch()

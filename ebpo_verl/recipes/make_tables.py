@@ -1,18 +1,14 @@
 """Tables of Pass@1 (or pass@K, maj@K, avg@n) from evaluation results or EBPO/verl metrics logs, in the paper's layout.
 
-    python -m ebpo_verl.recipes.make_tables RUN... --out results/
-        [--table main|group_size|ordering|curriculum|grpo_bn|rivals] [--select final|best] [--metric M ...]
+    python -m ebpo_verl.recipes.make_tables RUN... --out results/ [--table NAME] [--select final|best] [--metric M ...]
 
 RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
 ``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
 append-only ``trainer.metrics_log_path`` log also uses) or a run directory (its ``metrics.jsonl``, else every
 ``*.jsonl`` in it, in natural name order, as successive attempts), optionally labelled ``SECTION/METHOD=RUN``
-(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``.
-
-Reading a run: lines are taken in order; a line whose step is not after the previous line's step starts a new
-attempt (a restart from a checkpoint), which supersedes the earlier attempt's steps after its first step; lines
-of the same step are merged, later keys winning. A torn last line (a crash mid-write) is skipped with a warning;
-any other malformed line is an error naming the file and line.
+(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``. A run's
+attempts (restarts from a checkpoint) are resolved by :func:`ebpo_verl.ops.metrics_log.merge_attempts`; a torn last
+line is skipped with a warning, any other malformed line is an error naming the file and line.
 
 Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x 100 for the benchmarks math500, aime2024, aime2025,
 amc23, olympiadbench. ``final`` takes the last validation of the run; ``best`` the validation with the highest
@@ -31,14 +27,13 @@ graded before these keys existed; a note under the table names them), and so doe
 pass@1 only, and the paper's numbers (pass@1) are shown only in the pass@1 table.
 
 Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` for pass@1, ``<out>/<table>-<metric>.md``/``.csv`` for
-another metric (written atomically). With ``--table``, every row of the
-paper's table is listed (a run that is missing or has no validation yet leaves its cells empty), then any
-extra labelled runs; "Paper Avg" and "Δ Avg" compare with the paper; rows for which the paper prints
-per-benchmark numbers (or differences) get a "(paper)" row below them. The curriculum table's reference rows
-are the authors' own eval logs of their step-34 checkpoints (labelled "(authors' logs, step 34)"; the paper
-prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the paper figure's
-difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json ``step``,
-empty for an untrained model) or the step of the selected validation.
+another metric (written atomically). With ``--table`` (a table of :data:`.tables.TABLES`), every row of the paper's
+table is listed (a run that is missing or has no validation yet leaves its cells empty), then any extra labelled
+runs; rows for which the paper prints per-benchmark numbers (or differences) get a "(paper)" row below them. The
+curriculum table's reference rows are the authors' own eval logs of their step-34 checkpoints (labelled "(authors'
+logs, step 34)"; the paper prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the
+paper figure's difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json
+``step``, empty for an untrained model) or the step of the selected validation.
 """
 
 from __future__ import annotations
@@ -95,7 +90,8 @@ def read_run(path: str | os.PathLike) -> dict[int, dict]:
     return merge_attempts(record for file in log_files(Path(path)) for record in read_records(file))
 
 
-def _number(value) -> float | None:
+def finite_number(value) -> float | None:
+    """``value`` as a float if it is a finite int or float (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
@@ -106,7 +102,7 @@ def val_scores(metrics: dict) -> tuple[dict[str, float], set[int]]:
     best: dict[str, tuple[int, float]] = {}
     for key, value in metrics.items():
         match = VAL_KEY.match(key)
-        number = _number(value)
+        number = finite_number(value)
         if match is None or number is None or match["bench"] not in BENCHMARKS:
             continue
         k = int(match["k"])
@@ -232,7 +228,7 @@ def _check_result_entry(bench: str, entry: object) -> None:
         raise TypeError(f"benchmarks.{bench:.40}.pass@k/maj@k is not an object (k -> percentage)")
     by_k = [(f"{name}.{k:.20}", v) for name in ("pass@k", "maj@k") for k, v in (entry.get(name) or {}).items()]
     for key, value in [(k, entry.get(k)) for k in RESULT_PERCENTS] + by_k:
-        if value is not None and (_number(value) is None or not 0 <= value <= 100):
+        if value is not None and (finite_number(value) is None or not 0 <= value <= 100):
             raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not a percentage")
     if not isinstance(entry.get("complete", True), bool):
         raise TypeError(f"benchmarks.{bench:.40}.complete is not true or false")
@@ -248,11 +244,11 @@ def metric_value(entry: dict, metric: str) -> float | None:
     """A benchmark entry's value of ``metric`` (None when it lacks it)."""
     match = METRIC.match(metric)
     if metric == DEFAULT_METRIC or match is None:
-        return _number(entry.get("pass@1"))
+        return finite_number(entry.get("pass@1"))
     if match["name"] is None:
-        return _number(entry.get("avg@n"))
+        return finite_number(entry.get("avg@n"))
     by_k = entry.get(f"{match['name']}@k")
-    return _number(by_k.get(match["k"])) if isinstance(by_k, dict) else None
+    return finite_number(by_k.get(match["k"])) if isinstance(by_k, dict) else None
 
 
 def scores_of(data: dict, metric: str) -> dict[str, float]:
@@ -412,7 +408,8 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
                 emit(["", f"{row.method} ({label})", *cells, "", "", "", "", "", REFERENCE])
     missing = [r for r in rows if r.missing]
     if missing:
-        lines += ["", "Empty rows: " + "; ".join(f"{r.section}/{r.method} ({_why(r)})" for r in missing) + "."]
+        why = [f"{r.section}/{r.method} ({r.missing}{f': {r.source}' if r.source else ''})" for r in missing]
+        lines += ["", "Empty rows: " + "; ".join(why) + "."]
     absent = [r for r in rows if r.absent]
     if absent:
         lines += [
@@ -491,10 +488,6 @@ def _paper_avg(row: Row) -> tuple[float | None, float | None]:
 
 def _fmt_step(row: Row) -> str:
     return "" if row.step is None else str(row.step)
-
-
-def _why(row: Row) -> str:
-    return f"{row.missing}: {row.source}" if row.source else row.missing
 
 
 def render_csv(rows: list[Row], contrasts: list[Row]) -> str:

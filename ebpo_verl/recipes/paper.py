@@ -22,122 +22,63 @@ _LABELS = {
 BENCHMARKS: dict[str, str] = {name: _LABELS[name] for name in NAMES}
 """verl data_source of each benchmark (``ebpo_verl.evaluate.prompts.BENCHMARKS``) -> column label."""
 
+
+def _per_benchmark(*scores: float, avg: float) -> dict[str, float]:
+    """The numbers of a row the paper prints per benchmark, in :data:`BENCHMARKS` order, and their average."""
+    return {**dict(zip(BENCHMARKS, scores, strict=True)), "avg": avg}
+
+
+def _averages(avg: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Rows the paper prints only the five-benchmark average of: method -> {"avg": number}."""
+    return {method: {"avg": number} for method, number in avg.items()}
+
+
 PAPER: dict[str, dict[str, dict[str, dict[str, float]]]] = {
     # Main table (v1/v3), plus the v2 draft's REINFORCE++, RLOO, SPO and EBPO-BB rows.
     "main": {
         "Qwen3-8B": {
-            "GRPO": {"avg": 58.72},
-            "Dr.GRPO": {"avg": 56.27},
-            "DAPO": {"avg": 52.63},
-            "EntropyMech": {"avg": 49.18},
-            "EBPO": {
-                "math500": 76.80,
-                "aime2024": 56.04,
-                "aime2025": 47.92,
-                "amc23": 86.25,
-                "olympiadbench": 54.93,
-                "avg": 64.39,
-            },
-            "REINFORCE++": {"avg": 63.13},
-            "RLOO": {"avg": 62.20},
-            "SPO": {"avg": 62.37},
-            "EBPO-BB": {"avg": 65.69},
+            **_averages({"GRPO": 58.72, "Dr.GRPO": 56.27, "DAPO": 52.63, "EntropyMech": 49.18}),
+            "EBPO": _per_benchmark(76.80, 56.04, 47.92, 86.25, 54.93, avg=64.39),
+            **_averages({"REINFORCE++": 63.13, "RLOO": 62.20, "SPO": 62.37, "EBPO-BB": 65.69}),
         },
-        "Qwen3-14B": {
-            "GRPO": {"avg": 59.88},
-            "Dr.GRPO": {"avg": 60.16},
-            "DAPO": {"avg": 61.34},
-            "EntropyMech": {"avg": 54.02},
-            "EBPO": {"avg": 61.75},
-            "EBPO-BB": {"avg": 62.45},
-        },
-        "LLaMA3.1-8B": {
-            "GRPO": {"avg": 9.00},
-            "Dr.GRPO": {"avg": 8.89},
-            "DAPO": {"avg": 7.50},
-            "EntropyMech": {"avg": 6.39},
-            "EBPO": {"avg": 9.97},
-        },
+        "Qwen3-14B": _averages(
+            {"GRPO": 59.88, "Dr.GRPO": 60.16, "DAPO": 61.34, "EntropyMech": 54.02, "EBPO": 61.75, "EBPO-BB": 62.45}
+        ),
+        "LLaMA3.1-8B": _averages({"GRPO": 9.00, "Dr.GRPO": 8.89, "DAPO": 7.50, "EntropyMech": 6.39, "EBPO": 9.97}),
     },
     # Group size, Qwen3-8B.
     "group_size": {
-        "G=8": {"EBPO": {"avg": 65.54}, "GRPO": {"avg": 54.26}, "DAPO": {"avg": 46.69}},
-        "G=16": {"EBPO": {"avg": 64.64}, "GRPO": {"avg": 63.16}, "DAPO": {"avg": 56.36}},
-        "G=32": {"EBPO": {"avg": 62.41}, "GRPO": {"avg": 62.91}, "DAPO": {"avg": 56.90}},
+        "G=8": _averages({"EBPO": 65.54, "GRPO": 54.26, "DAPO": 46.69}),
+        "G=16": _averages({"EBPO": 64.64, "GRPO": 63.16, "DAPO": 56.36}),
+        "G=32": _averages({"EBPO": 62.41, "GRPO": 62.91, "DAPO": 56.90}),
     },
     # Ordering ablation: GPT-4.1 topic labels (the main-table EBPO run), no ordering, BERTopic-style labels.
     "ordering": {
-        "Qwen3-8B": {
-            "EBPO-topic (GPT-4.1 labels)": {"avg": 64.39},
-            "EBPO-topic (embedding labels)": {"avg": 64.93},
-            "EBPO-naive": {"avg": 60.00},
-        },
-        "Qwen3-14B": {
-            "EBPO-topic (GPT-4.1 labels)": {"avg": 61.75},
-            "EBPO-topic (embedding labels)": {"avg": 61.12},
-            "EBPO-naive": {"avg": 59.91},
-        },
+        "Qwen3-8B": _averages(
+            {"EBPO-topic (GPT-4.1 labels)": 64.39, "EBPO-topic (embedding labels)": 64.93, "EBPO-naive": 60.00}
+        ),
+        "Qwen3-14B": _averages(
+            {"EBPO-topic (GPT-4.1 labels)": 61.75, "EBPO-topic (embedding labels)": 61.12, "EBPO-naive": 59.91}
+        ),
     },
     # GRPO with batch-std normalisation isolates the shrinkage; GRPO and EBPO rows from the main table.
     "grpo_bn": {
-        "Qwen3-8B": {"GRPO": {"avg": 58.72}, "GRPO+BN": {"avg": 57.71}, "EBPO": {"avg": 64.39}},
-        "Qwen3-14B": {"GRPO": {"avg": 59.88}, "GRPO+BN": {"avg": 59.98}, "EBPO": {"avg": 61.75}},
+        "Qwen3-8B": _averages({"GRPO": 58.72, "GRPO+BN": 57.71, "EBPO": 64.39}),
+        "Qwen3-14B": _averages({"GRPO": 59.88, "GRPO+BN": 59.98, "EBPO": 61.75}),
     },
     # Curriculum (easy -> hard, one epoch, base model): the paper prints absolute numbers only in a figure, so
     # the rows carry the authors' own eval logs of the step-34 checkpoints under the paper protocol
     # (docs/paper_notes.md#logged-numbers; PAPER_LABEL says so in the tables).
     "curriculum": {
         "Qwen3-8B-Base": {
-            "EBPO-diff": {
-                "math500": 54.41,
-                "aime2024": 10.42,
-                "aime2025": 9.58,
-                "amc23": 40.63,
-                "olympiadbench": 25.56,
-                "avg": 28.12,
-            },
-            "GRPO-diff": {
-                "math500": 54.90,
-                "aime2024": 9.38,
-                "aime2025": 9.17,
-                "amc23": 36.41,
-                "olympiadbench": 25.22,
-                "avg": 27.01,
-            },
-            "Dr.GRPO-diff": {
-                "math500": 55.56,
-                "aime2024": 12.92,
-                "aime2025": 9.58,
-                "amc23": 37.19,
-                "olympiadbench": 24.15,
-                "avg": 27.88,
-            },
-            "DAPO-diff": {
-                "math500": 53.74,
-                "aime2024": 8.96,
-                "aime2025": 7.92,
-                "amc23": 37.03,
-                "olympiadbench": 23.33,
-                "avg": 26.19,
-            },
+            "EBPO-diff": _per_benchmark(54.41, 10.42, 9.58, 40.63, 25.56, avg=28.12),
+            "GRPO-diff": _per_benchmark(54.90, 9.38, 9.17, 36.41, 25.22, avg=27.01),
+            "Dr.GRPO-diff": _per_benchmark(55.56, 12.92, 9.58, 37.19, 24.15, avg=27.88),
+            "DAPO-diff": _per_benchmark(53.74, 8.96, 7.92, 37.03, 23.33, avg=26.19),
         },
         "Qwen3-14B-Base": {
-            "EBPO-diff": {
-                "math500": 63.80,
-                "aime2024": 12.08,
-                "aime2025": 13.96,
-                "amc23": 51.72,
-                "olympiadbench": 30.97,
-                "avg": 34.51,
-            },
-            "GRPO-diff": {
-                "math500": 60.06,
-                "aime2024": 11.04,
-                "aime2025": 10.83,
-                "amc23": 43.28,
-                "olympiadbench": 28.12,
-                "avg": 30.67,
-            },
+            "EBPO-diff": _per_benchmark(63.80, 12.08, 13.96, 51.72, 30.97, avg=34.51),
+            "GRPO-diff": _per_benchmark(60.06, 11.04, 10.83, 43.28, 28.12, avg=30.67),
         },
     },
 }

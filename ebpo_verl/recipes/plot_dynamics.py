@@ -14,10 +14,7 @@ report that EBPO keeps a higher gradient norm, a bounded per-step KL and a highe
 
 from __future__ import annotations
 
-import math
-import os
 import sys
-import tempfile
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -28,11 +25,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
 from ebpo_verl.ops.metrics_log import MetricsLogError, read_provenance  # noqa: E402
 from ebpo_verl.ops.provenance import describe_hardware, short_commit  # noqa: E402
 from ebpo_verl.options.cli import parse  # noqa: E402
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, option  # noqa: E402
-from ebpo_verl.recipes.make_tables import log_files, parse_spec, read_run  # noqa: E402
+from ebpo_verl.recipes.make_tables import finite_number, log_files, parse_spec, read_run  # noqa: E402
 
 CORE: dict[str, str] = {
     "actor/grad_norm": "gradient norm",
@@ -45,13 +43,8 @@ CORE: dict[str, str] = {
 
 def series(run: dict[int, dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of ``key`` over the run's training steps; non-numeric and non-finite values dropped."""
-    steps, values = [], []
-    for step, data in run.items():
-        value = data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            steps.append(step)
-            values.append(float(value))
-    return steps, values
+    points = [(step, finite_number(data.get(key))) for step, data in run.items()]
+    return [step for step, v in points if v is not None], [v for _, v in points if v is not None]
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -72,16 +65,12 @@ def metric_keys(runs: dict[str, dict[int, dict]]) -> list[str]:
     return [k for k in CORE if k in present] + ebpo
 
 
-def _save(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
+def save_png(fig, path: Path, caption: str = "") -> None:
+    """Write ``fig`` (with ``caption`` under it) to ``path`` as a PNG, atomically, and close it."""
+    if caption:
+        fig.text(0.5, -0.02, caption, ha="center", va="top", fontsize=8.5)
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
     finally:
         plt.close(fig)
 
@@ -121,10 +110,6 @@ def provenance_note(paths: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _caption(fig, note: str) -> None:
-    fig.text(0.5, -0.02, note, ha="center", va="top", fontsize=8.5)
-
-
 def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
     """Write the PNGs for the runs in ``specs``; returns their paths. Missing runs are skipped with a note."""
     if window < 1:
@@ -150,16 +135,13 @@ def plot_dynamics(specs: list[str], out: Path, window: int = 1) -> list[Path]:
     for key in keys:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         _draw(ax, runs, key, window)
-        _caption(fig, note)
-        path = out / (key.replace("/", "_") + ".png")
-        _save(fig, path)
-        written.append(path)
+        written.append(out / (key.replace("/", "_") + ".png"))
+        save_png(fig, written[-1], note)
     grid = keys[: len(CORE)]
     fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.5), squeeze=False)
     for ax, key in zip(axes[0], grid, strict=True):
         _draw(ax, runs, key, window)
-    _caption(fig, note)
-    _save(fig, out / "dynamics.png")
+    save_png(fig, out / "dynamics.png", note)
     return [*written, out / "dynamics.png"]
 
 

@@ -11,7 +11,6 @@ protocol). Runs under different protocols can share a figure; the legend names e
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import MISSING, dataclass
@@ -23,10 +22,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
+from ebpo_verl.ops.metrics_log import MetricsLogError  # noqa: E402
 from ebpo_verl.options.cli import parse  # noqa: E402
 from ebpo_verl.options.parsing import PATH, OptionSection, option  # noqa: E402
+from ebpo_verl.recipes.make_tables import load_results  # noqa: E402
 from ebpo_verl.recipes.paper import BENCHMARKS  # noqa: E402
+from ebpo_verl.recipes.plot_dynamics import save_png  # noqa: E402
 
 METRICS = ("pass@k", "maj@k")
 
@@ -36,13 +37,13 @@ class ResultsError(ValueError):
 
 
 def read_curves(path: str, metric: str) -> tuple[str, dict[str, tuple[list[int], list[float], list[float | None]]]]:
-    """(protocol, panel -> (ks, values, stderrs)) of a RESULTS.json; panels: benchmarks, then "average"."""
+    """(protocol, panel -> (ks, values, stderrs)) of a RESULTS.json (checked by :func:`.make_tables.load_results`);
+    panels: benchmarks, then "average"."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        protocol, benches = data["protocol"], data["benchmarks"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        data = load_results(Path(path))
+    except OSError as err:
         raise ResultsError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from None
-    curves = {}
+    protocol, benches, curves = data["protocol"], data["benchmarks"], {}
     for bench, entry in sorted(benches.items(), key=lambda kv: (list(BENCHMARKS) + [kv[0]]).index(kv[0])):
         values = entry.get(metric) or {}
         if values:
@@ -129,13 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(PassAtKOptions, "python -m ebpo_verl.recipes.plot_pass_at_k", argv, __doc__.split("\n\n")[0])
     try:
         fig = draw(load_runs(a.runs, a.metric), a.metric)
-    except ResultsError as err:
+    except (ResultsError, MetricsLogError) as err:
         print(f"plot_pass_at_k: error: {err}", file=sys.stderr)
         return 1
-    try:
-        atomic_write(Path(a.out), lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
+    save_png(fig, Path(a.out))
     print(f"-> {a.out}")
     return 0
 

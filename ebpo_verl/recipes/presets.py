@@ -173,6 +173,11 @@ def _module_preset(name: str, label: str, summary: str, source: str, **options: 
     return Preset(name, label, summary, (estimator, *(_s(f"algorithm.{name}.{k}", *v) for k, v in options.items())))
 
 
+def _grpo_with_loss(mode: str, grpo_source: str, mode_source: str) -> tuple[Setting, Setting]:
+    """GRPO's advantage with verl's policy loss ``mode`` (the Entropy Mechanism paper's presets), each cited."""
+    return _s(_EST, "grpo", grpo_source), _s(f"{ACTOR}.policy_loss.loss_mode", mode, mode_source)
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -248,8 +253,7 @@ PRESETS: dict[str, Preset] = {
             # the authors' script: PPO's clip opened to [0, 2], no KL; clip_ratio_c and kl_ctrl are copied but
             # inert in verl 0.9.1 (clip_cov has no dual clip; kl_ctrl is read only with use_kl_in_reward)
             (
-                _s(_EST, "grpo", AUTHORS),
-                _s(f"{ACTOR}.policy_loss.loss_mode", "clip_cov", f"{AUTHORS}; {_ENTROPY}"),
+                *_grpo_with_loss("clip_cov", AUTHORS, f"{AUTHORS}; {_ENTROPY}"),
                 _s(f"{ACTOR}.policy_loss.clip_cov_ratio", 0.0002, _ENTROPY),
                 _s(f"{ACTOR}.policy_loss.clip_cov_lb", 1.0, _ENTROPY),
                 _s(f"{ACTOR}.policy_loss.clip_cov_ub", 5.0, _ENTROPY),
@@ -261,18 +265,14 @@ PRESETS: dict[str, Preset] = {
                 _s(f"{ACTOR}.kl_loss_coef", 0, AUTHORS),
                 _s("algorithm.kl_ctrl.kl_coef", 0, f"{AUTHORS} (inert in verl 0.9.1)"),
             ),
-            (
-                _s(_EST, "grpo", _ENTROPY),
-                _s(f"{ACTOR}.policy_loss.loss_mode", "clip_cov", f"{_ENTROPY}; verl's defaults"),
-            ),
+            _grpo_with_loss("clip_cov", _ENTROPY, f"{_ENTROPY}; verl's defaults"),
         ),
         Preset(
             "kl_cov",
             "KL-Cov",
             "KL-Cov (Entropy Mechanism paper): a KL penalty on the highest-covariance tokens",
             (
-                _s(_EST, "grpo", _ENTROPY),
-                _s(f"{ACTOR}.policy_loss.loss_mode", "kl_cov", f"{_ENTROPY}; verl policy_loss kl_cov"),
+                *_grpo_with_loss("kl_cov", _ENTROPY, f"{_ENTROPY}; verl policy_loss kl_cov"),
                 _s(f"{ACTOR}.policy_loss.kl_cov_ratio", 0.002, f"{_ENTROPY}: k = 2e-3 for the 7B model"),
                 _s(f"{ACTOR}.policy_loss.ppo_kl_coef", 1.0, f"{_ENTROPY}: beta = 1"),
                 _s(f"{ACTOR}.use_kl_loss", False, f"{_ENTROPY}: no KL to the reference"),

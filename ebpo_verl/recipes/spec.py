@@ -134,7 +134,8 @@ class RecipeError(ValueError):
 
 @dataclass(frozen=True)
 class Model:
-    """A model config file (``ebpo_verl/recipes/models/<tag>.yaml``): default path, table label, layout."""
+    """A model config file (``ebpo_verl/recipes/models/<tag>.yaml``): its ``tag``, default ``path``, table ``label``
+    and ``overrides`` (the model's layout); its ``#`` comment lines are the ``run <tag> --help`` description."""
 
     tag: str
     path: str
@@ -270,6 +271,12 @@ def python() -> str:
     return os.environ.get("PYTHON") or sys.executable
 
 
+def data_command(data: str, sets: Sequence[str], local_dir: str | None) -> list[str]:
+    """The command that writes the parquet files of ``sets`` to ``data`` (DATA_LOCAL_DIR: from files there)."""
+    local = ["--local-dir", local_dir] if local_dir else []
+    return [python(), "-m", "ebpo_verl.data.all", "--out-dir", data, "--only", *sets, *local]
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One training run: model, preset, group size, order, reward, baselines, schedule, paths, extra overrides."""
@@ -355,8 +362,7 @@ class RunSpec:
         data, commands = self.shared.paths.data, []
         sets = ["dapo_math", *self.schedule.val_sets]
         if any(not os.path.isfile(os.path.join(data, f"{name}.parquet")) for name in sets):
-            local = ["--local-dir", self.shared.data_local_dir] if self.shared.data_local_dir else []
-            commands.append([python(), "-m", "ebpo_verl.data.all", "--out-dir", data, "--only", *sets, *local])
+            commands.append(data_command(data, sets, self.shared.data_local_dir))
         train, source = self.train_path, os.path.join(data, "dapo_math.parquet")
         if not self.train_file and not os.path.isfile(train):
             if self.order == "topic":

@@ -9,7 +9,7 @@ authors' evaluated checkpoint), the curriculum after one epoch.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ebpo_verl.algos import registry
 from ebpo_verl.recipes.presets import PRESETS, row_order
@@ -123,9 +123,7 @@ def rivals_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
         for algo in RIVAL_ALGOS:
             row = _preset_row(f"G={g} x {batch} prompts", "qwen3_8b", algo, g, baselines)
             if g != 4:  # another batch than the shared setup's 512: its own run name
-                row = Row(
-                    row.section, row.method, row.model, f"{row.name}-b{batch}", {**row.env, "TRAIN_BATCH": str(batch)}
-                )
+                row = replace(row, name=f"{row.name}-b{batch}", env={**row.env, "TRAIN_BATCH": str(batch)})
             rows.append(row)
     return rows
 
