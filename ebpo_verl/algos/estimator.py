@@ -12,7 +12,7 @@ which state it changes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -62,6 +62,29 @@ class State(Protocol):
     def load_state_dict(self, state: Any) -> None: ...
 
     def reset(self) -> None: ...
+
+
+class FreshState:
+    """Base of the package's state dataclasses: :meth:`reset` is a fresh ``cls()``."""
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+def saved_fields(state: Any, what: str, version: int, keys: tuple[str, ...], counts: tuple[str, ...]) -> list[Any]:
+    """The ``keys`` of a saved state after the checks every state makes first: a JSON object of ``version`` holding
+    every key, each of ``counts`` an integer >= 0; ValueError naming the field (``what``: the state, in messages)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{what} must be a JSON object, got {type(state).__name__}")
+    if state.get("version") != version:
+        raise ValueError(f"{what} version {state.get('version')!r:.60} is not supported (expected {version})")
+    missing = set(keys) - set(state)
+    if missing:
+        raise ValueError(f"{what} is missing key(s) {sorted(missing)}")
+    for key in counts:
+        if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
+            raise ValueError(f"{what} {key}={state[key]!r:.60} must be an integer >= 0")
+    return [state[k] for k in keys]
 
 
 class Estimator:

@@ -36,13 +36,12 @@ Their ``hist_var`` is unused and omitted; their window is not checkpointed, ours
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
@@ -91,7 +90,7 @@ class HADWOptions(OptionSection):
 
 
 @dataclass
-class HADWState:
+class HADWState(FreshState):
     """The anchor of one run (None before the first step), the buffer of its last posterior values, the steps;
     ``form=authors_code``: ``batch_means``, the last batch-mean rewards (empty under ``paper``)."""
 
@@ -99,9 +98,6 @@ class HADWState:
     anchor: float | None = None
     history: list[float] = field(default_factory=list)
     batch_means: list[float] = field(default_factory=list)
-
-    def reset(self) -> None:
-        self.__init__()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``); ``batch_means`` only when
@@ -113,11 +109,7 @@ class HADWState:
         """Restore a :meth:`state_dict` (one without ``batch_means``, as every older one, has none); a bad field raises
         ValueError naming it, leaving this state unchanged."""
         what = "ha_dw state"
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
-        steps, anchor, history = state.get("steps"), state.get("anchor"), state.get("history")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
+        steps, anchor, history = saved_fields(state, what, STATE_VERSION, ("steps", "anchor", "history"), ("steps",))
         if not (anchor is None or is_real(anchor)):
             raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
         if not isinstance(history, list) or not all(is_real(v) for v in history):
