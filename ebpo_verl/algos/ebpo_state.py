@@ -12,13 +12,6 @@ from ebpo_verl.options.parsing import is_real
 STATE_VERSION = 1
 
 
-def _finite_float(x: Any, what: str, minimum: float | None = None) -> float:
-    if not is_real(x) or (minimum is not None and x < minimum):
-        bound = "" if minimum is None else f" >= {minimum:g}"
-        raise ValueError(f"{what} must be a finite number{bound}, got {x!r:.60}")
-    return float(x)
-
-
 @dataclass
 class Moments:
     """Weighted count, mean and sum of squared deviations (M2); merged with Chan et al.'s parallel formula."""
@@ -50,8 +43,10 @@ class Moments:
         """``[n, mean, m2]`` with n, m2 >= 0 and all three finite."""
         if not isinstance(data, (list, tuple)) or len(data) != 3:
             raise ValueError(f"{what} must be a list [n, mean, m2], got {data!r:.60}")
-        n = _finite_float(data[0], f"{what} count", 0.0)
-        return cls(n, _finite_float(data[1], f"{what} mean"), _finite_float(data[2], f"{what} m2", 0.0))
+        for name, x, bound in zip(("count", "mean", "m2"), data, (" >= 0", "", " >= 0"), strict=True):
+            if not is_real(x) or (bound and x < 0.0):
+                raise ValueError(f"{what} {name} must be a finite number{bound}, got {x!r:.60}")
+        return cls(*map(float, data))
 
 
 @dataclass

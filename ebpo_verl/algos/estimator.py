@@ -1,13 +1,9 @@
 """What an estimator is: a pure function of one batch, and the one object that binds it to a run's options and state.
 
-verl's ``core_algos`` estimators are pure functions of one batch. EBPO's running statistics, SPO's tracker and
-DBB's posteriors live across steps, and BNPO reports a diagnostic of every call; rather than module-level
-singletons that every caller reaches sideways, each run owns one :class:`Estimator` (made by
-:func:`ebpo_verl.algos.registry.new_estimator`, the one factory): the trainer (one per run, saved with every
-checkpoint), TRL's trainer, a study run, a test. The math stays in pure functions
-``compute_<name>_advantages(batch, options[, state])`` that return :class:`Advantages`, in the style of
-``core_algos``; the object only binds one to one options value and one :class:`State`, so whoever calls it shows
-which state it changes.
+The math is pure ``compute_<name>_advantages(batch, options[, state])`` returning :class:`Advantages`, as verl's
+``core_algos``; running state (EBPO's statistics, SPO's tracker, DBB's posteriors) is no module-level singleton:
+each run owns one :class:`Estimator` (:func:`ebpo_verl.algos.registry.new_estimator`, the one factory), which binds
+the function to one options value and one :class:`State`, so whoever calls it shows which state it changes.
 """
 
 from __future__ import annotations
@@ -108,12 +104,10 @@ class Estimator:
     ) -> Advantages:
         """Advantages of one batch (the arguments of :class:`Batch`); ``diagnostics`` then holds the step's."""
         parts = (self.options,) if self.spec.options_cls is not None else ()
-        result = self.spec.compute(Batch(scores, index, valid, row_values, pad_prefix), *parts, *self._state())
+        parts += () if self.state is None else (self.state,)
+        result = self.spec.compute(Batch(scores, index, valid, row_values, pad_prefix), *parts)
         self.diagnostics = result.diagnostics
         return result
-
-    def _state(self) -> tuple[State, ...]:
-        return () if self.state is None else (self.state,)
 
     def reset(self) -> None:
         """Forget the state and the diagnostics (a fresh run)."""

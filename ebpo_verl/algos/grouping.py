@@ -58,25 +58,6 @@ def standardise(adv: torch.Tensor, eps: float) -> torch.Tensor:
     return (adv - mean) / (var.sqrt() + eps)
 
 
-def reward_levels(r: np.ndarray, fractions: bool) -> tuple[float, float] | None:
-    """(lowest level, span) of a two-level reward: 0/1 (with ``fractions``, any value in [0, 1]) -> (0, 1), the
-    paper's -1/+1 -> (-1, 2); None for any other reward (an empty batch is 0/1)."""
-    if (((r >= 0.0) & (r <= 1.0)) if fractions else ((r == 0.0) | (r == 1.0))).all():
-        return 0.0, 1.0
-    if ((r == -1.0) | (r == 1.0)).all():
-        return -1.0, 2.0
-    return None
-
-
-def off_level_rows(r: np.ndarray, fractions: bool) -> np.ndarray:
-    """The rows that make a reward refused by :func:`reward_levels`: values outside [0, 1] with ``fractions``;
-    else values other than -1, 0 and 1, or, when there are none, the 0s (a -1/0/1 reward has three levels)."""
-    if fractions:
-        return (r < 0.0) | (r > 1.0)
-    bad = ~((r == 0.0) | (r == 1.0)) & ~((r == -1.0) | (r == 1.0))
-    return bad if bad.any() else r == 0.0
-
-
 @dataclass
 class Groups:
     """The valid rows of a batch grouped by key: rewards (float64), row -> group, per-group size and moments."""
@@ -94,15 +75,22 @@ class Groups:
         return sorted(set(self.keys[self.row_group.numpy()[rows]].tolist()))
 
 
-def pass_levels(g: Groups, refusal: Callable[[list[float], list[str]], str]) -> tuple[float, float]:
-    """(lowest level, span) of a reward read as pass rates: any value in [0, 1] -> (0, 1), the paper's -1/+1 ->
-    (-1, 2); any other reward raises ValueError(``refusal(its distinct values, the keys of the groups holding the
-    values off those levels)``), the estimator's own message."""
+def pass_levels(
+    g: Groups, refusal: Callable[[list[float], list[str]], str], fractions: bool = True
+) -> tuple[float, float]:
+    """(lowest level, span) of a two-level reward: 0/1 (with ``fractions``, any value in [0, 1]) -> (0, 1), the
+    paper's -1/+1 -> (-1, 2); any other reward raises ValueError(``refusal(its distinct values, the keys of the
+    groups holding the off-level values)``), the estimator's own message. Off-level: outside [0, 1] with
+    ``fractions``; else values other than -1, 0 and 1, or, when there are none, the 0s (-1/0/1 has three levels)."""
     r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is not None:
-        return levels
-    raise ValueError(refusal(torch.unique(g.r).tolist(), g.keys_of(off_level_rows(r, fractions=True))))
+    if (((r >= 0.0) & (r <= 1.0)) if fractions else ((r == 0.0) | (r == 1.0))).all():
+        return 0.0, 1.0
+    if ((r == -1.0) | (r == 1.0)).all():
+        return -1.0, 2.0
+    bad = (r < 0.0) | (r > 1.0) if fractions else (r != 0.0) & (r != 1.0) & (r != -1.0)
+    if not fractions and not bad.any():
+        bad = r == 0.0
+    raise ValueError(refusal(torch.unique(g.r).tolist(), g.keys_of(bad)))
 
 
 def group_rows(

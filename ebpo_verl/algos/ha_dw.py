@@ -122,12 +122,6 @@ class HADWState(FreshState):
         self.batch_means = [float(v) for v in state.get("batch_means", [])]
 
 
-def pass_rates(g: Groups) -> torch.Tensor:
-    """The valid rows' rewards as pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2; others raise."""
-    lo, span = pass_levels(g, _ha_dw_refusal)
-    return (g.r - lo) / span
-
-
 def _ha_dw_refusal(values: list[float], bad: list[str]) -> str:
     return (
         f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
@@ -184,7 +178,8 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     if options.form == "authors_code":
         adv, diagnostics = authors_code_advantages(g, float(options.epsilon), state)
         return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
-    x = pass_rates(g)
+    lo, span = pass_levels(g, _ha_dw_refusal)  # pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2
+    x = (g.r - lo) / span
     y = sorted_sum(x).item() / len(x)
     prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)
     mu = torch.zeros(len(g.keys), dtype=torch.float64).index_add_(0, g.row_group, x) / g.size

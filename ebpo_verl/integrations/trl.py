@@ -178,19 +178,15 @@ class EstimatorMixin:
         self.estimator = registry.new_estimator(self.estimator_spec, self.estimator_options)
         self._gathered: tuple[torch.Tensor, np.ndarray | None] | None = None
         super().__init__(*args, **kwargs)
-        self._check_setup(estimator)
-
-    def _check_setup(self, name: str) -> None:
-        """Refuse what the estimator cannot replace, name the row column and check it on the training set."""
         if self.args.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
-                f"multi_objective_aggregation={self.args.multi_objective_aggregation!r}: the {name} estimator scores "
-                "the weighted sum of the rewards; use multi_objective_aggregation='sum_then_normalize'"
+                f"multi_objective_aggregation={self.args.multi_objective_aggregation!r}: the {estimator} estimator "
+                "scores the weighted sum of the rewards; use multi_objective_aggregation='sum_then_normalize'"
             )
-        key = self.estimator_spec.row_key
         self.row_column = self.estimator_spec.row_key_of(self.estimator_options)
-        if self.row_column is not None:
-            check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, f"{name}.{key}")
+        if self.row_column is not None:  # checked on the training set
+            option = f"{estimator}.{self.estimator_spec.row_key}"
+            check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, option)
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], *args: Any, **kwargs: Any) -> torch.Tensor:
         """TRL's gathered ``rewards_per_func``, kept with what the estimator reads per row: the row column gathered in
