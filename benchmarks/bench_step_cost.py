@@ -10,9 +10,8 @@ steps with and without a checkpoint (step 1, which warms up, is left out), the E
 direct in-process timings of what ebpo-train adds (the row-key map, the state save, the watchdog thread's look at
 Ray's actor table, the metrics log).
 
-Usage: ``python benchmarks/bench_step_cost.py [--rounds 2] [--steps 6] [--save-freq 2] [--work-dir DIR]``; run
-it under ``flock /tmp/heavy.lock`` on a shared machine. ``tiny_run`` and the helpers above it are also the
-launcher of ``tests/test_tracking.py``.
+Usage: ``python -m benchmarks.bench_step_cost --help``; under ``flock /tmp/heavy.lock`` on a shared machine.
+``tiny_run`` and the helpers above it are also the launcher of ``tests/test_tracking.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ebpo_verl.algos.grouping import Groups, group_rows, unpadded
+from ebpo_verl.algos.grouping import Groups, group_rows
 
 
 class Batch(NamedTuple):
@@ -35,8 +35,8 @@ class Batch(NamedTuple):
 
     def key_groups(self, keys: Sequence[Any] | np.ndarray, what: str) -> Groups:
         """The valid rows grouped by another per-row key than the uid (a stable prompt key, a domain; ``what`` names
-        it in errors); rows whose uid starts with ``pad_prefix`` are padding (:func:`grouping.unpadded`)."""
-        return group_rows(self.scores, keys, unpadded(self.valid, self.index, self.pad_prefix), what)
+        it in errors); rows whose uid starts with ``pad_prefix`` are padding."""
+        return group_rows(self.scores, keys, self.valid, what, self.pad_prefix, self.index)
 
 
 class Advantages(NamedTuple):

@@ -99,10 +99,12 @@ def group_rows(
     valid: torch.Tensor,
     what: str,
     pad_prefix: str | None = None,
+    uids: Sequence[Any] | np.ndarray | None = None,
 ) -> Groups:
-    """Group the valid rows by ``keys`` (compared as strings); rows whose key starts with ``pad_prefix`` are padding
-    too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming ``what``."""
-    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix)
+    """Group the valid rows by ``keys`` (compared as strings); rows whose uid (``uids``, default ``keys``) starts
+    with ``pad_prefix`` are padding too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming
+    ``what``."""
+    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix, uids)
     rows = torch.from_numpy(rows_np)
     r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
     order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
@@ -119,7 +121,12 @@ def group_rows(
 
 
 def _valid_codes(
-    scores: torch.Tensor, keys: Sequence[Any] | np.ndarray, valid: torch.Tensor, what: str, pad_prefix: str | None
+    scores: torch.Tensor,
+    keys: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    what: str,
+    pad_prefix: str | None,
+    uids: Sequence[Any] | np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(positions of the valid rows, their key codes, the names of the codes used) after the shape checks."""
     bs = scores.shape[0]
@@ -128,9 +135,11 @@ def _valid_codes(
         raise ValueError(f"{what} {key_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
     valid_np = valid.detach().cpu().numpy().astype(bool)
     codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
-    is_pad = padding_names(names, pad_prefix) if pad_prefix is not None else None
-    if is_pad is not None:
-        valid_np &= ~(is_pad[codes] & (codes >= 0))
+    if pad_prefix is not None:  # verl's ``pad`` rows, by their uid
+        pad_codes, pad_names = (codes, names) if uids is None else factorize_keys(np.asarray(uids, dtype=object))
+        is_pad = padding_names(pad_names, pad_prefix)
+        if is_pad is not None:
+            valid_np &= ~(is_pad[pad_codes] & (pad_codes >= 0))
     rows_np = np.flatnonzero(valid_np)
     codes = codes[rows_np]
     missing = codes < 0
@@ -161,14 +170,3 @@ def scatter_rows(scores: torch.Tensor, g: Groups, adv: torch.Tensor) -> torch.Te
     dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
     out = torch.zeros(scores.shape[0], dtype=dtype, device=scores.device)
     return out.index_copy_(0, g.rows.to(out.device), adv.to(dtype=dtype, device=scores.device))
-
-
-def unpadded(valid: torch.Tensor, index: Sequence[Any] | np.ndarray, prefix: str | None) -> torch.Tensor:
-    """``valid`` on the CPU, less the rows whose uid (``index``) starts with ``prefix`` (verl's ``pad`` rows), for
-    estimators that group by another key than the uid."""
-    valid = valid.cpu()
-    if prefix is None:
-        return valid
-    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
-    is_pad = padding_names(uid_names, prefix)
-    return valid if is_pad is None else valid & ~torch.from_numpy(is_pad[uid_codes])

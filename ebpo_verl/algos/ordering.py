@@ -176,15 +176,13 @@ def _topic_layout(
         chunks += [(label, rows[i : i + step]) for i in range(0, len(rows), step)]
     if options.block_size is not None:
         chunks = [chunks[i] for i in rng.permutation(len(chunks))]
-    parts = chunks
-    tail_rows = np.concatenate(tail) if tail else np.empty(0, dtype=np.int64)
-    if len(tail_rows):
-        parts.append((TAIL_LABEL, tail_rows))
+    if sum(map(len, tail)):
+        chunks.append((TAIL_LABEL, np.concatenate(tail)))
     if len(missing):
-        parts.append((MISSING_LABEL, missing[rng.permutation(len(missing))]))
+        chunks.append((MISSING_LABEL, missing[rng.permutation(len(missing))]))
     return Layout(
-        np.concatenate([rows for _, rows in parts]).astype(np.int64),
-        tuple(Block(label, len(rows)) for label, rows in parts),
+        np.concatenate([rows for _, rows in chunks]).astype(np.int64),
+        tuple(Block(label, len(rows)) for label, rows in chunks),
     )
 
 
