@@ -97,25 +97,19 @@ def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray | None, n_s
     return np.stack([n, mean, np.bincount(seg, weights=sq, minlength=n_seg)], axis=1)
 
 
-def _segment_tables(
-    x_sorted: np.ndarray,
-    group_of_sorted: np.ndarray,
-    group_size: np.ndarray,
-    group_mean: np.ndarray,
-    group_var: np.ndarray,
-    segmentations: list[tuple[np.ndarray, int]],
-) -> list[np.ndarray]:
+def _segment_tables(stats: _GroupStats, segmentations: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
     """Batch statistics of each segmentation (``(segment of each group, number of segments)``: all prompts, the
     clusters) as an (n_seg, 4, 3) table: (n, mean, M2) of the rewards, the group means, the within-group
     variances (groups of two or more) and 1 / G. The rewards come sorted; the three per-group series are sorted
     once, side by side, and share one bincount per segmentation (each series offset by n_seg)."""
-    series = np.stack([group_mean, group_var, 1.0 / group_size])
-    weights = np.stack([np.ones_like(group_size), (group_size >= 2).astype(np.float64), np.ones_like(group_size)])
+    size = stats.g
+    series = np.stack([stats.mu_q, stats.var_q, 1.0 / size])
+    weights = np.stack([np.ones_like(size), (size >= 2).astype(np.float64), np.ones_like(size)])
     order = np.argsort(series, axis=1)
     series, weights = np.take_along_axis(series, order, 1).ravel(), np.take_along_axis(weights, order, 1).ravel()
     tables = []
     for group_seg, n_seg in segmentations:
-        rows = _moments(x_sorted, group_seg[group_of_sorted], None, n_seg)
+        rows = _moments(stats.x_sorted, group_seg[stats.group_of_sorted], None, n_seg)
         seg = (group_seg[order] + np.arange(3)[:, None] * n_seg).ravel()
         groups = _moments(series, seg, weights, 3 * n_seg).reshape(3, n_seg, 3)
         tables.append(np.concatenate([rows[None], groups]).transpose(1, 0, 2))
@@ -265,9 +259,7 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
-    tables = np.concatenate(
-        _segment_tables(groups.x_sorted, groups.group_of_sorted, groups.g, groups.mu_q, groups.var_q, segmentations)
-    )
+    tables = np.concatenate(_segment_tables(groups, segmentations))
     stored, prior_table = _next_statistics(state, tables, cluster_names, options)
     if options.prior == "beta_binomial":  # Beta priors of the scopes, fitted on their pass rates
         scopes = _beta_fit(
@@ -284,7 +276,7 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
     adv = span * (groups.x - baseline[groups.row_group])
     adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
-    _check_range(adv, tables, stored, state, uid_groups, out_dtype)
+    _check_range(adv, bool(np.isfinite(tables).all()) and (stored is None or stored[2]), state, uid_groups, out_dtype)
     state.steps += 1
     state.prompts_seen += int(tables[0][1, 0])
     state.responses_seen += int(tables[0][0, 0])
@@ -315,18 +307,11 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     return Advantages(scatter_rows(scores, uid_groups, torch.from_numpy(adv)), diag)
 
 
-def _check_range(
-    adv: np.ndarray,
-    batch: np.ndarray,
-    stored: tuple[PriorStats, dict[str, PriorStats], bool] | None,
-    state: EBPOState,
-    g: Groups,
-    out_dtype: torch.dtype,
-) -> None:
+def _check_range(adv: np.ndarray, stats_finite: bool, state: EBPOState, g: Groups, out_dtype: torch.dtype) -> None:
     """Step 8: the advantages and statistics are finite and the advantages fit ``out_dtype`` (before any commit);
     else ValueError naming the estimator call (``state.steps + 1``: one per training step since the statistics
     began, so verl's global step in a run that was never reset) and the uids with the largest rewards."""
-    if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
+    if not (np.isfinite(adv).all() and stats_finite):
         what = "non-finite"
     elif out_dtype != torch.float64 and adv.size and np.abs(adv).max() > torch.finfo(out_dtype).max:
         what = f"advantages above the {out_dtype} maximum"
