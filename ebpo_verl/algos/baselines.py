@@ -40,8 +40,8 @@ from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum, standardise
 from ebpo_verl.algos.jspo import JSPOOptions, compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
-from ebpo_verl.algos.tracker import PromptTracker, prompt_groups
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 EPS = 1e-6
 """The fork's fixed epsilon of ``shrinkage_js`` and ``bnpo``."""
@@ -121,11 +121,9 @@ class SPOOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.spo"
 
-    prompt_key: str = option(
-        "index",
+    prompt_key: str = prompt_key_option(
         "the extra_info field that identifies a prompt across steps (default index, the row index ebpo_verl.data "
-        "writes; it must be unique per prompt over the training files)",
-        rule=text("an extra_info field name"),
+        "writes; it must be unique per prompt over the training files)"
     )
     rho: float = option(0.9, "the tracker's discount per update", rule=reals(0.0, 1.0, open_low=True, open_high=True))
     n0: float = option(

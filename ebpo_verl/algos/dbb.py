@@ -32,8 +32,8 @@ import torch
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
-from ebpo_verl.algos.tracker import PromptTracker, prompt_groups
-from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option, text
+from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,8 @@ class DBBOptions(OptionSection):
 
     SECTION: ClassVar[str] = "algorithm.dbb"
 
-    prompt_key: str = option(
-        "index",
-        "the extra_info field that identifies a prompt across steps (unique per prompt; index)",
-        rule=text("an extra_info field name"),
+    prompt_key: str = prompt_key_option(
+        "the extra_info field that identifies a prompt across steps (unique per prompt; index)"
     )
     discount: float = option(
         0.75,

@@ -16,7 +16,7 @@ import numpy as np
 
 from ebpo_verl.algos.estimator import Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import Groups
-from ebpo_verl.options.parsing import is_real
+from ebpo_verl.options.parsing import is_real, option, text
 
 TRACKER_VERSION = 1
 
@@ -95,6 +95,12 @@ def _columns(state: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarra
     if not ((alpha > 0).all() and (beta > 0).all()):
         raise ValueError(f"{what} has non-positive alpha/beta values")
     return keys, alpha, beta
+
+
+def prompt_key_option(help: str) -> Any:
+    """The declaration of a per-prompt tracker's ``prompt_key``: the extra_info field naming each prompt (default
+    ``index``, the row index ebpo_verl.data writes)."""
+    return option("index", help, rule=text("an extra_info field name"))
 
 
 def prompt_groups(batch: Batch, name: str, what: str, prompt_key: str) -> Groups:
