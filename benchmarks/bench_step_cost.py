@@ -10,14 +10,12 @@ steps with and without a checkpoint (step 1, which warms up, is left out), the E
 direct in-process timings of what ebpo-train adds (the row-key map, the state save, the watchdog thread's look at
 Ray's actor table, the metrics log).
 
-Usage: ``python benchmarks/bench_step_cost.py [--rounds 2] [--steps 6] [--save-freq 2] [--work-dir DIR]``; run
-it under ``flock /tmp/heavy.lock`` on a shared machine. ``tiny_run`` and the helpers above it are also the
-launcher of ``tests/test_tracking.py``.
+Usage: ``python -m benchmarks.bench_step_cost --help``; under ``flock /tmp/heavy.lock`` on a shared machine.
+``tiny_run`` and the helpers above it are also the launcher of ``tests/test_tracking.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -25,10 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ebpo_verl.ops.metrics_log import read_metrics_log
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke import reward as smoke_reward
@@ -122,15 +122,6 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
         subprocess.run(["rm", "-rf", ray_tmp], check=False)
 
 
-def read_jsonl(path: Path) -> dict[int, dict]:
-    """verl's file-logger / metrics-log records merged per step."""
-    out: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        out.setdefault(int(record["step"]), {}).update(record["data"])
-    return out
-
-
 # ------------------------------------------------------------------------------------------- the benchmark
 def bootstrap_ci(values: list[float], reps: int = 4000, seed: int = 0) -> tuple[float, float]:
     """95% percentile-bootstrap interval of the median of ``values``."""
@@ -174,12 +165,7 @@ def direct_timings() -> dict[str, float]:
 
 
 def _time(call, repeats: int = 20) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(timeit.repeat(call, number=1, repeat=repeats))
 
 
 def _state_save_timings(tmp: Path) -> dict[str, float]:
@@ -355,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
             code = tiny_run(work, files, f"{name}_r{r}", name, args.steps, args.save_freq)
             if code:
                 raise SystemExit(f"run {name}_r{r} failed (exit {code}); see {work / f'{name}_r{r}.log'}")
-            runs[name].append(read_jsonl(work / f"ckpt_{name}_r{r}" / "verl_file_log.jsonl"))
+            runs[name].append(read_metrics_log(work / f"ckpt_{name}_r{r}" / "verl_file_log.jsonl"))
             print(f"run {name}_r{r}: {time.monotonic() - start:.0f} s", flush=True)
     print(f"{args.rounds} rounds x {args.steps} steps, checkpoint every {args.save_freq} and at the last step")
     print("\n".join(report(runs, args.steps, args.save_freq)))

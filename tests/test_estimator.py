@@ -197,7 +197,7 @@ def test_batch_scope_is_the_released_code_on_unequal_groups(norm):
         means = [rewards[uids == u].mean() for u in set(uids)]
         assert DEFAULT.diagnostics["ebpo/mu_glob"] == pytest.approx(np.mean(means), abs=1e-15)
         assert np.mean(means) != pytest.approx(rewards.mean(), abs=1e-3)  # unequal groups: the two means differ
-    assert DEFAULT.state.global_stats.prompts == 0  # batch scope leaves the history untouched
+    assert DEFAULT.state.global_stats.group_means.n == 0  # batch scope leaves the history untouched
 
 
 def test_batch_scope_near_constant_batch_uses_the_global_mean():
@@ -598,8 +598,8 @@ def _valid_state_dict() -> dict:
         (lambda d: d["clusters"]["t"]["group_means"].__setitem__(1, float("inf")), r"clusters\['t'\].group_means"),
         (lambda d: d["global"]["rewards"].__setitem__(1, float("nan")), r"global.rewards mean must be a finite"),
         (lambda d: d["global"]["rewards"].__setitem__(1, "0.5"), r"global.rewards mean"),
-        (lambda d: d.__setitem__("steps", -3), r"steps must be a non-negative integer"),
-        (lambda d: d.__setitem__("prompts_seen", 2.5), r"prompts_seen must be a non-negative integer"),
+        (lambda d: d.__setitem__("steps", -3), r"steps=-3 must be an integer >= 0"),
+        (lambda d: d.__setitem__("prompts_seen", 2.5), r"prompts_seen=2.5 must be an integer >= 0"),
         (lambda d: d["clusters"].__setitem__("t", [1, 2]), r"clusters\['t'\] need exactly the parts"),
         (lambda d: d.__setitem__("clusters", []), r"clusters must be an object"),
         (lambda d: d["global"].pop("inv_group_size"), r"global need exactly the parts"),

@@ -6,19 +6,15 @@ and ``spo``. Responses are grouped by prompt uid (``shrinkage_js``, ``bnpo``) or
 (``spo``); padding rows (``valid`` False) get advantage 0 and enter no statistic. Every sum runs over values in
 sorted order, so results do not depend on the order of the rows.
 
-- ``shrinkage_js`` (Zeng et al., "Shrinking the Variance", arXiv 2511.03710): per prompt i with m_i responses,
-  mean mu_i and w_i = s_i^2 / m_i (unbiased variance; 0 for m_i = 1). Leaving prompt i out of the n prompts:
-  mbar_i = mean of the other means, s_i = (sum_{k!=i} mu_k^2 - (n-1) mbar_i^2) / (n-1) floored at 0,
-  v_i = mean of the other w; lambda_i = ((n-1)/n) v_i / (v_i + s_i) (0 when v_i + s_i <= 1e-6). Response j's
-  baseline is (1 - lambda_i) mu_i^{-j} + lambda_i mbar_i, mu_i^{-j} the leave-one-out mean of its group (plain
-  mu_i when n = 1 or m_i = 1); A = r - baseline, not normalised. A lone response (m_i = 1) thus gets
+- ``shrinkage_js`` (Zeng et al., "Shrinking the Variance", arXiv 2511.03710): the leave-one-out James-Stein
+  baseline, lambda_i = ((n-1)/n) v_i / (v_i + s_i) (0 when v_i + s_i <= 1e-6), A = r - baseline, not normalised:
+  ``jspo``'s ``form=paper`` (:mod:`ebpo_verl.algos.jspo` spells it out). A lone response (m_i = 1) gets
   A = lambda_i (r - mbar_i), as the formula reads (docs/paper_notes.md#fork-baselines); the fork's code gives it 0.
 - ``bnpo`` (Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv 2506.02864): p_q = group mean;
   over the batch's prompts mean_p and unbiased var_p (0 for one prompt); m = clamp(mean_p, eps, 1-eps); when
   eps < var_p < m(1-m): nu = m(1-m)/var_p - 1, a = nu m, b = nu (1-m), else a = b = 0; alpha = 1 + a/3,
-  beta = 1 + b/3; A = (r - p_q) / max(eps, Beta(alpha, beta) pdf at clamp(p_q, eps, 1-eps)); eps = 1e-6.
-  Rewards must lie in [0, 1]; the paper's -1/+1 reward is mapped to pass rates (r + 1)/2 first and the
-  advantage mapped back (times 2), as EBPO-BB does; other rewards raise.
+  beta = 1 + b/3; A = (r - p_q) / max(eps, Beta(alpha, beta) pdf at clamp(p_q, eps, 1-eps)); eps = 1e-6
+  (rewards: :func:`compute_bnpo_advantages`).
 - ``spo`` (Xu & Ding, "Single-stream Policy Optimization", arXiv 2509.13232, as simplified in the fork): a
   per-prompt Beta(alpha, beta) tracker keyed by a STABLE prompt key (the fork keys it by verl's per-step uid,
   so no prompt is ever seen twice). A prompt's baseline is alpha / (alpha + beta), 0.5 while unseen; the

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.estimator import Advantages, Batch
-from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
+from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
 from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
@@ -71,12 +71,6 @@ class DBBState(PromptTracker):
     label = "DBB"
 
 
-def _successes(g: Groups) -> tuple[torch.Tensor, float]:
-    """Rewards as successes x in [0, 1] and the reward span (1, or 2 for the paper's -1/+1 reward)."""
-    lo, span = pass_levels(g, _dbb_refusal)
-    return (g.r if span == 1.0 else (g.r - lo) / span), span
-
-
 def _dbb_refusal(values: list[float], bad: list[str]) -> str:
     return (
         f"dbb needs 0/1 rewards (a Beta-Bernoulli posterior counts successes; values in [0, 1] count as fractions) "
@@ -99,7 +93,8 @@ def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -
     g = prompt_groups(batch, "dbb", "posterior", options.prompt_key)
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
-    x, span = _successes(g)
+    lo, span = pass_levels(g, _dbb_refusal)  # successes x in [0, 1]; the paper's -1/+1 mapped to (r + 1) / 2
+    x = g.r if span == 1.0 else (g.r - lo) / span
     pos, found = state.lookup(g.keys)
     old_alpha, old_beta = state.counts(pos, found, (float(options.prior_alpha), float(options.prior_beta)))
     s = torch.zeros(len(g.keys), dtype=torch.float64).index_add_(0, g.row_group, x).numpy()

@@ -79,9 +79,6 @@ class EBPOOptions(OptionSection):
         return None if self.shrinkage == "auto" else float(self.shrinkage)
 
 
-OPTION_KEYS: tuple[str, ...] = EBPOOptions.keys()
-
-
 def ignored_keys(options: EBPOOptions) -> set[str]:
     """The options the mode of ``options`` never reads (whatever their values)."""
     ignored: set[str] = set()
@@ -102,7 +99,7 @@ def ignored_options(options: EBPOOptions) -> list[str]:
     defaults = EBPOOptions()
     return [
         f"{k}={getattr(options, k)!r}"
-        for k in OPTION_KEYS
+        for k in EBPOOptions.keys()
         if k in ignored and getattr(options, k) != getattr(defaults, k)
     ]
 

@@ -23,7 +23,7 @@ results and state are bit-identical under any row order and any uid strings (a r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ import torch
 from ebpo_verl.algos.ebpo import EBPOOptions, group_size_need, ignored_keys, ignored_options_warning
 from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
 from ebpo_verl.algos.estimator import Advantages, Batch
-from ebpo_verl.algos.grouping import Groups, factorize_keys, off_level_rows, reward_levels, scatter_rows, sorted_mean
+from ebpo_verl.algos.grouping import Groups, factorize_keys, pass_levels, scatter_rows, sorted_mean
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 
 
@@ -72,11 +72,6 @@ def _beta_fit(p: np.ndarray, v: np.ndarray, empty: np.ndarray, eps: float) -> _P
     return _Priors(p, q, v, np.where(valid, q / np.where(valid, v, 1.0) - 1.0, 2.0))
 
 
-def _beta_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
-    """Beta priors of the scopes of an (S, 4, 3) statistics table, fitted on their pass rates."""
-    return _beta_fit(table[:, 1, 1], _variance(table[:, 1]), table[:, 1, 0] == 0.0, opts.epsilon)
-
-
 def _cluster_priors(priors: _Priors, prompts: np.ndarray, opts: EBPOOptions) -> _Priors:
     """Each cluster's prior (``priors`` rows 1..) blended toward the global one (row 0) with weight 0 without
     history, prompts / min_cluster_prompts, 1 from min_cluster_prompts on; a BB blend is refitted by moments."""
@@ -102,25 +97,19 @@ def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray | None, n_s
     return np.stack([n, mean, np.bincount(seg, weights=sq, minlength=n_seg)], axis=1)
 
 
-def _segment_tables(
-    x_sorted: np.ndarray,
-    group_of_sorted: np.ndarray,
-    group_size: np.ndarray,
-    group_mean: np.ndarray,
-    group_var: np.ndarray,
-    segmentations: list[tuple[np.ndarray, int]],
-) -> list[np.ndarray]:
+def _segment_tables(stats: _GroupStats, segmentations: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
     """Batch statistics of each segmentation (``(segment of each group, number of segments)``: all prompts, the
     clusters) as an (n_seg, 4, 3) table: (n, mean, M2) of the rewards, the group means, the within-group
     variances (groups of two or more) and 1 / G. The rewards come sorted; the three per-group series are sorted
     once, side by side, and share one bincount per segmentation (each series offset by n_seg)."""
-    series = np.stack([group_mean, group_var, 1.0 / group_size])
-    weights = np.stack([np.ones_like(group_size), (group_size >= 2).astype(np.float64), np.ones_like(group_size)])
+    size = stats.g
+    series = np.stack([stats.mu_q, stats.var_q, 1.0 / size])
+    weights = np.stack([np.ones_like(size), (size >= 2).astype(np.float64), np.ones_like(size)])
     order = np.argsort(series, axis=1)
     series, weights = np.take_along_axis(series, order, 1).ravel(), np.take_along_axis(weights, order, 1).ravel()
     tables = []
     for group_seg, n_seg in segmentations:
-        rows = _moments(x_sorted, group_seg[group_of_sorted], None, n_seg)
+        rows = _moments(stats.x_sorted, group_seg[stats.group_of_sorted], None, n_seg)
         seg = (group_seg[order] + np.arange(3)[:, None] * n_seg).ravel()
         groups = _moments(series, seg, weights, 3 * n_seg).reshape(3, n_seg, 3)
         tables.append(np.concatenate([rows[None], groups]).transpose(1, 0, 2))
@@ -155,17 +144,15 @@ def _score_vector(scores: torch.Tensor) -> torch.Tensor:
 def _reward_levels(g: Groups, options: EBPOOptions) -> tuple[float, float]:
     """Step 2: (lowest level, span) of the reward: (0, 1) except for EBPO-BB on the paper's -1/+1 reward, (-1, 2);
     EBPO-BB refuses any reward that is not two-level."""
-    r = g.r.numpy()
     if options.prior != "beta_binomial":
         return 0.0, 1.0
-    levels = reward_levels(r, fractions=False)
-    if levels is not None:
-        return levels
-    values = np.unique(r)
-    raise ValueError(
+    return pass_levels(g, _bb_refusal, fractions=False)
+
+
+def _bb_refusal(values: list[float], offenders: list[str]) -> str:
+    return (
         f"prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward "
-        f"values {values[:8].tolist()}{' ...' if len(values) > 8 else ''} "
-        f"(uid(s) {g.keys_of(off_level_rows(r, fractions=False))[:20]}). Other values "
+        f"values {values[:8]}{' ...' if len(values) > 8 else ''} (uid(s) {offenders[:20]}). Other values "
         "come from a shaped reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
         "penalty or partial credit adds levels. Use prior=gaussian, or a plain two-level reward."
     )
@@ -272,11 +259,14 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
     zeros_seg = np.zeros(n_groups, dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
-    tables = np.concatenate(
-        _segment_tables(groups.x_sorted, groups.group_of_sorted, groups.g, groups.mu_q, groups.var_q, segmentations)
-    )
+    tables = np.concatenate(_segment_tables(groups, segmentations))
     stored, prior_table = _next_statistics(state, tables, cluster_names, options)
-    scopes = (_beta_priors if options.prior == "beta_binomial" else _gaussian_priors)(prior_table, options)
+    if options.prior == "beta_binomial":  # Beta priors of the scopes, fitted on their pass rates
+        scopes = _beta_fit(
+            prior_table[:, 1, 1], _variance(prior_table[:, 1]), prior_table[:, 1, 0] == 0.0, options.epsilon
+        )
+    else:
+        scopes = _gaussian_priors(prior_table, options)
     if cluster_names is None:
         priors, group_prior = scopes, zeros_seg
     else:
@@ -286,37 +276,51 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
     adv = span * (groups.x - baseline[groups.row_group])
     adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
-    _check_range(adv, tables, stored, state, uid_groups, out_dtype)
-    _commit(state, tables[0], stored)
-    diagnostics = _diagnostics(state, scopes, shrink, groups, cluster_names, priors, group_cluster, lo, span)
-    return Advantages(scatter_rows(scores, uid_groups, torch.from_numpy(adv)), diagnostics)
+    _check_range(adv, bool(np.isfinite(tables).all()) and (stored is None or stored[2]), state, uid_groups, out_dtype)
+    state.steps += 1
+    state.prompts_seen += int(tables[0][1, 0])
+    state.responses_seen += int(tables[0][0, 0])
+    if stored is not None:
+        state.global_stats, state.clusters, _ = stored
+    # ebpo/* metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)
+    r_min, r_max = groups.r_min, groups.r_max
+    diag = {
+        "ebpo/shrinkage_mean": sorted_mean(shrink),
+        "ebpo/shrinkage_min": float(shrink.min()),
+        "ebpo/shrinkage_max": float(shrink.max()),
+        "ebpo/mu_glob": float(lo + span * scopes.mu[0]),
+        "ebpo/sigma2": float(span * span * scopes.sigma2[0]),
+        "ebpo/tau2": float(span * span * scopes.tau2[0]),
+        "ebpo/prompts_seen": float(state.prompts_seen),
+        "ebpo/responses_seen": float(state.responses_seen),
+        "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
+        "ebpo/frac_all_fail": float(np.count_nonzero(r_max <= 0) / r_max.size),
+        "ebpo/frac_all_pass": float(np.count_nonzero(r_min >= 1) / r_min.size),
+    }
+    if cluster_names:
+        order = np.argsort(shrink)
+        seg = group_cluster[order]
+        means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
+        for cid, name in enumerate(cluster_names):
+            diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
+            diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
+    return Advantages(scatter_rows(scores, uid_groups, torch.from_numpy(adv)), diag)
 
 
-def _check_range(
-    adv: np.ndarray,
-    batch: np.ndarray,
-    stored: tuple[PriorStats, dict[str, PriorStats], bool] | None,
-    state: EBPOState,
-    g: Groups,
-    out_dtype: torch.dtype,
-) -> None:
-    """Step 8: the advantages and statistics are finite and the advantages fit ``out_dtype`` (before any commit)."""
-    if not (np.isfinite(adv).all() and np.isfinite(batch).all() and (stored is None or stored[2])):
-        raise _overflow_error(state.steps + 1, g.r.numpy(), g.keys_of)
-    if out_dtype != torch.float64 and adv.size and np.abs(adv).max() > torch.finfo(out_dtype).max:
-        raise _overflow_error(state.steps + 1, g.r.numpy(), g.keys_of, f"advantages above the {out_dtype} maximum")
-
-
-def _overflow_error(
-    call: int, r: np.ndarray, row_uids: Callable[[np.ndarray], list[str]], what: str = "non-finite"
-) -> ValueError:
-    """The statistics or advantages left the float range: name the estimator call (``state.steps + 1``: one per
-    training step since the statistics began, so verl's global step in a run that was never reset) and the uids
-    with the largest rewards."""
-    mag = np.abs(r)
-    offenders = row_uids(mag >= 0.01 * mag.max())
-    return ValueError(
-        f"EBPO estimator call {call} (one per training step since the statistics began): the statistics or "
+def _check_range(adv: np.ndarray, stats_finite: bool, state: EBPOState, g: Groups, out_dtype: torch.dtype) -> None:
+    """Step 8: the advantages and statistics are finite and the advantages fit ``out_dtype`` (before any commit);
+    else ValueError naming the estimator call (``state.steps + 1``: one per training step since the statistics
+    began, so verl's global step in a run that was never reset) and the uids with the largest rewards."""
+    if not (np.isfinite(adv).all() and stats_finite):
+        what = "non-finite"
+    elif out_dtype != torch.float64 and adv.size and np.abs(adv).max() > torch.finfo(out_dtype).max:
+        what = f"advantages above the {out_dtype} maximum"
+    else:
+        return
+    mag = np.abs(g.r.numpy())
+    offenders = g.keys_of(mag >= 0.01 * mag.max())
+    raise ValueError(
+        f"EBPO estimator call {state.steps + 1} (one per training step since the statistics began): the statistics or "
         f"advantages overflow ({what}) with rewards as large as {mag.max():.3g}; "
         f"largest rewards in uid(s) {offenders[:20]}. Scale the reward down; the running state was left unchanged."
     )
@@ -377,52 +381,6 @@ def _next_statistics(
         # A cluster without history falls back to the global prior through its blending weight of 0.
         return result, past
     return result, new
-
-
-def _commit(
-    state: EBPOState, batch_global: np.ndarray, stored: tuple[PriorStats, dict[str, PriorStats], bool] | None
-) -> None:
-    state.steps += 1
-    state.prompts_seen += int(batch_global[1, 0])
-    state.responses_seen += int(batch_global[0, 0])
-    if stored is not None:
-        state.global_stats, state.clusters, _ = stored
-
-
-def _diagnostics(
-    state: EBPOState,
-    scopes: _Priors,
-    shrink: np.ndarray,
-    groups: _GroupStats,
-    cluster_names: list[str] | None,
-    priors: _Priors,
-    group_cluster: np.ndarray,
-    lo: float,
-    span: float,
-) -> dict[str, float]:
-    """``ebpo/*`` metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)."""
-    r_min, r_max = groups.r_min, groups.r_max
-    diag = {
-        "ebpo/shrinkage_mean": sorted_mean(shrink),
-        "ebpo/shrinkage_min": float(shrink.min()),
-        "ebpo/shrinkage_max": float(shrink.max()),
-        "ebpo/mu_glob": float(lo + span * scopes.mu[0]),
-        "ebpo/sigma2": float(span * span * scopes.sigma2[0]),
-        "ebpo/tau2": float(span * span * scopes.tau2[0]),
-        "ebpo/prompts_seen": float(state.prompts_seen),
-        "ebpo/responses_seen": float(state.responses_seen),
-        "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
-        "ebpo/frac_all_fail": float(np.count_nonzero(r_max <= 0) / r_max.size),
-        "ebpo/frac_all_pass": float(np.count_nonzero(r_min >= 1) / r_min.size),
-    }
-    if cluster_names:
-        order = np.argsort(shrink)
-        seg = group_cluster[order]
-        means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
-        for cid, name in enumerate(cluster_names):
-            diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
-            diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
-    return diag
 
 
 SPECS = (

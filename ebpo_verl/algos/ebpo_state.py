@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ebpo_verl.algos.estimator import FreshState, saved_fields
 from ebpo_verl.options.parsing import is_real
 
 STATE_VERSION = 1
-
-
-def _finite_float(x: Any, what: str, minimum: float | None = None) -> float:
-    if not is_real(x) or (minimum is not None and x < minimum):
-        bound = "" if minimum is None else f" >= {minimum:g}"
-        raise ValueError(f"{what} must be a finite number{bound}, got {x!r:.60}")
-    return float(x)
-
-
-def _count(x: Any, what: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {x!r:.60}")
-    return x
 
 
 @dataclass
@@ -51,16 +38,15 @@ class Moments:
         """Population variance M2 / n (0 when empty)."""
         return self.m2 / self.n if self.n > 0 else 0.0
 
-    def is_finite(self) -> bool:
-        return math.isfinite(self.n) and math.isfinite(self.mean) and math.isfinite(self.m2)
-
     @classmethod
     def from_json(cls, data: Any, what: str) -> Moments:
         """``[n, mean, m2]`` with n, m2 >= 0 and all three finite."""
         if not isinstance(data, (list, tuple)) or len(data) != 3:
             raise ValueError(f"{what} must be a list [n, mean, m2], got {data!r:.60}")
-        n = _finite_float(data[0], f"{what} count", 0.0)
-        return cls(n, _finite_float(data[1], f"{what} mean"), _finite_float(data[2], f"{what} m2", 0.0))
+        for name, x, bound in zip(("count", "mean", "m2"), data, (" >= 0", "", " >= 0"), strict=True):
+            if not is_real(x) or (bound and x < 0.0):
+                raise ValueError(f"{what} {name} must be a finite number{bound}, got {x!r:.60}")
+        return cls(*map(float, data))
 
 
 @dataclass
@@ -74,25 +60,15 @@ class PriorStats:
 
     _PARTS = ("rewards", "group_means", "within_var", "inv_group_size")
 
-    def merge(self, other: PriorStats) -> PriorStats:
-        return PriorStats(*(getattr(self, p).merge(getattr(other, p)) for p in self._PARTS))
-
     def scaled(self, factor: float) -> PriorStats:
         return PriorStats(*(getattr(self, p).scaled(factor) for p in self._PARTS))
-
-    @property
-    def prompts(self) -> float:
-        return self.group_means.n
-
-    def is_finite(self) -> bool:
-        return all(getattr(self, p).is_finite() for p in self._PARTS)
-
-    def to_json(self) -> dict[str, list[float]]:
-        return {p: [getattr(self, p).n, getattr(self, p).mean, getattr(self, p).m2] for p in self._PARTS}
 
     def table(self) -> list[list[float]]:
         """[[n, mean, m2] per part] (the layout of the batch tables of :func:`_segment_tables`)."""
         return [[m.n, m.mean, m.m2] for m in (self.rewards, self.group_means, self.within_var, self.inv_group_size)]
+
+    def to_json(self) -> dict[str, list[float]]:
+        return dict(zip(self._PARTS, self.table(), strict=True))
 
     @classmethod
     def from_table(cls, table: list[list[float]]) -> PriorStats:
@@ -107,7 +83,7 @@ class PriorStats:
 
 
 @dataclass
-class EBPOState:
+class EBPOState(FreshState):
     """Running EB statistics of one training run (the diagnostics of a call are in its result)."""
 
     steps: int = 0
@@ -115,9 +91,6 @@ class EBPOState:
     responses_seen: int = 0
     global_stats: PriorStats = field(default_factory=PriorStats)
     clusters: dict[str, PriorStats] = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.__init__()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
@@ -133,17 +106,11 @@ class EBPOState:
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
         and nothing changes when one is wrong (ValueError naming the field)."""
-        if not isinstance(state, Mapping):
-            raise ValueError(f"EBPO state must be a JSON object, got {type(state).__name__}")
-        version = state.get("version")
-        if version != STATE_VERSION:
-            raise ValueError(f"EBPO state version {version!r:.60} is not supported (expected {STATE_VERSION})")
-        missing = {"steps", "prompts_seen", "responses_seen", "global", "clusters"} - set(state)
-        if missing:
-            raise ValueError(f"EBPO state is missing key(s) {sorted(missing)}")
-        counts = [_count(state[k], f"EBPO state: {k}") for k in ("steps", "prompts_seen", "responses_seen")]
-        global_stats = PriorStats.from_json(state["global"], "global")
-        clusters = state["clusters"]
+        counts = ("steps", "prompts_seen", "responses_seen")
+        *counts, saved_global, clusters = saved_fields(
+            state, "EBPO state", STATE_VERSION, (*counts, "global", "clusters"), counts
+        )
+        global_stats = PriorStats.from_json(saved_global, "global")
         if not isinstance(clusters, Mapping):
             raise ValueError(f"EBPO state: clusters must be an object (label -> statistics), got {clusters!r:.60}")
         loaded = {}

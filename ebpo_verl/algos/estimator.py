@@ -1,24 +1,20 @@
 """What an estimator is: a pure function of one batch, and the one object that binds it to a run's options and state.
 
-verl's ``core_algos`` estimators are pure functions of one batch. EBPO's running statistics, SPO's tracker and
-DBB's posteriors live across steps, and BNPO reports a diagnostic of every call; rather than module-level
-singletons that every caller reaches sideways, each run owns one :class:`Estimator` (made by
-:func:`ebpo_verl.algos.registry.new_estimator`, the one factory): the trainer (one per run, saved with every
-checkpoint), TRL's trainer, a study run, a test. The math stays in pure functions
-``compute_<name>_advantages(batch, options[, state])`` that return :class:`Advantages`, in the style of
-``core_algos``; the object only binds one to one options value and one :class:`State`, so whoever calls it shows
-which state it changes.
+The math is pure ``compute_<name>_advantages(batch, options[, state])`` returning :class:`Advantages`, as verl's
+``core_algos``; running state (EBPO's statistics, SPO's tracker, DBB's posteriors) is no module-level singleton:
+each run owns one :class:`Estimator` (:func:`ebpo_verl.algos.registry.new_estimator`, the one factory), which binds
+the function to one options value and one :class:`State`, so whoever calls it shows which state it changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from ebpo_verl.algos.grouping import Groups, group_rows, unpadded
+from ebpo_verl.algos.grouping import Groups, group_rows
 
 
 class Batch(NamedTuple):
@@ -39,8 +35,8 @@ class Batch(NamedTuple):
 
     def key_groups(self, keys: Sequence[Any] | np.ndarray, what: str) -> Groups:
         """The valid rows grouped by another per-row key than the uid (a stable prompt key, a domain; ``what`` names
-        it in errors); rows whose uid starts with ``pad_prefix`` are padding (:func:`grouping.unpadded`)."""
-        return group_rows(self.scores, keys, unpadded(self.valid, self.index, self.pad_prefix), what)
+        it in errors); rows whose uid starts with ``pad_prefix`` are padding."""
+        return group_rows(self.scores, keys, self.valid, what, self.pad_prefix, self.index)
 
 
 class Advantages(NamedTuple):
@@ -64,6 +60,29 @@ class State(Protocol):
     def reset(self) -> None: ...
 
 
+class FreshState:
+    """Base of the package's state dataclasses: :meth:`reset` is a fresh ``cls()``."""
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+def saved_fields(state: Any, what: str, version: int, keys: tuple[str, ...], counts: tuple[str, ...]) -> list[Any]:
+    """The ``keys`` of a saved state after the checks every state makes first: a JSON object of ``version`` holding
+    every key, each of ``counts`` an integer >= 0; ValueError naming the field (``what``: the state, in messages)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{what} must be a JSON object, got {type(state).__name__}")
+    if state.get("version") != version:
+        raise ValueError(f"{what} version {state.get('version')!r:.60} is not supported (expected {version})")
+    missing = set(keys) - set(state)
+    if missing:
+        raise ValueError(f"{what} is missing key(s) {sorted(missing)}")
+    for key in counts:
+        if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
+            raise ValueError(f"{what} {key}={state[key]!r:.60} must be an integer >= 0")
+    return [state[k] for k in keys]
+
+
 class Estimator:
     """One run's estimator: its ``spec`` (:class:`~ebpo_verl.algos.registry.EstimatorSpec`), ``options`` (None
     without an options section), ``state`` (None for a stateless one) and ``diagnostics`` of the last call.
@@ -85,12 +104,10 @@ class Estimator:
     ) -> Advantages:
         """Advantages of one batch (the arguments of :class:`Batch`); ``diagnostics`` then holds the step's."""
         parts = (self.options,) if self.spec.options_cls is not None else ()
-        result = self.spec.compute(Batch(scores, index, valid, row_values, pad_prefix), *parts, *self._state())
+        parts += () if self.state is None else (self.state,)
+        result = self.spec.compute(Batch(scores, index, valid, row_values, pad_prefix), *parts)
         self.diagnostics = result.diagnostics
         return result
-
-    def _state(self) -> tuple[State, ...]:
-        return () if self.state is None else (self.state,)
 
     def reset(self) -> None:
         """Forget the state and the diagnostics (a fresh run)."""

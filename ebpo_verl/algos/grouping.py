@@ -58,25 +58,6 @@ def standardise(adv: torch.Tensor, eps: float) -> torch.Tensor:
     return (adv - mean) / (var.sqrt() + eps)
 
 
-def reward_levels(r: np.ndarray, fractions: bool) -> tuple[float, float] | None:
-    """(lowest level, span) of a two-level reward: 0/1 (with ``fractions``, any value in [0, 1]) -> (0, 1), the
-    paper's -1/+1 -> (-1, 2); None for any other reward (an empty batch is 0/1)."""
-    if (((r >= 0.0) & (r <= 1.0)) if fractions else ((r == 0.0) | (r == 1.0))).all():
-        return 0.0, 1.0
-    if ((r == -1.0) | (r == 1.0)).all():
-        return -1.0, 2.0
-    return None
-
-
-def off_level_rows(r: np.ndarray, fractions: bool) -> np.ndarray:
-    """The rows that make a reward refused by :func:`reward_levels`: values outside [0, 1] with ``fractions``;
-    else values other than -1, 0 and 1, or, when there are none, the 0s (a -1/0/1 reward has three levels)."""
-    if fractions:
-        return (r < 0.0) | (r > 1.0)
-    bad = ~((r == 0.0) | (r == 1.0)) & ~((r == -1.0) | (r == 1.0))
-    return bad if bad.any() else r == 0.0
-
-
 @dataclass
 class Groups:
     """The valid rows of a batch grouped by key: rewards (float64), row -> group, per-group size and moments."""
@@ -94,15 +75,22 @@ class Groups:
         return sorted(set(self.keys[self.row_group.numpy()[rows]].tolist()))
 
 
-def pass_levels(g: Groups, refusal: Callable[[list[float], list[str]], str]) -> tuple[float, float]:
-    """(lowest level, span) of a reward read as pass rates: any value in [0, 1] -> (0, 1), the paper's -1/+1 ->
-    (-1, 2); any other reward raises ValueError(``refusal(its distinct values, the keys of the groups holding the
-    values off those levels)``), the estimator's own message."""
+def pass_levels(
+    g: Groups, refusal: Callable[[list[float], list[str]], str], fractions: bool = True
+) -> tuple[float, float]:
+    """(lowest level, span) of a two-level reward: 0/1 (with ``fractions``, any value in [0, 1]) -> (0, 1), the
+    paper's -1/+1 -> (-1, 2); any other reward raises ValueError(``refusal(its distinct values, the keys of the
+    groups holding the off-level values)``), the estimator's own message. Off-level: outside [0, 1] with
+    ``fractions``; else values other than -1, 0 and 1, or, when there are none, the 0s (-1/0/1 has three levels)."""
     r = g.r.numpy()
-    levels = reward_levels(r, fractions=True)
-    if levels is not None:
-        return levels
-    raise ValueError(refusal(torch.unique(g.r).tolist(), g.keys_of(off_level_rows(r, fractions=True))))
+    if (((r >= 0.0) & (r <= 1.0)) if fractions else ((r == 0.0) | (r == 1.0))).all():
+        return 0.0, 1.0
+    if ((r == -1.0) | (r == 1.0)).all():
+        return -1.0, 2.0
+    bad = (r < 0.0) | (r > 1.0) if fractions else (r != 0.0) & (r != 1.0) & (r != -1.0)
+    if not fractions and not bad.any():
+        bad = r == 0.0
+    raise ValueError(refusal(torch.unique(g.r).tolist(), g.keys_of(bad)))
 
 
 def group_rows(
@@ -111,10 +99,12 @@ def group_rows(
     valid: torch.Tensor,
     what: str,
     pad_prefix: str | None = None,
+    uids: Sequence[Any] | np.ndarray | None = None,
 ) -> Groups:
-    """Group the valid rows by ``keys`` (compared as strings); rows whose key starts with ``pad_prefix`` are padding
-    too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming ``what``."""
-    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix)
+    """Group the valid rows by ``keys`` (compared as strings); rows whose uid (``uids``, default ``keys``) starts
+    with ``pad_prefix`` are padding too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming
+    ``what``."""
+    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix, uids)
     rows = torch.from_numpy(rows_np)
     r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
     order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
@@ -131,7 +121,12 @@ def group_rows(
 
 
 def _valid_codes(
-    scores: torch.Tensor, keys: Sequence[Any] | np.ndarray, valid: torch.Tensor, what: str, pad_prefix: str | None
+    scores: torch.Tensor,
+    keys: Sequence[Any] | np.ndarray,
+    valid: torch.Tensor,
+    what: str,
+    pad_prefix: str | None,
+    uids: Sequence[Any] | np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(positions of the valid rows, their key codes, the names of the codes used) after the shape checks."""
     bs = scores.shape[0]
@@ -140,9 +135,11 @@ def _valid_codes(
         raise ValueError(f"{what} {key_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
     valid_np = valid.detach().cpu().numpy().astype(bool)
     codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
-    is_pad = padding_names(names, pad_prefix) if pad_prefix is not None else None
-    if is_pad is not None:
-        valid_np &= ~(is_pad[codes] & (codes >= 0))
+    if pad_prefix is not None:  # verl's ``pad`` rows, by their uid
+        pad_codes, pad_names = (codes, names) if uids is None else factorize_keys(np.asarray(uids, dtype=object))
+        is_pad = padding_names(pad_names, pad_prefix)
+        if is_pad is not None:
+            valid_np &= ~(is_pad[pad_codes] & (pad_codes >= 0))
     rows_np = np.flatnonzero(valid_np)
     codes = codes[rows_np]
     missing = codes < 0
@@ -173,14 +170,3 @@ def scatter_rows(scores: torch.Tensor, g: Groups, adv: torch.Tensor) -> torch.Te
     dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
     out = torch.zeros(scores.shape[0], dtype=dtype, device=scores.device)
     return out.index_copy_(0, g.rows.to(out.device), adv.to(dtype=dtype, device=scores.device))
-
-
-def unpadded(valid: torch.Tensor, index: Sequence[Any] | np.ndarray, prefix: str | None) -> torch.Tensor:
-    """``valid`` on the CPU, less the rows whose uid (``index``) starts with ``prefix`` (verl's ``pad`` rows), for
-    estimators that group by another key than the uid."""
-    valid = valid.cpu()
-    if prefix is None:
-        return valid
-    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
-    is_pad = padding_names(uid_names, prefix)
-    return valid if is_pad is None else valid & ~torch.from_numpy(is_pad[uid_codes])

@@ -36,13 +36,12 @@ Their ``hist_var`` is unused and omitted; their window is not checkpointed, ours
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
@@ -91,7 +90,7 @@ class HADWOptions(OptionSection):
 
 
 @dataclass
-class HADWState:
+class HADWState(FreshState):
     """The anchor of one run (None before the first step), the buffer of its last posterior values, the steps;
     ``form=authors_code``: ``batch_means``, the last batch-mean rewards (empty under ``paper``)."""
 
@@ -99,9 +98,6 @@ class HADWState:
     anchor: float | None = None
     history: list[float] = field(default_factory=list)
     batch_means: list[float] = field(default_factory=list)
-
-    def reset(self) -> None:
-        self.__init__()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``); ``batch_means`` only when
@@ -113,11 +109,7 @@ class HADWState:
         """Restore a :meth:`state_dict` (one without ``batch_means``, as every older one, has none); a bad field raises
         ValueError naming it, leaving this state unchanged."""
         what = "ha_dw state"
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
-        steps, anchor, history = state.get("steps"), state.get("anchor"), state.get("history")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
+        steps, anchor, history = saved_fields(state, what, STATE_VERSION, ("steps", "anchor", "history"), ("steps",))
         if not (anchor is None or is_real(anchor)):
             raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
         if not isinstance(history, list) or not all(is_real(v) for v in history):
@@ -128,12 +120,6 @@ class HADWState:
         self.steps, self.anchor = steps, None if anchor is None else float(anchor)
         self.history = [float(v) for v in history]
         self.batch_means = [float(v) for v in state.get("batch_means", [])]
-
-
-def pass_rates(g: Groups) -> torch.Tensor:
-    """The valid rows' rewards as pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2; others raise."""
-    lo, span = pass_levels(g, _ha_dw_refusal)
-    return (g.r - lo) / span
 
 
 def _ha_dw_refusal(values: list[float], bad: list[str]) -> str:
@@ -192,7 +178,8 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     if options.form == "authors_code":
         adv, diagnostics = authors_code_advantages(g, float(options.epsilon), state)
         return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
-    x = pass_rates(g)
+    lo, span = pass_levels(g, _ha_dw_refusal)  # pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2
+    x = (g.r - lo) / span
     y = sorted_sum(x).item() / len(x)
     prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)
     mu = torch.zeros(len(g.keys), dtype=torch.float64).index_add_(0, g.row_group, x) / g.size

@@ -17,11 +17,10 @@ statistic.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ebpo_verl.algos.estimator import Advantages, Batch
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
 from ebpo_verl.options.parsing import OptionSection, is_real, option, reals, resume_option
@@ -51,16 +50,13 @@ class JSPOHistoryOptions(OptionSection):
 
 
 @dataclass
-class JSPOHistoryState:
+class JSPOHistoryState(FreshState):
     """The smoothed series of one run: steps t, the weight D_t and the weighted sums N_t of lam and rbar."""
 
     steps: int = 0
     weight: float = 0.0
     lam_sum: float = 0.0
     mean_sum: float = 0.0
-
-    def reset(self) -> None:
-        self.__init__()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
@@ -70,12 +66,9 @@ class JSPOHistoryState:
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
         what = "jspo_history state"
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
-        steps = state.get("steps")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
-        values = [state.get(k) for k in ("weight", "lam_sum", "mean_sum")]
+        steps, *values = saved_fields(
+            state, what, STATE_VERSION, ("steps", "weight", "lam_sum", "mean_sum"), ("steps",)
+        )
         if not all(is_real(v) for v in values) or values[0] < 0 or values[1] < 0:
             raise ValueError(f"{what} weight/lam_sum/mean_sum must be finite numbers (weight, lam_sum >= 0)")
         self.steps, (self.weight, self.lam_sum, self.mean_sum) = steps, (float(v) for v in values)

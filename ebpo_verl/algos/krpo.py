@@ -53,19 +53,6 @@ class KRPOOptions(OptionSection):
     )
 
 
-def filter_gains(steps: int, options: KRPOOptions) -> tuple[np.ndarray, np.ndarray]:
-    """(K_j, P_j) for j = 1..steps: the gains and posterior variances depend on (Q, R, P0) only, not on the
-    rewards, so every group shares them."""
-    q, r, p = float(options.process_noise), float(options.measurement_noise), float(options.p0)
-    gains, variances = np.empty(steps), np.empty(steps)
-    for j in range(steps):
-        prior = p + q
-        gains[j] = prior / (prior + r)
-        p = (1.0 - gains[j]) * prior
-        variances[j] = p
-    return gains, variances
-
-
 def walk_positions(g: Groups, sample_index: np.ndarray | None) -> np.ndarray:
     """Each valid row's position in its group's walk: by ``sample_index`` (one int per valid row; ties refused),
     else by row order."""
@@ -103,12 +90,15 @@ def compute_krpo_advantages(batch: Batch, options: KRPOOptions) -> Advantages:
     group, width = g.row_group.numpy(), int(g.size.max().item())
     grid = np.zeros((len(g.keys), width))
     grid[group, position] = g.r.numpy()
-    gains, variances = filter_gains(width, options)
-    estimates = np.empty_like(grid)
+    q, r, p = float(options.process_noise), float(options.measurement_noise), float(options.p0)
+    estimates, variances = np.empty_like(grid), np.empty(width)
     x = np.full(len(g.keys), float(options.x0))
-    for j in range(width):  # columns beyond a group's size are never read back
-        x = x + gains[j] * (grid[:, j] - x)
-        estimates[:, j] = x
+    for j in range(width):  # K_j and P_j depend on (Q, R, P0) only: every group shares them
+        prior = p + q
+        gain = prior / (prior + r)
+        p = variances[j] = (1.0 - gain) * prior
+        x = x + gain * (grid[:, j] - x)
+        estimates[:, j] = x  # columns beyond a group's size are never read back
     x_row = torch.from_numpy(estimates[group, position])
     adv = (g.r - x_row) / torch.from_numpy(np.sqrt(variances)[position] + float(options.epsilon))
     baseline_mean = (sorted_sum(x_row) / len(x_row)).item()

@@ -24,6 +24,7 @@ block in seeded random order.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
@@ -109,10 +110,6 @@ class Layout:
     blocks: tuple[Block, ...]
 
 
-def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
-    return np.random.default_rng([int(seed), int(epoch)])
-
-
 def epoch_layout(
     options: CurriculumOptions,
     n_rows: int,
@@ -129,7 +126,7 @@ def epoch_layout(
     ``topics`` is needed for ``topic``, ``difficulties`` for ``difficulty`` (one value per row, None when
     missing); ``higher_is_easier`` is True for pass rates.
     """
-    rng = epoch_rng(seed, epoch)
+    rng = np.random.default_rng([int(seed), int(epoch)])
     if options.order == "native":
         return Layout(np.arange(n_rows, dtype=np.int64), (Block("all rows", n_rows),))
     if options.order == "random":
@@ -179,15 +176,13 @@ def _topic_layout(
         chunks += [(label, rows[i : i + step]) for i in range(0, len(rows), step)]
     if options.block_size is not None:
         chunks = [chunks[i] for i in rng.permutation(len(chunks))]
-    parts = [(label, rows) for label, rows in chunks]
-    tail_rows = np.concatenate(tail) if tail else np.empty(0, dtype=np.int64)
-    if len(tail_rows):
-        parts.append((TAIL_LABEL, tail_rows))
+    if sum(map(len, tail)):
+        chunks.append((TAIL_LABEL, np.concatenate(tail)))
     if len(missing):
-        parts.append((MISSING_LABEL, missing[rng.permutation(len(missing))]))
+        chunks.append((MISSING_LABEL, missing[rng.permutation(len(missing))]))
     return Layout(
-        np.concatenate([rows for _, rows in parts]).astype(np.int64),
-        tuple(Block(label, len(rows)) for label, rows in parts),
+        np.concatenate([rows for _, rows in chunks]).astype(np.int64),
+        tuple(Block(label, len(rows)) for label, rows in chunks),
     )
 
 
@@ -201,24 +196,12 @@ def _difficulty_layout(
     ranked = present[np.lexsort((tiebreak, ease))]
     if options.descending:
         ranked = ranked[::-1]
-    blocks = []
-    for value, count in _runs([float(difficulties[row]) for row in ranked]):
-        blocks.append(Block(f"{value:g}", count))
+    blocks = [Block(f"{v:g}", len(list(run))) for v, run in itertools.groupby(float(difficulties[r]) for r in ranked)]
     parts = [ranked]
     if len(missing):
         parts.append(missing[rng.permutation(len(missing))])
         blocks.append(Block(MISSING_LABEL, len(missing)))
     return Layout(np.concatenate(parts).astype(np.int64), tuple(blocks))
-
-
-def _runs(values: Sequence[float]) -> list[tuple[float, int]]:
-    runs: list[tuple[float, int]] = []
-    for v in values:
-        if runs and runs[-1][0] == v:
-            runs[-1] = (v, runs[-1][1] + 1)
-        else:
-            runs.append((v, 1))
-    return runs
 
 
 def batch_purity(

@@ -1,17 +1,12 @@
 """The one estimator registry: every advantage estimator the package knows, each declared once beside its math.
 
 An estimator module (``ebpo_verl.algos.<name>``) is its pure ``compute_<name>_advantages(batch, options[, state])``
-and one declaration, ``SPECS = (EstimatorSpec(...), ...)``: its verl name, one-line summary and source, the
-function, its options section, its state (:class:`StateSpec`: the class and its checkpoint file), what it reads
-per row (``row_input``) and its facts (``pass_rates``, ``min_group``, ``warning``). :data:`MODULES` lists those
-modules: adding an estimator is one new module plus one line there (or, out of tree, an entry point of group
-:data:`ENTRY_POINT_GROUP` naming a module with ``SPECS``). Everything else (verl registration, the stateful set,
-the options sections, the generated YAML, ``--help``, docs tables, the pre-flight, the study's and the recipes'
-lists, the benchmark, TRL) reads :func:`estimators`, and every caller makes its object with :func:`new_estimator`;
-in tree, ``python -m ebpo_verl.docs_tables`` (the one docs command) then
-rewrites the generated files (tests/test_options.py and tests/test_registry.py fail until it has). An
-entry-point estimator's options are not in the committed YAML: ``ebpo-train`` sets them with
-``++algorithm.<name>.<key>=...``.
+and one declaration, ``SPECS = (EstimatorSpec(...), ...)`` (:class:`EstimatorSpec`). Adding one is a new module
+plus one line in :data:`MODULES` (out of tree: an entry point of group :data:`ENTRY_POINT_GROUP`, whose options
+``ebpo-train`` sets with ``++algorithm.<name>.<key>=...``), then ``python -m ebpo_verl.docs_tables`` (the one docs
+command) to rewrite the generated files. Everything else (verl registration, options sections, YAML, ``--help``,
+docs tables, pre-flight, study, recipes, benchmark, TRL) reads :func:`estimators`, and every caller makes its
+object with :func:`new_estimator`.
 
 Imports neither verl nor Ray: the TRL integration reads it too.
 """
@@ -57,14 +52,6 @@ NEW_FORM = (
 """The declaration, as the one-line refusal of the old form names it (docs/architecture.md#adding-an-estimator)."""
 
 
-def _nothing_ignored(options: Any) -> set[str]:
-    return set()
-
-
-def _no_requirement(options: Any) -> str | None:
-    return None
-
-
 def always(why: str) -> Callable[[Any], str]:
     """A fact that holds whatever the options (``pass_rates=always("...")``)."""
     return lambda options: why
@@ -85,7 +72,7 @@ class StateSpec:
     label: str
     what: str
     mode_keys: tuple[str, ...] = ()
-    ignored: Callable[[Any], set[str]] = _nothing_ignored
+    ignored: Callable[[Any], set[str]] = lambda options: set()
     never_keep: tuple[str, ...] = ()
 
 
@@ -115,8 +102,8 @@ class EstimatorSpec:
     state: StateSpec | None = None
     row_input: str | None = None
     unique_row_key: bool = False
-    pass_rates: Callable[[Any], str | None] = _no_requirement
-    min_group: Callable[[Any], str | None] = _no_requirement
+    pass_rates: Callable[[Any], str | None] = lambda options: None
+    min_group: Callable[[Any], str | None] = lambda options: None
     warning: Callable[[Any], str | None] | None = None
     builtin: bool = False
     verl_name: str | None = None

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.ebpo_state import Moments
-from ebpo_verl.algos.estimator import Advantages, Batch
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
@@ -51,14 +51,11 @@ class RunningNormOptions(OptionSection):
 
 
 @dataclass
-class RunningNormState:
+class RunningNormState(FreshState):
     """The accumulators of one run: domain -> reward moments (count, mean, M2), and the number of calls."""
 
     steps: int = 0
     domains: dict[str, Moments] = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.__init__()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
@@ -68,11 +65,7 @@ class RunningNormState:
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
         what = "running_norm state"
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"{what} must be a JSON object of version {STATE_VERSION}")
-        steps, domains = state.get("steps"), state.get("domains")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r:.40} must be an integer >= 0")
+        steps, domains = saved_fields(state, what, STATE_VERSION, ("steps", "domains"), ("steps",))
         if not isinstance(domains, Mapping) or not all(isinstance(k, str) for k in domains):
             raise ValueError(f"{what} domains must be an object (domain name -> [count, mean, m2])")
         loaded = {name: Moments.from_json(value, f"{what} domains[{name!r}]") for name, value in domains.items()}

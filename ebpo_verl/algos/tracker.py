@@ -14,35 +14,24 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ebpo_verl.algos.estimator import Batch
+from ebpo_verl.algos.estimator import Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import Groups
 from ebpo_verl.options.parsing import is_real, option, text
 
 TRACKER_VERSION = 1
 
 
-def _empty_keys() -> np.ndarray:
-    return np.array([], dtype=str)
-
-
-def _empty_floats() -> np.ndarray:
-    return np.array([], dtype=np.float64)
-
-
 @dataclass
-class PromptTracker:
+class PromptTracker(FreshState):
     """Sorted prompt keys with their (alpha, beta), and the number of estimator calls that updated them."""
 
     label: ClassVar[str] = "tracker"
     """The estimator's name in messages (``SPO state ...``)."""
 
     steps: int = 0
-    keys: np.ndarray = field(default_factory=_empty_keys)
-    alpha: np.ndarray = field(default_factory=_empty_floats)
-    beta: np.ndarray = field(default_factory=_empty_floats)
-
-    def reset(self) -> None:
-        self.__init__()
+    keys: np.ndarray = field(default_factory=lambda: np.array([], dtype=str))
+    alpha: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.float64))
+    beta: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.float64))
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in the tracker, found) of each key of the sorted, unique array ``keys``."""
@@ -82,19 +71,8 @@ class PromptTracker:
         """Restore a :meth:`state_dict` snapshot; every field is checked, and a bad one raises ValueError naming it,
         leaving this tracker unchanged."""
         what = f"{self.label} state"
-        if not isinstance(state, Mapping):
-            raise ValueError(f"{what} must be a JSON object, got {type(state).__name__}")
-        version = state.get("version")
-        if version != TRACKER_VERSION:
-            raise ValueError(f"{what} version {version!r:.60} is not supported (expected {TRACKER_VERSION})")
-        missing = {"steps", "keys", "alpha", "beta"} - set(state)
-        if missing:
-            raise ValueError(f"{what} is missing key(s) {sorted(missing)}")
-        steps = state["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{what} steps={steps!r:.60} must be an integer >= 0")
-        keys, alpha, beta = _columns(state, what)
-        self.__init__(steps, keys, alpha, beta)
+        steps = saved_fields(state, what, TRACKER_VERSION, ("steps", "keys", "alpha", "beta"), ("steps",))[0]
+        self.__init__(steps, *_columns(state, what))
 
 
 def _columns(state: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

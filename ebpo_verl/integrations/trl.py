@@ -2,13 +2,11 @@
 
 TRL computes GRPO's advantages inline in ``GRPOTrainer._generate_and_score_completions`` from the rewards that
 ``_calculate_rewards`` gathers across processes. :class:`EstimatorMixin` wraps both (``super()``, nothing of
-TRL's copied): it keeps the gathered rewards and the gathered prompt keys, lets TRL finish the step, then replaces
-this process's slice of ``advantages`` (and TRL's logged advantages) with the estimator's, computed in float64 on
-CPU from the same gathered values on every rank, so every rank ends with the same state. The estimator's state is
-written into each checkpoint folder (by the saving process only) and restored on
-``train(resume_from_checkpoint=...)`` under the same mismatch rules as under verl
-(:mod:`ebpo_verl.trainer.checkpoint.state`); evaluation runs on a copy and changes no state. The ``ebpo/*``
-(``spo/*``, ``dbb/*``) diagnostics go into TRL's own metrics. docs/trl.md is the user's page.
+TRL's copied) and replaces this process's slice of ``advantages`` (and TRL's logged ones) with the estimator's,
+computed in float64 on CPU from the same gathered values on every rank, so every rank ends with the same state,
+which each checkpoint folder holds and ``train(resume_from_checkpoint=...)`` restores under verl's mismatch rules
+(:mod:`ebpo_verl.trainer.checkpoint.state`). Evaluation runs on a copy; the diagnostics go into TRL's metrics.
+docs/trl.md is the user's page.
 """
 
 from __future__ import annotations
@@ -91,10 +89,9 @@ def check_column(dataset: Any, column: str, unique: bool, option: str) -> None:
 
 
 def on_boundary(micro_step: int, settings: Mapping[str, int]) -> bool:
-    """Whether TRL's micro-step counter (``GRPOTrainer._step``, the training micro-batches so far) is at a
-    generation block's end (:func:`block_settings`): TRL generates when it is a multiple of ``steps_per_generation x
-    num_iterations``. The counter, not ``global_step x gradient_accumulation_steps``: Transformers ends an epoch
-    whose micro-batches are not a multiple of the accumulation with a shorter update."""
+    """Whether TRL's micro-step counter (``GRPOTrainer._step``) is at a generation block's end: a multiple of
+    ``steps_per_generation x num_iterations`` (not ``global_step x gradient_accumulation_steps``: Transformers ends an
+    epoch whose micro-batches are not a multiple of the accumulation with a shorter update)."""
     return micro_step % (settings["steps_per_generation"] * settings["num_iterations"]) == 0
 
 
@@ -178,19 +175,15 @@ class EstimatorMixin:
         self.estimator = registry.new_estimator(self.estimator_spec, self.estimator_options)
         self._gathered: tuple[torch.Tensor, np.ndarray | None] | None = None
         super().__init__(*args, **kwargs)
-        self._check_setup(estimator)
-
-    def _check_setup(self, name: str) -> None:
-        """Refuse what the estimator cannot replace, name the row column and check it on the training set."""
         if self.args.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
-                f"multi_objective_aggregation={self.args.multi_objective_aggregation!r}: the {name} estimator scores "
-                "the weighted sum of the rewards; use multi_objective_aggregation='sum_then_normalize'"
+                f"multi_objective_aggregation={self.args.multi_objective_aggregation!r}: the {estimator} estimator "
+                "scores the weighted sum of the rewards; use multi_objective_aggregation='sum_then_normalize'"
             )
-        key = self.estimator_spec.row_key
         self.row_column = self.estimator_spec.row_key_of(self.estimator_options)
-        if self.row_column is not None:
-            check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, f"{name}.{key}")
+        if self.row_column is not None:  # checked on the training set
+            option = f"{estimator}.{self.estimator_spec.row_key}"
+            check_column(self.train_dataset, self.row_column, self.estimator_spec.unique_row_key, option)
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], *args: Any, **kwargs: Any) -> torch.Tensor:
         """TRL's gathered ``rewards_per_func``, kept with what the estimator reads per row: the row column gathered in
