@@ -174,7 +174,7 @@ def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
     code, log = _run(*trained, "trusted", "trainer.trust_checkpoint=true")
     assert code == 0, log[-4000:]
     assert marker.exists()
-    assert (step.parent / "global_step_2" / "ebpo_state.json").is_file()
+    assert (step.parent / "global_step_2" / "toy_state.json").is_file()  # the estimator's state of step 2
 
 
 @HEAVY
