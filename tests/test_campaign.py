@@ -429,12 +429,12 @@ def test_the_campaigns_sigterm_leaves_nothing(tmp_path):
 @pytest.mark.heavy("own_ray")  # tests/conftest.py: the groups
 def test_small_campaign_resumes_to_the_same_state(tmp_path):
     """K = 2 kills (seed 2: mid-rollout of step 2, then in step 2's validation, after its checkpoint and before its
-    log call; 3 steps: the last rerun resumes from step 2 and trains step 3) on real verl trainer starts: the
-    reference run, two killed attempts and the last rerun; every invariant holds (the module exits 1 naming the
-    first that fails). Past its limit the campaign gets SIGTERM, which kills the running attempt's process tree."""
+    log call; 4 steps) on real verl trainer starts: the reference run, two killed attempts and the last rerun;
+    every invariant holds (the module exits 1 naming the first that fails). Past its limit the campaign gets
+    SIGTERM, which kills the running attempt's process tree."""
     out = tmp_path / "campaign"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "ebpo_verl.smoke.campaign", "--kills", "2", "--seed", "2", "--steps", "3"]
+    cmd = [sys.executable, "-m", "ebpo_verl.smoke.campaign", "--kills", "2", "--seed", "2", "--steps", "4"]
     proc = subprocess.Popen([*cmd, "--out", str(out), "--run-timeout", "600"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -444,8 +444,8 @@ def test_small_campaign_resumes_to_the_same_state(tmp_path):
         text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, text[-6000:]
     report = json.loads((out / "campaign_report.json").read_text())
-    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 3
-    assert report["checks"]["metrics_log_steps"] == [1, 2, 3]
+    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 4
+    assert report["checks"]["metrics_log_steps"] == [1, 2, 3, 4]
     assert [a["killed"] for a in report["attempts"]] == [True, True, False]
     landed = campaign.check_landed(out, report["attempts"], [("rollout", 2), ("validate", 2)])  # from the marker
     assert [row["landed"] for row in landed] == ["rollout", "validate"]
