@@ -32,7 +32,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # tracking run, the entry-point Ray actor; sharing the cores only slows them; the smoke runs' leak checks leave to
 # them what their processes were seen holding). The two groups are sized to keep the two workers' loads level
 # (CI's time; each group's sum, from CI's junit: "heavy" ~2,100 s with the two-node smoke's ~1,400, "own_ray"
-# ~1,650 s, beside "vllm" ~410 s). A test using an expensive module fixture runs on one worker with the fixture's
+# ~1,730 s, beside "vllm" ~410 s). A test using an expensive module fixture runs on one worker with the fixture's
 # other tests, which builds it once.
 HEAVY_FIXTURES = ("ray_local", "two_node_cluster")
 SHARED_FIXTURES = ("tiny_study",)
