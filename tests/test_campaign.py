@@ -426,7 +426,7 @@ def test_the_campaigns_sigterm_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
+@pytest.mark.heavy("own_ray")  # tests/conftest.py: the groups
 def test_small_campaign_resumes_to_the_same_state(tmp_path):
     """K = 2 kills (seed 2: mid-rollout of step 2, then in step 2's validation, after its checkpoint and before its
     log call; 4 steps) on real verl trainer starts: the reference run, two killed attempts and the last rerun;

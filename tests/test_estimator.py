@@ -669,7 +669,7 @@ def test_registration_is_idempotent():
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
+@pytest.mark.heavy("own_ray")  # tests/conftest.py: the groups
 def test_registered_in_a_ray_actor_through_the_entry_point_alone():
     ray = pytest.importorskip("ray")
 

@@ -6,14 +6,14 @@ means as the baseline) in ONE new module, added through the entry-point group ``
 temporary ``*.dist-info`` with ``entry_points.txt`` in a folder on the path): no committed file changes, and
 verl's registry, ``ebpo-train --cfg job`` and ``--help``, the generated YAML and docs tables, the recipes' ALGO
 presets and dry run, the study and the trainer's checkpoints see it; a real ``ebpo-train`` run ships it to Ray's
-workers through ``runtime_env`` and resumes its state exactly.
+workers through ``runtime_env`` and resumes its state exactly (tests/test_resume_trust.py: its runs are the toy's,
+one pair of trainer runs for both).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -498,42 +498,3 @@ def test_the_toys_state_is_checkpointed_and_resumed_exactly(toy_in_process, tmp_
     other.global_steps = 3
     with pytest.raises(ValueError, match=r"algorithm.toy differs .*\(decay: 0.25 -> 0.5\)"):
         other._load_checkpoint()
-
-
-@pytest.mark.heavy("resume_trust")  # beside test_resume_trust.py, on the other xdist worker
-@pytest.mark.slow
-def test_the_toy_trains_and_resumes_exactly_through_ebpo_train_on_rays_workers(tmp_path):
-    """A real ``ebpo-train`` run (the CPU trainer, the smoke runs' tiny model) with ``algorithm.adv_estimator=toy``:
-    the toy reaches the TaskRunner, the Ray actor that calls the estimator, through ``runtime_env`` (its folder on
-    the workers' PYTHONPATH, as a user ships a plugin to a cluster); its state is saved in every checkpoint, and a
-    resume from step 1 saves at step 2 the state of the uninterrupted run, exactly."""
-    from ebpo_verl.smoke import settings
-    from ebpo_verl.smoke.runs import Run
-
-    site = write_toy_site(tmp_path / "site")
-    work = tmp_path / "work"
-    work.mkdir()
-    files = settings.prepare(work)
-    extra = [
-        "algorithm.adv_estimator=toy",
-        "++algorithm.toy.decay=0.25",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={site}{os.pathsep}{REPO_ROOT}",
-        "trainer.save_freq=1",
-        "trainer.test_freq=-1",
-    ]
-
-    def train(name: str) -> dict:
-        run = Run(work, files, name, extra, steps=2, env={"PYTHONPATH": toy_env(site)["PYTHONPATH"]})
-        assert run.wait(600) == 0, run.tail(60)
-        return {step: json.loads((work / f"ckpt_{name}" / f"global_step_{step}" / "toy_state.json").read_text())
-                for step in (1, 2) if (work / f"ckpt_{name}" / f"global_step_{step}").is_dir()}  # fmt: skip
-
-    uninterrupted = train("a")
-    assert sorted(uninterrupted) == [1, 2] and uninterrupted[2]["state"]["steps"] == 2
-    assert uninterrupted[1]["options"]["decay"] == 0.25 and uninterrupted[1]["state"] != uninterrupted[2]["state"]
-    folder = work / "ckpt_b"
-    folder.mkdir()
-    (folder / "latest_checkpointed_iteration.txt").write_text("1")
-    shutil.copytree(work / "ckpt_a" / "global_step_1", folder / "global_step_1")
-    resumed = train("b")
-    assert resumed[2] == uninterrupted[2]

@@ -1,16 +1,23 @@
 """A resume under ``ebpo-train`` unpickles data only (``ebpo_verl/trainer/checkpoint/trusted_load.py``, issue 38).
 
 One real run (the CPU trainer, world size 1: the smoke runs' tiny model and data, two steps, a checkpoint after
-each) writes the checkpoints; each case copies its ``global_step_1`` into a run folder of its own and resumes
-from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copied run folder would:
+each, with the toy estimator of docs/architecture.md shipped to Ray's workers: tests/test_registry.py's plugin, so
+this run is also its end-to-end run) writes the checkpoints; each case copies its ``global_step_1`` into a run
+folder of its own and resumes from it with ``resume_mode=auto`` (the default), as a rerun in a shared or copied run
+folder would:
 
-- a callable planted in each kind of file verl's resume unpickles (model, optimizer and extra-state shards, read
-  in the worker; ``data.pt``, read in the trainer's process) is refused in one line naming the file, and its
-  marker file never appears;
+- a callable planted in the extra-state shard (read in the worker, by its patched ``load_checkpoint``, after the
+  model and optimizer shards) and in ``data.pt`` (read in the trainer's process) is refused in one line naming
+  the file, and its marker file never appears; every kind of file (model, optimizer and extra-state shards,
+  ``data.pt``) of the real checkpoint, planted, is refused in this process by the same patched load
+  (``weights_only_resume``, each file's list chosen by its name), which the workers' and the trainer's resume run
+  (``test_worker_classes_load_weights_only_unless_trusted``; the two-node smoke plants rank 1's model shard and
+  resumes it on the cluster);
 - with ``trainer.trust_checkpoint=true`` the planted file is unpickled as verl does (the marker appears) and the
   run resumes (positive control);
-- an untouched checkpoint resumes exactly as before: the resumed step-2 ``ebpo/*`` metrics and EB state equal the
-  uninterrupted run's.
+- an untouched checkpoint resumes exactly as before: the resumed step-2 ``toy/*`` metrics and saved toy state
+  equal the uninterrupted run's (EBPO's ``ebpo/*`` metrics and EB state after a default resume: the one-node
+  smoke's run K, tests/test_cpu_smoke.py).
 
 World size 2: verl's checkpoint manager writes model, optimizer and extra-state shards at world size 2 (FSDP2,
 FSDP1, HSDP; gloo on CPU), whose globals must be allowed for their kind and which must load under the resume's
@@ -19,15 +26,18 @@ world-size-2 checkpoint on the cluster with a callable planted in rank 1's model
 the second node): refused in the one line below, its marker never made (``ebpo_verl/smoke/planting.py``, which
 plants for both).
 
-The heavy tests form their own xdist group (``resume_trust``): each run starts a Ray instance of its own (its own
-temp folder, ``RAY_ADDRESS`` dropped: ``ebpo_verl/smoke/runs.py``), so they run beside the cluster test's group;
-the smoke runs' leak checks leave what these runs' processes were seen holding to them (``ebpo_verl/smoke/scan.py``).
+The heavy tests are in the xdist group ``own_ray`` (tests/conftest.py): each run starts a Ray instance of its
+own (its own temp folder, ``RAY_ADDRESS`` dropped: ``ebpo_verl/smoke/runs.py``), so they run beside the cluster
+test's group; the smoke runs' leak checks leave what these runs' processes were seen holding to them
+(``ebpo_verl/smoke/scan.py``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +46,7 @@ import pytest
 
 from ebpo_verl.compat.unpickling import ALLOWED, DATALOADER, EXTRA_STATE, MODEL, OPTIMIZER, allowed
 from ebpo_verl.smoke.planting import REFUSAL, Planted, copied, plant, unsafe_globals
+from tests.test_registry import REPO_ROOT, toy_env, write_toy_site
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {
@@ -45,7 +56,7 @@ FILES = {
     DATALOADER: "data.pt",
 }
 RUN_TIMEOUT_S = 600
-HEAVY = pytest.mark.heavy("resume_trust")  # an xdist group of its own: its runs use their own Ray instance
+HEAVY = pytest.mark.heavy("own_ray")  # an xdist group beside "heavy": its runs use their own Ray instance
 
 
 # ------------------------------------------------------------------------ the allowlist against real files
@@ -68,10 +79,12 @@ def test_the_allowlist_is_what_real_checkpoints_hold(trained):
 # -------------------------------------------------------------------------------------- the trainer runs
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, dict]:
-    """(work folder, its prepared files) of a two-step CPU run ``a`` saving after each step (in ``ckpt_a``)."""
+    """(work folder, its prepared files) of a two-step CPU run ``a`` saving after each step (in ``ckpt_a``), with
+    the toy estimator (``site/``: its module and entry point) on the driver's and the workers' PYTHONPATH."""
     from ebpo_verl.smoke import settings
 
     work = tmp_path_factory.mktemp("resume_trust")
+    write_toy_site(work / "site")
     files = settings.prepare(work)
     code, log = _run(work, files, "a")
     assert code == 0, log[-3000:]
@@ -79,12 +92,28 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def _run(work: Path, files: dict, name: str, *extra: str) -> tuple[int, str]:
-    """One ``python -m ebpo_verl.main`` run ``name`` (two steps, a checkpoint each; folder ``ckpt_<name>``)."""
+    """One ``python -m ebpo_verl.main`` run ``name`` (two steps, a checkpoint each; folder ``ckpt_<name>``) of the
+    toy estimator, which reaches the TaskRunner (the Ray actor that calls it) through ``runtime_env``, as a user
+    ships a plugin to a cluster."""
     from ebpo_verl.smoke.runs import Run
 
-    run = Run(work, files, name, ["trainer.save_freq=1", "trainer.test_freq=-1", *extra], steps=2)
+    site = work / "site"
+    toy = [
+        "algorithm.adv_estimator=toy",
+        "++algorithm.toy.decay=0.25",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={site}{os.pathsep}{REPO_ROOT}",
+    ]
+    overrides = [*toy, "trainer.save_freq=1", "trainer.test_freq=-1", *extra]
+    run = Run(work, files, name, overrides, steps=2, env={"PYTHONPATH": toy_env(site)["PYTHONPATH"]})
     code = run.wait(RUN_TIMEOUT_S)
     return code, run.log.read_text(errors="replace")
+
+
+def _toy_states(work: Path, name: str) -> dict[int, dict]:
+    """Step -> the toy state run ``name`` saved (``toy_state.json``) in each checkpoint of its folder."""
+    folder = work / f"ckpt_{name}"
+    return {int(p.parent.name.removeprefix("global_step_")): json.loads(p.read_text())
+            for p in folder.glob("global_step_*/toy_state.json")}  # fmt: skip
 
 
 def _copied(trained, name: str) -> Path:
@@ -95,7 +124,7 @@ def _copied(trained, name: str) -> Path:
 
 @HEAVY
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", [MODEL, OPTIMIZER, EXTRA_STATE, DATALOADER])
+@pytest.mark.parametrize("kind", [EXTRA_STATE, DATALOADER])  # the worker's last file, the trainer process's
 def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind):
     work, _ = trained
     name = "p" + kind.split()[0]
@@ -111,6 +140,30 @@ def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind)
 
 @HEAVY
 @pytest.mark.slow
+def test_every_kind_of_a_real_checkpoint_planted_is_refused_by_the_resumes_load(trained, tmp_path):
+    """Each file of the real ``global_step_1`` loads under the resume's patch as verl's loaders call torch.load
+    (``weights_only=False``), and a copy of it with a callable planted is refused in the one line naming it, the
+    callable never run (the kinds whose run is not above: the workers load every shard in one patched call)."""
+    import torch
+
+    from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+
+    work, _ = trained
+    real = work / "ckpt_a" / "global_step_1"
+    step = shutil.copytree(real, tmp_path / "global_step_1")
+    for kind, name in FILES.items():
+        with weights_only_resume():
+            assert isinstance(torch.load(real / name, weights_only=False), dict), kind
+        marker = tmp_path / f"MARKER-{kind.split()[0]}"
+        plant(step / name, marker)
+        with pytest.raises(UntrustedCheckpointError) as err, weights_only_resume():
+            torch.load(step / name, weights_only=False)
+        assert str(err.value) == REFUSAL.format(file=step / name).removeprefix("ebpo-train: error: "), kind
+        assert not marker.exists(), kind
+
+
+@HEAVY
+@pytest.mark.slow
 def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
     """The switch's warning is literal: the planted callable (in the extra state, which verl reads by key) runs,
     and the run resumes to its step 2."""
@@ -121,27 +174,47 @@ def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
     code, log = _run(*trained, "trusted", "trainer.trust_checkpoint=true")
     assert code == 0, log[-4000:]
     assert marker.exists()
-    assert (step.parent / "global_step_2" / "ebpo_state.json").is_file()
+    assert (step.parent / "global_step_2" / "toy_state.json").is_file()  # the estimator's state of step 2
 
 
 @HEAVY
 @pytest.mark.slow
-def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(trained):
-    """Resumed from the uninterrupted run's step 1, step 2's ``ebpo/*`` metrics and saved EB state equal it."""
+def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(resumed_untouched):
+    """Resumed from the uninterrupted run's step 1, step 2's ``toy/*`` metrics and saved toy state equal it."""
     from ebpo_verl.ops.metrics_log import read_metrics_log
-    from ebpo_verl.smoke.checks import saved_state
 
+    work = resumed_untouched
+    a, u = read_metrics_log(work / "ckpt_a" / "metrics.jsonl"), read_metrics_log(work / "ckpt_u" / "metrics.jsonl")
+    assert sorted(u) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
+    keys = sorted(k for k in a[2] if k.startswith("toy/"))
+    assert "toy/baseline" in keys  # step 2's: the average of the state resumed from step 1
+    for key in keys:  # equal up to the order of a float sum over the batch's groups
+        assert math.isclose(a[2][key], u[2][key], rel_tol=1e-12, abs_tol=1e-15), (key, a[2][key], u[2][key])
+    assert _toy_states(work, "u")[2] == _toy_states(work, "a")[2]
+
+
+@pytest.fixture(scope="module")
+def resumed_untouched(trained) -> Path:
+    """The work folder, after run ``u`` resumed from an untouched copy of run ``a``'s ``global_step_1``."""
     work, _ = trained
     _copied(trained, "u")
     code, log = _run(*trained, "u")
     assert code == 0, log[-4000:]
-    a, u = read_metrics_log(work / "ckpt_a" / "metrics.jsonl"), read_metrics_log(work / "ckpt_u" / "metrics.jsonl")
-    assert sorted(u) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
-    keys = sorted(k for k in a[2] if k.startswith("ebpo/"))
-    assert keys and a[2]["ebpo/prompts_seen"] > a[1]["ebpo/prompts_seen"] > 0
-    for key in keys:  # equal up to the order of a float sum over the batch's groups
-        assert math.isclose(a[2][key], u[2][key], rel_tol=1e-12, abs_tol=1e-15), (key, a[2][key], u[2][key])
-    assert saved_state(work, "a", 2) == saved_state(work, "u", 2)
+    return work
+
+
+@HEAVY
+@pytest.mark.slow
+def test_the_toy_trains_and_resumes_exactly_through_ebpo_train_on_rays_workers(resumed_untouched):
+    """tests/test_registry.py's toy, in a real ``ebpo-train`` run (the CPU trainer, the smoke runs' tiny model):
+    it reaches the TaskRunner, the Ray actor that calls the estimator, through ``runtime_env`` (its folder on the
+    workers' PYTHONPATH, as a user ships a plugin to a cluster); its state is saved in every checkpoint, and a
+    resume from step 1 saves at step 2 the state of the uninterrupted run, exactly."""
+    work = resumed_untouched
+    uninterrupted, resumed = _toy_states(work, "a"), _toy_states(work, "u")
+    assert sorted(uninterrupted) == [1, 2] and uninterrupted[2]["state"]["steps"] == 2
+    assert uninterrupted[1]["options"]["decay"] == 0.25 and uninterrupted[1]["state"] != uninterrupted[2]["state"]
+    assert sorted(resumed) == [1, 2] and resumed[2] == uninterrupted[2]
 
 
 def test_the_refusal_names_the_switch_of_the_options():

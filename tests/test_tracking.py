@@ -184,7 +184,7 @@ def test_wandb_offline_reader_and_checker(tmp_path: Path, monkeypatch: pytest.Mo
 
 # ------------------------------------------------------------------------------------- verl's real trainer
 @pytest.mark.slow
-@pytest.mark.heavy
+@pytest.mark.heavy("own_ray")  # tests/conftest.py: the groups
 def test_ebpo_curves_in_tensorboard_and_wandb_across_a_resume(tmp_path: Path) -> None:
     from ebpo_verl.ops.metrics_log import read_metrics_log
 

@@ -2,9 +2,10 @@
 
 :func:`plant` re-saves a ``torch.save`` dict with one more entry, a :class:`Planted`, whose unpickling would run
 ``touch MARKER``: what a tampered or foreign checkpoint could carry. ``tests/test_resume_trust.py`` plants it in
-each kind of file of a world-size-1 checkpoint; :func:`refused_plants` (``--nodes 2 --faults``) in the
-world-size-2 step-2 checkpoint, resumed on the running cluster: rank 1's model shard (read by the worker on the
-second node: the refusal happens in the process that loads) and ``data.pt`` (read by the trainer's process).
+each kind of file of a world-size-1 checkpoint (and resumes two: the extra state and ``data.pt``);
+:func:`refused_plants` (``--nodes 2 --faults``) in the world-size-2 step-2 checkpoint, resumed on the running
+cluster: rank 1's model shard (read by the worker on the second node: the refusal happens in the process that
+loads).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ NODE_PLANTS = (f"actor/model_world_size_{NODES}_rank_{NODES - 1}.pt",)
 the workers and both vLLM servers start before verl loads a checkpoint). Rank 1's model shard is the first
 file the second node's worker unpickles: the refusal in a process the driver does not run. Its optimizer and
 extra-state shards go through the same patched load in that process, ``data.pt`` through the trainer's (rank
-independent), and every kind is planted in a real world-size-1 run by tests/test_resume_trust.py; a second
+independent), and every kind is planted in a real world-size-1 checkpoint by tests/test_resume_trust.py; a second
 two-node plant would add minutes to CI's critical path for no new code path."""
 
 
