@@ -6,7 +6,8 @@ parsed once),
 then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
 :mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches` (each rank's share
 of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row checks),
-:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner). Every refusal is an
+:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner), :mod:`.trust` (a resume that
+cannot load weights-only). Every refusal is an
 :class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the offending key/value/file and the fix.
 """
 
@@ -20,7 +21,6 @@ from ebpo_verl.trainer.preflight.config import (
     check_group_size,
     check_positive_ints,
     check_resume,
-    check_resume_trust,
     check_reward_options,
     check_shaped_rewards,
     check_stock_verl_methods,
@@ -31,6 +31,7 @@ from ebpo_verl.trainer.preflight.config import (
 )
 from ebpo_verl.trainer.preflight.data import check_data, check_model_path
 from ebpo_verl.trainer.preflight.registry import check_estimator_name
+from ebpo_verl.trainer.preflight.trust import check_resume_trust
 from ebpo_verl.trainer.run_options import RunOptions
 
 Check = Callable[[Any, RunOptions, bool], "str | None"]
@@ -56,8 +57,9 @@ RUN_CHECKS: tuple[Check, ...] = (
     check_data,
 )
 """After the resume check (a resume that cannot work stops before verl's check and the data are read): a resume
-that cannot load weights-only, verl's ``validate_config`` at the configured world size, each rank's share of every
-batch (:mod:`.batches`), the model path, the data files. Their lines open the log line, the resume's closes it."""
+that cannot load weights-only (:mod:`.trust`), verl's ``validate_config`` at the configured world size, each
+rank's share of every batch (:mod:`.batches`), the model path, the data files. Their lines open the log line, the
+resume's closes it."""
 
 
 def check_config(config: Any) -> RunOptions:
