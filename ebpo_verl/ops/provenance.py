@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import suppress
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -85,12 +86,10 @@ def code_version() -> dict[str, Any]:
 
 
 def _cpu_model() -> str:
-    try:
+    with suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or "unknown CPU"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 from typing import Any
 
 
@@ -33,13 +34,11 @@ def _unlink(paths: list[str], inodes: dict[str, int] | None = None) -> list[str]
     meanwhile is left out)."""
     unlinked = []
     for path in paths:
-        try:
+        with suppress(FileNotFoundError):
             if inodes is not None and os.stat(path).st_ino != inodes[path]:
                 continue
             os.unlink(path)
             unlinked.append(path)
-        except FileNotFoundError:
-            pass
     return unlinked
 
 

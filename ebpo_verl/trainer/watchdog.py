@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import ray
@@ -176,10 +176,8 @@ def _kill(pids: list[int]) -> None:
     import signal
 
     for pid in pids:
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _on_nodes(task: Callable[[list[int]], Any], infos: list[dict]) -> dict[str, Any]:
@@ -196,10 +194,8 @@ def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
     alive = [info for info in job_actors("ALIVE") if info.get("Pid") and info["Pid"] != exclude_pid]
     states: dict[int, tuple[str, str]] = {}
     for ref in _on_nodes(_process_states, alive).values():
-        try:
+        with suppress(ray.exceptions.RayError):
             states.update(ray.get(ref, timeout=PROBE_S))
-        except ray.exceptions.RayError:
-            pass
     stuck = []
     for info in alive:
         status, title = states.get(info["Pid"], ("unknown", ""))
@@ -299,12 +295,11 @@ class StepWatchdog:
     def _fire(self, *setting) -> None:
         step, phase = self.step, self.phase
         self._arm_exit(self._timeout_message(step, phase, setting, "(the actors are being listed)"))
+        note = ""
         try:
             stuck = stuck_actors(exclude_pid=os.getpid())
         except Exception as err:  # noqa: BLE001  (the line must still be printed)
             stuck, note = [], f"; the actors could not be listed ({type(err).__name__}: {err})"
-        else:
-            note = ""
         who = "; ".join(f"{describe_actor(info)}: {state}" for info, state in stuck) or "no actor found stuck"
         self.fired = self._timeout_message(step, phase, setting, who + note)
         self._announce()
@@ -323,10 +318,8 @@ class StepWatchdog:
         """Print the line and leave it for the driver (:func:`failures_reported`) in case this process ends."""
         print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
         self.announced = True
-        try:
+        with suppress(Exception):  # GCS unreachable: the driver prints Ray's own error
             record_abort(self.fired)
-        except Exception:  # noqa: BLE001  (GCS unreachable: the driver prints Ray's own error)
-            pass
 
     def _hard_exit(self) -> None:
         """The trainer did not stop within :data:`END_WITHIN_S` (the killed actors' errors did not reach it)."""

@@ -108,8 +108,7 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
         line = _steps_per_epoch(config, read["data.train_files"])
     for key, data_files in read.items():
         for data in data_files:
-            _check_prompts(data, key, prompt_key)
-            _check_ground_truths(data, key)
+            _check_rows(data, key, prompt_key)
     if read["data.train_files"] and len(read["data.train_files"]) == len(train):  # the labels need every row
         _check_curriculum_labels(options, read["data.train_files"])
     return line
@@ -131,32 +130,26 @@ def _steps_per_epoch(config: Any, files: list[DataFile]) -> str:
     return f"{rows} training rows ({detail}; before verl's overlong-prompt filter) -> {rows // batch} steps per epoch"
 
 
-def _check_prompts(data: DataFile, key: str, prompt_key: str) -> None:
-    """Every row's prompt is in verl's chat format (:func:`ebpo_verl.data.schema.check_chat_prompts`)."""
-    from ebpo_verl.data.schema import DataPrepError, check_chat_prompts
-
-    if data.prompts is None:
-        raise EBPOConfigError(
-            f"{key}: {data.path} has no {prompt_key!r} column (data.prompt_key={prompt_key}), which verl reads as "
-            "each row's chat prompt; prepare the file with ebpo_verl.data, or set data.prompt_key to its prompt column"
-        )
-    try:
-        check_chat_prompts(data.prompts, f"{key}: {data.path}", prompt_key)
-    except DataPrepError as err:
-        raise EBPOConfigError(str(err)) from err
-
-
-def _check_ground_truths(data: DataFile, key: str) -> None:
+def _check_rows(data: DataFile, key: str, prompt_key: str) -> None:
+    """Every row's prompt is in verl's chat format and it has a ground truth
+    (:func:`ebpo_verl.data.schema.check_chat_prompts`, :func:`~ebpo_verl.data.schema.check_ground_truths`)."""
     import pandas as pd
 
-    from ebpo_verl.data.schema import DataPrepError, check_ground_truths
+    from ebpo_verl.data.schema import DataPrepError, check_chat_prompts, check_ground_truths
 
-    if data.reward_models is None:
-        raise EBPOConfigError(
-            f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it with "
-            "ebpo_verl.data or add the column"
-        )
     try:
+        if data.prompts is None:
+            raise EBPOConfigError(
+                f"{key}: {data.path} has no {prompt_key!r} column (data.prompt_key={prompt_key}), which verl reads as "
+                "each row's chat prompt; prepare the file with ebpo_verl.data, or set data.prompt_key to its prompt "
+                "column"
+            )
+        check_chat_prompts(data.prompts, f"{key}: {data.path}", prompt_key)
+        if data.reward_models is None:
+            raise EBPOConfigError(
+                f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it "
+                "with ebpo_verl.data or add the column"
+            )
         check_ground_truths(pd.DataFrame({"reward_model": data.reward_models}), source=f"{key}: {data.path}")
     except DataPrepError as err:
         raise EBPOConfigError(str(err)) from err
