@@ -91,6 +91,16 @@ class TrainerOptions(OptionSection):
         options = cls.from_mapping({key: trainer[key] for key in cls.keys() if key in trainer})
         return options.with_env(os.environ if env is None else env)
 
+    @property
+    def watchdog_timeout_s(self) -> float | None:
+        """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0 or null."""
+        return float(self.step_timeout_s) if self.step_timeout_s else None
+
+    @property
+    def watchdog_init_timeout_s(self) -> float | None:
+        """The same for the init phases."""
+        return float(self.init_timeout_s) if self.init_timeout_s else None
+
 
 @dataclass(frozen=True)
 class RunOptions:

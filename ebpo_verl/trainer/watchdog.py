@@ -76,7 +76,7 @@ def timeouts(trainer_config: Any) -> dict[str, float | None]:
     default, ``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` replace their keys; ValueError naming the key or
     the variable."""
     options = TrainerOptions.from_trainer(trainer_config)
-    return {"init": float(options.init_timeout_s or 0) or None, "step": float(options.step_timeout_s or 0) or None}
+    return {"init": options.watchdog_init_timeout_s, "step": options.watchdog_timeout_s}
 
 
 def _actor_errors(err: BaseException) -> Iterator[BaseException]:
