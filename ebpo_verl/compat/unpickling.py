@@ -62,14 +62,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "numpy.dtypes.UInt32DType": (EXTRA_STATE,),
 }
 """Each global besides torch's own that the package's checkpoints pickle, with the files that hold it, as listed in
-real checkpoints (``tests/test_resume_trust.py`` reads them): the CPU trainer's (FSDP2, world size 1), and verl's
-``FSDPCheckpointManager``'s at world size 2 with FSDP2, FSDP1 (with a device mesh, as verl's workers wrap it) and
-HSDP (FSDP2 on a 2-D mesh, verl's ``fsdp_size`` below the world size: ``Replicate``). A sharded state dict holds a
-DTensor per parameter and per Adam moment, its spec, placement and device mesh (FSDP1's optimizer shard holds
-plain tensors); the extra state's RNG states hold numpy's Mersenne-Twister state (an ``ndarray`` of ``uint32``,
-whose dtype class ``UInt32DType`` is built, not named by a global of the file, and checked by the unpickler);
-the scheduler's state and ``data.pt`` (the dataloader's position) hold only numbers, strings and containers.
-Names that this torch or numpy lacks are skipped."""
+real checkpoints (``tests/test_resume_trust.py`` reads them: the CPU trainer's, and verl's FSDP2, FSDP1 and HSDP
+ones at world size 2): a sharded state dict's DTensors with their spec, placement and device mesh; the extra
+state's numpy RNG state (``UInt32DType`` is built, not named, and checked by the unpickler); ``data.pt`` and the
+scheduler hold only plain values. Names that this torch or numpy lacks are skipped."""
 
 
 def file_kind(f: Any) -> str | None:

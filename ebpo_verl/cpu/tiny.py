@@ -43,9 +43,7 @@ def build_tokenizer(out_dir: str | Path, corpus: Iterable[str] = (), vocab_size:
         unk_token=None,
     )
     hf.chat_template = CHATML_TEMPLATE
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out)
+    hf.save_pretrained(out_dir)  # creates the folder
     return hf
 
 
@@ -75,7 +73,6 @@ def build_model(
         bos_token_id=tokenizer.eos_token_id,
     )
     model = Qwen3ForCausalLM(config)
-    out = Path(out_dir)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return model

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -67,11 +67,9 @@ def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
     try:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n"
-        try:
+        with suppress(OSError):  # e.g. a full disk: the lock holds all the same, a refusal just cannot name the holder
             os.ftruncate(fd, 0)
             os.pwrite(fd, record.encode("utf-8"), 0)
-        except OSError:  # e.g. a full disk: the lock holds all the same, a refusal just cannot name the holder
-            pass
         yield path
     finally:
         try:

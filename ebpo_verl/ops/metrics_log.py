@@ -1,21 +1,14 @@
 """An append-only metrics log that survives resumes (verl's ``file`` logger truncates its file on restart).
 
-``MetricsLog`` is added as one more backend of verl's ``Tracking`` by the package's trainer, so it receives
-exactly what every other backend receives: one JSON line ``{"step": <int>, "data": {<metric>: <number>}}`` per
-``Tracking.log`` call (the same format as verl's file logger). A step can have several lines (e.g. the
-validation a resumed run performs before its first step); merge their ``data`` in file order
-(:func:`read_metrics_log` does; the table maker reads logs with the same functions).
+``MetricsLog`` is one more backend of verl's ``Tracking``: one JSON line ``{"step": <int>, "data": {...}}`` per
+``Tracking.log`` call (verl's file-logger format). A step can have several lines; :func:`read_metrics_log` merges
+their ``data`` in file order.
 
-On start the log is reconciled with the checkpoint the run resumed from: lines of steps after that checkpoint
-(metrics of steps that are being redone) and, for a run started from scratch, all lines of an earlier run, are
-moved to ``<stem>.superseded-<UTC time>[-k].jsonl`` next to the log, so the live file always describes one
-consistent timeline and nothing is deleted.
-
-Provenance (:mod:`ebpo_verl.ops.provenance`: commit, versions, hardware, command, seed) lives in a sidecar,
-``<log>.provenance.json`` = ``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}``, one entry per
-attempt that wrote the live log (an attempt resumed at or after this one's checkpoint is superseded and
-dropped; a run from scratch starts a new list). The log itself keeps verl's file-logger format, so every reader
-of it is unchanged; :func:`read_provenance` reads the sidecar.
+On start, lines of steps after the checkpoint the run resumed from (all lines, for a run from scratch) are moved to
+``<stem>.superseded-<UTC time>[-k].jsonl`` beside the log: the live file describes one timeline, nothing is
+deleted. Provenance (:mod:`ebpo_verl.ops.provenance`) lives in the sidecar ``<log>.provenance.json`` =
+``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}``, one entry per attempt that wrote the live log
+(:func:`read_provenance`).
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +110,9 @@ class MetricsLog:
     def _reconcile(self, resumed_step: int) -> None:
         if not self.path.is_file():
             return
-        records = [(step, line) for step, _, line in _parse_lines(self.path)]
-        keep = [line for step, line in records if resumed_step > 0 and step <= resumed_step]
-        drop = [line for step, line in records if not (resumed_step > 0 and step <= resumed_step)]
+        keep, drop = [], []
+        for step, _, line in _parse_lines(self.path):
+            (keep if 0 < resumed_step and step <= resumed_step else drop).append(line)
         text = "".join(line + "\n" for line in keep)
         if drop:
             aside = self._aside_path()
@@ -135,11 +129,8 @@ class MetricsLog:
 
     def _aside_path(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside, k = self.path.with_name(f"{self.path.stem}.superseded-{stamp}{self.path.suffix}"), 0
-        while aside.exists():
-            k += 1
-            aside = self.path.with_name(f"{self.path.stem}.superseded-{stamp}-{k}{self.path.suffix}")
-        return aside
+        names = (f"{self.path.stem}.superseded-{stamp}{f'-{k}' if k else ''}{self.path.suffix}" for k in count())
+        return next(path for name in names if not (path := self.path.with_name(name)).exists())
 
     def log(self, data: dict[str, Any], step: int) -> None:
         line = json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True) + "\n"

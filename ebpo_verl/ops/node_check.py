@@ -14,7 +14,8 @@ import os
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,21 @@ class RunPaths:
     dirs: tuple[str, ...]
 
 
-def _as_list(value: Any) -> list[str]:
+def path_list(value: Any) -> list[str]:
+    """A data-files setting (a path, a list of paths, or None) as a list of paths, ``~`` expanded."""
     if value is None:
         return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
+    return [os.path.expanduser(str(v)) for v in ([value] if isinstance(value, str | os.PathLike) else value)]
+
+
+def on_nodes(task: Callable[..., Any], args: Mapping[str, tuple]) -> dict[str, Any]:
+    """``task(*args[node])`` as a Ray task pinned to each node id of ``args`` (no CPU, no retry): node id -> ref."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_retries=0)(task)
+    pinned = {node: NodeAffinitySchedulingStrategy(node, soft=False) for node in args}
+    return {node: remote.options(scheduling_strategy=pinned[node]).remote(*a) for node, a in args.items()}
 
 
 def _unique(paths: Iterable[str]) -> tuple[str, ...]:
@@ -49,7 +59,7 @@ def _unique(paths: Iterable[str]) -> tuple[str, ...]:
 
 def run_paths(config: Any) -> RunPaths:
     """The data files (train + val) and output folders (checkpoints, metrics log, dumps) of a composed config."""
-    files = [*_as_list(config.data.get("train_files")), *_as_list(config.data.get("val_files"))]
+    files = [*path_list(config.data.get("train_files")), *path_list(config.data.get("val_files"))]
     trainer = config.trainer
     dirs = [str(trainer.default_local_dir)]
     if trainer.get("metrics_log_path"):
@@ -96,7 +106,6 @@ def _describe(node: Mapping[str, Any]) -> str:
 def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
     """Run :func:`check_here` on every alive Ray node (Ray must be initialised); raise :class:`NodeCheckError`."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     paths = run_paths(config)
     driver = f"the driver ({socket.gethostname()})"
@@ -117,14 +126,9 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
             except OSError as err:
                 raise NodeCheckError(f"{driver}: {folder}: cannot create or write ({err.strerror or err})") from err
             markers[folder] = token
-        nodes = [node for node in ray.nodes() if node.get("Alive")]
-        task = ray.remote(num_cpus=0, max_retries=0)(check_here)
-        refs = {
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
-                file_sizes, markers
-            ): node
-            for node in nodes
-        }
+        nodes = {node["NodeID"]: node for node in ray.nodes() if node.get("Alive")}
+        tasks = on_nodes(check_here, dict.fromkeys(nodes, (file_sizes, markers)))
+        refs = {ref: nodes[node] for node, ref in tasks.items()}
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
         problems = [f"{_describe(refs[ref])}: did not answer within {timeout_s:.0f} s" for ref in pending]
         for ref in ready:
@@ -141,12 +145,10 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
             "paths: put them on a filesystem shared by all nodes (set DATA_DIR / CKPT_DIR / LOG_DIR, or WORK_DIR, "
             "to a shared mount)."
         )
-    print(f"node check: ok on {len(nodes)} Ray nodes ({', '.join(_describe(n) for n in nodes)})", flush=True)
+    print(f"node check: ok on {len(nodes)} Ray nodes ({', '.join(map(_describe, nodes.values()))})", flush=True)
 
 
 def _remove_markers(markers: Mapping[str, str]) -> None:
     for folder, token in markers.items():
-        try:
+        with suppress(OSError):
             os.remove(os.path.join(folder, MARKER_PREFIX + token))
-        except OSError:
-            pass

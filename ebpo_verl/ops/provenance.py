@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import suppress
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -85,12 +86,10 @@ def code_version() -> dict[str, Any]:
 
 
 def _cpu_model() -> str:
-    try:
+    with suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
@@ -201,15 +200,10 @@ def run_provenance(config: Any) -> dict[str, Any]:
     else this process's argv) and the seeds verl uses (data shuffling, rollout sampling, actor data loader)."""
     from omegaconf import OmegaConf
 
-    def get(key: str) -> Any:
-        return OmegaConf.select(config, key, default=None)
-
-    seed = {
-        "data": get("data.seed"),
-        "rollout": get("actor_rollout_ref.rollout.seed"),
-        "actor_data_loader": get("actor_rollout_ref.actor.data_loader_seed"),
-    }
-    return provenance(seed=seed, command=get(f"trainer.{LAUNCH_COMMAND_KEY}"))
+    keys = {"data": "data.seed", "rollout": "actor_rollout_ref.rollout.seed"}
+    keys["actor_data_loader"] = "actor_rollout_ref.actor.data_loader_seed"
+    seed = {name: OmegaConf.select(config, key) for name, key in keys.items()}
+    return provenance(seed=seed, command=OmegaConf.select(config, f"trainer.{LAUNCH_COMMAND_KEY}"))
 
 
 VERSIONS_FILE = Path(__file__).resolve().parents[1] / "recipes" / "VERSIONS.txt"
@@ -232,18 +226,6 @@ def read_versions(path: str | os.PathLike) -> dict[str, dict[str, str]]:
     return pins
 
 
-def _public(version: str | None) -> str | None:
-    """The version without its local label (``2.13.0+cpu`` -> ``2.13.0``)."""
-    from packaging.version import InvalidVersion, Version
-
-    if version is None:
-        return None
-    try:
-        return Version(version).public
-    except InvalidVersion:
-        return version
-
-
 def version_warning(path: str | os.PathLike | None = None, running: dict[str, str | None] | None = None) -> str | None:
     """A one-line warning when a running library version differs from the recipes' pinned ones (None when they
     match, or when there is no VERSIONS.txt, which ships with the package: ``ebpo_verl/recipes/``). The
@@ -263,7 +245,7 @@ def version_warning(path: str | os.PathLike | None = None, running: dict[str, st
     differ = [
         f"{package} {running.get(package) or 'not installed'} (validated: {version})"
         for package, version in pins[which].items()
-        if _public(running.get(package)) != _public(version)
+        if (running.get(package) or "").split("+")[0] != version.split("+")[0]  # 2.13.0+cpu is 2.13.0
     ]
     if not differ:
         return None

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 from typing import Any
 
 
 def unlink_engine_shm(_actor: Any = None) -> list[str]:
-    """Run in the process that started a vLLM engine, once the engine is up: a verl server actor (vLLM-CPU fix 4 of
-    ``ebpo_verl.cpu.backend``) or the evaluation's engine. vLLM's engine process and its worker talk through
-    ``multiprocessing.shared_memory`` ring buffers (``/dev/shm/psm_*``, one per message queue: 160-250 MB each
-    here), which vLLM unlinks only when the engine shuts down cleanly; a SIGKILL (Ray ending a run's actors, the
-    evaluation ending its workers' process groups) left them in /dev/shm (RAM) for good. Once the engine has
-    started, every process that uses them has them mapped, so their names can go now: the memory stays mapped
-    while the engine lives and the kernel frees it when the last process exits, however it ends. Unlinks the
-    ``psm_*`` segments mapped by this process's descendants; returns their paths."""
+    """Unlink the ``/dev/shm/psm_*`` segments mapped by this process's descendants; returns their paths. Run once
+    a vLLM engine this process started is up (a verl server actor, vLLM-CPU fix 4; the evaluation's engine).
+
+    vLLM's ring buffers (160-250 MB each here) are unlinked by vLLM only on a clean shutdown, so a SIGKILL left
+    them in RAM for good; once the engine is up every user has them mapped, so the names can go: the kernel frees
+    the memory when the last process exits, however it ends."""
     import psutil
 
     paths: set[str] = set()
@@ -35,21 +34,18 @@ def _unlink(paths: list[str], inodes: dict[str, int] | None = None) -> list[str]
     meanwhile is left out)."""
     unlinked = []
     for path in paths:
-        try:
+        with suppress(FileNotFoundError):
             if inodes is not None and os.stat(path).st_ino != inodes[path]:
                 continue
             os.unlink(path)
             unlinked.append(path)
-        except FileNotFoundError:
-            pass
     return unlinked
 
 
 ORPHAN_PREFIXES = ("sem.loky-", "verl_weights_")
-"""``/dev/shm`` names a training run's processes create and a SIGKILL leaves behind: joblib/loky's semaphores
-(vLLM's CPU workers) and verl's weight-sync buffers. Not vLLM's ``psm_*`` queues (:func:`unlink_engine_shm`
-unlinks those once an engine is up): clearing them from the driver broke a vLLM engine starting beside the run
-(its worker could not open a queue its engine had just made), so the driver leaves them alone."""
+"""``/dev/shm`` names a killed run leaves behind: loky's semaphores (vLLM's CPU workers) and verl's weight-sync
+buffers. Not vLLM's ``psm_*`` queues: clearing those from the driver broke a vLLM engine starting beside the run
+(:func:`unlink_engine_shm` unlinks them once an engine is up)."""
 
 PID_NS_INIT_INO = 0xEFFFFFFC
 """The inode number of the kernel's initial PID namespace (``PROC_PID_INIT_INO`` in ``include/linux/proc_ns.h``):
@@ -69,13 +65,10 @@ def _read_maps(pid: str) -> list[str]:
 
 
 def held_files(pid: str, folder: str, dev: int) -> dict[int, str]:
-    """The files of ``folder`` (on device ``dev``) that process ``pid`` maps or holds open: inode number -> path as
-    ``/proc`` shows it (`` (deleted)`` included); empty when it exited meanwhile (it holds nothing now);
-    :class:`Unreadable` when a live process could not be read. By inode, not by name: glibc's ``sem_open`` maps a
-    new named semaphore under a temporary name, links the name to it and deletes the temporary one, so
-    ``/proc/PID/maps`` shows a live semaphore as ``/dev/shm/sem.XXXXXX (deleted)``, never under its own name. Each
-    descriptor is read on its own (one closed meanwhile must not hide the others: a segment just created is held
-    before it is mapped)."""
+    """The files of ``folder`` (on device ``dev``) that process ``pid`` maps or holds open: inode -> path as
+    ``/proc`` shows it; empty when it exited meanwhile; :class:`Unreadable` when a live process could not be read.
+    By inode, not by name: glibc's ``sem_open`` maps a semaphore under a temporary name it then deletes. Each
+    descriptor is read on its own (one closed meanwhile must not hide the others)."""
     found: dict[int, str] = {}
     try:
         for line in _read_maps(pid):
@@ -121,13 +114,10 @@ def holders(shm: str = "/dev/shm", exclude: frozenset[int] = frozenset()) -> tup
 
 
 def blind_spot() -> str | None:
-    """Why a scan of ``/proc`` could miss a live holder of a ``/dev/shm`` file, or None when it sees them all.
-    The signals: the effective uid (only root may read every process's maps and descriptors); ``/proc/self``
-    naming this process (``/proc`` is mounted for this PID namespace); and ``/proc/self/ns/pid``'s inode equal to
-    :data:`PID_NS_INIT_INO` (this is the machine's initial PID namespace, whose ``/proc`` lists the processes of
-    every namespace). In a child namespace (a container) processes of the parent or of a sibling (a pod's other
-    containers, ``docker --ipc=shareable``) can share ``/dev/shm`` unseen, and no signal from inside rules that
-    out, so nothing is unlinked there (a container's own ``/dev/shm`` goes when it ends)."""
+    """Why a scan of ``/proc`` could miss a live holder of a ``/dev/shm`` file, or None when it sees them all:
+    it needs root, a ``/proc`` of this PID namespace (``/proc/self`` is this process) and the machine's initial
+    PID namespace (:data:`PID_NS_INIT_INO`). In a container, processes of the parent or a sibling can share
+    ``/dev/shm`` unseen, so nothing is unlinked there."""
     if os.geteuid() != 0:
         return "not root: other users' processes cannot be read"
     try:

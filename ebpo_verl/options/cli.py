@@ -19,6 +19,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import MISSING, Field, fields
 from typing import Any, NoReturn
 
@@ -62,10 +63,8 @@ def converter(f: Field, scalar: type) -> Callable[[str], Any]:
         if text in ("null", "None") and accepts(f, None):
             value = None
         elif scalar in (int, float):
-            try:
+            with suppress(ValueError):
                 value = scalar(text)
-            except ValueError:
-                pass
         if not accepts(f, value):
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; use {allowed(f)}")
         return value

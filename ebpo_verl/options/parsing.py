@@ -17,6 +17,7 @@ import difflib
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
@@ -169,10 +170,8 @@ def env_value(f: Field, variable: str, raw: str) -> Any:
     word = raw.strip()
     readings: list[Any] = [None] if word.lower() in ("null", "none") else []
     for cast in (int, float):
-        try:
+        with suppress(ValueError):
             readings.append(cast(word))
-        except ValueError:
-            pass
     for value in (*readings, word):
         if accepts(f, value):
             return value

@@ -11,18 +11,14 @@ Options live under ``data.curriculum`` (see :class:`ebpo_verl.algos.ordering.Cur
 (= pass_rate if present, else difficulty), descending: false, seed: null (= data.seed, else 0),
 missing: error``). Labels are read from each row's ``extra_info``.
 
-Epochs and resumption: the epoch's order is a pure function of (rows, options, seed, epoch). The dataset
-follows the epoch from the index stream: positions of one pass arrive in increasing order, so a position
-not above the previous one starts the next epoch. Its ``state_dict`` (epoch, last position, a fingerprint
-of data and options) is a ``Stateful`` dataset state, which torchdata's ``StatefulDataLoader`` stores in
-verl's ``global_step_N/data.pt`` next to the sampler position, so a resumed run continues with exactly the
-prompts the uninterrupted run would have seen, across epoch boundaries too. This needs single-process
-loading (``data.dataloader_num_workers=0``; ``__getitem__`` does no tokenisation in verl 0.9, so workers
-gain nothing). verl's legacy trainer (``trainer.use_v1=false``) skips restoring ``data.pt`` when it resumes
-exactly at an epoch boundary; call :meth:`CurriculumDataset.set_epoch` there (the new trainer restores it).
+Epochs and resumption: an epoch's order is a pure function of (rows, options, seed, epoch). The dataset follows
+the epoch from the index stream (a position not above the previous one starts the next epoch); its ``state_dict``
+(epoch, last position, a fingerprint of data and options) is stored by torchdata's ``StatefulDataLoader`` in
+verl's ``global_step_N/data.pt``, so a resumed run sees exactly the prompts of the uninterrupted run. This needs
+``data.dataloader_num_workers=0`` (``__getitem__`` does no tokenisation in verl 0.9). verl's legacy trainer skips
+restoring ``data.pt`` at an epoch boundary: call :meth:`CurriculumDataset.set_epoch` there.
 
-Only the training set is reordered: a dataset built from other files than ``data.train_files`` (verl
-builds the validation set with the same config) behaves exactly like ``RLHFDataset``.
+Only the training set is reordered: a dataset of other files than ``data.train_files`` behaves as ``RLHFDataset``.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from ebpo_verl.algos.ordering import (
@@ -45,6 +41,7 @@ from ebpo_verl.algos.ordering import (
     batch_purity,
     epoch_layout,
 )
+from ebpo_verl.ops.node_check import path_list
 from ebpo_verl.options.parsing import is_missing
 
 __all__ = ["CurriculumDataset", "CurriculumOptions", "parse_curriculum_config", "validate_curriculum_config"]
@@ -115,12 +112,17 @@ def validate_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOpti
     return opts
 
 
+def difficulty_key(opts: CurriculumOptions, extra_infos: Sequence[Mapping[str, Any]]) -> str:
+    """The field ``order=difficulty`` sorts by: ``difficulty_key``, else pass_rate when a row has it, else
+    difficulty."""
+    if opts.difficulty_key is not None:
+        return opts.difficulty_key
+    has_pass_rate = any(not is_missing(e.get(PASS_RATE_KEY)) for e in extra_infos)
+    return PASS_RATE_KEY if has_pass_rate else FALLBACK_DIFFICULTY_KEY
+
+
 def _file_list(files: Any) -> list[str]:
-    if isinstance(files, ListConfig):
-        files = list(files)
-    if not isinstance(files, list | tuple):
-        files = [files]
-    return [os.path.normpath(os.path.expanduser(str(f))) for f in files]
+    return [os.path.normpath(f) for f in path_list(files)]
 
 
 class CurriculumDataset(RLHFDataset):
@@ -158,7 +160,7 @@ class CurriculumDataset(RLHFDataset):
         extra = [e if isinstance(e, Mapping) else {} for e in column]
         self._extra = extra
         self.topics = [e.get(opts.topic_key) for e in extra]
-        self.difficulty_key = self._difficulty_key(extra)
+        self.difficulty_key = difficulty_key(opts, extra)
         self.difficulties: list[float | None] | None = None
         if opts.order == "topic":
             self._check_missing(self.topics, opts.topic_key, "topic_key")
@@ -169,30 +171,20 @@ class CurriculumDataset(RLHFDataset):
 
     # -- labels ---------------------------------------------------------------------------------------
 
-    def _difficulty_key(self, extra: Sequence[Mapping[str, Any]]) -> str:
-        if self.curriculum.difficulty_key is not None:
-            return self.curriculum.difficulty_key
-        has_pass_rate = any(not is_missing(e.get(PASS_RATE_KEY)) for e in extra)
-        return PASS_RATE_KEY if has_pass_rate else FALLBACK_DIFFICULTY_KEY
-
     def _difficulty_values(self, extra: Sequence[Mapping[str, Any]]) -> list[float | None]:
         key = self.difficulty_key
         raw = [e.get(key) for e in extra]
         self._check_missing(raw, key, "difficulty_key")
         values: list[float | None] = []
         for row, v in enumerate(raw):
-            if is_missing(v):
-                values.append(None)
-                continue
             try:
-                values.append(float(v))
+                number = None if is_missing(v) else float(v)
             except (TypeError, ValueError):
                 raise ValueError(
                     f"CurriculumDataset: row {row}{self._row_id(row)} has extra_info[{key!r}]={v!r}, not a number; "
                     f"order=difficulty sorts by it (set data.curriculum.difficulty_key to a numeric field)."
                 ) from None
-            if is_missing(values[-1]):
-                values[-1] = None
+            values.append(None if is_missing(number) else number)
         return values
 
     def _check_missing(self, values: Sequence[Any], key: str, option: str) -> None:
@@ -266,15 +258,10 @@ class CurriculumDataset(RLHFDataset):
     # -- torchdata Stateful: saved in data.pt by StatefulDataLoader -------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        if not self.reorders:
-            return {"version": STATE_VERSION, "reorders": False}
-        return {
-            "version": STATE_VERSION,
-            "reorders": True,
-            "epoch": self._epoch,
-            "last_position": self._last_position,
-            "fingerprint": self.fingerprint,
-        }
+        state = {"version": STATE_VERSION, "reorders": self.reorders}
+        if self.reorders:
+            state |= {"epoch": self._epoch, "last_position": self._last_position, "fingerprint": self.fingerprint}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not self.reorders:

@@ -2,32 +2,24 @@
 metrics, the metrics log, and verl's Optimal Token Baseline made runnable.
 
 verl's ``compute_advantage`` calls an estimator with rewards, masks and uids only, and its checkpoints know nothing
-of the estimator's running state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer
-``trainer.v1.trainer_mode`` selects (sync / colocate_async / separate_async), every method through ``super()``:
+of the estimator's state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer ``trainer.v1.trainer_mode``
+selects, every method through ``super()``:
 
-- ``_compute_advantage``: for an estimator of ours (any of :func:`ebpo_verl.algos.registry.ours`), the trainer
-  owns it (``self.estimator``, made by ``registry.new_estimator`` from the run's validated options) and the copy
-  of verl's step (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it directly
-  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and what its spec's ``row_input`` reads
-  per row (``registry.row_values``): an ``extra_info`` field (``algorithm.ebpo.cluster_key``,
-  ``algorithm.spo.prompt_key``, ...) from this step's uid -> value map (``extra_info`` fetched from TransferQueue
-  with the step's other fields, in one call), or the rollout sample index parsed from verl's trajectory keys
-  (:func:`sample_indices`, ``krpo``); the diagnostics it returns (``ebpo/*``, ``spo/*``, ...) go into the step's
-  metrics, so every tracker backend logs them;
-- ``_save_checkpoint`` / ``_load_checkpoint``: the state of the run's estimator object (one with a ``StateSpec`` in
-  :mod:`ebpo_verl.algos.registry`) in ``global_step_N/<state_file>``
-  (:mod:`ebpo_verl.trainer.checkpoint.state`),
-  restored in ``init()``, i.e. before the first advantage computation; every checkpoint also holds the step's
-  training metrics (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`): verl validates between its tracker file and the
-  step's log call, so a run killed there logs them on resume if the metrics log lacks them;
+- ``_compute_advantage``: for an estimator of ours the trainer owns the object (``self.estimator``,
+  ``registry.new_estimator``) and the copy of verl's step (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it
+  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and what its spec's ``row_input`` reads per
+  row: an ``extra_info`` field (fetched from TransferQueue with the step's other fields) or the rollout sample index
+  (:func:`sample_indices`, ``krpo``); its diagnostics (``ebpo/*``, ...) go into the step's metrics;
+- ``_save_checkpoint`` / ``_load_checkpoint``: the estimator's state in ``global_step_N/<state_file>``
+  (:mod:`ebpo_verl.trainer.checkpoint.state`), restored in ``init()``, and the step's training metrics
+  (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`), logged on resume if the metrics log lacks them;
 - ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
-- ``logger``: verl's ``Tracking`` gets one more backend, the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog`
-  at ``trainer.metrics_log_path``; a resumed run's TensorBoard events replace those of the steps it retrains
+- ``logger``: verl's ``Tracking`` gets the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog` at
+  ``trainer.metrics_log_path``; a resumed run's TensorBoard events replace those of retrained steps
   (:func:`purge_tensorboard`).
 
-:class:`OTBSumPiSquaredMixin` is the one place that copies verl (see its docstring). :class:`EBPOTaskRunner` is
-verl's ``TaskRunnerV1.run`` itself, with these trainers, after this process's options and registration check
-and :func:`~ebpo_verl.ops.node_check.check_nodes` (every Ray node sees the same data and output paths).
+:class:`OTBSumPiSquaredMixin` is the one place that copies verl. :class:`EBPOTaskRunner` is verl's
+``TaskRunnerV1.run`` with these trainers, after the options, registration and node checks.
 """
 
 from __future__ import annotations

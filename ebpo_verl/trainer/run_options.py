@@ -91,19 +91,15 @@ class TrainerOptions(OptionSection):
         options = cls.from_mapping({key: trainer[key] for key in cls.keys() if key in trainer})
         return options.with_env(os.environ if env is None else env)
 
-    @staticmethod
-    def _seconds(value: float | None) -> float | None:
-        return float(value) if value else None
-
     @property
     def watchdog_timeout_s(self) -> float | None:
         """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0 or null."""
-        return self._seconds(self.step_timeout_s)
+        return float(self.step_timeout_s) if self.step_timeout_s else None
 
     @property
     def watchdog_init_timeout_s(self) -> float | None:
         """The same for the init phases."""
-        return self._seconds(self.init_timeout_s)
+        return float(self.init_timeout_s) if self.init_timeout_s else None
 
 
 @dataclass(frozen=True)

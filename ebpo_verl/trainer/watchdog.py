@@ -1,28 +1,23 @@
 """A dead or hung worker ends the run, in one line that says what happened and where.
 
-verl 0.9.1's v1 trainer waits on its workers with plain ``ray.get``: a worker that dies mid-step surfaces as a
-Ray traceback (or as a gloo/NCCL error of the rank that waited for it), and a worker that hangs -- a stuck
-collective, a dead NFS mount, a wedged GPU, or here a SIGSTOPped process -- leaves every rank waiting with
-nothing printed. :class:`StepWatchdogMixin` (in the trainer's bases) records the step and the phase the trainer
-is in, from model initialisation (``init``, ``load_checkpoint``) through every phase of a step (rollout, old
-log-prob, update, save, weight sync, validation, ...), and:
+verl 0.9.1's v1 trainer waits on its workers with plain ``ray.get``: a dead worker surfaces as a Ray (or gloo/NCCL)
+traceback, a hung one (stuck collective, dead NFS mount, wedged GPU, SIGSTOP) leaves every rank waiting silently.
+:class:`StepWatchdogMixin` records the step and phase (from ``init`` and ``load_checkpoint`` through every phase
+of a step, :data:`PHASES`) and:
 
-* on an error inside a phase, looks for an actor of this Ray job that died (Ray's actor table); when there is
-  one, the run stops with :class:`RunAbortedError` naming the actor, its node, the step and the phase;
-* runs a watchdog thread that looks at Ray's actor table every :data:`DEATH_CHECK_S` seconds (a crashed actor
-  ends the run even when nothing waits on it, as a dead vLLM server leaves the rollout waiting), and when no
-  phase starts or ends for ``trainer.init_timeout_s`` seconds during initialisation or ``trainer.step_timeout_s``
-  seconds afterwards (``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` override them; 0 or null disables one),
-  it names the job's actors that are stuck in a task or stopped (one Ray task per node reads their process
-  state), kills them so that the trainer's ``ray.get`` returns, and the run stops with a
-  :class:`RunAbortedError` that says the phase timed out; a trainer still running :data:`END_WITHIN_S` after
-  that ends its process (bounds: :func:`hang_bound_s`, :func:`death_bound_s`).
+* on an error inside a phase, looks for a crashed actor of this Ray job; if there is one, the run stops with
+  :class:`RunAbortedError` naming the actor, its node, the step and the phase;
+* runs a thread that checks Ray's actor table every :data:`DEATH_CHECK_S` s (a dead vLLM server ends the run even
+  though nothing waits on it) and, when no phase starts or ends for ``trainer.init_timeout_s`` (initialisation)
+  or ``trainer.step_timeout_s`` seconds (``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` override; 0 or null:
+  off), names the job's actors stuck in a task or stopped, kills them so that ``ray.get`` returns, and stops the
+  run; a trainer still running :data:`END_WITHIN_S` later ends its process (:func:`hang_bound_s`,
+  :func:`death_bound_s`).
 
-It also gives the workers' process group the timeout ``actor_rollout_ref.nccl_timeout``, which verl's v1 workers
-do not read (:func:`dist_timeout_worker_cls`). :func:`failures_reported` (around ``run_ppo`` in the driver)
-resolves the timeouts into the config and turns that error into one line ``ebpo-train: error: ...`` and exit
-status 1; the driver's exit ends the job, and Ray stops every actor it started. Rerunning the same command
-resumes from the last checkpoint (``resume_mode=auto``).
+It also gives the workers' process group ``actor_rollout_ref.nccl_timeout`` (:func:`dist_timeout_worker_cls`).
+:func:`failures_reported` (around ``run_ppo`` in the driver) resolves the timeouts into the config and prints
+the error as one line ``ebpo-train: error: ...``, exit status 1; rerunning the command resumes from the last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -33,18 +28,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import ray
 
+from ebpo_verl.ops.node_check import on_nodes
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, TrainerOptions
 
 STEP_TIMEOUT_KEY = "step_timeout_s"
 INIT_TIMEOUT_KEY = "init_timeout_s"
 INIT_PHASES = frozenset({"start", "init", "load_checkpoint", "after_init"})
-"""Phases timed by ``trainer.init_timeout_s``: model initialisation (worker groups, model engines, rollout
-servers, reward and checkpoint-engine managers), the checkpoint load, and the agent loop's start after it."""
+"""Phases timed by ``trainer.init_timeout_s`` (model initialisation, checkpoint load, the agent loop's start)."""
 TICK_S = 1.0
 """Seconds between two looks of the watchdog thread at the clock."""
 DEATH_CHECK_S = 5.0
@@ -54,8 +49,7 @@ PROBE_S = 20.0
 DEATH_WAIT_S = 10.0
 """How long an actor error in a phase waits for Ray's actor table to record the death behind it."""
 END_WITHIN_S = 60.0
-"""From the moment the watchdog fires to the end of the trainer's process: the stuck actors are killed so that
-the trainer's ``ray.get`` returns, and a trainer still running at this deadline ends its process itself."""
+"""Seconds from the watchdog firing to the end of a trainer that the killed actors' errors did not stop."""
 
 
 def hang_bound_s(timeout_s: float) -> float:
@@ -67,6 +61,9 @@ def hang_bound_s(timeout_s: float) -> float:
 def death_bound_s() -> float:
     """Seconds from Ray recording an actor's death to the trainer's end when nothing waits on that actor."""
     return DEATH_CHECK_S + TICK_S + END_WITHIN_S
+
+
+RERUN = ". The run was stopped; rerun the same command to resume from the last checkpoint"
 
 
 class RunAbortedError(RuntimeError):
@@ -105,12 +102,8 @@ def describe_actor(info: dict) -> str:
 
 
 def _death_reason(info: dict) -> str:
-    cause = info.get("DeathCause")
-    context = getattr(cause, "actor_died_error_context", None)
-    if context is None:
-        return "died"
-    message = (context.error_message or "").strip().split(". ")[0]
-    return message or "died"
+    context = getattr(info.get("DeathCause"), "actor_died_error_context", None)
+    return (context and (context.error_message or "").strip().split(". ")[0]) or "died"
 
 
 def job_actors(state: str | None = None) -> list[dict]:
@@ -183,24 +176,16 @@ def _kill(pids: list[int]) -> None:
     import signal
 
     for pid in pids:
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _on_nodes(task: Callable[[list[int]], Any], infos: list[dict]) -> dict[str, Any]:
     """``task(pids)`` as a Ray task on each node of the actors ``infos``, with their pids: node id -> its ref."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    by_node: dict[str, list[int]] = {}
+    by_node: dict[str, tuple[list[int]]] = {}
     for info in infos:
-        by_node.setdefault(info["Address"]["NodeID"], []).append(info["Pid"])
-    remote = ray.remote(num_cpus=0, max_retries=0)(task)
-    return {
-        node: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(pids)
-        for node, pids in by_node.items()
-    }
+        by_node.setdefault(info["Address"]["NodeID"], ([],))[0].append(info["Pid"])
+    return on_nodes(task, by_node)
 
 
 def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
@@ -209,10 +194,8 @@ def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
     alive = [info for info in job_actors("ALIVE") if info.get("Pid") and info["Pid"] != exclude_pid]
     states: dict[int, tuple[str, str]] = {}
     for ref in _on_nodes(_process_states, alive).values():
-        try:
+        with suppress(ray.exceptions.RayError):
             states.update(ray.get(ref, timeout=PROBE_S))
-        except ray.exceptions.RayError:
-            pass
     stuck = []
     for info in alive:
         status, title = states.get(info["Pid"], ("unknown", ""))
@@ -300,27 +283,23 @@ class StepWatchdog:
 
     def _death_message(self, dead: list[dict]) -> str:
         names = "; ".join(f"{describe_actor(info)}: {_death_reason(info)}" for info in dead)
-        return (
-            f"step {self.step}, phase {self.phase}: a worker died: {names}. The run was stopped; rerun the same "
-            "command to resume from the last checkpoint"
-        )
+        return f"step {self.step}, phase {self.phase}: a worker died: {names}{RERUN}"
 
     def _timeout_message(self, step: int, phase: str, setting: tuple[float, str, str], who: str) -> str:
         seconds, key, env = setting
         return (
             f"step {step} timed out in phase {phase}: no progress for {seconds:g} s (trainer.{key}, env {env}); "
-            f"did not answer: {who}. The run was stopped; rerun the same command to resume from the last checkpoint"
+            f"did not answer: {who}{RERUN}"
         )
 
     def _fire(self, *setting) -> None:
         step, phase = self.step, self.phase
         self._arm_exit(self._timeout_message(step, phase, setting, "(the actors are being listed)"))
+        note = ""
         try:
             stuck = stuck_actors(exclude_pid=os.getpid())
         except Exception as err:  # noqa: BLE001  (the line must still be printed)
             stuck, note = [], f"; the actors could not be listed ({type(err).__name__}: {err})"
-        else:
-            note = ""
         who = "; ".join(f"{describe_actor(info)}: {state}" for info, state in stuck) or "no actor found stuck"
         self.fired = self._timeout_message(step, phase, setting, who + note)
         self._announce()
@@ -339,10 +318,8 @@ class StepWatchdog:
         """Print the line and leave it for the driver (:func:`failures_reported`) in case this process ends."""
         print(f"ebpo-train: error: {self.fired}", file=sys.stderr, flush=True)
         self.announced = True
-        try:
+        with suppress(Exception):  # GCS unreachable: the driver prints Ray's own error
             record_abort(self.fired)
-        except Exception:  # noqa: BLE001  (GCS unreachable: the driver prints Ray's own error)
-            pass
 
     def _hard_exit(self) -> None:
         """The trainer did not stop within :data:`END_WITHIN_S` (the killed actors' errors did not reach it)."""
@@ -355,8 +332,9 @@ class StepWatchdog:
         """The run-ending error for ``err`` raised in the current phase, or None (not a worker failure)."""
         if self.fired:
             return RunAbortedError(self.fired)
-        if not any(isinstance(e, ray.exceptions.RayActorError) for e in _actor_errors(err)) and not any(
-            "gloo" in str(e).lower() or "connection" in str(e).lower() for e in _actor_errors(err)
+        if not any(
+            isinstance(e, ray.exceptions.RayActorError) or "gloo" in str(e).lower() or "connection" in str(e).lower()
+            for e in _actor_errors(err)
         ):
             return None
         deadline = time.monotonic() + DEATH_WAIT_S
@@ -480,11 +458,9 @@ def dist_timeout_worker_cls(base: type) -> type:
     """``base`` (verl's ``ActorRolloutRefWorker`` or a subclass) whose ``init_model`` first initialises the
     process group with ``actor_rollout_ref.nccl_timeout`` seconds.
 
-    verl 0.9.1's v1 ``TrainingWorker.__init__`` (built in ``init_model``) calls
-    ``initialize_global_process_group_ray(timeout_second=None)``, so torch's default applies (30 min for verl's
-    ``cpu:gloo,cuda:nccl`` backend); that function skips a group already initialised, so the same call with the
-    timeout made here first is the one that counts. On CPU verl's platform plugin (``ebpo_verl.cpu.backend``)
-    initialises its gloo group inside that call, with torch's default: the timeout only reaches GPU runs."""
+    verl 0.9.1's v1 ``TrainingWorker`` calls ``initialize_global_process_group_ray(timeout_second=None)`` (torch's
+    30 min default), which skips a group already initialised, so this earlier call with the timeout counts. On CPU
+    the platform plugin initialises its gloo group itself: the timeout only reaches GPU runs."""
     from verl.single_controller.base.decorator import Dispatch, register
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # as verl's ActorRolloutRefWorker.init_model
@@ -521,8 +497,7 @@ def failures_reported(config: Any) -> Iterator[None]:
         print(f"ebpo-train: error: {message.strip().splitlines()[-1]}", file=sys.stderr, flush=True)
         sys.exit(1)
     except ray.exceptions.RayError:
-        message = recorded_abort()  # the TaskRunner ended itself after a death or a hang it could not unblock
-        if message is None:
+        if (message := recorded_abort()) is None:  # else the TaskRunner ended itself (a death, an unblocked hang)
             raise
         print(f"ebpo-train: error: {message}", file=sys.stderr, flush=True)
         sys.exit(1)

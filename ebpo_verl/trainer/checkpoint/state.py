@@ -57,7 +57,13 @@ def load_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, op
     state.reset()
     if not path.is_file():
         if options.on_resume_mismatch == "error":
-            raise ValueError(missing_state_message(entry, step_dir, global_step))
+            raise ValueError(
+                f"checkpoint {step_dir} has no {entry.state.file} (written by plain verl, by a run with another "
+                f"estimator, or the file was deleted), so the {entry.state.what} of the first {global_step} steps "
+                f"cannot be restored. Resume from a checkpoint of this run, or set {entry.section}.on_resume_mismatch"
+                f"=reset to continue from step {global_step} with fresh {entry.state.what} (advantages will differ "
+                "from an uninterrupted run)."
+            )
         warnings.warn(
             f"{entry.state.label}: no {entry.state.file} in checkpoint {step_dir}: on_resume_mismatch="
             f"{options.on_resume_mismatch}: the {entry.state.what} start FRESH at step {global_step}, so advantages "
@@ -153,30 +159,17 @@ def _on_mismatch(
         )
     if mode == "reset":
         state.reset()
-        warnings.warn(
-            f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=reset: the "
-            f"{entry.state.what} start FRESH at step {global_step}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
+    outcome = (
+        f"the {entry.state.what} start FRESH at step {global_step}"
+        if mode == "reset"
+        else (f"continuing with the saved {entry.state.what}")
+    )
     warnings.warn(
-        f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch=keep: continuing "
-        f"with the saved {entry.state.what}",
+        f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch={mode}: {outcome}",
         RuntimeWarning,
         stacklevel=3,
     )
-    return True
-
-
-def missing_state_message(entry: EstimatorSpec, step_dir: str | os.PathLike, global_step: int) -> str:
-    """The refusal of a checkpoint without the state file under ``on_resume_mismatch=error``."""
-    return (
-        f"checkpoint {step_dir} has no {entry.state.file} (written by plain verl, by a run with another estimator, "
-        f"or the file was deleted), so the {entry.state.what} of the first {global_step} steps cannot be restored. "
-        f"Resume from a checkpoint of this run, or set {entry.section}.on_resume_mismatch=reset to continue from step "
-        f"{global_step} with fresh {entry.state.what} (advantages will differ from an uninterrupted run)."
-    )
+    return mode == "keep"
 
 
 _UNKNOWN = object()

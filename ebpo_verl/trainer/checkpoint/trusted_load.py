@@ -1,26 +1,21 @@
 """A resume under ``ebpo-train`` unpickles data only: tensors and the types of this package's own checkpoints.
 
-verl 0.9.1's resume reads ``global_step_N/actor/{model,optim,extra_state}_world_size_W_rank_R.pt`` in each actor
-(and critic) worker (``FSDPCheckpointManager.load_checkpoint``) and ``global_step_N/data.pt`` in the trainer's
-process (``PPOTrainer._load_checkpoint``), each with ``torch.load(weights_only=False)``: a tampered or foreign
-``global_step_N`` (``resume_mode=auto`` picks the newest one in the run folder) would run its code in every
-process. Unless ``trainer.trust_checkpoint=true``, :class:`TrustedLoadMixin` (in the trainer's bases):
+verl 0.9.1's resume reads each worker's ``global_step_N/actor/{model,optim,extra_state}_world_size_W_rank_R.pt``
+and the trainer's ``global_step_N/data.pt`` with ``torch.load(weights_only=False)``: a tampered or foreign
+checkpoint would run its code in every process. Unless ``trainer.trust_checkpoint=true``, :class:`TrustedLoadMixin`:
 
-- replaces each worker class that loads checkpoints by :func:`weights_only_worker_cls`'s, whose
-  ``load_checkpoint`` runs verl's with every ``torch.load`` of the worker's process weights-only, each file
-  allowed its own kind's part of :data:`ebpo_verl.compat.unpickling.ALLOWED` (a model shard DTensor types, the
-  extra state numpy's RNG state: :func:`~ebpo_verl.compat.unpickling.weights_only_loads`);
-- runs verl's ``_load_checkpoint`` in the trainer's process the same way (``data.pt``), and refuses the
-  ``transfer_queue`` folder of an asynchronous mode's checkpoint, which TransferQueue unpickles with plain
-  ``pickle.load`` (no weights-only form exists);
-- refuses a resume whose actor or critic trains with a strategy other than :data:`CHECKED_STRATEGIES`
-  (:func:`check_strategies`, also run by the pre-flight): Megatron's checkpoint is torch distributed
-  checkpointing, whose metadata is read with plain ``pickle.load``, and the other engines' files were never
-  listed.
+- replaces each worker class that loads checkpoints by :func:`weights_only_worker_cls`'s, whose ``load_checkpoint``
+  loads every file weights-only with its own kind's part of :data:`ebpo_verl.compat.unpickling.ALLOWED`
+  (:func:`~ebpo_verl.compat.unpickling.weights_only_loads`);
+- runs verl's ``_load_checkpoint`` in the trainer's process the same way (``data.pt``), and refuses an
+  asynchronous mode's ``transfer_queue`` folder (TransferQueue reads it with plain ``pickle.load``);
+- refuses a resume whose actor or critic strategy is not in :data:`CHECKED_STRATEGIES` (:func:`check_strategies`,
+  also run by the pre-flight): Megatron's metadata is read with plain ``pickle.load``, other engines' files were
+  never listed.
 
-A file that pickles anything else is refused in the process that loads it, before the foreign global is looked
-up: :class:`UntrustedCheckpointError`, one line naming the file, what it carries and the switch, which the driver
-prints as ``ebpo-train: error: ...`` (exit status 1, :func:`ebpo_verl.trainer.watchdog.failures_reported`).
+A file that pickles anything else is refused before the foreign global is looked up:
+:class:`UntrustedCheckpointError`, one line naming the file, what it carries and the switch (printed by
+:func:`ebpo_verl.trainer.watchdog.failures_reported`, exit status 1).
 """
 
 from __future__ import annotations

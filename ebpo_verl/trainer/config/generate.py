@@ -12,7 +12,6 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,7 +22,6 @@ from ebpo_verl.options import cli
 from ebpo_verl.options.parsing import OptionSection, allowed, shown
 from ebpo_verl.trainer.run_options import TrainerOptions
 
-YAML_PATH = Path(__file__).with_name("ebpo_trainer.yaml")
 VERL_CONFIG = "pkg://verl.trainer.config"
 
 

@@ -133,11 +133,6 @@ def warn_versions(config: Any, options: RunOptions, dry_run: bool) -> None:
         print(f"ebpo-train: warning: {versions}", file=sys.stderr)
 
 
-def world_size(config: Any) -> int:
-    """GPUs of the run: ``trainer.nnodes x trainer.n_gpus_per_node``."""
-    return int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-
-
 def check_verl_config(config: Any, options: Any = None, dry_run: bool = False) -> str:
     """verl's own ``validate_config`` (what ``main_ppo`` runs before Ray) at the configured world size.
 
@@ -147,6 +142,7 @@ def check_verl_config(config: Any, options: Any = None, dry_run: bool = False) -
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     try:
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Disabled critic")  # need_critic's note for every non-GAE run
@@ -154,10 +150,10 @@ def check_verl_config(config: Any, options: Any = None, dry_run: bool = False) -
     except Exception as err:  # verl reports with assert, ValueError and hydra's InstantiationException
         reason = err.__cause__ if err.__cause__ is not None else err
         raise EBPOConfigError(
-            f"verl's validate_config refused the config at world size {world_size(config)} (trainer.nnodes="
+            f"verl's validate_config refused the config at world size {size} (trainer.nnodes="
             f"{config.trainer.nnodes} x trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}): {one_line(reason)}"
         ) from err
-    return f"world size {world_size(config)}"
+    return f"world size {size}"
 
 
 def check_resume(config: Any, options: RunOptions, dry_run: bool) -> str | None:

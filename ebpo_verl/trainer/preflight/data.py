@@ -12,9 +12,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ebpo_verl.algos.ordering import FALLBACK_DIFFICULTY_KEY, PASS_RATE_KEY
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
 from ebpo_verl.ops.model_ref import model_reference_problem
+from ebpo_verl.ops.node_check import path_list
 from ebpo_verl.options.parsing import is_missing
 from ebpo_verl.trainer.run_options import RunOptions
 
@@ -64,13 +64,6 @@ def read_data_file(path: str, key: str, prompt_key: str = "prompt") -> DataFile:
     return DataFile(path, rows, columns.get("reward_model"), infos, columns.get(prompt_key))
 
 
-def _files(value: Any) -> list[str]:
-    if value is None:
-        return []
-    items = [value] if isinstance(value, str) else list(value)
-    return [os.path.expanduser(str(item)) for item in items]
-
-
 def check_model_path(config: Any, options: RunOptions, dry_run: bool) -> None:
     """``actor_rollout_ref.model.path`` names a local folder or a hub id, in a dry run too (the run would
     otherwise prepare and label its data before verl fails to load the model)."""
@@ -92,7 +85,7 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
     ``dry_run`` (``--cfg job`` on a machine without the data) is skipped, the line saying what was not checked;
     remote files (``hdfs://``) are not read.
     """
-    train, val = _files(config.data.get("train_files", None)), _files(config.data.get("val_files", None))
+    train, val = path_list(config.data.get("train_files", None)), path_list(config.data.get("val_files", None))
     prompt_key = str(config.data.get("prompt_key", None) or "prompt")
     not_checked = None
     read: dict[str, list[DataFile]] = {"data.train_files": [], "data.val_files": []}
@@ -115,8 +108,7 @@ def check_data(config: Any, options: RunOptions, dry_run: bool) -> str:
         line = _steps_per_epoch(config, read["data.train_files"])
     for key, data_files in read.items():
         for data in data_files:
-            _check_prompts(data, key, prompt_key)
-            _check_ground_truths(data, key)
+            _check_rows(data, key, prompt_key)
     if read["data.train_files"] and len(read["data.train_files"]) == len(train):  # the labels need every row
         _check_curriculum_labels(options, read["data.train_files"])
     return line
@@ -138,56 +130,39 @@ def _steps_per_epoch(config: Any, files: list[DataFile]) -> str:
     return f"{rows} training rows ({detail}; before verl's overlong-prompt filter) -> {rows // batch} steps per epoch"
 
 
-def _check_prompts(data: DataFile, key: str, prompt_key: str) -> None:
-    """Every row's prompt is in verl's chat format (:func:`ebpo_verl.data.schema.check_chat_prompts`)."""
-    from ebpo_verl.data.schema import DataPrepError, check_chat_prompts
-
-    if data.prompts is None:
-        raise EBPOConfigError(
-            f"{key}: {data.path} has no {prompt_key!r} column (data.prompt_key={prompt_key}), which verl reads as "
-            "each row's chat prompt; prepare the file with ebpo_verl.data, or set data.prompt_key to its prompt column"
-        )
-    try:
-        check_chat_prompts(data.prompts, f"{key}: {data.path}", prompt_key)
-    except DataPrepError as err:
-        raise EBPOConfigError(str(err)) from err
-
-
-def _check_ground_truths(data: DataFile, key: str) -> None:
+def _check_rows(data: DataFile, key: str, prompt_key: str) -> None:
+    """Every row's prompt is in verl's chat format and it has a ground truth
+    (:func:`ebpo_verl.data.schema.check_chat_prompts`, :func:`~ebpo_verl.data.schema.check_ground_truths`)."""
     import pandas as pd
 
-    from ebpo_verl.data.schema import DataPrepError, check_ground_truths
+    from ebpo_verl.data.schema import DataPrepError, check_chat_prompts, check_ground_truths
 
-    if data.reward_models is None:
-        raise EBPOConfigError(
-            f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it with "
-            "ebpo_verl.data or add the column"
-        )
     try:
+        if data.prompts is None:
+            raise EBPOConfigError(
+                f"{key}: {data.path} has no {prompt_key!r} column (data.prompt_key={prompt_key}), which verl reads as "
+                "each row's chat prompt; prepare the file with ebpo_verl.data, or set data.prompt_key to its prompt "
+                "column"
+            )
+        check_chat_prompts(data.prompts, f"{key}: {data.path}", prompt_key)
+        if data.reward_models is None:
+            raise EBPOConfigError(
+                f"{key}: {data.path} has no reward_model column (verl reads reward_model.ground_truth); prepare it "
+                "with ebpo_verl.data or add the column"
+            )
         check_ground_truths(pd.DataFrame({"reward_model": data.reward_models}), source=f"{key}: {data.path}")
     except DataPrepError as err:
         raise EBPOConfigError(str(err)) from err
 
 
-def _curriculum_label(options: RunOptions, infos: list[Mapping[str, Any]]) -> str | None:
-    """The ``extra_info`` field the curriculum's order sorts by; None for the native and random orders."""
-    curriculum = options.curriculum
-    if curriculum.order == "topic":
-        return curriculum.topic_key
-    if curriculum.order == "difficulty":
-        if curriculum.difficulty_key is not None:
-            return curriculum.difficulty_key
-        has_pass_rate = any(not is_missing(info.get(PASS_RATE_KEY)) for info in infos)
-        return PASS_RATE_KEY if has_pass_rate else FALLBACK_DIFFICULTY_KEY
-    return None
-
-
 def _check_curriculum_labels(options: RunOptions, files: list[DataFile]) -> None:
+    from ebpo_verl.trainer.curriculum import difficulty_key
+
     infos = [info for f in files for info in f.extra_infos]
-    label = _curriculum_label(options, infos)
-    if label is None:
-        return
     order = options.curriculum.order
+    if order not in ("topic", "difficulty"):
+        return
+    label = options.curriculum.topic_key if order == "topic" else difficulty_key(options.curriculum, infos)
     option = "topic_key" if order == "topic" else "difficulty_key"
     missing = [(f.path, row) for f in files for row, info in enumerate(f.extra_infos) if is_missing(info.get(label))]
     if not missing:
