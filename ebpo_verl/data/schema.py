@@ -125,11 +125,8 @@ def verbatim(row: dict[str, Any], problem: tuple[str, ...], answer: tuple[str, .
 
 
 def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None, numbers: bool = False) -> str:
-    """A non-empty string from the first present column of ``names``; InvalidRowError otherwise.
-
-    Only a string is text (a list, a dict or a number is refused, never written as ``['a', 'b']``); with
-    ``numbers`` a finite int or float is accepted too, as its ``str`` (AIME's integer answers, AMC's ``27.0``).
-    """
+    """A non-empty string from the first present column of ``names`` (with ``numbers`` also a finite number, as its
+    ``str``; lists, dicts never); InvalidRowError otherwise."""
     value = pick(row, names)
     field = field or "/".join(names)
     if value is None:
@@ -180,14 +177,10 @@ def build_rows(
     dedupe: bool = False,
     max_problem_chars: int = MAX_PROBLEM_CHARS,
 ) -> tuple[list[dict[str, Any]], int, int]:
-    """Convert every source row; returns (verl rows, number skipped as invalid, number of duplicates).
-
-    An invalid row raises ``DataPrepError`` naming the file, the 0-based row number, the field and the fix,
-    unless ``skip_invalid``, which drops it. A field whose source columns the file lacks altogether is a schema
-    mismatch of the whole file (expected vs found columns), raised even with ``skip_invalid``.
-    With ``dedupe`` only the first row of each problem text
-    (whitespace-normalised) is kept. A problem longer than ``max_problem_chars`` characters is an invalid row.
-    """
+    """Convert every source row: (verl rows, number skipped as invalid, number of duplicates). An invalid row raises
+    ``DataPrepError`` naming file, 0-based row, field and fix unless ``skip_invalid`` drops it; a field whose
+    columns the file lacks raises even then. ``dedupe`` keeps each problem text's first row; a problem over
+    ``max_problem_chars`` is invalid."""
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
     rows, skipped, duplicates, seen = [], 0, 0, set()
@@ -234,10 +227,7 @@ def build_rows(
 
 
 def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
-    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`: mode 0666 less the umask).
-
-    A failure at any point leaves no file (and no partial file) at ``path``.
-    """
+    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`): a failure leaves no file."""
     if isinstance(table, pd.DataFrame):
         table = pa.Table.from_pandas(table, preserve_index=False)
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
@@ -275,10 +265,7 @@ class PrepareOptions(OptionSection):
 
 @dataclass(frozen=True)
 class Dataset:
-    """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
-
-    Each ``ebpo_verl.data.<name>`` module declares one and exposes its ``prepare`` and ``main``.
-    """
+    """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`."""
 
     name: str
     hub_id: str
@@ -339,8 +326,7 @@ def bare_problem(content: str) -> str:
 
 
 def read_prepared(path: str | Path) -> pa.Table:
-    """A parquet written by a preparer (checked for the verl columns, for at least one row and for ground truths
-    that are None, NaN or empty, :func:`check_ground_truths`)."""
+    """A preparer's parquet, checked for the verl columns, >= 1 row and usable ground truths."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m ebpo_verl.data.<name>)")
@@ -400,9 +386,8 @@ def ground_truth_problem(value: Any) -> str | None:
 
 
 def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> None:
-    """Refuse rows of ``table`` (any verl parquet's rows; only ``reward_model`` is read) whose
-    ``reward_model.ground_truth`` is None, NaN, empty or not text (:func:`ground_truth_problem`): a
-    :class:`DataPrepError` naming ``source``, the first bad rows (0-based) and the key."""
+    """:class:`DataPrepError` naming ``source``, the first bad rows (0-based) and the key when a row's
+    ``reward_model.ground_truth`` is None, NaN, empty or not text (:func:`ground_truth_problem`)."""
     frame = isinstance(table, pd.DataFrame)
     if "reward_model" not in (list(table.columns) if frame else table.column_names):
         raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see ebpo_verl.data.schema)")
