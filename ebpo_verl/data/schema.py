@@ -70,8 +70,7 @@ SCHEMA = pa.schema(
 
 
 class InvalidRowError(ValueError):
-    """A source row that cannot become a training/evaluation example. ``columns``: those the missing field is read
-    from; a file with none of them is wrong as a whole (:func:`build_rows`)."""
+    """A source row that cannot become an example; ``columns``: those the missing field is read from."""
 
     def __init__(self, field: str, reason: str, columns: tuple[str, ...] = ()):
         super().__init__(f"{field}: {reason}")
@@ -119,8 +118,7 @@ OlympiadBench problem with its context, has 4,415 characters); a longer one is a
 
 
 def verbatim(row: dict[str, Any], problem: tuple[str, ...], answer: tuple[str, ...]) -> dict[str, str]:
-    """An evaluation set's ``raw_problem`` and ``raw_answer``: the first present column of ``problem`` and of
-    ``answer``, unmodified (as ``str``)."""
+    """An evaluation set's ``raw_problem`` and ``raw_answer``: first present columns, as str."""
     return {"raw_problem": str(pick(row, problem)), "raw_answer": str(pick(row, answer))}
 
 
@@ -148,8 +146,7 @@ def source_id(row: dict[str, Any], names: tuple[str, ...], i: int) -> str:
 
 
 def as_text(value: Any, field: str, numbers: bool = False) -> str:
-    """``value`` stripped, when it is a non-empty string (or, with ``numbers``, a finite number); InvalidRowError
-    naming ``field`` and the type found otherwise."""
+    """``value`` stripped if a non-empty string (``numbers``: or finite number), else InvalidRowError naming ``field``."""
     if numbers and is_finite_number(value):
         return str(value)
     if not isinstance(value, str):
@@ -348,8 +345,7 @@ CHAT_FORMAT = 'a list of {"role": ..., "content": ...} messages, e.g. [{"role": 
 
 
 def chat_prompt_problem(prompt: Any) -> str | None:
-    """Why ``prompt`` is not a prompt in verl's chat format (:data:`CHAT_FORMAT`: a non-empty list of messages,
-    each with a non-empty string ``role`` and a string ``content``), or None when it is one."""
+    """Why ``prompt`` is not in verl's chat format (:data:`CHAT_FORMAT`), or None when it is."""
     if not isinstance(prompt, list | tuple | np.ndarray):
         return f"a {type(prompt).__name__} ({_preview(prompt)}), not a list of chat messages"
     if len(prompt) == 0:
@@ -365,8 +361,7 @@ def chat_prompt_problem(prompt: Any) -> str | None:
 
 
 def check_chat_prompts(prompts: list[Any], source: str | Path, column: str = "prompt") -> None:
-    """DataPrepError naming ``source``, the first row (0-based) and the fix unless every one of ``prompts`` (the
-    file's ``column``) is in verl's chat format (:func:`chat_prompt_problem`)."""
+    """DataPrepError naming ``source``, the first bad row and the fix unless all ``prompts`` are chat prompts."""
     bad = [(row, why) for row, prompt in enumerate(prompts) if (why := chat_prompt_problem(prompt))]
     if bad:
         row, why = bad[0]

@@ -216,9 +216,8 @@ class HFEngine:
 
 
 def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[tuple[Request, Completion]]], None]):
-    """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``; every
-    prompt's length is checked before the first sample (:class:`PromptTooLong` when it leaves less than
-    ``max_new_tokens`` within the model length)."""
+    """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, into ``emit``; every prompt's length is
+    checked first (:class:`PromptTooLong`)."""
     if spec.engine not in ENGINES:
         raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
     engine = VLLMEngine(spec) if spec.engine == "vllm" else HFEngine(spec)

@@ -152,8 +152,7 @@ def problems_differ(
 
 
 def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs (for other
-    problems: the benchmark and first differing index)."""
+    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs."""
     diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks", "provenance"} if old.get(k) != new.get(k))
     ob, nb = old.get("benchmarks", {}), new.get("benchmarks", {})
     for b in nb:

@@ -152,8 +152,7 @@ def read_rates(path: str | Path) -> tuple[str, dict[str, float]]:
 
 
 def merge_rates(table: pa.Table, key: str, by_id: dict[str, float], source: str) -> list[float]:
-    """The rate of each row of ``table`` (``by_id``: rates by ``extra_info.<key>``); errors name ids missing on
-    either side."""
+    """The rate of each row of ``table`` from ``by_id`` (by ``extra_info.<key>``); errors name ids missing on a side."""
     ids = [str(e[key]) for e in table.column("extra_info").to_pylist()]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{key} is not unique in the parquet; use the other key column in {source}")

@@ -49,8 +49,7 @@ def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -
 
 
 def node_faults(step_timeout: float) -> list[Fault]:
-    """The two-node run's faults at step 3, each in its own attempt: SIGKILL of a rank's worker, SIGSTOP of it
-    (the step watchdog), SIGKILL of the second node's vLLM rollout server."""
+    """The two-node run's step-3 faults, one attempt each: SIGKILL and SIGSTOP of a rank's worker, SIGKILL of vLLM."""
     step = SAVE_FREQ + 1
     return [
         Fault(signal.SIGKILL, step, "rank"),
