@@ -146,7 +146,7 @@ def source_id(row: dict[str, Any], names: tuple[str, ...], i: int) -> str:
 
 
 def as_text(value: Any, field: str, numbers: bool = False) -> str:
-    """``value`` stripped if a non-empty string (``numbers``: or finite number), else InvalidRowError naming ``field``."""
+    """``value`` stripped if non-empty text (``numbers``: or finite number), else InvalidRowError naming ``field``."""
     if numbers and is_finite_number(value):
         return str(value)
     if not isinstance(value, str):
