@@ -1,26 +1,22 @@
 """Rule-based math reward for verl: answer extraction plus ``math-verify`` equivalence, time-bounded.
 
-``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``,
-``name=compute_score``). verl 0.9.1 calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts
-cannot run and sympy can spin for minutes on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a
-pool of child processes: the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0.
-Answer extraction is linear-time string scanning in the caller.
+``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``). verl 0.9.1
+calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts cannot run and sympy can spin for minutes
+on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a pool of child processes: the caller waits at
+most ``timeout`` seconds and kills the child on overrun, scoring 0. Extraction is linear-time scanning in the caller.
 
 Extraction: the answer the response states LAST, in either convention:
-  - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at the start of a line,
+  - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at a line start,
     case-insensitive, optionally after markdown (``**``, ``#``, ``>``, ``-``) and ``The``/``Final``; its answer is
-    the rest of that line, or the next non-empty line when the rest is empty, with a ``\\boxed{}`` inside
-    unwrapped. An "answer:" inside a sentence ("let me check the answer: ...") is reasoning, not an answer line;
+    the rest of the line (if empty: the next non-empty line), with a ``\\boxed{}`` inside unwrapped. An "answer:" inside
+    a sentence is reasoning, not an answer line;
   - the last balanced ``\\boxed{...}``.
-  Whichever of the last answer line and the last box comes later in the text is graded; with neither, the
-  text after the last "answer:" anywhere.
-Grading: the same text (after cleaning) is equal; two integer literals are compared directly (``025`` ==
-``25``); otherwise braceless ``\\frac12`` / ``\\sqrt2`` are braced and math-verify decides (gold and
-prediction each parsed as ``\\boxed{...}`` with unit-stripping normalisation); if it says no, the prediction
-still counts when both reduce to the same plain string (``\\text{Evelyn}`` vs ``Evelyn``) or agree after
-dropping a trailing percent sign (OlympiadBench keeps units such as ``%`` in a separate column). Verdicts are
-cached per (gold, prediction): the G responses of a group often repeat an answer. Extracted answers over
-``MAX_ANSWER_CHARS`` score 0 without parsing.
+  The later of the two is graded; with neither, the text after the last "answer:" anywhere.
+Grading: equal cleaned text; two integer literals compared directly (``025`` == ``25``); otherwise braceless
+``\\frac12`` / ``\\sqrt2`` are braced and math-verify decides (both parsed as ``\\boxed{...}`` with unit
+stripping); if it says no, equal plain strings (``\\text{Evelyn}`` vs ``Evelyn``) or equality after dropping a
+trailing percent sign (OlympiadBench's separate unit column) still count. Verdicts are cached per (gold,
+prediction); answers over ``MAX_ANSWER_CHARS`` score 0 unparsed.
 """
 
 from __future__ import annotations

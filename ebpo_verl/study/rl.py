@@ -2,18 +2,14 @@
 
 One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
   1. sample G responses (temperature 1) for each of the next P = responses_per_step / G prompts of the stream;
-  2. reward 1/0 by exact match, on the last response token (``token_level_rewards``);
-  3. advantages: verl's own estimators from ``get_adv_estimator_fn(name)``; ours from the run's estimator object
-     (``registry.new_estimator``), called as the trainer calls it (``trainer.adapter.outcome_advantages``) with
-     what it reads per row (``registry.row_values``); a fresh uid per prompt per step as ``index``; ``otb`` also
-     gets ``old_log_probs`` and ``sum_pi_squared`` (verl's ``calculate_sum_pi_squared_from_logits`` on the
-     pre-update logits), as with ``actor.calculate_sum_pi_squared=True``, without rollout importance weights;
-  4. ``ppo_mini_batches`` AdamW (``foreach``) steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
-     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm start,
-     gradients clipped at ``grad_clip`` (the pre-clip norm and the share of clipped updates are logged).
+  2. reward 1/0 by exact match on the last response token (``token_level_rewards``);
+  3. advantages: verl's estimators by ``get_adv_estimator_fn(name)``; ours from the run's estimator object, called
+     as ``trainer.adapter.outcome_advantages`` calls it (``registry.row_values``, a fresh uid per prompt per step);
+     ``otb`` also gets ``old_log_probs`` and verl's ``calculate_sum_pi_squared_from_logits`` of the pre-update logits;
+  4. ``ppo_mini_batches`` AdamW steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean) + ``kl_coef`` *
+     ``kl_penalty(..., "low_var_kl")`` to the frozen warm start, gradients clipped at ``grad_clip``.
 
-Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (the value ``logprobs_from_logits``
-computes, without its CPU fallback's loop over rows).
+Token log-probabilities: verl's ``logprobs_from_logits_naive`` (``logprobs_from_logits`` without its CPU loop).
 """
 
 from __future__ import annotations
