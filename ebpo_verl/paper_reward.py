@@ -59,8 +59,7 @@ def _blank(ground_truth: Any, normalize: Any) -> bool:
 
 
 def grade_eval(response: str, ground_truth: Any) -> bool:
-    """The paper's evaluation rule (docs/paper_notes.md#evaluation): True when the graded answer matches; never for a
-    ground truth that is None, NaN or empty."""
+    """The paper's evaluation rule (docs/paper_notes.md#evaluation); False for a None, NaN or empty ground truth."""
     answer = extract_eval_answer(response)
     if answer is None or _blank(ground_truth, normalize_eval_answer):
         return False

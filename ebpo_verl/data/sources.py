@@ -61,8 +61,7 @@ def _decode(raw: bytes, path: Path, first_line: int = 1) -> str:
 
 
 def read_jsonl_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line of a JSON-lines file; DataPrepError naming the line of
-    anything that is not UTF-8, not JSON or not an object."""
+    """(line number, object) per non-blank JSON-lines line; DataPrepError naming a line not UTF-8/JSON/an object."""
     path = Path(path)
     records = []
     with path.open("rb") as f:

@@ -195,8 +195,7 @@ def check_killed(work: Path) -> None:
 
 
 def check_vllm(work: Path, files: dict) -> None:
-    """Run C (verl's vLLM rollout, resumed from A's step 2): its step-4 EB state is the step-2 state plus its two
-    batches, and its steps train on the curriculum blocks that follow A's first two."""
+    """Run C (vLLM rollout, from A's step 2): step-4 EB state = step 2 + its two batches; curriculum continues A's."""
     c = check_run(work, "c", [3, VLLM_STEPS])
     saved = saved_state(work, "a", 2)
     assert c[3]["ebpo/prompts_seen"] == saved["prompts_seen"] + BATCH, "C did not start from the step-2 state"

@@ -87,8 +87,7 @@ def check_merged(step: Path) -> int:
 
 
 def evaluate_checkpoint(work: Path, step: Path, timeout: float) -> None:
-    """``evaluate generate --engine vllm`` on ``step`` (verl's merger joins the shards), ``grade`` on its output
-    and on a planted copy; all checked."""
+    """``evaluate generate --engine vllm`` on ``step``, then ``grade`` on its output and on a planted copy; checked."""
     from ebpo_verl.data.all import prepare_all
     from ebpo_verl.evaluate.prompts import load_problems
 

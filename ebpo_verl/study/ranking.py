@@ -117,8 +117,7 @@ def _label(row: dict) -> str:
 
 
 def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], path: Path, source: str) -> None:
-    """One panel per :func:`equal_samples` view: estimators ranked, cross-fitted best-G mean with 95% t-interval,
-    each G's cell mean as a grey digit."""
+    """One panel per :func:`equal_samples` view: ranked best-G means, 95% t-intervals, G means as digits."""
     n = max(len(v["ranking"]) for v in views)
     fig, axes = plt.subplots(1, len(views), figsize=(5.2 * len(views), 0.42 * n + 1.4), squeeze=False)
     for ax, view in zip(axes[0], views, strict=True):
