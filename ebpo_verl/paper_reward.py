@@ -31,12 +31,8 @@ INVALID = "[INVALID]"
 def compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    """The paper's training reward: +1.0 when the last ``Answer:`` line matches ``ground_truth``, else -1.0.
-
-    Signature of verl's ``custom_reward_function``; ``data_source`` and ``extra_info`` are not used.
-    Returns ``{"score": +-1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"}``. A ground truth
-    that is None, NaN or empty (also after the Minerva normalisation) scores -1 whatever the response.
-    """
+    """The paper's training reward (verl ``custom_reward_function`` signature): +1.0 when the last ``Answer:`` line
+    matches ``ground_truth``, else -1.0 (also for a None, NaN or empty ground truth); ``{"score", "acc", "pred"}``."""
     correct, pred = is_correct_minerva(solution_str[-TAIL_CHARS:], str(ground_truth))
     if correct and _blank(ground_truth, normalize_final_answer):
         correct = False
@@ -63,8 +59,7 @@ def _blank(ground_truth: Any, normalize: Any) -> bool:
 
 
 def grade_eval(response: str, ground_truth: Any) -> bool:
-    """The paper's evaluation rule (docs/paper_notes.md#evaluation): True when the graded answer matches; never for a
-    ground truth that is None, NaN or empty."""
+    """The paper's evaluation rule (docs/paper_notes.md#evaluation); False for a None, NaN or empty ground truth."""
     answer = extract_eval_answer(response)
     if answer is None or _blank(ground_truth, normalize_eval_answer):
         return False

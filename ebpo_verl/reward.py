@@ -1,26 +1,22 @@
 """Rule-based math reward for verl: answer extraction plus ``math-verify`` equivalence, time-bounded.
 
-``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``,
-``name=compute_score``). verl 0.9.1 calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts
-cannot run and sympy can spin for minutes on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a
-pool of child processes: the caller waits at most ``timeout`` seconds and kills the child on overrun, scoring 0.
-Answer extraction is linear-time string scanning in the caller.
+``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``). verl 0.9.1
+calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts cannot run and sympy can spin for minutes
+on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a pool of child processes: the caller waits at
+most ``timeout`` seconds and kills the child on overrun, scoring 0. Extraction is linear-time scanning in the caller.
 
 Extraction: the answer the response states LAST, in either convention:
-  - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at the start of a line,
+  - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at a line start,
     case-insensitive, optionally after markdown (``**``, ``#``, ``>``, ``-``) and ``The``/``Final``; its answer is
-    the rest of that line, or the next non-empty line when the rest is empty, with a ``\\boxed{}`` inside
-    unwrapped. An "answer:" inside a sentence ("let me check the answer: ...") is reasoning, not an answer line;
+    the rest of the line (if empty: the next non-empty line), with a ``\\boxed{}`` inside unwrapped. An "answer:" inside
+    a sentence is reasoning, not an answer line;
   - the last balanced ``\\boxed{...}``.
-  Whichever of the last answer line and the last box comes later in the text is graded; with neither, the
-  text after the last "answer:" anywhere.
-Grading: the same text (after cleaning) is equal; two integer literals are compared directly (``025`` ==
-``25``); otherwise braceless ``\\frac12`` / ``\\sqrt2`` are braced and math-verify decides (gold and
-prediction each parsed as ``\\boxed{...}`` with unit-stripping normalisation); if it says no, the prediction
-still counts when both reduce to the same plain string (``\\text{Evelyn}`` vs ``Evelyn``) or agree after
-dropping a trailing percent sign (OlympiadBench keeps units such as ``%`` in a separate column). Verdicts are
-cached per (gold, prediction): the G responses of a group often repeat an answer. Extracted answers over
-``MAX_ANSWER_CHARS`` score 0 without parsing.
+  The later of the two is graded; with neither, the text after the last "answer:" anywhere.
+Grading: equal cleaned text; two integer literals compared directly (``025`` == ``25``); otherwise braceless
+``\\frac12`` / ``\\sqrt2`` are braced and math-verify decides (both parsed as ``\\boxed{...}`` with unit
+stripping); if it says no, equal plain strings (``\\text{Evelyn}`` vs ``Evelyn``) or equality after dropping a
+trailing percent sign (OlympiadBench's separate unit column) still count. Verdicts are cached per (gold,
+prediction); answers over ``MAX_ANSWER_CHARS`` score 0 unparsed.
 """
 
 from __future__ import annotations
@@ -50,11 +46,9 @@ TIMEOUT_ENV = "EBPO_REWARD_TIMEOUT"
 
 @dataclass(frozen=True)
 class RewardOptions(OptionSection):
-    """The reward's knobs, declared once. Set in ``reward.custom_reward_function.reward_kwargs`` or, under
-    ``ebpo-train``, by environment variable: its driver resolves both once, before Ray starts (the pre-flight
-    refuses a bad value in one line), into ``reward_kwargs``, which verl passes to every :func:`compute_score` call.
-    This module reads no environment: in a reward process that stock verl starts, a missing knob is its default and
-    a bad one that default with a RuntimeWarning (:func:`_valid`), never a hung worker or right answers scored 0."""
+    """The reward's knobs, set in ``reward.custom_reward_function.reward_kwargs`` (``ebpo-train`` also reads the env
+    variables before Ray starts). This module reads no environment: a missing knob is its default, a bad one that
+    default with a RuntimeWarning (:func:`_valid`)."""
 
     SECTION: ClassVar[str] = "reward.custom_reward_function.reward_kwargs"
 
@@ -122,12 +116,8 @@ _EMPTY_BOX_RE = re.compile(r"^(?:\\boxed\s*\{\s*\}|\{\s*\})$")
 
 
 def missing_ground_truth(value: Any) -> str | None:
-    """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"``: also the text ``"nan"``, ``"empty"``), or
-    None when it can.
-
-    Empty: nothing left after stripping whitespace, math delimiters and markdown (``""``, ``"$$"``), or an empty box
-    (``\\boxed{}``). Every grader here scores such a ground truth as wrong; the data checks refuse it.
-    """
+    """Why ``value`` cannot be a reference answer (``"None"``, ``"NaN"`` also for the text ``"nan"``, ``"empty"``:
+    nothing left after :func:`clean_answer`, or an empty box), or None when it can."""
     if value is None:
         return "None"
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
@@ -141,19 +131,14 @@ def missing_ground_truth(value: Any) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last balanced ``\\boxed{...}`` in ``text`` (braces may nest), else None (see
-    :func:`last_boxed_span`)."""
+    """Content of the last balanced ``\\boxed{...}`` in ``text`` (:func:`last_boxed_span`), else None."""
     span = last_boxed_span(text)
     return None if span is None else text[span[0] : span[1]]
 
 
 def last_boxed_span(text: str) -> tuple[int, int] | None:
-    """(start, end) of the content of the last balanced ``\\boxed{...}`` in ``text``, else None.
-
-    The unbraced ``\\boxed 2`` form yields its token (up to whitespace, a brace or ``$``). One pass over the braces,
-    linear in ``len(text)`` (10^4 nested braces, a megabyte of unbalanced ``\\boxed{``). "Last": the one that closes
-    last (for nested boxes the outermost).
-    """
+    """(start, end) of the content of the last balanced ``\\boxed{...}`` (the one closing last, so for nested boxes
+    the outermost; ``\\boxed 2`` yields its token), else None. One linear pass over the braces."""
     stack: list[int | None] = []  # content start for boxed openers, None for plain braces
     best: tuple[int, int] | None = None
     for m in _BOXED_OR_BRACE_RE.finditer(text):
@@ -172,8 +157,7 @@ def last_boxed_span(text: str) -> tuple[int, int] | None:
 
 
 def clean_answer(ans: str) -> str:
-    """Strip whitespace, math delimiters (``$``, ``\\(``/``\\)``, ``\\[``/``\\]``), markdown bold, a trailing full
-    stop."""
+    """Strip whitespace, math delimiters (``$``, ``\\(``, ``\\[``), markdown bold, a trailing full stop."""
     s = ans.strip().strip("*").strip()
     if (s.startswith("\\(") and s.endswith("\\)")) or (s.startswith("\\[") and s.endswith("\\]")):
         s = s[2:-2]
@@ -390,8 +374,7 @@ _CACHE_LOCK = threading.Lock()
 
 
 def warm_up(n: int = 1) -> None:
-    """Start ``n`` grading workers ahead of time and wait until they have imported math-verify, so that the first
-    calls do not pay the import cost."""
+    """Start ``n`` grading workers and wait until they have imported math-verify (the first calls skip that cost)."""
     for w in [_POOL._checkout() for _ in range(n)]:
         _POOL._release(w, healthy=w.ask("1", "1", STARTUP_TIMEOUT_S) is not None)
 
@@ -444,15 +427,11 @@ def compute_score(
     workers: int | None = None,
     **kwargs: Any,
 ) -> dict:
-    """verl custom reward: ``{"score": 1.0|0.0, "acc": bool, "pred": str}``.
+    """verl custom reward: ``{"score": 1.0|0.0, "acc": bool, "pred": str}``; never raises on model output.
 
-    Never raises on model output. math-verify's work on this answer is bounded by ``timeout`` (an overrun scores 0;
-    its process is killed and replaced); the call may also wait for one of ``workers`` grading processes and, once
-    per process start, for its import of math-verify (:func:`warm_up`): bounded, never a hang. Both knobs come
-    through ``reward_kwargs`` (:class:`RewardOptions`: missing or bad is the default, bad with a warning).
-    ``data_source``/``extra_info``/extra kwargs are accepted for verl's calling convention. A ground truth that is
-    None, NaN or empty (:func:`missing_ground_truth`) scores 0 whatever the response.
-    """
+    math-verify's work is bounded by ``timeout`` (an overrun scores 0, its process replaced); waiting for one of
+    ``workers`` processes and its math-verify import is bounded too. Knobs: :class:`RewardOptions`. A ground truth that
+    is None, NaN or empty (:func:`missing_ground_truth`) scores 0."""
     if workers is not None:
         _POOL.resize(RewardOptions(workers=_valid("workers", workers)).pool_size)
     pred = extract_answer(solution_str or "")

@@ -38,10 +38,8 @@ def prepare_all(
     skip_invalid: bool = False,
     names: tuple[str, ...] = DATASETS,
 ) -> dict[str, Path]:
-    """Run each dataset's ``prepare``; returns name -> parquet path.
-
-    Raises :class:`PrepareAllError` (``failed``: name -> one-line message) after attempting every dataset.
-    """
+    """Run each dataset's ``prepare``; name -> parquet path, or after trying all a :class:`PrepareAllError`
+    (``failed``: name -> one-line message)."""
     if local_dir is not None and not Path(local_dir).is_dir():
         raise DataPrepError(f"--local-dir {local_dir} does not exist or is not a folder")
     if local_dir is None:

@@ -70,8 +70,7 @@ SCHEMA = pa.schema(
 
 
 class InvalidRowError(ValueError):
-    """A source row that cannot become a training/evaluation example. ``columns``: those the missing field is read
-    from; a file with none of them is wrong as a whole (:func:`build_rows`)."""
+    """A source row that cannot become an example; ``columns``: those the missing field is read from."""
 
     def __init__(self, field: str, reason: str, columns: tuple[str, ...] = ()):
         super().__init__(f"{field}: {reason}")
@@ -119,17 +118,13 @@ OlympiadBench problem with its context, has 4,415 characters); a longer one is a
 
 
 def verbatim(row: dict[str, Any], problem: tuple[str, ...], answer: tuple[str, ...]) -> dict[str, str]:
-    """An evaluation set's ``raw_problem`` and ``raw_answer``: the first present column of ``problem`` and of
-    ``answer``, unmodified (as ``str``)."""
+    """An evaluation set's ``raw_problem`` and ``raw_answer``: first present columns, as str."""
     return {"raw_problem": str(pick(row, problem)), "raw_answer": str(pick(row, answer))}
 
 
 def require_text(row: dict[str, Any], names: tuple[str, ...], field: str | None = None, numbers: bool = False) -> str:
-    """A non-empty string from the first present column of ``names``; InvalidRowError otherwise.
-
-    Only a string is text (a list, a dict or a number is refused, never written as ``['a', 'b']``); with
-    ``numbers`` a finite int or float is accepted too, as its ``str`` (AIME's integer answers, AMC's ``27.0``).
-    """
+    """A non-empty string from the first present column of ``names`` (with ``numbers`` also a finite number, as its
+    ``str``; lists, dicts never); InvalidRowError otherwise."""
     value = pick(row, names)
     field = field or "/".join(names)
     if value is None:
@@ -151,8 +146,7 @@ def source_id(row: dict[str, Any], names: tuple[str, ...], i: int) -> str:
 
 
 def as_text(value: Any, field: str, numbers: bool = False) -> str:
-    """``value`` stripped, when it is a non-empty string (or, with ``numbers``, a finite number); InvalidRowError
-    naming ``field`` and the type found otherwise."""
+    """``value`` stripped if non-empty text (``numbers``: or finite number), else InvalidRowError naming ``field``."""
     if numbers and is_finite_number(value):
         return str(value)
     if not isinstance(value, str):
@@ -180,14 +174,10 @@ def build_rows(
     dedupe: bool = False,
     max_problem_chars: int = MAX_PROBLEM_CHARS,
 ) -> tuple[list[dict[str, Any]], int, int]:
-    """Convert every source row; returns (verl rows, number skipped as invalid, number of duplicates).
-
-    An invalid row raises ``DataPrepError`` naming the file, the 0-based row number, the field and the fix,
-    unless ``skip_invalid``, which drops it. A field whose source columns the file lacks altogether is a schema
-    mismatch of the whole file (expected vs found columns), raised even with ``skip_invalid``.
-    With ``dedupe`` only the first row of each problem text
-    (whitespace-normalised) is kept. A problem longer than ``max_problem_chars`` characters is an invalid row.
-    """
+    """Convert every source row: (verl rows, number skipped as invalid, number of duplicates). An invalid row raises
+    ``DataPrepError`` naming file, 0-based row, field and fix unless ``skip_invalid`` drops it; a field whose
+    columns the file lacks raises even then. ``dedupe`` keeps each problem text's first row; a problem over
+    ``max_problem_chars`` is invalid."""
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {TEMPLATES}")
     rows, skipped, duplicates, seen = [], 0, 0, set()
@@ -234,10 +224,7 @@ def build_rows(
 
 
 def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
-    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`: mode 0666 less the umask).
-
-    A failure at any point leaves no file (and no partial file) at ``path``.
-    """
+    """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`): a failure leaves no file."""
     if isinstance(table, pd.DataFrame):
         table = pa.Table.from_pandas(table, preserve_index=False)
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
@@ -275,10 +262,7 @@ class PrepareOptions(OptionSection):
 
 @dataclass(frozen=True)
 class Dataset:
-    """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`.
-
-    Each ``ebpo_verl.data.<name>`` module declares one and exposes its ``prepare`` and ``main``.
-    """
+    """One dataset of the paper: its pinned hub copy and how a source row becomes an :class:`Example`."""
 
     name: str
     hub_id: str
@@ -339,8 +323,7 @@ def bare_problem(content: str) -> str:
 
 
 def read_prepared(path: str | Path) -> pa.Table:
-    """A parquet written by a preparer (checked for the verl columns, for at least one row and for ground truths
-    that are None, NaN or empty, :func:`check_ground_truths`)."""
+    """A preparer's parquet, checked for the verl columns, >= 1 row and usable ground truths."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; prepare it first (python -m ebpo_verl.data.<name>)")
@@ -362,8 +345,7 @@ CHAT_FORMAT = 'a list of {"role": ..., "content": ...} messages, e.g. [{"role": 
 
 
 def chat_prompt_problem(prompt: Any) -> str | None:
-    """Why ``prompt`` is not a prompt in verl's chat format (:data:`CHAT_FORMAT`: a non-empty list of messages,
-    each with a non-empty string ``role`` and a string ``content``), or None when it is one."""
+    """Why ``prompt`` is not in verl's chat format (:data:`CHAT_FORMAT`), or None when it is."""
     if not isinstance(prompt, list | tuple | np.ndarray):
         return f"a {type(prompt).__name__} ({_preview(prompt)}), not a list of chat messages"
     if len(prompt) == 0:
@@ -379,8 +361,7 @@ def chat_prompt_problem(prompt: Any) -> str | None:
 
 
 def check_chat_prompts(prompts: list[Any], source: str | Path, column: str = "prompt") -> None:
-    """DataPrepError naming ``source``, the first row (0-based) and the fix unless every one of ``prompts`` (the
-    file's ``column``) is in verl's chat format (:func:`chat_prompt_problem`)."""
+    """DataPrepError naming ``source``, the first bad row and the fix unless all ``prompts`` are chat prompts."""
     bad = [(row, why) for row, prompt in enumerate(prompts) if (why := chat_prompt_problem(prompt))]
     if bad:
         row, why = bad[0]
@@ -400,9 +381,8 @@ def ground_truth_problem(value: Any) -> str | None:
 
 
 def check_ground_truths(table: pa.Table | pd.DataFrame, source: str | Path) -> None:
-    """Refuse rows of ``table`` (any verl parquet's rows; only ``reward_model`` is read) whose
-    ``reward_model.ground_truth`` is None, NaN, empty or not text (:func:`ground_truth_problem`): a
-    :class:`DataPrepError` naming ``source``, the first bad rows (0-based) and the key."""
+    """:class:`DataPrepError` naming ``source``, the first bad rows (0-based) and the key when a row's
+    ``reward_model.ground_truth`` is None, NaN, empty or not text (:func:`ground_truth_problem`)."""
     frame = isinstance(table, pd.DataFrame)
     if "reward_model" not in (list(table.columns) if frame else table.column_names):
         raise DataPrepError(f"{source}: no reward_model column (expected verl's schema, see ebpo_verl.data.schema)")

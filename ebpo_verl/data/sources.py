@@ -23,12 +23,9 @@ LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def read_local(path: str | Path, split: str) -> pd.DataFrame:
-    """A local copy in the hub schema: a ``.jsonl``, ``.json`` (records list) or ``.parquet`` file, or a dataset
-    folder as the hub serves it (e.g. ``huggingface-cli download --repo-type dataset ID --local-dir DIR``): the
-    files of its ``split`` split (told by file names, as ``datasets`` infers splits), or of its only split. Values keep
-    their types (``"025"`` stays a string); a stray pandas ``__index_level_0__`` column is dropped. Unreadable input
-    raises :class:`DataPrepError` naming the file (and line, for JSON).
-    """
+    """A local copy in the hub schema: a ``.jsonl``, ``.json`` (records) or ``.parquet`` file, or a hub dataset folder
+    (its ``split`` files, or its only split). Values keep their types; a pandas ``__index_level_0__`` is dropped.
+    Unreadable input: :class:`DataPrepError` naming the file (and line, for JSON)."""
     path = Path(path)
     if path.is_dir():
         df = _read_folder(path, split)
@@ -64,8 +61,7 @@ def _decode(raw: bytes, path: Path, first_line: int = 1) -> str:
 
 
 def read_jsonl_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line of a JSON-lines file; DataPrepError naming the line of
-    anything that is not UTF-8, not JSON or not an object."""
+    """(line number, object) per non-blank JSON-lines line; DataPrepError naming a line not UTF-8/JSON/an object."""
     path = Path(path)
     records = []
     with path.open("rb") as f:
@@ -119,9 +115,8 @@ HUB_TIMEOUT_S = 5.0
 
 
 def check_hub(fix: str = "pass --local-dir DIR with the dataset files (docs/data.md)") -> None:
-    """DataPrepError (one line ending in ``fix``) unless the Hugging Face hub answers within
-    :data:`HUB_TIMEOUT_S` seconds, so that a machine without it fails at once instead of in ``datasets``' retries.
-    Skipped under ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` (the local cache serves the datasets)."""
+    """DataPrepError (one line ending in ``fix``) unless the hub answers within :data:`HUB_TIMEOUT_S` s (fail at once,
+    not in ``datasets``' retries); skipped under ``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1``."""
     if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"

@@ -43,8 +43,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def block_vote(classes: Sequence[Any], correct: dict[Any, bool]) -> float:
-    """Majority vote of one block: 1 or 0, or for a tie the fraction of the tied largest classes that are correct;
-    0 when no sample of the block states an answer."""
+    """One block's majority vote: 1 or 0, a tie the correct share of the tied classes, 0 if no sample answers."""
     votes = Counter(c for c in classes if c is not None)
     if not votes:
         return 0.0

@@ -146,9 +146,8 @@ class VLLMEngine:
 
 
 class SeededSampler:
-    """A ``transformers`` logits processor that samples each row of a batch with its own ``torch.Generator``
-    (after HF's temperature and top-p warpers) and leaves only the drawn token, so that greedy decoding emits
-    it. A sample thus depends on its own seed only, not on the batch it shares or the global RNG."""
+    """``transformers`` logits processor: each row samples with its own ``torch.Generator`` (after HF's warpers) and
+    keeps only the drawn token, so a sample depends on its seed only."""
 
     def __init__(self, seeds: list[int], temperature: float, top_p: float):
         import torch
@@ -217,9 +216,8 @@ class HFEngine:
 
 
 def run_worker(spec: EngineSpec, requests: list[Request], emit: Callable[[list[tuple[Request, Completion]]], None]):
-    """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, handing each chunk to ``emit``; every
-    prompt's length is checked before the first sample (:class:`PromptTooLong` when it leaves less than
-    ``max_new_tokens`` within the model length)."""
+    """Generate ``requests`` with one engine, ``spec.chunk_size`` at a time, into ``emit``; every prompt's length is
+    checked first (:class:`PromptTooLong`)."""
     if spec.engine not in ENGINES:
         raise ValueError(f"unknown engine {spec.engine!r}; choose one of {ENGINES}")
     engine = VLLMEngine(spec) if spec.engine == "vllm" else HFEngine(spec)
@@ -240,9 +238,8 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _die_with_parent(parent: int) -> None:
-    """SIGKILL this worker's process group (itself and e.g. vLLM's engine-core child) as soon as ``parent`` dies,
-    however it dies: on Linux's ``PR_SET_PDEATHSIG`` SIGTERM, and from a watchdog thread (a signal handler waits
-    for the main thread, which may sit in C code). SIGKILL also skips the queue's blocking exit-time flush."""
+    """SIGKILL this worker's process group as soon as ``parent`` dies (``PR_SET_PDEATHSIG`` and a watchdog thread;
+    SIGKILL also skips the queue's blocking exit-time flush)."""
 
     def end_group(*_: object) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
@@ -262,9 +259,8 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _worker_main(spec: EngineSpec, env: dict[str, str], requests: list[Request], q: Any, parent: int) -> None:
-    """Entry of a spawned worker: lead a process group (its children die with it, see :func:`kill_group`), die
-    with ``parent`` (:func:`_die_with_parent`), set its devices or cores (``env``) before anything imports
-    torch, then stream chunks to ``q``."""
+    """Spawned worker: lead a process group, die with ``parent``, set devices or cores (``env``) before torch is
+    imported, stream chunks to ``q``."""
     os.setpgid(0, 0)
     _die_with_parent(parent)
     os.environ.update(env)
@@ -305,8 +301,7 @@ def device_groups(workers: int, tensor_parallel_size: int, visible: str | None) 
 
 
 def core_groups(workers: int, cores: Sequence[int]) -> list[str]:
-    """``VLLM_CPU_OMP_THREADS_BIND`` of each CPU worker: ``cores`` split into ``workers`` consecutive groups of
-    near-equal size (comma lists, e.g. ``"0,1"``)."""
+    """``VLLM_CPU_OMP_THREADS_BIND`` of each CPU worker: ``cores`` in ``workers`` near-equal consecutive groups."""
     if workers > len(cores):
         raise ValueError(f"--workers {workers} needs a core per engine, but this process may use {len(cores)} core(s)")
     return [",".join(map(str, group)) for group in np.array_split(sorted(cores), workers)]
@@ -328,10 +323,8 @@ def generate_all(
     workers: int,
     on_chunk: Callable[[list[tuple[Request, Completion]]], None],
 ) -> None:
-    """Generate every request on ``workers`` engines (1: in this process; more: spawned processes, each with
-    its own GPUs or cores, ``spec.worker_env``), calling ``on_chunk`` in this process as chunks finish. A failed
-    worker stops the run with its traceback (a prompt too long: :class:`PromptTooLong`); chunks already handed
-    to ``on_chunk`` stay done."""
+    """Generate every request on ``workers`` engines (1: in-process; more: spawned, ``spec.worker_env``), calling
+    ``on_chunk`` here as chunks finish; a failed worker stops the run with its traceback."""
     if not requests:
         return
     if workers == 1:
@@ -404,8 +397,7 @@ class EngineOptions(OptionSection):
 
 
 def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
-    """(spec, number of workers) from the parsed engine options (:class:`EngineOptions`, each value checked when
-    parsed); ValueError on impossible settings."""
+    """(spec, number of workers) from the parsed :class:`EngineOptions`; ValueError on impossible settings."""
     same = {f.name for f in fields(EngineOptions)} - {"engine", "enforce_eager"}
     cpu, envs, workers = False, (), a.workers
     if a.engine == "vllm":

@@ -123,9 +123,8 @@ def _meta_problem(meta: Any) -> str | None:
 
 
 def problem_digest(prompt: Any, ground_truth: Any) -> str:
-    """16 hex digits of the SHA-256 of a problem's prompt (text or chat messages) and ground truth: the meta
-    stores one per problem (``benchmarks.<name>.digests``, keyed by index) so that samples are never graded
-    against, or resumed with, other problems than they were generated from."""
+    """16 hex digits of the SHA-256 of a problem's prompt and ground truth (the meta's ``benchmarks.<name>.digests``),
+    so samples are never graded against or resumed with other problems."""
     blob = json.dumps([prompt, ground_truth], ensure_ascii=False, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
@@ -133,9 +132,8 @@ def problem_digest(prompt: Any, ground_truth: Any) -> str:
 def problems_differ(
     path: str | Path, bench: str, stored: dict[str, Any], current: dict[str, str], data: str = "the data"
 ) -> str | None:
-    """A one-line refusal when benchmark ``bench`` of ``path`` (meta entry ``stored``) was generated from other
-    problems than ``data`` holds now (its digests ``current``), else None. A meta without digests (written by
-    an older version) cannot be checked: a resume refuses it (:func:`merge_meta`), grading warns."""
+    """A one-line refusal when benchmark ``bench`` of ``path`` (meta ``stored``) was generated from other problems than
+    the digests ``current``, else None; a meta without digests cannot be checked."""
     if "digests" not in stored:
         return (
             f"{path} records no problem digests for {bench} (written by an older version), so its samples cannot "
@@ -154,8 +152,7 @@ def problems_differ(
 
 
 def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs (for other
-    problems: the benchmark and first differing index)."""
+    """The stored settings extended by ``new``'s benchmarks; EvalInputError naming what differs."""
     diff = sorted(k for k in (set(old) | set(new)) - {"benchmarks", "provenance"} if old.get(k) != new.get(k))
     ob, nb = old.get("benchmarks", {}), new.get("benchmarks", {})
     for b in nb:
@@ -188,11 +185,8 @@ def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
 
 
 class GenerationsFile(ExitStack):
-    """Append-only writer that resumes ``path``: ``done`` holds the samples already there.
-
-    One writer at a time: the instance holds an exclusive lock on ``<path>.lock`` (:mod:`ebpo_verl.ops.locking`)
-    from before it reads the file until :meth:`close`; a second writer gets an EvalInputError naming the holder.
-    """
+    """Append-only writer that resumes ``path`` (``done``: the samples already there); holds ``<path>.lock`` until
+    :meth:`close`, so a second writer gets an EvalInputError naming the holder."""
 
     def __init__(self, path: str | Path, meta: dict[str, Any]):
         super().__init__()
@@ -227,8 +221,7 @@ class GenerationsFile(ExitStack):
             self._fh.write("\n")
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Write ``records`` (one line each) and flush them to disk (a full disk: DiskFullError naming the file;
-        a line cut short there is dropped on the resume, as a torn line)."""
+        """Write ``records`` (one line each) and flush to disk; a full disk is a DiskFullError naming the file."""
         with reporting_full_disk(self.path):
             self._fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
             self._fh.flush()
@@ -249,9 +242,8 @@ def generate_into(
     workers: int,
     before: Callable[[], object] = lambda: None,
 ) -> tuple[dict[Key, dict[str, Any]], int]:
-    """Generate the samples of ``wanted`` that generations file ``path`` (settings ``meta``) lacks, appending each
-    chunk as it finishes (:func:`ebpo_verl.evaluate.engines.generate_all`, a progress bar per benchmark); ``before``
-    runs first when any is lacking. Returns (every sample of the file by key, number generated now)."""
+    """Generate the samples of ``wanted`` that ``path`` lacks (``before`` runs first if any), appending each chunk;
+    (every sample of the file by key, number generated now)."""
     with GenerationsFile(path, meta) as gen:
         todo = [r for r in wanted if r.key not in gen.done]
         if todo:

@@ -47,8 +47,7 @@ def grade_records(protocol: str, items: list[tuple[str, str, str]], workers: int
 def summarize(
     records: dict[tuple[int, int], dict[str, Any]], verdicts: dict[tuple[int, int], bool], problems: int, runs: int
 ) -> dict[str, Any]:
-    """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, its standard error over the
-    runs, and response statistics."""
+    """One benchmark's entry: pass@1 (%) = mean over runs of the run's accuracy, its stderr over runs, stats."""
     per_run = [sum(got) / len(got) for s in range(runs) if (got := [v for k, v in verdicts.items() if k[1] == s])]
     n = len(records)
     return {

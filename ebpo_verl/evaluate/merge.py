@@ -64,8 +64,7 @@ def merge_checkpoint(step_dir: Path, trust: bool = False) -> Path:
 
 
 def checkpoint_step(model: str) -> int | None:
-    """The training step of an evaluated model: N for ``.../global_step_N`` or its ``huggingface_merged``
-    folder, None for a hub id or any other folder (e.g. an untrained model)."""
+    """N for a ``.../global_step_N`` folder or its ``huggingface_merged``, else None (hub id, other folder)."""
     path = Path(model)
     if path.name == MERGED:
         path = path.parent
@@ -74,12 +73,8 @@ def checkpoint_step(model: str) -> int | None:
 
 
 def resolve_model(target: str) -> tuple[str, Path | None]:
-    """(what to load, checkpoint step folder to merge or None) for a ``--model`` argument.
-
-    Accepts a ``global_step_N`` folder, a checkpoint root (``latest_checkpointed_iteration.txt``: its latest
-    step), a local Hugging Face folder (``config.json``) or a hub id (``org/name``). The merge itself is left
-    to :func:`merge_checkpoint`, so that a finished evaluation never loads anything.
-    """
+    """(what to load, checkpoint step folder to merge or None) for ``--model``: a ``global_step_N`` folder, a
+    checkpoint root (its latest step), a local HF folder or a hub id; the merge is left to :func:`merge_checkpoint`."""
     path = Path(target)
     latest = path / "latest_checkpointed_iteration.txt"
     if latest.is_file():

@@ -119,9 +119,8 @@ def _rate(record: dict[str, Any], where: str, csv: bool) -> float:
 
 
 def read_rates(path: str | Path) -> tuple[str, dict[str, float]]:
-    """The rates file as (key column, pass rate by key). Every error is a ValueError of one line
-    naming the file and line: an unreadable line, a missing key, a rate that is missing, quoted (JSON), not a
-    number or outside [0, 1], ``n < 1``, a repeated key."""
+    """(key column, pass rate by key) of the rates file; a one-line ValueError naming the file and line for any
+    bad line, key or rate."""
     path = Path(path)
     if path.suffix == ".jsonl":
         records = read_jsonl_records(path)
@@ -153,8 +152,7 @@ def read_rates(path: str | Path) -> tuple[str, dict[str, float]]:
 
 
 def merge_rates(table: pa.Table, key: str, by_id: dict[str, float], source: str) -> list[float]:
-    """The rate of each row of ``table`` (``by_id``: rates by ``extra_info.<key>``); errors name ids missing on
-    either side."""
+    """The rate of each row of ``table`` from ``by_id`` (by ``extra_info.<key>``); errors name ids missing on a side."""
     ids = [str(e[key]) for e in table.column("extra_info").to_pylist()]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{key} is not unique in the parquet; use the other key column in {source}")

@@ -157,9 +157,8 @@ def campaign_overrides(out: Path, run: str) -> list[str]:
 
 
 class Sighting:
-    """The processes of one run or attempt (:func:`ebpo_verl.smoke.scan.tagged_processes`: by the environment tag
-    every process of it inherits), sampled every ``period`` s while it lives; :meth:`leak` counts those left after
-    it. Attempts run one at a time, each one's leftovers killed before the next."""
+    """The processes of one run or attempt (by the environment tag, :func:`ebpo_verl.smoke.scan.tagged_processes`),
+    sampled every ``period`` s while it lives; :meth:`leak` counts those left after it."""
 
     def __init__(self, period: float = 2.0) -> None:
         self.period, self.due = period, 0.0
@@ -180,8 +179,7 @@ class Sighting:
                 continue
 
     def leak(self, trainer: int, grace: float = 30.0) -> dict[str, Any]:
-        """What the scan saw, and the tagged processes still alive up to ``grace`` s later (killed, so that the
-        next attempt starts clean)."""
+        """What the scan saw, and the tagged processes alive up to ``grace`` s later (killed)."""
         deadline = time.monotonic() + grace
         while (left := scan.tagged_processes()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -200,8 +198,8 @@ def _new_events(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
 
 def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], timeout: int,
          sighting: Sighting) -> tuple[float, int]:  # fmt: skip
-    """Poll the marker (every 5 ms) until the target point (module docstring): the time to kill at and the trainer's
-    pid (the marker's writer). Tagged processes are sampled until its first training phase (a minute in), not later."""
+    """Poll the marker every 5 ms until the target point (module docstring): (time to kill at, trainer's pid); tagged
+    processes are sampled until the first training phase."""
     from ebpo_verl.trainer.watchdog import INIT_PHASES
 
     deadline, kill_at, trainer, training = time.monotonic() + timeout, None, 0, False
@@ -228,8 +226,7 @@ def _aim(run, marker: Path, pos: int, target: dict, lengths: dict[str, float], t
 
 
 def _kill(run, trainer: int) -> float:
-    """SIGKILL the trainer process first (the time taken right after: nothing it writes comes later), then the
-    attempt's whole process tree (:meth:`Run.kill`)."""
+    """SIGKILL the trainer first (the time taken right after), then the attempt's process tree (:meth:`Run.kill`)."""
     if trainer > 0:
         with contextlib.suppress(ProcessLookupError):
             os.kill(trainer, signal.SIGKILL)
@@ -371,9 +368,8 @@ def check_resumed_states(out: Path, files: dict, attempts: list[dict], total: in
 
 
 def check_landed(out: Path, attempts: list[dict], want: list[tuple[str, int]] | None = None) -> list[dict]:
-    """Where each kill landed, read back from the campaign's marker at the kill's time (:func:`landing`): it must
-    be the phase and step the report lists and the ones aimed at (``want``: (phase, step) per kill; default the
-    targets). Raises naming the first kill that landed elsewhere."""
+    """Each kill landed (:func:`landing`, read back from the marker) at the phase and step the report lists and
+    ``want`` aims at (default: the targets); raises naming the first that did not."""
     marker, rows = out / "marker_camp.jsonl", []
     killed = [(i, a) for i, a in enumerate(attempts) if a["killed"]]
     want = want if want is not None else [(a["target"]["phase"], a["target"]["step"]) for _, a in killed]
@@ -425,9 +421,8 @@ def check_campaign(out: Path, files: dict, report: dict[str, Any]) -> dict[str, 
 
 
 def flips(out: Path, total: int) -> dict[str, Any]:
-    """The responses that differ between the campaign's and the uninterrupted run's dumps, per step and kind
-    (training rollout, validation), each with the flipped outputs; and the steps whose validation dumps both exist
-    and agree (their ``val-*`` metrics must then agree)."""
+    """Per step and kind (rollout, validation), the responses that differ between the campaign's and the
+    uninterrupted run's dumps; and the steps whose validation dumps both exist and agree."""
     flipped: dict[int, dict[str, list]] = {}
     same = []
     for step in range(1, total + 1):

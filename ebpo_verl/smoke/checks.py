@@ -68,8 +68,7 @@ def topic_of(train_file: Path) -> Callable[[str], str]:
 
 
 def dump_lines(path: Path) -> list[str] | None:
-    """The lines of a verl rollout or validation dump, or None (not written, or torn by a kill: a line that is not
-    JSON)."""
+    """The lines of a verl rollout or validation dump, or None (not written, or torn: a line not JSON)."""
     lines = path.read_text().splitlines() if path.is_file() else []
     try:
         [json.loads(line) for line in lines]
@@ -99,8 +98,7 @@ def step_rows(work: Path, run: str, step: int, train_file: Path) -> list[int]:
 
 
 def dump_groups(work: Path, run: str, step: int, train_file: Path | None = None) -> list[tuple[str | None, Any]]:
-    """The rewards verl computed at ``step`` (its rollout dump), one (topic or None, rewards) per prompt; the
-    topic (the two-node run's ``cluster_key``) from the training row the prompt came from (:func:`topic_of`)."""
+    """One (topic or None, rewards) per prompt of ``step``'s rollout dump; the topic from the prompt's training row."""
     return batch_groups(_dump(work, run, step), topic_of(train_file) if train_file else lambda _text: None)
 
 
@@ -113,10 +111,8 @@ def topic_block(work: Path, files: dict, run: str, step: int) -> str:
 
 
 def check_exact_resume(work: Path, files: dict) -> None:
-    """Runs A and K (K' after the kill). K started from A's own step-2 checkpoint with A's every setting and seed
-    (the HF server seeds each request by weight version, prompt and sample), so its step-3 ``ebpo/*`` metrics
-    (logged by K' from K's checkpoint) and saved ``global_step_3`` EB state equal A's exactly, and A's is the
-    step-2 state plus its step-3 batch."""
+    """K started from A's step-2 checkpoint with A's settings and seed, so its step-3 ``ebpo/*`` metrics and saved
+    EB state equal A's exactly, and A's is the step-2 state plus its step-3 batch."""
     a, resumed = check_run(work, "a", [1, 2, 3]), check_run(work, "k", [STEPS, K_STEPS])
     assert 0 < a[3]["critic/score/mean"] < 1, f"degenerate step-3 rewards: {a[3]['critic/score/mean']}"
     saved = saved_state(work, "a", 2)
@@ -143,9 +139,8 @@ def check_exact_resume(work: Path, files: dict) -> None:
 
 
 def check_kill_landed(work: Path, run_pid: int) -> list[int]:
-    """K resumed from A's step 2 and was killed after its step-3 checkpoint and before its step-3 log call: step
-    3 checkpointed with its EB state (the only checkpoint), nothing logged, the dead run's lock left, nothing
-    moved aside. Returns the steps logged (none)."""
+    """K was killed after its step-3 checkpoint, before its step-3 log call: only that checkpoint with its EB state,
+    nothing logged, the lock left, nothing moved aside. Returns the steps logged (none)."""
     from ebpo_verl.ops.metrics_log import read_records
     from ebpo_verl.smoke.runs import lock_holder
     from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
@@ -166,9 +161,8 @@ def check_kill_landed(work: Path, run_pid: int) -> list[int]:
 
 
 def check_killed(work: Path) -> None:
-    """Run K' (``resume_mode=auto`` from ``ckpt_k``'s tracker: step 3, not A's step 2): took over the dead run's
-    lock, logged step 3's training metrics once (without the unknown step time), trained step 4, counted every
-    prompt once across the kill, continued K's saved EB state, released the folder."""
+    """Run K' (``resume_mode=auto``, step 3): took over the lock, logged step 3 once (no step time), trained step 4,
+    counted every prompt once, continued K's EB state, released the folder."""
     from ebpo_verl.ops.metrics_log import read_metrics_log, read_records
     from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
     from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
@@ -201,8 +195,7 @@ def check_killed(work: Path) -> None:
 
 
 def check_vllm(work: Path, files: dict) -> None:
-    """Run C (verl's vLLM rollout, resumed from A's step 2): its step-4 EB state is the step-2 state plus its two
-    batches, and its steps train on the curriculum blocks that follow A's first two."""
+    """Run C (vLLM rollout, from A's step 2): step-4 EB state = step 2 + its two batches; curriculum continues A's."""
     c = check_run(work, "c", [3, VLLM_STEPS])
     saved = saved_state(work, "a", 2)
     assert c[3]["ebpo/prompts_seen"] == saved["prompts_seen"] + BATCH, "C did not start from the step-2 state"
@@ -219,9 +212,8 @@ def check_vllm(work: Path, files: dict) -> None:
 
 
 def check_nodes_run(work: Path, files: dict, attempts: int, last_step: int) -> None:
-    """The two-node run: every step logged once, the node check on both nodes in every attempt, every rerun
-    resumed from step 2, two FSDP shards and one EB state per checkpoint, the last EB state equal to the step-2
-    state plus the resumed batches in every moment and topic cluster, the curriculum continued."""
+    """The two-node run: every step logged once, the node check in every attempt, reruns resumed from step 2, two
+    shards and one EB state per checkpoint, the last EB state = step 2 + the resumed batches, curriculum continued."""
     metrics = check_run(work, "nodes", list(range(1, last_step + 1)))
     text = (work / "nodes.log").read_text(errors="replace")
     ckpt = work / "ckpt_nodes"

@@ -53,9 +53,8 @@ def node_command(
     object_store_bytes: int = 300_000_000,
     worker_ports: int = 60,
 ) -> list[str]:
-    """``ray start`` of node ``node`` (0: the head, at ``address``) on 127.0.0.1 with its own ports (7 per node, then
-    the head's client-server port), temp folder, ``cpus``, ``gpus`` (``GPU`` resources), object store and range of
-    ``worker_ports`` worker ports; ``--block``."""
+    """``ray start --block`` of node ``node`` (0: the head, at ``address``) on 127.0.0.1 with its own ports, temp
+    folder, ``cpus``, ``gpus``, object store and ``worker_ports``."""
     gcs = address.rsplit(":", 1)[1]
     if node == 0:
         cmd = [ray, "start", "--head", f"--port={gcs}", "--include-dashboard=false"]
@@ -99,11 +98,9 @@ def _log_tail(log: Path, temp: Path, lines: int = 12) -> str:
 
 
 class LocalCluster:
-    """``ray start --head`` and ``ray start --address=<head>`` (``--block``, each in a session of its own), each
-    node with one ``GPU`` resource (one FSDP rank and one rollout replica) and its own ports; its address file in
-    its own temp folder, so no plain ``ray.init()`` attaches to it. :meth:`stop` ends exactly its processes and the
-    runs' (by :data:`scan.TAG`, never ``ray stop``) and raises if a process, a new ``/dev/shm`` entry or the temp
-    folder is left, or if its scans saw nothing."""
+    """A two-node local Ray cluster (one ``GPU`` resource and own ports per node; address file in its own temp
+    folder, so no plain ``ray.init()`` attaches). :meth:`stop` ends exactly its and the runs' processes (by
+    :data:`scan.TAG`) and raises on any leftover process, ``/dev/shm`` entry or temp folder, or blind scans."""
 
     def __init__(self, need_shm: bool = True) -> None:
         self.temp = tempfile.mkdtemp(prefix="ebpo-rc-", dir="/tmp")  # short: Ray's socket paths fit 107 bytes
@@ -113,9 +110,8 @@ class LocalCluster:
         self.stopped = False
 
     def start(self) -> LocalCluster:
-        """Each node in turn, waiting until it has joined; a node whose ``ray start`` exits before it joined is
-        started again (fresh ports, an empty temp folder) up to :data:`START_ATTEMPTS` times in all, each failure
-        reported with the tail of its logs."""
+        """Each node in turn until it joined; a failed ``ray start`` is retried on fresh ports up to
+        :data:`START_ATTEMPTS` times, each failure reported with its log tail."""
         LIVE.append(self)
         env = {**os.environ, **run_env(), scan.TAG_ENV: scan.TAG}
         env.pop("RAY_ADDRESS", None)
@@ -132,8 +128,7 @@ class LocalCluster:
         return self
 
     def _start_node(self, node: int, env: dict) -> str | None:
-        """``ray start`` of ``node`` on fresh ports in an emptied temp folder, waited for until the cluster has
-        ``node + 1`` live nodes; None, or (its session ended) why it did not join."""
+        """Start ``node`` on fresh ports and wait for ``node + 1`` live nodes; None, or why not."""
         ports = free_ports(1 + 7 * NODES + 1)
         if node == 0:
             self.address = f"127.0.0.1:{ports[0]}"
@@ -157,8 +152,7 @@ class LocalCluster:
         return f"node {node}'s `ray start` {why}; its log ends:\n{_log_tail(log_path, temp)}"
 
     def _wait_nodes(self, count: int, env: dict) -> bool:
-        """Until the cluster has ``count`` live nodes (True); False once a ``ray start`` has exited or after
-        120 s."""
+        """True once the cluster has ``count`` live nodes; False once a ``ray start`` exited or after 120 s."""
         probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
         deadline = time.monotonic() + limits.left(120)
         while time.monotonic() < deadline:
@@ -174,9 +168,7 @@ class LocalCluster:
         return False
 
     def job_processes(self) -> list[psutil.Process]:
-        """The script's processes that are not the cluster's own machinery: a run's driver, actors and workers
-        busy for a run (``ray::<Class>``), vLLM engines (``VLLM::...``); a raylet keeps idle ``ray::IDLE``
-        workers."""
+        """The script's processes beside the cluster's machinery: drivers, busy ``ray::<Class>`` workers, vLLM."""
         nodes = {proc.pid for proc in self.procs}
         return [
             proc
@@ -196,15 +188,13 @@ class LocalCluster:
         print(f"[cpu_smoke] no process of the run is left on the cluster ({seconds:.0f}s after its end at most)")
 
     def worker_node_process(self, prefix: str) -> psutil.Process | None:
-        """The one live process of the second node (its ``ray start`` session) whose title starts with
-        ``prefix``, or None."""
+        """The second node's live process whose title starts with ``prefix``, or None."""
         found = scan.titled(scan.tagged_processes())
         return next((p for p, name in found if _session(p) == self.procs[1].pid and name.startswith(prefix)), None)
 
     def stop(self) -> None:
-        """SIGTERM to the two ``ray start`` sessions, then (after :data:`STOP_GRACE_S`) SIGKILL to whatever of the
-        script's processes is left; then the leak checks (:meth:`scan.Watch.final`). Idempotent once it has
-        ended the processes (an interrupted stop is done again)."""
+        """SIGTERM the ``ray start`` sessions, SIGKILL what is left after :data:`STOP_GRACE_S`, then the leak checks
+        (:meth:`scan.Watch.final`); idempotent once the processes are ended."""
         if self.stopped:
             return
         self._end_processes()
@@ -217,8 +207,7 @@ class LocalCluster:
         print(f"[cpu_smoke] cluster stopped: {summary}; {self.temp} removed", flush=True)
 
     def _end_processes(self) -> None:
-        """SIGTERM to the ``ray start`` sessions, SIGKILL to every tagged process left after the grace, the temp
-        folder removed."""
+        """SIGTERM the ``ray start`` sessions, SIGKILL tagged processes left after the grace, remove the temp folder."""
         for proc in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)

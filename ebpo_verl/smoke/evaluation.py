@@ -52,8 +52,7 @@ def plant(gen: Path, out: Path, truths: dict[int, str]) -> None:
 
 
 def pass_at_1(gen: Path, truths: dict[int, str]) -> float:
-    """Pass@1 (%) recomputed from a generations file: the mean over runs of each run's accuracy, a response
-    right when its last boxed answer is the ground truth string."""
+    """Pass@1 (%) recomputed from a generations file: a response is right when its last box is the ground truth."""
     runs: dict[int, list[bool]] = {}
     for line in gen.read_text().splitlines():
         r = json.loads(line)
@@ -69,8 +68,7 @@ def check_grade(results: Path, want: float) -> float:
 
 
 def check_merged(step: Path) -> int:
-    """The merged weights are the actor's own full weights (``actor/huggingface``) rounded to bfloat16 (verl
-    0.9.1's merger writes bfloat16), exactly; the number of tensors."""
+    """The merged weights are exactly the actor's full weights (``actor/huggingface``) in bfloat16; the tensor count."""
     import torch
     from safetensors.torch import load_file
 
@@ -89,8 +87,7 @@ def check_merged(step: Path) -> int:
 
 
 def evaluate_checkpoint(work: Path, step: Path, timeout: float) -> None:
-    """``evaluate generate --engine vllm`` on ``step`` (verl's merger joins the shards), ``grade`` on its output
-    and on a planted copy; all checked."""
+    """``evaluate generate --engine vllm`` on ``step``, then ``grade`` on its output and on a planted copy; checked."""
     from ebpo_verl.data.all import prepare_all
     from ebpo_verl.evaluate.prompts import load_problems
 

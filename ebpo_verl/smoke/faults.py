@@ -59,8 +59,7 @@ class Fault:
         return f"{signal.Signals(self.signal).name} of a {who}"
 
     def _ready(self, log: Path, start: int) -> bool:
-        """This attempt's fit() began and step ``step - 1`` is in the metrics log (read with the package's
-        reader: a half-written last line is not a step)."""
+        """This attempt's fit() began and step ``step - 1`` is in the metrics log."""
         from ebpo_verl.ops.metrics_log import read_records
 
         with open(log, "rb") as handle:

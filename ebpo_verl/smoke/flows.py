@@ -24,8 +24,7 @@ reference the merged shards are compared with), and keep one EB prior per topic 
 
 
 def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -> None:
-    """Runs A, K (killed) and K' with the HF server, then with ``vllm`` run C; every check, and at the end the
-    leak checks (every run's processes gone, no new /dev/shm entry left, the scans saw the runs)."""
+    """Runs A, K (killed) and K' with the HF server, then run C with ``vllm``; every check, then the leak checks."""
     watch = scan.Watch("the one-node runs", need_shm=vllm).start()
     train(work, files, "a", [], timeout, watch=watch, device=device)
     run, killed, _ = run_killed(work, files, timeout, device, watch)
@@ -50,8 +49,7 @@ def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -
 
 
 def node_faults(step_timeout: float) -> list[Fault]:
-    """The two-node run's faults at step 3, each in its own attempt: SIGKILL of a rank's worker, SIGSTOP of it
-    (the step watchdog), SIGKILL of the second node's vLLM rollout server."""
+    """The two-node run's step-3 faults, one attempt each: SIGKILL and SIGSTOP of a rank's worker, SIGKILL of vLLM."""
     step = SAVE_FREQ + 1
     return [
         Fault(signal.SIGKILL, step, "rank"),
@@ -61,10 +59,8 @@ def node_faults(step_timeout: float) -> list[Fault]:
 
 
 def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:
-    """``--nodes 2``: verl's trainer on a two-node cluster (two FSDP ranks, one vLLM replica each): steps 1-2 (with
-    ``faults``: each fault of :func:`node_faults` ends an attempt at step 3), a resume from step 2 through step 4,
-    the checks, (``faults``) resumes from planted step-2 copies refused (:func:`planting.refused_plants`), the
-    evaluation of the last checkpoint, the cluster's stop and leak checks."""
+    """``--nodes 2``: steps 1-2 (``faults``: each of :func:`node_faults` ends an attempt at step 3), a resume to
+    step 4, the checks, refused planted resumes (``faults``), the evaluation, the cluster's stop and leak checks."""
     cluster = LocalCluster(need_shm=True).start()
     options = {"rollout": "vllm", "cluster": cluster}
     injected = node_faults(step_timeout) if faults else []

@@ -113,9 +113,8 @@ def check_state(want: dict[str, Any], got: dict[str, Any], where: str) -> None:
 
 
 def check_continues(saved: dict, after: dict, batches: list[list[tuple[str | None, Any]]]) -> str:
-    """``after`` (a saved EB state) is ``saved`` plus exactly ``batches``: one per resumed step, each a list of
-    (cluster label or None, the prompt's rewards), recomputed as :func:`expected_state` does and compared with
-    ``np.isclose`` (relative :data:`REL_TOL`). Raises AssertionError listing every mismatch."""
+    """``after`` (a saved EB state) is ``saved`` plus exactly ``batches`` (per resumed step, (cluster or None,
+    rewards) per prompt) within :data:`REL_TOL`; AssertionError listing every mismatch."""
     groups = [(label, np.asarray(r, dtype=np.float64)) for batch in batches for label, r in batch]
     labels = {label for label, _ in groups if label is not None}
     problems = []
@@ -150,12 +149,10 @@ VAL_PREFIX = "val-"
 def compare_metrics(
     ref: dict[int, dict], got: dict[int, dict], steps: list[int], first_flip: int | None, val_same: set[int]
 ) -> dict:
-    """Every metric both runs logged at ``steps`` (timings, throughput, memory and the rollout-vs-actor mismatch
-    diagnostics aside), campaign vs uninterrupted, against ``METRIC_TOL * max(1, |reference|)``. A training
-    metric beyond it at a step before ``first_flip`` (the first step whose rollout responses differ between the
-    runs; None: none differs) fails, and so does a ``val-*`` metric beyond it at a step of ``val_same`` (both
-    validation dumps hold the same responses). The rest is listed, with why it is excused. Raises naming the
-    first ten failures; returns the largest |difference| per key and what was compared where."""
+    """Every metric both runs logged at ``steps`` (timings, memory, mismatch diagnostics aside), within
+    ``METRIC_TOL * max(1, |reference|)``: training metrics before ``first_flip`` and ``val-*`` metrics at ``val_same``
+    steps must agree, the rest is listed as excused. Raises naming the first ten failures; returns the largest
+    |difference| per key and what was compared where."""
     worst: dict[str, float] = {}
     failed, excused = [], []
     for step in steps:
@@ -191,8 +188,7 @@ def responses(lines: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def response_flips(camp_lines: Iterable[str], ref_lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The responses that differ between the campaign's and the uninterrupted run's dumps of one step: per
-    input, the outputs only the campaign gave and those only the uninterrupted run gave (empty: the same)."""
+    """Per input of one step, the outputs only the campaign gave and those only the reference gave (empty: same)."""
     camp, ref = Counter(responses(camp_lines)), Counter(responses(ref_lines))
     found: dict[str, dict[str, list[str]]] = {}
     for side, extra in (("campaign", camp - ref), ("uninterrupted", ref - camp)):
@@ -202,8 +198,7 @@ def response_flips(camp_lines: Iterable[str], ref_lines: Iterable[str]) -> list[
 
 
 def check_leaks(runs: list[tuple[str, dict[str, Any] | None]]) -> None:
-    """Each (name, leak record) of a run or attempt: its processes were seen by the environment-tag scan while it
-    lived (its trainer among them, and a Ray process), and none carrying the tag was left after it."""
+    """Each (name, leak record): its trainer and a Ray process seen while it lived, nothing with the tag left after."""
     for name, leak in runs:
         if leak is None:
             raise AssertionError(f"{name}: no tag-based leak count (the report predates it): nothing proves its "

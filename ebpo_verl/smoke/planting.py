@@ -44,9 +44,8 @@ class Planted:
 
 
 def unsafe_globals(path: Path) -> set[str]:
-    """The globals a torch.save file pickles beyond torch's own allowlist, read without unpickling it (with no safe
-    globals registered, then this process's registrations back: DTensor's, which importing torch.distributed.tensor
-    adds once, must outlive the call)."""
+    """The globals a torch.save file pickles beyond torch's allowlist, read without unpickling (this process's safe
+    globals restored after)."""
     import torch
 
     from ebpo_verl.compat.unpickling import only_globals
@@ -79,9 +78,8 @@ def copied(step: Path, folder: Path) -> Path:
 
 
 def check_refused(log: Path, code: int, step: Path, file: Path, marker: Path) -> str:
-    """A resume from checkpoint ``step`` with ``file`` planted: exit non-zero after resuming from ``step``, exactly
-    one error line (the :data:`REFUSAL` naming ``file``) and no traceback, the marker never made, no step trained;
-    the error line."""
+    """A resume from ``step`` with ``file`` planted exits non-zero with exactly one error line (the :data:`REFUSAL`),
+    no traceback, no marker, no step trained; returns that line."""
     text = log.read_text(errors="replace")
     errors = [line for line in text.splitlines() if "ebpo-train: error" in line or "Traceback" in line]
     problems = [] if code != 0 else ["the run exited 0"]
@@ -96,9 +94,8 @@ def check_refused(log: Path, code: int, step: Path, file: Path, marker: Path) ->
 
 
 def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], steps: int, cluster, **options) -> None:
-    """For each of :data:`NODE_PLANTS`: a copy of run ``nodes``' step-2 checkpoint in a run folder of its own
-    with that file planted, resumed (``resume_mode=auto``) on ``cluster`` with the two-node run's command; each
-    attempt is refused (:func:`check_refused`) and leaves no process on the cluster."""
+    """Each of :data:`NODE_PLANTS` planted in a copy of run ``nodes``' step-2 checkpoint and resumed on ``cluster``:
+    refused (:func:`check_refused`), no process left."""
     source = work / "ckpt_nodes" / f"global_step_{SAVE_FREQ}"
     for name in NODE_PLANTS:
         run = "planted_" + Path(name).name.split("_")[0].removesuffix(".pt")

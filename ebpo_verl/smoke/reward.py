@@ -8,15 +8,11 @@ import zlib
 
 
 def coin_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
-    """Smoke-run reward: the low bit of sha256(response) -- deterministic, about half the responses pass.
-
-    A random 50k-parameter model never solves a MATH problem, so math-verify would give all-zero groups and
-    degenerate (trivially equal) EB statistics; this pseudo-reward gives mixed groups."""
+    """Smoke-run reward: the low bit of sha256(response), so a random model gets mixed groups (math-verify: all 0)."""
     passed = hashlib.sha256(solution_str.encode("utf-8")).digest()[0] % 2 == 1
     return {"score": float(passed), "acc": passed}
 
 
 def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """The step-cost benchmark's reward: the parity of the response's CRC-32 (deterministic; mixed groups from a
-    random model)."""
+    """The step-cost benchmark's reward: the parity of the response's CRC-32."""
     return float(zlib.crc32(solution_str.encode("utf-8")) & 1)

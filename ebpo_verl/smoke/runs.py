@@ -24,8 +24,7 @@ LIVE: list[Run] = []
 
 class Run:
     """One ``command`` (default: ``python -m ebpo_verl.main`` with run ``name``'s overrides, ``extra`` replacing
-    those with the same key) in a session of its own, with :data:`scan.TAG` in its environment, its output
-    appended to ``work/<name>.log``; on its own local Ray instance or on ``cluster``."""
+    same keys) in its own session with :data:`scan.TAG`, output appended to ``work/<name>.log``."""
 
     def __init__(
         self,
@@ -78,9 +77,7 @@ class Run:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def kill(self, watch: scan.Watch | None = None) -> int:
-        """SIGKILL to the driver, every process below it (a local Ray instance's raylet and workers, the
-        TaskRunner) and its process group (:func:`kill_tree`; ``watch`` samples them stopped, right before); the
-        number of processes killed."""
+        """SIGKILL the driver's process tree and group (:func:`kill_tree`); the number of processes killed."""
         killed = kill_tree(self.proc.pid, watch=watch)
         self.proc.wait(timeout=60)
         self._done()
@@ -99,9 +96,8 @@ def kill_procs(procs: list[psutil.Process], timeout: float = 60.0) -> None:
 
 
 def kill_tree(pid: int, timeout: float = 60.0, watch: scan.Watch | None = None) -> int:
-    """SIGKILL process ``pid``, every process below it and the process group it leads (a run starts in a session of
-    its own); waits up to ``timeout`` s for them. With ``watch``, the tree is first stopped (SIGSTOP) and sampled:
-    what it holds at the kill is seen held, however briefly it existed. The number of processes found in the tree."""
+    """SIGKILL ``pid``, its descendants and its process group, waiting up to ``timeout`` s (``watch``: stopped and
+    sampled first); the number of processes found."""
     try:
         tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -136,9 +132,8 @@ def train(
     watch: scan.Watch | None = None,
     **options,
 ) -> float:
-    """One :class:`Run` to its end (``options``: rollout, steps, cluster, device); it must succeed. With
-    ``fault``, the fault is injected mid-run and the run must fail (see :class:`faults.Fault`). With ``watch``
-    (a one-node run), no process of it may be left 30 s after its end. Returns its duration."""
+    """One :class:`Run` to its end: it must succeed, or with ``fault`` fail (:class:`faults.Fault`); with ``watch``
+    nothing may be left 30 s after. Returns its duration."""
     print(f"[cpu_smoke] run {run}: {work / f'{run}.log'}", flush=True)
     start = time.monotonic()
     proc = Run(work, files, run, extra, env=fault.env if fault else None, **options)
@@ -181,8 +176,7 @@ def lock_holder(lock: Path) -> int | None:
 
 
 def k_overrides(work: Path, resume_mode: str) -> list[str]:
-    """Runs K (``resume_path``) and K' (``auto``): from A's step-2 checkpoint, a checkpoint and a validation every
-    step (verl saves a step before it validates and logs it)."""
+    """Runs K (``resume_path``) and K' (``auto``): from A's step-2 checkpoint, checkpoint and validate every step."""
     start = work / "ckpt_a" / f"global_step_{SAVE_FREQ}"
     mode = [f"trainer.resume_mode={resume_mode}", f"trainer.resume_from_path={start}"]
     return [*mode, "trainer.save_freq=1", "trainer.test_freq=1"]
@@ -210,10 +204,8 @@ def refused_second_run(work: Path, files: dict, run: Run, timeout: float, device
 def run_killed(
     work: Path, files: dict, timeout: float, device: str = "cpu", watch: scan.Watch | None = None
 ) -> tuple[Run, int, str]:
-    """Run K (A's settings, its own folder ``ckpt_k``, resumed from A's step-2 checkpoint): refuses a second run
-    on its folder, trains step 3 and is SIGKILLed with its whole process tree once it wrote the step-3 tracker file
-    (before the step-3 log call; ``watch`` sees what its tree holds at the kill). Returns (the run, processes killed,
-    the refusal line)."""
+    """Run K (A's settings, folder ``ckpt_k``, from A's step 2): refuses a second run, trains step 3, SIGKILLed once
+    the step-3 tracker is written. Returns (the run, processes killed, the refusal line)."""
     from ebpo_verl.trainer.checkpoint.resume import TRACKER_FILE
 
     tracker = work / "ckpt_k" / TRACKER_FILE

@@ -46,8 +46,7 @@ def is_ray(proc: psutil.Process) -> bool:
 
 
 def split_processes(tag: str = TAG) -> tuple[list[psutil.Process], list[int]]:
-    """Live (non-zombie) processes of this user: those whose environment carries ``TAG_ENV=tag``, and the pids of
-    the others (this process left out)."""
+    """Live processes of this user carrying ``TAG_ENV=tag``, and the pids of the others (this one left out)."""
     uid, me, tagged, others = os.getuid(), os.getpid(), [], []
     for proc in psutil.process_iter():
         try:
@@ -94,8 +93,7 @@ def describe(procs: list[psutil.Process]) -> list[tuple[int, str]]:
 
 
 def creator(name: str, titles: dict[int, str]) -> str:
-    """The run's process whose pid an entry's name carries (``sem.loky-<pid>-...``, ``sem.mp-<pid>-...``), if the
-    scan saw it, else "?"."""
+    """The run's process whose pid an entry's name carries (``sem.loky-<pid>-...``), if seen, else "?"."""
     pids = [int(part) for part in re.split(r"[-_.]", name) if part.isdigit()]
     return next((f"made by pid {pid} ({titles[pid]})" for pid in pids if pid in titles), "?")
 
@@ -103,8 +101,8 @@ def creator(name: str, titles: dict[int, str]) -> str:
 def leftover_shm(
     before: set[str], now: set[str], held: set[str], seen: dict[str, str], titles: dict[int, str] | None = None
 ) -> dict[str, str]:
-    """Entries of ``now`` that were not in ``before`` and that no other live process holds, each with the run's
-    process seen holding it, else the one whose pid its name carries (:func:`creator`), else "?"."""
+    """New entries of ``now`` (not in ``before``) no other live process holds, each with the run's process seen
+    holding it, else :func:`creator`."""
     return {name: seen.get(name) or creator(name, titles or {}) for name in sorted(now - before - held)}
 
 
@@ -165,8 +163,7 @@ class Watch:
         return procs
 
     def sample_now(self) -> None:
-        """One sample, right before the script kills processes (an entry made since the last periodic sample is seen
-        held too); an error is kept for :meth:`final`, so that the kill still happens."""
+        """One sample right before a kill; an error is kept for :meth:`final`, so that the kill still happens."""
         try:
             self.sample()
         except Exception as err:  # noqa: BLE001  (re-raised by final())

@@ -41,8 +41,7 @@ RUN_ENV = {
 
 
 def run_env(device: str = "cpu") -> dict[str, str]:
-    """Environment of a run's processes: on CPU also ``VERL_PLATFORM=cpu`` (the CPU backend's platform); on
-    CUDA verl's own platform (NCCL)."""
+    """Environment of a run's processes: ``VERL_PLATFORM=cpu`` on CPU; on CUDA verl's own platform."""
     return {**RUN_ENV, "VERL_PLATFORM": "cpu"} if device == "cpu" else dict(RUN_ENV)
 
 
@@ -84,10 +83,8 @@ def prepare(work: Path) -> dict:
 
 
 def rollout_overrides(rollout: str) -> list[str]:
-    """The rollout backend: verl's own vLLM rollout on vLLM's CPU build (``vllm``), or the CPU backend's Hugging
-    Face server (``hf``). vLLM on CPU: eager (compiling costs more than 3 short steps gain), a 1 GiB KV cache
-    (``VLLM_CPU_KVCACHE_SPACE`` in Ray's runtime env), no sleep mode (it needs CUDA's memory pool); the
-    trainer's weights reach vLLM through verl's default ``naive`` checkpoint engine."""
+    """The rollout backend: verl's vLLM rollout on vLLM's CPU build (``vllm``: eager, a 1 GiB KV cache, no sleep
+    mode), or the CPU backend's Hugging Face server (``hf``)."""
     if rollout == "hf":
         return ["actor_rollout_ref.rollout.name=hf"]
     return [
@@ -102,10 +99,8 @@ def rollout_overrides(rollout: str) -> list[str]:
 
 
 def device_overrides(device: str) -> list[str]:
-    """``cpu``: the CPU backend's platform (gloo) in every Ray worker. ``cuda``: verl's own CUDA platform, so
-    the actor and the reference run on the GPU over NCCL; the CPU backend is still loaded in every worker (it
-    registers the ``hf`` rollout, whose model it puts on the same GPU: ``EBPO_HF_ROLLOUT_DEVICE=cuda``); the rest
-    is as on CPU. Never run on a GPU here (none was lent): only the overrides are tested."""
+    """``cpu``: the CPU backend's platform (gloo). ``cuda``: verl's CUDA platform (NCCL), the ``hf`` rollout's model
+    on the same GPU (``EBPO_HF_ROLLOUT_DEVICE=cuda``)."""
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     out = [f"trainer.device={device}", f"{env}.VERL_USE_EXTERNAL_MODULES={BACKEND}"]
     if device == "cpu":
@@ -128,10 +123,8 @@ def ray_overrides(ray_tmp: str, cluster: str | None = None) -> list[str]:
 
 
 def tiny_trainer_overrides(files: dict, batch: int, n: int, ranks: int = 1) -> list[str]:
-    """What every tiny run on verl's trainer shares (these smoke runs, ``benchmarks/bench_step_cost.py`` and the
-    tracking test it launches): ``batch`` prompts of ``files["train"]`` times ``n`` responses of at most 16 tokens a
-    step, in order; the tiny model of ``files["model"]`` on FSDP2 without KL; ``ranks`` nodes of one rank each,
-    each rank's share of the responses in one micro-batch; one agent-loop and one reward worker."""
+    """What every tiny run on verl's trainer shares (these smoke runs, ``benchmarks/bench_step_cost.py``): ``batch``
+    prompts x ``n`` responses of <= 16 tokens a step, the tiny model on FSDP2 without KL, ``ranks`` one-rank nodes."""
     micro = batch * n // ranks
     return [
         f"data.train_files={files['train']}",
@@ -174,9 +167,8 @@ def overrides(
     cluster: str | None = None,
     device: str = "cpu",
 ) -> list[str]:
-    """Hydra overrides of one run of ``steps`` steps (``run`` names its checkpoint and dump folders): on a local
-    Ray instance of its own (one node, one rank) or, with ``cluster`` (a GCS address), on that two-node cluster
-    (two ranks, one per node, and one rollout replica per rank)."""
+    """Hydra overrides of one run of ``steps`` steps: on its own one-node Ray instance, or with ``cluster`` (a GCS
+    address) on that two-node cluster."""
     ranks = 1 if cluster is None else NODES
     return [
         *tiny_trainer_overrides(files, BATCH, N, ranks),

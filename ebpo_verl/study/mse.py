@@ -71,9 +71,8 @@ def simulate(a: float, b: float, g: int, n_prompts: int, seed: int) -> dict[str,
 def estimator_ratio(
     a: float, b: float, g: int, batches: int, prompts_per_batch: int, seed: int, options: dict
 ) -> tuple[float, float]:
-    """MSE ratio of the real estimator's baseline (history statistics, merged before use) over the sample mean,
-    over a stream of ``batches`` batches (the first one excluded: its statistics come from itself alone), and
-    its Monte Carlo standard error (delta method over the prompts)."""
+    """MSE ratio of the real estimator's baseline (merged history statistics) over the sample mean across ``batches``
+    batches (the first excluded), with its Monte Carlo standard error (delta method over prompts)."""
     rng = np.random.default_rng(seed)
     opts = EBPOOptions.from_mapping({**options, "norm": "none"})
     state = EBPOState()

@@ -81,10 +81,8 @@ class TinyPolicy(nn.Module):
 def sample(
     model: TinyPolicy, prompts: torch.Tensor, group_size: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample ``group_size`` responses per prompt at temperature 1, with a key/value cache. Returns (responses,
-    response_mask, log_probs), each (len(prompts) * group_size, ANSWER_LEN), rows grouped by prompt; tokens after
-    the first EOS are PAD and masked out (a response without EOS is wrong); ``log_probs``: the sampled tokens'
-    log-probabilities under the sampling policy (verl's ``old_log_prob``)."""
+    """Sample ``group_size`` responses per prompt at temperature 1 (KV cache): (responses, response_mask, log_probs),
+    each (len(prompts) * group_size, ANSWER_LEN), grouped by prompt; tokens after the first EOS are PAD and masked."""
     logits, cache = model.step(prompts, None)  # the prompt once per group, then copied G times
     logits = logits[:, -1].repeat_interleave(group_size, dim=0)
     cache = [(k.repeat_interleave(group_size, dim=0), v.repeat_interleave(group_size, dim=0)) for k, v in cache]
@@ -105,8 +103,7 @@ def sample(
 
 @torch.no_grad()
 def exact_pass_at_1(model: TinyPolicy, problems: ProblemSet) -> torch.Tensor:
-    """Probability that one temperature-1 sample is exactly the target: the product of the teacher-forced
-    probabilities of the answer tokens and EOS. Exact pass@1, with no sampling noise. Returns (N,) float."""
+    """(N,) exact pass@1: the product of the teacher-forced probabilities of the answer tokens and EOS."""
     logp = torch.log_softmax(model.response_logits(problems.prompts, problems.targets), dim=-1)
     tok = logp.gather(-1, problems.targets.unsqueeze(-1)).squeeze(-1)
     return torch.exp((tok * problems.target_mask).sum(dim=1))

@@ -96,8 +96,7 @@ class Preset:
             raise ValueError(f"preset {self.name}: no {what} for {missing}")
 
     def tuning_runs(self) -> list[RLConfig]:
-        """The learning-rate tuning runs (validation split; none without ``tune``): every estimator at every rate
-        of its ``lr_grid`` at each G and seed of ``tune``."""
+        """The tuning runs (validation split): every estimator at every ``lr_grid`` rate, each ``tune`` G and seed."""
         ests = sorted({*self.estimators, *self.order_estimators}) if self.tune else []
         return [RLConfig(estimator=e, group_size=g, seed=s, lr=lr, split="validation", **self.rl)
                 for e in ests for g in self.tune["group_sizes"] for lr in self.lr_grid[e]
@@ -107,8 +106,7 @@ class Preset:
         return len(self.cells()) * self.seeds + len(self.tuning_runs())
 
     def fingerprint(self) -> dict:
-        """Everything that decides the results (``workers`` does not: each run is deterministic for its seed),
-        as JSON values; a resumed study must have the same."""
+        """Everything that decides the results, as JSON values (``workers`` does not); a resumed study must match."""
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "workers"}))
 
 
@@ -121,8 +119,7 @@ _TUNED = tuned_lrs()
 
 
 def _tuned(name: str, estimators: tuple[str, ...], group_sizes: tuple[int, ...], seeds: int, tune_seeds: int) -> Preset:
-    """A main-table grid (no ordering table) that chooses its learning rates in the same command: every rate of
-    :data:`LR_GRID` at G = 4 x ``tune_seeds`` seeds on the validation split."""
+    """A main-table grid that tunes its learning rates in the same command (:data:`LR_GRID` at G = 4)."""
     return Preset(
         name=name,
         estimators=estimators,

@@ -22,8 +22,7 @@ FOLDS = (0, 1)
 
 
 def choose_g(values: dict[tuple[int, int], float], group_sizes: list[int], seeds: list[int]) -> int | None:
-    """The G with the highest mean of ``values[G, seed]`` over those of ``seeds`` it has (the smaller G on a
-    tie); None where no G has a value on these seeds."""
+    """The G with the highest mean of ``values[G, seed]`` over ``seeds`` (smaller G on a tie), or None."""
     means = {g: float(np.mean(got)) for g in group_sizes if (got := [values[g, s] for s in seeds if (g, s) in values])}
     return max(means, key=lambda g: (means[g], -g)) if means else None
 
@@ -89,8 +88,7 @@ def ranking_table(view: dict) -> str:
 
 
 def ranking_verdict(view: dict) -> str:
-    """Who leads, which estimators the leader's paired 95% interval separates it from, which it does not, and which
-    pair with it on fewer than 2 seeds (no interval)."""
+    """Who leads, whom the leader's paired 95% interval separates it from, whom not, and who has < 2 shared seeds."""
     rows = view["ranking"]
     if not rows or rows[0]["best"][2] == 0:
         return "No estimator has a cross-fitted value yet."
@@ -119,8 +117,7 @@ def _label(row: dict) -> str:
 
 
 def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], path: Path, source: str) -> None:
-    """One panel per :func:`equal_samples` view: the estimators ranked (best on top), their cross-fitted best-G
-    mean with its 95% t-interval over seeds, and each G's cell mean (over all seeds) as a grey digit."""
+    """One panel per :func:`equal_samples` view: ranked best-G means, 95% t-intervals, G means as digits."""
     n = max(len(v["ranking"]) for v in views)
     fig, axes = plt.subplots(1, len(views), figsize=(5.2 * len(views), 0.42 * n + 1.4), squeeze=False)
     for ax, view in zip(axes[0], views, strict=True):
@@ -152,8 +149,7 @@ def ranking_figure(views: list[dict], runs: list[dict], group_sizes: list[int], 
 
 
 def section(runs: list[dict], estimators: list[str], group_sizes: list[int], responses: int) -> tuple[str, dict]:
-    """The report's equal-samples section at each k of :data:`RANK_K` and the views (for ``summary.json``); none
-    for a preset with one G."""
+    """The equal-samples section at each k of :data:`RANK_K` and the views; none for a one-G preset."""
     if len(group_sizes) < 2:
         return "", {}
     views = {str(k): equal_samples(runs, estimators, group_sizes, k) for k in RANK_K}

@@ -38,8 +38,7 @@ def _duration(seconds: float) -> str:
 
 
 def provenance_line(summary: dict) -> str:
-    """The line under the tables naming the code and machine that produced them ("" for a summary written before
-    provenance was recorded)."""
+    """The line under the tables naming the code and machine ("" for a summary without provenance)."""
     record = summary.get("provenance")
     if not record:
         return ""
@@ -75,9 +74,8 @@ def _coverage(summary: dict, gs: list[int], k: str = "64") -> str:
 
 
 def render(summary: dict) -> str:
-    """The README block for one study summary: final held-out accuracy (with each estimator's learning rate),
-    the paired differences EBPO - X, one line on coverage (EBPO - X in pass@64) and one on the training signal by G
-    (steps to the target, gradient norms, pass@8 and the intervals of pass@k: study.md)."""
+    """The README block for one study summary: final held-out accuracy (with learning rates), paired EBPO - X, a
+    coverage line and a training-signal line by G (study.md)."""
     try:
         ests, gs = summary["estimators"], summary["group_sizes"]
         lr = {c["estimator"]: c["lr"] for c in summary["cells"]}

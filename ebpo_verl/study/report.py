@@ -37,15 +37,14 @@ COVERAGE_K = (1, 8, 64)
 
 
 def pass_at_k(p, k: int) -> float:
-    """Mean over prompts of 1 - (1 - p)^k: the exact probability that at least one of k independent samples is
-    right, from each prompt's exact success probability ``p`` (computed in float64); NaN for no prompts."""
+    """Mean over prompts of 1 - (1 - p)^k from exact success probabilities ``p`` (float64); NaN for no prompts."""
     p = np.asarray(p, dtype=np.float64)
     return float(np.mean(1.0 - (1.0 - p) ** k)) if p.size else math.nan
 
 
 def run_pass_at_k(run: dict, k: int) -> float:
-    """Final held-out pass@k of one run: ``final_accuracy`` (the evaluation's own mean) at k = 1, else
-    :func:`pass_at_k` of the per-prompt probabilities ``heldout_pass_final`` (NaN for a run saved without them)."""
+    """Final held-out pass@k of one run: ``final_accuracy`` at k = 1, else :func:`pass_at_k` of ``heldout_pass_final``
+    (NaN without them)."""
     m = run["metrics"]
     if k == 1:
         return float(m["accuracy"][-1])
@@ -53,8 +52,7 @@ def run_pass_at_k(run: dict, k: int) -> float:
 
 
 def summarize_run(run: dict, target: float) -> dict[str, float]:
-    """Scalars of one run. ``steps_to_target`` is NaN when the held-out accuracy never reaches ``target``;
-    ``pass_at_<k>`` (k > 1 of :data:`COVERAGE_K`) is the final held-out pass@k."""
+    """Scalars of one run (``steps_to_target``: NaN if ``target`` is never reached; ``pass_at_<k>``: final pass@k)."""
     m, cfg = run["metrics"], run["config"]
     acc, steps = np.asarray(m["accuracy"]), np.asarray(m["eval_step"])
     reached = np.flatnonzero(acc >= target)
@@ -130,9 +128,8 @@ def table(
     seeds: int | None = None,
     key=None,
 ) -> str:
-    """Markdown table, rows = estimators, one column per ``cols`` value; ``key(row, col)`` finds the cell (default:
-    the random-order cell of G = col). A cell over fewer finite values than its runs (``censored``) or than
-    ``seeds`` shows ``(n/total)``."""
+    """Markdown table, rows = estimators, columns = ``cols`` (``key(row, col)`` finds the cell; default the random-order
+    cell of G = col); a cell over fewer finite values than its runs or ``seeds`` shows ``(n/total)``."""
 
     def cell(runs: list[dict]) -> str:
         return _fmt([s[metric] for s in runs], digits, len(runs) if censored else seeds) if runs else "—"
@@ -189,9 +186,8 @@ FRACTIONS = {"zero_signal"}  # metrics in [0, 1]
 
 
 def _style(est: str, k: int) -> dict:
-    """A fixed colour, marker and line style per estimator (ebpo and ebpo_batch differ in all three; ebpo_batch's
-    markers are hollow; one :data:`STYLES` lacks gets one fixed by its name), and a width and drawing order per
-    position ``k``, so lines that coincide stay visible: earlier lines are wider and drawn below."""
+    """Fixed colour, marker and line style per estimator (ebpo and ebpo_batch differ in all three), and a width and
+    drawing order per position ``k`` so coinciding lines stay visible."""
     h = sum(ord(c) * 31**i for i, c in enumerate(est))
     default = DEFAULT_COLOURS[h % len(DEFAULT_COLOURS)], DEFAULT_MARKERS[h // 8 % len(DEFAULT_MARKERS)], "--"
     color, marker, ls = STYLES.get(est) or default
@@ -217,9 +213,8 @@ def curve_figure(
     hline: tuple[float, str] | None = None,
     source: str = "",
 ) -> None:
-    """One panel per ``groups`` value of config key ``by`` (G or order) among the runs matching ``fixed``, one line per
-    estimator (mean over seeds) with 95% t-interval error bars at its markers, shifted apart along x; ``hline`` = (y,
-    label) draws a reference line; ``source`` (the preset and provenance) is printed under the figure."""
+    """One panel per ``groups`` value of config key ``by`` among runs matching ``fixed``; per estimator the mean over
+    seeds with shifted 95% t-interval bars; ``hline`` = (y, label); ``source`` printed under the figure."""
     fig, axes = panels(len(groups))
     seeds = set()
     for ax, grp in zip(axes[0], groups, strict=True):
@@ -261,8 +256,8 @@ def panels(n: int):
 
 
 def mean_line(ax, est: str, k: int, xs, mean, half, at, x_bars, top: float | None) -> None:
-    """Estimator ``est``'s mean line (the ``k``-th: :func:`_style`), markers at the indices ``at``, and there its
-    95% error bars, drawn at ``x_bars`` (shifted apart), stopped at 0 and at ``top`` (None: not stopped)."""
+    """Estimator ``est``'s mean line (``k``-th style), markers at ``at`` with 95% error bars at ``x_bars``, clipped at
+    0 and ``top``."""
     style = _style(est, k)
     ax.plot(xs, mean, label=est, markevery=list(at), **style)
     low = np.minimum(half, mean)[at]  # every plotted quantity is >= 0: bars stop at 0
@@ -272,8 +267,7 @@ def mean_line(ax, est: str, k: int, xs, mean, half, at, x_bars, top: float | Non
 
 
 def finish(fig, axes, ylabel: str, note: str, source: str, path: Path) -> None:
-    """Label a :func:`panels` figure's y axis, put the legend right of it and ``note`` and ``source`` under it,
-    and save it to ``path``."""
+    """Label the y axis, place legend, ``note`` and ``source``, save to ``path``."""
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=LEGEND_PT, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.text(0.5, -0.02, note + (f"\n{source}" if source else ""), ha="center", va="top", fontsize=8.5)
@@ -287,9 +281,8 @@ def final_values(runs: list[dict], k: int = 1) -> dict[tuple[str, int, int], flo
 
 
 def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
-    """The per-seed differences ``a[s] - b[s]`` over the seeds both have (same warm start; at one G the same data
-    and sampling seed): ``diff`` = [mean, 95% t half-width, n] (None where undefined), ``wins`` (the seeds where ``a``
-    is higher) and the ``labels`` naming the two sides."""
+    """Per-seed ``a[s] - b[s]`` over shared seeds: ``diff`` = [mean, 95% t half-width, n] (None where undefined),
+    ``wins`` (seeds where ``a`` is higher), ``labels``."""
     diff = [a[s] - b[s] for s in sorted(set(a) & set(b))]
     return {**labels, "diff": ci_record(diff), "wins": int(sum(d > 0 for d in diff))}
 
@@ -297,10 +290,8 @@ def paired_record(a: dict[int, float], b: dict[int, float], **labels) -> dict:
 def paired(
     runs: list[dict], estimators: list[str], gs: list[int], reference: str = "ebpo", k: int = 1, gains: bool = False
 ) -> list[dict]:
-    """Per G (random order) and every other estimator X: the per-seed differences ``reference - X`` of the final
-    held-out pass@k (:func:`run_pass_at_k`; k = 1: the final accuracy) over the seeds both ran
-    (:func:`paired_record`: [mean, 95% t half-width, n] and ``wins``, the seeds where the first side is higher);
-    ``gains``: ``X - reference`` instead (each estimator's gain over a baseline). None without ``reference``."""
+    """Per G (random order) and other estimator X: :func:`paired_record` of ``reference - X`` in final held-out pass@k
+    (``gains``: ``X - reference``). None without ``reference``."""
     if reference not in estimators:
         return []
     final = final_values(runs, k)
@@ -319,8 +310,7 @@ def format_diff(p: dict) -> str:
 
 
 def paired_table(pairs: list[dict], group_sizes: list[int], head: str = "EBPO - X", row: str = "baseline") -> str:
-    """Markdown: one row per value of the records' ``row`` field (the side that varies), columns = G, cells
-    ``mean ± half-width (wins/n)`` of the records' difference (``head`` names it)."""
+    """Markdown: one row per value of the records' ``row`` field, columns = G, cells ``mean ± half-width (wins/n)``."""
     xs = list(dict.fromkeys(p[row] for p in pairs))
     if not xs:
         return "(no pairs: the reference estimator is not in this preset)"
@@ -348,8 +338,7 @@ def paired_verdict(pairs: list[dict]) -> str:
 
 
 def gains_verdict(gains: list[dict]) -> str:
-    """One sentence per G for ``paired(..., gains=True)`` records: the estimators whose 95% interval of X - baseline
-    lies above 0, those below, and how many cover 0."""
+    """Per G, for gains records: estimators whose 95% interval lies above 0, below it, and how many cover 0."""
     by_g: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for p in gains:
         if side := _side(p):
@@ -365,8 +354,7 @@ def gains_verdict(gains: list[dict]) -> str:
 
 
 def warm_start_pass_at_k(base_info: dict) -> dict[str, float | None]:
-    """The warm start's held-out pass@k at each k of :data:`COVERAGE_K` (k = 1: ``heldout_accuracy``), rounded
-    to 6 decimals; None where ``base_info`` has no per-prompt probabilities (``heldout_pass``)."""
+    """The warm start's held-out pass@k per :data:`COVERAGE_K` (6 decimals); None without ``heldout_pass``."""
     probs = base_info.get("heldout_pass")
     return {
         str(k): round(base_info["heldout_accuracy"] if k == 1 else pass_at_k(probs, k), 6) if probs else None
@@ -379,8 +367,7 @@ def _mean(by_cell: dict, cell: tuple, metric: str) -> float:
 
 
 def study_provenance(preset, seconds: float, command: str) -> dict:
-    """The provenance record of a study (:mod:`ebpo_verl.ops.provenance`): its seeds are the runs' seeds 0..n-1 and
-    the warm start's seed 0; ``started`` is ``seconds`` before now."""
+    """The study's provenance record (seeds 0..n-1, warm start seed 0; ``started`` ``seconds`` ago)."""
     from ebpo_verl.study.presets import BASE_SEED
 
     seed = {"runs": list(range(preset.seeds)), "warm_start": BASE_SEED}
@@ -408,9 +395,8 @@ PASS_AT_K_FIGURE = "pass_at_k.png"
 def pass_at_k_figure(
     out: Path, runs: list[dict], estimators: list[str], group_sizes: list[int], base_info: dict, source: str
 ):
-    """Draw :data:`PASS_AT_K_FIGURE` into ``out``: per G (random order) final held-out pass@k against k (log scale),
-    per estimator the mean over seeds with 95% t-interval error bars (shifted apart along k), the warm start dotted,
-    ``source`` under it. Returns its caption for the report's list of figures."""
+    """Draw :data:`PASS_AT_K_FIGURE` into ``out`` (per G, pass@k against log k per estimator with 95% bars, the warm
+    start dotted); returns its caption."""
     probs = base_info.get("heldout_pass")
     warm = [pass_at_k(probs, k) for k in FIGURE_K] if probs else None
     ks = np.asarray(FIGURE_K, dtype=float)

@@ -2,18 +2,14 @@
 
 One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
   1. sample G responses (temperature 1) for each of the next P = responses_per_step / G prompts of the stream;
-  2. reward 1/0 by exact match, on the last response token (``token_level_rewards``);
-  3. advantages: verl's own estimators from ``get_adv_estimator_fn(name)``; ours from the run's estimator object
-     (``registry.new_estimator``), called as the trainer calls it (``trainer.adapter.outcome_advantages``) with
-     what it reads per row (``registry.row_values``); a fresh uid per prompt per step as ``index``; ``otb`` also
-     gets ``old_log_probs`` and ``sum_pi_squared`` (verl's ``calculate_sum_pi_squared_from_logits`` on the
-     pre-update logits), as with ``actor.calculate_sum_pi_squared=True``, without rollout importance weights;
-  4. ``ppo_mini_batches`` AdamW (``foreach``) steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean
-     ``agg_loss``) + ``kl_coef`` * token-mean ``kl_penalty(..., "low_var_kl")`` to the frozen warm start,
-     gradients clipped at ``grad_clip`` (the pre-clip norm and the share of clipped updates are logged).
+  2. reward 1/0 by exact match on the last response token (``token_level_rewards``);
+  3. advantages: verl's estimators by ``get_adv_estimator_fn(name)``; ours from the run's estimator object, called
+     as ``trainer.adapter.outcome_advantages`` calls it (``registry.row_values``, a fresh uid per prompt per step);
+     ``otb`` also gets ``old_log_probs`` and verl's ``calculate_sum_pi_squared_from_logits`` of the pre-update logits;
+  4. ``ppo_mini_batches`` AdamW steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean) + ``kl_coef`` *
+     ``kl_penalty(..., "low_var_kl")`` to the frozen warm start, gradients clipped at ``grad_clip``.
 
-Token log-probabilities come from verl's ``logprobs_from_logits_naive`` (the value ``logprobs_from_logits``
-computes, without its CPU fallback's loop over rows).
+Token log-probabilities: verl's ``logprobs_from_logits_naive`` (``logprobs_from_logits`` without its CPU loop).
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ KL_PROBE = 32
 
 @dataclass(frozen=True)
 class Variant:
-    """A study name: an estimator of the registry (:mod:`ebpo_verl.algos.registry`) with option overrides
-    (:data:`VARIANTS`, e.g. ``ebpo_bb``: ``{"prior": "beta_binomial"}``)."""
+    """A study name: a registry estimator with option overrides (:data:`VARIANTS`)."""
 
     spec: EstimatorSpec
     overrides: dict = field(default_factory=dict)
@@ -112,11 +107,8 @@ class RLConfig:
 
 
 def warm_start(model: TinyPolicy, data: ProblemSet, steps: int, seed: int, misconception: float = 0.0) -> None:
-    """Supervised warm start: ``steps`` AdamW steps (lr 3e-3, cosine decay) of token-mean cross-entropy on the answer
-    tokens + EOS of 128 prompts each, a fraction ``misconception`` of them with the misconceived answer.
-
-    Kept short on purpose: easy cells are learnt, hard ones stay near zero, so per-prompt pass rates spread
-    over 0..1 like a base model's on a hard math set."""
+    """Supervised warm start: ``steps`` AdamW steps (lr 3e-3, cosine) of cross-entropy on answer + EOS, 128 prompts
+    each, a ``misconception`` share misconceived. Short: pass rates spread over 0..1 (like a base model)."""
     g, batch_size = torch.Generator().manual_seed(seed), 128
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
@@ -137,9 +129,8 @@ def warm_start(model: TinyPolicy, data: ProblemSet, steps: int, seed: int, misco
 
 
 def order_stream(train: ProblemSet, cfg: RLConfig, base_pass: np.ndarray) -> np.ndarray:
-    """Indices of the ``steps * prompts_per_step`` prompts the run trains on, in order. random: a seeded shuffle;
-    topic: the same draw sorted by topic (in a seeded order), so consecutive batches share a topic; difficulty:
-    easy -> hard by the warm start's pass rate (the paper's curriculum). Prompts repeat only past the split's end."""
+    """Indices of the ``steps * prompts_per_step`` training prompts in order: random (seeded shuffle), topic (the same
+    draw by seeded topic order) or difficulty (easy -> hard by warm-start pass rate: the paper.s curriculum)."""
     rng = np.random.default_rng(cfg.seed)
     n = cfg.steps * cfg.prompts_per_step
     draw = np.concatenate([rng.permutation(len(train)) for _ in range(-(-n // len(train)))])[:n]
@@ -156,8 +147,7 @@ OTB = "optimal_token_baseline"
 
 @torch.no_grad()
 def sum_pi_squared(model: TinyPolicy, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
-    """(bs, L) sum over the vocabulary of the squared next-token probabilities at every response position (what
-    verl's actor computes with ``calculate_sum_pi_squared=True``), by verl's own function."""
+    """(bs, L) sum of squared next-token probabilities per response position, by verl's own function."""
     return calculate_sum_pi_squared_from_logits(model.response_logits(prompts, responses))
 
 
@@ -171,10 +161,8 @@ def _advantages(
     otb_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
     estimate: Estimator | None = None,
 ) -> torch.Tensor:
-    """(bs, L) advantages, the outcome reward on the last response token. Ours: ``estimate`` (the run's object)
-    with what it reads per row (the ``topic`` or problem ``index`` its options name, or the sample index: G rows per
-    prompt in sampling order); verl's own: its registered function, ``otb`` with ``otb_inputs`` = (old_log_probs,
-    sum_pi_squared)."""
+    """(bs, L) advantages, outcome reward on the last response token: ours via ``estimate`` with the per-row values
+    its options name; verl's by its registered function (``otb`` with ``otb_inputs``)."""
     maskf = mask.float()
     tlr = torch.zeros_like(maskf)
     tlr[torch.arange(len(rewards)), mask.sum(dim=1) - 1] = rewards
@@ -208,8 +196,7 @@ def _advantages(
 
 @dataclass
 class _Learner:
-    """One run's state: its estimator (``est``; ours: the run's object ``estimate``), the trained model, the frozen
-    reference, the optimizer, the actor config of verl's PPO-clip loss and the sampling generator."""
+    """One run's state: estimator, trained model, frozen reference, optimizer, PPO-clip actor config, generator."""
 
     est: Variant
     estimate: Estimator | None
@@ -221,9 +208,8 @@ class _Learner:
 
     @classmethod
     def start(cls, base: TinyPolicy, cfg: RLConfig) -> _Learner:
-        """``cfg``'s estimator (ours: a new object, as ebpo-train's trainer makes one per run), a trainable copy
-        of ``base`` (``base`` itself is the frozen reference) with AdamW at ``cfg.lr``, generators seeded by
-        ``cfg.seed``."""
+        """``cfg``'s estimator (a new object), a trainable copy of ``base`` (itself the frozen reference) with AdamW at
+        ``cfg.lr``, generators seeded by ``cfg.seed``."""
         est = ESTIMATORS[cfg.estimator]
         estimate = None if est.spec.builtin else registry.new_estimator(est.spec, est.overrides)
         torch.manual_seed(cfg.seed)
@@ -249,10 +235,8 @@ STEP_KEYS = ("reward", "zero_signal", "uniform_groups", *UPDATE_KEYS, "step_kl")
 
 
 def _rl_step(learner: _Learner, cfg: RLConfig, train: ProblemSet, batch_ids: np.ndarray, step: int, log: dict) -> None:
-    """One RL step on the prompts ``batch_ids``: sample G responses each, reward, advantages (ours: the run's
-    ``estimate``), ``ppo_mini_batches`` updates. Logs the :data:`STEP_KEYS`, and from the estimator's diagnostics
-    the mean shrinkage (``<name>/shrinkage_mean``, EBPO's) and the share of the step's prompts a per-prompt tracker
-    saw at an earlier step (``<name>/frac_seen``, SPO's and DBB's)."""
+    """One RL step on ``batch_ids``: sample, reward, advantages, ``ppo_mini_batches`` updates. Logs :data:`STEP_KEYS`,
+    ``<name>/shrinkage_mean`` and ``<name>/frac_seen`` from the estimator's diagnostics."""
     p, g = len(batch_ids), cfg.group_size
     est, estimate, gen = learner.est, learner.estimate, learner.gen
     batch = train.subset(batch_ids)
@@ -311,10 +295,8 @@ def run_rl(
     cfg: RLConfig,
     probe: ProblemSet | None = None,
 ) -> dict[str, np.ndarray]:
-    """Train a copy of ``base`` with RL; returns per-step metrics, the accuracy curve (exact pass@1 on ``heldout``;
-    on ``probe``, a fixed sample of the training split, at the last step), the final model's exact success probability
-    per held-out prompt (``heldout_pass_final``, for pass@k) and its mean pass@1 gain over ``base_pass`` on the
-    training prompts it saw and on those it did not."""
+    """Train a copy of ``base`` with RL: per-step metrics, held-out accuracy curve, the final probe accuracy, the
+    final per-prompt success probabilities (``heldout_pass_final``) and the pass@1 gain on seen and unseen prompts."""
     learner = _Learner.start(base, cfg)
     stream = order_stream(train, cfg, base_pass)
     log: dict[str, list[float]] = {

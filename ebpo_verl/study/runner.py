@@ -41,8 +41,7 @@ class Base:
 
 
 def prepare_base(preset: Preset, out: Path | None = None) -> Base:
-    """Data splits and the supervised warm start (``preset.sft_steps`` steps); with ``out``, the one saved there
-    (``base_model.pt`` + ``base.json``) is loaded instead of retrained, or a new one saved there."""
+    """Splits and the warm start (``preset.sft_steps``); with ``out``, loaded from or saved to ``base_model.pt``."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
@@ -77,10 +76,8 @@ def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
 
 
 def choose_lrs(runs: list[dict]) -> dict[str, dict]:
-    """Per estimator, from its tuning runs: the rates tried, each rate's validation score [mean, half-width, n]
-    over its runs (seeds and G), and the rate with the highest mean (the smaller one on a tie). A run's score is
-    its mean validation accuracy after step 0 (the area under its learning curve): it rewards reaching an accuracy
-    sooner as well as ending there, and averages a dozen evaluations instead of resting on the last one."""
+    """Per estimator, from its tuning runs: rates tried, each rate's score [mean, half-width, n] and the best rate
+    (smaller on a tie). A run's score is its mean validation accuracy after step 0 (area under the learning curve)."""
     from ebpo_verl.study.report import ci_record
 
     by: dict[str, dict[float, list[float]]] = {}
@@ -99,10 +96,9 @@ def choose_lrs(runs: list[dict]) -> dict[str, dict]:
 
 
 def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
-    """Each estimator's rates, their validation scores, its choice and their ``source``: a tuning preset's from
-    this run's ``tuning`` runs (:func:`choose_lrs`); else the preset's fixed rates, with the committed tuning run's
-    grid (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when they are its choice, each entry naming that run
-    (preset, commit, start) as its source, or each rate alone, fixed by the preset (tiny)."""
+    """Each estimator's rates, scores, choice and ``source``: this run's tuning (:func:`choose_lrs`), else the
+    preset's fixed rates, with the committed tuning grid (:data:`~ebpo_verl.study.presets.LR_TUNING_FILE`) when
+    they are its choice."""
     from ebpo_verl.ops.provenance import short_commit
 
     if preset.tune:
@@ -141,8 +137,8 @@ def code_fingerprint() -> dict[str, str]:
 
 
 def claim_out_dir(out: Path, preset: Preset) -> None:
-    """Record the preset's configuration and the code (:func:`code_fingerprint`) in ``out/study_config.json``, or
-    check that the ones there are the same (a rerun never mixes runs of two configurations or two code versions)."""
+    """Record the preset's configuration and :func:`code_fingerprint` in ``out/study_config.json``, or check they
+    match (a rerun never mixes configurations or code versions)."""
     path, want = out / "study_config.json", {**preset.fingerprint(), "code": code_fingerprint()}
     if not path.exists():
         write_json(path, want)
@@ -205,9 +201,8 @@ def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, fl
 def run_grid(
     preset: Preset, base: Base, out: Path, jobs: list[RLConfig], workers: int | None = None
 ) -> tuple[list[dict], int]:
-    """The runs ``jobs`` in order, each {"config": asdict(RLConfig), "metrics": {...}, "seconds": wall time,
-    "cpu_seconds": its process's CPU time}, and how many were already saved. Each finished run is saved at once
-    (atomically, :func:`run_path`) and saved runs are not run again, so an interrupted study resumes."""
+    """The runs ``jobs`` in order (config, metrics, seconds, cpu_seconds) and how many were already saved; each run
+    is saved atomically when done and never rerun, so a study resumes."""
     global _BASE
     _BASE = base
     done = load_done(out, jobs)
@@ -242,8 +237,7 @@ def _key(config: dict) -> tuple:
 
 
 def describe_base(base: Base) -> dict:
-    """Facts about the warm-started model for the report (pass-rate spread, parameter count, the exact success
-    probability of every held-out prompt)."""
+    """Facts about the warm start for the report (pass-rate spread, parameters, held-out success probabilities)."""
     p, probe, held = base.train_pass, base.probe, base.heldout
     return {
         "params": sum(p.numel() for p in base.model.parameters()),

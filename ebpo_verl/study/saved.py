@@ -64,9 +64,8 @@ class Timing:
 
 
 def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path], prog: str) -> Timing:
-    """The wall time of the study in ``study``: its own ``summary.json`` when that covers these runs, else the span from
-    its first file (``study_config.json``, written when it started) to the last of ``files`` (its saved runs) by
-    modification time, with a provenance record of this code started at that first file's time."""
+    """The study's wall time: its ``summary.json``'s when that covers these runs, else from ``study_config.json`` to
+    the last of ``files`` by mtime, with a provenance record started then."""
     try:
         saved = json.loads((study / "summary.json").read_text())
     except (OSError, ValueError, RecursionError):  # none, or unreadable: measured from the files below
@@ -90,8 +89,8 @@ def study_timing(study: Path, preset: Preset, runs: list[dict], files: list[Path
 
 
 def _records(summary: Any, preset: Preset, n_runs: int) -> bool:
-    """Whether ``summary`` (a study's summary.json) records the wall time of ``preset``'s ``n_runs`` runs: their
-    preset and count, a wall time >= 0, a command, a count of reused runs in 0..n_runs and a provenance record."""
+    """Whether ``summary`` records the wall time of ``preset``'s ``n_runs`` runs (preset, count, wall time,
+    command, reused runs, provenance)."""
     if not isinstance(summary, dict) or summary.get("preset") != preset.name or summary.get("n_runs") != n_runs:
         return False
     seconds, resumed = summary.get("wall_seconds"), summary.get("resumed_runs")
@@ -107,8 +106,7 @@ def _saved(study: Path, jobs: list) -> tuple[list[dict], list[Path]]:
 
 
 def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
-    """Write the report of the runs saved in ``study`` into ``out`` (the learning-rate grid as the study chose
-    it); 2 with one error line when there is nothing to report."""
+    """Write the report of the runs saved in ``study`` into ``out``; 2 with one error line when there are none."""
     import torch
 
     from ebpo_verl.study.runner import describe_base, lr_grid_of, prepare_base

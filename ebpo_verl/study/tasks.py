@@ -66,8 +66,8 @@ def all_problems(topic: str, level: int) -> np.ndarray:
 
 
 def misconceived(topic: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The answer under a classic misconception: digit-wise results with carries and borrows dropped (add,
-    sub, mul); for mod, only the last digit of ``a`` is used. Equal to the true answer when no carry occurs."""
+    """The answer under a classic misconception: digit-wise with carries and borrows dropped; for mod, ``a``'s last
+    digit only."""
     if topic == "mod":
         return (a % 10) % b
     da = _digits(a, 3)[:, ::-1]
@@ -82,11 +82,8 @@ def _digits(x: np.ndarray, width: int) -> np.ndarray:
 
 
 def encode(topic: str, a: np.ndarray, b: np.ndarray, answer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of the prompts (N, 9) and of the target answers + EOS right-padded with PAD (N, 5).
-
-    Answers are written least-significant digit first (as in small-transformer arithmetic studies), so the
-    carry rule is local and a tiny model can learn an algorithm instead of a lookup table.
-    """
+    """Token ids of the prompts (N, 9) and of the answers + EOS, PAD-padded (N, 5). Answers are written
+    least-significant digit first, so the carry rule is local and a tiny model can learn it."""
     n = len(a)
     op = np.full((n, 1), _TOKEN[OPS[topic]])
     prompts = np.concatenate(
@@ -112,11 +109,8 @@ def decode(tokens: torch.Tensor | list[int]) -> str:
 def make_splits(
     sizes: dict[str, int], seed: int, topics: tuple[str, ...] = TOPICS, levels: tuple[int, ...] = LEVELS
 ) -> dict[str, ProblemSet]:
-    """Disjoint splits of problems, ``sizes[split]`` problems per (topic, level) cell, filled in the given
-    order. In a small cell (1-digit problems: 45-100 of them) every split but the last gets at most
-    1/(n_splits + 1) of the cell and the last split the rest, so list the large warm-start split last.
-    ``seed`` fixes which problems go where.
-    """
+    """Disjoint splits, ``sizes[split]`` problems per (topic, level) cell in the given order (``seed`` fixes which).
+    In a small cell every split but the last gets at most 1/(n_splits + 1): list the large warm-start split last."""
     rng = np.random.default_rng(seed)
     parts: dict[str, list] = {name: [] for name in sizes}
     for topic in topics:

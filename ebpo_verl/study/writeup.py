@@ -17,8 +17,7 @@ from ebpo_verl.study.rl import ESTIMATORS
 
 @dataclass
 class _Study:
-    """What every step of the report reads: the preset, the warm start's facts, the runs and their cells, the source
-    line, the estimators, the G, the warm start's held-out accuracy, the ordering table's G and the gradient clip."""
+    """What every step of the report reads: preset, warm-start facts, runs and cells, source line, estimators, G."""
 
     preset: object
     base_info: dict
@@ -45,9 +44,8 @@ def write_report(
     record: dict | None = None,
     origin: str = "",
 ) -> str:
-    """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table (final
-    held-out accuracy). ``record``: the study's provenance (default: this process's); ``origin``: a paragraph on where
-    the runs and wall time come from (a report from saved runs). The wall time is rounded once (as summary.json)."""
+    """Write ``study.md``, ``summary.json`` and the figures into ``out``; returns the headline table. ``record``: the
+    provenance (default: this process's); ``origin``: where the runs and wall time come from."""
     seconds = round(seconds, 1)
     record = record or report.study_provenance(preset, seconds, command)
     ws = base_info["heldout_accuracy"]
@@ -102,8 +100,7 @@ def write_report(
 
 
 def _draw_figures(out: Path, study: _Study, views: dict) -> dict[str, str]:
-    """Every figure of the report (the ranking's from the equal-samples ``views``, where there are some); returns
-    {file name: caption}."""
+    """Every figure of the report; returns {file name: caption}."""
     runs, ests, gs, ws, og, clip = study.runs, study.ests, study.gs, study.ws, study.og, study.clip
     warm = (ws, f"warm start {ws:.3f}")
     lines = {"accuracy": warm, "grad_norm": (clip, f"clip = {clip:g}")}
@@ -216,8 +213,7 @@ seeds in which X ends higher / the seeds paired (pass@64 as in the coverage sect
 
 
 def _other_results(study: _Study, lr_grid: dict | None) -> str:
-    """Learning rates, steps to the target, zero-signal groups, the training-prompt probe, where the final models
-    gained, SPO's tracker and the stream order."""
+    """Learning rates, steps to target, zero-signal groups, probe, gains, SPO's tracker, stream order."""
     preset, by_cell, ests, gs, og = study.preset, study.by_cell, study.ests, study.gs, study.og
     rl, orders, o_ests = preset.rl, list(preset.orders), list(preset.order_estimators)
     probe = study.base_info["probe_accuracy"]
@@ -369,9 +365,7 @@ def _gradient_note(by_cell: dict, ests: list[str], gs: list[int], og: int, clip:
 def coverage_section(
     runs: list[dict], by_cell: dict, ests: list[str], gs: list[int], base_info: dict, seeds: int | None = None
 ) -> str:
-    """The report's coverage section: pass@k per cell at the k > 1 of :data:`COVERAGE_K` and the paired
-    differences EBPO - X at each k (pass@1's are the section above); a cell over fewer than ``seeds`` runs shows
-    (n/seeds)."""
+    """The coverage section: pass@k per cell at the k > 1 of :data:`COVERAGE_K` and paired EBPO - X at each k."""
     warm = report.warm_start_pass_at_k(base_info)
     warm_text = ", ".join(f"pass@{k} {warm[k]:.3f}" if warm[k] is not None else f"pass@{k} n/a" for k in warm)
     parts = [
