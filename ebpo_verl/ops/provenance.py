@@ -226,6 +226,16 @@ def read_versions(path: str | os.PathLike) -> dict[str, dict[str, str]]:
     return pins
 
 
+def _public(version: str | None) -> str | None:
+    """``version`` PEP 440-normalised, without its local label (``2.13.0+cpu`` -> ``2.13.0``)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return version and Version(version).public
+    except InvalidVersion:
+        return version
+
+
 def version_warning(path: str | os.PathLike | None = None, running: dict[str, str | None] | None = None) -> str | None:
     """A one-line warning when a running library version differs from the recipes' pinned ones (None when they
     match, or when there is no VERSIONS.txt, which ships with the package: ``ebpo_verl/recipes/``). The
@@ -245,7 +255,7 @@ def version_warning(path: str | os.PathLike | None = None, running: dict[str, st
     differ = [
         f"{package} {running.get(package) or 'not installed'} (validated: {version})"
         for package, version in pins[which].items()
-        if (running.get(package) or "").split("+")[0] != version.split("+")[0]  # 2.13.0+cpu is 2.13.0
+        if _public(running.get(package)) != _public(version)
     ]
     if not differ:
         return None
