@@ -63,7 +63,9 @@ def test_expected_state_equals_the_definition_over_all_batches():
 
 
 def test_check_state_accepts_the_package_merge():
-    """The package's own EB state after the same two batches (its Chan merge) passes the numpy recomputation."""
+    """The package's own EB state after the same two batches (its Chan merge, ``ebpo_math._merge_tables``) passes
+    the numpy recomputation."""
+    from ebpo_verl.algos.ebpo_math import _merge_tables
     from ebpo_verl.algos.ebpo_state import PriorStats
 
     def stats(groups: list[list[float]]) -> PriorStats:
@@ -72,12 +74,15 @@ def test_check_state_accepts_the_package_merge():
         table = [_by_hand(values) for values in series]
         return PriorStats.from_table(table)
 
+    def merged(a: PriorStats, b: PriorStats) -> PriorStats:
+        return PriorStats.from_table(_merge_tables(np.array(a.table()), np.array(b.table())).tolist())
+
     state = EBPOState()
     for batch in (BATCH_1, BATCH_2):
-        state.global_stats = state.global_stats.merge(stats(list(batch.values())))
+        state.global_stats = merged(state.global_stats, stats(list(batch.values())))
         for label in {_label(t) for t in batch}:
             part = stats([g for t, g in batch.items() if _label(t) == label])
-            state.clusters[label] = state.clusters.get(label, PriorStats()).merge(part)
+            state.clusters[label] = merged(state.clusters.get(label, PriorStats()), part)
         state.steps, state.prompts_seen = state.steps + 1, state.prompts_seen + len(batch)
         state.responses_seen += sum(len(g) for g in batch.values())
     saved = json.loads(json.dumps(state.state_dict()))
