@@ -1,22 +1,16 @@
 """EBPO inside verl 0.9.1's v1 trainer: per-row keys for the estimator, its state in checkpoints, ``ebpo/*``
 metrics, the metrics log, and verl's Optimal Token Baseline made runnable.
 
-verl's ``compute_advantage`` calls an estimator with rewards, masks and uids only, and its checkpoints know nothing
-of the estimator's state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer ``trainer.v1.trainer_mode``
-selects, every method through ``super()``:
+:class:`EBPOTrainerMixin` adds, on top of the v1 trainer ``trainer.v1.trainer_mode`` selects, through ``super()``:
 
-- ``_compute_advantage``: for an estimator of ours the trainer owns the object (``self.estimator``,
-  ``registry.new_estimator``) and the copy of verl's step (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it
-  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and what its spec's ``row_input`` reads per
-  row: an ``extra_info`` field (fetched from TransferQueue with the step's other fields) or the rollout sample index
-  (:func:`sample_indices`, ``krpo``); its diagnostics (``ebpo/*``, ...) go into the step's metrics;
-- ``_save_checkpoint`` / ``_load_checkpoint``: the estimator's state in ``global_step_N/<state_file>``
-  (:mod:`ebpo_verl.trainer.checkpoint.state`), restored in ``init()``, and the step's training metrics
-  (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`), logged on resume if the metrics log lacks them;
-- ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
-- ``logger``: verl's ``Tracking`` gets the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog` at
-  ``trainer.metrics_log_path``; a resumed run's TensorBoard events replace those of retrained steps
-  (:func:`purge_tensorboard`).
+- ``_compute_advantage``: the trainer owns the estimator (``registry.new_estimator``) and calls it
+  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and its spec's ``row_input`` per row
+  (an ``extra_info`` field, or the sample index :func:`sample_indices` for ``krpo``); diagnostics go to metrics;
+- ``_save_checkpoint`` / ``_load_checkpoint``: estimator state in ``global_step_N/<state_file>``
+  (:mod:`~ebpo_verl.trainer.checkpoint.state`) and step metrics (:mod:`~ebpo_verl.trainer.checkpoint.step_metrics`);
+- ``_init_dataloader``: every training row carries the per-row field (SPO: unique);
+- ``logger``: the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog` at ``trainer.metrics_log_path``;
+  a resume replaces retrained steps' TensorBoard events (:func:`purge_tensorboard`).
 
 :class:`OTBSumPiSquaredMixin` is the one place that copies verl. :class:`EBPOTaskRunner` is verl's
 ``TaskRunnerV1.run`` with these trainers, after the options, registration and node checks.
