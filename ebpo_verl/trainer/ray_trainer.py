@@ -132,17 +132,13 @@ def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
 class OTBSumPiSquaredMixin:
     """verl's Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline``) on the v1 trainer.
 
-    verl 0.9.1's v1 trainer neither asks the actor for the per-token sum of squared probabilities nor passes it to
-    the estimator (only its legacy trainer does), so OTB would stop at ``compute_advantage``'s ``sum_pi_squared``
-    assertion. For OTB runs only:
+    verl 0.9.1's v1 trainer never computes or passes the per-token sum of squared probabilities (only its legacy
+    trainer does), so OTB would fail ``compute_advantage``'s ``sum_pi_squared`` assertion. For OTB runs only:
 
-    - ``_compute_old_log_prob`` sets the engine's ``calculate_sum_pi_squared`` flag for verl's own step and stores
-      the response part of the actor's (nested, whole-sequence) output in TransferQueue as :data:`SUM_PI_SQUARED`;
-    - ``_compute_advantage`` is :meth:`_advantage_step`, verl's v1 step with that one field more (verl's fetches a
-      fixed field list, so this is the one method that copies verl; ``tests/test_otb_trainer.py`` runs it against
-      verl's own method on the same rows, with and without the KL penalty and the rollout correction), which
-      verl's ``compute_advantage`` passes to OTB with ``old_log_probs`` and any IS weights;
-      ``otb/sum_pi_squared_mean`` (token mean) is logged.
+    - ``_compute_old_log_prob`` sets the engine's ``calculate_sum_pi_squared`` flag and stores the response part of
+      the actor's output in TransferQueue as :data:`SUM_PI_SQUARED`;
+    - ``_compute_advantage`` is :meth:`_advantage_step`, verl's v1 step fetching that one field more (the one method
+      that copies verl), passed to OTB with ``old_log_probs`` and any IS weights; logs ``otb/sum_pi_squared_mean``.
 
     The bypass mode (no old-log-prob pass) and fused kernels are refused by the pre-flight.
     """
