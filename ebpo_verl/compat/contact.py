@@ -1,18 +1,9 @@
-"""Every private name of verl, Ray, Hydra, vLLM, torch and Python that this package reads, calls, writes, patches,
-overrides, copies or passes (a private keyword, also inside a Hydra override string), and every object of theirs it
-writes into, in one list (:data:`CONTACTS`, the data of ``contacts.yaml``), with why it is needed and what public
-API would replace it.
+"""Every private name of verl, Ray, Hydra, vLLM, torch and Python this package reads, calls, writes, patches,
+overrides, copies or passes, in one list (:data:`CONTACTS`, the data of ``contacts.yaml``), with why and what public
+API would replace it. ``docs/verl_contact.md`` is generated from it (``python -m ebpo_verl.compat.contact``).
 
-``docs/verl_contact.md`` is generated from it (``python -m ebpo_verl.compat.contact``).
-``tests/test_contact_surface.py`` checks each entry against the installed packages (the name is there, a callable
-has the recorded parameters, an attribute set by the owner's methods is still set there), and derives the private
-names the source uses from its syntax tree (every Python file we ship or run): one that is not listed fails the
-test. A verl upgrade that moves one of them is a red test naming the entry, not a crash in step 1.
-
-What is patched (an attribute of another package replaced, an entry of its registry written) goes through
-:func:`patch`, :func:`patched`, :func:`listed` and :func:`swapped`, which refuse a name that is not listed here.
-Nothing here imports verl or vLLM at import time: :mod:`ebpo_verl.cpu.backend` patches before verl loads its vLLM
-modules.
+Patches go through :func:`patch`, :func:`patched`, :func:`listed` and :func:`swapped`, which refuse an unlisted name.
+Nothing here imports verl or vLLM at import time.
 """
 
 from __future__ import annotations

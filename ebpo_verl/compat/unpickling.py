@@ -1,15 +1,11 @@
 """The one allowlist of what a checkpoint file of this package may pickle besides tensors, and the weights-only
 load that allows exactly that (:func:`weights_only_loads`).
 
-verl writes every checkpoint file with ``torch.save`` (a pickle) and reads it back with
-``torch.load(weights_only=False)``, which unpickles it and so runs any code it carries. Two readers of ours
-replace that load for their duration: the evaluation's merge (:mod:`ebpo_verl.evaluate.safe_merge`, model shards
-only) and a resume under ``ebpo-train`` (:mod:`ebpo_verl.trainer.checkpoint.trusted_load`, every file the resume
-reads). Both load ``weights_only=True``, each file with exactly its kind's part of :data:`ALLOWED`: the kind
-is read from the file's name (:data:`KIND_FILES`), and a file of no kind of the reader (another name, a stream)
-may hold none of it. Plain tensors, storages, dtypes, ``OrderedDict``, ``torch.Size``, ``torch.device`` and
-Python's containers and numbers are always allowed by torch. A file that pickles any other global is refused
-before that global is looked up: :class:`UntrustedPickle` names the file and what it carries.
+verl reads checkpoints with ``torch.load(weights_only=False)``, which runs any code they carry. The evaluation's
+merge (:mod:`ebpo_verl.evaluate.safe_merge`) and a resume under ``ebpo-train``
+(:mod:`ebpo_verl.trainer.checkpoint.trusted_load`) load ``weights_only=True``, each file with its kind's part of
+:data:`ALLOWED` (kind from the file name, :data:`KIND_FILES`; no kind: nothing extra). Any other global is refused
+before lookup: :class:`UntrustedPickle` names the file and what it carries.
 """
 
 from __future__ import annotations

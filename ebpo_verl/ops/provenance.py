@@ -1,17 +1,13 @@
 """What produced a number: code commit, library versions, hardware, command, start time and seed.
 
-:func:`provenance` returns the record that every results file of the package carries (the evaluation's
-``RESULTS.json`` and generations meta, the metrics log's ``<stem>.provenance.jsonl`` sidecar, the CPU study's
-``summary.json``)::
+:func:`provenance` returns the record every results file of the package carries::
 
     {"ebpo_verl": {"version", "commit", "dirty", "source"}, "verl", "vllm", "torch", "transformers", "python",
      "hardware": {"kind": "gpu", "model", "count"} | {"kind": "cpu", "model", "cores"},
      "command", "started", "seed"}
 
-The commit comes from the git checkout the package is imported from (an editable install or a clone on
-``PYTHONPATH``); a package installed from a git URL has no checkout, so pip's ``direct_url.json`` (PEP 610) gives
-the commit instead (``dirty`` is then null: pip builds from the committed tree). Any other install records
-``commit: null`` with ``source`` saying why. ``vllm`` is null where vLLM is not installed.
+The commit comes from the git checkout the package is imported from, else pip's ``direct_url.json`` (PEP 610;
+``dirty`` null), else ``commit: null`` with ``source`` saying why. ``vllm`` is null where vLLM is not installed.
 """
 
 from __future__ import annotations

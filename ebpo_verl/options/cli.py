@@ -1,14 +1,9 @@
-"""Command lines and environment switches from option declarations: one :class:`~.parsing.OptionSection`
-dataclass declares a command's options (type, default, allowed values, help, with :func:`~.parsing.option`), and
-:func:`add_options` builds their argparse arguments from it: each ``--flag``'s help ends with the declared default
-and the allowed values, each value is converted by the field's type and checked by the same rules as a config
-value (:func:`~.parsing.accepts`), and a bad value is one line ``PROG: error: ...`` with exit status 2
-(:class:`OneLineParser`). :func:`options_table` renders the same declarations as a docs table.
+"""Command lines and environment switches from option declarations (:class:`~.parsing.OptionSection`).
 
-Why not jsonargparse / tyro / simple-parsing: the package already declares every config option with ``option()``
-(the Hydra YAML, ``ebpo-train --help`` and the README table come from it); building argparse from those same
-declarations is about a hundred lines, keeps one rule set for config keys, environment variables and flags, and
-adds no dependency to a package whose pins follow verl's. Imports nothing of ebpo_verl but :mod:`.parsing`.
+:func:`add_options` builds argparse arguments: help ends with the default and allowed values, values are checked
+by :func:`~.parsing.accepts`, a bad value is one line ``PROG: error: ...``, exit 2 (:class:`OneLineParser`).
+:func:`options_table` renders the same declarations as a docs table. Not jsonargparse/tyro: one rule set for
+config keys, env variables and flags, no dependency beyond verl's pins. Imports only :mod:`.parsing`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """How an option is declared, checked and parsed: the one schema of every options section of the package.
 
-An options section (``algorithm.ebpo``, ``algorithm.spo``, ``algorithm.dbb``, ``data.curriculum``, our keys of
-``trainer``) is one frozen dataclass deriving from :class:`OptionSection`; each field is declared once with
-:func:`option` (type, default, allowed values, help), as TRL's ``GRPOConfig`` declares its fields. From that
-declaration come the checks (``__post_init__``: an invalid value raises however the object is built), the
-parsing of a config node (:meth:`OptionSection.from_mapping`, with one unknown-key message naming the closest
-key), the Hydra config ``ebpo-train`` composes (:mod:`ebpo_verl.trainer.config`), ``ebpo-train --help`` and the
-README's options table. Also the value predicates the options and the data checks share. Imports nothing
-of ebpo_verl (the bottom layer).
+A section is a frozen :class:`OptionSection` dataclass, each field declared once with :func:`option` (as TRL's
+``GRPOConfig``). From it come the checks (``__post_init__``), config parsing (:meth:`OptionSection.from_mapping`,
+naming the closest unknown key), the Hydra config, ``ebpo-train --help`` and the README's options table. Also the
+value predicates the options and data checks share. Imports nothing of ebpo_verl (the bottom layer).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The recipes' presets as data: the paper's shared setup, the rewards, the batch orders and one entry per
-ALGO x BASELINES, every value with the paper, script or documentation it comes from.
-
-Sources, cited by key below:
+ALGO x BASELINES, every value with its source, cited by key:
 
 - ``paper``: Han et al., "EBPO" (arXiv 2602.05165), "Setup" (batch 512 prompts, PPO mini-batch 128, lr 1e-6,
   weight decay 0.01, KL loss 0.001, token-mean, prompt 4096 / response 8192, clip 0.2, temperature 1.0).
-- ``authors``: the authors' released fork and run scripts as ``docs/paper_notes.md`` reports them (how each
-  baseline was really run; BASELINES=paper).
-- the baselines' own papers and verl 0.9.1's documentation (BASELINES=canonical, and the rows the authors did
-  not run: ``otb``, ``kl_cov``).
+- ``authors``: the authors' fork and run scripts as ``docs/paper_notes.md`` reports them (BASELINES=paper).
+- the baselines' own papers and verl 0.9.1's docs (BASELINES=canonical, and ``otb``, ``kl_cov``).
 
-A :class:`Setting` is one Hydra override; its ``key`` keeps the ``+``/``++`` prefix Hydra needs for keys the
-package config does not declare.
+A :class:`Setting` is one Hydra override; its ``key`` keeps the ``+``/``++`` prefix for undeclared keys.
 """
 
 from __future__ import annotations

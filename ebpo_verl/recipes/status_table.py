@@ -1,14 +1,9 @@
 """The reproduction status table: per row of the paper's tables, the paper's number and ours (or "not run").
 
-The docs command (``python -m ebpo_verl.docs_tables [--results DIR ...]``) writes it into
-``recipe/ebpo/README.md``'s ``status`` block. The results folders (default ``ebpo_runs/results`` under the checkout,
-where the table drivers write) are searched recursively for the ``<table>.csv`` files that
-``python -m ebpo_verl.recipes.make_tables --table <table>`` writes (one folder per reward/baseline variant and
-protocol). Every row of :mod:`ebpo_verl.recipes.paper` gets one line per measured result found (its five-benchmark
-average, protocol, hardware, ebpo-verl commit and command, as make_tables read them from the results'
-provenance), or one "not run" line naming the table driver that would produce it. The paper's numbers and ours are
-in separate columns, never mixed. Bad input (an unreadable CSV, a CSV without make_tables' columns) is
-:class:`StatusError`, one line naming the file and the fix.
+``python -m ebpo_verl.docs_tables [--results DIR ...]`` writes it into ``recipe/ebpo/README.md``'s ``status`` block
+from the ``<table>.csv`` files ``make_tables`` writes (searched recursively; default ``ebpo_runs/results``). Each
+row of :mod:`ebpo_verl.recipes.paper` gets one line per result (average, protocol, hardware, commit, command) or a
+"not run" line naming its driver; paper and ours never mixed. Bad CSV: :class:`StatusError` naming file and fix.
 """
 
 from __future__ import annotations

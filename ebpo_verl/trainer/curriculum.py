@@ -1,24 +1,16 @@
 """Curriculum orders as a verl dataset class: topic-clustered, difficulty-ordered, random or native.
 
-verl 0.9 has no curriculum-sampler API; with ``data.shuffle=False`` it reads the training set through a
-``SequentialSampler``, so the dataset decides what position p holds. Select it in stock verl with::
+verl 0.9 has no curriculum-sampler API; with ``data.shuffle=False`` a ``SequentialSampler`` reads the set, so the
+dataset decides what position p holds. Select it in stock verl with::
 
     data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum data.custom_cls.name=CurriculumDataset
     data.shuffle=False data.dataloader_num_workers=0 +data.curriculum.order=topic
 
-Options live under ``data.curriculum`` (see :class:`ebpo_verl.algos.ordering.CurriculumOptions`; defaults:
-``order: native, align: null (= true for topic), block_size: null, topic_key: topic, difficulty_key: null
-(= pass_rate if present, else difficulty), descending: false, seed: null (= data.seed, else 0),
-missing: error``). Labels are read from each row's ``extra_info``.
-
-Epochs and resumption: an epoch's order is a pure function of (rows, options, seed, epoch). The dataset follows
-the epoch from the index stream (a position not above the previous one starts the next epoch); its ``state_dict``
-(epoch, last position, a fingerprint of data and options) is stored by torchdata's ``StatefulDataLoader`` in
-verl's ``global_step_N/data.pt``, so a resumed run sees exactly the prompts of the uninterrupted run. This needs
-``data.dataloader_num_workers=0`` (``__getitem__`` does no tokenisation in verl 0.9). verl's legacy trainer skips
-restoring ``data.pt`` at an epoch boundary: call :meth:`CurriculumDataset.set_epoch` there.
-
-Only the training set is reordered: a dataset of other files than ``data.train_files`` behaves as ``RLHFDataset``.
+Options: ``data.curriculum`` (:class:`ebpo_verl.algos.ordering.CurriculumOptions`); labels from ``extra_info``.
+An epoch's order is a pure function of (rows, options, seed, epoch); ``state_dict`` (epoch, last position,
+fingerprint) rides in verl's ``data.pt``, so a resume sees the uninterrupted run's prompts (needs
+``dataloader_num_workers=0``). verl's legacy trainer skips ``data.pt`` at an epoch boundary: call
+:meth:`CurriculumDataset.set_epoch` there. Only ``data.train_files`` is reordered; other sets act as ``RLHFDataset``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """EBPO inside verl 0.9.1's v1 trainer: per-row keys for the estimator, its state in checkpoints, ``ebpo/*``
 metrics, the metrics log, and verl's Optimal Token Baseline made runnable.
 
-verl's ``compute_advantage`` calls an estimator with rewards, masks and uids only, and its checkpoints know nothing
-of the estimator's state. :class:`EBPOTrainerMixin` adds, on top of whichever v1 trainer ``trainer.v1.trainer_mode``
-selects, every method through ``super()``:
+:class:`EBPOTrainerMixin` adds, on top of the v1 trainer ``trainer.v1.trainer_mode`` selects, through ``super()``:
 
-- ``_compute_advantage``: for an estimator of ours the trainer owns the object (``self.estimator``,
-  ``registry.new_estimator``) and the copy of verl's step (:meth:`OTBSumPiSquaredMixin._advantage_step`) calls it
-  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and what its spec's ``row_input`` reads per
-  row: an ``extra_info`` field (fetched from TransferQueue with the step's other fields) or the rollout sample index
-  (:func:`sample_indices`, ``krpo``); its diagnostics (``ebpo/*``, ...) go into the step's metrics;
-- ``_save_checkpoint`` / ``_load_checkpoint``: the estimator's state in ``global_step_N/<state_file>``
-  (:mod:`ebpo_verl.trainer.checkpoint.state`), restored in ``init()``, and the step's training metrics
-  (:mod:`ebpo_verl.trainer.checkpoint.step_metrics`), logged on resume if the metrics log lacks them;
-- ``_init_dataloader``: every training row carries the per-row field (SPO: unique), before any worker starts;
-- ``logger``: verl's ``Tracking`` gets the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog` at
-  ``trainer.metrics_log_path``; a resumed run's TensorBoard events replace those of retrained steps
-  (:func:`purge_tensorboard`).
+- ``_compute_advantage``: the trainer owns the estimator (``registry.new_estimator``) and calls it
+  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and its spec's ``row_input`` per row
+  (an ``extra_info`` field, or the sample index :func:`sample_indices` for ``krpo``); diagnostics go to metrics;
+- ``_save_checkpoint`` / ``_load_checkpoint``: estimator state in ``global_step_N/<state_file>``
+  (:mod:`~ebpo_verl.trainer.checkpoint.state`) and step metrics (:mod:`~ebpo_verl.trainer.checkpoint.step_metrics`);
+- ``_init_dataloader``: every training row carries the per-row field (SPO: unique);
+- ``logger``: the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog` at ``trainer.metrics_log_path``;
+  a resume replaces retrained steps' TensorBoard events (:func:`purge_tensorboard`).
 
 :class:`OTBSumPiSquaredMixin` is the one place that copies verl. :class:`EBPOTaskRunner` is verl's
 ``TaskRunnerV1.run`` with these trainers, after the options, registration and node checks.
@@ -138,17 +132,13 @@ def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
 class OTBSumPiSquaredMixin:
     """verl's Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline``) on the v1 trainer.
 
-    verl 0.9.1's v1 trainer neither asks the actor for the per-token sum of squared probabilities nor passes it to
-    the estimator (only its legacy trainer does), so OTB would stop at ``compute_advantage``'s ``sum_pi_squared``
-    assertion. For OTB runs only:
+    verl 0.9.1's v1 trainer never computes or passes the per-token sum of squared probabilities (only its legacy
+    trainer does), so OTB would fail ``compute_advantage``'s ``sum_pi_squared`` assertion. For OTB runs only:
 
-    - ``_compute_old_log_prob`` sets the engine's ``calculate_sum_pi_squared`` flag for verl's own step and stores
-      the response part of the actor's (nested, whole-sequence) output in TransferQueue as :data:`SUM_PI_SQUARED`;
-    - ``_compute_advantage`` is :meth:`_advantage_step`, verl's v1 step with that one field more (verl's fetches a
-      fixed field list, so this is the one method that copies verl; ``tests/test_otb_trainer.py`` runs it against
-      verl's own method on the same rows, with and without the KL penalty and the rollout correction), which
-      verl's ``compute_advantage`` passes to OTB with ``old_log_probs`` and any IS weights;
-      ``otb/sum_pi_squared_mean`` (token mean) is logged.
+    - ``_compute_old_log_prob`` sets the engine's ``calculate_sum_pi_squared`` flag and stores the response part of
+      the actor's output in TransferQueue as :data:`SUM_PI_SQUARED`;
+    - ``_compute_advantage`` is :meth:`_advantage_step`, verl's v1 step fetching that one field more (the one method
+      that copies verl), passed to OTB with ``old_log_probs`` and any IS weights; logs ``otb/sum_pi_squared_mean``.
 
     The bypass mode (no old-log-prob pass) and fused kernels are refused by the pre-flight.
     """

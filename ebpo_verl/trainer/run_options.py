@@ -1,21 +1,9 @@
 """The run's options, parsed and validated once per process into one frozen :class:`RunOptions`.
 
-Each options section is one dataclass declaring its options once (:class:`~ebpo_verl.options.parsing.OptionSection`:
-each estimator's ``algorithm.<name>``, named by its entry of the estimator registry :mod:`ebpo_verl.algos.registry`,
-:class:`~ebpo_verl.algos.ordering.CurriculumOptions` for ``data.curriculum``, :class:`TrainerOptions` for our keys
-of ``trainer``); ``trainer/config/ebpo_trainer.yaml`` is
-generated from them (:mod:`ebpo_verl.trainer.config.generate`; ``tests/test_options.py`` keeps it equal).
-
-Who parses, and how often (``tests/test_options.py`` counts it):
-
-- ``ebpo-train``'s driver: :func:`ebpo_verl.trainer.preflight.preflight` builds ``RunOptions.from_config`` once and
-  every check reads that object;
-- the TaskRunner (another process): ``EBPOTaskRunner.run`` builds it once and passes it to the trainer, which
-  creates the run's estimator object with ``RunOptions.estimator`` (``ebpo_verl.algos.registry.new_estimator``):
-  no parse per step;
-- stock ``verl.trainer.main_ppo`` (the estimator sees only the raw ``algorithm`` node):
-  :func:`options_for_node` validates the node's value when it first sees it or it changes, and otherwise reuses
-  the result.
+Each section is one :class:`~ebpo_verl.options.parsing.OptionSection` (``algorithm.<name>`` per registry entry,
+``data.curriculum``, :class:`TrainerOptions`); ``trainer/config/ebpo_trainer.yaml`` is generated from them
+(:mod:`ebpo_verl.trainer.config.generate`). The driver's preflight and ``EBPOTaskRunner.run`` each build it once
+(no parse per step); under stock ``verl.trainer.main_ppo`` :func:`options_for_node` caches per ``algorithm`` node.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """A dead or hung worker ends the run, in one line that says what happened and where.
 
-verl 0.9.1's v1 trainer waits on its workers with plain ``ray.get``: a dead worker surfaces as a Ray (or gloo/NCCL)
-traceback, a hung one (stuck collective, dead NFS mount, wedged GPU, SIGSTOP) leaves every rank waiting silently.
-:class:`StepWatchdogMixin` records the step and phase (from ``init`` and ``load_checkpoint`` through every phase
-of a step, :data:`PHASES`) and:
-
-* on an error inside a phase, looks for a crashed actor of this Ray job; if there is one, the run stops with
-  :class:`RunAbortedError` naming the actor, its node, the step and the phase;
-* runs a thread that checks Ray's actor table every :data:`DEATH_CHECK_S` s (a dead vLLM server ends the run even
-  though nothing waits on it) and, when no phase starts or ends for ``trainer.init_timeout_s`` (initialisation)
-  or ``trainer.step_timeout_s`` seconds (``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` override; 0 or null:
-  off), names the job's actors stuck in a task or stopped, kills them so that ``ray.get`` returns, and stops the
-  run; a trainer still running :data:`END_WITHIN_S` later ends its process (:func:`hang_bound_s`,
-  :func:`death_bound_s`).
-
-It also gives the workers' process group ``actor_rollout_ref.nccl_timeout`` (:func:`dist_timeout_worker_cls`).
-:func:`failures_reported` (around ``run_ppo`` in the driver) resolves the timeouts into the config and prints
-the error as one line ``ebpo-train: error: ...``, exit status 1; rerunning the command resumes from the last
-checkpoint.
+:class:`StepWatchdogMixin` records the step and phase (:data:`PHASES`) and: on an error in a phase, stops with
+:class:`RunAbortedError` naming a crashed actor, its node, step and phase; a thread checks Ray's actor table every
+:data:`DEATH_CHECK_S` s and, when no phase starts or ends for ``trainer.init_timeout_s`` / ``trainer.step_timeout_s``
+(``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S``; 0 or null: off), names and kills the stuck actors and stops the
+run; a trainer still running :data:`END_WITHIN_S` later ends its process (:func:`hang_bound_s`, :func:`death_bound_s`).
+Workers get ``actor_rollout_ref.nccl_timeout`` (:func:`dist_timeout_worker_cls`). :func:`failures_reported` prints
+the error as ``ebpo-train: error: ...``, exit status 1; rerunning resumes from the last checkpoint.
 """
 
 from __future__ import annotations

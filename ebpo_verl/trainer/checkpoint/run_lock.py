@@ -21,12 +21,10 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 def hold_run_outputs(trainer: Any) -> contextlib.ExitStack:
-    """Exclusive locks (:func:`ebpo_verl.ops.locking.exclusive_lock`) on a training run's outputs, held until the
-    returned stack is closed (use it as a ``with`` block around the run): ``trainer.default_local_dir`` (lock
-    file ``ebpo-train.lock`` in it) and the metrics log (``<trainer.metrics_log_path>.lock``). A second run on
-    either gets :class:`~ebpo_verl.ops.locking.LockHeldError` naming the holder at once; the operating system drops
-    the locks when the holder exits or is killed, so a crashed run never blocks the next one. A checkpoint folder
-    (and its parents) this call created is removed again on release if the run left nothing in it.
+    """Exclusive locks (:func:`ebpo_verl.ops.locking.exclusive_lock`) on ``trainer.default_local_dir``
+    (``ebpo-train.lock``) and ``<trainer.metrics_log_path>.lock``, held until the returned stack closes; a second run
+    gets :class:`~ebpo_verl.ops.locking.LockHeldError` at once, and the OS drops locks of a killed holder. A checkpoint
+    folder (and parents) this call created is removed on release if left empty.
     """
     stack = contextlib.ExitStack()
     try:

@@ -1,15 +1,11 @@
 """An estimator's running state inside verl's checkpoints: ``<default_local_dir>/global_step_N/<state_file>``.
 
-The file is written atomically (:mod:`ebpo_verl.ops.atomic`) before verl writes ``latest_checkpointed_iteration.txt``,
-so a checkpoint that verl would resume from always has it. Layout::
+Written atomically (:mod:`ebpo_verl.ops.atomic`) before verl's ``latest_checkpointed_iteration.txt``. Layout::
 
     {"format": 1, "global_step": N, "options": {<algorithm.<name> at save time>}, "state": <state.state_dict()>}
 
-Every estimator with a state (:func:`ebpo_verl.algos.registry.stateful`; ``ebpo``: ``ebpo_state.json``, ``spo``:
-``spo_state.json``, ``dbb``: ``dbb_state.json``; the file is its ``StateSpec``'s) goes the same way: the same
-validation, and the same
-``on_resume_mismatch`` choice (:func:`_on_mismatch`) when the options differ, or when the file is missing (a plain
-verl checkpoint: ``error`` by default).
+Every stateful estimator (:func:`ebpo_verl.algos.registry.stateful`; file from its ``StateSpec``) shares the
+validation and the ``on_resume_mismatch`` choice (:func:`_on_mismatch`) for differing options or a missing file.
 """
 
 from __future__ import annotations

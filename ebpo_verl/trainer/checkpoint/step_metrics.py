@@ -16,12 +16,9 @@ FORMAT = 1
 
 
 def save_step_metrics(step_dir: str | os.PathLike, metrics: dict[str, Any], global_step: int) -> Path:
-    """Write step ``global_step``'s training metrics to ``step_dir/ebpo_step_metrics.json``, atomically.
-
-    verl writes ``latest_checkpointed_iteration.txt``, then validates, then logs the step: a crash in between
-    would lose the step's training metrics for good. The trainer saves them here before verl's tracker file, and
-    a resume from this checkpoint logs them when the metrics log lacks them (:func:`load_step_metrics`).
-    Numbers only (numpy/torch scalars as Python numbers; NaN kept); returns the path.
+    """Write step ``global_step``'s training metrics to ``step_dir/ebpo_step_metrics.json`` atomically, before
+    verl's tracker file (:func:`load_step_metrics` logs them on resume). Numbers only (scalars as Python numbers; NaN
+    kept); returns the path.
     """
     plain: dict[str, float | int] = {}
     for key, value in metrics.items():

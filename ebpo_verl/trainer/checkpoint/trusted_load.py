@@ -1,21 +1,11 @@
 """A resume under ``ebpo-train`` unpickles data only: tensors and the types of this package's own checkpoints.
 
-verl 0.9.1's resume reads each worker's ``global_step_N/actor/{model,optim,extra_state}_world_size_W_rank_R.pt``
-and the trainer's ``global_step_N/data.pt`` with ``torch.load(weights_only=False)``: a tampered or foreign
-checkpoint would run its code in every process. Unless ``trainer.trust_checkpoint=true``, :class:`TrustedLoadMixin`:
-
-- replaces each worker class that loads checkpoints by :func:`weights_only_worker_cls`'s, whose ``load_checkpoint``
-  loads every file weights-only with its own kind's part of :data:`ebpo_verl.compat.unpickling.ALLOWED`
-  (:func:`~ebpo_verl.compat.unpickling.weights_only_loads`);
-- runs verl's ``_load_checkpoint`` in the trainer's process the same way (``data.pt``), and refuses an
-  asynchronous mode's ``transfer_queue`` folder (TransferQueue reads it with plain ``pickle.load``);
-- refuses a resume whose actor or critic strategy is not in :data:`CHECKED_STRATEGIES` (:func:`check_strategies`,
-  also run by the pre-flight): Megatron's metadata is read with plain ``pickle.load``, other engines' files were
-  never listed.
-
-A file that pickles anything else is refused before the foreign global is looked up:
-:class:`UntrustedCheckpointError`, one line naming the file, what it carries and the switch (printed by
-:func:`ebpo_verl.trainer.watchdog.failures_reported`, exit status 1).
+verl 0.9.1 reads ``global_step_N/actor/*.pt`` and ``data.pt`` with ``torch.load(weights_only=False)``: a tampered
+checkpoint would run code. Unless ``trainer.trust_checkpoint=true``, :class:`TrustedLoadMixin` loads every file
+weights-only with its kind's part of :data:`ebpo_verl.compat.unpickling.ALLOWED` (:func:`weights_only_worker_cls`,
+also ``_load_checkpoint`` in the trainer), refuses an async ``transfer_queue`` folder (plain ``pickle.load``) and a
+strategy outside :data:`CHECKED_STRATEGIES` (:func:`check_strategies`). Anything else pickled raises
+:class:`UntrustedCheckpointError`, one line naming the file, what it carries and the switch.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Pre-flight of an EBPO run: everything that would otherwise fail after a full rollout, or silently.
 
-:func:`preflight` runs in the driver before Ray starts, for a real run and for ``--cfg job`` alike: the
-estimator's name in verl's registry, the run's options (:class:`~ebpo_verl.trainer.run_options.RunOptions`,
-parsed once),
-then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check and :data:`RUN_CHECKS`, in that order. Modules:
-:mod:`.config` (checks of the composed config and verl's ``validate_config``), :mod:`.batches` (each rank's share
-of every batch), :mod:`.data` (the one reader of data files, their checks, the trainer's row checks),
-:mod:`.registry` (verl's estimator registry, in the driver and in the TaskRunner), :mod:`.trust` (a resume that
-cannot load weights-only). Every refusal is an
-:class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the offending key/value/file and the fix.
+:func:`preflight` runs in the driver before Ray starts (also for ``--cfg job``): the estimator's registration,
+:class:`~ebpo_verl.trainer.run_options.RunOptions`, then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check
+and :data:`RUN_CHECKS`. Modules: :mod:`.config`, :mod:`.batches`, :mod:`.data`, :mod:`.registry`,
+:mod:`.trust`. Every refusal is an :class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the key/value/file
+and the fix.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Before Ray starts: the batch, mini-batch and micro-batch sizes divide over the run's ranks and rollout replicas.
 
-verl 0.9.1's ``validate_config`` checks that a step's responses (``data.train_batch_size x rollout.n``) divide over
-the GPUs, but not what each FSDP rank then receives: its share of the padded step batch for the log-prob passes,
-its share of a PPO mini-batch for the update. A per-GPU micro-batch size that does not divide those shares stops
-the run after its first rollout (verl's ``AssertionError: data size must be divisible by force_group_size *
-micro_batch_size_per_gpu``), and a mini-batch that does not divide over the ranks, or a rollout parallel size
-that does not divide the GPUs, stops it when the workers start. The shares, as verl's v1 trainer forms them
-(``PPOTrainer._balance_batch`` / ``_get_required_batch_multiple``, the engine workers' ``train_mini_batch``):
+verl 0.9.1's ``validate_config`` does not check each FSDP rank's share, so a bad micro-batch stops the run after
+its first rollout (``data size must be divisible by force_group_size * micro_batch_size_per_gpu``). The shares, as
+verl's v1 trainer forms them (``PPOTrainer._balance_batch`` / ``_get_required_batch_multiple``, ``train_mini_batch``):
 
-* ranks ``D = trainer.nnodes x trainer.n_gpus_per_node / actor.ulysses_sequence_parallel_size``;
-* rollout replicas ``R = nnodes x n_gpus_per_node / (rollout.tensor_model_parallel_size x data_parallel_size x
-  pipeline_model_parallel_size)``, which must be a whole number;
-* a mini-batch of ``M = actor.ppo_mini_batch_size x rollout.n`` responses, which must divide over the ``D`` ranks;
-* the step batch ``B = data.train_batch_size x rollout.n`` padded up to a multiple of ``lcm(D, M)``: each rank's
-  log-prob share is ``ceil(B / lcm(D, M)) x lcm(D, M) / D`` (``rollout.log_prob_micro_batch_size_per_gpu``, and
-  ``ref.log_prob_micro_batch_size_per_gpu`` when a reference policy runs), its update share ``M / D``
-  (``actor.ppo_micro_batch_size_per_gpu``); each micro-batch size must divide its share. Dynamic batch sizes
-  (``*use_dynamic_bsz``) have no fixed micro-batch, so only ``M`` over ``D`` is checked for them.
-
-Rollout replicas take requests one prompt group at a time through verl's load balancer, so no batch size needs to
-divide over them; only their parallel sizes must divide the GPUs. Megatron runs are left to verl's own checks.
+* ranks ``D = nnodes x n_gpus_per_node / ulysses_sequence_parallel_size``; replicas ``R = nnodes x n_gpus_per_node /
+  (tensor x data x pipeline parallel size)``, a whole number;
+* mini-batch ``M = ppo_mini_batch_size x rollout.n``, divisible by ``D``;
+* step batch ``B = train_batch_size x rollout.n`` padded to a multiple of ``lcm(D, M)``: log-prob share
+  ``ceil(B / lcm(D, M)) x lcm(D, M) / D`` (rollout and ref ``log_prob_micro_batch_size_per_gpu``), update share
+  ``M / D`` (``ppo_micro_batch_size_per_gpu``); each micro-batch size must divide its share. With
+  ``*use_dynamic_bsz`` only ``M`` over ``D`` is checked. Megatron runs are left to verl's own checks.
 """
 
 from __future__ import annotations
