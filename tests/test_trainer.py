@@ -15,6 +15,7 @@ import torch
 from verl.protocol import DataProto
 
 import ebpo_verl
+from ebpo_verl.algos.grouping import one_value_per_key
 from ebpo_verl.data import dapo_math, math500
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import OptionSection
@@ -73,6 +74,12 @@ def test_trainer_row_keys_skip_padding_and_name_unlabelled_rows():
     assert uid_row_keys([{"topic": "a"}, {"topic": float("nan")}], ["u1", "pad0"], [False, False], "topic") == {
         "u1": "a"
     }
+
+
+def test_one_value_per_key_compares_keys_as_strings_and_names_a_key_with_two_values():
+    assert one_value_per_key([1, "1", "u2"], ["a", "a", 0], "label") == {"1": "a", "u2": 0}
+    with pytest.raises(ValueError, match=r"^uid 1 carries more than one label: 'a', 'b'$"):
+        one_value_per_key(["1", 1], ["a", "b"], "label")
 
 
 def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer, _config):

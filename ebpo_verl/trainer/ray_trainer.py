@@ -40,6 +40,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from ebpo_verl.algos import registry
+from ebpo_verl.algos.grouping import one_value_per_key
 from ebpo_verl.compat.contact import swapped
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
@@ -77,24 +78,19 @@ def uid_row_keys(
 
     Padding rows (flagged, or uid starting with ``pad``) copy a real row's fields in verl, so they are skipped. A
     real row without the field raises, naming its uid and the keys its ``extra_info`` has; so does a uid whose
-    rows carry two different values.
+    rows carry two different values (the grouping code's :func:`~ebpo_verl.algos.grouping.one_value_per_key`).
     """
-    values: dict[str, Any] = {}
-    for info, uid, pad in zip(extra_infos, uids, padding, strict=True):
-        uid = str(uid)
-        if pad or uid.startswith("pad"):
-            continue
-        value = (info or {}).get(key)
-        if is_missing(value):
+    rows = [(str(u), info or {}) for info, u, pad in zip(extra_infos, uids, padding, strict=True) if not pad]
+    rows = [(uid, info) for uid, info in rows if not uid.startswith("pad")]
+    for uid, info in rows:
+        if is_missing(info.get(key)):
             raise EBPOConfigError(
-                f"rollout row of uid {uid} has no extra_info[{key!r}] ({option}); its "
-                f"extra_info keys: {sorted(info or {})}"
+                f"rollout row of uid {uid} has no extra_info[{key!r}] ({option}); its extra_info keys: {sorted(info)}"
             )
-        if values.setdefault(uid, value) != value:
-            raise EBPOConfigError(
-                f"uid {uid} carries more than one extra_info[{key!r}] ({option}): {values[uid]!r}, {value!r}"
-            )
-    return values
+    try:
+        return one_value_per_key([u for u, _ in rows], [i[key] for _, i in rows], f"extra_info[{key!r}] ({option})")
+    except ValueError as err:
+        raise EBPOConfigError(str(err)) from None
 
 
 _TRAJECTORY_KEY = re.compile(r".+_([0-9]{1,18})_[0-9]{1,18}", re.DOTALL)
