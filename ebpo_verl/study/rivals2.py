@@ -192,7 +192,7 @@ PLANS: dict[str, Plan] = {
     ),
 }
 DURATION = {
-    "rivals2": "not run yet; estimated 3.5-4 h on 2 idle cores, about 11 h at 16 s a run (docs/study_rivals2_PLAN.md)",
+    "rivals2": "not run yet; estimated 3.5-4.5 h on 2 idle cores, 11 h at 16 s a run (docs/study_rivals2_PLAN.md)",
     "rivals2_tiny": "about 1-2 min",
 }
 
@@ -582,7 +582,7 @@ def figures(out: Path, plan: Plan, data: dict) -> None:
     ones thin); histograms.png: each regime's warm-start pass-rate histogram."""
     import matplotlib.pyplot as plt
 
-    regs = data["regimes"]
+    regs, source = data["regimes"], report.source_line(plan.name, data["provenance"])
     fig, axes = report.panels(len(regs))
     xs = np.asarray(plan.top_gs, dtype=float)
     for ax, (name, reg) in zip(axes[0], regs.items(), strict=True):
@@ -594,7 +594,7 @@ def figures(out: Path, plan: Plan, data: dict) -> None:
         ax.set_xticks(xs, [str(g) for g in plan.top_gs])
         ax.set_title(f"{name}: {reg['frac_train_below_0.05']:.2f} below 0.05", fontsize=10)
         ax.set_xlabel("G (128 responses per step)" if data["responses_per_step"] == 128 else "G")
-    report.finish(fig, axes, "final held-out pass@1", "Mean over seeds, 95% t-intervals.", "", out / "regimes.png")
+    report.finish(fig, axes, "final held-out pass@1", "Mean over seeds, 95% t-intervals.", source, out / "regimes.png")
     fig, axes = report.panels(len(regs))
     for ax, (name, reg) in zip(axes[0], regs.items(), strict=True):
         ax.axhline(0.0, **report.REFERENCE)
@@ -621,7 +621,7 @@ def figures(out: Path, plan: Plan, data: dict) -> None:
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("G")
     note = "Paired by seed; thick bars: Holm-adjusted 95% intervals over the top group's pairs; thin: plain 95%."
-    report.finish(fig, axes, "final held-out pass@1 difference", note, "", out / "differences.png")
+    report.finish(fig, axes, "final held-out pass@1 difference", note, source, out / "differences.png")
     fig, axes = plt.subplots(1, len(regs), figsize=(3.8 * len(regs), 3), squeeze=False)
     for ax, (name, reg) in zip(axes[0], regs.items(), strict=True):
         ax.bar(np.arange(10) / 10 + 0.05, reg["pass_rate_histogram"], width=0.09, color="0.4")
