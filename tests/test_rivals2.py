@@ -61,7 +61,7 @@ def test_grid_extensions_never_take_the_study_past_its_cap(monkeypatch):
 
 def test_tuning_and_test_seeds_are_disjoint_and_enough():
     assert len(FULL.tuning_seeds) >= 4 and FULL.top_seeds >= 16 and FULL.rest_seeds >= 6
-    jobs = [j for r in FULL.regimes for j in FULL.tuning_jobs(r, {s: list(FULL.lr_grid) for s in FULL.slots(r)})]
+    jobs = [j for r in FULL.regimes for j in FULL.tuning_jobs({s: list(FULL.lr_grid) for s in FULL.slots(r)})]
     lrs = {e: dict.fromkeys((2, 4, 8, 16), 1e-4) for e in (*FULL.top, *FULL.rest)}
     tests = [j for r in FULL.regimes for j in FULL.test_jobs(r, lrs)]
     assert {j.split for j in jobs} == {"validation"} and {j.split for j in tests} == {"test"}

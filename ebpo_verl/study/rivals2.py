@@ -132,7 +132,8 @@ class Plan:
         """(estimator, tuned G) of the regime's tuning."""
         return [(e, g) for e in self.estimators(regime) for g in self.tune_gs]
 
-    def tuning_jobs(self, regime: Regime, rates: dict[tuple[str, int], list[float]]) -> list[RLConfig]:
+    def tuning_jobs(self, rates: dict[tuple[str, int], list[float]]) -> list[RLConfig]:
+        """Every estimator and tuned G (``rates``' keys) at each of its rates and tuning seed (validation split)."""
         return [
             RLConfig(estimator=e, group_size=g, seed=s, lr=lr, split="validation", **self.scale.rl)
             for (e, g), lrs in rates.items()
@@ -141,6 +142,7 @@ class Plan:
         ]
 
     def test_jobs(self, regime: Regime, lrs: dict[str, dict[int, float]]) -> list[RLConfig]:
+        """The regime's test runs (test split), each estimator at each G at its rate ``lrs[estimator][G]``."""
         rows = [(e, self.top_gs, self.top_seeds) for e in self.top]
         rows += [(e, self.rest_gs, self.rest_seeds) for e in self.rest] if regime.with_rest else []
         return [
@@ -158,7 +160,7 @@ class Plan:
         lrs = {e: dict.fromkeys((*self.top_gs, *self.rest_gs), 1.0) for e in (*self.top, *self.rest)}
         grid = {slot: list(self.lr_grid) for slot in self.slots(Regime("x", with_rest=True))}
         return sum(
-            len(self.tuning_jobs(r, {s: grid[s] for s in self.slots(r)})) + len(self.test_jobs(r, lrs))
+            len(self.tuning_jobs({s: grid[s] for s in self.slots(r)})) + len(self.test_jobs(r, lrs))
             for r in self.regimes
         )
 
@@ -172,7 +174,7 @@ PLANS: dict[str, Plan] = {
     # Issue 47's study: 3 regimes x 8 estimators x G in {2, 4, 8, 16} x 16 seeds, the 6 others at G in {2, 4, 8}
     # x 6 seeds in the first regime, each tuned (3 rates x G = 2, 8 x 4 seeds, validation split); 120 steps.
     "rivals2": Plan(name="rivals2", scale=PRESETS["rivals"]),
-    # The same code paths in about a minute: 3 estimators, 2 rates (so every choice is at an edge), 8 steps.
+    # The same code paths in about 2 minutes: 3 estimators, 2 rates (every first choice is at an edge), 4 steps.
     "rivals2_tiny": Plan(
         name="rivals2_tiny",
         scale=dataclasses.replace(
@@ -246,13 +248,12 @@ def tune(plan: Plan, regime: Regime, base, out: Path, room: int, workers: int | 
 
     rates = {slot: list(plan.lr_grid) for slot in plan.slots(regime)}
     while True:
-        runs, _ = run_grid(plan.preset(regime), base, out, plan.tuning_jobs(regime, rates), workers)
+        runs, _ = run_grid(plan.preset(regime), base, out, plan.tuning_jobs(rates), workers)
         scores: dict = {}
         for run in runs:
             c = run["config"]
-            scores.setdefault((c["estimator"], c["group_size"]), {}).setdefault(c["lr"], {})[c["seed"]] = tuning_score(
-                run
-            )
+            slot = c["estimator"], c["group_size"]
+            scores.setdefault(slot, {}).setdefault(c["lr"], {})[c["seed"]] = tuning_score(run)
         choices = {slot: lr_choice(scores[slot]) for slot in rates}
         add = extensions(choices, rates, plan.lr_grid, plan.max_extensions, room, plan.tune_seeds)
         if not add:
