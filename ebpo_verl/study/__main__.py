@@ -23,6 +23,7 @@ from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.study.presets import ALL_ESTIMATORS, DEFAULT_LR, PRESETS, describe_presets
+from ebpo_verl.study.rivals2 import DURATION, PLANS
 
 PROG = "python -m ebpo_verl.study"
 
@@ -42,7 +43,7 @@ class StudyOptions(OptionSection):
 
     SECTION: ClassVar[str] = "study"
 
-    preset: str = option("quick", "the study grid", choices=tuple(PRESETS))
+    preset: str = option("quick", "the study grid", choices=(*PRESETS, *PLANS))
     out: str = option("results", "output directory", rule=text("a folder"))
     workers: int | None = option(None, "processes for the RL runs; null: the preset's", choices=(None,), rule=ints(1))
     estimators: str | None = option(
@@ -66,7 +67,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(
         prog=PROG,
         description=__doc__.replace("``", ""),  # the docstring's RST literals, as plain text
-        epilog="presets (wall time on 2 idle cores):\n" + describe_presets(),
+        epilog="presets (wall time on 2 idle cores):\n"
+        + describe_presets()
+        + "".join(
+            f"\n{name}: {p.planned_runs()} runs planned (cap {p.run_cap}), {DURATION[name]}"
+            for name, p in PLANS.items()
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = "the RL study, the MSE check, or the report of a study's saved runs (no training)"
@@ -105,6 +111,8 @@ def _main(argv: list[str] | None) -> int:
         return 0
     from ebpo_verl.study.runner import StudyDirError, claim_out_dir
 
+    if args.preset in PLANS:
+        return _run_plan(args, command)
     preset = PRESETS[args.preset]
     try:
         if args.estimators:
@@ -115,6 +123,24 @@ def _main(argv: list[str] | None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     _run_study(args, preset, command, t0)
+    return 0
+
+
+def _run_plan(args: argparse.Namespace, command: str) -> int:
+    """A :mod:`~ebpo_verl.study.rivals2` plan: claim ``--out``, run (or resume) it and print its closing note."""
+    from ebpo_verl.study.rivals2 import RegimeError, run_plan
+    from ebpo_verl.study.runner import StudyDirError, claim_out_dir
+
+    plan = PLANS[args.preset]
+    try:
+        if args.estimators:
+            raise StudyDirError(f"--estimators: preset {plan.name} fixes its estimators; leave it out")
+        claim_out_dir(args.out, plan)
+        torch.set_num_threads(1)
+        print(run_plan(plan, args.out, command, args.workers))
+    except (StudyDirError, RegimeError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

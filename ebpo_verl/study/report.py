@@ -178,6 +178,7 @@ STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okab
     "bnpo": ("#17BECF", ">", "-."),
     "spo": ("#9467BD", "p", ":"),
     "dbb": ("#D55E00", "d", (0, (3, 1, 1, 1))),
+    "ha_dw_authors": ("#A6761D", "H", (0, (1, 2))),
 }
 DEFAULT_COLOURS = ("#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#3182BD", "#E6550D", "#31A354")
 DEFAULT_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")

@@ -57,6 +57,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ebpo_batch": ("ebpo", {"stats_scope": "batch"}),
     "ebpo_bb": ("ebpo", {"prior": "beta_binomial"}),
     "ebpo_topic": ("ebpo", {"cluster_key": "topic"}),
+    "ha_dw_authors": ("ha_dw", {"form": "authors_code"}),
 }
 """The study's extra names: study name -> (registered estimator, option overrides), listed after that estimator."""
 
