@@ -344,7 +344,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank, model_dir, out, port, version):
+def rank_main(rank, model_dir, out, port, versions):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from torch.distributed.device_mesh import init_device_mesh
@@ -352,37 +352,40 @@ def rank_main(rank, model_dir, out, port, version):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    shape, names = ((2, 1), ("ddp", "fsdp")) if version == "hsdp" else ((2,), ("fsdp",))
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    if version == "fsdp1":  # as verl's FSDP1 workers wrap it: with the device mesh
-        model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"), use_orig_params=True)
-    else:
-        fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    ids = torch.tensor([[1, 2, 3]])
-    model(ids, labels=ids).loss.backward()
-    optimizer.step()
-    scheduler.step()
-    contents = ["model", "optimizer", "extra"]
-    manager = FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler,
-                                    processing_class=AutoTokenizer.from_pretrained(model_dir),
-                                    checkpoint_config={"save_contents": contents, "load_contents": contents})
-    manager.save_checkpoint(out, global_step=1)
+    for version in versions.split(","):  # one process group, a fresh model per version
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        shape, names = ((2, 1), ("ddp", "fsdp")) if version == "hsdp" else ((2,), ("fsdp",))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        if version == "fsdp1":  # as verl's FSDP1 workers wrap it: with the device mesh
+            model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"),
+                                             use_orig_params=True)
+        else:
+            fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        ids = torch.tensor([[1, 2, 3]])
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+        scheduler.step()
+        contents = ["model", "optimizer", "extra"]
+        manager = FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler,
+                                        processing_class=AutoTokenizer.from_pretrained(model_dir),
+                                        checkpoint_config={"save_contents": contents, "load_contents": contents})
+        manager.save_checkpoint(os.path.join(out, version, "actor"), global_step=1)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    model_dir, out, port, version = sys.argv[1:]
-    mp.spawn(rank_main, args=(model_dir, out, port, version), nprocs=2)
+    model_dir, out, port, versions = sys.argv[1:]
+    mp.spawn(rank_main, args=(model_dir, out, port, versions), nprocs=2)
 """
 
 
 @pytest.mark.slow
 def test_world_size_2_shards_hold_only_listed_types_and_load_weights_only(tmp_path):
-    """verl's checkpoint manager at world size 2 (gloo on CPU) with FSDP2, FSDP1 and HSDP: every global of every
-    model, optimizer and extra-state shard is allowed for its kind, and each loads under the resume's patch."""
+    """verl's checkpoint manager at world size 2 (gloo on CPU; one pair of ranks saves all three) with FSDP2, FSDP1
+    and HSDP: every global of every model, optimizer and extra-state shard is allowed for its kind, and each loads
+    under the resume's patch."""
     import socket
 
     import torch
@@ -392,14 +395,16 @@ def test_world_size_2_shards_hold_only_listed_types_and_load_weights_only(tmp_pa
 
     build_model(tmp_path / "tiny", build_tokenizer(tmp_path / "tiny"))
     (tmp_path / "writer.py").write_text(WRITER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    versions = ("fsdp2", "fsdp1", "hsdp")
+    cmd = [sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "tiny"), str(tmp_path), port, ",".join(versions)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
     seen: set[str] = set()
-    for version in ("fsdp2", "fsdp1", "hsdp"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = str(s.getsockname()[1])
+    for version in versions:
         actor = tmp_path / version / "actor"
-        cmd = [sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "tiny"), str(actor), port, version]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
         for kind, prefix in ((MODEL, "model"), (OPTIMIZER, "optim"), (EXTRA_STATE, "extra_state")):
             shards = sorted(actor.glob(f"{prefix}_world_size_2_rank_*.pt"))
             assert len(shards) == 2, (version, kind)
