@@ -572,6 +572,9 @@ def test_check_config_refuses_bad_spo_options(_config):
 
 @pytest.mark.slow
 def test_registered_in_a_ray_actor_through_the_entry_point_alone(ray_local):
+    """In a fresh Ray worker that never imported the package, importing verl registers every estimator of the
+    package (``ebpo`` and the three baselines) through the ``verl.plugins`` entry point alone."""
+
     @ray_local.remote
     class Probe:
         def check(self):

@@ -433,13 +433,16 @@ def test_the_campaigns_sigterm_leaves_nothing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.heavy("own_ray")  # tests/conftest.py: the groups
 def test_small_campaign_resumes_to_the_same_state(tmp_path):
-    """K = 2 kills (seed 2: mid-rollout of step 2, then in step 2's validation, after its checkpoint and before its
-    log call; 4 steps) on real verl trainer starts: the reference run, two killed attempts and the last rerun;
-    every invariant holds (the module exits 1 naming the first that fails). Past its limit the campaign gets
-    SIGTERM, which kills the running attempt's process tree."""
+    """K = 2 kills (seed 56; 3 steps) on real verl trainer starts: the reference run, two killed attempts and the
+    last rerun. Kill 1 holds the first attempt after step 1's checkpoint, before its log call; kill 2 lands early
+    in the rollout of step 2, the first step of the attempt resumed from step 1 (before step 2's checkpoint), so
+    the last rerun resumes from step 1 again and trains steps 2 and 3. Every invariant holds (the module exits 1
+    naming the first that fails): step 1 logged once from its checkpoint, without validation, its EB state checked
+    against the uninterrupted run's dump (the kill cut the step before verl's dump). Past its limit the campaign
+    gets SIGTERM, which kills the running attempt's process tree."""
     out = tmp_path / "campaign"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "ebpo_verl.smoke.campaign", "--kills", "2", "--seed", "2", "--steps", "4"]
+    cmd = [sys.executable, "-m", "ebpo_verl.smoke.campaign", "--kills", "2", "--seed", "56", "--steps", "3"]
     proc = subprocess.Popen([*cmd, "--out", str(out), "--run-timeout", "600"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -449,10 +452,14 @@ def test_small_campaign_resumes_to_the_same_state(tmp_path):
         text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, text[-6000:]
     report = json.loads((out / "campaign_report.json").read_text())
-    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 4
-    assert report["checks"]["metrics_log_steps"] == [1, 2, 3, 4]
-    assert [a["killed"] for a in report["attempts"]] == [True, True, False]
-    landed = campaign.check_landed(out, report["attempts"], [("rollout", 2), ("validate", 2)])  # from the marker
-    assert [row["landed"] for row in landed] == ["rollout", "validate"]
+    assert report["ok"] and report["kills_done"] == 2 and report["steps"] == 3
+    checks = report["checks"]
+    assert checks["metrics_log_steps"] == [1, 2, 3] and checks["steps_without_validation_logged"] == [1]
+    assert [(a["killed"], a["resumed_from"]) for a in report["attempts"]] == [(True, 0), (True, 1), (False, 1)]
+    landed = campaign.check_landed(out, report["attempts"], [("after_save", 1), ("rollout", 2)])  # from the marker
+    assert [row["landed"] for row in landed] == ["after_save", "rollout"]
     invariants.check_leaks([(f"attempt {i}", a["leak"]) for i, a in enumerate(report["attempts"], 1)])
-    assert {s["resumed_from"] for s in report["checks"]["eb_states"]} == {a["resumed_from"] for a in report["attempts"]}
+    assert [(s["resumed_from"], s["batch_from"]) for s in checks["eb_states"]] == [
+        (0, "uninterrupted run (no campaign dump of the step)"),
+        (1, "campaign"),
+    ]

@@ -649,6 +649,7 @@ def test_ignored_options_lists_what_the_mode_does_not_read(opts, expected):
 
 
 # ---------------------------------------------------------------- registration
+# (in a fresh Ray worker through the entry point alone, ebpo with the baselines: tests/test_baselines.py)
 
 
 def test_registration_is_idempotent():
@@ -666,30 +667,6 @@ def test_registration_is_idempotent():
     )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.heavy("own_ray")  # tests/conftest.py: the groups
-def test_registered_in_a_ray_actor_through_the_entry_point_alone():
-    ray = pytest.importorskip("ray")
-
-    @ray.remote
-    class Probe:
-        def check(self):
-            import sys
-
-            before = "ebpo_verl" in sys.modules
-            import verl  # noqa: F401  (loads the verl.plugins entry points)
-            from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-
-            return before, get_adv_estimator_fn("ebpo").__module__
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        before, module = ray.get(Probe.remote().check.remote(), timeout=300)
-    finally:
-        ray.shutdown()
-    assert not before and module == "ebpo_verl.trainer.adapter"
 
 
 # ---------------------------------------------------------------- properties

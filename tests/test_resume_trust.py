@@ -14,10 +14,12 @@ folder would:
   (``test_worker_classes_load_weights_only_unless_trusted``; the two-node smoke plants rank 1's model shard and
   resumes it on the cluster);
 - with ``trainer.trust_checkpoint=true`` the planted file is unpickled as verl does (the marker appears) and the
-  run resumes (positive control);
-- an untouched checkpoint resumes exactly as before: the resumed step-2 ``toy/*`` metrics and saved toy state
-  equal the uninterrupted run's (EBPO's ``ebpo/*`` metrics and EB state after a default resume: the one-node
-  smoke's run K, tests/test_cpu_smoke.py).
+  run resumes (positive control), exactly as before: the resumed step-2 ``toy/*`` metrics and saved toy state
+  equal the uninterrupted run's (verl reads the extra state by key: the planted entry changes nothing else). That
+  one run is also the exact-resume run: each file of the real checkpoint loads under the default resume's patch
+  to the very objects verl's own load gives (``test_every_kind...``), so a default resume feeds verl the same
+  state (end to end: EBPO's ``ebpo/*`` metrics and EB state after default resumes, the one-node smoke's run K,
+  tests/test_cpu_smoke.py, and the campaign's reruns, tests/test_campaign.py).
 
 World size 2: verl's checkpoint manager writes model, optimizer and extra-state shards at world size 2 (FSDP2,
 FSDP1, HSDP; gloo on CPU), whose globals must be allowed for their kind and which must load under the resume's
@@ -122,6 +124,26 @@ def _copied(trained, name: str) -> Path:
     return copied(work / "ckpt_a" / "global_step_1", work / f"ckpt_{name}")
 
 
+def _same(a, b) -> bool:
+    """Equal loaded checkpoint contents: the same types and keys, tensors (a DTensor's local shard) and arrays
+    equal bit for bit in the same dtype."""
+    import numpy as np
+    import torch
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        a, b = (t.to_local() if hasattr(t, "to_local") else t for t in (a, b))
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
 @HEAVY
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [EXTRA_STATE, DATALOADER])  # the worker's last file, the trainer process's
@@ -142,8 +164,10 @@ def test_a_planted_callable_is_refused_in_one_line_and_never_runs(trained, kind)
 @pytest.mark.slow
 def test_every_kind_of_a_real_checkpoint_planted_is_refused_by_the_resumes_load(trained, tmp_path):
     """Each file of the real ``global_step_1`` loads under the resume's patch as verl's loaders call torch.load
-    (``weights_only=False``), and a copy of it with a callable planted is refused in the one line naming it, the
-    callable never run (the kinds whose run is not above: the workers load every shard in one patched call)."""
+    (``weights_only=False``), to objects equal (exactly, every tensor and array) to those of torch's unrestricted
+    load, the one a trusted resume runs; and a copy of it with a callable planted is refused in the one line naming
+    it, the callable never run (the kinds whose run is not above: the workers load every shard in one patched
+    call)."""
     import torch
 
     from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
@@ -153,7 +177,8 @@ def test_every_kind_of_a_real_checkpoint_planted_is_refused_by_the_resumes_load(
     step = shutil.copytree(real, tmp_path / "global_step_1")
     for kind, name in FILES.items():
         with weights_only_resume():
-            assert isinstance(torch.load(real / name, weights_only=False), dict), kind
+            patched = torch.load(real / name, weights_only=False)
+        assert isinstance(patched, dict) and _same(patched, torch.load(real / name, weights_only=False)), kind
         marker = tmp_path / f"MARKER-{kind.split()[0]}"
         plant(step / name, marker)
         with pytest.raises(UntrustedCheckpointError) as err, weights_only_resume():
@@ -162,56 +187,55 @@ def test_every_kind_of_a_real_checkpoint_planted_is_refused_by_the_resumes_load(
         assert not marker.exists(), kind
 
 
-@HEAVY
-@pytest.mark.slow
-def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(trained):
-    """The switch's warning is literal: the planted callable (in the extra state, which verl reads by key) runs,
-    and the run resumes to its step 2."""
+@pytest.fixture(scope="module")
+def resumed_trusted(trained) -> Path:
+    """The work folder, after run ``trusted`` resumed with ``trainer.trust_checkpoint=true`` from a copy of run
+    ``a``'s ``global_step_1`` with a callable planted in its extra state (verl reads that file by key)."""
     work, _ = trained
     step = _copied(trained, "trusted")
-    marker = work / "MARKER-trusted"
-    plant(step / FILES[EXTRA_STATE], marker)
+    plant(step / FILES[EXTRA_STATE], work / "MARKER-trusted")
     code, log = _run(*trained, "trusted", "trainer.trust_checkpoint=true")
-    assert code == 0, log[-4000:]
-    assert marker.exists()
-    assert (step.parent / "global_step_2" / "toy_state.json").is_file()  # the estimator's state of step 2
-
-
-@HEAVY
-@pytest.mark.slow
-def test_an_untouched_checkpoint_resumes_exactly_as_the_uninterrupted_run(resumed_untouched):
-    """Resumed from the uninterrupted run's step 1, step 2's ``toy/*`` metrics and saved toy state equal it."""
-    from ebpo_verl.ops.metrics_log import read_metrics_log
-
-    work = resumed_untouched
-    a, u = read_metrics_log(work / "ckpt_a" / "metrics.jsonl"), read_metrics_log(work / "ckpt_u" / "metrics.jsonl")
-    assert sorted(u) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
-    keys = sorted(k for k in a[2] if k.startswith("toy/"))
-    assert "toy/baseline" in keys  # step 2's: the average of the state resumed from step 1
-    for key in keys:  # equal up to the order of a float sum over the batch's groups
-        assert math.isclose(a[2][key], u[2][key], rel_tol=1e-12, abs_tol=1e-15), (key, a[2][key], u[2][key])
-    assert _toy_states(work, "u")[2] == _toy_states(work, "a")[2]
-
-
-@pytest.fixture(scope="module")
-def resumed_untouched(trained) -> Path:
-    """The work folder, after run ``u`` resumed from an untouched copy of run ``a``'s ``global_step_1``."""
-    work, _ = trained
-    _copied(trained, "u")
-    code, log = _run(*trained, "u")
     assert code == 0, log[-4000:]
     return work
 
 
 @HEAVY
 @pytest.mark.slow
-def test_the_toy_trains_and_resumes_exactly_through_ebpo_train_on_rays_workers(resumed_untouched):
+def test_trust_checkpoint_unpickles_as_verl_does_and_resumes(resumed_trusted):
+    """The switch's warning is literal: the planted callable (in the extra state, which verl reads by key) runs,
+    and the run resumes to its step 2."""
+    work = resumed_trusted
+    assert (work / "MARKER-trusted").exists()
+    assert (work / "ckpt_trusted" / "global_step_2" / "toy_state.json").is_file()  # the estimator's state of step 2
+
+
+@HEAVY
+@pytest.mark.slow
+def test_a_resumed_checkpoint_continues_exactly_as_the_uninterrupted_run(resumed_trusted):
+    """Resumed from the uninterrupted run's step 1 (the trusted run: verl reads no key of its planted entry),
+    step 2's ``toy/*`` metrics and saved toy state equal it."""
+    from ebpo_verl.ops.metrics_log import read_metrics_log
+
+    work = resumed_trusted
+    a = read_metrics_log(work / "ckpt_a" / "metrics.jsonl")
+    r = read_metrics_log(work / "ckpt_trusted" / "metrics.jsonl")
+    assert sorted(r) == [1, 2]  # step 1 logged from the checkpoint's saved metrics, step 2 trained
+    keys = sorted(k for k in a[2] if k.startswith("toy/"))
+    assert "toy/baseline" in keys  # step 2's: the average of the state resumed from step 1
+    for key in keys:  # equal up to the order of a float sum over the batch's groups
+        assert math.isclose(a[2][key], r[2][key], rel_tol=1e-12, abs_tol=1e-15), (key, a[2][key], r[2][key])
+    assert _toy_states(work, "trusted")[2] == _toy_states(work, "a")[2]
+
+
+@HEAVY
+@pytest.mark.slow
+def test_the_toy_trains_and_resumes_exactly_through_ebpo_train_on_rays_workers(resumed_trusted):
     """tests/test_registry.py's toy, in a real ``ebpo-train`` run (the CPU trainer, the smoke runs' tiny model):
     it reaches the TaskRunner, the Ray actor that calls the estimator, through ``runtime_env`` (its folder on the
     workers' PYTHONPATH, as a user ships a plugin to a cluster); its state is saved in every checkpoint, and a
     resume from step 1 saves at step 2 the state of the uninterrupted run, exactly."""
-    work = resumed_untouched
-    uninterrupted, resumed = _toy_states(work, "a"), _toy_states(work, "u")
+    work = resumed_trusted
+    uninterrupted, resumed = _toy_states(work, "a"), _toy_states(work, "trusted")
     assert sorted(uninterrupted) == [1, 2] and uninterrupted[2]["state"]["steps"] == 2
     assert uninterrupted[1]["options"]["decay"] == 0.25 and uninterrupted[1]["state"] != uninterrupted[2]["state"]
     assert sorted(resumed) == [1, 2] and resumed[2] == uninterrupted[2]
@@ -320,7 +344,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank, model_dir, out, port, version):
+def rank_main(rank, model_dir, out, port, versions):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from torch.distributed.device_mesh import init_device_mesh
@@ -328,37 +352,40 @@ def rank_main(rank, model_dir, out, port, version):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    shape, names = ((2, 1), ("ddp", "fsdp")) if version == "hsdp" else ((2,), ("fsdp",))
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    if version == "fsdp1":  # as verl's FSDP1 workers wrap it: with the device mesh
-        model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"), use_orig_params=True)
-    else:
-        fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    ids = torch.tensor([[1, 2, 3]])
-    model(ids, labels=ids).loss.backward()
-    optimizer.step()
-    scheduler.step()
-    contents = ["model", "optimizer", "extra"]
-    manager = FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler,
-                                    processing_class=AutoTokenizer.from_pretrained(model_dir),
-                                    checkpoint_config={"save_contents": contents, "load_contents": contents})
-    manager.save_checkpoint(out, global_step=1)
+    for version in versions.split(","):  # one process group, a fresh model per version
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        shape, names = ((2, 1), ("ddp", "fsdp")) if version == "hsdp" else ((2,), ("fsdp",))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        if version == "fsdp1":  # as verl's FSDP1 workers wrap it: with the device mesh
+            model = FullyShardedDataParallel(model, device_mesh=mesh, device_id=torch.device("cpu"),
+                                             use_orig_params=True)
+        else:
+            fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        ids = torch.tensor([[1, 2, 3]])
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+        scheduler.step()
+        contents = ["model", "optimizer", "extra"]
+        manager = FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler,
+                                        processing_class=AutoTokenizer.from_pretrained(model_dir),
+                                        checkpoint_config={"save_contents": contents, "load_contents": contents})
+        manager.save_checkpoint(os.path.join(out, version, "actor"), global_step=1)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    model_dir, out, port, version = sys.argv[1:]
-    mp.spawn(rank_main, args=(model_dir, out, port, version), nprocs=2)
+    model_dir, out, port, versions = sys.argv[1:]
+    mp.spawn(rank_main, args=(model_dir, out, port, versions), nprocs=2)
 """
 
 
 @pytest.mark.slow
 def test_world_size_2_shards_hold_only_listed_types_and_load_weights_only(tmp_path):
-    """verl's checkpoint manager at world size 2 (gloo on CPU) with FSDP2, FSDP1 and HSDP: every global of every
-    model, optimizer and extra-state shard is allowed for its kind, and each loads under the resume's patch."""
+    """verl's checkpoint manager at world size 2 (gloo on CPU; one pair of ranks saves all three) with FSDP2, FSDP1
+    and HSDP: every global of every model, optimizer and extra-state shard is allowed for its kind, and each loads
+    under the resume's patch."""
     import socket
 
     import torch
@@ -368,14 +395,16 @@ def test_world_size_2_shards_hold_only_listed_types_and_load_weights_only(tmp_pa
 
     build_model(tmp_path / "tiny", build_tokenizer(tmp_path / "tiny"))
     (tmp_path / "writer.py").write_text(WRITER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    versions = ("fsdp2", "fsdp1", "hsdp")
+    cmd = [sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "tiny"), str(tmp_path), port, ",".join(versions)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
     seen: set[str] = set()
-    for version in ("fsdp2", "fsdp1", "hsdp"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = str(s.getsockname()[1])
+    for version in versions:
         actor = tmp_path / version / "actor"
-        cmd = [sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "tiny"), str(actor), port, version]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
         for kind, prefix in ((MODEL, "model"), (OPTIMIZER, "optim"), (EXTRA_STATE, "extra_state")):
             shards = sorted(actor.glob(f"{prefix}_world_size_2_rank_*.pt"))
             assert len(shards) == 2, (version, kind)
