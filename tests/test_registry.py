@@ -498,3 +498,30 @@ def test_the_toys_state_is_checkpointed_and_resumed_exactly(toy_in_process, tmp_
     other.global_steps = 3
     with pytest.raises(ValueError, match=r"algorithm.toy differs .*\(decay: 0.25 -> 0.5\)"):
         other._load_checkpoint()
+
+
+def test_import_verl_alone_registers_every_estimator_and_registering_again_changes_nothing():
+    """What ``python -m verl.trainer.main_ppo algorithm.adv_estimator=<name>`` relies on: in a fresh process,
+    ``import verl`` alone loads the ``verl.plugins`` entry point, and verl's registry then holds every estimator of
+    the package registry as the adapter's function; registering twice more and reloading the adapter (which
+    registers again) leaves verl's registry on the reloaded adapter's functions (a process of its own: a reload
+    here would leave this process's tests holding the old module's default instances)."""
+    code = (
+        "import importlib, sys, verl\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        "print('ebpo_verl' in sys.modules)\n"
+        "import ebpo_verl, ebpo_verl.trainer.adapter as adapter\n"
+        "from ebpo_verl.algos import registry\n"
+        "names = sorted(registry.ours())\n"
+        "assert all(get_adv_estimator_fn(n) is adapter.ESTIMATORS[n] for n in names), names\n"
+        "ebpo_verl.register(); ebpo_verl.register(); importlib.reload(adapter)\n"
+        "assert all(get_adv_estimator_fn(n) is adapter.ESTIMATORS[n] for n in names), 'after reload'\n"
+        "print(' '.join(names))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded, names = done.stdout.strip().splitlines()[-2:]
+    assert loaded == "True"
+    in_tree = [s.name for m in registry.MODULES for s in registry._specs_of(m) if not s.builtin]
+    assert sorted(in_tree) == names.split() and {"ebpo", "dbb", "jspo", "krpo", "running_norm"} <= set(in_tree)
