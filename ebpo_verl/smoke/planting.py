@@ -31,9 +31,6 @@ file the second node's worker unpickles: the refusal in a process the driver doe
 extra-state shards go through the same patched load in that process, ``data.pt`` through the trainer's (rank
 independent), and every kind is planted in a real world-size-1 checkpoint by tests/test_resume_trust.py; a second
 two-node plant would add minutes to CI's critical path for no new code path."""
-PLANT_ROLLOUT = "hf"
-"""The planted resumes' rollout: the CPU backend's HF servers, which start in seconds where vLLM's take a minute;
-the refusal comes from the worker's checkpoint load, which no rollout reaches."""
 
 
 class Planted:
@@ -97,8 +94,9 @@ def check_refused(log: Path, code: int, step: Path, file: Path, marker: Path) ->
 
 
 def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], steps: int, cluster) -> None:
-    """Each of :data:`NODE_PLANTS` planted in a copy of run ``nodes``' step-2 checkpoint and resumed on ``cluster``
-    (with :data:`PLANT_ROLLOUT`): refused (:func:`check_refused`), no process left."""
+    """Each of :data:`NODE_PLANTS` planted in a copy of run ``nodes``' step-2 checkpoint and resumed on ``cluster``:
+    refused (:func:`check_refused`), no process left. The CPU backend's HF rollout servers, which start in seconds
+    where vLLM's take minutes: the refusal comes from the worker's checkpoint load, which no rollout reaches."""
     source = work / "ckpt_nodes" / f"global_step_{SAVE_FREQ}"
     for name in NODE_PLANTS:
         run = "planted_" + Path(name).name.split("_")[0].removesuffix(".pt")
@@ -107,7 +105,7 @@ def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], st
         plant(step / name, marker)
         print(f"[cpu_smoke] run {run}: {work / f'{run}.log'}", flush=True)
         start = time.monotonic()
-        attempt = Run(work, files, run, extra, rollout=PLANT_ROLLOUT, steps=steps, cluster=cluster)
+        attempt = Run(work, files, run, extra, rollout="hf", steps=steps, cluster=cluster)
         code = attempt.wait(timeout)
         took = time.monotonic() - start
         cluster.wait_job_gone()
