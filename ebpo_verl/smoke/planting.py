@@ -95,8 +95,8 @@ def check_refused(log: Path, code: int, step: Path, file: Path, marker: Path) ->
 
 def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], steps: int, cluster) -> None:
     """Each of :data:`NODE_PLANTS` planted in a copy of run ``nodes``' step-2 checkpoint and resumed on ``cluster``:
-    refused (:func:`check_refused`), no process left. The CPU backend's HF rollout servers, which start in seconds
-    where vLLM's take minutes: the refusal comes from the worker's checkpoint load, which no rollout reaches."""
+    refused (:func:`check_refused`), no process left. On the CPU backend's HF rollout servers, which start faster
+    than vLLM's: the refusal comes from the worker's checkpoint load, which no rollout reaches."""
     source = work / "ckpt_nodes" / f"global_step_{SAVE_FREQ}"
     for name in NODE_PLANTS:
         run = "planted_" + Path(name).name.split("_")[0].removesuffix(".pt")
