@@ -11,7 +11,6 @@ direct in-process timings of what ebpo-train adds (the row-key map, the state sa
 Ray's actor table, the metrics log).
 
 Usage: ``python -m benchmarks.bench_step_cost --help``; under ``flock /tmp/heavy.lock`` on a shared machine.
-``tiny_run`` and the helpers above it are also the launcher of ``tests/test_tracking.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +32,13 @@ from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke import reward as smoke_reward
 from ebpo_verl.smoke.runs import kill_tree
-from ebpo_verl.smoke.settings import device_overrides, ray_overrides, run_env, tiny_trainer_overrides
+from ebpo_verl.smoke.settings import (
+    device_overrides,
+    logger_overrides,
+    ray_overrides,
+    run_env,
+    tiny_trainer_overrides,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "math500.jsonl"
@@ -69,7 +74,6 @@ def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, sa
     smoke runs' tiny configuration (:func:`ebpo_verl.smoke.settings.tiny_trainer_overrides`) with this file's
     reward, no validation and verl's loggers writing under the checkpoint folder."""
     out = work / f"ckpt_{name}"
-    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [
         *tiny_trainer_overrides(files, BATCH, N),
         f"algorithm.adv_estimator={estimator}",
@@ -84,19 +88,15 @@ def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, sa
         "trainer.test_freq=-1",
         f"trainer.default_local_dir={out}",
         *device_overrides("cpu"),
-        f"{env}.VERL_FILE_LOGGER_PATH={out}/verl_file_log.jsonl",
-        f"{env}.TENSORBOARD_DIR={out}/tensorboard",
-        f"{env}.WANDB_DIR={out}",
-        f"{env}.WANDB_MODE=offline",
+        *logger_overrides(out),
     ]
 
 
 def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int = 1,
-             loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900,
-             kill_when=None) -> int:  # fmt: skip
+             loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900) -> int:  # fmt: skip
     """One trainer start (``ENTRIES[estimator]``) in a session of its own on a private Ray instance; its output
-    appended to ``work/<name>.log``. ``kill_when(ckpt_folder)`` true: the process group is SIGKILLed (a crash);
-    past ``timeout`` seconds it is killed and this raises. Returns the exit status (-9 when killed)."""
+    appended to ``work/<name>.log``; past ``timeout`` seconds it is killed and this raises. Returns the exit
+    status."""
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # Ray's socket paths must stay short
     args = [*overrides(work, files, name, estimator, steps, save_freq, loggers), *ray_overrides(ray_tmp), *extra]
     (work / f"ckpt_{name}").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
@@ -105,18 +105,10 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
     with open(work / f"{name}.log", "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", ENTRIES[estimator], *args], cwd=work, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + timeout
     try:
-        while proc.poll() is None:
-            if kill_when is not None and kill_when(work / f"ckpt_{name}"):
-                kill_tree(proc.pid, timeout=30)
-                proc.wait()
-                return -9
-            if time.monotonic() > deadline:
-                kill_tree(proc.pid, timeout=30)
-                raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}")
-            time.sleep(0.2)
-        return proc.returncode
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}") from None
     finally:
         kill_tree(proc.pid, timeout=30)
         subprocess.run(["rm", "-rf", ray_tmp], check=False)

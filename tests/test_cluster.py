@@ -2,16 +2,17 @@
 
 One run of the script starts a two-node Ray cluster with ``ray start`` (its own temp folder and ports, so no other
 ``ray.init()`` on the machine attaches to it) and runs verl's trainer on it at world size 2 (two FSDP ranks over
-gloo, one vLLM replica per rank, EBPO with one prior per topic and the topic curriculum), four times with the same
-command:
+gloo, one vLLM replica per rank, EBPO with one prior per topic and the topic curriculum, verl's TensorBoard and W&B
+offline loggers), four times with the same command:
 
 1. steps 1-2 (checkpoint at 2), then SIGKILL of the second node's FSDP worker inside a step-3 task;
 2. the rerun resumes from step 2; SIGSTOP of that worker inside a step-3 task; the step watchdog
    (``EBPO_STEP_TIMEOUT_S``) ends the run;
-3. the rerun resumes from step 2; SIGKILL of the second node's vLLM rollout server during step 3;
-4. the rerun resumes from step 2 and trains steps 3-4;
+3. the rerun resumes from step 2 and trains step 3; SIGKILL of the second node's vLLM rollout server once step 3
+   is logged, in step 4;
+4. the rerun resumes from step 2 and trains steps 3-4 (step 3 again);
 5. a copy of the step-2 checkpoint with a callable planted in rank 1's model shard (unpickled by the worker on
-   the second node) is resumed with the same command.
+   the second node) is resumed with the same command but the HF rollout (no rollout is reached before the load).
 
 The script itself asserts (and fails naming the check): each faulted run exits non-zero with one line naming the
 killed/stopped process (its pid), within its bound (SIGKILL: 90 s after the kill; SIGSTOP: the step timeout + 90 s),
@@ -24,7 +25,8 @@ numpy from verl's rollout dump); the curriculum never repeats a block; ``evaluat
 the step-4 shards into the actor's own weights, writes benchmarks x problems x runs generations, and ``grade`` of a
 copy with known answers planted equals the pass@1 recomputed from it; at the end the scans saw the Ray processes and
 vLLM's /dev/shm segments, and no process, /dev/shm entry made during the run, or temp folder is left. Each test
-below asserts the line the script prints for its part. A second, short script run (``--hold``: the cluster and a
+below asserts the line the script prints for its part; one reads the loggers' files of the four attempts (the
+``ebpo/*`` curves, each step once across the resumes). A second, short script run (``--hold``: the cluster and a
 stand-in run) is sent SIGTERM: 30 s later nothing of it is left. A node whose ``ray start`` fails is started again,
 its log's tail shown.
 """
@@ -62,9 +64,15 @@ def _needs_vllm() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster_run(tmp_path_factory) -> subprocess.CompletedProcess:
+def cluster_work(tmp_path_factory) -> Path:
+    """The two-node run's work folder."""
+    return tmp_path_factory.mktemp("cluster") / "run"
+
+
+@pytest.fixture(scope="module")
+def cluster_run(cluster_work) -> subprocess.CompletedProcess:
     _needs_vllm()
-    work = tmp_path_factory.mktemp("cluster") / "run"
+    work = cluster_work
     outer = limits.TWO_NODE_OUTER_S  # nested: --run-timeout < the script's --deadline < this < the test's timeout
     cmd = ["bash", str(REPO / "scripts" / "cpu_smoke.sh"), "--nodes", "2", "--faults", "--work-dir", str(work),
            "--step-timeout", str(STEP_TIMEOUT_S), "--run-timeout", "600"]  # fmt: skip
@@ -109,7 +117,7 @@ def test_sigkill_of_a_rollout_server_ends_the_run_within_90s_in_one_line_naming_
     assert len(killed) == 1, killed
     pid = killed[0].split()[4]
     line = _lines(cluster_run, "[cpu_smoke] run ended")[2]
-    assert "after the SIGKILL of a rollout server (bound 90 s) (exit 1): ebpo-train: error: step 3, phase " in line
+    assert "after the SIGKILL of a rollout server (bound 90 s) (exit 1): ebpo-train: error: step 4, phase " in line
     assert "a worker died: vLLMHttpServer actor" in line and f"(pid {pid}, node " in line
     _within(line)
 
@@ -157,6 +165,36 @@ def test_the_cluster_leaves_nothing_behind_and_its_scans_saw_it(cluster_run):
     assert int(ray) >= 1 and int(shm) >= 1, line
     assert "none is left, and no /dev/shm entry made since its start is left" in line and "removed" in line
     assert cluster_run.returncode == 0, cluster_run.stdout[-4000:] + cluster_run.stderr[-4000:]
+
+
+def test_ebpo_curves_in_tensorboard_and_wandb_across_the_resumes(cluster_run, cluster_work):
+    """The loggers' files of the four attempts, read back (tests/test_tracking.py's readers): every ``ebpo/*``
+    metric of steps 1-4 shows in TensorBoard once, equal to the metrics log, step 3 -- logged by the third
+    attempt (its event file holds it), then retrained by the fourth -- with the rerun's values; each attempt wrote
+    its own W&B run: the first holds steps 1-2, the last steps 3-4, equal to the metrics log."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from ebpo_verl.ops.metrics_log import read_metrics_log
+    from tests.test_tracking import PREFIX, tensorboard_scalars, tracking_problems, wandb_history, wandb_problems
+
+    assert cluster_run.returncode == 0, cluster_run.stdout[-4000:] + cluster_run.stderr[-4000:]
+    ckpt = cluster_work / "ckpt_nodes"
+    logged = read_metrics_log(ckpt / "metrics.jsonl")
+    assert sorted(logged) == [1, 2, 3, 4]
+    (superseded,) = ckpt.glob("metrics.superseded-*.jsonl")  # the third attempt's step 3, moved aside
+    assert sorted(read_metrics_log(superseded)) == [3]
+    keys = {k for k in logged[1] if k.startswith(PREFIX) and not k.startswith(f"{PREFIX}cluster/")}  # every step's
+    assert len(keys) >= 10 and all(keys <= set(d) for d in logged.values())
+    assert tracking_problems(tensorboard_scalars(ckpt / "tensorboard"), logged) == []
+    files = sorted((ckpt / "tensorboard").glob("events.out.tfevents.*"))  # one per attempt, in start order
+    written = [{e.step for e in EventFileLoader(str(f)).Load() if e.summary.value} for f in files]
+    assert written == [{1, 2}, set(), {3}, {3, 4}], written  # the third's step 3: shown no more
+
+    runs = sorted((ckpt / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 4, runs
+    first, *_, last = (wandb_history(r) for r in runs)
+    assert sorted(first) == [1, 2] and sorted(last) == [3, 4], (sorted(first), sorted(last))
+    assert wandb_problems(first, logged) == [] and wandb_problems(last, logged) == []
 
 
 def test_sigterm_to_the_smoke_script_stops_its_cluster_and_runs(tmp_path):

@@ -21,6 +21,8 @@ NODE_EXTRA = [
 ]
 """The two-node runs also save the actor's full weights as FSDP gathers them (``actor/huggingface``: the
 reference the merged shards are compared with), and keep one EB prior per topic (clusters to check)."""
+NODE_LOGGERS = "trainer.logger=[console,tensorboard,wandb]"
+"""The attempts of run ``nodes`` also log to TensorBoard and W&B offline: the curves across the resumes."""
 
 
 def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -> None:
@@ -49,28 +51,29 @@ def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -
 
 
 def node_faults(step_timeout: float) -> list[Fault]:
-    """The two-node run's step-3 faults, one attempt each: SIGKILL and SIGSTOP of a rank's worker, SIGKILL of vLLM."""
+    """The two-node run's faults, one attempt each: SIGKILL and SIGSTOP of a rank's worker at step 3, SIGKILL of
+    vLLM at step 4 (after step 3 is logged: the next rerun retrains a logged step)."""
     step = SAVE_FREQ + 1
     return [
         Fault(signal.SIGKILL, step, "rank"),
         Fault(signal.SIGSTOP, step, "rank", step_timeout),
-        Fault(signal.SIGKILL, step, "rollout"),
+        Fault(signal.SIGKILL, step + 1, "rollout"),
     ]
 
 
 def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:
-    """``--nodes 2``: steps 1-2 (``faults``: each of :func:`node_faults` ends an attempt at step 3), a resume to
-    step 4, the checks, refused planted resumes (``faults``), the evaluation, the cluster's stop and leak checks."""
+    """``--nodes 2``: steps 1-2 (``faults``: each of :func:`node_faults` ends an attempt), a resume to step 4, the
+    checks, refused planted resumes (``faults``), the evaluation, the cluster's stop and leak checks."""
     cluster = LocalCluster(need_shm=True).start()
     options = {"rollout": "vllm", "cluster": cluster}
     injected = node_faults(step_timeout) if faults else []
     attempts = [(fault, NODE_STEPS) for fault in injected] or [(None, SAVE_FREQ)]
     for fault, steps in [*attempts, (None, NODE_STEPS)]:  # the last one resumes (resume_mode=auto) to the end
-        train(work, files, "nodes", NODE_EXTRA, timeout, fault=fault, steps=steps, **options)
+        train(work, files, "nodes", [*NODE_EXTRA, NODE_LOGGERS], timeout, fault=fault, steps=steps, **options)
         cluster.wait_job_gone()
     checks.check_nodes_run(work, files, len(attempts) + 1, NODE_STEPS)
     if faults:  # a copy of the step-2 checkpoint with a callable planted, resumed: refused where it is loaded
-        planting.refused_plants(work, files, timeout, NODE_EXTRA, NODE_STEPS, **options)
+        planting.refused_plants(work, files, timeout, NODE_EXTRA, NODE_STEPS, cluster)
     evaluate_checkpoint(work, work / "ckpt_nodes" / f"global_step_{NODE_STEPS}", timeout)
     cluster.stop()
     for fault in injected:

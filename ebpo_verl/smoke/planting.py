@@ -25,8 +25,8 @@ REFUSAL = (
 )
 """The one line ``ebpo-train`` prints for a planted file (written out here, not built from the trainer's text)."""
 NODE_PLANTS = (f"actor/model_world_size_{NODES}_rank_{NODES - 1}.pt",)
-"""Files of the two-node checkpoint planted, one resume each (3.5 min each on 2 cores shared with other sessions:
-the workers and both vLLM servers start before verl loads a checkpoint). Rank 1's model shard is the first
+"""Files of the two-node checkpoint planted, one resume each (minutes each on 2 cores shared with other sessions:
+the workers and the rollout servers start before verl loads a checkpoint). Rank 1's model shard is the first
 file the second node's worker unpickles: the refusal in a process the driver does not run. Its optimizer and
 extra-state shards go through the same patched load in that process, ``data.pt`` through the trainer's (rank
 independent), and every kind is planted in a real world-size-1 checkpoint by tests/test_resume_trust.py; a second
@@ -93,9 +93,10 @@ def check_refused(log: Path, code: int, step: Path, file: Path, marker: Path) ->
     return errors[0]
 
 
-def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], steps: int, cluster, **options) -> None:
+def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], steps: int, cluster) -> None:
     """Each of :data:`NODE_PLANTS` planted in a copy of run ``nodes``' step-2 checkpoint and resumed on ``cluster``:
-    refused (:func:`check_refused`), no process left."""
+    refused (:func:`check_refused`), no process left. On the CPU backend's HF rollout servers, which start faster
+    than vLLM's: the refusal comes from the worker's checkpoint load, which no rollout reaches."""
     source = work / "ckpt_nodes" / f"global_step_{SAVE_FREQ}"
     for name in NODE_PLANTS:
         run = "planted_" + Path(name).name.split("_")[0].removesuffix(".pt")
@@ -104,7 +105,7 @@ def refused_plants(work: Path, files: dict, timeout: float, extra: list[str], st
         plant(step / name, marker)
         print(f"[cpu_smoke] run {run}: {work / f'{run}.log'}", flush=True)
         start = time.monotonic()
-        attempt = Run(work, files, run, extra, steps=steps, cluster=cluster, **options)
+        attempt = Run(work, files, run, extra, rollout="hf", steps=steps, cluster=cluster)
         code = attempt.wait(timeout)
         took = time.monotonic() - start
         cluster.wait_job_gone()

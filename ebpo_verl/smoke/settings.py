@@ -122,6 +122,19 @@ def ray_overrides(ray_tmp: str, cluster: str | None = None) -> list[str]:
     ]
 
 
+def logger_overrides(folder: Path) -> list[str]:
+    """Where verl's loggers (``trainer.logger``) write, under run folder ``folder``: the ``file`` logger's
+    ``verl_file_log.jsonl``, TensorBoard's ``tensorboard/`` and W&B's offline ``wandb/`` (set in the Ray job's
+    environment: verl's ``Tracking`` lives in its TaskRunner actor)."""
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    return [
+        f"{env}.VERL_FILE_LOGGER_PATH={folder}/verl_file_log.jsonl",
+        f"{env}.TENSORBOARD_DIR={folder}/tensorboard",
+        f"{env}.WANDB_DIR={folder}",
+        f"{env}.WANDB_MODE=offline",
+    ]
+
+
 def tiny_trainer_overrides(files: dict, batch: int, n: int, ranks: int = 1) -> list[str]:
     """What every tiny run on verl's trainer shares (these smoke runs, ``benchmarks/bench_step_cost.py``): ``batch``
     prompts x ``n`` responses of <= 16 tokens a step, the tiny model on FSDP2 without KL, ``ranks`` one-rank nodes."""
@@ -189,6 +202,7 @@ def overrides(
         f"trainer.test_freq={TEST_FREQ if cluster is None else STEPS}",
         f"trainer.default_local_dir={work / f'ckpt_{run}'}",
         f"trainer.rollout_data_dir={work / f'rollouts_{run}'}",
+        *logger_overrides(work / f"ckpt_{run}"),
         *ray_overrides(ray_tmp, cluster),
         *device_overrides(device),
     ]
