@@ -28,8 +28,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # instance of the pytest process) run on one worker, one at a time -- verl trainer launches, vLLM engines and Ray
 # each use every core and GBs of memory -- while the other worker runs the rest. `heavy("name")` forms another such
 # group, which the other worker may run beside the first: the vLLM evaluation tests ("vllm") and the one-node
-# trainer runs on a Ray instance of their own with no timed bound ("own_ray": the resume runs, the campaign, the
-# tracking run; sharing the cores only slows them; the smoke runs' leak checks leave to
+# trainer runs on a Ray instance of their own with no timed bound ("own_ray": the resume runs, the campaign;
+# sharing the cores only slows them; the smoke runs' leak checks leave to
 # them what their processes were seen holding). The two groups are sized to keep the two workers' loads level
 # (CI's time; each group's sum, from CI's junit: "heavy" ~2,100 s with the two-node smoke's ~1,400, "own_ray"
 # ~1,730 s, beside "vllm" ~410 s). A test using an expensive module fixture runs on one worker with the fixture's
