@@ -283,7 +283,7 @@ def pairs(final: dict[str, dict[int, float]], names: tuple[str, ...]) -> list[di
         mean, se, df = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))), len(x) - 1
         p = float(stats.ttest_1samp(x, 0.0).pvalue) if se > 0 else (0.0 if mean != 0 else 1.0)
         half = float(stats.t.ppf(1 - ALPHA / 2, df) * se)
-        recs.append({"a": a, "b": b, "n": len(seeds), "wins": int(sum(x > 0)), "mean": mean, "half": half, "p": p})
+        recs.append({"a": a, "b": b, "n": len(seeds), "wins": int((x > 0).sum()), "mean": mean, "half": half, "p": p})
         errors.append((se, df))
     adjusted, levels = holm([r["p"] for r in recs])
     for r, adj, level, (se, df) in zip(recs, adjusted, levels, errors, strict=True):
