@@ -23,7 +23,7 @@ from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.study.presets import ALL_ESTIMATORS, DEFAULT_LR, PRESETS, describe_presets
-from ebpo_verl.study.rivals2 import DURATION, PLANS
+from ebpo_verl.study.rivals2 import DURATION, PLANS, RegimeError, run_plan
 
 PROG = "python -m ebpo_verl.study"
 
@@ -128,7 +128,6 @@ def _main(argv: list[str] | None) -> int:
 
 def _run_plan(args: argparse.Namespace, command: str) -> int:
     """A :mod:`~ebpo_verl.study.rivals2` plan: claim ``--out``, run (or resume) it and print its closing note."""
-    from ebpo_verl.study.rivals2 import RegimeError, run_plan
     from ebpo_verl.study.runner import StudyDirError, claim_out_dir
 
     plan = PLANS[args.preset]

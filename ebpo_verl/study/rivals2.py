@@ -1,28 +1,26 @@
 """The rivals' table that decides (issue 47): the top group of estimators at G = 2, 4, 8, 16 on three task mixes
-(regimes), each regime with its own warm start, validation, held-out and RL splits; learning rates tuned per
-estimator and G on tuning seeds disjoint from the test seeds; paired differences with plain and Holm-adjusted
-95% intervals over every pair of the top group.
+(regimes), each with its own warm start and splits; learning rates tuned per estimator and G on seeds disjoint from
+the test seeds; paired differences with plain and Holm-adjusted 95% intervals over every pair of the top group.
 
-One resumable command: ``python -m ebpo_verl.study --preset rivals2 --out DIR``. Each run is saved when it ends
-(:func:`ebpo_verl.study.runner.run_grid`); a rerun recomputes every decision (the learning-rate choices and grid
-extensions) from the saved runs, so it resumes where it stopped."""
+``python -m ebpo_verl.study --preset rivals2 --out DIR`` saves each run when it ends (:func:`runner.run_grid`); a
+rerun recomputes every decision (rate choices, grid extensions) from the saved runs, so it resumes."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.study import report
+from ebpo_verl.study import report, runner
 from ebpo_verl.study.presets import PRESETS, Preset
+from ebpo_verl.study.ranking import _cell
 from ebpo_verl.study.rl import ESTIMATORS, RLConfig
 
 TOP_GROUP = ("ebpo", "ebpo_batch", "spo", "dbb", "running_norm", "jspo", "jspo_history", "grpo")
@@ -43,8 +41,8 @@ class RegimeError(ValueError):
 
 @dataclass(frozen=True)
 class Regime:
-    """A task mix (topics, levels, the warm start's misconception share) and what its warm start's pass-rate
-    histogram must show: ``below_005`` = (low, high) bounds on the share of RL prompts below a 0.05 pass rate."""
+    """A task mix and ``below_005``: (low, high) bounds on its warm start's share of RL prompts below a 0.05 pass
+    rate; ``with_rest``: the :data:`REST` rivals run in it too."""
 
     name: str
     topics: tuple[str, ...] = ("add", "sub")
@@ -59,20 +57,18 @@ REGIMES = (
     Regime("hard", levels=(3,), below_005=(0.5, 1.0)),
     Regime("easy", misconception=0.3, below_005=(0.0, 0.1)),
 )
-"""The current mix (0.29 of the RL prompts below 0.05 at the rivals preset's scale), the hard one (3-digit problems
-only: 0.62 below 0.05, no prompt above 0.3) and the easy one (the misconception share 0.8 -> 0.3: 0.006 below 0.05,
-pass rates spread over 0..1); shares measured on the warm starts of the rivals preset's scale, 2026-12-04."""
+"""Shares of RL prompts below 0.05 on the rivals preset's warm starts (2026-12-04): current 0.29; hard (3-digit
+problems only) 0.62, none above 0.3; easy (misconception share 0.3) 0.006, pass rates spread over 0..1."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The study: ``scale`` (a preset) gives the RL run, the splits and the warm start's length; each regime
-    tunes then tests ``top`` at ``top_gs`` x ``top_seeds`` seeds (and, where ``with_rest``, ``rest`` at ``rest_gs``
-    x ``rest_seeds``). Tuning: every rate of ``lr_grid`` at ``tune_gs`` on ``tune_seeds`` seeds (from
-    ``tune_seed0``) on the validation split; a G not tuned takes the rate of the nearest tuned G (the smaller on a
-    tie). A choice at the grid's edge adds the next rate beyond it (x2 or /2), at most ``max_extensions`` times per
-    estimator and G, and only while the whole study stays within ``run_cap`` runs. ``check_regimes``: refuse a
-    warm start whose histogram misses its regime's bounds."""
+    """The study: ``scale`` (a preset) gives the RL run, splits and warm start; each regime tunes then tests ``top``
+    at ``top_gs`` x ``top_seeds`` seeds (where ``with_rest``, ``rest`` at ``rest_gs`` x ``rest_seeds`` too). Tuning:
+    every rate of ``lr_grid`` at ``tune_gs`` on ``tune_seeds`` seeds from ``tune_seed0`` (validation split); an
+    untuned G takes the nearest tuned G's rate (the smaller on a tie). A choice at the grid's edge adds the next rate
+    (x2 or /2), at most ``max_extensions`` times per slot, while the study stays within ``run_cap`` runs.
+    ``check_regimes``: refuse a warm start outside its regime's bounds."""
 
     name: str
     scale: Preset
@@ -101,10 +97,6 @@ class Plan:
             raise ValueError(f"plan {self.name}: {self.planned_runs()} runs exceed run_cap {self.run_cap}")
 
     @property
-    def workers(self) -> int:
-        return self.scale.workers
-
-    @property
     def tuning_seeds(self) -> list[int]:
         return list(range(self.tune_seed0, self.tune_seed0 + self.tune_seeds))
 
@@ -113,20 +105,10 @@ class Plan:
 
     def preset(self, regime: Regime) -> Preset:
         """The regime's scale preset: its task mix, its estimators (for the runner's progress bar and workers)."""
-        return dataclasses.replace(
-            self.scale,
-            name=f"{self.name}/{regime.name}",
-            topics=regime.topics,
-            levels=regime.levels,
-            misconception=regime.misconception,
-            estimators=self.estimators(regime),
-            group_sizes=self.top_gs,
-            seeds=self.top_seeds,
-            order_estimators=(),
-            lr={},
-            lr_grid={},
-            tune=None,
-        )
+        return replace(self.scale, name=f"{self.name}/{regime.name}", topics=regime.topics, levels=regime.levels,
+                       misconception=regime.misconception, estimators=self.estimators(regime),
+                       group_sizes=self.top_gs, seeds=self.top_seeds, order_estimators=(), lr={}, lr_grid={},
+                       tune=None)  # fmt: skip
 
     def slots(self, regime: Regime) -> list[tuple[str, int]]:
         """(estimator, tuned G) of the regime's tuning."""
@@ -177,7 +159,7 @@ PLANS: dict[str, Plan] = {
     # The same code paths in about 2 minutes: 3 estimators, 2 rates (every first choice is at an edge), 4 steps.
     "rivals2_tiny": Plan(
         name="rivals2_tiny",
-        scale=dataclasses.replace(
+        scale=replace(
             PRESETS["tiny"],
             split_sizes={"val": 30, "heldout": 30, "train": 60, "sft": 1000},
             sft_steps=300,
@@ -202,18 +184,12 @@ DURATION = {
 # ----------------------------------------------------------------------------------------------- learning rates
 
 
-def tuning_score(run: dict) -> float:
-    """A tuning run's validation score: its mean validation accuracy after step 0 (as ``runner.choose_lrs``)."""
-    return float(np.mean(run["metrics"]["accuracy"][1:]))
-
-
 def lr_choice(scores: dict[float, dict[int, float]]) -> dict:
     """From {rate: {seed: score}}: the rates tried, each one's [mean, half-width, n], the chosen rate (highest mean,
-    the smaller on a tie), the paired differences chosen - neighbour by seed, whether both neighbours are below it
-    (``separated``: every paired 95% interval above 0) and ``edge`` ("low", "high" or None)."""
+    the smaller on a tie), the paired records chosen - neighbour by seed, ``separated`` (every one ahead of 0) and
+    ``edge`` ("low", "high" or None)."""
     rates = sorted(scores)
-    means = {r: float(np.mean(list(scores[r].values()))) for r in rates}
-    chosen = max(rates, key=lambda r: (means[r], -r))
+    chosen = max(rates, key=lambda r: (float(np.mean(list(scores[r].values()))), -r))
     i = rates.index(chosen)
     near = [rates[j] for j in (i - 1, i + 1) if 0 <= j < len(rates)]
     vs = [report.paired_record(scores[chosen], scores[r], estimator=chosen, baseline=r) for r in near]
@@ -243,24 +219,21 @@ def extensions(
 
 def tune(plan: Plan, regime: Regime, base, out: Path, room: int, workers: int | None) -> tuple[dict, int, list]:
     """The regime's tuning in rounds (the grid, then its extensions): {slot: :func:`lr_choice` + ``extended``},
-    the run room left and the tuning runs."""
-    from ebpo_verl.study.runner import run_grid
-
+    the run room left and the tuning runs. A run's score: its mean validation accuracy after step 0."""
     rates = {slot: list(plan.lr_grid) for slot in plan.slots(regime)}
     while True:
-        runs, _ = run_grid(plan.preset(regime), base, out, plan.tuning_jobs(rates), workers)
+        runs, _ = runner.run_grid(plan.preset(regime), base, out, plan.tuning_jobs(rates), workers)
         scores: dict = {}
         for run in runs:
-            c = run["config"]
-            slot = c["estimator"], c["group_size"]
-            scores.setdefault(slot, {}).setdefault(c["lr"], {})[c["seed"]] = tuning_score(run)
+            c, score = run["config"], float(np.mean(run["metrics"]["accuracy"][1:]))
+            scores.setdefault((c["estimator"], c["group_size"]), {}).setdefault(c["lr"], {})[c["seed"]] = score
         choices = {slot: lr_choice(scores[slot]) for slot in rates}
         add = extensions(choices, rates, plan.lr_grid, plan.max_extensions, room, plan.tune_seeds)
         if not add:
             break
         for slot, lr in add:
             rates[slot].append(lr)
-            room -= plan.tune_seeds
+        room -= len(add) * plan.tune_seeds
     for slot, c in choices.items():
         c["extended"] = len(rates[slot]) - len(plan.lr_grid)
     return choices, room, runs
@@ -297,52 +270,28 @@ def side(mean: float, half: float) -> str:
     return SIDES[0] if mean - half > 0 else SIDES[1] if mean + half < 0 else SIDES[2]
 
 
-def pair_stats(diff: list[float]) -> tuple[float, float, float, float]:
-    """Mean, the t standard error, the degrees of freedom and the two-sided one-sample t-test p-value of ``diff``."""
-    x = np.asarray(diff, dtype=float)
-    n, mean = len(x), float(x.mean())
-    se = float(x.std(ddof=1) / math.sqrt(n))
-    p = float(stats.ttest_1samp(x, 0.0).pvalue) if se > 0 else (0.0 if mean != 0 else 1.0)
-    return mean, se, n - 1, p
-
-
 def pairs(final: dict[str, dict[int, float]], names: tuple[str, ...]) -> list[dict]:
-    """Every pair (a, b) of ``names`` (in their order) with a - b by seed: mean, plain 95% half-width, p, Holm's
-    adjusted p and half-width (:func:`holm` over these pairs), both verdicts (:func:`side`), the seeds where a is
-    higher, and whether the mean is within :data:`CROSS_MACHINE_SPREAD`."""
-    recs = []
+    """Every pair (a, b) of ``names`` (in their order) with a - b by seed: mean, plain 95% half-width, the one-sample
+    t-test's p, Holm's adjusted p and half-width (:func:`holm` over these pairs), both verdicts (:func:`side`), the
+    seeds where a is higher, and whether the mean is within :data:`CROSS_MACHINE_SPREAD`."""
+    recs, errors = [], []
     for a, b in itertools.combinations(names, 2):
         seeds = sorted(set(final.get(a, {})) & set(final.get(b, {})))
         if len(seeds) < 2:
             continue
-        diff = [final[a][s] - final[b][s] for s in seeds]
-        mean, se, df, p = pair_stats(diff)
-        recs.append(
-            {
-                "a": a,
-                "b": b,
-                "n": len(seeds),
-                "wins": int(sum(d > 0 for d in diff)),
-                "mean": mean,
-                "half": float(stats.t.ppf(1 - ALPHA / 2, df) * se),
-                "p": p,
-                "se": se,
-                "df": df,
-            }
-        )
+        x = np.asarray([final[a][s] - final[b][s] for s in seeds], dtype=float)
+        mean, se, df = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))), len(x) - 1
+        p = float(stats.ttest_1samp(x, 0.0).pvalue) if se > 0 else (0.0 if mean != 0 else 1.0)
+        half = float(stats.t.ppf(1 - ALPHA / 2, df) * se)
+        recs.append({"a": a, "b": b, "n": len(seeds), "wins": int((x > 0).sum()), "mean": mean, "half": half, "p": p})
+        errors.append((se, df))
     adjusted, levels = holm([r["p"] for r in recs])
-    for r, adj, level in zip(recs, adjusted, levels, strict=True):
+    for r, adj, level, (se, df) in zip(recs, adjusted, levels, errors, strict=True):
         r["p_holm"], r["holm_level"] = adj, level
-        r["holm_half"] = float(stats.t.ppf(1 - level / 2, r.pop("df")) * r.pop("se"))
+        r["holm_half"] = float(stats.t.ppf(1 - level / 2, df) * se)
         r["plain"], r["holm"] = side(r["mean"], r["half"]), side(r["mean"], r["holm_half"])
         r["within_spread"] = abs(r["mean"]) < CROSS_MACHINE_SPREAD
     return recs
-
-
-def winners(recs: list[dict], names: tuple[str, ...]) -> list[str]:
-    """The estimators no other is ahead of under Holm (one name: a separated winner)."""
-    beaten = {r["b"] if r["holm"] == SIDES[0] else r["a"] for r in recs if r["holm"] != SIDES[2]}
-    return [e for e in names if e not in beaten]
 
 
 # ----------------------------------------------------------------------------------------------- the study
@@ -351,17 +300,14 @@ def winners(recs: list[dict], names: tuple[str, ...]) -> list[str]:
 def run_plan(plan: Plan, out: Path, command: str, workers: int | None = None) -> str:
     """Warm starts (checked against each regime's histogram bounds), then per regime its tuning and test runs,
     then ``study.md``, ``summary.json`` and the figures; returns the page's closing note."""
-    from ebpo_verl.study.runner import describe_base, prepare_base, run_grid
-
     t0 = time.perf_counter()
     bases, infos = {}, {}
     for r in plan.regimes:
         (out / r.name).mkdir(parents=True, exist_ok=True)
-        bases[r.name] = prepare_base(plan.preset(r), out / r.name)
-        infos[r.name] = describe_base(bases[r.name])
-        low, high = r.below_005
+        bases[r.name] = runner.prepare_base(plan.preset(r), out / r.name)
+        infos[r.name] = runner.describe_base(bases[r.name])
         share = infos[r.name]["frac_train_below_0.05"]
-        if plan.check_regimes and not low <= share <= high:
+        if plan.check_regimes and not r.below_005[0] <= share <= r.below_005[1]:
             raise RegimeError(
                 f"regime {r.name}: {share:.2f} of the RL prompts below a 0.05 pass rate, outside "
                 f"{r.below_005}; change its task mix in ebpo_verl/study/rivals2.py"
@@ -371,16 +317,15 @@ def run_plan(plan: Plan, out: Path, command: str, workers: int | None = None) ->
     for r in plan.regimes:
         choices, room, tuning = tune(plan, r, bases[r.name], out / r.name, room, workers)
         lrs = rates_used(plan, r, choices)
-        runs, _ = run_grid(plan.preset(r), bases[r.name], out / r.name, plan.test_jobs(r, lrs), workers)
+        runs, _ = runner.run_grid(plan.preset(r), bases[r.name], out / r.name, plan.test_jobs(r, lrs), workers)
         n_tuning, n_test = n_tuning + len(tuning), n_test + len(runs)
         run_seconds += sum(x["seconds"] for x in (*tuning, *runs))
         results[r.name] = regime_summary(plan, r, infos[r.name], choices, lrs, runs)
     seconds = round(time.perf_counter() - t0, 1)
     data = study_data(plan, results, command, seconds, n_tuning, n_test, round(run_seconds, 1))
     figures(out, plan, data)
-    text = page(data)
     atomic_write_text(out / "summary.json", json.dumps(data, indent=1) + "\n")
-    atomic_write_text(out / "study.md", text)
+    atomic_write_text(out / "study.md", page(data))
     return closing_note(data)
 
 
@@ -395,7 +340,7 @@ def study_data(
         "command": command,
         "wall_seconds": seconds,
         "run_seconds": run_seconds,
-        "workers": plan.workers,
+        "workers": plan.scale.workers,
         "n_runs": {"tuning": n_tuning, "test": n_test, "cap": plan.run_cap},
         "tuning_seeds": plan.tuning_seeds,
         "test_seeds": {"top": list(range(plan.top_seeds)), "rest": list(range(plan.rest_seeds))},
@@ -417,15 +362,16 @@ def study_data(
 
 def regime_summary(plan: Plan, regime: Regime, info: dict, choices: dict, lrs: dict, runs: list[dict]) -> dict:
     """A regime's record for summary.json: its mix and histogram, the tuning, the rates used, every run's final
-    held-out accuracy by seed, the cells and, per G, the top group's pairs and winners."""
+    held-out accuracy by seed, and per G the top group's :func:`pairs` and winners (those no other is ahead of
+    under Holm; one name: a separated winner)."""
     final: dict[str, dict[int, dict[int, float]]] = {}
     for run in runs:
         c = run["config"]
         final.setdefault(c["estimator"], {}).setdefault(c["group_size"], {})[c["seed"]] = float(
             run["metrics"]["accuracy"][-1]
         )
-    by_g = {g: {e: final[e][g] for e in plan.top if g in final.get(e, {})} for g in plan.top_gs}
-    recs = {g: pairs(by_g[g], plan.top) for g in plan.top_gs}
+    recs = {g: pairs({e: final[e][g] for e in plan.top if g in final.get(e, {})}, plan.top) for g in plan.top_gs}
+    beaten = {g: {r["b"] if r["holm"] == SIDES[0] else r["a"] for r in recs[g] if r["holm"] != SIDES[2]} for g in recs}
     return {
         "mix": {"topics": list(regime.topics), "levels": list(regime.levels), "misconception": regime.misconception},
         "below_005_bounds": list(regime.below_005),
@@ -441,20 +387,12 @@ def regime_summary(plan: Plan, regime: Regime, info: dict, choices: dict, lrs: d
             for e, gd in final.items()
         },
         "pairs": {str(g): recs[g] for g in plan.top_gs},
-        "winners": {str(g): winners(recs[g], plan.top) for g in plan.top_gs},
+        "winners": {str(g): [e for e in plan.top if e not in beaten[g]] for g in plan.top_gs},
         "wall_seconds_runs": round(sum(r["seconds"] for r in runs), 1),
     }
 
 
 # ----------------------------------------------------------------------------------------------- the page
-
-
-def verdict_line(regime: str, g: int, recs: list[dict], kind: str) -> str:
-    """One line: every pair's verdict under ``kind`` ("plain" or "holm") with its difference and interval."""
-    half = "half" if kind == "plain" else "holm_half"
-    said = [f"{r['a']} is {r[kind]} {r['b']} ({report.pm(r['mean'], r[half], sign='+')}, {r['n']} seeds)" for r in recs]
-    label = "plain 95%" if kind == "plain" else "Holm-adjusted 95%"
-    return f"- Regime {regime}, G={g}, {label}: " + ("; ".join(said) or "no pairs yet") + "."
 
 
 def _pair(recs: list[dict], a: str, b: str) -> dict | None:
@@ -476,8 +414,7 @@ def closing_note(data: dict) -> str:
             said = []
             for other in EBPO_AGAINST:
                 if (r := _pair(recs, "ebpo", other)) is not None:
-                    sign = 1 if r["a"] == "ebpo" else -1
-                    mean, h = sign * r["mean"], r["holm_half"]
+                    mean, h = (1 if r["a"] == "ebpo" else -1) * r["mean"], r["holm_half"]
                     said.append(
                         f"ebpo is {side(mean, h)} {other} ({report.pm(mean, r['half'], 4, '+')} plain, "
                         f"± {h:.4f} Holm, {r['n']} seeds)"
@@ -493,46 +430,22 @@ def closing_note(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+TUNING_HEAD = ["estimator", "tuned at G", "rates tried: validation score", "chosen",
+               "separated from its neighbours (chosen - neighbour, seeds ahead/n)", "grid"]  # fmt: skip
+VERDICTS = (("plain", "half", "plain 95%"), ("holm", "holm_half", "Holm-adjusted 95%"))
+"""The page's two verdict lines per regime and G: (record key, half-width key, label)."""
+
+
 def tuning_table(reg: dict) -> str:
     """Per estimator and tuned G: the rates tried with their validation scores, the choice, separation, edge."""
     rows = []
     for slot, c in reg["tuning"].items():
-        e, g = slot.split("@")
         tried = ", ".join(f"{v:g}: {s[0]:.3f}" for v, s in zip(c["values"], c["validation"], strict=True))
         vs = "; ".join(report.format_diff(v) + f" vs {v['baseline']:g}" for v in c["vs_neighbours"])
+        separated = ("yes" if c["separated"] else "no") + f" ({vs})"
         edge = f"at the {c['edge']} edge" if c["edge"] else "inside"
-        rows.append(
-            [
-                e,
-                g,
-                tried,
-                f"{c['chosen']:g}",
-                ("yes" if c["separated"] else "no") + f" ({vs})",
-                f"{edge}, {c['extended']} extension(s)",
-            ]
-        )
-    return report.md_table(
-        [
-            "estimator",
-            "tuned at G",
-            "rates tried: validation score",
-            "chosen",
-            "separated from its neighbours (chosen - neighbour, seeds ahead/n)",
-            "grid",
-        ],
-        rows,
-    )
-
-
-def cell_table(reg: dict, gs: list[int]) -> str:
-    rows = []
-    for e in reg["estimators"]:
-        cells = []
-        for g in gs:
-            vals = list(reg["final"].get(e, {}).get(str(g), {}).values())
-            cells.append(report.pm(*report.mean_ci(vals)[:2]) + f" ({len(vals)})" if vals else "—")
-        rows.append([e, *cells])
-    return report.md_table(["estimator", *(f"G={g}" for g in gs)], rows)
+        rows.append([*slot.split("@"), tried, f"{c['chosen']:g}", separated, f"{edge}, {c['extended']} extension(s)"])
+    return report.md_table(TUNING_HEAD, rows)
 
 
 def page(data: dict) -> str:
@@ -550,6 +463,8 @@ def page(data: dict) -> str:
     ]
     for name, reg in data["regimes"].items():
         mix = reg["mix"]
+        cells = [[e, *(_cell(report.mean_ci(reg["final"].get(e, {}).get(str(g), {}).values())) for g in gs)]
+                 for e in reg["estimators"]]  # fmt: skip
         parts += [
             f"## Regime {name}\n",
             f"Mix: topics {mix['topics']}, levels {mix['levels']}, misconception share {mix['misconception']}. "
@@ -559,14 +474,15 @@ def page(data: dict) -> str:
             "### Learning rates\n",
             tuning_table(reg) + "\n",
             "### Final held-out accuracy (mean ± 95% half-width, seeds)\n",
-            cell_table(reg, gs) + "\n",
+            report.md_table(["estimator", *(f"G={g}" for g in gs)], cells) + "\n",
             "### Paired verdicts (a - b by seed)\n",
         ]
         for g, recs in reg["pairs"].items():
-            spread = [f"{r['a']}-{r['b']}" for r in recs if r["holm"] != SIDES[2] and r["within_spread"]]
-            parts.append(verdict_line(name, int(g), recs, "plain"))
-            parts.append(verdict_line(name, int(g), recs, "holm"))
-            if spread:
+            for kind, half, label in VERDICTS:
+                said = [f"{r['a']} is {r[kind]} {r['b']} ({report.pm(r['mean'], r[half], sign='+')}, {r['n']} seeds)"
+                        for r in recs]  # fmt: skip
+                parts.append(f"- Regime {name}, G={g}, {label}: " + ("; ".join(said) or "no pairs yet") + ".")
+            if spread := [f"{r['a']}-{r['b']}" for r in recs if r["holm"] != SIDES[2] and r["within_spread"]]:
                 parts.append(f"  Separated under Holm but within the cross-machine spread: {', '.join(spread)}.")
         parts.append("")
     parts.append(
@@ -584,13 +500,12 @@ def figures(out: Path, plan: Plan, data: dict) -> None:
     import matplotlib.pyplot as plt
 
     regs, source = data["regimes"], report.source_line(plan.name, data["provenance"])
-    fig, axes = report.panels(len(regs))
     xs = np.asarray(plan.top_gs, dtype=float)
+    fig, axes = report.panels(len(regs))
     for ax, (name, reg) in zip(axes[0], regs.items(), strict=True):
         for k, e in enumerate(plan.top):
             stat = np.asarray([report.mean_ci(reg["final"].get(e, {}).get(str(g), {}).values()) for g in plan.top_gs])
-            mean, half = stat[:, 0], np.nan_to_num(stat[:, 1])
-            report.mean_line(ax, e, k, xs, mean, half, np.arange(len(xs)), xs, 1.0)
+            report.mean_line(ax, e, k, xs, stat[:, 0], np.nan_to_num(stat[:, 1]), np.arange(len(xs)), xs, 1.0)
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(g) for g in plan.top_gs])
         ax.set_title(f"{name}: {reg['frac_train_below_0.05']:.2f} below 0.05", fontsize=10)
@@ -606,17 +521,9 @@ def figures(out: Path, plan: Plan, data: dict) -> None:
             x = np.asarray([g for g, _ in got], dtype=float) * 2 ** ((k - 1) * 0.06)
             mean = np.asarray([r["mean"] * (1 if r["a"] == "ebpo" else -1) for _, r in got])
             style = report._style(other, k)
-            for half, width in (("holm_half", 1.8), ("half", 0.8)):
-                ax.errorbar(
-                    x,
-                    mean,
-                    yerr=[r[half] for _, r in got],
-                    fmt=style["marker"] + "-",
-                    color=style["color"],
-                    elinewidth=width,
-                    capsize=3 if width > 1 else 0,
-                    label=f"ebpo - {other}" if width > 1 else None,
-                )
+            for half, width, cap, label in (("holm_half", 1.8, 3, f"ebpo - {other}"), ("half", 0.8, 0, None)):
+                ax.errorbar(x, mean, yerr=[r[half] for _, r in got], fmt=style["marker"] + "-", color=style["color"],
+                            elinewidth=width, capsize=cap, label=label)  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(g) for g in plan.top_gs])
         ax.set_title(name, fontsize=10)
