@@ -29,11 +29,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # each use every core and GBs of memory -- while the other worker runs the rest. `heavy("name")` forms another such
 # group, which the other worker may run beside the first: the vLLM evaluation tests ("vllm") and the one-node
 # trainer runs on a Ray instance of their own with no timed bound ("own_ray": the resume runs, the campaign;
-# sharing the cores only slows them; the smoke runs' leak checks leave to
-# them what their processes were seen holding). The two groups are sized to keep the two workers' loads level
-# (CI's time; each group's sum, from the junit of a clean-clone CI run of 758a0fd: "heavy" ~1,380 s with the
-# two-node smoke's ~910, "own_ray" ~720 s, beside "vllm" ~210 s and ~1,060 s of ungrouped tests). A test using an expensive module fixture runs on one worker with the fixture's
-# other tests, which builds it once.
+# sharing the cores only slows them; the smoke runs' leak checks leave to them what their processes were seen
+# holding). The two groups are sized to keep the two workers' loads level (CI's time; each group's sum, from the
+# junit of a clean-clone CI run of 758a0fd: "heavy" ~1,380 s with the two-node smoke's ~910, "own_ray" ~720 s,
+# beside "vllm" ~210 s and ~1,060 s of ungrouped tests). A test using an expensive module fixture runs on one
+# worker with the fixture's other tests, which builds it once.
 HEAVY_FIXTURES = ("ray_local", "two_node_cluster")
 SHARED_FIXTURES = ("tiny_study",)
 
