@@ -109,10 +109,10 @@ def _main(argv: list[str] | None) -> int:
 
         print(run_mse_study(args.out, command))
         return 0
-    from ebpo_verl.study.runner import StudyDirError, claim_out_dir
-
     if args.preset in PLANS:
         return _run_plan(args, command)
+    from ebpo_verl.study.runner import StudyDirError, claim_out_dir
+
     preset = PRESETS[args.preset]
     try:
         if args.estimators:
