@@ -5,13 +5,14 @@ otherwise the failing case is a data file the driver can stat but no node may re
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -74,22 +75,45 @@ def _can_shadow(folder: Path) -> bool:
     return probe.returncode == 0
 
 
+DRIVER = """
+import json, sys, time
+import ray
+from omegaconf import OmegaConf
+from ebpo_verl.ops.node_check import NodeCheckError, check_nodes
+
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + float(sys.argv[2])
+while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
+    time.sleep(1)
+nodes = [n for n in ray.nodes() if n["Alive"]]
+outcomes = []
+for cfg in json.loads(sys.argv[3]) if len(nodes) == 2 else []:
+    try:
+        check_nodes(OmegaConf.create(cfg))
+        outcomes.append(None)
+    except NodeCheckError as err:
+        outcomes.append(str(err))
+workers = [n["NodeID"][:8] for n in nodes if not n.get("Resources", {}).get("node:__internal_head__")]
+ray.shutdown()
+print(json.dumps({"nodes": len(nodes), "workers": workers, "outcomes": outcomes}))
+"""
+"""The Ray driver, in a process of its own: it connects, waits (up to argv[2] s) for the two nodes, runs
+check_nodes on each config of argv[3] (JSON) and prints the alive nodes, the worker's id and each outcome (None or
+the NodeCheckError's message). Out of the pytest worker so that Ray's native code cannot take that worker down."""
+
+
 @pytest.fixture(scope="module")
 def two_node_cluster(tmp_path_factory):
-    """Head + one worker node on 127.0.0.1, each with its own ports; the worker sees a tmpfs at ``local``."""
+    """Head + one worker node on 127.0.0.1, each with its own ports; the worker sees a tmpfs at ``local``.
+    Yields ``(shared, local or None, drive)``; ``drive(configs)`` runs :data:`DRIVER` on them."""
     root = tmp_path_factory.mktemp("cluster")
     shared, local = root / "shared", root / "local"
     shared.mkdir()
     local.mkdir()
     shadow_local = _can_shadow(local)  # else (not root): the failing case is a file no node may read
     # hermetic: no token auth picked up from a ~/.ray/auth_token another cluster left, no RAY_ADDRESS
-    isolation = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    env = {**os.environ, **isolation}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    patch = pytest.MonkeyPatch()
-    for key, value in isolation.items():
-        patch.setenv(key, value)
-    patch.delenv("RAY_ADDRESS", raising=False)
     gcs, *ports = free_ports(16)
 
     address, temp = f"127.0.0.1:{gcs}", f"/tmp/ray_nc_{gcs}"  # short: Ray's socket paths must fit in 107 characters
@@ -99,18 +123,26 @@ def two_node_cluster(tmp_path_factory):
             RAY, n, address, ports, temp, cpus=1, gpus=0, object_store_bytes=80_000_000, worker_ports=40
         )
 
-    procs = [
-        subprocess.Popen(
-            ray_start(0),
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    ]
-    try:
-        import ray
+    def drive(configs: list, wait_s: float = 0.0) -> dict:
+        args = [
+            sys.executable,
+            "-c",
+            DRIVER,
+            address,
+            str(wait_s),
+            json.dumps([OmegaConf.to_container(c) for c in configs]),
+        ]
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=wait_s + 300)
+        assert proc.returncode == 0, f"the Ray driver process exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+        return json.loads(proc.stdout.splitlines()[-1])
 
+    def start(command: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    procs = [start(ray_start(0))]
+    try:
         worker = ray_start(1)
         shadow = f'mount -t tmpfs tmpfs {local} && exec "$@"'
         command = ["unshare", "-m", "--propagation", "private", "sh", "-c", shadow, "sh", *worker]
@@ -118,58 +150,35 @@ def two_node_cluster(tmp_path_factory):
             if subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode == 0:
                 break
             time.sleep(1)
-        start_worker = partial(
-            subprocess.Popen,
-            command if shadow_local else worker,
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(start_worker())
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        for _ in range(180):
-            if sum(node["Alive"] for node in ray.nodes()) == 2:
+        procs.append(start(command if shadow_local else worker))
+        for _ in range(6):
+            if joined := drive([], wait_s=30)["nodes"] == 2:
                 break
             if procs[1].poll() is not None and len(procs) < 2 + START_ATTEMPTS - 1:  # as LocalCluster: start again
-                procs.insert(1, start_worker())
-            time.sleep(1)
-        assert sum(node["Alive"] for node in ray.nodes()) == 2, "the second Ray node did not join"
-        yield shared, local if shadow_local else None
+                procs.insert(1, start(command if shadow_local else worker))
+        assert joined, "the second Ray node did not join"
+        yield shared, local if shadow_local else None, drive
     finally:
-        try:
-            import ray
-
-            ray.shutdown()
-        finally:
-            for proc in reversed(procs):  # the process groups we started, nothing else
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            for proc in procs:
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            shutil.rmtree(temp, ignore_errors=True)
-            patch.undo()
+        for proc in reversed(procs):  # the process groups we started, nothing else
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_cluster):
-    import ray
-
-    shared, local = two_node_cluster
-    worker_ids = {
-        n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and not n.get("Resources", {}).get("node:__internal_head__")
-    }
-    assert len(worker_ids) == 1
+    shared, local, drive = two_node_cluster
     train, val = shared / "train.parquet", shared / "val.parquet"
     train.write_bytes(b"x" * 100)
     val.write_bytes(b"y" * 10)
-    check_nodes(config(train, val, shared / "ckpt" / "run", shared / "logs" / "run"))  # all shared: passes
-    assert not [p for p in (shared / "ckpt" / "run").iterdir() if p.name.startswith(MARKER_PREFIX)]
+    ckpt, logs = shared / "ckpt" / "run", shared / "logs" / "run"
 
     if local is None:  # not root: a data file the driver can stat but no node may read
         if os.geteuid() == 0:
@@ -177,29 +186,32 @@ def test_two_nodes_shared_paths_pass_and_node_local_paths_are_named(two_node_clu
         secret = shared / "secret.parquet"
         secret.write_bytes(b"z")
         secret.chmod(0)
-        with pytest.raises(NodeCheckError) as err:
-            check_nodes(config(secret, val, shared / "ckpt" / "run", shared / "logs" / "run"))
-        assert str(err.value).count(f"{secret}: cannot read the data file (Permission denied)") == 2
+        result = drive([config(train, val, ckpt, logs), config(secret, val, ckpt, logs)])
+        assert result["outcomes"][0] is None  # all shared: passes
+        assert result["outcomes"][1].count(f"{secret}: cannot read the data file (Permission denied)") == 2
+        assert not [p for p in ckpt.iterdir() if p.name.startswith(MARKER_PREFIX)]
         return
 
-    # data file on a node-local disk: the worker node cannot read it, the head can
     (local / "train.parquet").write_bytes(b"x" * 100)
-    with pytest.raises(NodeCheckError) as err:
-        check_nodes(config(local / "train.parquet", val, shared / "ckpt" / "run", shared / "logs" / "run"))
-    message = str(err.value)
-    (worker,) = worker_ids
-    assert f"(id {worker}): {local / 'train.parquet'}: cannot read the data file (No such file or directory)" in message
-    assert message.count("(id ") == 1 and "shared by all nodes" in message
-
-    # checkpoints on a node-local disk: the worker can write there, but it is not the head's folder
-    with pytest.raises(NodeCheckError) as err:
-        check_nodes(config(train, val, local / "ckpt" / "run", shared / "logs" / "run"))
-    assert f"(id {worker}): {local / 'ckpt' / 'run'}: the driver's marker file is not there" in str(err.value)
-    assert not [p for p in (local / "ckpt" / "run").iterdir() if p.name.startswith(MARKER_PREFIX)]
-
-    # missing everywhere: refused on the driver before any task runs
-    with pytest.raises(NodeCheckError, match=r"the driver \(.*\): .*missing.parquet: cannot read the data file"):
-        check_nodes(config(shared / "missing.parquet", val, shared / "ckpt" / "run", shared / "logs" / "run"))
+    result = drive(
+        [
+            config(train, val, ckpt, logs),  # all shared: passes
+            config(local / "train.parquet", val, ckpt, logs),  # data on a node-local disk: the worker cannot read it
+            config(train, val, local / "ckpt" / "run", logs),  # checkpoints on a node-local disk: not the head's
+            config(shared / "missing.parquet", val, ckpt, logs),  # missing everywhere: refused on the driver
+        ]
+    )
+    (worker,) = result["workers"]
+    passed, data_local, ckpt_local, missing = result["outcomes"]
+    assert passed is None
+    assert (
+        f"(id {worker}): {local / 'train.parquet'}: cannot read the data file (No such file or directory)" in data_local
+    )
+    assert data_local.count("(id ") == 1 and "shared by all nodes" in data_local
+    assert f"(id {worker}): {local / 'ckpt' / 'run'}: the driver's marker file is not there" in ckpt_local
+    assert re.match(r"the driver \(.*\): .*missing.parquet: cannot read the data file", missing), missing
+    for folder in (ckpt, local / "ckpt" / "run"):
+        assert not [p for p in folder.iterdir() if p.name.startswith(MARKER_PREFIX)]
 
 
 def test_a_check_task_that_dies_names_its_node(tmp_path, monkeypatch):
