@@ -222,11 +222,8 @@ def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]
         name: phase_medians(each, lambda n: is_checkpoint_step(n, steps, save_freq)) for name, each in runs.items()
     }
     keys = sorted(set().union(*medians.values()))
-    lines = [
-        "phase medians (s, steps 2.. without a checkpoint unless said; "
-        + ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items())
-        + ")"
-    ]
+    counts = ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items())
+    lines = [f"phase medians (s, steps 2.. without a checkpoint unless said; {counts})"]
     lines.append(f"  {'timing_s/*':<46}" + "".join(f"{name:>10}" for name in runs))
     for key in keys:
         lines.append(f"  {key:<46}" + "".join(f"{medians[n].get(key, float('nan')):>10.3f}" for n in runs))
@@ -307,21 +304,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     add_options(parser, BenchOptions)
     args = parser.parse_args(argv)
-    args.work_dir = Path(args.work_dir) if args.work_dir else None
-    args.figure = Path(args.figure) if args.figure else None
     kinds = {is_checkpoint_step(n, args.steps, args.save_freq) for n in range(2, args.steps + 1)}
     if not args.figure and (args.rounds < 1 or kinds != {True, False}):
         parser.error(f"--rounds {args.rounds} --steps {args.steps} --save-freq {args.save_freq}: the ratios need a "
                      f"round and, among steps 2..{args.steps} (step 1 warms up), a checkpoint step and a step "
                      "without one (e.g. --steps 6 --save-freq 3)")  # fmt: skip
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
     if not args.figure and (earlier := sorted(p.name for p in work.glob("ckpt_*"))):
         parser.error(f"--work-dir {work} holds earlier runs ({', '.join(earlier)}), which verl would resume "
                      "instead of timing: give a new folder")  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)
     files = prepare(work)
     if args.figure:
-        figure(work, files, args.figure_steps, args.figure.resolve())
+        figure(work, files, args.figure_steps, Path(args.figure).resolve())
         return
     names = args.estimators.split(",")
     if names[0] != "grpo" or not set(names) <= set(ENTRIES):

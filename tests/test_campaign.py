@@ -399,7 +399,7 @@ from ebpo_verl.smoke import campaign, runs, scan
 # an attempt: a tree of processes, one of which left it (setsid + double fork), all carrying the tag
 escape = "setsid sh -c 'sleep 300 &' ; sleep 300 & wait"
 run = runs.Run(Path(sys.argv[1]), None, "attempt", [], command=["bash", "-c", escape])
-campaign._ACTIVE[:] = [run]
+runs.LIVE[:] = [run]
 campaign.install_signal_handlers()
 print(scan.TAG, run.proc.pid, flush=True)
 time.sleep(300)

@@ -149,11 +149,10 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------- the runs
 def campaign_overrides(out: Path, run: str) -> list[str]:
     """Run A's configuration changed for ``run`` (``ref``/``camp``): save, validate every step, topic prior, marker."""
-    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return ["trainer.save_freq=1", "trainer.test_freq=1", "trainer.resume_mode=auto",
             "algorithm.ebpo.cluster_key=topic", f"trainer.validation_data_dir={out / f'validation_{run}'}",
-            f"{env}.VERL_USE_EXTERNAL_MODULES='ebpo_verl.cpu.backend,{MODULE}'",
-            f"{env}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}"]  # fmt: skip
+            f"{settings.ENV_VARS}.VERL_USE_EXTERNAL_MODULES='{settings.BACKEND},{MODULE}'",
+            f"{settings.ENV_VARS}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}"]  # fmt: skip
 
 
 class Sighting:
@@ -233,11 +232,6 @@ def _kill(run, trainer: int) -> float:
     killed = time.time()
     run.kill()
     return killed
-
-
-_ACTIVE = runs.LIVE
-"""The attempt now running (a :class:`~ebpo_verl.smoke.runs.Run` lists itself while it lives), for the
-SIGTERM/SIGINT handler."""
 
 
 def _on_signal(signum: int, frame: Any) -> None:

@@ -27,6 +27,7 @@ VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
 DEVICES = ("cpu", "cuda")
 BACKEND = "ebpo_verl.cpu.backend"
+ENV_VARS = "+ray_kwargs.ray_init.runtime_env.env_vars"  # <ENV_VARS>.NAME=value: in every process of the Ray job
 RUN_ENV = {
     "VERL_USE_EXTERNAL_MODULES": BACKEND,
     "TOKENIZERS_PARALLELISM": "false",
@@ -47,7 +48,6 @@ def run_env(device: str = "cpu") -> dict[str, str]:
 
 def prepare(work: Path) -> dict:
     """Tiny model + tokenizer, and the train/val parquet subsets, under ``work``."""
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from ebpo_verl.cpu.tiny import build_model, build_tokenizer
@@ -67,12 +67,11 @@ def prepare(work: Path) -> dict:
     chosen = sorted(by_topic, key=lambda t: (-len(by_topic[t]), t))[:TOPICS]
     rows = sorted(i for t in chosen for i in by_topic[t][:BATCH])
     train = write_parquet_atomic(full_train.take(rows), work / "train.parquet")
-    val_len = pc.utf8_length(pc.list_flatten(full_val.column("prompt")).combine_chunks().field("content"))
-    val_rows = sorted(sorted(range(len(full_val)), key=lambda i: (val_len[i].as_py(), i))[:8])
+    val_texts = [p[0]["content"] for p in full_val.column("prompt").to_pylist()]
+    val_rows = sorted(sorted(range(len(val_texts)), key=lambda i: (len(val_texts[i]), i))[:8])
     val = write_parquet_atomic(full_val.take(val_rows), work / "val.parquet")
 
-    corpus = prompts + [p[0]["content"] for p in full_val.column("prompt").to_pylist()]
-    tokenizer = build_tokenizer(work / "model", corpus=corpus)
+    tokenizer = build_tokenizer(work / "model", corpus=prompts + val_texts)
     build_model(work / "model", tokenizer)
     messages = pq.read_table(train).column("prompt").to_pylist() + pq.read_table(val).column("prompt").to_pylist()
     longest = max(
@@ -94,19 +93,18 @@ def rollout_overrides(rollout: str) -> list[str]:
         "actor_rollout_ref.rollout.free_cache_engine=False",
         "actor_rollout_ref.rollout.dtype=float32",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='{VLLM_KV_CACHE_GIB}'",  # a string
+        f"{ENV_VARS}.VLLM_CPU_KVCACHE_SPACE='{VLLM_KV_CACHE_GIB}'",  # a string
     ]
 
 
 def device_overrides(device: str) -> list[str]:
     """``cpu``: the CPU backend's platform (gloo). ``cuda``: verl's CUDA platform (NCCL), the ``hf`` rollout's model
     on the same GPU (``EBPO_HF_ROLLOUT_DEVICE=cuda``)."""
-    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-    out = [f"trainer.device={device}", f"{env}.VERL_USE_EXTERNAL_MODULES={BACKEND}"]
+    out = [f"trainer.device={device}", f"{ENV_VARS}.VERL_USE_EXTERNAL_MODULES={BACKEND}"]
     if device == "cpu":
-        return [*out, f"{env}.VERL_PLATFORM=cpu"]
+        return [*out, f"{ENV_VARS}.VERL_PLATFORM=cpu"]
     gpu = BackendSwitches(EBPO_HF_ROLLOUT_DEVICE="cuda")
-    return [*out, *(f"{env}.{k}={v}" for k, v in vars(gpu).items() if v != BackendSwitches.defaults()[k])]
+    return [*out, *(f"{ENV_VARS}.{k}={v}" for k, v in vars(gpu).items() if v != BackendSwitches.defaults()[k])]
 
 
 def ray_overrides(ray_tmp: str, cluster: str | None = None) -> list[str]:
@@ -126,12 +124,11 @@ def logger_overrides(folder: Path) -> list[str]:
     """Where verl's loggers (``trainer.logger``) write, under run folder ``folder``: the ``file`` logger's
     ``verl_file_log.jsonl``, TensorBoard's ``tensorboard/`` and W&B's offline ``wandb/`` (set in the Ray job's
     environment: verl's ``Tracking`` lives in its TaskRunner actor)."""
-    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [
-        f"{env}.VERL_FILE_LOGGER_PATH={folder}/verl_file_log.jsonl",
-        f"{env}.TENSORBOARD_DIR={folder}/tensorboard",
-        f"{env}.WANDB_DIR={folder}",
-        f"{env}.WANDB_MODE=offline",
+        f"{ENV_VARS}.VERL_FILE_LOGGER_PATH={folder}/verl_file_log.jsonl",
+        f"{ENV_VARS}.TENSORBOARD_DIR={folder}/tensorboard",
+        f"{ENV_VARS}.WANDB_DIR={folder}",
+        f"{ENV_VARS}.WANDB_MODE=offline",
     ]
 
 
