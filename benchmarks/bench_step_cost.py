@@ -15,8 +15,8 @@ Usage: ``python -m benchmarks.bench_step_cost --help``; under ``flock /tmp/heavy
 
 from __future__ import annotations
 
-import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,12 +31,11 @@ from ebpo_verl.ops.metrics_log import read_metrics_log
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.smoke import reward as smoke_reward
-from ebpo_verl.smoke.runs import kill_tree
+from ebpo_verl.smoke.runs import Run
 from ebpo_verl.smoke.settings import (
     device_overrides,
     logger_overrides,
     ray_overrides,
-    run_env,
     tiny_trainer_overrides,
 )
 
@@ -44,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "math500.jsonl"
 FIXTURE = REPO / "tests" / "fixtures" / "hub" / "math500.jsonl"
 BATCH, N, PROMPTS = 8, 4, 16
-ENV = {**run_env("cpu"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # the smoke runs' environment
+ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(REPO)}  # beside the smoke runs' run_env
 ENTRIES = {"grpo": "verl.trainer.main_ppo", "ebpo": "ebpo_verl.main", "dbb": "ebpo_verl.main"}
 
 
@@ -94,24 +93,20 @@ def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, sa
 
 def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int = 1,
              loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900) -> int:  # fmt: skip
-    """One trainer start (``ENTRIES[estimator]``) in a session of its own on a private Ray instance; its output
-    appended to ``work/<name>.log``; past ``timeout`` seconds it is killed and this raises. Returns the exit
-    status."""
+    """One trainer start (``ENTRIES[estimator]``, a :class:`~ebpo_verl.smoke.runs.Run`: a session of its own, output
+    appended to ``work/<name>.log``) on a private Ray instance; past ``timeout`` seconds it is killed and this raises.
+    Returns the exit status."""
     ray_tmp = tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # Ray's socket paths must stay short
     args = [*overrides(work, files, name, estimator, steps, save_freq, loggers), *ray_overrides(ray_tmp), *extra]
     (work / f"ckpt_{name}").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
-    env = {**os.environ, **ENV, "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)
-    with open(work / f"{name}.log", "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", ENTRIES[estimator], *args], cwd=work, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    run = Run(work, None, name, [], env=ENV, command=[sys.executable, "-m", ENTRIES[estimator], *args])
     try:
-        return proc.wait(timeout=timeout)
+        return run.proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}") from None
     finally:
-        kill_tree(proc.pid, timeout=30)
-        subprocess.run(["rm", "-rf", ray_tmp], check=False)
+        run.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------- the benchmark
