@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from ebpo_verl.ops.metrics_log import read_metrics_log
 from ebpo_verl.options.cli import OneLineParser, add_options
-from ebpo_verl.options.parsing import OptionSection, ints, option, text
+from ebpo_verl.options.parsing import PATH, OptionSection, ints, option, text
 from ebpo_verl.smoke import reward as smoke_reward
 from ebpo_verl.smoke.runs import Run
 from ebpo_verl.smoke.settings import (
@@ -275,9 +275,6 @@ def figure(work: Path, files: dict, steps: int, out: Path) -> None:
     print(f"figure: {out}")
 
 
-FOLDER = text("a path")
-
-
 @dataclass(frozen=True)
 class BenchOptions(OptionSection):
     """The benchmark's options, declared once."""
@@ -290,8 +287,8 @@ class BenchOptions(OptionSection):
     estimators: str = option(
         "grpo,ebpo,dbb", "comma separated, grpo first: the ratios are against it", rule=text("names")
     )
-    work_dir: str | None = option(None, "folder of the runs; null: a new temp folder", choices=(None,), rule=FOLDER)
-    figure: str | None = option(None, "instead: draw the ebpo/* curves to this PNG", choices=(None,), rule=FOLDER)
+    work_dir: str | None = option(None, "folder of the runs; null: a new temp folder", choices=(None,), rule=PATH)
+    figure: str | None = option(None, "instead: draw the ebpo/* curves to this PNG", choices=(None,), rule=PATH)
     figure_steps: int = option(40, "steps of the run the figure draws", rule=ints(1))
 
 

@@ -4,8 +4,7 @@
 ``touch MARKER``: what a tampered or foreign checkpoint could carry. ``tests/test_resume_trust.py`` plants it in
 each kind of file of a world-size-1 checkpoint (and resumes two: the extra state and ``data.pt``);
 :func:`refused_plants` (``--nodes 2 --faults``) in the world-size-2 step-2 checkpoint, resumed on the running
-cluster: rank 1's model shard (read by the worker on the second node: the refusal happens in the process that
-loads).
+cluster (:data:`NODE_PLANTS`: rank 1's model shard, refused in the second node's worker that loads it).
 """
 
 from __future__ import annotations

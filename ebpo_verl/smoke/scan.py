@@ -193,9 +193,7 @@ class Watch:
         seen = check_sighted(self.what, len(self.ray_seen), len(self.shm_seen), self.need_shm)
         procs = self.wait_gone(grace)
         made = {path: inode for path, inode in inodes_by_path(str(SHM)).items() if Path(path).name not in self.before}
-        # the entries its own processes were seen holding are unlinked once they are gone (what its killed ones left);
-        # those seen held only by processes outside the run (a concurrent test's or user's) are neither unlinked nor
-        # counted as its leftovers; an entry never seen held is left to the leak check
+        # unlinked once they are gone: the new entries its own processes were seen holding (the module docstring)
         mine = {path: inode for path, inode in made.items() if inode in self.inodes_seen}
         removed = [] if procs else [Path(p).name for p in unlink_orphaned_shm(str(SHM), ("",), seen=mine)]
         foreign = {Path(p).name for p, i in made.items() if i in self.inodes_foreign and i not in self.inodes_seen}
