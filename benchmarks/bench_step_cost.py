@@ -33,6 +33,7 @@ from ebpo_verl.options.parsing import PATH, OptionSection, ints, option, text
 from ebpo_verl.smoke import reward as smoke_reward
 from ebpo_verl.smoke.runs import Run
 from ebpo_verl.smoke.settings import (
+    DATA,
     device_overrides,
     logger_overrides,
     ray_overrides,
@@ -40,8 +41,6 @@ from ebpo_verl.smoke.settings import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "math500.jsonl"
-FIXTURE = REPO / "tests" / "fixtures" / "hub" / "math500.jsonl"
 BATCH, N, PROMPTS = 8, 4, 16
 ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(REPO)}  # beside the smoke runs' run_env
 ENTRIES = {"grpo": "verl.trainer.main_ppo", "ebpo": "ebpo_verl.main", "dbb": "ebpo_verl.main"}
@@ -55,8 +54,7 @@ def prepare(work: Path) -> dict[str, str]:
     from ebpo_verl.data import math500
     from ebpo_verl.data.schema import write_parquet_atomic
 
-    source = DATA if DATA.is_file() else FIXTURE
-    table = pq.read_table(math500.prepare(work / "raw", local_path=source))
+    table = pq.read_table(math500.prepare(work / "raw", local_path=DATA / "math500.jsonl"))  # the smoke runs' copy
     texts = [p[0]["content"] for p in table.column("prompt").to_pylist()]
     rows = sorted(sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))[:PROMPTS])
     train = write_parquet_atomic(table.take(rows), work / "train.parquet")
