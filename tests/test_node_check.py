@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from ebpo_verl.ops.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
-from ebpo_verl.smoke.cluster import START_ATTEMPTS, free_ports, node_command
+from ebpo_verl.smoke.cluster import START_ATTEMPTS, _log_tail, free_ports, node_command
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -89,7 +90,7 @@ nodes = [n for n in ray.nodes() if n["Alive"]]
 outcomes = []
 for cfg in json.loads(sys.argv[3]) if len(nodes) == 2 else []:
     try:
-        check_nodes(OmegaConf.create(cfg))
+        check_nodes(OmegaConf.create(cfg), timeout_s=60)
         outcomes.append(None)
     except NodeCheckError as err:
         outcomes.append(str(err))
@@ -97,9 +98,10 @@ workers = [n["NodeID"][:8] for n in nodes if not n.get("Resources", {}).get("nod
 ray.shutdown()
 print(json.dumps({"nodes": len(nodes), "workers": workers, "outcomes": outcomes}))
 """
-"""The Ray driver, in a process of its own: it connects, waits (up to argv[2] s) for the two nodes, runs
-check_nodes on each config of argv[3] (JSON) and prints the alive nodes, the worker's id and each outcome (None or
-the NodeCheckError's message). Out of the pytest worker so that Ray's native code cannot take that worker down."""
+"""The Ray driver: it connects, waits (up to argv[2] s) for the two nodes, runs check_nodes on each config of
+argv[3] (JSON) and prints the alive nodes, the worker's id and each outcome (None or the NodeCheckError's message).
+A process of its own, each run bounded in time: a driver that hangs or crashes fails the test with its stderr and
+the nodes' log tails, instead of holding the pytest worker until the heavy tests' limit kills it (CI of stop 49)."""
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +125,11 @@ def two_node_cluster(tmp_path_factory):
             RAY, n, address, ports, temp, cpus=1, gpus=0, object_store_bytes=80_000_000, worker_ports=40
         )
 
-    def drive(configs: list, wait_s: float = 0.0) -> dict:
+    def logs() -> str:
+        return "".join(f"\nnode {n}:\n{_log_tail(Path(os.devnull), Path(temp) / str(n))}" for n in (0, 1))
+
+    def drive(configs: list, wait_s: float = 0.0, limit_s: float = 300.0) -> dict:
+        """Run :data:`DRIVER`; a driver that exits badly or runs past ``wait_s + limit_s`` fails with its stderr."""
         args = [
             sys.executable,
             "-c",
@@ -132,8 +138,12 @@ def two_node_cluster(tmp_path_factory):
             str(wait_s),
             json.dumps([OmegaConf.to_container(c) for c in configs]),
         ]
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=wait_s + 300)
-        assert proc.returncode == 0, f"the Ray driver process exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+        try:
+            proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=wait_s + limit_s)
+        except subprocess.TimeoutExpired as err:
+            stderr = (err.stderr or b"").decode(errors="replace") if isinstance(err.stderr, bytes) else err.stderr
+            pytest.fail(f"the Ray driver process ran past {wait_s + limit_s:.0f} s:\n{(stderr or '')[-4000:]}{logs()}")
+        assert proc.returncode == 0, f"the Ray driver exited {proc.returncode}:\n{proc.stderr[-4000:]}{logs()}"
         return json.loads(proc.stdout.splitlines()[-1])
 
     def start(command: list[str]) -> subprocess.Popen:
@@ -146,13 +156,16 @@ def two_node_cluster(tmp_path_factory):
         worker = ray_start(1)
         shadow = f'mount -t tmpfs tmpfs {local} && exec "$@"'
         command = ["unshare", "-m", "--propagation", "private", "sh", "-c", shadow, "sh", *worker]
-        for _ in range(60):
-            if subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode == 0:
-                break
+        deadline = time.monotonic() + 120  # the head's GCS answers `ray status` (each call bounded: none may hang)
+        while time.monotonic() < deadline:
+            with suppress(subprocess.TimeoutExpired):
+                status = [RAY, "status", f"--address={address}"]
+                if subprocess.run(status, env=env, capture_output=True, timeout=20).returncode == 0:
+                    break
             time.sleep(1)
         procs.append(start(command if shadow_local else worker))
-        for _ in range(6):
-            if joined := drive([], wait_s=30)["nodes"] == 2:
+        for _ in range(4):  # at most 4 x 90 s: with the head's 120 s and a check's 300 s, within the heavy limit
+            if joined := drive([], wait_s=30, limit_s=60)["nodes"] == 2:
                 break
             if procs[1].poll() is not None and len(procs) < 2 + START_ATTEMPTS - 1:  # as LocalCluster: start again
                 procs.insert(1, start(command if shadow_local else worker))
