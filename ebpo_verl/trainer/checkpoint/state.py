@@ -139,27 +139,20 @@ def _on_mismatch(
     never_keep = any(k in known for k in entry.state.never_keep)
     if never_keep and mode == "keep":
         mode = "error"  # e.g. a changed prompt key: the saved keys would silently name other prompts
-    section = entry.section
+    section, what = entry.section, entry.state.what
     if mode == "error":
         state.reset()
         restore = " ".join(f"{section}.{k}={_override(old)}" for k, (old, _) in known.items())
         first = f"resume with the checkpoint's values ({restore}), or " if restore else ""
-        keep = (
-            ""
-            if never_keep
-            else f", or {section}.on_resume_mismatch=keep to continue with the saved {entry.state.what}"
-        )
+        keep = "" if never_keep else f", or {section}.on_resume_mismatch=keep to continue with the saved {what}"
         raise ValueError(
             f"{section} differs from the checkpoint's options in {path} ({diff}). Either {first}set "
-            f"{section}.on_resume_mismatch=reset to start fresh {entry.state.what} under the new options{keep}."
+            f"{section}.on_resume_mismatch=reset to start fresh {what} under the new options{keep}."
         )
+    outcome = f"continuing with the saved {what}"
     if mode == "reset":
         state.reset()
-    outcome = (
-        f"the {entry.state.what} start FRESH at step {global_step}"
-        if mode == "reset"
-        else (f"continuing with the saved {entry.state.what}")
-    )
+        outcome = f"the {what} start FRESH at step {global_step}"
     warnings.warn(
         f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch={mode}: {outcome}",
         RuntimeWarning,
