@@ -234,13 +234,10 @@ def _serve() -> None:  # pragma: no cover - runs in the child process; exercised
         except Exception:
             return False
 
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
+    print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        out.write(json.dumps({"ok": equal(req["gold"], req["pred"])}) + "\n")
-        out.flush()
+        print(json.dumps({"ok": equal(req["gold"], req["pred"])}), flush=True)
 
 
 class _Worker:

@@ -145,10 +145,7 @@ def provenance(
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if started is None else started))
     return {
         "ebpo_verl": dict(code_version()),
-        "verl": _version("verl"),
-        "vllm": _version("vllm"),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
+        **{library: _version(library) for library in ("verl", "vllm", "torch", "transformers")},
         "python": platform.python_version(),
         "hardware": hardware(),
         "command": command,
@@ -237,8 +234,7 @@ def version_warning(path: str | os.PathLike | None = None, running: dict[str, st
     match, or when there is no VERSIONS.txt, which ships with the package: ``ebpo_verl/recipes/``). The
     ``gpu`` set applies where vLLM's CUDA build is installed, else ``cpu`` (vLLM's CPU build included);
     ``running`` defaults to the installed versions."""
-    if path is None:
-        path = VERSIONS_FILE
+    path = VERSIONS_FILE if path is None else path
     if not Path(path).is_file():
         return None
     pins = read_versions(path)
