@@ -223,10 +223,8 @@ def build_rows(
     return rows, skipped, duplicates
 
 
-def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
+def write_parquet_atomic(table: pa.Table, path: str | Path) -> Path:
     """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`): a failure leaves no file."""
-    if isinstance(table, pd.DataFrame):
-        table = pa.Table.from_pandas(table, preserve_index=False)
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
