@@ -41,14 +41,10 @@ def save_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, op
 
 
 def load_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int) -> bool:
-    """Restore ``state`` from ``step_dir/<entry.state.file>``; returns False when it starts fresh instead.
-
-    Without the file (a checkpoint written by plain verl or by an older run) ``on_resume_mismatch=error`` raises,
-    the others start fresh with a loud warning. A malformed file (bad JSON, a field of the wrong length or sign, a
-    non-finite number), or one written at another step, raises ValueError naming the file: resuming from it would
-    be silently wrong. Options that differ from the saved ones (:func:`changed_options`) follow
-    ``options.on_resume_mismatch`` (:func:`_on_mismatch`).
-    """
+    """Restore ``state`` from ``step_dir/<entry.state.file>``; False when it starts fresh instead. Without the file
+    (plain verl's or an older run's checkpoint) ``on_resume_mismatch=error`` raises, the others warn loudly; a
+    malformed file or one of another step raises ValueError naming it (:func:`_read_state_file`: resuming from it
+    would be silently wrong); changed options (:func:`changed_options`) follow :func:`_on_mismatch`."""
     path = Path(step_dir) / entry.state.file
     state.reset()
     if not path.is_file():
@@ -74,8 +70,8 @@ def load_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, op
 
 
 def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: int) -> dict[str, Any]:
-    """Load the saved state of ``path`` into ``state`` (left reset on any problem: ValueError naming the file);
-    returns the saved options."""
+    """Load the saved state of ``path`` into ``state``; returns the saved options. Any problem (bad JSON, a field of
+    the wrong length or sign, a non-finite number) leaves it reset: ValueError naming the file."""
     try:
         payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(payload, dict):

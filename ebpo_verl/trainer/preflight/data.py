@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -51,8 +52,7 @@ def read_data_file(path: str, key: str, prompt_key: str = "prompt") -> DataFile:
         else:
             import pandas as pd
 
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            text = Path(path).read_text(encoding="utf-8")
             as_list = path.endswith(".json") and text.lstrip().startswith("[")
             records = json.loads(text) if as_list else [json.loads(line) for line in text.splitlines() if line.strip()]
             frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
