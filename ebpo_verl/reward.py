@@ -206,12 +206,8 @@ def _plain(s: str) -> str:
     return _SPACING_RE.sub("", _TEXT_CMD_RE.sub(r"\1", s)).rstrip(".")
 
 
-# ---------------------------------------------------------------------------------------------------
-# Worker process: reads {"gold", "pred"} JSON lines on stdin, answers {"ok": bool} lines on stdout.
-# ---------------------------------------------------------------------------------------------------
-
-
 def _serve() -> None:  # pragma: no cover - runs in the child process; exercised through compute_score
+    """The grading child: reads ``{"gold", "pred"}`` JSON lines on stdin, answers ``{"ok": bool}`` lines on stdout."""
     import logging
     from functools import lru_cache
 

@@ -2,8 +2,9 @@
 
 :func:`preflight` runs in the driver before Ray starts (also for ``--cfg job``): the estimator's registration,
 :class:`~ebpo_verl.trainer.run_options.RunOptions`, then :data:`CONFIG_CHECKS`, :data:`WARNINGS`, the resume check
-and :data:`RUN_CHECKS`. Modules: :mod:`.config`, :mod:`.batches`, :mod:`.data`, :mod:`.registry`. Every refusal
-is an :class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the key/value/file and the fix.
+and :data:`RUN_CHECKS`. Modules: :mod:`.config`, :mod:`.batches`, :mod:`.data`, :mod:`.registry`,
+:mod:`.trust`. Every refusal is an :class:`~ebpo_verl.ops.errors.EBPOConfigError` naming the key/value/file
+and the fix.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from ebpo_verl.trainer.preflight.config import (
     check_group_size,
     check_positive_ints,
     check_resume,
-    check_resume_trust,
     check_reward_options,
     check_shaped_rewards,
     check_stock_verl_methods,
@@ -27,6 +27,7 @@ from ebpo_verl.trainer.preflight.config import (
 )
 from ebpo_verl.trainer.preflight.data import check_data, check_model_path
 from ebpo_verl.trainer.preflight.registry import check_estimator_name
+from ebpo_verl.trainer.preflight.trust import check_resume_trust
 from ebpo_verl.trainer.run_options import RunOptions
 
 Check = Callable[[Any, RunOptions, bool], "str | None"]
@@ -52,9 +53,9 @@ RUN_CHECKS: tuple[Check, ...] = (
     check_data,
 )
 """After the resume check (a resume that cannot work stops before verl's check and the data are read): a resume
-that cannot load weights-only (:func:`.config.check_resume_trust`), verl's ``validate_config`` at the configured
-world size, each rank's share of every batch (:mod:`.batches`), the model path, the data files. Their lines open
-the log line, the resume's closes it."""
+that cannot load weights-only (:mod:`.trust`), verl's ``validate_config`` at the configured world size, each
+rank's share of every batch (:mod:`.batches`), the model path, the data files. Their lines open the log line, the
+resume's closes it."""
 
 
 def check_config(config: Any) -> RunOptions:

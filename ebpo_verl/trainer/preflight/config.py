@@ -168,20 +168,6 @@ def check_resume(config: Any, options: RunOptions, dry_run: bool) -> str | None:
         raise EBPOConfigError(str(err)) from err
 
 
-def check_resume_trust(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """Unless ``trainer.trust_checkpoint``, a resume whose actor or critic strategy loads its checkpoint with plain
-    pickle (Megatron's) is refused here, before Ray starts, with the line the trainer would print
-    (:func:`ebpo_verl.trainer.checkpoint.trusted_load.check_strategies`)."""
-    if options.trainer.trust_checkpoint:
-        return
-    from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, check_strategies
-
-    try:
-        check_strategies(config)
-    except UntrustedCheckpointError as err:
-        raise EBPOConfigError(str(err)) from None
-
-
 def reward_options(config: Any) -> RewardOptions | None:
     """The reward's knobs of a run graded by :data:`OUR_REWARD`: ``reward_kwargs.workers`` / ``.timeout`` (absent:
     the declared defaults), each ``EBPO_REWARD_*`` variable set here replacing its key (the environment read once,
