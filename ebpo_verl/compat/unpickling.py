@@ -122,10 +122,9 @@ def weights_only_load(f: Any, *args: Any, kinds: Iterable[str], weights_only: An
     try:
         return _LOAD(f, *args, weights_only=True, **kwargs)
     except pickle.UnpicklingError:
-        try:
+        unsafe = []
+        with suppress(ValueError, OSError, RuntimeError):  # not a torch.save zip file: a broken file, not a foreign one
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(f)
-        except (ValueError, OSError, RuntimeError):  # not a torch.save zip file: a broken file, not a foreign one
-            unsafe = []
         if not unsafe:
             raise
         raise UntrustedPickle(f, unsafe[:3]) from None
