@@ -67,10 +67,9 @@ def code_version() -> dict[str, Any]:
         if commit:
             record.update(commit=commit, dirty=None if status is None else bool(status), source=f"git checkout {root}")
             return record
-    try:
+    direct = {}
+    with suppress(metadata.PackageNotFoundError, ValueError):
         direct = json.loads(metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}")
-    except (metadata.PackageNotFoundError, ValueError):
-        direct = {}
     commit = (direct.get("vcs_info") or {}).get("commit_id")
     if commit:
         record.update(commit=commit, source=f"pip install from {direct.get('url', 'a git URL')}")
