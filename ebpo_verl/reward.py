@@ -209,6 +209,7 @@ def _plain(s: str) -> str:
 def _serve() -> None:  # pragma: no cover - runs in the child process; exercised through compute_score
     """The grading child: reads ``{"gold", "pred"}`` JSON lines on stdin, answers ``{"ok": bool}`` lines on stdout."""
     import logging
+    from contextlib import suppress
     from functools import lru_cache
 
     from latex2sympy2_extended import NormalizationConfig
@@ -225,10 +226,9 @@ def _serve() -> None:  # pragma: no cover - runs in the child process; exercised
         return tuple(parse("\\boxed{" + s + "}", config))
 
     def equal(gold: str, pred: str) -> bool:
-        try:
+        with suppress(Exception):
             return bool(verify(list(parsed(gold)), list(parsed(pred))))
-        except Exception:
-            return False
+        return False
 
     print("ready", flush=True)
     for line in sys.stdin:
