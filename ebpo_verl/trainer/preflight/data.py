@@ -207,8 +207,9 @@ def _rows_of(
     missing: list[int] = []
     rows_of: dict[str, list[int]] = {}
     for row, info in enumerate(extra_infos):
-        existing.update(str(k) for k in info or {})
-        if is_missing(value := (info or {}).get(key)):
+        info = info or {}
+        existing.update(str(k) for k in info)
+        if is_missing(value := info.get(key)):
             missing.append(row)
         else:
             rows_of.setdefault(str(value), []).append(row)
