@@ -57,12 +57,9 @@ def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
         except BaseException:
             os.close(fd)
             raise
-        try:  # the file may have been removed by a holder releasing it between our open and flock: retry
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+        with suppress(FileNotFoundError):  # removed by a holder releasing it between our open and flock: retry
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
         os.close(fd)
     try:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
