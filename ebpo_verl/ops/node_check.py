@@ -83,11 +83,9 @@ def check_here(file_sizes: Mapping[str, int], dir_markers: Mapping[str, str]) ->
         if here != size:
             problems.append(f"{path}: {here} bytes here but {size} on the driver, so not the same file")
     for folder, marker in dir_markers.items():
-        try:
-            with open(os.path.join(folder, MARKER_PREFIX + marker)) as handle:
-                same = handle.read() == marker
-        except OSError:
-            same = False
+        same = False
+        with suppress(OSError), open(os.path.join(folder, MARKER_PREFIX + marker)) as handle:
+            same = handle.read() == marker
         if not same:
             problems.append(f"{folder}: the driver's marker file is not there, so this is not the driver's folder")
             continue
