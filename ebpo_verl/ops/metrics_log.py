@@ -125,9 +125,8 @@ class MetricsLog:
 
     def log(self, data: dict[str, Any], step: int) -> None:
         line = json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open(self.path, "a", encoding="utf-8") as f:  # closing it flushes the line
             f.write(line)
-            f.flush()
 
     def finish(self) -> None:
         """Nothing to close: every line is written and flushed by ``log``."""
