@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -182,19 +182,14 @@ def extract_answer(solution_str: str) -> str | None:
 
 def _last_answer_line(text: str, pattern: re.Pattern = _ANSWER_LINE_RE) -> tuple[str | None, int]:
     """The rest of the line after the last ``pattern`` match (or the next non-empty line) and where it ends."""
-    last = None
-    for last in pattern.finditer(text):  # noqa: B007 - keep the final match
-        pass
-    if last is None:
+    last = deque(pattern.finditer(text), maxlen=1)  # the final match
+    if not last:
         return None, -1
-    pos = last.end()
-    while pos <= len(text):
-        end = text.find("\n", pos)
-        end = len(text) if end < 0 else end
-        line = text[pos:end].strip()
-        if line:
-            return line, end
-        pos = end + 1
+    pos = last[0].end()
+    for line in text[pos:].split("\n"):
+        pos += len(line) + 1
+        if line.strip():
+            return line.strip(), pos - 1
     return None, -1
 
 
@@ -211,13 +206,10 @@ def _plain(s: str) -> str:
     return _SPACING_RE.sub("", _TEXT_CMD_RE.sub(r"\1", s)).rstrip(".")
 
 
-# ---------------------------------------------------------------------------------------------------
-# Worker process: reads {"gold", "pred"} JSON lines on stdin, answers {"ok": bool} lines on stdout.
-# ---------------------------------------------------------------------------------------------------
-
-
 def _serve() -> None:  # pragma: no cover - runs in the child process; exercised through compute_score
+    """The grading child: reads ``{"gold", "pred"}`` JSON lines on stdin, answers ``{"ok": bool}`` lines on stdout."""
     import logging
+    from contextlib import suppress
     from functools import lru_cache
 
     from latex2sympy2_extended import NormalizationConfig
@@ -234,18 +226,14 @@ def _serve() -> None:  # pragma: no cover - runs in the child process; exercised
         return tuple(parse("\\boxed{" + s + "}", config))
 
     def equal(gold: str, pred: str) -> bool:
-        try:
+        with suppress(Exception):
             return bool(verify(list(parsed(gold)), list(parsed(pred))))
-        except Exception:
-            return False
+        return False
 
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
+    print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        out.write(json.dumps({"ok": equal(req["gold"], req["pred"])}) + "\n")
-        out.flush()
+        print(json.dumps({"ok": equal(req["gold"], req["pred"])}), flush=True)
 
 
 class _Worker:
@@ -435,9 +423,9 @@ def compute_score(
     if workers is not None:
         _POOL.resize(RewardOptions(workers=_valid("workers", workers)).pool_size)
     pred = extract_answer(solution_str or "")
-    if pred is None:
-        return {"score": 0.0, "acc": False, "pred": ""}
-    if missing_ground_truth(ground_truth) is not None:  # nothing to match: "None" must not equal str(None)
-        return {"score": 0.0, "acc": False, "pred": pred[:max_answer_chars]}
-    acc = is_equivalent(str(ground_truth), pred, timeout=timeout, max_answer_chars=max_answer_chars)
-    return {"score": 1.0 if acc else 0.0, "acc": acc, "pred": pred[:max_answer_chars]}
+    acc = (  # a missing ground truth matches nothing: "None" must not equal str(None)
+        pred is not None
+        and missing_ground_truth(ground_truth) is None
+        and is_equivalent(str(ground_truth), pred, timeout=timeout, max_answer_chars=max_answer_chars)
+    )
+    return {"score": 1.0 if acc else 0.0, "acc": acc, "pred": (pred or "")[:max_answer_chars]}

@@ -8,6 +8,7 @@ Nothing here imports verl or vLLM at import time.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
@@ -96,9 +97,7 @@ def resolve(dotted: str) -> Any:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
+        return functools.reduce(getattr, parts[cut:], obj)
     raise ImportError(f"no module of {dotted} can be imported")
 
 

@@ -18,7 +18,7 @@ import pickletools
 import re
 import zipfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch
@@ -78,20 +78,6 @@ def allowed(files: Iterable[str]) -> tuple[str, ...]:
     return tuple(name for name, holders in ALLOWED.items() if wanted & set(holders))
 
 
-def resolve_types(names: Iterable[str]) -> list[Any]:
-    """The objects of ``names`` that this environment has (``module.attribute``), in order."""
-    import torch.distributed.tensor  # noqa: F401 (DTensor's modules, before their names are looked up)
-
-    found = []
-    for name in names:
-        module, _, attr = name.rpartition(".")
-        try:
-            found.append(getattr(importlib.import_module(module), attr))
-        except (ImportError, AttributeError):
-            continue
-    return found
-
-
 class UntrustedPickle(Exception):
     """A file pickles globals outside the allowlist: ``path`` and ``carried`` (their dotted names)."""
 
@@ -136,10 +122,9 @@ def weights_only_load(f: Any, *args: Any, kinds: Iterable[str], weights_only: An
     try:
         return _LOAD(f, *args, weights_only=True, **kwargs)
     except pickle.UnpicklingError:
-        try:
+        unsafe = []
+        with suppress(ValueError, OSError, RuntimeError):  # not a torch.save zip file: a broken file, not a foreign one
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(f)
-        except (ValueError, OSError, RuntimeError):  # not a torch.save zip file: a broken file, not a foreign one
-            unsafe = []
         if not unsafe:
             raise
         raise UntrustedPickle(f, unsafe[:3]) from None
@@ -149,7 +134,12 @@ def weights_only_load(f: Any, *args: Any, kinds: Iterable[str], weights_only: An
 def only_globals(names: Iterable[str]) -> Iterator[list[str]]:
     """torch's weights-only safe globals are exactly ``names`` (those this environment has) for the block, not
     what imports registered; then what they were. Yields the names found."""
-    found = resolve_types(names)
+    import torch.distributed.tensor  # noqa: F401 (DTensor's modules, before their names are looked up)
+
+    found = []
+    for module, _, attr in (name.rpartition(".") for name in names):
+        with suppress(ImportError, AttributeError):
+            found.append(getattr(importlib.import_module(module), attr))
     before = torch.serialization.get_safe_globals()
     torch.serialization.clear_safe_globals()
     torch.serialization.add_safe_globals(found)

@@ -60,13 +60,12 @@ def cluster(embeddings: np.ndarray, k: int, seed: int, use_umap: bool = True) ->
             raise ValueError(f"UMAP needs more than {UMAP_COMPONENTS + 1} rows (got {n}); use --no-umap")
         import umap
 
-        reducer = umap.UMAP(
+        x = umap.UMAP(
             n_neighbors=min(UMAP_NEIGHBORS, n - 1),
             n_components=UMAP_COMPONENTS,
             metric=UMAP_METRIC,
             random_state=seed,
-        )
-        x = reducer.fit_transform(embeddings)
+        ).fit_transform(embeddings)
     return KMeans(n_clusters=k, random_state=seed, n_init=10).fit_predict(x)
 
 

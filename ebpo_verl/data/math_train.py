@@ -14,14 +14,14 @@ from ebpo_verl.data.schema import Dataset, Example, InvalidRowError, optional_te
 from ebpo_verl.reward import last_boxed
 
 NAME = "math_train"
-_LEVEL_RE = re.compile(r"^\s*Level\s+([1-5])\s*$")
+_LEVEL_RE = re.compile(r"^\s*(?:Level\s+)?([1-5])\s*$")
 
 
 def parse_level(level: Any) -> int | None:
     """``"Level 3"`` or ``3`` -> 3; ``"Level ?"`` or a missing level -> None; anything else is invalid."""
     if level is None or str(level).strip() in ("", "Level ?"):
         return None
-    m = _LEVEL_RE.match(str(level) if not str(level).strip().isdigit() else f"Level {str(level).strip()}")
+    m = _LEVEL_RE.match(str(level))
     if m is None:
         raise InvalidRowError("level", f"unparseable level {level!r} (expected 'Level 1'..'Level 5')")
     return int(m.group(1))

@@ -223,22 +223,19 @@ def build_rows(
     return rows, skipped, duplicates
 
 
-def write_parquet_atomic(table: pa.Table | pd.DataFrame, path: str | Path) -> Path:
+def write_parquet_atomic(table: pa.Table, path: str | Path) -> Path:
     """Write ``table`` to ``path`` atomically (:func:`ebpo_verl.ops.atomic.atomic_write`): a failure leaves no file."""
-    if isinstance(table, pd.DataFrame):
-        table = pa.Table.from_pandas(table, preserve_index=False)
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def summarize(name: str, rows_in: int, rows: list[dict[str, Any]], skipped: int, duplicates: int, out: Path) -> str:
     """A printable summary: rows in/out and per-topic / per-level counts."""
-    topics = Counter(r["extra_info"]["topic"] for r in rows)
-    levels = Counter(r["extra_info"]["difficulty"] for r in rows)
     lines = [
         f"{name}: {rows_in} rows in, {len(rows)} rows out, {skipped} invalid skipped, "
         f"{duplicates} duplicate problems removed -> {out}"
     ]
-    for what, counts in (("topic", topics), ("level", levels)):
+    for what, key in (("topic", "topic"), ("level", "difficulty")):
+        counts = Counter(r["extra_info"][key] for r in rows)
         if any(v is not None for v in counts):
             lines.append(f"  per {what}: " + ", ".join(f"{v}={n}" for v, n in sorted(counts.items(), key=str)))
     return "\n".join(lines)

@@ -86,11 +86,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Pa
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as for open()
         try:
             write(tmp)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -27,11 +27,10 @@ class LockHeldError(RuntimeError):
 def _holder(path: Path) -> str:
     """The holder the lock file records (a pid >= 1, a host and a start time, printable): "pid P on H, started T";
     for anything else (being written, torn, not such a record) "a process that has not recorded itself yet"."""
-    try:
+    pid = host = started = None
+    with suppress(OSError, ValueError, KeyError, TypeError, RecursionError):  # JSON's errors, non-UTF-8: ValueErrors
         info = json.loads(path.read_text(encoding="utf-8"))
         pid, host, started = info["pid"], info["host"], info["started"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # JSON's errors, non-UTF-8: ValueErrors
-        pid = host = started = None
     named = isinstance(pid, int) and not isinstance(pid, bool) and pid >= 1
     if named and isinstance(host, str) and isinstance(started, str) and host.isprintable() and started.isprintable():
         return f"pid {pid} on {host}, started {started}"
@@ -57,12 +56,9 @@ def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
         except BaseException:
             os.close(fd)
             raise
-        try:  # the file may have been removed by a holder releasing it between our open and flock: retry
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+        with suppress(FileNotFoundError):  # removed by a holder releasing it between our open and flock: retry
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
         os.close(fd)
     try:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

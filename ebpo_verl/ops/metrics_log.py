@@ -14,6 +14,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable
+from contextlib import suppress
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,8 @@ def _to_json(value: Any) -> Any:
     """numpy / torch scalars and arrays as plain Python (``item``/``tolist``); anything else as ``str``."""
     for attr in ("item", "tolist"):
         if hasattr(value, attr):
-            try:
+            with suppress(TypeError, ValueError, RuntimeError):
                 return getattr(value, attr)()
-            except (TypeError, ValueError, RuntimeError):
-                continue
     return str(value)
 
 
@@ -110,7 +109,9 @@ class MetricsLog:
             (keep if 0 < resumed_step and step <= resumed_step else drop).append(line)
         text = "".join(line + "\n" for line in keep)
         if drop:
-            aside = self._aside_path()
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            names = (f"{self.path.stem}.superseded-{stamp}{f'-{k}' if k else ''}{self.path.suffix}" for k in count())
+            aside = next(path for name in names if not (path := self.path.with_name(name)).exists())
             atomic_write_text(aside, "".join(line + "\n" for line in drop))
             logger.warning(
                 "metrics log %s: moved %d line(s) of steps after %d (not part of this run's history) to %s",
@@ -122,16 +123,10 @@ class MetricsLog:
         if text.encode("utf-8") != self.path.read_bytes():  # lines moved aside, or a torn last line dropped
             atomic_write_text(self.path, text)
 
-    def _aside_path(self) -> Path:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        names = (f"{self.path.stem}.superseded-{stamp}{f'-{k}' if k else ''}{self.path.suffix}" for k in count())
-        return next(path for name in names if not (path := self.path.with_name(name)).exists())
-
     def log(self, data: dict[str, Any], step: int) -> None:
         line = json.dumps({"step": int(step), "data": data}, default=_to_json, allow_nan=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open(self.path, "a", encoding="utf-8") as f:  # closing it flushes the line
             f.write(line)
-            f.flush()
 
     def finish(self) -> None:
         """Nothing to close: every line is written and flushed by ``log``."""

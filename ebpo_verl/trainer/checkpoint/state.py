@@ -41,14 +41,10 @@ def save_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, op
 
 
 def load_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, options: Any, global_step: int) -> bool:
-    """Restore ``state`` from ``step_dir/<entry.state.file>``; returns False when it starts fresh instead.
-
-    Without the file (a checkpoint written by plain verl or by an older run) ``on_resume_mismatch=error`` raises,
-    the others start fresh with a loud warning. A malformed file (bad JSON, a field of the wrong length or sign, a
-    non-finite number), or one written at another step, raises ValueError naming the file: resuming from it would
-    be silently wrong. Options that differ from the saved ones (:func:`changed_options`) follow
-    ``options.on_resume_mismatch`` (:func:`_on_mismatch`).
-    """
+    """Restore ``state`` from ``step_dir/<entry.state.file>``; False when it starts fresh instead. Without the file
+    (plain verl's or an older run's checkpoint) ``on_resume_mismatch=error`` raises, the others warn loudly; a
+    malformed file or one of another step raises ValueError naming it (:func:`_read_state_file`: resuming from it
+    would be silently wrong); changed options (:func:`changed_options`) follow :func:`_on_mismatch`."""
     path = Path(step_dir) / entry.state.file
     state.reset()
     if not path.is_file():
@@ -74,8 +70,8 @@ def load_state(entry: EstimatorSpec, step_dir: str | os.PathLike, state: Any, op
 
 
 def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: int) -> dict[str, Any]:
-    """Load the saved state of ``path`` into ``state`` (left reset on any problem: ValueError naming the file);
-    returns the saved options."""
+    """Load the saved state of ``path`` into ``state``; returns the saved options. Any problem (bad JSON, a field of
+    the wrong length or sign, a non-finite number) leaves it reset: ValueError naming the file."""
     try:
         payload: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(payload, dict):
@@ -139,27 +135,20 @@ def _on_mismatch(
     never_keep = any(k in known for k in entry.state.never_keep)
     if never_keep and mode == "keep":
         mode = "error"  # e.g. a changed prompt key: the saved keys would silently name other prompts
-    section = entry.section
+    section, what = entry.section, entry.state.what
     if mode == "error":
         state.reset()
         restore = " ".join(f"{section}.{k}={_override(old)}" for k, (old, _) in known.items())
         first = f"resume with the checkpoint's values ({restore}), or " if restore else ""
-        keep = (
-            ""
-            if never_keep
-            else f", or {section}.on_resume_mismatch=keep to continue with the saved {entry.state.what}"
-        )
+        keep = "" if never_keep else f", or {section}.on_resume_mismatch=keep to continue with the saved {what}"
         raise ValueError(
             f"{section} differs from the checkpoint's options in {path} ({diff}). Either {first}set "
-            f"{section}.on_resume_mismatch=reset to start fresh {entry.state.what} under the new options{keep}."
+            f"{section}.on_resume_mismatch=reset to start fresh {what} under the new options{keep}."
         )
+    outcome = f"continuing with the saved {what}"
     if mode == "reset":
         state.reset()
-    outcome = (
-        f"the {entry.state.what} start FRESH at step {global_step}"
-        if mode == "reset"
-        else (f"continuing with the saved {entry.state.what}")
-    )
+        outcome = f"the {what} start FRESH at step {global_step}"
     warnings.warn(
         f"{entry.state.label}: {section} changed since the checkpoint ({diff}); on_resume_mismatch={mode}: {outcome}",
         RuntimeWarning,

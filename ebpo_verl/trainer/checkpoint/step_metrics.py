@@ -10,6 +10,7 @@ from typing import Any
 
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.errors import one_line
+from ebpo_verl.options.parsing import is_int
 
 STEP_METRICS_FILE = "ebpo_step_metrics.json"
 FORMAT = 1
@@ -45,10 +46,10 @@ def load_step_metrics(step_dir: str | os.PathLike, global_step: int) -> dict[str
         payload = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(payload, dict) or set(payload) != {"format", "global_step", "metrics"}:
             raise ValueError("expected a JSON object of exactly format, global_step and metrics")
-        if not _is_int(payload["format"]) or payload["format"] != FORMAT:
+        if not is_int(payload["format"]) or payload["format"] != FORMAT:
             raise ValueError(f"format {payload['format']!r:.60} is not supported (expected {FORMAT})")
         saved_step, metrics = payload["global_step"], payload["metrics"]
-        if not _is_int(saved_step) or saved_step < 0:
+        if not is_int(saved_step) or saved_step < 0:
             raise ValueError(f"global_step must be an integer >= 0, got {saved_step!r:.60}")
         if not isinstance(metrics, dict) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
@@ -60,10 +61,6 @@ def load_step_metrics(step_dir: str | os.PathLike, global_step: int) -> dict[str
     if saved_step != int(global_step):
         raise ValueError(f"step metrics file {path} was written at global step {saved_step}, not {global_step}")
     return metrics
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def unlogged_step_metrics(saved: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:

@@ -31,13 +31,6 @@ class UntrustedCheckpointError(RunAbortedError):
     """A checkpoint file that carries more than data: the message is the one line to print."""
 
 
-def refusal(err: UntrustedPickle) -> str:
-    return (
-        f"{err.path} pickles {', '.join(err.carried)}, which is not a tensor or a type of this package's "
-        f"checkpoints, so resuming from it would run code from the file {ADVICE}"
-    )
-
-
 def _refuse_transfer_queue(checkpoint_dir) -> None:
     raise UntrustedCheckpointError(
         f"{checkpoint_dir} holds TransferQueue state, which verl restores with plain pickle.load (no weights-only "
@@ -84,7 +77,10 @@ def weights_only_resume() -> Iterator[None]:
         with weights_only_loads(RESUME_FILES), patched("transfer_queue.load_checkpoint", _refuse_transfer_queue):
             yield
     except UntrustedPickle as err:
-        raise UntrustedCheckpointError(refusal(err)) from None
+        raise UntrustedCheckpointError(
+            f"{err.path} pickles {', '.join(err.carried)}, which is not a tensor or a type of this package's "
+            f"checkpoints, so resuming from it would run code from the file {ADVICE}"
+        ) from None
 
 
 @functools.cache

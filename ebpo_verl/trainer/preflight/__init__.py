@@ -52,10 +52,8 @@ RUN_CHECKS: tuple[Check, ...] = (
     check_model_path,
     check_data,
 )
-"""After the resume check (a resume that cannot work stops before verl's check and the data are read): a resume
-that cannot load weights-only (:mod:`.trust`), verl's ``validate_config`` at the configured world size, each
-rank's share of every batch (:mod:`.batches`), the model path, the data files. Their lines open the log line, the
-resume's closes it."""
+"""After the resume check (a resume that cannot work stops before verl's check and the data are read), in this
+order; their lines open the log line, the resume's closes it."""
 
 
 def check_config(config: Any) -> RunOptions:

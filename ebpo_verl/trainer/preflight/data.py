@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -51,8 +52,7 @@ def read_data_file(path: str, key: str, prompt_key: str = "prompt") -> DataFile:
         else:
             import pandas as pd
 
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            text = Path(path).read_text(encoding="utf-8")
             as_list = path.endswith(".json") and text.lstrip().startswith("[")
             records = json.loads(text) if as_list else [json.loads(line) for line in text.splitlines() if line.strip()]
             frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
@@ -197,40 +197,42 @@ def check_row_keys(extra_infos: Iterable[Mapping[str, Any] | None], options: Run
         check_cluster_labels(extra_infos, key, source)
 
 
-def _scan(extra_infos: Iterable[Mapping[str, Any] | None], key: str) -> tuple[int, set[str], list[int], dict]:
-    """Over the rows: how many, the ``extra_info`` keys seen, the rows without ``key`` (missing or null), and the
-    rows of each value of ``key`` (as a string), in row order."""
+def _rows_of(
+    extra_infos: Iterable[Mapping[str, Any] | None], key: str, source: str, option: str, qualifier: str, fixes: tuple
+) -> dict[str, list[int]]:
+    """The rows of each value of ``extra_info[key]`` (as a string), in row order; EBPOConfigError unless every row
+    has it (missing or null), naming ``option`` (``qualifier`` after the key) and the fix (``fixes``: when no row
+    has the key, when some rows lack it), with the keys the rows do have."""
     existing: set[str] = set()
     missing: list[int] = []
     rows_of: dict[str, list[int]] = {}
-    rows = 0
     for row, info in enumerate(extra_infos):
-        rows += 1
         info = info or {}
         existing.update(str(k) for k in info)
         if is_missing(value := info.get(key)):
             missing.append(row)
         else:
             rows_of.setdefault(str(value), []).append(row)
-    return rows, existing, missing, rows_of
+    if missing and key not in existing:
+        raise EBPOConfigError(
+            f"{option}={key!r} is not a key of extra_info in the training data ({source}); extra_info keys present: "
+            f"{sorted(existing) or 'none'}. {fixes[0]}"
+        )
+    if missing:
+        rows = len(missing) + sum(map(len, rows_of.values()))
+        raise EBPOConfigError(
+            f"extra_info[{key!r}]{qualifier} is missing or null in {len(missing)} of {rows} training rows ({source}); "
+            f"first rows: {missing[:10]}. {fixes[1]}"
+        )
+    return rows_of
 
 
 def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluster_key: str, source: str) -> None:
     """Every training row must carry ``extra_info[cluster_key]`` (``algorithm.ebpo.cluster_key``, not null); else
     list what the rows do have. ``source``: where the rows come from (the data files), for the message."""
-    rows, existing, missing, _ = _scan(extra_infos, cluster_key)
-    if not missing:
-        return
-    if cluster_key not in existing:
-        raise EBPOConfigError(
-            f"algorithm.ebpo.cluster_key={cluster_key!r} is not a key of extra_info in the training data "
-            f"({source}); extra_info keys present: {sorted(existing) or 'none'}. Pick one of them, or add the "
-            "labels to the data (ebpo_verl.data), or set algorithm.ebpo.cluster_key=null."
-        )
-    raise EBPOConfigError(
-        f"extra_info[{cluster_key!r}] is missing or null in {len(missing)} of {rows} training rows ({source}); "
-        f"first rows: {missing[:10]}. Every prompt needs a cluster label: fix the data (ebpo_verl.data)."
-    )
+    fix = "Pick one of them, or add the labels to the data (ebpo_verl.data), or set algorithm.ebpo.cluster_key=null."
+    missing = "Every prompt needs a cluster label: fix the data (ebpo_verl.data)."
+    _rows_of(extra_infos, cluster_key, source, "algorithm.ebpo.cluster_key", "", (fix, missing))
 
 
 def check_prompt_keys(
@@ -246,18 +248,12 @@ def check_prompt_keys(
     verl's uid is drawn afresh every step, so the tracker refuses to fall back to it; a key shared by two rows
     would merge two prompts' trackers (several training files each number ``index`` from 0).
     """
-    rows, existing, missing, rows_of = _scan(extra_infos, prompt_key)
-    if missing and prompt_key not in existing:
-        raise EBPOConfigError(
-            f"{option}={prompt_key!r} is not a key of extra_info in the training data ({source}); "
-            f"extra_info keys present: {sorted(existing) or 'none'}. {label} tracks each prompt across steps by this "
-            "key (verl's uid changes every step): pick a field unique per prompt, or add one in ebpo_verl.data."
-        )
-    if missing:
-        raise EBPOConfigError(
-            f"extra_info[{prompt_key!r}] ({option}) is missing or null in {len(missing)} of {rows} "
-            f"training rows ({source}); first rows: {missing[:10]}. Every prompt needs a key: fix the data."
-        )
+    fix = (
+        f"{label} tracks each prompt across steps by this key (verl's uid changes every step): pick a field unique "
+        "per prompt, or add one in ebpo_verl.data."
+    )
+    fixes = (fix, "Every prompt needs a key: fix the data.")
+    rows_of = _rows_of(extra_infos, prompt_key, source, option, f" ({option})", fixes)
     repeats = [(at[1], key, at[0]) for key, at in rows_of.items() if len(at) > 1]
     if repeats:
         b, key, a = min(repeats)  # the first row that repeats an earlier row's key
