@@ -40,13 +40,13 @@ class Base:
     sft_cpu_seconds: float
 
 
-def prepare_base(preset: Preset, out: Path | None = None) -> Base:
-    """Splits and the warm start (``preset.sft_steps``); with ``out``, loaded from or saved to ``base_model.pt``."""
+def prepare_base(preset: Preset, out: Path) -> Base:
+    """Splits and the warm start (``preset.sft_steps``), loaded from or saved to ``out/base_model.pt``."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
     saved = None
-    if out is not None and (out / "base_model.pt").is_file():
+    if (out / "base_model.pt").is_file():
         with contextlib.suppress(OSError, ValueError):  # no usable record: trained again
             saved = json.loads((out / "base.json").read_text())
     if saved is not None:
@@ -60,7 +60,7 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
     base = Base(model, train, heldout, splits["val"], probe, exact_pass_at_1(model, train).numpy(),
                 exact_pass_at_1(model, heldout).numpy(), sft_seconds, sft_cpu)  # fmt: skip
-    if out is not None and saved is None:
+    if saved is None:
         atomic_write(out / "base_model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
     return base
@@ -75,24 +75,31 @@ def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
     ]
 
 
-def choose_lrs(runs: list[dict]) -> dict[str, dict]:
-    """Per estimator, from its tuning runs: rates tried, each rate's score [mean, half-width, n] and the best rate
-    (smaller on a tie). A run's score is its mean validation accuracy after step 0 (area under the learning curve)."""
+def tuning_score(run: dict) -> float:
+    """A tuning run's score: its mean validation accuracy after step 0 (area under the learning curve)."""
+    return float(np.mean(run["metrics"]["accuracy"][1:]))
+
+
+def rate_choice(scores: dict[float, list[float]]) -> dict:
+    """From {rate: scores}: the rates tried (sorted), each one's [mean, half-width, n] and the best rate (highest
+    mean, the smaller on a tie)."""
     from ebpo_verl.study.report import ci_record
 
+    rates = sorted(scores)
+    return {
+        "values": rates,
+        "validation": [ci_record(scores[v]) for v in rates],
+        "chosen": max(rates, key=lambda v: (float(np.mean(scores[v])), -v)),
+    }
+
+
+def choose_lrs(runs: list[dict]) -> dict[str, dict]:
+    """Per estimator, the :func:`rate_choice` of its tuning runs' :func:`tuning_score`."""
     by: dict[str, dict[float, list[float]]] = {}
     for run in runs:
         c = run["config"]
-        score = float(np.mean(run["metrics"]["accuracy"][1:]))
-        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(score)
-    return {
-        est: {
-            "values": sorted(scores),
-            "validation": [ci_record(scores[v]) for v in sorted(scores)],
-            "chosen": max(scores, key=lambda v: (float(np.mean(scores[v])), -v)),
-        }
-        for est, scores in sorted(by.items())
-    }
+        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(tuning_score(run))
+    return {est: rate_choice(scores) for est, scores in sorted(by.items())}
 
 
 def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
