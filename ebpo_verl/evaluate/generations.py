@@ -59,17 +59,15 @@ def read_generations(path: str | Path) -> tuple[dict[Key, dict[str, Any]], int]:
     path = Path(path)
     if not path.is_file():
         return {}, 0
-    data = path.read_bytes()
     records: dict[Key, dict[str, Any]] = {}
     intact = 0
-    lines = data.split(b"\n")
+    lines = path.read_bytes().split(b"\n")
     for lineno, raw in enumerate(lines, 1):
         last = lineno == len(lines)
         if last and not raw:
             break
         try:
-            text = raw.decode("utf-8")
-            record = _parse(text, path, lineno)
+            record = _parse(raw.decode("utf-8"), path, lineno)
         except (UnicodeDecodeError, EvalInputError) as e:
             if last:  # no newline after it: a write cut short by a crash
                 break
@@ -127,6 +125,20 @@ def problem_digest(prompt: Any, ground_truth: Any) -> str:
     so samples are never graded against or resumed with other problems."""
     blob = json.dumps([prompt, ground_truth], ensure_ascii=False, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def settings(protocol: str, model: str, temperature: float, top_p: float, a: Any, benchmarks: dict) -> dict[str, Any]:
+    """A generations file's meta: the protocol, model, sampling, ``a``'s (the engine options') length and seed, and
+    ``benchmarks`` ({name: {"runs", "limit", "problems", "digests"}})."""
+    return {
+        "protocol": protocol,
+        "model": model,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": a.max_new_tokens,
+        "seed": a.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
+        "benchmarks": benchmarks,
+    }
 
 
 def problems_differ(
