@@ -182,18 +182,8 @@ def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str
 
 
 def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
-    """Generations-file lines for (engines.Request, engines.Completion) pairs."""
-    return [
-        {
-            "benchmark": r.key[0],
-            "index": r.key[1],
-            "sample": r.key[2],
-            "response": c.text,
-            "response_tokens": c.tokens,
-            "finish_reason": c.finish_reason,
-        }
-        for r, c in pairs
-    ]
+    """Generations-file lines (:data:`FIELDS`) for (engines.Request, engines.Completion) pairs."""
+    return [dict(zip(FIELDS, (*r.key, c.text, c.tokens, c.finish_reason), strict=True)) for r, c in pairs]
 
 
 class GenerationsFile(ExitStack):

@@ -358,11 +358,8 @@ def regime_summary(plan: Plan, regime: Regime, info: dict, choices: dict, lrs: d
     held-out accuracy by seed, and per G the top group's :func:`pairs` and winners (those no other is ahead of
     under Holm; one name: a separated winner)."""
     final: dict[str, dict[int, dict[int, float]]] = {}
-    for run in runs:
-        c = run["config"]
-        final.setdefault(c["estimator"], {}).setdefault(c["group_size"], {})[c["seed"]] = float(
-            run["metrics"]["accuracy"][-1]
-        )
+    for (e, g, s), v in report.final_values(runs).items():  # every run is in random order
+        final.setdefault(e, {}).setdefault(g, {})[s] = v
     recs = {g: pairs({e: final[e][g] for e in plan.top if g in final.get(e, {})}, plan.top) for g in plan.top_gs}
     beaten = {g: {r["b"] if r["holm"] == SIDES[0] else r["a"] for r in recs[g] if r["holm"] != SIDES[2]} for g in recs}
     return {
