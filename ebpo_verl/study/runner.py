@@ -177,8 +177,8 @@ def run_path(out: Path, cfg: RLConfig) -> Path:
     return out / "runs" / f"{cfg.estimator}-g{cfg.group_size}-{cfg.order}-s{cfg.seed}{tuning}.json"
 
 
-def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
-    """The runs of ``jobs`` already saved under ``out/runs`` (a file with another config is not one of them)."""
+def load_done(out: Path, jobs: list[RLConfig]) -> dict[RLConfig, dict]:
+    """The runs of ``jobs`` saved under ``out/runs``, in job order (a file with another config is not one of them)."""
     done = {}
     for cfg in jobs:
         path = run_path(out, cfg)
@@ -190,7 +190,7 @@ def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
             print(f"study: {path} is unreadable ({type(err).__name__}): running it again")
             continue
         if isinstance(run, dict) and run.get("config") == asdict(cfg):
-            done[_key(asdict(cfg))] = run
+            done[cfg] = run
     return done
 
 
@@ -213,7 +213,7 @@ def run_grid(
     global _BASE
     _BASE = base
     done = load_done(out, jobs)
-    todo = [cfg for cfg in jobs if _key(asdict(cfg)) not in done]
+    todo = [cfg for cfg in jobs if cfg not in done]
     if done:
         print(f"resuming: {len(done)} of {len(jobs)} runs already saved in {out / 'runs'}", flush=True)
     (out / "runs").mkdir(exist_ok=True)
@@ -227,8 +227,7 @@ def run_grid(
         torch.set_num_threads(1)
     try:
         for cfg, metrics, seconds, cpu in pool.imap_unordered(_run_one, todo) if pool else map(_run_one, todo):
-            run = done[_key(asdict(cfg))] = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds,
-                                              "cpu_seconds": cpu}  # fmt: skip
+            run = done[cfg] = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu}
             write_json(run_path(out, cfg), run)
             bar.update()
     finally:
@@ -236,11 +235,7 @@ def run_grid(
         if pool is not None:
             pool.terminate()
             pool.join()
-    return [done[_key(asdict(cfg))] for cfg in jobs], len(jobs) - len(todo)
-
-
-def _key(config: dict) -> tuple:
-    return config["estimator"], config["group_size"], config["order"], config["seed"], config["lr"], config["split"]
+    return [done[cfg] for cfg in jobs], len(jobs) - len(todo)
 
 
 def describe_base(base: Base) -> dict:
