@@ -153,8 +153,7 @@ class Plan:
 
 
 PLANS: dict[str, Plan] = {
-    # Issue 47's study: 3 regimes x 8 estimators x G in {2, 4, 8, 16} x 16 seeds, the 6 others at G in {2, 4, 8}
-    # x 6 seeds in the first regime, each tuned (3 rates x G = 2, 8 x 4 seeds, validation split); 120 steps.
+    # Issue 47's study (the Plan defaults: docs/study_rivals2_PLAN.md) at the rivals preset's scale.
     "rivals2": Plan(name="rivals2", scale=PRESETS["rivals"]),
     # The same code paths in about 2 minutes: 3 estimators, 2 rates (every first choice is at an edge), 4 steps.
     "rivals2_tiny": Plan(
