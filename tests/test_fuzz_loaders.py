@@ -519,7 +519,7 @@ def test_fuzz_study_saved_run(run, raw, tmp_path_factory):
     path.write_text(json.dumps(run) if raw is None else raw)
     done = runner.load_done(out, [QUICK_JOB])
     reused = raw is None and isinstance(run, dict) and run.get("config") == asdict(QUICK_JOB)
-    assert done == ({runner._key(asdict(QUICK_JOB)): run} if reused else {})
+    assert done == ({QUICK_JOB: run} if reused else {})
 
 
 def test_fuzz_study_saved_run_property_fails_on_a_refusing_loader(monkeypatch, tmp_path_factory):

@@ -204,7 +204,7 @@ def _synthetic_data() -> dict:
     for regime in plan.regimes[:2]:
         runs = [
             {
-                "config": {"estimator": e, "group_size": g, "seed": s},
+                "config": {"estimator": e, "group_size": g, "seed": s, "order": "random"},
                 "metrics": {"accuracy": [0.3, level[e] + rng.normal(0, 0.01)]},
                 "seconds": 1.0,
             }

@@ -17,6 +17,7 @@ exceed the model length is an error (:class:`PromptTooLong`) before anything is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -276,10 +277,8 @@ def _worker_main(spec: EngineSpec, env: dict[str, str], requests: list[Request],
 
 def kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (a worker and e.g. vLLM's engine-core child); gone is fine."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def shard(requests: list[Request], workers: int) -> list[list[Request]]:

@@ -59,17 +59,15 @@ def read_generations(path: str | Path) -> tuple[dict[Key, dict[str, Any]], int]:
     path = Path(path)
     if not path.is_file():
         return {}, 0
-    data = path.read_bytes()
     records: dict[Key, dict[str, Any]] = {}
     intact = 0
-    lines = data.split(b"\n")
+    lines = path.read_bytes().split(b"\n")
     for lineno, raw in enumerate(lines, 1):
         last = lineno == len(lines)
         if last and not raw:
             break
         try:
-            text = raw.decode("utf-8")
-            record = _parse(text, path, lineno)
+            record = _parse(raw.decode("utf-8"), path, lineno)
         except (UnicodeDecodeError, EvalInputError) as e:
             if last:  # no newline after it: a write cut short by a crash
                 break
@@ -129,6 +127,20 @@ def problem_digest(prompt: Any, ground_truth: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+def settings(protocol: str, model: str, temperature: float, top_p: float, a: Any, benchmarks: dict) -> dict[str, Any]:
+    """A generations file's meta: the protocol, model, sampling, ``a``'s (the engine options') length and seed, and
+    ``benchmarks`` ({name: {"runs", "limit", "problems", "digests"}})."""
+    return {
+        "protocol": protocol,
+        "model": model,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": a.max_new_tokens,
+        "seed": a.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
+        "benchmarks": benchmarks,
+    }
+
+
 def problems_differ(
     path: str | Path, bench: str, stored: dict[str, Any], current: dict[str, str], data: str = "the data"
 ) -> str | None:
@@ -170,18 +182,8 @@ def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str
 
 
 def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
-    """Generations-file lines for (engines.Request, engines.Completion) pairs."""
-    return [
-        {
-            "benchmark": r.key[0],
-            "index": r.key[1],
-            "sample": r.key[2],
-            "response": c.text,
-            "response_tokens": c.tokens,
-            "finish_reason": c.finish_reason,
-        }
-        for r, c in pairs
-    ]
+    """Generations-file lines (:data:`FIELDS`) for (engines.Request, engines.Completion) pairs."""
+    return [dict(zip(FIELDS, (*r.key, c.text, c.tokens, c.finish_reason), strict=True)) for r, c in pairs]
 
 
 class GenerationsFile(ExitStack):

@@ -42,7 +42,7 @@ from ebpo_verl.data.schema import (
 )
 from ebpo_verl.data.sources import read_jsonl_records
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import generate_into, problem_digest
+from ebpo_verl.evaluate.generations import generate_into, problem_digest, settings
 from ebpo_verl.evaluate.grading import grade_records
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
@@ -71,18 +71,9 @@ def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> li
     prompts = [[dict(m) for m in p] for p in table.column("prompt").to_pylist()]
     truths = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
     digests = {str(i): problem_digest(p, t) for i, (p, t) in enumerate(zip(prompts, truths, strict=True))}
-    meta = {
-        "protocol": "pass_rate",
-        "model": a.model,
-        "temperature": a.temperature,
-        "top_p": a.top_p,
-        "max_new_tokens": a.max_new_tokens,
-        "seed": a.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
-        "benchmarks": {
-            Path(a.in_path).name: {"runs": a.n, "limit": None, "problems": len(prompts), "digests": digests}
-        },
-    }
     name = Path(a.in_path).name
+    bench = {name: {"runs": a.n, "limit": None, "problems": len(prompts), "digests": digests}}
+    meta = settings("pass_rate", a.model, a.temperature, a.top_p, a, bench)
     spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)
     wanted = [engines.Request((name, i, s), prompts[i]) for i in range(len(prompts)) for s in range(a.n)]
     done, _ = generate_into(gen_path, meta, wanted, spec, workers)

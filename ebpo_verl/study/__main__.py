@@ -109,10 +109,19 @@ def _main(argv: list[str] | None) -> int:
 
         print(run_mse_study(args.out, command))
         return 0
-    if args.preset in PLANS:
-        return _run_plan(args, command)
     from ebpo_verl.study.runner import StudyDirError, claim_out_dir
 
+    if plan := PLANS.get(args.preset):  # a rivals2 plan: claim --out, run (or resume) it, print its closing note
+        try:
+            if args.estimators:
+                raise StudyDirError(f"--estimators: preset {plan.name} fixes its estimators; leave it out")
+            claim_out_dir(args.out, plan)
+            torch.set_num_threads(1)
+            print(run_plan(plan, args.out, command, args.workers))
+        except (StudyDirError, RegimeError) as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 2
+        return 0
     preset = PRESETS[args.preset]
     try:
         if args.estimators:
@@ -123,23 +132,6 @@ def _main(argv: list[str] | None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     _run_study(args, preset, command, t0)
-    return 0
-
-
-def _run_plan(args: argparse.Namespace, command: str) -> int:
-    """A :mod:`~ebpo_verl.study.rivals2` plan: claim ``--out``, run (or resume) it and print its closing note."""
-    from ebpo_verl.study.runner import StudyDirError, claim_out_dir
-
-    plan = PLANS[args.preset]
-    try:
-        if args.estimators:
-            raise StudyDirError(f"--estimators: preset {plan.name} fixes its estimators; leave it out")
-        claim_out_dir(args.out, plan)
-        torch.set_num_threads(1)
-        print(run_plan(plan, args.out, command, args.workers))
-    except (StudyDirError, RegimeError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
     return 0
 
 

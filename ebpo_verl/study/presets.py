@@ -148,11 +148,10 @@ PRESETS: dict[str, Preset] = {
         lr={"grpo": 3e-4, "ebpo": 3e-4},
         workers=1,
     ),
-    # The learning-rate choice of the quick preset: its estimators at every rate of their grid, G = 4, 3 seeds,
-    # scored on the validation split; writes lr_tuning.json (committed as ebpo_verl/study/lr_tuning.json).
+    # The quick preset's learning-rate choice on the validation split; writes lr_tuning.json (committed as
+    # ebpo_verl/study/lr_tuning.json).
     "tune": _tuned("tune", QUICK_ESTIMATORS, group_sizes=(), seeds=3, tune_seeds=3),
-    # The default: GRPO, EBPO, verl's Optimal Token Baseline and DBB at G in {2, 4, 8}, 4 seeds, each at the
-    # learning rate the tune preset chose on the validation split (lr_tuning.json). 48 runs.
+    # The default: each estimator (otb: verl's Optimal Token Baseline) at the rate the tune preset chose.
     "quick": Preset(
         name="quick",
         estimators=QUICK_ESTIMATORS,
@@ -162,13 +161,9 @@ PRESETS: dict[str, Preset] = {
         order_group_size=4,
         lr={e: _TUNED[e] for e in QUICK_ESTIMATORS if e in _TUNED},
     ),
-    # Everything: the eight estimators of the issue (GRPO, GRPO+BN, EBPO, EBPO as released, OTB, RLOO, SPO, DBB),
-    # their learning rates chosen in the same command (4 rates x G = 4 x 2 seeds on the validation split), then
-    # G in {2, 4, 8, 16} x 5 seeds on the test split. 224 runs.
+    # Everything: the eight estimators of the issue (ebpo_batch: EBPO as released), rates tuned in the same command.
     "full": _tuned("full", FULL_ESTIMATORS, group_sizes=(2, 4, 8, 16), seeds=5, tune_seeds=2),
-    # The rivals (issue 39, docs/rivals.md): every estimator of the package and the 2025-2026 rivals, each at the
-    # learning rate it chose on the validation split (4 rates x G = 4 x 2 seeds), then G in {2, 4, 8} x 6 seeds
-    # at 128 responses per step (128 / G prompts: the equal-samples view). 312 runs.
+    # The rivals (issue 39, docs/rivals.md), rates tuned in the same command; 128 / G prompts per step (equal samples).
     "rivals": _tuned("rivals", RIVAL_ESTIMATORS, group_sizes=(2, 4, 8), seeds=6, tune_seeds=2),
 }
 

@@ -320,12 +320,18 @@ def paired_table(pairs: list[dict], group_sizes: list[int], head: str = "EBPO - 
     return md_table([head, *(f"G={g}" for g in group_sizes)], body)
 
 
+SIDES = ("ahead of", "behind", "not separated from")
+
+
+def side(mean: float, half: float) -> str:
+    """Where ``mean ± half`` lies: "ahead of" (above 0), "behind" (below 0) or "not separated from"."""
+    return SIDES[0] if mean - half > 0 else SIDES[1] if mean + half < 0 else SIDES[2]
+
+
 def _side(p: dict) -> str | None:
-    """Where a record's 95% interval lies: "ahead of" (above 0), "behind", "not separated from"; None if n < 2."""
+    """Where a record's 95% interval lies (:func:`side`); None if n < 2."""
     mean, half, n = p["diff"]
-    if n < 2 or half is None:
-        return None
-    return "ahead of" if mean - half > 0 else "behind" if mean + half < 0 else "not separated from"
+    return None if n < 2 or half is None else side(mean, half)
 
 
 def paired_verdict(pairs: list[dict]) -> str:

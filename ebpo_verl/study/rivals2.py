@@ -21,6 +21,7 @@ from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.study import report, runner
 from ebpo_verl.study.presets import PRESETS, Preset
 from ebpo_verl.study.ranking import _cell
+from ebpo_verl.study.report import SIDES, side
 from ebpo_verl.study.rl import ESTIMATORS, RLConfig
 
 TOP_GROUP = ("ebpo", "ebpo_batch", "spo", "dbb", "running_norm", "jspo", "jspo_history", "grpo")
@@ -32,7 +33,6 @@ CROSS_MACHINE_SPREAD = 0.015
 ALPHA = 0.05
 EBPO_AGAINST = ("ebpo_batch", "grpo", "running_norm")
 """The closing note's comparisons: EBPO against its released form (no cross-step memory), GRPO, a running norm."""
-SIDES = ("ahead of", "behind", "not separated from")
 
 
 class RegimeError(ValueError):
@@ -153,8 +153,7 @@ class Plan:
 
 
 PLANS: dict[str, Plan] = {
-    # Issue 47's study: 3 regimes x 8 estimators x G in {2, 4, 8, 16} x 16 seeds, the 6 others at G in {2, 4, 8}
-    # x 6 seeds in the first regime, each tuned (3 rates x G = 2, 8 x 4 seeds, validation split); 120 steps.
+    # Issue 47's study (the Plan defaults: docs/study_rivals2_PLAN.md) at the rivals preset's scale.
     "rivals2": Plan(name="rivals2", scale=PRESETS["rivals"]),
     # The same code paths in about 2 minutes: 3 estimators, 2 rates (every first choice is at an edge), 4 steps.
     "rivals2_tiny": Plan(
@@ -188,17 +187,15 @@ def lr_choice(scores: dict[float, dict[int, float]]) -> dict:
     """From {rate: {seed: score}}: the rates tried, each one's [mean, half-width, n], the chosen rate (highest mean,
     the smaller on a tie), the paired records chosen - neighbour by seed, ``separated`` (every one ahead of 0) and
     ``edge`` ("low", "high" or None)."""
-    rates = sorted(scores)
-    chosen = max(rates, key=lambda r: (float(np.mean(list(scores[r].values()))), -r))
+    choice = runner.rate_choice({r: list(by_seed.values()) for r, by_seed in scores.items()})
+    rates, chosen = choice["values"], choice["chosen"]
     i = rates.index(chosen)
     near = [rates[j] for j in (i - 1, i + 1) if 0 <= j < len(rates)]
     vs = [report.paired_record(scores[chosen], scores[r], estimator=chosen, baseline=r) for r in near]
     return {
-        "values": rates,
-        "validation": [report.ci_record(list(scores[r].values())) for r in rates],
-        "chosen": chosen,
+        **choice,
         "vs_neighbours": vs,
-        "separated": bool(vs) and all(report._side(v) == "ahead of" for v in vs),
+        "separated": bool(vs) and all(report._side(v) == SIDES[0] for v in vs),
         "edge": "low" if i == 0 else "high" if i == len(rates) - 1 else None,
     }
 
@@ -225,7 +222,7 @@ def tune(plan: Plan, regime: Regime, base, out: Path, room: int, workers: int | 
         runs, _ = runner.run_grid(plan.preset(regime), base, out, plan.tuning_jobs(rates), workers)
         scores: dict = {}
         for run in runs:
-            c, score = run["config"], float(np.mean(run["metrics"]["accuracy"][1:]))
+            c, score = run["config"], runner.tuning_score(run)
             scores.setdefault((c["estimator"], c["group_size"]), {}).setdefault(c["lr"], {})[c["seed"]] = score
         choices = {slot: lr_choice(scores[slot]) for slot in rates}
         add = extensions(choices, rates, plan.lr_grid, plan.max_extensions, room, plan.tune_seeds)
@@ -263,11 +260,6 @@ def holm(pvalues: list[float], alpha: float = ALPHA) -> tuple[list[float], list[
             stop = rank
         levels[i] = alpha / (m - (rank if stop is None else stop))
     return adjusted, levels
-
-
-def side(mean: float, half: float) -> str:
-    """Where ``mean ± half`` lies: "ahead of" (above 0), "behind" (below 0) or "not separated from"."""
-    return SIDES[0] if mean - half > 0 else SIDES[1] if mean + half < 0 else SIDES[2]
 
 
 def pairs(final: dict[str, dict[int, float]], names: tuple[str, ...]) -> list[dict]:
@@ -365,11 +357,8 @@ def regime_summary(plan: Plan, regime: Regime, info: dict, choices: dict, lrs: d
     held-out accuracy by seed, and per G the top group's :func:`pairs` and winners (those no other is ahead of
     under Holm; one name: a separated winner)."""
     final: dict[str, dict[int, dict[int, float]]] = {}
-    for run in runs:
-        c = run["config"]
-        final.setdefault(c["estimator"], {}).setdefault(c["group_size"], {})[c["seed"]] = float(
-            run["metrics"]["accuracy"][-1]
-        )
+    for (e, g, s), v in report.final_values(runs).items():  # every run is in random order
+        final.setdefault(e, {}).setdefault(g, {})[s] = v
     recs = {g: pairs({e: final[e][g] for e in plan.top if g in final.get(e, {})}, plan.top) for g in plan.top_gs}
     beaten = {g: {r["b"] if r["holm"] == SIDES[0] else r["a"] for r in recs[g] if r["holm"] != SIDES[2]} for g in recs}
     return {

@@ -40,13 +40,13 @@ class Base:
     sft_cpu_seconds: float
 
 
-def prepare_base(preset: Preset, out: Path | None = None) -> Base:
-    """Splits and the warm start (``preset.sft_steps``); with ``out``, loaded from or saved to ``base_model.pt``."""
+def prepare_base(preset: Preset, out: Path) -> Base:
+    """Splits and the warm start (``preset.sft_steps``), loaded from or saved to ``out/base_model.pt``."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(BASE_SEED)
     model = TinyPolicy(preset.policy)
     saved = None
-    if out is not None and (out / "base_model.pt").is_file():
+    if (out / "base_model.pt").is_file():
         with contextlib.suppress(OSError, ValueError):  # no usable record: trained again
             saved = json.loads((out / "base.json").read_text())
     if saved is not None:
@@ -60,7 +60,7 @@ def prepare_base(preset: Preset, out: Path | None = None) -> Base:
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
     base = Base(model, train, heldout, splits["val"], probe, exact_pass_at_1(model, train).numpy(),
                 exact_pass_at_1(model, heldout).numpy(), sft_seconds, sft_cpu)  # fmt: skip
-    if out is not None and saved is None:
+    if saved is None:
         atomic_write(out / "base_model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
         write_json(out / "base.json", {"sft_seconds": sft_seconds, "sft_cpu_seconds": sft_cpu})
     return base
@@ -75,24 +75,31 @@ def grid(preset: Preset, lrs: dict[str, float]) -> list[RLConfig]:
     ]
 
 
-def choose_lrs(runs: list[dict]) -> dict[str, dict]:
-    """Per estimator, from its tuning runs: rates tried, each rate's score [mean, half-width, n] and the best rate
-    (smaller on a tie). A run's score is its mean validation accuracy after step 0 (area under the learning curve)."""
+def tuning_score(run: dict) -> float:
+    """A tuning run's score: its mean validation accuracy after step 0 (area under the learning curve)."""
+    return float(np.mean(run["metrics"]["accuracy"][1:]))
+
+
+def rate_choice(scores: dict[float, list[float]]) -> dict:
+    """From {rate: scores}: the rates tried (sorted), each one's [mean, half-width, n] and the best rate (highest
+    mean, the smaller on a tie)."""
     from ebpo_verl.study.report import ci_record
 
+    rates = sorted(scores)
+    return {
+        "values": rates,
+        "validation": [ci_record(scores[v]) for v in rates],
+        "chosen": max(rates, key=lambda v: (float(np.mean(scores[v])), -v)),
+    }
+
+
+def choose_lrs(runs: list[dict]) -> dict[str, dict]:
+    """Per estimator, the :func:`rate_choice` of its tuning runs' :func:`tuning_score`."""
     by: dict[str, dict[float, list[float]]] = {}
     for run in runs:
         c = run["config"]
-        score = float(np.mean(run["metrics"]["accuracy"][1:]))
-        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(score)
-    return {
-        est: {
-            "values": sorted(scores),
-            "validation": [ci_record(scores[v]) for v in sorted(scores)],
-            "chosen": max(scores, key=lambda v: (float(np.mean(scores[v])), -v)),
-        }
-        for est, scores in sorted(by.items())
-    }
+        by.setdefault(c["estimator"], {}).setdefault(c["lr"], []).append(tuning_score(run))
+    return {est: rate_choice(scores) for est, scores in sorted(by.items())}
 
 
 def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
@@ -170,8 +177,8 @@ def run_path(out: Path, cfg: RLConfig) -> Path:
     return out / "runs" / f"{cfg.estimator}-g{cfg.group_size}-{cfg.order}-s{cfg.seed}{tuning}.json"
 
 
-def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
-    """The runs of ``jobs`` already saved under ``out/runs`` (a file with another config is not one of them)."""
+def load_done(out: Path, jobs: list[RLConfig]) -> dict[RLConfig, dict]:
+    """The runs of ``jobs`` saved under ``out/runs``, in job order (a file with another config is not one of them)."""
     done = {}
     for cfg in jobs:
         path = run_path(out, cfg)
@@ -183,7 +190,7 @@ def load_done(out: Path, jobs: list[RLConfig]) -> dict[tuple, dict]:
             print(f"study: {path} is unreadable ({type(err).__name__}): running it again")
             continue
         if isinstance(run, dict) and run.get("config") == asdict(cfg):
-            done[_key(asdict(cfg))] = run
+            done[cfg] = run
     return done
 
 
@@ -206,7 +213,7 @@ def run_grid(
     global _BASE
     _BASE = base
     done = load_done(out, jobs)
-    todo = [cfg for cfg in jobs if _key(asdict(cfg)) not in done]
+    todo = [cfg for cfg in jobs if cfg not in done]
     if done:
         print(f"resuming: {len(done)} of {len(jobs)} runs already saved in {out / 'runs'}", flush=True)
     (out / "runs").mkdir(exist_ok=True)
@@ -220,8 +227,7 @@ def run_grid(
         torch.set_num_threads(1)
     try:
         for cfg, metrics, seconds, cpu in pool.imap_unordered(_run_one, todo) if pool else map(_run_one, todo):
-            run = done[_key(asdict(cfg))] = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds,
-                                              "cpu_seconds": cpu}  # fmt: skip
+            run = done[cfg] = {"config": asdict(cfg), "metrics": metrics, "seconds": seconds, "cpu_seconds": cpu}
             write_json(run_path(out, cfg), run)
             bar.update()
     finally:
@@ -229,11 +235,7 @@ def run_grid(
         if pool is not None:
             pool.terminate()
             pool.join()
-    return [done[_key(asdict(cfg))] for cfg in jobs], len(jobs) - len(todo)
-
-
-def _key(config: dict) -> tuple:
-    return config["estimator"], config["group_size"], config["order"], config["seed"], config["lr"], config["split"]
+    return [done[cfg] for cfg in jobs], len(jobs) - len(todo)
 
 
 def describe_base(base: Base) -> dict:

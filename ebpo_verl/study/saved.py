@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from ebpo_verl.ops.errors import one_line
 from ebpo_verl.options.parsing import is_int, is_real
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS, Preset
 from ebpo_verl.study.report import study_provenance
-from ebpo_verl.study.runner import StudyDirError, _key, code_fingerprint, grid, load_done, run_path
+from ebpo_verl.study.runner import StudyDirError, code_fingerprint, grid, load_done, run_path
 
 
 def recorded_preset(study: Path) -> Preset:
@@ -101,8 +101,7 @@ def _records(summary: Any, preset: Preset, n_runs: int) -> bool:
 def _saved(study: Path, jobs: list) -> tuple[list[dict], list[Path]]:
     """The saved runs of ``jobs`` in job order, and their files."""
     done = load_done(study, jobs)
-    hits = [cfg for cfg in jobs if _key(asdict(cfg)) in done]
-    return [done[_key(asdict(cfg))] for cfg in hits], [run_path(study, cfg) for cfg in hits]
+    return list(done.values()), [run_path(study, cfg) for cfg in done]
 
 
 def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
