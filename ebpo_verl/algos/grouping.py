@@ -114,31 +114,6 @@ def group_rows(
     """Group the valid rows by ``keys`` (compared as strings); rows whose uid (``uids``, default ``keys``) starts
     with ``pad_prefix`` are padding too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming
     ``what``."""
-    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix, uids)
-    rows = torch.from_numpy(rows_np)
-    r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
-    order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    group_keys = names[order]
-    bad = ~torch.isfinite(r)
-    if bool(bad.any()):
-        offenders = sorted(set(group_keys[rank[codes[bad.numpy()]]].tolist()))
-        raise ValueError(f"non-finite (NaN/inf) rewards for {what} {offenders[:20]}: check the reward function")
-    row_group = torch.from_numpy(rank[codes].astype(np.int64, copy=False))
-    size, mean, var = _group_moments(r, row_group, len(group_keys))
-    return Groups(rows, r, row_group, group_keys, size, mean, var)
-
-
-def _valid_codes(
-    scores: torch.Tensor,
-    keys: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    what: str,
-    pad_prefix: str | None,
-    uids: Sequence[Any] | np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(positions of the valid rows, their key codes, the names of the codes used) after the shape checks."""
     bs = scores.shape[0]
     key_arr = np.asarray(keys, dtype=object)
     if key_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
@@ -160,7 +135,20 @@ def _valid_codes(
     if not used.all():  # names of padding rows only
         codes = (np.cumsum(used) - 1)[codes]
         names = names[used]
-    return rows_np, codes, names.astype(str)
+    names = names.astype(str)
+    rows = torch.from_numpy(rows_np)
+    r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
+    order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group_keys = names[order]
+    bad = ~torch.isfinite(r)
+    if bool(bad.any()):
+        offenders = sorted(set(group_keys[rank[codes[bad.numpy()]]].tolist()))
+        raise ValueError(f"non-finite (NaN/inf) rewards for {what} {offenders[:20]}: check the reward function")
+    row_group = torch.from_numpy(rank[codes].astype(np.int64, copy=False))
+    size, mean, var = _group_moments(r, row_group, len(group_keys))
+    return Groups(rows, r, row_group, group_keys, size, mean, var)
 
 
 def _group_moments(r: torch.Tensor, row_group: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:

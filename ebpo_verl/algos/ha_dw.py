@@ -187,9 +187,7 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     centred = g.r - g.mean.index_select(0, g.row_group)
     a_hat = centred / (g.var.sqrt().index_select(0, g.row_group) + float(options.epsilon))
     d = -torch.sign(a_hat) * torch.sign(diff).index_select(0, g.row_group)  # D_ij in {-1, 0, 1}
-    up, down = torch.exp(diff.abs()), torch.exp(-diff.abs())  # per prompt: exp(+-M_i)
-    weight = torch.where(d > 0, up.index_select(0, g.row_group), down.index_select(0, g.row_group))
-    phi = float(options.lam_scale) * torch.where(d == 0, torch.ones_like(weight), weight)
+    phi = float(options.lam_scale) * torch.exp(d * diff.abs().index_select(0, g.row_group))
     step = state.steps + 1
     post, eta_t = next_anchor(float(prior), y, step, state.history, options)
     state.steps, state.anchor = step, post
