@@ -164,14 +164,9 @@ def authors_code_advantages(g: Groups, epsilon: float, state: HADWState) -> tupl
 
 def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWState) -> Advantages:
     """HA-DW advantages A_ij = A_hat_ij lam_scale exp(-sign(A_hat_ij) sign(diff_i) |diff_i|) (module doc), shape
-    ``(bs,)``; padding rows get 0. Then the anchor update; ``state`` changes in place; diagnostics ``ha_dw/*``.
-    ``form=authors_code``: the authors' weight and window instead (module doc).
-
-    Args:
-        batch: the rows grouped by uid (``row_values`` not read).
-        options: estimator options.
-        state: the anchor and its buffer, or (authors_code) the window of batch means.
-    """
+    ``(bs,)``, the rows grouped by uid (``row_values`` not read); padding rows get 0. Then the anchor update;
+    ``state`` (the anchor and its buffer) changes in place; diagnostics ``ha_dw/*``. ``form=authors_code``: the
+    authors' weight and window of batch means instead (module doc)."""
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})

@@ -83,13 +83,8 @@ def decay(step: int, smoothing: float) -> float:
 
 def compute_jspo_history_advantages(batch: Batch, options: JSPOHistoryOptions, state: JSPOHistoryState) -> Advantages:
     """A_ij = r_ij - [(1 - lam) L_ij + lam rbar] with lam and rbar smoothed over the steps (module doc), shape
-    ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``jspo_history/*``.
-
-    Args:
-        batch: the rows grouped by uid (``row_values`` not read).
-        options: estimator options.
-        state: the smoothed series.
-    """
+    ``(bs,)``, the rows grouped by uid (``row_values`` not read); padding rows get 0. Updates ``state`` (the
+    smoothed series) in place; diagnostics ``jspo_history/*``."""
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
