@@ -32,14 +32,6 @@ def factorize_keys(values: np.ndarray, missing: bool = False) -> tuple[np.ndarra
     return codes.astype(np.int64, copy=False), names
 
 
-def padding_names(names: np.ndarray, prefix: str) -> np.ndarray | None:
-    """Per distinct uid: does it start with ``prefix`` (verl's ``pad`` rows)? None when none does (one cheap
-    substring test over the few distinct names; no per-row string work)."""
-    if "\0" + prefix not in "\0" + "\0".join(names.tolist()):
-        return None
-    return np.strings.startswith(names.astype(str), prefix)
-
-
 def one_value_per_key(keys: Sequence[Any], values: Sequence[Any], what: str) -> dict[str, Any]:
     """``str(key) -> value`` over paired rows; ValueError naming the key and two of its values when its rows carry
     more than one (``what`` names the value: every uid of a step carries one label / prompt key)."""
@@ -122,8 +114,8 @@ def group_rows(
     codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
     if pad_prefix is not None:  # verl's ``pad`` rows, by their uid
         pad_codes, pad_names = (codes, names) if uids is None else factorize_keys(np.asarray(uids, dtype=object))
-        is_pad = padding_names(pad_names, pad_prefix)
-        if is_pad is not None:
+        if "\0" + pad_prefix in "\0" + "\0".join(pad_names.tolist()):  # per distinct uid, not per row
+            is_pad = np.strings.startswith(pad_names.astype(str), pad_prefix)
             valid_np &= ~(is_pad[pad_codes] & (pad_codes >= 0))
     rows_np = np.flatnonzero(valid_np)
     codes = codes[rows_np]

@@ -74,15 +74,9 @@ class RunningNormState(FreshState):
 
 def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, state: RunningNormState) -> Advantages:
     """A = (r - mean_d) / (std_d + eps) with each domain d's running moments after merging this batch, shape
-    ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``running_norm/*``.
-
-    Args:
-        batch: the rows grouped by domain: ``row_values`` (compared as strings; required with ``row_key``), or
-            :data:`GLOBAL` for every row without ``row_key``; padding rows: ``valid`` False or a uid starting
-            with ``pad_prefix``.
-        options: estimator options.
-        state: the accumulators.
-    """
+    ``(bs,)``; padding rows get 0. Updates ``state`` (the accumulators) in place; diagnostics ``running_norm/*``.
+    The rows are grouped by domain: ``row_values`` (compared as strings; required with ``row_key``), or
+    :data:`GLOBAL` for every row without ``row_key``."""
     if options.row_key is None:
         g = batch.key_groups(np.full(batch.scores.shape[0], GLOBAL, dtype=object), "domain(s)")
     elif batch.row_values is None:

@@ -18,6 +18,7 @@ from ebpo_verl.algos.grouping import Groups
 from ebpo_verl.options.parsing import is_real, option, text
 
 TRACKER_VERSION = 1
+COLUMNS = ("keys", "alpha", "beta")
 
 
 @dataclass
@@ -58,20 +59,15 @@ class PromptTracker(FreshState):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {
-            "version": TRACKER_VERSION,
-            "steps": self.steps,
-            "keys": self.keys.tolist(),
-            "alpha": self.alpha.tolist(),
-            "beta": self.beta.tolist(),
-        }
+        columns = {name: getattr(self, name).tolist() for name in COLUMNS}
+        return {"version": TRACKER_VERSION, "steps": self.steps, **columns}
 
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict` snapshot; every field is checked, and a bad one raises ValueError naming it,
         leaving this tracker unchanged."""
         what = f"{self.label} state"
-        steps, *columns = saved_fields(state, what, TRACKER_VERSION, ("steps", "keys", "alpha", "beta"), ("steps",))
-        for name, values in zip(("keys", "alpha", "beta"), columns, strict=True):
+        steps, *columns = saved_fields(state, what, TRACKER_VERSION, ("steps", *COLUMNS), ("steps",))
+        for name, values in zip(COLUMNS, columns, strict=True):
             if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
                 raise ValueError(f"{what} {name} must be a flat list, got {values!r:.60}")
         if not all(isinstance(k, str) for k in columns[0]):
