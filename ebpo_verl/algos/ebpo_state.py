@@ -12,6 +12,7 @@ from ebpo_verl.algos.estimator import FreshState, saved_fields
 from ebpo_verl.options.parsing import is_real
 
 STATE_VERSION = 1
+COUNTS = ("steps", "prompts_seen", "responses_seen")
 
 
 def merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -106,21 +107,15 @@ class EBPOState(FreshState):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {
-            "version": STATE_VERSION,
-            "steps": self.steps,
-            "prompts_seen": self.prompts_seen,
-            "responses_seen": self.responses_seen,
-            "global": self.global_stats.to_json(),
-            "clusters": {label: stats.to_json() for label, stats in self.clusters.items()},
-        }
+        clusters = {label: stats.to_json() for label, stats in self.clusters.items()}
+        counts = {key: getattr(self, key) for key in COUNTS}
+        return {"version": STATE_VERSION, **counts, "global": self.global_stats.to_json(), "clusters": clusters}
 
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
         and nothing changes when one is wrong (ValueError naming the field)."""
-        counts = ("steps", "prompts_seen", "responses_seen")
         *counts, saved_global, clusters = saved_fields(
-            state, "EBPO state", STATE_VERSION, (*counts, "global", "clusters"), counts
+            state, "EBPO state", STATE_VERSION, (*COUNTS, "global", "clusters"), COUNTS
         )
         global_stats = PriorStats.from_json(saved_global, "global")
         if not isinstance(clusters, Mapping):
