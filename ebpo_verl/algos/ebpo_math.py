@@ -349,9 +349,7 @@ def _next_statistics(
     decay = float(options.decay)
     empty = PriorStats()
     past = np.array([state.global_stats.table()] + [state.clusters.get(n, empty).table() for n in names])
-    if decay != 1.0:
-        past[..., 0] *= decay
-        past[..., 2] *= decay
+    past[..., ::2] *= decay  # forgetting: n and M2 (:meth:`Moments.scaled`)
     new = merge_tables(past, batch)
     new_scopes = [PriorStats.from_table(t) for t in new.tolist()]
     stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
