@@ -324,14 +324,12 @@ def _group_clusters(
     row_cluster, names = factorize_keys(label_arr[g.rows.numpy()], missing=True)
     missing = row_cluster < 0
     if missing.any():
-        offenders = g.keys_of(missing)
-        raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {offenders[:20]}")
+        raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {g.keys_of(missing)[:20]}")
     group_cluster = np.full(n_groups, -1, dtype=np.int64)
     group_cluster[row_group] = row_cluster
     inconsistent = group_cluster[row_group] != row_cluster
     if inconsistent.any():
-        offenders = g.keys_of(inconsistent)
-        raise ValueError(f"uid(s) {offenders[:20]} carry more than one {options.cluster_key!r} label")
+        raise ValueError(f"uid(s) {g.keys_of(inconsistent)[:20]} carry more than one {options.cluster_key!r} label")
     return names.tolist(), group_cluster
 
 
