@@ -263,7 +263,6 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     if stored is not None:
         state.global_stats, state.clusters, _ = stored
     # ebpo/* metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)
-    r_min, r_max = groups.r_min, groups.r_max
     diag = {
         "ebpo/shrinkage_mean": sorted_mean(shrink),
         "ebpo/shrinkage_min": float(shrink.min()),
@@ -273,9 +272,9 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
         "ebpo/tau2": float(span * span * scopes.tau2[0]),
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
-        "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
-        "ebpo/frac_all_fail": float(np.count_nonzero(r_max <= 0) / r_max.size),
-        "ebpo/frac_all_pass": float(np.count_nonzero(r_min >= 1) / r_min.size),
+        "ebpo/frac_zero_var_groups": float(np.count_nonzero(groups.r_max == groups.r_min) / groups.r_max.size),
+        "ebpo/frac_all_fail": float(np.count_nonzero(groups.r_max <= 0) / groups.r_max.size),
+        "ebpo/frac_all_pass": float(np.count_nonzero(groups.r_min >= 1) / groups.r_min.size),
     }
     if cluster_names:
         order = np.argsort(shrink)
