@@ -63,10 +63,9 @@ def test_expected_state_equals_the_definition_over_all_batches():
 
 
 def test_check_state_accepts_the_package_merge():
-    """The package's own EB state after the same two batches (its Chan merge, ``ebpo_math._merge_tables``) passes
+    """The package's own EB state after the same two batches (its Chan merge, ``ebpo_state.merge_tables``) passes
     the numpy recomputation."""
-    from ebpo_verl.algos.ebpo_math import _merge_tables
-    from ebpo_verl.algos.ebpo_state import PriorStats
+    from ebpo_verl.algos.ebpo_state import PriorStats, merge_tables
 
     def stats(groups: list[list[float]]) -> PriorStats:
         series = ([x for g in groups for x in g], [np.mean(g) for g in groups], [np.var(g, ddof=1) for g in groups],
@@ -75,7 +74,7 @@ def test_check_state_accepts_the_package_merge():
         return PriorStats.from_table(table)
 
     def merged(a: PriorStats, b: PriorStats) -> PriorStats:
-        return PriorStats.from_table(_merge_tables(np.array(a.table()), np.array(b.table())).tolist())
+        return PriorStats.from_table(merge_tables(np.array(a.table()), np.array(b.table())).tolist())
 
     state = EBPOState()
     for batch in (BATCH_1, BATCH_2):

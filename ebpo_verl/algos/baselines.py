@@ -6,10 +6,8 @@ and ``spo``. Responses are grouped by prompt uid (``shrinkage_js``, ``bnpo``) or
 (``spo``); padding rows (``valid`` False) get advantage 0 and enter no statistic. Every sum runs over values in
 sorted order, so results do not depend on the order of the rows.
 
-- ``shrinkage_js`` (Zeng et al., "Shrinking the Variance", arXiv 2511.03710): the leave-one-out James-Stein
-  baseline, lambda_i = ((n-1)/n) v_i / (v_i + s_i) (0 when v_i + s_i <= 1e-6), A = r - baseline, not normalised:
-  ``jspo``'s ``form=paper`` (:mod:`ebpo_verl.algos.jspo` spells it out). A lone response (m_i = 1) gets
-  A = lambda_i (r - mbar_i), as the formula reads (docs/paper_notes.md#fork-baselines); the fork's code gives it 0.
+- ``shrinkage_js`` (Zeng et al., "Shrinking the Variance", arXiv 2511.03710): ``jspo``'s ``form=paper``
+  (:mod:`ebpo_verl.algos.jspo` spells it out); a lone response gets lambda_i (r - mbar_i), the fork's code 0.
 - ``bnpo`` (Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv 2506.02864): p_q = group mean;
   over the batch's prompts mean_p and unbiased var_p (0 for one prompt); m = clamp(mean_p, eps, 1-eps); when
   eps < var_p < m(1-m): nu = m(1-m)/var_p - 1, a = nu m, b = nu (1-m), else a = b = 0; alpha = 1 + a/3,
@@ -149,14 +147,8 @@ class SPOState(PromptTracker):
 
 def compute_spo_advantages(batch: Batch, options: SPOOptions, state: SPOState) -> Advantages:
     """SPO advantages, shape ``(bs,)``, batch-standardised (padding rows get 0), and the step's ``spo/*``
-    diagnostics. Updates ``state`` in place.
-
-    Args:
-        batch: the rows grouped by their stable prompt keys, ``row_values`` (:func:`tracker.prompt_groups`);
-            padding rows get advantage 0 and never touch the tracker.
-        options: estimator options.
-        state: the tracker.
-    """
+    diagnostics. Updates ``state`` (the tracker) in place. The rows are grouped by their stable prompt keys,
+    ``row_values`` (:func:`tracker.prompt_groups`); padding rows get advantage 0 and never touch the tracker."""
     g = prompt_groups(batch, "spo", "tracker", options.prompt_key)
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})

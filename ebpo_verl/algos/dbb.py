@@ -83,13 +83,8 @@ def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -
     """DBB advantages, shape ``(bs,)``, and the step's ``dbb/*`` diagnostics: each visited prompt's posterior is
     updated with this step's S and N (Eq. 11), then A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)) with
     p_hat = alpha / (alpha + beta) (Eqs. 12-13; ``normalize=False``: X_i - p_hat), in reward units. Padding rows
-    (``valid`` False) get 0 and never touch the state; ``state`` is updated in place.
-
-    Args:
-        batch: the rows grouped by their stable prompt keys, ``row_values`` (:func:`tracker.prompt_groups`).
-        options: estimator options.
-        state: the posteriors.
-    """
+    (``valid`` False) get 0 and never touch the state; ``state`` is updated in place. The rows are grouped by
+    their stable prompt keys, ``row_values`` (:func:`tracker.prompt_groups`)."""
     g = prompt_groups(batch, "dbb", "posterior", options.prompt_key)
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})

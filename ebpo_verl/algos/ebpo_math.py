@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos.ebpo import EBPOOptions, group_size_need, ignored_keys, ignored_options_warning
-from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
+from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats, merge_tables
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, factorize_keys, pass_levels, scatter_rows, sorted_mean
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
@@ -116,19 +116,6 @@ def _segment_tables(stats: _GroupStats, segmentations: list[tuple[np.ndarray, in
     return tables
 
 
-def _merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:meth:`Moments.merge` (Chan et al.) on (..., 3) tables of (n, mean, M2), elementwise."""
-    a_n, a_mean, a_m2 = a[..., 0], a[..., 1], a[..., 2]
-    b_n, b_mean, b_m2 = b[..., 0], b[..., 1], b[..., 2]
-    n = a_n + b_n
-    some = n > 0
-    safe = np.where(some, n, 1.0)
-    delta = b_mean - a_mean
-    mean = np.where(some, a_mean + delta * b_n / safe, 0.0)
-    m2 = np.where(some, a_m2 + b_m2 + delta * delta * a_n * b_n / safe, 0.0)
-    return np.stack([np.where(some, n, 0.0), mean, m2], axis=-1)
-
-
 def _score_vector(scores: torch.Tensor) -> torch.Tensor:
     scores = torch.as_tensor(scores)
     if scores.dim() != 1:
@@ -139,14 +126,6 @@ def _score_vector(scores: torch.Tensor) -> torch.Tensor:
     if scores.is_complex():
         raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
     return scores
-
-
-def _reward_levels(g: Groups, options: EBPOOptions) -> tuple[float, float]:
-    """Step 2: (lowest level, span) of the reward: (0, 1) except for EBPO-BB on the paper's -1/+1 reward, (-1, 2);
-    EBPO-BB refuses any reward that is not two-level."""
-    if options.prior != "beta_binomial":
-        return 0.0, 1.0
-    return pass_levels(g, _bb_refusal, fractions=False)
 
 
 def _bb_refusal(values: list[float], offenders: list[str]) -> str:
@@ -250,7 +229,8 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     scores = _score_vector(batch.scores)
     out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
     uid_groups = batch._replace(scores=scores, valid=torch.as_tensor(batch.valid)).uid_groups()
-    lo, span = _reward_levels(uid_groups, options)
+    # Step 2: (lowest level, span) of the reward; EBPO-BB refuses a reward that is not two-level (0/1 or -1/+1)
+    lo, span = pass_levels(uid_groups, _bb_refusal, fractions=False) if options.prior == "beta_binomial" else (0.0, 1.0)
     if len(uid_groups.keys) == 0:
         return Advantages(scatter_rows(scores, uid_groups, uid_groups.r), {})
     groups = _group_stats(uid_groups, lo, span)
@@ -283,7 +263,6 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     if stored is not None:
         state.global_stats, state.clusters, _ = stored
     # ebpo/* metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)
-    r_min, r_max = groups.r_min, groups.r_max
     diag = {
         "ebpo/shrinkage_mean": sorted_mean(shrink),
         "ebpo/shrinkage_min": float(shrink.min()),
@@ -293,9 +272,9 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
         "ebpo/tau2": float(span * span * scopes.tau2[0]),
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
-        "ebpo/frac_zero_var_groups": float(np.count_nonzero(r_max == r_min) / r_max.size),
-        "ebpo/frac_all_fail": float(np.count_nonzero(r_max <= 0) / r_max.size),
-        "ebpo/frac_all_pass": float(np.count_nonzero(r_min >= 1) / r_min.size),
+        "ebpo/frac_zero_var_groups": float(np.count_nonzero(groups.r_max == groups.r_min) / groups.r_max.size),
+        "ebpo/frac_all_fail": float(np.count_nonzero(groups.r_max <= 0) / groups.r_max.size),
+        "ebpo/frac_all_pass": float(np.count_nonzero(groups.r_min >= 1) / groups.r_min.size),
     }
     if cluster_names:
         order = np.argsort(shrink)
@@ -344,14 +323,12 @@ def _group_clusters(
     row_cluster, names = factorize_keys(label_arr[g.rows.numpy()], missing=True)
     missing = row_cluster < 0
     if missing.any():
-        offenders = g.keys_of(missing)
-        raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {offenders[:20]}")
+        raise ValueError(f"no {options.cluster_key!r} label (None/NaN) for uid(s) {g.keys_of(missing)[:20]}")
     group_cluster = np.full(n_groups, -1, dtype=np.int64)
     group_cluster[row_group] = row_cluster
     inconsistent = group_cluster[row_group] != row_cluster
     if inconsistent.any():
-        offenders = g.keys_of(inconsistent)
-        raise ValueError(f"uid(s) {offenders[:20]} carry more than one {options.cluster_key!r} label")
+        raise ValueError(f"uid(s) {g.keys_of(inconsistent)[:20]} carry more than one {options.cluster_key!r} label")
     return names.tolist(), group_cluster
 
 
@@ -369,10 +346,8 @@ def _next_statistics(
     decay = float(options.decay)
     empty = PriorStats()
     past = np.array([state.global_stats.table()] + [state.clusters.get(n, empty).table() for n in names])
-    if decay != 1.0:
-        past[..., 0] *= decay
-        past[..., 2] *= decay
-    new = _merge_tables(past, batch)
+    past[..., ::2] *= decay  # forgetting: n and M2 (:meth:`Moments.scaled`)
+    new = merge_tables(past, batch)
     new_scopes = [PriorStats.from_table(t) for t in new.tolist()]
     stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
     stored.update(zip(names, new_scopes[1:], strict=True))

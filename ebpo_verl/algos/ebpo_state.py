@@ -6,10 +6,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ebpo_verl.algos.estimator import FreshState, saved_fields
 from ebpo_verl.options.parsing import is_real
 
 STATE_VERSION = 1
+COUNTS = ("steps", "prompts_seen", "responses_seen")
+
+
+def merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Chan et al.'s parallel merge of (..., 3) tables of (n, mean, M2), elementwise (empty + empty: zeros)."""
+    a_n, a_mean, a_m2 = a[..., 0], a[..., 1], a[..., 2]
+    b_n, b_mean, b_m2 = b[..., 0], b[..., 1], b[..., 2]
+    n = a_n + b_n
+    some = n > 0
+    safe = np.where(some, n, 1.0)
+    delta = b_mean - a_mean
+    mean = np.where(some, a_mean + delta * b_n / safe, 0.0)
+    m2 = np.where(some, a_m2 + b_m2 + delta * delta * a_n * b_n / safe, 0.0)
+    return np.stack([np.where(some, n, 0.0), mean, m2], axis=-1)
 
 
 @dataclass
@@ -21,13 +37,10 @@ class Moments:
     m2: float = 0.0
 
     def merge(self, other: Moments) -> Moments:
-        n = self.n + other.n
-        if n == 0.0:
-            return Moments()
-        delta = other.mean - self.mean
-        mean = self.mean + delta * other.n / n
-        m2 = self.m2 + other.m2 + delta * delta * self.n * other.n / n
-        return Moments(n, mean, m2)
+        return Moments(*merge_tables(np.array(self.row()), np.array(other.row())).tolist())
+
+    def row(self) -> list[float]:
+        return [self.n, self.mean, self.m2]
 
     def scaled(self, factor: float) -> Moments:
         """Down-weight (exponential forgetting): the mean and variance are unchanged, the weight shrinks."""
@@ -65,7 +78,7 @@ class PriorStats:
 
     def table(self) -> list[list[float]]:
         """[[n, mean, m2] per part] (the layout of the batch tables of :func:`_segment_tables`)."""
-        return [[m.n, m.mean, m.m2] for m in (self.rewards, self.group_means, self.within_var, self.inv_group_size)]
+        return [getattr(self, p).row() for p in self._PARTS]
 
     def to_json(self) -> dict[str, list[float]]:
         return dict(zip(self._PARTS, self.table(), strict=True))
@@ -94,21 +107,15 @@ class EBPOState(FreshState):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {
-            "version": STATE_VERSION,
-            "steps": self.steps,
-            "prompts_seen": self.prompts_seen,
-            "responses_seen": self.responses_seen,
-            "global": self.global_stats.to_json(),
-            "clusters": {label: stats.to_json() for label, stats in self.clusters.items()},
-        }
+        clusters = {label: stats.to_json() for label, stats in self.clusters.items()}
+        counts = {key: getattr(self, key) for key in COUNTS}
+        return {"version": STATE_VERSION, **counts, "global": self.global_stats.to_json(), "clusters": clusters}
 
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
         and nothing changes when one is wrong (ValueError naming the field)."""
-        counts = ("steps", "prompts_seen", "responses_seen")
         *counts, saved_global, clusters = saved_fields(
-            state, "EBPO state", STATE_VERSION, (*counts, "global", "clusters"), counts
+            state, "EBPO state", STATE_VERSION, (*COUNTS, "global", "clusters"), COUNTS
         )
         global_stats = PriorStats.from_json(saved_global, "global")
         if not isinstance(clusters, Mapping):

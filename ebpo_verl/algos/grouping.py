@@ -32,14 +32,6 @@ def factorize_keys(values: np.ndarray, missing: bool = False) -> tuple[np.ndarra
     return codes.astype(np.int64, copy=False), names
 
 
-def padding_names(names: np.ndarray, prefix: str) -> np.ndarray | None:
-    """Per distinct uid: does it start with ``prefix`` (verl's ``pad`` rows)? None when none does (one cheap
-    substring test over the few distinct names; no per-row string work)."""
-    if "\0" + prefix not in "\0" + "\0".join(names.tolist()):
-        return None
-    return np.strings.startswith(names.astype(str), prefix)
-
-
 def one_value_per_key(keys: Sequence[Any], values: Sequence[Any], what: str) -> dict[str, Any]:
     """``str(key) -> value`` over paired rows; ValueError naming the key and two of its values when its rows carry
     more than one (``what`` names the value: every uid of a step carries one label / prompt key)."""
@@ -114,7 +106,28 @@ def group_rows(
     """Group the valid rows by ``keys`` (compared as strings); rows whose uid (``uids``, default ``keys``) starts
     with ``pad_prefix`` are padding too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming
     ``what``."""
-    rows_np, codes, names = _valid_codes(scores, keys, valid, what, pad_prefix, uids)
+    bs = scores.shape[0]
+    key_arr = np.asarray(keys, dtype=object)
+    if key_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
+        raise ValueError(f"{what} {key_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
+    valid_np = valid.detach().cpu().numpy().astype(bool)
+    codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
+    if pad_prefix is not None:  # verl's ``pad`` rows, by their uid
+        pad_codes, pad_names = (codes, names) if uids is None else factorize_keys(np.asarray(uids, dtype=object))
+        if "\0" + pad_prefix in "\0" + "\0".join(pad_names.tolist()):  # per distinct uid, not per row
+            is_pad = np.strings.startswith(pad_names.astype(str), pad_prefix)
+            valid_np &= ~(is_pad[pad_codes] & (pad_codes >= 0))
+    rows_np = np.flatnonzero(valid_np)
+    codes = codes[rows_np]
+    missing = codes < 0
+    if missing.any():
+        first = rows_np[missing][:10].tolist()
+        raise ValueError(f"{int(missing.sum())} valid row(s) have no {what} (None/NaN); first rows: {first}")
+    used = np.bincount(codes, minlength=len(names)) > 0
+    if not used.all():  # names of padding rows only
+        codes = (np.cumsum(used) - 1)[codes]
+        names = names[used]
+    names = names.astype(str)
     rows = torch.from_numpy(rows_np)
     r = scores.detach().to(torch.float64).cpu().index_select(0, rows)
     order = np.argsort(names, kind="stable")  # sorted keys: the same groups whatever the row order
@@ -128,39 +141,6 @@ def group_rows(
     row_group = torch.from_numpy(rank[codes].astype(np.int64, copy=False))
     size, mean, var = _group_moments(r, row_group, len(group_keys))
     return Groups(rows, r, row_group, group_keys, size, mean, var)
-
-
-def _valid_codes(
-    scores: torch.Tensor,
-    keys: Sequence[Any] | np.ndarray,
-    valid: torch.Tensor,
-    what: str,
-    pad_prefix: str | None,
-    uids: Sequence[Any] | np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(positions of the valid rows, their key codes, the names of the codes used) after the shape checks."""
-    bs = scores.shape[0]
-    key_arr = np.asarray(keys, dtype=object)
-    if key_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
-        raise ValueError(f"{what} {key_arr.shape} and valid {tuple(valid.shape)} must have shape ({bs},)")
-    valid_np = valid.detach().cpu().numpy().astype(bool)
-    codes, names = factorize_keys(key_arr, missing=True)  # None, NaN, pandas NA -> -1
-    if pad_prefix is not None:  # verl's ``pad`` rows, by their uid
-        pad_codes, pad_names = (codes, names) if uids is None else factorize_keys(np.asarray(uids, dtype=object))
-        is_pad = padding_names(pad_names, pad_prefix)
-        if is_pad is not None:
-            valid_np &= ~(is_pad[pad_codes] & (pad_codes >= 0))
-    rows_np = np.flatnonzero(valid_np)
-    codes = codes[rows_np]
-    missing = codes < 0
-    if missing.any():
-        first = rows_np[missing][:10].tolist()
-        raise ValueError(f"{int(missing.sum())} valid row(s) have no {what} (None/NaN); first rows: {first}")
-    used = np.bincount(codes, minlength=len(names)) > 0
-    if not used.all():  # names of padding rows only
-        codes = (np.cumsum(used) - 1)[codes]
-        names = names[used]
-    return rows_np, codes, names.astype(str)
 
 
 def _group_moments(r: torch.Tensor, row_group: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:

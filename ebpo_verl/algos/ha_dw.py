@@ -164,14 +164,9 @@ def authors_code_advantages(g: Groups, epsilon: float, state: HADWState) -> tupl
 
 def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWState) -> Advantages:
     """HA-DW advantages A_ij = A_hat_ij lam_scale exp(-sign(A_hat_ij) sign(diff_i) |diff_i|) (module doc), shape
-    ``(bs,)``; padding rows get 0. Then the anchor update; ``state`` changes in place; diagnostics ``ha_dw/*``.
-    ``form=authors_code``: the authors' weight and window instead (module doc).
-
-    Args:
-        batch: the rows grouped by uid (``row_values`` not read).
-        options: estimator options.
-        state: the anchor and its buffer, or (authors_code) the window of batch means.
-    """
+    ``(bs,)``, the rows grouped by uid (``row_values`` not read); padding rows get 0. Then the anchor update;
+    ``state`` (the anchor and its buffer) changes in place; diagnostics ``ha_dw/*``. ``form=authors_code``: the
+    authors' weight and window of batch means instead (module doc)."""
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
@@ -187,9 +182,7 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     centred = g.r - g.mean.index_select(0, g.row_group)
     a_hat = centred / (g.var.sqrt().index_select(0, g.row_group) + float(options.epsilon))
     d = -torch.sign(a_hat) * torch.sign(diff).index_select(0, g.row_group)  # D_ij in {-1, 0, 1}
-    up, down = torch.exp(diff.abs()), torch.exp(-diff.abs())  # per prompt: exp(+-M_i)
-    weight = torch.where(d > 0, up.index_select(0, g.row_group), down.index_select(0, g.row_group))
-    phi = float(options.lam_scale) * torch.where(d == 0, torch.ones_like(weight), weight)
+    phi = float(options.lam_scale) * torch.exp(d * diff.abs().index_select(0, g.row_group))
     step = state.steps + 1
     post, eta_t = next_anchor(float(prior), y, step, state.history, options)
     state.steps, state.anchor = step, post

@@ -80,12 +80,8 @@ def shrinkage_weight(v: torch.Tensor, s: torch.Tensor, n: int, form: str) -> tor
 
 def compute_jspo_advantages(batch: Batch, options: JSPOOptions) -> Advantages:
     """JSPO advantages A_ij = r_ij - [(1 - lambda_i) mu_i^{-j} + lambda_i mbar_i] (arXiv 2511.03710, Sec. 3; the
-    module doc), shape ``(bs,)``; padding rows get 0; diagnostic ``jspo/lambda_mean`` (0 when empty).
-
-    Args:
-        batch: the rows grouped by uid (``row_values`` not read).
-        options: estimator options (``form``: ``paper`` or ``authors_code``).
-    """
+    module doc), shape ``(bs,)``, the rows grouped by uid (``row_values`` not read); padding rows get 0;
+    diagnostic ``jspo/lambda_mean`` (0 when empty)."""
     g = batch.uid_groups()
     n = len(g.keys)
     if n == 0:

@@ -17,7 +17,7 @@ statistic.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
@@ -60,8 +60,7 @@ class JSPOHistoryState(FreshState):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {"version": STATE_VERSION, "steps": self.steps, "weight": self.weight, "lam_sum": self.lam_sum,
-                "mean_sum": self.mean_sum}  # fmt: skip
+        return {"version": STATE_VERSION, **asdict(self)}
 
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
@@ -83,13 +82,8 @@ def decay(step: int, smoothing: float) -> float:
 
 def compute_jspo_history_advantages(batch: Batch, options: JSPOHistoryOptions, state: JSPOHistoryState) -> Advantages:
     """A_ij = r_ij - [(1 - lam) L_ij + lam rbar] with lam and rbar smoothed over the steps (module doc), shape
-    ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``jspo_history/*``.
-
-    Args:
-        batch: the rows grouped by uid (``row_values`` not read).
-        options: estimator options.
-        state: the smoothed series.
-    """
+    ``(bs,)``, the rows grouped by uid (``row_values`` not read); padding rows get 0. Updates ``state`` (the
+    smoothed series) in place; diagnostics ``jspo_history/*``."""
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})

@@ -75,14 +75,9 @@ def walk_positions(g: Groups, sample_index: np.ndarray | None) -> np.ndarray:
 
 def compute_krpo_advantages(batch: Batch, options: KRPOOptions) -> Advantages:
     """KRPO advantages A_j = (r_j - x_j) / (sqrt(P_j) + eps) of each group's filter (module doc), shape
-    ``(bs,)``; padding rows get 0; diagnostic ``krpo/baseline_mean`` (the mean filtered estimate x_j).
-
-    Args:
-        batch: the rows grouped by uid ``index`` (padding: ``valid`` False or a uid starting with ``pad_prefix``);
-            with ``order=sample_index``, ``row_values`` are the rows' rollout sample indices (ints; any value on
-            padding rows), the walk's order, and required; with ``order=rows`` they are not read.
-        options: estimator options.
-    """
+    ``(bs,)``; padding rows get 0; diagnostic ``krpo/baseline_mean`` (the mean filtered estimate x_j). With
+    ``order=sample_index``, ``batch.row_values`` are the rows' rollout sample indices (ints; any value on padding
+    rows), the walk's order, and required; with ``order=rows`` they are not read."""
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})

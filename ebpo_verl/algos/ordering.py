@@ -127,10 +127,9 @@ def epoch_layout(
     missing); ``higher_is_easier`` is True for pass rates.
     """
     rng = np.random.default_rng([int(seed), int(epoch)])
-    if options.order == "native":
-        return Layout(np.arange(n_rows, dtype=np.int64), (Block("all rows", n_rows),))
-    if options.order == "random":
-        return Layout(rng.permutation(n_rows).astype(np.int64), (Block("all rows", n_rows),))
+    if options.order in ("native", "random"):
+        order = np.arange(n_rows) if options.order == "native" else rng.permutation(n_rows)
+        return Layout(order.astype(np.int64), (Block("all rows", n_rows),))
     if options.order == "topic":
         if topics is None or len(topics) != n_rows:
             raise ValueError("order=topic needs one topic label per row")
@@ -211,8 +210,5 @@ def batch_purity(
     a most common label covering at least ``threshold`` of the batch (the incomplete last batch is what
     verl's ``drop_last`` discards, so it is not counted)."""
     full = len(labels_in_order) // batch_size
-    pure = 0
-    for b in range(full):
-        top = Counter(labels_in_order[b * batch_size : (b + 1) * batch_size]).most_common(1)[0][1]
-        pure += top >= threshold * batch_size
-    return pure, full
+    batches = (labels_in_order[b * batch_size : (b + 1) * batch_size] for b in range(full))
+    return sum(Counter(batch).most_common(1)[0][1] >= threshold * batch_size for batch in batches), full

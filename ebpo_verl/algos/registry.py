@@ -4,11 +4,8 @@ An estimator module (``ebpo_verl.algos.<name>``) is its pure ``compute_<name>_ad
 and one declaration, ``SPECS = (EstimatorSpec(...), ...)`` (:class:`EstimatorSpec`). Adding one is a new module
 plus one line in :data:`MODULES` (out of tree: an entry point of group :data:`ENTRY_POINT_GROUP`, whose options
 ``ebpo-train`` sets with ``++algorithm.<name>.<key>=...``), then ``python -m ebpo_verl.docs_tables`` (the one docs
-command) to rewrite the generated files. Everything else (verl registration, options sections, YAML, ``--help``,
-docs tables, pre-flight, study, recipes, benchmark, TRL) reads :func:`estimators`, and every caller makes its
-object with :func:`new_estimator`.
-
-Imports neither verl nor Ray: the TRL integration reads it too.
+command) to rewrite the generated files. Everything else reads :func:`estimators`, and every caller makes its
+object with :func:`new_estimator`. Imports neither verl nor Ray: the TRL integration reads it too.
 """
 
 from __future__ import annotations

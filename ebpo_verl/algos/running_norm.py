@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ebpo_verl.algos.ebpo_state import Moments
+from ebpo_verl.algos.ebpo_state import Moments, merge_tables
 from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
@@ -59,7 +59,7 @@ class RunningNormState(FreshState):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        domains = {name: [m.n, m.mean, m.m2] for name, m in sorted(self.domains.items())}
+        domains = {name: m.row() for name, m in sorted(self.domains.items())}
         return {"version": STATE_VERSION, "steps": self.steps, "domains": domains}
 
     def load_state_dict(self, state: Any) -> None:
@@ -74,31 +74,22 @@ class RunningNormState(FreshState):
 
 def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, state: RunningNormState) -> Advantages:
     """A = (r - mean_d) / (std_d + eps) with each domain d's running moments after merging this batch, shape
-    ``(bs,)``; padding rows get 0. Updates ``state`` in place; diagnostics ``running_norm/*``.
-
-    Args:
-        batch: the rows grouped by domain: ``row_values`` (compared as strings; required with ``row_key``), or
-            :data:`GLOBAL` for every row without ``row_key``; padding rows: ``valid`` False or a uid starting
-            with ``pad_prefix``.
-        options: estimator options.
-        state: the accumulators.
-    """
+    ``(bs,)``; padding rows get 0. Updates ``state`` (the accumulators) in place; diagnostics ``running_norm/*``.
+    The rows are grouped by domain: ``row_values`` (compared as strings; required with ``row_key``), or
+    :data:`GLOBAL` for every row without ``row_key``."""
     if options.row_key is None:
         g = batch.key_groups(np.full(batch.scores.shape[0], GLOBAL, dtype=object), "domain(s)")
     else:
         g = batch.key_groups(_domains(batch, options.row_key), f"domain(s) (extra_info[{options.row_key!r}])")
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
-    means, stds = [], []
-    for k, name in enumerate(g.keys.tolist()):
-        size = float(g.size[k])
-        moments = Moments(size, float(g.mean[k]), float(g.var[k]) * (size - 1.0))
-        merged = state.domains.get(name, Moments()).merge(moments)
-        state.domains[name] = merged
-        means.append(merged.mean)
-        stds.append((merged.m2 / (merged.n - 1.0)) ** 0.5 if merged.n > 1.0 else 0.0)
+    names, size = g.keys.tolist(), g.size.numpy()
+    past = np.array([state.domains.get(name, Moments()).row() for name in names])
+    merged = merge_tables(past, np.stack([size, g.mean.numpy(), g.var.numpy() * (size - 1.0)], axis=1)).tolist()
+    state.domains.update(zip(names, (Moments(*row) for row in merged), strict=True))
     state.steps += 1
-    mean, std = torch.tensor(means, dtype=torch.float64), torch.tensor(stds, dtype=torch.float64)
+    mean = torch.tensor([m for _, m, _ in merged], dtype=torch.float64)
+    std = torch.tensor([(m2 / (n - 1.0)) ** 0.5 if n > 1.0 else 0.0 for n, _, m2 in merged], dtype=torch.float64)
     adv = (g.r - mean.index_select(0, g.row_group)) / (std.index_select(0, g.row_group) + float(options.epsilon))
     diagnostics = {
         "running_norm/mean": (sorted_sum(mean) / len(mean)).item(),

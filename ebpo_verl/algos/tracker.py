@@ -8,7 +8,6 @@ they shared this class: ``{"version": 1, "steps", "keys", "alpha", "beta"}``, ke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,6 +18,7 @@ from ebpo_verl.algos.grouping import Groups
 from ebpo_verl.options.parsing import is_real, option, text
 
 TRACKER_VERSION = 1
+COLUMNS = ("keys", "alpha", "beta")
 
 
 @dataclass
@@ -59,42 +59,30 @@ class PromptTracker(FreshState):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
-        return {
-            "version": TRACKER_VERSION,
-            "steps": self.steps,
-            "keys": self.keys.tolist(),
-            "alpha": self.alpha.tolist(),
-            "beta": self.beta.tolist(),
-        }
+        columns = {name: getattr(self, name).tolist() for name in COLUMNS}
+        return {"version": TRACKER_VERSION, "steps": self.steps, **columns}
 
     def load_state_dict(self, state: Any) -> None:
         """Restore a :meth:`state_dict` snapshot; every field is checked, and a bad one raises ValueError naming it,
         leaving this tracker unchanged."""
         what = f"{self.label} state"
-        steps = saved_fields(state, what, TRACKER_VERSION, ("steps", "keys", "alpha", "beta"), ("steps",))[0]
-        self.__init__(steps, *_columns(state, what))
-
-
-def _columns(state: Mapping[str, Any], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The checked ``keys`` (strings, sorted, unique), ``alpha`` and ``beta`` (finite, > 0) of a saved tracker."""
-    for name in ("keys", "alpha", "beta"):
-        values = state[name]
-        if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
-            raise ValueError(f"{what} {name} must be a flat list, got {values!r:.60}")
-    if not all(isinstance(k, str) for k in state["keys"]):
-        raise ValueError(f"{what} keys must be strings")
-    if not all(is_real(v) for v in state["alpha"] + state["beta"]):
-        raise ValueError(f"{what} alpha/beta must be finite numbers")
-    keys = np.array(state["keys"], dtype=str)
-    alpha = np.array(state["alpha"], dtype=np.float64)
-    beta = np.array(state["beta"], dtype=np.float64)
-    if not (len(keys) == len(alpha) == len(beta)):
-        raise ValueError(f"{what} has {len(keys)} keys but {len(alpha)} alpha and {len(beta)} beta values")
-    if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):
-        raise ValueError(f"{what} keys are not sorted and unique")
-    if not ((alpha > 0).all() and (beta > 0).all()):
-        raise ValueError(f"{what} has non-positive alpha/beta values")
-    return keys, alpha, beta
+        steps, *columns = saved_fields(state, what, TRACKER_VERSION, ("steps", *COLUMNS), ("steps",))
+        for name, values in zip(COLUMNS, columns, strict=True):
+            if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
+                raise ValueError(f"{what} {name} must be a flat list, got {values!r:.60}")
+        if not all(isinstance(k, str) for k in columns[0]):
+            raise ValueError(f"{what} keys must be strings")
+        if not all(is_real(v) for v in columns[1] + columns[2]):
+            raise ValueError(f"{what} alpha/beta must be finite numbers")
+        keys = np.array(columns[0], dtype=str)
+        alpha, beta = (np.array(c, dtype=np.float64) for c in columns[1:])
+        if not (len(keys) == len(alpha) == len(beta)):
+            raise ValueError(f"{what} has {len(keys)} keys but {len(alpha)} alpha and {len(beta)} beta values")
+        if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"{what} keys are not sorted and unique")
+        if not ((alpha > 0).all() and (beta > 0).all()):
+            raise ValueError(f"{what} has non-positive alpha/beta values")
+        self.__init__(steps, keys, alpha, beta)
 
 
 def prompt_key_option(help: str) -> Any:
