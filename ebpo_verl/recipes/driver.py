@@ -59,19 +59,15 @@ def switches(cls: type[S], env: Mapping[str, str]) -> S:
 
 
 # ----------------------------------------------------------------------------------------------- one run
-def check_user_paths(spec: RunSpec) -> None:
-    """The paths a run never creates itself, before anything is listed or prepared (in a dry run too): the model
-    (a folder or a hub id; the trainer's pre-flight checks it again) and a user-given TRAIN_FILE."""
+def prepare(spec: RunSpec, dry: bool) -> list[str]:
+    """Prepare the missing data files (DRY_RUN: only list the commands) and return the training command. First the
+    paths a run never creates itself (in a dry run too): the model (a folder or a hub id; the trainer's pre-flight
+    checks it again) and a user-given TRAIN_FILE. Before a download from the hub (no DATA_LOCAL_DIR), a hub that
+    does not answer is one RecipeError naming DATA_LOCAL_DIR."""
     if problem := model_reference_problem(spec.model_path):
         raise RecipeError(f"MODEL_PATH={problem}; give a Hugging Face model folder or a hub id")
     if spec.train_file and "://" not in spec.train_file and not os.path.isfile(spec.train_file):
         raise RecipeError(f"TRAIN_FILE={spec.train_file} does not exist (or is not a file); fix the path")
-
-
-def prepare(spec: RunSpec, dry: bool) -> None:
-    """Prepare the missing data files (DRY_RUN: only list the commands). Before a download from the hub (no
-    DATA_LOCAL_DIR), a hub that does not answer is one RecipeError naming DATA_LOCAL_DIR."""
-    check_user_paths(spec)
     commands = spec.preparation()
     if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "ebpo_verl.data.all"] for c in commands):
         from ebpo_verl.data.sources import DataPrepError, check_hub
@@ -89,6 +85,9 @@ def prepare(spec: RunSpec, dry: bool) -> None:
             raise RecipeError(f"data preparation failed: {shlex.join(command)}")
     if not dry and not os.path.isfile(spec.train_path):
         raise RecipeError(f"training file not found: {spec.train_path}")
+    if not dry:
+        os.makedirs(spec.log_dir, exist_ok=True)
+    return spec.command()
 
 
 def preflight_summary(spec: RunSpec) -> tuple[bool, str, str]:
@@ -123,23 +122,16 @@ def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
     if modes.PRINT_OVERRIDES:
         print("\n".join(spec.overrides()))
         return 0
-    dry = bool(modes.DRY_RUN)
-    if not dry:
+    if not modes.DRY_RUN:
         preflight_first(spec)
-    prepare(spec, dry)
-    if dry:
-        return _dry_run(spec)
-    os.makedirs(spec.log_dir, exist_ok=True)
-    command = spec.command()
-    os.execvp(command[0], command)
-
-
-def _dry_run(spec: RunSpec) -> int:
-    """DRY_RUN of one run: ``ebpo-train --cfg job`` in this process (:func:`ebpo_verl.main.show_job`, through the
-    same :func:`ebpo_verl.main.dry_run` as :func:`preflight_summary`), then what was and was not checked."""
+        command = prepare(spec, dry=False)
+        return os.execvp(command[0], command)
+    # ``ebpo-train --cfg job`` in this process, through the same dry_run as preflight_summary: the pre-flight and
+    # the config on stdout (a refusal exits 2 with one line), then what was and was not checked
     from ebpo_verl.main import show_job
 
-    show_job(spec.overrides())  # the pre-flight and the config on stdout; a refusal exits 2 with one line
+    prepare(spec, dry=True)
+    show_job(spec.overrides())
     sh = spec.shared
     steps = (f", steps per epoch of {spec.train_path}" if os.path.isfile(spec.train_path)
              else f"; steps per epoch not checked: {spec.train_path} is not prepared yet")  # fmt: skip
@@ -322,7 +314,7 @@ def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
             failed += _show(e, modes)
         else:
             log(f"== {e.name}: {' '.join(e.words)}")
-            if _train(e.spec) != 0:
+            if execute(prepare(e.spec, dry=False)) != 0:
                 failed.append(f"{e.name} (training)")
                 continue
             Path(done).touch()
@@ -351,12 +343,6 @@ def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     if failed:
         raise RecipeError(f"failed (their cells are empty): {' '.join(failed)}")
     return 0
-
-
-def _train(spec: RunSpec) -> int:
-    prepare(spec, dry=False)
-    os.makedirs(spec.log_dir, exist_ok=True)
-    return execute(spec.command())
 
 
 def _show(e: Experiment, modes: Modes) -> list[str]:
