@@ -256,13 +256,6 @@ def experiments(table: Table, env: Mapping[str, str], overrides: Sequence[str]) 
     return out
 
 
-def differences(spec: RunSpec) -> str:
-    """The settings a run changes from the shared setup (its preset's), as ``key=value`` words."""
-    shared = {s.name: s.value for s in SHARED}
-    changed = [s.override for s in PRESETS[spec.algo].settings(spec.shared.baselines) if shared.get(s.name) != s.value]
-    return " ".join(changed)
-
-
 def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], list[str]]:
     """The table drivers' own switches, checked before anything runs, with the protocols tabulated
     (``train_val`` for FINAL_EVAL=0) and the metrics (make_tables' ``--metric``)."""
@@ -299,16 +292,15 @@ def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
             print(f"{e.row.section}\t{e.row.method}\t{e.name}\t{results}\t{e.command()}")
         return 0
     dry = modes.dry
-    untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
-    for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
+    for e in [] if dry else runs:  # every run's pre-flight before the first preparation or training
         try:
-            preflight_first(e.spec)
+            if not os.path.isfile(os.path.join(e.spec.log_dir, ".done")):
+                preflight_first(e.spec)
         except RecipeError as err:
             raise RecipeError(f"{e.name}: {err}") from None
     failed = []
     for e in runs:
-        done = os.path.join(e.spec.log_dir, ".done")
-        if os.path.isfile(done):
+        if os.path.isfile(done := os.path.join(e.spec.log_dir, ".done")):
             log(f"== {e.name}: trained before, not run again")
         elif dry:
             failed += _show(e, modes)
@@ -350,7 +342,11 @@ def _show(e: Experiment, modes: Modes) -> list[str]:
     spec = e.spec
     log(f"== {e.name} ({e.row.section} / {e.row.method}), dry run")
     log(f"   switches: {' '.join(e.words)}")
-    log(f"   preset {spec.algo} (BASELINES={spec.shared.baselines}): {differences(spec) or 'the shared setup'}")
+    shared = {s.name: s.value for s in SHARED}  # what the preset changes from the shared setup:
+    changed = " ".join(
+        s.override for s in PRESETS[spec.algo].settings(spec.shared.baselines) if shared.get(s.name) != s.value
+    )
+    log(f"   preset {spec.algo} (BASELINES={spec.shared.baselines}): {changed or 'the shared setup'}")
     for command in spec.preparation():
         log(f"   would prepare data: {shlex.join(command)}")
     if modes.PRINT_OVERRIDES:
