@@ -406,27 +406,23 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
             for label, ref in [(row.paper_label, row.paper), *row.more_refs]:
                 cells = [_fmt(ref.get(b), True) for b in BENCHMARKS]
                 emit(["", f"{row.method} ({label})", *cells, "", "", "", "", "", REFERENCE])
-    missing = [r for r in rows if r.missing]
-    if missing:
-        why = [f"{r.section}/{r.method} ({r.missing}{f': {r.source}' if r.source else ''})" for r in missing]
-        lines += ["", "Empty rows: " + "; ".join(why) + "."]
-    absent = [r for r in rows if r.absent]
-    if absent:
-        lines += [
-            "",
-            f"**No {metric} in the results** of "
-            + "; ".join(f"{r.section}/{r.method} ({', '.join(BENCHMARKS[b] for b in r.absent)})" for r in absent)
-            + ": k above that benchmark's samples per problem, or graded before coverage was reported (grade again)."
+    notes = [  # (what a row it names says, the note's start and end), for the rows that have it
+        (lambda r: r.missing and r.missing + (f": {r.source}" if r.source else ""), "Empty rows: ", "."),
+        (
+            lambda r: ", ".join(BENCHMARKS[b] for b in r.absent),
+            f"**No {metric} in the results** of ",
+            ": k above that benchmark's samples per problem, or graded before coverage was reported (grade again)."
             " Their cells and Avg are empty.",
-        ]
-    partial = [r for r in rows if r.coverage]
-    if partial:
-        lines += [
-            "",
-            "**Partial results, not comparable with full-benchmark numbers**: "
-            + "; ".join(f"{r.section}/{r.method} ({_coverage(r)})" for r in partial)
-            + ". (N/M problems: evaluated with --limit N; k/n samples: graded with --allow-partial.)",
-        ]
+        ),
+        (
+            _coverage,
+            "**Partial results, not comparable with full-benchmark numbers**: ",
+            ". (N/M problems: evaluated with --limit N; k/n samples: graded with --allow-partial.)",
+        ),
+    ]
+    for what, start, end in notes:
+        if named := [f"{r.section}/{r.method} ({what(r)})" for r in rows if what(r)]:
+            lines += ["", start + "; ".join(named) + end]
     return "\n".join(lines + provenance_footer(rows)) + "\n"
 
 

@@ -35,6 +35,8 @@ from ebpo_verl.recipes.presets import (
 )
 
 BASELINES = ("paper", "canonical")
+DIRS = {"DATA_DIR": "data", "CKPT_DIR": "ckpt", "LOG_DIR": "logs"}
+"""The folders :class:`Paths` holds after WORK_DIR: switch -> the default, a folder of WORK_DIR."""
 SCHEDULE_VARS = ("TOTAL_STEPS", "TOTAL_EPOCHS", "TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")
 MODELS_DIR = Path(__file__).with_name("models")
 PERIOD = Rule(lambda x: x == -1 or (isinstance(x, int) and x >= 1), "a positive integer or -1 (never)")
@@ -224,16 +226,6 @@ class Paths:
     ckpt: str
     logs: str
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Paths:
-        work = env.get("WORK_DIR") or os.path.abspath(default("WORK_DIR"))
-        return cls(
-            work=work,
-            data=env.get("DATA_DIR") or os.path.join(work, "data"),
-            ckpt=env.get("CKPT_DIR") or os.path.join(work, "ckpt"),
-            logs=env.get("LOG_DIR") or os.path.join(work, "logs"),
-        )
-
 
 @dataclass(frozen=True)
 class Shared:
@@ -253,10 +245,12 @@ class Shared:
     def from_env(cls, env: Mapping[str, str]) -> Shared:
         defaults = {name: default(name) for name in ("REWARD", "BASELINES", "KEEP_CKPTS", "NNODES", "GPUS_PER_NODE")}
         env = {**defaults, **{k: v for k, v in env.items() if v}}
+        work = env.get("WORK_DIR") or os.path.abspath(default("WORK_DIR"))
+        dirs = {var: env.get(var) or os.path.join(work, sub) for var, sub in DIRS.items()}
         return cls(
             reward=_choice("REWARD", env["REWARD"], choices("REWARD")),
             baselines=_choice("BASELINES", env["BASELINES"], choices("BASELINES")),
-            paths=Paths.from_env(env),
+            paths=Paths(work, *dirs.values()),
             keep_ckpts=_int(env, "KEEP_CKPTS", 1, "checkpoints kept per run"),
             nnodes=_int(env, "NNODES", 1, "nodes"),
             gpus_per_node=_int(env, "GPUS_PER_NODE", 1, "GPUs per node"),
