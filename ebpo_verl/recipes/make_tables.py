@@ -321,13 +321,14 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
 
 def build_rows(table: str | None, specs: list[str], how: str, metric: str = DEFAULT_METRIC) -> list[Row]:
     """The table's rows: the paper's layout (for a named table) filled from the runs, then extra runs."""
-    rows: dict[tuple[str, str], Row] = {}
-    for section, methods in PAPER.get(table, {}).items():
-        for method, numbers in methods.items():
-            label = PAPER_LABEL.get(table, "paper")
-            rows[section, method] = Row(
-                section, method, paper=dict(numbers), missing="not run", paper_label=label, metric=metric
-            )
+    label = PAPER_LABEL.get(table, "paper")
+    rows = {
+        (section, method): Row(
+            section, method, paper=dict(numbers), missing="not run", paper_label=label, metric=metric
+        )
+        for section, methods in PAPER.get(table, {}).items()
+        for method, numbers in methods.items()
+    }
     seen = set()
     for spec in specs:
         section, method, path = parse_spec(spec)
@@ -431,8 +432,7 @@ REFERENCE = "**PAPER, not ours**"
 
 
 def _numbers(row: Row) -> str:
-    """Whose numbers a row holds: ours (measured by this package; "ours, partial" when some benchmark covered
-    only part of it) or, in the Paper Avg cell only, the paper's."""
+    """Whose numbers a row holds (ours: measured by this package; the paper's are in the Paper Avg cell only)."""
     if row.scores:
         return "ours, partial" if row.coverage else "ours"
     return "not run"

@@ -113,7 +113,6 @@ class RunSwitches(OptionSection):
 
 
 SWITCHES = RunSwitches.defaults()
-"""Switch -> its declared default."""
 
 
 def default(name: str) -> str:
@@ -122,7 +121,6 @@ def default(name: str) -> str:
 
 
 def choices(name: str) -> tuple[str, ...]:
-    """The words a switch accepts (its declared choices)."""
     return next(f.metadata["choices"] for f in RunSwitches.declarations() if f.name == name)
 
 
