@@ -261,12 +261,10 @@ def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], li
     (``train_val`` for FINAL_EVAL=0) and the metrics (make_tables' ``--metric``)."""
     own = switches(DriveSwitches, env)
     chosen = chosen_protocols(own.EVAL_PROTOCOL) if own.FINAL_EVAL else ["train_val"]
-    metrics = list(dict.fromkeys(own.METRICS.split()))
-    for metric in metrics:
-        try:
-            check_metric(metric)
-        except ValueError as err:
-            raise RecipeError(f"METRICS: {err}") from None
+    try:
+        metrics = [check_metric(metric) for metric in dict.fromkeys(own.METRICS.split())]
+    except ValueError as err:
+        raise RecipeError(f"METRICS: {err}") from None
     if not own.FINAL_EVAL and metrics != [DEFAULT_METRIC]:
         raise RecipeError(f"METRICS={' '.join(metrics)} needs FINAL_EVAL=1: a run's own validations hold pass@1 only")
     return own, chosen, metrics

@@ -412,10 +412,7 @@ class RunSpec:
 
 def canonical_overrides(overrides: Sequence[str]) -> list[str]:
     """Overrides in a canonical form: one per key (the last, as Hydra applies them), sorted by key."""
-    by_key: dict[str, str] = {}
-    for item in overrides:
-        item = item.strip()
-        by_key[item.split("=", 1)[0].lstrip("+~")] = item
+    by_key = {item.split("=", 1)[0].lstrip("+~"): item for item in map(str.strip, overrides)}
     return [by_key[key] for key in sorted(by_key)]
 
 
