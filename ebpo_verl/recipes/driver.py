@@ -273,9 +273,7 @@ def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], li
 def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train, then
     train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then tabulate.
-    DRY_RUN=1 (or PRINT_OVERRIDES=1) shows one block per run (name, what differs from the shared setup, the
-    pre-flight's result; SHOW_CONFIG=1 adds the composed config) and the evaluation and table commands, and runs,
-    marks and writes nothing."""
+    DRY_RUN=1 / PRINT_OVERRIDES=1: :func:`_show` per run, the evaluation and table commands; nothing else."""
     table = TABLES[name]
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)

@@ -183,9 +183,8 @@ def hydra_list(paths: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Length and cadence of a run: TOTAL_STEPS (the run stops there, if set), TOTAL_EPOCHS (default TOTAL_STEPS
-    when that is set, so the epochs are never the limit, else 1 for ORDER=difficulty and 3 otherwise), validation
-    and checkpoint periods, validation sets and samples."""
+    """Length and cadence of a run, the schedule switches of :class:`RunSwitches` (TOTAL_EPOCHS' default is
+    TOTAL_STEPS when that is set, so that the epochs are never the limit)."""
 
     total_steps: int | None
     total_epochs: int
