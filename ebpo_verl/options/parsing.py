@@ -39,7 +39,6 @@ def is_real(x: Any) -> bool:
 
 
 def is_int(x: Any) -> bool:
-    """An int (numpy's too), not a bool."""
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
@@ -75,7 +74,6 @@ def reals(low: float | None = None, high: float | None = None, *, open_low=False
 
 
 def ints(low: int) -> Rule:
-    """Integers >= ``low``."""
     return Rule(lambda x: is_int(x) and x >= low, "a positive integer" if low == 1 else f"an integer >= {low}")
 
 
@@ -208,7 +206,6 @@ class OptionSection:
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        """The option names, in declaration order."""
         return tuple(f.name for f in fields(cls))
 
     @classmethod
@@ -218,7 +215,6 @@ class OptionSection:
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        """Option name -> its declared default, in declaration order."""
         return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
     @classmethod

@@ -59,19 +59,15 @@ def switches(cls: type[S], env: Mapping[str, str]) -> S:
 
 
 # ----------------------------------------------------------------------------------------------- one run
-def check_user_paths(spec: RunSpec) -> None:
-    """The paths a run never creates itself, before anything is listed or prepared (in a dry run too): the model
-    (a folder or a hub id; the trainer's pre-flight checks it again) and a user-given TRAIN_FILE."""
+def prepare(spec: RunSpec, dry: bool) -> list[str]:
+    """Prepare the missing data files (DRY_RUN: only list the commands) and return the training command. First the
+    paths a run never creates itself (in a dry run too): the model (a folder or a hub id; the trainer's pre-flight
+    checks it again) and a user-given TRAIN_FILE. Before a download from the hub (no DATA_LOCAL_DIR), a hub that
+    does not answer is one RecipeError naming DATA_LOCAL_DIR."""
     if problem := model_reference_problem(spec.model_path):
         raise RecipeError(f"MODEL_PATH={problem}; give a Hugging Face model folder or a hub id")
     if spec.train_file and "://" not in spec.train_file and not os.path.isfile(spec.train_file):
         raise RecipeError(f"TRAIN_FILE={spec.train_file} does not exist (or is not a file); fix the path")
-
-
-def prepare(spec: RunSpec, dry: bool) -> None:
-    """Prepare the missing data files (DRY_RUN: only list the commands). Before a download from the hub (no
-    DATA_LOCAL_DIR), a hub that does not answer is one RecipeError naming DATA_LOCAL_DIR."""
-    check_user_paths(spec)
     commands = spec.preparation()
     if not dry and not spec.shared.data_local_dir and any(c[1:3] == ["-m", "ebpo_verl.data.all"] for c in commands):
         from ebpo_verl.data.sources import DataPrepError, check_hub
@@ -89,6 +85,9 @@ def prepare(spec: RunSpec, dry: bool) -> None:
             raise RecipeError(f"data preparation failed: {shlex.join(command)}")
     if not dry and not os.path.isfile(spec.train_path):
         raise RecipeError(f"training file not found: {spec.train_path}")
+    if not dry:
+        os.makedirs(spec.log_dir, exist_ok=True)
+    return spec.command()
 
 
 def preflight_summary(spec: RunSpec) -> tuple[bool, str, str]:
@@ -123,23 +122,16 @@ def run(model: str, args: Sequence[str], env: Mapping[str, str]) -> int | None:
     if modes.PRINT_OVERRIDES:
         print("\n".join(spec.overrides()))
         return 0
-    dry = bool(modes.DRY_RUN)
-    if not dry:
+    if not modes.DRY_RUN:
         preflight_first(spec)
-    prepare(spec, dry)
-    if dry:
-        return _dry_run(spec)
-    os.makedirs(spec.log_dir, exist_ok=True)
-    command = spec.command()
-    os.execvp(command[0], command)
-
-
-def _dry_run(spec: RunSpec) -> int:
-    """DRY_RUN of one run: ``ebpo-train --cfg job`` in this process (:func:`ebpo_verl.main.show_job`, through the
-    same :func:`ebpo_verl.main.dry_run` as :func:`preflight_summary`), then what was and was not checked."""
+        command = prepare(spec, dry=False)
+        return os.execvp(command[0], command)
+    # ``ebpo-train --cfg job`` in this process, through the same dry_run as preflight_summary: the pre-flight and
+    # the config on stdout (a refusal exits 2 with one line), then what was and was not checked
     from ebpo_verl.main import show_job
 
-    show_job(spec.overrides())  # the pre-flight and the config on stdout; a refusal exits 2 with one line
+    prepare(spec, dry=True)
+    show_job(spec.overrides())
     sh = spec.shared
     steps = (f", steps per epoch of {spec.train_path}" if os.path.isfile(spec.train_path)
              else f"; steps per epoch not checked: {spec.train_path} is not prepared yet")  # fmt: skip
@@ -264,24 +256,15 @@ def experiments(table: Table, env: Mapping[str, str], overrides: Sequence[str]) 
     return out
 
 
-def differences(spec: RunSpec) -> str:
-    """The settings a run changes from the shared setup (its preset's), as ``key=value`` words."""
-    shared = {s.name: s.value for s in SHARED}
-    changed = [s.override for s in PRESETS[spec.algo].settings(spec.shared.baselines) if shared.get(s.name) != s.value]
-    return " ".join(changed)
-
-
 def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], list[str]]:
     """The table drivers' own switches, checked before anything runs, with the protocols tabulated
     (``train_val`` for FINAL_EVAL=0) and the metrics (make_tables' ``--metric``)."""
     own = switches(DriveSwitches, env)
     chosen = chosen_protocols(own.EVAL_PROTOCOL) if own.FINAL_EVAL else ["train_val"]
-    metrics = list(dict.fromkeys(own.METRICS.split()))
-    for metric in metrics:
-        try:
-            check_metric(metric)
-        except ValueError as err:
-            raise RecipeError(f"METRICS: {err}") from None
+    try:
+        metrics = [check_metric(metric) for metric in dict.fromkeys(own.METRICS.split())]
+    except ValueError as err:
+        raise RecipeError(f"METRICS: {err}") from None
     if not own.FINAL_EVAL and metrics != [DEFAULT_METRIC]:
         raise RecipeError(f"METRICS={' '.join(metrics)} needs FINAL_EVAL=1: a run's own validations hold pass@1 only")
     return own, chosen, metrics
@@ -290,9 +273,7 @@ def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], li
 def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train, then
     train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then tabulate.
-    DRY_RUN=1 (or PRINT_OVERRIDES=1) shows one block per run (name, what differs from the shared setup, the
-    pre-flight's result; SHOW_CONFIG=1 adds the composed config) and the evaluation and table commands, and runs,
-    marks and writes nothing."""
+    DRY_RUN=1 / PRINT_OVERRIDES=1: :func:`_show` per run, the evaluation and table commands; nothing else."""
     table = TABLES[name]
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)
@@ -307,22 +288,21 @@ def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
             print(f"{e.row.section}\t{e.row.method}\t{e.name}\t{results}\t{e.command()}")
         return 0
     dry = modes.dry
-    untrained = [e for e in runs if not os.path.isfile(os.path.join(e.spec.log_dir, ".done"))]
-    for e in untrained if not dry else []:  # every run's pre-flight before the first preparation or training
+    for e in [] if dry else runs:  # every run's pre-flight before the first preparation or training
         try:
-            preflight_first(e.spec)
+            if not os.path.isfile(os.path.join(e.spec.log_dir, ".done")):
+                preflight_first(e.spec)
         except RecipeError as err:
             raise RecipeError(f"{e.name}: {err}") from None
     failed = []
     for e in runs:
-        done = os.path.join(e.spec.log_dir, ".done")
-        if os.path.isfile(done):
+        if os.path.isfile(done := os.path.join(e.spec.log_dir, ".done")):
             log(f"== {e.name}: trained before, not run again")
         elif dry:
             failed += _show(e, modes)
         else:
             log(f"== {e.name}: {' '.join(e.words)}")
-            if _train(e.spec) != 0:
+            if execute(prepare(e.spec, dry=False)) != 0:
                 failed.append(f"{e.name} (training)")
                 continue
             Path(done).touch()
@@ -353,18 +333,16 @@ def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     return 0
 
 
-def _train(spec: RunSpec) -> int:
-    prepare(spec, dry=False)
-    os.makedirs(spec.log_dir, exist_ok=True)
-    return execute(spec.command())
-
-
 def _show(e: Experiment, modes: Modes) -> list[str]:
     """A dry run's block for one run; the failure to report, if its pre-flight refused it."""
     spec = e.spec
     log(f"== {e.name} ({e.row.section} / {e.row.method}), dry run")
     log(f"   switches: {' '.join(e.words)}")
-    log(f"   preset {spec.algo} (BASELINES={spec.shared.baselines}): {differences(spec) or 'the shared setup'}")
+    shared = {s.name: s.value for s in SHARED}  # what the preset changes from the shared setup:
+    changed = " ".join(
+        s.override for s in PRESETS[spec.algo].settings(spec.shared.baselines) if shared.get(s.name) != s.value
+    )
+    log(f"   preset {spec.algo} (BASELINES={spec.shared.baselines}): {changed or 'the shared setup'}")
     for command in spec.preparation():
         log(f"   would prepare data: {shlex.join(command)}")
     if modes.PRINT_OVERRIDES:

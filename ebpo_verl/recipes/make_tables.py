@@ -321,13 +321,14 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
 
 def build_rows(table: str | None, specs: list[str], how: str, metric: str = DEFAULT_METRIC) -> list[Row]:
     """The table's rows: the paper's layout (for a named table) filled from the runs, then extra runs."""
-    rows: dict[tuple[str, str], Row] = {}
-    for section, methods in PAPER.get(table, {}).items():
-        for method, numbers in methods.items():
-            label = PAPER_LABEL.get(table, "paper")
-            rows[section, method] = Row(
-                section, method, paper=dict(numbers), missing="not run", paper_label=label, metric=metric
-            )
+    label = PAPER_LABEL.get(table, "paper")
+    rows = {
+        (section, method): Row(
+            section, method, paper=dict(numbers), missing="not run", paper_label=label, metric=metric
+        )
+        for section, methods in PAPER.get(table, {}).items()
+        for method, numbers in methods.items()
+    }
     seen = set()
     for spec in specs:
         section, method, path = parse_spec(spec)
@@ -406,27 +407,23 @@ def render_markdown(title: str, rows: list[Row], contrasts: list[Row]) -> str:
             for label, ref in [(row.paper_label, row.paper), *row.more_refs]:
                 cells = [_fmt(ref.get(b), True) for b in BENCHMARKS]
                 emit(["", f"{row.method} ({label})", *cells, "", "", "", "", "", REFERENCE])
-    missing = [r for r in rows if r.missing]
-    if missing:
-        why = [f"{r.section}/{r.method} ({r.missing}{f': {r.source}' if r.source else ''})" for r in missing]
-        lines += ["", "Empty rows: " + "; ".join(why) + "."]
-    absent = [r for r in rows if r.absent]
-    if absent:
-        lines += [
-            "",
-            f"**No {metric} in the results** of "
-            + "; ".join(f"{r.section}/{r.method} ({', '.join(BENCHMARKS[b] for b in r.absent)})" for r in absent)
-            + ": k above that benchmark's samples per problem, or graded before coverage was reported (grade again)."
+    notes = [  # (what a row it names says, the note's start and end), for the rows that have it
+        (lambda r: r.missing and r.missing + (f": {r.source}" if r.source else ""), "Empty rows: ", "."),
+        (
+            lambda r: ", ".join(BENCHMARKS[b] for b in r.absent),
+            f"**No {metric} in the results** of ",
+            ": k above that benchmark's samples per problem, or graded before coverage was reported (grade again)."
             " Their cells and Avg are empty.",
-        ]
-    partial = [r for r in rows if r.coverage]
-    if partial:
-        lines += [
-            "",
-            "**Partial results, not comparable with full-benchmark numbers**: "
-            + "; ".join(f"{r.section}/{r.method} ({_coverage(r)})" for r in partial)
-            + ". (N/M problems: evaluated with --limit N; k/n samples: graded with --allow-partial.)",
-        ]
+        ),
+        (
+            _coverage,
+            "**Partial results, not comparable with full-benchmark numbers**: ",
+            ". (N/M problems: evaluated with --limit N; k/n samples: graded with --allow-partial.)",
+        ),
+    ]
+    for what, start, end in notes:
+        if named := [f"{r.section}/{r.method} ({what(r)})" for r in rows if what(r)]:
+            lines += ["", start + "; ".join(named) + end]
     return "\n".join(lines + provenance_footer(rows)) + "\n"
 
 
@@ -435,8 +432,7 @@ REFERENCE = "**PAPER, not ours**"
 
 
 def _numbers(row: Row) -> str:
-    """Whose numbers a row holds: ours (measured by this package; "ours, partial" when some benchmark covered
-    only part of it) or, in the Paper Avg cell only, the paper's."""
+    """Whose numbers a row holds (ours: measured by this package; the paper's are in the Paper Avg cell only)."""
     if row.scores:
         return "ours, partial" if row.coverage else "ours"
     return "not run"

@@ -97,22 +97,16 @@ def _logged_difference(section: str, plus: str, minus: str) -> dict[str, float]:
 # (+1.04 / +0.41): both are shown.
 CONTRASTS: dict[str, dict[str, list[tuple[str, str, dict[str, dict[str, float]]]]]] = {
     "curriculum": {
-        "Qwen3-8B-Base": [
+        section: [
             (
                 "EBPO-diff",
                 "GRPO-diff",
-                {
-                    "paper figure": {"aime2024": 3.95, "aime2025": 6.04},
-                    PAPER_LABEL["curriculum"]: _logged_difference("Qwen3-8B-Base", "EBPO-diff", "GRPO-diff"),
-                },
+                {**figure, PAPER_LABEL["curriculum"]: _logged_difference(section, "EBPO-diff", "GRPO-diff")},
             )
-        ],
-        "Qwen3-14B-Base": [
-            (
-                "EBPO-diff",
-                "GRPO-diff",
-                {PAPER_LABEL["curriculum"]: _logged_difference("Qwen3-14B-Base", "EBPO-diff", "GRPO-diff")},
-            )
-        ],
+        ]
+        for section, figure in (
+            ("Qwen3-8B-Base", {"paper figure": {"aime2024": 3.95, "aime2025": 6.04}}),
+            ("Qwen3-14B-Base", {}),
+        )
     },
 }

@@ -23,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ebpo_verl.ops.atomic import atomic_write  # noqa: E402
@@ -49,13 +50,7 @@ def series(run: dict[int, dict], key: str) -> tuple[list[int], list[float]]:
 
 def smooth(values: list[float], window: int) -> list[float]:
     """Trailing moving average over ``window`` points (the first points average what exists so far)."""
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+    return pd.Series(values, dtype=float).rolling(window, min_periods=1).mean().tolist()
 
 
 def metric_keys(runs: dict[str, dict[int, dict]]) -> list[str]:

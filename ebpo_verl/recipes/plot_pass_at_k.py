@@ -32,17 +32,13 @@ from ebpo_verl.recipes.plot_dynamics import save_png  # noqa: E402
 METRICS = ("pass@k", "maj@k")
 
 
-class ResultsError(ValueError):
-    """A file that cannot be plotted: one line naming it."""
-
-
 def read_curves(path: str, metric: str) -> tuple[str, dict[str, tuple[list[int], list[float], list[float | None]]]]:
     """(protocol, panel -> (ks, values, stderrs)) of a RESULTS.json (checked by :func:`.make_tables.load_results`);
     panels: benchmarks, then "average"."""
     try:
         data = load_results(Path(path))
     except OSError as err:
-        raise ResultsError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from None
+        raise MetricsLogError(f"{path}: not a RESULTS.json of python -m ebpo_verl.evaluate grade ({err})") from None
     protocol, benches, curves = data["protocol"], data["benchmarks"], {}
     for bench, entry in sorted(benches.items(), key=lambda kv: (list(BENCHMARKS) + [kv[0]]).index(kv[0])):
         values = entry.get(metric) or {}
@@ -51,7 +47,7 @@ def read_curves(path: str, metric: str) -> tuple[str, dict[str, tuple[list[int],
             stderr = entry.get(f"{metric}_stderr") or {}
             curves[bench] = ([int(k) for k in ks], [values[k] for k in ks], [stderr.get(k) for k in ks])
     if not curves:
-        raise ResultsError(
+        raise MetricsLogError(
             f"{path}: no {metric} in it (graded before coverage was reported, or with samples missing): "
             "run python -m ebpo_verl.evaluate grade again"
         )
@@ -67,7 +63,7 @@ def _label(spec: str) -> tuple[str | None, str]:
     if "=" in spec and not Path(spec).exists():
         label, path = spec.split("=", 1)
         if not label or not path:
-            raise ResultsError(f"bad run {spec!r}: expected LABEL=RESULTS.json or RESULTS.json")
+            raise MetricsLogError(f"bad run {spec!r}: expected LABEL=RESULTS.json or RESULTS.json")
         return label, path
     return None, spec
 
@@ -80,7 +76,7 @@ def load_runs(specs: list[str], metric: str) -> dict[str, dict[str, Any]]:
         protocol, curves = read_curves(path, metric)
         label = f"{label or Path(path).resolve().parent.name} ({protocol})"
         if label in runs:
-            raise ResultsError(f"two runs labelled {label!r}: label them LABEL=RESULTS.json")
+            raise MetricsLogError(f"two runs labelled {label!r}: label them LABEL=RESULTS.json")
         runs[label] = curves
     return runs
 
@@ -130,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(PassAtKOptions, "python -m ebpo_verl.recipes.plot_pass_at_k", argv, __doc__.split("\n\n")[0])
     try:
         fig = draw(load_runs(a.runs, a.metric), a.metric)
-    except (ResultsError, MetricsLogError) as err:
+    except MetricsLogError as err:  # a file that cannot be plotted: one line naming it
         print(f"plot_pass_at_k: error: {err}", file=sys.stderr)
         return 1
     save_png(fig, Path(a.out))

@@ -156,9 +156,6 @@ _DBB = "Discounted Beta-Bernoulli reward estimation (arXiv 2603.18444)"
 _JSPO = "JSPO, Zeng et al. (arXiv 2511.03710)"
 _JSPO_CODE = "JSPO authors' code (guanning03/JSPO-Official), math script"
 _HADW = "HA-DW (arXiv 2601.08521)"
-_KRPO = "KRPO (arXiv 2505.07527), authors' train.py"
-_ROLL = "ROLL's RunningMoments (alibaba/ROLL)"
-_RIVALS = "docs/rivals.md"
 
 
 def _module_preset(name: str, label: str, summary: str, source: str, **options: tuple[object, str]) -> Preset:
@@ -332,14 +329,14 @@ PRESETS: dict[str, Preset] = {
             "krpo",
             "KRPO",
             "KRPO: a Kalman filter over each group's rewards, in the rollout's sample order",
-            _KRPO,
-            order=("sample_index", f"{_RIVALS}: verl reorders rows by length"),
+            "KRPO (arXiv 2505.07527), authors' train.py",
+            order=("sample_index", "docs/rivals.md: verl reorders rows by length"),
         ),
         _module_preset(
             "running_norm",
             "RunNorm",
             "running reward normalisation: cumulative reward moments (one domain: DAPO-Math)",
-            _ROLL,
+            "ROLL's RunningMoments (alibaba/ROLL)",
         ),
     )
 }

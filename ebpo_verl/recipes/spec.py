@@ -35,6 +35,8 @@ from ebpo_verl.recipes.presets import (
 )
 
 BASELINES = ("paper", "canonical")
+DIRS = {"DATA_DIR": "data", "CKPT_DIR": "ckpt", "LOG_DIR": "logs"}
+"""The folders :class:`Paths` holds after WORK_DIR: switch -> the default, a folder of WORK_DIR."""
 SCHEDULE_VARS = ("TOTAL_STEPS", "TOTAL_EPOCHS", "TEST_FREQ", "SAVE_FREQ", "VAL_SETS", "VAL_N")
 MODELS_DIR = Path(__file__).with_name("models")
 PERIOD = Rule(lambda x: x == -1 or (isinstance(x, int) and x >= 1), "a positive integer or -1 (never)")
@@ -111,7 +113,6 @@ class RunSwitches(OptionSection):
 
 
 SWITCHES = RunSwitches.defaults()
-"""Switch -> its declared default."""
 
 
 def default(name: str) -> str:
@@ -120,7 +121,6 @@ def default(name: str) -> str:
 
 
 def choices(name: str) -> tuple[str, ...]:
-    """The words a switch accepts (its declared choices)."""
     return next(f.metadata["choices"] for f in RunSwitches.declarations() if f.name == name)
 
 
@@ -183,9 +183,8 @@ def hydra_list(paths: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Length and cadence of a run: TOTAL_STEPS (the run stops there, if set), TOTAL_EPOCHS (default TOTAL_STEPS
-    when that is set, so the epochs are never the limit, else 1 for ORDER=difficulty and 3 otherwise), validation
-    and checkpoint periods, validation sets and samples."""
+    """Length and cadence of a run, the schedule switches of :class:`RunSwitches` (TOTAL_EPOCHS' default is
+    TOTAL_STEPS when that is set, so that the epochs are never the limit)."""
 
     total_steps: int | None
     total_epochs: int
@@ -224,16 +223,6 @@ class Paths:
     ckpt: str
     logs: str
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Paths:
-        work = env.get("WORK_DIR") or os.path.abspath(default("WORK_DIR"))
-        return cls(
-            work=work,
-            data=env.get("DATA_DIR") or os.path.join(work, "data"),
-            ckpt=env.get("CKPT_DIR") or os.path.join(work, "ckpt"),
-            logs=env.get("LOG_DIR") or os.path.join(work, "logs"),
-        )
-
 
 @dataclass(frozen=True)
 class Shared:
@@ -253,10 +242,12 @@ class Shared:
     def from_env(cls, env: Mapping[str, str]) -> Shared:
         defaults = {name: default(name) for name in ("REWARD", "BASELINES", "KEEP_CKPTS", "NNODES", "GPUS_PER_NODE")}
         env = {**defaults, **{k: v for k, v in env.items() if v}}
+        work = env.get("WORK_DIR") or os.path.abspath(default("WORK_DIR"))
+        dirs = {var: env.get(var) or os.path.join(work, sub) for var, sub in DIRS.items()}
         return cls(
             reward=_choice("REWARD", env["REWARD"], choices("REWARD")),
             baselines=_choice("BASELINES", env["BASELINES"], choices("BASELINES")),
-            paths=Paths.from_env(env),
+            paths=Paths(work, *dirs.values()),
             keep_ckpts=_int(env, "KEEP_CKPTS", 1, "checkpoints kept per run"),
             nnodes=_int(env, "NNODES", 1, "nodes"),
             gpus_per_node=_int(env, "GPUS_PER_NODE", 1, "GPUs per node"),
@@ -420,10 +411,7 @@ class RunSpec:
 
 def canonical_overrides(overrides: Sequence[str]) -> list[str]:
     """Overrides in a canonical form: one per key (the last, as Hydra applies them), sorted by key."""
-    by_key: dict[str, str] = {}
-    for item in overrides:
-        item = item.strip()
-        by_key[item.split("=", 1)[0].lstrip("+~")] = item
+    by_key = {item.split("=", 1)[0].lstrip("+~"): item for item in map(str.strip, overrides)}
     return [by_key[key] for key in sorted(by_key)]
 
 

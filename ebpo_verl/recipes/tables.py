@@ -60,15 +60,12 @@ def _preset_row(section: str, model: str, algo: str, group: int, baselines: str)
 
 
 def main_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
-    rows = []
-    for model in ("qwen3_8b", "qwen3_14b", "llama3_8b"):
-        algos = list(MAIN_ALGOS)
-        if env.get("V2_ROWS") == "1" and model == "qwen3_8b":
-            algos += [*V2_ALGOS, *COMPETITOR_ALGOS]
-        if env.get("V2_ROWS") == "1" and model == "qwen3_14b":
-            algos.append("ebpo_bb")
-        rows += [_preset_row(_label(model), model, algo, 4, baselines) for algo in algos]
-    return rows
+    v2 = {"qwen3_8b": (*V2_ALGOS, *COMPETITOR_ALGOS), "qwen3_14b": ("ebpo_bb",)} if env.get("V2_ROWS") == "1" else {}
+    return [
+        _preset_row(_label(model), model, algo, 4, baselines)
+        for model in ("qwen3_8b", "qwen3_14b", "llama3_8b")
+        for algo in (*MAIN_ALGOS, *v2.get(model, ()))
+    ]
 
 
 def group_size_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
