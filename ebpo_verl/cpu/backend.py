@@ -316,10 +316,9 @@ class HFRolloutServer:
         if want_logprobs:
             logits = torch.stack(out.logits, dim=1)[0].float()
             log_probs = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, len(prompt_ids) :].T)[:, 0]
-            log_probs = log_probs.tolist()
         return TokenOutput(
             token_ids=token_ids,
-            log_probs=log_probs,
+            log_probs=None if log_probs is None else log_probs.tolist(),
             stop_reason="completed",
             extra_fields={"global_steps": self.global_steps},
         )
@@ -369,10 +368,8 @@ class HFServerAdapter(BaseRollout):
             raise NotImplementedError(f"HF CPU rollout accepts wire_format='named_tensors' only, got {wire_format!r}")
         if kw.get("peft_config") is not None:
             raise NotImplementedError("HF CPU rollout does not support LoRA adapters; set model.lora.merge=True")
-        state_dict = {}
-        for name, tensor in weights:
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            state_dict[name] = full.detach().to("cpu", copy=True)
+        full = ((name, t.full_tensor() if hasattr(t, "full_tensor") else t) for name, t in weights)
+        state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in full}
         await self._server.load_weights.remote(state_dict, global_steps)
 
 

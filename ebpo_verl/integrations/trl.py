@@ -217,10 +217,8 @@ class EstimatorMixin:
         output = super()._generate_and_score_completions(inputs)
         if self._gathered is None:
             raise RuntimeError("TRL did not call _calculate_rewards: use the TRL version ebpo-verl[trl] pins")
-        rewards_per_func, keys = self._gathered
+        advantages = self.estimate(*self._gathered, self.model.training)
         self._gathered = None
-        train = self.model.training
-        advantages = self.estimate(rewards_per_func, keys, train)
         local = output["advantages"]
         start = self.accelerator.process_index * len(local)
         output["advantages"] = advantages[start : start + len(local)].to(local.device, local.dtype)

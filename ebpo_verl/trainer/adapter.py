@@ -44,23 +44,12 @@ process, their options set from verl's node on each call. ``ebpo-train``'s train
 use them: they own their own (``registry.new_estimator``)."""
 
 
-def default_estimate(spec: EstimatorSpec, config: Any) -> Estimator:
-    """What stock ``main_ppo``'s call of ``spec``'s registered function runs: the default instance with the options
-    of verl's ``algorithm.<name>`` node (None -> defaults)."""
-    estimator = DEFAULT_ESTIMATORS[spec.name]
-    if spec.options_cls is not None:
-        estimator.options = options_for_node(spec, None if config is None else config.get(spec.name, None))
-    return estimator
-
-
 def row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:
     """Per-row values of a uid -> value map (None for uids it lacks: padding); None without a map."""
     if row_keys is None:
         return None
     uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
-    per_uid = np.empty(len(uid_names), dtype=object)
-    for i, name in enumerate(uid_names.tolist()):
-        per_uid[i] = row_keys.get(name)
+    per_uid = np.fromiter((row_keys.get(name) for name in uid_names.tolist()), dtype=object, count=len(uid_names))
     return per_uid[uid_codes]
 
 
@@ -75,21 +64,16 @@ def outcome_advantages(
     starting with ``pad``; ``values`` = the per-row field the estimator reads (labels, prompt keys). Returns
     (advantages, returns, diagnostics), the first two (bs, response_length): the row's advantage on each of its
     response tokens."""
-    _check_shapes(token_level_rewards, response_mask)
-    scores = token_level_rewards.sum(dim=-1)
-    result = estimate(scores, index, _has_response(response_mask), values, PAD_PREFIX)
-    advantages = result.values.unsqueeze(-1) * response_mask
-    return advantages, advantages, result.diagnostics
-
-
-def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
-    """(bs, L) rewards and an equal-shaped mask with L >= 1, else one ValueError naming both shapes."""
     shape, mask_shape = tuple(token_level_rewards.shape), tuple(response_mask.shape)
     if len(shape) != 2 or mask_shape != shape or shape[1] == 0:
         raise ValueError(
             "advantage estimators need token_level_rewards and response_mask of one shape (bs, response_length) with "
             f"response_length >= 1; got {shape} and {mask_shape}"
         )
+    scores = token_level_rewards.sum(dim=-1)
+    result = estimate(scores, index, _has_response(response_mask), values, PAD_PREFIX)
+    advantages = result.values.unsqueeze(-1) * response_mask
+    return advantages, advantages, result.diagnostics
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
@@ -126,7 +110,9 @@ def registered_function(spec: EstimatorSpec) -> Callable[..., tuple[torch.Tensor
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         values = kwargs.get(spec.row_kwarg) if spec.row_key else None
-        estimate = default_estimate(spec, config)
+        estimate = DEFAULT_ESTIMATORS[spec.name]  # with the options of verl's algorithm.<name> node (None: defaults)
+        if spec.options_cls is not None:
+            estimate.options = options_for_node(spec, None if config is None else config.get(spec.name, None))
         advantages, returns, _ = outcome_advantages(estimate, token_level_rewards, response_mask, index, values)
         return advantages, returns
 

@@ -23,7 +23,7 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,21 +108,6 @@ def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
             raise ValueError(f"krpo: trajectory key {key!r:.200} is not verl's {{uid}}_{{session_id}}_{{index}}")
         out[row] = int(match.group(1))
     return out
-
-
-def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
-    """The ``extra_info`` column of verl's ``RLHFDataset`` (read from its table: indexing the dataset would
-    tokenize every row and advance a curriculum dataset's position)."""
-    frame = getattr(dataset, "dataframe", None)
-    if frame is None:
-        raise EBPOConfigError(
-            "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
-            f"{type(dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such as "
-            "ebpo_verl.trainer.curriculum.CurriculumDataset)"
-        )
-    if "extra_info" not in frame.column_names:
-        return [None] * len(frame)
-    return frame["extra_info"]
 
 
 class OTBSumPiSquaredMixin:
@@ -248,9 +233,19 @@ class EBPOTrainerMixin:
     # ---------------------------------------------------------------- data
     def _init_dataloader(self) -> None:
         super()._init_dataloader()
-        source = f"data.train_files={self.config.data.train_files}"
-        if self.options.row_key:
-            check_row_keys(_dataset_extra_infos(self.train_dataset), self.options, source=source)
+        if not self.options.row_key:
+            return
+        # the extra_info column of the dataset's table: indexing the dataset would tokenize every row and advance a
+        # curriculum dataset's position
+        frame = getattr(self.train_dataset, "dataframe", None)
+        if frame is None:
+            raise EBPOConfigError(
+                "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
+                f"{type(self.train_dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such "
+                "as ebpo_verl.trainer.curriculum.CurriculumDataset)"
+            )
+        infos = frame["extra_info"] if "extra_info" in frame.column_names else [None] * len(frame)
+        check_row_keys(infos, self.options, source=f"data.train_files={self.config.data.train_files}")
 
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
@@ -408,18 +403,13 @@ def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
 class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's v1 TaskRunner (the Ray actor that drives training and calls the estimator) with EBPO's trainer."""
 
-    def preflight(self, config: DictConfig) -> RunOptions:
-        """What must run in this process: the run's options (parsed once here) and our estimator's registration."""
-        options = RunOptions.from_config(config)
-        if options.spec is not None:
-            check_registered(options.adv_estimator)
-        return options
-
     def run(self, config: DictConfig) -> None:
         """verl's ``TaskRunnerV1.run``, whose trainer (looked up in verl's trainer registry by
         ``trainer.v1.trainer_mode``) is, in this process and for this call, :func:`ebpo_trainer_cls`'s with the
         run's options."""
-        options = self.preflight(config)
+        options = RunOptions.from_config(config)  # parsed once, in this process; so is our estimator registered
+        if options.spec is not None:
+            check_registered(options.adv_estimator)
         check_nodes(config)  # every Ray node sees the data files and output folders at the same paths
         mode = config.trainer.v1.trainer_mode
         trainer_cls = ebpo_trainer_cls(mode)

@@ -84,11 +84,6 @@ class TrainerOptions(OptionSection):
         """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0 or null."""
         return float(self.step_timeout_s) if self.step_timeout_s else None
 
-    @property
-    def watchdog_init_timeout_s(self) -> float | None:
-        """The same for the init phases."""
-        return float(self.init_timeout_s) if self.init_timeout_s else None
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -126,8 +121,7 @@ class RunOptions:
     @property
     def stateful(self) -> EstimatorSpec | None:
         """The run's estimator when its state is saved in every checkpoint."""
-        spec = self.spec
-        return spec if spec is not None and spec.stateful else None
+        return spec if (spec := self.spec) is not None and spec.stateful else None
 
     @property
     def ebpo(self) -> EBPOOptions | None:
@@ -136,8 +130,7 @@ class RunOptions:
     @property
     def row_key(self) -> str | None:
         """The ``extra_info`` field the estimator reads per row (``cluster_key``, ``prompt_key``), or None."""
-        spec = self.spec
-        return spec.row_key_of(self.estimator) if spec else None
+        return spec.row_key_of(self.estimator) if (spec := self.spec) else None
 
 
 _LAST: dict[str, tuple[str, Any]] = {}
