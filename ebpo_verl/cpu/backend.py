@@ -282,18 +282,16 @@ class HFRolloutServer:
         room = (cfg.max_model_len or cfg.prompt_length + cfg.response_length) - len(prompt_ids)
         if room < 1:
             raise ValueError(f"HF rollout: prompt of {len(prompt_ids)} tokens leaves no room to generate")
-        default = min(cfg.response_length, room)
-        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", default))
+        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", cfg.response_length))
         max_tokens = max(1, min(int(max_tokens), room))
         want_logprobs = bool(params.pop("logprobs", False))
         temperature = float(params.get("temperature", 1.0))
-        top_k = int(params.get("top_k", -1))
         ignore_eos = bool(params.get("ignore_eos", cfg.get("ignore_eos", False)))
         gen_config = GenerationConfig(
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else 1.0,
             top_p=float(params.get("top_p", 1.0)),
-            top_k=top_k if top_k > 0 else 0,
+            top_k=max(int(params.get("top_k", -1)), 0),
             repetition_penalty=float(params.get("repetition_penalty", 1.0)),
             max_new_tokens=max_tokens,
             min_new_tokens=max_tokens if ignore_eos else 0,

@@ -1,20 +1,15 @@
-"""verl glue: registers every estimator of ours (:func:`ebpo_verl.algos.registry.ours`: ``ebpo``, ``shrinkage_js``,
-``bnpo``, ``spo``, ``dbb`` and any added one) in verl's registry (loaded by the ``verl.plugins`` entry point).
+"""verl glue: registers every estimator of ours (:func:`ebpo_verl.algos.registry.ours`) in verl's registry (loaded
+by the ``verl.plugins`` entry point).
 
-Every estimator of ours is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics,
-made by :func:`ebpo_verl.algos.registry.new_estimator`), and verl hands a registered estimator only the batch
-tensors and its raw ``algorithm`` node. So there are two ways in, both through :func:`outcome_advantages` (verl's
-tensors -> scores, padding, broadcast):
+Each estimator of ours is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics),
+while verl hands a registered estimator only the batch tensors and its raw ``algorithm`` node. Both ways in go
+through :func:`outcome_advantages` (verl's tensors -> scores, padding, broadcast):
 
-- ``ebpo-train``: the trainer creates the run's object, and its copy of verl's advantage
-  step (``ebpo_verl.trainer.ray_trainer``, the one tested copy of a verl method) calls it directly with the step's
-  tensors and per-row keys, where verl's ``compute_advantage`` would call the registered function. The call site
-  shows which object's state changes; nothing travels beside the call, and no more of verl is copied. The CPU
-  study does the same with its own objects.
-- stock ``verl.trainer.main_ppo`` (no trainer of ours): the registered functions (:func:`registered_function`, one
-  per estimator, made from its registry entry) use this process's default instance, :data:`DEFAULT_ESTIMATORS`,
-  whose options come from the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated
-  when the node's value is new or changed).
+- ``ebpo-train``: the trainer owns the run's object and its copy of verl's advantage step
+  (``ebpo_verl.trainer.ray_trainer``) calls it directly where verl would call the registered function, so the call
+  site shows whose state changes and no more of verl is copied. The CPU study does the same with its own objects.
+- stock ``verl.trainer.main_ppo``: the registered functions (:func:`registered_function`) use
+  :data:`DEFAULT_ESTIMATORS`, options from the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`).
 """
 
 from __future__ import annotations
@@ -39,9 +34,8 @@ PAD_PREFIX = "pad"
 DEFAULT_ESTIMATORS: dict[str, Estimator] = {
     name: registry.new_estimator(spec) for name, spec in registry.ours().items()
 }
-"""The default instances (one per estimator of ours): the estimators of stock ``verl.trainer.main_ppo`` in this
-process, their options set from verl's node on each call. ``ebpo-train``'s trainer, TRL and the CPU study never
-use them: they own their own (``registry.new_estimator``)."""
+"""This process's default instance of each estimator of ours, which stock ``verl.trainer.main_ppo`` runs (options
+from verl's node on each call); ``ebpo-train``, TRL and the CPU study own their own."""
 
 
 def row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:

@@ -403,13 +403,18 @@ def ebpo_trainer_cls(trainer_mode: str) -> type[PPOTrainer]:
 class EBPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's v1 TaskRunner (the Ray actor that drives training and calls the estimator) with EBPO's trainer."""
 
+    def preflight(self, config: DictConfig) -> RunOptions:
+        """What must run in this process: the run's options (parsed once here) and our estimator's registration."""
+        options = RunOptions.from_config(config)
+        if options.spec is not None:
+            check_registered(options.adv_estimator)
+        return options
+
     def run(self, config: DictConfig) -> None:
         """verl's ``TaskRunnerV1.run``, whose trainer (looked up in verl's trainer registry by
         ``trainer.v1.trainer_mode``) is, in this process and for this call, :func:`ebpo_trainer_cls`'s with the
         run's options."""
-        options = RunOptions.from_config(config)  # parsed once, in this process; so is our estimator registered
-        if options.spec is not None:
-            check_registered(options.adv_estimator)
+        options = self.preflight(config)
         check_nodes(config)  # every Ray node sees the data files and output folders at the same paths
         mode = config.trainer.v1.trainer_mode
         trainer_cls = ebpo_trainer_cls(mode)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -25,8 +24,7 @@ from ebpo_verl.trainer.run_options import TrainerOptions
 VERL_CONFIG = "pkg://verl.trainer.config"
 
 
-@dataclass(frozen=True)
-class VerlDefault:
+class VerlDefault(NamedTuple):
     """A verl key whose default ``ebpo-train`` changes: the key, our value, why."""
 
     key: str
