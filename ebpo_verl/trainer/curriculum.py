@@ -156,7 +156,14 @@ class CurriculumDataset(RLHFDataset):
             self._check_missing(self.topics, opts.topic_key, "topic_key")
         elif opts.order == "difficulty":
             self.difficulties = self._difficulty_values(extra)
-        self.fingerprint = self._fingerprint()
+        labels = self.topics if opts.order == "topic" else self.difficulties
+        self.fingerprint = {
+            "options": opts.as_dict(),
+            "seed": self.order_seed,
+            "batch_size": self.batch_size,
+            "rows": len(self),
+            "labels_sha256": hashlib.sha256(repr(labels).encode()).hexdigest()[:16] if labels is not None else None,
+        }
         self._print_summary()
 
     # -- labels ---------------------------------------------------------------------------------------
@@ -194,17 +201,6 @@ class CurriculumDataset(RLHFDataset):
     def _row_id(self, row: int) -> str:
         index = self._extra[row].get("index", None)
         return f" (extra_info.index={index!r})" if index is not None else ""
-
-    def _fingerprint(self) -> dict[str, Any]:
-        labels = self.topics if self.curriculum.order == "topic" else self.difficulties
-        digest = hashlib.sha256(repr(labels).encode()).hexdigest()[:16] if labels is not None else None
-        return {
-            "options": self.curriculum.as_dict(),
-            "seed": self.order_seed,
-            "batch_size": self.batch_size,
-            "rows": len(self),
-            "labels_sha256": digest,
-        }
 
     # -- order ----------------------------------------------------------------------------------------
 

@@ -266,11 +266,9 @@ class EBPOTrainerMixin:
         metrics: dict,
         sample_index: np.ndarray | None = None,
     ) -> None:
-        """The run's estimator on what verl's ``compute_advantage`` hands a registered one (``token_level_rewards``,
-        ``response_mask``, uids) plus this step's uid -> row key map, or, for an estimator that walks a group in the
-        rollout's order (``krpo``), each row's sample index (read from verl's trajectory keys, rows in the batch's
-        order): ``advantages`` and ``returns`` into ``data.batch``, the diagnostics into ``metrics``
-        (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
+        """The run's estimator on verl's ``compute_advantage`` inputs plus the step's uid -> row key map or, for
+        ``krpo``, each row's sample index (:func:`sample_indices`): ``advantages`` and ``returns`` into
+        ``data.batch``, the diagnostics into ``metrics`` (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
         uids = data.non_tensor_batch["uid"]
         est = self.estimator
         values = registry.row_values(

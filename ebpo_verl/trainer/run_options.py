@@ -141,7 +141,8 @@ def options_for_node(entry: EstimatorSpec, node: Any) -> Any:
     """``entry``'s options from a raw ``algorithm.<name>`` node (stock ``main_ppo``): validated when this process
     first sees the node and whenever its value changes, otherwise reused (an equal node built anew gives the same
     object). The options the estimator's mode ignores (``entry.warning``) are named in a warning when validated."""
-    value = _canonical(node)
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    value = json.dumps(dict(plain) if isinstance(plain, Mapping) else plain, sort_keys=True, default=repr)
     last = _LAST.get(entry.name)
     if last is not None and last[0] == value:
         return last[1]
@@ -149,11 +150,3 @@ def options_for_node(entry: EstimatorSpec, node: Any) -> Any:
     _LAST[entry.name] = (value, options)
     entry.warn_ignored(options, stacklevel=3)
     return options
-
-
-def _canonical(node: Any) -> str:
-    if OmegaConf.is_config(node):
-        node = OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, Mapping):
-        node = dict(node)
-    return json.dumps(node, sort_keys=True, default=repr)

@@ -250,21 +250,14 @@ class StepWatchdog:
                 return
             if time.monotonic() >= next_death_check:
                 next_death_check = time.monotonic() + DEATH_CHECK_S
-                if self._died():
+                try:
+                    dead = dead_actors(self.started)
+                except Exception:  # noqa: BLE001  (GCS unreachable: the next check, or the trainer's own error)
+                    continue
+                if dead:  # end the run now, waited on or not (a dead vLLM server leaves the rollout waiting)
+                    self._arm_exit(self._death_message(dead))
+                    self._announce()
                     return
-
-    def _died(self) -> bool:
-        """An actor of the run crashed: end the run now, whether or not the trainer is waiting on it (a dead
-        vLLM server leaves the rollout waiting for responses that never come)."""
-        try:
-            dead = dead_actors(self.started)
-        except Exception:  # noqa: BLE001  (GCS unreachable: the next check, or the trainer's own error)
-            return False
-        if not dead:
-            return False
-        self._arm_exit(self._death_message(dead))
-        self._announce()
-        return True
 
     def _death_message(self, dead: list[dict]) -> str:
         names = "; ".join(f"{describe_actor(info)}: {_death_reason(info)}" for info in dead)

@@ -9,6 +9,7 @@ functions here.
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -66,10 +67,7 @@ def _tree() -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, value, help_ in leaves:
         *parents, name = key.split(".")
-        node = tree
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[name] = (value, help_)
+        functools.reduce(lambda node, parent: node.setdefault(parent, {}), parents, tree)[name] = (value, help_)
     return tree
 
 
