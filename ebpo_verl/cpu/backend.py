@@ -283,7 +283,6 @@ class HFRolloutServer:
         max_tokens = max(1, min(int(max_tokens), room))
         want_logprobs = bool(params.pop("logprobs", False))
         temperature = float(params.get("temperature", 1.0))
-        ignore_eos = bool(params.get("ignore_eos", cfg.get("ignore_eos", False)))
         gen_config = GenerationConfig(
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else 1.0,
@@ -291,7 +290,7 @@ class HFRolloutServer:
             top_k=max(int(params.get("top_k", -1)), 0),
             repetition_penalty=float(params.get("repetition_penalty", 1.0)),
             max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens if ignore_eos else 0,
+            min_new_tokens=max_tokens if params.get("ignore_eos", cfg.get("ignore_eos", False)) else 0,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,

@@ -44,10 +44,8 @@ def lookup(name: str) -> EstimatorSpec:
 
 
 def parse_options(spec: EstimatorSpec, options: Any) -> Any:
-    """``options`` as the estimator's options dataclass: an instance as is, a mapping validated by its
-    ``from_mapping`` (one-line ValueError naming the key), None the defaults; None for an estimator without
-    options (:meth:`EstimatorSpec.options_of`). The options the estimator's mode ignores are named in a warning,
-    as under verl."""
+    """:meth:`EstimatorSpec.options_of`, with a warning naming the options the estimator's mode ignores, as under
+    verl."""
     options = spec.options_of(options)
     spec.warn_ignored(options, stacklevel=3)
     return options

@@ -318,8 +318,7 @@ class EBPOTrainerMixin:
         folder = step_folder(self.config.trainer, self.global_steps)
         if self._step_output is not None:
             save_step_metrics(folder, self._training_metrics(), self.global_steps)
-        entry = self.options.stateful
-        if entry is not None:
+        if (entry := self.options.stateful) is not None:
             save_state(entry, folder, self.estimator.state, self.options.estimator, self.global_steps)
         super()._save_checkpoint()
 
@@ -328,8 +327,7 @@ class EBPOTrainerMixin:
             self.estimator.reset()
         super()._load_checkpoint()
         self._resumed_step = int(self.global_steps)
-        entry = self.options.stateful
-        if entry is not None and self.global_steps > 0:
+        if (entry := self.options.stateful) is not None and self.global_steps > 0:
             folder = loaded_folder(self.config.trainer, self.global_steps)
             load_state(entry, folder, self.estimator.state, self.options.estimator, self.global_steps)
 
@@ -364,8 +362,7 @@ class EBPOTrainerMixin:
             print(f"ebpo-train: warning: {err}", flush=True)
             saved = {}
         logged = read_metrics_log(path).get(step, {}) if os.path.isfile(path) else {}
-        missing = unlogged_step_metrics(saved, logged)
-        if missing:
+        if missing := unlogged_step_metrics(saved, logged):
             print(
                 f"ebpo-train: step {step}'s training metrics were not logged before the last run stopped; logging "
                 f"{len(missing)} of them from {folder}",

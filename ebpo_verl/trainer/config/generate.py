@@ -105,9 +105,8 @@ def config_yaml() -> str:
 
 
 def shown_in_full(cls: type[OptionSection]) -> bool:
-    """Whether ``--help`` and the README show a section option by option: the default estimator's (``ebpo``) and
-    the run's (curriculum, trainer); every other estimator's options fit one line (allowed values: its docs table,
-    ``docs/baselines.md``), so both stay short however many estimators the registry holds."""
+    """Whether ``--help`` and the README show a section option by option: the default estimator's and the run's
+    (curriculum, trainer); each other estimator's fit one line (docs/baselines.md), however many there are."""
     return not cls.SECTION.startswith("algorithm.") or cls.SECTION == f"algorithm.{VERL_DEFAULTS[0].value}"
 
 
