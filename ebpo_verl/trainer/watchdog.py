@@ -60,12 +60,10 @@ class RunAbortedError(RuntimeError):
 
 
 def timeouts(trainer_config: Any) -> dict[str, float | None]:
-    """``{"init": s, "step": s}`` (None: not watched) from the parsed
-    :class:`~ebpo_verl.trainer.run_options.TrainerOptions` of a ``trainer`` node: an absent key is its declared
-    default, ``EBPO_INIT_TIMEOUT_S`` / ``EBPO_STEP_TIMEOUT_S`` replace their keys; ValueError naming the key or
-    the variable."""
+    """``{"init": s, "step": s}`` (None: not watched) of a ``trainer`` node (:meth:`TrainerOptions.from_trainer`)."""
     options = TrainerOptions.from_trainer(trainer_config)
-    return {"init": options.watchdog_init_timeout_s, "step": options.watchdog_timeout_s}
+    init = float(options.init_timeout_s) if options.init_timeout_s else None
+    return {"init": init, "step": options.watchdog_timeout_s}
 
 
 def _actor_errors(err: BaseException) -> Iterator[BaseException]:
@@ -188,9 +186,7 @@ def stuck_actors(exclude_pid: int) -> list[tuple[dict, str]]:
     stuck = []
     for info in alive:
         status, title = states.get(info["Pid"], ("unknown", ""))
-        if status == "stopped":
-            stuck.append((info, "process stopped"))
-        elif status in ("disk-sleep", "zombie"):
+        if status in ("stopped", "disk-sleep", "zombie"):
             stuck.append((info, f"process {status}"))
         elif "." in title.split("::", 1)[-1] and title.startswith("ray::"):
             stuck.append((info, f"still in {title.split('.', 1)[1]}"))
@@ -254,21 +250,14 @@ class StepWatchdog:
                 return
             if time.monotonic() >= next_death_check:
                 next_death_check = time.monotonic() + DEATH_CHECK_S
-                if self._died():
+                try:
+                    dead = dead_actors(self.started)
+                except Exception:  # noqa: BLE001  (GCS unreachable: the next check, or the trainer's own error)
+                    continue
+                if dead:  # end the run now, waited on or not (a dead vLLM server leaves the rollout waiting)
+                    self._arm_exit(self._death_message(dead))
+                    self._announce()
                     return
-
-    def _died(self) -> bool:
-        """An actor of the run crashed: end the run now, whether or not the trainer is waiting on it (a dead
-        vLLM server leaves the rollout waiting for responses that never come)."""
-        try:
-            dead = dead_actors(self.started)
-        except Exception:  # noqa: BLE001  (GCS unreachable: the next check, or the trainer's own error)
-            return False
-        if not dead:
-            return False
-        self._arm_exit(self._death_message(dead))
-        self._announce()
-        return True
 
     def _death_message(self, dead: list[dict]) -> str:
         names = "; ".join(f"{describe_actor(info)}: {_death_reason(info)}" for info in dead)
@@ -327,10 +316,8 @@ class StepWatchdog:
         ):
             return None
         deadline = time.monotonic() + DEATH_WAIT_S
-        dead = dead_actors(self.started)
-        while not dead and time.monotonic() < deadline:  # recorded a moment after the peers' errors
+        while not (dead := dead_actors(self.started)) and time.monotonic() < deadline:  # recorded after the errors
             time.sleep(0.5)
-            dead = dead_actors(self.started)
         return RunAbortedError(self._death_message(dead)) if dead else None
 
 
@@ -437,11 +424,6 @@ for _method, _name in PHASES.items():
     setattr(StepWatchdogMixin, _method.rsplit(".", 1)[1], _watched(_method.rsplit(".", 1)[1], _name))
 
 
-DIST_TIMEOUT_KEY = "nccl_timeout"
-"""``actor_rollout_ref.nccl_timeout``: seconds of the workers' process group (verl's own key, which verl 0.9.1's
-v1 workers do not read)."""
-
-
 @functools.cache
 def dist_timeout_worker_cls(base: type) -> type:
     """``base`` (verl's ``ActorRolloutRefWorker`` or a subclass) whose ``init_model`` first initialises the
@@ -456,7 +438,7 @@ def dist_timeout_worker_cls(base: type) -> type:
     def init_model(self):
         from verl.utils.distributed import initialize_global_process_group_ray
 
-        seconds = self.config.get(DIST_TIMEOUT_KEY, None)
+        seconds = self.config.get("nccl_timeout", None)  # verl's own key, unread by its v1 workers
         initialize_global_process_group_ray(timeout_second=int(seconds) if seconds else None)
         return super(cls, self).init_model()
 

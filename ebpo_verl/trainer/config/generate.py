@@ -9,10 +9,10 @@ functions here.
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -25,8 +25,7 @@ from ebpo_verl.trainer.run_options import TrainerOptions
 VERL_CONFIG = "pkg://verl.trainer.config"
 
 
-@dataclass(frozen=True)
-class VerlDefault:
+class VerlDefault(NamedTuple):
     """A verl key whose default ``ebpo-train`` changes: the key, our value, why."""
 
     key: str
@@ -68,10 +67,7 @@ def _tree() -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, value, help_ in leaves:
         *parents, name = key.split(".")
-        node = tree
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[name] = (value, help_)
+        functools.reduce(lambda node, parent: node.setdefault(parent, {}), parents, tree)[name] = (value, help_)
     return tree
 
 
@@ -109,9 +105,8 @@ def config_yaml() -> str:
 
 
 def shown_in_full(cls: type[OptionSection]) -> bool:
-    """Whether ``--help`` and the README show a section option by option: the default estimator's (``ebpo``) and
-    the run's (curriculum, trainer); every other estimator's options fit one line (allowed values: its docs table,
-    ``docs/baselines.md``), so both stay short however many estimators the registry holds."""
+    """Whether ``--help`` and the README show a section option by option: the default estimator's and the run's
+    (curriculum, trainer); each other estimator's fit one line (docs/baselines.md), however many there are."""
     return not cls.SECTION.startswith("algorithm.") or cls.SECTION == f"algorithm.{VERL_DEFAULTS[0].value}"
 
 
