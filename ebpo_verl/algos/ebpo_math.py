@@ -160,10 +160,7 @@ def _group_stats(uid_groups: Groups, lo: float, span: float) -> _GroupStats:
     x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
     order = np.argsort(x, kind="stable")
     x_sorted, group_of_sorted = x[order], row_group[order]
-    g = np.bincount(group_of_sorted, minlength=n_groups).astype(np.float64)
-    mu_q = np.bincount(group_of_sorted, weights=x_sorted, minlength=n_groups) / g
-    dev = x_sorted - mu_q[group_of_sorted]
-    m2_q = np.bincount(group_of_sorted, weights=dev * dev, minlength=n_groups)
+    g, mu_q, m2_q = _moments(x_sorted, group_of_sorted, None, n_groups).T  # every group has a row: g > 0
     var_q = np.where(g >= 2, m2_q / np.maximum(g - 1.0, 1.0), 0.0)
     r_max = np.full(n_groups, -np.inf)
     np.maximum.at(r_max, row_group, r)
