@@ -205,16 +205,11 @@ def _normalised(
 
 
 def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState) -> Advantages:
-    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``batch.scores``; padding rows get 0) and
-    the step's ``ebpo/*`` diagnostics.
-
-    Args:
-        batch: the rows grouped by uid ``index``; ``scores`` of any real dtype (the result is floating: the dtype
-            of ``scores`` when it is floating, else torch's default dtype); padding rows (``valid`` False or a uid
-            starting with ``pad_prefix``) get advantage 0 and never touch the statistics; ``row_values`` the
-            cluster labels (compared as strings; None/NaN = missing), required iff ``options.cluster_key``.
-        options: estimator options.
-        state: running statistics, updated in place (unless ``stats_scope="batch"``); left unchanged on error.
+    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``batch.scores``; padding rows, ``valid``
+    False or a uid starting with ``pad_prefix``, get 0 and never touch the statistics) and the step's ``ebpo/*``
+    diagnostics, the rows grouped by uid. ``scores`` may have any real dtype (the result: its dtype when floating,
+    else torch's default); ``row_values``: the cluster labels (compared as strings; None/NaN = missing), required
+    iff ``options.cluster_key``. ``state`` is updated in place (unless ``stats_scope="batch"``), unchanged on error.
 
     ``stats_scope="batch"`` is the released code (docs/paper_notes.md#released-code): sigma^2 = population variance
     of the batch's rewards, tau^2 = population variance of its group means, mu_glob = mean of the group means,
