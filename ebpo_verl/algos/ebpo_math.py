@@ -270,8 +270,7 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     }
     if cluster_names:
         order = np.argsort(shrink)
-        seg = group_cluster[order]
-        means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
+        means = _moments(shrink[order], group_cluster[order], None, len(cluster_names))[:, 1]  # no empty cluster
         for cid, name in enumerate(cluster_names):
             diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
             diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
