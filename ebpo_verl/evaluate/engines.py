@@ -339,7 +339,6 @@ def generate_all(
     for p in procs:
         p.start()
     running = len(procs)
-    finished = False
     try:
         while running:
             try:
@@ -360,10 +359,9 @@ def generate_all(
                 raise PromptTooLong(payload)
             else:
                 raise RuntimeError(f"a generation worker failed:\n{payload}")
-        finished = True
     finally:
         for p in procs:
-            if not finished or p.is_alive():  # after a failure, also the engine-core children of exited workers
+            if running or p.is_alive():  # after a failure, also the engine-core children of exited workers
                 kill_group(p.pid)
             p.join(timeout=30)
 
