@@ -71,10 +71,7 @@ def coverage(
     indices = sorted({i for i, _ in records})
     responses = [[records[(i, s)]["response"] for s in range(runs)] for i in indices]
     classes = answer_classes(protocol, responses)
-    problems = [
-        list(zip(cls, [verdicts[(i, s)] for s in range(runs)], strict=True))
-        for i, cls in zip(indices, classes, strict=True)
-    ]
+    problems = [[(c, verdicts[(i, s)]) for s, c in enumerate(cls)] for i, cls in zip(indices, classes, strict=True)]
     return benchmark_coverage(problems)
 
 
