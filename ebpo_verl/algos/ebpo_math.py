@@ -226,10 +226,10 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     if len(uid_groups.keys) == 0:
         return Advantages(scatter_rows(scores, uid_groups, uid_groups.r), {})
     groups = _group_stats(uid_groups, lo, span)
-    n_groups = len(groups.g)
+    # each group's cluster, which picks its prior (all 0 without cluster_key: the global prior)
     cluster_names, group_cluster = _group_clusters(uid_groups, scores.shape[0], batch.row_values, options)
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
-    zeros_seg = np.zeros(n_groups, dtype=np.int64)
+    zeros_seg = np.zeros(len(groups.g), dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
     tables = np.concatenate(_segment_tables(groups, segmentations))
     stored, prior_table = _next_statistics(state, tables, cluster_names, options)
@@ -239,15 +239,12 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
         )
     else:
         scopes = _gaussian_priors(prior_table, options)
-    if cluster_names is None:
-        priors, group_prior = scopes, zeros_seg
-    else:
-        priors, group_prior = _cluster_priors(scopes, prior_table[1:, 1, 0], options), group_cluster
-    shrink = _shrinkage(groups, priors, group_prior, options)
+    priors = scopes if cluster_names is None else _cluster_priors(scopes, prior_table[1:, 1, 0], options)
+    shrink = _shrinkage(groups, priors, group_cluster, options)
     # Step 6: the EB baseline; BB with -1/+1: reward minus the expected reward 2 p_q - 1
-    baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
+    baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_cluster]
     adv = span * (groups.x - baseline[groups.row_group])
-    adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
+    adv = _normalised(adv, groups, shrink, priors.sigma2[group_cluster], span, options)
     _check_range(adv, bool(np.isfinite(tables).all()) and (stored is None or stored[2]), state, uid_groups, out_dtype)
     state.steps += 1
     state.prompts_seen += int(tables[0][1, 0])
