@@ -52,8 +52,10 @@ def _variance(moments: np.ndarray) -> np.ndarray:
     return np.divide(moments[..., 2], moments[..., 0], out=np.zeros(moments.shape[:-1]), where=moments[..., 0] > 0)
 
 
-def _gaussian_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
-    """Gaussian priors of the scopes of an (S, 4, 3) statistics table."""
+def _scope_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """The scopes' priors from an (S, 4, 3) statistics table: Beta fitted on the pass rates (EBPO-BB) or Gaussian."""
+    if opts.prior == "beta_binomial":
+        return _beta_fit(table[:, 1, 1], _variance(table[:, 1]), table[:, 1, 0] == 0.0, opts.epsilon)
     # the released code (batch scope) takes mu_glob as the mean of the group means (prompt-weighted)
     mu = table[:, 1, 1] if opts.stats_scope == "batch" else table[:, 0, 1]
     sigma2 = _variance(table[:, 0]) if opts.sigma2 == "total" else table[:, 2, 1]
@@ -233,12 +235,7 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
     tables = np.concatenate(_segment_tables(groups, segmentations))
     stored, prior_table = _next_statistics(state, tables, cluster_names, options)
-    if options.prior == "beta_binomial":  # Beta priors of the scopes, fitted on their pass rates
-        scopes = _beta_fit(
-            prior_table[:, 1, 1], _variance(prior_table[:, 1]), prior_table[:, 1, 0] == 0.0, options.epsilon
-        )
-    else:
-        scopes = _gaussian_priors(prior_table, options)
+    scopes = _scope_priors(prior_table, options)
     priors = scopes if cluster_names is None else _cluster_priors(scopes, prior_table[1:, 1, 0], options)
     shrink = _shrinkage(groups, priors, group_cluster, options)
     # Step 6: the EB baseline; BB with -1/+1: reward minus the expected reward 2 p_q - 1
