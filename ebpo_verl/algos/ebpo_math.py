@@ -52,8 +52,10 @@ def _variance(moments: np.ndarray) -> np.ndarray:
     return np.divide(moments[..., 2], moments[..., 0], out=np.zeros(moments.shape[:-1]), where=moments[..., 0] > 0)
 
 
-def _gaussian_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
-    """Gaussian priors of the scopes of an (S, 4, 3) statistics table."""
+def _scope_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
+    """The scopes' priors from an (S, 4, 3) statistics table: Beta fitted on the pass rates (EBPO-BB) or Gaussian."""
+    if opts.prior == "beta_binomial":
+        return _beta_fit(table[:, 1, 1], _variance(table[:, 1]), table[:, 1, 0] == 0.0, opts.epsilon)
     # the released code (batch scope) takes mu_glob as the mean of the group means (prompt-weighted)
     mu = table[:, 1, 1] if opts.stats_scope == "batch" else table[:, 0, 1]
     sigma2 = _variance(table[:, 0]) if opts.sigma2 == "total" else table[:, 2, 1]
@@ -160,10 +162,7 @@ def _group_stats(uid_groups: Groups, lo: float, span: float) -> _GroupStats:
     x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
     order = np.argsort(x, kind="stable")
     x_sorted, group_of_sorted = x[order], row_group[order]
-    g = np.bincount(group_of_sorted, minlength=n_groups).astype(np.float64)
-    mu_q = np.bincount(group_of_sorted, weights=x_sorted, minlength=n_groups) / g
-    dev = x_sorted - mu_q[group_of_sorted]
-    m2_q = np.bincount(group_of_sorted, weights=dev * dev, minlength=n_groups)
+    g, mu_q, m2_q = _moments(x_sorted, group_of_sorted, None, n_groups).T  # every group has a row: g > 0
     var_q = np.where(g >= 2, m2_q / np.maximum(g - 1.0, 1.0), 0.0)
     r_max = np.full(n_groups, -np.inf)
     np.maximum.at(r_max, row_group, r)
@@ -208,16 +207,11 @@ def _normalised(
 
 
 def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState) -> Advantages:
-    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``batch.scores``; padding rows get 0) and
-    the step's ``ebpo/*`` diagnostics.
-
-    Args:
-        batch: the rows grouped by uid ``index``; ``scores`` of any real dtype (the result is floating: the dtype
-            of ``scores`` when it is floating, else torch's default dtype); padding rows (``valid`` False or a uid
-            starting with ``pad_prefix``) get advantage 0 and never touch the statistics; ``row_values`` the
-            cluster labels (compared as strings; None/NaN = missing), required iff ``options.cluster_key``.
-        options: estimator options.
-        state: running statistics, updated in place (unless ``stats_scope="batch"``); left unchanged on error.
+    """Per-response EBPO advantages (shape ``(bs,)``, on the device of ``batch.scores``; padding rows, ``valid``
+    False or a uid starting with ``pad_prefix``, get 0 and never touch the statistics) and the step's ``ebpo/*``
+    diagnostics, the rows grouped by uid. ``scores`` may have any real dtype (the result: its dtype when floating,
+    else torch's default); ``row_values``: the cluster labels (compared as strings; None/NaN = missing), required
+    iff ``options.cluster_key``. ``state`` is updated in place (unless ``stats_scope="batch"``), unchanged on error.
 
     ``stats_scope="batch"`` is the released code (docs/paper_notes.md#released-code): sigma^2 = population variance
     of the batch's rewards, tau^2 = population variance of its group means, mu_glob = mean of the group means,
@@ -234,28 +228,20 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     if len(uid_groups.keys) == 0:
         return Advantages(scatter_rows(scores, uid_groups, uid_groups.r), {})
     groups = _group_stats(uid_groups, lo, span)
-    n_groups = len(groups.g)
+    # each group's cluster, which picks its prior (all 0 without cluster_key: the global prior)
     cluster_names, group_cluster = _group_clusters(uid_groups, scores.shape[0], batch.row_values, options)
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
-    zeros_seg = np.zeros(n_groups, dtype=np.int64)
+    zeros_seg = np.zeros(len(groups.g), dtype=np.int64)
     segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
     tables = np.concatenate(_segment_tables(groups, segmentations))
     stored, prior_table = _next_statistics(state, tables, cluster_names, options)
-    if options.prior == "beta_binomial":  # Beta priors of the scopes, fitted on their pass rates
-        scopes = _beta_fit(
-            prior_table[:, 1, 1], _variance(prior_table[:, 1]), prior_table[:, 1, 0] == 0.0, options.epsilon
-        )
-    else:
-        scopes = _gaussian_priors(prior_table, options)
-    if cluster_names is None:
-        priors, group_prior = scopes, zeros_seg
-    else:
-        priors, group_prior = _cluster_priors(scopes, prior_table[1:, 1, 0], options), group_cluster
-    shrink = _shrinkage(groups, priors, group_prior, options)
+    scopes = _scope_priors(prior_table, options)
+    priors = scopes if cluster_names is None else _cluster_priors(scopes, prior_table[1:, 1, 0], options)
+    shrink = _shrinkage(groups, priors, group_cluster, options)
     # Step 6: the EB baseline; BB with -1/+1: reward minus the expected reward 2 p_q - 1
-    baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_prior]
+    baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_cluster]
     adv = span * (groups.x - baseline[groups.row_group])
-    adv = _normalised(adv, groups, shrink, priors.sigma2[group_prior], span, options)
+    adv = _normalised(adv, groups, shrink, priors.sigma2[group_cluster], span, options)
     _check_range(adv, bool(np.isfinite(tables).all()) and (stored is None or stored[2]), state, uid_groups, out_dtype)
     state.steps += 1
     state.prompts_seen += int(tables[0][1, 0])
@@ -278,8 +264,7 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     }
     if cluster_names:
         order = np.argsort(shrink)
-        seg = group_cluster[order]
-        means = np.bincount(seg, weights=shrink[order], minlength=len(cluster_names)) / np.bincount(seg)
+        means = _moments(shrink[order], group_cluster[order], None, len(cluster_names))[:, 1]  # no empty cluster
         for cid, name in enumerate(cluster_names):
             diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
             diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])

@@ -36,20 +36,12 @@ class Moments:
     mean: float = 0.0
     m2: float = 0.0
 
-    def merge(self, other: Moments) -> Moments:
-        return Moments(*merge_tables(np.array(self.row()), np.array(other.row())).tolist())
-
     def row(self) -> list[float]:
         return [self.n, self.mean, self.m2]
 
     def scaled(self, factor: float) -> Moments:
         """Down-weight (exponential forgetting): the mean and variance are unchanged, the weight shrinks."""
         return Moments(self.n * factor, self.mean, self.m2 * factor)
-
-    @property
-    def variance(self) -> float:
-        """Population variance M2 / n (0 when empty)."""
-        return self.m2 / self.n if self.n > 0 else 0.0
 
     @classmethod
     def from_json(cls, data: Any, what: str) -> Moments:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import generate_into, problem_digest, settings
+from ebpo_verl.evaluate.generations import benchmark_meta, generate_into, settings
 from ebpo_verl.evaluate.grading import grade_file
 from ebpo_verl.evaluate.merge import merge_checkpoint, resolve_model
 from ebpo_verl.evaluate.prompts import (
@@ -107,15 +107,7 @@ def generate(a: argparse.Namespace) -> None:
     model, step_dir = resolve_model(a.model)
     problems = {b: load_problems(a.data_dir, b, a.protocol, a.limit) for b in dict.fromkeys(a.benchmarks)}
     runs = {b: a.runs or runs_for(a.protocol, b) for b in problems}
-    benchmarks = {
-        b: {
-            "runs": runs[b],
-            "limit": a.limit,
-            "problems": len(ps),
-            "digests": {str(p.index): problem_digest(p.prompt, p.ground_truth) for p in ps},
-        }
-        for b, ps in problems.items()
-    }
+    benchmarks = {b: benchmark_meta(ps, runs[b], a.limit) for b, ps in problems.items()}
     meta = settings(a.protocol, model, TEMPERATURE, TOP_P, a, benchmarks)
     meta["provenance"] = [provenance(seed=a.seed)]  # one record per invocation (merge_meta appends)
     try:

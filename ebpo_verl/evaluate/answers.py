@@ -28,13 +28,11 @@ def group(answers: Sequence[str | None], same: Callable[[str, str], bool]) -> li
     firsts: list[str] = []
     out: list[int | None] = []
     for answer in answers:
-        if answer is None:
-            out.append(None)
-            continue
-        cls = next((i for i, first in enumerate(firsts) if first == answer or same(first, answer)), None)
-        if cls is None:
-            firsts.append(answer)
-            cls = len(firsts) - 1
+        cls = None
+        if answer is not None:
+            cls = next((i for i, first in enumerate(firsts) if first == answer or same(first, answer)), len(firsts))
+            if cls == len(firsts):  # a new class
+                firsts.append(answer)
         out.append(cls)
     return out
 

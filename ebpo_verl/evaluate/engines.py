@@ -283,11 +283,8 @@ def kill_group(pid: int) -> None:
 
 def shard(requests: list[Request], workers: int) -> list[list[Request]]:
     """Split by problem (all samples of a prompt go to one engine, for its prefix cache), round robin."""
-    problems = sorted({r.key[:2] for r in requests})
-    owner = {p: i % workers for i, p in enumerate(problems)}
-    shards: list[list[Request]] = [[] for _ in range(workers)]
-    for r in requests:
-        shards[owner[r.key[:2]]].append(r)
+    owner = {p: i % workers for i, p in enumerate(sorted({r.key[:2] for r in requests}))}
+    shards = [[r for r in requests if owner[r.key[:2]] == w] for w in range(workers)]
     return [s for s in shards if s]
 
 
@@ -342,7 +339,6 @@ def generate_all(
     for p in procs:
         p.start()
     running = len(procs)
-    finished = False
     try:
         while running:
             try:
@@ -363,10 +359,9 @@ def generate_all(
                 raise PromptTooLong(payload)
             else:
                 raise RuntimeError(f"a generation worker failed:\n{payload}")
-        finished = True
     finally:
         for p in procs:
-            if not finished or p.is_alive():  # after a failure, also the engine-core children of exited workers
+            if running or p.is_alive():  # after a failure, also the engine-core children of exited workers
                 kill_group(p.pid)
             p.join(timeout=30)
 

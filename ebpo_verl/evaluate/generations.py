@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -22,7 +22,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.prompts import EvalInputError
+from ebpo_verl.evaluate.prompts import EvalInputError, Problem
 from ebpo_verl.ops.atomic import atomic_write_text, reporting_full_disk
 from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
 
@@ -125,6 +125,12 @@ def problem_digest(prompt: Any, ground_truth: Any) -> str:
     so samples are never graded against or resumed with other problems."""
     blob = json.dumps([prompt, ground_truth], ensure_ascii=False, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def benchmark_meta(problems: Sequence[Problem], runs: int, limit: int | None) -> dict[str, Any]:
+    """A benchmark's entry in a meta's ``benchmarks`` (:func:`settings`): its runs, limit, problems and digests."""
+    digests = {str(p.index): problem_digest(p.prompt, p.ground_truth) for p in problems}
+    return {"runs": runs, "limit": limit, "problems": len(problems), "digests": digests}
 
 
 def settings(protocol: str, model: str, temperature: float, top_p: float, a: Any, benchmarks: dict) -> dict[str, Any]:

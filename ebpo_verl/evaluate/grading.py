@@ -16,15 +16,13 @@ averages ``average_pass@k`` / ``average_maj@k`` hold only the k that every bench
 
 from __future__ import annotations
 
-import math
-import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ebpo_verl.evaluate.answers import answer_classes
-from ebpo_verl.evaluate.coverage import benchmark_coverage, common_average
+from ebpo_verl.evaluate.coverage import benchmark_coverage, common_average, mean_and_stderr
 from ebpo_verl.evaluate.generations import problem_digest, problems_differ, read_generations, read_meta
 from ebpo_verl.evaluate.merge import checkpoint_step
 from ebpo_verl.evaluate.prompts import BENCHMARKS, EvalInputError, check_names, load_problems
@@ -53,7 +51,7 @@ def summarize(
     return {
         "pass@1": 100.0 * sum(per_run) / len(per_run) if per_run else None,
         # standard error of that mean over the runs (the problems fixed): sampling noise of a re-evaluation
-        "pass@1_stderr": 100.0 * statistics.stdev(per_run) / math.sqrt(len(per_run)) if len(per_run) > 1 else None,
+        "pass@1_stderr": mean_and_stderr(per_run)[1],
         "runs": runs,
         "problems": problems,
         "samples": n,
@@ -73,10 +71,7 @@ def coverage(
     indices = sorted({i for i, _ in records})
     responses = [[records[(i, s)]["response"] for s in range(runs)] for i in indices]
     classes = answer_classes(protocol, responses)
-    problems = [
-        list(zip(cls, [verdicts[(i, s)] for s in range(runs)], strict=True))
-        for i, cls in zip(indices, classes, strict=True)
-    ]
+    problems = [[(c, verdicts[(i, s)]) for s, c in enumerate(cls)] for i, cls in zip(indices, classes, strict=True)]
     return benchmark_coverage(problems)
 
 

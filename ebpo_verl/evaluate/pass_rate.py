@@ -42,8 +42,9 @@ from ebpo_verl.data.schema import (
 )
 from ebpo_verl.data.sources import read_jsonl_records
 from ebpo_verl.evaluate import engines
-from ebpo_verl.evaluate.generations import generate_into, problem_digest, settings
+from ebpo_verl.evaluate.generations import benchmark_meta, generate_into, settings
 from ebpo_verl.evaluate.grading import grade_records
+from ebpo_verl.evaluate.prompts import Problem
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, nullable, option, reals, text
@@ -66,16 +67,14 @@ def grade(
     return [sum(next(verdicts) for _ in rs) / len(rs) for rs in responses]
 
 
-def generate(a: argparse.Namespace, table: pa.Table, gen_path: str | Path) -> list[list[str]]:
+def generate(a: argparse.Namespace, table: pa.Table, truths: list[str], gen_path: str | Path) -> list[list[str]]:
     """``a.n`` sampled completions per row (chat prompt through the chat template), resumed from ``gen_path``."""
     prompts = [[dict(m) for m in p] for p in table.column("prompt").to_pylist()]
-    truths = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
-    digests = {str(i): problem_digest(p, t) for i, (p, t) in enumerate(zip(prompts, truths, strict=True))}
     name = Path(a.in_path).name
-    bench = {name: {"runs": a.n, "limit": None, "problems": len(prompts), "digests": digests}}
-    meta = settings("pass_rate", a.model, a.temperature, a.top_p, a, bench)
+    problems = [Problem(name, i, p, t) for i, (p, t) in enumerate(zip(prompts, truths, strict=True))]
+    meta = settings("pass_rate", a.model, a.temperature, a.top_p, a, {name: benchmark_meta(problems, a.n, None)})
     spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)
-    wanted = [engines.Request((name, i, s), prompts[i]) for i in range(len(prompts)) for s in range(a.n)]
+    wanted = [engines.Request((name, p.index, s), p.prompt) for p in problems for s in range(a.n)]
     done, _ = generate_into(gen_path, meta, wanted, spec, workers)
     return [[done[(name, i, s)]["response"] for s in range(a.n)] for i in range(len(prompts))]
 
@@ -217,8 +216,8 @@ def main(argv: list[str] | None = None) -> Path:
         if a.pass_rates:
             rates = merge_rates(table, *read_rates(a.pass_rates), a.pass_rates)
         else:
-            responses = generate(a, table, a.generations or f"{a.out_path}.generations.jsonl")
             gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
+            responses = generate(a, table, gts, a.generations or f"{a.out_path}.generations.jsonl")
             rates = grade(responses, gts, table.column("data_source").to_pylist())
             if a.save_rates:
                 ids = [e["source_id"] for e in table.column("extra_info").to_pylist()]
