@@ -188,9 +188,10 @@ class LocalCluster:
         print(f"[cpu_smoke] no process of the run is left on the cluster ({seconds:.0f}s after its end at most)")
 
     def worker_node_process(self, prefix: str) -> psutil.Process | None:
-        """The second node's live process whose title starts with ``prefix``, or None."""
-        found = scan.titled(scan.tagged_processes())
-        return next((p for p, name in found if _session(p) == self.procs[1].pid and name.startswith(prefix)), None)
+        """The second node's live process whose title starts with ``prefix``, or None. Only its session's processes
+        are read (a fault polls this at its moment: reading every process's environment could miss a short step)."""
+        session = [p for p in psutil.process_iter() if _session(p) == self.procs[1].pid]
+        return next((p for p, name in scan.titled(session) if name.startswith(prefix)), None)
 
     def stop(self) -> None:
         """SIGTERM the ``ray start`` sessions, SIGKILL what is left after :data:`STOP_GRACE_S`, then the leak checks

@@ -73,13 +73,15 @@ class Fault:
         """Wait (at most :data:`INJECT_TIMEOUT_S`, capped by the deadline) for the moment, then send the signal."""
         start = log.stat().st_size  # this attempt's part of the (appended) log
         deadline = time.monotonic() + limits.left(INJECT_TIMEOUT_S)
+        ready = False  # once ready, the log and metrics are not read again: each poll is quick
         while True:
             if proc.poll() is not None:
                 raise SystemExit(f"[cpu_smoke] the run ended before the fault could be injected; see {log}")
             if time.monotonic() > deadline:
                 raise SystemExit(f"[cpu_smoke] no moment for the {self.name} at step {self.step} within "
                                  f"{INJECT_TIMEOUT_S} s; see {log}")  # fmt: skip
-            target = cluster.worker_node_process(TARGETS[self.target]) if self._ready(log, start) else None
+            ready = ready or self._ready(log, start)
+            target = cluster.worker_node_process(TARGETS[self.target]) if ready else None
             if target is not None:
                 break
             time.sleep(0.05)
