@@ -32,6 +32,7 @@ from ebpo_verl.compat.unpickling import (
 )
 from ebpo_verl.smoke.planting import REFUSAL, Planted, unsafe_globals
 from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+from tests.in_process import ebpo_train
 
 NAMES = {
     MODEL: "model_world_size_1_rank_0.pt",
@@ -210,17 +211,9 @@ def test_file_kind_reads_the_base_name(name, kind):
 
 # ------------------------------------------------------------------------------- Megatron: refused unless trusted
 def _ebpo_train(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``ebpo-train ARGS`` in this process: (exit status, stderr)."""
-    from ebpo_verl import main as entry
-
-    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args, "actor_rollout_ref.model.path=org/model"])
-    monkeypatch.setenv("HOME", "/nonexistent-home")
-    try:
-        entry.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    """(exit status, stderr) of :func:`tests.in_process.ebpo_train`."""
+    code, _, err = ebpo_train(monkeypatch, capsys, *args)
+    return code, err
 
 
 def _checkpointed(folder: Path, step: int = 2) -> Path:

@@ -34,6 +34,7 @@ from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics
 from ebpo_verl.trainer.preflight import preflight
 from ebpo_verl.trainer.ray_trainer import STEP_TIME_KEYS
+from tests.in_process import ebpo_train
 
 EBPO = get("ebpo")
 
@@ -301,16 +302,9 @@ def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path, _config):
 
 # ------------------------------------ messages
 def _main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    from ebpo_verl import main as entry
-
-    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
-    monkeypatch.setenv("HOME", "/nonexistent-home")
-    try:
-        entry.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    """(exit status, stderr) of :func:`tests.in_process.ebpo_train`."""
+    code, _, err = ebpo_train(monkeypatch, capsys, *args)
+    return code, err
 
 
 @pytest.mark.parametrize(

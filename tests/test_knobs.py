@@ -26,6 +26,7 @@ from ebpo_verl.recipes import spec
 from ebpo_verl.trainer import watchdog
 from ebpo_verl.trainer.preflight.config import resolve_reward_options
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, RunOptions, TrainerOptions
+from tests.in_process import ebpo_train
 
 CONFIG = Path(watchdog.__file__).parent / "config" / "ebpo_trainer.yaml"
 KNOB_ENV = (STEP_TIMEOUT_ENV, INIT_TIMEOUT_ENV, R.WORKERS_ENV, R.TIMEOUT_ENV)
@@ -38,17 +39,9 @@ def _no_knob_env(monkeypatch):
 
 
 def _ebpo_train(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``ebpo-train ARGS`` in this process (model path a hub id, no home data): (exit status, stderr)."""
-    from ebpo_verl import main as entry
-
-    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args, "actor_rollout_ref.model.path=org/model"])
-    monkeypatch.setenv("HOME", "/nonexistent-home")
-    try:
-        entry.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    """(exit status, stderr) of :func:`tests.in_process.ebpo_train`."""
+    code, _, err = ebpo_train(monkeypatch, capsys, *args)
+    return code, err
 
 
 def _errors(err: str) -> list[str]:

@@ -22,6 +22,7 @@ from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.trainer.checkpoint.state import save_state
 from ebpo_verl.trainer.config.generate import ESTIMATOR_SECTIONS
 from ebpo_verl.trainer.preflight import check_config
+from tests.in_process import ebpo_train
 
 EBPO, SPO = get("ebpo"), get("spo")
 
@@ -152,23 +153,6 @@ def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
 # --- the pre-flight: the same checks for `--cfg job` as for a real run --------------------------------------------
 
 
-def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
-    from ebpo_verl import main as entry
-
-    if not any(a.startswith("actor_rollout_ref.model.path=") for a in args):
-        args = (*args, "actor_rollout_ref.model.path=org/model")  # verl's default ~/models/... is absent: a hub id
-    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args])
-    monkeypatch.setenv("HOME", "/nonexistent-home")  # verl's default train file ~/data/... is absent
-    try:
-        entry.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("ebpo-train: error:")]
 
@@ -183,7 +167,7 @@ def _parquet(path: Path, rows: int) -> Path:
 
 
 def test_main_bare_dry_run_passes_preflight(monkeypatch, capsys):
-    code, out, err = _main(monkeypatch, capsys, "--cfg", "job")
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job")
     assert code == 0, err
     config = yaml.safe_load(out)  # stdout is the config alone
     assert config["actor_rollout_ref"]["rollout"]["n"] == 4
@@ -280,7 +264,7 @@ DRY_RUN_ERRORS = {
 @pytest.mark.parametrize("case", list(DRY_RUN_ERRORS))
 def test_main_dry_run_refuses_what_a_run_refuses(monkeypatch, capsys, case):
     overrides, message = DRY_RUN_ERRORS[case]
-    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", *overrides)
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", *overrides)
     assert code == 2
     assert out == ""
     [line] = _error_lines(err)
@@ -289,7 +273,7 @@ def test_main_dry_run_refuses_what_a_run_refuses(monkeypatch, capsys, case):
 
 
 def test_main_keys_added_on_purpose_stay_allowed(monkeypatch, capsys):
-    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", "+trainer.totl_epochs=1")
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", "+trainer.totl_epochs=1")
     assert code == 0, err
     assert yaml.safe_load(out)["trainer"]["totl_epochs"] == 1
 
@@ -301,7 +285,7 @@ def test_main_refused_run_writes_nothing(monkeypatch, capsys, tmp_path):
 
     monkeypatch.chdir(tmp_path)
     for override in ("actor_rollout_ref.rollout.n=1", "trainer.totl_epochs=1", "trainer.step_timeout_s=abc"):
-        code, out, err = _main(monkeypatch, capsys, override)
+        code, out, err = ebpo_train(monkeypatch, capsys, override)
         assert code == 2 and len(_error_lines(err)) == 1 and "Traceback" not in err
         assert list(tmp_path.iterdir()) == [] and not ray.is_initialized()
 
@@ -319,7 +303,7 @@ def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
         "data (python -m ebpo_verl.data.all) or fix the path",
     }
     for override, message in cases.items():
-        code, out, err = _main(monkeypatch, capsys, override, run_dir)
+        code, out, err = ebpo_train(monkeypatch, capsys, override, run_dir)
         assert code == 2, err
         [line] = _error_lines(err)
         assert line.startswith(f"ebpo-train: error: {message}")
@@ -329,7 +313,7 @@ def test_main_real_run_refuses_before_ray(monkeypatch, capsys, tmp_path):
 def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
     # 32 prompts x 4 responses on 4 x 8 GPUs: 4 per rank, which the default micro-batches of 4 divide (8 prompts
     # would leave 1 per rank: refused, tests/test_preflight_batches.py); validated on this CPU-only machine
-    code, out, err = _main(
+    code, out, err = ebpo_train(
         monkeypatch,
         capsys,
         "--cfg",
@@ -342,7 +326,7 @@ def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
         "ebpo-train: error: unknown option actor: the config has no such key (to add one on purpose: "
         "+actor.ppo_mini_batch_size=...)"
     ]
-    code, out, err = _main(
+    code, out, err = ebpo_train(
         monkeypatch,
         capsys,
         "--cfg",
@@ -359,7 +343,7 @@ def test_main_dry_run_at_32_gpus_without_cuda(monkeypatch, capsys):
 def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
     small, big = _parquet(tmp_path / "small.parquet", 5), _parquet(tmp_path / "big.parquet", 11)
     mini = "actor_rollout_ref.actor.ppo_mini_batch_size=8"
-    code, _, err = _main(
+    code, _, err = ebpo_train(
         monkeypatch, capsys, "--cfg", "job", f"data.train_files={small}", "data.train_batch_size=8", mini
     )
     assert code == 2
@@ -369,32 +353,32 @@ def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
         "data.train_batch_size<=5."
     ]
     both = f"data.train_files=[{small},{big}]"
-    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", both, "data.train_batch_size=8", mini)
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", both, "data.train_batch_size=8", mini)
     assert code == 0, err
     assert (
         f"pre-flight: ok (world size 8; 16 training rows ({small}: 5 rows, {big}: 11 rows; before verl's "
         "overlong-prompt filter) -> 2 steps per epoch)"
     ) in err.splitlines()
     capped = ["data.train_max_samples=7", "data.train_batch_size=8", mini]
-    code, _, err = _main(monkeypatch, capsys, "--cfg", "job", both, *capped)
+    code, _, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", both, *capped)
     assert code == 2
     assert "has 7 rows (" in err and f"{big}: 11 rows, capped by data.train_max_samples=7)" in err
 
     jsonl = tmp_path / "rows.jsonl"
     jsonl.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3}\n')
-    code, _, err = _main(
+    code, _, err = ebpo_train(
         monkeypatch, capsys, "--cfg", "job", f"data.train_files={jsonl}", "data.train_batch_size=8", mini
     )
     assert code == 2 and "data.train_files has 3 rows (" in err
     array = tmp_path / "rows.json"
     array.write_text('[{"a": 1},\n {"a": 2}]')
-    code, _, err = _main(
+    code, _, err = ebpo_train(
         monkeypatch, capsys, "--cfg", "job", f"data.train_files={array}", "data.train_batch_size=8", mini
     )
     assert code == 2 and "data.train_files has 2 rows (" in err
     csv = tmp_path / "rows.csv"
     csv.write_text("a\n1\n")
-    code, _, err = _main(monkeypatch, capsys, "--cfg", "job", f"data.train_files={csv}")
+    code, _, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", f"data.train_files={csv}")
     assert (code, _error_lines(err)) == (
         2,
         [f"ebpo-train: error: data.train_files: {csv} has an unsupported format; verl reads .parquet, .json, .jsonl"],
@@ -402,14 +386,14 @@ def test_main_steps_per_epoch(monkeypatch, capsys, tmp_path):
 
     truncated = tmp_path / "cut.parquet"
     truncated.write_bytes(big.read_bytes()[:-20])
-    code, _, err = _main(monkeypatch, capsys, "--cfg", "job", f"data.train_files={truncated}")
+    code, _, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", f"data.train_files={truncated}")
     assert code == 2
     [line] = _error_lines(err)
     assert line.startswith(f"ebpo-train: error: data.train_files: {truncated} is not a readable verl data file (")
 
 
 def test_main_dry_run_package_and_resolve(monkeypatch, capsys):
-    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", "--package", "algorithm.ebpo", "--resolve")
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", "--package", "algorithm.ebpo", "--resolve")
     assert code == 0, err
     assert out.splitlines()[0] == "# @package algorithm.ebpo"
     assert yaml.safe_load(out) == dataclasses.asdict(EBPOOptions())
@@ -475,10 +459,10 @@ def test_main_preflight_refuses_a_resume_with_other_options_before_ray(monkeypat
     ckpt = tmp_path / "ckpt"
     folder = _checkpoint(ckpt, 3, ebpo=EBPOOptions(decay=0.9))
     where = f"trainer.default_local_dir={ckpt}"
-    code, out, err = _main(monkeypatch, capsys, "--cfg", "job", where, "algorithm.ebpo.decay=0.9")
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", where, "algorithm.ebpo.decay=0.9")
     assert code == 0 and f"resumes from {folder}" in err
     for args in (("--cfg", "job"), (f"hydra.run.dir={tmp_path / 'hydra'}",)):  # dry run and real run alike
-        code, out, err = _main(monkeypatch, capsys, *args, where, "algorithm.ebpo.decay=0.8")
+        code, out, err = ebpo_train(monkeypatch, capsys, *args, where, "algorithm.ebpo.decay=0.8")
         assert code == 2 and out == ""
         [line] = _error_lines(err)
         assert line.startswith(f"ebpo-train: error: algorithm.ebpo differs from the checkpoint's options in {folder}")
@@ -487,11 +471,11 @@ def test_main_preflight_refuses_a_resume_with_other_options_before_ray(monkeypat
         assert "Traceback" not in err and "pre-flight: ok" not in err
     # the ways out pass the pre-flight; resume_mode=disable or a fresh folder has nothing to compare
     for extra in ("algorithm.ebpo.on_resume_mismatch=reset", "trainer.resume_mode=disable"):
-        code, _, err = _main(monkeypatch, capsys, "--cfg", "job", where, "algorithm.ebpo.decay=0.8", extra)
+        code, _, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", where, "algorithm.ebpo.decay=0.8", extra)
         assert code == 0, err
     # resume_mode=resume_path reads that folder; an unreadable state file stops too, naming it
     (folder / "ebpo_state.json").write_text("{")
-    code, _, err = _main(
+    code, _, err = ebpo_train(
         monkeypatch, capsys, "--cfg", "job", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder}"
     )
     assert code == 2 and f"EBPO state file {folder / 'ebpo_state.json'} is unreadable" in err
@@ -501,8 +485,9 @@ def test_main_preflight_checks_the_spo_tracker_of_a_resume(monkeypatch, capsys, 
     ckpt = tmp_path / "ckpt"
     _checkpoint(ckpt, 2, spo=SPOOptions(rho=0.9))
     args = ("--cfg", "job", "algorithm.adv_estimator=spo", f"trainer.default_local_dir={ckpt}")
-    code, _, err = _main(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5")
+    code, _, err = ebpo_train(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5")
     [line] = _error_lines(err)
     assert code == 2 and "algorithm.spo differs" in line and "rho: 0.9 -> 0.5" in line
-    code, _, err = _main(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5", "algorithm.spo.on_resume_mismatch=keep")
+    keep = "algorithm.spo.on_resume_mismatch=keep"
+    code, _, err = ebpo_train(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5", keep)
     assert code == 0, err

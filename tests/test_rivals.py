@@ -28,6 +28,7 @@ from ebpo_verl.algos.krpo import KRPOOptions, compute_krpo_advantages
 from ebpo_verl.algos.registry import new_estimator
 from ebpo_verl.algos.running_norm import RunningNormOptions
 from ebpo_verl.trainer.ray_trainer import sample_indices
+from tests.in_process import ebpo_train
 
 EPS = 1e-6
 REPO = Path(__file__).resolve().parents[1]
@@ -604,21 +605,6 @@ def test_stock_main_ppo_refuses_the_inputs_it_cannot_give_in_one_line():
         compute_advantage(make_dataproto(["a", "a"], [1.0, 0.0]), "running_norm", config=topic)
 
 
-def _ebpo_train(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """``ebpo-train ARGS`` in this process: (exit status, stdout, stderr)."""
-    from ebpo_verl import main as entry
-
-    monkeypatch.setattr(sys, "argv", ["ebpo-train", *args, "actor_rollout_ref.model.path=org/model"])
-    monkeypatch.setenv("HOME", "/nonexistent-home")
-    try:
-        entry.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 BAD_OPTIONS = {
     "jspo": ("form=author", "algorithm.jspo.form='author' is invalid; use paper or authors_code"),
     "jspo_history": ("smoothing=1.5", "algorithm.jspo_history.smoothing=1.5 is invalid; use a float in [0, 1)"),
@@ -630,10 +616,10 @@ BAD_OPTIONS = {
 
 @pytest.mark.parametrize("name", sorted(BAD_OPTIONS))
 def test_ebpo_train_cfg_job_refuses_a_bad_value_of_each_new_option(monkeypatch, capsys, name):
-    code, out, err = _ebpo_train(monkeypatch, capsys, "--cfg", "job", f"algorithm.adv_estimator={name}")
+    code, out, err = ebpo_train(monkeypatch, capsys, "--cfg", "job", f"algorithm.adv_estimator={name}")
     assert code == 0, err  # the defaults pass the pre-flight
     setting, message = BAD_OPTIONS[name]
-    code, out, err = _ebpo_train(
+    code, out, err = ebpo_train(
         monkeypatch, capsys, "--cfg", "job", f"algorithm.adv_estimator={name}", f"algorithm.{name}.{setting}"
     )
     assert code == 2 and out == ""
@@ -642,7 +628,7 @@ def test_ebpo_train_cfg_job_refuses_a_bad_value_of_each_new_option(monkeypatch, 
 
 
 def test_ebpo_train_refuses_shaped_rewards_for_ha_dw(monkeypatch, capsys):
-    code, _, err = _ebpo_train(
+    code, _, err = ebpo_train(
         monkeypatch, capsys, "--cfg", "job", "algorithm.adv_estimator=ha_dw", "algorithm.use_kl_in_reward=true"
     )
     assert code == 2 and "algorithm.adv_estimator=ha_dw needs rewards in [0, 1] or the paper's -1/+1 (its anchor" in err
