@@ -147,15 +147,15 @@ def test_compare_metrics_within_tolerance_and_beyond():
     close = {
         1: {"actor/pg_loss": 0.5 + 1e-7, "critic/score/mean": 0.25, "timing_s/gen": 9.0, "rollout_corr/chi2_seq": 0.03}
     }
-    out = invariants.compare_metrics(ref, close, [1], None, set())
+    out = invariants.compare_metrics(ref, close, [1], None, set(), set())
     assert out["compared_keys"] == 2 and out["exact_keys"] == 1 and out["beyond_tolerance"] == []
     assert out["max_abs_diff"]["actor/pg_loss"] == pytest.approx(1e-7)
     # the edge of the tolerance: 5e-3 x max(1, |0.5|) passes, a hair more fails
     edge = {1: {**ref[1], "actor/pg_loss": 0.5 + 0.9999 * invariants.METRIC_TOL}}
-    assert invariants.compare_metrics(ref, edge, [1], None, set())["beyond_tolerance"] == []
+    assert invariants.compare_metrics(ref, edge, [1], None, set(), set())["beyond_tolerance"] == []
     with pytest.raises(AssertionError, match="actor/pg_loss"):
         invariants.compare_metrics(ref, {1: {**ref[1], "actor/pg_loss": 0.5 + 1.01 * invariants.METRIC_TOL}}, [1],
-                                   None, set())  # fmt: skip
+                                   None, set(), set())  # fmt: skip
 
 
 STEPS5 = {s: {"actor/grad_norm": 2.0, "critic/score/mean": 0.25, "val-core/x/acc/mean@2": 0.5} for s in range(1, 6)}
@@ -173,8 +173,8 @@ def test_a_training_metric_moved_at_a_middle_step_fails_the_campaign():
     got = _moved(3, "actor/grad_norm", 2.02)
     for first_flip in (None, 4, 5):
         with pytest.raises(AssertionError, match=r"step 3 actor/grad_norm: campaign 2\.02 vs uninterrupted 2\.0"):
-            invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], first_flip, {1, 2, 3, 4, 5})
-    out = invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], 3, {1, 2, 3, 4, 5})
+            invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], first_flip, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5})
+    out = invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], 3, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5})
     assert out["beyond_tolerance"] == ["step 3 actor/grad_norm (after the rollout flip at step 3)"]
     assert out["training_steps_bound"] == [1, 2]
 
@@ -182,8 +182,9 @@ def test_a_training_metric_moved_at_a_middle_step_fails_the_campaign():
 def test_val_metrics_bind_where_the_validation_dumps_agree_and_a_flip_excuses_only_its_step():
     got = _moved(3, "val-core/x/acc/mean@2", 0.5625)  # one of 16 validation responses flipped at step 3
     with pytest.raises(AssertionError, match="step 3 val-core/x/acc/mean@2"):
-        invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], None, {1, 2, 3, 4, 5})
-    out = invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], None, {1, 2, 4, 5})  # step 3's dumps differ
+        invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], None, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5})
+    # step 3's dumps differ
+    out = invariants.compare_metrics(STEPS5, got, [1, 2, 3, 4, 5], None, {1, 2, 4, 5}, {1, 2, 4, 5})
     assert out["beyond_tolerance"] == ["step 3 val-core/x/acc/mean@2 (validation responses differ or were not dumped)"]
     assert out["val_steps_bound"] == [1, 2, 4, 5]
     also = _moved(4, "val-core/x/acc/mean@2", 0.5625)
@@ -191,10 +192,40 @@ def test_val_metrics_bind_where_the_validation_dumps_agree_and_a_flip_excuses_on
     with pytest.raises(
         AssertionError, match="1 metrics beyond .* step 4 val-core"
     ):  # step 3's flip excuses step 3 only
-        invariants.compare_metrics(STEPS5, also, [1, 2, 3, 4, 5], None, {1, 2, 4, 5})
+        invariants.compare_metrics(STEPS5, also, [1, 2, 3, 4, 5], None, {1, 2, 4, 5}, {1, 2, 4, 5})
     # a rollout flip does not excuse val-* metrics whose dumps agree
     with pytest.raises(AssertionError, match="step 4 val-core"):
-        invariants.compare_metrics(STEPS5, _moved(4, "val-core/x/acc/mean@2", 0.6), [1, 2, 3, 4, 5], 2, {4})
+        invariants.compare_metrics(STEPS5, _moved(4, "val-core/x/acc/mean@2", 0.6), [1, 2, 3, 4, 5], 2, {4}, {4})
+
+
+def test_bootstrap_val_metrics_bind_only_where_the_validation_dumps_agree_in_order():
+    """verl resamples each prompt's responses in batch order (seed 42) for best@/worst@/maj@: the same responses in
+    swapped order move them, so they bind at steps whose dumps agree line by line; mean@ binds on the multiset."""
+    ref = {s: {**STEPS5[s], "val-core/x/acc/best@2/mean": 0.75} for s in STEPS5}
+    got = json.loads(json.dumps(ref), object_hook=lambda d: {int(k) if k.isdigit() else k: v for k, v in d.items()})
+    got[3]["val-core/x/acc/best@2/mean"] = 0.7725
+    every = {1, 2, 3, 4, 5}
+    with pytest.raises(AssertionError, match="step 3 val-core/x/acc/best@2/mean"):
+        invariants.compare_metrics(ref, got, [1, 2, 3, 4, 5], None, every, every)
+    out = invariants.compare_metrics(ref, got, [1, 2, 3, 4, 5], None, every, {1, 2, 4, 5})
+    assert out["beyond_tolerance"] == [
+        "step 3 val-core/x/acc/best@2/mean (validation responses differ, or not in the same order)"
+    ]
+    assert out["val_steps_bound"] == [1, 2, 3, 4, 5] and out["val_bootstrap_steps_bound"] == [1, 2, 4, 5]
+    got[3]["val-core/x/acc/mean@2"] = 0.5625  # the multiset agrees at step 3: mean@2 still binds
+    with pytest.raises(AssertionError, match="1 metrics beyond .* step 3 val-core/x/acc/mean@2"):
+        invariants.compare_metrics(ref, got, [1, 2, 3, 4, 5], None, every, {1, 2, 4, 5})
+
+
+def test_flips_tell_validation_dumps_in_the_same_order_from_swapped_ones(tmp_path):
+    lines = [json.dumps({"input": p, "output": o}) for p, o in (("p1", "a"), ("p1", "b"), ("p2", "c"), ("p2", "c"))]
+    swapped = [lines[1], lines[0], *lines[2:]]
+    for run, steps in (("ref", (lines, lines)), ("camp", (lines, swapped))):
+        (tmp_path / f"validation_{run}").mkdir()
+        for step, dump in enumerate(steps, 1):
+            (tmp_path / f"validation_{run}" / f"{step}.jsonl").write_text("\n".join(dump) + "\n")
+    found = campaign.flips(tmp_path, 2)
+    assert found == {"flipped": {}, "validation_same": [1, 2], "validation_in_order": [1]}
 
 
 def test_response_flips_name_the_outputs_that_flipped():

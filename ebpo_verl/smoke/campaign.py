@@ -406,19 +406,22 @@ def check_campaign(out: Path, files: dict, report: dict[str, Any]) -> dict[str, 
     no_val = [s for s in range(1, total + 1) if settings.VAL_KEY not in camp[s]]
     found = flips(out, total)
     first = min((s for s, kinds in found["flipped"].items() if "rollout" in kinds), default=None)
-    compared = compare_metrics(ref_metrics, camp, list(range(1, total + 1)), first, set(found["validation_same"]))
+    same, in_order = set(found["validation_same"]), set(found["validation_in_order"])
+    compared = compare_metrics(ref_metrics, camp, list(range(1, total + 1)), first, same, in_order)
     return {"leaks": "every run's and attempt's processes seen by the tag scan; none left after it", "landed": landed,
             "metrics_log_steps": training, "resumes": resumes, "eb_states": states, "curriculum_steps_compared": dumped,
             "steps_without_validation_logged": no_val, "first_rollout_flip": first,
             "flipped_responses": found["flipped"], "validation_same": found["validation_same"],
+            "validation_in_order": found["validation_in_order"],
             "vs_uninterrupted": compared}  # fmt: skip
 
 
 def flips(out: Path, total: int) -> dict[str, Any]:
     """Per step and kind (rollout, validation), the responses that differ between the campaign's and the
-    uninterrupted run's dumps; and the steps whose validation dumps both exist and agree."""
+    uninterrupted run's dumps; and the steps whose validation dumps both exist and agree (as multisets, and line by
+    line: their order is the batch's)."""
     flipped: dict[int, dict[str, list]] = {}
-    same = []
+    same, in_order = [], []
     for step in range(1, total + 1):
         for kind in ("rollout", "validation"):  # a validation dump is complete with as many lines as the other
             val = [checks.dump_lines(out / f"validation_{run}" / f"{step}.jsonl") for run in ("camp", "ref")]
@@ -430,7 +433,10 @@ def flips(out: Path, total: int) -> dict[str, Any]:
                 flipped.setdefault(step, {})[kind] = differ
             elif kind == "validation":
                 same.append(step)
-    return {"flipped": flipped, "validation_same": same}
+                camp, ref = ([(e["input"], e["output"]) for e in map(json.loads, lines)] for lines in dumps)
+                if camp == ref:
+                    in_order.append(step)
+    return {"flipped": flipped, "validation_same": same, "validation_in_order": in_order}
 
 
 def _checked(report: dict[str, Any], out: Path, files: dict) -> dict[str, Any]:
