@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,6 +180,42 @@ def test_an_entry_an_untagged_process_held_and_left_is_neither_unlinked_nor_coun
         for proc in (own, other):
             proc.kill()
         for path in (f"/dev/shm/{name}", f"/dev/shm/{name}-own"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+@pytest.mark.parametrize("other_run", [True, False])
+def test_a_run_orphan_never_seen_held_is_left_to_another_run_only_while_one_lives(other_run):
+    """A ``verl_weights_*`` entry (a run's kind of orphan) made after the last sample and never seen held: while an
+    untagged Ray process (another run) was seen alive it may be that run's, so it is listed and left; with none it
+    is this run's leftover and fails the check (a non-orphan name fails either way: the tests above)."""
+    tag, name = f"test-{os.getpid()}-orphan{other_run}", f"ebpo-smoke-test-{os.getpid()}-orphan{other_run}"
+    orphan = f"verl_weights_ebpo_smoke_test_{os.getpid()}_{other_run}"
+    watch = scan.Watch("run x", need_shm=False, tag=tag)
+    own = _fake_ray_child(tag, name, "clean")
+    other = _fake_ray_child(f"{tag}-not" if other_run else tag, f"{name}-other", "clean")
+    try:
+        watch.sample()
+        assert (other.pid in watch.foreign_ray) is other_run
+        if not other_run:
+            watch.foreign_ray.clear()  # Ray processes of a concurrent test (CI's other worker) would count too
+        for proc in (own, other):
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(timeout=30)
+        os.close(os.open(f"/dev/shm/{orphan}", os.O_CREAT | os.O_RDWR, 0o600))  # never seen held
+        if other_run:
+            summary = watch.final(grace=5)  # (a concurrent test's Ray processes count too)
+            assert re.search(rf"1 run orphans never seen held while \d+ Ray processes of other runs lived, left to "
+                             rf"them: \['{orphan}'\]", summary)  # fmt: skip
+        else:
+            with pytest.raises(AssertionError, match=rf"entries left \(name: holder seen\): \{{'{orphan}': '\?'\}}"):
+                watch.final(grace=5)
+        assert os.path.exists(f"/dev/shm/{orphan}")
+    finally:
+        for proc in (own, other):
+            proc.kill()
+        for path in (f"/dev/shm/{orphan}", f"/dev/shm/{name}", f"/dev/shm/{name}-other"):
             if os.path.exists(path):
                 os.unlink(path)
 
