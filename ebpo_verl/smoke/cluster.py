@@ -27,6 +27,9 @@ NODE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 START_ATTEMPTS = 3
 """Times a node is started before the cluster gives up (a second node's ``ray start`` has, rarely, failed to
 reach the head's GCS within Ray's 60 s on a loaded machine; started again it joins)."""
+NODE_PORTS = ("node-manager", "object-manager", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export",
+              "runtime-env-agent")  # fmt: skip
+"""A node's own ports, ``--<name>-port``, in the order of its 7 ports (the 7th: the base of its worker ports)."""
 LIVE: list[LocalCluster] = []
 """Clusters started and not yet stopped (stopped by the script's SIGTERM/SIGINT handler)."""
 
@@ -67,12 +70,7 @@ def node_command(
         f"--num-cpus={cpus}",
         f"--num-gpus={gpus}",
         f"--object-store-memory={object_store_bytes}",
-        f"--node-manager-port={p[0]}",
-        f"--object-manager-port={p[1]}",
-        f"--dashboard-agent-listen-port={p[2]}",
-        f"--dashboard-agent-grpc-port={p[3]}",
-        f"--metrics-export-port={p[4]}",
-        f"--runtime-env-agent-port={p[5]}",
+        *(f"--{name}-port={port}" for name, port in zip(NODE_PORTS, p, strict=False)),
         f"--min-worker-port={20000 + p[6] % 20000}",
         f"--max-worker-port={20000 + p[6] % 20000 + worker_ports}",
         f"--temp-dir={temp}/{node}",  # one per node: else each log monitor forwards both nodes' logs

@@ -50,23 +50,18 @@ def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -
     print(f"[cpu_smoke] OK (leaks, one node): {watch.final()}", flush=True)
 
 
-def node_faults(step_timeout: float) -> list[Fault]:
-    """The two-node run's faults, one attempt each: SIGKILL and SIGSTOP of a rank's worker at step 3, SIGKILL of
-    vLLM at step 4 (after step 3 is logged: the next rerun retrains a logged step)."""
-    step = SAVE_FREQ + 1
-    return [
-        Fault(signal.SIGKILL, step, "rank"),
-        Fault(signal.SIGSTOP, step, "rank", step_timeout),
-        Fault(signal.SIGKILL, step + 1, "rollout"),
-    ]
-
-
 def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:
-    """``--nodes 2``: steps 1-2 (``faults``: each of :func:`node_faults` ends an attempt), a resume to step 4, the
-    checks, refused planted resumes (``faults``), the evaluation, the cluster's stop and leak checks."""
+    """``--nodes 2``: steps 1-2 (``faults``: each fault ends an attempt: SIGKILL and SIGSTOP of a rank's worker at
+    step 3, SIGKILL of vLLM at step 4, after step 3 is logged: the next rerun retrains a logged step), a resume to
+    step 4, the checks, refused planted resumes (``faults``), the evaluation, the cluster's stop and leak checks."""
     cluster = LocalCluster(need_shm=True).start()
-    options = {"rollout": "vllm", "cluster": cluster}
-    injected = node_faults(step_timeout) if faults else []
+    options, step = {"rollout": "vllm", "cluster": cluster}, SAVE_FREQ + 1
+    kinds = [
+        (signal.SIGKILL, step, "rank"),
+        (signal.SIGSTOP, step, "rank", step_timeout),
+        (signal.SIGKILL, step + 1, "rollout"),
+    ]
+    injected = [Fault(*kind) for kind in kinds] if faults else []
     attempts = [(fault, NODE_STEPS) for fault in injected] or [(None, SAVE_FREQ)]
     for fault, steps in [*attempts, (None, NODE_STEPS)]:  # the last one resumes (resume_mode=auto) to the end
         train(work, files, "nodes", [*NODE_EXTRA, NODE_LOGGERS], timeout, fault=fault, steps=steps, **options)

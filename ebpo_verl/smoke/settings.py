@@ -22,7 +22,6 @@ EBPO_KEYS = tuple(
 VAL_KEY = f"val-core/amc23/acc/mean@{VAL_N}"
 TEST_FREQ = SAVE_FREQ  # one node: validation at step 2 and at the last step
 K_STEPS = STEPS + 1  # runs K/K': resumed from A's step 2, killed in step 3's validation, then step 4
-VLLM_KV_CACHE_GIB = 1
 VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
 DEVICES = ("cpu", "cuda")
@@ -39,6 +38,20 @@ RUN_ENV = {
     # does for workers that exit: Ray's own setting, for every cluster (docs/training.md)
     "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
 }
+ROLLOUTS = {
+    "hf": ["actor_rollout_ref.rollout.name=hf"],
+    "vllm": [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        f"{ENV_VARS}.VLLM_CPU_KVCACHE_SPACE='1'",  # GiB, a string
+    ],
+}
+"""The rollout backends: the CPU backend's Hugging Face server (``hf``), verl's vLLM rollout on vLLM's CPU build
+(``vllm``: eager, a 1 GiB KV cache, no sleep mode)."""
 
 
 def run_env(device: str = "cpu") -> dict[str, str]:
@@ -79,22 +92,6 @@ def prepare(work: Path) -> dict:
         for m in messages
     )
     return {"train": train, "val": val, "model": work / "model", "prompt_length": longest}
-
-
-def rollout_overrides(rollout: str) -> list[str]:
-    """The rollout backend: verl's vLLM rollout on vLLM's CPU build (``vllm``: eager, a 1 GiB KV cache, no sleep
-    mode), or the CPU backend's Hugging Face server (``hf``)."""
-    if rollout == "hf":
-        return ["actor_rollout_ref.rollout.name=hf"]
-    return [
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.enforce_eager=True",
-        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
-        "actor_rollout_ref.rollout.free_cache_engine=False",
-        "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
-        f"{ENV_VARS}.VLLM_CPU_KVCACHE_SPACE='{VLLM_KV_CACHE_GIB}'",  # a string
-    ]
 
 
 def device_overrides(device: str) -> list[str]:
@@ -185,7 +182,7 @@ def overrides(
         "data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum",
         "data.custom_cls.name=CurriculumDataset",
         "+data.curriculum.order=topic",
-        *rollout_overrides(rollout),
+        *ROLLOUTS[rollout],
         f"actor_rollout_ref.rollout.val_kwargs.n={VAL_N}",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
