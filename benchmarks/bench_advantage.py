@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import numpy as np
@@ -86,21 +87,12 @@ def ours(name: str, overrides: dict, rewards, mask, uids, fields: dict) -> Calla
 
 def bench_shape(prompts: int, group: int, tokens: int, device: str, repeats: int) -> dict[str, float]:
     rewards, mask, uids, labels = make_inputs(prompts, group, tokens, device)
-    grpo = get_adv_estimator_fn("grpo")
-    grpo_vec = get_adv_estimator_fn("grpo_vectorized")
     fields = {"topic": labels, "index": np.repeat(np.arange(prompts), group)}  # extra_info fields per row
     fields["sample_index"] = np.tile(np.arange(group), prompts).astype(object)  # the rollout's order in a group
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return round_robin_medians(
-        {
-            "ebpo": ours("ebpo", {"cluster_key": "topic"}, rewards, mask, uids, fields),
-            "grpo": lambda: grpo(rewards, mask, uids),
-            "grpo_vectorized": lambda: grpo_vec(rewards, mask, uids),
-            **{name: ours(name, {}, rewards, mask, uids, fields) for name in BASELINES},
-        },
-        repeats,
-        sync,
-    )
+    fns = {"ebpo": ours("ebpo", {"cluster_key": "topic"}, rewards, mask, uids, fields)}
+    fns.update({name: partial(get_adv_estimator_fn(name), rewards, mask, uids) for name in ("grpo", "grpo_vectorized")})
+    fns.update({name: ours(name, {}, rewards, mask, uids, fields) for name in BASELINES})
+    return round_robin_medians(fns, repeats, torch.cuda.synchronize if device == "cuda" else (lambda: None))
 
 
 @dataclass(frozen=True)
