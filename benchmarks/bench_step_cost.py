@@ -66,12 +66,15 @@ def prepare(work: Path) -> dict[str, str]:
     return {"train": str(train), "val": str(train), "model": str(work / "model"), "prompt_length": longest}
 
 
-def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int, loggers: str) -> list:
-    """Hydra overrides of one run ``name`` (its checkpoint folder ``work/ckpt_<name>``), one node, one rank: the
-    smoke runs' tiny configuration (:func:`ebpo_verl.smoke.settings.tiny_trainer_overrides`) with this file's
-    reward, no validation and verl's loggers writing under the checkpoint folder."""
-    out = work / f"ckpt_{name}"
-    return [
+def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int = 1,
+             loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900) -> int:  # fmt: skip
+    """One trainer start (``ENTRIES[estimator]``, a :class:`~ebpo_verl.smoke.runs.Run`: a session of its own, output
+    appended to ``work/<name>.log``) on a private Ray instance, one node, one rank: the smoke runs' tiny
+    configuration (:func:`ebpo_verl.smoke.settings.tiny_trainer_overrides`) with this file's reward, no validation
+    and verl's loggers writing under its checkpoint folder ``work/ckpt_<name>``; past ``timeout`` seconds it is
+    killed and this raises. Returns the exit status."""
+    out, ray_tmp = work / f"ckpt_{name}", tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # short socket paths
+    args = [
         *tiny_trainer_overrides(files, BATCH, N),
         f"algorithm.adv_estimator={estimator}",
         "actor_rollout_ref.rollout.name=hf",
@@ -86,17 +89,10 @@ def overrides(work: Path, files: dict, name: str, estimator: str, steps: int, sa
         f"trainer.default_local_dir={out}",
         *device_overrides("cpu"),
         *logger_overrides(out),
+        *ray_overrides(ray_tmp),
+        *extra,
     ]
-
-
-def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int = 1,
-             loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900) -> int:  # fmt: skip
-    """One trainer start (``ENTRIES[estimator]``, a :class:`~ebpo_verl.smoke.runs.Run`: a session of its own, output
-    appended to ``work/<name>.log``) on a private Ray instance; past ``timeout`` seconds it is killed and this raises.
-    Returns the exit status."""
-    ray_tmp = tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # Ray's socket paths must stay short
-    args = [*overrides(work, files, name, estimator, steps, save_freq, loggers), *ray_overrides(ray_tmp), *extra]
-    (work / f"ckpt_{name}").mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
+    out.mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
     run = Run(work, None, name, [], env=ENV, command=[sys.executable, "-m", ENTRIES[estimator], *args])
     try:
         return run.proc.wait(timeout=timeout)
