@@ -35,14 +35,11 @@ LIVE: list[LocalCluster] = []
 
 
 def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
+    with contextlib.ExitStack() as open_sockets:  # all bound at once: distinct ports
+        socks = [open_sockets.enter_context(socket.socket()) for _ in range(count)]
         for sock in socks:
             sock.bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def node_command(

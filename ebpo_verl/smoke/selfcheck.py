@@ -120,11 +120,8 @@ def max_rel_diff(a: Any, b: Any) -> float:
 
 def check_estimators(device: str, work: Path) -> str:
     """Every estimator of ours on ``device`` against the CPU (:func:`max_rel_diff` <= :data:`REL_TOL`)."""
-    worst: dict[str, float] = {}
-    for name in registry.ours():
-        worst[name] = max_rel_diff(_run_estimator(name, "cpu"), _run_estimator(name, device))
-    bad = {name: diff for name, diff in worst.items() if not diff <= REL_TOL}
-    if bad:
+    worst = {name: max_rel_diff(_run_estimator(name, "cpu"), _run_estimator(name, device)) for name in registry.ours()}
+    if bad := {name: diff for name, diff in worst.items() if not diff <= REL_TOL}:
         raise AssertionError(f"{device} differs from cpu beyond {REL_TOL:g} relative: {bad}")
     return f"{len(worst)} estimators equal on {device} and cpu (largest relative difference {max(worst.values()):.3g})"
 
