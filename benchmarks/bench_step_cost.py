@@ -24,6 +24,7 @@ import tempfile
 import time
 import timeit
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
@@ -207,9 +208,8 @@ def is_checkpoint_step(step: int, steps: int, save_freq: int) -> bool:
 
 def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]:
     """The phase medians per estimator and the paired step-time ratios against grpo."""
-    medians = {
-        name: phase_medians(each, lambda n: is_checkpoint_step(n, steps, save_freq)) for name, each in runs.items()
-    }
+    checkpoint = partial(is_checkpoint_step, steps=steps, save_freq=save_freq)
+    medians = {name: phase_medians(each, checkpoint) for name, each in runs.items()}
     keys = sorted(set().union(*medians.values()))
     counts = ", ".join(f"{n}: {len(r)} runs" for n, r in runs.items())
     lines = [f"phase medians (s, steps 2.. without a checkpoint unless said; {counts})"]
@@ -221,7 +221,7 @@ def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]
         for base, other in zip(runs["grpo"], runs[name], strict=True):
             for step in sorted(set(base) & set(other)):
                 if step > 1:
-                    kind = "checkpoint" if is_checkpoint_step(step, steps, save_freq) else "no checkpoint"
+                    kind = "checkpoint" if checkpoint(step) else "no checkpoint"
                     pairs[kind].append(other[step]["timing_s/step"] / base[step]["timing_s/step"])
         for kind, ratios in pairs.items():
             low, high = bootstrap_ci(ratios) if ratios else (float("nan"), float("nan"))

@@ -1,10 +1,8 @@
 """A callable planted in a checkpoint file, and the two-node run's resumes from planted checkpoints (issue 38).
 
-:func:`plant` re-saves a ``torch.save`` dict with one more entry, a :class:`Planted`, whose unpickling would run
-``touch MARKER``: what a tampered or foreign checkpoint could carry. ``tests/test_resume_trust.py`` plants it in
-each kind of file of a world-size-1 checkpoint (and resumes two: the extra state and ``data.pt``);
-:func:`refused_plants` (``--nodes 2 --faults``) in the world-size-2 step-2 checkpoint, resumed on the running
-cluster (:data:`NODE_PLANTS`: rank 1's model shard, refused in the second node's worker that loads it).
+:func:`plant` re-saves a ``torch.save`` dict with one more entry, a :class:`Planted` (what a tampered or foreign
+checkpoint could carry). ``tests/test_resume_trust.py`` plants it in a world-size-1 checkpoint (and resumes two: the
+extra state and ``data.pt``), :func:`refused_plants` (``--nodes 2 --faults``) in the two-node run's step-2 one.
 """
 
 from __future__ import annotations
