@@ -60,8 +60,7 @@ def main() -> None:
         grade_records(protocol, items[:8])  # warm-up: imports, math-verify's worker processes
         t0 = time.perf_counter()
         verdicts = grade_records(protocol, items)
-        dt = time.perf_counter() - t0
-        rate = len(items) / dt
+        rate = len(items) / (time.perf_counter() - t0)
         print(
             f"{protocol:6s} {rate:10.0f} responses/s  ({sum(verdicts)} correct; its full {SAMPLES[protocol]}-sample "
             f"evaluation grades in {SAMPLES[protocol] / rate:.1f} s)"

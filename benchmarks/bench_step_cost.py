@@ -121,8 +121,7 @@ def phase_medians(runs: list[dict[int, dict]], checkpoint) -> dict[str, float]:
     keys = sorted({k for s in plain for k in s if k.startswith("timing_s/")})
     out = {k: statistics.median(s[k] for s in plain if k in s) for k in keys}
     for key in ("timing_s/step", "timing_s/save_checkpoint"):
-        values = [s[key] for s in saving if key in s]
-        if values:
+        if values := [s[key] for s in saving if key in s]:
             out[f"{key} (checkpoint steps)"] = statistics.median(values)
     return out
 
@@ -232,12 +231,10 @@ def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]
 
 def state_sizes(work: Path, runs: list[str]) -> list[str]:
     """Size of every estimator state file the runs' checkpoints hold (the last checkpoint of each run)."""
-    out = []
-    for name in runs:
-        files = sorted((work / f"ckpt_{name}").glob("global_step_*/*_state.json"))
-        if files:
-            out.append(f"{name}: {files[-1].parent.name}/{files[-1].name} {files[-1].stat().st_size} bytes")
-    return out
+    last = {name: max((work / f"ckpt_{name}").glob("global_step_*/*_state.json"), default=None) for name in runs}
+    return [
+        f"{name}: {path.parent.name}/{path.name} {path.stat().st_size} bytes" for name, path in last.items() if path
+    ]
 
 
 def figure(work: Path, files: dict, steps: int, out: Path) -> None:
