@@ -179,8 +179,7 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
             outcome_advantages(estimator, rewards, mask, uids, values)
         path = save_state(entry, tmp, estimator.state, options.estimator, steps)
         label = f"{name} state save, {path.stat().st_size / 1024:.0f} KiB file (ms)"
-        state, saved = estimator.state, options.estimator
-        out[label] = _time(lambda e=entry, s=state, o=saved, n=steps: save_state(e, tmp, s, o, n), repeats=5)
+        out[label] = _time(partial(save_state, entry, tmp, estimator.state, options.estimator, steps), repeats=5)
     return out
 
 

@@ -1,8 +1,7 @@
 """Faults injected into a two-node run, and the bounds on how soon the run must end after each.
 
-Bounds (docs/training.md): a SIGKILL of a rank's worker or of a vLLM rollout server ends the run within
-:data:`KILL_BOUND_S` seconds of the kill; a SIGSTOP (a hung worker) within the step timeout +
-:data:`KILL_BOUND_S`. :func:`check_end` asserts one; :class:`Fault` injects one and checks the run's end.
+Bounds (docs/training.md, :func:`bound_s`): a SIGKILL of a rank's worker or of a vLLM rollout server ends the run
+within :data:`KILL_BOUND_S` seconds of the kill; a SIGSTOP (a hung worker) within the step timeout + that.
 """
 
 from __future__ import annotations
