@@ -244,8 +244,7 @@ def figure(work: Path, files: dict, steps: int, out: Path) -> None:
     import matplotlib.pyplot as plt
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    code = tiny_run(work, files, "figure", "ebpo", steps, save_freq=steps, loggers="[console,tensorboard]")
-    if code:
+    if code := tiny_run(work, files, "figure", "ebpo", steps, save_freq=steps, loggers="[console,tensorboard]"):
         raise SystemExit(f"the figure run failed (exit {code}); see {work / 'figure.log'}")
     acc = EventAccumulator(str(work / "ckpt_figure" / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
@@ -307,8 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         for name in names:
             start = time.monotonic()
-            code = tiny_run(work, files, f"{name}_r{r}", name, args.steps, args.save_freq)
-            if code:
+            if code := tiny_run(work, files, f"{name}_r{r}", name, args.steps, args.save_freq):
                 raise SystemExit(f"run {name}_r{r} failed (exit {code}); see {work / f'{name}_r{r}.log'}")
             runs[name].append(read_metrics_log(work / f"ckpt_{name}_r{r}" / "verl_file_log.jsonl"))
             print(f"run {name}_r{r}: {time.monotonic() - start:.0f} s", flush=True)
