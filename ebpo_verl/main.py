@@ -1,15 +1,12 @@
 """Training entry point: ``python -m ebpo_verl.main [overrides]`` / ``ebpo-train [overrides]``.
 
 verl's ``main_ppo`` flow with the package config (``trainer/config/ebpo_trainer.yaml``: verl's ``ppo_trainer``
-plus our options, generated from their declarations) and
-:class:`~ebpo_verl.trainer.ray_trainer.EBPOTaskRunner`. One composition per command, through Hydra's public
-compose API (:func:`compose`); then the pre-flight (:func:`ebpo_verl.trainer.preflight.preflight`: the run's
-options parsed once into ``RunOptions``, our checks, verl's ``validate_config`` at the configured world size, at
-least one step per epoch) before Ray starts. ``--cfg job`` runs the same, reports ``pre-flight: ok`` on stderr
-and prints the composed config on stdout without starting Ray. Every refusal is one line
-``ebpo-train: error: ...`` on stderr with exit status 2, and writes nothing. Hydra's own commands
-(``--hydra-help``, ``--info``, ``--multirun``, ``--cfg hydra|all``, ``--config-path``/``--config-dir``, ...) go
-to ``hydra.main``, which composes once itself.
+plus our options, generated from their declarations) and :class:`~ebpo_verl.trainer.ray_trainer.EBPOTaskRunner`:
+one composition per command (:func:`compose`), then the pre-flight (:func:`ebpo_verl.trainer.preflight.preflight`)
+before Ray starts. ``--cfg job`` runs the same, reports ``pre-flight: ok`` on stderr and prints the composed config
+on stdout without starting Ray. Every refusal is one line ``ebpo-train: error: ...`` on stderr with exit status 2,
+and writes nothing. Hydra's own commands (``--hydra-help``, ``--info``, ``--multirun``, ``--cfg hydra|all``,
+``--config-path``/``--config-dir``, ...) go to ``hydra.main``, which composes once itself.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn
 
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
@@ -94,36 +91,27 @@ def composition_message(err: Exception) -> str:
 
 
 def compose(overrides: list[str], config_name: str | None = None) -> DictConfig:
-    """The job config Hydra composes for these overrides (Hydra's compose API); errors -> EBPOConfigError."""
+    """The job config Hydra composes for these overrides (Hydra's compose API); errors -> EBPOConfigError. An override
+    without a key (``=5``, which Hydra takes for a config group and fails on with a traceback) is one line; overrides
+    Hydra cannot parse are left to its own message."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    _check_keys(overrides)
+    with suppress(HydraException):
+        for override in OverridesParser.create().parse_overrides(list(overrides)):
+            if not override.key_or_group:
+                raise EBPOConfigError(
+                    f"override {override.input_line!r} has no key: write key=value with no space around '=' "
+                    "(e.g. trainer.total_epochs=5)"
+                )
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
             return hydra_compose(config_name=config_name or CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise EBPOConfigError(composition_message(err)) from err
-
-
-def _check_keys(overrides: list[str]) -> None:
-    """An override without a key (``=5``, which Hydra takes for a config group and fails on with a traceback):
-    one line. Overrides Hydra cannot parse are left to its own message."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException:
-        return
-    for override in parsed:
-        if not override.key_or_group:
-            raise EBPOConfigError(
-                f"override {override.input_line!r} has no key: write key=value with no space around '=' "
-                "(e.g. trainer.total_epochs=5)"
-            )
 
 
 def dry_run(overrides: list[str], config_name: str | None = None) -> tuple[DictConfig, list[str]]:

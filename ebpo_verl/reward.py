@@ -120,10 +120,9 @@ def missing_ground_truth(value: Any) -> str | None:
     nothing left after :func:`clean_answer`, or an empty box), or None when it can."""
     if value is None:
         return "None"
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
+    nan = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value)
+    if nan or isinstance(value, str) and value.strip().lower() == "nan":  # also as text (pandas' str(float("nan")))
         return "NaN"
-    if isinstance(value, str) and value.strip().lower() == "nan":
-        return "NaN"  # a missing value written as text (pandas' str(float("nan")))
     text = clean_answer(str(value))
     if not text or _EMPTY_BOX_RE.match(text):
         return "empty"
@@ -240,9 +239,8 @@ class _Worker:
     """One child process running :func:`_serve`; used by one caller at a time."""
 
     def __init__(self) -> None:
-        env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-c", "from ebpo_verl.reward import _serve; _serve()"],
             stdin=subprocess.PIPE,

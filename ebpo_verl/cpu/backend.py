@@ -193,11 +193,6 @@ def _server_actor_name(replica_rank: int) -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}_0"
 
 
-def _request_seed(global_steps: int | None, prompt_ids: list[int], params: dict[str, Any], k: int) -> int:
-    key = json.dumps([global_steps, prompt_ids, sorted(params.items()), k], default=str)
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
-
-
 async def _nothing_to_do(self: Any, *args: Any, **kwargs: Any) -> None:
     """A rollout control call (wake up, sleep, KV cache, profiler) with nothing to do for a CPU model."""
 
@@ -301,7 +296,8 @@ class HFRolloutServer:
         with self._lock, torch.no_grad():
             k = self._served[signature]
             self._served[signature] += 1
-            torch.manual_seed(_request_seed(self.global_steps, prompt_ids, params, k))
+            key = json.dumps([self.global_steps, prompt_ids, sorted(params.items()), k], default=str)
+            torch.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1))
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen_config
             )
@@ -348,8 +344,7 @@ class HFServerAdapter(BaseRollout):
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
         super().__init__(config, model_config, device_mesh)
-        rank = int(os.environ.get("RANK", "0"))
-        self.replica_rank = rank if replica_rank == -1 else replica_rank
+        self.replica_rank = int(os.environ.get("RANK", "0")) if replica_rank == -1 else replica_rank
 
     @functools.cached_property
     def _server(self):

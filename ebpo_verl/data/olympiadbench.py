@@ -38,8 +38,7 @@ def join_final_answer(final_answer: Any) -> str:
         parts = [as_text(p, "final_answer", numbers=True) for p in final_answer if p is not None]
     else:
         raise InvalidRowError("final_answer", f"expected a list of strings, got {type(final_answer).__name__}")
-    parts = [_DOLLAR_RE.sub("", p).strip() for p in parts]
-    parts = [p for p in parts if p]
+    parts = [bare for p in parts if (bare := _DOLLAR_RE.sub("", p).strip())]
     if not parts:
         raise InvalidRowError("final_answer", "empty")
     return ", ".join(parts)

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -187,11 +187,6 @@ def merge_meta(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str
     return {**old, "benchmarks": {**ob, **nb}, **({"provenance": records} if records else {})}
 
 
-def sample_records(pairs: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
-    """Generations-file lines (:data:`FIELDS`) for (engines.Request, engines.Completion) pairs."""
-    return [dict(zip(FIELDS, (*r.key, c.text, c.tokens, c.finish_reason), strict=True)) for r, c in pairs]
-
-
 class GenerationsFile(ExitStack):
     """Append-only writer that resumes ``path`` (``done``: the samples already there); holds ``<path>.lock`` until
     :meth:`close`, so a second writer gets an EvalInputError naming the holder."""
@@ -263,7 +258,9 @@ def generate_into(
             }
 
             def on_chunk(pairs: list[tuple[engines.Request, engines.Completion]]) -> None:
-                gen.append(sample_records(pairs))
+                gen.append(  # one line (FIELDS) per (Request, Completion) pair
+                    [dict(zip(FIELDS, (*r.key, c.text, c.tokens, c.finish_reason), strict=True)) for r, c in pairs]
+                )
                 for r, _ in pairs:
                     bars[r.key[0]].update(1)
 

@@ -134,6 +134,7 @@ def grade_file(
             + ". Re-run generate (it resumes) or pass --allow-partial"
         )
     scores = [b["pass@1"] for b in results.values() if b["pass@1"] is not None]
+    seeds = list(dict.fromkeys(r.get("seed") for r in meta.get("provenance", [])))
     return {
         "protocol": protocol,
         "model": meta["model"],
@@ -146,12 +147,6 @@ def grade_file(
         # a --limit run covers only some problems: never complete, whatever its samples
         "complete": all(b["complete"] and b["problems"] == b["problems_in_data"] for b in results.values()),
         "generation": {k: meta[k] for k in ("max_new_tokens", "temperature", "top_p", "provenance") if k in meta},
-        # this grading run's provenance; the sampling seed(s) are the generate runs'
-        "provenance": provenance(seed=_generation_seed(meta.get("provenance", []))),
+        # this grading run's provenance, with the generate runs' seed: one value when they agree, else the list
+        "provenance": provenance(seed=seeds[0] if len(seeds) == 1 else (seeds or None)),  # None: unrecorded
     }
-
-
-def _generation_seed(records: list[dict[str, Any]]) -> Any:
-    """The seed of the generate runs: one value when they agree, else the list (None when unrecorded)."""
-    seeds = list(dict.fromkeys(r.get("seed") for r in records))
-    return seeds[0] if len(seeds) == 1 else (seeds or None)

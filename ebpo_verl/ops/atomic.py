@@ -47,13 +47,11 @@ def _free_space(path: Path) -> str:
         free = float(shutil.disk_usage(_nearest_existing(path.parent)).free)
     except OSError:
         return "free space unknown"
-    if free < 1024:
-        return f"{free:.0f} bytes free"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        free /= 1024
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if free < 1024 or unit == "TiB":
             break
-    return f"{free:.1f} {unit} free"
+        free /= 1024
+    return f"{free:.0f} bytes free" if unit == "bytes" else f"{free:.1f} {unit} free"
 
 
 @contextmanager

@@ -1,17 +1,10 @@
 """EBPO inside verl 0.9.1's v1 trainer: per-row keys for the estimator, its state in checkpoints, ``ebpo/*``
 metrics, the metrics log, and verl's Optimal Token Baseline made runnable.
 
-:class:`EBPOTrainerMixin` adds, on top of the v1 trainer ``trainer.v1.trainer_mode`` selects, through ``super()``:
-
-- ``_compute_advantage``: the trainer owns the estimator (``registry.new_estimator``) and calls it
-  (:meth:`EBPOTrainerMixin.estimate_advantages`) with the step's tensors and its spec's ``row_input`` per row
-  (an ``extra_info`` field, or the sample index :func:`sample_indices` for ``krpo``); diagnostics go to metrics;
-- ``_save_checkpoint`` / ``_load_checkpoint``: estimator state in ``global_step_N/<state_file>``
-  (:mod:`~ebpo_verl.trainer.checkpoint.state`) and step metrics (:mod:`~ebpo_verl.trainer.checkpoint.step_metrics`);
-- ``_init_dataloader``: every training row carries the per-row field (SPO: unique);
-- ``logger``: the append-only :class:`~ebpo_verl.ops.metrics_log.MetricsLog` at ``trainer.metrics_log_path``;
-  a resume replaces retrained steps' TensorBoard events (:func:`purge_tensorboard`).
-
+:class:`EBPOTrainerMixin` overrides, through ``super()``, ``_compute_advantage`` (the trainer owns and calls the
+estimator, :meth:`~EBPOTrainerMixin.estimate_advantages`), ``_save_checkpoint`` / ``_load_checkpoint`` (its state,
+:mod:`~ebpo_verl.trainer.checkpoint.state`, and the step metrics), ``_init_dataloader`` (the per-row field checked)
+and ``logger`` (:class:`~ebpo_verl.ops.metrics_log.MetricsLog`; :func:`purge_tensorboard` on a resume).
 :class:`OTBSumPiSquaredMixin` is the one place that copies verl. :class:`EBPOTaskRunner` is verl's
 ``TaskRunnerV1.run`` with these trainers, after the options, registration and node checks.
 """
