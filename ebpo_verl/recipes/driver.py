@@ -182,8 +182,7 @@ def evaluate(target: str, args: Sequence[str], env: Mapping[str, str]) -> int:
              "--data-dir", paths.data, "--out", os.path.join(out, f"results-{protocol}.json")],
         ]  # fmt: skip
         for command in steps:
-            status = execute(command)
-            if status:
+            if status := execute(command):
                 return status
     return 0
 
@@ -210,14 +209,6 @@ class Experiment:
     def command(self) -> str:
         run = [python(), "-m", RECIPES, "run", self.row.model]
         return shlex.join([*self.words, f"EXPERIMENT={self.name}", *run])
-
-
-def check_driver_overrides(args: Sequence[str]) -> None:
-    for arg in args:
-        key = arg.split("=", 1)[0].lstrip("+")
-        if key.startswith("trainer.") and key.removeprefix("trainer.") in DRIVER_PATHS and "=" in arg:
-            raise RecipeError(f"a table driver sets {key} per run (evaluation and tables read it): drop {arg} and "
-                              "set CKPT_DIR / LOG_DIR instead")  # fmt: skip
 
 
 def schedule_items(env: Mapping[str, str], defaults: Mapping[str, str]) -> list[str]:
@@ -256,20 +247,6 @@ def experiments(table: Table, env: Mapping[str, str], overrides: Sequence[str]) 
     return out
 
 
-def table_switches(env: Mapping[str, str]) -> tuple[DriveSwitches, list[str], list[str]]:
-    """The table drivers' own switches, checked before anything runs, with the protocols tabulated
-    (``train_val`` for FINAL_EVAL=0) and the metrics (make_tables' ``--metric``)."""
-    own = switches(DriveSwitches, env)
-    chosen = chosen_protocols(own.EVAL_PROTOCOL) if own.FINAL_EVAL else ["train_val"]
-    try:
-        metrics = [check_metric(metric) for metric in dict.fromkeys(own.METRICS.split())]
-    except ValueError as err:
-        raise RecipeError(f"METRICS: {err}") from None
-    if not own.FINAL_EVAL and metrics != [DEFAULT_METRIC]:
-        raise RecipeError(f"METRICS={' '.join(metrics)} needs FINAL_EVAL=1: a run's own validations hold pass@1 only")
-    return own, chosen, metrics
-
-
 def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train, then
     train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then tabulate.
@@ -277,8 +254,19 @@ def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     table = TABLES[name]
     listing = bool(args) and args[0] == "--list"
     overrides = list(args[1:] if listing else args)
-    check_driver_overrides(overrides)
-    own, chosen, metrics = table_switches(env)
+    for arg in overrides:
+        key = arg.split("=", 1)[0].lstrip("+")
+        if key.startswith("trainer.") and key.removeprefix("trainer.") in DRIVER_PATHS and "=" in arg:
+            raise RecipeError(f"a table driver sets {key} per run (evaluation and tables read it): drop {arg} and "
+                              "set CKPT_DIR / LOG_DIR instead")  # fmt: skip
+    own = switches(DriveSwitches, env)  # checked before anything runs: the protocols tabulated, the metrics
+    chosen = chosen_protocols(own.EVAL_PROTOCOL) if own.FINAL_EVAL else ["train_val"]
+    try:
+        metrics = [check_metric(metric) for metric in dict.fromkeys(own.METRICS.split())]
+    except ValueError as err:
+        raise RecipeError(f"METRICS: {err}") from None
+    if not own.FINAL_EVAL and metrics != [DEFAULT_METRIC]:
+        raise RecipeError(f"METRICS={' '.join(metrics)} needs FINAL_EVAL=1: a run's own validations hold pass@1 only")
     modes = switches(Modes, env)
     runs = experiments(table, env, overrides)
     if listing:

@@ -2,38 +2,16 @@
 
     python -m ebpo_verl.recipes.make_tables RUN... --out results/ [--table NAME] [--select final|best] [--metric M ...]
 
-RUN is a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (its ``protocol`` labels the row: ``paper`` or
-``verl``), or a metrics log (``{"step": N, "data": {...}}`` per line: verl's file-logger format, which the package's
-append-only ``trainer.metrics_log_path`` log also uses) or a run directory (its ``metrics.jsonl``, else every
-``*.jsonl`` in it, in natural name order, as successive attempts), optionally labelled ``SECTION/METHOD=RUN``
-(e.g. ``Qwen3-8B/EBPO=logs/eval-qwen3_8b-ebpo-g4-topic``); an unlabelled run is the row ``runs/<name>``. A run's
-attempts (restarts from a checkpoint) are resolved by :func:`ebpo_verl.ops.metrics_log.merge_attempts`; a torn last
-line is skipped with a warning, any other malformed line is an error naming the file and line.
-
-Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x 100 for the benchmarks math500, aime2024, aime2025,
-amc23, olympiadbench. ``final`` takes the last validation of the run; ``best`` the validation with the highest
-five-benchmark average among those that have all five (checkpoint selection on the test sets, as a ceiling).
-Avg is the mean of the five benchmarks and is left empty unless all five are there.
-
-Every row names its protocol (``paper``, ``verl``, or ``validation`` for a metrics log: verl's validation during
-training) and the title lists the protocols present. The paper's numbers (and "Paper Avg", "Δ Avg") are shown
-only beside ``paper``-protocol results, measured as the authors did (docs/paper_notes.md#evaluation), and beside
-rows not run yet; other rows leave those cells empty.
-
-Metrics (``--metric``, one table per metric; default pass@1): ``pass@1``, ``pass@K`` / ``maj@K`` (K = 1, 2, 4, ...,
-n: the coverage keys of a RESULTS.json, docs/evaluation.md#coverage) or ``avg@n``. A cell stays empty where a
-benchmark lacks the metric (K above its n, e.g. OlympiadBench's n = 4 under the paper protocol, or a RESULTS.json
-graded before these keys existed; a note under the table names them), and so does Avg; metrics-log rows hold
-pass@1 only, and the paper's numbers (pass@1) are shown only in the pass@1 table.
-
-Output: ``<out>/<table>.md`` and ``<out>/<table>.csv`` for pass@1, ``<out>/<table>-<metric>.md``/``.csv`` for
-another metric (written atomically). With ``--table`` (a table of :data:`.tables.TABLES`), every row of the paper's
-table is listed (a run that is missing or has no validation yet leaves its cells empty), then any extra labelled
-runs; rows for which the paper prints per-benchmark numbers (or differences) get a "(paper)" row below them. The
-curriculum table's reference rows are the authors' own eval logs of their step-34 checkpoints (labelled "(authors'
-logs, step 34)"; the paper prints those numbers only as a figure), and its EBPO-diff − GRPO-diff row shows both the
-paper figure's difference and the one those logs give. Step: the evaluated checkpoint's global step (RESULTS.json
-``step``, empty for an untrained model) or the step of the selected validation.
+RUN: a RESULTS.json of ``python -m ebpo_verl.evaluate grade`` (row protocol: its ``protocol``, paper or verl), a
+metrics log (verl's file-logger format, as ``trainer.metrics_log_path`` writes; protocol ``validation``) or a run
+directory (its ``metrics.jsonl``, else its ``*.jsonl`` in natural order as attempts: :func:`read_run`), labelled
+``SECTION/METHOD=RUN`` (else the row ``runs/<name>``). Scores: ``val-core/<benchmark>/acc/mean@k`` (largest k) x
+100; ``--select best`` takes the validation with the highest five-benchmark average (a ceiling: checkpoint
+selection on the test sets). Avg is empty unless all five benchmarks are there, and so is a cell whose benchmark
+lacks the ``--metric`` (pass@K / maj@K / avg@n: RESULTS.json rows only, docs/evaluation.md#coverage; a note names
+them). The paper's numbers (pass@1) show only beside ``paper``-protocol rows and rows not run yet
+(docs/paper_notes.md#evaluation). Writes ``<out>/<table>[-<metric>].md`` and ``.csv``; with ``--table`` every row
+of the paper's table is listed, with its reference rows ("(paper)", or the curriculum's authors' logs: paper.py).
 """
 
 from __future__ import annotations
@@ -86,7 +64,8 @@ def log_files(path: Path) -> list[Path]:
 
 
 def read_run(path: str | os.PathLike) -> dict[int, dict]:
-    """Step -> metrics of one run (all attempts resolved as the module docstring says); {} if nothing is there."""
+    """Step -> metrics of one run, its attempts (restarts) resolved by ``merge_attempts`` (a torn last line skipped
+    with a warning, another malformed line an error naming file and line); {} if nothing is there."""
     return merge_attempts(record for file in log_files(Path(path)) for record in read_records(file))
 
 
@@ -172,15 +151,6 @@ def select_validation(run: dict[int, dict], how: str) -> tuple[int, dict[str, fl
         return validations[-1] if validations else None
     complete = [v for v in validations if average(v[1]) is not None]
     return max(complete, key=lambda v: (average(v[1]), v[0])) if complete else None
-
-
-def results_provenance(data: dict) -> tuple[list[dict], list[dict]]:
-    """(records, hardware records) of a RESULTS.json: its generate runs' provenance then its grading's, and the
-    generate runs' (where the model ran); ([], []) for a file written before provenance was recorded."""
-    generation = data.get("generation")
-    generation = [r for r in generation.get("provenance", []) if isinstance(r, dict)] if generation else []
-    grading = [data["provenance"]] if isinstance(data.get("provenance"), dict) else []
-    return generation + grading, generation
 
 
 RESULT_COUNTS = ("runs", "problems", "problems_in_data", "samples", "n", "limit")
@@ -284,7 +254,11 @@ def fill(row: Row, path: str, how: str) -> None:
         row.absent = [b for b in BENCHMARKS if b in evaluated and b not in row.scores]
         if evaluated and not row.scores:
             row.missing = f"no {row.metric} in the results"
-        row.records, row.hardware_records = results_provenance(data)
+        # provenance (none in a file written before it was recorded): the generate runs' (where the model ran),
+        # then the grading's
+        generation = [r for r in (data.get("generation") or {}).get("provenance", []) if isinstance(r, dict)]
+        grading = [data["provenance"]] if isinstance(data.get("provenance"), dict) else []
+        row.records, row.hardware_records = generation + grading, generation
         row.coverage = results_coverage(data)
         if not all(v.get("complete", True) for v in benches.values()):
             row.missing = "incomplete: graded with --allow-partial"
