@@ -136,9 +136,6 @@ class SPOOptions(OptionSection):
     )
 
 
-SPO_OPTION_KEYS: tuple[str, ...] = SPOOptions.keys()
-
-
 class SPOState(PromptTracker):
     """The SPO tracker of one training run: a :class:`~ebpo_verl.algos.tracker.PromptTracker`."""
 

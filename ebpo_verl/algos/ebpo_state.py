@@ -98,14 +98,11 @@ class EBPOState(FreshState):
     clusters: dict[str, PriorStats] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
         clusters = {label: stats.to_json() for label, stats in self.clusters.items()}
         counts = {key: getattr(self, key) for key in COUNTS}
         return {"version": STATE_VERSION, **counts, "global": self.global_stats.to_json(), "clusters": clusters}
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
-        and nothing changes when one is wrong (ValueError naming the field)."""
         *counts, saved_global, clusters = saved_fields(
             state, "EBPO state", STATE_VERSION, (*COUNTS, "global", "clusters"), COUNTS
         )

@@ -58,12 +58,10 @@ class RunningNormState(FreshState):
     domains: dict[str, Moments] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
         domains = {name: m.row() for name, m in sorted(self.domains.items())}
         return {"version": STATE_VERSION, "steps": self.steps, "domains": domains}
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
         what = "running_norm state"
         steps, domains = saved_fields(state, what, STATE_VERSION, ("steps", "domains"), ("steps",))
         if not isinstance(domains, Mapping) or not all(isinstance(k, str) for k in domains):
