@@ -71,14 +71,13 @@ def bnpo_beta_parameters(pass_rates: torch.Tensor) -> tuple[float, float]:
     return 1.0 + a / 3.0, 1.0 + b / 3.0
 
 
-def _bnpo_refusal(values: list[float], offenders: list[str]) -> str:
-    return (
-        f"bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
-        f"two-level -1/+1 reward, but this batch has reward values {values[:8]}{' ...' if len(values) > 8 else ''} "
-        f"(uid(s) {offenders[:20]}). Such values come from a shaped or rescaled reward: "
-        "algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format penalty or a reward model "
-        "adds levels. Use a 0/1 (REWARD=math) or -1/+1 (REWARD=paper) reward without shaping for bnpo."
-    )
+BNPO_REFUSAL = (
+    "bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
+    "two-level -1/+1 reward, but this batch has reward values {values}{more} (uid(s) {keys}). Such values come "
+    "from a shaped or rescaled reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
+    "penalty or a reward model adds levels. Use a 0/1 (REWARD=math) or -1/+1 (REWARD=paper) reward without shaping "
+    "for bnpo."
+)
 
 
 def compute_bnpo_advantages(batch: Batch) -> Advantages:
@@ -94,7 +93,7 @@ def compute_bnpo_advantages(batch: Batch) -> Advantages:
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
-    lo, span = pass_levels(g, _bnpo_refusal)
+    lo, span = pass_levels(g, BNPO_REFUSAL)
     if span != 1.0:  # -1/+1 -> pass indicator 0/1; group means and variances follow exactly (affine map)
         g.r, g.mean, g.var = (g.r - lo) / span, (g.mean - lo) / span, g.var / (span * span)
     alpha, beta = bnpo_beta_parameters(g.mean)
