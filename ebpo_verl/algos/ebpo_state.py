@@ -103,6 +103,8 @@ class EBPOState(FreshState):
         return {"version": STATE_VERSION, **counts, "global": self.global_stats.to_json(), "clusters": clusters}
 
     def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
+        and nothing changes when one is wrong (ValueError naming the field)."""
         *counts, saved_global, clusters = saved_fields(
             state, "EBPO state", STATE_VERSION, (*COUNTS, "global", "clusters"), COUNTS
         )

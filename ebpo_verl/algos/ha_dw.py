@@ -100,12 +100,14 @@ class HADWState(FreshState):
     batch_means: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
-        """``batch_means`` only when non-empty: a ``paper`` form's snapshot is as before ``authors_code`` existed."""
+        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``); ``batch_means`` only when
+        non-empty, so a ``paper`` form's snapshot is what it was before ``authors_code`` existed."""
         out = {"version": STATE_VERSION, "steps": self.steps, "anchor": self.anchor, "history": list(self.history)}
         return {**out, "batch_means": list(self.batch_means)} if self.batch_means else out
 
     def load_state_dict(self, state: Any) -> None:
-        """A snapshot without ``batch_means`` (every older one) has none."""
+        """Restore a :meth:`state_dict` (one without ``batch_means``, as every older one, has none); a bad field raises
+        ValueError naming it, leaving this state unchanged."""
         what = "ha_dw state"
         steps, anchor, history = saved_fields(state, what, STATE_VERSION, ("steps", "anchor", "history"), ("steps",))
         if not (anchor is None or is_real(anchor)):

@@ -62,6 +62,8 @@ class PromptTracker(FreshState):
         return {"version": TRACKER_VERSION, "steps": self.steps, **columns}
 
     def load_state_dict(self, state: Any) -> None:
+        """Restore a :meth:`state_dict` snapshot; every field is checked, and a bad one raises ValueError naming it,
+        leaving this tracker unchanged."""
         what = f"{self.label} state"
         steps, *columns = saved_fields(state, what, TRACKER_VERSION, ("steps", *COLUMNS), ("steps",))
         for name, values in zip(COLUMNS, columns, strict=True):
