@@ -118,18 +118,6 @@ def _segment_tables(stats: _GroupStats, segmentations: list[tuple[np.ndarray, in
     return tables
 
 
-def _score_vector(scores: torch.Tensor) -> torch.Tensor:
-    scores = torch.as_tensor(scores)
-    if scores.dim() != 1:
-        raise ValueError(
-            f"scores must have shape (bs,), one per response; got shape {tuple(scores.shape)} (sum token-level "
-            "rewards over the response first)"
-        )
-    if scores.is_complex():
-        raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
-    return scores
-
-
 BB_REFUSAL = (
     "prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward values "
     "{values}{more} (uid(s) {keys}). Other values come from a shaped reward: algorithm.use_kl_in_reward=True "
@@ -219,7 +207,14 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     With ``prior="beta_binomial"`` and -1/+1 rewards the posterior mean p_q of the pass rate is an expected
     reward of 2 p_q - 1: the statistics are kept in pass units and advantages mapped back to reward units.
     """
-    scores = _score_vector(batch.scores)
+    scores = torch.as_tensor(batch.scores)
+    if scores.dim() != 1:
+        raise ValueError(
+            f"scores must have shape (bs,), one per response; got shape {tuple(scores.shape)} (sum token-level "
+            "rewards over the response first)"
+        )
+    if scores.is_complex():
+        raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
     out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
     uid_groups = batch._replace(scores=scores, valid=torch.as_tensor(batch.valid)).uid_groups()
     # Step 2: (lowest level, span) of the reward; EBPO-BB refuses a reward that is not two-level (0/1 or -1/+1)
