@@ -15,7 +15,7 @@ import torch
 from scipy import integrate
 from scipy import stats as sps
 
-from ebpo_verl.study.mse import DISTRIBUTIONS, GROUP_SIZES, beta_moments, closed_form_shrinkage, simulate
+from ebpo_verl.study.mse import DISTRIBUTIONS, GROUP_SIZES, beta_moments, simulate
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1, sample
 from ebpo_verl.study.presets import LR_GRID, PRESETS
 from ebpo_verl.study.rl import RLConfig, run_rl
@@ -118,9 +118,10 @@ def test_beta_moments_by_integration(name):
 @pytest.mark.parametrize("name", list(DISTRIBUTIONS))
 def test_mse_ratio_matches_closed_form(name):
     a, b = DISTRIBUTIONS[name]
+    _, tau2, sigma2 = beta_moments(a, b)
     for g in GROUP_SIZES:
         row = simulate(a, b, g, n_prompts=200_000, seed=g)
-        assert row["closed_form"] == pytest.approx(1 - closed_form_shrinkage(a, b, g))
+        assert row["closed_form"] == pytest.approx(1 - (sigma2 / g) / (sigma2 / g + tau2))
         assert abs(row["empirical"] / row["closed_form"] - 1) < 0.05, (name, g, row)
         assert row["empirical"] < 1  # shrinkage beats the sample mean whenever tau^2 > 0
 

@@ -79,7 +79,7 @@ def test_the_registered_estimator_reads_its_options_once_per_value(monkeypatch):
 
 def test_one_unknown_key_message_for_every_layer():
     """The options' own parse, the pre-flight and the composition give the same did-you-mean line."""
-    from ebpo_verl.algos.baselines import SPO_OPTION_KEYS, SPOOptions
+    from ebpo_verl.algos.baselines import SPOOptions
     from ebpo_verl.main import compose
     from ebpo_verl.ops.errors import EBPOConfigError
     from ebpo_verl.trainer.run_options import RunOptions
@@ -93,7 +93,9 @@ def test_one_unknown_key_message_for_every_layer():
         RunOptions.from_config(OmegaConf.create({"algorithm": {"adv_estimator": "ebpo", "ebpo": {"shrinkge": 0.5}}}))
     with pytest.raises(EBPOConfigError, match=message):
         compose(["algorithm.ebpo.shrinkge=0.5"])
-    spo = "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: " + ", ".join(SPO_OPTION_KEYS)
+    spo = "unknown option algorithm.spo.rhoo; did you mean algorithm.spo.rho? valid keys: " + ", ".join(
+        SPOOptions.keys()
+    )
     with pytest.raises(ValueError, match=re.escape(spo)):
         SPOOptions.from_mapping({"rhoo": 0.5})
     with pytest.raises(EBPOConfigError, match=re.escape(spo)):

@@ -58,27 +58,13 @@ def compute_js_advantages(batch: Batch) -> Advantages:
 # ---------------------------------------------------------------------------------------------- bnpo
 
 
-def bnpo_beta_parameters(pass_rates: torch.Tensor) -> tuple[float, float]:
-    """BNPO's (alpha, beta) from the batch's per-prompt mean rewards (method of moments, then 1 + a/3, 1 + b/3)."""
-    n = pass_rates.numel()
-    mean = (sorted_sum(pass_rates) / n).item()
-    var = (sorted_sum((pass_rates - mean) ** 2) / (n - 1)).item() if n >= 2 else 0.0
-    m = min(max(mean, EPS), 1.0 - EPS)
-    a = b = 0.0
-    if EPS < var < m * (1.0 - m):
-        nu = m * (1.0 - m) / var - 1.0
-        a, b = nu * m, nu * (1.0 - m)
-    return 1.0 + a / 3.0, 1.0 + b / 3.0
-
-
-def _bnpo_refusal(values: list[float], offenders: list[str]) -> str:
-    return (
-        f"bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
-        f"two-level -1/+1 reward, but this batch has reward values {values[:8]}{' ...' if len(values) > 8 else ''} "
-        f"(uid(s) {offenders[:20]}). Such values come from a shaped or rescaled reward: "
-        "algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format penalty or a reward model "
-        "adds levels. Use a 0/1 (REWARD=math) or -1/+1 (REWARD=paper) reward without shaping for bnpo."
-    )
+BNPO_REFUSAL = (
+    "bnpo needs rewards in [0, 1] (pass rates: it fits a Beta distribution to the group means) or the paper's "
+    "two-level -1/+1 reward, but this batch has reward values {values}{more} (uid(s) {keys}). Such values come "
+    "from a shaped or rescaled reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
+    "penalty or a reward model adds levels. Use a 0/1 (REWARD=math) or -1/+1 (REWARD=paper) reward without shaping "
+    "for bnpo."
+)
 
 
 def compute_bnpo_advantages(batch: Batch) -> Advantages:
@@ -94,10 +80,19 @@ def compute_bnpo_advantages(batch: Batch) -> Advantages:
     g = batch.uid_groups()
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
-    lo, span = pass_levels(g, _bnpo_refusal)
+    lo, span = pass_levels(g, BNPO_REFUSAL)
     if span != 1.0:  # -1/+1 -> pass indicator 0/1; group means and variances follow exactly (affine map)
         g.r, g.mean, g.var = (g.r - lo) / span, (g.mean - lo) / span, g.var / (span * span)
-    alpha, beta = bnpo_beta_parameters(g.mean)
+    # (alpha, beta) from the per-prompt mean rewards: method of moments, then 1 + a/3, 1 + b/3
+    n = len(g.keys)
+    mean = (sorted_sum(g.mean) / n).item()
+    var = (sorted_sum((g.mean - mean) ** 2) / (n - 1)).item() if n >= 2 else 0.0
+    m = min(max(mean, EPS), 1.0 - EPS)
+    a = b = 0.0
+    if EPS < var < m * (1.0 - m):
+        nu = m * (1.0 - m) / var - 1.0
+        a, b = nu * m, nu * (1.0 - m)
+    alpha, beta = 1.0 + a / 3.0, 1.0 + b / 3.0
     p = g.mean.clamp(EPS, 1.0 - EPS)
     log_norm = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
     pdf = torch.exp((alpha - 1.0) * torch.log(p) + (beta - 1.0) * torch.log1p(-p) - log_norm).clamp_min(EPS)
@@ -134,9 +129,6 @@ class SPOOptions(OptionSection):
         "a resume whose options differ from the checkpoint's: error (stop, listing the changes), reset (fresh "
         "tracker, with a warning) or keep (the saved tracker; never for a changed prompt_key)"
     )
-
-
-SPO_OPTION_KEYS: tuple[str, ...] = SPOOptions.keys()
 
 
 class SPOState(PromptTracker):

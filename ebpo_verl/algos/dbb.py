@@ -71,12 +71,11 @@ class DBBState(PromptTracker):
     label = "DBB"
 
 
-def _dbb_refusal(values: list[float], bad: list[str]) -> str:
-    return (
-        f"dbb needs 0/1 rewards (a Beta-Bernoulli posterior counts successes; values in [0, 1] count as fractions) "
-        f"or the paper's -1/+1 reward; prompt key(s) {bad[:20]} have rewards {values[:8]}. "
-        "Use REWARD=math or REWARD=paper without shaping (no use_kl_in_reward, no overlong/format penalty)."
-    )
+DBB_REFUSAL = (
+    "dbb needs 0/1 rewards (a Beta-Bernoulli posterior counts successes; values in [0, 1] count as fractions) or "
+    "the paper's -1/+1 reward; prompt key(s) {keys} have rewards {values}. Use REWARD=math or REWARD=paper without "
+    "shaping (no use_kl_in_reward, no overlong/format penalty)."
+)
 
 
 def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -> Advantages:
@@ -88,7 +87,7 @@ def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -
     g = prompt_groups(batch, "dbb", "posterior", options.prompt_key)
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
-    lo, span = pass_levels(g, _dbb_refusal)  # successes x in [0, 1]; the paper's -1/+1 mapped to (r + 1) / 2
+    lo, span = pass_levels(g, DBB_REFUSAL)  # successes x in [0, 1]; the paper's -1/+1 mapped to (r + 1) / 2
     x = g.r if span == 1.0 else (g.r - lo) / span
     pos, found = state.lookup(g.keys)
     old_alpha, old_beta = state.counts(pos, found, (float(options.prior_alpha), float(options.prior_beta)))

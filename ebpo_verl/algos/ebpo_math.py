@@ -118,25 +118,12 @@ def _segment_tables(stats: _GroupStats, segmentations: list[tuple[np.ndarray, in
     return tables
 
 
-def _score_vector(scores: torch.Tensor) -> torch.Tensor:
-    scores = torch.as_tensor(scores)
-    if scores.dim() != 1:
-        raise ValueError(
-            f"scores must have shape (bs,), one per response; got shape {tuple(scores.shape)} (sum token-level "
-            "rewards over the response first)"
-        )
-    if scores.is_complex():
-        raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
-    return scores
-
-
-def _bb_refusal(values: list[float], offenders: list[str]) -> str:
-    return (
-        f"prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward "
-        f"values {values[:8]}{' ...' if len(values) > 8 else ''} (uid(s) {offenders[:20]}). Other values "
-        "come from a shaped reward: algorithm.use_kl_in_reward=True subtracts a KL penalty, an overlong/format "
-        "penalty or partial credit adds levels. Use prior=gaussian, or a plain two-level reward."
-    )
+BB_REFUSAL = (
+    "prior=beta_binomial needs a two-level reward (0/1, or the paper's -1/+1), but this batch has reward values "
+    "{values}{more} (uid(s) {keys}). Other values come from a shaped reward: algorithm.use_kl_in_reward=True "
+    "subtracts a KL penalty, an overlong/format penalty or partial credit adds levels. Use prior=gaussian, or a "
+    "plain two-level reward."
+)
 
 
 @dataclass
@@ -220,11 +207,18 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     With ``prior="beta_binomial"`` and -1/+1 rewards the posterior mean p_q of the pass rate is an expected
     reward of 2 p_q - 1: the statistics are kept in pass units and advantages mapped back to reward units.
     """
-    scores = _score_vector(batch.scores)
+    scores = torch.as_tensor(batch.scores)
+    if scores.dim() != 1:
+        raise ValueError(
+            f"scores must have shape (bs,), one per response; got shape {tuple(scores.shape)} (sum token-level "
+            "rewards over the response first)"
+        )
+    if scores.is_complex():
+        raise ValueError(f"scores must be real numbers, got dtype {scores.dtype}")
     out_dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
     uid_groups = batch._replace(scores=scores, valid=torch.as_tensor(batch.valid)).uid_groups()
     # Step 2: (lowest level, span) of the reward; EBPO-BB refuses a reward that is not two-level (0/1 or -1/+1)
-    lo, span = pass_levels(uid_groups, _bb_refusal, fractions=False) if options.prior == "beta_binomial" else (0.0, 1.0)
+    lo, span = pass_levels(uid_groups, BB_REFUSAL, fractions=False) if options.prior == "beta_binomial" else (0.0, 1.0)
     if len(uid_groups.keys) == 0:
         return Advantages(scatter_rows(scores, uid_groups, uid_groups.r), {})
     groups = _group_stats(uid_groups, lo, span)

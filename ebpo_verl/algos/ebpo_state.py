@@ -98,7 +98,6 @@ class EBPOState(FreshState):
     clusters: dict[str, PriorStats] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
         clusters = {label: stats.to_json() for label, stats in self.clusters.items()}
         counts = {key: getattr(self, key) for key in COUNTS}
         return {"version": STATE_VERSION, **counts, "global": self.global_stats.to_json(), "clusters": clusters}

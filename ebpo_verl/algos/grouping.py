@@ -8,7 +8,7 @@ the rows nor on the key strings (a resumed run sees fresh uids).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,13 +77,12 @@ class Groups:
         return sorted(set(self.keys[self.row_group.numpy()[rows]].tolist()))
 
 
-def pass_levels(
-    g: Groups, refusal: Callable[[list[float], list[str]], str], fractions: bool = True
-) -> tuple[float, float]:
+def pass_levels(g: Groups, refusal: str, fractions: bool = True) -> tuple[float, float]:
     """(lowest level, span) of a two-level reward: 0/1 (with ``fractions``, any value in [0, 1]) -> (0, 1), the
-    paper's -1/+1 -> (-1, 2); any other reward raises ValueError(``refusal(its distinct values, the keys of the
-    groups holding the off-level values)``), the estimator's own message. Off-level: outside [0, 1] with
-    ``fractions``; else values other than -1, 0 and 1, or, when there are none, the 0s (-1/0/1 has three levels)."""
+    paper's -1/+1 -> (-1, 2); any other reward raises ValueError(the estimator's own message: the template
+    ``refusal`` with ``values``, the first 8 distinct values, ``more``, " ..." when there are more, and ``keys``, the
+    first 20 keys of the groups holding off-level values). Off-level: outside [0, 1] with ``fractions``; else values
+    other than -1, 0 and 1, or, when there are none, the 0s (-1/0/1 has three levels)."""
     r = g.r.numpy()
     if (((r >= 0.0) & (r <= 1.0)) if fractions else ((r == 0.0) | (r == 1.0))).all():
         return 0.0, 1.0
@@ -92,7 +91,9 @@ def pass_levels(
     bad = (r < 0.0) | (r > 1.0) if fractions else (r != 0.0) & (r != 1.0) & (r != -1.0)
     if not fractions and not bad.any():
         bad = r == 0.0
-    raise ValueError(refusal(torch.unique(g.r).tolist(), g.keys_of(bad)))
+    values = torch.unique(g.r).tolist()
+    more = " ..." if len(values) > 8 else ""
+    raise ValueError(refusal.format(values=values[:8], more=more, keys=g.keys_of(bad)[:20]))
 
 
 def group_rows(

@@ -122,11 +122,10 @@ class HADWState(FreshState):
         self.batch_means = [float(v) for v in state.get("batch_means", [])]
 
 
-def _ha_dw_refusal(values: list[float], bad: list[str]) -> str:
-    return (
-        f"ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {bad[:20]} "
-        f"have rewards {values[:8]}; use REWARD=math or REWARD=paper without shaping"
-    )
+HA_DW_REFUSAL = (
+    "ha_dw's anchor is a success rate: it needs rewards in [0, 1] or the paper's -1/+1, but uid(s) {keys} have "
+    "rewards {values}; use REWARD=math or REWARD=paper without shaping"
+)
 
 
 def next_anchor(prior: float, y: float, step: int, history: list[float], options: HADWOptions) -> tuple[float, float]:
@@ -173,7 +172,7 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     if options.form == "authors_code":
         adv, diagnostics = authors_code_advantages(g, float(options.epsilon), state)
         return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
-    lo, span = pass_levels(g, _ha_dw_refusal)  # pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2
+    lo, span = pass_levels(g, HA_DW_REFUSAL)  # pass rates: [0, 1] as they are, -1/+1 -> (r + 1) / 2
     x = (g.r - lo) / span
     y = sorted_sum(x).item() / len(x)
     prior = next(c for c in (state.anchor, options.anchor_init, y) if c is not None)

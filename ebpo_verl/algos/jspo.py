@@ -70,14 +70,6 @@ def leave_one_out_parts(g: Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return mbar, v, s, torch.where(m_row > 1, loo, mu_row)
 
 
-def shrinkage_weight(v: torch.Tensor, s: torch.Tensor, n: int, form: str) -> torch.Tensor:
-    """lambda_i of ``form`` (module doc) from the leave-one-out v_i and s_i of n >= 2 prompts."""
-    if form == "authors_code":
-        return v / (v + s + EPS)
-    total = v + s
-    return torch.where(total > EPS, ((n - 1) / n) * v / total.clamp_min(EPS), torch.zeros_like(total))
-
-
 def compute_jspo_advantages(batch: Batch, options: JSPOOptions) -> Advantages:
     """JSPO advantages A_ij = r_ij - [(1 - lambda_i) mu_i^{-j} + lambda_i mbar_i] (arXiv 2511.03710, Sec. 3; the
     module doc), shape ``(bs,)``, the rows grouped by uid (``row_values`` not read); padding rows get 0;
@@ -98,7 +90,11 @@ def compute_jspo_advantages(batch: Batch, options: JSPOOptions) -> Advantages:
         mu_own = g.mean.index_select(0, g.row_group)
     else:
         mbar, v, s, mu_own = leave_one_out_parts(g)
-        lam = shrinkage_weight(v, s, n, options.form)
+        if options.form == "authors_code":  # lambda_i of the form (module doc)
+            lam = v / (v + s + EPS)
+        else:
+            total = v + s
+            lam = torch.where(total > EPS, ((n - 1) / n) * v / total.clamp_min(EPS), torch.zeros_like(total))
     lam_row = lam.index_select(0, g.row_group)
     baseline = (1.0 - lam_row) * mu_own + lam_row * mbar.index_select(0, g.row_group)
     diagnostics = {"jspo/lambda_mean": (sorted_sum(lam) / n).item()}

@@ -59,11 +59,9 @@ class JSPOHistoryState(FreshState):
     mean_sum: float = 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
         return {"version": STATE_VERSION, **asdict(self)}
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
         what = "jspo_history state"
         steps, *values = saved_fields(
             state, what, STATE_VERSION, ("steps", "weight", "lam_sum", "mean_sum"), ("steps",)

@@ -12,7 +12,7 @@ Padding rows get 0 and enter no accumulator.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,12 +58,10 @@ class RunningNormState(FreshState):
     domains: dict[str, Moments] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
         domains = {name: m.row() for name, m in sorted(self.domains.items())}
         return {"version": STATE_VERSION, "steps": self.steps, "domains": domains}
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict`; a bad field raises ValueError naming it, leaving this state unchanged."""
         what = "running_norm state"
         steps, domains = saved_fields(state, what, STATE_VERSION, ("steps", "domains"), ("steps",))
         if not isinstance(domains, Mapping) or not all(isinstance(k, str) for k in domains):
@@ -79,8 +77,14 @@ def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, s
     :data:`GLOBAL` for every row without ``row_key``."""
     if options.row_key is None:
         g = batch.key_groups(np.full(batch.scores.shape[0], GLOBAL, dtype=object), "domain(s)")
+    elif batch.row_values is None:
+        raise ValueError(
+            f"adv_estimator=running_norm with algorithm.running_norm.row_key={options.row_key!r} needs "
+            "each row's extra_info field, which stock main_ppo does not pass: train with ebpo-train, or set "
+            "algorithm.running_norm.row_key=null for one global accumulator"
+        )
     else:
-        g = batch.key_groups(_domains(batch, options.row_key), f"domain(s) (extra_info[{options.row_key!r}])")
+        g = batch.key_groups(batch.row_values, f"domain(s) (extra_info[{options.row_key!r}])")
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
     names, size = g.keys.tolist(), g.size.numpy()
@@ -97,17 +101,6 @@ def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, s
         "running_norm/domains": float(len(state.domains)),
     }
     return Advantages(scatter_rows(batch.scores, g, adv), diagnostics)
-
-
-def _domains(batch: Batch, row_key: str) -> Sequence[Any] | np.ndarray:
-    """The rows' domains (``row_values``); refused when the caller passed none."""
-    if batch.row_values is None:
-        raise ValueError(
-            f"adv_estimator=running_norm with algorithm.running_norm.row_key={row_key!r} needs "
-            "each row's extra_info field, which stock main_ppo does not pass: train with ebpo-train, or set "
-            "algorithm.running_norm.row_key=null for one global accumulator"
-        )
-    return batch.row_values
 
 
 SPECS = (

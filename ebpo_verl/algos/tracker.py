@@ -58,7 +58,6 @@ class PromptTracker(FreshState):
         self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``)."""
         columns = {name: getattr(self, name).tolist() for name in COLUMNS}
         return {"version": TRACKER_VERSION, "steps": self.steps, **columns}
 

@@ -48,18 +48,13 @@ def beta_moments(a: float, b: float) -> tuple[float, float, float]:
     return mu, tau2, mu - tau2 - mu**2
 
 
-def closed_form_shrinkage(a: float, b: float, g: int) -> float:
-    _, tau2, sigma2 = beta_moments(a, b)
-    return (sigma2 / g) / (sigma2 / g + tau2)
-
-
 def simulate(a: float, b: float, g: int, n_prompts: int, seed: int) -> dict[str, float]:
     """Empirical MSE ratio of the population-prior EB baseline over the sample mean, and 1 - S."""
     rng = np.random.default_rng(seed)
     theta = rng.beta(a, b, n_prompts)
     mean_q = rng.binomial(g, theta) / g
-    mu, _, _ = beta_moments(a, b)
-    s = closed_form_shrinkage(a, b, g)
+    mu, tau2, sigma2 = beta_moments(a, b)
+    s = (sigma2 / g) / (sigma2 / g + tau2)
     v = (1 - s) * mean_q + s * mu
     return {
         "S": s,
