@@ -230,7 +230,11 @@ def report(runs: dict[str, list[dict]], steps: int, save_freq: int) -> list[str]
 
 def state_sizes(work: Path, runs: list[str]) -> list[str]:
     """Size of every estimator state file the runs' checkpoints hold (the last checkpoint of each run)."""
-    last = {name: max((work / f"ckpt_{name}").glob("global_step_*/*_state.json"), default=None) for name in runs}
+    files = {name: (work / f"ckpt_{name}").glob("global_step_*/*_state.json") for name in runs}
+    last = {
+        name: max(found, key=lambda p: int(p.parent.name.rsplit("_", 1)[1]), default=None)
+        for name, found in files.items()
+    }
     return [
         f"{name}: {path.parent.name}/{path.name} {path.stat().st_size} bytes" for name, path in last.items() if path
     ]

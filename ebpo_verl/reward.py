@@ -157,7 +157,7 @@ def last_boxed_span(text: str) -> tuple[int, int] | None:
 
 def clean_answer(ans: str) -> str:
     """Strip whitespace, math delimiters (``$``, ``\\(``, ``\\[``), markdown bold, a trailing full stop."""
-    s = ans.strip().strip("*").strip()
+    s = ans.strip().rstrip(".").strip().strip("*").strip()  # "**12**." too: the full stop after the bold
     if (s.startswith("\\(") and s.endswith("\\)")) or (s.startswith("\\[") and s.endswith("\\]")):
         s = s[2:-2]
     s = _UNESCAPED_DOLLAR_RE.sub("", s).strip()

@@ -485,3 +485,13 @@ def test_every_converted_command_refuses_a_bad_value_in_one_line(capsys):
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.count("\n") == 1 and "is invalid; use" in err, (name, err)
     assert without == ["recipes table", "recipes eval"]
+
+
+def test_bench_step_cost_reads_the_last_checkpoint_by_step_number(tmp_path):
+    """``state_sizes``: global_step_10 is after global_step_6 (a text sort puts it before)."""
+    state_sizes = _bench("bench_step_cost").state_sizes
+    for step, size in ((6, 3), (10, 5)):
+        folder = tmp_path / "ckpt_ebpo" / f"global_step_{step}"
+        folder.mkdir(parents=True)
+        (folder / "ebpo_state.json").write_text("x" * size)
+    assert state_sizes(tmp_path, ["ebpo", "grpo"]) == ["ebpo: global_step_10/ebpo_state.json 5 bytes"]

@@ -50,6 +50,9 @@ def warm_pool():
         ("we get our answer: \\[\n1^{55} = \\boxed{1}.\\]", "1"),
         ("$\\boxed{44}$.\n\nWe may check our answer: $17 \\cdot 44 = 748$, so it is right.", "44"),
         ("**Final Answer:** $42$", "42"),
+        ("Answer: **12**.", "12"),  # bold, then the sentence's full stop
+        ("Answer: **$\\frac{1}{2}$**.", "\\frac{1}{2}"),
+        ("Answer: **3.5**", "3.5"),
         ("## Final answer: 3", "3"),
         ("> The final answer: 9", "9"),
         ("Answer:\n\\[ 42 \\]", "42"),
