@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,3 +276,19 @@ def test_tiny_variant_end_to_end_page_agrees_with_its_json_and_resumes(tmp_path)
     assert "resuming" in again.stdout
     strip = re.compile(r'"(wall_seconds|run_seconds|started|provenance)".*')
     assert strip.sub("", (out / "summary.json").read_text()) == strip.sub("", before)
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "study_rivals2"
+
+
+def test_the_committed_page_agrees_with_its_json_and_its_seeds_are_disjoint():
+    """docs/study_rivals2/ as the full run wrote it: every verdict sentence recomputed from its JSON (3 regimes x
+    4 G x (the 28 top-group pairs on two lines + the note)); tuning seeds disjoint from test seeds; each result's
+    seed one of the listed test seeds."""
+    data = json.loads((COMMITTED / "summary.json").read_text())
+    assert check_page_against_json((COMMITTED / "study.md").read_text(), data) == 3 * 4 * (2 * 28 + 3)
+    top, rest = set(data["test_seeds"]["top"]), set(data["test_seeds"]["rest"])
+    assert len(data["tuning_seeds"]) >= 4 and len(top) >= 16 and len(rest) >= 6
+    assert not set(data["tuning_seeds"]) & (top | rest)
+    for reg in data["regimes"].values():
+        assert {int(s) for e in reg["final"].values() for g in e.values() for s in g} <= top | rest
