@@ -175,7 +175,7 @@ PLANS: dict[str, Plan] = {
     ),
 }
 DURATION = {
-    "rivals2": "about 3.4 h on 2 idle cores (9.9 s a run per process, measured on its last 738 runs); the committed"
+    "rivals2": "about 3.3 h on 2 idle cores (9.7 s a run per process, measured on its last 742 runs); the committed"
     " docs/study_rivals2/ took 9.2 h of run time (2 processes, shared cores, 2026-12-04 21:42 to 12-05 09:01 UTC)",
     "rivals2_tiny": "about 1-2 min",
 }
