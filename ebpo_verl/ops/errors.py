@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import reprlib
+
+MESSAGE_LIMIT = 300
+"""The most characters a one-line refusal holds, whatever the input (:func:`one_line` cuts longer ones)."""
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = _QUOTE.maxother = _QUOTE.maxlong = 40
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = _QUOTE.maxset = 4
+_QUOTE.maxlevel = 2
+
 
 class EBPOConfigError(ValueError):
     """A configuration or data problem found before the first rollout (its message names the key and the fix)."""
 
 
+def shorten(value: object) -> str:
+    """``repr(value)`` cut to about 40 characters (long strings, integers and containers end in ``...``), for
+    quoting a value read from a file or a command line inside a one-line refusal."""
+    try:
+        return _QUOTE.repr(value)
+    except Exception:  # a value whose repr raises (a deep or broken object): its type is still worth naming
+        return f"<{type(value).__name__}>"
+
+
 def one_line(err: BaseException) -> str:
-    """``str(err)`` with its lines stripped and joined by spaces (the exception's type name when it is empty)."""
-    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    """``str(err)`` with its lines stripped and joined by spaces (the exception's type name when it is empty), cut to
+    :data:`MESSAGE_LIMIT` characters."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
