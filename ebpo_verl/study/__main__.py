@@ -22,10 +22,15 @@ import torch
 from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
 from ebpo_verl.options.cli import OneLineParser, add_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
+from ebpo_verl.study import rivals2, why
 from ebpo_verl.study.presets import ALL_ESTIMATORS, DEFAULT_LR, PRESETS, describe_presets
-from ebpo_verl.study.rivals2 import DURATION, PLANS, RegimeError, run_plan
+from ebpo_verl.study.rivals2 import RegimeError
 
 PROG = "python -m ebpo_verl.study"
+PLANS = {**rivals2.PLANS, **why.PLANS}
+"""The plan studies (rivals2's and issue 52's ``why``), each with its runner and its wall time."""
+RUN_PLAN = {**dict.fromkeys(rivals2.PLANS, rivals2.run_plan), **dict.fromkeys(why.PLANS, why.run_why)}
+DURATION = {**rivals2.DURATION, **why.DURATION}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,13 +116,13 @@ def _main(argv: list[str] | None) -> int:
         return 0
     from ebpo_verl.study.runner import StudyDirError, claim_out_dir
 
-    if plan := PLANS.get(args.preset):  # a rivals2 plan: claim --out, run (or resume) it, print its closing note
+    if plan := PLANS.get(args.preset):  # a plan study: claim --out, run (or resume) it, print its closing note
         try:
             if args.estimators:
                 raise StudyDirError(f"--estimators: preset {plan.name} fixes its estimators; leave it out")
             claim_out_dir(args.out, plan)
             torch.set_num_threads(1)
-            print(run_plan(plan, args.out, command, args.workers))
+            print(RUN_PLAN[args.preset](plan, args.out, command, args.workers))
         except (StudyDirError, RegimeError) as err:
             print(f"{PROG}: error: {err}", file=sys.stderr)
             return 2

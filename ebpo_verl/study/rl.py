@@ -54,6 +54,13 @@ class Variant:
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo_bn": ("ebpo", {"shrinkage": 0.0}),
+    "ebpo_s025": ("ebpo", {"shrinkage": 0.25}),
+    "ebpo_s05": ("ebpo", {"shrinkage": 0.5}),
+    "ebpo_s075": ("ebpo", {"shrinkage": 0.75}),
+    "ebpo_s1": ("ebpo", {"shrinkage": 1.0}),  # batch-whitened reward, close to verl's reinforce_plus_plus
+    "ebpo_glob": ("ebpo", {"shrinkage": 1.0, "norm": "group"}),  # A = (r - mu_glob) / sigma_glob
+    "ebpo_debiased": ("ebpo", {"tau2": "debiased"}),
+    "ebpo_decay095": ("ebpo", {"decay": 0.95}),
     "ebpo_batch": ("ebpo", {"stats_scope": "batch"}),
     "ebpo_bb": ("ebpo", {"prior": "beta_binomial"}),
     "ebpo_topic": ("ebpo", {"cluster_key": "topic"}),
@@ -297,7 +304,8 @@ def run_rl(
     probe: ProblemSet | None = None,
 ) -> dict[str, np.ndarray]:
     """Train a copy of ``base`` with RL: per-step metrics, held-out accuracy curve, the final probe accuracy, the
-    final per-prompt success probabilities (``heldout_pass_final``) and the pass@1 gain on seen and unseen prompts."""
+    final per-prompt success probabilities (``heldout_pass_final``, ``train_pass_final``), which RL prompts the run
+    saw (``train_seen``, 0/1) and the pass@1 gain on seen and unseen prompts."""
     learner = _Learner.start(base, cfg)
     stream = order_stream(train, cfg, base_pass)
     log: dict[str, list[float]] = {
@@ -320,8 +328,10 @@ def run_rl(
         _rl_step(learner, cfg, train, stream[(step - 1) * p : step * p], step, log)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step)
-    gain = exact_pass_at_1(learner.model, train).numpy() - base_pass  # on the RL prompts it saw / never saw
+    train_pass = exact_pass_at_1(learner.model, train).numpy()
+    gain = train_pass - base_pass  # on the RL prompts it saw / never saw
     seen = np.isin(np.arange(len(train)), stream)
+    log["train_pass_final"], log["train_seen"] = train_pass.tolist(), seen.astype(float).tolist()
     log["train_seen_gain"] = [float(gain[seen].mean())]
     log["train_unseen_gain"] = [float(gain[~seen].mean()) if (~seen).any() else float("nan")]
     log["train_seen_fraction"] = [float(seen.mean())]

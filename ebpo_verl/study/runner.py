@@ -40,10 +40,11 @@ class Base:
     sft_cpu_seconds: float
 
 
-def prepare_base(preset: Preset, out: Path) -> Base:
-    """Splits and the warm start (``preset.sft_steps``), loaded from or saved to ``out/base_model.pt``."""
+def prepare_base(preset: Preset, out: Path, warm_seed: int = BASE_SEED) -> Base:
+    """Splits and the warm start (``preset.sft_steps``), loaded from or saved to ``out/base_model.pt``. The splits
+    and the probe set come from :data:`BASE_SEED`; the initialisation and the SFT from ``warm_seed``."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
-    torch.manual_seed(BASE_SEED)
+    torch.manual_seed(warm_seed)
     model = TinyPolicy(preset.policy)
     saved = None
     if (out / "base_model.pt").is_file():
@@ -54,7 +55,7 @@ def prepare_base(preset: Preset, out: Path) -> Base:
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
     else:
         t0, c0 = time.perf_counter(), time.process_time()
-        warm_start(model, splits["sft"], preset.sft_steps, seed=BASE_SEED, misconception=preset.misconception)
+        warm_start(model, splits["sft"], preset.sft_steps, seed=warm_seed, misconception=preset.misconception)
         sft_seconds, sft_cpu = time.perf_counter() - t0, time.process_time() - c0
     train, heldout = splits["train"], splits["heldout"]
     probe = train.subset(np.random.default_rng(BASE_SEED).permutation(len(train))[:PROBE_SIZE])
