@@ -510,12 +510,17 @@ def write_per_prompt(path: Path, study: _Study, cells: dict) -> None:
 # ----------------------------------------------------------------------------------------------- the page
 
 
+AGAINST_ZERO = dict(zip(SIDES, ("above 0", "below 0", "not separated from 0"), strict=True))
+
+
 def _bound(r: dict, kind: str = "plain") -> str:
-    """``mean ± half`` and the verdict, with the one-sided bound for a one-sided test."""
+    """``mean ± half`` with its n (seeds, or warm starts for the warm-start family), the one-sided bound for a
+    one-sided test."""
     half = r["half"] if kind == "plain" else r["holm_half"]
+    n = f"{r['n']} {'warm starts' if r.get('test') == 'warm' else 'seeds'}"
     if r["alternative"] == "greater":
-        return f"{r['mean']:+.4f} (one-sided 95% lower bound {r['mean'] - half:+.4f}, {r['n']} seeds)"
-    return f"{report.pm(r['mean'], half, 4, '+')} ({r['n']} seeds)"
+        return f"{r['mean']:+.4f} (one-sided 95% lower bound {r['mean'] - half:+.4f}, {n})"
+    return f"{report.pm(r['mean'], half, 4, '+')} ({n})"
 
 
 def family_lines(recs: list[dict], name: str) -> list[str]:
@@ -525,8 +530,7 @@ def family_lines(recs: list[dict], name: str) -> list[str]:
         what = f"{r['a']} - {r['b']}" if r["test"] != "trend" else "slope of accuracy on S"
         lines.append(
             f"- {r['cell']}, {what}: {_bound(r)}, p = {r['p']:.4f}; Holm over the {name} family of {len(recs)}: "
-            f"{_bound(r, 'holm')}, adjusted p = {r['p_holm']:.4f}: {r['holm'].replace(' from', '').replace(' of', '')}"
-            f" 0."
+            f"{_bound(r, 'holm')}, adjusted p = {r['p_holm']:.4f}: {AGAINST_ZERO[r['holm']]}."
         )
         if "mde" in r:
             lines[-1] += f" Detectable at 80% power (one-sided 0.025): {r['mde']:.4f}."
@@ -598,7 +602,8 @@ def closing_note(data: dict) -> str:
             lines.append(f"- {r['cell']}: EBPO at its best fixed S ({r['a']}, chosen on the tuning seeds) is "
                          f"{r['holm']} running_norm (Holm over the dose family): {_bound(r, 'holm')}.")  # fmt: skip
     for r in fam["memory"]:
-        lines.append(f"- {r['cell']}: ebpo - ebpo_batch {_bound(r)}; Holm over the memory family: {r['holm']} 0; "
+        lines.append(f"- {r['cell']}: ebpo - ebpo_batch {_bound(r)}; Holm over the memory family: "
+                     f"{AGAINST_ZERO[r['holm']]}; "
                      f"detectable at 80% power: {r['mde']:.4f}.")  # fmt: skip
     changes = [f"{r['cell']} ebpo - {r['b']}" for r in fam["warm"] if r["changes"]]
     lines.append("- Across warm starts, a plain verdict changes for: " + (", ".join(changes) or "none") + ".")
