@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ebpo_verl.study import why
+from ebpo_verl.study import why, why_page
 from ebpo_verl.study.why import FIXED_S, PLANS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_a_wrong_page_line_is_caught():
     data["families"]["memory"] = why.family([why.test_record(x, "greater", test="memory", cell="c", a="ebpo",
                                                              b="ebpo_batch")])  # fmt: skip
     data["families"]["memory"][0]["mde"] = 0.01
-    text = "\n".join(why.family_lines(data["families"]["memory"], "memory"))
+    text = "\n".join(why_page.family_lines(data["families"]["memory"], "memory"))
     check_page(data, text)
     with pytest.raises(StopIteration):
         check_page(data, text.replace("adjusted p", "p-adjusted"))
