@@ -34,7 +34,7 @@ def test_grid_extensions_never_take_the_study_past_its_cap(monkeypatch):
     """The worst case: every choice at the grid's high edge, every round. The fake runs score a rate by itself."""
     calls = []
 
-    def fake_run_grid(preset, base, out, jobs, workers=None):
+    def fake_run_grid(preset, base, out, jobs, workers=None, train=True):
         calls.append(len(jobs))
         runs = [
             {

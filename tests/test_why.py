@@ -160,7 +160,7 @@ def stratified_from_npz(path: Path, cell_arms: tuple[str, str], key: str = "curr
 
 
 @pytest.mark.slow
-def test_tiny_variant_page_agrees_with_its_json_per_prompt_file_and_resumes(tmp_path):
+def test_tiny_variant_page_agrees_with_its_json_per_prompt_file_resumes_and_reports(tmp_path):
     from ebpo_verl.study.__main__ import main
 
     out = tmp_path / "why"
@@ -173,6 +173,21 @@ def test_tiny_variant_page_agrees_with_its_json_per_prompt_file_and_resumes(tmp_
     assert main(["--preset", "why_tiny", "--out", str(out)]) == 0  # resumes: nothing reruns, the same numbers
     again = json.loads((out / "summary.json").read_text())
     assert again["families"] == data["families"] and again["final"] == data["final"]
+    # the report without training: the whole study as the study wrote it; a partial one up to its first cell whose
+    # tuning is not all saved; nothing written into the study's folder
+    files = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    assert main(["report", "--study", str(out), "--out", str(tmp_path / "r1")]) == 0
+    assert json.loads((tmp_path / "r1" / "summary.json").read_text())["families"] == data["families"]
+    next((out / "hard-w0" / "runs").glob("ebpo_s1-g2-random-s2000*")).unlink()
+    (out / "current-w0" / "runs" / "grpo-g2-random-s202.json").unlink()
+    files = {p: t for p, t in files.items() if p.exists()}
+    assert main(["report", "--study", str(out), "--out", str(tmp_path / "r2")]) == 0
+    partial = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert (
+        list(partial["cells"]) == ["dose_current_g2"] and "202" not in partial["final"]["dose_current_g2"]["0"]["grpo"]
+    )
+    check_page(partial, (tmp_path / "r2" / "study.md").read_text())
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == files
 
 
 def test_a_wrong_page_line_is_caught():

@@ -215,12 +215,18 @@ def extensions(
     return add
 
 
-def tune(plan: Plan, regime: Regime, base, out: Path, room: int, workers: int | None) -> tuple[dict, int, list]:
+def tune(
+    plan: Plan, regime: Regime, base, out: Path, room: int, workers: int | None, train: bool = True
+) -> tuple[dict, int, list]:
     """The regime's tuning in rounds (the grid, then its extensions): {slot: :func:`lr_choice` + ``extended``},
-    the run room left and the tuning runs. A run's score: its mean validation accuracy after step 0."""
+    the run room left and the tuning runs. A run's score: its mean validation accuracy after step 0. ``train=False``
+    (a report): :class:`runner.NotSavedYet` unless every round's runs are saved."""
     rates = {slot: list(plan.lr_grid) for slot in plan.slots(regime)}
     while True:
-        runs, _ = runner.run_grid(plan.preset(regime), base, out, plan.tuning_jobs(rates), workers)
+        jobs = plan.tuning_jobs(rates)
+        runs, _ = runner.run_grid(plan.preset(regime), base, out, jobs, workers, train)
+        if len(runs) < len(jobs):
+            raise runner.NotSavedYet(f"regime {regime.name}: {len(runs)} of {len(jobs)} tuning runs saved")
         scores: dict = {}
         for run in runs:
             c, score = run["config"], runner.tuning_score(run)
@@ -290,14 +296,20 @@ def pairs(final: dict[str, dict[int, float]], names: tuple[str, ...]) -> list[di
 # ----------------------------------------------------------------------------------------------- the study
 
 
-def run_plan(plan: Plan, out: Path, command: str, workers: int | None = None) -> str:
+def run_plan(plan: Plan, out: Path, command: str, workers: int | None = None, study_dir: Path | None = None) -> str:
     """Warm starts (checked against each regime's histogram bounds), then per regime its tuning and test runs,
-    then ``study.md``, ``summary.json`` and the figures; returns the page's closing note."""
+    then ``study.md``, ``summary.json`` and the figures in ``out``; returns the page's closing note. With
+    ``study_dir`` (a report): nothing is trained or written there; the regimes whose tuning it has saved."""
     t0 = time.perf_counter()
+    src, train = study_dir or out, study_dir is None
     bases, infos = {}, {}
     for r in plan.regimes:
-        (out / r.name).mkdir(parents=True, exist_ok=True)
-        bases[r.name] = runner.prepare_base(plan.preset(r), out / r.name)
+        if train:
+            (out / r.name).mkdir(parents=True, exist_ok=True)
+        try:
+            bases[r.name] = runner.prepare_base(plan.preset(r), src / r.name, train=train)
+        except runner.NotSavedYet:
+            break
         infos[r.name] = runner.describe_base(bases[r.name])
         share = infos[r.name]["frac_train_below_0.05"]
         if plan.check_regimes and not r.below_005[0] <= share <= r.below_005[1]:
@@ -307,13 +319,20 @@ def run_plan(plan: Plan, out: Path, command: str, workers: int | None = None) ->
             )
     room = plan.run_cap - plan.planned_runs()
     results, n_tuning, n_test, run_seconds = {}, 0, 0, sum(i["sft_seconds"] for i in infos.values())
-    for r in plan.regimes:
-        choices, room, tuning = tune(plan, r, bases[r.name], out / r.name, room, workers)
+    for r in (r for r in plan.regimes if r.name in bases):
+        try:
+            choices, room, tuning = tune(plan, r, bases[r.name], src / r.name, room, workers, train)
+        except runner.NotSavedYet:
+            if train:
+                raise
+            break
         lrs = rates_used(plan, r, choices)
-        runs, _ = runner.run_grid(plan.preset(r), bases[r.name], out / r.name, plan.test_jobs(r, lrs), workers)
+        runs, _ = runner.run_grid(plan.preset(r), bases[r.name], src / r.name, plan.test_jobs(r, lrs), workers, train)
         n_tuning, n_test = n_tuning + len(tuning), n_test + len(runs)
         run_seconds += sum(x["seconds"] for x in (*tuning, *runs))
         results[r.name] = regime_summary(plan, r, infos[r.name], choices, lrs, runs)
+    if not results:
+        raise runner.NotSavedYet(f"{src}: no regime's tuning is saved yet; nothing to report")
     seconds = round(time.perf_counter() - t0, 1)
     data = study_data(plan, results, command, seconds, n_tuning, n_test, round(run_seconds, 1))
     figures(out, plan, data)

@@ -40,9 +40,10 @@ class Base:
     sft_cpu_seconds: float
 
 
-def prepare_base(preset: Preset, out: Path, warm_seed: int = BASE_SEED) -> Base:
+def prepare_base(preset: Preset, out: Path, warm_seed: int = BASE_SEED, train: bool = True) -> Base:
     """Splits and the warm start (``preset.sft_steps``), loaded from or saved to ``out/base_model.pt``. The splits
-    and the probe set come from :data:`BASE_SEED`; the initialisation and the SFT from ``warm_seed``."""
+    and the probe set come from :data:`BASE_SEED`; the initialisation and the SFT from ``warm_seed``. ``train=False``
+    (a report): :class:`NotSavedYet` where none is saved."""
     splits = make_splits(preset.split_sizes, seed=BASE_SEED, topics=preset.topics, levels=preset.levels)
     torch.manual_seed(warm_seed)
     model = TinyPolicy(preset.policy)
@@ -50,6 +51,8 @@ def prepare_base(preset: Preset, out: Path, warm_seed: int = BASE_SEED) -> Base:
     if (out / "base_model.pt").is_file():
         with contextlib.suppress(OSError, ValueError):  # no usable record: trained again
             saved = json.loads((out / "base.json").read_text())
+    if saved is None and not train:
+        raise NotSavedYet(f"{out} has no saved warm start (base_model.pt) yet")
     if saved is not None:
         model.load_state_dict(torch.load(out / "base_model.pt", weights_only=True))  # tensors only, no code
         sft_seconds, sft_cpu = saved["sft_seconds"], saved["sft_cpu_seconds"]
@@ -127,6 +130,10 @@ def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
 
 class StudyDirError(ValueError):
     """The output directory holds a study with a different configuration."""
+
+
+class NotSavedYet(LookupError):
+    """A report without training reached a warm start or runs the study has not saved yet."""
 
 
 RESULT_SOURCES = ("algos/*.py", "trainer/adapter.py", "study/*.py")
@@ -207,13 +214,16 @@ def _run_one(cfg: RLConfig) -> tuple[RLConfig, dict[str, list[float]], float, fl
 
 
 def run_grid(
-    preset: Preset, base: Base, out: Path, jobs: list[RLConfig], workers: int | None = None
+    preset: Preset, base: Base, out: Path, jobs: list[RLConfig], workers: int | None = None, train: bool = True
 ) -> tuple[list[dict], int]:
     """The runs ``jobs`` in order (config, metrics, seconds, cpu_seconds) and how many were already saved; each run
-    is saved atomically when done and never rerun, so a study resumes."""
+    is saved atomically when done and never rerun, so a study resumes. ``train=False`` (a report): only the saved
+    ones, nothing run."""
     global _BASE
     _BASE = base
     done = load_done(out, jobs)
+    if not train:
+        return [done[cfg] for cfg in jobs if cfg in done], len(done)
     todo = [cfg for cfg in jobs if cfg not in done]
     if done:
         print(f"resuming: {len(done)} of {len(jobs)} runs already saved in {out / 'runs'}", flush=True)

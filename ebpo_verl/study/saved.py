@@ -15,7 +15,7 @@ from ebpo_verl.ops.errors import one_line
 from ebpo_verl.options.parsing import is_int, is_real
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS, Preset
 from ebpo_verl.study.report import study_provenance
-from ebpo_verl.study.runner import StudyDirError, code_fingerprint, grid, load_done, run_path
+from ebpo_verl.study.runner import NotSavedYet, StudyDirError, code_fingerprint, grid, load_done, run_path
 
 
 def recorded_preset(study: Path) -> Preset:
@@ -115,6 +115,8 @@ def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         return 2
 
+    if (plan_report := report_plan(study, out, command)) is not None:
+        return refuse(plan_report) if plan_report else 0
     try:
         preset = recorded_preset(study)
     except StudyDirError as err:
@@ -148,3 +150,29 @@ def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
     print(headline)
     print(f"\n{len(runs)} runs of {len(grid(preset, lrs))}; report: {out / 'study.md'}")
     return 0
+
+
+def report_plan(study: Path, out: Path, command: str) -> str | None:
+    """The report of a plan study (rivals2's or issue 52's ``why``) saved in ``study``, by the plan's own code with
+    nothing trained and nothing written into ``study``: its closing note is printed and "" returned, or the refusal;
+    None when ``study`` records no plan (a preset study)."""
+    from ebpo_verl.study import rivals2, why
+
+    try:
+        config = json.loads((study / "study_config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None  # a preset study's reader says what is wrong with it
+    name = config.get("name") if isinstance(config, dict) else None
+    runners = {**dict.fromkeys(rivals2.PLANS, rivals2.run_plan), **dict.fromkeys(why.PLANS, why.run_why)}
+    if not isinstance(name, str) or name not in runners:
+        return None
+    plan = {**rivals2.PLANS, **why.PLANS}[name]
+    if {k: v for k, v in config.items() if k != "code"} != plan.fingerprint():
+        return (
+            f"{study} holds plan {name!r} with a configuration this code's plan does not have; use the code that ran it"
+        )
+    try:
+        print(runners[name](plan, out, command, study_dir=study))
+    except NotSavedYet as err:
+        return str(err)
+    return ""

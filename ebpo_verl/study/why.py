@@ -192,8 +192,8 @@ def mde(sd: float, n: int, one_sided_alpha: float = ALPHA / 2) -> float:
 class _Study:
     """One invocation: the warm starts (loaded or trained once each), the tuned rates, the runs room left."""
 
-    def __init__(self, plan: WhyPlan, out: Path, workers: int | None):
-        self.plan, self.out, self.workers = plan, out, workers
+    def __init__(self, plan: WhyPlan, out: Path, workers: int | None, train: bool = True):
+        self.plan, self.out, self.workers, self.train = plan, out, workers, train
         self.bases: dict[tuple[str, int], runner.Base] = {}
         self.choices: dict[tuple, dict] = {}
         self.room = plan.run_cap - plan.planned_runs()
@@ -205,13 +205,16 @@ class _Study:
     def base(self, cell: Cell, warm: int) -> runner.Base:
         key = (cell.mix, warm)
         if key not in self.bases:
-            self.folder(*key).mkdir(parents=True, exist_ok=True)
-            self.bases[key] = runner.prepare_base(self.plan.preset(cell), self.folder(*key), warm_seed=warm)
+            if self.train:
+                self.folder(*key).mkdir(parents=True, exist_ok=True)
+            self.bases[key] = runner.prepare_base(self.plan.preset(cell), self.folder(*key), warm, self.train)
         return self.bases[key]
 
     def run(self, cell: Cell, jobs: list[RLConfig], warm: int = 0) -> list[dict]:
         runs, _ = runner.run_grid(self.plan.preset(cell), self.base(cell, warm), self.folder(cell.mix, warm), jobs,
-                                  self.workers)  # fmt: skip
+                                  self.workers, self.train)  # fmt: skip
+        if len(runs) < len(jobs) and not self.train and jobs[0].split == "validation":
+            raise runner.NotSavedYet(f"{cell.name}: {len(runs)} of {len(jobs)} tuning runs saved")
         return runs
 
     def tune(self, cell: Cell) -> None:
@@ -251,7 +254,9 @@ class _Study:
         runs = self._test(cell, seeds)
         if cell.max_seeds:
             a, b = cell.arms[0], cell.arms[1]
-            d = [_final(runs[0][a][s]) - _final(runs[0][b][s]) for s in seeds]
+            d = [_final(runs[0][a][s]) - _final(runs[0][b][s]) for s in seeds if s in runs[0][a] and s in runs[0][b]]
+            if len(d) < len(seeds):
+                raise runner.NotSavedYet(f"{cell.name}: the pilot's {len(seeds)} seeds are not all saved")
             n = seeds_needed(float(np.std(d, ddof=1)), cell.seeds, cell.max_seeds, self.plan.mde_target)
             runs = self._test(cell, list(range(self.plan.seed0, self.plan.seed0 + n)))
         return runs
@@ -270,14 +275,23 @@ def _final(run: dict) -> float:
     return float(run["metrics"]["accuracy"][-1])
 
 
-def run_why(plan: WhyPlan, out: Path, command: str, workers: int | None = None) -> str:
+def run_why(plan: WhyPlan, out: Path, command: str, workers: int | None = None, study_dir: Path | None = None) -> str:
     """Every cell in order (tuning, then test runs), then ``summary.json``, ``per_prompt.npz``, ``study.md`` and
-    ``dose.png``; returns the page's closing note."""
+    ``dose.png`` in ``out``; returns the page's closing note. With ``study_dir`` (a report): nothing is trained or
+    written there; the cells whose tuning (and pilot) it has saved, with the test runs saved so far."""
     t0 = time.perf_counter()
-    study, cells = _Study(plan, out, workers), {}
+    study, cells = _Study(plan, study_dir or out, workers, train=study_dir is None), {}
     for cell in plan.cells:
-        study.tune(cell)
-        cells[cell.name] = study.test(cell)
+        try:
+            study.tune(cell)
+            cells[cell.name] = study.test(cell)
+        except runner.NotSavedYet:
+            if study.train:
+                raise
+            break
+    if not cells:
+        raise runner.NotSavedYet(f"{study.out}: no cell's tuning is saved yet; nothing to report")
+    plan = study.plan = replace(plan, cells=tuple(c for c in plan.cells if c.name in cells))
     infos = {f"{m}-w{w}": runner.describe_base(b) for (m, w), b in study.bases.items()}
     data = summarize(plan, study, cells, infos, command, time.perf_counter() - t0)
     write_per_prompt(out / "per_prompt.npz", study, cells)
@@ -493,6 +507,8 @@ def write_per_prompt(path: Path, study: _Study, cells: dict) -> None:
                 for s, r in seeds.items():
                     runs[arm, c.group_size, s] = r
         key, order = f"{mix}-w{w}", sorted(runs)
+        if not order:  # a report whose cell on this warm start has no test run saved yet
+            continue
         arrays[f"{key}/train_start"] = base.train_pass.astype(np.float16)
         arrays[f"{key}/heldout_start"] = base.heldout_pass.astype(np.float16)
         arrays[f"{key}/runs"] = np.asarray(json.dumps([list(k) for k in order]))
