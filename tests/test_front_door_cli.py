@@ -93,7 +93,7 @@ def test_make_tables_refuses_a_run_that_does_not_exist(tmp_path):
     "args, shows",
     [
         (["--help"], "each answers --help"),
-        (["run", "--help"], "MODEL one of: llama3_8b qwen3_14b qwen3_8b"),
+        (["run", "--help"], "MODEL one of: llama3_8b qwen3_14b qwen3_1_7b qwen3_4b qwen3_8b"),
         (["table", "-h"], "NAME one of: main group_size"),
         (["run", "qwen3_8b", "--help"], "GROUP_SIZE"),
         (["table", "main", "--help"], "FINAL_EVAL"),

@@ -138,49 +138,77 @@ def _holm_rejects(p: list[float], alpha: float = 0.05) -> list[bool]:
     return out
 
 
-LINE = re.compile(r"^- Regime (\w+), G=(\d+), (plain|Holm-adjusted) 95%: (.*)\.$")
+LINE = re.compile(r"^- Regime (\w+), G=(\d+), (plain 95%|Holm-adjusted 95% over the cell's (\d+) pairs): (.*)\.$")
 CLAUSE = re.compile(r"(\w+) is (ahead of|behind|not separated from) (\w+) \(")
+BOUND = re.compile(
+    r"(\w+) is not separated from (\w+) \([^()]*?; 95% upper bound ([+-]\d\.\d{4})(?:, (ahead of|behind) \w+ in the "
+    r"plain interval)?; detectable at 80% power: (\d\.\d{4})\)"
+)
+
+
+def _diff(final: dict, a: str, b: str, g: str) -> np.ndarray:
+    seeds = sorted(set(final[a][g]) & set(final[b][g]))
+    return np.asarray([final[a][g][s] - final[b][g][s] for s in seeds])
+
+
+def _plain(d: np.ndarray) -> tuple[str, float]:
+    """The plain verdict and the 95% upper bound of a paired difference, by scipy's t-interval."""
+    half = stats.t.ppf(0.975, len(d) - 1) * stats.sem(d)  # a zero spread: a zero-width interval
+    return ("ahead of" if d.mean() - half > 0 else "behind" if d.mean() + half < 0 else "not separated from"), float(
+        d.mean() + half
+    )
 
 
 def _recomputed(final: dict, a: str, b: str, g: str, holm_over: list[tuple[str, str]]) -> tuple[str, str]:
     """Plain and Holm verdicts of a - b at G from the per-seed values, by scipy's t-interval and a direct Holm."""
-
-    def diff(x, y):
-        seeds = sorted(set(final[x][g]) & set(final[y][g]))
-        return np.asarray([final[x][g][s] - final[y][g][s] for s in seeds])
-
-    d = diff(a, b)
-    half = stats.t.ppf(0.975, len(d) - 1) * stats.sem(d)  # a zero spread: a zero-width interval, p 0 (or 1 at 0)
-    plain = "ahead of" if d.mean() - half > 0 else "behind" if d.mean() + half < 0 else "not separated from"
+    d = _diff(final, a, b, g)
     ps = []
     for x, y in holm_over:
-        dd = diff(x, y)
+        dd = _diff(final, x, y, g)
         ps.append(stats.ttest_1samp(dd, 0).pvalue if np.ptp(dd) > 0 else float(dd.mean() == 0))
     rejected = dict(zip(holm_over, _holm_rejects(ps), strict=True))
     key = (a, b) if (a, b) in rejected else (b, a)
     holm = ("ahead of" if d.mean() > 0 else "behind") if rejected[key] else "not separated from"
-    return plain, holm
+    return _plain(d)[0], holm
+
+
+def _check_bounds(body: str, final: dict, g: str) -> int:
+    """Each "not separated" clause of a closing-note line states its plain 95% upper bound, the plain verdict where
+    that interval excludes 0, and (t_0.975 + t_0.8) sd / sqrt(n), all recomputed from the per-seed values."""
+    bounds = BOUND.findall(body)
+    assert len(bounds) == body.count(" is not separated from "), body
+    for a, b, upper, plain_said, detectable in bounds:
+        d = _diff(final, a, b, g)
+        plain, up = _plain(d)
+        df = len(d) - 1
+        assert upper == f"{up:+.4f}" and (plain_said or "not separated from") == plain, (a, b, g)
+        assert detectable == f"{(stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * d.std(ddof=1) / np.sqrt(df + 1):.4f}"
+    return len(bounds)
 
 
 def check_page_against_json(text: str, data: dict) -> int:
-    """Every verdict clause of ``text`` against the verdict recomputed from ``data``; returns how many were checked."""
+    """Every verdict clause of ``text`` against the verdict recomputed from ``data`` (a Holm line's family: its
+    cell's pairs; a closing-note line's bounds: :func:`_check_bounds`); returns how many clauses were checked."""
     top = data["top_group"]
     checked = 0
+    assert "cross-machine spread" not in text  # a cell-mean shift, not a paired quantity: no verdict uses it
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
             continue
-        regime, g, kind, body = m.groups()
+        regime, g, label, family, body = m.groups()
         final = data["regimes"][regime]["final"]
         have = [e for e in top if g in final.get(e, {})]
         holm_over = list(itertools.combinations(have, 2))
+        assert family is None or int(family) == len(holm_over), line
         clauses = CLAUSE.findall(body)
         assert clauses, line
         for a, said, b in clauses:
             plain, holm = _recomputed(final, a, b, g, holm_over)
-            assert said == (plain if kind == "plain" else holm), (line, a, b)
+            assert said == (plain if family is None else holm), (line, a, b)
             checked += 1
         if "winner" in body or "none separated" in body:
+            _check_bounds(body, final, g)
             won = _undominated(final, have, g, holm_over)
             assert ("separated winner:" in body) == (len(won) == 1), line
             assert (f"separated winner: {won[0]};" if len(won) == 1 else f"ahead of: {', '.join(won)})") in body
@@ -294,23 +322,131 @@ def test_the_committed_page_agrees_with_its_json_and_its_seeds_are_disjoint():
         assert {int(s) for e in reg["final"].values() for g in e.values() for s in g} <= top | rest
 
 
-def test_the_readmes_rivals2_sentence_holds_in_the_committed_json():
-    """README: at G = 2, in every regime, ebpo is ahead of grpo and behind running_norm under Holm and not separated
-    from ebpo_batch at any G; most gaps (of those three pairs) are below the cross-machine spread. Recomputed from
-    the per-seed values, not read from the stored verdicts."""
-    readme = " ".join((COMMITTED.parents[1] / "README.md").read_text().split())
-    assert "at G = 2 EBPO is ahead of GRPO and behind running norm (Holm-adjusted) in all three regimes" in readme
-    assert "never separated from `ebpo_batch`" in readme and "most gaps are below 0.015" in readme
+def test_mde_against_hand_numbers_and_the_noncentral_t_power():
+    # by hand: t_0.975,15 = 2.1314, t_0.8,15 = 0.8662; (2.1314 + 0.8662) * 0.0131 / 4 = 0.009817
+    assert rivals2.mde(0.0131, 16) == pytest.approx(0.009817, abs=2e-6)
+    assert rivals2.mde(0.0, 16) == 0.0
+    for n, sd in ((16, 0.01), (8, 0.02), (40, 0.003)):  # the two-sided test's power at the MDE: about 0.8
+        df, shift = n - 1, rivals2.mde(sd, n) / (sd / np.sqrt(n))
+        crit = stats.t.ppf(0.975, df)
+        power = stats.nct.sf(crit, df, shift) + stats.nct.cdf(-crit, df, shift)
+        assert 0.78 < power < 0.81, (n, power)
+    for bad in ((0.01, 1), (-0.01, 16), (float("nan"), 16)):
+        with pytest.raises(ValueError, match="mde: needs n >= 2"):
+            rivals2.mde(*bad)
+
+
+def test_the_committed_page_states_bounds_and_detectable_effects():
+    """Every "not separated" clause of the closing note carries its bound and detectable effect (checked in
+    :func:`check_page_against_json`); here: they are there, and a wrong bound, effect, family or plain verdict fails."""
     data = json.loads((COMMITTED / "summary.json").read_text())
-    assert len(data["regimes"]) == 3
-    gaps = []
-    for reg in data["regimes"].values():
+    text = (COMMITTED / "study.md").read_text()
+    assert text == rivals2.page(data)  # the committed page is the code's page of the committed JSON
+    note = text[text.index("## Closing note") :]
+    # 12 cells x 3 (ebpo against ebpo_batch, grpo, running_norm), less the 9 separated under Holm (ahead of grpo:
+    # G = 2 in each regime and hard G = 4; behind running_norm: G = 2 in each regime, easy G = 4 and 8)
+    assert sum(_check_bounds(m[5], data["regimes"][m[1]]["final"], m[2]) for m in map(LINE.match, note.splitlines())
+               if m) == 36 - 9  # fmt: skip
+    for right, wrong in (
+        ("95% upper bound +0.0030;", "95% upper bound +0.0031;"),
+        ("detectable at 80% power: 0.0098)", "detectable at 80% power: 0.0090)"),
+        (
+            "Holm-adjusted 95% over the cell's 28 pairs: separated",
+            "Holm-adjusted 95% over the cell's 36 pairs: separated",
+        ),
+        (", behind ebpo_batch in the plain interval", ""),
+    ):
+        assert right in text
+        with pytest.raises(AssertionError):
+            check_page_against_json(text.replace(right, wrong, 1), data)
+
+
+def _holm36(data: dict) -> tuple[dict[tuple[str, str, str], bool], dict[tuple[str, str, str], float]]:
+    """Holm over the 36 tests of ebpo against ebpo_batch, grpo and running_norm in every (regime, G) cell."""
+    keys = [(r, g, b) for r in data["regimes"] for g in map(str, data["group_sizes"]) for b in rivals2.EBPO_AGAINST]
+    ps = [stats.ttest_1samp(_diff(data["regimes"][r]["final"], "ebpo", b, g), 0).pvalue for r, g, b in keys]
+    return dict(zip(keys, _holm_rejects(ps), strict=True)), dict(zip(keys, ps, strict=True))
+
+
+def _cells(data: dict, g: str, other: str) -> list[tuple[str, str, np.ndarray]]:
+    """(regime, Holm verdict over the cell's pairs, ebpo - other by seed) per regime at G ``g``."""
+    out = []
+    for name, reg in data["regimes"].items():
         final = reg["final"]
-        for g in map(str, data["group_sizes"]):
-            holm_over = list(itertools.combinations([e for e in data["top_group"] if g in final[e]], 2))
-            said = {b: _recomputed(final, "ebpo", b, g, holm_over)[1] for b in ("grpo", "running_norm", "ebpo_batch")}
-            assert said["ebpo_batch"] == "not separated from", g
-            if g == "2":
-                assert said["grpo"] == "ahead of" and said["running_norm"] == "behind"
-            gaps += [abs(np.mean([final["ebpo"][g][s] - final[b][g][s] for s in final["ebpo"][g]])) for b in said]
-    assert sum(gap < data["cross_machine_spread"] for gap in gaps) > len(gaps) / 2
+        over = list(itertools.combinations([e for e in data["top_group"] if g in final[e]], 2))
+        out.append((name, _recomputed(final, "ebpo", other, g, over)[1], _diff(final, "ebpo", other, g)))
+    return out
+
+
+def _mde(d: np.ndarray) -> float:
+    df = len(d) - 1
+    return (stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * d.std(ddof=1) / np.sqrt(len(d))
+
+
+def check_rivals2_prose(readme: str, rivals: str, data: dict) -> None:
+    """The README's and docs/rivals.md's sentences on the rivals2 study, recomputed from the per-seed values (not from
+    the stored verdicts): the family each names, the G = 2 verdicts, the bounds and detectable effects, the plain
+    exception, the post-hoc G = 16 signs, the wider family's one change and the times (measured vs extrapolated)."""
+    readme, rivals = " ".join(readme.split()), " ".join(rivals.split())
+    pairs_per_cell = len(list(itertools.combinations(data["top_group"], 2)))
+    runs = data["n_runs"]["tuning"] + data["n_runs"]["test"]
+    grpo, rn, batch = (_cells(data, "2", b) for b in ("grpo", "running_norm", "ebpo_batch"))
+    assert {v for _, v, _ in grpo} == {"ahead of"} and {v for _, v, _ in rn} == {"behind"}
+    assert {v for _, v, _ in batch} == {"not separated from"}
+    uppers = [_plain(d)[1] for _, _, d in batch]
+    mdes = [_mde(d) for _, _, d in batch]
+    assert (
+        f"{runs:,} runs, {round(data['run_seconds']):,} process-seconds), Holm over each (regime, G) cell's "
+        f"{pairs_per_cell} pairs: at G = 2 EBPO is ahead of GRPO and behind running norm in all three regimes; not "
+        f"separated from `ebpo_batch` (no cross-step memory): 95% upper bound <= {max(uppers):+.4f}, detectable at "
+        f"80% power {min(mdes):.4f}-{max(mdes):.4f}"
+    ) in readme
+    rate = data["wall_seconds"] * data["workers"] / 742  # the last command ran the easy regime's last 742 runs
+    assert (
+        f"measured: {round(data['run_seconds']):,} process-seconds of warm starts and runs, `run_seconds` in its "
+        f"summary.json, 9.2 h over 2 processes on shared cores; about {runs * rate / data['workers'] / 3600:.1f} h "
+        f"on 2 idle cores is an extrapolation from the {rate:.1f} s a run per process of its last 742 runs"
+    ) in rivals
+    assert f"a family of the {pairs_per_cell} pairs of the top group" in rivals
+    up, down = sorted(d.mean() for _, _, d in grpo), sorted(d.mean() for _, _, d in rn)
+    assert (
+        f"At G = 2 EBPO is ahead of GRPO in every regime ({up[0]:+.4f} to {up[-1]:+.4f}) and behind running_norm "
+        f"({down[-1]:+.4f} to {down[0]:+.4f})"
+    ) in rivals
+    rejected, ps = _holm36(data)
+    dropped = [k for k in rejected if k[1] == "2" and k[2] != "ebpo_batch" and not rejected[k]]
+    assert dropped == [("hard", "2", "running_norm")]
+    assert f"the hard regime's G = 2 loss to running_norm (p = {ps[dropped[0]]:.4f}) is no longer separated" in rivals
+    everywhere = [(g, c) for g in map(str, data["group_sizes"]) for c in _cells(data, g, "ebpo_batch")]
+    assert {v for _, (_, v, _) in everywhere} == {"not separated from"}
+    plain_behind = [(g, name, d) for g, (name, _, d) in everywhere if _plain(d)[0] != "not separated from"]
+    assert [(g, name) for g, name, _ in plain_behind] == [("4", "easy")] and _plain(plain_behind[0][2])[0] == "behind"
+    d = plain_behind[0][2]
+    low = 2 * d.mean() - _plain(d)[1]
+    assert f"behind at easy G = 4 ({d.mean():+.4f}, 95% [{low:+.4f}, {_plain(d)[1]:+.4f}])" in rivals
+    names = ", ".join(name for name, _, _ in batch)
+    assert (
+        f"at G = 2 the 95% upper bounds of ebpo - ebpo_batch are {', '.join(f'{u:+.4f}' for u in uppers)} ({names}) "
+        f"and the differences detectable at 80% power {', '.join(f'{m:.4f}' for m in mdes)}"
+    ) in rivals
+    g16 = _cells(data, "16", "ebpo_batch")
+    assert all(d.mean() > 0 for _, _, d in g16)
+    ts = ", ".join(f"{stats.ttest_1samp(d, 0).statistic:.2f}" for _, _, d in g16)
+    assert f"At G = 16 ebpo - ebpo_batch is positive in all three regimes (t = {ts}), a pattern seen after" in rivals
+    said = [readme[readme.index("[`rivals2`]") :].split("([more]")[0], rivals.split("- The `rivals2` preset")[1]]
+    assert not any("buys nothing" in t or "0.015" in t.split("- `benchmarks")[0] for t in said)
+
+
+def test_the_readme_and_rivals_page_sentences_hold_in_the_committed_json():
+    data = json.loads((COMMITTED / "summary.json").read_text())
+    readme, rivals = (
+        " ".join(p.read_text().split()) for p in (COMMITTED.parents[1] / "README.md", COMMITTED.parent / "rivals.md")
+    )
+    check_rivals2_prose(readme, rivals, data)
+    for right, wrong in (("+0.0030, +0.0014", "+0.0030, +0.0015"), ("(t = 1.67,", "(t = 1.76,"), ("3.3 h", "3.0 h"),
+                         ("(p = 0.0020)", "(p = 0.0200)"), ("[-0.0053, -0.0003]", "[-0.0053, +0.0003]")):  # fmt: skip
+        assert right in rivals
+        with pytest.raises(AssertionError):
+            check_rivals2_prose(readme, rivals.replace(right, wrong, 1), data)
+    with pytest.raises(AssertionError):
+        check_rivals2_prose(readme.replace("0.0022-0.0098", "0.0022-0.0100"), rivals, data)

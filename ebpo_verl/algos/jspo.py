@@ -13,8 +13,9 @@ its own group; A_ij = r_ij - b_ij (no std division). The shrinkage weight lambda
 - ``authors_code`` (``guanning03/JSPO-Official``): lambda_i = v_i / (v_i + s_i + 1e-6), no (n - 1) / n factor.
 
 Edge cases (both forms unless said): an all-correct or all-wrong group gets lambda_i (r - mbar_i), not 0; one
-prompt in the batch (n = 1) gets lambda = 0, i.e. the leave-one-out mean of its group (RLOO; our choice: the
-formula's means over the other prompts are empty, the authors' code would give NaN); a lone response (m_i = 1)
+prompt in the batch (n = 1) gets lambda = 0 and its plain group mean as baseline, A = r - mu (not RLOO's
+leave-one-out mean; as the EBPO fork's ``shrinkage_js``; our choice: the formula's means over the other prompts
+are empty, the JSPO authors' code would give NaN); a lone response (m_i = 1)
 gets lambda_i (r - mbar_i) under ``paper`` (its own mean is its baseline's leave-one-out part) and is refused
 under ``authors_code`` (the authors' code requires G >= 2). Padding rows get 0 and enter no statistic; every sum
 runs in sorted order, so results do not depend on the order of the rows.

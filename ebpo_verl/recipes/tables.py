@@ -81,6 +81,11 @@ def grpo_bn_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
     ]
 
 
+FORK_ORDERED = ("shrinkage_js", "bnpo")
+"""The authors' newest runs (fork commit 75b0147, docs/paper_notes.md#authors-runs): JS and BNPO on Qwen3-8B and
+Qwen3-14B, G = 4, KL loss 0.001, shuffled (``_gen_extra_baselines.py``) and topic-ordered (``_gen_topic_extra.py``)."""
+
+
 def ordering_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
     rows = []
     for model in ("qwen3_8b", "qwen3_14b"):
@@ -91,6 +96,9 @@ def ordering_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
                              "TRAIN_FILE": env["GPT_TOPIC_FILE"]}))  # fmt: skip
         rows.append(_row(section, "EBPO-topic (embedding labels)", model, "ebpo", 4, "topic"))
         rows.append(_row(section, "EBPO-naive", model, "ebpo", 4, "naive"))
+        if env.get("FORK_ROWS") == "1":
+            rows += [_row(section, f"{PRESETS[algo].label}-{order}", model, algo, 4, order)
+                     for algo in FORK_ORDERED for order in ("topic", "random")]  # fmt: skip
     return rows
 
 
@@ -102,14 +110,25 @@ CURRICULUM_MODELS = (
 paper's Qwen3-8B-Base runs and the two Qwen3-14B-Base runs whose step-34 eval logs the authors released."""
 
 
+FORK_SMALL = (("qwen3_1_7b", "grpo", "naive"), ("qwen3_4b", "grpo", "naive"), ("qwen3_4b", "dapo", "difficulty"))
+"""(model config, preset, order) of the authors' newest one-epoch runs (fork commit 75b0147,
+``recipe/ebpo/{grpo,dapo}_fsdp_math_17k_sorted_qwen3_{1_7b,4b}_base_multi_nodes.sh``): despite "base" in the names
+their MODEL_PATH is Qwen3-1.7B / Qwen3-4B, and the GRPO scripts read the unsorted file with shuffle off (file
+order) while DAPO reads the sorted one (docs/paper_notes.md#authors-runs)."""
+
+
 def curriculum_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
-    return [
+    rows = [
         Row(section, f"{PRESETS[algo].label}-diff", model, f"{model}_base-{algo}-g4-difficulty",
             {"ALGO": algo, "GROUP_SIZE": "4", "ORDER": "difficulty", "TOTAL_EPOCHS": "1",
              "MODEL_PATH": env.get(switch) or default})
         for section, model, switch, default, algos in CURRICULUM_MODELS
         for algo in algos
     ]  # fmt: skip
+    if env.get("FORK_ROWS") == "1":
+        rows += [_row(_label(model), f"{PRESETS[algo].label}-{'diff' if order == 'difficulty' else order}", model,
+                      algo, 4, order, TOTAL_EPOCHS="1") for model, algo, order in FORK_SMALL]  # fmt: skip
+    return rows
 
 
 def rivals_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
@@ -127,8 +146,8 @@ def rivals_rows(env: Mapping[str, str], baselines: str) -> list[Row]:
 
 @dataclass(frozen=True)
 class Table:
-    """A paper table: its rows (from the environment: V2_ROWS, GPT_TOPIC_FILE, BASE_MODEL(_14B), BASELINES), the
-    step the runs stop at (None: after the epochs), and what it is and costs (``--help``)."""
+    """A paper table: its rows (from the environment: V2_ROWS, FORK_ROWS, GPT_TOPIC_FILE, BASE_MODEL(_14B),
+    BASELINES), the step the runs stop at (None: after the epochs), and what it is and costs (``--help``)."""
 
     name: str
     about: str
@@ -163,8 +182,10 @@ TABLES: dict[str, Table] = {
             "ordering",
             "Ordering ablation (paper Table 3): EBPO with topic-clustered batches (embedding labels:\n"
             "all-MiniLM-L6-v2, UMAP, k-means K=10, seed 42) vs the native order (EBPO-naive), Qwen3-8B and\n"
-            "Qwen3-14B, G=4. GPT_TOPIC_FILE=<parquet with extra_info.topic> adds the GPT-4.1-label rows.\n"
-            "4 runs (6 with GPT_TOPIC_FILE); the embedding-topic runs are the main table's EBPO runs.",
+            "Qwen3-14B, G=4. GPT_TOPIC_FILE=<parquet with extra_info.topic> adds the GPT-4.1-label rows;\n"
+            "FORK_ROWS=1 the authors' newest runs: JS and BNPO in topic and random order (Qwen3-8B, Qwen3-14B).\n"
+            "4 runs (6 with GPT_TOPIC_FILE, +8 with FORK_ROWS); the embedding-topic runs are the main table's\n"
+            "EBPO runs, the Qwen3-8B random-order JS and BNPO runs its V2_ROWS runs.",
             ordering_rows,
         ),
         Table(
@@ -173,7 +194,9 @@ TABLES: dict[str, Table] = {
             "temperature 1.0, computed before the model's first run), one epoch. Qwen3-8B-Base (BASE_MODEL):\n"
             "EBPO-diff, GRPO-diff, Dr.GRPO-diff, DAPO-diff; Qwen3-14B-Base (BASE_MODEL_14B): EBPO-diff, GRPO-diff\n"
             "(the runs of the authors' released logs). The table shows the paper figure's EBPO-diff minus\n"
-            "GRPO-diff and the authors' logged numbers. 6 runs of 4 x 8 H200 plus one pass-rate pass per model.",
+            "GRPO-diff and the authors' logged numbers. 6 runs of 4 x 8 H200 plus one pass-rate pass per model.\n"
+            "FORK_ROWS=1 adds the authors' newest one-epoch runs: GRPO on Qwen3-1.7B and Qwen3-4B (file order),\n"
+            "DAPO-diff on Qwen3-4B (3 runs; their model configs: qwen3_1_7b, qwen3_4b).",
             curriculum_rows,
             total_steps=None,
         ),
