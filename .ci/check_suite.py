@@ -1,6 +1,7 @@
 """The suite's result as CI reads it (.ci/run).
 
-``python check_suite.py junit JUNIT_XML TESTS_DIR``: every test function defined in ``TESTS_DIR/test_*.py`` (module
+``python check_suite.py junit JUNIT_XML TESTS_DIR [MORE_JUNIT_XML ...]``: over the runs' junit files (the main venv's,
+then the ``[trl]`` venv's), every test function defined in ``TESTS_DIR/test_*.py`` (module
 level, or a method of a ``Test*`` class) ran at least once, not skipped, unless its every skip is on
 ``CI_SKIP_ALLOWLIST`` (TESTS_DIR/conftest.py), and no skip has a reason outside that list. This catches what a
 count of "tests ran > 0" lets through: a module that is not collected or is skipped whole, a deselected test, a mass
@@ -53,10 +54,11 @@ def _skip_refusal(tests_dir: Path):
     return module.ci_skip_refusal
 
 
-def junit_problems(junit: Path, tests_dir: Path) -> tuple[list[str], str]:
-    """The problems (empty: the suite ran whole) and a one-line summary."""
+def junit_problems(junit: Path, tests_dir: Path, *more: Path) -> tuple[list[str], str]:
+    """The problems (empty: the suite ran whole, over ``junit`` and the ``more`` runs' files) and a one-line
+    summary."""
     refusal = _skip_refusal(tests_dir)
-    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    cases = [case for path in (junit, *more) for case in ET.parse(path).getroot().iter("testcase")]
     ran, allowed_skips, problems = set(), set(), []
     for case in cases:
         test_id, skipped = _test_id(case), case.find("skipped")
@@ -85,8 +87,8 @@ def running(path: Path, now: float) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "junit":
-        problems, summary = junit_problems(Path(argv[1]), Path(argv[2]))
+    if len(argv) >= 3 and argv[0] == "junit":
+        problems, summary = junit_problems(Path(argv[1]), Path(argv[2]), *map(Path, argv[3:]))
         for line in problems:
             print(f"ci: {line}")
         print(f"ci: {summary}" + (f"; {len(problems)} problem(s)" if problems else ""))
@@ -95,7 +97,7 @@ def main(argv: list[str]) -> int:
         for line in running(Path(argv[1]), time.time()):
             print(f"ci:   {line}")
         return 0
-    print("usage: python check_suite.py junit JUNIT_XML TESTS_DIR | running FILE", file=sys.stderr)
+    print("usage: python check_suite.py junit JUNIT_XML TESTS_DIR [MORE_JUNIT_XML ...] | running FILE", file=sys.stderr)
     return 2
 
 

@@ -39,7 +39,8 @@ if [ "$phase" = all ] || [ "$phase" = install ]; then
     "$P" -c "import torch; v = torch.__version__; assert v == '2.13.0+cpu' and torch.version.cuda is None, v"
   done
   "$V" -m pip install -q -c .ci/constraints.txt "${wheel}[verl]"
-  "$T" -m pip install -q -c .ci/constraints.txt "${wheel}[trl]"
+  # pytest and its plugins (the test extra's pins): .ci/run runs tests/test_trl.py in this venv
+  "$T" -m pip install -q -c .ci/constraints.txt "${wheel}[trl]" pytest==9.1.1 pytest-xdist==3.8.0 pytest-timeout==2.4.0
   say "installed $(basename "$wheel") with [verl], and with [trl] in a second venv, in $((SECONDS - start)) s"
 fi
 if [ "$phase" != all ] && [ "$phase" != check ]; then

@@ -212,6 +212,9 @@ def test_check_suite_passes_a_whole_run_and_names_what_did_not_run(tmp_path):
         [], "3 tests ran, 0 skipped; 3 test functions ran at least once")  # fmt: skip
     problems, _ = check.junit_problems(*_fake_suite(tmp_path / "missing", ONE + M))
     assert problems == ["test_a.py::test_two: defined but never ran (not collected, deselected or skipped)"]
+    trl_venv = tmp_path / "junit-trl.xml"  # .ci/run: a file run in a second venv, its own junit
+    trl_venv.write_text(f'<testsuites><testsuite name="pytest">{TWO}</testsuite></testsuites>')
+    assert check.junit_problems(*_fake_suite(tmp_path / "split", ONE + M), trl_venv)[0] == []
     skipped = f'<testcase classname="tests.test_a" name="test_two"><skipped message="{ALLOWED}: x"/></testcase>'
     assert check.junit_problems(*_fake_suite(tmp_path / "allowed", ONE + M + skipped))[0] == []
     off = '<testcase classname="tests.test_b.TestC" name="test_m"><skipped message="why not"/></testcase>'

@@ -714,6 +714,59 @@ def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override, _compose
     assert check_config(_composed(override)).ebpo is not None  # the Gaussian prior takes any reward
 
 
+def test_preflight_refuses_each_legacy_reward_key_naming_the_key_that_replaced_it(_composed):
+    from omegaconf import OmegaConf
+
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight import check_config
+    from ebpo_verl.trainer.preflight.config import LEGACY_REWARD_KEYS
+
+    base = _composed()
+    for legacy, replacement in LEGACY_REWARD_KEYS.items():  # both sides are keys of verl 0.9.1's composed config
+        if legacy == "reward_model.reward_kwargs":  # in neither section: DAPO's scripts add it (and its new key) with +
+            continue
+        assert OmegaConf.select(base, legacy, default="absent") is None, legacy  # null unless set: ignored by verl
+        assert OmegaConf.select(base, replacement, default="absent") != "absent", replacement
+    with pytest.raises(EBPOConfigError) as err:
+        check_config(_composed("reward_model.enable=True"))
+    assert str(err.value) == (
+        "reward_model.enable=True is verl's legacy reward key, which verl 0.9.1's trainer ignores: set "
+        "reward.reward_model.enable instead"
+    )
+    with pytest.raises(EBPOConfigError, match=r"^reward_model.model.path='/m' .* set reward.reward_model.model_path"):
+        check_config(_composed("reward_model.model.path=/m"))
+    with pytest.raises(
+        EBPOConfigError, match=r"^reward_model.reward_kwargs=\{'overlong.* set reward.reward_kwargs instead$"
+    ):
+        check_config(_composed("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True"))
+    assert check_config(_composed("reward.reward_model.enable=True")).ebpo is not None  # the new key passes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (("algorithm.filter_groups.enable=True",), "ebpo"),
+        (("algorithm.filter_groups.enable=True", "algorithm.adv_estimator=spo"), "spo"),
+        (("algorithm.filter_groups.enable=True", "algorithm.adv_estimator=grpo"), None),  # verl's: no state
+        (("algorithm.filter_groups.enable=True", "algorithm.adv_estimator=bnpo"), None),  # ours, stateless
+        ((), None),
+    ],
+)
+def test_preflight_warns_once_that_filtered_groups_never_reach_a_stateful_estimator(capsys, _composed, overrides,
+                                                                                     warned):  # fmt: skip
+    from ebpo_verl.trainer.preflight import preflight
+
+    config = _composed("actor_rollout_ref.model.path=Qwen/Qwen3-8B", *overrides)
+    preflight(config, dry_run=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "filter_groups" in line]
+    expected = (
+        f"ebpo-train: warning: algorithm.filter_groups.enable=True drops every all-pass and all-fail group before the "
+        f"advantage step: the {warned} estimator's running state never sees them, only the mixed groups "
+        "(docs/estimator.md)"
+    )
+    assert lines == ([expected] if warned else [])
+
+
 def test_preflight_warns_once_about_ignored_options(capsys, _composed):
     from ebpo_verl.trainer.preflight import preflight
 
@@ -786,3 +839,112 @@ def test_advantage_beyond_the_output_dtype_is_an_overflow_error_not_inf():
     assert state.steps == 0
     ok = compute_ebpo_advantages(Batch(scores.double(), uids, torch.ones(3, dtype=torch.bool)), options, state).values
     np.testing.assert_array_equal(ok.numpy(), [40000.0, 40000.0, -80000.0])
+
+
+# ------------------------------------------- rows verl drops, pads and reorders before ebpo-train's advantage step
+
+
+def dapo_rows(rng: np.random.Generator, step: int, keep: int, n: int = 4, world: int = 8) -> dict:
+    """The rows verl 0.9.1 hands the advantage step under dynamic sampling (``algorithm.filter_groups``) and padding:
+    groups of ``n`` whose rewards are all equal (all-pass, all-fail) are evicted and further prompts' groups drawn
+    until ``keep`` mixed groups are kept; then ``pad*`` rows (verl's ``upsample_batch_to_divisible_size``: an
+    all-zero response mask, the first row's ``extra_info``, tagged ``is_padding``) up to a multiple of ``world``;
+    then the rows reordered (``_balance_batch``). Returns the kept rows in group order and that permutation."""
+    uids, rewards, infos, dropped, pid = [], [], [], [], 0
+    while len(uids) < keep * n:
+        r = rng.binomial(1, rng.choice([0.1, 0.5, 0.9]), n).astype(np.float64)
+        target = dropped if r.min() == r.max() else rewards
+        if target is rewards:
+            uids += [f"s{step}-q{pid}"] * n
+            infos += [{"index": pid}] * n  # prompts recur across steps (SPO's trackers), each under a new uid
+        target.append(r)
+        pid += 1
+    pad = -len(uids) % world
+    order = rng.permutation(len(uids) + pad)
+    return {"uids": np.array(uids, dtype=object), "rewards": np.concatenate(rewards), "infos": infos,
+            "dropped": dropped, "pad": pad, "order": order}  # fmt: skip
+
+
+def advantage_step_on(trainer, rows: dict) -> np.ndarray:
+    """``rows`` through ebpo-train's ``_compute_advantage`` (the trainer's run estimator, its ``_row_keys`` reading
+    the padding tags), verl's TransferQueue fetch (``_advantage_step``) replaced by the DataProto it builds; each
+    row's advantage in the reordered order."""
+    from types import SimpleNamespace
+
+    pad_uid = "pad" + "0f" * 16
+    uids = np.concatenate([rows["uids"], np.array([pad_uid] * rows["pad"], dtype=object)])[rows["order"]]
+    rewards = np.concatenate([rows["rewards"], np.zeros(rows["pad"])])[rows["order"]]
+    infos = np.array(rows["infos"] + [rows["infos"][0]] * rows["pad"], dtype=object)[rows["order"]]
+    padding = rows["order"] >= len(rows["uids"])
+    seen = {}
+
+    def step(batch, metrics, extra, estimate):
+        data = make_dataproto(uids, rewards)
+        data.batch["response_mask"][torch.from_numpy(padding)] = 0
+        if "extra_info" in extra:
+            data.non_tensor_batch["extra_info"] = infos
+        estimate(data)
+        seen["advantages"] = data.batch["advantages"].clone()
+
+    trainer._advantage_step = step
+    keys = [f"{u}_{o % 4}_0" for u, o in zip(uids, rows["order"], strict=True)]  # {uid}_{sample in group}_{index}
+    trainer._compute_advantage(SimpleNamespace(keys=keys, tags=[{"is_padding": bool(p)} for p in padding]), {})
+    return seen["advantages"][:, 0].double().numpy()  # every real row has its first response token
+
+
+def test_dropped_padded_and_reordered_rows_each_get_their_own_groups_advantage(stand_in_trainer, compose_config):
+    """ebpo (history) through two steps of DAPO-filtered, padded, reordered batches: every row's advantage is the
+    independent two-pass EBPO value of its own group computed over the kept groups only (the dropped all-pass and
+    all-fail groups never reach the state), padding gets 0."""
+    config = compose_config("algorithm.filter_groups.enable=True", "actor_rollout_ref.rollout.n=4")
+    trainer = stand_in_trainer(config)
+    rng = np.random.default_rng(53)
+    history, everything = [], []
+    for step in (1, 2):
+        rows = dapo_rows(rng, step, keep=5)
+        assert rows["dropped"] and rows["pad"], "the draw must drop groups and pad"
+        got = advantage_step_on(trainer, rows)
+        history.append((rows["uids"], rows["rewards"]))
+        everything.append((np.concatenate([rows["uids"]] + [[f"d{i}"] * 4 for i in range(len(rows["dropped"]))]),
+                           np.concatenate([rows["rewards"], *rows["dropped"]])))  # fmt: skip
+        want = reference_advantages(*history[-1], *two_pass_prior(history))
+        real = rows["order"] < len(rows["uids"])
+        np.testing.assert_allclose(got[real], want[rows["order"][real]], rtol=1e-5, atol=1e-6)
+        assert not got[~real].any()
+        mismatched = want[np.roll(rows["order"][real], 4)]  # the same values paired with other groups' rows
+        assert not np.allclose(got[real], mismatched, atol=1e-3)
+    state = trainer.estimator.state
+    assert (state.prompts_seen, state.responses_seen) == (10, 40)  # the kept groups only
+    assert not np.allclose(two_pass_prior(history), two_pass_prior(everything))  # the dropped groups would count
+
+
+@pytest.mark.parametrize("name", ["spo", "dbb", "krpo", "running_norm"])
+def test_dropped_padded_and_reordered_rows_pair_with_their_groups_for_row_keyed_estimators(
+    stand_in_trainer, compose_config, name
+):
+    """Estimators reading a per-row field through ebpo-train (prompt keys from ``extra_info``, padding rows carrying
+    a copy of a real row's; krpo's sample index from the trajectory keys): the same advantages, row for row, as a
+    fresh estimator fed the kept rows in group order without padding."""
+    spec = registry.get(name)
+    option = {"spo": "prompt_key=index", "dbb": "prompt_key=index", "running_norm": "row_key=index"}.get(name)
+    overrides = [
+        f"algorithm.adv_estimator={name}",
+        "algorithm.filter_groups.enable=True",
+        "actor_rollout_ref.rollout.n=4",
+    ]
+    trainer = stand_in_trainer(compose_config(*overrides, *([f"algorithm.{name}.{option}"] if option else [])))
+    reference = registry.new_estimator(spec, trainer.options.estimator)
+    rng = np.random.default_rng(7)
+    for step in (1, 2):
+        rows = dapo_rows(rng, step, keep=5)
+        got = advantage_step_on(trainer, rows)
+        keys = None
+        if spec.row_key:
+            keys = np.array([info["index"] for info in rows["infos"]], dtype=object)
+        elif spec.reads_sample_index:
+            keys = np.array([i % 4 for i in range(len(rows["uids"]))], dtype=object)
+        scores = torch.as_tensor(rows["rewards"], dtype=torch.float32).double()
+        want = reference(scores, rows["uids"], torch.ones(len(scores), dtype=torch.bool), keys).values.double().numpy()
+        real = rows["order"] < len(rows["uids"])
+        np.testing.assert_allclose(got[real], want[rows["order"][real]], rtol=1e-5, atol=1e-6)
+        assert not got[~real].any()

@@ -1,11 +1,11 @@
-"""The TRL integration (ebpo_verl.integrations.trl): TRL's GRPOTrainer on the package's tiny model, on CPU.
+"""The TRL integration (ebpo_verl.integrations.trl): TRL's GRPOTrainer on the package's tiny model, on CPU, with the
+``[trl]`` extra only (no verl, Ray or Hydra: CI runs this file in the wheel's ``[trl]`` venv, .ci/run; the comparisons
+with verl are tests/test_trl_verl.py).
 
-The advantages TRL trains with are checked, for every estimator of the registry, against verl's registered function
-(``get_adv_estimator_fn``) fed the same rewards and prompt keys (float32 scores, one uid per group); a resume of
-every stateful estimator, and resumes from saves inside TRL's generation blocks (accumulation with an epoch's
-shorter last update, epoch saves, a fractional ``save_steps``, the final save, ``num_iterations`` 2), against the
-uninterrupted run, micro-step by micro-step; an all-fail group against TRL's own advantage (0); evaluate() against
-the state it must keep; two processes on gloo, each rank's slice.
+A resume of every stateful estimator, and resumes from saves inside TRL's generation blocks (accumulation with an
+epoch's shorter last update, epoch saves, a fractional ``save_steps``, the final save, ``num_iterations`` 2), against
+the uninterrupted run, micro-step by micro-step; the checkpoint's block files checked for what TRL will read; an
+all-fail group against TRL's own advantage (0); evaluate() against the state it must keep.
 """
 
 from __future__ import annotations
@@ -25,166 +25,27 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from ebpo_verl.algos import registry  # noqa: E402
-from ebpo_verl.cpu.tiny import build_model, build_tokenizer  # noqa: E402
 from ebpo_verl.integrations.trl import (  # noqa: E402
-    BLOCK_FILE,
-    BUFFER_FILE,
-    EstimatorMixin,
-    block_settings,
     check_column,
-    load_block,
     lookup,
-    on_boundary,
     parse_options,
     row_field,
 )
+from ebpo_verl.integrations.trl_block import (  # noqa: E402
+    BLOCK_FILE,
+    BUFFER_FILE,
+    KNOWN_TRL,
+    BlockLayout,
+    block_settings,
+    check_block,
+    load_block,
+    on_boundary,
+)
+from ebpo_verl.ops.errors import MESSAGE_LIMIT  # noqa: E402
+from tests import trl_support  # noqa: E402
+from tests.trl_support import dataset, options_of, trainer  # noqa: E402
 
-ROWS = 8
-FAILING = {0, 1}  # prompts whose every completion scores 0: the all-fail groups of step 1
-
-
-def reward(completions: list[str], extra_info: list[dict] | None = None, **kwargs: object) -> list[float]:
-    """0 for the FAILING prompts, else a parity of the completion's characters (varied, deterministic)."""
-    pairs = zip(completions, extra_info or [{"index": 0}] * len(completions), strict=True)
-    return [0.0 if e["index"] in FAILING else float(sum(map(ord, c)) % 2) for c, e in pairs]
-
-
-class Spy(GRPOTrainer):
-    """Records TRL's own advantages of each generation (before the mixin replaces them)."""
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self.trl_advantages.append(output["advantages"].clone())
-        return output
-
-
-class Recorded(EstimatorMixin, Spy):
-    """The integration, recording each step's gathered rewards, keys and the advantages that reach the loss."""
-
-    def __init__(self, *args, **kwargs):
-        self.trl_advantages, self.steps, self.used, self.micro = [], [], [], []
-        super().__init__(*args, **kwargs)
-
-    def estimate(self, rewards_per_func, keys, train):
-        values = super().estimate(rewards_per_func, keys, train)
-        if train:
-            self.steps.append((rewards_per_func.clone(), None if keys is None else keys.copy()))
-        return values
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self.used.append(output["advantages"].clone())
-        return output
-
-    def _prepare_inputs(self, generation_batch):
-        inputs = super()._prepare_inputs(generation_batch)
-        if self.model.training:  # the slice of the block each training micro-step takes to the loss
-            self.micro.append(inputs["advantages"].clone())
-        return inputs
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    path = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_tokenizer(path)
-    build_model(path, tokenizer)
-    return path, tokenizer
-
-
-def dataset(rows: int = ROWS) -> Dataset:
-    return Dataset.from_list([{"prompt": f"What is {i} + 1?", "extra_info": {"index": i}} for i in range(rows)])
-
-
-def trainer(tiny, out: Path, estimator: str, options=None, steps: int = 2, cls=Recorded, rows: int = ROWS, **config):
-    path, tokenizer = tiny
-    settings = dict(per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=steps)
-    settings.update(report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, seed=0)
-    settings.update(config)
-    args = GRPOConfig(output_dir=str(out), **settings)
-    kw = {} if cls is Spy else {"estimator": estimator, "estimator_options": options}
-    data = dataset(rows)
-    return cls(model=str(path), reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, **kw)
-
-
-VERL_OVERRIDES = {"krpo": {"order": "rows"}}
-"""Stock verl passes no rollout sample index, so its ``krpo`` walks the rows as given; TRL's ``krpo`` runs with its
-defaults (each completion's place in its group, the same walk): equal, as the test below checks."""
-
-
-def options_of(name: str, verl: bool = False) -> dict | None:
-    """The options a test runs ``name`` with: a prompt key where the estimator tracks prompts (``extra_info.index``),
-    with ``verl`` the VERL_OVERRIDES; None (the defaults) otherwise."""
-    spec = registry.get(name)
-    options = {spec.row_key: "extra_info.index"} if spec.unique_row_key else {}
-    options.update(VERL_OVERRIDES.get(name, {}) if verl else {})
-    return options or None
-
-
-def verl_advantages(name: str, rewards: torch.Tensor, keys: np.ndarray | None) -> torch.Tensor:
-    """verl's registered function of ``name`` on one step: float32 scores as the last token's reward, a uid per
-    group of 2, ``name``'s options in ``algorithm.<name>``, the prompt keys as the per-row field."""
-    from omegaconf import OmegaConf
-    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-
-    spec = registry.get(name)
-    rows = len(rewards)
-    token_rewards = torch.zeros(rows, 3)
-    token_rewards[:, -1] = rewards.to(torch.float32)
-    index = np.asarray([f"uid{i // 2}" for i in range(rows)], dtype=object)
-    node = {"adv_estimator": spec.registered_name}
-    if spec.options_cls is not None:
-        node[name] = options_of(name, verl=True) or {}
-    row = {spec.row_kwarg: keys} if keys is not None else {}
-    fn = get_adv_estimator_fn(spec.registered_name)
-    advantages, _ = fn(token_rewards, torch.ones(rows, 3), index, config=OmegaConf.create(node), **row)
-    return advantages[:, 0]
-
-
-def reset_verls_estimators() -> None:
-    """verl's per-process estimator objects (behind its registered functions) back to a fresh state."""
-    import ebpo_verl
-    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-    ebpo_verl.register()
-    for default in DEFAULT_ESTIMATORS.values():
-        default.reset()
-
-
-@pytest.fixture(scope="module")
-def runs(tiny, tmp_path_factory):
-    """``runs(name)``: a 2-step run of ``name`` (checkpoints 1 and 2 for a stateful one), trained once per module."""
-    done: dict[str, GRPOTrainer] = {}
-
-    def run(name: str) -> GRPOTrainer:
-        if name not in done:
-            save = {"save_strategy": "steps", "save_steps": 1} if registry.get(name).stateful else {}
-            done[name] = trainer(tiny, tmp_path_factory.mktemp(name), name, options_of(name), steps=2, **save)
-            done[name].train()
-        return done[name]
-
-    return run
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(registry.ours()))
-def test_advantages_equal_verls_registered_function(runs, name):
-    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
-
-    t = runs(name)
-    reset_verls_estimators()
-    assert len(t.steps) == len(t.used) == 2
-    for step, ((rewards, keys), used) in enumerate(zip(t.steps, t.used, strict=True)):
-        expected = verl_advantages(name, rewards[:, 0], keys)  # one reward function, weight 1
-        torch.testing.assert_close(used, expected, rtol=1e-6, atol=1e-6, msg=f"step {step + 1}")
-    assert sum(used.abs().sum() for used in t.used) > 0  # the check sees non-trivial advantages
-    if registry.get(name).stateful:
-        assert t.estimator.state.state_dict() == DEFAULT_ESTIMATORS[name].state.state_dict()
-    rewards, keys = t.steps[0]  # the diagnostics TRL logged are the package estimator's, by name
-    index = np.asarray([f"uid{i // 2}" for i in range(len(rewards))], dtype=object)
-    fresh = registry.new_estimator(lookup(name), options_of(name, verl=True))
-    diagnostics = fresh(rewards[:, 0], index, torch.ones(len(rewards), dtype=torch.bool), keys).diagnostics
-    logged = [k for k in t.state.log_history[0] if k.split("/")[0] == name]
-    assert sorted(logged) == sorted(diagnostics), t.state.log_history[0]
+tiny, runs = trl_support.tiny, trl_support.runs  # the shared fixtures
 
 
 @pytest.mark.slow
@@ -299,6 +160,14 @@ def test_two_iterations_per_block_resume_exactly_from_inside_a_block(tiny, tmp_p
     with pytest.raises(ValueError, match=r"trl_block.json: num_iterations 2 -> 3 since the save") as err:
         changed.train(resume_from_checkpoint=str(checkpoint))
     assert "\n" not in str(err.value)
+    saved = torch.load(checkpoint / BUFFER_FILE.format(0), weights_only=True)
+    vocab = full.model.get_input_embeddings().num_embeddings
+    assert check_block(saved, BlockLayout.of(full.args, vocab), len(saved)) is None  # what TRL buffered passes
+    torch.save(list(range(len(saved))), checkpoint / BUFFER_FILE.format(0))  # the right length, nothing TRL reads
+    wrong = trainer(tiny, tmp_path / "wrong", "ebpo", steps=4, **iterations)
+    with pytest.raises(ValueError, match=r"trl_block_rank0.pt is not a block TRL 1.16.0 can continue: micro-batch 0"):
+        wrong.train(resume_from_checkpoint=str(checkpoint))
+    assert wrong.micro == [] and wrong.used == []  # refused before any micro-step
     (checkpoint / BUFFER_FILE.format(0)).unlink()
     lost = trainer(tiny, tmp_path / "lost", "ebpo", steps=4, **iterations)
     with pytest.raises(ValueError, match=r"trl_block_rank0.pt is missing: the checkpoint lies inside a generation"):
@@ -312,11 +181,66 @@ class Planted:
         return (Path.touch, (Path("planted"),))
 
 
-def test_a_bad_block_file_is_refused_in_one_line(tmp_path, monkeypatch):
+SETTINGS = {"gradient_accumulation_steps": 2, "steps_per_generation": 3, "num_iterations": 1, "processes": 1}
+LAYOUT = BlockLayout(rows=2, vocab=50, implied={"old_per_token_logps": True, "ref_per_token_logps": False,
+                                                 "importance_sampling_ratio": False})  # fmt: skip
+
+
+def good_block(rows: int = 2, prompt: int = 3, completion: int = 4) -> list[dict]:
+    """A block as TRL 1.16.0 buffers it under SETTINGS (accumulation 2 is no multiple of 3: the old log-probs kept)."""
+    ids = torch.arange(rows * (prompt + completion)).view(rows, -1) % 50
+    return [
+        {"prompt_ids": ids[:, :prompt], "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
+         "completion_ids": ids[:, prompt:], "completion_mask": torch.tensor([[1] * completion, [1, 1, 0, 0]]),
+         "advantages": torch.tensor([0.5, -0.5]), "num_items_in_batch": torch.tensor(30),
+         "old_per_token_logps": torch.full((rows, completion), -1.0)}
+        for _ in range(SETTINGS["steps_per_generation"])
+    ]  # fmt: skip
+
+
+def changed(key: str, value) -> list[dict]:
+    block = good_block()
+    block[1] = {**block[1], key: value}
+    return block
+
+
+BAD_BLOCKS = [
+    ([1, 2, 3], "micro-batch 0 is int, not a dict of tensors"),  # right length, nothing TRL can read
+    (good_block()[:2], "expected a list of steps_per_generation=3 micro-batches, got a list of 2$"),
+    ([{k: v for k, v in b.items() if k != "advantages"} for b in good_block()], "micro-batch 0 lacks advantages"),
+    (changed("extra", torch.ones(2)), r"micro-batch 1 has \['extra'\], which TRL 1.16.0 with these settings"),
+    (changed("ref_per_token_logps", torch.ones(2, 4)), r"micro-batch 1 has \['ref_per_token_logps'\]"),  # beta 0
+    ([{k: v for k, v in b.items() if k != "old_per_token_logps"} for b in good_block()], "lacks old_per_token_logps"),
+    (changed("advantages", [0.5, -0.5]), "micro-batch 1 advantages is list, not a tensor"),
+    (changed("advantages", torch.ones(3)), r"advantages has shape \(3,\), not \(B\) or \(B, C\) \(B = per_device"),
+    (changed("advantages", torch.tensor([0.5, float("nan")])), "micro-batch 1 advantages holds NaN or inf"),
+    (changed("completion_ids", torch.ones(2, 4)), "completion_ids has dtype torch.float32, not an integer dtype"),
+    (changed("completion_ids", torch.full((2, 4), 50)), r"completion_ids holds token ids outside \[0, 50\)"),
+    (changed("completion_mask", torch.ones(2, 5, dtype=torch.long)), r"completion_mask has shape \(2, 5\)"),
+    (changed("prompt_mask", torch.full((2, 3), 2)), "prompt_mask holds values other than 0 and 1"),
+    (changed("old_per_token_logps", torch.zeros(2, 4, dtype=torch.long)), "dtype torch.int64, not a floating"),
+    (changed("num_items_in_batch", torch.tensor(-1)), "num_items_in_batch is tensor\\(-1\\), not a count >= 0"),
+    (changed("num_items_in_batch", torch.tensor(31)), r"num_items_in_batch differs between micro-batches \(\[30.0, 31"),
+]
+
+
+@pytest.mark.parametrize(("block", "expected"), BAD_BLOCKS)
+def test_a_block_trl_could_not_read_is_refused_in_one_line(tmp_path, block, expected):
+    (tmp_path / BLOCK_FILE).write_text(json.dumps({**SETTINGS, "micro_step": 7}))
+    assert check_block(good_block(), LAYOUT, 3) is None  # the well-formed block these cases break
+    torch.save(block, tmp_path / BUFFER_FILE.format(0))
+    with pytest.raises(ValueError, match=expected) as err:
+        load_block(str(tmp_path), SETTINGS, 0, "cpu", 4, LAYOUT, KNOWN_TRL)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / BUFFER_FILE.format(0)} is not a block TRL 1.16.0 can continue: ")
+    assert "\n" not in message and len(message) - len(str(tmp_path)) < MESSAGE_LIMIT
+
+
+def test_a_bad_counter_file_or_trl_version_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    settings = {"gradient_accumulation_steps": 2, "steps_per_generation": 3, "num_iterations": 1, "processes": 1}
+    settings, folder = SETTINGS, str(tmp_path)
     with pytest.raises(ValueError, match="trl_block.json is missing: resume from a checkpoint written by"):
-        load_block(str(tmp_path), settings, 0, "cpu")
+        load_block(folder, settings, 0, "cpu", 4, LAYOUT, KNOWN_TRL)
     for text, expected in (
         ("{", "is not valid JSON"),
         ("[" * 100000, "is not valid JSON"),
@@ -324,24 +248,42 @@ def test_a_bad_block_file_is_refused_in_one_line(tmp_path, monkeypatch):
         (json.dumps({**settings, "micro_step": -1}), "is malformed"),
         (json.dumps({**settings, "micro_step": True}), "is malformed"),
         (json.dumps(settings), "is malformed"),
-    ):
+        (json.dumps({**settings, "micro_step": 10**400}), r"micro_step 1000000000000.*\.\.\.0+ does not fit the chec"),
+        (json.dumps({**settings, "micro_step": 9}), "micro_step 9 does not fit the checkpoint's global_step 4 .TRL "
+                                                    "counts 4 to 8 micro-batches for it."),
+        (json.dumps({**settings, "micro_step": 3}), "micro_step 3 does not fit"),
+        (json.dumps({**settings, "processes": 10**400, "micro_step": 6}), r"processes 1000000.*\.\.\.0+ -> 1 since"),
+    ):  # fmt: skip
         (tmp_path / BLOCK_FILE).write_text(text)
         with pytest.raises(ValueError, match=expected) as err:
-            load_block(str(tmp_path), settings, 0, "cpu")
-        assert "\n" not in str(err.value)
+            load_block(folder, settings, 0, "cpu", 4, LAYOUT, KNOWN_TRL)
+        assert "\n" not in str(err.value) and len(str(err.value)) - len(folder) < MESSAGE_LIMIT
     (tmp_path / BLOCK_FILE).write_text(json.dumps({**settings, "micro_step": 6}))
-    assert load_block(str(tmp_path), settings, 0, "cpu") == (6, None)  # a block's end: nothing else is read
+    assert load_block(folder, settings, 0, "cpu", 4, LAYOUT, KNOWN_TRL) == (6, None)  # a block's end: nothing more read
+    with pytest.raises(ValueError, match=r"^TRL '1.17.0' is installed, but .* pip install trl==1.16.0 to resume"):
+        load_block(folder, settings, 0, "cpu", 4, LAYOUT, "1.17.0")
     (tmp_path / BLOCK_FILE).write_text(json.dumps({**settings, "micro_step": 7}))
-    torch.save({"not": "a block"}, tmp_path / BUFFER_FILE.format(0))
-    with pytest.raises(ValueError, match="is malformed: expected a list of steps_per_generation=3 batches"):
-        load_block(str(tmp_path), settings, 0, "cpu")
     torch.save([Planted()] * 3, tmp_path / BUFFER_FILE.format(0))
     with pytest.raises(ValueError, match="is not a weights-only block of tensors") as err:
-        load_block(str(tmp_path), settings, 0, "cpu")
+        load_block(folder, settings, 0, "cpu", 4, LAYOUT, KNOWN_TRL)
     assert "\n" not in str(err.value) and not (tmp_path / "planted").exists()
-    torch.save([{"x": torch.ones(1)}] * 3, tmp_path / BUFFER_FILE.format(0))
-    micro, block = load_block(str(tmp_path), settings, 0, "cpu")
-    assert micro == 7 and torch.equal(block[2]["x"], torch.ones(1))
+    torch.save(good_block(), tmp_path / BUFFER_FILE.format(0))
+    micro, block = load_block(folder, settings, 0, "cpu", 4, LAYOUT, KNOWN_TRL)
+    assert micro == 7 and torch.equal(block[2]["advantages"], torch.tensor([0.5, -0.5]))
+
+
+def test_the_layout_follows_trls_settings():
+    def layout(**kw):
+        args = GRPOConfig(output_dir="unused", report_to=[], use_cpu=True, per_device_train_batch_size=2,
+                          num_generations=2, **kw)  # fmt: skip
+        return BlockLayout.of(args, 50)
+
+    assert layout().implied == {"old_per_token_logps": False, "ref_per_token_logps": False,
+                                "importance_sampling_ratio": False}  # fmt: skip
+    assert layout(num_iterations=2).implied["old_per_token_logps"]  # a block is trained on twice
+    assert layout(gradient_accumulation_steps=2, steps_per_generation=3).implied["old_per_token_logps"]
+    assert not layout(gradient_accumulation_steps=4, steps_per_generation=2).implied["old_per_token_logps"]
+    assert layout(beta=0.04).implied["ref_per_token_logps"] and layout().rows == 2
 
 
 @pytest.mark.slow
@@ -443,76 +385,6 @@ def test_the_example_trains_saves_and_resumes(tmp_path, capsys):
     ]
     assert "EBPO state equals the uninterrupted run's" in out
     assert (tmp_path / "ex" / "run" / "checkpoint-2" / "ebpo_state.json").is_file()
-
-
-TWO_RANKS = """
-import json, sys
-from pathlib import Path
-from datasets import Dataset
-from transformers import AutoTokenizer
-from trl import GRPOConfig
-from ebpo_verl.integrations.trl import EstimatorGRPOTrainer
-
-class Recorded(EstimatorGRPOTrainer):
-    def estimate(self, rewards_per_func, keys, train):
-        values = super().estimate(rewards_per_func, keys, train)
-        self.steps.append({"rewards": rewards_per_func[:, 0].tolist(), "keys": keys.tolist()})
-        return values
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self.steps[-1]["local"] = output["advantages"].tolist()
-        return output
-
-out, model = Path(sys.argv[1]), sys.argv[2]
-def reward(completions, extra_info, **kw):
-    return [0.0 if e["index"] < 2 else float(sum(map(ord, c)) % 2) for c, e in zip(completions, extra_info)]
-rows = [{"prompt": f"What is {i} + 1?", "extra_info": {"index": i}} for i in range(8)]
-args = GRPOConfig(output_dir=str(out / "run"), per_device_train_batch_size=2, num_generations=2, max_steps=2,
-                  max_completion_length=6, save_strategy="steps", save_steps=2, report_to=[], use_cpu=True, seed=0)
-t = Recorded(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
-             processing_class=AutoTokenizer.from_pretrained(model), estimator="spo",
-             estimator_options={"prompt_key": "extra_info.index"})
-t.steps = []
-t.train()
-state = {"world": t.accelerator.num_processes, "state": t.estimator.state.state_dict(), "steps": t.steps}
-(out / f"state{t.accelerator.process_index}.json").write_text(json.dumps(state))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_two_processes_on_gloo_each_take_their_slice_and_end_with_the_same_state(tiny, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS)
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    done = subprocess.run([*command, str(script), str(tmp_path), str(tiny[0])], env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["world"] == ranks[1]["world"] == 2
-    assert ranks[0]["state"] == ranks[1]["state"]
-    assert len(ranks[0]["state"]["keys"]) == 4  # 2 steps x 2 prompts, one from each rank: both were gathered
-    saved = json.loads((tmp_path / "run" / "checkpoint-2" / "spo_state.json").read_text())
-    assert saved["state"] == ranks[0]["state"]
-    reset_verls_estimators()
-    distinct = 0  # steps where the two ranks' slices differ: a rank taking the other's rows would be seen
-    for step, (a, b) in enumerate(zip(ranks[0]["steps"], ranks[1]["steps"], strict=True)):
-        assert (a["rewards"], a["keys"]) == (b["rewards"], b["keys"]), step  # the same gathered rewards and keys
-        keys = np.asarray(a["keys"], dtype=object)
-        expected = verl_advantages("spo", torch.tensor(a["rewards"], dtype=torch.float64), keys)
-        assert len(a["local"]) == len(b["local"]) == len(expected) // 2 == 2
-        for rank, slice_ in ((0, a["local"]), (1, b["local"])):  # each rank trains on its own rows' advantages
-            want = expected[2 * rank : 2 * rank + 2]
-            torch.testing.assert_close(torch.tensor(slice_), want, rtol=1e-6, atol=1e-6, msg=f"{step} rank {rank}")
-        distinct += not torch.equal(expected[:2], expected[2:])
-    assert distinct > 0
 
 
 def test_without_the_verl_extra_ebpo_train_and_register_name_it_in_one_line():

@@ -14,20 +14,27 @@ from __future__ import annotations
 import copy
 import json
 import os
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+import trl
 from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.registry import EstimatorSpec
+from ebpo_verl.integrations.trl_block import (
+    BLOCK_FILE,
+    BUFFER_FILE,
+    BlockLayout,
+    block_settings,
+    load_block,
+    on_boundary,
+)
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
-from ebpo_verl.ops.errors import one_line
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 
 
@@ -84,69 +91,6 @@ def check_column(dataset: Any, column: str, unique: bool, option: str) -> None:
                 "name a column unique per prompt"
             )
         seen[key] = i
-
-
-def on_boundary(micro_step: int, settings: Mapping[str, int]) -> bool:
-    """Whether TRL's micro-step counter (``GRPOTrainer._step``) is at a generation block's end: a multiple of
-    ``steps_per_generation x num_iterations`` (not ``global_step x gradient_accumulation_steps``: Transformers ends an
-    epoch whose micro-batches are not a multiple of the accumulation with a shorter update)."""
-    return micro_step % (settings["steps_per_generation"] * settings["num_iterations"]) == 0
-
-
-BLOCK_FILE = "trl_block.json"
-"""TRL's micro-step counter and block settings at a save, in every checkpoint folder the mixin writes."""
-BUFFER_FILE = "trl_block_rank{}.pt"
-"""A process's generated block (TRL's ``_buffered_inputs``), written by every process at a save inside a block."""
-
-
-def block_settings(args: Any, processes: int) -> dict[str, int]:
-    """The settings that place TRL's blocks and its data position: a resume must keep them."""
-    names = ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")
-    return {**{name: int(getattr(args, name)) for name in names}, "processes": int(processes)}
-
-
-def load_block(folder: str, settings: dict[str, int], rank: int, device: Any) -> tuple[int, list[Any] | None]:
-    """TRL's counter at the save in ``folder`` and, when it lies inside a block, this process's generated block
-    (None at a boundary: TRL generates anew). ValueError in one line for a missing or malformed file or a changed
-    block setting."""
-    path = os.path.join(folder, BLOCK_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(
-            f"{path} is missing: resume from a checkpoint written by ebpo-verl's TRL integration (it records TRL's "
-            "micro-step counter, which places the generation blocks)"
-        ) from None
-    except (ValueError, RecursionError) as err:
-        raise ValueError(f"{path} is not valid JSON ({one_line(err)}): resume from an intact checkpoint") from None
-    keys = {"micro_step", *settings}
-    counts = isinstance(saved, dict) and set(saved) == keys and all(type(v) is int and v >= 0 for v in saved.values())
-    if not counts:
-        raise ValueError(f"{path} is malformed: expected non-negative integers {', '.join(sorted(keys))}")
-    changed = [f"{k} {saved[k]} -> {v}" for k, v in settings.items() if saved[k] != v]
-    if changed:
-        raise ValueError(
-            f"{path}: {', '.join(changed)} since the save: TRL's data position and generation blocks would not line "
-            "up with the saved ones; resume with the saved settings"
-        )
-    micro = saved["micro_step"]
-    if on_boundary(micro, settings):
-        return micro, None
-    buffer = os.path.join(folder, BUFFER_FILE.format(rank))
-    if not os.path.isfile(buffer):
-        raise ValueError(
-            f"{buffer} is missing: the checkpoint lies inside a generation block (micro-step {micro}) and the "
-            "block's completions are needed to continue it; resume from a checkpoint at a block's end"
-        )
-    try:
-        block = torch.load(buffer, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ValueError(f"{buffer} is not a weights-only block of tensors ({one_line(err)})") from None
-    if not isinstance(block, list) or len(block) != settings["steps_per_generation"]:
-        expected = settings["steps_per_generation"]
-        raise ValueError(f"{buffer} is malformed: expected a list of steps_per_generation={expected} batches")
-    return micro, block
 
 
 class EstimatorMixin:
@@ -252,16 +196,19 @@ class EstimatorMixin:
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """TRL's restore, then TRL's counter and block and the estimator's state from ``checkpoint`` (every rank reads
-        the same files, and its own block)."""
+        """TRL's restore, then TRL's counter and block (checked for what TRL will read: :mod:`.trl_block`) and the
+        estimator's state from ``checkpoint`` (every rank reads the same files, and its own block)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
         settings = block_settings(self.args, self.accelerator.num_processes)
-        device = self.accelerator.device
-        self._step, self._buffered_inputs = load_block(checkpoint, settings, self.accelerator.process_index, device)
+        step, device, rank = self.state.global_step, self.accelerator.device, self.accelerator.process_index
+        vocab = self.accelerator.unwrap_model(self.model).get_input_embeddings().num_embeddings
+        layout = BlockLayout.of(self.args, vocab)
+        self._step, self._buffered_inputs = load_block(
+            checkpoint, settings, rank, device, step, layout, trl.__version__
+        )
         if self.estimator_spec.stateful:
-            step = self.state.global_step
             load_state(self.estimator_spec, checkpoint, self.estimator.state, self.estimator_options, step)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ebpo_verl.trainer.preflight.batches import check_batch_division
 from ebpo_verl.trainer.preflight.config import (
     check_group_size,
+    check_legacy_reward_keys,
     check_positive_ints,
     check_resume,
     check_reward_options,
@@ -22,6 +23,7 @@ from ebpo_verl.trainer.preflight.config import (
     check_stock_verl_methods,
     check_v1_trainer,
     check_verl_config,
+    warn_filtered_groups,
     warn_ignored_options,
     warn_versions,
 )
@@ -39,10 +41,11 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     check_group_size,
     check_shaped_rewards,
     check_reward_options,
+    check_legacy_reward_keys,
 )
 """The checks that read only our options and the composed config (:func:`check_config`): add a config check here."""
 
-WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_versions)
+WARNINGS: tuple[Check, ...] = (warn_ignored_options, warn_filtered_groups, warn_versions)
 """Printed on stderr (``ebpo-train: warning: ...``), never refusing."""
 
 RUN_CHECKS: tuple[Check, ...] = (

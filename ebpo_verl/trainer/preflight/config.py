@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 
 from ebpo_verl.algos.ebpo import ignored_options_warning
-from ebpo_verl.ops.errors import EBPOConfigError, one_line
+from ebpo_verl.ops.errors import EBPOConfigError, one_line, shorten
 from ebpo_verl.reward import RewardOptions
 from ebpo_verl.trainer.run_options import RunOptions
 
@@ -31,6 +31,21 @@ SHAPED_REWARD_KEYS = {
     "reward.reward_model.enable": "scores with a learned reward model",
 }
 """Config switches that make the reward take more than two values (EBPO-BB needs 0/1 or -1/+1)."""
+LEGACY_REWARD_KEYS = {
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
+    "reward_model.nnodes": "reward.reward_model.nnodes",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.reward_kwargs": "reward.reward_kwargs",
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+}
+"""verl 0.9.1's legacy reward keys (``legacy_reward_impl.yaml``, all null by default) -> the keys that replaced them
+(``migrate_legacy_reward_impl``, which only verl's experimental fully-async entry point calls: ``main_ppo`` ignores
+a legacy key silently)."""
 OUR_REWARD = "pkg://ebpo_verl.reward"
 """``reward.custom_reward_function.path`` of the reward whose knobs (:class:`~ebpo_verl.reward.RewardOptions`) the
 driver resolves into ``reward_kwargs``."""
@@ -111,6 +126,31 @@ def check_shaped_rewards(config: Any, options: RunOptions, dry_run: bool) -> Non
                 f"algorithm.adv_estimator={spec.name} needs rewards in [0, 1] or the paper's -1/+1 ({why}), but "
                 f"{key}=True {effect}, so rewards take other values. Set {key}=False, or use another estimator."
             )
+
+
+def check_legacy_reward_keys(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """A legacy reward key set (:data:`LEGACY_REWARD_KEYS`), which verl 0.9.1's ``main_ppo`` would ignore, is
+    refused naming the key that replaced it."""
+    for key, replacement in LEGACY_REWARD_KEYS.items():
+        value = OmegaConf.select(config, key, default=None)
+        if value is not None:
+            raise EBPOConfigError(
+                f"{key}={shorten(value)} is verl's legacy reward key, which verl 0.9.1's trainer ignores: set "
+                f"{replacement} instead"
+            )
+
+
+def warn_filtered_groups(config: Any, options: RunOptions, dry_run: bool) -> None:
+    """DAPO's dynamic sampling (``algorithm.filter_groups.enable``) with a stateful estimator: verl drops the
+    all-pass and all-fail groups before the advantage step, so the estimator's state never sees them."""
+    spec = options.stateful
+    if spec is not None and bool(OmegaConf.select(config, "algorithm.filter_groups.enable", default=False)):
+        print(
+            f"ebpo-train: warning: algorithm.filter_groups.enable=True drops every all-pass and all-fail group "
+            f"before the advantage step: the {spec.name} estimator's running state never sees them, only the mixed "
+            "groups (docs/estimator.md)",
+            file=sys.stderr,
+        )
 
 
 def warn_ignored_options(config: Any, options: RunOptions, dry_run: bool) -> None:
