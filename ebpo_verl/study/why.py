@@ -148,16 +148,16 @@ def _why_cells(seeds: int, pilot: int, caps: tuple[int, int], memory_responses: 
 PLANS: dict[str, WhyPlan] = {
     # Issue 52's study (docs/study_why_PLAN.md) at the rivals preset's scale.
     "why": WhyPlan(name="why", scale=PRESETS["rivals"], cells=_why_cells(16, 8, (48, 64), 32)),
-    # The same code paths in a few minutes: 4 steps of 32 responses (8 at G = 8), 2 rates, 3 seeds.
+    # The same code paths in a few minutes: 2 steps of 32 responses (8 at G = 8), 2 rates, 2 seeds (3 at most).
     "why_tiny": WhyPlan(
         name="why_tiny",
         scale=replace(
             PRESETS["tiny"],
             split_sizes={"val": 30, "heldout": 30, "train": 60, "sft": 1000},
-            sft_steps=300,
-            rl={"steps": 4, "responses_per_step": 32, "eval_every": 2, "grad_clip": 5.0},
+            sft_steps=200,
+            rl={"steps": 2, "responses_per_step": 32, "eval_every": 1, "grad_clip": 5.0},
         ),
-        cells=tuple(replace(c, responses=32 if c.responses == 128 else 8) for c in _why_cells(3, 3, (4, 4), 8)),
+        cells=tuple(replace(c, responses=32 if c.responses == 128 else 8) for c in _why_cells(2, 2, (3, 3), 8)),
         tune_seeds=2,
         lr_grid=(1.5e-4, 3e-4),
         run_cap=1500,
@@ -166,7 +166,7 @@ PLANS: dict[str, WhyPlan] = {
 }
 DURATION = {
     "why": "about 2 h on 2 idle cores (estimated: 9.7 s a run per process, memory_g8's runs a quarter of that)",
-    "why_tiny": "about 3-5 min",
+    "why_tiny": "about 2-3 min",
 }
 
 
