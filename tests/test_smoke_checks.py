@@ -1,5 +1,5 @@
-"""The smoke harness's own checks (ebpo_verl.smoke), each fed a broken case it must reject: a fault timeline
-past its bound, a process or /dev/shm entry left behind, a scan that sees nothing or fails, a resumed EB state
+"""The smoke harness's own checks (tests/harness/, ebpo_verl/smoke/), each fed a broken case it must reject: a fault
+timeline past its bound, a process or /dev/shm entry left behind, a scan that sees nothing or fails, a resumed EB state
 off in one moment of one cluster, a grade that does not match its planted file, time limits not nested, the
 SIGTERM handler absent. Fast: fabricated inputs and small child processes, no Ray, no verl trainer."""
 
@@ -359,10 +359,10 @@ def _tagged(tag: str) -> list[psutil.Process]:
 
 def _hold(tmp_path: Path, with_handler: bool) -> tuple[subprocess.Popen, str]:
     args = ["--hold", "--stand-in", "--work-dir", str(tmp_path / "w"), "--run-timeout", "120", "--deadline", "200"]
-    code = "import sys; import ebpo_verl.smoke.__main__ as m\n"
+    code = "import sys; import tests.harness.__main__ as m\n"
     code += "" if with_handler else "m.install_handlers = lambda: None  # the handler absent\n"
     code += f"m.main({args!r})"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("[cpu_smoke] holding: tag "), line
     return proc, line.split(f"{scan.TAG_ENV}=")[1].split(",")[0]
@@ -398,7 +398,7 @@ def test_a_cluster_stop_interrupted_by_sigterm_is_done_again_by_the_cleanup(monk
     """SIGTERM (here KeyboardInterrupt, SIGINT's) landing inside ``stop`` leaves the cluster in ``LIVE``, so the
     handler's cleanup stops it again instead of skipping it as stopped."""
     from ebpo_verl.smoke import cluster as cluster_mod
-    from ebpo_verl.smoke.__main__ import cleanup
+    from tests.harness.__main__ import cleanup
 
     c = cluster_mod.LocalCluster(need_shm=False)
     cluster_mod.LIVE.append(c)

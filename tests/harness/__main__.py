@@ -1,4 +1,4 @@
-"""``python -m ebpo_verl.smoke``: the end-to-end smoke run of verl's real trainer (see the package docstring).
+"""``python -m tests.harness`` (from a checkout): the end-to-end smoke run of verl's real trainer (package docstring).
 
 SIGTERM and SIGINT (``timeout``, a job scheduler, Ctrl-C) raise :class:`Stopped` in the main thread; on the
 way out, :func:`cleanup` kills every live run's process tree and stops every live cluster (with its leak
@@ -75,7 +75,7 @@ class SmokeOptions(OptionSection):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m ebpo_verl.smoke", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tests.harness", description=__doc__.splitlines()[0])
     add_options(p, SmokeOptions)
     return p
 
