@@ -336,6 +336,19 @@ def test_cpu_smoke_sh_passes_a_deadline_inside_its_timeout():
     assert out.returncode == 1 and "--run-timeout 650 s must be shorter than --deadline 580 s" in out.stderr
 
 
+def test_the_wheels_smoke_command_names_the_harness_in_one_line(tmp_path):
+    """``python -m ebpo_verl.smoke`` (the harness left the wheel): exit 2 and one line naming the commands to run
+    instead, each a module of this checkout (the harness's from its root, the self-check's)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "ebpo_verl.smoke"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out
+    named = re.findall(r"`python -m ([\w.]+)`", out.stderr)
+    assert named == ["tests.harness", "ebpo_verl.smoke.selfcheck"], out.stderr
+    paths = [REPO.joinpath(*name.split(".")) for name in named]
+    assert all((p / "__main__.py").is_file() or p.with_suffix(".py").is_file() for p in paths), paths
+
+
 def test_device_cuda_overrides():
     files = {"train": "t", "val": "v", "model": "m", "prompt_length": 70}
     cpu = settings.overrides(Path("/w"), files, "a", "/tmp/r", device="cpu")
