@@ -98,6 +98,7 @@ helps=(
   "ebpo_verl.evaluate.pass_rate --help" "ebpo_verl.recipes.make_tables --help"
   "ebpo_verl.recipes.plot_dynamics --help" "ebpo_verl.docs_tables --help"
   "ebpo_verl.study --help" "ebpo_verl.data.all --help" "ebpo_verl.data.label_topics --help"
+  "ebpo_verl.smoke.selfcheck --help"
 )
 # two at a time (the study holds one core until it ends); the single quotes are sh -c's script, expanded there
 # shellcheck disable=SC2016
@@ -107,5 +108,12 @@ out=$(ebpo-train --help) && [ "${out%%$'\n'*}" != "" ] || { say "ebpo-train --he
 out=$("$V" "$WORK/venv/share/doc/ebpo-verl/data_prep/all.py" --help) && [ -n "$out" ] \
   || { say "data_prep/all.py --help failed"; exit 1; }
 say "${#helps[@]} + 1 --help commands ok ($((SECONDS - start)) s)"
+# the proof harness (smoke runs, campaign) is the checkout's tests/harness/: the wheel's ebpo_verl.smoke names it
+rc=0; out=$("$V" -m ebpo_verl.smoke 2>&1) || rc=$?
+if [ "$rc" != 2 ] || [ "$(wc -l <<< "$out")" != 1 ] || ! grep -qF "python -m tests.harness" <<< "$out"; then
+  say "python -m ebpo_verl.smoke exited $rc: $out"; exit 1
+fi
+! "$V" -c "import tests.harness" 2>/dev/null || { say "the wheel's venv imports tests.harness"; exit 1; }
+say "python -m ebpo_verl.smoke names the harness in the checkout, which the wheel lacks"
 wait "$study_pid" || { tail -20 study.log; say "study --preset tiny failed"; exit 1; }
 say "study --preset tiny: $(find study -type f | wc -l) files; $((SECONDS - start)) s in all"

@@ -1,4 +1,4 @@
-"""The random-kill campaign (ebpo_verl.smoke.campaign): its invariant checks fed broken cases, its plan, marker and
+"""The random-kill campaign (tests/harness/campaign.py): its invariant checks fed broken cases, its plan, marker and
 landing logic on fabricated events, and (slow, heavy) a small campaign of real verl trainer starts."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from ebpo_verl.algos.ebpo_state import EBPOState
-from ebpo_verl.smoke import campaign, invariants
+from ebpo_verl.smoke import invariants
+from tests.harness import campaign
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -334,7 +335,7 @@ def test_marker_records_the_watchdog_phases_and_holds(tmp_path, monkeypatch):
     marker = tmp_path / "m.jsonl"
     (tmp_path / "m.jsonl.hold").write_text("2")
     code = (
-        "import ebpo_verl.smoke.campaign as c; c.HOLD_S = 0.3\n"
+        "import tests.harness.campaign as c; c.HOLD_S = 0.3\n"
         f"c.install_marker({str(marker)!r})\n"
         "from ebpo_verl.trainer.watchdog import StepWatchdog\n"
         "w = StepWatchdog(None)\n"
@@ -425,7 +426,8 @@ def test_check_landed_reads_the_marker_and_refuses_a_kill_that_landed_elsewhere(
 SIGTERM_SUBJECT = """
 import sys, time
 from pathlib import Path
-from ebpo_verl.smoke import campaign, runs, scan
+from ebpo_verl.smoke import runs, scan
+from tests.harness import campaign
 # an attempt: a tree of processes, one of which left it (setsid + double fork), all carrying the tag
 escape = "setsid sh -c 'sleep 300 &' ; sleep 300 & wait"
 run = runs.Run(Path(sys.argv[1]), None, "attempt", [], command=["bash", "-c", escape])
@@ -472,7 +474,7 @@ def test_small_campaign_resumes_to_the_same_state(tmp_path):
     gets SIGTERM, which kills the running attempt's process tree."""
     out = tmp_path / "campaign"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "ebpo_verl.smoke.campaign", "--kills", "2", "--seed", "56", "--steps", "3"]
+    cmd = [sys.executable, "-m", "tests.harness.campaign", "--kills", "2", "--seed", "56", "--steps", "3"]
     proc = subprocess.Popen([*cmd, "--out", str(out), "--run-timeout", "600"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:

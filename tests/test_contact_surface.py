@@ -30,7 +30,7 @@ cannot be told from the source, e.g. ``?._update_actor`` in a mixin):
   that verl hands to a callable as keywords are named after it (:data:`ROUTES`).
 
 Files scanned: every module we ship or run (:data:`SOURCES`: ``ebpo_verl/`` with ``ebpo_verl/data/``,
-``benchmarks/``, ``scripts/``, ``data_prep/``).
+``benchmarks/``, ``scripts/``, ``data_prep/``, the proof harness ``tests/harness/``: it runs in verl's processes).
 """
 
 from __future__ import annotations
@@ -415,13 +415,14 @@ def written_in_place(source: str, module: str) -> list[Use]:
 def package_sources(root: Path) -> Iterator[tuple[str, str]]:
     """(module name, source) of every module under ``root`` (a folder of :data:`SOURCES`)."""
     for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
+        parts = path.relative_to(REPO).with_suffix("").parts
         yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path.read_text(encoding="utf-8")
 
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("ebpo_verl", "benchmarks", "scripts", "data_prep")
-"""Every folder of Python we ship or run (the package, the benchmarks, the scripts, the datasets' scripts)."""
+SOURCES = ("ebpo_verl", "benchmarks", "scripts", "data_prep", "tests/harness")
+"""Every folder of Python we ship or run (the package, the benchmarks, the scripts, the datasets' scripts, the proof
+harness run from a checkout)."""
 
 
 def shipped_sources() -> list[tuple[str, str]]:
@@ -743,7 +744,14 @@ def test_a_private_name_our_code_defines_is_ours():
 
 
 @pytest.mark.parametrize(
-    "module", ["ebpo_verl.trainer.watchdog", "ebpo_verl.data.schema", "benchmarks.bench_step_cost", "scripts.cpu_smoke"]
+    "module",
+    [
+        "ebpo_verl.trainer.watchdog",
+        "ebpo_verl.data.schema",
+        "benchmarks.bench_step_cost",
+        "scripts.plot_dynamics",
+        "tests.harness.campaign",
+    ],
 )
 def test_the_scan_of_each_folder_we_ship_finds_a_new_private_name_added_to_it(module):
     source = dict(shipped_sources())[module]

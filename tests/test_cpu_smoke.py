@@ -1,5 +1,5 @@
 """The CPU backend (ebpo_verl.cpu.backend) and the end-to-end CPU smoke run (scripts/cpu_smoke.sh, which runs
-``python -m ebpo_verl.smoke``; its checks' own tests are tests/test_smoke_checks.py).
+``python -m tests.harness`` from the checkout; its checks' own tests are tests/test_smoke_checks.py).
 
 The unit tests build a tiny model and check the HF rollout server against independent computations (a
 hand-written greedy decode and log-softmax over the model's own forward pass), its reproducible sampling, weight

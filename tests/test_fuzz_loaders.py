@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from ebpo_verl import paper_reward, reward
 from ebpo_verl.evaluate import answers
 from ebpo_verl.ops import locking
-from ebpo_verl.smoke import campaign
 from ebpo_verl.study import runner, saved
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS
 from ebpo_verl.trainer.checkpoint import resume, step_metrics
 from tests.fuzzing import fails_on_mutant, mutation, one_line, refusing
+from tests.harness import campaign
 
 FUZZ = settings(
     max_examples=100, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -232,6 +232,18 @@ def test_no_product_module_imports_an_application():
     assert not found, "the product imports an application: " + "; ".join(found)
 
 
+SHIPPED = ("ebpo_verl", "benchmarks", "scripts", "data_prep")
+"""What users run: the package (the wheel) and the checkout's product folders. The proof harness is ``tests/harness/``:
+it imports the product and runs from a checkout (``python -m tests.harness``), so nothing of these may import it."""
+
+
+def test_nothing_users_run_imports_the_tests_or_their_harness():
+    assert "tests" in third_party(ROOT / "tests" / "test_campaign.py")  # the check sees an import of the harness
+    shipped = [p for folder in SHIPPED for p in sorted((ROOT / folder).rglob("*.py"))]
+    found = [str(p.relative_to(ROOT)) for p in shipped if "tests" in third_party(p)]
+    assert not found, f"these import tests/ (the harness runs from a checkout, the wheel lacks it): {found}"
+
+
 # ------------------------------------------------------------------------------------- module-level state
 MUTABLE_CALLS = frozenset({"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "bytearray"})
 MUTATORS = frozenset(
@@ -315,7 +327,8 @@ def test_the_product_holds_no_module_level_state_but_the_listed():
     known = modules()
     product = {m: p.read_text(encoding="utf-8") for m, p in known.items() if not m.startswith(APPLICATIONS)}
     readers = [p.read_text(encoding="utf-8") for m, p in known.items() if m.startswith(APPLICATIONS)]
-    readers += [p.read_text(encoding="utf-8") for d in ("benchmarks", "scripts") for p in (ROOT / d).glob("*.py")]
+    folders = ("benchmarks", "scripts", "tests/harness")
+    readers += [p.read_text(encoding="utf-8") for d in folders for p in (ROOT / d).glob("*.py")]
     found = module_state(product, readers)
     unlisted = sorted(f"{m}:{found[m, n]} {n}" for m, n in set(found) - set(ALLOWED_STATE))
     assert not unlisted, f"module-level mutable state: {unlisted} (pass it in, or list it in ALLOWED_STATE, why)"

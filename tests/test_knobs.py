@@ -422,9 +422,10 @@ def _commands():
     from ebpo_verl.integrations import trl_example
     from ebpo_verl.recipes import __main__ as recipes
     from ebpo_verl.recipes import make_tables, plot_dynamics, plot_pass_at_k
-    from ebpo_verl.smoke import __main__ as smoke
-    from ebpo_verl.smoke import campaign, selfcheck
+    from ebpo_verl.smoke import selfcheck
     from ebpo_verl.study import __main__ as study
+    from tests.harness import __main__ as smoke
+    from tests.harness import campaign
 
     yield "evaluate generate", lambda argv: evaluate_cli.main(["generate", *argv]), evaluate_cli.GenerateOptions
     yield "evaluate grade", lambda argv: evaluate_cli.main(["grade", *argv]), evaluate_cli.GradeOptions
@@ -433,8 +434,8 @@ def _commands():
     yield "data.label_topics", label_topics.main, label_topics.LabelTopicsOptions
     yield "study", study.main, study.StudyOptions
     yield "make_tables", make_tables.main, make_tables.MakeTablesOptions
-    yield "smoke", lambda argv: smoke.parser().parse_args(argv), smoke.SmokeOptions
-    yield "smoke.campaign", campaign.main, campaign.CampaignOptions
+    yield "harness", lambda argv: smoke.parser().parse_args(argv), smoke.SmokeOptions
+    yield "harness.campaign", campaign.main, campaign.CampaignOptions
     yield "smoke.selfcheck", selfcheck.main, selfcheck.SelfCheckOptions
     yield "docs_tables", docs_tables.main, docs_tables.DocsOptions
     yield "recipes.plot_dynamics", plot_dynamics.main, plot_dynamics.PlotOptions

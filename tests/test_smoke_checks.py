@@ -1,5 +1,5 @@
-"""The smoke harness's own checks (ebpo_verl.smoke), each fed a broken case it must reject: a fault timeline
-past its bound, a process or /dev/shm entry left behind, a scan that sees nothing or fails, a resumed EB state
+"""The smoke harness's own checks (tests/harness/, ebpo_verl/smoke/), each fed a broken case it must reject: a fault
+timeline past its bound, a process or /dev/shm entry left behind, a scan that sees nothing or fails, a resumed EB state
 off in one moment of one cluster, a grade that does not match its planted file, time limits not nested, the
 SIGTERM handler absent. Fast: fabricated inputs and small child processes, no Ray, no verl trainer."""
 
@@ -336,6 +336,19 @@ def test_cpu_smoke_sh_passes_a_deadline_inside_its_timeout():
     assert out.returncode == 1 and "--run-timeout 650 s must be shorter than --deadline 580 s" in out.stderr
 
 
+def test_the_wheels_smoke_command_names_the_harness_in_one_line(tmp_path):
+    """``python -m ebpo_verl.smoke`` (the harness left the wheel): exit 2 and one line naming the commands to run
+    instead, each a module of this checkout (the harness's from its root, the self-check's)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "ebpo_verl.smoke"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out
+    named = re.findall(r"`python -m ([\w.]+)`", out.stderr)
+    assert named == ["tests.harness", "ebpo_verl.smoke.selfcheck"], out.stderr
+    paths = [REPO.joinpath(*name.split(".")) for name in named]
+    assert all((p / "__main__.py").is_file() or p.with_suffix(".py").is_file() for p in paths), paths
+
+
 def test_device_cuda_overrides():
     files = {"train": "t", "val": "v", "model": "m", "prompt_length": 70}
     cpu = settings.overrides(Path("/w"), files, "a", "/tmp/r", device="cpu")
@@ -359,10 +372,10 @@ def _tagged(tag: str) -> list[psutil.Process]:
 
 def _hold(tmp_path: Path, with_handler: bool) -> tuple[subprocess.Popen, str]:
     args = ["--hold", "--stand-in", "--work-dir", str(tmp_path / "w"), "--run-timeout", "120", "--deadline", "200"]
-    code = "import sys; import ebpo_verl.smoke.__main__ as m\n"
+    code = "import sys; import tests.harness.__main__ as m\n"
     code += "" if with_handler else "m.install_handlers = lambda: None  # the handler absent\n"
     code += f"m.main({args!r})"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("[cpu_smoke] holding: tag "), line
     return proc, line.split(f"{scan.TAG_ENV}=")[1].split(",")[0]
@@ -398,7 +411,7 @@ def test_a_cluster_stop_interrupted_by_sigterm_is_done_again_by_the_cleanup(monk
     """SIGTERM (here KeyboardInterrupt, SIGINT's) landing inside ``stop`` leaves the cluster in ``LIVE``, so the
     handler's cleanup stops it again instead of skipping it as stopped."""
     from ebpo_verl.smoke import cluster as cluster_mod
-    from ebpo_verl.smoke.__main__ import cleanup
+    from tests.harness.__main__ import cleanup
 
     c = cluster_mod.LocalCluster(need_shm=False)
     cluster_mod.LIVE.append(c)

@@ -1,5 +1,5 @@
 """The invariants the smoke runs (:func:`check_continues`) and a random-kill campaign
-(:mod:`ebpo_verl.smoke.campaign`) check, each computed independently of the trainer: every step logged once, the EB
+(`tests/harness/campaign.py`) check, each computed independently of the trainer: every step logged once, the EB
 state recomputed from verl's rollout dumps with numpy power sums (not the package's Chan merge; for the global scope
 and every cluster, the count, mean and M2 of the rewards, of the group means, of the unbiased within-group variances
 of groups of two or more and of 1/G), the metrics against the uninterrupted run's, the responses as a sorted

@@ -1,20 +1,21 @@
 """A random-kill campaign: SIGKILL verl's trainer at seeded points of a step's phases, rerun, check nothing is lost.
 
-``python -m ebpo_verl.smoke.campaign --kills K --seed S --out DIR`` runs the one-node CPU smoke configuration (run A
-of :mod:`ebpo_verl.smoke`, with a checkpoint and a validation every step and a per-topic prior) uninterrupted (the
-reference), then K attempts, each SIGKILLed with its whole process tree at a drawn point and rerun
+``python -m tests.harness.campaign --kills K --seed S --out DIR`` (from a checkout) runs the one-node CPU smoke
+configuration (run A of :mod:`tests.harness`, with a checkpoint and a validation every step and a per-topic prior)
+uninterrupted (the reference), then K attempts, each SIGKILLed with its whole process tree at a drawn point and rerun
 (``resume_mode=auto``), and a last rerun to the end; it checks the invariants of a run that loses nothing and writes
 ``DIR/campaign_report.json`` (also printed). ``--out DIR --recheck`` reruns the checks on a finished campaign's
 folder (:func:`load_report`). docs/training_faults.md has the invariants and a K=8 run.
 
-Where a kill lands. Imported in verl's processes (``VERL_USE_EXTERNAL_MODULES``) with ``EBPO_CAMPAIGN_MARKER`` set,
-this module wraps the step watchdog's ``enter``/``leave`` so that the trainer appends ``{t, event, step, phase}`` to
-that marker file. Each kill is drawn from the seed as (phase, step of the attempt, fraction ``u``): the campaign
-polls the marker and kills ``u`` times the phase's length in the reference run after the phase began (``rollout``:
-generation, up to the first nested phase; ``old_log_prob``; ``update_actor``; ``save``; ``validate``). For
-``after_save`` (after the checkpoint, before the step's log call) the trainer holds after the save when the marker's
-``.hold`` file names that step, and is killed there. Where the kill landed (the innermost open phase, or the phase
-last left) is read back from the marker at the kill's time; the check fails unless it is the aimed phase and step.
+Where a kill lands. Imported in verl's processes (``VERL_USE_EXTERNAL_MODULES``; the runs have the checkout first on
+``PYTHONPATH``, :func:`checkout_path`) with ``EBPO_CAMPAIGN_MARKER`` set, this module wraps the step watchdog's
+``enter``/``leave`` so that the trainer appends ``{t, event, step, phase}`` to that marker file. Each kill is drawn from
+the seed as (phase, step of the attempt, fraction ``u``): the campaign polls the marker and kills ``u`` times the
+phase's length in the reference run after the phase began (``rollout``: generation, up to the first nested phase;
+``old_log_prob``; ``update_actor``; ``save``; ``validate``). For ``after_save`` (after the checkpoint, before the step's
+log call) the trainer holds after the save when the marker's ``.hold`` file names that step, and is killed there. Where
+the kill landed (the innermost open phase, or the phase last left) is read back from the marker at the kill's time; the
+check fails unless it is the aimed phase and step.
 
 What is left of an attempt: its processes are found by the smoke scan's environment tag (:class:`Sighting`), sampled
 while it lives (the check fails unless that saw the trainer and a Ray process) and counted 30 s after the kill.
@@ -52,7 +53,9 @@ from ebpo_verl.smoke.invariants import (
 )
 
 MARKER_ENV = "EBPO_CAMPAIGN_MARKER"
-MODULE = "ebpo_verl.smoke.campaign"
+MODULE = "tests.harness.campaign"
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The checkout this module runs from; verl's processes import :data:`MODULE` from it (:func:`checkout_path`)."""
 PHASES = ("rollout", "old_log_prob", "update_actor", "save", "after_save", "validate")
 """The phases a kill is aimed at, in the order of a verl v1 step (validation follows the weight sync)."""
 HOLD_S = 600.0
@@ -147,6 +150,13 @@ def landing(events: list[dict[str, Any]], kill_time: float) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------- the runs
+def checkout_path() -> dict[str, str]:
+    """The runs' ``PYTHONPATH``: :data:`CHECKOUT` first (its ``tests`` before verl's own top-level ``tests``), then
+    the campaign's own; Ray's raylet and workers inherit it from the run's driver."""
+    rest = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(CHECKOUT), *([rest] if rest else [])])}
+
+
 def campaign_overrides(out: Path, run: str) -> list[str]:
     """Run A's configuration changed for ``run`` (``ref``/``camp``): save, validate every step, topic prior, marker."""
     return ["trainer.save_freq=1", "trainer.test_freq=1", "trainer.resume_mode=auto",
@@ -285,7 +295,7 @@ def run_attempts(out: Path, files: dict, plan: list[dict], total: int, timeout: 
         else:
             hold.unlink(missing_ok=True)
         record = {"resumed_from": resumed, "marker_offset": _size(marker), "log_offset": _size(out / "camp.log")}
-        run = runs.Run(out, files, "camp", campaign_overrides(out, "camp"), steps=total)
+        run = runs.Run(out, files, "camp", campaign_overrides(out, "camp"), steps=total, env=checkout_path())
         start, sighting = time.monotonic(), Sighting()
         if target is None:
             wall, leak = _finish(run, timeout, marker, record["marker_offset"])
@@ -491,7 +501,7 @@ def _campaign(args: CampaignOptions, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     files = settings.prepare(out)
     install_signal_handlers()
-    ref = runs.Run(out, files, "ref", campaign_overrides(out, "ref"), steps=total)
+    ref = runs.Run(out, files, "ref", campaign_overrides(out, "ref"), steps=total, env=checkout_path())
     ref_wall, ref_leak = _finish(ref, args.run_timeout, out / "marker_ref.jsonl", 0)
     plan = plan_kills(args.seed, args.kills)
     report: dict[str, Any] = {"seed": args.seed, "kills_drawn": args.kills, "steps": total, "plan": plan,
