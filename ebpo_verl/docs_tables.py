@@ -8,6 +8,7 @@ marker or summary, an unreadable results CSV) is one line and exit 2.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from ebpo_verl.options.parsing import PATH, OptionSection, Rule, nullable, optio
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "python -m ebpo_verl.docs_tables"
 YAML = "ebpo_verl/trainer/config/ebpo_trainer.yaml"
+RIVALS2 = "docs/study_rivals2/summary.json"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ def pages(o: DocsOptions, root: Path) -> dict[str, dict[str, Callable[[], str]]]
     from ebpo_verl.recipes.spec import RunSwitches
     from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes
     from ebpo_verl.study import readme_tables
+    from ebpo_verl.study.rivals2 import which_estimator_table
     from ebpo_verl.trainer.config import generate
 
     def study(path: str) -> Callable[[], str]:
@@ -86,6 +89,7 @@ def pages(o: DocsOptions, root: Path) -> dict[str, dict[str, Callable[[], str]]]
             "modes": _switches(Modes),
         },
         "recipe/ebpo/README.md": {"status": lambda: status_table.render(root, o.results)},
+        "docs/rivals.md": {"which-estimator": lambda: which_estimator_table(json.loads((root / RIVALS2).read_text()))},
     }
 
 

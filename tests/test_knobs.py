@@ -378,7 +378,7 @@ def test_one_docs_command_writes_every_generated_block(tmp_path, capsys):
 
     assert docs_tables.main(["--check"]) == 0, capsys.readouterr().err
     pages = docs_tables.pages(docs_tables.DocsOptions(), docs_tables.ROOT)
-    for rel in [docs_tables.YAML, *pages, "docs/study_quick.json"]:
+    for rel in [docs_tables.YAML, *pages, "docs/study_quick.json", docs_tables.RIVALS2]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((docs_tables.ROOT / rel).read_text())
     page = tmp_path / "docs/reproduction.md"

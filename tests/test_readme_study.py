@@ -100,7 +100,7 @@ def test_readme_matches_committed_quick_summary():
 
 def _checkout(root: Path, readme: str) -> Path:
     """The files the docs command writes, copied under ``root``, with ``readme`` as the README."""
-    for rel in [docs_tables.YAML, *docs_tables.pages(docs_tables.DocsOptions(), ROOT)]:
+    for rel in [docs_tables.YAML, *docs_tables.pages(docs_tables.DocsOptions(), ROOT), docs_tables.RIVALS2]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text((ROOT / rel).read_text())
     old = (ROOT / "README.md").read_text()

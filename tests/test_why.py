@@ -30,7 +30,8 @@ FULL = PLANS["why"]
 
 
 def section(text: str, name: str) -> str:
-    match = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", text, re.S)
+    # the plan commit's markers were "<!-- NAME:begin -->"; today's "<!-- NAME begin -->" (no generated-block look)
+    match = re.search(rf"<!-- {name}[: ]begin -->\n(.*?)<!-- {name}[: ]end -->", text, re.S)
     assert match, f"no {name} section"
     return match.group(1)
 

@@ -21,7 +21,7 @@ from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
 from ebpo_verl.study import report, runner
 from ebpo_verl.study.presets import PRESETS, Preset
 from ebpo_verl.study.report import SIDES, side
-from ebpo_verl.study.rivals2 import ALPHA, REGIMES, extensions, holm, lr_choice, pairs
+from ebpo_verl.study.rivals2 import ALPHA, REGIMES, extensions, holm, lr_choice, mde, pairs
 from ebpo_verl.study.rl import ESTIMATORS, RLConfig
 from ebpo_verl.study.why_page import closing_note, dose_figure, page
 
@@ -38,7 +38,6 @@ RIVALS2_RATES = {
 """Rates rivals2 tuned at these (mix, G) with 128 responses a step (docs/study_rivals2/summary.json, lr_used)."""
 STABILITY = ("shrinkage", "grad_norm", "step_kl", "entropy", "zero_signal")
 """Per-step metrics the page reports per arm (the paper's stability claims; mean S a step)."""
-POWER = 0.8
 
 
 @dataclass(frozen=True)
@@ -174,19 +173,13 @@ DURATION = {
 
 
 def seeds_needed(sd: float, low: int, high: int, target: float) -> int:
-    """The smallest n in [low, high] whose paired one-sided test (alpha 0.025, power :data:`POWER`) detects
-    ``target``: (t(0.975, n-1) + t(0.8, n-1)) sd / sqrt(n) <= target; ``high`` where none does."""
+    """The smallest n in [low, high] whose paired one-sided test at 0.025 (a two-sided 0.05 one), power 80%,
+    detects ``target`` (:func:`rivals2.mde`: (t(0.975, n-1) + t(0.8, n-1)) sd / sqrt(n) <= target); ``high`` where
+    none does."""
     for n in range(max(low, 2), high + 1):
-        if mde(sd, n, one_sided_alpha=ALPHA / 2) <= target:
+        if mde(sd, n) <= target:
             return n
     return high
-
-
-def mde(sd: float, n: int, one_sided_alpha: float = ALPHA / 2) -> float:
-    """The difference a paired t-test of n seeds detects with power :data:`POWER` at one-sided level ``alpha`` (a
-    two-sided 0.05 test is one-sided 0.025)."""
-    df = n - 1
-    return float((stats.t.ppf(1 - one_sided_alpha, df) + stats.t.ppf(POWER, df)) * sd / math.sqrt(n))
 
 
 class _Study:
