@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from ebpo_verl.data.schema import CHAT_FORMAT, DAPO_PREFIX, DataPrepError, chat_prompt_problem, read_prepared
-from ebpo_verl.ops.errors import OneLineMessage
 from ebpo_verl.reward import missing_ground_truth
 
 BENCHMARKS = ("math500", "aime2024", "aime2025", "amc23", "olympiadbench")
@@ -27,7 +26,7 @@ TEMPERATURE = 1.0
 TOP_P = 1.0
 
 
-class EvalInputError(OneLineMessage, ValueError):
+class EvalInputError(ValueError):
     """Bad input to the evaluation (unknown benchmark, missing file, corrupt generations): one clear line."""
 
 
