@@ -424,3 +424,13 @@ def test_fuzz_edge_property_fails_on_a_reader_that_refuses_everything(monkeypatc
     mutant = refusing(MetricsLogError, lambda path, *a, **k: f"{path}:1: mutant")
     fails_on_mutant(test_fuzz_edge_values_are_read_or_refused_within_the_limit, monkeypatch, globals(),
                     "read_metrics_log", mutant, tmp_path_factory=tmp_path_factory)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["m.jsonl.provenance.json", "r.json"])
+def test_fuzz_a_sidecar_or_results_nested_past_the_recursion_limit_is_refused(name, tmp_path):
+    path, sidecar = tmp_path / name, name.endswith("provenance.json")
+    path.write_text(('{"attempts": ' if sidecar else '{"benchmarks": ') + DEEP + "}")
+    with pytest.raises(MetricsLogError) as err:
+        (read_provenance if sidecar else make_tables.load_results)(path)
+    one_line(err.value, f"{path}: not a")
+    assert "nested too deeply" in str(err.value)
