@@ -26,7 +26,7 @@ from ebpo_verl.ops import locking
 from ebpo_verl.study import runner, saved
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS
 from ebpo_verl.trainer.checkpoint import resume, step_metrics
-from tests.fuzzing import fails_on_mutant, mutation, one_line, refusing
+from tests.fuzzing import edge_floats, edge_integers, edges, fails_on_mutant, long_texts, mutation, one_line, refusing
 from tests.harness import campaign
 
 FUZZ = settings(
@@ -34,11 +34,10 @@ FUZZ = settings(
 )
 """100 examples per property, derandomized; every health check on but ``too_slow`` (shared cores)."""
 
-scalars = st.none() | st.booleans() | st.integers(-3, 40) | st.integers(-(10**30), 10**30) | st.floats()
-scalars = scalars | st.text(max_size=6)
+scalars = st.none() | st.booleans() | st.integers(-3, 40) | st.floats() | st.text(max_size=6) | edges
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6) | long_texts, inner, max_size=3),
     max_leaves=8,
 )
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -59,7 +58,7 @@ def _same(a, b) -> bool:
 
 STEP = 4
 METRICS = {"format": 1, "global_step": STEP, "metrics": {"actor/grad_norm": 0.75, "ebpo/prompts_seen": 16}}
-numbers = st.integers(-(10**30), 10**30) | st.floats(allow_nan=True, allow_infinity=True)
+numbers = st.integers(-(10**30), 10**30) | st.floats(allow_nan=True, allow_infinity=True) | edge_integers | edge_floats
 
 
 def _valid_step_metrics(payload) -> bool:
@@ -197,19 +196,24 @@ UNKNOWN = "a process that has not recorded itself yet"
 
 
 def _named(info) -> str | None:
-    """The oracle: the holder a record names (pid an integer >= 1, host and start printable text), else None."""
+    """The oracle: the holder a record names (pid a pid_t >= 1, host and start printable text of at most 64 and 32
+    characters), else None."""
     if not isinstance(info, dict) or not all(k in info for k in HOLDER):
         return None
     pid, host, started = info["pid"], info["host"], info["started"]
-    if not (_is_int(pid) and pid >= 1 and isinstance(host, str) and isinstance(started, str)):
+    if not (_is_int(pid) and 1 <= pid <= 2_147_483_647 and isinstance(host, str) and isinstance(started, str)):
         return None
-    if not (host.isprintable() and started.isprintable()):
+    if not (host.isprintable() and started.isprintable() and len(host) <= 64 and len(started) <= 32):
         return None
     return f"pid {pid} on {host}, started {started}"
 
 
 holder_records = mutation(json_values, HOLDER) | st.fixed_dictionaries(
-    {"pid": st.integers(1, 2**22), "host": st.text(min_size=1, max_size=12), "started": st.text(max_size=25)}
+    {
+        "pid": st.integers(1, 2**22) | edge_integers | st.sampled_from([2**31 - 1, 2**31]),
+        "host": st.text(min_size=1, max_size=12) | long_texts | st.sampled_from(["h" * 255, "h" * 256, "h" * 200_000]),
+        "started": st.text(max_size=25) | st.sampled_from(["t" * 64, "t" * 65]),
+    }
 )
 
 
@@ -267,7 +271,8 @@ STUDY_ESTIMATORS = sorted(ALL_ESTIMATORS)
 
 
 def _recorded(config):
-    """The oracle: a known preset's configuration (its estimators any known ones), ``code`` aside."""
+    """The oracle: a known preset's configuration (its estimators any known ones), ``code`` null or absent or an
+    object of strings."""
     if not isinstance(config, dict) or config.get("name") not in PRESETS:
         return False
     estimators = config.get("estimators")
@@ -276,6 +281,9 @@ def _recorded(config):
     if not estimators or len(set(estimators)) < len(estimators):
         return False
     want = _config(config["name"], estimators)
+    code = config.get("code")
+    if not (code is None or (isinstance(code, dict) and all(isinstance(v, str) for v in code.values()))):
+        return False
     return {k: v for k, v in config.items() if k != "code"} == {k: v for k, v in want.items() if k != "code"}
 
 
@@ -494,10 +502,32 @@ def test_fuzz_krpo_property_fails_on_a_refusing_parser(monkeypatch):
     fails_on_mutant(test_fuzz_krpo_sample_indices, monkeypatch, module, SAMPLE_INDICES[1], mutant)
 
 
+SAVED_METRICS = ("reward", "zero_signal", "uniform_groups", "grad_norm", "clipped", "entropy", "kl_ref", "clipfrac",
+                 "step_kl", "eval_step", "accuracy", "probe_accuracy", "shrinkage", "train_seen_gain",
+                 "train_unseen_gain", "train_seen_fraction")  # fmt: skip
+"""What a saved run's metrics hold (the keys of the runs in docs/study_*/runs/, listed by hand)."""
+
+
 def _saved_run(cfg) -> dict:
     from dataclasses import asdict
 
-    return {"config": asdict(cfg), "metrics": {"heldout_accuracy": [0.5]}, "seconds": 1.0, "cpu_seconds": 1.0}
+    metrics = {key: [0.5] for key in SAVED_METRICS} | {"eval_step": [0], "shrinkage": [], "zero_signal": [1, 0.25]}
+    return {"config": asdict(cfg), "metrics": metrics, "seconds": 1.0, "cpu_seconds": 1.0}
+
+
+def _readable_metrics(metrics) -> bool:
+    """The oracle: an object holding every metric of :data:`SAVED_METRICS`, each a list of floats or of integers
+    that a float holds (not bools), the accuracy as long as its eval_step list and not empty."""
+
+    def number(v) -> bool:
+        return isinstance(v, float) or (_is_int(v) and abs(v) <= 1.7976931348623157e308)
+
+    return (
+        isinstance(metrics, dict)
+        and all(k in metrics for k in SAVED_METRICS)
+        and all(isinstance(v, list) and all(number(x) for x in v) for v in metrics.values())
+        and 0 < len(metrics["accuracy"]) == len(metrics["eval_step"])
+    )
 
 
 QUICK_JOB = runner.grid(PRESETS["quick"], dict.fromkeys(PRESETS["quick"].estimators, 1e-4))[0]
@@ -509,8 +539,8 @@ QUICK_JOB = runner.grid(PRESETS["quick"], dict.fromkeys(PRESETS["quick"].estimat
     raw=st.none() | st.sampled_from([DEEPISH, "", "{", "\xff"]),
 )
 def test_fuzz_study_saved_run(run, raw, tmp_path_factory):
-    """A study's saved run file with any content: reused when it is an object holding the job's config, else run
-    again (never an exception: the study resumes past a torn file)."""
+    """A study's saved run file with any content: reused when it is an object holding the job's config and readable
+    metrics, else run again (never an exception: the study resumes past a torn file)."""
     from dataclasses import asdict
 
     out = tmp_path_factory.mktemp("study")
@@ -519,6 +549,7 @@ def test_fuzz_study_saved_run(run, raw, tmp_path_factory):
     path.write_text(json.dumps(run) if raw is None else raw)
     done = runner.load_done(out, [QUICK_JOB])
     reused = raw is None and isinstance(run, dict) and run.get("config") == asdict(QUICK_JOB)
+    reused = reused and _readable_metrics(run.get("metrics"))
     assert done == ({QUICK_JOB: run} if reused else {})
 
 

@@ -17,19 +17,18 @@ from ebpo_verl.evaluate.generations import FIELDS, GenerationsFile, read_generat
 from ebpo_verl.evaluate.prompts import EvalInputError
 from ebpo_verl.ops.metrics_log import MetricsLog, MetricsLogError, read_metrics_log, read_provenance
 from ebpo_verl.recipes import make_tables
-from tests.fuzzing import mutation, one_line
+from tests.fuzzing import edges, long_texts, mutation, one_line
 
 FUZZ = settings(
     max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 """150 examples per property, derandomized (the same examples every run); every health check on but too_slow."""
 
-scalars = (
-    st.none() | st.booleans() | st.integers(-3, 40) | st.integers(-(10**30), 10**30) | st.floats() | st.text(max_size=6)
-)
+scalars = st.none() | st.booleans() | st.integers(-3, 40) | st.floats() | st.text(max_size=6) | edges
+keys = st.text(max_size=6) | long_texts
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3),
     max_leaves=10,
 )
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -235,7 +234,8 @@ def _valid_results(data) -> bool:
 def test_fuzz_results_json_refusals_found_by_the_oracle(tmp_path):
     # before: a 400-digit pass@1 escaped as OverflowError; a pass@k of 0, "", [] or false was read as none
     path = tmp_path / "r.json"
-    for bad, found in [('"pass@1": ' + "9" * 400, "int too large"), ('"pass@k": 0', "pass@k/maj@k is not an object"),
+    for bad, found in [('"pass@1": ' + "9" * 400, "pass@1=999999999999999999...9999999999999999999 is not a"),
+                       ('"pass@k": 0', "pass@k/maj@k is not an object"),
                        ('"maj@k": []', "pass@k/maj@k is not an object")]:  # fmt: skip
         path.write_text('{"protocol": "paper", "benchmarks": {"aime2024": {' + bad + "}}}")
         with pytest.raises(MetricsLogError) as err:
@@ -289,9 +289,13 @@ def test_fuzz_metrics_sidecar_resumed_step_is_an_integer(tmp_path):
     one_line(err.value, "resumed_step 1.9 is not an integer")
 
 
+def _step(value) -> bool:
+    """A training step: an integer (not a bool) from 0 to int64's largest."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9_223_372_036_854_775_807
+
+
 def _valid_record(record) -> bool:
-    step = record.get("step") if isinstance(record, dict) else None
-    return isinstance(step, int) and not isinstance(step, bool) and isinstance(record.get("data"), dict)
+    return isinstance(record, dict) and _step(record.get("step")) and isinstance(record.get("data"), dict)
 
 
 @FUZZ
@@ -327,15 +331,11 @@ def test_fuzz_metrics_log_at_resume(records, resumed, tmp_path_factory):
 
 
 def _valid_sidecar(sidecar) -> bool:
-    """The oracle: an object whose attempts are a list of objects, each with an integer resumed_step and a
+    """The oracle: an object whose attempts are a list of objects, each with a step resumed_step and a
     provenance object."""
     attempts = sidecar.get("attempts") if isinstance(sidecar, dict) else None
     return isinstance(attempts, list) and all(
-        isinstance(a, dict)
-        and isinstance(a.get("resumed_step"), int)
-        and not isinstance(a["resumed_step"], bool)
-        and isinstance(a.get("provenance"), dict)
-        for a in attempts
+        isinstance(a, dict) and _step(a.get("resumed_step")) and isinstance(a.get("provenance"), dict) for a in attempts
     )
 
 
@@ -376,3 +376,61 @@ def test_fuzz_logs_properties_fail_on_a_refusing_reader(monkeypatch, tmp_path_fa
     mutant = refusing(MetricsLogError, lambda path: f"{path}: not a RESULTS.json (mutant)")
     fails_on_mutant(test_fuzz_results_json, monkeypatch, make_tables, "load_results", mutant,
                     tmp_path_factory=tmp_path_factory)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- the bound on every refusal
+
+
+def test_fuzz_the_one_line_check_holds_refusals_to_the_message_limit():
+    from ebpo_verl.ops.errors import MESSAGE_LIMIT
+
+    one_line(ValueError("x" * MESSAGE_LIMIT), "x")
+    with pytest.raises(AssertionError, match=f"a refusal of {MESSAGE_LIMIT + 1} characters"):
+        one_line(ValueError("x" * (MESSAGE_LIMIT + 1)), "x")
+
+
+@FUZZ
+@given(value=edges | json_values, where=st.sampled_from(["step", "resumed_step", "pass@1", "data"]))
+def test_fuzz_edge_values_are_read_or_refused_within_the_limit(value, where, tmp_path_factory):
+    """A value past every range (10**400, 2**63, 1e308, inf, NaN, 100k characters, or any JSON) in a metrics log's
+    step or data, a sidecar's resumed_step or a RESULTS.json's pass@1: read as the oracles say, else refused in one
+    line of at most MESSAGE_LIMIT characters naming the file (one_line)."""
+    folder = tmp_path_factory.mktemp("edge")
+    if where in ("step", "data"):
+        record = {"step": value, "data": {}} if where == "step" else {"step": 1, "data": {"actor/grad_norm": value}}
+        path, read, valid = folder / "m.jsonl", read_metrics_log, _valid_record(record)
+        path.write_text(json.dumps(record) + "\n" + json.dumps(RECORD) + "\n")
+    elif where == "resumed_step":
+        sidecar = {"attempts": [{"resumed_step": value, "provenance": {}}]}
+        path, read, valid = folder / "m.jsonl.provenance.json", read_provenance, _valid_sidecar(sidecar)
+        path.write_text(json.dumps(sidecar))
+    else:
+        results = {**RESULTS, "benchmarks": {"math500": {**BENCH, "pass@1": value}}}
+        path, read, valid = folder / "r.json", make_tables.load_results, _valid_results(results)
+        path.write_text(json.dumps(results))
+    try:
+        read(path)
+    except ValueError as err:
+        assert not valid, err
+        return one_line(err, str(path))
+    assert valid
+    if where == "data":
+        assert make_tables.finite_number(value) is None or math.isfinite(make_tables.finite_number(value))
+
+
+def test_fuzz_edge_property_fails_on_a_reader_that_refuses_everything(monkeypatch, tmp_path_factory):
+    from tests.fuzzing import fails_on_mutant, refusing
+
+    mutant = refusing(MetricsLogError, lambda path, *a, **k: f"{path}:1: mutant")
+    fails_on_mutant(test_fuzz_edge_values_are_read_or_refused_within_the_limit, monkeypatch, globals(),
+                    "read_metrics_log", mutant, tmp_path_factory=tmp_path_factory)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["m.jsonl.provenance.json", "r.json"])
+def test_fuzz_a_sidecar_or_results_nested_past_the_recursion_limit_is_refused(name, tmp_path):
+    path, sidecar = tmp_path / name, name.endswith("provenance.json")
+    path.write_text(('{"attempts": ' if sidecar else '{"benchmarks": ') + DEEP + "}")
+    with pytest.raises(MetricsLogError) as err:
+        (read_provenance if sidecar else make_tables.load_results)(path)
+    one_line(err.value, f"{path}: not a")
+    assert "nested too deeply" in str(err.value)

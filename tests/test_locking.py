@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from ebpo_verl.ops import locking
 from ebpo_verl.ops.locking import LockHeldError, exclusive_lock
 
 HOLD = """
@@ -67,3 +69,20 @@ def test_lock_of_a_killed_holder_is_free(tmp_path):
     with exclusive_lock(lock, what="out"):
         assert f'"pid": {os.getpid()}' in lock.read_text()
     assert time.monotonic() - start < 5
+
+
+def test_a_holder_record_past_its_bounds_is_not_quoted(tmp_path):
+    """Before: a lock file whose host was 200k characters gave a 200k-character "one-line" refusal."""
+    from ebpo_verl.ops.errors import MESSAGE_LIMIT
+
+    lock = tmp_path / "x.lock"
+    for record, named in (({"pid": 7, "host": "h" * 200_000, "started": "t"}, False),
+                          ({"pid": 10**400, "host": "h", "started": "t"}, False),
+                          ({"pid": 7, "host": "h" * 64, "started": "t" * 32}, True)):  # fmt: skip
+        with locking.exclusive_lock(lock, what="out"):
+            lock.write_text(json.dumps(record))
+            with pytest.raises(locking.LockHeldError) as err, locking.exclusive_lock(lock, what="out"):
+                pass
+        message = str(err.value)
+        assert ("pid 7 on " + "h" * 64 in message) is named and len(message) <= MESSAGE_LIMIT, message[:400]
+        assert named or "a process that has not recorded itself yet" in message

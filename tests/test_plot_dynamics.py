@@ -58,3 +58,28 @@ def test_panels_name_their_metric_and_legends_are_readable(tmp_path):
         f"new: ebpo-verl commit {short_commit(record)}; {describe_hardware(record)}",
         "old: provenance not recorded",
     ]
+
+
+def test_a_400_digit_value_is_dropped_a_400_digit_step_refused_and_a_malformed_sidecar_read_as_unknown(
+    tmp_path, capsys
+):
+    """Before: OverflowError from make_tables.finite_number (and matplotlib) on a 400-digit value or step, and
+    AttributeError from short_commit on a sidecar whose ebpo_verl is a string."""
+    from ebpo_verl.ops.errors import MESSAGE_LIMIT
+
+    huge = "9" * 400
+    log = tmp_path / "m.jsonl"
+    log.write_text(
+        '{"step": 1, "data": {"actor/grad_norm": 0.5}}\n{"step": 2, "data": {"actor/grad_norm": ' + huge + "}}\n"
+        '{"step": 3, "data": {"actor/grad_norm": 0.25}}\n'
+    )
+    (tmp_path / "m.jsonl.provenance.json").write_text('{"attempts": [{"resumed_step": 0, "provenance": '
+                                                      '{"ebpo_verl": "abc", "hardware": [1]}}]}')  # fmt: skip
+    assert plot_dynamics.series({1: {"x": 0.5}, 2: {"x": int(huge)}, 3: {"x": 0.25}}, "x") == ([1, 3], [0.5, 0.25])
+    assert plot_dynamics.main([str(log), "--out", str(tmp_path / "out")]) == 0
+    assert plot_dynamics.provenance_note({"m": str(log)}) == "m: ebpo-verl commit unknown; unknown"
+    log.write_text('{"step": ' + huge + ', "data": {"actor/grad_norm": 0.5}}\n{"step": 1, "data": {}}\n')
+    assert plot_dynamics.main([str(log), "--out", str(tmp_path / "out2")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "step must be an integer in [0, 2**63)" in err and len(err) <= 400, err
+    assert len(err.removeprefix("plot_dynamics: error: ")) <= MESSAGE_LIMIT

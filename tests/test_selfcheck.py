@@ -33,7 +33,7 @@ def test_the_batches_hold_all_fail_all_pass_and_padding_groups():
 
 def test_the_estimators_check_passes_on_the_cpu_and_sees_a_planted_difference(tmp_path, monkeypatch):
     line = selfcheck.check_estimators("cpu", tmp_path)
-    assert line.startswith(f"{len(registry.ours())} estimators equal on cpu and cpu")
+    assert line.startswith(f"{len(registry.ours())} estimators equal with scores on cpu and cpu (host float64 math")
     real = selfcheck._run_estimator
 
     def off_by_a_little(name, device):
@@ -47,6 +47,60 @@ def test_the_estimators_check_passes_on_the_cpu_and_sees_a_planted_difference(tm
     monkeypatch.setattr(selfcheck, "_run_estimator", off_by_a_little)
     with pytest.raises(AssertionError, match="ebpo"):
         selfcheck.check_estimators("cpu", tmp_path)
+
+
+def test_token_rewards_put_each_score_on_the_last_token_of_its_response():
+    scores, _, valid, _ = selfcheck.batches()[0]
+    rewards, mask = selfcheck.token_rewards(scores, valid, length=3)
+    lengths = mask.sum(dim=1)
+    assert lengths[:-1].tolist() == [1 + i % 3 for i in range(len(scores) - 1)] and lengths[-1] == 0
+    assert torch.equal(rewards.sum(dim=1), torch.where(valid, scores.double(), torch.zeros(())))
+    assert torch.equal(rewards * mask, rewards)  # nothing outside a response
+    view = selfcheck.placer("cpu", torch.bfloat16, contiguous=False)(rewards)
+    assert view.dtype == torch.bfloat16 and not view.is_contiguous() and torch.equal(view.double(), rewards)
+
+
+@pytest.mark.parametrize("path", [selfcheck.trainer_path, selfcheck.trl_path], ids=["ebpo-train", "trl"])
+@pytest.mark.parametrize("name", ["ebpo", "bnpo", "krpo"])
+def test_each_path_in_each_dtype_differs_from_float64_by_its_one_rounding(path, name):
+    """The check's difference is the float64 advantages' own rounding into the dtype (computed here by casting
+    them), within the dtype's tolerance; diagnostics and state equal."""
+    reference = path(name, lambda t: t)
+    for dtype, tolerance in selfcheck.TOLERANCE.items():
+        rounded = [v.to(dtype).double() for v in reference[0]]
+        scales = [torch.maximum(r.abs(), v.abs()).clamp_min(torch.finfo(dtype).tiny) for r, v in
+                  zip(rounded, reference[0], strict=True)]  # fmt: skip
+        want = max(float(((r - v).abs() / m).max()) for r, v, m in zip(rounded, reference[0], scales, strict=True))
+        for contiguous in (True, False):
+            diff, problem = selfcheck._compare(name, path, "cpu", dtype, contiguous, reference)
+            assert problem is None and diff == pytest.approx(want, rel=1e-9, abs=0) and diff <= tolerance
+
+
+def test_the_paths_check_reports_a_wrong_dtype_a_wrong_value_and_a_wrong_state():
+    reference = selfcheck.trainer_path("ebpo", lambda t: t)
+
+    def planted(change):
+        def path(name, place):
+            values, diagnostics, state = selfcheck.trainer_path(name, place)
+            return change(values, diagnostics, state)
+
+        return selfcheck._compare("ebpo", path, "cpu", torch.float16, True, reference)[1]
+
+    assert "advantages in float32 on cpu, not float16 on cpu" == planted(lambda v, d, s: ([x.float() for x in v], d, s))
+    assert "differ by" in planted(lambda v, d, s: ([x * (1 + 2**-9) for x in v], d, s))
+    inf = planted(lambda v, d, s: ([x.masked_fill(x != 0, math.inf) for x in v], d, s))  # an fp16 overflow
+    assert "differ by inf relative" in inf
+    state = planted(lambda v, d, s: (v, d, {**s, "prompts_seen": s["prompts_seen"] + 1}))
+    assert "diagnostics or state differ" in state
+
+
+def test_the_paths_check_is_skipped_with_the_reason_without_verl_or_trl(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("verl", "trl") else real(name))
+    with pytest.raises(selfcheck.Skipped, match=r"ebpo-train \(verl not installed\), trl \(trl not installed\)"):
+        selfcheck.check_paths("cpu", tmp_path)
 
 
 def test_the_train_check_runs_the_smokes_one_node_flow_on_the_device(tmp_path, monkeypatch):
@@ -91,12 +145,26 @@ def test_the_cpu_form_runs_every_estimator_and_trl_and_writes_its_summary(tmp_pa
     summary = json.loads((out / "selfcheck.json").read_text())
     assert code == 0, printed
     assert {name: c["status"] for name, c in summary["checks"].items()} == {
-        "estimators": "ok", "trl": "ok", "train": "skipped", "vllm": "skipped"
+        "paths": "ok", "estimators": "ok", "trl": "ok", "train": "skipped", "vllm": "skipped"
     }  # fmt: skip
     resumed = summary["checks"]["trl"]["line"].split("resumed exactly: ")[1].split(", ")
     assert sorted(resumed) == sorted(registry.stateful())
     for name in selfcheck.CHECKS:
         assert f"[selfcheck] {name}: " in printed
+
+
+def test_an_out_that_is_a_file_or_cannot_be_created_is_refused_in_one_line(tmp_path, capsys):
+    from ebpo_verl.ops.errors import MESSAGE_LIMIT
+
+    (tmp_path / "file").write_text("")
+    cases = {str(tmp_path / "file"): "is a file", str(tmp_path / "file" / "sub"): "cannot be used (Not a directory)",
+             str(tmp_path / ("x" * 200_000)): "cannot be used (File name too long)"}  # fmt: skip
+    for out, found in cases.items():
+        with pytest.raises(SystemExit) as err:
+            selfcheck.main(["--device", "cpu", "--out", out, "--skip", ",".join(selfcheck.CHECKS)])
+        message = str(err.value.code)
+        assert found in message and "\n" not in message and len(message) <= MESSAGE_LIMIT, message
+    assert (tmp_path / "file").read_text() == ""
 
 
 def test_cuda_without_a_device_is_refused_before_anything_is_written(tmp_path, monkeypatch):

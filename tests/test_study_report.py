@@ -5,6 +5,7 @@ refusals. No training."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -224,3 +225,24 @@ def test_the_committed_rivals_report_is_consistent():
     if not path.is_file():
         pytest.skip(f"{path} is not committed yet: the rivals study's report has not landed")
     check_rivals_summary(json.loads(path.read_text()))
+
+
+def test_report_refuses_a_code_that_is_not_an_object_and_reruns_a_run_whose_metrics_are_not(tmp_path, capsys):
+    """Before: ``code: "x"`` in study_config.json and ``metrics: "x"`` in a saved run ended in AttributeError /
+    TypeError tracebacks (read by code, not run)."""
+    from ebpo_verl.study import runner
+    from ebpo_verl.study.__main__ import main
+    from ebpo_verl.study.presets import PRESETS
+
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study_config.json").write_text(json.dumps({**PRESETS["tiny"].fingerprint(), "code": "x" * 100_000}))
+    assert main(["report", "--study", str(study), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "records code 'xxxxxxxx" in err and len(err) < 400, err
+    job = runner.grid(PRESETS["tiny"], dict.fromkeys(PRESETS["tiny"].estimators, 1e-4))[0]
+    path = runner.run_path(study, job)
+    path.parent.mkdir()
+    path.write_text(json.dumps({"config": dataclasses.asdict(job), "metrics": "x"}))
+    assert runner.load_done(study, [job]) == {}
+    assert "is unreadable (metrics is 'x', not an object): running it again" in capsys.readouterr().out

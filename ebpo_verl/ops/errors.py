@@ -31,3 +31,11 @@ def one_line(err: BaseException) -> str:
     :data:`MESSAGE_LIMIT` characters."""
     text = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+class OneLineMessage(Exception):
+    """A mixin for a refusal's exception (``class E(OneLineMessage, ValueError)``): its message is :func:`one_line`
+    of the text it is given, one line of at most :data:`MESSAGE_LIMIT` characters whatever a caller quotes."""
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(one_line(Exception(str(message))))

@@ -19,22 +19,38 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from ebpo_verl.ops.errors import OneLineMessage
 
-class LockHeldError(RuntimeError):
+
+class LockHeldError(OneLineMessage, RuntimeError):
     """Another process holds the lock; the message names it and what to do."""
 
 
+PID_END = 2**31
+"""A pid is a ``pid_t``: an int in [1, 2**31)."""
+HOST_MAX = 64
+"""The longest host name a holder's record may give (Linux's HOST_NAME_MAX)."""
+STARTED_MAX = 32
+"""The longest start time a holder's record may give (the lock writes an ISO 8601 time of 25 characters)."""
+
+
 def _holder(path: Path) -> str:
-    """The holder the lock file records (a pid >= 1, a host and a start time, printable): "pid P on H, started T";
-    for anything else (being written, torn, not such a record) "a process that has not recorded itself yet"."""
+    """The holder the lock file records (a pid in [1, 2**31), a host of at most :data:`HOST_MAX` and a start time of
+    at most :data:`STARTED_MAX` printable characters): "pid P on H, started T"; for anything else (being written,
+    torn, not such a record) "a process that has not recorded itself yet"."""
     pid = host = started = None
     with suppress(OSError, ValueError, KeyError, TypeError, RecursionError):  # JSON's errors, non-UTF-8: ValueErrors
         info = json.loads(path.read_text(encoding="utf-8"))
         pid, host, started = info["pid"], info["host"], info["started"]
-    named = isinstance(pid, int) and not isinstance(pid, bool) and pid >= 1
-    if named and isinstance(host, str) and isinstance(started, str) and host.isprintable() and started.isprintable():
+    named = isinstance(pid, int) and not isinstance(pid, bool) and 1 <= pid < PID_END
+    if named and _text(host, HOST_MAX) and _text(started, STARTED_MAX):
         return f"pid {pid} on {host}, started {started}"
     return "a process that has not recorded itself yet"
+
+
+def _text(value: object, most: int) -> bool:
+    """Printable text of at most ``most`` characters."""
+    return isinstance(value, str) and len(value) <= most and value.isprintable()
 
 
 @contextmanager

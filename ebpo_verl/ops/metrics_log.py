@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.errors import OneLineMessage, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,16 @@ def _to_json(value: Any) -> Any:
     return str(value)
 
 
-class MetricsLogError(ValueError):
+STEP_END = 2**63
+"""Steps lie in [0, STEP_END): the range of a signed 64-bit counter, which numpy and matplotlib read exactly."""
+
+
+def is_step(value: Any) -> bool:
+    """A training step: an int (not a bool) in [0, :data:`STEP_END`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < STEP_END
+
+
+class MetricsLogError(OneLineMessage, ValueError):
     """A metrics log line that is not a ``{"step": int, "data": {...}}`` record (the message names file:line)."""
 
 
@@ -48,8 +58,8 @@ def _parse_lines(path: Path) -> list[tuple[int, dict[str, Any], str]]:
             line = raw.decode("utf-8")
             record = json.loads(line)
             step, data = record["step"], record["data"]
-            if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
-                raise TypeError(f"step must be an int and data an object, got {record!r:.200}")
+            if not is_step(step) or not isinstance(data, dict):
+                raise TypeError(f"step must be an integer in [0, 2**63) and data an object, got {shorten(record)}")
         except (ValueError, KeyError, TypeError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
             why = "nested too deeply" if isinstance(err, RecursionError) else " ".join(str(err).split())[:300]
             if number == len(lines):
@@ -147,7 +157,7 @@ def provenance_path(log: str | os.PathLike) -> Path:
 
 def read_provenance(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The attempts (``{"resumed_step", "provenance"}``, oldest first) recorded for a metrics log; ``path`` is the
-    log or its sidecar. [] when there is no sidecar; ValueError naming the file when it is malformed."""
+    log or its sidecar. [] when there is no sidecar; :class:`MetricsLogError` naming the file when it is malformed."""
     side = Path(path) if str(path).endswith(".provenance.json") else provenance_path(path)
     if not side.is_file():
         return []
@@ -156,9 +166,9 @@ def read_provenance(path: str | os.PathLike) -> list[dict[str, Any]]:
         if not isinstance(attempts, list) or not all(isinstance(a.get("provenance"), dict) for a in attempts):
             raise TypeError("attempts must be a list of {resumed_step, provenance}")
         for a in attempts:
-            if isinstance(a["resumed_step"], bool) or not isinstance(a["resumed_step"], int):
-                raise TypeError(f"resumed_step {a['resumed_step']!r:.40} is not an integer")
+            if not is_step(a["resumed_step"]):
+                raise TypeError(f"resumed_step {shorten(a['resumed_step'])} is not an integer in [0, 2**63)")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         why = "nested too deeply" if isinstance(err, RecursionError) else " ".join(str(err).split())[:300]
-        raise ValueError(f"{side}: not a provenance sidecar of a metrics log ({why}); delete it") from err
+        raise MetricsLogError(f"{side}: not a provenance sidecar of a metrics log ({why}); delete it") from err
     return attempts

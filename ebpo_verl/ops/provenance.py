@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ebpo_verl.ops.errors import shorten
+
 KEYS = ("ebpo_verl", "verl", "vllm", "torch", "transformers", "python", "hardware", "command", "started", "seed")
 """The keys of a provenance record, in order."""
 
@@ -161,22 +163,35 @@ def check(record: Any, where: str) -> dict[str, Any]:
     return record
 
 
-def short_commit(record: dict[str, Any] | None) -> str:
-    """``abc1234`` / ``abc1234+dirty`` / ``unknown`` for a provenance record (or None)."""
-    code = (record or {}).get("ebpo_verl") or {}
+def _part(record: Any, key: str) -> dict[str, Any]:
+    """``record[key]`` when both are objects, else {} (a record read from a file may hold anything)."""
+    part = record.get(key) if isinstance(record, dict) else None
+    return part if isinstance(part, dict) else {}
+
+
+def short_commit(record: Any) -> str:
+    """``abc1234`` / ``abc1234+dirty`` for a provenance record; ``unknown`` for None or a record whose
+    ``ebpo_verl`` is not an object holding a string ``commit`` (a file's record is read, never trusted)."""
+    code = _part(record, "ebpo_verl")
     commit = code.get("commit")
-    if not commit:
+    if not isinstance(commit, str) or not commit:
         return "unknown"
-    return commit[:7] + ("+dirty" if code.get("dirty") else "")
+    return commit[:7] + ("+dirty" if code.get("dirty") is True else "")
 
 
-def describe_hardware(record: dict[str, Any] | None) -> str:
-    """``8x NVIDIA H200`` / ``2-core Intel(R) Xeon(R) ...`` / ``unknown``."""
-    hw = (record or {}).get("hardware") or {}
+def describe_hardware(record: Any) -> str:
+    """``8x NVIDIA H200`` / ``2-core CPU (AMD EPYC ...)`` / ``unknown`` (no record, or its ``hardware`` is not an
+    object of a known kind); the values quoted shortened (:func:`~ebpo_verl.ops.errors.shorten` for non-strings)."""
+    hw = _part(record, "hardware")
+
+    def quoted(key: str) -> str:
+        value = hw.get(key)
+        return value[:80] if isinstance(value, str) else shorten(value)
+
     if hw.get("kind") == "gpu":
-        return f"{hw.get('count')}x {hw.get('model')}"
+        return f"{quoted('count')}x {quoted('model')}"
     if hw.get("kind") == "cpu":
-        return f"{hw.get('cores')}-core CPU ({hw.get('model')})"
+        return f"{quoted('cores')}-core CPU ({quoted('model')})"
     return "unknown"
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ebpo_verl.ops.atomic import atomic_write_text
+from ebpo_verl.ops.errors import shorten
 from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
 from ebpo_verl.options.cli import OneLineParser, add_options
@@ -70,10 +71,15 @@ def read_run(path: str | os.PathLike) -> dict[int, dict]:
 
 
 def finite_number(value) -> float | None:
-    """``value`` as a float if it is a finite int or float (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """``value`` as a float if it is an int or float (not a bool) whose float is finite, else None (NaN, the
+    infinities and integers past float's range, such as a 400-digit one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def val_scores(metrics: dict) -> tuple[dict[str, float], set[int]]:
@@ -170,11 +176,11 @@ def load_results(path: Path) -> dict:
             raise TypeError(f"a JSON {type(data).__name__}, not an object")
         if data.get("protocol") not in ("paper", "verl") or not isinstance(data.get("benchmarks"), dict):
             raise TypeError(
-                f"protocol {data.get('protocol')!r:.40} / benchmarks {type(data.get('benchmarks')).__name__}"
+                f"protocol {shorten(data.get('protocol'))} / benchmarks {type(data.get('benchmarks')).__name__}"
             )
         step, generation = data.get("step"), data.get("generation")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise TypeError(f"step {step!r:.40} is not an integer")
+            raise TypeError(f"step {shorten(step)} is not an integer")
         if generation is not None and not (
             isinstance(generation, dict) and isinstance(generation.get("provenance", []), list)
         ):
@@ -193,13 +199,13 @@ def _check_result_entry(bench: str, entry: object) -> None:
     for key in RESULT_COUNTS:
         value = entry.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not an integer >= 0")
+            raise TypeError(f"benchmarks.{bench:.40}.{key}={shorten(value)} is not an integer >= 0")
     if not all(entry.get(name) is None or isinstance(entry[name], dict) for name in ("pass@k", "maj@k")):
         raise TypeError(f"benchmarks.{bench:.40}.pass@k/maj@k is not an object (k -> percentage)")
     by_k = [(f"{name}.{k:.20}", v) for name in ("pass@k", "maj@k") for k, v in (entry.get(name) or {}).items()]
     for key, value in [(k, entry.get(k)) for k in RESULT_PERCENTS] + by_k:
         if value is not None and (finite_number(value) is None or not 0 <= value <= 100):
-            raise TypeError(f"benchmarks.{bench:.40}.{key}={value!r:.40} is not a percentage")
+            raise TypeError(f"benchmarks.{bench:.40}.{key}={shorten(value)} is not a percentage")
     if not isinstance(entry.get("complete", True), bool):
         raise TypeError(f"benchmarks.{bench:.40}.complete is not true or false")
 

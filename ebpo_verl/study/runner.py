@@ -8,18 +8,21 @@ import contextlib
 import hashlib
 import json
 import multiprocessing as mp
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
+from ebpo_verl.ops.errors import OneLineMessage, shorten
 from ebpo_verl.study.policy import TinyPolicy, exact_pass_at_1
 from ebpo_verl.study.presets import BASE_SEED, LR_TUNING_FILE, Preset, tuned_lrs
-from ebpo_verl.study.rl import RLConfig, run_rl, warm_start
+from ebpo_verl.study.rl import STEP_KEYS, RLConfig, run_rl, warm_start
 from ebpo_verl.study.tasks import ProblemSet, make_splits
 
 PROBE_SIZE = 256
@@ -128,7 +131,7 @@ def lr_grid_of(preset: Preset, tuning: list[dict]) -> dict[str, dict]:
     return {e: {**record["lr_grid"][e], "source": source} for e in lrs}
 
 
-class StudyDirError(ValueError):
+class StudyDirError(OneLineMessage, ValueError):
     """The output directory holds a study with a different configuration."""
 
 
@@ -151,6 +154,20 @@ def code_fingerprint() -> dict[str, str]:
     return {"version": ebpo_verl.__version__, "source_sha256": digest.hexdigest()}
 
 
+def recorded_code(config: Any, path: Path) -> dict[str, str]:
+    """The ``code`` (:func:`code_fingerprint`) a ``study_config.json`` records, {} when it records none (absent or
+    null); StudyDirError naming ``path`` when it is not an object of strings."""
+    code = config.get("code") if isinstance(config, dict) else None
+    if code is None:
+        return {}
+    if isinstance(code, dict) and all(isinstance(v, str) for v in code.values()):
+        return code
+    raise StudyDirError(
+        f"{path} records code {shorten(code)}, not an object of strings ({{version, source_sha256}}, as the study "
+        "writes it); restore the file, or rerun the study into a new --out"
+    )
+
+
 def claim_out_dir(out: Path, preset: Preset) -> None:
     """Record the preset's configuration and :func:`code_fingerprint` in ``out/study_config.json``, or check they
     match (a rerun never mixes configurations or code versions)."""
@@ -171,7 +188,7 @@ def claim_out_dir(out: Path, preset: Preset) -> None:
             f"in: {', '.join(keys)}); rerun that preset to resume it, or pass a new --out for preset {preset.name!r}"
         )
     if have.get("code") != want["code"]:
-        old = have.get("code") or {}
+        old = recorded_code(have, path)
         raise StudyDirError(
             f"{out} holds runs made by other code (ebpo-verl {old.get('version', '?')}, sources "
             f"{str(old.get('source_sha256', 'not recorded'))[:12]}; now {want['code']['version']}, "
@@ -185,8 +202,33 @@ def run_path(out: Path, cfg: RLConfig) -> Path:
     return out / "runs" / f"{cfg.estimator}-g{cfg.group_size}-{cfg.order}-s{cfg.seed}{tuning}.json"
 
 
+RUN_METRICS = (*STEP_KEYS, "eval_step", "accuracy", "probe_accuracy", "shrinkage", "train_seen_gain",
+               "train_unseen_gain", "train_seen_fraction")  # fmt: skip
+"""The metrics every saved run holds (:func:`~ebpo_verl.study.rl.run_rl`'s; the report reads them)."""
+
+
+def metrics_problem(metrics: Any) -> str | None:
+    """What makes a saved run's ``metrics`` unreadable (None: nothing): not an object of flat lists of numbers within
+    float range (NaN allowed, as a run writes it), a metric of :data:`RUN_METRICS` missing, or no accuracy."""
+    if not isinstance(metrics, dict):
+        return f"metrics is {shorten(metrics)}, not an object"
+    if missing := [k for k in RUN_METRICS if k not in metrics]:
+        return f"metrics lacks {', '.join(missing[:3])}"
+    for key, values in metrics.items():
+        if not (isinstance(values, list) and all(_is_float(v) for v in values)):
+            return f"metrics.{shorten(key)} is {shorten(values)}, not a list of numbers"
+    return None if metrics["accuracy"] and len(metrics["accuracy"]) == len(metrics["eval_step"]) else "no accuracy"
+
+
+def _is_float(value: Any) -> bool:
+    """A float, or an int (not a bool) that a float holds without overflow."""
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, float) or (integer and abs(value) <= sys.float_info.max)
+
+
 def load_done(out: Path, jobs: list[RLConfig]) -> dict[RLConfig, dict]:
-    """The runs of ``jobs`` saved under ``out/runs``, in job order (a file with another config is not one of them)."""
+    """The runs of ``jobs`` saved under ``out/runs``, in job order (a file with another config is not one of them;
+    one whose metrics are unreadable, :func:`metrics_problem`, is run again)."""
     done = {}
     for cfg in jobs:
         path = run_path(out, cfg)
@@ -197,8 +239,12 @@ def load_done(out: Path, jobs: list[RLConfig]) -> dict[RLConfig, dict]:
         except (OSError, ValueError, RecursionError) as err:  # JSON's errors, a non-UTF-8 byte: ValueErrors
             print(f"study: {path} is unreadable ({type(err).__name__}): running it again")
             continue
-        if isinstance(run, dict) and run.get("config") == asdict(cfg):
-            done[cfg] = run
+        if not isinstance(run, dict) or run.get("config") != asdict(cfg):
+            continue
+        if problem := metrics_problem(run.get("metrics")):
+            print(f"study: {path} is unreadable ({problem}): running it again")
+            continue
+        done[cfg] = run
     return done
 
 

@@ -11,16 +11,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.ops.errors import one_line
+from ebpo_verl.ops.errors import one_line, shorten
 from ebpo_verl.options.parsing import is_int, is_real
 from ebpo_verl.study.presets import ALL_ESTIMATORS, PRESETS, Preset
 from ebpo_verl.study.report import study_provenance
-from ebpo_verl.study.runner import NotSavedYet, StudyDirError, code_fingerprint, grid, load_done, run_path
+from ebpo_verl.study.runner import (
+    NotSavedYet,
+    StudyDirError,
+    code_fingerprint,
+    grid,
+    load_done,
+    recorded_code,
+    run_path,
+)
 
 
 def recorded_preset(study: Path) -> Preset:
     """The preset whose configuration ``study/study_config.json`` records (its estimators as recorded);
-    StudyDirError when it is missing, unreadable, names no preset, or differs from that preset in this code."""
+    StudyDirError when it is missing, unreadable, names no preset, records a ``code`` that is not an object of
+    strings, or differs from that preset in this code."""
     path = study / "study_config.json"
     try:
         config = json.loads(path.read_text())
@@ -31,14 +40,16 @@ def recorded_preset(study: Path) -> Preset:
         raise StudyDirError(f"{path} is unreadable ({why})") from err
     name = config.get("name") if isinstance(config, dict) else None
     if not isinstance(name, str) or name not in PRESETS:
-        raise StudyDirError(f"{path} names preset {name!r:.80}, which this code does not have ({', '.join(PRESETS)})")
+        known = ", ".join(PRESETS)
+        raise StudyDirError(f"{path} names preset {shorten(name)}, which this code does not have ({known})")
     estimators = config.get("estimators")
     if not (isinstance(estimators, list) and estimators and all(isinstance(e, str) and e in ALL_ESTIMATORS
             for e in estimators) and len(set(estimators)) == len(estimators)):  # fmt: skip
         raise StudyDirError(
-            f"{path} records estimators {estimators!r:.200}, not a list of distinct estimators of the study "
+            f"{path} records estimators {shorten(estimators)}, not a list of distinct estimators of the study "
             f"({', '.join(ALL_ESTIMATORS)})"
         )
+    recorded_code(config, path)
     preset = PRESETS[name]
     if estimators != list(preset.estimators):
         preset = preset.with_estimators(tuple(estimators))
@@ -135,7 +146,7 @@ def report_from_saved(study: Path, out: Path, command: str, prog: str) -> int:
     torch.set_num_threads(1)  # the warm start's evaluation as the study computed it
     info = describe_base(prepare_base(preset, study))
     timing = study_timing(study, preset, runs, files + tuning_files, prog)
-    recorded = json.loads((study / "study_config.json").read_text()).get("code") or {}
+    recorded = recorded_code(json.loads((study / "study_config.json").read_text()), study / "study_config.json")
     now = code_fingerprint()
     same = "the same code" if recorded == now else "other code (every number is the saved runs', made by the first)"
     origin = (

@@ -35,7 +35,7 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.grouping import one_value_per_key
 from ebpo_verl.compat.contact import swapped
-from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.ops.errors import EBPOConfigError, shorten
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.ops.node_check import check_nodes
 from ebpo_verl.ops.provenance import run_provenance
@@ -98,7 +98,7 @@ def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
     for row, key in enumerate(trajectory_keys):
         match = _TRAJECTORY_KEY.fullmatch(str(key))
         if match is None:
-            raise ValueError(f"krpo: trajectory key {key!r:.200} is not verl's {{uid}}_{{session_id}}_{{index}}")
+            raise ValueError(f"krpo: trajectory key {shorten(key)} is not verl's {{uid}}_{{session_id}}_{{index}}")
         out[row] = int(match.group(1))
     return out
 

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import psutil
 
-from ebpo_verl.ops.errors import one_line
+from ebpo_verl.ops.errors import one_line, shorten
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option, reals, text
 from ebpo_verl.smoke import checks, runs, scan, settings
@@ -470,7 +470,8 @@ def _require(obj: Any, where: str, **rules: Rule) -> None:
         raise ValueError(f"{where} is not an object")
     for key, rule in rules.items():
         if key not in obj or not rule.test(obj[key]):
-            raise ValueError(f"{where}: {key} must be {rule.text}" + (f", not {obj[key]!r:.60}" if key in obj else ""))
+            found = f", not {shorten(obj[key])}" if key in obj else ""
+            raise ValueError(f"{where}: {key} must be {rule.text}{found}")
 
 
 def load_report(path: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ebpo_verl.ops.errors import OneLineMessage
 from ebpo_verl.trainer.checkpoint.state import load_state
 from ebpo_verl.trainer.run_options import RunOptions
 
@@ -29,17 +30,21 @@ def loaded_folder(trainer: Any, global_step: int) -> str:
     return step_folder(trainer, global_step)
 
 
+class TrackerError(OneLineMessage, ValueError):
+    """verl's checkpoint tracker file names no checkpoint it can resume from (one line: the file and the ways out)."""
+
+
 def tracked_step(base: str | os.PathLike) -> int | None:
     """The step ``base/latest_checkpointed_iteration.txt`` names (None without the file), checked as verl will use
-    it: a positive integer whose ``global_step_N`` folder exists. Anything else raises ValueError naming the file
-    and the ways out (verl would fail on ``int('')`` after Ray starts, or silently train from scratch)."""
+    it: a positive integer whose ``global_step_N`` folder exists. Anything else raises :class:`TrackerError` naming
+    the file and the ways out (verl would fail on ``int('')`` after Ray starts, or silently train from scratch)."""
     tracker = Path(base, TRACKER_FILE)
     try:
         text = tracker.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(
+        raise TrackerError(
             f"checkpoint tracker {tracker} is unreadable ({err}); delete it to start from scratch"
         ) from err
     steps = (p.name.removeprefix("global_step_") for p in Path(base).glob("global_step_*") if p.is_dir())
@@ -48,14 +53,14 @@ def tracked_step(base: str | os.PathLike) -> int | None:
     value = text.strip()
     if not _step_number(value) or int(value) < 1:
         what = "is empty" if not value else f"holds {value[:40]!r}, not a step number"
-        raise ValueError(
+        raise TrackerError(
             f"checkpoint tracker {tracker} {what} (a crash while verl wrote it?); {have}. Write the step of the last "
             "complete checkpoint into it, or delete it to start from scratch."
         )
     step = int(value)
     if not Path(base, f"global_step_{step}").is_dir():
-        raise ValueError(
-            f"checkpoint tracker {tracker} names step {step} but {Path(base, f'global_step_{step}')} does not exist "
+        raise TrackerError(
+            f"checkpoint tracker {tracker} names step {step} but its folder global_step_{step} does not exist "
             f"(verl would silently train from scratch); {have}. Write the step of an existing checkpoint into it, "
             "or delete it to start from scratch."
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.ops.errors import one_line
+from ebpo_verl.ops.errors import one_line, shorten
 from ebpo_verl.options.parsing import accepts
 
 FORMAT = 1
@@ -80,7 +80,7 @@ def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: 
             raise ValueError(f"format {payload.get('format')!r} is not supported (expected {FORMAT})")
         saved_step = payload["global_step"]
         if isinstance(saved_step, bool) or not isinstance(saved_step, int) or saved_step < 0:
-            raise ValueError(f"global_step must be an integer >= 0, got {saved_step!r:.60}")
+            raise ValueError(f"global_step must be an integer >= 0, got {shorten(saved_step)}")
         saved_options = payload.get("options", {})
         _check_saved_options(entry, saved_options)
         state.load_state_dict(payload["state"])
@@ -103,12 +103,12 @@ def _check_saved_options(entry: EstimatorSpec, saved: Any) -> None:
     """ValueError unless ``saved`` maps option names (identifiers) to values: for an option of this version, one it
     accepts; for another (a newer version's), a JSON scalar."""
     if not isinstance(saved, dict):
-        raise ValueError(f"options must be a JSON object, got {saved!r:.60}")
+        raise ValueError(f"options must be a JSON object, got {shorten(saved)}")
     declared = {f.name: f for f in entry.options_cls.declarations()}
     for key, value in saved.items():
         known = key in declared and accepts(declared[key], value)
         if not key.isidentifier() or not known and (key in declared or not isinstance(value, _SCALARS)):
-            raise ValueError(f"options.{key!r:.40} = {value!r:.60} is not a value of {entry.section}.{key:.40}")
+            raise ValueError(f"options.{shorten(key)} = {shorten(value)} is not a value of {entry.section}.{key:.40}")
 
 
 _SCALARS = (str, int, float, bool, type(None))

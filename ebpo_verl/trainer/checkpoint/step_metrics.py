@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ebpo_verl.ops.atomic import atomic_write_text
-from ebpo_verl.ops.errors import one_line
+from ebpo_verl.ops.errors import one_line, shorten
 from ebpo_verl.options.parsing import is_int
 
 STEP_METRICS_FILE = "ebpo_step_metrics.json"
@@ -47,10 +47,10 @@ def load_step_metrics(step_dir: str | os.PathLike, global_step: int) -> dict[str
         if not isinstance(payload, dict) or set(payload) != {"format", "global_step", "metrics"}:
             raise ValueError("expected a JSON object of exactly format, global_step and metrics")
         if not is_int(payload["format"]) or payload["format"] != FORMAT:
-            raise ValueError(f"format {payload['format']!r:.60} is not supported (expected {FORMAT})")
+            raise ValueError(f"format {shorten(payload['format'])} is not supported (expected {FORMAT})")
         saved_step, metrics = payload["global_step"], payload["metrics"]
         if not is_int(saved_step) or saved_step < 0:
-            raise ValueError(f"global_step must be an integer >= 0, got {saved_step!r:.60}")
+            raise ValueError(f"global_step must be an integer >= 0, got {shorten(saved_step)}")
         if not isinstance(metrics, dict) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
         ):
