@@ -80,7 +80,7 @@ def test_main_overrides_reach_the_options(compose_config):
         "algorithm.ebpo.prior=beta_binomial",
         "actor_rollout_ref.rollout.n=1",
     )
-    options = check_config(config).ebpo
+    options = check_config(config).estimator
     assert options == EBPOOptions(shrinkage=0.25, cluster_key="topic", prior="beta_binomial")
     grpo = compose_config("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")
     assert check_config(grpo).estimator is None

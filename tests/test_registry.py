@@ -147,18 +147,6 @@ def test_a_spec_refuses_what_cannot_work_and_get_names_the_closest():
         registry.new_estimator("grpo")
 
 
-def test_the_old_form_from_an_entry_point_is_refused_naming_the_new_one(tmp_path, monkeypatch):
-    old = TOY_MODULE.replace("compute=compute_toy_advantages", "function=compute_toy_advantages")
-    (tmp_path / "ebpo_old_toy.py").write_text(old)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(TypeError) as err:
-        registry._specs_of("ebpo_old_toy")
-    message = str(err.value)
-    assert "\n" not in message and "old form (function= / estimator_cls=" in message
-    assert "EstimatorSpec(name, summary, source, compute=compute_<name>_advantages" in message
-    sys.modules.pop("ebpo_old_toy", None)
-
-
 def test_every_registered_estimator_declares_every_fact():
     """Walks the registry: each estimator of ours runs through the one factory on a batch with its row input, and
     each fact holds as declared: pass rates (its step refuses a shaped reward, the pre-flight every shaped-reward
