@@ -577,6 +577,59 @@ def test_the_toys_warning_reaches_the_preflight_and_frozen_keeps_its_first_basel
         np.testing.assert_allclose(got.numpy(), np.asarray(rewards) - 0.75)  # (0.5 + 1.0) / 2, the first step's
 
 
+LABELLED_TOY = """
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ebpo_toy import ToyState, compute_toy_advantages, ToyOptions
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.options.parsing import nullable, text
+
+
+@dataclass(frozen=True)
+class LabelledToyOptions(ToyOptions):
+    SECTION: ClassVar[str] = "algorithm.toy_labels"
+
+    label_key: str | None = nullable("extra_info field of each prompt's label (null: none)", text("a field name"))
+
+
+SPECS = (
+    EstimatorSpec("toy_labels", "the toy reading a label per row", "tests/test_registry.py",
+                  compute=compute_toy_advantages, options_cls=LabelledToyOptions,
+                  state=StateSpec(ToyState, "toy_labels_state.json", "TOY", "moving average"), row_input="label_key"),
+)
+"""
+"""The toy with a per-row label option (its math does not read it): an out-of-tree row key, for the messages."""
+
+
+def test_an_out_of_tree_row_key_is_named_by_its_own_option(toy_in_process, tmp_path, compose_config):
+    """An estimator of another package (entry point) that reads a per-row field: the training rows' check (the
+    trainer's dataset) names its own option, ``algorithm.toy_labels.label_key``, and offers null, which it takes."""
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight.data import check_row_keys
+    from ebpo_verl.trainer.run_options import RunOptions
+
+    site = tmp_path / "site"
+    (site / "ebpo_toy_labels.py").write_text(LABELLED_TOY)
+    info = site / "ebpo_toy_labels-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ebpo-toy-labels\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\ntoy_labels = ebpo_toy_labels\n")
+    registry.estimators.cache_clear()
+    try:
+        assert registry.get("toy_labels").row_option == "algorithm.toy_labels.label_key"
+        config = compose_config("algorithm.adv_estimator=toy_labels", "++algorithm.toy_labels.label_key=domain")
+        with pytest.raises(EBPOConfigError) as err:
+            check_row_keys([{"topic": "a"}], RunOptions.from_config(config), "x.parquet")
+        assert str(err.value) == (
+            "algorithm.toy_labels.label_key='domain' is not a key of extra_info in the training data (x.parquet); "
+            "extra_info keys present: ['topic']. Pick one of them, or add the labels to the data (ebpo_verl.data), "
+            "or set algorithm.toy_labels.label_key=null."
+        )
+    finally:
+        sys.modules.pop("ebpo_toy_labels", None)
+
+
 def test_import_verl_alone_registers_every_estimator_and_registering_again_changes_nothing():
     """What ``python -m verl.trainer.main_ppo algorithm.adv_estimator=<name>`` relies on: in a fresh process,
     ``import verl`` alone loads the ``verl.plugins`` entry point, and verl's registry then holds every estimator of
