@@ -6,7 +6,7 @@ tokens): 512x16x4096 and the paper's 512x4x8192 (docs/paper_notes.md#setup: batc
 Target: ebpo <= 1.0x grpo_vectorized at every shape. Every other estimator of the registry (:data:`BASELINES`:
 ``shrinkage_js``, ``bnpo``, ``spo``, ``dbb``, and any added one; stable prompt keys, trackers warm after the
 warm-up call) runs in the same rounds, with its ratio to grpo_vectorized. Ours run as ``ebpo-train`` runs them: one
-object per estimator (``EstimatorSpec.new``) through ``ebpo_verl.trainer.adapter.outcome_advantages``.
+object per estimator (``registry.new_estimator``) through ``ebpo_verl.trainer.adapter.outcome_advantages``.
 
     python benchmarks/bench_advantage.py [--device cpu|cuda] [--threads N] [--shapes 512x16x4096,512x4x8192]
         [--repeats 11]

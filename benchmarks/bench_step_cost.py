@@ -135,7 +135,7 @@ def direct_timings() -> dict[str, float]:
     rows = 512 * 16  # a paper-size step: 512 prompts x 16 responses
     infos = [{"index": i // 16, "topic": f"t{i % 7}"} for i in range(rows)]
     uids = [f"u{i // 16}" for i in range(rows)]
-    out["row-key map, 8192 rows (ms)"] = _time(lambda: uid_row_keys(infos, uids, [False] * rows, "index"))
+    out["row-key map, 8192 rows (ms)"] = _time(lambda: uid_row_keys(infos, uids, [False] * rows, "index", "prompt key"))
     metrics = {f"group/metric_{i}": float(i) for i in range(200)}
     with tempfile.TemporaryDirectory() as tmp:
         log = MetricsLog(Path(tmp) / "m.jsonl", resumed_step=0)

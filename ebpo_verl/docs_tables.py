@@ -54,7 +54,6 @@ def _switches(cls: type[OptionSection]) -> Callable[[], str]:
 
 def pages(o: DocsOptions, root: Path) -> dict[str, dict[str, Callable[[], str]]]:
     """Page -> block name -> its text, for options ``o`` and checkout ``root``."""
-    from ebpo_verl.algos import registry
     from ebpo_verl.evaluate.__main__ import GenerateOptions, GradeOptions
     from ebpo_verl.evaluate.engines import EngineOptions
     from ebpo_verl.recipes import status_table
@@ -72,7 +71,7 @@ def pages(o: DocsOptions, root: Path) -> dict[str, dict[str, Callable[[], str]]]
             "options": generate.options_table,
             **{f"study-{name}": study(path) for name, _, path in (s.partition("=") for s in o.study)},
         },
-        "docs/estimator.md": {"ebpo-options": lambda: generate.option_table(registry.get("ebpo").options_cls)},
+        "docs/estimator.md": {"ebpo-options": lambda: generate.option_table(generate.default_estimator().options_cls)},
         "docs/baselines.md": {
             "estimators": generate.estimators_table,
             "estimator-options": generate.baseline_option_tables,

@@ -393,13 +393,13 @@ def test_registered_spo_refuses_to_run_without_stable_keys():
 
 
 def test_prompt_key_checks_name_the_problem():
-    check_prompt_keys([{"index": 0}, {"index": 1}], "index", "x.parquet")
+    check_prompt_keys([{"index": 0}, {"index": 1}], "index", "x.parquet", SPO)
     with pytest.raises(EBPOConfigError, match=r"prompt_key='uid' is not a key of extra_info .* \['index', 'split'\]"):
-        check_prompt_keys([{"index": 0, "split": "train"}], "uid", "x.parquet")
+        check_prompt_keys([{"index": 0, "split": "train"}], "uid", "x.parquet", SPO)
     with pytest.raises(EBPOConfigError, match=r"missing or null in 2 of 3 training rows .* first rows: \[1, 2\]"):
-        check_prompt_keys([{"index": 0}, {"index": None}, {"index": float("nan")}], "index", "x.parquet")
+        check_prompt_keys([{"index": 0}, {"index": None}, {"index": float("nan")}], "index", "x.parquet", SPO)
     with pytest.raises(EBPOConfigError, match=r"not unique .* 1 row\(s\) repeat .* '0' at rows 0 and 2"):
-        check_prompt_keys([{"index": 0}, {"index": 1}, {"index": 0}], "index", "a.parquet,b.parquet")
+        check_prompt_keys([{"index": 0}, {"index": 1}, {"index": 0}], "index", "a.parquet,b.parquet", SPO)
 
 
 # ------------------------------------------------------------------------ SPO resume through the trainer

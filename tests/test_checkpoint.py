@@ -70,7 +70,7 @@ def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
         non_tensors={"uid": np.array(uids, dtype=object)},
     )
     padding = [uid.startswith("pad") for uid in uids]
-    return data, uid_row_keys(infos, uids, padding, "topic")
+    return data, uid_row_keys(infos, uids, padding, "topic", "algorithm.ebpo.cluster_key")
 
 
 def _step(trainer, step: int) -> torch.Tensor:

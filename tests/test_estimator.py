@@ -711,7 +711,7 @@ def test_preflight_refuses_beta_binomial_with_a_shaped_reward(override, _compose
         EBPOConfigError, match=rf"adv_estimator=ebpo needs .*prior=beta_binomial needs a two-level reward.*{key}=True"
     ):
         check_config(_composed("algorithm.ebpo.prior=beta_binomial", override))
-    assert check_config(_composed(override)).ebpo is not None  # the Gaussian prior takes any reward
+    assert check_config(_composed(override)).estimator is not None  # the Gaussian prior takes any reward
 
 
 def test_preflight_refuses_each_legacy_reward_key_naming_the_key_that_replaced_it(_composed):
@@ -786,14 +786,14 @@ def test_preflight_warns_once_about_ignored_options(capsys, _composed):
 @pytest.mark.parametrize("missing", [None, float("nan"), np.float64("nan"), pd.NA])
 def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
     from ebpo_verl.ops.errors import EBPOConfigError
-    from ebpo_verl.trainer.preflight.data import check_cluster_labels
+    from ebpo_verl.trainer.preflight.data import check_row_labels
     from ebpo_verl.trainer.ray_trainer import uid_row_keys
 
     infos = [{"topic": "a"}, {"topic": missing}, {"topic": "b"}]
     with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 3 training rows.*first rows: \[1\]"):
-        check_cluster_labels(infos, "topic", source="test")
+        check_row_labels(infos, "topic", "test", registry.get("ebpo"))
     with pytest.raises(EBPOConfigError, match=r"uid u1 has no extra_info\['topic'\]"):
-        uid_row_keys(infos, ["u0", "u1", "u2"], [False] * 3, "topic")
+        uid_row_keys(infos, ["u0", "u1", "u2"], [False] * 3, "topic", "algorithm.ebpo.cluster_key")
 
 
 def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatch):

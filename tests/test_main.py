@@ -80,7 +80,7 @@ def test_main_overrides_reach_the_options(compose_config):
         "algorithm.ebpo.prior=beta_binomial",
         "actor_rollout_ref.rollout.n=1",
     )
-    options = check_config(config).ebpo
+    options = check_config(config).estimator
     assert options == EBPOOptions(shrinkage=0.25, cluster_key="topic", prior="beta_binomial")
     grpo = compose_config("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")
     assert check_config(grpo).estimator is None
@@ -143,11 +143,11 @@ def test_main_check_registered_reports_a_missing_estimator(monkeypatch):
     from ebpo_verl.trainer import adapter
     from ebpo_verl.trainer.preflight.registry import check_registered
 
-    check_registered()
+    check_registered("ebpo")
     monkeypatch.setattr(adapter, "register", lambda: None)  # as if verl's plugin loader had failed silently
     monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
     with pytest.raises(EBPOConfigError, match=r"'ebpo' is not registered in the TaskRunner process \(pid \d+"):
-        check_registered()
+        check_registered("ebpo")
 
 
 # --- the pre-flight: the same checks for `--cfg job` as for a real run --------------------------------------------

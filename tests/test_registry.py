@@ -149,18 +149,6 @@ def test_a_spec_refuses_what_cannot_work_and_get_names_the_closest():
         registry.new_estimator("grpo")
 
 
-def test_the_old_form_from_an_entry_point_is_refused_naming_the_new_one(tmp_path, monkeypatch):
-    old = TOY_MODULE.replace("compute=compute_toy_advantages", "function=compute_toy_advantages")
-    (tmp_path / "ebpo_old_toy.py").write_text(old)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(TypeError) as err:
-        registry._specs_of("ebpo_old_toy")
-    message = str(err.value)
-    assert "\n" not in message and "old form (function= / estimator_cls=" in message
-    assert "EstimatorSpec(name, summary, source, compute=compute_<name>_advantages" in message
-    sys.modules.pop("ebpo_old_toy", None)
-
-
 def test_every_registered_estimator_declares_every_fact():
     """Walks the registry: each estimator of ours runs through the one factory on a batch with its row input, and
     each fact holds as declared: pass rates (its step refuses a shaped reward, the pre-flight every shaped-reward
@@ -220,6 +208,64 @@ def test_every_registered_estimator_declares_every_fact():
     ebpo, jspo = registry.get("ebpo"), registry.get("jspo")
     assert ebpo.pass_rates(ebpo.parse({"prior": "beta_binomial"})) and not ebpo.min_group(ebpo.parse({"shrinkage": 1}))
     assert jspo.min_group(jspo.parse({"form": "authors_code"}))
+
+
+def test_the_data_check_names_each_estimators_own_row_option():
+    """The training rows' check of the field an estimator reads per row names that estimator's option (its spec's
+    ``row_option``; it once named algorithm.ebpo.cluster_key for every label) and offers null only where the option
+    takes it."""
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight.data import check_row_keys
+    from ebpo_verl.trainer.run_options import RunOptions
+
+    norm = registry.get("running_norm")
+    with pytest.raises(EBPOConfigError) as err:
+        check_row_keys(
+            [{"topic": "a"}, {"topic": "b"}], RunOptions("running_norm", norm.parse({"row_key": "domain"})), "x.parquet"
+        )
+    assert str(err.value) == (
+        "algorithm.running_norm.row_key='domain' is not a key of extra_info in the training data (x.parquet); "
+        "extra_info keys present: ['topic']. Pick one of them, or add the labels to the data (ebpo_verl.data), or "
+        "set algorithm.running_norm.row_key=null."
+    )
+    missing = r"^extra_info\['topic'\] \(algorithm\.running_norm\.row_key\) is missing or null in 1 of 2 training rows"
+    with pytest.raises(EBPOConfigError, match=missing):
+        check_row_keys([{"topic": "a"}, {}], RunOptions("running_norm", norm.parse({"row_key": "topic"})), "x.parquet")
+    named = {}
+    for name, spec in registry.ours().items():
+        if spec.row_key is not None:
+            with pytest.raises(EBPOConfigError) as err:
+                check_row_keys([{"topic": "a"}], RunOptions(name, spec.parse({spec.row_key: "domain"})), "x.parquet")
+            named[name] = (str(err.value).split("=")[0], str(err.value).endswith("=null."))
+    assert named == {
+        "ebpo": ("algorithm.ebpo.cluster_key", True),
+        "spo": ("algorithm.spo.prompt_key", False),
+        "dbb": ("algorithm.dbb.prompt_key", False),
+        "running_norm": ("algorithm.running_norm.row_key", True),
+    }
+
+
+def test_verls_own_facts_are_spec_fields():
+    """OTB's need of the actor's sum of squared probabilities is its spec's, under both of verl's names; our
+    estimators cannot declare it."""
+    from omegaconf import OmegaConf
+
+    from ebpo_verl.algos.baselines import compute_bnpo_advantages
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight.config import check_stock_verl_methods
+    from ebpo_verl.trainer.run_options import RunOptions
+
+    reading = {n for n, spec in registry.estimators().items() if spec.sum_pi_squared}
+    assert reading == {"otb"} and registry.get("otb").verl_variants == ("tir_optimal_token_baseline",)
+    assert registry.by_verl_name("tir_optimal_token_baseline") is registry.get("otb")
+    assert registry.by_verl_name("ebpo") is registry.get("ebpo") and registry.by_verl_name("nope") is None
+    actor = OmegaConf.create({"actor_rollout_ref": {"actor": {"calculate_sum_pi_squared": False}}})
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        with pytest.raises(EBPOConfigError, match=f"adv_estimator={name} needs .*calculate_sum_pi_squared=True"):
+            check_stock_verl_methods(actor, RunOptions(name), False)
+    check_stock_verl_methods(actor, RunOptions("grpo"), False)
+    with pytest.raises(ValueError, match="describe verl's own estimators"):
+        EstimatorSpec("x", "s", "src", compute=compute_bnpo_advantages, sum_pi_squared=True)
 
 
 def test_an_estimator_is_its_pure_function_bound_to_its_options_and_state():
@@ -348,6 +394,8 @@ out["cfg_ok"] = call(ebpo_train, ["--cfg", "job", "--package", "algorithm", mode
                                   "++algorithm.toy.decay=0.25"])
 out["cfg_bad"] = call(ebpo_train, ["--cfg", "job", model, "algorithm.adv_estimator=toy", "++algorithm.toy.decay=2"])
 out["cfg_bad_key"] = call(ebpo_train, ["--cfg", "job", model, "algorithm.adv_estimator=toy", "++algorithm.toy.decy=1"])
+out["cfg_warn"] = call(ebpo_train, ["--cfg", "job", model, "algorithm.adv_estimator=toy", "++algorithm.toy.frozen=true",
+                                    "++algorithm.toy.decay=0.25"])
 
 from ebpo_verl.recipes.__main__ import main as recipes
 from ebpo_verl.recipes.tables import COMPETITOR_ALGOS
@@ -401,12 +449,17 @@ def test_a_new_estimator_is_one_module_and_one_registry_line(toy_run):
     # ebpo-train: --help, --cfg job accepts it and refuses a bad value or key in one line, exit 2
     help_text = seen["help"]["out"]
     assert seen["help"]["rc"] == 0 and "running_norm and toy (algorithm.adv_estimator" in help_text.replace("\n", " ")
-    assert "  algorithm.toy: decay=0.5, on_resume_mismatch=error" in help_text
+    assert "  algorithm.toy: decay=0.5, frozen=false, on_resume_mismatch=error" in help_text
     ok = seen["cfg_ok"]
     assert ok["rc"] == 0 and "pre-flight: ok" in ok["err"] and "decay: 0.25" in ok["out"], ok["err"][-2000:]
     for bad, what in ((seen["cfg_bad"], "algorithm.toy.decay=2"), (seen["cfg_bad_key"], "algorithm.toy.decy")):
         assert bad["rc"] == 2 and bad["out"] == "", bad
         assert bad["err"].count("\n") == 1 and bad["err"].startswith("ebpo-train: error: ") and what in bad["err"]
+    # the spec's warning: named by ebpo-train's pre-flight, the run going on
+    warned = seen["cfg_warn"]
+    assert warned["rc"] == 0 and "pre-flight: ok" in warned["err"], warned["err"][-2000:]
+    warning = "ebpo-train: warning: algorithm.toy option(s) decay=0.25 have no effect with frozen=true\n"
+    assert warning in warned["err"] and warning not in ok["err"]
     # the recipes: an ALGO preset, in the help, a dry run that passes its pre-flight, a competitor row
     assert "  toy " in seen["recipe_help"]["out"] and "Toy: a moving average" in seen["recipe_help"]["out"]
     assert "algorithm.adv_estimator=toy" in seen["recipe_overrides"]["out"].splitlines()
@@ -500,6 +553,83 @@ def test_the_toys_state_is_checkpointed_and_resumed_exactly(toy_in_process, tmp_
     other.global_steps = 3
     with pytest.raises(ValueError, match=r"algorithm.toy differs .*\(decay: 0.25 -> 0.5\)"):
         other._load_checkpoint()
+
+
+def test_the_toys_warning_reaches_the_preflight_and_frozen_keeps_its_first_baseline(
+    toy_in_process, compose_config, capsys
+):
+    """The toy's spec declares a warning (docs/architecture.md): ebpo-train's pre-flight prints it, as EBPO's, and
+    nothing when the options ignore nothing; frozen=true keeps the first step's mean group mean as the baseline."""
+    from ebpo_verl.trainer.preflight import WARNINGS, check_config
+
+    def warnings_of(*overrides: str) -> list[str]:  # the pre-flight's warnings (verl's registry: the slow test's)
+        config = compose_config("algorithm.adv_estimator=toy", "actor_rollout_ref.rollout.n=3", *overrides)
+        for warn in WARNINGS:
+            warn(config, check_config(config), True)
+        return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
+    assert warnings_of("++algorithm.toy.frozen=true", "++algorithm.toy.decay=0.25") == [
+        "ebpo-train: warning: algorithm.toy option(s) decay=0.25 have no effect with frozen=true"
+    ]
+    assert warnings_of("++algorithm.toy.decay=0.25") == warnings_of("++algorithm.toy.frozen=true") == []
+    frozen = registry.new_estimator(toy_in_process, {"frozen": True, "decay": 0.25})
+    uids, valid = np.array(["a", "a", "b", "b"], dtype=object), torch.ones(4, dtype=torch.bool)
+    for rewards in ([1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]):
+        got = frozen(torch.tensor(rewards), uids, valid, None).values
+        np.testing.assert_allclose(got.numpy(), np.asarray(rewards) - 0.75)  # (0.5 + 1.0) / 2, the first step's
+
+
+LABELLED_TOY = """
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ebpo_toy import ToyState, compute_toy_advantages, ToyOptions
+from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.options.parsing import nullable, text
+
+
+@dataclass(frozen=True)
+class LabelledToyOptions(ToyOptions):
+    SECTION: ClassVar[str] = "algorithm.toy_labels"
+
+    label_key: str | None = nullable("extra_info field of each prompt's label (null: none)", text("a field name"))
+
+
+SPECS = (
+    EstimatorSpec("toy_labels", "the toy reading a label per row", "tests/test_registry.py",
+                  compute=compute_toy_advantages, options_cls=LabelledToyOptions,
+                  state=StateSpec(ToyState, "toy_labels_state.json", "TOY", "moving average"), row_input="label_key"),
+)
+"""
+"""The toy with a per-row label option (its math does not read it): an out-of-tree row key, for the messages."""
+
+
+def test_an_out_of_tree_row_key_is_named_by_its_own_option(toy_in_process, tmp_path, compose_config):
+    """An estimator of another package (entry point) that reads a per-row field: the training rows' check (the
+    trainer's dataset) names its own option, ``algorithm.toy_labels.label_key``, and offers null, which it takes."""
+    from ebpo_verl.ops.errors import EBPOConfigError
+    from ebpo_verl.trainer.preflight.data import check_row_keys
+    from ebpo_verl.trainer.run_options import RunOptions
+
+    site = tmp_path / "site"
+    (site / "ebpo_toy_labels.py").write_text(LABELLED_TOY)
+    info = site / "ebpo_toy_labels-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ebpo-toy-labels\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\ntoy_labels = ebpo_toy_labels\n")
+    registry.estimators.cache_clear()
+    try:
+        assert registry.get("toy_labels").row_option == "algorithm.toy_labels.label_key"
+        config = compose_config("algorithm.adv_estimator=toy_labels", "++algorithm.toy_labels.label_key=domain")
+        with pytest.raises(EBPOConfigError) as err:
+            check_row_keys([{"topic": "a"}], RunOptions.from_config(config), "x.parquet")
+        assert str(err.value) == (
+            "algorithm.toy_labels.label_key='domain' is not a key of extra_info in the training data (x.parquet); "
+            "extra_info keys present: ['topic']. Pick one of them, or add the labels to the data (ebpo_verl.data), "
+            "or set algorithm.toy_labels.label_key=null."
+        )
+    finally:
+        sys.modules.pop("ebpo_toy_labels", None)
 
 
 def test_import_verl_alone_registers_every_estimator_and_registering_again_changes_nothing():

@@ -15,14 +15,16 @@ import torch
 from verl.protocol import DataProto
 
 import ebpo_verl
+from ebpo_verl.algos import registry
 from ebpo_verl.algos.grouping import one_value_per_key
 from ebpo_verl.data import dapo_math, math500
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import OptionSection
-from ebpo_verl.trainer.preflight.data import check_cluster_labels
+from ebpo_verl.trainer.preflight.data import check_row_labels
 from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
 
 GROUP = 4
+CLUSTER_KEY = "algorithm.ebpo.cluster_key"
 
 
 def _estimate(trainer, data, row_keys) -> dict:
@@ -62,18 +64,18 @@ def math500_parquet(hub_data, tmp_path_factory) -> Path:
 
 def test_trainer_row_keys_skip_padding_and_name_unlabelled_rows():
     infos = [{"topic": "algebra"}, {"topic": "geometry"}, {"topic": "algebra"}, {"index": 3}]
-    assert uid_row_keys(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic") == {
+    assert uid_row_keys(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic", CLUSTER_KEY) == {
         "u1": "algebra",
         "u2": "geometry",
     }
-    assert uid_row_keys(infos[:2], ["u1", "u2"], [False, True], "topic") == {"u1": "algebra"}
+    assert uid_row_keys(infos[:2], ["u1", "u2"], [False, True], "topic", CLUSTER_KEY) == {"u1": "algebra"}
     with pytest.raises(EBPOConfigError, match=r"uid u4 has no extra_info\['topic'\].*keys: \['index'\]"):
-        uid_row_keys(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic")
+        uid_row_keys(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic", CLUSTER_KEY)
     with pytest.raises(EBPOConfigError, match=r"uid u1 carries more than one extra_info\['topic'\]"):
-        uid_row_keys([infos[0], infos[1], infos[1]], ["u1", "u2", "u1"], [False] * 3, "topic")
-    assert uid_row_keys([{"topic": "a"}, {"topic": float("nan")}], ["u1", "pad0"], [False, False], "topic") == {
-        "u1": "a"
-    }
+        uid_row_keys([infos[0], infos[1], infos[1]], ["u1", "u2", "u1"], [False] * 3, "topic", CLUSTER_KEY)
+    assert uid_row_keys(
+        [{"topic": "a"}, {"topic": float("nan")}], ["u1", "pad0"], [False, False], "topic", CLUSTER_KEY
+    ) == {"u1": "a"}
 
 
 def test_one_value_per_key_compares_keys_as_strings_and_names_a_key_with_two_values():
@@ -107,7 +109,7 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, h
     data = DataProto.from_dict(
         tensors={"token_level_rewards": token_rewards, "response_mask": mask}, non_tensors={"uid": uids}
     )
-    row_keys = uid_row_keys(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic")
+    row_keys = uid_row_keys(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic", CLUSTER_KEY)
 
     ebpo_verl.get_state().reset()
     diagnostics = _estimate(trainer, data, row_keys)
@@ -138,11 +140,14 @@ def test_trainer_dataset_check_lists_keys_and_unlabelled_rows(
     dapo = dapo_math.prepare(tmp_path, local_path=hub_data / "dapo_math_sample.jsonl")  # no topics
     n = pq.read_metadata(dapo).num_rows
     unlabelled = _trainer_on(_config, dapo, tiny_tokenizer, "algorithm.ebpo.cluster_key=topic")
-    with pytest.raises(EBPOConfigError, match=rf"extra_info\['topic'\] is missing or null in {n} of {n} training rows"):
+    with pytest.raises(
+        EBPOConfigError,
+        match=rf"extra_info\['topic'\] \({CLUSTER_KEY}\) is missing or null in {n} of {n} training rows",
+    ):
         unlabelled._init_dataloader()
 
     with pytest.raises(EBPOConfigError, match=r"in 1 of 3 training rows .* first rows: \[1\]"):
-        check_cluster_labels([{"topic": "a"}, None, {"topic": "b"}], "topic", "x.parquet")
+        check_row_labels([{"topic": "a"}, None, {"topic": "b"}], "topic", "x.parquet", registry.get("ebpo"))
 
 
 @pytest.mark.slow
@@ -156,7 +161,7 @@ def test_trainer_registration_visible_in_the_task_runner_actor(ray_local, _confi
 
     runner = EBPOTaskRunner.remote()
     options = ray_local.get(runner.preflight.remote(_config("algorithm.ebpo.shrinkage=0.5")))
-    assert options.ebpo.fixed_shrinkage == 0.5  # the TaskRunner's own parse, handed to its trainer
+    assert options.estimator.fixed_shrinkage == 0.5  # the TaskRunner's own parse, handed to its trainer
     pid, module = ray_local.get(runner.__ray_call__.remote(probe))
     assert pid != os.getpid() and module == "ebpo_verl.trainer.adapter"
     with pytest.raises(EBPOConfigError, match="algorithm.ebpo.prior='laplace' is invalid"):

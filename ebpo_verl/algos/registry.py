@@ -42,12 +42,6 @@ ENTRY_POINT_GROUP = "ebpo_verl.estimators"
 SAMPLE_INDEX = "sample_index"
 """``row_input`` of an estimator that reads each row's rollout sample index (its place in its group's sampling)."""
 
-NEW_FORM = (
-    "EstimatorSpec(name, summary, source, compute=compute_<name>_advantages, options_cls=<OptionSection or None>, "
-    "state=StateSpec(<state class>, '<file>.json', label, what) or None, row_input=...)"
-)
-"""The declaration, as the one-line refusal of the old form names it (docs/architecture.md#adding-an-estimator)."""
-
 
 def always(why: str) -> Callable[[Any], str]:
     """A fact that holds whatever the options (``pass_rates=always("...")``)."""
@@ -89,6 +83,10 @@ class EstimatorSpec:
     pass_rates: options -> why it reads rewards as pass rates (its step refuses other rewards, so no shaped
         reward), or None; min_group: options -> why it needs ``rollout.n >= 2``, or None.
     warning: options -> a message naming the options set that these options make the estimator ignore (None: none).
+    builtin / verl_name: verl's own estimator, and its name in verl's registry when it differs from ``name``;
+        verl_variants: verl's other names of it (variants taking the same inputs); sum_pi_squared: verl's function
+        reads the actor's per-token sum of squared token probabilities (OTB; the pre-flight checks the actor
+        computes it, ``ebpo-train``'s trainer passes it).
     """
 
     name: str
@@ -104,6 +102,8 @@ class EstimatorSpec:
     warning: Callable[[Any], str | None] | None = None
     builtin: bool = False
     verl_name: str | None = None
+    verl_variants: tuple[str, ...] = ()
+    sum_pi_squared: bool = False
 
     def __post_init__(self) -> None:
         problem = _declaration_problem(self)
@@ -163,12 +163,22 @@ class EstimatorSpec:
             raise TypeError(f"options must be a {cls.__name__}, a mapping or None, not {type(options).__name__}")
         return cls.from_mapping(options)
 
+    def warning_of(self, options: Any) -> str | None:
+        """The message naming the options set that ``options`` make this estimator ignore (:attr:`warning`), or
+        None."""
+        return self.warning(options) if self.warning is not None else None
+
     def warn_ignored(self, options: Any, stacklevel: int = 2) -> None:
-        """A RuntimeWarning naming the options set that ``options`` make this estimator ignore (:attr:`warning`),
-        if any; ``stacklevel`` as in :func:`warnings.warn`, counted from the caller."""
-        message = self.warning(options) if self.warning is not None else None
-        if message:
+        """A RuntimeWarning of :meth:`warning_of`, if any; ``stacklevel`` as in :func:`warnings.warn`, counted from
+        the caller."""
+        if message := self.warning_of(options):
             warnings.warn(f"{self.name.upper()}: {message}", RuntimeWarning, stacklevel=stacklevel + 1)
+
+    @property
+    def row_option(self) -> str | None:
+        """The full name of the option naming the ``extra_info`` field read per row (``algorithm.<name>.<key>``),
+        for messages; None when it reads none."""
+        return f"{self.section}.{self.row_key}" if self.row_key else None
 
     def row_key_of(self, options: Any) -> str | None:
         """The ``extra_info`` field these options make the estimator read per row (None: none)."""
@@ -187,6 +197,8 @@ def _declaration_problem(spec: EstimatorSpec) -> str | None:
     breaks the :class:`~ebpo_verl.algos.estimator.State` contract."""
     if spec.builtin:
         return "verl's own estimators declare no compute" if spec.compute is not None else None
+    if spec.sum_pi_squared or spec.verl_variants:
+        return "sum_pi_squared and verl_variants describe verl's own estimators (builtin=True)"
     if spec.compute is None:
         return f"declare compute=compute_{spec.name}_advantages"
     parts = ["batch"] + ["options"] * (spec.options_cls is not None) + ["state"] * (spec.state is not None)
@@ -241,16 +253,7 @@ def row_values(
 
 
 def _specs_of(module_name: str) -> tuple[EstimatorSpec, ...]:
-    try:
-        module = importlib.import_module(module_name)
-    except TypeError as err:
-        if "'function'" in str(err) or "'estimator_cls'" in str(err):
-            raise TypeError(
-                f"estimator module {module_name} declares the old form (function= / estimator_cls=, an Estimator "
-                f"subclass); declare {NEW_FORM}"
-            ) from None
-        raise
-    specs = getattr(module, "SPECS", None)
+    specs = getattr(importlib.import_module(module_name), "SPECS", None)
     if not isinstance(specs, tuple) or not all(isinstance(s, EstimatorSpec) for s in specs):
         raise TypeError(f"estimator module {module_name} must define SPECS, a tuple of EstimatorSpec")
     return specs
@@ -277,6 +280,15 @@ def get(name: str) -> EstimatorSpec:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ValueError(f"unknown estimator {name!r}; {hint}known: {', '.join(table)}")
     return table[name]
+
+
+def by_verl_name(name: str) -> EstimatorSpec | None:
+    """The estimator that verl's registry calls ``name`` (``algorithm.adv_estimator``: its registered name or one of
+    its ``verl_variants``); None for a name outside this registry."""
+    for spec in estimators().values():
+        if name == spec.registered_name or name in spec.verl_variants:
+            return spec
+    return None
 
 
 def ours() -> dict[str, EstimatorSpec]:

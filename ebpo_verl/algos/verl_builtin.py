@@ -14,5 +14,6 @@ SPECS = (
                   "arXiv 2501.03262; verl's reinforce_plus_plus_baseline", builtin=True,
                   verl_name="reinforce_plus_plus_baseline"),
     EstimatorSpec("otb", "Optimal Token Baseline: a per-token baseline weighted by the path variance",
-                  "arXiv 2602.07078; verl's optimal_token_baseline", builtin=True, verl_name="optimal_token_baseline"),
+                  "arXiv 2602.07078; verl's optimal_token_baseline", builtin=True, verl_name="optimal_token_baseline",
+                  verl_variants=("tir_optimal_token_baseline",), sum_pi_squared=True),
 )  # fmt: skip

@@ -45,7 +45,6 @@ from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
 from ebpo_verl.trainer.checkpoint.trusted_load import TrustedLoadMixin
-from ebpo_verl.trainer.preflight.config import OTB_ESTIMATORS
 from ebpo_verl.trainer.preflight.data import check_row_keys
 from ebpo_verl.trainer.preflight.registry import check_registered
 from ebpo_verl.trainer.run_options import RunOptions
@@ -65,7 +64,7 @@ def uid_row_keys(
     uids: Sequence[Any],
     padding: Sequence[bool],
     key: str,
-    option: str = "algorithm.ebpo.cluster_key",
+    option: str,
 ) -> dict[str, Any]:
     """``uid -> extra_info[key]`` of a step's rows (``option`` names the setting in the errors).
 
@@ -121,7 +120,8 @@ class OTBSumPiSquaredMixin:
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
-        self.otb = str(config.algorithm.adv_estimator) in OTB_ESTIMATORS
+        verl_spec = registry.by_verl_name(str(config.algorithm.adv_estimator))
+        self.otb = verl_spec is not None and verl_spec.sum_pi_squared
 
     def _compute_old_log_prob(self, batch, metrics: dict):
         if not self.otb:
@@ -233,7 +233,7 @@ class EBPOTrainerMixin:
         frame = getattr(self.train_dataset, "dataframe", None)
         if frame is None:
             raise EBPOConfigError(
-                "algorithm.ebpo.cluster_key / algorithm.spo.prompt_key need the training dataset's table; "
+                f"{self.options.spec.row_option}={self.options.row_key} needs the training dataset's table; "
                 f"{type(self.train_dataset).__name__} has no `dataframe` (use verl's RLHFDataset or a subclass such "
                 "as ebpo_verl.trainer.curriculum.CurriculumDataset)"
             )

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 from omegaconf import OmegaConf
 
 from ebpo_verl.algos import registry
-from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.errors import EBPOConfigError
@@ -124,12 +123,8 @@ class RunOptions:
         return spec if (spec := self.spec) is not None and spec.stateful else None
 
     @property
-    def ebpo(self) -> EBPOOptions | None:
-        return self.estimator if self.adv_estimator == "ebpo" else None
-
-    @property
     def row_key(self) -> str | None:
-        """The ``extra_info`` field the estimator reads per row (``cluster_key``, ``prompt_key``), or None."""
+        """The ``extra_info`` field the estimator reads per row (the value of its spec's ``row_option``), or None."""
         return spec.row_key_of(self.estimator) if (spec := self.spec) else None
 
 

@@ -104,10 +104,15 @@ def config_yaml() -> str:
     return "\n".join([*head, *_emit(_tree())]) + "\n"
 
 
+def default_estimator() -> registry.EstimatorSpec:
+    """The estimator a bare ``ebpo-train`` runs (our default of ``algorithm.adv_estimator``)."""
+    return registry.get(VERL_DEFAULTS[0].value)
+
+
 def shown_in_full(cls: type[OptionSection]) -> bool:
     """Whether ``--help`` and the README show a section option by option: the default estimator's and the run's
     (curriculum, trainer); each other estimator's fit one line (docs/baselines.md), however many there are."""
-    return not cls.SECTION.startswith("algorithm.") or cls.SECTION == f"algorithm.{VERL_DEFAULTS[0].value}"
+    return not cls.SECTION.startswith("algorithm.") or cls.SECTION == default_estimator().section
 
 
 def option_lines() -> list[str]:
@@ -163,10 +168,11 @@ def estimators_table() -> str:
 
 
 def baseline_option_tables() -> str:
-    """The options tables of every estimator of ours with options but ``ebpo`` (whose table is docs/estimator.md's)."""
+    """The options tables of every estimator of ours with options but the default one (:func:`default_estimator`,
+    whose table is docs/estimator.md's)."""
     blocks = [
         f"`{spec.section}` ({name}):\n\n{option_table(spec.options_cls)}"
         for name, spec in registry.ours().items()
-        if spec.options_cls is not None and name != "ebpo"
+        if spec.options_cls is not None and name != default_estimator().name
     ]
     return "\n".join(blocks)

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from ebpo_verl.algos.ebpo import ignored_options_warning
+from ebpo_verl.algos import registry
 from ebpo_verl.ops.errors import EBPOConfigError, one_line, shorten
 from ebpo_verl.reward import RewardOptions
 from ebpo_verl.trainer.run_options import RunOptions
@@ -23,8 +23,6 @@ POSITIVE_INT_KEYS = (
     "trainer.nnodes",
     "trainer.n_gpus_per_node",
 )
-OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
-"""verl's Optimal Token Baseline estimators (they need the actor's sum of squared token probabilities)."""
 SHAPED_REWARD_KEYS = {
     "algorithm.use_kl_in_reward": "subtracts a per-token KL penalty from the reward",
     "reward.reward_kwargs.overlong_buffer_cfg.enable": "adds DAPO's overlong-length penalty",
@@ -71,13 +69,14 @@ def check_v1_trainer(config: Any, options: RunOptions, dry_run: bool) -> None:
 
 
 def check_stock_verl_methods(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """What verl 0.9.1 rejects only at run time for its Optimal Token Baseline and KL-Cov loss: OTB without the
-    actor's sum of squared token probabilities (an assert on the first advantage step) or with fused kernels
-    (the engines raise NotImplementedError: they never materialise the logits the sum needs) or with the rollout
-    correction's bypass mode (no old-log-prob pass, so no sum); KL-Cov with a non-positive ``kl_cov_ratio``."""
+    """What verl 0.9.1 rejects only at run time for an estimator whose spec reads the actor's sum of squared token
+    probabilities (``sum_pi_squared``: its Optimal Token Baseline) and its KL-Cov loss: the sum not computed (an
+    assert on the first advantage step), fused kernels (the engines raise NotImplementedError: they never
+    materialise the logits the sum needs) or the rollout correction's bypass mode (no old-log-prob pass, so no sum);
+    KL-Cov with a non-positive ``kl_cov_ratio``."""
     actor = config.actor_rollout_ref.actor
     estimator = options.adv_estimator
-    if estimator in OTB_ESTIMATORS:
+    if (spec := registry.by_verl_name(estimator)) is not None and spec.sum_pi_squared:
         if not bool(actor.get("calculate_sum_pi_squared", False)):
             raise EBPOConfigError(
                 f"algorithm.adv_estimator={estimator} needs actor_rollout_ref.actor.calculate_sum_pi_squared=True "
@@ -154,9 +153,10 @@ def warn_filtered_groups(config: Any, options: RunOptions, dry_run: bool) -> Non
 
 
 def warn_ignored_options(config: Any, options: RunOptions, dry_run: bool) -> None:
-    """Name the ``algorithm.ebpo`` options set away from their defaults that the chosen mode ignores."""
-    warning = ignored_options_warning(options.ebpo) if options.ebpo is not None else None
-    if warning:
+    """Name the run's estimator options set away from their defaults that its mode ignores (its spec's
+    ``warning``; under stock ``main_ppo``, :func:`~ebpo_verl.trainer.run_options.options_for_node` warns)."""
+    spec = options.spec
+    if spec is not None and (warning := spec.warning_of(options.estimator)):
         print(f"ebpo-train: warning: {warning}", file=sys.stderr)
 
 

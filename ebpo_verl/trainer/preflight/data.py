@@ -1,6 +1,6 @@
 """Pre-flight checks of the data: one reader of verl data files (:func:`read_data_file`), the driver's check of
 every training and validation file (:func:`check_data`: steps per epoch, ground truths, curriculum labels), and
-the row checks the trainer runs on its loaded dataset (cluster labels, SPO's prompt keys)."""
+the row checks the trainer runs on its loaded dataset (the estimator's per-row labels or prompt keys)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
 from ebpo_verl.ops.model_ref import model_reference_problem
 from ebpo_verl.ops.node_check import path_list
@@ -185,24 +186,19 @@ def _check_curriculum_labels(options: RunOptions, files: list[DataFile]) -> None
 
 
 def check_row_keys(extra_infos: Iterable[Mapping[str, Any] | None], options: RunOptions, source: str) -> None:
-    """The training rows carry the field the estimator reads per row (:attr:`RunOptions.row_key`): a cluster
-    label (``algorithm.ebpo.cluster_key``) or a prompt key unique over the rows (``algorithm.spo.prompt_key``)."""
-    entry, key = options.spec, options.row_key
-    if entry is None or not key:
-        return
-    if entry.unique_row_key:
-        label = entry.state.label if entry.state else entry.name
-        check_prompt_keys(extra_infos, key, source, f"{entry.section}.{entry.row_key}", label)
-    else:
-        check_cluster_labels(extra_infos, key, source)
+    """The training rows carry the field the estimator reads per row (:attr:`RunOptions.row_key`, named by its
+    spec's ``row_option``): a prompt key unique over the rows (``unique_row_key``) or a label."""
+    spec, key = options.spec, options.row_key
+    if spec is not None and key:
+        (check_prompt_keys if spec.unique_row_key else check_row_labels)(extra_infos, key, source, spec)
 
 
 def _rows_of(
-    extra_infos: Iterable[Mapping[str, Any] | None], key: str, source: str, option: str, qualifier: str, fixes: tuple
+    extra_infos: Iterable[Mapping[str, Any] | None], key: str, source: str, option: str, fixes: tuple[str, str]
 ) -> dict[str, list[int]]:
     """The rows of each value of ``extra_info[key]`` (as a string), in row order; EBPOConfigError unless every row
-    has it (missing or null), naming ``option`` (``qualifier`` after the key) and the fix (``fixes``: when no row
-    has the key, when some rows lack it), with the keys the rows do have."""
+    has it (missing or null), naming ``option`` and the fix (``fixes``: when no row has the key, when some rows
+    lack it), with the keys the rows do have."""
     existing: set[str] = set()
     missing: list[int] = []
     rows_of: dict[str, list[int]] = {}
@@ -221,39 +217,45 @@ def _rows_of(
     if missing:
         rows = len(missing) + sum(map(len, rows_of.values()))
         raise EBPOConfigError(
-            f"extra_info[{key!r}]{qualifier} is missing or null in {len(missing)} of {rows} training rows ({source}); "
+            f"extra_info[{key!r}] ({option}) is missing or null in {len(missing)} of {rows} training rows ({source}); "
             f"first rows: {missing[:10]}. {fixes[1]}"
         )
     return rows_of
 
 
-def check_cluster_labels(extra_infos: Iterable[Mapping[str, Any] | None], cluster_key: str, source: str) -> None:
-    """Every training row must carry ``extra_info[cluster_key]`` (``algorithm.ebpo.cluster_key``, not null); else
-    list what the rows do have. ``source``: where the rows come from (the data files), for the message."""
-    fix = "Pick one of them, or add the labels to the data (ebpo_verl.data), or set algorithm.ebpo.cluster_key=null."
-    missing = "Every prompt needs a cluster label: fix the data (ebpo_verl.data)."
-    _rows_of(extra_infos, cluster_key, source, "algorithm.ebpo.cluster_key", "", (fix, missing))
+def check_row_labels(
+    extra_infos: Iterable[Mapping[str, Any] | None], key: str, source: str, spec: EstimatorSpec
+) -> None:
+    """Every training row carries ``extra_info[key]`` (not null), the label ``spec`` reads per row (its
+    ``row_option``: EBPO's cluster, running_norm's domain); else list what the rows do have. ``source``: where the
+    rows come from (the data files), for the message."""
+    option = str(spec.row_option)
+    off = f", or set {option}=null" if _takes_null(spec) else ""
+    fix = f"Pick one of them, or add the labels to the data (ebpo_verl.data){off}."
+    _rows_of(extra_infos, key, source, option, (fix, "Every prompt needs a label: fix the data (ebpo_verl.data)."))
+
+
+def _takes_null(spec: EstimatorSpec) -> bool:
+    """Whether the spec's row option accepts null (the estimator then reads no field)."""
+    return any(None in f.metadata["choices"] for f in spec.options_cls.declarations() if f.name == spec.row_key)
 
 
 def check_prompt_keys(
-    extra_infos: Iterable[Mapping[str, Any] | None],
-    prompt_key: str,
-    source: str,
-    option: str = "algorithm.spo.prompt_key",
-    label: str = "SPO",
+    extra_infos: Iterable[Mapping[str, Any] | None], prompt_key: str, source: str, spec: EstimatorSpec
 ) -> None:
     """A per-prompt tracker's key: every training row needs ``extra_info[prompt_key]`` (not null), unique over the
-    rows (``option`` names the setting, ``label`` the estimator).
+    rows (``spec``'s ``row_option`` names the setting, its state's label the estimator).
 
     verl's uid is drawn afresh every step, so the tracker refuses to fall back to it; a key shared by two rows
     would merge two prompts' trackers (several training files each number ``index`` from 0).
     """
+    option, label = str(spec.row_option), spec.state.label if spec.state else spec.name
     fix = (
         f"{label} tracks each prompt across steps by this key (verl's uid changes every step): pick a field unique "
         "per prompt, or add one in ebpo_verl.data."
     )
     fixes = (fix, "Every prompt needs a key: fix the data.")
-    rows_of = _rows_of(extra_infos, prompt_key, source, option, f" ({option})", fixes)
+    rows_of = _rows_of(extra_infos, prompt_key, source, option, fixes)
     repeats = [(at[1], key, at[0]) for key, at in rows_of.items() if len(at) > 1]
     if repeats:
         b, key, a = min(repeats)  # the first row that repeats an earlier row's key

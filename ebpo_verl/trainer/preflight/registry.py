@@ -27,7 +27,7 @@ def check_estimator_name(config: Any, options: Any = None, dry_run: bool = False
         )
 
 
-def check_registered(name: str = "ebpo") -> None:
+def check_registered(name: str) -> None:
     """Make sure ``name`` (an estimator of ours) is in verl's registry of *this* process (the TaskRunner actor)."""
     from verl.trainer.ppo import core_algos
 
