@@ -165,6 +165,12 @@ def authors_code_advantages(g: Groups, epsilon: float, state: HADWState) -> tupl
     std = torch.where(lone, torch.ones_like(g.var), g.var.sqrt()).index_select(0, g.row_group)
     diff = mu - mu_hist
     scale = AUTHORS_SCALE * torch.exp(-torch.sign(diff) * torch.sign(g.r - mu) * diff.abs())
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError(
+            f"ha_dw form=authors_code: the weight exp(|mu_g - mu_hist|) overflows: a group's mean reward is "
+            f"{diff.abs().max().item():.3g} from the window's mean {mu_hist:.3g}; scale the reward down or use "
+            "form=paper"
+        )
     diagnostics = {
         "ha_dw/history_mean": mu_hist,
         "ha_dw/batch_mean": state.batch_means[-1],
