@@ -5,7 +5,8 @@ two-level and the continuous extremes an estimator accepts, ``grouping.REWARD_LI
 fp64: each step returns advantages finite in the dtype they are written in, or refuses in one line; the state is
 strict JSON, round-trips exactly and gives the same next step after a save/load at every step. Generated from the
 registry: a new estimator, or one an installed package adds through the entry point (the toy of
-tests/test_registry.py, installed here), is covered without a new line. ``-m slow``: 300 steps a sequence."""
+tests/test_registry.py, installed here), is covered without a new line. ``-m slow``: 130 steps a sequence
+(past dbb's old NaN at visit 121)."""
 
 from __future__ import annotations
 
@@ -161,4 +162,4 @@ def test_every_estimator_is_finite_over_adversarial_sequences(spec_of):
 @pytest.mark.slow
 @pytest.mark.parametrize("spec_of", NAMES, indirect=True)
 def test_every_estimator_is_finite_over_long_sequences(spec_of):
-    check_every_variant(spec_of, steps=300)
+    check_every_variant(spec_of, steps=130)
