@@ -317,11 +317,11 @@ def test_spo_state_dict_round_trip_and_checks():
     again.load_state_dict(snapshot)
     assert again.state_dict() == state.state_dict() and again.steps == 3
     for bad, pattern in [
-        ({**snapshot, "version": 9}, "version 9"),
-        ({k: v for k, v in snapshot.items() if k != "beta"}, "missing key"),
-        ({**snapshot, "alpha": snapshot["alpha"][:1]}, "3 keys but 1 alpha"),
-        ({**snapshot, "keys": snapshot["keys"][::-1]}, "not sorted"),
-        ({**snapshot, "beta": [0.0] * 3}, "non-positive"),
+        ({**snapshot, "version": 9}, "version=9"),
+        ({k: v for k, v in snapshot.items() if k != "beta"}, r"missing field\(s\) \['beta'\]"),
+        ({**snapshot, "alpha": snapshot["alpha"][:1]}, r"one length, got \[1, 3\]"),
+        ({**snapshot, "keys": snapshot["keys"][::-1]}, "sorted and unique"),
+        ({**snapshot, "beta": [-1.0] * 3}, r"beta\[0\]=-1.0 is refused"),
     ]:
         with pytest.raises(ValueError, match=pattern):
             SPOState().load_state_dict(bad)
@@ -506,7 +506,7 @@ def test_spo_state_file_of_another_step_or_options_or_corrupt_follows_the_resume
             load_state(SPO, path.parent, SPOState(), SPOOptions(prompt_key="source_id", on_resume_mismatch=mode), 2)
         assert "=keep" not in str(err.value)
     path.write_text('{"format": 1, "global_step": 2, "state": {"version": 1}}')
-    with pytest.raises(ValueError, match="is unreadable: SPO state is missing key"):
+    with pytest.raises(ValueError, match=r"is unreadable: SPO state: missing field\(s\)"):
         load_state(SPO, path.parent, SPOState(), SPOOptions(), 2)
     path.write_text('{"format": 1, "glo')
     with pytest.raises(ValueError, match="is unreadable: .*Delete it to resume with fresh SPO trackers"):
@@ -517,16 +517,22 @@ def test_spo_state_file_of_another_step_or_options_or_corrupt_follows_the_resume
 @pytest.mark.parametrize(
     ("state", "problem"),
     [
-        ([], "must be a JSON object"),
+        ([], "SPO state: [] is refused: it must be a JSON object"),
         ({"version": 1, "steps": -5, "keys": [], "alpha": [], "beta": []}, "steps=-5"),
         ({"version": 1, "steps": 1.5, "keys": [], "alpha": [], "beta": []}, "steps=1.5"),
-        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [[4.0]], "beta": [4.0]}, "alpha must be a flat list"),
-        ({"version": 1, "steps": 1, "keys": ["a", "b"], "alpha": [4.0, 4.0], "beta": [4.0]}, "2 keys but 2 alpha"),
-        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [float("inf")], "beta": [4.0]}, "finite numbers"),
-        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": ["4"], "beta": [4.0]}, "finite numbers"),
-        ({"version": 1, "steps": 1, "keys": [1], "alpha": [4.0], "beta": [4.0]}, "keys must be strings"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [[4.0]], "beta": [4.0]}, "alpha[0]=[4.0] is refused"),
+        ({"version": 1, "steps": 1, "keys": ["a", "b"], "alpha": [4.0, 4.0], "beta": [4.0]}, "must have one length"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [float("inf")], "beta": [4.0]}, "alpha[0]=inf is refused"),
+        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": ["4"], "beta": [4.0]}, "alpha[0]='4' is refused"),
+        (
+            {"version": 1, "steps": 1, "keys": [1], "alpha": [4.0], "beta": [4.0]},
+            "keys[0]=1 is refused: it must be a str",
+        ),
         ({"version": 1, "steps": 1, "keys": ["b", "a"], "alpha": [4.0, 4.0], "beta": [4.0, 4.0]}, "sorted"),
-        ({"version": 1, "steps": 1, "keys": ["a"], "alpha": [0.0], "beta": [4.0]}, "non-positive"),
+        (
+            {"version": 1, "steps": 1, "keys": ["a"], "alpha": [0.0], "beta": [0.0]},
+            "key 'a'=0.0 is refused: it must be > 0",
+        ),
     ],
 )
 def test_spo_state_file_fields_are_validated(tmp_path, state, problem):

@@ -565,13 +565,14 @@ def test_labels_and_uids_compare_as_strings():
 # ---------------------------------------------------------------- overflow and the saved state
 
 
-def test_overflow_is_an_error_naming_step_and_uids_and_leaves_the_state():
+def test_a_reward_beyond_the_limit_is_an_error_naming_uids_and_leaves_the_state():
+    # 1e155 squared overflows float64: refused with the uids before any statistic (grouping.REWARD_LIMIT)
     rng = np.random.default_rng(12)
     uids, rewards = make_batch(rng, [4] * 8)
     run_ebpo(uids, rewards, cluster_key="topic", labels=np.full(len(uids), "t", dtype=object))
     before = DEFAULT.state.state_dict()
     big_uids = np.array(["ok", "ok", "huge", "huge"], dtype=object)
-    with pytest.raises(ValueError, match=r"estimator call 2 .*overflow.*\['huge'\]"):
+    with pytest.raises(ValueError, match=r"rewards beyond \+-1e\+30 for uid\(s\) \['huge'\]"):
         run_ebpo(
             big_uids,
             np.array([0.0, 1.0, 1e155, 0.0]),
@@ -593,17 +594,17 @@ def _valid_state_dict() -> dict:
 @pytest.mark.parametrize(
     ("corrupt", "pattern"),
     [
-        (lambda d: d["global"]["rewards"].pop(), r"global.rewards must be a list \[n, mean, m2\]"),
-        (lambda d: d["global"]["rewards"].__setitem__(0, -1.0), r"global.rewards count must be.*>= 0"),
-        (lambda d: d["global"]["within_var"].__setitem__(2, -0.5), r"global.within_var m2 must be.*>= 0"),
-        (lambda d: d["clusters"]["t"]["group_means"].__setitem__(1, float("inf")), r"clusters\['t'\].group_means"),
-        (lambda d: d["global"]["rewards"].__setitem__(1, float("nan")), r"global.rewards mean must be a finite"),
-        (lambda d: d["global"]["rewards"].__setitem__(1, "0.5"), r"global.rewards mean"),
-        (lambda d: d.__setitem__("steps", -3), r"steps=-3 must be an integer >= 0"),
-        (lambda d: d.__setitem__("prompts_seen", 2.5), r"prompts_seen=2.5 must be an integer >= 0"),
-        (lambda d: d["clusters"].__setitem__("t", [1, 2]), r"clusters\['t'\] need exactly the parts"),
-        (lambda d: d.__setitem__("clusters", []), r"clusters must be an object"),
-        (lambda d: d["global"].pop("inv_group_size"), r"global need exactly the parts"),
+        (lambda d: d["global"]["rewards"].pop(), r"rewards=\[.*must be a list \[n, mean, m2\]"),
+        (lambda d: d["global"]["rewards"].__setitem__(0, -1.0), r"rewards.n=-1.0 .* in \[0, 2\*\*53\]"),
+        (lambda d: d["global"]["within_var"].__setitem__(2, -0.5), r"within_var.m2=-0.5 .* \[0, 1e300\]"),
+        (lambda d: d["clusters"]["t"]["group_means"].__setitem__(1, float("inf")), r"\['t'\].group_means.mean=inf is"),
+        (lambda d: d["global"]["rewards"].__setitem__(1, float("nan")), r"rewards.mean=nan .* \[-1e100, 1e100\]"),
+        (lambda d: d["global"]["rewards"].__setitem__(1, "0.5"), r"global.rewards.mean='0.5' is refused"),
+        (lambda d: d.__setitem__("steps", -3), r"EBPO state: steps=-3 .* \[0, 2\*\*53\]"),
+        (lambda d: d.__setitem__("prompts_seen", 2.5), r"prompts_seen=2.5 is refused: it must be an integer"),
+        (lambda d: d["clusters"].__setitem__("t", [1, 2]), r"\['t'\]=\[1, 2\] .* a JSON object"),
+        (lambda d: d.__setitem__("clusters", []), r"clusters=\[\] is refused: it must be an object"),
+        (lambda d: d["global"].pop("inv_group_size"), r"global missing field\(s\) \['inv_group_size'\]"),
     ],
 )
 def test_state_dict_validates_every_field_and_changes_nothing_on_error(corrupt, pattern):

@@ -160,6 +160,8 @@ their campaign, the benchmarks and the scripts. They import the product; nothing
 # Outside packages the math may not import: it is torch and numpy only.
 MATH_UNITS = ("ebpo_verl.options", "ebpo_verl.algos")
 NOT_IN_MATH = ("verl", "ray", "vllm", "hydra", "omegaconf", "transformers")
+MATH_MAY_IMPORT = ("ebpo_verl.ops.errors",)
+"""Modules of a layer-0 unit the math may import besides its own: the one way to quote a value (stdlib only)."""
 
 
 def layer(unit_name: str) -> int:
@@ -192,7 +194,10 @@ def test_the_math_imports_no_verl_and_nothing_above_it():
     assert math_of_ebpo in math_modules and "torch" in third_party(math_modules[math_of_ebpo])
     bad = {n: sorted(third_party(p) & set(NOT_IN_MATH)) for n, p in math_modules.items()}
     assert not any(bad.values()), f"the math imports verl-side packages: { {n: b for n, b in bad.items() if b} }"
-    above = {n: sorted(t for t in imported(p, n, known) if unit(t) not in MATH_UNITS) for n, p in math_modules.items()}
+    above = {
+        n: sorted(t for t in imported(p, n, known) if unit(t) not in MATH_UNITS and t not in MATH_MAY_IMPORT)
+        for n, p in math_modules.items()
+    }
     assert not any(above.values()), f"the math imports the layers above it: { {n: a for n, a in above.items() if a} }"
 
 

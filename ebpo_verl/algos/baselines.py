@@ -38,6 +38,7 @@ from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum, standardise
 from ebpo_verl.algos.jspo import JSPOOptions, compute_jspo_advantages
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
+from ebpo_verl.algos.state_codec import MAX_COUNT
 from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
@@ -122,7 +123,7 @@ class SPOOptions(OptionSection):
     n0: float = option(
         8.0,
         "the prior's strength: a prompt's first update starts from (n0/2, n0/2); the fork's 1/(1 - 0.875) = 8",
-        rule=reals(0.0, open_low=True),
+        rule=reals(0.0, MAX_COUNT, open_low=True),
     )
     epsilon: float = option(1e-6, "the eps of the batch standardisation", rule=reals(0.0, open_low=True))
     on_resume_mismatch: str = resume_option(

@@ -10,7 +10,8 @@ lambda at each visit so that old rewards (from an older policy) fade. Equation n
   (Eq. 16), so a first visit gives (lambda + S, lambda + N - S);
 - the posterior is updated *before* the advantage (Alg. 1 lines 9-11), so this step's rewards are in it;
 - baseline p_hat = alpha_tau / (alpha_tau + beta_tau) (Eq. 12) and variance p_hat (1 - p_hat) (Eq. 13), which is
-  > 0 since alpha, beta > 0;
+  > 0 since alpha, beta > 0, but in float64 p_hat rounds to exactly 1 (or 0) once beta (alpha) is about 1e-16 of
+  the other, as discounting makes it for a prompt always solved (failed): there :data:`VAR_FLOOR` replaces 0;
 - advantage, GRPO-DBB: A_i = (X_i - p_hat) / sqrt(p_hat (1 - p_hat)), Eqs. 12-13 put into GRPO's Eq. 2 (the
   paper writes the estimates, not this line); ``normalize=False`` gives the Dr.GRPO-DBB form A_i = X_i - p_hat
   (Sec. 5.4).
@@ -32,6 +33,7 @@ import torch
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
+from ebpo_verl.algos.state_codec import MAX_COUNT
 from ebpo_verl.algos.tracker import PromptTracker, prompt_groups, prompt_key_option
 from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
@@ -51,10 +53,10 @@ class DBBOptions(OptionSection):
         rule=reals(0.0, 1.0, open_low=True),
     )
     prior_alpha: float = option(
-        1.0, "prior pseudo-successes before the first visit (Def. 1: 1)", rule=reals(0.0, open_low=True)
+        1.0, "prior pseudo-successes before the first visit (Def. 1: 1)", rule=reals(0.0, MAX_COUNT, open_low=True)
     )
     prior_beta: float = option(
-        1.0, "prior pseudo-failures before the first visit (Def. 1: 1)", rule=reals(0.0, open_low=True)
+        1.0, "prior pseudo-failures before the first visit (Def. 1: 1)", rule=reals(0.0, MAX_COUNT, open_low=True)
     )
     normalize: bool = option(
         True, "divide by sqrt(p_hat (1 - p_hat)) (GRPO-DBB); false: A = X - p_hat (Dr.GRPO-DBB)", choices=(True, False)
@@ -70,6 +72,10 @@ class DBBState(PromptTracker):
 
     label = "DBB"
 
+
+VAR_FLOOR = 2.0**-53
+"""p_hat (1 - p_hat) where it rounds to 0 (p_hat is exactly 0 or 1 in float64): its value at the float64 nearest 1
+below it, so a row that agrees with such a p_hat gets 0 (the limit) and none gets NaN (docs/baselines.md)."""
 
 DBB_REFUSAL = (
     "dbb needs 0/1 rewards (a Beta-Bernoulli posterior counts successes; values in [0, 1] count as fractions) or "
@@ -98,7 +104,8 @@ def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -
     p_hat = torch.from_numpy(alpha / (alpha + beta))  # Eq. 12
     centred = x - p_hat.index_select(0, g.row_group)
     if options.normalize:
-        adv = centred / torch.sqrt(p_hat * (1.0 - p_hat)).index_select(0, g.row_group)  # Eq. 13
+        var = p_hat * (1.0 - p_hat)  # Eq. 13; 0 only where p_hat rounded to 0 or 1: the float64 floor instead
+        adv = centred / torch.sqrt(torch.where(var > 0.0, var, VAR_FLOOR)).index_select(0, g.row_group)
     else:
         adv = span * centred
     diagnostics = {

@@ -61,7 +61,9 @@ class EBPOOptions(OptionSection):
         "with weight min(1, prompts_in_label / min_cluster_prompts)",
         text("a label name"),
     )
-    min_cluster_prompts: int = option(64, "prompts a label needs before its own prior is used unblended", rule=ints(0))
+    min_cluster_prompts: int = option(
+        64, "prompts a label needs before its own prior is used unblended", rule=ints(0, 2**53)
+    )
     epsilon: float = option(
         1e-6,
         "the eps of the shrinkage and normalisation formulas (with stats_scope=batch: the threshold below which "

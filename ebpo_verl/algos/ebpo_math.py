@@ -35,6 +35,7 @@ from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats, merge_tables
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, factorize_keys, pass_levels, scatter_rows, sorted_mean
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.algos.state_codec import saturated
 
 
 @dataclass
@@ -237,9 +238,9 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     adv = span * (groups.x - baseline[groups.row_group])
     adv = _normalised(adv, groups, shrink, priors.sigma2[group_cluster], span, options)
     _check_range(adv, bool(np.isfinite(tables).all()) and (stored is None or stored[2]), state, uid_groups, out_dtype)
-    state.steps += 1
-    state.prompts_seen += int(tables[0][1, 0])
-    state.responses_seen += int(tables[0][0, 0])
+    state.steps = saturated(state.steps)
+    state.prompts_seen = saturated(state.prompts_seen, int(tables[0][1, 0]))
+    state.responses_seen = saturated(state.responses_seen, int(tables[0][0, 0]))
     if stored is not None:
         state.global_stats, state.clusters, _ = stored
     # ebpo/* metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)

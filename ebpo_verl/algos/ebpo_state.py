@@ -4,19 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ebpo_verl.algos.estimator import FreshState, saved_fields
-from ebpo_verl.options.parsing import is_real
+from ebpo_verl.algos.estimator import FreshState
+from ebpo_verl.algos.state_codec import (
+    COUNT,
+    MAX_COUNT,
+    MAX_SQUARES,
+    MEAN,
+    SQUARES,
+    WEIGHT,
+    Fixed,
+    Record,
+    Table,
+    decode,
+)
 
 STATE_VERSION = 1
 COUNTS = ("steps", "prompts_seen", "responses_seen")
+MOMENTS = Fixed(("n", "mean", "m2"), (WEIGHT, MEAN, SQUARES))
+"""The saved form of :class:`Moments`: a weighted count, a mean and a sum of squared deviations."""
 
 
 def merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Chan et al.'s parallel merge of (..., 3) tables of (n, mean, M2), elementwise (empty + empty: zeros)."""
+    """Chan et al.'s parallel merge of (..., 3) tables of (n, mean, M2), elementwise (empty + empty: zeros); n and M2
+    saturate at the edges of their saved domains (:data:`MOMENTS`)."""
     a_n, a_mean, a_m2 = a[..., 0], a[..., 1], a[..., 2]
     b_n, b_mean, b_m2 = b[..., 0], b[..., 1], b[..., 2]
     n = a_n + b_n
@@ -25,7 +39,7 @@ def merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     delta = b_mean - a_mean
     mean = np.where(some, a_mean + delta * b_n / safe, 0.0)
     m2 = np.where(some, a_m2 + b_m2 + delta * delta * a_n * b_n / safe, 0.0)
-    return np.stack([np.where(some, n, 0.0), mean, m2], axis=-1)
+    return np.stack([np.where(some, np.minimum(n, MAX_COUNT), 0.0), mean, np.minimum(m2, MAX_SQUARES)], axis=-1)
 
 
 @dataclass
@@ -44,13 +58,8 @@ class Moments:
         return Moments(self.n * factor, self.mean, self.m2 * factor)
 
     @classmethod
-    def from_json(cls, data: Any, what: str) -> Moments:
-        """``[n, mean, m2]`` with n, m2 >= 0 and all three finite."""
-        if not isinstance(data, (list, tuple)) or len(data) != 3:
-            raise ValueError(f"{what} must be a list [n, mean, m2], got {data!r:.60}")
-        for name, x, bound in zip(("count", "mean", "m2"), data, (" >= 0", "", " >= 0"), strict=True):
-            if not is_real(x) or (bound and x < 0.0):
-                raise ValueError(f"{what} {name} must be a finite number{bound}, got {x!r:.60}")
+    def from_json(cls, data: list[float]) -> Moments:
+        """A saved ``[n, mean, m2]`` (checked: :data:`MOMENTS`)."""
         return cls(*map(float, data))
 
 
@@ -80,11 +89,13 @@ class PriorStats:
         return cls(*(Moments(*part) for part in table))
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "statistics") -> PriorStats:
-        if not isinstance(data, Mapping) or set(data) != set(cls._PARTS):
-            got = sorted(map(str, data))[:8] if isinstance(data, Mapping) else type(data).__name__
-            raise ValueError(f"EBPO state: {what} need exactly the parts {cls._PARTS}, got {got}")
-        return cls(*(Moments.from_json(data[p], f"EBPO state: {what}.{p}") for p in cls._PARTS))
+    def from_json(cls, data: Mapping[str, list[float]]) -> PriorStats:
+        """A saved ``{part: [n, mean, m2]}`` (checked: :data:`STATS`)."""
+        return cls(*(Moments.from_json(data[p]) for p in cls._PARTS))
+
+
+STATS = Record(dict.fromkeys(PriorStats._PARTS, MOMENTS))
+"""The saved form of :class:`PriorStats`."""
 
 
 @dataclass
@@ -96,26 +107,19 @@ class EBPOState(FreshState):
     responses_seen: int = 0
     global_stats: PriorStats = field(default_factory=PriorStats)
     clusters: dict[str, PriorStats] = field(default_factory=dict)
+    FIELDS: ClassVar[Record] = Record(
+        {**dict.fromkeys(COUNTS, COUNT), "global": STATS, "clusters": Table(STATS)}, version=STATE_VERSION
+    )
+    """The saved form, field by field (:mod:`ebpo_verl.algos.state_codec`)."""
 
     def state_dict(self) -> dict[str, Any]:
         clusters = {label: stats.to_json() for label, stats in self.clusters.items()}
         counts = {key: getattr(self, key) for key in COUNTS}
         return {"version": STATE_VERSION, **counts, "global": self.global_stats.to_json(), "clusters": clusters}
 
-    def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict`; every field is validated (counts >= 0, finite values, list lengths)
-        and nothing changes when one is wrong (ValueError naming the field)."""
-        *counts, saved_global, clusters = saved_fields(
-            state, "EBPO state", STATE_VERSION, (*COUNTS, "global", "clusters"), COUNTS
-        )
-        global_stats = PriorStats.from_json(saved_global, "global")
-        if not isinstance(clusters, Mapping):
-            raise ValueError(f"EBPO state: clusters must be an object (label -> statistics), got {clusters!r:.60}")
-        loaded = {}
-        for label, stats in clusters.items():
-            if not isinstance(label, str):
-                raise ValueError(f"EBPO state: cluster label {label!r:.60} is not a string")
-            loaded[label] = PriorStats.from_json(stats, f"clusters[{label!r}]")
-        self.steps, self.prompts_seen, self.responses_seen = counts
-        self.global_stats = global_stats
-        self.clusters = loaded
+    def load_state_dict(self, state: Any, options: Mapping[str, Any] | None = None) -> None:
+        """Restore a :meth:`state_dict` checked by :data:`FIELDS` (nothing changes when a field is refused)."""
+        decode(self.FIELDS, state, "EBPO state:", options)
+        self.steps, self.prompts_seen, self.responses_seen = (state[key] for key in COUNTS)
+        self.global_stats = PriorStats.from_json(state["global"])
+        self.clusters = {label: PriorStats.from_json(stats) for label, stats in state["clusters"].items()}

@@ -8,7 +8,7 @@ the function to one options value and one :class:`State`, so whoever calls it sh
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -50,8 +50,10 @@ class Advantages(NamedTuple):
 class State(Protocol):
     """The contract of an estimator's running state (its spec's ``StateSpec.cls``), checked at registration: a
     fresh ``cls()`` is the state of a new run; ``state_dict()`` a JSON-serialisable snapshot (floats round-trip
-    exactly), ``load_state_dict(d)`` restores one (a bad field raises ValueError naming it, leaving the state
-    unchanged), ``reset()`` makes it fresh again. The math changes it in place."""
+    exactly), ``load_state_dict(d)`` restores one (a field outside its domain raises ValueError naming it, leaving
+    the state unchanged), ``reset()`` makes it fresh again. The math changes it in place. The package's states
+    (:class:`FreshState`) declare their fields to :mod:`ebpo_verl.algos.state_codec` and also take the options
+    the state was written under, ``load_state_dict(d, options)``, for bounds an option sets."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -65,22 +67,6 @@ class FreshState:
 
     def reset(self) -> None:
         self.__init__()
-
-
-def saved_fields(state: Any, what: str, version: int, keys: tuple[str, ...], counts: tuple[str, ...]) -> list[Any]:
-    """The ``keys`` of a saved state after the checks every state makes first: a JSON object of ``version`` holding
-    every key, each of ``counts`` an integer >= 0; ValueError naming the field (``what``: the state, in messages)."""
-    if not isinstance(state, Mapping):
-        raise ValueError(f"{what} must be a JSON object, got {type(state).__name__}")
-    if state.get("version") != version:
-        raise ValueError(f"{what} version {state.get('version')!r:.60} is not supported (expected {version})")
-    missing = set(keys) - set(state)
-    if missing:
-        raise ValueError(f"{what} is missing key(s) {sorted(missing)}")
-    for key in counts:
-        if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
-            raise ValueError(f"{what} {key}={state[key]!r:.60} must be an integer >= 0")
-    return [state[k] for k in keys]
 
 
 class Estimator:

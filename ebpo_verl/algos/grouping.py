@@ -8,6 +8,7 @@ the rows nor on the key strings (a resumed run sees fresh uids).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+
+from ebpo_verl.ops.errors import shorten
+
+REWARD_LIMIT = 1e30
+"""The largest reward magnitude an estimator accepts: far above any reward's scale, far enough below float64's
+overflow (1.8e308) that every square, variance and running sum over 2**53 rewards stays finite."""
 
 
 def factorize_keys(values: np.ndarray, missing: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +113,7 @@ def group_rows(
 ) -> Groups:
     """Group the valid rows by ``keys`` (compared as strings); rows whose uid (``uids``, default ``keys``) starts
     with ``pad_prefix`` are padding too; a valid row without a key (None/NaN) and NaN/inf rewards raise, naming
-    ``what``."""
+    ``what``; so do rewards beyond :data:`REWARD_LIMIT`."""
     bs = scores.shape[0]
     key_arr = np.asarray(keys, dtype=object)
     if key_arr.shape != (bs,) or tuple(valid.shape) != (bs,):
@@ -135,10 +142,13 @@ def group_rows(
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     group_keys = names[order]
-    bad = ~torch.isfinite(r)
+    bad = ~(r.abs() <= REWARD_LIMIT)
     if bool(bad.any()):
         offenders = sorted(set(group_keys[rank[codes[bad.numpy()]]].tolist()))
-        raise ValueError(f"non-finite (NaN/inf) rewards for {what} {offenders[:20]}: check the reward function")
+        raise ValueError(
+            f"non-finite (NaN/inf) rewards or rewards beyond +-{REWARD_LIMIT:g} for {what} {shorten(offenders)}: "
+            "check the reward function (scale it down)"
+        )
     row_group = torch.from_numpy(rank[codes].astype(np.int64, copy=False))
     size, mean, var = _group_moments(r, row_group, len(group_keys))
     return Groups(rows, r, row_group, group_keys, size, mean, var)
@@ -157,7 +167,19 @@ def _group_moments(r: torch.Tensor, row_group: torch.Tensor, n: int) -> tuple[to
 
 
 def scatter_rows(scores: torch.Tensor, g: Groups, adv: torch.Tensor) -> torch.Tensor:
-    """Advantages of the valid rows at their batch positions, 0 elsewhere; dtype of ``scores`` if floating."""
+    """Advantages of the valid rows at their batch positions, 0 elsewhere; dtype of ``scores`` if floating.
+    ValueError when one is not finite or does not fit that dtype (fp16 holds at most 65504: no silent inf)."""
     dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
+    largest = adv.abs().max().item() if adv.numel() else 0.0
+    if not math.isfinite(largest):
+        raise ValueError(
+            f"the estimator gave non-finite advantages (NaN/inf) from finite rewards, for {shorten(g.keys.tolist())}: "
+            "a bug of the estimator; please report it with these rewards"
+        )
+    if largest > torch.finfo(dtype).max:
+        raise ValueError(
+            f"advantages as large as {largest:.3g} do not fit {dtype} (largest {torch.finfo(dtype).max:.3g}): give the "
+            "scores as float32 or float64, or pick options that keep the advantages smaller"
+        )
     out = torch.zeros(scores.shape[0], dtype=dtype, device=scores.device)
     return out.index_copy_(0, g.rows.to(out.device), adv.to(dtype=dtype, device=scores.device))

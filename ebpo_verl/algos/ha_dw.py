@@ -36,15 +36,18 @@ Their ``hist_var`` is unused and omitted; their window is not checkpointed, ours
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState
 from ebpo_verl.algos.grouping import Groups, pass_levels, scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
-from ebpo_verl.options.parsing import OptionSection, ints, is_real, nullable, option, reals, resume_option
+from ebpo_verl.algos.state_codec import COUNT, MEAN, RATE, Record, Seq, decode, saturated
+from ebpo_verl.algos.state_codec import nullable as or_null
+from ebpo_verl.options.parsing import OptionSection, ints, nullable, option, reals, resume_option
 
 UPDATES = ("adaptive", "hard")
 FORMS = ("paper", "authors_code")
@@ -69,7 +72,9 @@ class HADWOptions(OptionSection):
         choices=FORMS,
     )
     lam_scale: float = option(
-        1.3, "Phi's scale (paper: 1.3 best of 0.5-2.0; it rescales every advantage)", rule=reals(0.0, open_low=True)
+        1.3,
+        "Phi's scale (paper: 1.3 best of 0.5-2.0; it rescales every advantage; at most 100)",
+        rule=reals(0.0, 100.0, open_low=True),
     )
     update: str = option(
         "adaptive", "the anchor update: adaptive (eta_t = eta * std of the last window anchors) or hard (1/h)",
@@ -77,9 +82,11 @@ class HADWOptions(OptionSection):
     )  # fmt: skip
     eta: float = option(1.0, "adaptive: eta_t = min(1, eta * sigma_t) (ours; unstated)", rule=reals(0.0))
     window: int = option(
-        8, "adaptive: anchors in the std buffer, and warm-up steps of running mean (ours; unstated)", rule=ints(2)
+        8,
+        "adaptive: anchors in the std buffer, and warm-up steps of running mean (ours; unstated)",
+        rule=ints(2, 2**53),
     )
-    hard_horizon: int = option(10, "hard: h in C = ((h-1)/h) C + y/h (ours; unstated)", rule=ints(1))
+    hard_horizon: int = option(10, "hard: h in C = ((h-1)/h) C + y/h (ours; unstated)", rule=ints(1, 2**53))
     anchor_init: float | None = nullable(
         "C0, step 1's anchor; null: the first batch's mean pass rate (ours; unstated)", reals(0.0, 1.0)
     )
@@ -98,6 +105,17 @@ class HADWState(FreshState):
     anchor: float | None = None
     history: list[float] = field(default_factory=list)
     batch_means: list[float] = field(default_factory=list)
+    FIELDS: ClassVar[Record] = Record(
+        {
+            "steps": COUNT,
+            "anchor": or_null(RATE),
+            "history": Seq(RATE, longest="window"),
+            "batch_means": Seq(MEAN, longest=AUTHORS_WINDOW, shortest=1),
+        },
+        optional=("batch_means",),
+        version=STATE_VERSION,
+    )
+    """The saved form, field by field (:mod:`ebpo_verl.algos.state_codec`): the anchors are success rates."""
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable, versioned snapshot (floats round-trip exactly through ``json``); ``batch_means`` only when
@@ -105,20 +123,14 @@ class HADWState(FreshState):
         out = {"version": STATE_VERSION, "steps": self.steps, "anchor": self.anchor, "history": list(self.history)}
         return {**out, "batch_means": list(self.batch_means)} if self.batch_means else out
 
-    def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict` (one without ``batch_means``, as every older one, has none); a bad field raises
-        ValueError naming it, leaving this state unchanged."""
-        what = "ha_dw state"
-        steps, anchor, history = saved_fields(state, what, STATE_VERSION, ("steps", "anchor", "history"), ("steps",))
-        if not (anchor is None or is_real(anchor)):
-            raise ValueError(f"{what} anchor must be null or a finite number, got {anchor!r:.40}")
-        if not isinstance(history, list) or not all(is_real(v) for v in history):
-            raise ValueError(f"{what} history must be a list of finite numbers")
-        means = state.get("batch_means", [0.0])  # absent: none kept (empty is never written)
-        if not (isinstance(means, list) and 0 < len(means) <= AUTHORS_WINDOW and all(map(is_real, means))):
-            raise ValueError(f"{what} batch_means must be absent or a list of 1 to {AUTHORS_WINDOW} finite numbers")
-        self.steps, self.anchor = steps, None if anchor is None else float(anchor)
-        self.history = [float(v) for v in history]
+    def load_state_dict(self, state: Any, options: Mapping[str, Any] | None = None) -> None:
+        """Restore a :meth:`state_dict` checked by :data:`FIELDS` (``history`` at most ``window`` long under the
+        ``options`` it was written with; one without ``batch_means``, as every older one, has none); a refused field
+        leaves this state unchanged."""
+        decode(self.FIELDS, state, "ha_dw state:", options)
+        anchor = state["anchor"]
+        self.steps, self.anchor = state["steps"], None if anchor is None else float(anchor)
+        self.history = [float(v) for v in state["history"]]
         self.batch_means = [float(v) for v in state.get("batch_means", [])]
 
 
@@ -133,7 +145,7 @@ def next_anchor(prior: float, y: float, step: int, history: list[float], options
     ``window`` posterior anchors before this step (module doc: warm-up, adaptive, hard)."""
     if options.update == "hard":
         eta_t = 1.0 / options.hard_horizon
-    elif step <= options.window:
+    elif step <= options.window or not history:  # warm-up (or a saved state without anchors): running mean
         eta_t = 1.0 / step
     else:
         mean = sum(history) / len(history)
@@ -146,13 +158,19 @@ def authors_code_advantages(g: Groups, epsilon: float, state: HADWState) -> tupl
     """``form=authors_code`` (module doc): the valid rows' advantages and diagnostics; the current batch's mean
     reward enters ``state.batch_means`` first, then mu_hist is the window's mean."""
     state.batch_means = [*state.batch_means, sorted_sum(g.r).item() / len(g.r)][-AUTHORS_WINDOW:]
-    state.steps += 1
+    state.steps = saturated(state.steps)
     mu_hist = sum(state.batch_means) / len(state.batch_means)
     lone = g.size == 1
     mu = torch.where(lone, torch.zeros_like(g.mean), g.mean).index_select(0, g.row_group)
     std = torch.where(lone, torch.ones_like(g.var), g.var.sqrt()).index_select(0, g.row_group)
     diff = mu - mu_hist
     scale = AUTHORS_SCALE * torch.exp(-torch.sign(diff) * torch.sign(g.r - mu) * diff.abs())
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError(
+            f"ha_dw form=authors_code: the weight exp(|mu_g - mu_hist|) overflows: a group's mean reward is "
+            f"{diff.abs().max().item():.3g} from the window's mean {mu_hist:.3g}; scale the reward down or use "
+            "form=paper"
+        )
     diagnostics = {
         "ha_dw/history_mean": mu_hist,
         "ha_dw/batch_mean": state.batch_means[-1],
@@ -184,7 +202,7 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
     phi = float(options.lam_scale) * torch.exp(d * diff.abs().index_select(0, g.row_group))
     step = state.steps + 1
     post, eta_t = next_anchor(float(prior), y, step, state.history, options)
-    state.steps, state.anchor = step, post
+    state.steps, state.anchor = saturated(state.steps), post
     state.history = [*state.history, post][-options.window :]
     diagnostics = {
         "ha_dw/anchor": float(prior),

@@ -17,13 +17,15 @@ statistic.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec, always
-from ebpo_verl.options.parsing import OptionSection, is_real, option, reals, resume_option
+from ebpo_verl.algos.state_codec import COUNT, MEAN, WEIGHT, Record, decode, saturated
+from ebpo_verl.options.parsing import OptionSection, option, reals, resume_option
 
 EPS = 1e-6
 HORIZON = 1642.65
@@ -57,18 +59,20 @@ class JSPOHistoryState(FreshState):
     weight: float = 0.0
     lam_sum: float = 0.0
     mean_sum: float = 0.0
+    FIELDS: ClassVar[Record] = Record(
+        {"steps": COUNT, "weight": WEIGHT, "lam_sum": WEIGHT, "mean_sum": MEAN}, version=STATE_VERSION
+    )
+    """The saved form, field by field (:mod:`ebpo_verl.algos.state_codec`): D_t and the sum of the lambdas (rates)
+    grow by at most 1 a step, the sum of the batch means is a discounted sum of means."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, **asdict(self)}
 
-    def load_state_dict(self, state: Any) -> None:
-        what = "jspo_history state"
-        steps, *values = saved_fields(
-            state, what, STATE_VERSION, ("steps", "weight", "lam_sum", "mean_sum"), ("steps",)
-        )
-        if not all(is_real(v) for v in values) or values[0] < 0 or values[1] < 0:
-            raise ValueError(f"{what} weight/lam_sum/mean_sum must be finite numbers (weight, lam_sum >= 0)")
-        self.steps, (self.weight, self.lam_sum, self.mean_sum) = steps, (float(v) for v in values)
+    def load_state_dict(self, state: Any, options: Mapping[str, Any] | None = None) -> None:
+        """Restore a :meth:`state_dict` checked by :data:`FIELDS`; a refused field leaves this state unchanged."""
+        decode(self.FIELDS, state, "jspo_history state:", options)
+        self.steps = state["steps"]
+        self.weight, self.lam_sum, self.mean_sum = (float(state[k]) for k in ("weight", "lam_sum", "mean_sum"))
 
 
 def decay(step: int, smoothing: float) -> float:
@@ -100,7 +104,7 @@ def compute_jspo_history_advantages(batch: Batch, options: JSPOHistoryOptions, s
     state.weight = a * state.weight + 1.0
     state.lam_sum = a * state.lam_sum + lam_t
     state.mean_sum = a * state.mean_sum + rbar_t
-    state.steps += 1
+    state.steps = saturated(state.steps)
     lam, rbar = state.lam_sum / state.weight, state.mean_sum / state.weight
     m_row = g.size.index_select(0, g.row_group)
     loo = (m_row * g.mean.index_select(0, g.row_group) - g.r) / (m_row - 1)

@@ -19,10 +19,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ebpo_verl.algos.ebpo_state import Moments, merge_tables
-from ebpo_verl.algos.estimator import Advantages, Batch, FreshState, saved_fields
+from ebpo_verl.algos.ebpo_state import MOMENTS, Moments, merge_tables
+from ebpo_verl.algos.estimator import Advantages, Batch, FreshState
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
+from ebpo_verl.algos.state_codec import COUNT, Record, Table, decode, saturated
 from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
 
 STATE_VERSION = 1
@@ -56,18 +57,18 @@ class RunningNormState(FreshState):
 
     steps: int = 0
     domains: dict[str, Moments] = field(default_factory=dict)
+    FIELDS: ClassVar[Record] = Record({"steps": COUNT, "domains": Table(MOMENTS)}, version=STATE_VERSION)
+    """The saved form, field by field (:mod:`ebpo_verl.algos.state_codec`)."""
 
     def state_dict(self) -> dict[str, Any]:
         domains = {name: m.row() for name, m in sorted(self.domains.items())}
         return {"version": STATE_VERSION, "steps": self.steps, "domains": domains}
 
-    def load_state_dict(self, state: Any) -> None:
-        what = "running_norm state"
-        steps, domains = saved_fields(state, what, STATE_VERSION, ("steps", "domains"), ("steps",))
-        if not isinstance(domains, Mapping) or not all(isinstance(k, str) for k in domains):
-            raise ValueError(f"{what} domains must be an object (domain name -> [count, mean, m2])")
-        loaded = {name: Moments.from_json(value, f"{what} domains[{name!r}]") for name, value in domains.items()}
-        self.steps, self.domains = steps, loaded
+    def load_state_dict(self, state: Any, options: Mapping[str, Any] | None = None) -> None:
+        """Restore a :meth:`state_dict` checked by :data:`FIELDS`; a refused field leaves this state unchanged."""
+        decode(self.FIELDS, state, "running_norm state:", options)
+        self.steps = state["steps"]
+        self.domains = {name: Moments.from_json(value) for name, value in state["domains"].items()}
 
 
 def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, state: RunningNormState) -> Advantages:
@@ -91,7 +92,7 @@ def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, s
     past = np.array([state.domains.get(name, Moments()).row() for name in names])
     merged = merge_tables(past, np.stack([size, g.mean.numpy(), g.var.numpy() * (size - 1.0)], axis=1)).tolist()
     state.domains.update(zip(names, (Moments(*row) for row in merged), strict=True))
-    state.steps += 1
+    state.steps = saturated(state.steps)
     mean = torch.tensor([m for _, m, _ in merged], dtype=torch.float64)
     std = torch.tensor([(m2 / (n - 1.0)) ** 0.5 if n > 1.0 else 0.0 for n, _, m2 in merged], dtype=torch.float64)
     adv = (g.r - mean.index_select(0, g.row_group)) / (std.index_select(0, g.row_group) + float(options.epsilon))

@@ -8,14 +8,17 @@ they shared this class: ``{"version": 1, "steps", "keys", "alpha", "beta"}``, ke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ebpo_verl.algos.estimator import Batch, FreshState, saved_fields
+from ebpo_verl.algos.estimator import Batch, FreshState
 from ebpo_verl.algos.grouping import Groups
-from ebpo_verl.options.parsing import is_real, option, text
+from ebpo_verl.algos.state_codec import COUNT, KEY, MAX_COUNT, WEIGHT, Record, Seq, decode, refuse, saturated
+from ebpo_verl.ops.errors import shorten
+from ebpo_verl.options.parsing import option, text
 
 TRACKER_VERSION = 1
 COLUMNS = ("keys", "alpha", "beta")
@@ -32,6 +35,12 @@ class PromptTracker(FreshState):
     keys: np.ndarray = field(default_factory=lambda: np.array([], dtype=str))
     alpha: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.float64))
     beta: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.float64))
+    FIELDS: ClassVar[Record] = Record(
+        {"steps": COUNT, "keys": Seq(KEY, increasing=True), "alpha": Seq(WEIGHT), "beta": Seq(WEIGHT)},
+        same_length=COLUMNS,
+        version=TRACKER_VERSION,
+    )
+    """The saved form, field by field (:mod:`ebpo_verl.algos.state_codec`): pseudo-counts in [0, 2**53]."""
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in the tracker, found) of each key of the sorted, unique array ``keys``."""
@@ -47,7 +56,9 @@ class PromptTracker(FreshState):
         return alpha, beta
 
     def update(self, keys: np.ndarray, pos: np.ndarray, found: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> None:
-        """Store the new (alpha, beta) of the looked-up ``keys`` (new keys merged in sorted order); one more step."""
+        """Store the new (alpha, beta) of the looked-up ``keys`` (new keys merged in sorted order; pseudo-counts and
+        steps saturate at 2**53, the edge of their saved domain); one more step."""
+        alpha, beta = np.minimum(alpha, MAX_COUNT), np.minimum(beta, MAX_COUNT)
         self.alpha[pos[found]], self.beta[pos[found]] = alpha[found], beta[found]
         if not found.all():
             merged = np.concatenate([self.keys, keys[~found]])
@@ -55,33 +66,22 @@ class PromptTracker(FreshState):
             self.keys = merged[order]
             self.alpha = np.concatenate([self.alpha, alpha[~found]])[order]
             self.beta = np.concatenate([self.beta, beta[~found]])[order]
-        self.steps += 1
+        self.steps = saturated(self.steps)
 
     def state_dict(self) -> dict[str, Any]:
         columns = {name: getattr(self, name).tolist() for name in COLUMNS}
         return {"version": TRACKER_VERSION, "steps": self.steps, **columns}
 
-    def load_state_dict(self, state: Any) -> None:
-        """Restore a :meth:`state_dict` snapshot; every field is checked, and a bad one raises ValueError naming it,
-        leaving this tracker unchanged."""
-        what = f"{self.label} state"
-        steps, *columns = saved_fields(state, what, TRACKER_VERSION, ("steps", *COLUMNS), ("steps",))
-        for name, values in zip(COLUMNS, columns, strict=True):
-            if not isinstance(values, list) or any(isinstance(v, (list, dict)) for v in values):
-                raise ValueError(f"{what} {name} must be a flat list, got {values!r:.60}")
-        if not all(isinstance(k, str) for k in columns[0]):
-            raise ValueError(f"{what} keys must be strings")
-        if not all(is_real(v) for v in columns[1] + columns[2]):
-            raise ValueError(f"{what} alpha/beta must be finite numbers")
-        keys = np.array(columns[0], dtype=str)
-        alpha, beta = (np.array(c, dtype=np.float64) for c in columns[1:])
-        if not (len(keys) == len(alpha) == len(beta)):
-            raise ValueError(f"{what} has {len(keys)} keys but {len(alpha)} alpha and {len(beta)} beta values")
-        if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):
-            raise ValueError(f"{what} keys are not sorted and unique")
-        if not ((alpha > 0).all() and (beta > 0).all()):
-            raise ValueError(f"{what} has non-positive alpha/beta values")
-        self.__init__(steps, keys, alpha, beta)
+    def load_state_dict(self, state: Any, options: Mapping[str, Any] | None = None) -> None:
+        """Restore a :meth:`state_dict` checked by :data:`FIELDS`, each key's alpha + beta > 0 (a baseline
+        alpha / (alpha + beta)); a refused field leaves this tracker unchanged."""
+        decode(self.FIELDS, state, f"{self.label} state:", options)
+        alpha, beta = (np.array(state[c], dtype=np.float64) for c in COLUMNS[1:])
+        empty = np.flatnonzero(alpha + beta <= 0)
+        if len(empty):
+            where = f"{self.label} state: alpha + beta of key {shorten(state['keys'][empty[0]])}"
+            raise refuse(where, 0.0, "> 0 (the baseline alpha / (alpha + beta))")
+        self.__init__(state["steps"], np.array(state["keys"], dtype=str), alpha, beta)
 
 
 def prompt_key_option(help: str) -> Any:

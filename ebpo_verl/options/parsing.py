@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -53,10 +54,16 @@ class Rule:
 
     test: Callable[[Any], bool]
     text: str
+    edges: tuple[Any, ...] = ()
+    """The extreme values it accepts (each option is tested at each edge of its rule)."""
+
+
+def _bound(x: float) -> str:
+    return "2**53" if x == 2**53 else f"{x:g}"
 
 
 def reals(low: float | None = None, high: float | None = None, *, open_low=False, open_high=False) -> Rule:
-    """Finite numbers in an interval (None: unbounded on that side)."""
+    """Finite numbers in an interval (None: unbounded on that side, up to the largest finite float)."""
 
     def test(x: Any) -> bool:
         if not is_real(x):
@@ -65,16 +72,22 @@ def reals(low: float | None = None, high: float | None = None, *, open_low=False
         return above and (high is None or (x < high if open_high else x <= high))
 
     if low is not None and high is not None:
-        text = f"a float in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+        text = f"a float in {'(' if open_low else '['}{_bound(low)}, {_bound(high)}{')' if open_high else ']'}"
     elif low is not None:
         text = f"a float {'>' if open_low else '>='} {low:g}"
     else:
         text = "a finite number"
-    return Rule(test, text)
+    top = sys.float_info.max
+    lo = -top if low is None else math.nextafter(low, top) if open_low else low
+    hi = top if high is None else math.nextafter(high, -top) if open_high else high
+    return Rule(test, text, (lo, hi))
 
 
-def ints(low: int) -> Rule:
-    return Rule(lambda x: is_int(x) and x >= low, "a positive integer" if low == 1 else f"an integer >= {low}")
+def ints(low: int, high: int | None = None) -> Rule:
+    """Integers >= ``low`` (and <= ``high``)."""
+    if high is not None:
+        return Rule(lambda x: is_int(x) and low <= x <= high, f"an integer in [{low}, {_bound(high)}]", (low, high))
+    return Rule(lambda x: is_int(x) and x >= low, "a positive integer" if low == 1 else f"an integer >= {low}", (low,))
 
 
 def text(what: str) -> Rule:

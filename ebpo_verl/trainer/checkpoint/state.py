@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ebpo_verl.algos.estimator import FreshState
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.errors import one_line, shorten
@@ -83,7 +84,10 @@ def _read_state_file(entry: EstimatorSpec, path: Path, state: Any, global_step: 
             raise ValueError(f"global_step must be an integer >= 0, got {shorten(saved_step)}")
         saved_options = payload.get("options", {})
         _check_saved_options(entry, saved_options)
-        state.load_state_dict(payload["state"])
+        if isinstance(state, FreshState):  # the package's states also check bounds set by the options
+            state.load_state_dict(payload["state"], {**dataclasses.asdict(entry.options_cls()), **saved_options})
+        else:
+            state.load_state_dict(payload["state"])
     except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as err:  # JSON's: ValueErrors
         state.reset()
         why = "nested too deeply" if isinstance(err, RecursionError) else one_line(err)
