@@ -30,8 +30,8 @@ from ebpo_verl.compat.unpickling import (
     file_kind,
     weights_only_loads,
 )
-from ebpo_verl.smoke.planting import REFUSAL, Planted, unsafe_globals
 from ebpo_verl.trainer.checkpoint.trusted_load import UntrustedCheckpointError, weights_only_resume
+from tests.harness.planting import REFUSAL, Planted, unsafe_globals
 from tests.in_process import ebpo_train
 
 NAMES = {

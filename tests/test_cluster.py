@@ -44,8 +44,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl.smoke import limits, planting, scan
+from ebpo_verl.smoke import limits, scan
 from tests.conftest import on_ci
+from tests.harness import planting
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -226,7 +227,7 @@ def test_a_node_whose_ray_start_fails_is_started_again_and_its_log_is_shown(monk
     """The second node's first ``ray start`` exits 1 (a stand-in printing a line): the cluster reports it with its
     log's tail, starts the node again on fresh ports, and both nodes join."""
     _needs_vllm()
-    from ebpo_verl.smoke import cluster as cluster_mod
+    from tests.harness import cluster as cluster_mod
 
     real, calls = cluster_mod.node_command, []
 

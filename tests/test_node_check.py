@@ -20,7 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ebpo_verl.ops.node_check import MARKER_PREFIX, NodeCheckError, check_here, check_nodes, run_paths
-from ebpo_verl.smoke.cluster import START_ATTEMPTS, _log_tail, free_ports, node_command
+from tests.harness.cluster import START_ATTEMPTS, _log_tail, free_ports, node_command
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

@@ -25,7 +25,7 @@ World size 2: verl's checkpoint manager writes model, optimizer and extra-state 
 FSDP1, HSDP; gloo on CPU), whose globals must be allowed for their kind and which must load under the resume's
 patch (below); and the two-node smoke (``cpu_smoke.sh --nodes 2 --faults``, tests/test_cluster.py) resumes its
 world-size-2 checkpoint on the cluster with a callable planted in rank 1's model shard (loaded by the worker on
-the second node): refused in the one line below, its marker never made (``ebpo_verl/smoke/planting.py``, which
+the second node): refused in the one line below, its marker never made (``tests/harness/planting.py``, which
 plants for both).
 
 The heavy tests are in the xdist group ``own_ray`` (tests/conftest.py): each run starts a Ray instance of its
@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from ebpo_verl.compat.unpickling import ALLOWED, DATALOADER, EXTRA_STATE, MODEL, OPTIMIZER, allowed
-from ebpo_verl.smoke.planting import REFUSAL, Planted, copied, plant, unsafe_globals
+from tests.harness.planting import REFUSAL, Planted, copied, plant, unsafe_globals
 from tests.test_registry import REPO_ROOT, toy_env, write_toy_site
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,8 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
-from ebpo_verl.smoke import evaluation, faults, invariants, limits, scan, settings
+from ebpo_verl.smoke import invariants, limits, scan, settings
+from tests.harness import evaluation, faults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -396,7 +397,7 @@ def test_sigterm_to_the_smoke_script_leaves_nothing_and_without_the_handler_it_d
 
 
 def test_each_node_gets_its_own_ports_and_the_head_the_gcs_port():
-    from ebpo_verl.smoke.cluster import node_command
+    from tests.harness.cluster import node_command
 
     ports = list(range(30001, 30016))
     head, second = (node_command("ray", n, "127.0.0.1:30000", ports, "/t") for n in (0, 1))
@@ -410,7 +411,7 @@ def test_each_node_gets_its_own_ports_and_the_head_the_gcs_port():
 def test_a_cluster_stop_interrupted_by_sigterm_is_done_again_by_the_cleanup(monkeypatch, capsys):
     """SIGTERM (here KeyboardInterrupt, SIGINT's) landing inside ``stop`` leaves the cluster in ``LIVE``, so the
     handler's cleanup stops it again instead of skipping it as stopped."""
-    from ebpo_verl.smoke import cluster as cluster_mod
+    from tests.harness import cluster as cluster_mod
     from tests.harness.__main__ import cleanup
 
     c = cluster_mod.LocalCluster(need_shm=False)

@@ -6,18 +6,18 @@ the wheel: ``python -m tests.harness`` from the repository root (``bash scripts/
 
 ``python -m tests.harness`` builds a tiny Qwen3, 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts, and runs
 ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic curriculum) on the CPU backend
-(:mod:`ebpo_verl.smoke.flows`):
+(:mod:`ebpo_verl.smoke.flows`, :mod:`.flows`):
 
 * one node: run A trains steps 1-3; run K resumes A's step 2, refuses a second run on its folder, and is SIGKILLed
   after its step-3 checkpoint, before the step-3 log call; K' reruns K's command and resumes there; with ``--vllm``
   run C resumes A's step 2 with verl's vLLM rollout. ``--device cuda``: the same on a GPU.
-* ``--nodes 2 [--faults]``: a two-node Ray cluster (:mod:`ebpo_verl.smoke.cluster`), verl at world size 2 with
-  vLLM; each fault (:mod:`ebpo_verl.smoke.faults`) ends an attempt within its bound and the reruns resume; resumes
-  from step-2 copies with a callable planted (:mod:`ebpo_verl.smoke.planting`) are refused; then the evaluation of
-  the last checkpoint (:mod:`ebpo_verl.smoke.evaluation`).
+* ``--nodes 2 [--faults]``: a two-node Ray cluster (:mod:`tests.harness.cluster`), verl at world size 2 with
+  vLLM; each fault (:mod:`tests.harness.faults`) ends an attempt within its bound and the reruns resume; resumes
+  from step-2 copies with a callable planted (:mod:`tests.harness.planting`) are refused; then the evaluation of
+  the last checkpoint (:mod:`tests.harness.evaluation`).
 * ``--hold [--stand-in]``: start, then wait to be stopped (the SIGTERM test).
 
 :mod:`.campaign` is the random-kill campaign. The modules the GPU self-check's ``train`` check runs (the one-node
-flow and what it needs: settings, runs, scan, checks, invariants, limits, ...) are still in :mod:`ebpo_verl.smoke`
+flow and what it needs: settings, runs, scan, checks, invariants, limits, reward) are still in :mod:`ebpo_verl.smoke`
 beside the self-check, until it no longer imports them.
 """

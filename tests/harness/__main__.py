@@ -16,8 +16,9 @@ from typing import ClassVar
 
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
-from ebpo_verl.smoke import cluster, limits, runs
+from ebpo_verl.smoke import limits, runs
 from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
+from tests.harness import cluster
 
 
 class Stopped(SystemExit):
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
-    from ebpo_verl.smoke import flows
+    from ebpo_verl.smoke.flows import one_node
+    from tests.harness import flows
 
     try:
         if args.hold:
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.nodes == NODES:
             flows.two_nodes(work, files, args.run_timeout, args.faults, args.step_timeout)
         else:
-            flows.one_node(work, files, args.run_timeout, args.vllm, args.device)
+            one_node(work, files, args.run_timeout, args.vllm, args.device)
     except BaseException:
         cleanup()
         raise
