@@ -15,8 +15,11 @@ Usage: ``python -m benchmarks.bench_step_cost --help``; under ``flock /tmp/heavy
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -28,18 +31,20 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from ebpo_verl.ops.metrics_log import read_metrics_log
-from ebpo_verl.options.cli import OneLineParser, add_options
-from ebpo_verl.options.parsing import PATH, OptionSection, ints, option, text
-from ebpo_verl.smoke import reward as smoke_reward
-from ebpo_verl.smoke.runs import Run
-from ebpo_verl.smoke.settings import (
+import psutil
+
+from ebpo_verl.cpu import rewards
+from ebpo_verl.cpu.tiny_runs import (
     DATA,
     device_overrides,
     logger_overrides,
     ray_overrides,
+    run_env,
     tiny_trainer_overrides,
 )
+from ebpo_verl.ops.metrics_log import read_metrics_log
+from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.parsing import PATH, OptionSection, ints, option, text
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, N, PROMPTS = 8, 4, 16
@@ -69,17 +74,17 @@ def prepare(work: Path) -> dict[str, str]:
 
 def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, save_freq: int = 1,
              loggers: str = "[console,file]", extra: tuple = (), timeout: float = 900) -> int:  # fmt: skip
-    """One trainer start (``ENTRIES[estimator]``, a :class:`~ebpo_verl.smoke.runs.Run`: a session of its own, output
-    appended to ``work/<name>.log``) on a private Ray instance, one node, one rank: the smoke runs' tiny
-    configuration (:func:`ebpo_verl.smoke.settings.tiny_trainer_overrides`) with this file's reward, no validation
-    and verl's loggers writing under its checkpoint folder ``work/ckpt_<name>``; past ``timeout`` seconds it is
-    killed and this raises. Returns the exit status."""
+    """One trainer start (``ENTRIES[estimator]``, in a session of its own, output appended to ``work/<name>.log``)
+    on a private Ray instance, one node, one rank: the smoke runs' tiny configuration
+    (:func:`ebpo_verl.cpu.tiny_runs.tiny_trainer_overrides`) with the parity reward of :mod:`ebpo_verl.cpu.rewards`,
+    no validation and verl's loggers writing under its checkpoint folder ``work/ckpt_<name>``; past ``timeout``
+    seconds it is killed and this raises. Returns the exit status."""
     out, ray_tmp = work / f"ckpt_{name}", tempfile.mkdtemp(prefix="ebpo-bench-", dir="/tmp")  # short socket paths
     args = [
         *tiny_trainer_overrides(files, BATCH, N),
         f"algorithm.adv_estimator={estimator}",
         "actor_rollout_ref.rollout.name=hf",
-        f"reward.custom_reward_function.path={Path(smoke_reward.__file__).resolve()}",
+        f"reward.custom_reward_function.path={Path(rewards.__file__).resolve()}",
         "reward.custom_reward_function.name=parity_reward",
         f"trainer.logger={loggers}",
         "trainer.project_name=bench",
@@ -94,14 +99,33 @@ def tiny_run(work: Path, files: dict, name: str, estimator: str, steps: int, sav
         *extra,
     ]
     out.mkdir(parents=True, exist_ok=True)  # verl's file logger does not create it
-    run = Run(work, None, name, [], env=ENV, command=[sys.executable, "-m", ENTRIES[estimator], *args])
+    env = {**os.environ, **run_env("cpu"), **ENV}
+    env.pop("RAY_ADDRESS", None)  # its own Ray instance, never one this shell points at
+    with open(work / f"{name}.log", "a") as log:
+        proc = subprocess.Popen([sys.executable, "-m", ENTRIES[estimator], *args], cwd=work, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        return run.proc.wait(timeout=timeout)
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"run {name} exceeded {timeout:.0f}s; see {work / f'{name}.log'}") from None
     finally:
-        run.kill()
+        kill_session(proc)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL what a run left (Ray's processes, its workers): its descendants and its session's process group."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(tree, timeout=60)
+    proc.wait(timeout=60)
 
 
 # ------------------------------------------------------------------------------------------- the benchmark

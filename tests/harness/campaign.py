@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import psutil
 
+from ebpo_verl.cpu import tiny_runs
 from ebpo_verl.ops.errors import one_line, shorten
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option, reals, text
@@ -161,8 +162,8 @@ def campaign_overrides(out: Path, run: str) -> list[str]:
     """Run A's configuration changed for ``run`` (``ref``/``camp``): save, validate every step, topic prior, marker."""
     return ["trainer.save_freq=1", "trainer.test_freq=1", "trainer.resume_mode=auto",
             "algorithm.ebpo.cluster_key=topic", f"trainer.validation_data_dir={out / f'validation_{run}'}",
-            f"{settings.ENV_VARS}.VERL_USE_EXTERNAL_MODULES='{settings.BACKEND},{MODULE}'",
-            f"{settings.ENV_VARS}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}"]  # fmt: skip
+            f"{tiny_runs.ENV_VARS}.VERL_USE_EXTERNAL_MODULES='{tiny_runs.BACKEND},{MODULE}'",
+            f"{tiny_runs.ENV_VARS}.{MARKER_ENV}={out / f'marker_{run}.jsonl'}"]  # fmt: skip
 
 
 class Sighting:

@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from ebpo_verl.cpu.tiny_runs import DATA
 from ebpo_verl.smoke.runs import Run
-from ebpo_verl.smoke.settings import DATA, NODES
+from ebpo_verl.smoke.settings import NODES
 
 BENCHMARKS, LIMIT, RUNS = ("amc23",), 2, 2
 WRONG = "-99999"
