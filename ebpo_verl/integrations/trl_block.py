@@ -16,6 +16,7 @@ import os
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -41,19 +42,21 @@ class Field:
     finite: bool = False
 
 
-FIELDS: dict[str, Field] = {
-    "prompt_ids": Field("ids", ("BP",)),
-    "prompt_mask": Field("mask", ("BP",)),
-    "completion_ids": Field("ids", ("BC",)),
-    "completion_mask": Field("mask", ("BC",)),
-    "advantages": Field("float", ("B", "BC"), finite=True),
-    "num_items_in_batch": Field("count"),
-    "old_per_token_logps": Field("float", ("BC",)),
-    "ref_per_token_logps": Field("float", ("BC",)),
-    "importance_sampling_ratio": Field("float", ("BC", "B1")),
-    "sampling_per_token_logps": Field("float", ("BC",)),
-    "tool_mask": Field("mask", ("BC",)),
-}
+FIELDS: Mapping[str, Field] = MappingProxyType(
+    {
+        "prompt_ids": Field("ids", ("BP",)),
+        "prompt_mask": Field("mask", ("BP",)),
+        "completion_ids": Field("ids", ("BC",)),
+        "completion_mask": Field("mask", ("BC",)),
+        "advantages": Field("float", ("B", "BC"), finite=True),
+        "num_items_in_batch": Field("count"),
+        "old_per_token_logps": Field("float", ("BC",)),
+        "ref_per_token_logps": Field("float", ("BC",)),
+        "importance_sampling_ratio": Field("float", ("BC", "B1")),
+        "sampling_per_token_logps": Field("float", ("BC",)),
+        "tool_mask": Field("mask", ("BC",)),
+    }
+)
 """TRL 1.16.0's text keys (``_generate_and_score_completions``' output), as ``_compute_loss`` reads them."""
 ALWAYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")
 """The keys every block has; ``old_``/``ref_per_token_logps`` and ``importance_sampling_ratio`` follow the
@@ -63,7 +66,7 @@ MULTIMODAL = frozenset(
      "mm_token_type_ids", "image_position_ids", "num_images", "num_tiles"}
 )  # fmt: skip
 """A vision model's keys: their shapes follow the processor, so only their type is checked (a tensor or a list)."""
-ORDER = {key: i for i, key in enumerate([*FIELDS, *sorted(MULTIMODAL)])}
+ORDER = MappingProxyType({key: i for i, key in enumerate([*FIELDS, *sorted(MULTIMODAL)])})
 
 
 @dataclass(frozen=True)
