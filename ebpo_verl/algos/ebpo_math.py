@@ -87,19 +87,27 @@ def _cluster_priors(priors: _Priors, prompts: np.ndarray, opts: EBPOOptions) -> 
     return _Priors(mix(priors.mu), mix(priors.sigma2), mix(priors.tau2), np.full(len(prompts), np.nan))
 
 
-def _batch_stats(groups: _GroupStats, scope: np.ndarray, n_scopes: int) -> PriorStats:
-    """This batch's statistics per scope (``scope``: each group's, of ``n_scopes``): the moments of the rewards, the
-    group means, the within-group variances (groups of two or more) and 1 / G, each series summed in value order."""
+def _batch_stats(groups: _GroupStats, group_cluster: np.ndarray, n_clusters: int | None) -> PriorStats:
+    """This batch's statistics per scope: all prompts (scope 0), then each of ``n_clusters`` clusters (scope 1 +
+    ``group_cluster``); a group counts in both. The moments of the rewards, the group means, the within-group
+    variances (groups of two or more) and 1 / G, each series summed in value order."""
+    scope_sets = [np.zeros_like(group_cluster)] + ([] if n_clusters is None else [1 + group_cluster])
 
-    def per_scope(values: np.ndarray, weight: np.ndarray | None = None) -> Moments:
+    def per_scope(values: np.ndarray, group: np.ndarray, weight: np.ndarray | None = None) -> Moments:
+        copies = len(scope_sets)
+        scope = np.concatenate([s[group] for s in scope_sets])
+        weights = None if weight is None else np.tile(weight, copies)
+        return Moments.of_segments(np.tile(values, copies), scope, 1 + (n_clusters or 0), weights)
+
+    def sorted_per_scope(values: np.ndarray, weight: np.ndarray | None = None) -> Moments:
         order = np.argsort(values)
-        return Moments.of_segments(values[order], scope[order], n_scopes, None if weight is None else weight[order])
+        return per_scope(values[order], order, None if weight is None else weight[order])
 
     return PriorStats(
-        rewards=Moments.of_segments(groups.x_sorted, scope[groups.group_of_sorted], n_scopes),
-        group_means=per_scope(groups.mu_q),
-        within_var=per_scope(groups.var_q, (groups.g >= 2).astype(np.float64)),
-        inv_group_size=per_scope(1.0 / groups.g),
+        rewards=per_scope(groups.x_sorted, groups.group_of_sorted),
+        group_means=sorted_per_scope(groups.mu_q),
+        within_var=sorted_per_scope(groups.var_q, (groups.g >= 2).astype(np.float64)),
+        inv_group_size=sorted_per_scope(1.0 / groups.g),
     )
 
 
@@ -210,15 +218,11 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     # each group's cluster, which picks its prior (all 0 without cluster_key: the global prior)
     cluster_names, group_cluster = _group_clusters(uid_groups, scores.shape[0], batch.row_values, options)
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
-    scopes = _batch_stats(groups, np.zeros(len(groups.g), dtype=np.int64), 1).unstack()  # all prompts
-    if cluster_names is not None:
-        scopes += _batch_stats(groups, group_cluster, len(cluster_names)).unstack()
-    batch_stats = PriorStats.stack(scopes)
+    batch_stats = _batch_stats(groups, group_cluster, None if cluster_names is None else len(cluster_names))
     stored, prior_stats = _next_statistics(state, batch_stats, cluster_names, options)
     scope_priors = _scope_priors(prior_stats, options)
-    priors = scope_priors
-    if cluster_names is not None:
-        priors = _cluster_priors(scope_priors, prior_stats.group_means.n[1:], options)
+    prompts = prior_stats.group_means.n[1:]
+    priors = scope_priors if cluster_names is None else _cluster_priors(scope_priors, prompts, options)
     shrink = _shrinkage(groups, priors, group_cluster, options)
     # Step 6: the EB baseline; BB with -1/+1: reward minus the expected reward 2 p_q - 1
     baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_cluster]
