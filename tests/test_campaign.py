@@ -64,25 +64,22 @@ def test_expected_state_equals_the_definition_over_all_batches():
 
 
 def test_check_state_accepts_the_package_merge():
-    """The package's own EB state after the same two batches (its Chan merge, ``ebpo_state.merge_tables``) passes
+    """The package's own EB state after the same two batches (its Chan merge, ``Moments.merged``) passes
     the numpy recomputation."""
-    from ebpo_verl.algos.ebpo_state import PriorStats, merge_tables
+    from ebpo_verl.algos.ebpo_state import PriorStats
+    from ebpo_verl.algos.moments import Moments
 
     def stats(groups: list[list[float]]) -> PriorStats:
         series = ([x for g in groups for x in g], [np.mean(g) for g in groups], [np.var(g, ddof=1) for g in groups],
                   [1 / len(g) for g in groups])  # fmt: skip
-        table = [_by_hand(values) for values in series]
-        return PriorStats.from_table(table)
-
-    def merged(a: PriorStats, b: PriorStats) -> PriorStats:
-        return PriorStats.from_table(merge_tables(np.array(a.table()), np.array(b.table())).tolist())
+        return PriorStats(*(Moments(*_by_hand(values)) for values in series))
 
     state = EBPOState()
     for batch in (BATCH_1, BATCH_2):
-        state.global_stats = merged(state.global_stats, stats(list(batch.values())))
+        state.global_stats = state.global_stats.merged(stats(list(batch.values())))
         for label in {_label(t) for t in batch}:
             part = stats([g for t, g in batch.items() if _label(t) == label])
-            state.clusters[label] = merged(state.clusters.get(label, PriorStats()), part)
+            state.clusters[label] = state.clusters.get(label, PriorStats()).merged(part)
         state.steps, state.prompts_seen = state.steps + 1, state.prompts_seen + len(batch)
         state.responses_seen += sum(len(g) for g in batch.values())
     saved = json.loads(json.dumps(state.state_dict()))

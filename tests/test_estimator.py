@@ -18,8 +18,9 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.ebpo import EBPOOptions, ignored_options
 from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
-from ebpo_verl.algos.ebpo_state import EBPOState, Moments, merge_tables
+from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
+from ebpo_verl.algos.moments import Moments
 from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
 
 EPS = 1e-6
@@ -248,8 +249,7 @@ def test_chan_merges_are_sound_over_a_million_values():
     acc = Moments()
     for chunk in values:
         mean = chunk.mean()
-        part = [len(chunk), mean, float(((chunk - mean) ** 2).sum())]
-        acc = Moments(*merge_tables(np.array(acc.row()), np.array(part)).tolist())
+        acc = acc.merged(Moments(len(chunk), mean, float(((chunk - mean) ** 2).sum())))
     assert acc.n == values.size
     assert acc.mean == pytest.approx(values.mean(), rel=1e-13)
     assert acc.m2 / acc.n == pytest.approx(values.var(), rel=1e-9)

@@ -25,15 +25,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ebpo_verl.algos.ebpo import EBPOOptions, group_size_need, ignored_keys, ignored_options_warning
-from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats, merge_tables
+from ebpo_verl.algos.ebpo_state import EBPOState, PriorStats
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.grouping import Groups, factorize_keys, pass_levels, scatter_rows, sorted_mean
+from ebpo_verl.algos.moments import Moments
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.algos.state_codec import saturated
 
@@ -48,22 +49,19 @@ class _Priors:
     nu: np.ndarray
 
 
-def _variance(moments: np.ndarray) -> np.ndarray:
-    """Population variance M2 / n of (..., 3) tables of (n, mean, M2); 0 where empty."""
-    return np.divide(moments[..., 2], moments[..., 0], out=np.zeros(moments.shape[:-1]), where=moments[..., 0] > 0)
-
-
-def _scope_priors(table: np.ndarray, opts: EBPOOptions) -> _Priors:
-    """The scopes' priors from an (S, 4, 3) statistics table: Beta fitted on the pass rates (EBPO-BB) or Gaussian."""
+def _scope_priors(stats: PriorStats, opts: EBPOOptions) -> _Priors:
+    """The priors of several scopes (arrays of :class:`PriorStats`): Beta fitted on the pass rates (EBPO-BB) or
+    Gaussian."""
+    rewards, group_means = stats.rewards, stats.group_means
     if opts.prior == "beta_binomial":
-        return _beta_fit(table[:, 1, 1], _variance(table[:, 1]), table[:, 1, 0] == 0.0, opts.epsilon)
+        return _beta_fit(group_means.mean, group_means.variance(), group_means.n == 0.0, opts.epsilon)
     # the released code (batch scope) takes mu_glob as the mean of the group means (prompt-weighted)
-    mu = table[:, 1, 1] if opts.stats_scope == "batch" else table[:, 0, 1]
-    sigma2 = _variance(table[:, 0]) if opts.sigma2 == "total" else table[:, 2, 1]
-    tau2 = _variance(table[:, 1])
+    mu = group_means.mean if opts.stats_scope == "batch" else rewards.mean
+    sigma2 = rewards.variance() if opts.sigma2 == "total" else stats.within_var.mean
+    tau2 = group_means.variance()
     if opts.tau2 == "debiased":
-        tau2 = np.maximum(tau2 - sigma2 * table[:, 3, 1], 0.0)
-    return _Priors(mu, sigma2, tau2, np.full(len(table), np.nan))
+        tau2 = np.maximum(tau2 - sigma2 * stats.inv_group_size.mean, 0.0)
+    return _Priors(mu, sigma2, tau2, np.full(len(mu), np.nan))
 
 
 def _beta_fit(p: np.ndarray, v: np.ndarray, empty: np.ndarray, eps: float) -> _Priors:
@@ -89,34 +87,28 @@ def _cluster_priors(priors: _Priors, prompts: np.ndarray, opts: EBPOOptions) -> 
     return _Priors(mix(priors.mu), mix(priors.sigma2), mix(priors.tau2), np.full(len(prompts), np.nan))
 
 
-def _moments(values: np.ndarray, seg: np.ndarray, weight: np.ndarray | None, n_seg: int) -> np.ndarray:
-    """(n_seg, 3) table of (n, mean, M2) per segment, two-pass; ``values`` come in value order, so each segment's
-    sums run in value order (independent of the row order and of the uid strings)."""
-    n = np.bincount(seg, weights=weight, minlength=n_seg).astype(np.float64, copy=False)
-    total = np.bincount(seg, weights=values if weight is None else values * weight, minlength=n_seg)
-    mean = np.divide(total, n, out=np.zeros(n_seg), where=n > 0)
-    dev = values - mean[seg]
-    sq = dev * dev if weight is None else dev * dev * weight
-    return np.stack([n, mean, np.bincount(seg, weights=sq, minlength=n_seg)], axis=1)
+def _batch_stats(groups: _GroupStats, group_cluster: np.ndarray, n_clusters: int | None) -> PriorStats:
+    """This batch's statistics per scope: all prompts (scope 0), then each of ``n_clusters`` clusters (scope 1 +
+    ``group_cluster``); a group counts in both. The moments of the rewards, the group means, the within-group
+    variances (groups of two or more) and 1 / G, each series summed in value order."""
+    scope_sets = [np.zeros_like(group_cluster)] + ([] if n_clusters is None else [1 + group_cluster])
 
+    def per_scope(values: np.ndarray, group: np.ndarray, weight: np.ndarray | None = None) -> Moments:
+        copies = len(scope_sets)
+        scope = np.concatenate([s[group] for s in scope_sets])
+        weights = None if weight is None else np.tile(weight, copies)
+        return Moments.of_segments(np.tile(values, copies), scope, 1 + (n_clusters or 0), weights)
 
-def _segment_tables(stats: _GroupStats, segmentations: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
-    """Batch statistics of each segmentation (``(segment of each group, number of segments)``: all prompts, the
-    clusters) as an (n_seg, 4, 3) table: (n, mean, M2) of the rewards, the group means, the within-group
-    variances (groups of two or more) and 1 / G. The rewards come sorted; the three per-group series are sorted
-    once, side by side, and share one bincount per segmentation (each series offset by n_seg)."""
-    size = stats.g
-    series = np.stack([stats.mu_q, stats.var_q, 1.0 / size])
-    weights = np.stack([np.ones_like(size), (size >= 2).astype(np.float64), np.ones_like(size)])
-    order = np.argsort(series, axis=1)
-    series, weights = np.take_along_axis(series, order, 1).ravel(), np.take_along_axis(weights, order, 1).ravel()
-    tables = []
-    for group_seg, n_seg in segmentations:
-        rows = _moments(stats.x_sorted, group_seg[stats.group_of_sorted], None, n_seg)
-        seg = (group_seg[order] + np.arange(3)[:, None] * n_seg).ravel()
-        groups = _moments(series, seg, weights, 3 * n_seg).reshape(3, n_seg, 3)
-        tables.append(np.concatenate([rows[None], groups]).transpose(1, 0, 2))
-    return tables
+    def sorted_per_scope(values: np.ndarray, weight: np.ndarray | None = None) -> Moments:
+        order = np.argsort(values)
+        return per_scope(values[order], order, None if weight is None else weight[order])
+
+    return PriorStats(
+        rewards=per_scope(groups.x_sorted, groups.group_of_sorted),
+        group_means=sorted_per_scope(groups.mu_q),
+        within_var=sorted_per_scope(groups.var_q, (groups.g >= 2).astype(np.float64)),
+        inv_group_size=sorted_per_scope(1.0 / groups.g),
+    )
 
 
 BB_REFUSAL = (
@@ -150,13 +142,13 @@ def _group_stats(uid_groups: Groups, lo: float, span: float) -> _GroupStats:
     x = r if span == 1.0 and lo == 0.0 else (r - lo) / span  # BB: pass indicator 0/1
     order = np.argsort(x, kind="stable")
     x_sorted, group_of_sorted = x[order], row_group[order]
-    g, mu_q, m2_q = _moments(x_sorted, group_of_sorted, None, n_groups).T  # every group has a row: g > 0
-    var_q = np.where(g >= 2, m2_q / np.maximum(g - 1.0, 1.0), 0.0)
+    m = Moments.of_segments(x_sorted, group_of_sorted, n_groups)  # every group has a row: n > 0
+    var_q = np.where(m.n >= 2, m.m2 / np.maximum(m.n - 1.0, 1.0), 0.0)
     r_max = np.full(n_groups, -np.inf)
     np.maximum.at(r_max, row_group, r)
     r_min = np.full(n_groups, np.inf)
     np.minimum.at(r_min, row_group, r)
-    return _GroupStats(row_group, g, mu_q, var_q, r_min, r_max, x, x_sorted, group_of_sorted)
+    return _GroupStats(row_group, m.n, m.mean, var_q, r_min, r_max, x, x_sorted, group_of_sorted)
 
 
 def _shrinkage(groups: _GroupStats, priors: _Priors, group_prior: np.ndarray, options: EBPOOptions) -> np.ndarray:
@@ -226,31 +218,30 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     # each group's cluster, which picks its prior (all 0 without cluster_key: the global prior)
     cluster_names, group_cluster = _group_clusters(uid_groups, scores.shape[0], batch.row_values, options)
     # Step 4: this batch's statistics, the priors of every scope, each group's prior.
-    zeros_seg = np.zeros(len(groups.g), dtype=np.int64)
-    segmentations = [(zeros_seg, 1)] + ([(group_cluster, len(cluster_names))] if cluster_names is not None else [])
-    tables = np.concatenate(_segment_tables(groups, segmentations))
-    stored, prior_table = _next_statistics(state, tables, cluster_names, options)
-    scopes = _scope_priors(prior_table, options)
-    priors = scopes if cluster_names is None else _cluster_priors(scopes, prior_table[1:, 1, 0], options)
+    batch_stats = _batch_stats(groups, group_cluster, None if cluster_names is None else len(cluster_names))
+    stored, prior_stats = _next_statistics(state, batch_stats, cluster_names, options)
+    scope_priors = _scope_priors(prior_stats, options)
+    prompts = prior_stats.group_means.n[1:]
+    priors = scope_priors if cluster_names is None else _cluster_priors(scope_priors, prompts, options)
     shrink = _shrinkage(groups, priors, group_cluster, options)
     # Step 6: the EB baseline; BB with -1/+1: reward minus the expected reward 2 p_q - 1
     baseline = (1.0 - shrink) * groups.mu_q + shrink * priors.mu[group_cluster]
     adv = span * (groups.x - baseline[groups.row_group])
     adv = _normalised(adv, groups, shrink, priors.sigma2[group_cluster], span, options)
-    _check_range(adv, bool(np.isfinite(tables).all()) and (stored is None or stored[2]), state, uid_groups, out_dtype)
+    _check_range(adv, batch_stats.finite() and (stored is None or stored.finite), state, uid_groups, out_dtype)
     state.steps = saturated(state.steps)
-    state.prompts_seen = saturated(state.prompts_seen, int(tables[0][1, 0]))
-    state.responses_seen = saturated(state.responses_seen, int(tables[0][0, 0]))
+    state.prompts_seen = saturated(state.prompts_seen, int(batch_stats.group_means.n[0]))
+    state.responses_seen = saturated(state.responses_seen, int(batch_stats.rewards.n[0]))
     if stored is not None:
-        state.global_stats, state.clusters, _ = stored
+        state.global_stats, state.clusters = stored.global_stats, stored.clusters
     # ebpo/* metrics; prior moments in reward units (a -1/+1 BB reward: mu = 2 p - 1, variances x 4)
     diag = {
         "ebpo/shrinkage_mean": sorted_mean(shrink),
         "ebpo/shrinkage_min": float(shrink.min()),
         "ebpo/shrinkage_max": float(shrink.max()),
-        "ebpo/mu_glob": float(lo + span * scopes.mu[0]),
-        "ebpo/sigma2": float(span * span * scopes.sigma2[0]),
-        "ebpo/tau2": float(span * span * scopes.tau2[0]),
+        "ebpo/mu_glob": float(lo + span * scope_priors.mu[0]),
+        "ebpo/sigma2": float(span * span * scope_priors.sigma2[0]),
+        "ebpo/tau2": float(span * span * scope_priors.tau2[0]),
         "ebpo/prompts_seen": float(state.prompts_seen),
         "ebpo/responses_seen": float(state.responses_seen),
         "ebpo/frac_zero_var_groups": float(np.count_nonzero(groups.r_max == groups.r_min) / groups.r_max.size),
@@ -259,7 +250,7 @@ def compute_ebpo_advantages(batch: Batch, options: EBPOOptions, state: EBPOState
     }
     if cluster_names:
         order = np.argsort(shrink)
-        means = _moments(shrink[order], group_cluster[order], None, len(cluster_names))[:, 1]  # no empty cluster
+        means = Moments.of_segments(shrink[order], group_cluster[order], len(cluster_names)).mean  # none empty
         for cid, name in enumerate(cluster_names):
             diag[f"ebpo/cluster/{name}/mu_glob"] = float(lo + span * priors.mu[cid])
             diag[f"ebpo/cluster/{name}/shrinkage_mean"] = float(means[cid])
@@ -312,30 +303,36 @@ def _group_clusters(
     return names.tolist(), group_cluster
 
 
-def _next_statistics(
-    state: EBPOState, batch: np.ndarray, cluster_names: list[str] | None, options: EBPOOptions
-) -> tuple[tuple[PriorStats, dict[str, PriorStats], bool] | None, np.ndarray]:
-    """(the statistics to store after this batch and whether they are all finite, or None in batch scope;
-    the (1 + clusters, 4, 3) table the priors are built from). ``batch``: the batch's tables, global first.
+class _Stored(NamedTuple):
+    """The running statistics to store after a batch (all prompts, each cluster label), and whether the merged ones
+    are all finite."""
 
-    ``state`` is not changed: the caller commits once everything is known to be finite.
-    """
+    global_stats: PriorStats
+    clusters: dict[str, PriorStats]
+    finite: bool
+
+
+def _next_statistics(
+    state: EBPOState, batch: PriorStats, cluster_names: list[str] | None, options: EBPOOptions
+) -> tuple[_Stored | None, PriorStats]:
+    """(the statistics to store after this batch, None in batch scope; the statistics the priors are built from, per
+    scope). ``batch``: this batch's statistics, all prompts first, then each cluster. ``state`` is not changed: the
+    caller commits once everything is known to be finite."""
     names = cluster_names or []
     if options.stats_scope == "batch":
         return None, batch
     decay = float(options.decay)
-    empty = PriorStats()
-    past = np.array([state.global_stats.table()] + [state.clusters.get(n, empty).table() for n in names])
-    past[..., ::2] *= decay  # forgetting: n and M2 (:meth:`Moments.scaled`)
-    new = merge_tables(past, batch)
-    new_scopes = [PriorStats.from_table(t) for t in new.tolist()]
-    stored = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
-    stored.update(zip(names, new_scopes[1:], strict=True))
-    result = (new_scopes[0], stored, bool(np.isfinite(new).all()))
-    if options.prior == "beta_binomial" or (options.merge == "after" and past[0, 1, 0] > 0):
+    past = PriorStats.stack([state.global_stats] + [state.clusters.get(n, PriorStats()) for n in names])
+    past = past.scaled(decay)  # exponential forgetting: the weights shrink
+    new = past.merged(batch)
+    new_global, *new_clusters = new.unstack()
+    clusters = {k: v.scaled(decay) for k, v in state.clusters.items()} if decay != 1.0 else dict(state.clusters)
+    clusters.update(zip(names, new_clusters, strict=True))
+    stored = _Stored(new_global, clusters, new.finite())
+    if options.prior == "beta_binomial" or (options.merge == "after" and past.group_means.n[0] > 0):
         # A cluster without history falls back to the global prior through its blending weight of 0.
-        return result, past
-    return result, new
+        return stored, past
+    return stored, new
 
 
 SPECS = (

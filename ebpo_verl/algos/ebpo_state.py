@@ -2,70 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ebpo_verl.algos.estimator import FreshState
-from ebpo_verl.algos.state_codec import (
-    COUNT,
-    MAX_COUNT,
-    MAX_SQUARES,
-    MEAN,
-    SQUARES,
-    WEIGHT,
-    Fixed,
-    Record,
-    Table,
-    decode,
-)
+from ebpo_verl.algos.moments import MOMENTS, Moments
+from ebpo_verl.algos.state_codec import COUNT, Record, Table, decode
 
 STATE_VERSION = 1
 COUNTS = ("steps", "prompts_seen", "responses_seen")
-MOMENTS = Fixed(("n", "mean", "m2"), (WEIGHT, MEAN, SQUARES))
-"""The saved form of :class:`Moments`: a weighted count, a mean and a sum of squared deviations."""
-
-
-def merge_tables(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Chan et al.'s parallel merge of (..., 3) tables of (n, mean, M2), elementwise (empty + empty: zeros); n and M2
-    saturate at the edges of their saved domains (:data:`MOMENTS`)."""
-    a_n, a_mean, a_m2 = a[..., 0], a[..., 1], a[..., 2]
-    b_n, b_mean, b_m2 = b[..., 0], b[..., 1], b[..., 2]
-    n = a_n + b_n
-    some = n > 0
-    safe = np.where(some, n, 1.0)
-    delta = b_mean - a_mean
-    mean = np.where(some, a_mean + delta * b_n / safe, 0.0)
-    m2 = np.where(some, a_m2 + b_m2 + delta * delta * a_n * b_n / safe, 0.0)
-    return np.stack([np.where(some, np.minimum(n, MAX_COUNT), 0.0), mean, np.minimum(m2, MAX_SQUARES)], axis=-1)
-
-
-@dataclass
-class Moments:
-    """Weighted count, mean and sum of squared deviations (M2); merged with Chan et al.'s parallel formula."""
-
-    n: float = 0.0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def row(self) -> list[float]:
-        return [self.n, self.mean, self.m2]
-
-    def scaled(self, factor: float) -> Moments:
-        """Down-weight (exponential forgetting): the mean and variance are unchanged, the weight shrinks."""
-        return Moments(self.n * factor, self.mean, self.m2 * factor)
-
-    @classmethod
-    def from_json(cls, data: list[float]) -> Moments:
-        """A saved ``[n, mean, m2]`` (checked: :data:`MOMENTS`)."""
-        return cls(*map(float, data))
 
 
 @dataclass
 class PriorStats:
-    """Running statistics of one scope (all prompts, or one cluster label)."""
+    """Statistics of one scope (all prompts, or one cluster label), or of several (:class:`Moments` of arrays)."""
 
     rewards: Moments = field(default_factory=Moments)  # every reward: mu_glob, total sigma^2
     group_means: Moments = field(default_factory=Moments)  # one value per prompt: tau^2, BB pass-rate moments
@@ -74,19 +25,29 @@ class PriorStats:
 
     _PARTS = ("rewards", "group_means", "within_var", "inv_group_size")
 
+    def parts(self) -> list[Moments]:
+        return [getattr(self, p) for p in self._PARTS]
+
     def scaled(self, factor: float) -> PriorStats:
-        return PriorStats(*(getattr(self, p).scaled(factor) for p in self._PARTS))
+        return PriorStats(*(m.scaled(factor) for m in self.parts()))
 
-    def table(self) -> list[list[float]]:
-        """[[n, mean, m2] per part] (the layout of the batch tables of :func:`_segment_tables`)."""
-        return [getattr(self, p).row() for p in self._PARTS]
+    def merged(self, other: PriorStats) -> PriorStats:
+        return PriorStats(*(a.merged(b) for a, b in zip(self.parts(), other.parts(), strict=True)))
 
-    def to_json(self) -> dict[str, list[float]]:
-        return dict(zip(self._PARTS, self.table(), strict=True))
+    def finite(self) -> bool:
+        return all(m.finite() for m in self.parts())
 
     @classmethod
-    def from_table(cls, table: list[list[float]]) -> PriorStats:
-        return cls(*(Moments(*part) for part in table))
+    def stack(cls, scopes: Sequence[PriorStats]) -> PriorStats:
+        """Several scopes' float statistics as one of arrays (one element per scope)."""
+        return cls(*(Moments.stack([getattr(s, p) for s in scopes]) for p in cls._PARTS))
+
+    def unstack(self) -> list[PriorStats]:
+        """Each scope's float statistics (:meth:`stack` reversed)."""
+        return [PriorStats(*parts) for parts in zip(*(m.unstack() for m in self.parts()), strict=True)]
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {p: m.row() for p, m in zip(self._PARTS, self.parts(), strict=True)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, list[float]]) -> PriorStats:

@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ebpo_verl.algos.ebpo_state import MOMENTS, Moments, merge_tables
 from ebpo_verl.algos.estimator import Advantages, Batch, FreshState
 from ebpo_verl.algos.grouping import scatter_rows, sorted_sum
+from ebpo_verl.algos.moments import MOMENTS, Moments
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.algos.state_codec import COUNT, Record, Table, decode, saturated
 from ebpo_verl.options.parsing import OptionSection, nullable, option, reals, resume_option, text
@@ -89,12 +89,12 @@ def compute_running_norm_advantages(batch: Batch, options: RunningNormOptions, s
     if len(g.keys) == 0:
         return Advantages(scatter_rows(batch.scores, g, g.r), {})
     names, size = g.keys.tolist(), g.size.numpy()
-    past = np.array([state.domains.get(name, Moments()).row() for name in names])
-    merged = merge_tables(past, np.stack([size, g.mean.numpy(), g.var.numpy() * (size - 1.0)], axis=1)).tolist()
-    state.domains.update(zip(names, (Moments(*row) for row in merged), strict=True))
+    past = Moments.stack([state.domains.get(name, Moments()) for name in names])
+    merged = past.merged(Moments(size, g.mean.numpy(), g.var.numpy() * (size - 1.0))).unstack()
+    state.domains.update(zip(names, merged, strict=True))
     state.steps = saturated(state.steps)
-    mean = torch.tensor([m for _, m, _ in merged], dtype=torch.float64)
-    std = torch.tensor([(m2 / (n - 1.0)) ** 0.5 if n > 1.0 else 0.0 for n, _, m2 in merged], dtype=torch.float64)
+    mean = torch.tensor([m.mean for m in merged], dtype=torch.float64)
+    std = torch.tensor([(m.m2 / (m.n - 1.0)) ** 0.5 if m.n > 1.0 else 0.0 for m in merged], dtype=torch.float64)
     adv = (g.r - mean.index_select(0, g.row_group)) / (std.index_select(0, g.row_group) + float(options.epsilon))
     diagnostics = {
         "running_norm/mean": (sorted_sum(mean) / len(mean)).item(),
