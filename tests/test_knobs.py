@@ -277,7 +277,10 @@ def _help_of(parser, *args: str) -> str:
 
 def _check_help(shown: str, cls: type) -> None:
     for f in cls.declarations():
-        assert cli.flag_of(f) in shown and _normal(cli.help_text(f)) in shown, f.name
+        name = cli.flag_of(f)
+        if not name.startswith("-") and f.metadata["rule"] is None:  # a positional word of a list: {a,b}
+            name = "{" + ",".join(f.metadata["choices"]) + "}"
+        assert name in shown and _normal(cli.help_text(f)) in shown, f.name
 
 
 def test_every_evaluate_help_shows_its_declarations():

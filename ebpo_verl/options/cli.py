@@ -69,8 +69,16 @@ def converter(f: Field, scalar: type) -> Callable[[str], Any]:
     return convert
 
 
+def _is_choice_argument(f: Field) -> bool:
+    """A positional argument that takes only listed words: shown, checked and refused as argparse's choices."""
+    return not flag_of(f).startswith("-") and _metavar(f).startswith("{")
+
+
 def help_text(f: Field) -> str:
-    """An option's help with its declared default and the values it accepts (what ``--help`` shows)."""
+    """An option's help with its declared default and the values it accepts (what ``--help`` shows; a choice
+    argument's help as declared, its words shown as ``{a,b}``)."""
+    if _is_choice_argument(f):
+        return f.metadata["help"].replace("%", "%%")
     default = "required" if f.default is MISSING else f"default {shown(f.default)}"
     accepted = "" if f.metadata["choices"] == (True, False) else f"; {allowed(f)}"  # a switch: --x / --no-x
     return f"{f.metadata['help']} ({default}{accepted})".replace("%", "%%")
@@ -93,12 +101,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> No
         scalar, many = _kind(cls, f.name)
         optional = f.default is not MISSING
         kwargs: dict[str, Any] = {"help": help_text(f), **({"default": f.default} if optional else {})}
-        positional = not flag_of(f).startswith("-")
         nargs = ("*" if optional else "+") if many else ("?" if optional else None)
-        if positional and _metavar(f).startswith("{"):  # a word of a list: argparse's own choice
-            plain = {"help": f.metadata["help"].replace("%", "%%"), "choices": f.metadata["choices"]}
-            parser.add_argument(f.name, nargs=nargs, **kwargs | plain)
-        elif positional:
+        if _is_choice_argument(f):
+            parser.add_argument(f.name, nargs=nargs, choices=f.metadata["choices"], **kwargs)
+        elif not flag_of(f).startswith("-"):  # a positional argument
             parser.add_argument(f.name, metavar=flag_of(f), nargs=nargs, type=converter(f, scalar), **kwargs)
         elif scalar is bool:
             action = argparse.BooleanOptionalAction

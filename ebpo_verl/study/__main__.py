@@ -48,12 +48,6 @@ class StudyOptions(OptionSection):
 
     SECTION: ClassVar[str] = "study"
 
-    what: str = option(
-        "rl",
-        "the RL study, the MSE check, or the report of a study's saved runs (no training)",
-        choices=("rl", "mse", "report"),
-        flag="what",
-    )
     preset: str = option("quick", "the study grid", choices=(*PRESETS, *PLANS))
     out: str = option("results", "output directory", rule=text("a folder"))
     workers: int | None = option(None, "processes for the RL runs; null: the preset's", choices=(None,), rule=ints(1))
@@ -71,6 +65,12 @@ class StudyOptions(OptionSection):
         "used); null: --out",
         choices=(None,),
         rule=text("a folder"),
+    )
+    what: str = option(  # the positional word (shown after the flags, as argparse lists it)
+        "rl",
+        "the RL study, the MSE check, or the report of a study's saved runs (no training)",
+        choices=("rl", "mse", "report"),
+        flag="what",
     )
 
     @property
