@@ -28,7 +28,7 @@ import torch
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 from ebpo_verl.algos import registry
-from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.trainer.adapter import outcome_advantages
 
@@ -108,23 +108,22 @@ class BenchOptions(OptionSection):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_options(parser, BenchOptions)
-    args = parser.parse_args(argv)
+    options = parse(BenchOptions, None, argv, __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     try:
-        shapes = parse_shapes(args.shapes)
-        if args.device == "cuda" and not torch.cuda.is_available():
+        shapes = parse_shapes(options.shapes)
+        if options.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible to torch")
     except ValueError as err:
         print(f"bench_advantage: error: {err}", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
 
-    print(f"device={args.device} torch threads={torch.get_num_threads()} median of {args.repeats} round-robin runs")
+    threads = torch.get_num_threads()
+    print(f"device={options.device} torch threads={threads} median of {options.repeats} round-robin runs")
     worst = 0.0
     for prompts, group, tokens in shapes:
-        timings = bench_shape(prompts, group, tokens, args.device, args.repeats)
+        timings = bench_shape(prompts, group, tokens, options.device, options.repeats)
         ratio = timings["ebpo"] / timings["grpo_vectorized"]
         worst = max(worst, ratio)
         cells = "  ".join(f"{name} {seconds * 1e3:8.2f} ms" for name, seconds in timings.items())

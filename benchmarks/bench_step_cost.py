@@ -43,7 +43,7 @@ from ebpo_verl.cpu.tiny_runs import (
     tiny_trainer_overrides,
 )
 from ebpo_verl.ops.metrics_log import read_metrics_log
-from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, option, text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -308,38 +308,43 @@ class BenchOptions(OptionSection):
     figure: str | None = option(None, "instead: draw the ebpo/* curves to this PNG", choices=(None,), rule=PATH)
     figure_steps: int = option(40, "steps of the run the figure draws", rule=ints(1))
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        kinds = {is_checkpoint_step(n, self.steps, self.save_freq) for n in range(2, self.steps + 1)}
+        if not self.figure and kinds != {True, False}:
+            raise ValueError(
+                f"--rounds {self.rounds} --steps {self.steps} --save-freq {self.save_freq}: the ratios need a round "
+                f"and, among steps 2..{self.steps} (step 1 warms up), a checkpoint step and a step without one (e.g. "
+                "--steps 6 --save-freq 3)"
+            )
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     add_options(parser, BenchOptions)
-    args = parser.parse_args(argv)
-    kinds = {is_checkpoint_step(n, args.steps, args.save_freq) for n in range(2, args.steps + 1)}
-    if not args.figure and (args.rounds < 1 or kinds != {True, False}):
-        parser.error(f"--rounds {args.rounds} --steps {args.steps} --save-freq {args.save_freq}: the ratios need a "
-                     f"round and, among steps 2..{args.steps} (step 1 warms up), a checkpoint step and a step "
-                     "without one (e.g. --steps 6 --save-freq 3)")  # fmt: skip
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
-    if not args.figure and (earlier := sorted(p.name for p in work.glob("ckpt_*"))):
+    options = parse_options(BenchOptions, parser.parse_args(argv), parser)
+    work = Path(options.work_dir or tempfile.mkdtemp(prefix="bench-step-", dir="/tmp"))
+    if not options.figure and (earlier := sorted(p.name for p in work.glob("ckpt_*"))):
         parser.error(f"--work-dir {work} holds earlier runs ({', '.join(earlier)}), which verl would resume "
                      "instead of timing: give a new folder")  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)
     files = prepare(work)
-    if args.figure:
-        figure(work, files, args.figure_steps, Path(args.figure).resolve())
+    if options.figure:
+        figure(work, files, options.figure_steps, Path(options.figure).resolve())
         return
-    names = args.estimators.split(",")
+    names = options.estimators.split(",")
     if names[0] != "grpo" or not set(names) <= set(ENTRIES):
-        raise SystemExit(f"--estimators: grpo first, then any of {sorted(ENTRIES)}; got {args.estimators}")
+        raise SystemExit(f"--estimators: grpo first, then any of {sorted(ENTRIES)}; got {options.estimators}")
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    for r in range(args.rounds):
+    for r in range(options.rounds):
         for name in names:
             start = time.monotonic()
-            if code := tiny_run(work, files, f"{name}_r{r}", name, args.steps, args.save_freq):
+            if code := tiny_run(work, files, f"{name}_r{r}", name, options.steps, options.save_freq):
                 raise SystemExit(f"run {name}_r{r} failed (exit {code}); see {work / f'{name}_r{r}.log'}")
             runs[name].append(read_metrics_log(work / f"ckpt_{name}_r{r}" / "verl_file_log.jsonl"))
             print(f"run {name}_r{r}: {time.monotonic() - start:.0f} s", flush=True)
-    print(f"{args.rounds} rounds x {args.steps} steps, checkpoint every {args.save_freq} and at the last step")
-    print("\n".join(report(runs, args.steps, args.save_freq)))
+    print(f"{options.rounds} rounds x {options.steps} steps, checkpoint every {options.save_freq} and at the last step")
+    print("\n".join(report(runs, options.steps, options.save_freq)))
     print("state files:", "; ".join(state_sizes(work, [f"{n}_r0" for n in names])))
     print("direct timings, in this process:")
     for key, ms in direct_timings().items():

@@ -366,28 +366,33 @@ def test_kill_group_stops_a_workers_grandchildren(tmp_path):
 
 def test_engine_setup_and_the_vllm_error_on_cpu(monkeypatch):
     """Without vLLM, --engine vllm stops with one line pointing at the install and --engine hf; with vLLM's CPU
-    build and no GPU, --workers engines run, each bound to its own cores, eager, with a fixed KV cache."""
+    build and no GPU, --workers engines run, each bound to its own cores, eager, with a fixed KV cache; on GPUs, one
+    engine per group of tensor_parallel_size visible GPUs."""
     import importlib.util
 
-    from ebpo_verl.options.cli import OneLineParser, add_options
-
-    p = OneLineParser(prog="evaluate")
-    add_options(p, engines.EngineOptions)
+    options = engines.EngineOptions
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ValueError, match="vLLM is not installed.*--engine hf"):
-            engines.engine_setup(p.parse_args([]), "m", 1.0, 1.0)
+            engines.engine_setup(options(), "m", 1.0, 1.0)
     else:
         monkeypatch.setattr(engines, "visible_gpus", lambda: 0)
         monkeypatch.setattr(engines.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
-        spec, workers = engines.engine_setup(p.parse_args(["--workers", "2", "--kv-cache-gib", "1"]), "m", 1.0, 1.0)
+        spec, workers = engines.engine_setup(options(workers=2, kv_cache_gib=1), "m", 1.0, 1.0)
         assert workers == 2 and spec.enforce_eager
         assert spec.worker_env == (
             {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2", "VLLM_CPU_KVCACHE_SPACE": "1"},
             {"VLLM_CPU_OMP_THREADS_BIND": "3,4", "VLLM_CPU_KVCACHE_SPACE": "1"},
         )
         with pytest.raises(ValueError, match="--workers 6 needs a core per engine.*5 core"):
-            engines.engine_setup(p.parse_args(["--workers", "6"]), "m", 1.0, 1.0)
-    spec, workers = engines.engine_setup(p.parse_args(["--engine", "hf", "--workers", "3"]), "m", 0.7, 0.9)
+            engines.engine_setup(options(workers=6), "m", 1.0, 1.0)
+        monkeypatch.setattr(engines, "visible_gpus", lambda: 5)  # GPUs: one engine per tensor-parallel group
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4,5,6,7")
+        spec, workers = engines.engine_setup(options(tensor_parallel_size=2), "m", 1.0, 1.0)
+        assert workers == 2 and not spec.enforce_eager
+        assert spec.worker_env == ({"CUDA_VISIBLE_DEVICES": "3,4"}, {"CUDA_VISIBLE_DEVICES": "5,6"})
+        with pytest.raises(ValueError, match=r"--engine vllm needs at least 8 GPU\(s\), found 5"):
+            engines.engine_setup(options(tensor_parallel_size=8), "m", 1.0, 1.0)
+    spec, workers = engines.engine_setup(options(engine="hf", workers=3), "m", 0.7, 0.9)
     assert (spec.engine, spec.temperature, spec.top_p, spec.max_new_tokens, workers) == ("hf", 0.7, 0.9, 20480, 3)
 
 

@@ -138,7 +138,9 @@ def test_recipes_pass_what_they_do_not_declare_through(monkeypatch):
 
     seen = []
     monkeypatch.setattr(driver, "run", lambda name, args, env: seen.append(("run", name, args)) or 0)
-    monkeypatch.setattr(driver, "drive", lambda name, args, env: seen.append(("table", name, args)) or 0)
+    monkeypatch.setattr(
+        driver, "drive", lambda name, args, env, listing: seen.append(("table", name, args, listing)) or 0
+    )
     monkeypatch.setattr(driver, "evaluate", lambda target, args, env: seen.append(("eval", target, args)) or 0)
     assert recipes.main(["run", "qwen3_8b", "trainer.save_freq=5", "+x.y=1"]) == 0
     assert recipes.main(["table", "main", "a=1", "--list", "b=2"]) == 0
@@ -146,8 +148,8 @@ def test_recipes_pass_what_they_do_not_declare_through(monkeypatch):
     assert recipes.main(["eval", "ckpt/run", "--engine", "hf", "--limit", "2", "--trust-checkpoint"]) == 0
     assert seen == [
         ("run", "qwen3_8b", ["trainer.save_freq=5", "+x.y=1"]),
-        ("table", "main", ["--list", "a=1", "b=2"]),
-        ("table", "ordering", ["a=1"]),
+        ("table", "main", ["a=1", "b=2"], True),
+        ("table", "ordering", ["a=1"], False),
         ("eval", "ckpt/run", ["--engine", "hf", "--limit", "2", "--trust-checkpoint"]),
     ]
 

@@ -66,10 +66,10 @@ def test_a_config_without_the_timeouts_runs_the_watchdog_at_the_declared_default
 
     def run_ppo(config, task_runner_class=None):
         trainer = watchdog.StepWatchdogMixin()
-        trainer.config = config
+        trainer.options = RunOptions.from_config(config)  # the TaskRunner's one parse, handed to the trainer
         seen["timeouts"] = trainer._started_watchdog().timeouts
         trainer._watchdog.stop()
-        seen["options"] = RunOptions.from_config(config).trainer
+        seen["options"] = trainer.options.trainer
 
     monkeypatch.setattr(entry, "preflight", lambda config, dry_run: [])  # the data checks are not this test's
     monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", run_ppo)
@@ -82,16 +82,17 @@ def test_a_config_without_the_timeouts_runs_the_watchdog_at_the_declared_default
     assert seen["options"].step_timeout_s == 3600.0 and seen["options"].init_timeout_s == 3600.0
 
 
+def _timeouts(trainer: dict) -> dict:
+    return watchdog.timeouts(TrainerOptions.from_trainer(OmegaConf.create(trainer)))
+
+
 def test_timeouts_follow_the_one_absent_key_rule(monkeypatch):
-    assert watchdog.timeouts(OmegaConf.create({})) == {"init": 3600.0, "step": 3600.0}
-    assert watchdog.timeouts(OmegaConf.create({"step_timeout_s": 60})) == {"init": 3600.0, "step": 60.0}
-    assert watchdog.timeouts(OmegaConf.create({"step_timeout_s": 0, "init_timeout_s": None})) == {
-        "init": None,
-        "step": None,
-    }
+    assert _timeouts({}) == {"init": 3600.0, "step": 3600.0}
+    assert _timeouts({"step_timeout_s": 60}) == {"init": 3600.0, "step": 60.0}
+    assert _timeouts({"step_timeout_s": 0, "init_timeout_s": None}) == {"init": None, "step": None}
     monkeypatch.setenv(STEP_TIMEOUT_ENV, "120")
     monkeypatch.setenv(INIT_TIMEOUT_ENV, "0")
-    assert watchdog.timeouts(OmegaConf.create({"step_timeout_s": 3600})) == {"init": None, "step": 120.0}
+    assert _timeouts({"step_timeout_s": 3600}) == {"init": None, "step": 120.0}
 
 
 @pytest.mark.parametrize("key", ["step_timeout_s", "init_timeout_s"])
@@ -277,7 +278,10 @@ def _help_of(parser, *args: str) -> str:
 
 def _check_help(shown: str, cls: type) -> None:
     for f in cls.declarations():
-        assert cli.flag_of(f) in shown and _normal(cli.help_text(f)) in shown, f.name
+        name = cli.flag_of(f)
+        if not name.startswith("-") and f.metadata["rule"] is None:  # a positional word of a list: {a,b}
+            name = "{" + ",".join(f.metadata["choices"]) + "}"
+        assert name in shown and _normal(cli.help_text(f)) in shown, f.name
 
 
 def test_every_evaluate_help_shows_its_declarations():

@@ -9,7 +9,9 @@ import dataclasses
 import functools
 import re
 from collections import Counter
+from dataclasses import MISSING
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -24,7 +26,8 @@ from ebpo_verl.algos.ebpo import EBPOOptions
 from ebpo_verl.algos.ordering import CurriculumOptions
 from ebpo_verl.algos.registry import stateful
 from ebpo_verl.ops.readme_block import replace_marked_block
-from ebpo_verl.options.parsing import OptionSection, accepts
+from ebpo_verl.options.cli import parse
+from ebpo_verl.options.parsing import PATH, OptionSection, accepts, ints, nullable, option
 from ebpo_verl.reward import RewardOptions
 from ebpo_verl.trainer.adapter import ESTIMATORS
 from ebpo_verl.trainer.config.generate import (
@@ -113,6 +116,42 @@ def test_one_unknown_key_message_for_every_section():
             cls.from_mapping({f"{first}x": 1})
     with pytest.raises(ValueError, match=re.escape("algorithm.ebpo=5 is not a mapping of options")):
         EBPOOptions.from_mapping(5)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Command(OptionSection):
+    """A command line of every kind of declaration: a positional word of a list, a positional path, an option."""
+
+    SECTION: ClassVar[str] = "command"
+
+    what: str = option("run", "what to do", choices=("run", "report"), flag="what")
+    folder: str = option(MISSING, "the folder", rule=PATH, flag="FOLDER")
+    steps: int | None = nullable("steps; null: all", ints(1))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.what == "report" and self.steps is not None:
+            raise ValueError("report reads every step: leave --steps out")
+
+
+def test_a_command_line_is_parsed_once_into_its_declaration(capsys):
+    """``parse`` gives the options object itself, positional arguments included; a word not in the list is
+    argparse's own refusal (the list shown as ``{run,report}``), a check between options the parser's one line."""
+    assert parse(_Command, "cmd", ["report", "/tmp/x"]) == _Command(what="report", folder="/tmp/x")
+    assert parse(_Command, "cmd", ["/tmp/x", "--steps", "3"]) == _Command(folder="/tmp/x", steps=3)
+    for argv, says in [
+        (["walk", "/tmp/x"], "cmd: error: argument what: invalid choice: 'walk' (choose from 'run', 'report')"),
+        (["report", "/tmp/x", "--steps", "3"], "cmd: error: report reads every step: leave --steps out"),
+        (["/tmp/x", "--steps", "0"], "cmd: error: argument --steps: '0' is invalid; use null or a positive integer"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            parse(_Command, "cmd", argv)
+        assert stop.value.code == 2 and capsys.readouterr().err == says + "\n"
+    with pytest.raises(SystemExit):
+        parse(_Command, "cmd", ["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "usage: cmd [-h] [--steps STEPS] [{run,report}] FOLDER" in shown
+    assert "{run,report} what to do FOLDER the folder (required; a path)" in shown
 
 
 def test_the_readme_table_is_the_generated_one():

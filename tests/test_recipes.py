@@ -407,7 +407,7 @@ def test_bad_switches_are_refused_with_one_line(tmp_path):
                              ("main", {"METRICS": "pass@1 pass@k"}, "METRICS: unknown metric 'pass@k'"),
                              ("main", {"FINAL_EVAL": "0", "METRICS": "maj@4"}, "needs FINAL_EVAL=1")]:  # fmt: skip
         with pytest.raises(RecipeError, match=words):
-            driver.drive(name, ["--list"], env_for(tmp_path, **env))
+            driver.drive(name, [], env_for(tmp_path, **env), listing=True)
     # the real script: status 2, one line on stderr, nothing on stdout, nothing written
     for env in ({"GROUP_SIZE": "1"}, {"ALGO": "ppo"}):
         result = run_recipe("run_qwen3_8b.sh", tmp_path, PRINT_OVERRIDES="1", **env)

@@ -6,6 +6,7 @@ verl start); the real thing (SIGKILL / SIGSTOP of a rank on a two-node cluster) 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import timedelta
@@ -15,6 +16,7 @@ import ray
 from omegaconf import OmegaConf
 
 from ebpo_verl.trainer import watchdog
+from ebpo_verl.trainer.run_options import RunOptions, TrainerOptions
 from ebpo_verl.trainer.watchdog import (
     INIT_TIMEOUT_ENV,
     STEP_TIMEOUT_ENV,
@@ -33,18 +35,24 @@ JITTER_S = 0.5
 
 
 def test_timeout_sources(monkeypatch):
+    """The watchdog's timeouts are the parsed ``trainer`` options': a key, its declared default when absent, 0 or
+    null off, each environment variable replacing its key (checked)."""
     monkeypatch.delenv(STEP_TIMEOUT_ENV, raising=False)
     monkeypatch.delenv(INIT_TIMEOUT_ENV, raising=False)
-    both = OmegaConf.create({"step_timeout_s": 3600, "init_timeout_s": 900})
-    assert timeouts(both) == {"init": 900.0, "step": 3600.0}
-    assert timeouts(OmegaConf.create({"step_timeout_s": 0, "init_timeout_s": None})) == {"init": None, "step": None}
-    assert timeouts(OmegaConf.create({})) == {"init": 3600.0, "step": 3600.0}  # absent: the declared defaults
+
+    def seconds(trainer: dict) -> dict:
+        return timeouts(TrainerOptions.from_trainer(OmegaConf.create(trainer)))
+
+    both = {"step_timeout_s": 3600, "init_timeout_s": 900}
+    assert seconds(both) == {"init": 900.0, "step": 3600.0}
+    assert seconds({"step_timeout_s": 0, "init_timeout_s": None}) == {"init": None, "step": None}
+    assert seconds({}) == {"init": 3600.0, "step": 3600.0}  # absent: the declared defaults
     monkeypatch.setenv(STEP_TIMEOUT_ENV, "120")
     monkeypatch.setenv(INIT_TIMEOUT_ENV, "45")
-    assert timeouts(both) == {"init": 45.0, "step": 120.0}
+    assert seconds(both) == {"init": 45.0, "step": 120.0}
     monkeypatch.setenv(STEP_TIMEOUT_ENV, "two minutes")
     with pytest.raises(ValueError, match=r"EBPO_STEP_TIMEOUT_S='two minutes' is invalid; use null or a number of"):
-        timeouts(OmegaConf.create({}))
+        seconds({})
 
 
 class _Trainer:
@@ -54,7 +62,7 @@ class _Trainer:
     worker until the watchdog kills it (``release``)."""
 
     def __init__(self, hang_in: str | None = None):
-        self.config = OmegaConf.create({"trainer": {"step_timeout_s": STEP_S, "init_timeout_s": INIT_S}})
+        self.options = RunOptions("grpo", trainer=TrainerOptions(step_timeout_s=STEP_S, init_timeout_s=INIT_S))
         self.seen: list[tuple[str, int, str]] = []
         self.hang_in = hang_in
         self.hung, self.release = threading.Event(), threading.Event()
@@ -366,7 +374,7 @@ def test_a_crashed_actor_nothing_waits_on_ends_the_run_within_the_death_bound(fa
     info = {"ActorClassName": "vLLMHttpServer", "Name": "vllm_server_1_0", "Pid": 77,
             "Address": {"IPAddress": "10.0.0.4", "NodeID": "ffeeddccbb"}}  # fmt: skip
     trainer = _Watched(hang_in="generate")
-    trainer.config.trainer.step_timeout_s = 3600
+    trainer.options = dataclasses.replace(trainer.options, trainer=TrainerOptions(step_timeout_s=3600))
     exits = []
     fast.setattr(watchdog, "dead_actors", lambda since: [info] if trainer.hung.is_set() else [])
 

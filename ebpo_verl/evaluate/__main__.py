@@ -39,7 +39,7 @@ from ebpo_verl.evaluate.prompts import (
 )
 from ebpo_verl.ops.atomic import DiskFullError, atomic_write_text, unwritable_reason
 from ebpo_verl.ops.provenance import provenance
-from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import PATH, OptionSection, ints, nullable, option, text
 
 PROG = "python -m ebpo_verl.evaluate"
@@ -103,34 +103,35 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def generate(a: argparse.Namespace) -> None:
-    model, step_dir = resolve_model(a.model)
-    problems = {b: load_problems(a.data_dir, b, a.protocol, a.limit) for b in dict.fromkeys(a.benchmarks)}
-    runs = {b: a.runs or runs_for(a.protocol, b) for b in problems}
-    benchmarks = {b: benchmark_meta(ps, runs[b], a.limit) for b, ps in problems.items()}
-    meta = settings(a.protocol, model, TEMPERATURE, TOP_P, a, benchmarks)
-    meta["provenance"] = [provenance(seed=a.seed)]  # one record per invocation (merge_meta appends)
+def generate(options: GenerateOptions, engine: engines.EngineOptions) -> None:
+    model, step_dir = resolve_model(options.model)
+    protocol, limit = options.protocol, options.limit
+    problems = {b: load_problems(options.data_dir, b, protocol, limit) for b in dict.fromkeys(options.benchmarks)}
+    runs = {b: options.runs or runs_for(protocol, b) for b in problems}
+    benchmarks = {b: benchmark_meta(ps, runs[b], limit) for b, ps in problems.items()}
+    meta = settings(protocol, model, TEMPERATURE, TOP_P, engine, benchmarks)
+    meta["provenance"] = [provenance(seed=engine.seed)]  # one record per invocation (merge_meta appends)
     try:
-        spec, workers = engines.engine_setup(a, model, TEMPERATURE, TOP_P)
+        spec, workers = engines.engine_setup(engine, model, TEMPERATURE, TOP_P)
     except ValueError as e:
         raise EvalInputError(str(e)) from None
-    how = DESCRIPTIONS[a.protocol].split(", 16 runs")[0]
+    how = DESCRIPTIONS[protocol].split(", 16 runs")[0]
     counts = ", ".join(f"{b} {n}" for b, n in runs.items())
-    print(f"evaluate: protocol {a.protocol} ({how}); runs per problem: {counts}; model {model}", file=sys.stderr)
+    print(f"evaluate: protocol {protocol} ({how}); runs per problem: {counts}; model {model}", file=sys.stderr)
     wanted = [
         engines.Request((b, p.index, s), p.prompt) for b, ps in problems.items() for p in ps for s in range(runs[b])
     ]
-    merge = (lambda: merge_checkpoint(step_dir, trust=a.trust_checkpoint)) if step_dir else (lambda: None)
-    _, new = generate_into(a.out, meta, wanted, spec, workers, merge)
+    merge = (lambda: merge_checkpoint(step_dir, trust=options.trust_checkpoint)) if step_dir else (lambda: None)
+    _, new = generate_into(options.out, meta, wanted, spec, workers, merge)
     if not new:
-        print(f"evaluate: all {len(wanted)} samples already in {a.out}", file=sys.stderr)
+        print(f"evaluate: all {len(wanted)} samples already in {options.out}", file=sys.stderr)
     else:
-        print(f"evaluate: {new} new samples -> {a.out} (protocol {a.protocol})", file=sys.stderr)
+        print(f"evaluate: {new} new samples -> {options.out} (protocol {protocol})", file=sys.stderr)
 
 
-def grade(a: argparse.Namespace) -> None:
-    results = grade_file(a.protocol, a.generations, a.data_dir, a.allow_partial)
-    atomic_write_text(a.out, json.dumps(results, indent=1) + "\n")
+def grade(options: GradeOptions) -> None:
+    results = grade_file(options.protocol, options.generations, options.data_dir, options.allow_partial)
+    atomic_write_text(options.out, json.dumps(results, indent=1) + "\n")
     step = "" if results["step"] is None else f"  (global step {results['step']})"
     print(f"protocol {results['protocol']}  model {results['model']}{step}")
     for name, b in results["benchmarks"].items():
@@ -144,7 +145,7 @@ def grade(a: argparse.Namespace) -> None:
     if results["average"] is not None:
         print(f"  {'average':14s} pass@1 {results['average']:6.2f}")
         _print_at_k(results["average_pass@k"], results["average_maj@k"])
-    print(f"-> {Path(a.out)}")
+    print(f"-> {Path(options.out)}")
 
 
 def _print_at_k(pass_at_k: dict[str, float] | None, maj_at_k: dict[str, float] | None) -> None:
@@ -154,13 +155,17 @@ def _print_at_k(pass_at_k: dict[str, float] | None, maj_at_k: dict[str, float] |
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    top = parser()
+    parsed = top.parse_args(argv)
+    stage = parsed.stage
+    options = parse_options(STAGES[stage], parsed, top)  # each declared option set, read once from the line
+    engine = parse_options(engines.EngineOptions, parsed, top) if stage == "generate" else None
     try:
-        if problem := unwritable_reason(Path(a.out)):  # before any model load or grading
-            raise EvalInputError(f"--out {a.out}: {problem}")
-        generate(a) if a.stage == "generate" else grade(a)
+        if problem := unwritable_reason(Path(options.out)):  # before any model load or grading
+            raise EvalInputError(f"--out {options.out}: {problem}")
+        generate(options, engine) if engine is not None else grade(options)
     except (EvalInputError, DiskFullError) as e:  # a full disk: samples written so far stay, a re-run resumes
-        print(f"{PROG} {a.stage}: error: {e}", file=sys.stderr)
+        print(f"{PROG} {stage}: error: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -16,7 +16,6 @@ exceed the model length is an error (:class:`PromptTooLong`) before anything is 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import hashlib
@@ -390,36 +389,35 @@ class EngineOptions(OptionSection):
     seed: int = option(0, "run seed; each sample's seed derives from it and its key", rule=ints(0))
 
 
-def engine_setup(a: argparse.Namespace, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
-    """(spec, number of workers) from the parsed :class:`EngineOptions`; ValueError on impossible settings."""
+def engine_setup(options: EngineOptions, model: str, temperature: float, top_p: float) -> tuple[EngineSpec, int]:
+    """(spec, number of workers) from the engine options; ValueError on impossible settings."""
     same = {f.name for f in fields(EngineOptions)} - {"engine", "enforce_eager"}
-    cpu, envs, workers = False, (), a.workers
-    if a.engine == "vllm":
+    cpu, envs, workers = False, (), options.workers
+    if options.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(
                 "--engine vllm: vLLM is not installed (GPU: pip install -e '.[gpu]'; CPU: see docs/vllm_cpu.md), "
                 "or use --engine hf"
             )
-        gpus = visible_gpus() if a.gpus is None else a.gpus
-        cpu = gpus == 0
+        gpus = visible_gpus() if options.gpus is None else options.gpus
+        cpu, per_engine = gpus == 0, options.tensor_parallel_size
         if cpu:
+            cache = str(options.kv_cache_gib)
             cores = core_groups(workers, sorted(os.sched_getaffinity(0)))
-            envs = tuple({"VLLM_CPU_OMP_THREADS_BIND": c, "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib)} for c in cores)
-        elif gpus < a.tensor_parallel_size:
-            raise ValueError(f"--engine vllm needs at least {a.tensor_parallel_size} GPU(s), found {gpus}")
+            envs = tuple({"VLLM_CPU_OMP_THREADS_BIND": c, "VLLM_CPU_KVCACHE_SPACE": cache} for c in cores)
+        elif gpus < per_engine:
+            raise ValueError(f"--engine vllm needs at least {per_engine} GPU(s), found {gpus}")
         else:
-            workers = gpus // a.tensor_parallel_size
-            envs = tuple(
-                {"CUDA_VISIBLE_DEVICES": g}
-                for g in device_groups(workers, a.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            )
+            workers = gpus // per_engine
+            groups = device_groups(workers, per_engine, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            envs = tuple({"CUDA_VISIBLE_DEVICES": g} for g in groups)
     spec = EngineSpec(
-        engine=a.engine,
+        engine=options.engine,
         model=model,
         temperature=temperature,
         top_p=top_p,
-        enforce_eager=cpu if a.enforce_eager is None else a.enforce_eager,
+        enforce_eager=cpu if options.enforce_eager is None else options.enforce_eager,
         worker_env=envs,
-        **{f.name: getattr(a, f.name) for f in fields(EngineSpec) if f.name in same},  # the options taken as they are
+        **{f.name: getattr(options, f.name) for f in fields(EngineSpec) if f.name in same},  # taken as they are
     )
     return spec, workers

@@ -133,16 +133,18 @@ def benchmark_meta(problems: Sequence[Problem], runs: int, limit: int | None) ->
     return {"runs": runs, "limit": limit, "problems": len(problems), "digests": digests}
 
 
-def settings(protocol: str, model: str, temperature: float, top_p: float, a: Any, benchmarks: dict) -> dict[str, Any]:
-    """A generations file's meta: the protocol, model, sampling, ``a``'s (the engine options') length and seed, and
+def settings(
+    protocol: str, model: str, temperature: float, top_p: float, engine: engines.EngineOptions, benchmarks: dict
+) -> dict[str, Any]:
+    """A generations file's meta: the protocol, model, sampling, the ``engine`` options' length and seed, and
     ``benchmarks`` ({name: {"runs", "limit", "problems", "digests"}})."""
     return {
         "protocol": protocol,
         "model": model,
         "temperature": temperature,
         "top_p": top_p,
-        "max_new_tokens": a.max_new_tokens,
-        "seed": a.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
+        "max_new_tokens": engine.max_new_tokens,
+        "seed": engine.seed,  # every sample's seed derives from it (engines.sample_seed): a resume must keep it
         "benchmarks": benchmarks,
     }
 

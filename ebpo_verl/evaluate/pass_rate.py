@@ -67,16 +67,18 @@ def grade(
     return [sum(next(verdicts) for _ in rs) / len(rs) for rs in responses]
 
 
-def generate(a: argparse.Namespace, table: pa.Table, truths: list[str], gen_path: str | Path) -> list[list[str]]:
-    """``a.n`` sampled completions per row (chat prompt through the chat template), resumed from ``gen_path``."""
+def generate(
+    o: PassRateOptions, engine: engines.EngineOptions, table: pa.Table, truths: list[str], gen_path: str | Path
+) -> list[list[str]]:
+    """``o.n`` sampled completions per row (chat prompt through the chat template), resumed from ``gen_path``."""
     prompts = [[dict(m) for m in p] for p in table.column("prompt").to_pylist()]
-    name = Path(a.in_path).name
+    name = Path(o.in_path).name
     problems = [Problem(name, i, p, t) for i, (p, t) in enumerate(zip(prompts, truths, strict=True))]
-    meta = settings("pass_rate", a.model, a.temperature, a.top_p, a, {name: benchmark_meta(problems, a.n, None)})
-    spec, workers = engines.engine_setup(a, a.model, a.temperature, a.top_p)
-    wanted = [engines.Request((name, p.index, s), p.prompt) for p in problems for s in range(a.n)]
+    meta = settings("pass_rate", o.model, o.temperature, o.top_p, engine, {name: benchmark_meta(problems, o.n, None)})
+    spec, workers = engines.engine_setup(engine, o.model, o.temperature, o.top_p)
+    wanted = [engines.Request((name, p.index, s), p.prompt) for p in problems for s in range(o.n)]
     done, _ = generate_into(gen_path, meta, wanted, spec, workers)
-    return [[done[(name, i, s)]["response"] for s in range(a.n)] for i in range(len(prompts))]
+    return [[done[(name, i, s)]["response"] for s in range(o.n)] for i in range(len(prompts))]
 
 
 def _number(value: Any, name: str, where: str, csv: bool) -> float:
@@ -208,22 +210,22 @@ def main(argv: list[str] | None = None) -> Path:
     )
     add_options(p, PassRateOptions)
     add_options(p, PassRateEngineOptions)
-    a = p.parse_args(argv)
-    parse_options(PassRateOptions, a, p)
+    parsed = p.parse_args(argv)
+    o, engine = parse_options(PassRateOptions, parsed, p), parse_options(PassRateEngineOptions, parsed, p)
     # bad input (ValueError: rates, parquet, settings) and file errors (OSError, a full disk) are one line
     with one_line_errors(p.prog):
-        table = read_prepared(a.in_path)
-        if a.pass_rates:
-            rates = merge_rates(table, *read_rates(a.pass_rates), a.pass_rates)
+        table = read_prepared(o.in_path)
+        if o.pass_rates:
+            rates = merge_rates(table, *read_rates(o.pass_rates), o.pass_rates)
         else:
             gts = [rm["ground_truth"] for rm in table.column("reward_model").to_pylist()]
-            responses = generate(a, table, gts, a.generations or f"{a.out_path}.generations.jsonl")
+            responses = generate(o, engine, table, gts, o.generations or f"{o.out_path}.generations.jsonl")
             rates = grade(responses, gts, table.column("data_source").to_pylist())
-            if a.save_rates:
+            if o.save_rates:
                 ids = [e["source_id"] for e in table.column("extra_info").to_pylist()]
                 lines = [json.dumps({"source_id": i, "pass_rate": r}) + "\n" for i, r in zip(ids, rates, strict=True)]
-                atomic_write_text(a.save_rates, "".join(lines))
-        return write_with_rates(table, rates, a.out_path, a.difficulty_buckets)
+                atomic_write_text(o.save_rates, "".join(lines))
+        return write_with_rates(table, rates, o.out_path, o.difficulty_buckets)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,11 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import MISSING, Field, fields
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from ebpo_verl.options.parsing import OptionSection, accepts, allowed, shown, word
+
+T = TypeVar("T", bound=OptionSection)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -67,8 +69,16 @@ def converter(f: Field, scalar: type) -> Callable[[str], Any]:
     return convert
 
 
+def _is_choice_argument(f: Field) -> bool:
+    """A positional argument that takes only listed words: shown, checked and refused as argparse's choices."""
+    return not flag_of(f).startswith("-") and _metavar(f).startswith("{")
+
+
 def help_text(f: Field) -> str:
-    """An option's help with its declared default and the values it accepts (what ``--help`` shows)."""
+    """An option's help with its declared default and the values it accepts (what ``--help`` shows; a choice
+    argument's help as declared, its words shown as ``{a,b}``)."""
+    if _is_choice_argument(f):
+        return f.metadata["help"].replace("%", "%%")
     default = "required" if f.default is MISSING else f"default {shown(f.default)}"
     accepted = "" if f.metadata["choices"] == (True, False) else f"; {allowed(f)}"  # a switch: --x / --no-x
     return f"{f.metadata['help']} ({default}{accepted})".replace("%", "%%")
@@ -85,13 +95,16 @@ def _metavar(f: Field) -> str:
 def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> None:
     """One argument per option of ``cls``: ``--flag VALUE`` (``--flag V [V ...]`` for a tuple, ``--flag`` /
     ``--no-flag`` for a bool), its default and help from the declaration; an option whose ``flag`` is a word
-    without dashes (``RUN``) is a positional argument of that name."""
+    without dashes (``RUN``) is a positional argument of that name, one that takes only listed words shown and
+    refused as argparse's choices (``{rl,mse}``, its help as declared)."""
     for f in fields(cls):
         scalar, many = _kind(cls, f.name)
         optional = f.default is not MISSING
         kwargs: dict[str, Any] = {"help": help_text(f), **({"default": f.default} if optional else {})}
-        if not flag_of(f).startswith("-"):  # a positional argument
-            nargs = ("*" if optional else "+") if many else ("?" if optional else None)
+        nargs = ("*" if optional else "+") if many else ("?" if optional else None)
+        if _is_choice_argument(f):
+            parser.add_argument(f.name, nargs=nargs, choices=f.metadata["choices"], **kwargs)
+        elif not flag_of(f).startswith("-"):  # a positional argument
             parser.add_argument(f.name, metavar=flag_of(f), nargs=nargs, type=converter(f, scalar), **kwargs)
         elif scalar is bool:
             action = argparse.BooleanOptionalAction
@@ -102,7 +115,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type[OptionSection]) -> No
                                 metavar=metavar, nargs=nargs, **kwargs)  # fmt: skip
 
 
-def parse_options(cls: type[OptionSection], namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+def parse_options(cls: type[T], namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> T:
     """The ``cls`` object of parsed arguments (tuples for lists); a check between options that fails is the
     parser's one-line error."""
     values = {f.name: getattr(namespace, f.name) for f in fields(cls)}
@@ -113,9 +126,11 @@ def parse_options(cls: type[OptionSection], namespace: argparse.Namespace, parse
         parser.error(str(err))
 
 
-def parse(cls: type[OptionSection], prog: str, argv: Sequence[str] | None = None, description: str = "") -> Any:
-    """A command whose options are ``cls``: its parser built, ``argv`` (default: this process's) parsed."""
-    parser = OneLineParser(prog=prog, description=description)
+def parse(cls: type[T], prog: str | None, argv: Sequence[str] | None = None, description: str = "", **settings) -> T:
+    """A command whose options are ``cls``: its parser built (``prog``: None for the script's name; ``settings``:
+    more of argparse's parser arguments, e.g. ``epilog``), ``argv`` (default: this process's) parsed once into
+    ``cls``, checked by its rules."""
+    parser = OneLineParser(prog=prog, description=description, **settings)
     add_options(parser, cls)
     return parse_options(cls, parser.parse_args(sys.argv[1:] if argv is None else argv), parser)
 

@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int | None:
         if args.command == "run":
             return driver.run(args.name, passed, env)
         if args.command == "table":
-            listing = parse_options(TableOptions, args, top).listing
-            return driver.drive(args.name, ["--list", *passed] if listing else passed, env)
+            return driver.drive(args.name, passed, env, parse_options(TableOptions, args, top).listing)
         return driver.evaluate(parse_options(EvalOptions, args, top).target, passed, env)
     except RecipeError as err:
         print(f"ebpo recipe: {err}", file=sys.stderr)

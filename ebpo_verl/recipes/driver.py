@@ -247,13 +247,12 @@ def experiments(table: Table, env: Mapping[str, str], overrides: Sequence[str]) 
     return out
 
 
-def drive(name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
-    """``table_<name>.sh``: ``--list`` prints the runs; otherwise the pre-flight of every run still to train, then
-    train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then tabulate.
-    DRY_RUN=1 / PRINT_OVERRIDES=1: :func:`_show` per run, the evaluation and table commands; nothing else."""
+def drive(name: str, overrides: Sequence[str], env: Mapping[str, str], listing: bool = False) -> int:
+    """``table_<name>.sh``: ``listing`` (``--list``) prints the runs; otherwise the pre-flight of every run still to
+    train, then train (unless ``LOG_DIR/<run>/.done``), evaluate (unless its results exist; FINAL_EVAL=1), then
+    tabulate. DRY_RUN=1 / PRINT_OVERRIDES=1: :func:`_show` per run, the evaluation and table commands; nothing
+    else. ``overrides``: Hydra overrides for every training run."""
     table = TABLES[name]
-    listing = bool(args) and args[0] == "--list"
-    overrides = list(args[1:] if listing else args)
     for arg in overrides:
         key = arg.split("=", 1)[0].lstrip("+")
         if key.startswith("trainer.") and key.removeprefix("trainer.") in DRIVER_PATHS and "=" in arg:

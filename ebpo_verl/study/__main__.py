@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from ebpo_verl.ops.atomic import DiskFullError, unwritable_reason
-from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
 from ebpo_verl.study import rivals2, why
 from ebpo_verl.study.presets import ALL_ESTIMATORS, DEFAULT_LR, PRESETS, describe_presets
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 @dataclass(frozen=True)
 class StudyOptions(OptionSection):
-    """The study's options (besides ``rl``/``mse``), declared once."""
+    """The study's command line, declared once: what it does and its options."""
 
     SECTION: ClassVar[str] = "study"
 
@@ -66,97 +66,103 @@ class StudyOptions(OptionSection):
         choices=(None,),
         rule=text("a folder"),
     )
-
-
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = OneLineParser(
-        prog=PROG,
-        description=__doc__.replace("``", ""),  # the docstring's RST literals, as plain text
-        epilog="presets (wall time on 2 idle cores):\n"
-        + describe_presets()
-        + "".join(
-            f"\n{name}: {p.planned_runs()} runs planned (cap {p.run_cap}), {DURATION[name]}"
-            for name, p in PLANS.items()
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    what: str = option(  # the positional word (shown after the flags, as argparse lists it)
+        "rl",
+        "the RL study, the MSE check, or the report of a study's saved runs (no training)",
+        choices=("rl", "mse", "report"),
+        flag="what",
     )
-    what = "the RL study, the MSE check, or the report of a study's saved runs (no training)"
-    parser.add_argument("what", nargs="?", choices=["rl", "mse", "report"], default="rl", help=what)
-    add_options(parser, StudyOptions)
-    args = parser.parse_args(argv)
-    args.out = Path(args.out)
-    args.estimators = tuple(e.strip() for e in args.estimators.split(",") if e.strip()) if args.estimators else None
-    return args
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    @property
+    def estimator_names(self) -> tuple[str, ...]:
+        """The names of ``--estimators`` (empty: the preset's)."""
+        return tuple(e.strip() for e in (self.estimators or "").split(",") if e.strip())
+
+
+def _options(argv: list[str] | None) -> StudyOptions:
+    epilog = "presets (wall time on 2 idle cores):\n" + describe_presets()
+    epilog += "".join(
+        f"\n{name}: {p.planned_runs()} runs planned (cap {p.run_cap}), {DURATION[name]}" for name, p in PLANS.items()
+    )
+    description = __doc__.replace("``", "")  # the docstring's RST literals, as plain text
+    formatter = argparse.RawDescriptionHelpFormatter
+    return parse(StudyOptions, PROG, argv, description, epilog=epilog, formatter_class=formatter)
 
 
 def _main(argv: list[str] | None) -> int:
-    args = _arguments(argv)
-    problem = unwritable_reason(args.out, folder=True)  # tried up front: one line, nothing written
+    options = _options(argv)
+    out = options.out_dir
+    problem = unwritable_reason(out, folder=True)  # tried up front: one line, nothing written
     if problem is None:
         try:
-            args.out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             problem = f"cannot create it: {err.strerror}"
     if problem:
-        print(f"{PROG}: error: --out {args.out}: {problem}", file=sys.stderr)
+        print(f"{PROG}: error: --out {out}: {problem}", file=sys.stderr)
         return 2
     command = " ".join([PROG, *(argv if argv is not None else sys.argv[1:])])
     t0 = time.perf_counter()
     from ebpo_verl.ops.provenance import code_version
 
     code_version()  # the commit and dirty state the study starts from (cached), not those when it ends
-    if args.what == "report":
+    if options.what == "report":
         from ebpo_verl.study.saved import report_from_saved
 
-        return report_from_saved(Path(args.study) if args.study else args.out, args.out, command, PROG)
-    if args.what == "mse":
+        return report_from_saved(Path(options.study) if options.study else out, out, command, PROG)
+    if options.what == "mse":
         from ebpo_verl.study.mse import run_mse_study
 
-        print(run_mse_study(args.out, command))
+        print(run_mse_study(out, command))
         return 0
     from ebpo_verl.study.runner import StudyDirError, claim_out_dir
 
-    if plan := PLANS.get(args.preset):  # a plan study: claim --out, run (or resume) it, print its closing note
+    if plan := PLANS.get(options.preset):  # a plan study: claim --out, run (or resume) it, print its closing note
         try:
-            if args.estimators:
+            if options.estimator_names:
                 raise StudyDirError(f"--estimators: preset {plan.name} fixes its estimators; leave it out")
-            claim_out_dir(args.out, plan)
+            claim_out_dir(out, plan)
             torch.set_num_threads(1)
-            print(RUN_PLAN[args.preset](plan, args.out, command, args.workers))
+            print(RUN_PLAN[options.preset](plan, out, command, options.workers))
         except (StudyDirError, RegimeError) as err:
             print(f"{PROG}: error: {err}", file=sys.stderr)
             return 2
         return 0
-    preset = PRESETS[args.preset]
+    preset = PRESETS[options.preset]
     try:
-        if args.estimators:
-            preset = preset.with_estimators(args.estimators)
+        if options.estimator_names:
+            preset = preset.with_estimators(options.estimator_names)
         preset.check_lrs()
-        claim_out_dir(args.out, preset)
+        claim_out_dir(out, preset)
     except (StudyDirError, ValueError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    _run_study(args, preset, command, t0)
+    _run_study(options, preset, command, t0)
     return 0
 
 
-def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -> None:
+def _run_study(options: StudyOptions, preset: Any, command: str, t0: float) -> None:
     """The warm start, the tuning grid, then the preset's grid and report (a tuning preset: its choice, written
     to ``lr_tuning.json`` with its grid and provenance)."""
     from ebpo_verl.study.report import study_provenance
     from ebpo_verl.study.runner import describe_base, grid, lr_grid_of, prepare_base, run_grid, write_json
     from ebpo_verl.study.writeup import write_report
 
+    out = options.out_dir
     torch.set_num_threads(1)
-    print(f"warm start: {preset.sft_steps} supervised steps (or the one saved in {args.out}) ...", flush=True)
-    base = prepare_base(preset, args.out)
+    print(f"warm start: {preset.sft_steps} supervised steps (or the one saved in {out}) ...", flush=True)
+    base = prepare_base(preset, out)
     info = describe_base(base)
     print(f"warm start ready: held-out pass@1 {info['heldout_accuracy']:.3f}")
-    tuning, resumed = run_grid(preset, base, args.out, preset.tuning_runs(), args.workers)
+    tuning, resumed = run_grid(preset, base, out, preset.tuning_runs(), options.workers)
     lr_grid = lr_grid_of(preset, tuning)
     if not preset.group_sizes:  # a tuning preset: its choice is the output
         seconds = time.perf_counter() - t0
-        write_json(args.out / "lr_tuning.json", {
+        write_json(out / "lr_tuning.json", {
             "preset": preset.name,
             "command": command,
             "n_runs": len(tuning),
@@ -168,20 +174,20 @@ def _run_study(args: argparse.Namespace, preset: Any, command: str, t0: float) -
             "lr_grid": {e: {k: v for k, v in g.items() if k != "source"} for e, g in lr_grid.items()},
             "provenance": study_provenance(preset, seconds, command),
         })  # fmt: skip
-        write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": tuning})
+        write_json(out / "runs.json", {"preset": options.preset, "base": info, "runs": tuning})
         for e, g in lr_grid.items():
             print(f"{e}: lr {g['chosen']:g} (validation {[v[0] for v in g['validation']]} at {g['values']})")
-        print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {args.out / 'lr_tuning.json'}")
+        print(f"\n{len(tuning)} runs in {seconds:.0f} s; wrote {out / 'lr_tuning.json'}")
         return
     lrs = {e: g["chosen"] for e, g in lr_grid.items()}
-    runs, resumed_main = run_grid(preset, base, args.out, grid(preset, lrs), args.workers)
+    runs, resumed_main = run_grid(preset, base, out, grid(preset, lrs), options.workers)
     resumed += resumed_main
     seconds = time.perf_counter() - t0
-    write_json(args.out / "runs.json", {"preset": args.preset, "base": info, "runs": runs, "tuning_runs": tuning})
-    headline = write_report(args.out, preset, info, runs, seconds, command, resumed, lr_grid, len(tuning))
+    write_json(out / "runs.json", {"preset": options.preset, "base": info, "runs": runs, "tuning_runs": tuning})
+    headline = write_report(out, preset, info, runs, seconds, command, resumed, lr_grid, len(tuning))
     print(f"\nFinal held-out accuracy (rows = estimator, columns = G), warm start {info['heldout_accuracy']:.3f}:")
     print(headline)
-    print(f"\n{len(runs)} runs ({resumed} resumed) in {seconds:.0f} s; report: {args.out / 'study.md'}")
+    print(f"\n{len(runs)} runs ({resumed} resumed) in {seconds:.0f} s; report: {out / 'study.md'}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 import ray
 
 from ebpo_verl.ops.node_check import on_nodes
-from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, TrainerOptions
+from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, RunOptions, TrainerOptions
 
 STEP_TIMEOUT_KEY = "step_timeout_s"
 INIT_TIMEOUT_KEY = "init_timeout_s"
@@ -59,9 +59,8 @@ class RunAbortedError(RuntimeError):
     """The run stopped because a worker died or a phase timed out; the message is the one line to print."""
 
 
-def timeouts(trainer_config: Any) -> dict[str, float | None]:
-    """``{"init": s, "step": s}`` (None: not watched) of a ``trainer`` node (:meth:`TrainerOptions.from_trainer`)."""
-    options = TrainerOptions.from_trainer(trainer_config)
+def timeouts(options: TrainerOptions) -> dict[str, float | None]:
+    """``{"init": s, "step": s}`` (None: not watched) of the run's ``trainer`` options."""
     init = float(options.init_timeout_s) if options.init_timeout_s else None
     return {"init": init, "step": options.watchdog_timeout_s}
 
@@ -337,13 +336,15 @@ def _converted(watchdog: StepWatchdog) -> Iterator[None]:
 
 class StepWatchdogMixin:
     """Records (step, phase) around verl's v1 trainer phases, from model initialisation on, and ends the run on
-    a dead or hung worker (see the module docstring). Goes in the trainer's bases before verl's trainer."""
+    a dead or hung worker (see the module docstring). Goes in the trainer's bases before verl's trainer; its
+    timeouts are those of ``options``, the run's options the TaskRunner parsed (set by the trainer's ``__init__``)."""
 
     _watchdog: StepWatchdog | None = None
+    options: RunOptions
 
     def _started_watchdog(self) -> StepWatchdog:
         if self._watchdog is None:
-            self._watchdog = StepWatchdog(timeouts(self.config.trainer))
+            self._watchdog = StepWatchdog(timeouts(self.options.trainer))
             self._watchdog.start()
         return self._watchdog
 
@@ -457,7 +458,7 @@ def failures_reported(config: Any) -> Iterator[None]:
     from ebpo_verl.trainer.preflight.config import resolve_reward_options
 
     resolve_reward_options(config)
-    seconds = timeouts(config.trainer)  # checked by the pre-flight (RunOptions.from_config) before this runs
+    seconds = timeouts(TrainerOptions.from_trainer(config.trainer))  # checked by the pre-flight before this runs
     with open_dict(config):
         config.trainer.update({INIT_TIMEOUT_KEY: seconds["init"], STEP_TIMEOUT_KEY: seconds["step"]})
     try:
