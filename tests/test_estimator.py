@@ -740,7 +740,7 @@ def test_preflight_refuses_each_legacy_reward_key_naming_the_key_that_replaced_i
         EBPOConfigError, match=r"^reward_model.reward_kwargs=\{'overlong.* set reward.reward_kwargs instead$"
     ):
         check_config(_composed("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True"))
-    assert check_config(_composed("reward.reward_model.enable=True")).ebpo is not None  # the new key passes
+    assert check_config(_composed("reward.reward_model.enable=True")).estimator is not None  # the new key passes
 
 
 @pytest.mark.parametrize(

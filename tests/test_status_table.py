@@ -20,7 +20,8 @@ PAGE = "recipe/ebpo/README.md"
 
 def checkout(root: Path) -> Path:
     """A copy of the files the docs command writes (and the study summary it reads) under ``root``."""
-    for rel in [docs_tables.YAML, *docs_tables.pages(docs_tables.DocsOptions(), ROOT), "docs/study_quick.json"]:
+    for rel in [docs_tables.YAML, *docs_tables.pages(docs_tables.DocsOptions(), ROOT), "docs/study_quick.json",
+                docs_tables.RIVALS2]:  # fmt: skip
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text((ROOT / rel).read_text())
     return root

@@ -5,7 +5,11 @@ from __future__ import annotations
 import reprlib
 
 MESSAGE_LIMIT = 300
-"""The most characters a one-line refusal holds, whatever the input (:func:`one_line` cuts longer ones)."""
+"""The most characters a reader's refusal holds, whatever the input (its fixed text plus values quoted by
+:func:`shorten`; :class:`OneLineMessage` cuts at it)."""
+LINE_LIMIT = 1000
+"""The most characters any one-line message holds (:func:`one_line`'s cut): a pre-flight refusal whose fix takes
+a few sentences stays whole, and no input makes one longer."""
 
 _QUOTE = reprlib.Repr()
 _QUOTE.maxstring = _QUOTE.maxother = _QUOTE.maxlong = 40
@@ -17,20 +21,25 @@ class EBPOConfigError(ValueError):
     """A configuration or data problem found before the first rollout (its message names the key and the fix)."""
 
 
+QUOTE_LIMIT = 60
+"""The most characters :func:`shorten` gives, whatever the value."""
+
+
 def shorten(value: object) -> str:
-    """``repr(value)`` cut to about 40 characters (long strings, integers and containers end in ``...``), for
-    quoting a value read from a file or a command line inside a one-line refusal."""
+    """``repr(value)`` with long strings, integers and containers cut (``...``), at most :data:`QUOTE_LIMIT`
+    characters, for quoting a value read from a file or a command line inside a one-line refusal."""
     try:
-        return _QUOTE.repr(value)
+        text = _QUOTE.repr(value)
     except Exception:  # a value whose repr raises (a deep or broken object): its type is still worth naming
-        return f"<{type(value).__name__}>"
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= QUOTE_LIMIT else text[: QUOTE_LIMIT - 3] + "..."
 
 
-def one_line(err: BaseException) -> str:
+def one_line(err: BaseException, limit: int = LINE_LIMIT) -> str:
     """``str(err)`` with its lines stripped and joined by spaces (the exception's type name when it is empty), cut to
-    :data:`MESSAGE_LIMIT` characters."""
+    ``limit`` characters."""
     text = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class OneLineMessage(Exception):
@@ -38,4 +47,4 @@ class OneLineMessage(Exception):
     of the text it is given, one line of at most :data:`MESSAGE_LIMIT` characters whatever a caller quotes."""
 
     def __init__(self, message: object = "") -> None:
-        super().__init__(one_line(Exception(str(message))))
+        super().__init__(one_line(Exception(str(message)), MESSAGE_LIMIT))

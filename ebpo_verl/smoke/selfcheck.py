@@ -193,21 +193,24 @@ def trl_path(name: str, place: Place) -> Run:
     reward functions, the second scoring no row; the padding row unscorable, all NaN) put by ``place``, then the cast
     onto the device and dtype of TRL's advantages (``place``) as ``_generate_and_score_completions`` does."""
     from collections import defaultdict
-    from types import SimpleNamespace
 
     from ebpo_verl.integrations.trl import EstimatorMixin
 
+    class Trainer(EstimatorMixin):  # what estimate reads of TRL's trainer, and the metrics it writes
+        def __init__(self, estimator) -> None:
+            self.estimator, self.reward_weights, self.num_generations = estimator, torch.ones(2), GROUPS
+            self._metrics = {"train": defaultdict(list)}
+
     spec = registry.get(name)
     estimator = registry.new_estimator(spec)
-    trainer = SimpleNamespace(estimator=estimator, reward_weights=torch.ones(2), num_generations=GROUPS,
-                              _metrics={"train": defaultdict(list)})  # fmt: skip
+    trainer = Trainer(estimator)
     values, diagnostics = [], []
     for scores, uids, valid, _sample in batches():
         nan = torch.full_like(scores, math.nan, dtype=torch.float64)
         rewards = torch.stack([torch.where(valid, scores.to(torch.float64), nan), nan], dim=1)
         places = np.arange(len(scores)) % GROUPS  # each row's place in its group, as the integration gives it
         rows = registry.row_values(spec, estimator.options, lambda _f, u=uids: u, lambda p=places: p)
-        advantages = EstimatorMixin.estimate(trainer, place(rewards), rows, True)
+        advantages = trainer.estimate(place(rewards), rows, True)
         local = place(torch.zeros(len(scores), dtype=torch.float64))
         values.append(advantages.to(local.device, local.dtype))
         diagnostics.append(dict(estimator.diagnostics))

@@ -179,6 +179,14 @@ STYLES = {  # estimator -> (colour, marker, line style); colour-blind-safe (Okab
     "spo": ("#9467BD", "p", ":"),
     "dbb": ("#D55E00", "d", (0, (3, 1, 1, 1))),
     "ha_dw_authors": ("#A6761D", "H", (0, (1, 2))),
+    # the why study's arms: the fixed-S ladder light to dark, then the other EBPO forms
+    "ebpo_s025": ("#FDD49E", "1", "-"),
+    "ebpo_s05": ("#FDBB84", "2", "-"),
+    "ebpo_s075": ("#FC8D59", "3", "-"),
+    "ebpo_s1": ("#D7301F", "4", "-"),
+    "ebpo_glob": ("#7F0000", "8", "--"),
+    "ebpo_debiased": ("#4D9221", "+", "-."),
+    "ebpo_decay095": ("#542788", "x", ":"),
 }
 DEFAULT_COLOURS = ("#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#3182BD", "#E6550D", "#31A354")
 DEFAULT_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
