@@ -60,7 +60,6 @@ def pages(o: DocsOptions, root: Path) -> dict[str, dict[str, Callable[[], str]]]
     from ebpo_verl.recipes.spec import RunSwitches
     from ebpo_verl.recipes.switches import DriveSwitches, EvalSwitches, Modes
     from ebpo_verl.study import readme_tables
-    from ebpo_verl.study.rivals2 import which_estimator_table
     from ebpo_verl.trainer.config import generate
 
     def study(path: str) -> Callable[[], str]:
@@ -88,7 +87,9 @@ def pages(o: DocsOptions, root: Path) -> dict[str, dict[str, Callable[[], str]]]
             "modes": _switches(Modes),
         },
         "recipe/ebpo/README.md": {"status": lambda: status_table.render(root, o.results)},
-        "docs/rivals.md": {"which-estimator": lambda: which_estimator_table(json.loads((root / RIVALS2).read_text()))},
+        "docs/rivals.md": {
+            "which-estimator": lambda: readme_tables.which_estimator_table(json.loads((root / RIVALS2).read_text()))
+        },
     }
 
 

@@ -4,11 +4,13 @@ summary without the expected fields) is :class:`ReadmeTableError`, one line nami
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 from pathlib import Path
 
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
+from ebpo_verl.study import report, rivals2
 
 
 class ReadmeTableError(ValueError):
@@ -136,3 +138,32 @@ def load_summary(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ReadmeTableError(f"{path} is not a study summary (a JSON object from summary.json)")
     return data
+
+
+def which_estimator_table(data: dict) -> str:
+    """docs/rivals.md's "which estimator, when": per regime and G of a rivals2 ``summary.json``, the estimators no
+    other is ahead of (Holm over the cell's pairs) and ebpo against grpo, running_norm and ebpo_batch (paired mean,
+    plain 95% half-width, Holm verdict), with the conditions each cell holds under."""
+    short = dict(zip(report.SIDES, ("ahead", "behind", "n.s."), strict=True))
+    rows = []
+    for name, reg in data["regimes"].items():
+        for g, recs in reg["pairs"].items():
+            said = []
+            for other in ("grpo", "running_norm", "ebpo_batch"):
+                r = rivals2._pair(recs, "ebpo", other)
+                mean = (1 if r["a"] == "ebpo" else -1) * r["mean"]
+                said.append(f"{report.pm(mean, r['half'], 4, '+')} ({short[report.side(mean, r['holm_half'])]})")
+            prompts = data["responses_per_step"] // int(g)
+            share = reg["frac_train_below_0.05"]
+            rows.append([f"{name} ({share:.2f})", f"{g} ({prompts})", ", ".join(reg["winners"][g]), *said])
+    pairs_n = len(list(itertools.combinations(data["top_group"], 2)))
+    head = ["regime (share of RL prompts below 0.05)", "G (prompts a step)",
+            f"no one ahead of them (Holm over the cell's {pairs_n} pairs)", "ebpo - grpo", "ebpo - running_norm",
+            "ebpo - ebpo_batch"]  # fmt: skip
+    seeds = len(data["test_seeds"]["top"])
+    return (
+        f"From [study_rivals2](study_rivals2/study.md): the 103k-parameter toy on arithmetic, {data['steps']} RL steps "
+        f"of {data['responses_per_step']} responses, {seeds} seeds per cell, each estimator at the rate it chose. "
+        "Cells: paired mean ± plain 95% half-width, and the verdict under Holm over the cell's pairs (ahead, behind, "
+        "n.s.: not separated).\n\n" + report.md_table(head, rows) + "\n"
+    )

@@ -594,32 +594,3 @@ def figures(out: Path, plan: Plan, data: dict) -> None:
         ax.set_xlabel("warm-start pass rate of an RL prompt")
     axes[0][0].set_ylabel("RL prompts")
     report._save(fig, out / "histograms.png")
-
-
-def which_estimator_table(data: dict) -> str:
-    """docs/rivals.md's "which estimator, when": per regime and G of a rivals2 ``summary.json``, the estimators no
-    other is ahead of (Holm over the cell's pairs) and ebpo against grpo, running_norm and ebpo_batch (paired mean,
-    plain 95% half-width, Holm verdict), with the conditions each cell holds under."""
-    short = dict(zip(SIDES, ("ahead", "behind", "n.s."), strict=True))
-    rows = []
-    for name, reg in data["regimes"].items():
-        for g, recs in reg["pairs"].items():
-            said = []
-            for other in ("grpo", "running_norm", "ebpo_batch"):
-                r = _pair(recs, "ebpo", other)
-                mean = (1 if r["a"] == "ebpo" else -1) * r["mean"]
-                said.append(f"{report.pm(mean, r['half'], 4, '+')} ({short[side(mean, r['holm_half'])]})")
-            prompts = data["responses_per_step"] // int(g)
-            share = reg["frac_train_below_0.05"]
-            rows.append([f"{name} ({share:.2f})", f"{g} ({prompts})", ", ".join(reg["winners"][g]), *said])
-    pairs_n = len(list(itertools.combinations(data["top_group"], 2)))
-    head = ["regime (share of RL prompts below 0.05)", "G (prompts a step)",
-            f"no one ahead of them (Holm over the cell's {pairs_n} pairs)", "ebpo - grpo", "ebpo - running_norm",
-            "ebpo - ebpo_batch"]  # fmt: skip
-    seeds = len(data["test_seeds"]["top"])
-    return (
-        f"From [study_rivals2](study_rivals2/study.md): the 103k-parameter toy on arithmetic, {data['steps']} RL steps "
-        f"of {data['responses_per_step']} responses, {seeds} seeds per cell, each estimator at the rate it chose. "
-        "Cells: paired mean ± plain 95% half-width, and the verdict under Holm over the cell's pairs (ahead, behind, "
-        "n.s.: not separated).\n\n" + report.md_table(head, rows) + "\n"
-    )
