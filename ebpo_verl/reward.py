@@ -1,22 +1,10 @@
-"""Rule-based math reward for verl: answer extraction plus ``math-verify`` equivalence, time-bounded.
+"""Rule-based math reward for verl: the answer the response states last (its last ``Answer:`` line or balanced
+``\\boxed{}``), graded by ``math-verify`` in a pool of child processes with a timeout (docs/reward.md).
 
-``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``). verl 0.9.1
-calls it in a worker thread, where math-verify's ``signal.alarm`` timeouts cannot run and sympy can spin for minutes
-on adversarial LaTeX (``10^{10^{10^{10}}}``), so parse/verify runs in a pool of child processes: the caller waits at
-most ``timeout`` seconds and kills the child on overrun, scoring 0. Extraction is linear-time scanning in the caller.
-
-Extraction: the answer the response states LAST, in either convention:
-  - an ``Answer:`` line (DAPO-Math-17k's "the last line ... Answer: $Answer"): ``Answer:`` at a line start,
-    case-insensitive, optionally after markdown (``**``, ``#``, ``>``, ``-``) and ``The``/``Final``; its answer is
-    the rest of the line (if empty: the next non-empty line), with a ``\\boxed{}`` inside unwrapped. An "answer:" inside
-    a sentence is reasoning, not an answer line;
-  - the last balanced ``\\boxed{...}``.
-  The later of the two is graded; with neither, the text after the last "answer:" anywhere.
-Grading: equal cleaned text; two integer literals compared directly (``025`` == ``25``); otherwise braceless
-``\\frac12`` / ``\\sqrt2`` are braced and math-verify decides (both parsed as ``\\boxed{...}`` with unit
-stripping); if it says no, equal plain strings (``\\text{Evelyn}`` vs ``Evelyn``) or equality after dropping a
-trailing percent sign (OlympiadBench's separate unit column) still count. Verdicts are cached per (gold,
-prediction); answers over ``MAX_ANSWER_CHARS`` score 0 unparsed.
+``compute_score`` is what ``reward.custom_reward_function`` points at (``path=pkg://ebpo_verl.reward``). Grading:
+equal cleaned text; integer literals compared directly (``025`` == ``25``); otherwise math-verify on braced
+``\\frac12`` / ``\\sqrt2``, then equal plain text or equality without a trailing percent sign. Verdicts are cached
+per (gold, prediction); answers over ``MAX_ANSWER_CHARS`` score 0 unparsed.
 """
 
 from __future__ import annotations
