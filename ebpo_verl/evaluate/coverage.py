@@ -1,18 +1,9 @@
-"""pass@k, maj@k and avg@n of a benchmark from its n samples per problem (pure Python; docs/evaluation.md#coverage).
+"""pass@k, maj@k and avg@n of a benchmark from its n samples per problem, pure Python; the definitions (maj@k's
+blocks and tie rule, the standard errors over problems) are in docs/evaluation.md#coverage.
 
 A problem is given as its samples in sample order, each a (class, correct) pair: ``class`` is the id of the
 answer's equivalence class under the protocol (None: the sample states no answer), ``correct`` the grader's
-verdict. Every number is a mean over problems, in percent, with the standard error over problems:
-``100 * stdev(per-problem values) / sqrt(P)`` (sample standard deviation, P problems; None for P < 2).
-
-- pass@k: the unbiased estimator of Chen et al. (2021), per problem ``1 - C(n - c, k) / C(n, k)`` with c of its n
-  samples correct: the probability that k samples drawn without replacement from the n include a correct one.
-- maj@k: the n samples split into ``n // k`` disjoint blocks of k consecutive samples (a remainder of fewer than
-  k samples is unused); in each block the answer class with the most samples wins, samples without an answer do
-  not vote, and a block where none answers scores 0. A tie between the largest classes scores the fraction of
-  them that are correct (the expected score of breaking the tie uniformly at random). A class is correct when its
-  first sample was graded correct. Per problem: the mean over its blocks.
-- avg@n: per problem, the fraction of its n samples that are correct (the mean accuracy; equal to pass@1).
+verdict. Every number is a mean over problems, in percent, with its standard error (None for fewer than 2).
 """
 
 from __future__ import annotations

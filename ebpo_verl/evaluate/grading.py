@@ -1,17 +1,9 @@
-"""Grading a generations file into RESULTS.json, for either protocol.
+"""Grading a generations file into RESULTS.json, for either protocol (docs/evaluation.md).
 
-``paper`` grades with :func:`ebpo_verl.paper_reward.grade_eval` (docs/paper_notes.md#evaluation), ``verl`` with
-:func:`ebpo_verl.reward.compute_score`. Pass@1 of a benchmark is the mean over its runs of the run's accuracy over
-all problems (same section), which with every sample present is the mean over all samples. Missing samples are an
-error, or with ``allow_partial`` reported over the samples present with ``"complete": false``; ``"limit"`` and
-``"problems_in_data"`` tell a ``--limit`` run. The ground truths come from ``--data-dir``: a benchmark whose problem
-digests (prompt and ground truth, stored in the meta) differ from the generated ones is refused, naming the first
-differing index.
-
-Beside pass@1, every complete benchmark gets pass@k and maj@k for k = 1, 2, 4, ..., n and avg@n, each with its
-standard error over problems (:mod:`ebpo_verl.evaluate.coverage`; maj@k groups answers by the protocol's own
-equivalence, :mod:`ebpo_verl.evaluate.answers`); an incomplete one gets them as null. The cross-benchmark
-averages ``average_pass@k`` / ``average_maj@k`` hold only the k that every benchmark has.
+``paper`` grades with :func:`ebpo_verl.paper_reward.grade_eval`, ``verl`` with :func:`ebpo_verl.reward.compute_score`.
+Pass@1 of a benchmark is the mean over its runs of the run's accuracy; missing samples are an error, or with
+``allow_partial`` reported over the samples present with ``"complete": false``. A benchmark whose problem digests
+differ from the ground truths in ``--data-dir`` is refused. pass@k, maj@k and avg@n: :mod:`.coverage`.
 """
 
 from __future__ import annotations
