@@ -1,14 +1,9 @@
 """What ``--model`` may name, and the one-time merge of a verl FSDP checkpoint into a Hugging Face folder.
 
-A ``global_step_N`` folder is merged with verl's model merger (``python -m verl.model_merger merge --backend
-fsdp --local_dir global_step_N/actor --target_dir ...``) into ``global_step_N/huggingface_merged``, through a
-temporary folder renamed into place (so a crash leaves no half-merged model), and reused afterwards; the
-merged folder loads on any number of GPUs (the authors evaluated merged folders too: docs/paper_notes.md#authors-runs).
-
-Trust: verl's merger unpickles the FSDP shards (runs any code a checkpoint carries), so by default the merge runs
-through :mod:`ebpo_verl.evaluate.safe_merge` (shards read weights-only, a shard carrying anything but FSDP's types
-refused in one line naming the file); ``trust=True`` (``--trust-checkpoint``) runs verl's merger as it is
-(docs/evaluation.md#trust).
+A ``global_step_N`` folder is merged by verl's model merger into ``global_step_N/huggingface_merged`` (through a
+temporary folder renamed into place) and reused afterwards. By default the merge runs through
+:mod:`ebpo_verl.evaluate.safe_merge` (shards read weights-only); ``trust=True`` (``--trust-checkpoint``) runs verl's
+merger as it is (docs/evaluation.md#trust).
 """
 
 from __future__ import annotations

@@ -2,12 +2,10 @@
 
     python -m ebpo_verl.evaluate.safe_merge --local_dir STEP/actor --target_dir OUT
 
-verl 0.9.1's merger reads ``model_world_size_W_rank_R.pt`` with ``torch.load(..., weights_only=False)``, which runs
-any code the file carries. This entry point (run in its own process by
-:func:`ebpo_verl.evaluate.merge.merge_checkpoint`) keeps verl's merge logic and, for the merge, loads weights only
-with the allowlist reduced to :data:`FSDP_TYPES` (:func:`~ebpo_verl.compat.unpickling.weights_only_loads`). A shard
-that pickles anything else is refused before it is unpickled: exit status :data:`~ebpo_verl.evaluate.merge.REFUSED`
-and one line naming the file, what it carries and ``--trust-checkpoint``.
+Run in its own process by :func:`ebpo_verl.evaluate.merge.merge_checkpoint`: verl's merge logic with the allowlist
+reduced to :data:`FSDP_TYPES`; a shard that pickles anything else is refused before it is unpickled (exit status
+:data:`~ebpo_verl.evaluate.merge.REFUSED`, one line naming the file and ``--trust-checkpoint``;
+docs/evaluation.md#trust).
 """
 
 from __future__ import annotations
