@@ -153,13 +153,15 @@ def phase_medians(runs: list[dict[int, dict]], checkpoint) -> dict[str, float]:
 def direct_timings() -> dict[str, float]:
     """Milliseconds per call of what ebpo-train adds, measured in this process on realistic sizes."""
     from ebpo_verl.ops.metrics_log import MetricsLog
-    from ebpo_verl.trainer.ray_trainer import uid_row_keys
+    from ebpo_verl.trainer.ray_trainer import extra_info_values
 
     out = {}
     rows = 512 * 16  # a paper-size step: 512 prompts x 16 responses
     infos = [{"index": i // 16, "topic": f"t{i % 7}"} for i in range(rows)]
     uids = [f"u{i // 16}" for i in range(rows)]
-    out["row-key map, 8192 rows (ms)"] = _time(lambda: uid_row_keys(infos, uids, [False] * rows, "index", "prompt key"))
+    out["row-key map, 8192 rows (ms)"] = _time(
+        lambda: extra_info_values(infos, uids, [False] * rows, "index", "prompt key")
+    )
     metrics = {f"group/metric_{i}": float(i) for i in range(200)}
     with tempfile.TemporaryDirectory() as tmp:
         log = MetricsLog(Path(tmp) / "m.jsonl", resumed_step=0)
@@ -180,7 +182,7 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
 
     from ebpo_verl.algos import registry
     from ebpo_verl.main import compose
-    from ebpo_verl.trainer.adapter import outcome_advantages, row_values
+    from ebpo_verl.trainer.adapter import outcome_advantages
     from ebpo_verl.trainer.checkpoint.state import save_state
     from ebpo_verl.trainer.run_options import RunOptions
 
@@ -192,10 +194,7 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
         estimator = registry.new_estimator(entry, options.estimator)  # the run's estimator, as the trainer's
         index = np.repeat(np.arange(prompts), 16)
         uids = np.array([f"u{i}" for i in index], dtype=object)
-        rows = {f"u{i}": int(i) for i in range(prompts)}
-        values = registry.row_values(
-            entry, options.estimator, lambda key, r=rows, u=uids: row_values(r, u), lambda: None
-        )
+        values = registry.row_values(entry, options.estimator, lambda key, i=index: i.astype(object), lambda: None)
         rewards = torch.zeros(len(index), 4)
         mask = torch.ones_like(rewards)
         for _ in range(steps):

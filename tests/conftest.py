@@ -143,8 +143,8 @@ class ActorGroupStandIn:
 
 class StandInTrainers:
     """Makes EBPO's sync trainer on a composed config without workers or Ray (:meth:`__call__`) and runs a test's
-    steps on it (:meth:`run`). A step's advantages come from ``trainer.estimate_advantages(data, row_keys,
-    metrics)``, as in the trainer's advantage step."""
+    steps on it (:meth:`run`). A step's advantages come from ``adapter.advantage_step(data, trainer.estimator,
+    row_values)``, as in the trainer's advantage step."""
 
     def __call__(self, config, rows=range(32), batch_size: int = 8):
         """The trainer: the actor group is an :class:`ActorGroupStandIn`, the training data an unshuffled

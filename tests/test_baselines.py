@@ -30,11 +30,11 @@ from ebpo_verl.algos.baselines import (
 from ebpo_verl.algos.estimator import Advantages, Batch
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
-from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS, advantage_step
 from ebpo_verl.trainer.checkpoint.state import load_state
 from ebpo_verl.trainer.preflight import check_config
 from ebpo_verl.trainer.preflight.data import check_prompt_keys
-from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, extra_info_values
 
 SPO = get("spo")
 
@@ -432,8 +432,8 @@ def _step(trainer, step: int) -> torch.Tensor:
     uids.append("pad0")
     infos.append(infos[0])
     data = make_dataproto(np.array(uids[:-1], dtype=object), rewards, pad=1)
-    keys = uid_row_keys(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.spo.prompt_key")
-    trainer.estimate_advantages(data, keys, {})
+    keys = extra_info_values(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.spo.prompt_key")
+    data.batch["advantages"], data.batch["returns"], _ = advantage_step(data, trainer.estimator, keys)
     return data.batch["advantages"].clone()
 
 

@@ -19,9 +19,10 @@ from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
+from ebpo_verl.trainer.adapter import advantage_step
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
-from ebpo_verl.trainer.ray_trainer import uid_row_keys
+from ebpo_verl.trainer.ray_trainer import extra_info_values
 
 EBPO, SPO, DBB = get("ebpo"), get("spo"), get("dbb")
 
@@ -70,13 +71,14 @@ def _batch(prompt_ids: list[int], step: int) -> tuple[DataProto, list]:
         non_tensors={"uid": np.array(uids, dtype=object)},
     )
     padding = [uid.startswith("pad") for uid in uids]
-    return data, uid_row_keys(infos, uids, padding, "topic", "algorithm.ebpo.cluster_key")
+    return data, extra_info_values(infos, uids, padding, "topic", "algorithm.ebpo.cluster_key")
 
 
 def _step(trainer, step: int) -> torch.Tensor:
     prompt_ids = next(trainer._data_iter).tolist()
     data, labels = _batch(prompt_ids, step)
-    trainer.estimate_advantages(data, labels if trainer.options.row_key else None, {})
+    labels = labels if trainer.options.row_key else None
+    data.batch["advantages"], data.batch["returns"], _ = advantage_step(data, trainer.estimator, labels)
     return data.batch["advantages"].clone()
 
 

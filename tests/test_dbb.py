@@ -16,9 +16,10 @@ from ebpo_verl.algos.dbb import DBBOptions, DBBState, compute_dbb_advantages
 from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.algos.registry import get
 from ebpo_verl.ops.errors import EBPOConfigError
+from ebpo_verl.trainer.adapter import advantage_step
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.preflight import check_config
-from ebpo_verl.trainer.ray_trainer import uid_row_keys
+from ebpo_verl.trainer.ray_trainer import extra_info_values
 
 DBB = get("dbb")
 
@@ -205,8 +206,8 @@ def _step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]:
     data = DataProto.from_dict(
         tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": np.array(uids, dtype=object)}
     )
-    keys = uid_row_keys(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.dbb.prompt_key")
-    trainer.estimate_advantages(data, keys, {})
+    keys = extra_info_values(infos, uids, [u.startswith("pad") for u in uids], "index", "algorithm.dbb.prompt_key")
+    data.batch["advantages"], data.batch["returns"], _ = advantage_step(data, trainer.estimator, keys)
     return data.batch["advantages"][:, 0].clone(), [str(info["index"]) for info in infos[:-1]], rewards
 
 

@@ -788,13 +788,13 @@ def test_preflight_warns_once_about_ignored_options(capsys, _composed):
 def test_nan_labels_are_missing_in_the_data_check_and_the_rollout_rows(missing):
     from ebpo_verl.ops.errors import EBPOConfigError
     from ebpo_verl.trainer.preflight.data import check_row_labels
-    from ebpo_verl.trainer.ray_trainer import uid_row_keys
+    from ebpo_verl.trainer.ray_trainer import extra_info_values
 
     infos = [{"topic": "a"}, {"topic": missing}, {"topic": "b"}]
     with pytest.raises(EBPOConfigError, match=r"missing or null in 1 of 3 training rows.*first rows: \[1\]"):
         check_row_labels(infos, "topic", "test", registry.get("ebpo"))
     with pytest.raises(EBPOConfigError, match=r"uid u1 has no extra_info\['topic'\]"):
-        uid_row_keys(infos, ["u0", "u1", "u2"], [False] * 3, "topic", "algorithm.ebpo.cluster_key")
+        extra_info_values(infos, ["u0", "u1", "u2"], [False] * 3, "topic", "algorithm.ebpo.cluster_key")
 
 
 def test_registered_ebpo_warns_once_per_process_about_ignored_options(monkeypatch):
@@ -867,10 +867,14 @@ def dapo_rows(rng: np.random.Generator, step: int, keep: int, n: int = 4, world:
 
 
 def advantage_step_on(trainer, rows: dict) -> np.ndarray:
-    """``rows`` through ebpo-train's ``_compute_advantage`` (the trainer's run estimator, its ``_row_keys`` reading
-    the padding tags), verl's TransferQueue fetch (``_advantage_step``) replaced by the DataProto it builds; each
-    row's advantage in the reordered order."""
+    """``rows`` through ebpo-train's ``_compute_advantage`` (the trainer's run estimator, ``step_row_values``
+    reading the padding tags), verl's TransferQueue fetch (``copied_compute_advantage``) replaced by the DataProto it
+    builds; each row's advantage in the reordered order."""
     from types import SimpleNamespace
+    from unittest import mock
+
+    from ebpo_verl.trainer.adapter import advantage_step
+    from ebpo_verl.trainer.ray_trainer import step_row_values
 
     pad_uid = "pad" + "0f" * 16
     uids = np.concatenate([rows["uids"], np.array([pad_uid] * rows["pad"], dtype=object)])[rows["order"]]
@@ -879,17 +883,17 @@ def advantage_step_on(trainer, rows: dict) -> np.ndarray:
     padding = rows["order"] >= len(rows["uids"])
     seen = {}
 
-    def step(batch, metrics, extra, estimate):
+    def step(trainer, batch, metrics, extra, estimator):
         data = make_dataproto(uids, rewards)
         data.batch["response_mask"][torch.from_numpy(padding)] = 0
         if "extra_info" in extra:
             data.non_tensor_batch["extra_info"] = infos
-        estimate(data)
-        seen["advantages"] = data.batch["advantages"].clone()
+        seen["advantages"] = advantage_step(data, estimator, step_row_values(estimator, data, batch))[0]
 
-    trainer._advantage_step = step
     keys = [f"{u}_{o % 4}_0" for u, o in zip(uids, rows["order"], strict=True)]  # {uid}_{sample in group}_{index}
-    trainer._compute_advantage(SimpleNamespace(keys=keys, tags=[{"is_padding": bool(p)} for p in padding]), {})
+    batch = SimpleNamespace(keys=keys, tags=[{"is_padding": bool(p)} for p in padding])
+    with mock.patch("ebpo_verl.trainer.ray_trainer.copied_compute_advantage", step):
+        trainer._compute_advantage(batch, {})
     return seen["advantages"][:, 0].double().numpy()  # every real row has its first response token
 
 

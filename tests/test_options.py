@@ -29,7 +29,7 @@ from ebpo_verl.ops.readme_block import replace_marked_block
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, accepts, ints, nullable, option
 from ebpo_verl.reward import RewardOptions
-from ebpo_verl.trainer.adapter import ESTIMATORS
+from ebpo_verl.trainer.adapter import ESTIMATORS, advantage_step
 from ebpo_verl.trainer.config.generate import (
     ALL_SECTIONS,
     ESTIMATOR_SECTIONS,
@@ -240,9 +240,9 @@ def test_parses_before_the_first_step_and_per_step(tmp_path, compose_config, par
     assert parses == PER_PROCESS
 
     parses.clear()
-    labels = {"a": "x", "b": "x", "c": "y"}
+    labels = np.array(["x", "x", "x", "x", "y", "y"], dtype=object)  # per row: uids a, b -> x; c -> y
     for _ in range(3):  # three steps
-        trainer.estimate_advantages(_rows(), labels, {})
+        advantage_step(_rows(), trainer.estimator, labels)
     assert not parses
-    assert set(trainer.estimator.state.clusters) == {"x", "y"}  # the step's uid -> label map reached the estimator
+    assert set(trainer.estimator.state.clusters) == {"x", "y"}  # the step's per-row labels reached the estimator
     assert trainer.estimator.state.steps == 3

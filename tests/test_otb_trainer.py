@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ebpo_verl
-from ebpo_verl.trainer.ray_trainer import SUM_PI_SQUARED, ebpo_trainer_cls
+from ebpo_verl.trainer.ray_trainer import SUM_PI_SQUARED, copied_compute_advantage, ebpo_trainer_cls
 
 REPO = Path(__file__).resolve().parents[1]
 OTB = ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"]
@@ -118,7 +118,7 @@ def test_copied_advantage_step_agrees_with_verls_own(ray_local, compose_config):
                 if method == "verl":
                     PPOTrainer._compute_advantage(trainer, batch, metrics)
                 else:
-                    trainer._advantage_step(batch, metrics, {})
+                    copied_compute_advantage(trainer, batch, metrics, {})
                 out = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
                 tq.kv_clear(keys=keys, partition_id="train")
                 results.append(({k: [t.clone() for t in out[k].unbind()] for k in out.keys()}, metrics))

@@ -26,6 +26,7 @@ from verl.protocol import DataProto
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.registry import EstimatorSpec, StateSpec
 from ebpo_verl.ops.readme_block import replace_marked_block
+from ebpo_verl.trainer.adapter import advantage_step
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -513,7 +514,7 @@ def _toy_step(trainer, step: int) -> tuple[torch.Tensor, list[str], list[float]]
     tlr[:-1, 1] = torch.tensor(rewards)
     index = np.array([*uids, "pad0"], dtype=object)
     data = DataProto.from_dict(tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": index})
-    trainer.estimate_advantages(data, None, {})
+    data.batch["advantages"], data.batch["returns"], _ = advantage_step(data, trainer.estimator, None)
     return data.batch["advantages"][:, 0].clone(), uids, rewards
 
 

@@ -643,7 +643,8 @@ ROWS = [i % 6 for i in range(8 * 4)]
 
 def _trainer_step(trainer, step: int) -> torch.Tensor:
     """One advantage step of the run's estimator as the trainer runs it (per-row topics from extra_info)."""
-    from ebpo_verl.trainer.ray_trainer import uid_row_keys
+    from ebpo_verl.trainer.adapter import advantage_step
+    from ebpo_verl.trainer.ray_trainer import extra_info_values
 
     prompt_ids = next(trainer._data_iter).tolist()
     rewards, uids, infos = [], [], []
@@ -654,8 +655,9 @@ def _trainer_step(trainer, step: int) -> torch.Tensor:
         infos += [{"index": pid, "topic": f"t{pid % 2}"}] * 3
     data = make_dataproto(np.array(uids, dtype=object), rewards, pad=1)
     key = trainer.options.row_key
-    keys = uid_row_keys(infos, uids, [False] * len(uids), key, "row key") if key else None
-    trainer.estimate_advantages(data, keys, {})
+    rows = [False] * len(uids) + [True]  # make_dataproto's padding row
+    keys = extra_info_values([*infos, infos[0]], [*uids, "pad0"], rows, key, "row key") if key else None
+    data.batch["advantages"], data.batch["returns"], _ = advantage_step(data, trainer.estimator, keys)
     return data.batch["advantages"].clone()
 
 
@@ -696,10 +698,15 @@ def test_each_stateful_rival_resumes_exactly_through_the_trainers_checkpoint(
     assert any(not torch.equal(a, b) for a, b in zip(lost, after, strict=True))
 
 
-def test_the_trainer_walks_krpo_in_the_rollouts_order_read_from_verls_keys(stand_in_trainer, compose_config):
+def test_the_trainer_walks_krpo_in_the_rollouts_order_read_from_verls_keys(
+    stand_in_trainer, compose_config, monkeypatch
+):
     """After verl's length balancing the rows of a uid are out of order; the trainer reads each row's sample index
     from its trajectory key ``{uid}_{session_id}_{index}`` and KRPO walks the group in that order."""
     from types import SimpleNamespace
+
+    from ebpo_verl.trainer.adapter import advantage_step
+    from ebpo_verl.trainer.ray_trainer import step_row_values
 
     trainer = stand_in_trainer(compose_config("algorithm.adv_estimator=krpo"))
     r = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
@@ -708,12 +715,11 @@ def test_the_trainer_walks_krpo_in_the_rollouts_order_read_from_verls_keys(stand
     perm = np.array([5, 2, 7, 0, 3, 6, 1, 4])  # as _balance_batch reorders
     seen = {}
 
-    def step(batch, metrics, extra, estimate):
+    def step(trainer, batch, metrics, extra, estimator):
         data = make_dataproto(uids[perm], r[perm])
-        estimate(data)
-        seen["adv"] = data.batch["advantages"][:, 0].numpy()
+        seen["adv"] = advantage_step(data, estimator, step_row_values(estimator, data, batch))[0][:, 0].numpy()
 
-    trainer._advantage_step = step
+    monkeypatch.setattr("ebpo_verl.trainer.ray_trainer.copied_compute_advantage", step)
     trainer._compute_advantage(SimpleNamespace(keys=[keys[i] for i in perm]), {})
     want = np.concatenate([reference_krpo(r[:4].tolist()), reference_krpo(r[4:].tolist())])
     np.testing.assert_allclose(seen["adv"], want[perm], rtol=1e-6)

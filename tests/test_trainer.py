@@ -16,21 +16,21 @@ from verl.protocol import DataProto
 
 import ebpo_verl
 from ebpo_verl.algos import registry
-from ebpo_verl.algos.grouping import one_value_per_key
 from ebpo_verl.data import dapo_math, math500
 from ebpo_verl.ops.errors import EBPOConfigError
 from ebpo_verl.options.parsing import OptionSection
+from ebpo_verl.trainer.adapter import advantage_step
 from ebpo_verl.trainer.preflight.data import check_row_labels
-from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, uid_row_keys
+from ebpo_verl.trainer.ray_trainer import ebpo_trainer_cls, extra_info_values
 
 GROUP = 4
 CLUSTER_KEY = "algorithm.ebpo.cluster_key"
 
 
-def _estimate(trainer, data, row_keys) -> dict:
-    """The trainer's estimator on ``data`` with the step's row keys, as its advantage step calls it; the metrics."""
-    metrics: dict = {}
-    trainer.estimate_advantages(data, row_keys, metrics)
+def _estimate(trainer, data, row_values) -> dict:
+    """The trainer's estimator on ``data`` with the step's per-row values, as its advantage step calls it; the
+    metrics."""
+    data.batch["advantages"], data.batch["returns"], metrics = advantage_step(data, trainer.estimator, row_values)
     return metrics
 
 
@@ -62,26 +62,21 @@ def math500_parquet(hub_data, tmp_path_factory) -> Path:
     return math500.prepare(tmp_path_factory.mktemp("data"), local_path=hub_data / "math500.jsonl")
 
 
-def test_trainer_row_keys_skip_padding_and_name_unlabelled_rows():
+def test_trainer_row_values_skip_padding_and_name_unlabelled_rows():
     infos = [{"topic": "algebra"}, {"topic": "geometry"}, {"topic": "algebra"}, {"index": 3}]
-    assert uid_row_keys(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic", CLUSTER_KEY) == {
-        "u1": "algebra",
-        "u2": "geometry",
-    }
-    assert uid_row_keys(infos[:2], ["u1", "u2"], [False, True], "topic", CLUSTER_KEY) == {"u1": "algebra"}
+    got = extra_info_values(infos[:3], ["u1", "u2", "pad9"], [False, False, False], "topic", CLUSTER_KEY)
+    assert got.tolist() == ["algebra", "geometry", None]
+    assert extra_info_values(infos[:2], ["u1", "u2"], [False, True], "topic", CLUSTER_KEY).tolist() == ["algebra", None]
     with pytest.raises(EBPOConfigError, match=r"uid u4 has no extra_info\['topic'\].*keys: \['index'\]"):
-        uid_row_keys(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic", CLUSTER_KEY)
-    with pytest.raises(EBPOConfigError, match=r"uid u1 carries more than one extra_info\['topic'\]"):
-        uid_row_keys([infos[0], infos[1], infos[1]], ["u1", "u2", "u1"], [False] * 3, "topic", CLUSTER_KEY)
-    assert uid_row_keys(
-        [{"topic": "a"}, {"topic": float("nan")}], ["u1", "pad0"], [False, False], "topic", CLUSTER_KEY
-    ) == {"u1": "a"}
-
-
-def test_one_value_per_key_compares_keys_as_strings_and_names_a_key_with_two_values():
-    assert one_value_per_key([1, "1", "u2"], ["a", "a", 0], "label") == {"1": "a", "u2": 0}
-    with pytest.raises(ValueError, match=r"^uid 1 carries more than one label: 'a', 'b'$"):
-        one_value_per_key(["1", 1], ["a", "b"], "label")
+        extra_info_values(infos, ["u1", "u2", "u3", "u4"], [False] * 4, "topic", CLUSTER_KEY)
+    with pytest.raises(
+        EBPOConfigError, match=r"^uid u1 carries more than one extra_info\['topic'\] .*'algebra', 'geometry'$"
+    ):
+        extra_info_values([infos[0], infos[1], infos[1]], ["u1", "u2", "u1"], [False] * 3, "topic", CLUSTER_KEY)
+    with pytest.raises(EBPOConfigError, match=r"^uid 1 carries more than one .*: 1, 1.0$"):  # compared as text
+        extra_info_values([{"topic": 1}, {"topic": 1.0}], ["1", 1], [False] * 2, "topic", CLUSTER_KEY)
+    nan_pad = extra_info_values([{"topic": "a"}, {"topic": float("nan")}], ["u1", "pad0"], [False] * 2, "topic", "k")
+    assert nan_pad.tolist() == ["a", None]
 
 
 def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, hub_data, tiny_tokenizer, _config):
@@ -109,7 +104,7 @@ def test_trainer_labels_from_rlhf_dataset_reach_the_estimator(math500_parquet, h
     data = DataProto.from_dict(
         tensors={"token_level_rewards": token_rewards, "response_mask": mask}, non_tensors={"uid": uids}
     )
-    row_keys = uid_row_keys(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic", CLUSTER_KEY)
+    row_keys = extra_info_values(batch.non_tensor_batch["extra_info"], uids, [False] * n, "topic", CLUSTER_KEY)
 
     ebpo_verl.get_state().reset()
     diagnostics = _estimate(trainer, data, row_keys)

@@ -3,8 +3,8 @@ object against verl's registry path, and a tripwire on the one verl method the t
 
 verl 0.9.1's v1 ``PPOTrainer._compute_advantage`` reads a fixed list of TransferQueue fields, so the actor's
 ``sum_pi_squared`` (verl's own Optimal Token Baseline) cannot reach the estimator through it:
-:class:`ebpo_verl.trainer.ray_trainer.OTBSumPiSquaredMixin` keeps a copy with that one field more, which also
-calls the trainer's estimator object for our estimators. The copy is checked against
+:func:`ebpo_verl.trainer.ray_trainer.copied_compute_advantage` is a copy with that one field more, which also
+runs the trainer's estimator object for our estimators (``adapter.advantage_step``). The copy is checked against
 verl's method on the same rows in ``tests/test_otb_trainer.py``; the tripwire below also fails when verl's source
 of the method changes, so the copy is re-read against it.
 """
@@ -39,7 +39,7 @@ def test_verl_methods_the_trainer_reimplements_are_unchanged(method):
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     assert digest == VERL_SOURCES[method], (
         f"verl's PPOTrainer.{method} changed (sha256 {digest}): compare it with "
-        "OTBSumPiSquaredMixin._advantage_step in "
+        "copied_compute_advantage in "
         "ebpo_verl/trainer/ray_trainer.py, port the change, then record the new digest here"
     )
 
@@ -112,15 +112,15 @@ def test_one_unknown_key_message_for_every_layer():
     ],
 )
 def test_the_trainers_own_estimator_equals_verls_registry_path(name, overrides, stand_in_trainer):
-    """Three steps through ``trainer.estimate_advantages`` (the trainer's object, called from its copy of verl's
-    step) and through the function registered with verl (the default instance, per-row keys passed as the study
+    """Three steps through ``adapter.advantage_step`` with the trainer's object (as its copy of verl's step calls
+    it) and through the function registered with verl (the default instance, per-row keys passed as the study
     passes them) give the same advantages, returns, diagnostics and state, bit for bit."""
     from hydra import compose, initialize_config_dir
     from verl import DataProto
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
     import ebpo_verl
-    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS
+    from ebpo_verl.trainer.adapter import DEFAULT_ESTIMATORS, advantage_step
 
     with initialize_config_dir(
         config_dir=str(Path(ebpo_verl.__file__).parent / "trainer" / "config"), version_base=None
@@ -138,17 +138,16 @@ def test_the_trainers_own_estimator_equals_verls_registry_path(name, overrides, 
         rewards = torch.zeros(len(uids), 2)
         rewards[:-1, 1] = torch.from_numpy(rng.integers(0, 2, len(uids) - 1)).float()
         by_uid = {f"s{step}-{p}": (f"t{p % 2}" if name == "ebpo" else p) for p in prompts}
-        row_keys = by_uid if trainer.options.row_key else None
+        keys = np.array([by_uid.get(u) for u in uids], dtype=object)
         ours = DataProto.from_dict(
             tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uids}
         )
-        metrics: dict = {}
-        trainer.estimate_advantages(ours, row_keys, metrics)
+        row_values = keys if trainer.options.row_key else None
+        ours.batch["advantages"], ours.batch["returns"], metrics = advantage_step(ours, trainer.estimator, row_values)
         verls = DataProto.from_dict(
             tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uids}
         )
         fn = get_adv_estimator_fn(name)
-        keys = np.array([by_uid.get(u) for u in uids], dtype=object)
         extra = {"labels": keys} if name == "ebpo" else {"prompt_keys": keys} if name in ("spo", "dbb") else {}
         verls.batch["advantages"], verls.batch["returns"] = fn(rewards, mask, uids, config.algorithm, **extra)
         assert torch.equal(ours.batch["advantages"], verls.batch["advantages"])

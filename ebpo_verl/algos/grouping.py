@@ -39,16 +39,6 @@ def factorize_keys(values: np.ndarray, missing: bool = False) -> tuple[np.ndarra
     return codes.astype(np.int64, copy=False), names
 
 
-def one_value_per_key(keys: Sequence[Any], values: Sequence[Any], what: str) -> dict[str, Any]:
-    """``str(key) -> value`` over paired rows; ValueError naming the key and two of its values when its rows carry
-    more than one (``what`` names the value: every uid of a step carries one label / prompt key)."""
-    out: dict[str, Any] = {}
-    for key, value in zip(keys, values, strict=True):
-        if out.setdefault(str(key), value) != value:
-            raise ValueError(f"uid {key} carries more than one {what}: {out[str(key)]!r}, {value!r}")
-    return out
-
-
 def sorted_mean(values: np.ndarray) -> float:
     """Mean summed in value order (independent of the order of the rows)."""
     return float(np.sort(values).sum() / values.size)

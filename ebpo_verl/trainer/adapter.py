@@ -5,25 +5,26 @@ Each estimator of ours is an object (:class:`ebpo_verl.algos.estimator.Estimator
 while verl hands a registered estimator only the batch tensors and its raw ``algorithm`` node. Both ways in go
 through :func:`outcome_advantages` (verl's tensors -> scores, padding, broadcast):
 
-- ``ebpo-train``: the trainer owns the run's object and its copy of verl's advantage step
-  (``ebpo_verl.trainer.ray_trainer``) calls it directly where verl would call the registered function, so the call
-  site shows whose state changes and no more of verl is copied. The CPU study does the same with its own objects.
+- ``ebpo-train``: the trainer owns the run's object; its copy of verl's advantage step
+  (``ebpo_verl.trainer.ray_trainer.copied_compute_advantage``) calls :func:`advantage_step` with it where verl
+  would call the registered function, so the call site shows whose state changes and no more of verl is copied.
+  The CPU study does the same with its own objects.
 - stock ``verl.trainer.main_ppo``: the registered functions (:func:`registered_function`) use
   :data:`DEFAULT_ESTIMATORS`, options from the node by value (:func:`ebpo_verl.trainer.run_options.options_for_node`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 
 from ebpo_verl.algos import registry
 from ebpo_verl.algos.estimator import Advantages, Estimator
-from ebpo_verl.algos.grouping import factorize_keys
 from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.compat import trl_probe
 from ebpo_verl.trainer.run_options import options_for_node
@@ -36,15 +37,6 @@ DEFAULT_ESTIMATORS: dict[str, Estimator] = {
 }
 """This process's default instance of each estimator of ours, which stock ``verl.trainer.main_ppo`` runs (options
 from verl's node on each call); ``ebpo-train``, TRL and the CPU study own their own."""
-
-
-def row_values(row_keys: Mapping[str, Any] | None, index: Any) -> np.ndarray | None:
-    """Per-row values of a uid -> value map (None for uids it lacks: padding); None without a map."""
-    if row_keys is None:
-        return None
-    uid_codes, uid_names = factorize_keys(np.asarray(index, dtype=object))
-    per_uid = np.fromiter((row_keys.get(name) for name in uid_names.tolist()), dtype=object, count=len(uid_names))
-    return per_uid[uid_codes]
 
 
 def outcome_advantages(
@@ -68,6 +60,17 @@ def outcome_advantages(
     result = estimate(scores, index, _has_response(response_mask), values, PAD_PREFIX)
     advantages = result.values.unsqueeze(-1) * response_mask
     return advantages, advantages, result.diagnostics
+
+
+def advantage_step(
+    data: DataProto, estimator: Estimator, row_values: np.ndarray | None = None
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The one advantage step on verl's batch: ``estimator`` (the run's object) on ``data``'s
+    ``token_level_rewards``, ``response_mask`` and ``uid`` with ``row_values``, what it reads per row
+    (:func:`ebpo_verl.algos.registry.row_values`). Returns (advantages, returns, diagnostics)."""
+    batch = data.batch
+    uids = data.non_tensor_batch["uid"]
+    return outcome_advantages(estimator, batch["token_level_rewards"], batch["response_mask"], uids, row_values)
 
 
 def _has_response(response_mask: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """EBPO inside verl 0.9.1's v1 trainer: per-row keys for the estimator, its state in checkpoints, ``ebpo/*``
 metrics, the metrics log, and verl's Optimal Token Baseline made runnable.
 
-:class:`EBPOTrainerMixin` overrides, through ``super()``, ``_compute_advantage`` (the trainer owns and calls the
-estimator, :meth:`~EBPOTrainerMixin.estimate_advantages`), ``_save_checkpoint`` / ``_load_checkpoint`` (its state,
+:class:`EBPOTrainerMixin` overrides, through ``super()``, ``_compute_advantage`` (the trainer owns the estimator and
+runs :func:`copied_compute_advantage` with it), ``_save_checkpoint`` / ``_load_checkpoint`` (its state,
 :mod:`~ebpo_verl.trainer.checkpoint.state`, and the step metrics), ``_init_dataloader`` (the per-row field checked)
 and ``logger`` (:class:`~ebpo_verl.ops.metrics_log.MetricsLog`; :func:`purge_tensorboard` on a resume).
-:class:`OTBSumPiSquaredMixin` is the one place that copies verl. :class:`EBPOTaskRunner` is verl's
+:func:`copied_compute_advantage` is the one copy of a verl method. :class:`EBPOTaskRunner` is verl's
 ``TaskRunnerV1.run`` with these trainers, after the options, registration and node checks.
 """
 
@@ -16,7 +16,7 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,14 +33,14 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from ebpo_verl.algos import registry
-from ebpo_verl.algos.grouping import one_value_per_key
+from ebpo_verl.algos.estimator import Estimator
 from ebpo_verl.compat.contact import swapped
 from ebpo_verl.ops.errors import EBPOConfigError, shorten
 from ebpo_verl.ops.metrics_log import MetricsLog, read_metrics_log
 from ebpo_verl.ops.node_check import check_nodes
 from ebpo_verl.ops.provenance import run_provenance
 from ebpo_verl.options.parsing import is_missing
-from ebpo_verl.trainer.adapter import outcome_advantages, row_values
+from ebpo_verl.trainer.adapter import PAD_PREFIX, advantage_step
 from ebpo_verl.trainer.checkpoint.resume import loaded_folder, step_folder
 from ebpo_verl.trainer.checkpoint.state import load_state, save_state
 from ebpo_verl.trainer.checkpoint.step_metrics import load_step_metrics, save_step_metrics, unlogged_step_metrics
@@ -59,30 +59,37 @@ ADVANTAGE_FIELDS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "o
 """What verl's v1 advantage step reads from TransferQueue."""
 
 
-def uid_row_keys(
+def extra_info_values(
     extra_infos: Sequence[Mapping[str, Any] | None],
     uids: Sequence[Any],
     padding: Sequence[bool],
     key: str,
     option: str,
-) -> dict[str, Any]:
-    """``uid -> extra_info[key]`` of a step's rows (``option`` names the setting in the errors).
+) -> np.ndarray:
+    """Each row's ``extra_info[key]``, an object array (``option`` names the setting in the errors).
 
-    Padding rows (flagged, or uid starting with ``pad``) copy a real row's fields in verl, so they are skipped. A
-    real row without the field raises, naming its uid and the keys its ``extra_info`` has; so does a uid whose
-    rows carry two different values (the grouping code's :func:`~ebpo_verl.algos.grouping.one_value_per_key`).
+    Padding rows (flagged, or uid starting with ``pad``) copy a real row's fields in verl: they get None. A real row
+    without the field raises, naming its uid and the keys its ``extra_info`` has; so do two rows of one uid whose
+    values read differently (the estimators compare them as strings).
     """
-    rows = [(str(u), info or {}) for info, u, pad in zip(extra_infos, uids, padding, strict=True) if not pad]
-    rows = [(uid, info) for uid, info in rows if not uid.startswith("pad")]
-    for uid, info in rows:
-        if is_missing(info.get(key)):
+    out = np.full(len(uids), None, dtype=object)
+    first: dict[str, Any] = {}
+    for row, (info, uid, pad) in enumerate(zip(extra_infos, uids, padding, strict=True)):
+        uid = str(uid)
+        if pad or uid.startswith(PAD_PREFIX):
+            continue
+        value = (info or {}).get(key)
+        if is_missing(value):
             raise EBPOConfigError(
-                f"rollout row of uid {uid} has no extra_info[{key!r}] ({option}); its extra_info keys: {sorted(info)}"
+                f"rollout row of uid {uid} has no extra_info[{key!r}] ({option}); its extra_info keys: "
+                f"{sorted(info or {})}"
             )
-    try:
-        return one_value_per_key([u for u, _ in rows], [i[key] for _, i in rows], f"extra_info[{key!r}] ({option})")
-    except ValueError as err:
-        raise EBPOConfigError(str(err)) from None
+        if str(first.setdefault(uid, value)) != str(value):
+            raise EBPOConfigError(
+                f"uid {uid} carries more than one extra_info[{key!r}] ({option}): {first[uid]!r}, {value!r}"
+            )
+        out[row] = value
+    return out
 
 
 _TRAJECTORY_KEY = re.compile(r".+_([0-9]{1,18})_[0-9]{1,18}", re.DOTALL)
@@ -102,6 +109,82 @@ def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
     return out
 
 
+def step_row_values(estimator: Estimator, data: DataProto, batch) -> np.ndarray | None:
+    """What ``estimator`` reads per row of this step (:func:`ebpo_verl.algos.registry.row_values`), read once into
+    the rows: each row's ``extra_info`` field (fetched with the step's fields; ``batch``'s tags flag padding) or its
+    rollout sample index from ``batch``'s trajectory keys (:func:`sample_indices`)."""
+    spec = estimator.spec
+
+    def field(key: str) -> np.ndarray:
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        infos = data.non_tensor_batch["extra_info"]
+        return extra_info_values(infos, data.non_tensor_batch["uid"], padding, key, spec.row_option)
+
+    return registry.row_values(spec, estimator.options, field, lambda: sample_indices(batch.keys))
+
+
+def copied_compute_advantage(
+    trainer: PPOTrainer, batch, metrics: dict, extra: Mapping[str, str], estimator: Estimator | None = None
+):
+    """verl 0.9.1's ``PPOTrainer._compute_advantage`` (the one copy of a verl method) on ``trainer`` with the
+    TransferQueue fields ``extra`` (name -> name in the batch; a non-tensor field, such as ``extra_info``, goes to
+    ``non_tensor_batch``) fetched in the same call; with ``estimator``, the one advantage step
+    (:func:`~ebpo_verl.trainer.adapter.advantage_step`) runs it where verl's ``compute_advantage`` would call the
+    registered estimator function."""
+    import transfer_queue as tq
+
+    algo = trainer.config.algorithm
+    fetched = tq.kv_batch_get(
+        keys=batch.keys, partition_id=batch.partition_id, select_fields=ADVANTAGE_FIELDS + list(extra)
+    )
+    response_mask = fetched["response_mask"]
+    data = DataProto(batch=fetched.to_padded_tensor())
+    data.batch["token_level_scores"] = data.batch["rm_scores"]
+    data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+    for name, renamed in extra.items():
+        value = data.batch.pop(name)
+        if isinstance(value, torch.Tensor):
+            data.batch[renamed] = value
+        else:  # a NonTensorStack: one object per row
+            data.non_tensor_batch[renamed] = np.array(value.tolist(), dtype=object)
+
+    if algo.use_kl_in_reward:
+        data, kl_metrics = apply_kl_penalty(data, kl_ctrl=trainer.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
+        metrics.update(kl_metrics)
+    else:
+        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    corr = algo.get("rollout_correction", None)
+    correct = corr is not None and "rollout_log_probs" in data.batch and not corr.get("bypass_mode", False)
+    if correct:
+        data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
+        metrics.update(corr_metrics)
+    if "sum_pi_squared" in data.batch:
+        mask = data.batch["response_mask"].bool()
+        metrics["otb/sum_pi_squared_mean"] = float(data.batch["sum_pi_squared"][mask].mean())
+    if estimator is not None:
+        rows = step_row_values(estimator, data, batch)
+        data.batch["advantages"], data.batch["returns"], diagnostics = advantage_step(data, estimator, rows)
+        metrics.update(diagnostics)  # bnpo/max_abs_adv: 1/pdf can reach ~1e5-1e6
+    else:
+        data = compute_advantage_for_multi_trajectories(
+            data,
+            batch_keys=batch.keys,
+            adv_estimator=algo.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            num_repeat=trainer.config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+            config=algo,
+        )
+    out = ["advantages", "returns"] + (["token_level_rewards"] if algo.use_kl_in_reward else [])
+    if correct:
+        out += ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
+    nested = {name: response_to_nested(data.batch[name], response_mask) for name in out}
+    return tq.kv_batch_put(
+        keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(nested, batch_size=len(batch))
+    )
+
+
 class OTBSumPiSquaredMixin:
     """verl's Optimal Token Baseline (``optimal_token_baseline`` / ``tir_optimal_token_baseline``) on the v1 trainer.
 
@@ -110,8 +193,8 @@ class OTBSumPiSquaredMixin:
 
     - ``_compute_old_log_prob`` sets the engine's ``calculate_sum_pi_squared`` flag and stores the response part of
       the actor's output in TransferQueue as :data:`SUM_PI_SQUARED`;
-    - ``_compute_advantage`` is :meth:`_advantage_step`, verl's v1 step fetching that one field more (the one method
-      that copies verl), passed to OTB with ``old_log_probs`` and any IS weights; logs ``otb/sum_pi_squared_mean``.
+    - ``_compute_advantage`` is :func:`copied_compute_advantage`, verl's v1 step fetching that one field more,
+      passed to OTB with ``old_log_probs`` and any IS weights; logs ``otb/sum_pi_squared_mean``.
 
     The bypass mode (no old-log-prob pass) and fused kernels are refused by the pre-flight.
     """
@@ -146,70 +229,12 @@ class OTBSumPiSquaredMixin:
     def _compute_advantage(self, batch, metrics: dict):
         if not self.otb:
             return super()._compute_advantage(batch, metrics)
-        return self._advantage_step(batch, metrics, {SUM_PI_SQUARED: "sum_pi_squared"})
-
-    def _advantage_step(
-        self, batch, metrics: dict, extra: Mapping[str, str], estimate: Callable[[DataProto], None] | None = None
-    ):
-        """verl 0.9.1's ``PPOTrainer._compute_advantage`` with the TransferQueue fields ``extra`` (name -> name in
-        the batch; a non-tensor field, such as ``extra_info``, goes to ``non_tensor_batch``) fetched in the same
-        call; with ``estimate``, that call sets the batch's advantages and returns where verl's
-        ``compute_advantage`` would call the registered estimator function."""
-        import transfer_queue as tq
-
-        algo = self.config.algorithm
-        fetched = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=ADVANTAGE_FIELDS + list(extra)
-        )
-        response_mask = fetched["response_mask"]
-        data = DataProto(batch=fetched.to_padded_tensor())
-        data.batch["token_level_scores"] = data.batch["rm_scores"]
-        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
-        for name, renamed in extra.items():
-            value = data.batch.pop(name)
-            if isinstance(value, torch.Tensor):
-                data.batch[renamed] = value
-            else:  # a NonTensorStack: one object per row
-                data.non_tensor_batch[renamed] = np.array(value.tolist(), dtype=object)
-
-        if algo.use_kl_in_reward:
-            data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
-            metrics.update(kl_metrics)
-        else:
-            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-        corr = algo.get("rollout_correction", None)
-        correct = corr is not None and "rollout_log_probs" in data.batch and not corr.get("bypass_mode", False)
-        if correct:
-            data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
-            metrics.update(corr_metrics)
-        if "sum_pi_squared" in data.batch:
-            mask = data.batch["response_mask"].bool()
-            metrics["otb/sum_pi_squared_mean"] = float(data.batch["sum_pi_squared"][mask].mean())
-        if estimate is not None:
-            estimate(data)
-        else:
-            data = compute_advantage_for_multi_trajectories(
-                data,
-                batch_keys=batch.keys,
-                adv_estimator=algo.adv_estimator,
-                gamma=algo.gamma,
-                lam=algo.lam,
-                num_repeat=self.config.actor_rollout_ref.rollout.n,
-                norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
-                config=algo,
-            )
-        out = ["advantages", "returns"] + (["token_level_rewards"] if algo.use_kl_in_reward else [])
-        if correct:
-            out += ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
-        nested = {name: response_to_nested(data.batch[name], response_mask) for name in out}
-        return tq.kv_batch_put(
-            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(nested, batch_size=len(batch))
-        )
+        return copied_compute_advantage(self, batch, metrics, {SUM_PI_SQUARED: "sum_pi_squared"})
 
 
 class EBPOTrainerMixin:
     """EBPO additions to a verl v1 ``PPOTrainer`` subclass (put first in the bases, before
-    :class:`OTBSumPiSquaredMixin`, whose copy of verl's advantage step it uses); ``options`` are the run's, parsed
+    :class:`OTBSumPiSquaredMixin`); ``options`` are the run's, parsed
     by the caller (the TaskRunner) or, when not given, here. ``estimator`` is the run's estimator object (None:
     verl's own step runs the estimator), its state saved with every checkpoint."""
 
@@ -244,45 +269,8 @@ class EBPOTrainerMixin:
     def _compute_advantage(self, batch, metrics: dict):
         if self.estimator is None:
             return super()._compute_advantage(batch, metrics)
-        samples = sample_indices(batch.keys) if self.estimator.spec.reads_sample_index else None
         extra = {"extra_info": "extra_info"} if self.options.row_key else {}  # fetched with the step's fields
-
-        def estimate(data: DataProto) -> None:
-            self.estimate_advantages(data, self._row_keys(data, batch), metrics, samples)
-
-        return self._advantage_step(batch, metrics, extra, estimate)
-
-    def estimate_advantages(
-        self,
-        data: DataProto,
-        row_keys: Mapping[str, Any] | None,
-        metrics: dict,
-        sample_index: np.ndarray | None = None,
-    ) -> None:
-        """The run's estimator on verl's ``compute_advantage`` inputs plus the step's uid -> row key map or, for
-        ``krpo``, each row's sample index (:func:`sample_indices`): ``advantages`` and ``returns`` into
-        ``data.batch``, the diagnostics into ``metrics`` (``bnpo/max_abs_adv``: 1/pdf can reach ~1e5-1e6)."""
-        uids = data.non_tensor_batch["uid"]
-        est = self.estimator
-        values = registry.row_values(
-            est.spec, est.options, lambda key: row_values(row_keys, uids), lambda: sample_index
-        )
-        advantages, returns, diagnostics = outcome_advantages(
-            est, data.batch["token_level_rewards"], data.batch["response_mask"], uids, values
-        )
-        data.batch["advantages"], data.batch["returns"] = advantages, returns
-        metrics.update(diagnostics)
-
-    def _row_keys(self, data: DataProto, batch) -> dict[str, Any] | None:
-        """This step's uid -> ``extra_info[row_key]`` from its rows, ``batch``'s tags flagging padding (None when the
-        estimator reads no field)."""
-        key = self.options.row_key
-        if not key:
-            return None
-        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-        option = f"{self.options.spec.section}.{self.options.spec.row_key}"
-        infos = data.non_tensor_batch.pop("extra_info")
-        return uid_row_keys(list(infos), list(data.non_tensor_batch["uid"]), padding, key, option)
+        return copied_compute_advantage(self, batch, metrics, extra, self.estimator)
 
     # ---------------------------------------------------------- checkpoint
     def step(self, metrics: dict, timing_raw: dict):
