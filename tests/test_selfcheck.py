@@ -167,7 +167,7 @@ def test_the_train_check_runs_ebpo_train_and_its_resume_on_the_cpu(tmp_path):
     """The ``train`` check in its CPU form: two real ebpo-train runs, the second resumed from the first's step 2."""
     from ebpo_verl.smoke.train_check import check_train
 
-    line = selfcheck.check_train("cpu", tmp_path, 600)
+    line = selfcheck.check_train("cpu", tmp_path, 500)  # two runs within the heavy tier's 1,200 s (5 min each, loaded)
     assert selfcheck.check_train is check_train
     assert line.startswith("ebpo-train on cpu (FSDP2, EBPO): a run resumed from step 2: step 3's ")
     assert (tmp_path / "train" / "ckpt_b" / "global_step_3").is_dir()
