@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from ebpo_verl.algos.ebpo_state import EBPOState
-from ebpo_verl.smoke import invariants
-from tests.harness import campaign
+from tests.harness import campaign, invariants
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -359,7 +358,7 @@ def test_read_events_leaves_a_torn_last_line(tmp_path):
 def _tagged_setsid_sleeper(seconds: int = 120) -> subprocess.Popen:
     """A process carrying the smoke scan's tag (as every process of an attempt does) in a session of its own, as a
     process that called ``setsid`` is: a count by the attempt's session id would never see it."""
-    from ebpo_verl.smoke import scan
+    from tests.harness import scan
 
     env = {**os.environ, scan.TAG_ENV: scan.TAG}
     proc = subprocess.Popen(["setsid", sys.executable, "-c", f"import time; time.sleep({seconds})"], env=env)
@@ -371,7 +370,7 @@ def _tagged_setsid_sleeper(seconds: int = 120) -> subprocess.Popen:
 
 
 def test_a_leaked_setsid_process_fails_the_leak_check():
-    from ebpo_verl.smoke import scan
+    from tests.harness import scan
 
     proc = _tagged_setsid_sleeper()
     try:
@@ -423,7 +422,7 @@ def test_check_landed_reads_the_marker_and_refuses_a_kill_that_landed_elsewhere(
 SIGTERM_SUBJECT = """
 import sys, time
 from pathlib import Path
-from ebpo_verl.smoke import runs, scan
+from tests.harness import runs, scan
 from tests.harness import campaign
 # an attempt: a tree of processes, one of which left it (setsid + double fork), all carrying the tag
 escape = "setsid sh -c 'sleep 300 &' ; sleep 300 & wait"
@@ -436,7 +435,7 @@ time.sleep(300)
 
 
 def test_the_campaigns_sigterm_leaves_nothing(tmp_path):
-    from ebpo_verl.smoke import scan
+    from tests.harness import scan
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subject = subprocess.Popen([sys.executable, "-c", SIGTERM_SUBJECT, str(tmp_path)], env=env,

@@ -44,9 +44,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpo_verl.smoke import limits, scan
 from tests.conftest import on_ci
-from tests.harness import planting
+from tests.harness import limits, planting, scan
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

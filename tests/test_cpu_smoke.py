@@ -28,7 +28,7 @@ from ebpo_verl.cpu import backend as cpu_backend
 from ebpo_verl.cpu.rewards import coin_score
 from ebpo_verl.cpu.tiny import build_model
 from ebpo_verl.ops.shm import unlink_engine_shm
-from ebpo_verl.smoke import limits
+from tests.harness import limits
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -227,8 +227,8 @@ def test_no_product_module_imports_an_application():
     known = modules()
     raw = {name: third_party(path) for name, path in known.items()}
     assert by_module["ebpo_verl.recipes.driver"] & {"ebpo_verl.main"}  # the applications import the product
-    assert application_imports({"ebpo_verl.trainer.x": {"ebpo_verl.smoke.settings"}}, {"a": {"scripts"}}) == [
-        "ebpo_verl.trainer.x -> ebpo_verl.smoke.settings"
+    assert application_imports({"ebpo_verl.trainer.x": {"ebpo_verl.smoke.selfcheck"}}, {"a": {"scripts"}}) == [
+        "ebpo_verl.trainer.x -> ebpo_verl.smoke.selfcheck"
     ]
     assert application_imports({"ebpo_verl.ops.x": set()}, {"ebpo_verl.ops.x": {"benchmarks"}}) == [
         "ebpo_verl.ops.x -> benchmarks"

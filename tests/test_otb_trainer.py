@@ -218,8 +218,8 @@ def test_otb_trains_through_verls_trainer_on_cpu(tmp_path):
     complete."""
     from ebpo_verl.ops.metrics_log import read_metrics_log, read_provenance
     from ebpo_verl.ops.provenance import check
-    from ebpo_verl.smoke.runs import train
-    from ebpo_verl.smoke.settings import prepare
+    from tests.harness.runs import train
+    from tests.harness.settings import prepare
 
     files = prepare(tmp_path)
     extra = [*OTB, "trainer.save_freq=-1", "trainer.test_freq=-1"]

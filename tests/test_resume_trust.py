@@ -29,9 +29,9 @@ the second node): refused in the one line below, its marker never made (``tests/
 plants for both).
 
 The heavy tests are in the xdist group ``own_ray`` (tests/conftest.py): each run starts a Ray instance of its
-own (its own temp folder, ``RAY_ADDRESS`` dropped: ``ebpo_verl/smoke/runs.py``), so they run beside the cluster
+own (its own temp folder, ``RAY_ADDRESS`` dropped: ``tests/harness/runs.py``), so they run beside the cluster
 test's group; the smoke runs' leak checks leave what these runs' processes were seen holding to them
-(``ebpo_verl/smoke/scan.py``).
+(``tests/harness/scan.py``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_the_allowlist_is_what_real_checkpoints_hold(trained):
 def trained(tmp_path_factory) -> tuple[Path, dict]:
     """(work folder, its prepared files) of a two-step CPU run ``a`` saving after each step (in ``ckpt_a``), with
     the toy estimator (``site/``: its module and entry point) on the driver's and the workers' PYTHONPATH."""
-    from ebpo_verl.smoke import settings
+    from tests.harness import settings
 
     work = tmp_path_factory.mktemp("resume_trust")
     write_toy_site(work / "site")
@@ -97,7 +97,7 @@ def _run(work: Path, files: dict, name: str, *extra: str) -> tuple[int, str]:
     """One ``python -m ebpo_verl.main`` run ``name`` (two steps, a checkpoint each; folder ``ckpt_<name>``) of the
     toy estimator, which reaches the TaskRunner (the Ray actor that calls it) through ``runtime_env``, as a user
     ships a plugin to a cluster."""
-    from ebpo_verl.smoke.runs import Run
+    from tests.harness.runs import Run
 
     site = work / "site"
     toy = [

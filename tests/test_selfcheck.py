@@ -1,11 +1,13 @@
 """The GPU self-check (ebpo_verl.smoke.selfcheck) in its CPU form, as CI runs it, and the checks' own logic:
 its comparison against hand-computed differences, a planted device difference it must report, the train
-check's wiring to the smoke's one-node flow (which tests/test_cpu_smoke.py runs on the CPU), vLLM's skip."""
+check's resume comparison fed broken runs, its time limit, and the check itself on the CPU; vLLM's skip."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 
 import pytest
 import torch
@@ -103,15 +105,72 @@ def test_the_paths_check_is_skipped_with_the_reason_without_verl_or_trl(tmp_path
         selfcheck.check_paths("cpu", tmp_path)
 
 
-def test_the_train_check_runs_the_smokes_one_node_flow_on_the_device(tmp_path, monkeypatch):
-    from ebpo_verl.smoke import flows, settings
+def _logs(seen_b: int = 12) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Made-up metrics of runs a (steps 1-3) and b (step 3, resumed): 4 prompts a step, b's step 3 = a's."""
+    a = {s: {"ebpo/prompts_seen": 4 * s, "ebpo/mu_glob": 0.25 * s, "actor/grad_norm": 0.5} for s in (1, 2, 3)}
+    return a, {3: {**a[3], "ebpo/prompts_seen": seen_b}}
 
-    seen = {}
-    monkeypatch.setattr(settings, "prepare", lambda work: {"prepared": str(work)})
-    monkeypatch.setattr(flows, "one_node", lambda work, files, timeout, vllm, device: seen.update(locals()))
-    selfcheck.check_train("cuda", tmp_path, 77)
-    assert seen["device"] == "cuda" and seen["timeout"] == 77 and seen["vllm"] is False
-    assert seen["files"] == {"prepared": str(tmp_path / "train")}
+
+def test_the_train_checks_comparison_passes_a_resume_and_names_each_broken_one():
+    from ebpo_verl.smoke.train_check import compare
+
+    state = {"steps": 3, "prompts_seen": 12}
+    assert compare(*_logs(), state, dict(state)).startswith("a run resumed from step 2: step 3's 2 ebpo/* metrics")
+    a, b = _logs()
+    b[3]["ebpo/mu_glob"] = 0.75 * (1 + 1e-9)  # beyond 1e-12 relative
+    broken = {
+        "prompts by step 3, not 12": (*_logs(seen_b=4), state, state),  # a fresh start: one batch seen
+        "ebpo/mu_glob: uninterrupted 0.75 != resumed": (a, b, state, state),
+        "EB state saved after step 3 differs": (*_logs(), state, {**state, "prompts_seen": 13}),
+        "logged steps: a [1, 2, 3], b [2, 3]": (_logs()[0], {2: {}, **_logs()[1]}, state, state),
+        "not finite ['ebpo/mu_glob']": (
+            {**_logs()[0], 2: {**_logs()[0][2], "ebpo/mu_glob": math.nan}},
+            _logs()[1],
+            state,
+            state,
+        ),  # fmt: skip
+        "not finite ['actor/grad_norm']": (
+            _logs()[0],
+            {3: {**_logs()[1][3], "actor/grad_norm": math.inf}},
+            state,
+            state,
+        ),  # fmt: skip
+    }
+    for found, args in broken.items():
+        with pytest.raises(AssertionError, match=re.escape(found)):
+            compare(*args)
+
+
+def test_a_run_past_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    """A stand-in for ebpo-train that starts a child and sleeps: killed at the limit, its child too, one error."""
+    import psutil
+
+    from ebpo_verl.smoke import train_check
+
+    (tmp_path / "sleeper.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print('child', child.pid, flush=True)\ntime.sleep(300)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setattr(train_check, "ENTRY", "sleeper")
+    files = {"train": "t", "val": "v", "model": "m", "prompt_length": 10}
+    with pytest.raises(AssertionError, match=r"ebpo-train run a exceeded 3 s \(--run-timeout\) and was killed"):
+        train_check.run(tmp_path, files, "a", [], "cpu", 3)
+    child = int((tmp_path / "a.log").read_text().split("child ")[1].split()[0])
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+@pytest.mark.heavy("own_ray")
+def test_the_train_check_runs_ebpo_train_and_its_resume_on_the_cpu(tmp_path):
+    """The ``train`` check in its CPU form: two real ebpo-train runs, the second resumed from the first's step 2."""
+    from ebpo_verl.smoke.train_check import check_train
+
+    line = selfcheck.check_train("cpu", tmp_path, 500)  # two runs within the heavy tier's 1,200 s (5 min each, loaded)
+    assert selfcheck.check_train is check_train
+    assert line.startswith("ebpo-train on cpu (FSDP2, EBPO): a run resumed from step 2: step 3's ")
+    assert (tmp_path / "train" / "ckpt_b" / "global_step_3").is_dir()
 
 
 def test_vllm_is_skipped_with_the_reason_when_not_installed(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The smoke harness's own checks (tests/harness/, ebpo_verl/smoke/), each fed a broken case it must reject: a fault
+"""The smoke harness's own checks (tests/harness/), each fed a broken case it must reject: a fault
 timeline past its bound, a process or /dev/shm entry left behind, a scan that sees nothing or fails, a resumed EB state
 off in one moment of one cluster, a grade that does not match its planted file, time limits not nested, the
 SIGTERM handler absent. Fast: fabricated inputs and small child processes, no Ray, no verl trainer."""
@@ -24,8 +24,7 @@ from ebpo_verl.algos.ebpo_math import compute_ebpo_advantages
 from ebpo_verl.algos.ebpo_state import EBPOState
 from ebpo_verl.algos.estimator import Batch
 from ebpo_verl.cpu import tiny_runs
-from ebpo_verl.smoke import invariants, limits, scan, settings
-from tests.harness import evaluation, faults
+from tests.harness import evaluation, faults, invariants, limits, scan, settings
 
 REPO = Path(__file__).resolve().parents[1]
 

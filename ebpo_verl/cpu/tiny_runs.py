@@ -15,6 +15,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # the real MATH-500/AMC23 copies beside the repository, else (a clone without them) the tests' made-up rows
 DATA = SHARED_DATA if SHARED_DATA.is_dir() else REPO / "tests" / "fixtures" / "hub"
 BACKEND = "ebpo_verl.cpu.backend"
+DEVICES = ("cpu", "cuda")
+"""Where a tiny run trains: the CPU backend, or one CUDA GPU."""
 ENV_VARS = "+ray_kwargs.ray_init.runtime_env.env_vars"  # <ENV_VARS>.NAME=value: in every process of the Ray job
 RUN_ENV = {
     "VERL_USE_EXTERNAL_MODULES": BACKEND,

@@ -141,7 +141,7 @@ def unlink_orphaned_shm(
       it can see every holder: nothing where :func:`blind_spot` names a reason (not root, a child PID namespace),
       nothing when any live process could not be read (one that exited meanwhile holds nothing); then, if there
       were candidates, one line on stderr says what was kept and why.
-    - ``seen`` (the smoke harness, :class:`ebpo_verl.smoke.scan.Watch`): path -> inode of the entries the caller saw
+    - ``seen`` (the smoke harness, :class:`tests.harness.scan.Watch`): path -> inode of the entries the caller saw
       its own processes hold while they were alive, every one of which is gone now. That sighting is the proof, so
       only those entries (still of that inode) are candidates, a blind spot or an unreadable process does not stop
       it, and a live holder it can read still keeps an entry."""

@@ -15,11 +15,12 @@ one line each, then a JSON summary (printed, and written to ``--out``/selfcheck.
   of the grouping, not of a device kernel;
 - ``trl``: TRL's ``GRPOTrainer`` (:mod:`ebpo_verl.integrations.trl_example`) trains 2 steps on the device with every
   estimator; each stateful one resumed from step 1 ends with the uninterrupted run's state;
-- ``train``: ``ebpo-train`` with FSDP2 on the device, the smoke's one-node flow (:func:`.flows.one_node`);
+- ``train``: ``ebpo-train`` with FSDP2 on the device, 3 steps with a save, then a run resumed from step 2 whose
+  step 3 must be the first run's (:mod:`.train_check`);
 - ``vllm``: vLLM generates from the tiny model on the device (skipped, with the reason, without vLLM).
 
-``--device cpu`` runs the same code on CPU tensors of every dtype (CI: ``--skip train``; the CPU smoke test runs the
-same flow). Exit 1 when a check fails, 0 otherwise.
+``--device cpu`` runs the same code on CPU tensors of every dtype (CI: ``--skip train``; tests/test_selfcheck.py
+runs the ``train`` check on the CPU). Exit 1 when a check fails, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos import registry
+from ebpo_verl.cpu.tiny_runs import DEVICES
 from ebpo_verl.ops.errors import shorten
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
-from ebpo_verl.smoke.settings import DEVICES
+from ebpo_verl.smoke.train_check import check_train
 
 CHECKS = ("paths", "estimators", "trl", "train", "vllm")
 REL_TOL = 1e-6
@@ -301,21 +303,6 @@ def check_trl(device: str, work: Path) -> str:
             raise AssertionError(f"{name}: resumed from step 1, its state differs from the uninterrupted run's")
         resumed.append(name)
     return f"{len(registry.ours())} estimators trained in TRL on {device}; resumed exactly: {', '.join(resumed)}"
-
-
-def check_train(device: str, work: Path, run_timeout: float) -> str:
-    """The smoke's one-node flow (ebpo-train, FSDP2, a killed run and its exact resume) on ``device``."""
-    from ebpo_verl.smoke import flows, runs
-    from ebpo_verl.smoke.settings import prepare
-
-    folder = work / "train"
-    folder.mkdir(parents=True)
-    try:
-        flows.one_node(folder, prepare(folder), run_timeout, vllm=False, device=device)
-    except BaseException:
-        runs.kill_all()  # a failed or interrupted flow leaves none of its runs behind
-        raise
-    return f"ebpo-train on {device} (FSDP2): run, kill after the step-3 checkpoint, exact resume, no leaks"
 
 
 def check_vllm(device: str, work: Path) -> str:

@@ -6,7 +6,7 @@ the wheel: ``python -m tests.harness`` from the repository root (``bash scripts/
 
 ``python -m tests.harness`` builds a tiny Qwen3, 24 MATH-500 prompts (6 topics x 4) and 8 AMC23 prompts, and runs
 ``python -m ebpo_verl.main`` (``adv_estimator=ebpo``, ``rollout.n=4``, the topic curriculum) on the CPU backend
-(:mod:`ebpo_verl.smoke.flows`, :mod:`.flows`):
+(:mod:`.flows`):
 
 * one node: run A trains steps 1-3; run K resumes A's step 2, refuses a second run on its folder, and is SIGKILLed
   after its step-3 checkpoint, before the step-3 log call; K' reruns K's command and resumes there; with ``--vllm``
@@ -17,7 +17,8 @@ the wheel: ``python -m tests.harness`` from the repository root (``bash scripts/
   the last checkpoint (:mod:`tests.harness.evaluation`).
 * ``--hold [--stand-in]``: start, then wait to be stopped (the SIGTERM test).
 
-:mod:`.campaign` is the random-kill campaign. The modules the GPU self-check's ``train`` check runs (the one-node
-flow and what it needs: settings, runs, scan, checks, invariants, limits, reward) are still in :mod:`ebpo_verl.smoke`
-beside the self-check, until it no longer imports them.
+:mod:`.campaign` is the random-kill campaign. Beside them: the runs' data and overrides (:mod:`.settings`),
+starting and killing a run (:mod:`.runs`), the leak scans (:mod:`.scan`), the time limits (:mod:`.limits`), what
+the runs must show (:mod:`.checks`, :mod:`.invariants`). The GPU self-check (``python -m ebpo_verl.smoke.selfcheck``)
+is the wheel's, with a train check of its own (``ebpo_verl/smoke/train_check.py``).
 """

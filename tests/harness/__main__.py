@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ebpo_verl.cpu.tiny_runs import DEVICES
 from ebpo_verl.options.cli import OneLineParser, add_options, parse_options
 from ebpo_verl.options.parsing import OptionSection, ints, option, text
-from ebpo_verl.smoke import limits, runs
-from ebpo_verl.smoke.settings import DEVICES, NODES, prepare
-from tests.harness import cluster
+from tests.harness import cluster, limits, runs
+from tests.harness.settings import NODES, prepare
 
 
 class Stopped(SystemExit):
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"[cpu_smoke] --work-dir {work} is not empty; pass a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
-    from ebpo_verl.smoke.flows import one_node
     from tests.harness import flows
+    from tests.harness.flows import one_node
 
     try:
         if args.hold:

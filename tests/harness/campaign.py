@@ -42,8 +42,8 @@ from ebpo_verl.cpu import tiny_runs
 from ebpo_verl.ops.errors import one_line, shorten
 from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import PATH, OptionSection, Rule, ints, is_int, nullable, option, reals, text
-from ebpo_verl.smoke import checks, runs, scan, settings
-from ebpo_verl.smoke.invariants import (
+from tests.harness import checks, runs, scan, settings
+from tests.harness.invariants import (
     batch_groups,
     check_leaks,
     check_state,
@@ -167,7 +167,7 @@ def campaign_overrides(out: Path, run: str) -> list[str]:
 
 
 class Sighting:
-    """The processes of one run or attempt (by the environment tag, :func:`ebpo_verl.smoke.scan.tagged_processes`),
+    """The processes of one run or attempt (by the environment tag, :func:`tests.harness.scan.tagged_processes`),
     sampled every ``period`` s while it lives; :meth:`leak` counts those left after it."""
 
     def __init__(self, period: float = 2.0) -> None:

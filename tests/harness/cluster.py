@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 
 from ebpo_verl.cpu.tiny_runs import run_env
-from ebpo_verl.smoke import limits, scan
-from ebpo_verl.smoke.runs import kill_procs
-from ebpo_verl.smoke.settings import NODES
+from tests.harness import limits, scan
+from tests.harness.runs import kill_procs
+from tests.harness.settings import NODES
 
 STOP_GRACE_S = 10
 """Seconds the cluster's processes get between SIGTERM and SIGKILL at the end (``ray start --block``, the GCS and

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from ebpo_verl.cpu.tiny_runs import DATA
-from ebpo_verl.smoke.runs import Run
-from ebpo_verl.smoke.settings import NODES
+from tests.harness.runs import Run
+from tests.harness.settings import NODES
 
 BENCHMARKS, LIMIT, RUNS = ("amc23",), 2, 2
 WRONG = "-99999"

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ebpo_verl.smoke import limits
+from tests.harness import limits
 
 KILL_BOUND_S = 90
 TARGETS = {"rank": "ray::WorkerDict.", "rollout": "ray::vLLMHttpServer"}

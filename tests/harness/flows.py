@@ -1,5 +1,5 @@
-"""The harness's flows beside the one-node one (:func:`ebpo_verl.smoke.flows.one_node`): the two-node run with its
-faults and evaluation, and ``--hold`` (start, then wait to be stopped: the SIGTERM test's subject)."""
+"""The harness's flows: the one-node runs (A, K killed, K', C with ``--vllm``), the two-node run with its faults and
+evaluation, and ``--hold`` (start, then wait to be stopped: the SIGTERM test's subject)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import signal
 import sys
 from pathlib import Path
 
-from ebpo_verl.smoke import checks, scan
-from ebpo_verl.smoke.runs import Run, train
-from ebpo_verl.smoke.settings import SAVE_FREQ
-from tests.harness import planting
+from tests.harness import checks, planting, scan
 from tests.harness.cluster import LocalCluster
 from tests.harness.evaluation import evaluate_checkpoint
 from tests.harness.faults import Fault
+from tests.harness.runs import Run, k_overrides, run_killed, train
+from tests.harness.settings import K_STEPS, SAVE_FREQ, VLLM_STEPS
 
 NODE_STEPS = 4  # --nodes 2: steps 1-2 (checkpoint at 2), then resumed from step 2: steps 3-4
 NODE_EXTRA = [
@@ -24,6 +23,31 @@ NODE_EXTRA = [
 reference the merged shards are compared with), and keep one EB prior per topic (clusters to check)."""
 NODE_LOGGERS = "trainer.logger=[console,tensorboard,wandb]"
 """The attempts of run ``nodes`` also log to TensorBoard and W&B offline: the curves across the resumes."""
+
+
+def one_node(work: Path, files: dict, timeout: float, vllm: bool, device: str) -> None:
+    """Runs A, K (killed) and K' with the HF server, then run C with ``vllm``; every check, then the leak checks."""
+    watch = scan.Watch("the one-node runs", need_shm=vllm).start()
+    train(work, files, "a", [], timeout, watch=watch, device=device)
+    run, killed, _ = run_killed(work, files, timeout, device, watch)
+    if left := watch.wait_gone(30):
+        raise AssertionError(f"[cpu_smoke] run k: 30 s after its kill its processes are still there: {left}")
+    logged = checks.check_kill_landed(work, run.proc.pid)
+    print(
+        f"[cpu_smoke] SIGKILL -> run k (pid {run.proc.pid}, {killed} processes; resumed from A's step "
+        f"{SAVE_FREQ}) after its step-3 checkpoint, before the step-3 log call: logged steps {logged}, "
+        "the dead run's lock file left",
+        flush=True,
+    )
+    # K': K's command with resume_mode=auto, from K's tracker file (step 3)
+    train(work, files, "k", k_overrides(work, "auto"), timeout, steps=K_STEPS, watch=watch, device=device)
+    checks.check_killed(work)
+    checks.check_exact_resume(work, files)
+    if vllm:
+        resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={work / 'ckpt_a' / 'global_step_2'}"]
+        train(work, files, "c", resume, timeout, rollout="vllm", steps=VLLM_STEPS, watch=watch, device=device)
+        checks.check_vllm(work, files)
+    print(f"[cpu_smoke] OK (leaks, one node): {watch.final()}", flush=True)
 
 
 def two_nodes(work: Path, files: dict, timeout: float, faults: bool, step_timeout: float) -> None:

@@ -12,8 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
-from ebpo_verl.smoke.runs import Run
-from ebpo_verl.smoke.settings import NODES, SAVE_FREQ
+from tests.harness.runs import Run
+from tests.harness.settings import NODES, SAVE_FREQ
 
 REFUSAL = (
     "ebpo-train: error: {file} pickles posix.system, which is not a tensor or a type of this package's checkpoints, "

@@ -27,7 +27,6 @@ TEST_FREQ = SAVE_FREQ  # one node: validation at step 2 and at the last step
 K_STEPS = STEPS + 1  # runs K/K': resumed from A's step 2, killed in step 3's validation, then step 4
 VLLM_STEPS = STEPS + 1  # run C: steps 3 and 4 after resuming from step 2
 NODES = 2  # --nodes 2: a head and a second Ray node, one GPU-resource (one FSDP rank, one vLLM replica) each
-DEVICES = ("cpu", "cuda")
 ROLLOUTS = {
     "hf": ["actor_rollout_ref.rollout.name=hf"],
     "vllm": [

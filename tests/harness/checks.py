@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ebpo_verl.smoke.invariants import batch_groups, check_continues
-from ebpo_verl.smoke.settings import BATCH, EBPO_KEYS, K_STEPS, NODES, SAVE_FREQ, STEPS, VAL_KEY, VLLM_STEPS, N
+from tests.harness.invariants import batch_groups, check_continues
+from tests.harness.settings import BATCH, EBPO_KEYS, K_STEPS, NODES, SAVE_FREQ, STEPS, VAL_KEY, VLLM_STEPS, N
 
 
 def check_run(work: Path, run: str, steps: list[int]) -> dict[int, dict]:
@@ -142,8 +142,8 @@ def check_kill_landed(work: Path, run_pid: int) -> list[int]:
     """K was killed after its step-3 checkpoint, before its step-3 log call: only that checkpoint with its EB state,
     nothing logged, the lock left, nothing moved aside. Returns the steps logged (none)."""
     from ebpo_verl.ops.metrics_log import read_records
-    from ebpo_verl.smoke.runs import lock_holder
     from ebpo_verl.trainer.checkpoint.run_lock import RUN_LOCK_FILE
+    from tests.harness.runs import lock_holder
 
     ckpt = work / "ckpt_k"
     start = work / "ckpt_a" / f"global_step_{SAVE_FREQ}"

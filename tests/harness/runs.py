@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 
 from ebpo_verl.cpu.tiny_runs import run_env
-from ebpo_verl.smoke import limits, scan
-from ebpo_verl.smoke.settings import SAVE_FREQ, STEPS, overrides
+from tests.harness import limits, scan
+from tests.harness.settings import SAVE_FREQ, STEPS, overrides
 
 LIVE: list[Run] = []
 """Runs started and not yet ended or killed (killed by the script's SIGTERM/SIGINT handler)."""
