@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from ebpo_verl.options.parsing import unknown_option_message  # noqa: E402
 from ebpo_verl.trainer.config.generate import ALL_SECTIONS, estimator_names, option_lines  # noqa: E402
 from ebpo_verl.trainer.preflight import preflight  # noqa: E402
+from ebpo_verl.trainer.run_options import TrainerOptions  # noqa: E402
 
 CONFIG_MODULE = "ebpo_verl.trainer.config"
 CONFIG_NAME = "ebpo_trainer"
@@ -122,7 +123,7 @@ def dry_run(overrides: list[str], config_name: str | None = None) -> tuple[DictC
 
     config = compose(overrides, config_name)
     try:
-        return config, preflight(config, dry_run=True)
+        return config, preflight(config, dry_run=True).lines
     except OmegaConfBaseException as err:
         raise EBPOConfigError(one_line(err)) from err
 
@@ -158,13 +159,14 @@ def _preflight_and_run(config: DictConfig) -> None:
         outputs = hold_run_outputs(config.trainer)
     with outputs:
         with _refusals():
-            _report(preflight(config, dry_run=False))
-        _launch(config)
+            cleared = preflight(config, dry_run=False)
+        _report(cleared.lines)
+        _launch(config, cleared.options.trainer)
 
 
-def _launch(config: DictConfig) -> None:
+def _launch(config: DictConfig, trainer: TrainerOptions) -> None:
     """verl's ``run_ppo`` with our TaskRunner, the launch command recorded for the metrics log, a dead or hung
-    worker reported in one line (exit 1)."""
+    worker reported in one line (exit 1); ``trainer``: our ``trainer`` options as the pre-flight parsed them."""
     import shlex
 
     from omegaconf import open_dict
@@ -181,7 +183,7 @@ def _launch(config: DictConfig) -> None:
     auto_set_device(config)
     unlink_orphaned_shm()  # what killed workers of an earlier run or attempt left in this node's RAM
     try:
-        with failures_reported(config):  # a dead or hung worker: one line, exit 1
+        with failures_reported(config, trainer):  # a dead or hung worker: one line, exit 1
             run_ppo(config, task_runner_class=EBPOTaskRunner)
     finally:
         unlink_orphaned_shm()
