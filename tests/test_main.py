@@ -510,3 +510,14 @@ def test_main_parses_the_run_options_once_and_hands_the_trainers_on(monkeypatch,
     assert code == 0, err
     assert len(parses) == 1 and len(launched) == 1
     assert (launched[0].step_timeout_s, launched[0].init_timeout_s) == (90.0, 3600)
+
+
+def test_the_command_line_is_parsed_once_into_a_command():
+    """ebpo-train's own flags and the overrides become one Command; Hydra's own command lines are left to Hydra."""
+    from ebpo_verl.main import Command, arguments
+
+    assert arguments(["a=1", "--cfg", "job", "-p", "trainer", "--resolve", "-cn=mine", "b=2"]) == Command(
+        ("a=1", "b=2"), cfg="job", package="trainer", resolve=True, config_name="mine"
+    )
+    assert arguments(["-h"]) == Command(help=True) and arguments([]) == Command()
+    assert arguments(["--cfg", "hydra"]) is None and arguments(["--multirun", "a=1"]) is None
