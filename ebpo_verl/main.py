@@ -17,6 +17,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import NoReturn
 
 from ebpo_verl.ops.errors import EBPOConfigError, one_line
@@ -34,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from ebpo_verl.options.parsing import unknown_option_message  # noqa: E402
 from ebpo_verl.trainer.config.generate import ALL_SECTIONS, estimator_names, option_lines  # noqa: E402
 from ebpo_verl.trainer.preflight import preflight  # noqa: E402
+from ebpo_verl.trainer.run_options import TrainerOptions  # noqa: E402
 
 CONFIG_MODULE = "ebpo_verl.trainer.config"
 CONFIG_NAME = "ebpo_trainer"
@@ -122,7 +124,7 @@ def dry_run(overrides: list[str], config_name: str | None = None) -> tuple[DictC
 
     config = compose(overrides, config_name)
     try:
-        return config, preflight(config, dry_run=True)
+        return config, preflight(config, dry_run=True).lines
     except OmegaConfBaseException as err:
         raise EBPOConfigError(one_line(err)) from err
 
@@ -158,13 +160,14 @@ def _preflight_and_run(config: DictConfig) -> None:
         outputs = hold_run_outputs(config.trainer)
     with outputs:
         with _refusals():
-            _report(preflight(config, dry_run=False))
-        _launch(config)
+            cleared = preflight(config, dry_run=False)
+        _report(cleared.lines)
+        _launch(config, cleared.options.trainer)
 
 
-def _launch(config: DictConfig) -> None:
+def _launch(config: DictConfig, trainer: TrainerOptions) -> None:
     """verl's ``run_ppo`` with our TaskRunner, the launch command recorded for the metrics log, a dead or hung
-    worker reported in one line (exit 1)."""
+    worker reported in one line (exit 1); ``trainer``: our ``trainer`` options as the pre-flight parsed them."""
     import shlex
 
     from omegaconf import open_dict
@@ -181,7 +184,7 @@ def _launch(config: DictConfig) -> None:
     auto_set_device(config)
     unlink_orphaned_shm()  # what killed workers of an earlier run or attempt left in this node's RAM
     try:
-        with failures_reported(config):  # a dead or hung worker: one line, exit 1
+        with failures_reported(config, trainer):  # a dead or hung worker: one line, exit 1
             run_ppo(config, task_runner_class=EBPOTaskRunner)
     finally:
         unlink_orphaned_shm()
@@ -232,12 +235,25 @@ def usage() -> str:
 
 OUR_FLAGS = {"--help": "help", "-h": "help", "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package",
              "--resolve": "resolve", "--config-name": "config_name", "-cn": "config_name"}  # fmt: skip
-"""The flags :func:`main` handles itself (``--cfg`` only with ``job``); every other flag is Hydra's own."""
+"""The flags :func:`main` handles itself (``--cfg`` only with ``job``), by :class:`Command` field; every other flag
+is Hydra's own."""
 
 
-def arguments(argv: list[str]) -> tuple[dict[str, str | bool], list[str]] | None:
-    """(our flags, the overrides) of the command line; None when it is Hydra's own (a flag not in
-    :data:`OUR_FLAGS`, ``--cfg hydra|all``), which ``hydra.main`` then parses itself."""
+@dataclass(frozen=True)
+class Command:
+    """An ``ebpo-train`` command line of ours: the overrides and our flags (``cfg``: ``job`` or None)."""
+
+    overrides: tuple[str, ...] = ()
+    help: bool = False
+    cfg: str | None = None
+    package: str | None = None
+    resolve: bool = False
+    config_name: str | None = None
+
+
+def arguments(argv: list[str]) -> Command | None:
+    """The command line parsed once; None when it is Hydra's own (a flag not in :data:`OUR_FLAGS`, ``--cfg
+    hydra|all``), which ``hydra.main`` then parses itself."""
     flags: dict[str, str | bool] = {}
     overrides: list[str] = []
     args = iter(argv)
@@ -253,23 +269,21 @@ def arguments(argv: list[str]) -> tuple[dict[str, str | bool], list[str]] | None
             flags[OUR_FLAGS[flag]] = value if given else next(args, "")
             if not flags[OUR_FLAGS[flag]]:
                 _fail(f"{flag} needs a value: see ebpo-train --help")
-    return None if flags.get("cfg", "job") != "job" else (flags, overrides)
+    return None if flags.get("cfg", "job") != "job" else Command(tuple(overrides), **flags)
 
 
 def main() -> None:
     """Console script ``ebpo-train``: ``--help``, ``--cfg job`` (pre-flight + config), a run, or Hydra's own
     commands (through ``hydra.main``)."""
-    parsed = arguments(sys.argv[1:])
-    if parsed is None:
+    command = arguments(sys.argv[1:])
+    if command is None:
         hydra_train()
-        return
-    flags, overrides = parsed
-    if flags.get("help"):
+    elif command.help:
         print(usage())
-    elif flags.get("cfg"):
-        show_job(overrides, flags.get("config_name"), flags.get("package"), bool(flags.get("resolve")))
+    elif command.cfg:
+        show_job(list(command.overrides), command.config_name, command.package, command.resolve)
     else:
-        train(overrides, flags.get("config_name"))
+        train(list(command.overrides), command.config_name)
 
 
 if __name__ == "__main__":

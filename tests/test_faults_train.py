@@ -217,7 +217,7 @@ def test_preflight_refuses_an_unknown_estimator_with_the_known_names(tmp_path, _
     assert message.startswith("algorithm.adv_estimator='nonexistent' is not an advantage estimator")
     known = message.split("known: ")[1].split(", ")
     assert {"ebpo", "grpo", "gae", "rloo", "spo", "bnpo", "shrinkage_js"} <= set(known) and known == sorted(known)
-    assert preflight(_config(tmp_path, "algorithm.adv_estimator=grpo", *_data(tmp_path)), dry_run=True)
+    assert preflight(_config(tmp_path, "algorithm.adv_estimator=grpo", *_data(tmp_path)), dry_run=True).lines
 
 
 CURRICULUM = ["data.custom_cls.path=pkg://ebpo_verl.trainer.curriculum", "data.custom_cls.name=CurriculumDataset"]
@@ -281,7 +281,7 @@ def test_preflight_checks_the_tracker_file(tmp_path, _config):
         with pytest.raises(EBPOConfigError, match=message):
             preflight(_config(tmp_path, *data), dry_run=True)
     (ckpt / TRACKER_FILE).write_text("2\n")
-    assert preflight(_config(tmp_path, *data), dry_run=True)[-1] == f"resumes from {ckpt / 'global_step_2'}"
+    assert preflight(_config(tmp_path, *data), dry_run=True).lines[-1] == f"resumes from {ckpt / 'global_step_2'}"
 
 
 def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path, _config):

@@ -258,7 +258,9 @@ MUTATORS = frozenset(
 ALLOWED_STATE = {
     ("ebpo_verl.reward", "_VERDICTS"): "cache: math-verify verdicts by (gold, answer), LRU, at most _CACHE_SIZE",
     ("ebpo_verl.reward", "_POOL"): "cache of grading worker processes, at most MAX_WORKERS, shut at exit",
-    ("ebpo_verl.trainer.run_options", "_LAST"): "cache: each estimator's last validated options, one per estimator",
+    ("ebpo_verl.trainer.run_options", "_LAST"): "cache for stock verl main_ppo, which calls a registered function "
+    "each step with its raw algorithm node and nothing of ours that outlives the call: each estimator's last node "
+    "value and its validated options (one entry per estimator), so a node is parsed and warned about once per value",
     ("ebpo_verl.trainer.adapter", "DEFAULT_ESTIMATORS"): "the default instances of stock verl.trainer.main_ppo",
     ("ebpo_verl.trainer.adapter", "ESTIMATORS"): "the functions registered in verl, made once at import from the "
     "registry and never written",

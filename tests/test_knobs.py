@@ -24,6 +24,7 @@ from ebpo_verl.options import cli, parsing
 from ebpo_verl.options.parsing import OptionSection, ints, option, reals, text
 from ebpo_verl.recipes import spec
 from ebpo_verl.trainer import watchdog
+from ebpo_verl.trainer.preflight import Cleared
 from ebpo_verl.trainer.preflight.config import resolve_reward_options
 from ebpo_verl.trainer.run_options import INIT_TIMEOUT_ENV, STEP_TIMEOUT_ENV, RunOptions, TrainerOptions
 from tests.in_process import ebpo_train
@@ -71,7 +72,10 @@ def test_a_config_without_the_timeouts_runs_the_watchdog_at_the_declared_default
         trainer._watchdog.stop()
         seen["options"] = trainer.options.trainer
 
-    monkeypatch.setattr(entry, "preflight", lambda config, dry_run: [])  # the data checks are not this test's
+    def preflight(config, dry_run):  # the pre-flight's one parse; the data checks are not this test's
+        return Cleared(RunOptions.from_config(config), [])
+
+    monkeypatch.setattr(entry, "preflight", preflight)
     monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", run_ppo)
     code, err = _ebpo_train(
         monkeypatch, capsys, "--config-dir", str(tmp_path / "conf"), "--config-name", "mine",

@@ -491,3 +491,33 @@ def test_main_preflight_checks_the_spo_tracker_of_a_resume(monkeypatch, capsys, 
     keep = "algorithm.spo.on_resume_mismatch=keep"
     code, _, err = ebpo_train(monkeypatch, capsys, *args, "algorithm.spo.rho=0.5", keep)
     assert code == 0, err
+
+
+def test_main_parses_the_run_options_once_and_hands_the_trainers_on(monkeypatch, capsys, tmp_path):
+    """A real run parses ``RunOptions`` once in the driver (the pre-flight's) and launches with its ``trainer``
+    options, the environment's timeout applied (Ray and verl stubbed: the launch is where they would start)."""
+    from ebpo_verl import main as entry
+    from ebpo_verl.trainer import run_options
+
+    parses, launched = [], []
+    real = run_options.RunOptions.from_config.__func__
+    monkeypatch.setattr(run_options.RunOptions, "from_config", classmethod(lambda c, k: parses.append(1) or real(c, k)))
+    monkeypatch.setattr(entry, "_launch", lambda config, trainer: launched.append(trainer))
+    monkeypatch.setenv("EBPO_STEP_TIMEOUT_S", "90")
+    rows = _parquet(tmp_path / "rows.parquet", 8)
+    data = [f"data.train_files={rows}", f"data.val_files={rows}", "data.train_batch_size=8"]
+    code, _, err = ebpo_train(monkeypatch, capsys, *data, "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    assert code == 0, err
+    assert len(parses) == 1 and len(launched) == 1
+    assert (launched[0].step_timeout_s, launched[0].init_timeout_s) == (90.0, 3600)
+
+
+def test_the_command_line_is_parsed_once_into_a_command():
+    """ebpo-train's own flags and the overrides become one Command; Hydra's own command lines are left to Hydra."""
+    from ebpo_verl.main import Command, arguments
+
+    assert arguments(["a=1", "--cfg", "job", "-p", "trainer", "--resolve", "-cn=mine", "b=2"]) == Command(
+        ("a=1", "b=2"), cfg="job", package="trainer", resolve=True, config_name="mine"
+    )
+    assert arguments(["-h"]) == Command(help=True) and arguments([]) == Command()
+    assert arguments(["--cfg", "hydra"]) is None and arguments(["--multirun", "a=1"]) is None

@@ -267,7 +267,7 @@ def test_every_algo_baselines_and_reward_composes_with_the_methods_values(tmp_pa
             assert got == expect, f"ALGO={algo} BASELINES={baselines} REWARD={reward}"
             get_adv_estimator_fn(cfg.algorithm.adv_estimator)
             get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
-            lines = preflight(cfg, dry_run=True)
+            lines = preflight(cfg, dry_run=True).lines
             assert lines[0] == "world size 32"
 
 

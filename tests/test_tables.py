@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ebpo_verl.ops.provenance import provenance
+from ebpo_verl.options.cli import parse
 from ebpo_verl.recipes import make_tables, plot_dynamics
 from ebpo_verl.recipes import paper as paper_numbers
 
@@ -362,3 +363,16 @@ def test_smoothing_by_hand():
     assert plot_dynamics.smooth([2.0, 4.0], 1) == [2.0, 4.0]
     run = {1: {"k": 1.0}, 2: {"k": None}, 3: {"k": float("nan")}, 4: {"k": True}, 5: {"k": 2}}
     assert plot_dynamics.series(run, "k") == ([1, 5], [1.0, 2.0])
+
+
+def test_the_command_line_is_parsed_into_its_declaration_once(tmp_path, capsys):
+    """RUN arguments are a declared field of MakeTablesOptions; neither runs nor --table is one line, exit 2."""
+    with pytest.raises(SystemExit) as exit_:
+        make_tables.main(["--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m ebpo_verl.recipes.make_tables: error: give runs, or --table to print the paper's table with "
+        "empty cells"
+    )
+    options = parse(make_tables.MakeTablesOptions, "make_tables", ["A/x=run1", "run2", "--out", "o"])
+    assert (options.runs, options.out, options.metric) == (("A/x=run1", "run2"), "o", (make_tables.DEFAULT_METRIC,))

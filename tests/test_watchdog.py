@@ -356,14 +356,15 @@ def test_the_driver_prints_one_line_and_exits_1(monkeypatch, capsys):
     monkeypatch.setenv(STEP_TIMEOUT_ENV, "90")
     monkeypatch.delenv(INIT_TIMEOUT_ENV, raising=False)
     config = OmegaConf.create({"trainer": {"step_timeout_s": 3600, "init_timeout_s": 1200}})
+    trainer = TrainerOptions.from_trainer(config.trainer)  # as the pre-flight parses it, the env var applied
     with pytest.raises(SystemExit) as exit_:
-        with failures_reported(config):
+        with failures_reported(config, trainer):
             assert config.trainer.step_timeout_s == 90.0  # resolved for the Ray workers, which lack the env var
             assert config.trainer.init_timeout_s == 1200.0
             raise RunAbortedError("step 3 timed out in phase update_actor: ...")
     assert exit_.value.code == 1
     assert capsys.readouterr().err == "ebpo-train: error: step 3 timed out in phase update_actor: ...\n"
-    with failures_reported(config):  # a run that ends well is left alone
+    with failures_reported(config, trainer):  # a run that ends well is left alone
         pass
 
 

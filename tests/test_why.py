@@ -4,6 +4,7 @@ page and per-prompt file checked against its per-seed numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -207,3 +208,18 @@ def test_a_wrong_page_line_is_caught():
     data["families"]["memory"][0]["p_holm"] = 0.001
     with pytest.raises(AssertionError):
         recompute(data)
+
+
+def test_a_plan_that_breaks_a_rule_is_refused_naming_it():
+    """WhyPlan's rules (the shared TunedPlan checks: estimators, its own rules, the run cap), one message each."""
+    cell = FULL.cells[0]
+    cases = {
+        "unknown estimators ['nope']": (dataclasses.replace(cell, arms=("grpo", "nope")),),
+        "cells at current G=2 differ in responses a step": (cell, dataclasses.replace(cell, name="b", responses=64)),
+        "test seeds must start at 16 or later": (dataclasses.replace(cell, seeds=5000),),
+    }
+    for message, cells in cases.items():
+        with pytest.raises(ValueError, match=re.escape(f"plan x: {message}")):
+            why.WhyPlan(name="x", scale=FULL.scale, cells=cells)
+    with pytest.raises(ValueError, match=r"plan x: \d+ runs exceed run_cap 10"):
+        why.WhyPlan(name="x", scale=FULL.scale, cells=(cell,), run_cap=10)

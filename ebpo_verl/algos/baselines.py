@@ -165,24 +165,17 @@ SPECS = (
     EstimatorSpec(
         "shrinkage_js",
         "James-Stein shrinkage: the leave-one-out group mean shrunk toward the leave-one-prompt-out batch mean",
-        "arXiv 2511.03710 (Zeng et al.), as the authors' fork runs it",
-        compute=compute_js_advantages,
+        "arXiv 2511.03710 (Zeng et al.), as the authors' fork runs it", compute=compute_js_advantages,
     ),
     EstimatorSpec(
-        "bnpo",
-        "BNPO: (r - p_q) / f(p_q; alpha, beta), the Beta pdf fitted by moments to the batch's pass rates",
-        "arXiv 2506.02864 (Xiao et al.)",
-        compute=compute_bnpo_advantages,
+        "bnpo", "BNPO: (r - p_q) / f(p_q; alpha, beta), the Beta pdf fitted by moments to the batch's pass rates",
+        "arXiv 2506.02864 (Xiao et al.)", compute=compute_bnpo_advantages,
         pass_rates=always("it fits a Beta distribution to pass rates"),
     ),
     EstimatorSpec(
-        "spo",
-        "SPO: a per-prompt Beta tracker's mean as baseline, batch-standardised (the fork's simplified form)",
-        "arXiv 2509.13232 (Xu & Ding)",
-        compute=compute_spo_advantages,
-        options_cls=SPOOptions,
+        "spo", "SPO: a per-prompt Beta tracker's mean as baseline, batch-standardised (the fork's simplified form)",
+        "arXiv 2509.13232 (Xu & Ding)", compute=compute_spo_advantages, options_cls=SPOOptions,
         state=StateSpec(SPOState, "spo_state.json", "SPO", "SPO trackers (baseline 0.5)", never_keep=("prompt_key",)),
-        row_input="prompt_key",
-        unique_row_key=True,
+        row_input="prompt_key", unique_row_key=True,
     ),
-)
+)  # fmt: skip

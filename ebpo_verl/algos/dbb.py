@@ -119,20 +119,10 @@ def compute_dbb_advantages(batch: Batch, options: DBBOptions, state: DBBState) -
 
 SPECS = (
     EstimatorSpec(
-        "dbb",
-        "Discounted Beta-Bernoulli: a per-prompt discounted Beta posterior's mean as baseline (GRPO-DBB)",
-        "arXiv 2603.18444",
-        compute=compute_dbb_advantages,
-        options_cls=DBBOptions,
-        state=StateSpec(
-            DBBState,
-            "dbb_state.json",
-            "DBB",
-            "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
-            never_keep=("prompt_key",),
-        ),
-        row_input="prompt_key",
-        unique_row_key=True,
-        pass_rates=always("a Beta-Bernoulli posterior counts successes"),
+        "dbb", "Discounted Beta-Bernoulli: a per-prompt discounted Beta posterior's mean as baseline (GRPO-DBB)",
+        "arXiv 2603.18444", compute=compute_dbb_advantages, options_cls=DBBOptions,
+        state=StateSpec(DBBState, "dbb_state.json", "DBB", "DBB posteriors (prior Beta(prior_alpha, prior_beta))",
+                        never_keep=("prompt_key",)),
+        row_input="prompt_key", unique_row_key=True, pass_rates=always("a Beta-Bernoulli posterior counts successes"),
     ),
-)
+)  # fmt: skip

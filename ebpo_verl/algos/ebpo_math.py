@@ -337,24 +337,13 @@ def _next_statistics(
 
 SPECS = (
     EstimatorSpec(
-        "ebpo",
-        "EBPO: A_i = r_i - [(1 - S) mu_q + S mu_glob], the group mean shrunk toward running statistics, standardised",
-        "arXiv 2602.05165",
-        compute=compute_ebpo_advantages,
-        options_cls=EBPOOptions,
-        state=StateSpec(
-            EBPOState,
-            "ebpo_state.json",
-            "EBPO",
-            "empirical-Bayes statistics",
-            mode_keys=("stats_scope", "prior", "shrinkage", "norm", "cluster_key"),
-            ignored=ignored_keys,
-        ),
-        row_input="cluster_key",
+        "ebpo", "EBPO: A_i = r_i - [(1 - S) mu_q + S mu_glob], the group mean shrunk toward running statistics, "
+        "standardised", "arXiv 2602.05165", compute=compute_ebpo_advantages, options_cls=EBPOOptions,
+        state=StateSpec(EBPOState, "ebpo_state.json", "EBPO", "empirical-Bayes statistics",
+                        mode_keys=("stats_scope", "prior", "shrinkage", "norm", "cluster_key"), ignored=ignored_keys),
+        row_input="cluster_key", min_group=group_size_need, warning=ignored_options_warning,
         pass_rates=lambda o: (
             "prior=beta_binomial needs a two-level reward, 0/1 or -1/+1" if o.prior == "beta_binomial" else None
         ),
-        min_group=group_size_need,
-        warning=ignored_options_warning,
     ),
-)
+)  # fmt: skip

@@ -216,17 +216,11 @@ def compute_ha_dw_advantages(batch: Batch, options: HADWOptions, state: HADWStat
 
 SPECS = (
     EstimatorSpec(
-        "ha_dw",
-        "history-aware difficulty weighting of GRPO's advantage by a global success-rate anchor",
+        "ha_dw", "history-aware difficulty weighting of GRPO's advantage by a global success-rate anchor",
         "arXiv 2601.08521 (HA-DW), Sec. 3; authors' code yangfengkai/HA-DW (form=authors_code)",
-        compute=compute_ha_dw_advantages,
-        options_cls=HADWOptions,
-        state=StateSpec(
-            HADWState,
-            "ha_dw_state.json",
-            "ha_dw",
-            "success-rate anchor (anchor_init, or the first batch's pass rate)",
-        ),
+        compute=compute_ha_dw_advantages, options_cls=HADWOptions,
+        state=StateSpec(HADWState, "ha_dw_state.json", "ha_dw",
+                        "success-rate anchor (anchor_init, or the first batch's pass rate)"),
         pass_rates=lambda options: "its anchor is a success rate" if options.form == "paper" else None,
     ),
-)
+)  # fmt: skip

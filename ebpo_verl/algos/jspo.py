@@ -104,11 +104,9 @@ def compute_jspo_advantages(batch: Batch, options: JSPOOptions) -> Advantages:
 
 SPECS = (
     EstimatorSpec(
-        "jspo",
-        "James-Stein shrinkage baseline: leave-one-out group mean shrunk toward the other prompts' mean",
+        "jspo", "James-Stein shrinkage baseline: leave-one-out group mean shrunk toward the other prompts' mean",
         "arXiv 2511.03710 (JSPO); authors' code guanning03/JSPO-Official",
-        compute=compute_jspo_advantages,
-        options_cls=JSPOOptions,
+        compute=compute_jspo_advantages, options_cls=JSPOOptions,
         min_group=lambda options: "form=authors_code requires G >= 2" if options.form == "authors_code" else None,
     ),
-)
+)  # fmt: skip

@@ -121,14 +121,11 @@ def compute_jspo_history_advantages(batch: Batch, options: JSPOHistoryOptions, s
 
 SPECS = (
     EstimatorSpec(
-        "jspo_history",
-        "JSPO's history variant: the James-Stein weight and batch mean smoothed across steps",
+        "jspo_history", "JSPO's history variant: the James-Stein weight and batch mean smoothed across steps",
         "JSPO authors' code guanning03/JSPO-Official (jspo_plus_plus; not in arXiv 2511.03710)",
-        compute=compute_jspo_history_advantages,
-        options_cls=JSPOHistoryOptions,
-        state=StateSpec(
-            JSPOHistoryState, "jspo_history_state.json", "jspo_history", "smoothed James-Stein weight and batch mean"
-        ),
+        compute=compute_jspo_history_advantages, options_cls=JSPOHistoryOptions,
+        state=StateSpec(JSPOHistoryState, "jspo_history_state.json", "jspo_history",
+                        "smoothed James-Stein weight and batch mean"),
         min_group=always("a leave-one-out mean needs G >= 2"),
     ),
-)
+)  # fmt: skip

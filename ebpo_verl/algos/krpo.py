@@ -123,11 +123,8 @@ def _sample_ints(batch: Batch, options: KRPOOptions, rows: np.ndarray) -> np.nda
 
 SPECS = (
     EstimatorSpec(
-        "krpo",
-        "Kalman-filter baseline: a fresh scalar filter walks each group's rewards (not cross-step)",
+        "krpo", "Kalman-filter baseline: a fresh scalar filter walks each group's rewards (not cross-step)",
         "arXiv 2505.07527 (KRPO); authors' code billhhh/KRPO_LLMs_RL train.py",
-        compute=compute_krpo_advantages,
-        options_cls=KRPOOptions,
-        row_input=SAMPLE_INDEX,
+        compute=compute_krpo_advantages, options_cls=KRPOOptions, row_input=SAMPLE_INDEX,
     ),
-)
+)  # fmt: skip

@@ -109,15 +109,9 @@ SPECS = (
         "running_norm",
         "running reward normalisation: cumulative reward moments, globally or per extra_info domain, no decay",
         "ROLL (alibaba/ROLL) roll/utils/functionals.py RunningMoments",
-        compute=compute_running_norm_advantages,
-        options_cls=RunningNormOptions,
-        state=StateSpec(
-            RunningNormState,
-            "running_norm_state.json",
-            "running_norm",
-            "running reward moments (empty)",
-            never_keep=("row_key",),
-        ),
+        compute=compute_running_norm_advantages, options_cls=RunningNormOptions,
+        state=StateSpec(RunningNormState, "running_norm_state.json", "running_norm", "running reward moments (empty)",
+                        never_keep=("row_key",)),
         row_input="row_key",
     ),
-)
+)  # fmt: skip

@@ -146,8 +146,10 @@ def word(value: Any) -> str:
 
 
 def shown(value: Any) -> str:
-    """A default as the user writes it: :func:`word`, a list as its words separated by spaces."""
-    return " ".join(word(v) for v in value) if isinstance(value, tuple) else word(value)
+    """A default as the user writes it: :func:`word`, a list as its words separated by spaces (``none``: empty)."""
+    if isinstance(value, tuple):
+        return " ".join(word(v) for v in value) or "none"
+    return word(value)
 
 
 def _either(words: Sequence[str]) -> str:

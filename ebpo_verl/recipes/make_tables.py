@@ -31,7 +31,7 @@ from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.errors import shorten
 from ebpo_verl.ops.metrics_log import MetricsLogError, merge_attempts, read_provenance, read_records
 from ebpo_verl.ops.provenance import describe_hardware, short_commit
-from ebpo_verl.options.cli import OneLineParser, add_options
+from ebpo_verl.options.cli import parse
 from ebpo_verl.options.parsing import OptionSection, option, text
 from ebpo_verl.recipes.paper import BENCHMARKS, CONTRASTS, PAPER, PAPER_LABEL
 from ebpo_verl.recipes.tables import TABLES
@@ -508,7 +508,7 @@ def make_tables(
 
 @dataclass(frozen=True)
 class MakeTablesOptions(OptionSection):
-    """The options of ``python -m ebpo_verl.recipes.make_tables`` (besides the RUN arguments), declared once."""
+    """The options of ``python -m ebpo_verl.recipes.make_tables``, its RUN arguments included, declared once."""
 
     SECTION: ClassVar[str] = "make_tables"
 
@@ -525,18 +525,17 @@ class MakeTablesOptions(OptionSection):
         rule=text("a metric"),
         metavar="M",
     )
+    runs: tuple[str, ...] = option((), "[SECTION/METHOD=]metrics log or run directory", rule=text("a run"), flag="RUN")
+
+    def __post_init__(self) -> None:
+        if not self.runs and not self.table:
+            raise ValueError("give runs, or --table to print the paper's table with empty cells")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m ebpo_verl.recipes.make_tables", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="*", metavar="RUN", help="[SECTION/METHOD=]metrics log or run directory")
-    add_options(parser, MakeTablesOptions)
-    args = parser.parse_args(argv)
-    args.out = Path(args.out)
-    if not args.runs and not args.table:
-        parser.error("give runs, or --table to print the paper's table with empty cells")
+    o = parse(MakeTablesOptions, "python -m ebpo_verl.recipes.make_tables", argv, __doc__.split("\n\n")[0])
     try:
-        mds = [make_tables(args.runs, args.out, args.table, args.select, m) for m in dict.fromkeys(args.metric)]
+        mds = [make_tables(o.runs, Path(o.out), o.table, o.select, m) for m in dict.fromkeys(o.metric)]
     except (MetricsLogError, ValueError, OSError) as err:
         print(f"make_tables: error: {err}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,49 @@ class Preset:
     def fingerprint(self) -> dict:
         """Everything that decides the results, as JSON values (``workers`` does not); a resumed study must match."""
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k != "workers"}))
+
+
+class TunedPlan(ABC):
+    """What the plan studies' plans share (rivals2's ``Plan``, the why study's ``WhyPlan``), each a frozen dataclass
+    with ``name``, ``scale`` (the preset of its RL runs), tuning seeds from ``tune_seed0`` (``tune_seeds`` of them)
+    and ``run_cap``, naming its estimators (:meth:`arms`), its own rules (:meth:`problem`) and its run count."""
+
+    name: str
+    scale: Preset
+    tune_seed0: int
+    tune_seeds: int
+    run_cap: int
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.arms() if a not in ESTIMATORS]
+        if unknown:
+            raise ValueError(f"plan {self.name}: unknown estimators {unknown}; choose from {sorted(ESTIMATORS)}")
+        if problem := self.problem():
+            raise ValueError(f"plan {self.name}: {problem}")
+        if self.planned_runs() > self.run_cap:
+            raise ValueError(f"plan {self.name}: {self.planned_runs()} runs exceed run_cap {self.run_cap}")
+
+    @abstractmethod
+    def arms(self) -> tuple[str, ...]:
+        """The estimators the plan runs."""
+
+    @abstractmethod
+    def problem(self) -> str | None:
+        """What breaks the plan's own rules, in words (None: nothing)."""
+
+    @abstractmethod
+    def planned_runs(self) -> int:
+        """The runs the plan starts with (tuning on its initial grid and every test run)."""
+
+    @property
+    def tuning_seeds(self) -> list[int]:
+        return list(range(self.tune_seed0, self.tune_seed0 + self.tune_seeds))
+
+    def fingerprint(self) -> dict:
+        """The plan as JSON values, its preset's :meth:`Preset.fingerprint` in place; a resumed study must match."""
+        return json.loads(
+            json.dumps({k: v for k, v in asdict(self).items() if k != "scale"} | {"scale": self.scale.fingerprint()})
+        )
 
 
 QUICK_ESTIMATORS = ("grpo", "ebpo", "otb", "dbb")

@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +20,10 @@ from scipy import stats
 from ebpo_verl.ops.atomic import atomic_write_text
 from ebpo_verl.ops.errors import shorten
 from ebpo_verl.study import report, runner
-from ebpo_verl.study.presets import PRESETS, Preset
+from ebpo_verl.study.presets import PRESETS, Preset, TunedPlan
 from ebpo_verl.study.ranking import _cell
 from ebpo_verl.study.report import SIDES, side
-from ebpo_verl.study.rl import ESTIMATORS, RLConfig
+from ebpo_verl.study.rl import RLConfig
 
 TOP_GROUP = ("ebpo", "ebpo_batch", "spo", "dbb", "running_norm", "jspo", "jspo_history", "grpo")
 """The estimators the table decides between (grpo as the reference), the same in every regime."""
@@ -67,7 +67,7 @@ problems only) 0.62, none above 0.3; easy (misconception share 0.3) 0.006, pass 
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(TunedPlan):
     """The study: ``scale`` (a preset) gives the RL run, splits and warm start; each regime tunes then tests ``top``
     at ``top_gs`` x ``top_seeds`` seeds (where ``with_rest``, ``rest`` at ``rest_gs`` x ``rest_seeds`` too). Tuning:
     every rate of ``lr_grid`` at ``tune_gs`` on ``tune_seeds`` seeds from ``tune_seed0`` (validation split); an
@@ -92,18 +92,13 @@ class Plan:
     run_cap: int = 2500
     check_regimes: bool = True
 
-    def __post_init__(self):
-        unknown = [e for e in (*self.top, *self.rest) if e not in ESTIMATORS]
-        if unknown:
-            raise ValueError(f"plan {self.name}: unknown estimators {unknown}; choose from {sorted(ESTIMATORS)}")
-        if self.tune_seed0 < max(self.top_seeds, self.rest_seeds):
-            raise ValueError(f"plan {self.name}: tune_seed0 {self.tune_seed0} overlaps the test seeds; raise it")
-        if self.planned_runs() > self.run_cap:
-            raise ValueError(f"plan {self.name}: {self.planned_runs()} runs exceed run_cap {self.run_cap}")
+    def arms(self) -> tuple[str, ...]:
+        return (*self.top, *self.rest)
 
-    @property
-    def tuning_seeds(self) -> list[int]:
-        return list(range(self.tune_seed0, self.tune_seed0 + self.tune_seeds))
+    def problem(self) -> str | None:
+        if self.tune_seed0 < max(self.top_seeds, self.rest_seeds):
+            return f"tune_seed0 {self.tune_seed0} overlaps the test seeds; raise it"
+        return None
 
     def estimators(self, regime: Regime) -> tuple[str, ...]:
         return (*self.top, *self.rest) if regime.with_rest else self.top
@@ -149,11 +144,6 @@ class Plan:
         return sum(
             len(self.tuning_jobs({s: grid[s] for s in self.slots(r)})) + len(self.test_jobs(r, lrs))
             for r in self.regimes
-        )
-
-    def fingerprint(self) -> dict:
-        return json.loads(
-            json.dumps({k: v for k, v in asdict(self).items() if k != "scale"} | {"scale": self.scale.fingerprint()})
         )
 
 

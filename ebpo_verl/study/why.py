@@ -19,10 +19,10 @@ from scipy import stats
 
 from ebpo_verl.ops.atomic import atomic_write, atomic_write_text
 from ebpo_verl.study import report, runner
-from ebpo_verl.study.presets import PRESETS, Preset
+from ebpo_verl.study.presets import PRESETS, Preset, TunedPlan
 from ebpo_verl.study.report import SIDES, side
 from ebpo_verl.study.rivals2 import ALPHA, REGIMES, extensions, holm, lr_choice, mde, pairs
-from ebpo_verl.study.rl import ESTIMATORS, RLConfig
+from ebpo_verl.study.rl import RLConfig
 from ebpo_verl.study.why_page import closing_note, dose_figure, page
 
 FIXED_S = {"grpo_bn": 0.0, "ebpo_s025": 0.25, "ebpo_s05": 0.5, "ebpo_s075": 0.75, "ebpo_s1": 1.0}
@@ -62,7 +62,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class WhyPlan:
+class WhyPlan(TunedPlan):
     """The study: ``scale`` (a preset) gives the RL run, splits and warm starts; ``cells`` run in order. Tuning: each
     rate of ``lr_grid`` on ``tune_seeds`` seeds from ``tune_seed0`` (validation split), a choice at the grid's edge
     extended (x2 or /2) at most ``max_extensions`` times while the study stays within ``run_cap`` runs. Memory cells
@@ -79,22 +79,17 @@ class WhyPlan:
     run_cap: int = 1500
     mde_target: float = 0.004
 
-    def __post_init__(self):
-        unknown = sorted({a for c in self.cells for a in c.arms} - set(ESTIMATORS))
-        if unknown:
-            raise ValueError(f"plan {self.name}: unknown arms {unknown}; choose from {sorted(ESTIMATORS)}")
+    def arms(self) -> tuple[str, ...]:
+        return tuple(sorted({a for c in self.cells for a in c.arms}))
+
+    def problem(self) -> str | None:
         if self.seed0 < 16 or self.tune_seed0 < self.seed0 + max(c.max_seeds or c.seeds for c in self.cells):
-            raise ValueError(f"plan {self.name}: test seeds must start at 16 or later and end before the tuning seeds")
+            return "test seeds must start at 16 or later and end before the tuning seeds"
         where = {}
         for c in self.cells:  # a run's file is named by arm, G and seed: one responses count per (mix, G)
             if where.setdefault((c.mix, c.group_size), c.responses) != c.responses:
-                raise ValueError(f"plan {self.name}: cells at {c.mix} G={c.group_size} differ in responses a step")
-        if self.planned_runs() > self.run_cap:
-            raise ValueError(f"plan {self.name}: {self.planned_runs()} runs exceed run_cap {self.run_cap}")
-
-    @property
-    def tuning_seeds(self) -> list[int]:
-        return list(range(self.tune_seed0, self.tune_seed0 + self.tune_seeds))
+                return f"cells at {c.mix} G={c.group_size} differ in responses a step"
+        return None
 
     def preset(self, cell: Cell) -> Preset:
         mix = MIXES[cell.mix]
@@ -116,11 +111,6 @@ class WhyPlan:
         test = {(c.mix, w, c.group_size, a, s) for c in self.cells for w in c.warm_starts for a in c.arms
                 for s in range(self.seed0, self.seed0 + (c.max_seeds or c.seeds))}  # fmt: skip
         return len(self.tuned_slots()) * len(self.lr_grid) * self.tune_seeds + len(test)
-
-    def fingerprint(self) -> dict:
-        return json.loads(
-            json.dumps({k: v for k, v in asdict(self).items() if k != "scale"} | {"scale": self.scale.fingerprint()})
-        )
 
 
 def _why_cells(seeds: int, pilot: int, caps: tuple[int, int], memory_responses: int) -> tuple[Cell, ...]:

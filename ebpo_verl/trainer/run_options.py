@@ -129,7 +129,9 @@ class RunOptions:
 
 
 _LAST: dict[str, tuple[str, Any]] = {}
-"""Estimator name -> (the last node value its options came from, those options): one entry per estimator."""
+"""Estimator name -> (the last node value its options came from, those options): one entry per estimator. Module
+state because stock ``main_ppo`` calls the registered functions with its raw node each step and hands them nothing
+that outlives the call (``ebpo-train``, TRL and the study hold their options in their own objects)."""
 
 
 def options_for_node(entry: EstimatorSpec, node: Any) -> Any:

@@ -448,8 +448,9 @@ def dist_timeout_worker_cls(base: type) -> type:
 
 
 @contextmanager
-def failures_reported(config: Any) -> Iterator[None]:
-    """Around ``run_ppo`` in the driver: the timeouts resolved into ``trainer.step_timeout_s`` and
+def failures_reported(config: Any, trainer: TrainerOptions) -> Iterator[None]:
+    """Around ``run_ppo`` in the driver: the timeouts of ``trainer`` (the options the pre-flight parsed from
+    ``config``, environment variables applied) resolved into ``trainer.step_timeout_s`` and
     ``trainer.init_timeout_s``, the reward's knobs into its ``reward_kwargs`` (the env vars do not reach Ray's
     workers), and a :class:`RunAbortedError` of the trainer as one line ``ebpo-train: error: ...`` and exit
     status 1."""
@@ -458,7 +459,7 @@ def failures_reported(config: Any) -> Iterator[None]:
     from ebpo_verl.trainer.preflight.config import resolve_reward_options
 
     resolve_reward_options(config)
-    seconds = timeouts(TrainerOptions.from_trainer(config.trainer))  # checked by the pre-flight before this runs
+    seconds = timeouts(trainer)
     with open_dict(config):
         config.trainer.update({INIT_TIMEOUT_KEY: seconds["init"], STEP_TIMEOUT_KEY: seconds["step"]})
     try:

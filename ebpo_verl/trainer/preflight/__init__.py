@@ -10,7 +10,7 @@ and the fix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ebpo_verl.trainer.preflight.batches import check_batch_division
 from ebpo_verl.trainer.preflight.config import (
@@ -69,8 +69,16 @@ def check_config(config: Any) -> RunOptions:
     return options
 
 
-def preflight(config: Any, *, dry_run: bool) -> list[str]:
-    """Every driver-side check of a run; returns the lines for the log (``pre-flight: ok (...)``).
+class Cleared(NamedTuple):
+    """What a passed pre-flight hands on: the run's options, parsed once for the driver, and the lines for the log
+    (``pre-flight: ok (...)``)."""
+
+    options: RunOptions
+    lines: list[str]
+
+
+def preflight(config: Any, *, dry_run: bool) -> Cleared:
+    """Every driver-side check of a run; returns the run's options and the lines for the log.
 
     The same for a real run and for ``--cfg job`` (``dry_run``), where a training file absent from this machine
     is reported as not checked instead of refused. Raises EBPOConfigError.
@@ -81,4 +89,4 @@ def preflight(config: Any, *, dry_run: bool) -> list[str]:
         warn(config, options, dry_run)
     resume = check_resume(config, options, dry_run)
     lines = [line for check in RUN_CHECKS if (line := check(config, options, dry_run))]
-    return lines + ([resume] if resume else [])
+    return Cleared(options, lines + ([resume] if resume else []))
