@@ -184,7 +184,7 @@ def stand_in_trainer() -> StandInTrainers:
 # `thread` (pyproject.toml): math-verify's `signal.alarm(0)` cancels the `signal` method's timer in the main thread,
 # so a test that graded a response could then hang unbounded. On expiry the thread dumps the stacks and ends the
 # process (no teardown: children of the test outlive it): under pytest-xdist (CI) xdist names the test ("worker
-# 'gw0' crashed while running '<test>'"), starts a new worker and the suite goes on; the stacks come from
+# 'gw0' crashed while running '<test>'") and .ci/run's --max-worker-restart=0 ends the suite; the stacks come from
 # pytest_runtest_protocol below. Values: at least ~2x the time measured in CI, and above the test's own inner
 # subprocess limit where it has one (that limit's message says more), within the suite's 2,400 s (.ci/run).
 MARKER_TIMEOUTS_S = {

@@ -195,7 +195,21 @@ def fast(monkeypatch):
     monkeypatch.setattr(watchdog, "record_abort", RECORDED.append)
     monkeypatch.setattr(watchdog, "_kill_on_nodes", lambda infos: None)
     monkeypatch.setattr(watchdog.os, "_exit", lambda code: None)  # never the test process's end
-    return monkeypatch
+    yield monkeypatch
+    # No watchdog outlives its test: one still firing after the stand-ins are undone would print outside the test,
+    # call the real record_abort and arm the real 60 s os._exit in the test process (a pytest-xdist worker).
+    assert not _watchdog_threads(WATCHDOG_JOIN_S), f"a watchdog thread outlived the test by {WATCHDOG_JOIN_S} s"
+
+
+WATCHDOG_JOIN_S = 5.0
+
+
+def _watchdog_threads(wait_s: float) -> list[threading.Thread]:
+    """The step watchdogs' threads still running after waiting up to ``wait_s`` for them."""
+    deadline = time.monotonic() + wait_s
+    for thread in [t for t in threading.enumerate() if t.name == "ebpo-step-watchdog"]:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threading.enumerate() if t.name == "ebpo-step-watchdog" and t.is_alive()]
 
 
 def _ended(trainer: _Trainer, bound: float) -> tuple[float, BaseException | None]:
@@ -296,11 +310,12 @@ def test_the_deadline_holds_when_ray_does_not_answer(fast, capsys):
     fast.setattr(watchdog.os, "_exit", lambda code: trainer.release.set())
     try:
         elapsed, message = _check_end(trainer, STEP_S)
+        printed = capsys.readouterr().err  # before the listing answers (the stubbed os._exit left the thread going)
     finally:
         answer.set()
     assert message.startswith("step 1 timed out in phase update_actor: no progress for 0.6 s")
     assert "did not answer: (the actors are being listed)" in message
-    assert capsys.readouterr().err.count("ebpo-train: error:") == 1
+    assert printed.count("ebpo-train: error:") == 1
 
 
 def test_the_bound_check_fails_on_a_watchdog_four_times_too_slow(fast):
