@@ -169,7 +169,8 @@ def test_every_registered_estimator_declares_every_fact():
         assert est.options == spec.parse(None) and (est.state is None) == (spec.state is None)
         if spec.state is not None:
             assert isinstance(est.state, State) and spec.state.file == f"{name}_state.json"
-        values = registry.row_values(spec, est.options, lambda key, k=keys: k, lambda: np.array([0, 1, 0, 1]))
+        source = spec.row_source(est.options)
+        values = None if source is None else np.array([0, 1, 0, 1]) if source.sample_index else keys
         result = est(torch.tensor([1.0, 0.0, 1.0, 1.0]), uids, valid, values)
         assert result.values.shape == (4,) and torch.isfinite(result.values).all()
         run = RunOptions(name, est.options)
