@@ -212,6 +212,25 @@ def test_every_registered_estimator_declares_every_fact():
     assert jspo.min_group(jspo.parse({"form": "authors_code"}))
 
 
+def test_row_source_answers_what_each_estimator_reads_per_row():
+    """The answer callers read their rows from: the sample index, the field the options name, or None."""
+    source = {
+        (name, str(opts)): registry.get(name).row_source(registry.get(name).parse(opts))
+        for name, opts in [("ebpo", None), ("ebpo", {"cluster_key": "topic"}), ("spo", None), ("running_norm", None),
+                           ("krpo", None), ("running_norm", {"row_key": "domain"}), ("jspo", None)]
+    }  # fmt: skip
+    assert source == {
+        ("ebpo", "None"): None,
+        ("ebpo", "{'cluster_key': 'topic'}"): registry.RowSource("topic"),
+        ("spo", "None"): registry.RowSource("index"),
+        ("running_norm", "None"): None,
+        ("krpo", "None"): registry.RowSource(),
+        ("running_norm", "{'row_key': 'domain'}"): registry.RowSource("domain"),
+        ("jspo", "None"): None,
+    }
+    assert registry.RowSource().sample_index and not registry.RowSource("index").sample_index
+
+
 def test_the_data_check_names_each_estimators_own_row_option():
     """The training rows' check of the field an estimator reads per row names that estimator's option (its spec's
     ``row_option``; it once named algorithm.ebpo.cluster_key for every label) and offers null only where the option
