@@ -81,7 +81,8 @@ def ours(name: str, overrides: dict, rewards, mask, uids, fields: dict) -> Calla
     """One call of a fresh estimator of ours (options: defaults + ``overrides``) on the inputs, with the per-row
     field its options name (``fields``: ``topic`` labels, ``index`` prompt keys)."""
     estimate = registry.new_estimator(name, overrides)
-    values = registry.row_values(estimate.spec, estimate.options, fields.__getitem__, lambda: fields["sample_index"])
+    source = estimate.spec.row_source(estimate.options)
+    values = None if source is None else fields["sample_index" if source.sample_index else source.field]
     return lambda: outcome_advantages(estimate, rewards, mask, uids, values)
 
 

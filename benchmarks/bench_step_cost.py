@@ -194,7 +194,8 @@ def _state_save_timings(tmp: Path) -> dict[str, float]:
         estimator = registry.new_estimator(entry, options.estimator)  # the run's estimator, as the trainer's
         index = np.repeat(np.arange(prompts), 16)
         uids = np.array([f"u{i}" for i in index], dtype=object)
-        values = registry.row_values(entry, options.estimator, lambda key, i=index: i.astype(object), lambda: None)
+        source = entry.row_source(options.estimator)  # ebpo reads nothing, dbb the prompt key
+        values = None if source is None or source.sample_index else index.astype(object)
         rewards = torch.zeros(len(index), 4)
         mask = torch.ones_like(rewards)
         for _ in range(steps):

@@ -68,9 +68,8 @@ def levels(dtype: torch.dtype) -> list[tuple[float, float]]:
 def call(estimator, keys: list[str], rewards: list[float], valid: list[bool], t: int, dtype: torch.dtype):
     uids = np.array([f"{k}-{t}" for k in keys], dtype=object)
     rows = np.array(keys, dtype=object)
-    values = registry.row_values(
-        estimator.spec, estimator.options, lambda field: rows, lambda: np.arange(len(keys)) % G
-    )
+    source = estimator.spec.row_source(estimator.options)
+    values = None if source is None else np.arange(len(keys)) % G if source.sample_index else rows
     scores = torch.tensor(rewards, dtype=torch.float64).to(dtype)
     return estimator(scores, uids, torch.tensor(valid), values)
 

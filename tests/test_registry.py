@@ -169,7 +169,8 @@ def test_every_registered_estimator_declares_every_fact():
         assert est.options == spec.parse(None) and (est.state is None) == (spec.state is None)
         if spec.state is not None:
             assert isinstance(est.state, State) and spec.state.file == f"{name}_state.json"
-        values = registry.row_values(spec, est.options, lambda key, k=keys: k, lambda: np.array([0, 1, 0, 1]))
+        source = spec.row_source(est.options)
+        values = None if source is None else np.array([0, 1, 0, 1]) if source.sample_index else keys
         result = est(torch.tensor([1.0, 0.0, 1.0, 1.0]), uids, valid, values)
         assert result.values.shape == (4,) and torch.isfinite(result.values).all()
         run = RunOptions(name, est.options)
@@ -209,6 +210,25 @@ def test_every_registered_estimator_declares_every_fact():
     ebpo, jspo = registry.get("ebpo"), registry.get("jspo")
     assert ebpo.pass_rates(ebpo.parse({"prior": "beta_binomial"})) and not ebpo.min_group(ebpo.parse({"shrinkage": 1}))
     assert jspo.min_group(jspo.parse({"form": "authors_code"}))
+
+
+def test_row_source_answers_what_each_estimator_reads_per_row():
+    """The answer callers read their rows from: the sample index, the field the options name, or None."""
+    source = {
+        (name, str(opts)): registry.get(name).row_source(registry.get(name).parse(opts))
+        for name, opts in [("ebpo", None), ("ebpo", {"cluster_key": "topic"}), ("spo", None), ("running_norm", None),
+                           ("krpo", None), ("running_norm", {"row_key": "domain"}), ("jspo", None)]
+    }  # fmt: skip
+    assert source == {
+        ("ebpo", "None"): None,
+        ("ebpo", "{'cluster_key': 'topic'}"): registry.RowSource("topic"),
+        ("spo", "None"): registry.RowSource("index"),
+        ("running_norm", "None"): None,
+        ("krpo", "None"): registry.RowSource(),
+        ("running_norm", "{'row_key': 'domain'}"): registry.RowSource("domain"),
+        ("jspo", "None"): None,
+    }
+    assert registry.RowSource().sample_index and not registry.RowSource("index").sample_index
 
 
 def test_the_data_check_names_each_estimators_own_row_option():

@@ -43,6 +43,18 @@ SAMPLE_INDEX = "sample_index"
 """``row_input`` of an estimator that reads each row's rollout sample index (its place in its group's sampling)."""
 
 
+@dataclass(frozen=True)
+class RowSource:
+    """Where an estimator's per-row values come from (:meth:`EstimatorSpec.row_source`): each row's ``extra_info``
+    field ``field`` (a dataset column under TRL), or, with ``field`` None, each row's rollout sample index."""
+
+    field: str | None = None
+
+    @property
+    def sample_index(self) -> bool:
+        return self.field is None
+
+
 def always(why: str) -> Callable[[Any], str]:
     """A fact that holds whatever the options (``pass_rates=always("...")``)."""
     return lambda options: why
@@ -184,6 +196,14 @@ class EstimatorSpec:
         """The ``extra_info`` field these options make the estimator read per row (None: none)."""
         return getattr(options, self.row_key) if self.row_key else None
 
+    def row_source(self, options: Any) -> RowSource | None:
+        """The one answer to what this estimator with ``options`` reads per row: the rollout sample index, the
+        ``extra_info`` field the options name, or nothing (None); each caller reads its rows from it."""
+        if self.reads_sample_index:
+            return RowSource()
+        field = self.row_key_of(options)
+        return None if field is None else RowSource(field)
+
     @property
     def row_kwarg(self) -> str:
         """The keyword of the per-row field in the registered verl function (``prompt_keys`` for a prompt key,
@@ -239,17 +259,6 @@ def new_estimator(spec: EstimatorSpec | str, options: Any = None) -> Estimator:
     if spec.builtin:
         raise ValueError(f"estimator {spec.name!r} is verl's own: call it through verl's registry")
     return Estimator(spec, spec.options_of(options))
-
-
-def row_values(
-    spec: EstimatorSpec, options: Any, extra_info: Callable[[str], Any], sample_index: Callable[[], Any]
-) -> Any:
-    """The one resolver of what ``spec`` with ``options`` reads per row: None, the caller's ``sample_index()``
-    (each row's place in its group's sampling) or its ``extra_info(field)`` of the field the options name."""
-    if spec.reads_sample_index:
-        return sample_index()
-    key = spec.row_key_of(options)
-    return None if key is None else extra_info(key)
 
 
 def _specs_of(module_name: str) -> tuple[EstimatorSpec, ...]:

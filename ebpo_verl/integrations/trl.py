@@ -97,7 +97,7 @@ class EstimatorMixin:
     """Put before ``GRPOTrainer`` (or a subclass of it): ``class T(EstimatorMixin, GRPOTrainer)``. Keywords:
     ``estimator`` (any of the package's registered estimators, :func:`ebpo_verl.algos.registry.ours`) and
     ``estimator_options`` (that estimator's options dataclass, e.g. ``EBPOOptions(...)``, or a mapping of its keys;
-    None: the defaults). What it reads per row (``registry.row_values``): the dataset column its options name, or
+    None: the defaults). What it reads per row (its spec's ``row_source``): the dataset column its options name, or
     each completion's sample index, its place in its group (TRL's completions of a prompt come in sample order)."""
 
     def __init__(self, *args: Any, estimator: str = "ebpo", estimator_options: Any = None, **kwargs: Any) -> None:
@@ -121,12 +121,13 @@ class EstimatorMixin:
         the same process order, or each completion's place in its group."""
         rewards_per_func = super()._calculate_rewards(inputs, *args, **kwargs)
         group = self.num_generations if self.model.training else self.num_generations_eval
-        keys = registry.row_values(
-            self.estimator_spec,
-            self.estimator_options,
-            lambda column: self._gathered_column(inputs, column),
-            lambda: np.arange(len(rewards_per_func)) % group,
-        )
+        source = self.estimator_spec.row_source(self.estimator_options)
+        if source is None:
+            keys = None
+        elif source.sample_index:
+            keys = np.arange(len(rewards_per_func)) % group
+        else:
+            keys = self._gathered_column(inputs, source.field)
         self._gathered = (rewards_per_func, keys)
         return rewards_per_func
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ebpo_verl.algos import registry
+from ebpo_verl.algos.registry import EstimatorSpec
 from ebpo_verl.cpu.tiny_runs import DEVICES
 from ebpo_verl.ops.errors import shorten
 from ebpo_verl.options.cli import parse
@@ -101,13 +102,20 @@ def batches(steps: int = 3) -> list[tuple[torch.Tensor, np.ndarray, torch.Tensor
     return out
 
 
+def batch_rows(spec: EstimatorSpec, options: Any, uids: np.ndarray, sample: np.ndarray) -> np.ndarray | None:
+    """What ``spec`` with ``options`` reads per row of a :func:`batches` step (its ``row_source``): the sample
+    indices ``sample``, or, for an ``extra_info`` field, the uids (the batches' prompt keys and labels)."""
+    source = spec.row_source(options)
+    return None if source is None else sample if source.sample_index else uids
+
+
 def _run_estimator(name: str, device: str) -> tuple[list[torch.Tensor], list[dict], Any]:
     """One estimator of the registry over :func:`batches` on ``device``: advantages, diagnostics, final state."""
     spec = registry.get(name)
     estimator = registry.new_estimator(spec)
     values, diagnostics = [], []
     for scores, uids, valid, sample in batches():
-        rows = registry.row_values(spec, estimator.options, lambda _field, u=uids: u, lambda s=sample: s)
+        rows = batch_rows(spec, estimator.options, uids, sample)
         result = estimator(scores.to(device), uids, valid.to(device), rows, "pad")
         values.append(result.values.detach().cpu())
         diagnostics.append(dict(result.diagnostics))
@@ -180,7 +188,7 @@ def trainer_path(name: str, place: Place) -> Run:
     estimator = registry.new_estimator(spec)
     values, diagnostics = [], []
     for scores, uids, valid, sample in batches():
-        rows = registry.row_values(spec, estimator.options, lambda _field, u=uids: u, lambda s=sample: s)
+        rows = batch_rows(spec, estimator.options, uids, sample)
         rewards, mask = token_rewards(scores, valid)
         advantages, returns, found = outcome_advantages(estimator, place(rewards), place(mask), uids, rows)
         if returns is not advantages:
@@ -211,7 +219,7 @@ def trl_path(name: str, place: Place) -> Run:
         nan = torch.full_like(scores, math.nan, dtype=torch.float64)
         rewards = torch.stack([torch.where(valid, scores.to(torch.float64), nan), nan], dim=1)
         places = np.arange(len(scores)) % GROUPS  # each row's place in its group, as the integration gives it
-        rows = registry.row_values(spec, estimator.options, lambda _f, u=uids: u, lambda p=places: p)
+        rows = batch_rows(spec, estimator.options, uids, places)
         advantages = trainer.estimate(place(rewards), rows, True)
         local = place(torch.zeros(len(scores), dtype=torch.float64))
         values.append(advantages.to(local.device, local.dtype))

@@ -4,7 +4,7 @@ One RL step, as verl's trainer does it with ``actor.use_kl_loss=True``:
   1. sample G responses (temperature 1) for each of the next P = responses_per_step / G prompts of the stream;
   2. reward 1/0 by exact match on the last response token (``token_level_rewards``);
   3. advantages: verl's estimators by ``get_adv_estimator_fn(name)``; ours from the run's estimator object, called
-     as ``trainer.adapter.outcome_advantages`` calls it (``registry.row_values``, a fresh uid per prompt per step);
+     as ``trainer.adapter.outcome_advantages`` calls it (the spec's ``row_source``, a fresh uid per prompt per step);
      ``otb`` also gets ``old_log_probs`` and verl's ``calculate_sum_pi_squared_from_logits`` of the pre-update logits;
   4. ``ppo_mini_batches`` AdamW steps on ``compute_policy_loss_vanilla`` (PPO-clip, token-mean) + ``kl_coef`` *
      ``kl_penalty(..., "low_var_kl")`` to the frozen warm start, gradients clipped at ``grad_clip``.
@@ -159,6 +159,19 @@ def sum_pi_squared(model: TinyPolicy, prompts: torch.Tensor, responses: torch.Te
     return calculate_sum_pi_squared_from_logits(model.response_logits(prompts, responses))
 
 
+def _row_values(spec: EstimatorSpec, options: Any, index: np.ndarray, fields: dict[str, np.ndarray]) -> Any:
+    """What ``spec`` with ``options`` reads per row (its ``row_source``): each row's place in its group (rows in
+    sampling order, G per prompt), its field of ``fields`` (the study's ``extra_info``), or None."""
+    source = spec.row_source(options)
+    if source is None:
+        return None
+    if source.sample_index:
+        return np.arange(len(index)) % (len(index) // len(set(index.tolist())))
+    if source.field not in fields:
+        raise ValueError(f"{spec.section}.{spec.row_key}={source.field!r}: the study's rows carry only {ROW_FIELDS}")
+    return fields[source.field]
+
+
 def _advantages(
     est: Variant,
     rewards: torch.Tensor,
@@ -177,17 +190,7 @@ def _advantages(
     if not est.spec.builtin:
         from ebpo_verl.trainer.adapter import outcome_advantages
 
-        fields = {"topic": topics, "index": problem_ids}
-
-        def field(key: str) -> np.ndarray:  # the rows' extra_info field ``key``
-            if key not in fields:
-                raise ValueError(
-                    f"{est.spec.section}.{est.spec.row_key}={key!r}: the study's rows carry only {ROW_FIELDS}"
-                )
-            return fields[key]
-
-        group = len(index) // len(set(index.tolist()))  # rows in sampling order, G per prompt
-        values = registry.row_values(est.spec, estimate.options, field, lambda: np.arange(len(index)) % group)
+        values = _row_values(est.spec, estimate.options, index, {"topic": topics, "index": problem_ids})
         return outcome_advantages(estimate, tlr, maskf, index, values)[0]
     inputs: dict[str, Any] = {"token_level_rewards": tlr, "response_mask": maskf, "index": index}
     if est.verl_name == "grpo":  # verl's grpo takes norm_adv_by_std_in_grpo, not config

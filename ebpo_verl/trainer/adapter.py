@@ -67,7 +67,7 @@ def advantage_step(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The one advantage step on verl's batch: ``estimator`` (the run's object) on ``data``'s
     ``token_level_rewards``, ``response_mask`` and ``uid`` with ``row_values``, what it reads per row
-    (:func:`ebpo_verl.algos.registry.row_values`). Returns (advantages, returns, diagnostics)."""
+    (its spec's ``row_source``). Returns (advantages, returns, diagnostics)."""
     batch = data.batch
     uids = data.non_tensor_batch["uid"]
     return outcome_advantages(estimator, batch["token_level_rewards"], batch["response_mask"], uids, row_values)

@@ -110,17 +110,17 @@ def sample_indices(trajectory_keys: Sequence[str]) -> np.ndarray:
 
 
 def step_row_values(estimator: Estimator, data: DataProto, batch) -> np.ndarray | None:
-    """What ``estimator`` reads per row of this step (:func:`ebpo_verl.algos.registry.row_values`), read once into
-    the rows: each row's ``extra_info`` field (fetched with the step's fields; ``batch``'s tags flag padding) or its
-    rollout sample index from ``batch``'s trajectory keys (:func:`sample_indices`)."""
-    spec = estimator.spec
-
-    def field(key: str) -> np.ndarray:
-        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-        infos = data.non_tensor_batch["extra_info"]
-        return extra_info_values(infos, data.non_tensor_batch["uid"], padding, key, spec.row_option)
-
-    return registry.row_values(spec, estimator.options, field, lambda: sample_indices(batch.keys))
+    """What ``estimator`` reads per row of this step (``estimator.spec.row_source``), read once into the rows:
+    each row's rollout sample index from ``batch``'s trajectory keys (:func:`sample_indices`) or its ``extra_info``
+    field (fetched with the step's fields; ``batch``'s tags flag padding); None when it reads nothing."""
+    source = estimator.spec.row_source(estimator.options)
+    if source is None:
+        return None
+    if source.sample_index:
+        return sample_indices(batch.keys)
+    padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+    infos, uids = data.non_tensor_batch["extra_info"], data.non_tensor_batch["uid"]
+    return extra_info_values(infos, uids, padding, source.field, estimator.spec.row_option)
 
 
 def copied_compute_advantage(
