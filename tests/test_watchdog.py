@@ -195,10 +195,17 @@ def fast(monkeypatch):
     monkeypatch.setattr(watchdog, "record_abort", RECORDED.append)
     monkeypatch.setattr(watchdog, "_kill_on_nodes", lambda infos: None)
     monkeypatch.setattr(watchdog.os, "_exit", lambda code: None)  # never the test process's end
+    started: list[StepWatchdog] = []
+    start = StepWatchdog.start
+    monkeypatch.setattr(StepWatchdog, "start", lambda self: (started.append(self), start(self))[1])
     yield monkeypatch
-    # No watchdog outlives its test: one still firing after the stand-ins are undone would print outside the test,
-    # call the real record_abort and arm the real 60 s os._exit in the test process (a pytest-xdist worker).
-    assert not _watchdog_threads(WATCHDOG_JOIN_S), f"a watchdog thread outlived the test by {WATCHDOG_JOIN_S} s"
+    # No watchdog outlives its test (the stand-ins above are undone after this): one still going would print
+    # outside the test, call the real record_abort and arm the real 60 s os._exit in this process (a pytest-xdist
+    # worker, whose death would end the suite). So the test fails, and every watchdog it started is stopped.
+    left = _watchdog_threads(WATCHDOG_JOIN_S)
+    for dog in started:
+        dog.stop()
+    assert not left, f"a watchdog thread outlived the test by {WATCHDOG_JOIN_S} s"
 
 
 WATCHDOG_JOIN_S = 5.0
