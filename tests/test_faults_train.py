@@ -293,7 +293,7 @@ def test_preflight_reports_a_checkpoint_without_ebpo_state(tmp_path, _config):
         preflight(_config(tmp_path, *data), dry_run=True)
     assert str(err.value).startswith(f"checkpoint {step_dir} has no {EBPO.state.file} ")
     assert "algorithm.ebpo.on_resume_mismatch=reset to continue from step 2 with fresh" in str(err.value)
-    lines = preflight(_config(tmp_path, *data, "algorithm.ebpo.on_resume_mismatch=reset"), dry_run=True)
+    lines = preflight(_config(tmp_path, *data, "algorithm.ebpo.on_resume_mismatch=reset"), dry_run=True).lines
     assert lines[-1] == (
         f"resumes from {step_dir} (no {EBPO.state.file}: fresh empirical-Bayes statistics from step 2, "
         "algorithm.ebpo.on_resume_mismatch=reset)"

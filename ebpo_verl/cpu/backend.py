@@ -164,13 +164,15 @@ def _init_gloo_process_group() -> None:
 
     verl builds its backend string as ``f"cpu:gloo,{device}:{backend}"``, which torch rejects when the device
     is ``cpu`` ("Duplicate device type cpu"); verl skips its own init when a group already exists, and asks
-    the platform for the backend name right before, so the platform initialises the group here.
+    the platform for the backend name right before, so the platform initialises the group here. One rank needs no
+    rendezvous: its store is in-process (a TCP store would bind MASTER_PORT, which verl picked free earlier and
+    another process may have taken since: EADDRINUSE).
     """
     if dist.is_initialized() or "MASTER_ADDR" not in os.environ or "RANK" not in os.environ:
         return
-    dist.init_process_group(
-        backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ.get("WORLD_SIZE", "1"))
-    )
+    rank, world_size = int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1"))
+    store = dist.HashStore() if world_size == 1 else None
+    dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, store=store)
 
 
 @functools.cache
